@@ -1,0 +1,19 @@
+# gpufleet: the exporter, analyzer and advisor in one small image.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY exporter ./exporter
+# The same `pip install .` that `make run` and `make test` run.
+RUN pip install --no-cache-dir . \
+    && useradd --system --uid 10001 --no-create-home gpufleet
+
+USER 10001
+EXPOSE 9874
+HEALTHCHECK --interval=30s --timeout=3s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:9874/-/healthy', timeout=2).status == 200 else 1)"]
+ENTRYPOINT ["gpufleet", "serve"]

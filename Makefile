@@ -1,0 +1,49 @@
+# The two commands of the README: `make run` and `make test`. Every install step
+# lives here, so a fresh clone needs nothing done by hand.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SRC    := pyproject.toml $(shell find exporter -name '*.py' -o -name '*.yaml' 2>/dev/null)
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT    := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
+
+.PHONY: run test lint system-deps bench-deps generate clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# The same `pip install` the Dockerfile runs; re-run whenever the package changes.
+$(VENV)/.installed-run: $(BIN)/python $(SRC)
+	$(BIN)/pip install --disable-pip-version-check -q .
+	touch $@
+
+$(VENV)/.installed-test: $(BIN)/python $(SRC)
+	$(BIN)/pip install --disable-pip-version-check -q '.[test]'
+	touch $@ $(VENV)/.installed-run
+
+run: $(VENV)/.installed-run
+	$(BIN)/gpufleet serve $(ARGS)
+
+# Debian's prometheus, promtool, prometheus-alertmanager and amtool, when missing.
+system-deps:
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null \
+	    || ! command -v amtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null; then \
+	  echo "installing Debian's prometheus and prometheus-alertmanager"; \
+	  $(APT) update -q && $(APT) install -y -q --no-install-recommends prometheus prometheus-alertmanager; \
+	fi
+
+test: $(VENV)/.installed-test system-deps
+	$(BIN)/ruff check exporter tests bench
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check exporter tests bench
+	$(BIN)/hadolint Dockerfile
+
+# wrk is the separate load-generator process bench/scrape.py drives.
+bench-deps: $(VENV)/.installed-test
+	@command -v wrk >/dev/null || { $(APT) update -q && $(APT) install -y -q wrk; }
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,102 @@
+"""The GPU catalogue: specs per model, loaded from ``gpu_catalogue.yaml``.
+
+Specs are data, never code branches: adding a model means adding a YAML entry.
+A name the catalogue does not know (the Alibaba trace's ``G2``/``G3``) yields a
+spec whose numbers are all ``None``: we report such GPUs but never guess their
+memory, power or NVLink bandwidth.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from importlib import resources
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+GB = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    name: str
+    memory_bytes: int | None
+    tdp_watts: float | None
+    nvlink_generation: int | None
+    nvlink_bandwidth_bytes_per_second: float | None
+    architecture: str
+    generation: float | None
+    tier: int | None
+    known: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Catalogue:
+    models: tuple[GpuSpec, ...]
+    patterns: tuple[tuple[re.Pattern[str], str], ...]
+
+    def get(self, name: str) -> GpuSpec:
+        """The spec for a catalogue name or any product/trace name that matches one."""
+        return _lookup(self, name)
+
+    def resolve(self, name: str) -> str:
+        """The catalogue name for ``name``, or ``name`` itself when unknown."""
+        return self.get(name).name
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.models)
+
+
+def unknown_spec(name: str) -> GpuSpec:
+    return GpuSpec(name, None, None, None, None, "unknown", None, None, known=False)
+
+
+_warned: set[str] = set()
+
+
+@lru_cache(maxsize=4096)
+def _lookup(catalogue: Catalogue, name: str) -> GpuSpec:
+    by_name = {m.name: m for m in catalogue.models}
+    if name in by_name:
+        return by_name[name]
+    for pattern, model in catalogue.patterns:
+        if pattern.search(name):
+            return by_name[model]
+    if name not in _warned:
+        _warned.add(name)
+        log.warning("GPU model %r is not in the catalogue; reported as unknown, specs not guessed", name)
+    return unknown_spec(name)
+
+
+def parse_catalogue(text: str) -> Catalogue:
+    raw = yaml.safe_load(text)
+    models = []
+    patterns = []
+    for entry in raw["models"]:
+        gb = entry.get("memory_gb")
+        bw = entry.get("nvlink_bandwidth_gbps")
+        models.append(
+            GpuSpec(
+                name=entry["name"],
+                memory_bytes=int(gb * GB) if gb is not None else None,
+                tdp_watts=float(entry["tdp_watts"]) if entry.get("tdp_watts") else None,
+                nvlink_generation=entry.get("nvlink_generation"),
+                nvlink_bandwidth_bytes_per_second=float(bw) * GB if bw else None,
+                architecture=entry["architecture"],
+                generation=entry.get("generation"),
+                tier=entry.get("tier"),
+            )
+        )
+        for expr in entry.get("match", []):
+            patterns.append((re.compile(expr, re.IGNORECASE), entry["name"]))
+    return Catalogue(tuple(models), tuple(patterns))
+
+
+@cache
+def default_catalogue() -> Catalogue:
+    text = resources.files("exporter").joinpath("gpu_catalogue.yaml").read_text()
+    return parse_catalogue(text)

@@ -1,0 +1,70 @@
+"""The ``gpufleet`` command. Each subcommand lives in its own module with
+``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them.
+
+Errors a user can fix (bad config, missing library, port in use) are printed
+on one line with exit code 2 (config/usage) or 1 (runtime); no traceback
+reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from exporter import __version__
+from exporter.config import ConfigError
+
+log = logging.getLogger("gpufleet")
+
+# name -> (module, one-line help). Modules are imported when their command runs.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("exporter.serve_cmd", "Serve /metrics for the fleet (simulated by default)."),
+}
+
+
+class UsageError(Exception):
+    """Bad command-line input: exit 2 with the message."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpufleet",
+        description="Prometheus exporter, fragmentation analyzer and rebalancing advisor "
+        "for heterogeneous GPU fleets.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(
+            name, help=help_text, description=getattr(module, "DESCRIPTION", help_text),
+            epilog=getattr(module, "EPILOG", None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(command)
+        command.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.run(args) or 0)
+    except (ConfigError, UsageError) as exc:
+        print(f"gpufleet: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # last line of defence: one line, never a traceback
+        log.debug("unhandled error", exc_info=True)
+        print(f"gpufleet: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+__all__ = ["COMMANDS", "UsageError", "main"]

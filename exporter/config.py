@@ -1,0 +1,257 @@
+"""One YAML config, validated into frozen dataclasses at start.
+
+Every field has a default, so an empty file (or none) is a valid config.
+Validation is strict: an unknown key, a wrong type or an out-of-range value
+raises :class:`ConfigError` whose message names the dotted key and what is
+allowed. The CLI prints it on one line and exits 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_PORT = 9874  # 9400 is dcgm-exporter's and 9835 nvidia_gpu_exporter's
+DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+
+
+class ConfigError(Exception):
+    """A config value is wrong; the message names the key and what is allowed."""
+
+
+def _opt(default: Any = dataclasses.MISSING, *, help: str, factory: Any = None, **rules: Any) -> Any:
+    meta = {"help": help, **rules}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class Duration(float):
+    """Seconds; the YAML may say ``30``, ``30s``, ``5m``, ``1h`` or ``250ms``."""
+
+
+_DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("a duration such as 15s, 5m or 1h")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        match = _DURATION.match(value.strip())
+        if match:
+            return float(match.group(1)) * _UNIT[match.group(2)]
+    raise ValueError("a duration such as 15s, 5m or 1h")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = _opt("info", help="Log level.", choices=("debug", "info", "warning", "error"))
+    format: str = _opt("logfmt", help="Log line format.", choices=("logfmt", "json"))
+
+
+@dataclass(frozen=True)
+class SimPool:
+    name: str = _opt(help="Pool (partition) name, e.g. gpu-h200.")
+    model: str = _opt(help="GPU model, a catalogue name such as H200.")
+    nodes: int = _opt(help="Number of nodes in the pool.", min=1)
+    gpus_per_node: int = _opt(8, help="GPUs per node.", min=1, max=64)
+    cpu_cores: int = _opt(128, help="CPU cores per node.", min=1)
+
+
+REFERENCE_POOLS = (
+    SimPool("gpu-h200", "H200", 32, 8, 192),
+    SimPool("gpu-h100", "H100", 64, 8, 128),
+    SimPool("gpu-a100", "A100-80GB", 32, 8, 128),
+    SimPool("gpu-b200", "B200", 8, 8, 224),
+)
+
+SCENARIO_KINDS = ("overheat", "idle_allocated", "fragmented_pool", "gpu_lost")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    kind: str = _opt(help="What to force.", choices=SCENARIO_KINDS)
+    node: str = _opt("", help="Node name (overheat, idle_allocated, gpu_lost).")
+    gpu: int = _opt(0, help="GPU index on that node.", min=0)
+    pool: str = _opt("", help="Pool name (fragmented_pool).")
+    start_after: Duration = _opt(Duration(0), help="Simulated time before it starts.", min=0)
+    value: float = _opt(
+        0.0, help="Forced value: temperature in Celsius for overheat (0 means 90).", min=0
+    )
+
+
+@dataclass(frozen=True)
+class SimSource:
+    enabled: bool = _opt(True, help="Serve the built-in simulated fleet.")
+    seed: int = _opt(42, help="Random seed: the same seed gives the same run.", min=0)
+    speed: float = _opt(
+        1.0, help="Simulated seconds per wall-clock second (60 = one hour a minute).", min=0.001
+    )
+    scale: int = _opt(1, help="Copies of the pool layout (10 gives 10,880 GPUs).", min=1)
+    target_allocation: float = _opt(
+        0.8, help="Fraction of GPUs the job mix tries to keep busy.", min=0.0, max=1.0
+    )
+    mig_nodes: int = _opt(2, help="A100 nodes whose GPUs run in MIG mode (7 x 1g.10gb).", min=0)
+    pools: tuple[SimPool, ...] = _opt(REFERENCE_POOLS, help="Pool layout of the simulated fleet.")
+    scenarios: tuple[Scenario, ...] = _opt((), help="Conditions to force for demos and tests.")
+
+
+@dataclass(frozen=True)
+class SourcesConfig:
+    sim: SimSource = _opt(help="The simulated fleet.", factory=SimSource)
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: str = _opt(DEFAULT_LISTEN, help="HOST:PORT to serve on.")
+    collect_interval: Duration = _opt(
+        Duration(5), help="How often sources are read; never inside a scrape.", exclusive_min=0
+    )
+    source_timeout: Duration = _opt(
+        Duration(10), help="Longest a source read may take before it counts as failed.",
+        exclusive_min=0,
+    )
+    gzip_level: int = _opt(5, help="gzip level for the pre-compressed /metrics body.", min=1, max=9)
+    log: LogConfig = _opt(help="Logging.", factory=LogConfig)
+    sources: SourcesConfig = _opt(help="Sources and their options.", factory=SourcesConfig)
+
+
+def _type_name(tp: Any) -> str:
+    if tp is Duration:
+        return "a duration such as 15s, 5m or 1h"
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    if typing.get_origin(tp) is tuple:
+        return "a list"
+    return str(tp)
+
+
+def _convert(tp: Any, value: Any, key: str, meta: dict[str, Any]) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(args[0], value, key, meta)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: must be {_type_name(tp)}, got {type(value).__name__}")
+        return build(tp, value, key)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: must be {_type_name(tp)}, got {type(value).__name__}")
+        item_tp = typing.get_args(tp)[0]
+        return tuple(_convert(item_tp, v, f"{key}[{i}]", {}) for i, v in enumerate(value))
+    if tp is Duration:
+        try:
+            result: Any = Duration(parse_duration(value))
+        except ValueError as exc:
+            raise ConfigError(f"{key}: must be {exc}, got {value!r}") from None
+    elif tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: must be true or false, got {value!r}")
+        result = value
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: must be an integer, got {value!r}")
+        result = value
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: must be a number, got {value!r}")
+        result = float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: must be a string, got {value!r}")
+        result = value
+    else:  # pragma: no cover - a schema bug, not a user error
+        raise TypeError(f"unsupported config type {tp} at {key}")
+    _check_range(result, key, meta)
+    return result
+
+
+def _check_range(value: Any, key: str, meta: dict[str, Any]) -> None:
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"{key}: must be one of {', '.join(meta['choices'])}, got {value!r}")
+    if "min" in meta and value < meta["min"]:
+        raise ConfigError(f"{key}: must be >= {meta['min']}, got {value!r}")
+    if "max" in meta and value > meta["max"]:
+        raise ConfigError(f"{key}: must be <= {meta['max']}, got {value!r}")
+    if "exclusive_min" in meta and value <= meta["exclusive_min"]:
+        raise ConfigError(f"{key}: must be > {meta['exclusive_min']}, got {value!r}")
+
+
+def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a YAML mapping, naming the dotted key of any error."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            where = f"{prefix}.{key}" if prefix else str(key)
+            raise ConfigError(f"{where}: unknown key (allowed: {', '.join(fields)})")
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], key, dict(f.metadata))
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{key}: required")
+    return cls(**kwargs)
+
+
+def load(path: str | Path | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return build(Config, data)
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[str]:
+    """One line per option with its default and help, for ``gpufleet serve --help``."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"  {key}: {f.metadata.get('help', '')}")
+            lines += describe(tp, key)
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if isinstance(default, tuple):
+            shown = "[...]" if default else "[]"
+        else:
+            shown = "(required)" if default is None else repr(default)
+        allowed = f"; one of {', '.join(f.metadata['choices'])}" if "choices" in f.metadata else ""
+        lines.append(f"  {key} = {shown}: {f.metadata.get('help', '')}{allowed}")
+    return lines

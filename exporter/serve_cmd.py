@@ -1,0 +1,104 @@
+"""``gpufleet serve``: read the sources, serve /metrics and the JSON API."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import socket
+import sys
+
+from aiohttp import web
+
+from exporter import logs
+from exporter.collect import Collector
+from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
+from exporter.server import make_app, parse_listen
+from exporter.sources import FACTORIES, SourceStartupError, build_source
+
+log = logging.getLogger("gpufleet")
+
+DESCRIPTION = "Serve /metrics for a GPU fleet. Flags override the config file."
+EPILOG = "config file options (YAML, dotted keys are nested mappings):\n" + "\n".join(describe())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (every key has a default)")
+    parser.add_argument("--listen", metavar="HOST:PORT",
+                        help=f"address to serve on (default {DEFAULT_LISTEN})")
+    parser.add_argument("--source", choices=sorted(FACTORIES),
+                        help="read only this source (default: those enabled in the config, sim)")
+    parser.add_argument("--seed", type=int, metavar="N", help="seed of the simulated fleet")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-format", choices=("logfmt", "json"))
+
+
+def effective_config(args: argparse.Namespace) -> Config:
+    """The config file with command-line flags applied on top."""
+    config = load(args.config)
+    if args.listen:
+        try:
+            parse_listen(args.listen)
+        except ValueError as exc:
+            raise ConfigError(f"--{exc}") from None
+        config = dataclasses.replace(config, listen=args.listen)
+    log_config = config.log
+    if args.log_level:
+        log_config = dataclasses.replace(log_config, level=args.log_level)
+    if args.log_format:
+        log_config = dataclasses.replace(log_config, format=args.log_format)
+    sources = config.sources
+    if args.source:
+        changes = {}
+        for f in dataclasses.fields(sources):
+            current = getattr(sources, f.name)
+            changes[f.name] = dataclasses.replace(current, enabled=(f.name == args.source))
+        sources = dataclasses.replace(sources, **changes)
+    if args.seed is not None:
+        if args.seed < 0:
+            raise ConfigError("--seed: must be >= 0")
+        sources = dataclasses.replace(sources, sim=dataclasses.replace(sources.sim, seed=args.seed))
+    return dataclasses.replace(config, log=log_config, sources=sources)
+
+
+def enabled_sources(config: Config) -> list[str]:
+    return [f.name for f in dataclasses.fields(config.sources)
+            if getattr(config.sources, f.name).enabled]
+
+
+def run(args: argparse.Namespace) -> int:
+    config = effective_config(args)
+    try:
+        host, port = parse_listen(config.listen)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    logs.setup(config.log.level, config.log.format)
+    names = enabled_sources(config)
+    if not names:
+        raise ConfigError("sources: no source is enabled (enable sources.sim, or pass --source)")
+    try:
+        sources = [build_source(n, getattr(config.sources, n), _clock()) for n in names]
+    except SourceStartupError as exc:
+        print(f"gpufleet: {exc}", file=sys.stderr)
+        return 2
+    collector = Collector(sources, config.source_timeout)
+    app = make_app(config, collector)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    try:
+        sock = socket.create_server((host, port), reuse_port=False)
+    except OSError as exc:
+        print(f"gpufleet: cannot listen on {host}:{port}: {exc.strerror} "
+              "(pick another with --listen HOST:PORT)", file=sys.stderr)
+        return 1
+    what = "the simulated fleet" if names == ["sim"] else ", ".join(names)
+    print(f"gpufleet serving {what} at http://{shown}:{port}/metrics", flush=True)
+    log.info("serving", extra={"listen": f"{host}:{port}", "sources": ",".join(names)})
+    web.run_app(app, sock=sock, print=None, access_log=None, handle_signals=True)
+    log.info("stopped")
+    return 0
+
+
+def _clock():
+    import time
+
+    return time.time

@@ -1,0 +1,167 @@
+"""The aiohttp server: collection on its own interval, scrapes served from cached bytes.
+
+Collection never runs inside a scrape. A background task reads the sources
+every ``collect_interval``, renders the new snapshot to text and gzip once in a
+worker thread, and swaps one reference. ``/metrics`` only writes out the bytes
+of the current rendering, so a scrape costs the same for 100 GPUs or 100k.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from exporter import __version__
+from exporter.collect import Collector
+from exporter.config import Config
+from exporter.exposition import CONTENT_TYPE, Family, LabelCache, Rendered, render
+from exporter.snapshot import FleetSnapshot, to_json
+
+log = logging.getLogger(__name__)
+
+# Extra families computed from a snapshot (analysis, advisor), rendered with it.
+FamilyProvider = Callable[[FleetSnapshot], Iterable[Family]]
+
+
+@dataclass
+class ServingState:
+    """What the handlers read. ``current`` is replaced whole, never mutated."""
+
+    current: Rendered | None = None
+    snapshot_json: bytes | None = None
+    collections: int = 0
+    family_providers: list[FamilyProvider] = field(default_factory=list)
+    snapshot_listeners: list[Callable[[FleetSnapshot], object]] = field(default_factory=list)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+STATE = web.AppKey("state", ServingState)
+COLLECTOR = web.AppKey("collector", Collector)
+CONFIG = web.AppKey("config", Config)
+
+
+def _render_all(snapshot: FleetSnapshot, state: ServingState, labels: LabelCache, level: int) -> Rendered:
+    extra: list[Family] = []
+    for provider in state.family_providers:
+        try:
+            extra.extend(provider(snapshot))
+        except Exception:  # one broken provider must not stop the exposition
+            log.exception("family provider failed", extra={"provider": getattr(provider, "__name__", "?")})
+    return render(snapshot, labels, extra, gzip_level=level)
+
+
+async def collect_once(app: web.Application, labels: LabelCache) -> None:
+    state, collector, config = app[STATE], app[COLLECTOR], app[CONFIG]
+    snapshot = await collector.collect()
+    loop = asyncio.get_running_loop()
+    rendered = await loop.run_in_executor(
+        None, _render_all, snapshot, state, labels, config.gzip_level
+    )
+    state.current = rendered
+    state.snapshot_json = None
+    state.collections += 1
+    for listener in state.snapshot_listeners:
+        try:
+            result = listener(snapshot)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:
+            log.exception("snapshot listener failed")
+    state.ready.set()
+    log.debug("collected", extra={"gpus": len(snapshot.gpus), "series": rendered.series,
+                                  "render_seconds": round(rendered.render_seconds, 4)})
+
+
+async def _collect_loop(app: web.Application) -> None:
+    labels = LabelCache()
+    interval = app[CONFIG].collect_interval
+    while True:
+        started = time.monotonic()
+        try:
+            await collect_once(app, labels)
+        except Exception:  # the serving loop outlives any bad collection
+            log.exception("collection failed; serving the previous snapshot")
+        elapsed = time.monotonic() - started
+        await asyncio.sleep(max(0.0, interval - elapsed))
+
+
+async def _background(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.create_task(_collect_loop(app))
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await app[COLLECTOR].close()
+
+
+async def metrics(request: web.Request) -> web.Response:
+    rendered = request.app[STATE].current
+    if rendered is None:
+        return web.Response(status=503, text="no snapshot collected yet\n")
+    headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
+    if "gzip" in request.headers.get("Accept-Encoding", ""):
+        headers["Content-Encoding"] = "gzip"
+        return web.Response(body=rendered.gzipped, headers=headers)
+    return web.Response(body=rendered.text, headers=headers)
+
+
+async def healthy(request: web.Request) -> web.Response:
+    return web.Response(text="gpufleet is healthy.\n")
+
+
+async def ready(request: web.Request) -> web.Response:
+    if request.app[STATE].current is None:
+        return web.Response(status=503, text="gpufleet is not ready: no snapshot yet.\n")
+    return web.Response(text="gpufleet is ready.\n")
+
+
+async def snapshot(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    rendered = state.current
+    if rendered is None:
+        return web.json_response({"error": "no snapshot collected yet"}, status=503)
+    if state.snapshot_json is None:
+        loop = asyncio.get_running_loop()
+        state.snapshot_json = await loop.run_in_executor(
+            None, lambda: json.dumps(to_json(rendered.snapshot)).encode()
+        )
+    return web.Response(body=state.snapshot_json, content_type="application/json")
+
+
+async def index(request: web.Request) -> web.Response:
+    body = (
+        "<html><head><title>gpufleet</title></head><body><h1>gpufleet "
+        f"{__version__}</h1><ul><li><a href='/metrics'>/metrics</a></li>"
+        "<li><a href='/v1/snapshot'>/v1/snapshot</a></li>"
+        "<li><a href='/-/healthy'>/-/healthy</a></li><li><a href='/-/ready'>/-/ready</a></li>"
+        "</ul></body></html>"
+    )
+    return web.Response(text=body, content_type="text/html")
+
+
+def make_app(config: Config, collector: Collector, state: ServingState | None = None) -> web.Application:
+    app = web.Application(client_max_size=1024 * 1024)
+    app[CONFIG] = config
+    app[COLLECTOR] = collector
+    app[STATE] = state or ServingState()
+    app.router.add_get("/", index)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/-/healthy", healthy)
+    app.router.add_get("/-/ready", ready)
+    app.router.add_get("/v1/snapshot", snapshot)
+    app.cleanup_ctx.append(_background)
+    return app
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"listen: must be HOST:PORT, got {listen!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)

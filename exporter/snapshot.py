@@ -1,0 +1,199 @@
+"""The fleet snapshot: one immutable picture of every node, GPU and allocation.
+
+Sources produce it, analysis reads it, exposition renders it. Nothing mutates a
+snapshot after it is built: each collection builds a new one and the server
+swaps one reference, so a scrape never sees half of an update.
+
+Telemetry fields are ``None`` when a source could not read them (a MIG GPU has
+no utilization, a lost GPU has nothing). Absent is exported as a missing
+series, never as zero or NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    model: str  # catalogue name of its GPUs
+    cpu_cores: float
+    pool: str  # Slurm partition or Kubernetes node pool
+    generation: str  # architecture generation, e.g. "hopper"
+    gpu_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    instance_id: int
+    profile: str  # e.g. "1g.10gb"
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    node: str
+    index: int
+    uuid: str
+    model: str
+    pool: str
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    utilization_ratio: float | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+    nvlink_transmit_bytes: float | None = None
+    nvlink_receive_bytes: float | None = None
+    nvlink_capacity_bytes_per_second: float | None = None
+    up: bool = True  # False: the GPU is lost or every read of it failed
+    stale: bool = False  # True: values are the last good sample, not a fresh one
+    mig: tuple[MigInstance, ...] = ()
+    pci_bus_id: str | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.node, self.index)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The part of a job that sits on one node: which GPUs, what share of each, how many CPUs."""
+
+    node: str
+    gpus: tuple[int, ...]
+    gpu_share: float  # fraction of each of those GPUs held, 1.0 = whole GPU
+    cpus: float
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    job: str
+    placements: tuple[Placement, ...]
+    namespace: str = ""
+    pod: str = ""
+    priority: int = 0
+    qos: str = ""
+    user: str = ""
+    account: str = ""
+    start_time: float | None = None  # unix seconds
+    last_checkpoint_time: float | None = None
+    gpu_memory_need_bytes: int | None = None  # per GPU, when the job states it
+    allowed_models: tuple[str, ...] = ()  # empty: any model
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(p.gpus) for p in self.placements)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(p.node for p in self.placements)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """A pending job: demand the cluster could not place yet."""
+
+    job: str
+    gpu_count: int
+    gpu_share: float = 1.0
+    cpus: float = 0.0
+    node_count: int = 1
+    models: tuple[str, ...] = ()
+    pool: str = ""
+    priority: int = 0
+    submit_time: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    source: str
+    up: bool
+    duration_seconds: float
+    last_success_time: float | None
+    target: str = ""  # one endpoint of a multi-target source (dcgm), "" for the source itself
+    error: str = ""
+    parse_errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    taken_at: float  # unix seconds
+    nodes: tuple[Node, ...] = ()
+    gpus: tuple[Gpu, ...] = ()
+    allocations: tuple[Allocation, ...] = ()
+    pending: tuple[JobRequest, ...] = ()
+    sources: tuple[SourceStatus, ...] = field(default=())
+
+    def node_map(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    def gpu_allocations(self) -> dict[tuple[str, int], list[tuple[Allocation, float]]]:
+        """(node, gpu index) → [(allocation, share held)], for every allocated GPU."""
+        held: dict[tuple[str, int], list[tuple[Allocation, float]]] = {}
+        for alloc in self.allocations:
+            for part in alloc.placements:
+                for index in part.gpus:
+                    held.setdefault((part.node, index), []).append((alloc, part.gpu_share))
+        return held
+
+
+def to_json(snapshot: FleetSnapshot) -> dict[str, Any]:
+    """A plain-JSON form of the snapshot, served at ``GET /v1/snapshot``."""
+    return dataclasses.asdict(snapshot)
+
+
+def _build(cls: type, data: Mapping[str, Any], nested: Mapping[str, type]) -> Any:
+    kwargs = {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key, value in data.items():
+        if key not in names:
+            raise ValueError(f"{cls.__name__}: unknown field {key!r}")
+        if key in nested:
+            value = tuple(_build(nested[key], item, _NESTED.get(nested[key], {})) for item in value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+_NESTED: dict[type, dict[str, type]] = {
+    FleetSnapshot: {
+        "nodes": Node,
+        "gpus": Gpu,
+        "allocations": Allocation,
+        "pending": JobRequest,
+        "sources": SourceStatus,
+    },
+    Gpu: {"mig": MigInstance},
+    Allocation: {"placements": Placement},
+}
+
+
+def from_json(data: Mapping[str, Any]) -> FleetSnapshot:
+    """Rebuild a snapshot from :func:`to_json` output (``gpufleet analyze --snapshot``)."""
+    return _build(FleetSnapshot, data, _NESTED[FleetSnapshot])
+
+
+def merge(taken_at: float, parts: Iterable[FleetSnapshot]) -> FleetSnapshot:
+    """Concatenate partial snapshots from several sources into one."""
+    nodes: list[Node] = []
+    gpus: list[Gpu] = []
+    allocations: list[Allocation] = []
+    pending: list[JobRequest] = []
+    sources: list[SourceStatus] = []
+    for part in parts:
+        nodes += part.nodes
+        gpus += part.gpus
+        allocations += part.allocations
+        pending += part.pending
+        sources += part.sources
+    return FleetSnapshot(
+        taken_at, tuple(nodes), tuple(gpus), tuple(allocations), tuple(pending), tuple(sources)
+    )
