@@ -1,0 +1,193 @@
+"""Shared fixtures: free ports, the exporter as a real process, and a real Prometheus.
+
+Servers run on 127.0.0.1 with ports picked free at start. Every process a
+fixture starts is stopped by the fixture, whatever the test did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def data_dir() -> Path:
+    """The shared real-data folder: $GPUFLEET_DATA, else ../shared/data beside the checkout."""
+    env = os.environ.get("GPUFLEET_DATA")
+    if env:
+        return Path(env)
+    for candidate in (REPO.parent / "shared" / "data", REPO / "shared" / "data"):
+        if candidate.is_dir():
+            return candidate
+    return REPO.parent / "shared" / "data"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout}s: {last}")
+
+
+def http_get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> bytes:
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
+        return resp.read()
+
+
+def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class Exporter:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def start_exporter(tmp: Path, *args: str, config: str | None = None,
+                   env: dict[str, str] | None = None, ready: bool = True) -> Exporter:
+    """``python -m exporter serve`` from this checkout, on a free port."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{port}", *args]
+    if config is not None:
+        path = tmp / f"gpufleet-{port}.yaml"
+        path.write_text(config)
+        cmd += ["--config", str(path)]
+    log = tmp / f"exporter-{port}.log"
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
+    exporter = Exporter(proc, port, log)
+    if ready:
+        try:
+            wait_http(f"{exporter.url}/-/ready", proc=proc)
+        except Exception:
+            stop(proc)
+            raise RuntimeError(f"exporter did not start: {log.read_text()[-2000:]}") from None
+    return exporter
+
+
+@pytest.fixture
+def exporter_factory(tmp_path: Path) -> Iterator:
+    started: list[Exporter] = []
+
+    def factory(*args: str, **kwargs) -> Exporter:
+        exporter = start_exporter(tmp_path, *args, **kwargs)
+        started.append(exporter)
+        return exporter
+
+    yield factory
+    for exporter in started:
+        stop(exporter.proc)
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        # make test installs these; a missing one is a broken environment, not a skip
+        pytest.fail(f"{name} is not installed; run `make test`, which installs it")
+    return path
+
+
+@dataclass
+class Prometheus:
+    proc: subprocess.Popen
+    port: int
+    workdir: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def query(self, expr: str, time_: float | None = None) -> list[dict]:
+        params = {"query": expr}
+        if time_ is not None:
+            params["time"] = str(time_)
+        body = http_get(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}")
+        payload = json.loads(body)
+        assert payload["status"] == "success", payload
+        return payload["data"]["result"]
+
+    def wait_for(self, expr: str, predicate, timeout: float = 60.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        result: list[dict] = []
+        while time.monotonic() < deadline:
+            result = self.query(expr)
+            if predicate(result):
+                return result
+            time.sleep(0.5)
+        raise AssertionError(f"{expr!r} never satisfied the condition; last result {result!r}")
+
+
+def start_prometheus(workdir: Path, config: str, extra_args: tuple[str, ...] = ()) -> Prometheus:
+    binary = require_binary("prometheus")
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "prometheus.yml").write_text(config)
+    port = free_port()
+    log = workdir / "prometheus.log"
+    proc = subprocess.Popen(
+        [binary, f"--config.file={workdir / 'prometheus.yml'}",
+         f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+         "--web.enable-lifecycle", *extra_args],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=workdir,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
+    except Exception:
+        stop(proc)
+        raise RuntimeError(f"prometheus did not start: {log.read_text()[-2000:]}") from None
+    return Prometheus(proc, port, workdir)
+
+
+@pytest.fixture
+def prometheus_factory(tmp_path: Path) -> Iterator:
+    started: list[Prometheus] = []
+
+    def factory(config: str, name: str = "prometheus", extra_args: tuple[str, ...] = ()) -> Prometheus:
+        prom = start_prometheus(tmp_path / name, config, extra_args)
+        started.append(prom)
+        return prom
+
+    yield factory
+    for prom in started:
+        stop(prom.proc)
