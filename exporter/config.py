@@ -104,11 +104,86 @@ class SimSource:
     mig_nodes: int = _opt(2, help="A100 nodes whose GPUs run in MIG mode (7 x 1g.10gb).", min=0)
     pools: tuple[SimPool, ...] = _opt(REFERENCE_POOLS, help="Pool layout of the simulated fleet.")
     scenarios: tuple[Scenario, ...] = _opt((), help="Conditions to force for demos and tests.")
+    first_node: int = _opt(
+        1, help="Number of the first node (gpu-NNN), so simulated slices don't collide.", min=1
+    )
+    job_prefix: str = _opt("", help="Prefix of simulated job names, so slices don't collide.")
+
+
+@dataclass(frozen=True)
+class GresModel:
+    type: str = _opt(help="GRES type as written in gres.conf, e.g. h200.")
+    model: str = _opt(help="GPU catalogue name it stands for, e.g. H200.")
+
+
+# The reference cluster's GRES types; its gpu-a100 partition runs the 80 GB A100.
+DEFAULT_GRES_MODELS = (
+    GresModel("h200", "H200"),
+    GresModel("h100", "H100"),
+    GresModel("a100", "A100-80GB"),
+    GresModel("b200", "B200"),
+)
+
+
+@dataclass(frozen=True)
+class SlurmSource:
+    enabled: bool = _opt(False, help="Read nodes, allocations and pending jobs from Slurm.")
+    format: str = _opt(
+        "auto", help="squeue/sinfo --json, scontrol text, or JSON falling back to text.",
+        choices=("auto", "json", "text"),
+    )
+    command_timeout: Duration = _opt(
+        Duration(5), help="Longest a Slurm command may run before the read fails.",
+        exclusive_min=0,
+    )
+    bin_dir: str = _opt("", help="Folder of squeue, sinfo and scontrol; empty: the PATH.")
+    slurm_conf: str = _opt("", help="SLURM_CONF for the commands; empty: inherited.")
+    time_zone: str = _opt(
+        "", help="Time zone of scontrol's times (IANA name); empty: this machine's."
+    )
+    gres_models: tuple[GresModel, ...] = _opt(
+        DEFAULT_GRES_MODELS, help="GRES type to catalogue model; other types are looked up as is."
+    )
+
+
+@dataclass(frozen=True)
+class PrometheusSource:
+    enabled: bool = _opt(False, help="Read the whole fleet from a Prometheus server.")
+    url: str = _opt("http://127.0.0.1:9090", help="Base URL of Prometheus (or Thanos/Mimir).")
+    metrics: str = _opt(
+        "gpufleet", help="Whose metrics to read: per-node gpufleet exporters or dcgm-exporter.",
+        choices=("gpufleet", "dcgm"),
+    )
+    selector: str = _opt(
+        "", help='Label matchers added to every query, e.g. job="gpufleet-nodes".'
+    )
+    query_timeout: Duration = _opt(
+        Duration(5), help="Longest one query may take (sent to Prometheus too).", exclusive_min=0
+    )
+    max_sample_age: Duration = _opt(
+        Duration(120), help="A GPU whose newest sample is older is marked stale.",
+        exclusive_min=0,
+    )
+    lost_after: Duration = _opt(
+        Duration(600), help="A GPU not scraped for this long is dropped; until then, stale.",
+        exclusive_min=0,
+    )
+    bearer_token_file: str = _opt("", help="File holding a bearer token (re-read every read).")
+    bearer_token_env: str = _opt("", help="Environment variable holding a bearer token.")
+    basic_auth_username: str = _opt("", help="Basic-auth user name.")
+    basic_auth_password_file: str = _opt("", help="File holding the basic-auth password.")
+    basic_auth_password_env: str = _opt(
+        "", help="Environment variable holding the basic-auth password."
+    )
 
 
 @dataclass(frozen=True)
 class SourcesConfig:
     sim: SimSource = _opt(help="The simulated fleet.", factory=SimSource)
+    slurm: SlurmSource = _opt(help="Slurm: inventory, allocations, demand.", factory=SlurmSource)
+    prometheus: PrometheusSource = _opt(
+        help="A Prometheus that scrapes the fleet's exporters.", factory=PrometheusSource
+    )
 
 
 @dataclass(frozen=True)
