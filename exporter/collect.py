@@ -4,6 +4,11 @@ This is node_exporter's ``execute()`` for gpufleet: each source read is timed
 and bounded by a timeout, one failing source never removes the others, and a
 source that fails keeps serving its last good reading with every GPU marked
 stale, so a flapping upstream doesn't make series vanish and reappear.
+
+A source whose ``role`` is ``"allocation"`` (Slurm) is the scheduler's view; when one
+is enabled together with others, the others are telemetry and the two views are
+joined by :func:`exporter.compose.compose` rather than concatenated. Sources without
+a ``role`` see the whole fleet and are merged as they are.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from exporter.compose import ALLOCATION, compose
 from exporter.snapshot import FleetSnapshot, SourceStatus, merge
 from exporter.sources import Clock, NoData, Source
 
@@ -27,10 +33,25 @@ class Collector:
     clock: Clock = time.time
     _last_good: dict[str, FleetSnapshot] = dataclasses.field(default_factory=dict)
     _last_success: dict[str, float] = dataclasses.field(default_factory=dict)
+    _last_unmatched: tuple[tuple[str, int], ...] = ()
 
     async def collect(self) -> FleetSnapshot:
         parts = await asyncio.gather(*(self._read_one(s) for s in self.sources))
-        return merge(self.clock(), parts)
+        now = self.clock()
+        roles = [getattr(s, "role", "full") for s in self.sources]
+        scheduled = [p for p, role in zip(parts, roles, strict=True) if role == ALLOCATION]
+        measured = [p for p, role in zip(parts, roles, strict=True) if role != ALLOCATION]
+        if scheduled and measured:
+            snapshot = compose(now, merge(now, scheduled), merge(now, measured))
+            self._log_unmatched(snapshot)
+            return snapshot
+        return merge(now, parts)
+
+    def _log_unmatched(self, snapshot: FleetSnapshot) -> None:
+        counts = tuple((u.side, u.count) for u in snapshot.unmatched)
+        if counts != self._last_unmatched and any(c for _, c in counts):
+            log.warning("GPUs seen by one side only", extra=dict(counts))
+        self._last_unmatched = counts
 
     async def _read_one(self, source: Source) -> FleetSnapshot:
         started = time.perf_counter()

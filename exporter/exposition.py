@@ -254,10 +254,37 @@ def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
                "Unix time of the source's last successful read.", last_success),
         Family("gpufleet_source_parse_errors_total", "counter",
                "Lines or fields the source could not parse and skipped.", parse_errors),
+        Family("gpufleet_compose_unmatched_gpus", "gauge",
+               "GPUs only one side of a composed snapshot saw: the scheduler (allocation) "
+               "or telemetry.", [((("side", u.side),), float(u.count)) for u in snapshot.unmatched]),
+        *allocation_families(snapshot),
         Family("gpufleet_snapshot_timestamp_seconds", "gauge",
                "Unix time the served snapshot was taken.", [((), snapshot.taken_at)]),
         Family("gpufleet_build_info", "gauge", "gpufleet version; always 1.",
                [((("version", __version__),), 1.0)]),
+    ]
+
+
+def allocation_families(snapshot: FleetSnapshot) -> list[Family]:
+    """What each job holds on each node besides GPU indices: CPUs and the share of each GPU.
+
+    With ``gpufleet_gpu_allocation_info`` these let a reader of Prometheus (the
+    ``prometheus`` source in cluster mode) rebuild every placement exactly.
+    """
+    cpus: dict[Labels, float] = {}
+    shares: dict[Labels, float] = {}
+    for alloc in snapshot.allocations:
+        for part in alloc.placements:
+            # one series per (job, node) even if a source lists a node twice
+            labels = (("job", alloc.job), ("node", part.node))
+            cpus[labels] = cpus.get(labels, 0.0) + part.cpus
+            shares[labels] = max(shares.get(labels, 0.0), part.gpu_share)
+    return [
+        Family("gpufleet_allocation_cpu_cores", "gauge",
+               "CPU cores the job holds on the node.", list(cpus.items())),
+        Family("gpufleet_allocation_gpu_share_ratio", "gauge",
+               "Share of each of its GPUs on the node the job holds (0-1); 1 is whole GPUs.",
+               list(shares.items())),
     ]
 
 

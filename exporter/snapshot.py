@@ -123,6 +123,14 @@ class SourceStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class UnmatchedGpus:
+    """GPUs only one side of a composed snapshot saw (see :mod:`exporter.compose`)."""
+
+    side: str  # "allocation" (the scheduler's) or "telemetry"
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class FleetSnapshot:
     taken_at: float  # unix seconds
     nodes: tuple[Node, ...] = ()
@@ -130,6 +138,7 @@ class FleetSnapshot:
     allocations: tuple[Allocation, ...] = ()
     pending: tuple[JobRequest, ...] = ()
     sources: tuple[SourceStatus, ...] = field(default=())
+    unmatched: tuple[UnmatchedGpus, ...] = ()  # set only when sources were composed
 
     def node_map(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}
@@ -170,6 +179,7 @@ _NESTED: dict[type, dict[str, type]] = {
         "allocations": Allocation,
         "pending": JobRequest,
         "sources": SourceStatus,
+        "unmatched": UnmatchedGpus,
     },
     Gpu: {"mig": MigInstance},
     Allocation: {"placements": Placement},
@@ -188,12 +198,15 @@ def merge(taken_at: float, parts: Iterable[FleetSnapshot]) -> FleetSnapshot:
     allocations: list[Allocation] = []
     pending: list[JobRequest] = []
     sources: list[SourceStatus] = []
+    unmatched: list[UnmatchedGpus] = []
     for part in parts:
         nodes += part.nodes
         gpus += part.gpus
         allocations += part.allocations
         pending += part.pending
         sources += part.sources
+        unmatched += part.unmatched
     return FleetSnapshot(
-        taken_at, tuple(nodes), tuple(gpus), tuple(allocations), tuple(pending), tuple(sources)
+        taken_at, tuple(nodes), tuple(gpus), tuple(allocations), tuple(pending), tuple(sources),
+        tuple(unmatched),
     )

@@ -18,6 +18,7 @@ scripts inherit it), never by name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -261,7 +262,5 @@ class SlurmCluster:
                 proc.kill()
                 proc.wait()
         for pid in self.marked_pids():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass

@@ -147,7 +147,8 @@ class Simulation:
     def _layout(self) -> Fleet:
         pools = self.config.pools
         total_nodes = sum(p.nodes for p in pools) * self.config.scale
-        width = max(3, len(str(total_nodes)))
+        offset = self.config.first_node - 1  # slices of one fleet get disjoint node names
+        width = max(3, len(str(total_nodes + offset)))
         nodes: list[Node] = []
         node_pool, node_cpus = [], []
         gpu_node, gpu_local, gpu_model, gpu_mig, uuids = [], [], [], [], []
@@ -158,7 +159,7 @@ class Simulation:
                 spec = self.catalogue.get(pool.model)
                 for _ in range(pool.nodes):
                     number += 1
-                    name = f"gpu-{number:0{width}d}"
+                    name = f"gpu-{number + offset:0{width}d}"
                     node_index = len(nodes)
                     nodes.append(
                         Node(name, spec.name, float(pool.cpu_cores), pool.name,
@@ -203,7 +204,7 @@ class Simulation:
         # log-normal durations: most jobs are short, a few run for days
         duration = float(rng.lognormal(math.log(kind.mean_hours * 3600) - 0.5, 1.0))
         job = SimJob(
-            id=f"{kind.name}-{self._next_job:06d}",
+            id=f"{self.config.job_prefix}{kind.name}-{self._next_job:06d}",
             kind=kind,
             placements=[],
             start=start,
@@ -345,8 +346,8 @@ class Simulation:
             self._finish(self.jobs[job_id])
         node_index = int(self.fleet.gpu_node[g])
         kind = JOB_KINDS[-1]
-        job = SimJob(f"idle-{self._next_job:06d}", kind, [(node_index, [g], 1.0, 8.0)],
-                     self.now, math.inf, 0.0, 2 * GB, 0.0, pinned=True)
+        job = SimJob(f"{self.config.job_prefix}idle-{self._next_job:06d}", kind,
+                     [(node_index, [g], 1.0, 8.0)], self.now, math.inf, 0.0, 2 * GB, 0.0, pinned=True)
         self._next_job += 1
         self._apply(job, +1)
         self.jobs[job.id] = job
@@ -374,7 +375,8 @@ class Simulation:
             for g in sorted(int(x) for x in busy):
                 if self.fleet.free[g] < 1.0:
                     continue
-                job = SimJob(f"scatter-{self._next_job:06d}", kind, [(node_index, [g], 1.0, 8.0)],
+                job_id = f"{self.config.job_prefix}scatter-{self._next_job:06d}"
+                job = SimJob(job_id, kind, [(node_index, [g], 1.0, 8.0)],
                              self.now, math.inf, float(self.rng.uniform(0.3, 0.8)),
                              float(self.rng.uniform(20, 60)) * GB, 0.0, pinned=True)
                 self._next_job += 1

@@ -1,0 +1,77 @@
+"""Compose an allocation source and a telemetry source into one snapshot.
+
+Fragmentation is a property of allocations (which job holds which GPU), and the
+scheduler knows those; telemetry (NVML on each node, dcgm-exporter, Prometheus)
+knows how the GPUs behave. In cluster mode both are read and joined here:
+
+- A GPU is matched by UUID where both sides have one, else by (node, GPU index).
+  Slurm knows no UUID, so Slurm joins by (node, index): that holds when gres.conf
+  lists ``File=/dev/nvidia[0-7]`` in index order, the usual setup.
+- A matched GPU keeps the scheduler's identity (node, index, pool), so the
+  allocations' placements still point at it, and takes everything measured
+  (values, UUID, model, MIG, up) from telemetry. It is stale if either side is.
+- A GPU seen by one side only is kept, never dropped, and counted in
+  :class:`UnmatchedGpus`, exported as ``gpufleet_compose_unmatched_gpus{side}``.
+- Nodes, allocations and pending jobs come from the allocation side; telemetry
+  adds nodes the scheduler does not know.
+
+Pure functions on immutable snapshots: nothing here reads a source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from exporter.snapshot import FleetSnapshot, Gpu, UnmatchedGpus
+
+ALLOCATION = "allocation"
+TELEMETRY = "telemetry"
+
+
+def _join(scheduled: Gpu, measured: Gpu) -> Gpu:
+    model = measured.model if measured.model not in ("", "unknown") else scheduled.model
+    return dataclasses.replace(
+        measured,
+        node=scheduled.node,
+        index=scheduled.index,
+        pool=scheduled.pool or measured.pool,
+        uuid=measured.uuid or scheduled.uuid,
+        model=model,
+        stale=measured.stale or scheduled.stale,
+    )
+
+
+def compose(taken_at: float, allocation: FleetSnapshot, telemetry: FleetSnapshot) -> FleetSnapshot:
+    """One snapshot from the scheduler's view and the telemetry view of the same fleet."""
+    by_uuid = {g.uuid: i for i, g in enumerate(telemetry.gpus) if g.uuid}
+    by_key = {g.key: i for i, g in enumerate(telemetry.gpus)}
+    matched: set[int] = set()
+    gpus: list[Gpu] = []
+    allocation_only = 0
+    for gpu in allocation.gpus:
+        index = by_uuid.get(gpu.uuid) if gpu.uuid else None
+        if index is None or index in matched:
+            index = by_key.get(gpu.key)
+        if index is None or index in matched:
+            gpus.append(gpu)
+            allocation_only += 1
+            continue
+        matched.add(index)
+        gpus.append(_join(gpu, telemetry.gpus[index]))
+    telemetry_only = [g for i, g in enumerate(telemetry.gpus) if i not in matched]
+    gpus += telemetry_only
+
+    known_nodes = {n.name for n in allocation.nodes}
+    nodes = allocation.nodes + tuple(n for n in telemetry.nodes if n.name not in known_nodes)
+    return FleetSnapshot(
+        taken_at=taken_at,
+        nodes=nodes,
+        gpus=tuple(gpus),
+        allocations=allocation.allocations,
+        pending=allocation.pending,
+        sources=allocation.sources + telemetry.sources,
+        unmatched=(
+            UnmatchedGpus(ALLOCATION, allocation_only),
+            UnmatchedGpus(TELEMETRY, len(telemetry_only)),
+        ),
+    )

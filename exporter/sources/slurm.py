@@ -1,0 +1,214 @@
+"""The ``slurm`` source: nodes, GPU allocations and pending demand from a real Slurm.
+
+It runs Slurm's own clients as async subprocesses, each bounded by
+``command_timeout``: ``squeue --json`` and ``sinfo --json`` (Slurm 21.08 and
+later), or ``scontrol show job -d -o`` and ``scontrol show node -d -o`` where
+JSON is missing (``format: auto`` switches once, on the first sign that the
+JSON output is unsupported). Parsing lives in :mod:`exporter.sources.slurm_parse`.
+
+Its ``role`` is ``allocation``: it is the scheduler's view (which job holds which
+GPU index on which node, with how many CPUs). Enabled with a telemetry source,
+the collector joins the two (:mod:`exporter.compose`); alone, it serves the GPU
+inventory with allocations and no telemetry.
+
+A failing or slow command fails the read. The collector then marks the source
+down and keeps serving the last good reading with every GPU stale; the next
+successful read replaces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import shutil
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from exporter.catalogue import Catalogue, default_catalogue
+from exporter.config import SlurmSource as SlurmConfig
+from exporter.snapshot import FleetSnapshot, SourceStatus
+from exporter.sources import Clock, SourceStartupError
+from exporter.sources.slurm_parse import (
+    SlurmJob,
+    SlurmNode,
+    SlurmParseError,
+    node_threads,
+    parse_scontrol_jobs,
+    parse_scontrol_nodes,
+    parse_sinfo_json,
+    parse_squeue_json,
+    to_snapshot,
+)
+
+log = logging.getLogger(__name__)
+
+COMMANDS = ("squeue", "sinfo", "scontrol")
+
+
+class SlurmCommandError(Exception):
+    """A Slurm client failed, timed out or printed an error; one line, names the command."""
+
+
+class JsonUnsupported(SlurmCommandError):
+    """This Slurm's clients cannot write JSON (before 21.08, or no serializer plugin)."""
+
+
+# stderr of a client that lacks --json: "unrecognized option '--json'" (before 21.08),
+# "No serializer" / "data_parser" when the plugin is missing
+_NO_JSON_HINTS = ("unrecognized option", "invalid option", "serializer", "data_parser", "--json")
+
+Runner = Callable[[Sequence[str], float, Mapping[str, str]], Awaitable[str]]
+
+
+async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str]) -> str:
+    """Run one client; its stdout, or :class:`SlurmCommandError`. A slow one is killed by PID."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL, env=dict(env),
+        )
+    except OSError as exc:
+        raise SlurmCommandError(f"{argv[0]}: cannot run: {exc.strerror}") from None
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise SlurmCommandError(
+            f"{' '.join(argv[:3])}: no answer within {timeout:g}s (slurmctld down or slow?)"
+        ) from None
+    if proc.returncode != 0:
+        message = stderr.decode(errors="replace").strip().splitlines()
+        first = message[0] if message else f"exit status {proc.returncode}"
+        error = JsonUnsupported if "--json" in argv and _json_unsupported(first) else \
+            SlurmCommandError
+        raise error(f"{' '.join(argv[:3])}: {first}")
+    return stdout.decode(errors="replace")
+
+
+def _json_unsupported(stderr_line: str) -> bool:
+    lowered = stderr_line.lower()
+    return any(hint in lowered for hint in _NO_JSON_HINTS)
+
+
+def _time_zone(name: str) -> dt.tzinfo | None:
+    if not name:
+        return None
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise SourceStartupError(
+            f"sources.slurm.time_zone: unknown time zone {name!r} (an IANA name such as UTC)"
+        ) from None
+
+
+@dataclass
+class SlurmAllocationSource:
+    config: SlurmConfig
+    clock: Clock
+    runner: Runner = run_command
+    catalogue: Catalogue = field(default_factory=default_catalogue)
+    name: str = "slurm"
+    role: str = "allocation"
+    _format: str = ""  # "json" or "text" once known
+    _parse_errors: int = 0  # running total: gpufleet_source_parse_errors_total is a counter
+
+    def __post_init__(self) -> None:
+        self._format = "" if self.config.format == "auto" else self.config.format
+        self._tz = _time_zone(self.config.time_zone)
+        self._models = {m.type: m.model for m in self.config.gres_models}
+        env = dict(os.environ)
+        if self.config.slurm_conf:
+            env["SLURM_CONF"] = self.config.slurm_conf
+        self._env = env
+
+    def _argv(self, command: str, *args: str) -> list[str]:
+        binary = str(Path(self.config.bin_dir) / command) if self.config.bin_dir else command
+        return [binary, *args]
+
+    async def _run(self, command: str, *args: str) -> str:
+        return await self.runner(self._argv(command, *args), self.config.command_timeout,
+                                 self._env)
+
+    def _skip(self, message: str) -> None:
+        self._parse_errors += 1
+        log.warning("slurm record skipped", extra={"source": self.name, "err": message})
+
+    async def _read_json(self) -> tuple[list[SlurmNode], list[SlurmJob]]:
+        jobs_text, nodes_text = await asyncio.gather(
+            self._run("squeue", "--json"), self._run("sinfo", "--json")
+        )
+        try:
+            nodes = parse_sinfo_json(nodes_text, self._skip)
+        except SlurmParseError as exc:
+            if "no 'nodes'" not in str(exc):
+                raise
+            # sinfo --json of 23.02+ groups nodes per partition; scontrol lists them plainly
+            nodes = parse_scontrol_nodes(await self._run("scontrol", "show", "node", "-d", "-o"),
+                                         self._skip)
+        jobs = parse_squeue_json(jobs_text, node_threads(nodes), self._skip)
+        return nodes, jobs
+
+    async def _read_text(self) -> tuple[list[SlurmNode], list[SlurmJob]]:
+        jobs_text, nodes_text = await asyncio.gather(
+            self._run("scontrol", "show", "job", "-d", "-o"),
+            self._run("scontrol", "show", "node", "-d", "-o"),
+        )
+        return (parse_scontrol_nodes(nodes_text, self._skip),
+                parse_scontrol_jobs(jobs_text, self._tz, self._skip))
+
+    async def read(self) -> FleetSnapshot:
+        try:
+            if self._format == "text":
+                nodes, jobs = await self._read_text()
+            else:
+                try:
+                    nodes, jobs = await self._read_json()
+                    self._format = "json"
+                except JsonUnsupported as exc:
+                    if self._format == "json":  # configured json, or json worked before
+                        raise
+                    log.info("Slurm clients write no JSON; reading scontrol text instead",
+                             extra={"source": self.name, "err": str(exc)})
+                    self._format = "text"
+                    nodes, jobs = await self._read_text()
+        except SlurmParseError as exc:
+            raise SlurmCommandError(str(exc)) from None
+        now = self.clock()
+        snapshot = to_snapshot(now, nodes, jobs, self._models, self.catalogue)
+        status = SourceStatus(self.name, up=True, duration_seconds=0.0, last_success_time=now,
+                              parse_errors=self._parse_errors)
+        return FleetSnapshot(now, snapshot.nodes, snapshot.gpus, snapshot.allocations,
+                             snapshot.pending, (status,))
+
+    async def close(self) -> None:
+        return None
+
+
+def build(config: SlurmConfig, clock: Clock) -> SlurmAllocationSource:
+    for command in COMMANDS:
+        path = Path(config.bin_dir) / command if config.bin_dir else shutil.which(command)
+        if config.format == "text" and command != "scontrol":
+            continue
+        if config.format == "json" and command == "scontrol":
+            continue
+        if path is None or not os.access(path, os.X_OK):
+            where = f"in {config.bin_dir}" if config.bin_dir else "on the PATH"
+            raise SourceStartupError(
+                f"sources.slurm: {command} not found {where} (install slurm-client, or set "
+                "sources.slurm.bin_dir)"
+            )
+    catalogue = default_catalogue()
+    for entry in config.gres_models:
+        if not catalogue.get(entry.model).known:
+            raise SourceStartupError(
+                f"sources.slurm.gres_models: {entry.type} maps to {entry.model!r}, which the "
+                f"GPU catalogue lacks (known: {', '.join(catalogue.names())})"
+            )
+    return SlurmAllocationSource(config, clock, catalogue=catalogue)

@@ -1,0 +1,263 @@
+"""Slurm parsers on literals and on real 22.05 output (../shared/data/slurm-samples/)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+
+import pytest
+
+from exporter.catalogue import default_catalogue
+from exporter.snapshot import JobRequest, Placement
+from exporter.sources.slurm_parse import (
+    Gres,
+    SlurmParseError,
+    count_cpu_ids,
+    expand_hostlist,
+    expand_index_list,
+    node_threads,
+    parse_gres,
+    parse_scontrol_jobs,
+    parse_scontrol_nodes,
+    parse_sinfo_json,
+    parse_squeue_json,
+    parse_tres_gpus,
+    to_snapshot,
+)
+from tests.conftest import data_dir
+
+SAMPLES = data_dir() / "slurm-samples"
+MODELS = {"h200": "H200", "h100": "H100", "a100": "A100-80GB", "b200": "B200"}
+
+
+def sample(name: str) -> str:
+    path = SAMPLES / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: the shared data set is required (set GPUFLEET_DATA)")
+    return path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("gpu-001", ["gpu-001"]),
+        ("gpu-[006-007]", ["gpu-006", "gpu-007"]),
+        ("gpu-[005,008]", ["gpu-005", "gpu-008"]),
+        ("gpu-[001-002,010]", ["gpu-001", "gpu-002", "gpu-010"]),
+        ("gpu-[8-11]", ["gpu-8", "gpu-9", "gpu-10", "gpu-11"]),
+        ("gpu-[098-101]", ["gpu-098", "gpu-099", "gpu-100", "gpu-101"]),
+        ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+        ("a1,b[3-4],c", ["a1", "b3", "b4", "c"]),
+        ("", []),
+        ("(null)", []),
+    ],
+)
+def test_hostlists_expand(text, names):
+    assert expand_hostlist(text) == names
+
+
+@pytest.mark.parametrize(
+    ("text", "indices"),
+    [("0", (0,)), ("0-1", (0, 1)), ("0,2-3", (0, 2, 3)), ("4-5,7", (4, 5, 7)), ("N/A", ())],
+)
+def test_index_lists_expand(text, indices):
+    assert expand_index_list(text) == indices
+
+
+def test_cpu_ids_count():
+    assert count_cpu_ids("1-8") == 8
+    assert count_cpu_ids("0,4-5,9") == 4
+
+
+def test_bad_range_is_a_parse_error():
+    with pytest.raises(SlurmParseError, match="bad range"):
+        expand_hostlist("gpu-[9-3]")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("gpu:h200:8", [Gres("gpu", "h200", 8)]),
+        ("gpu:h200:6(IDX:0-5)", [Gres("gpu", "h200", 6, (0, 1, 2, 3, 4, 5))]),
+        ("gpu:h200:0(IDX:N/A)", [Gres("gpu", "h200", 0, ())]),
+        ("gpu:h100:8(S:0-1)", [Gres("gpu", "h100", 8)]),
+        ("gpu:3", [Gres("gpu", "", 3)]),
+        ("gpu(IDX:0,2-3)", [Gres("gpu", "", 3, (0, 2, 3))]),
+        ("gpu:tesla:3(IDX:0,2-3)", [Gres("gpu", "tesla", 3, (0, 2, 3))]),
+        ("gpu:h100:2(IDX:0-1),gpu:a100:1(IDX:4)",
+         [Gres("gpu", "h100", 2, (0, 1)), Gres("gpu", "a100", 1, (4,))]),
+        ("gpu:h100:4(S:0),shard:8", [Gres("gpu", "h100", 4), Gres("shard", "", 8)]),
+        ("(null)", []),
+    ],
+)
+def test_gres_strings(text, expected):
+    assert parse_gres(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("gres:gpu:h200:2", [Gres("gpu", "h200", 2)]),
+        ("gres:gpu:3", [Gres("gpu", "", 3)]),
+        ("gres/gpu:h100=4", [Gres("gpu", "h100", 4)]),  # 23.02+
+        ("gres/gpu=2", [Gres("gpu", "", 2)]),
+        ("gres:gpu", [Gres("gpu", "", 1)]),
+        ("gres:shard:4", []),
+        ("", []),
+    ],
+)
+def test_tres_gpu_requests(text, expected):
+    assert parse_tres_gpus(text) == expected
+
+
+def _samples_json():
+    nodes = parse_sinfo_json(sample("sinfo.json"))
+    jobs = parse_squeue_json(sample("squeue.json"), node_threads(nodes))
+    return nodes, jobs
+
+
+def _samples_text(suffix: str):
+    # the samples were captured on a machine running in UTC
+    nodes = parse_scontrol_nodes(sample(f"scontrol_show_node_d{suffix}.txt"))
+    jobs = parse_scontrol_jobs(sample(f"scontrol_show_job_d{suffix}.txt"), dt.UTC)
+    return nodes, jobs
+
+
+@pytest.mark.parametrize("suffix", ["_o", ""])  # one line per record, and the multi-line form
+def test_text_parser_equals_json_parser_on_the_samples(suffix):
+    json_nodes, json_jobs = _samples_json()
+    text_nodes, text_jobs = _samples_text(suffix)
+    assert len(json_nodes) == 8 and len(json_jobs) == 9
+    assert text_nodes == json_nodes
+    assert sorted(text_jobs, key=lambda j: j.job_id) == sorted(json_jobs, key=lambda j: j.job_id)
+    catalogue = default_catalogue()
+    assert to_snapshot(0.0, text_nodes, text_jobs, MODELS, catalogue) == \
+        to_snapshot(0.0, json_nodes, json_jobs, MODELS, catalogue)
+
+
+def test_samples_become_the_expected_snapshot():
+    nodes, jobs = _samples_json()
+    snapshot = to_snapshot(1.0, nodes, jobs, MODELS, default_catalogue())
+    assert [(n.name, n.model, n.pool, n.cpu_cores, n.gpu_count) for n in snapshot.nodes][:1] == \
+        [("gpu-001", "H200", "gpu-h200", 64.0, 8)]
+    assert {n.model for n in snapshot.nodes} == {"H200", "H100"}
+    assert len(snapshot.gpus) == 64 and all(g.uuid == "" for g in snapshot.gpus)
+    placements = {a.job: a.placements for a in snapshot.allocations}
+    assert placements == {
+        "1": (Placement("gpu-001", (0, 1), 1.0, 1.0),),
+        "2": (Placement("gpu-002", tuple(range(8)), 1.0, 1.0),),
+        "3": (Placement("gpu-001", (2, 3, 4, 5), 1.0, 8.0),),  # -c 8
+        "4": (Placement("gpu-005", (0,), 1.0, 1.0),),
+        "5": (Placement("gpu-006", tuple(range(8)), 1.0, 1.0),  # -N 2, hostlist gpu-[006-007]
+              Placement("gpu-007", tuple(range(8)), 1.0, 1.0)),
+        "6": (Placement("gpu-005", (1, 2, 3), 1.0, 1.0),),  # untyped --gres=gpu:3
+        "7": (Placement("gpu-003", (0, 1, 2), 1.0, 1.0),),  # --gpus=h200:3
+        "8": (Placement("gpu-005", (4, 5), 1.0, 1.0),  # --gpus-per-node, gpu-[005,008]
+              Placement("gpu-008", (0, 1), 1.0, 1.0)),
+    }
+    by_job = {a.job: a for a in snapshot.allocations}
+    assert by_job["6"].allowed_models == ()
+    assert by_job["1"].allowed_models == ("H200",)
+    assert by_job["1"].start_time == 1795961057.0 and by_job["1"].user == "root"
+    assert by_job["1"].priority == 4294901759
+    assert snapshot.pending == (
+        JobRequest("9", gpu_count=32, cpus=4.0, node_count=4, models=("H200",),
+                   pool="gpu-h200", priority=4294901751, submit_time=1795961054.0),
+    )
+
+
+def test_squeue_json_errors_fail_although_squeue_exits_0():
+    # what squeue --json prints (exit status 0) when slurmctld is down, seen on 22.05
+    text = json.dumps({"meta": {}, "errors": [{"description": "Failed while looking for jobs",
+                                               "error_number": -1, "error": "Unspecified error",
+                                               "source": "slurm_load_jobs"}], "jobs": []})
+    with pytest.raises(SlurmParseError, match="Failed while looking for jobs"):
+        parse_squeue_json(text)
+    with pytest.raises(SlurmParseError, match="Unspecified error"):
+        parse_sinfo_json(json.dumps({"errors": [{"error": "Unspecified error", "errno": -1}],
+                                     "nodes": []}))
+
+
+def test_not_json_is_one_clear_error():
+    with pytest.raises(SlurmParseError, match="squeue --json: not JSON"):
+        parse_squeue_json("slurm_load_jobs error: Unable to contact slurm controller")
+
+
+def test_a_bad_record_is_skipped_and_reported_not_fatal():
+    data = json.loads(sample("squeue.json"))
+    data["jobs"][0]["job_resources"]["allocated_nodes"][0].pop("nodename")
+    skipped: list[str] = []
+    jobs = parse_squeue_json(json.dumps(data), on_error=skipped.append)
+    assert len(jobs) == 8 and len(skipped) == 1 and "skipped a record" in skipped[0]
+    with pytest.raises(SlurmParseError):
+        parse_squeue_json(json.dumps(data))
+
+
+def test_newer_openapi_wrapping_parses_the_same():
+    """OpenAPI 0.0.39+ wraps numbers as {set, number} and states as lists."""
+    data = json.loads(sample("squeue.json"))
+    for job in data["jobs"]:
+        for key in ("priority", "start_time", "submit_time", "node_count", "cpus", "tasks"):
+            job[key] = {"set": True, "infinite": False, "number": job[key]}
+        job["job_state"] = [job["job_state"]]
+    nodes = parse_sinfo_json(sample("sinfo.json"))
+    wrapped = parse_squeue_json(json.dumps(data), node_threads(nodes))
+    assert wrapped == parse_squeue_json(sample("squeue.json"), node_threads(nodes))
+
+
+def test_node_states():
+    line = ("NodeName=gpu-009 CPUTot=32 Gres=gpu:a100:4 State=DOWN*+DRAIN ThreadsPerCore=2 "
+            "Partitions=gpu-a100,debug")
+    (node,) = parse_scontrol_nodes(line)
+    assert (node.state, node.responding, node.up) == ("down", False, False)
+    assert node.partitions == ("gpu-a100", "debug") and node.threads_per_core == 2
+    (idle,) = parse_scontrol_nodes("NodeName=n1 CPUTot=8 Gres=gpu:2 State=IDLE+DRAIN")
+    assert idle.up and idle.state == "idle"
+
+
+def test_mixed_gpu_types_on_one_node_number_across_types():
+    (node,) = parse_scontrol_nodes(
+        "NodeName=n1 CPUTot=64 Gres=gpu:h100:2,gpu:a100:2 State=IDLE Partitions=mixed")
+    snapshot = to_snapshot(0.0, [node], [], MODELS, default_catalogue())
+    assert [(g.index, g.model) for g in snapshot.gpus] == [
+        (0, "H100"), (1, "H100"), (2, "A100-80GB"), (3, "A100-80GB")]
+    assert snapshot.nodes[0].model == "H100"
+
+
+def test_unknown_gres_type_is_looked_up_and_untyped_is_unknown():
+    nodes = parse_scontrol_nodes(
+        "NodeName=a CPUTot=8 Gres=gpu:l40s:2 State=IDLE Partitions=p\n"
+        "NodeName=b CPUTot=8 Gres=gpu:2 State=IDLE Partitions=p\n"
+        "NodeName=c CPUTot=8 Gres=(null) State=IDLE Partitions=cpu\n")
+    snapshot = to_snapshot(0.0, nodes, [], MODELS, default_catalogue())
+    assert {g.node: g.model for g in snapshot.gpus} == {"a": "L40S", "b": "unknown"}
+    assert [n.name for n in snapshot.nodes] == ["a", "b"]  # the CPU-only node is left out
+
+
+def test_gpus_per_task_and_per_job_requests_count():
+    line = ("JobId=12 UserId=alice(1000) Priority=5 Account=ml QOS=normal JobState=PENDING "
+            "Reason=Priority Partition=gpu-h100,gpu-a100 SubmitTime=2026-01-01T00:00:00 "
+            "StartTime=Unknown NumNodes=2-4 NumCPUs=16 NumTasks=4 TresPerTask=gres/gpu:h100=2")
+    (job,) = parse_scontrol_jobs(line, dt.UTC)
+    assert job.requested_gpus() == 8 and job.partition == "gpu-h100"
+    assert (job.user, job.account, job.qos, job.node_count) == ("alice", "ml", "normal", 2)
+    assert job.submit_time == dt.datetime(2026, 1, 1, tzinfo=dt.UTC).timestamp()
+
+
+def test_cpu_only_jobs_hold_cpus_but_are_no_gpu_demand():
+    nodes = parse_scontrol_nodes("NodeName=g1 CPUTot=64 Gres=gpu:h100:8 State=MIXED Partitions=p")
+    jobs = parse_scontrol_jobs(
+        "JobId=1 JobState=RUNNING Partition=p NumNodes=1 NumCPUs=4 NodeList=g1 "
+        "Nodes=g1 CPU_IDs=0-3 Mem=0\n"
+        "JobId=2 JobState=PENDING Partition=p NumNodes=1 NumCPUs=4\n", dt.UTC)
+    snapshot = to_snapshot(0.0, nodes, jobs, MODELS, default_catalogue())
+    assert snapshot.allocations[0].placements == (Placement("g1", (), 1.0, 4.0),)
+    assert snapshot.pending == ()
+
+
+def test_json_cores_count_threads_like_scontrol():
+    data = json.loads(sample("squeue.json"))
+    nodes = [dataclasses.replace(n, threads_per_core=2) for n in parse_sinfo_json(sample("sinfo.json"))]
+    jobs = {j.job_id: j for j in parse_squeue_json(json.dumps(data), node_threads(nodes))}
+    assert jobs["3"].nodes[0].cpus == 16
