@@ -45,19 +45,31 @@ def compose(taken_at: float, allocation: FleetSnapshot, telemetry: FleetSnapshot
     """One snapshot from the scheduler's view and the telemetry view of the same fleet."""
     by_uuid = {g.uuid: i for i, g in enumerate(telemetry.gpus) if g.uuid}
     by_key = {g.key: i for i, g in enumerate(telemetry.gpus)}
+    partner: list[int | None] = [None] * len(allocation.gpus)
     matched: set[int] = set()
+    # UUIDs first, so a (node, index) guess never takes a GPU a UUID names elsewhere
+    for position, gpu in enumerate(allocation.gpus):
+        index = by_uuid.get(gpu.uuid) if gpu.uuid else None
+        if index is not None and index not in matched:
+            partner[position] = index
+            matched.add(index)
+    for position, gpu in enumerate(allocation.gpus):
+        if partner[position] is not None:
+            continue
+        index = by_key.get(gpu.key)
+        # two different UUIDs are two different GPUs, wherever they sit
+        if index is None or index in matched or (gpu.uuid and telemetry.gpus[index].uuid):
+            continue
+        partner[position] = index
+        matched.add(index)
     gpus: list[Gpu] = []
     allocation_only = 0
-    for gpu in allocation.gpus:
-        index = by_uuid.get(gpu.uuid) if gpu.uuid else None
-        if index is None or index in matched:
-            index = by_key.get(gpu.key)
-        if index is None or index in matched:
+    for gpu, index in zip(allocation.gpus, partner, strict=True):
+        if index is None:
             gpus.append(gpu)
             allocation_only += 1
-            continue
-        matched.add(index)
-        gpus.append(_join(gpu, telemetry.gpus[index]))
+        else:
+            gpus.append(_join(gpu, telemetry.gpus[index]))
     telemetry_only = [g for i, g in enumerate(telemetry.gpus) if i not in matched]
     gpus += telemetry_only
 

@@ -204,7 +204,7 @@ class Simulation:
         # log-normal durations: most jobs are short, a few run for days
         duration = float(rng.lognormal(math.log(kind.mean_hours * 3600) - 0.5, 1.0))
         job = SimJob(
-            id=f"{self.config.job_prefix}{kind.name}-{self._next_job:06d}",
+            id=f"{kind.name}-{self._next_job:06d}",
             kind=kind,
             placements=[],
             start=start,
@@ -346,8 +346,8 @@ class Simulation:
             self._finish(self.jobs[job_id])
         node_index = int(self.fleet.gpu_node[g])
         kind = JOB_KINDS[-1]
-        job = SimJob(f"{self.config.job_prefix}idle-{self._next_job:06d}", kind,
-                     [(node_index, [g], 1.0, 8.0)], self.now, math.inf, 0.0, 2 * GB, 0.0, pinned=True)
+        job = SimJob(f"idle-{self._next_job:06d}", kind, [(node_index, [g], 1.0, 8.0)],
+                     self.now, math.inf, 0.0, 2 * GB, 0.0, pinned=True)
         self._next_job += 1
         self._apply(job, +1)
         self.jobs[job.id] = job
@@ -375,8 +375,7 @@ class Simulation:
             for g in sorted(int(x) for x in busy):
                 if self.fleet.free[g] < 1.0:
                     continue
-                job_id = f"{self.config.job_prefix}scatter-{self._next_job:06d}"
-                job = SimJob(job_id, kind, [(node_index, [g], 1.0, 8.0)],
+                job = SimJob(f"scatter-{self._next_job:06d}", kind, [(node_index, [g], 1.0, 8.0)],
                              self.now, math.inf, float(self.rng.uniform(0.3, 0.8)),
                              float(self.rng.uniform(20, 60)) * GB, 0.0, pinned=True)
                 self._next_job += 1
@@ -492,11 +491,12 @@ class Simulation:
         ran = max(0.0, self.now - job.start)
         checkpoint = job.start + math.floor(ran / CHECKPOINT_INTERVAL) * CHECKPOINT_INTERVAL
         kind = job.kind
+        name = self.config.job_prefix + job.id  # slices of one fleet get disjoint job names
         return Allocation(
-            job=job.id,
+            job=name,
             placements=placements,
             namespace=kind.namespace,
-            pod=f"{job.id}-0",
+            pod=f"{name}-0",
             priority=kind.priority,
             qos=kind.qos,
             user=f"user{int(job.id.split('-')[-1]) % 17:02d}",
