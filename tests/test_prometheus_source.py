@@ -1,0 +1,303 @@
+"""The prometheus source: queries, decoding, auth, and a real Prometheus over 4 exporters."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+import subprocess
+import time
+import urllib.error
+
+import pytest
+
+from exporter.config import PrometheusSource as PrometheusConfig
+from exporter.snapshot import FleetSnapshot, from_json
+from exporter.sources import SourceStartupError
+from exporter.sources.prometheus import (
+    PrometheusQueryError,
+    _Result,
+    auth_headers,
+    build,
+    build_queries,
+    build_snapshot,
+)
+from tests.conftest import free_port, http_get, require_binary, stop
+
+# -- queries and decoding, on literals ----------------------------------------------------------
+
+
+def test_a_handful_of_queries_none_per_node():
+    queries = build_queries(PrometheusConfig(selector='job="nodes"'))
+    assert len(queries) == 9
+    assert all('job="nodes"' in q for q in queries.values())
+    assert not any("node=" in q for q in queries.values())
+    assert queries["identity"] == 'last_over_time(gpufleet_gpu_info{job="nodes"}[600s])'
+
+
+def _series(name: str, value: float | str, **labels: str) -> dict:
+    return {"metric": {"__name__": name, **labels}, "value": [100.0, str(value)]}
+
+
+def _results(**series: list[dict] | None) -> dict[str, _Result]:
+    return {name: _Result(name, items, "" if items is not None else f"query {name}: boom")
+            for name, items in series.items()}
+
+
+GPU = {"node": "gpu-001", "gpu": "0", "uuid": "GPU-1", "model": "H100", "pool": "p",
+       "instance": "10.0.0.1:9874", "job": "nodes"}
+
+
+def test_build_snapshot_reads_renamed_job_and_instance_labels():
+    results = _results(
+        identity=[_series("gpufleet_gpu_info", 1, **GPU, architecture="hopper")],
+        freshness=[_series("", 95.0, **GPU)],
+        values0=[_series("gpufleet_gpu_up", 1, **GPU),
+                 _series("gpufleet_gpu_utilization_ratio", "NaN", **GPU),
+                 _series("gpufleet_gpu_memory_used_bytes", 1e9, **GPU)],
+        nodes=[_series("gpufleet_node_info", 1, node="gpu-001", pool="p", model="H100",
+                       generation="hopper", gpus="1"),
+               _series("gpufleet_node_cpu_cores", 128, node="gpu-001", pool="p", model="H100")],
+        allocations=[
+            # without honor_labels Prometheus moves the exporter's job label to exported_job
+            _series("gpufleet_gpu_allocation_info", 1, **GPU, exported_job="j1",
+                    namespace="ns", priority="7", job_gpus="1"),
+            _series("gpufleet_allocation_cpu_cores", 4, node="gpu-001", exported_job="j1",
+                    job="nodes"),
+            _series("gpufleet_allocation_gpu_share_ratio", 0.5, node="gpu-001",
+                    exported_job="j1", job="nodes"),
+        ],
+        mig=[_series("gpufleet_gpu_mig_instance_info", 1, **{**GPU, "exported_instance": "3"},
+                     profile="1g.10gb")],
+        targets=[_series("up", 1, instance="10.0.0.1:9874", job="nodes")],
+    )
+    snapshot, failed = build_snapshot(100.0, results, max_sample_age=30, source="prometheus")
+    assert failed == 0
+    (gpu,) = snapshot.gpus
+    assert (gpu.node, gpu.index, gpu.uuid, gpu.up, gpu.stale) == ("gpu-001", 0, "GPU-1", True, False)
+    assert gpu.utilization_ratio is None  # NaN is absence
+    assert gpu.memory_used_bytes == 1_000_000_000 and isinstance(gpu.memory_used_bytes, int)
+    assert gpu.mig[0].instance_id == 3 and gpu.mig[0].profile == "1g.10gb"
+    (alloc,) = snapshot.allocations
+    assert alloc.job == "j1" and alloc.namespace == "ns" and alloc.priority == 7
+    assert [(p.node, p.gpus, p.gpu_share, p.cpus) for p in alloc.placements] == [
+        ("gpu-001", (0,), 0.5, 4.0)]
+    assert snapshot.nodes[0].cpu_cores == 128.0
+    assert snapshot.sources[0].target == "10.0.0.1:9874" and snapshot.sources[0].up
+
+
+def test_old_or_missing_samples_mark_the_gpu_stale():
+    two = [dict(GPU, node="a"), dict(GPU, node="b")]
+    results = _results(
+        identity=[_series("gpufleet_gpu_info", 1, **g) for g in two],
+        freshness=[_series("", 10.0, **two[0])],  # a: 90 s old; b: no current sample at all
+        nodes=[], allocations=[],
+    )
+    snapshot, _ = build_snapshot(100.0, results, max_sample_age=30, source="prometheus")
+    assert [(g.node, g.stale) for g in snapshot.gpus] == [("a", True), ("b", True)]
+    fresh, _ = build_snapshot(100.0, results, max_sample_age=300, source="prometheus")
+    assert [(g.node, g.stale) for g in fresh.gpus] == [("a", False), ("b", True)]
+
+
+def test_failed_required_query_fails_the_read_optional_ones_are_partial():
+    identity = [_series("gpufleet_gpu_info", 1, **GPU)]
+    with pytest.raises(PrometheusQueryError, match="boom"):
+        build_snapshot(0.0, _results(identity=identity, nodes=None, allocations=[]), 30, "p")
+    with pytest.raises(PrometheusQueryError):
+        build_snapshot(0.0, _results(identity=None, nodes=[], allocations=[]), 30, "p")
+    snapshot, failed = build_snapshot(
+        0.0, _results(identity=identity, nodes=[], allocations=[], values0=None, freshness=None,
+                      mig=None), 30, "p")
+    assert failed == 3 and len(snapshot.gpus) == 1
+    assert not snapshot.gpus[0].stale  # age unknown is not old
+
+
+def test_auth_headers(tmp_path, monkeypatch):
+    token = tmp_path / "token"
+    token.write_text("abc\n")
+    assert auth_headers(PrometheusConfig(bearer_token_file=str(token))) == {
+        "Authorization": "Bearer abc"}
+    monkeypatch.setenv("GPUFLEET_TEST_TOKEN", "xyz")
+    assert auth_headers(PrometheusConfig(bearer_token_env="GPUFLEET_TEST_TOKEN")) == {
+        "Authorization": "Bearer xyz"}
+    monkeypatch.setenv("GPUFLEET_TEST_PASSWORD", "pw")
+    assert auth_headers(PrometheusConfig(basic_auth_username="u",
+                                         basic_auth_password_env="GPUFLEET_TEST_PASSWORD")) == {
+        "Authorization": "Basic dTpwdw=="}
+    assert auth_headers(PrometheusConfig()) == {}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"url": "prometheus:9090"}, "sources.prometheus.url: must be an http(s) URL"),
+        ({"bearer_token_env": "X", "basic_auth_username": "u"}, "not both"),
+        ({"basic_auth_password_env": "X"}, "basic_auth_username: required"),
+        ({"bearer_token_file": "/nonexistent/token"}, "bearer_token_file: cannot read"),
+        ({"bearer_token_env": "GPUFLEET_SURELY_UNSET"}, "$GPUFLEET_SURELY_UNSET is not set"),
+    ],
+)
+def test_bad_options_stop_the_start_with_the_key_named(options, message):
+    with pytest.raises(SourceStartupError) as caught:
+        build(PrometheusConfig(enabled=True, **options), time.time)
+    assert message in str(caught.value)
+
+
+def test_credentials_never_reach_an_error_message():
+    src = build(PrometheusConfig(url=f"http://user:hunter2@127.0.0.1:{free_port()}"), time.time)
+
+    async def attempt():
+        try:
+            await src.read()
+        finally:
+            await src.close()
+
+    with pytest.raises(PrometheusQueryError) as caught:
+        asyncio.run(attempt())
+    assert "hunter2" not in str(caught.value) and "127.0.0.1" in str(caught.value)
+
+
+# -- a real Prometheus ----------------------------------------------------------------------------
+
+PASSWORD = "gpufleet-test-password"
+PASSWORD_BCRYPT = "$2b$04$i3O1Kf10/Cg7CXTCsVcVd.1pVR1zRecUXQmBsav96lhykjA1d9wle"
+
+
+def test_basic_auth_against_a_secured_prometheus(tmp_path):
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  gpufleet: '{PASSWORD_BCRYPT}'\n")
+    password = tmp_path / "password"
+    password.write_text(PASSWORD + "\n")
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text("global: {scrape_interval: 1m}\n")
+    proc = subprocess.Popen(
+        [require_binary("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+         f"--web.config.file={web}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    basic = "Basic " + base64.b64encode(f"gpufleet:{PASSWORD}".encode()).decode()
+    try:
+        _wait(lambda: _answers(f"{url}/-/ready", basic), 60, "secured Prometheus ready")
+        def read(**auth) -> FleetSnapshot:
+            src = build(PrometheusConfig(url=url, **auth), time.time)
+
+            async def go():
+                try:
+                    return await src.read()
+                finally:
+                    await src.close()
+            return asyncio.run(go())
+
+        snapshot = read(basic_auth_username="gpufleet", basic_auth_password_file=str(password))
+        assert snapshot.gpus == () and snapshot.sources[0].up
+        with pytest.raises(PrometheusQueryError, match="HTTP 401"):
+            read()
+        password.write_text("wrong")
+        with pytest.raises(PrometheusQueryError, match="HTTP 401 Unauthorized"):
+            read(basic_auth_username="gpufleet", basic_auth_password_file=str(password))
+    finally:
+        stop(proc)
+
+
+def _answers(url: str, authorization: str) -> bool:
+    try:
+        http_get(url, timeout=2, headers={"Authorization": authorization})
+        return True
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+SLICES = (  # four per-node exporters, each serving one slice of the simulated fleet
+    ("a-", 1, "{name: gpu-h200, model: H200, nodes: 4, cpu_cores: 192}", 1),
+    ("b-", 5, "{name: gpu-h100, model: H100, nodes: 6, cpu_cores: 128}", 2),
+    ("c-", 11, "{name: gpu-a100, model: A100-80GB, nodes: 4, cpu_cores: 128}", 3),
+    ("d-", 15, "{name: gpu-b200, model: B200, nodes: 2, cpu_cores: 224}", 4),
+)
+
+
+def _snapshot(url: str) -> FleetSnapshot:
+    return from_json(json.loads(http_get(f"{url}/v1/snapshot")))
+
+
+def _comparable(snapshot: FleetSnapshot):
+    # pci_bus_id is not exported; placements and their GPUs are sets, whatever the order
+    gpus = sorted((dataclasses.replace(g, pci_bus_id=None) for g in snapshot.gpus),
+                  key=lambda g: g.key)
+    allocations = sorted(
+        (a.job, a.namespace, a.pod, a.priority,
+         tuple(sorted((p.node, tuple(sorted(p.gpus)), p.gpu_share, p.cpus) for p in a.placements)))
+        for a in snapshot.allocations)
+    return gpus, sorted(snapshot.nodes, key=lambda n: n.name), allocations
+
+
+def _union(parts: list[FleetSnapshot]) -> FleetSnapshot:
+    return FleetSnapshot(0.0, tuple(n for p in parts for n in p.nodes),
+                         tuple(g for p in parts for g in p.gpus),
+                         tuple(a for p in parts for a in p.allocations))
+
+
+def _wait(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(0.3)
+    raise AssertionError(f"{what} not met within {timeout}s")
+
+
+def test_cluster_mode_rebuilds_the_union_of_four_exporters(exporter_factory, prometheus_factory):
+    exporters = []
+    for prefix, first, pool, seed in SLICES:
+        # collect once and hold it: every scrape sees the same values, so equality is exact
+        exporters.append(exporter_factory(config=f"""
+collect_interval: 1h
+sources:
+  sim: {{seed: {seed}, first_node: {first}, job_prefix: {prefix}, mig_nodes: 1, pools: [{pool}]}}
+"""))
+    targets = ", ".join(f'"127.0.0.1:{e.port}"' for e in exporters)
+    prom = prometheus_factory(f"""
+global: {{scrape_interval: 1s}}
+scrape_configs:
+  - job_name: gpufleet-nodes
+    static_configs: [{{targets: [{targets}]}}]
+""")
+    union = _union([_snapshot(e.url) for e in exporters])
+    assert len(union.gpus) == 128 and len({g.node for g in union.gpus}) == 16
+    assert any(g.mig for g in union.gpus) and len(union.allocations) > 20
+    prom.wait_for("count(gpufleet_gpu_info)", lambda r: bool(r) and r[0]["value"][1] == "128")
+
+    cluster = exporter_factory(config=f"""
+collect_interval: 0.5s
+sources:
+  sim: {{enabled: false}}
+  prometheus: {{enabled: true, url: "{prom.url}", selector: 'job="gpufleet-nodes"'}}
+""")
+    rebuilt = _wait(lambda: (s := _snapshot(cluster.url)) and len(s.gpus) == 128 and s,
+                    what="the cluster snapshot to hold all 128 GPUs")
+    assert _comparable(rebuilt) == _comparable(union)
+    status = {(s.source, s.target): s.up for s in rebuilt.sources}
+    assert status[("prometheus", "")] is True
+    assert sorted(t for (_, t), up in status.items() if t and up) == sorted(
+        f"127.0.0.1:{e.port}" for e in exporters)
+    metrics = http_get(f"{cluster.url}/metrics").decode()
+    assert 'gpufleet_gpu_allocation_info{' in metrics
+
+    # one node exporter dies: its GPUs stay, stale and without values; the rest stay fresh
+    lost = exporters[3]
+    stop(lost.proc)
+    lost_nodes = {n.name for n in _snapshot(cluster.url).nodes if n.pool == "gpu-b200"}
+
+    def lost_is_stale():
+        s = _snapshot(cluster.url)
+        mine = [g for g in s.gpus if g.node in lost_nodes]
+        return len(mine) == 16 and all(g.stale and g.utilization_ratio is None for g in mine) and s
+
+    after = _wait(lost_is_stale, what="the lost exporter's GPUs to turn stale")
+    assert len(after.gpus) == 128
+    assert not any(g.stale for g in after.gpus if g.node not in lost_nodes)
+    status = {s.target: s.up for s in after.sources if s.target}
+    assert status[f"127.0.0.1:{lost.port}"] is False
+    assert cluster.proc.poll() is None
