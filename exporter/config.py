@@ -168,6 +168,9 @@ class PrometheusSource:
         Duration(600), help="A GPU not scraped for this long is dropped; until then, stale.",
         exclusive_min=0,
     )
+    gzip: bool = _opt(
+        False, help="Ask for gzipped answers: less network, more CPU; worth it across a WAN."
+    )
     bearer_token_file: str = _opt("", help="File holding a bearer token (re-read every read).")
     bearer_token_env: str = _opt("", help="Environment variable holding a bearer token.")
     basic_auth_username: str = _opt("", help="Basic-auth user name.")

@@ -28,12 +28,14 @@ from tests.conftest import free_port, http_get, require_binary, stop
 # -- queries and decoding, on literals ----------------------------------------------------------
 
 
-def test_a_handful_of_queries_none_per_node():
+def test_one_query_per_family_none_per_node():
     queries = build_queries(PrometheusConfig(selector='job="nodes"'))
-    assert len(queries) == 9
+    assert len(queries) == 18
     assert all('job="nodes"' in q for q in queries.values())
     assert not any("node=" in q for q in queries.values())
     assert queries["identity"] == 'last_over_time(gpufleet_gpu_info{job="nodes"}[600s])'
+    assert queries["gpufleet_gpu_power_watts"] == 'gpufleet_gpu_power_watts{job="nodes"}'
+    assert queries["old"].endswith("> 120")
 
 
 def _series(name: str, value: float | str, **labels: str) -> dict:
@@ -52,10 +54,10 @@ GPU = {"node": "gpu-001", "gpu": "0", "uuid": "GPU-1", "model": "H100", "pool": 
 def test_build_snapshot_reads_renamed_job_and_instance_labels():
     results = _results(
         identity=[_series("gpufleet_gpu_info", 1, **GPU, architecture="hopper")],
-        freshness=[_series("", 95.0, **GPU)],
-        values0=[_series("gpufleet_gpu_up", 1, **GPU),
-                 _series("gpufleet_gpu_utilization_ratio", "NaN", **GPU),
-                 _series("gpufleet_gpu_memory_used_bytes", 1e9, **GPU)],
+        old=[],
+        gpufleet_gpu_up=[_series("gpufleet_gpu_up", 1, **GPU)],
+        gpufleet_gpu_utilization_ratio=[_series("gpufleet_gpu_utilization_ratio", "NaN", **GPU)],
+        gpufleet_gpu_memory_used_bytes=[_series("gpufleet_gpu_memory_used_bytes", 1e9, **GPU)],
         nodes=[_series("gpufleet_node_info", 1, node="gpu-001", pool="p", model="H100",
                        generation="hopper", gpus="1"),
                _series("gpufleet_node_cpu_cores", 128, node="gpu-001", pool="p", model="H100")],
@@ -72,7 +74,7 @@ def test_build_snapshot_reads_renamed_job_and_instance_labels():
                      profile="1g.10gb")],
         targets=[_series("up", 1, instance="10.0.0.1:9874", job="nodes")],
     )
-    snapshot, failed = build_snapshot(100.0, results, max_sample_age=30, source="prometheus")
+    snapshot, failed = build_snapshot(100.0, results, source="prometheus")
     assert failed == 0
     (gpu,) = snapshot.gpus
     assert (gpu.node, gpu.index, gpu.uuid, gpu.up, gpu.stale) == ("gpu-001", 0, "GPU-1", True, False)
@@ -88,29 +90,34 @@ def test_build_snapshot_reads_renamed_job_and_instance_labels():
 
 
 def test_old_or_missing_samples_mark_the_gpu_stale():
-    two = [dict(GPU, node="a"), dict(GPU, node="b")]
+    three = [dict(GPU, node="a"), dict(GPU, node="b"), dict(GPU, node="c")]
     results = _results(
-        identity=[_series("gpufleet_gpu_info", 1, **g) for g in two],
-        freshness=[_series("", 10.0, **two[0])],  # a: 90 s old; b: no current sample at all
+        identity=[_series("gpufleet_gpu_info", 1, **g) for g in three],
+        old=[_series("", 90.0, node="a", gpu="0")],  # a: newest sample 90 s old
+        gpufleet_gpu_up=[_series("gpufleet_gpu_up", 1, **g) for g in three[:2]],  # c: none
+        gpufleet_gpu_stale=[_series("gpufleet_gpu_stale", 1, **three[1]),  # b: says so
+                            _series("gpufleet_gpu_stale", 0, **three[0])],
         nodes=[], allocations=[],
     )
-    snapshot, _ = build_snapshot(100.0, results, max_sample_age=30, source="prometheus")
-    assert [(g.node, g.stale) for g in snapshot.gpus] == [("a", True), ("b", True)]
-    fresh, _ = build_snapshot(100.0, results, max_sample_age=300, source="prometheus")
-    assert [(g.node, g.stale) for g in fresh.gpus] == [("a", False), ("b", True)]
+    snapshot, _ = build_snapshot(100.0, results, source="prometheus")
+    assert [(g.node, g.stale) for g in snapshot.gpus] == [("a", True), ("b", True), ("c", True)]
+    results["old"] = _Result("old", [])
+    results["gpufleet_gpu_stale"] = _Result("gpufleet_gpu_stale", [])
+    fresh, _ = build_snapshot(100.0, results, source="prometheus")
+    assert [(g.node, g.stale) for g in fresh.gpus] == [("a", False), ("b", False), ("c", True)]
 
 
 def test_failed_required_query_fails_the_read_optional_ones_are_partial():
     identity = [_series("gpufleet_gpu_info", 1, **GPU)]
     with pytest.raises(PrometheusQueryError, match="boom"):
-        build_snapshot(0.0, _results(identity=identity, nodes=None, allocations=[]), 30, "p")
+        build_snapshot(0.0, _results(identity=identity, nodes=None, allocations=[]), "p")
     with pytest.raises(PrometheusQueryError):
-        build_snapshot(0.0, _results(identity=None, nodes=[], allocations=[]), 30, "p")
+        build_snapshot(0.0, _results(identity=None, nodes=[], allocations=[]), "p")
     snapshot, failed = build_snapshot(
-        0.0, _results(identity=identity, nodes=[], allocations=[], values0=None, freshness=None,
-                      mig=None), 30, "p")
+        0.0, _results(identity=identity, nodes=[], allocations=[], gpufleet_gpu_up=None,
+                      old=None, mig=None), "p")
     assert failed == 3 and len(snapshot.gpus) == 1
-    assert not snapshot.gpus[0].stale  # age unknown is not old
+    assert not snapshot.gpus[0].stale  # presence and age unknown is not stale
 
 
 def test_auth_headers(tmp_path, monkeypatch):

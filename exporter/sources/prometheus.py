@@ -4,17 +4,18 @@ Large sites already scrape every GPU node into Prometheus (and Thanos or Mimir
 scale that past one machine), so cluster mode reads the fleet from there rather
 than fanning out to the nodes itself.
 
-Cost is per metric family, never per node: a handful of instant queries, each a
-``__name__`` regex over families that share their labels, read a 10k-GPU fleet
-(``bench/prometheus_source.py`` measures it against one query per node). All
-queries are evaluated at the same ``time``, so the snapshot is one instant.
+Cost is per metric family, never per node: 18 instant queries read a fleet of
+any size (``bench/prometheus_source.py`` measures 10k GPUs against one query per
+node). All are evaluated at the same ``time``, so the snapshot is one instant,
+and each answer is decoded in a worker thread as soon as it arrives.
 
 What it reads (``metrics: gpufleet``): the families per-node gpufleet exporters
 serve. Identity comes from ``last_over_time(gpufleet_gpu_info[lost_after])``, so
 a GPU whose exporter stopped answering stays in the snapshot, marked stale with
 no values, until ``lost_after`` passes. A GPU is also stale when its exporter
-says so (``gpufleet_gpu_stale``) or its newest sample is older than
-``max_sample_age`` (remote-write lag, a stalled federation).
+says so (``gpufleet_gpu_stale``), its newest sample is older than
+``max_sample_age`` (remote-write lag, a stalled federation), or it has no
+current sample at all.
 
 Failures: a query for identity, nodes or allocations that fails fails the read
 (the collector keeps the last good snapshot, stale). A failed query for values,
@@ -36,7 +37,6 @@ import base64
 import json
 import logging
 import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,14 +88,6 @@ MIG_FAMILIES = (
 )
 NODE_FAMILIES = ("gpufleet_node_info", "gpufleet_node_cpu_cores")
 
-# Value families split in three queries of similar size: Prometheus evaluates
-# them in parallel while we decode the previous answer.
-_VALUE_GROUPS = (
-    tuple(GPU_VALUES)[:4],
-    tuple(GPU_VALUES)[4:8],
-    tuple(GPU_VALUES)[8:],
-)
-
 # Without these the snapshot would be wrong, not just thinner: fail the read.
 REQUIRED = ("identity", "nodes", "allocations")
 
@@ -104,31 +96,35 @@ class PrometheusQueryError(Exception):
     """One query failed; the message names the query and why, never a credential."""
 
 
-def _matchers(selector: str) -> str:
-    return f", {selector}" if selector else ""
-
-
 def build_queries(config: PrometheusConfig) -> dict[str, str]:
-    """Query name -> PromQL, one per group of families sharing their labels."""
-    sel = _matchers(config.selector)
+    """Query name -> PromQL: 18 instant queries whatever the fleet size.
+
+    Each per-GPU value family has its own query (a family is ~11k series at 10k GPUs),
+    so Prometheus evaluates and encodes them on several cores while we decode the
+    ones already answered; measured, that beats fewer, larger queries by about 2x.
+    The small node, allocation and MIG families go one ``__name__`` regex each.
+    """
     inner = config.selector
+    sel = f", {inner}" if inner else ""
     window = f"{int(config.lost_after)}s"
 
-    def names(families: Sequence[str]) -> str:
-        return "|".join(families)
+    def regex(families: Sequence[str]) -> str:
+        return f'{{__name__=~"{"|".join(families)}"{sel}}}'
 
     queries = {
         "identity": f"last_over_time(gpufleet_gpu_info{{{inner}}}[{window}])",
-        "freshness": f"timestamp(gpufleet_gpu_up{{{inner}}})",
-        "nodes": f'{{__name__=~"{names(NODE_FAMILIES)}"{sel}}}',
-        "allocations": f'{{__name__=~"{names(ALLOCATION_FAMILIES)}"{sel}}}',
-        "mig": f'{{__name__=~"{names(MIG_FAMILIES)}"{sel}}}',
+        # only the GPUs whose newest sample is too old: usually an empty answer
+        "old": (f"max by (node, gpu) (time() - timestamp(gpufleet_gpu_up{{{inner}}}))"
+                f" > {config.max_sample_age:g}"),
+        "nodes": regex(NODE_FAMILIES),
+        "allocations": regex(ALLOCATION_FAMILIES),
+        "mig": regex(MIG_FAMILIES),
         "targets": (
             f"up and on (job, instance) last_over_time(gpufleet_build_info{{{inner}}}[{window}])"
         ),
     }
-    for number, group in enumerate(_VALUE_GROUPS):
-        queries[f"values{number}"] = f'{{__name__=~"{names(group)}"{sel}}}'
+    for family in GPU_VALUES:
+        queries[family] = f"{family}{{{inner}}}"
     return queries
 
 
@@ -150,7 +146,7 @@ class _Result:
 
 
 def build_snapshot(
-    taken_at: float, results: Mapping[str, _Result], max_sample_age: float, source: str
+    taken_at: float, results: Mapping[str, _Result], source: str
 ) -> tuple[FleetSnapshot, int]:
     """A snapshot from decoded query results; also the number of failed optional queries."""
     failed = [r for r in results.values() if r.series is None]
@@ -159,39 +155,45 @@ def build_snapshot(
             raise PrometheusQueryError(result.error)
 
     def series(name: str) -> list[dict[str, Any]]:
-        return results[name].series or [] if name in results else []
+        result = results.get(name)
+        return result.series or [] if result is not None else []
 
-    # identity: every GPU seen within lost_after
-    identity: dict[tuple[str, int], dict[str, Any]] = {}
+    def answered(name: str) -> bool:
+        result = results.get(name)
+        return result is not None and result.series is not None
+
+    # identity: every GPU seen within lost_after, keyed by its label strings so the
+    # 100k+ value samples below cost one dict lookup each
+    fields_of: dict[tuple[str, str], dict[str, Any]] = {}
     for sample in series("identity"):
         labels = sample["metric"]
-        key = (labels.get("node", ""), int(labels.get("gpu", "0")))
-        identity[key] = {
-            "node": key[0], "index": key[1], "uuid": labels.get("uuid", ""),
+        node, gpu = labels.get("node", ""), labels.get("gpu", "0")
+        fields_of[(node, gpu)] = {
+            "node": node, "index": int(gpu), "uuid": labels.get("uuid", ""),
             "model": labels.get("model", ""), "pool": labels.get("pool", ""),
         }
-    # without the freshness answer, age is unknown: mark nothing stale for age alone
-    ages_known = results.get("freshness") is not None and results["freshness"].series is not None
-    fresh: dict[tuple[str, int], float] = {}
-    for sample in series("freshness"):
-        labels = sample["metric"]
-        fresh[(labels.get("node", ""), int(labels.get("gpu", "0")))] = float(sample["value"][1])
-    values: dict[tuple[str, int], dict[str, Any]] = {}
-    for number in range(len(_VALUE_GROUPS)):
-        for sample in series(f"values{number}"):
+    for family, (attr, kind) in GPU_VALUES.items():
+        for sample in series(family):
             labels = sample["metric"]
-            key = (labels.get("node", ""), int(labels.get("gpu", "0")))
-            target = GPU_VALUES.get(labels.get("__name__", ""))
+            fields = fields_of.get((labels.get("node", ""), labels.get("gpu", "0")))
             value = _value(sample)
-            if target is None or value is None or key not in identity:
+            if fields is None or value is None:
                 continue
-            attr, kind = target
-            values.setdefault(key, {})[attr] = bool(value) if kind is bool else kind(value)
+            fields[attr] = bool(value) if kind is bool else kind(value)
+    # stale: the exporter said so, its newest sample is too old, or it has no current
+    # sample at all (its target is down and Prometheus marked the series stale)
+    old = {(s["metric"].get("node", ""), s["metric"].get("gpu", "0")) for s in series("old")}
+    current = {(s["metric"].get("node", ""), s["metric"].get("gpu", "0"))
+               for s in series("gpufleet_gpu_up")}
+    presence_known = answered("gpufleet_gpu_up")
+    for key, fields in fields_of.items():
+        if key in old or (presence_known and key not in current):
+            fields["stale"] = True
 
-    mig: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    mig: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for sample in series("mig"):
         labels = sample["metric"]
-        key = (labels.get("node", ""), int(labels.get("gpu", "0")))
+        key = (labels.get("node", ""), labels.get("gpu", "0"))
         instance = int(_label(labels, "instance"))
         entry = mig.setdefault(key, {}).setdefault(
             instance, {"profile": labels.get("profile", ""), "total": None, "used": None})
@@ -200,20 +202,12 @@ def build_snapshot(
             entry["total"] = int(value)
         elif name == "gpufleet_gpu_mig_memory_used_bytes" and value is not None:
             entry["used"] = int(value)
-
-    gpus = []
-    for key in sorted(identity):
-        fields = dict(identity[key])
-        fields.update(values.get(key, {}))
-        sampled_at = fresh.get(key)
-        if ages_known and (sampled_at is None or taken_at - sampled_at > max_sample_age):
-            # the exporter stopped answering (its series went stale) or its data lags
-            fields["stale"] = True
-        instances = mig.get(key, {})
-        fields["mig"] = tuple(
-            MigInstance(i, e["profile"], e["total"], e["used"]) for i, e in sorted(instances.items())
-        )
-        gpus.append(Gpu(**fields))
+    for key, instances in mig.items():
+        if key in fields_of:
+            fields_of[key]["mig"] = tuple(
+                MigInstance(i, e["profile"], e["total"], e["used"])
+                for i, e in sorted(instances.items()))
+    gpus = tuple(sorted((Gpu(**fields) for fields in fields_of.values()), key=lambda g: g.key))
 
     nodes_info: dict[str, dict[str, str]] = {}
     cpu_cores: dict[str, float] = {}
@@ -237,7 +231,7 @@ def build_snapshot(
                      target=s["metric"].get("instance", ""))
         for s in sorted(series("targets"), key=lambda s: s["metric"].get("instance", ""))
     )
-    snapshot = FleetSnapshot(taken_at, nodes, tuple(gpus), allocations, (), statuses)
+    snapshot = FleetSnapshot(taken_at, nodes, gpus, allocations, (), statuses)
     return snapshot, len(failed)
 
 
@@ -357,54 +351,52 @@ class PrometheusFleetSource:
             raise PrometheusQueryError(f"{where}: query {name}: {type(exc).__name__}: {exc}") \
                 from None
 
-    async def _fetch(self, name: str, expr: str, at: float, headers: dict[str, str]):
+    def _decode(self, name: str, body: bytes) -> _Result:
         try:
-            return name, await self._query(name, expr, at, headers), ""
+            payload = json.loads(body)
+            data = payload["data"]
+            if data["resultType"] != "vector":
+                raise ValueError(f"result type {data['resultType']}, expected vector")
+        except (ValueError, KeyError, TypeError) as exc:
+            return _Result(name, None, f"query {name}: unexpected answer: {exc}")
+        for warning in payload.get("warnings") or []:
+            # Thanos/Mimir: a store did not answer, so this family may be partial
+            log.warning("prometheus answered with a warning",
+                        extra={"source": self.name, "query": name, "err": warning})
+        return _Result(name, data["result"])
+
+    async def _fetch(self, name: str, expr: str, at: float, headers: dict[str, str]) -> _Result:
+        try:
+            body = await self._query(name, expr, at, headers)
         except PrometheusQueryError as exc:
-            return name, None, str(exc)
+            return _Result(name, None, str(exc))
+        # decoding 10k+ series is CPU work: off the loop that serves /metrics, and
+        # overlapping the queries Prometheus is still answering
+        return await asyncio.get_running_loop().run_in_executor(None, self._decode, name, body)
 
     async def read(self) -> FleetSnapshot:
         at = self.clock()
         headers = auth_headers(self.config)
+        if not self.config.gzip:
+            # on a LAN, Prometheus gzipping 30 MB of JSON costs more than sending it
+            headers["Accept-Encoding"] = "identity"
         answers = await asyncio.gather(
             *(self._fetch(name, expr, at, headers) for name, expr in self._queries.items())
         )
+        results = {r.name: r for r in answers}
+        for result in answers:
+            if result.series is None and result.name not in REQUIRED:
+                log.warning("prometheus query failed; its fields are left out",
+                            extra={"source": self.name, "query": result.name,
+                                   "err": result.error})
         loop = asyncio.get_running_loop()
-        # decoding 100k+ series is CPU work: keep it off the loop that serves /metrics
-        snapshot, failed = await loop.run_in_executor(None, self._decode_and_build, answers, at)
+        snapshot, failed = await loop.run_in_executor(
+            None, build_snapshot, at, results, self.name)
         self._parse_errors += failed
         status = SourceStatus(self.name, up=True, duration_seconds=0.0, last_success_time=at,
                               parse_errors=self._parse_errors)
         return FleetSnapshot(snapshot.taken_at, snapshot.nodes, snapshot.gpus,
                              snapshot.allocations, (), (status, *snapshot.sources))
-
-    def _decode_and_build(self, answers, at: float) -> tuple[FleetSnapshot, int]:
-        results: dict[str, _Result] = {}
-        for name, body, error in answers:
-            if body is None:
-                results[name] = _Result(name, None, error)
-                if name not in REQUIRED:
-                    log.warning("prometheus query failed; its fields are left out",
-                                extra={"source": self.name, "query": name, "err": error})
-                continue
-            try:
-                payload = json.loads(body)
-                data = payload["data"]
-                if data["resultType"] != "vector":
-                    raise ValueError(f"result type {data['resultType']}, expected vector")
-                for warning in payload.get("warnings") or []:
-                    # Thanos/Mimir: some store did not answer; the data may be partial
-                    log.warning("prometheus answered with a warning",
-                                extra={"source": self.name, "query": name, "err": warning})
-                results[name] = _Result(name, data["result"])
-            except (ValueError, KeyError, TypeError) as exc:
-                results[name] = _Result(name, None, f"query {name}: unexpected answer: {exc}")
-        started = time.perf_counter()
-        built = build_snapshot(at, results, self.config.max_sample_age, self.name)
-        log.debug("prometheus snapshot built", extra={
-            "source": self.name, "gpus": len(built[0].gpus),
-            "build_seconds": round(time.perf_counter() - started, 4)})
-        return built
 
     async def close(self) -> None:
         if self._session is not None:
