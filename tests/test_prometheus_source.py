@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import gc
 import json
 import subprocess
 import time
@@ -34,7 +35,8 @@ def test_one_query_per_family_none_per_node():
     assert all('job="nodes"' in q for q in queries.values())
     assert not any("node=" in q for q in queries.values())
     assert queries["identity"] == 'last_over_time(gpufleet_gpu_info{job="nodes"}[600s])'
-    assert queries["gpufleet_gpu_power_watts"] == 'gpufleet_gpu_power_watts{job="nodes"}'
+    assert queries["gpufleet_gpu_power_watts"] == \
+        'max by (node, gpu) (gpufleet_gpu_power_watts{job="nodes"})'
     assert queries["old"].endswith("> 120")
 
 
@@ -118,6 +120,20 @@ def test_failed_required_query_fails_the_read_optional_ones_are_partial():
                       old=None, mig=None), "p")
     assert failed == 3 and len(snapshot.gpus) == 1
     assert not snapshot.gpus[0].stale  # presence and age unknown is not stale
+
+
+def test_decoding_pauses_cycle_collection_and_always_restores_it():
+    from exporter.sources.prometheus import _no_cycle_collection
+
+    assert gc.isenabled()
+    with _no_cycle_collection():
+        with _no_cycle_collection():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError), _no_cycle_collection():
+        raise ValueError("a bad answer")
+    assert gc.isenabled()
 
 
 def test_auth_headers(tmp_path, monkeypatch):
