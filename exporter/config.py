@@ -165,7 +165,7 @@ class PrometheusSource:
         exclusive_min=0,
     )
     lost_after: Duration = _opt(
-        Duration(600), help="A GPU not scraped for this long is dropped; until then, stale.",
+        Duration(600), help="A node not scraped for this long is dropped; until then, stale.",
         exclusive_min=0,
     )
     gzip: bool = _opt(

@@ -34,7 +34,7 @@ def test_one_query_per_family_none_per_node():
     assert len(queries) == 18
     assert all('job="nodes"' in q for q in queries.values())
     assert not any("node=" in q for q in queries.values())
-    assert queries["identity"] == 'last_over_time(gpufleet_gpu_info{job="nodes"}[600s])'
+    assert queries["identity"] == 'gpufleet_gpu_info{job="nodes"}'
     assert queries["gpufleet_gpu_power_watts"] == \
         'max by (node, gpu) (gpufleet_gpu_power_watts{job="nodes"})'
     assert queries["old"].endswith("> 120")
@@ -308,19 +308,46 @@ sources:
     metrics = http_get(f"{cluster.url}/metrics").decode()
     assert 'gpufleet_gpu_allocation_info{' in metrics
 
-    # one node exporter dies: its GPUs stay, stale and without values; the rest stay fresh
+    # one node exporter dies: its nodes' last good reading stays, stale; the rest stay fresh
     lost = exporters[3]
     stop(lost.proc)
-    lost_nodes = {n.name for n in _snapshot(cluster.url).nodes if n.pool == "gpu-b200"}
+    lost_nodes = {n.name for n in union.nodes if n.pool == "gpu-b200"}
 
     def lost_is_stale():
         s = _snapshot(cluster.url)
         mine = [g for g in s.gpus if g.node in lost_nodes]
-        return len(mine) == 16 and all(g.stale and g.utilization_ratio is None for g in mine) and s
+        return len(mine) == 16 and all(g.stale for g in mine) and s
 
     after = _wait(lost_is_stale, what="the lost exporter's GPUs to turn stale")
-    assert len(after.gpus) == 128
     assert not any(g.stale for g in after.gpus if g.node not in lost_nodes)
+    gpus, nodes, allocations = _comparable(after)
+    assert [dataclasses.replace(g, stale=False) for g in gpus] == _comparable(union)[0]
+    assert (nodes, allocations) == _comparable(union)[1:]
     status = {s.target: s.up for s in after.sources if s.target}
     assert status[f"127.0.0.1:{lost.port}"] is False
     assert cluster.proc.poll() is None
+
+
+def test_lost_nodes_keep_their_last_reading_stale_until_lost_after():
+    from exporter.snapshot import Allocation, Gpu, Node, Placement
+    from exporter.sources.prometheus import PrometheusFleetSource, carry_over
+
+    def reading(nodes: list[str]) -> FleetSnapshot:
+        return FleetSnapshot(
+            0.0, tuple(Node(n, "H100", 8.0, "p", "hopper", 1) for n in nodes),
+            tuple(Gpu(n, 0, f"GPU-{n}", "H100", "p", power_watts=100.0) for n in nodes),
+            (Allocation("j", tuple(Placement(n, (0,), 1.0, 2.0) for n in nodes)),))
+
+    both, one = reading(["a", "b"]), reading(["a"])
+    kept = carry_over(one, both, {"b"})
+    assert [(g.node, g.stale, g.power_watts) for g in kept.gpus] == [
+        ("a", False, 100.0), ("b", True, 100.0)]
+    assert [p.node for p in kept.allocations[0].placements] == ["a", "b"]
+    assert [n.name for n in kept.nodes] == ["a", "b"]
+
+    src = PrometheusFleetSource(PrometheusConfig(lost_after=60), time.time)
+    assert src._carry_over_lost_nodes(both, 0.0) == both
+    assert len(src._carry_over_lost_nodes(one, 30.0).gpus) == 2  # b: lost 30 s ago, kept
+    assert len(src._carry_over_lost_nodes(one, 59.0).gpus) == 2
+    assert len(src._carry_over_lost_nodes(one, 61.0).gpus) == 1  # past lost_after: dropped
+    assert src._carry_over_lost_nodes(both, 70.0) == both  # back again
