@@ -8,7 +8,7 @@ SRC    := pyproject.toml $(shell find exporter -name '*.py' -o -name '*.yaml' 2>
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT    := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
 
-.PHONY: run test lint system-deps bench-deps generate clean
+.PHONY: run test lint system-deps slurm-deps bench-deps generate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,15 @@ system-deps:
 	  $(APT) update -q && $(APT) install -y -q --no-install-recommends prometheus prometheus-alertmanager; \
 	fi
 
-test: $(VENV)/.installed-test system-deps
+# Debian's Slurm (22.05) and munge, for the real Slurm the slurm source's tests start.
+slurm-deps:
+	@if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
+	    || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null; then \
+	  echo "installing Debian's slurmctld, slurmd, slurm-client and munge"; \
+	  $(APT) update -q && $(APT) install -y -q --no-install-recommends slurmctld slurmd slurm-client munge; \
+	fi
+
+test: $(VENV)/.installed-test system-deps slurm-deps
 	$(BIN)/ruff check exporter tests bench
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
