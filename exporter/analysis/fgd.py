@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exporter.analysis.state import EPS, FleetState
-from exporter.analysis.workload import Workload
+from exporter.analysis.workload import Shape, Workload
 
 # Why an idle GPU share is a fragment (or not) for a shape. Order is the column order
 # of :func:`breakdown`. A fitting shape's too-small GPUs count as lacks_gpu, as in the
@@ -172,3 +172,26 @@ def breakdown(state: FleetState, cw: CompiledWorkload) -> np.ndarray:
 def _check(state: FleetState, cw: CompiledWorkload) -> None:
     if state.model_names != cw.model_names:
         raise ValueError("workload was compiled for another fleet's models; compile it again")
+
+
+def shape_fragmentation(cpu_free: float, gpu_free: Sequence[float], model: str, shape: Shape) -> float:
+    """F_n(m) for one node and one shape, written out plainly: the measure's definition.
+
+    The vectorised functions above must agree with it; ``bench/fragmentation.py``
+    times a loop over it as the baseline.
+    """
+    idle = sum(gpu_free)
+    if shape.cpu_only or (shape.models and model not in shape.models):
+        return idle
+    big_enough = [f for f in gpu_free if f >= shape.gpu_share - EPS]
+    if cpu_free < shape.cpus - EPS or len(big_enough) < shape.gpus:
+        return idle
+    return sum(f for f in gpu_free if f < shape.gpu_share - EPS)
+
+
+def node_fragmentation_loop(nodes: Sequence[tuple[float, Sequence[float], str]],
+                            workload: Workload) -> list[float]:
+    """F_n(M) per node with a plain Python loop over (cpu_free, gpu_free, model) tuples."""
+    pairs = list(zip(workload.shapes, workload.weights, strict=True))
+    return [sum(w * shape_fragmentation(cpu, free, model, s) for s, w in pairs)
+            for cpu, free, model in nodes]

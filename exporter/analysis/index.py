@@ -136,6 +136,12 @@ class Scorer:
         return 1.0 - tot.pool_idle * self.pool_inverse_total
 
 
+def _tier(catalogue: Catalogue, model: str) -> int | None:
+    # an unknown model has no tier; checked here so catalogue.get() does not warn again
+    known = model in catalogue.names() or any(p.search(model) for p, _ in catalogue.patterns)
+    return catalogue.get(model).tier if model and known else None
+
+
 def scorer(state: FleetState, settings: IndexSettings = IndexSettings(),
            catalogue: Catalogue | None = None) -> Scorer:
     catalogue = catalogue or default_catalogue()
@@ -144,7 +150,7 @@ def scorer(state: FleetState, settings: IndexSettings = IndexSettings(),
     width = np.zeros(pools)
     np.maximum.at(width, state.pool, count)
     models = pool_models(state)
-    tiers = np.array([(catalogue.get(m).tier if m else None) for m in models], dtype=object)
+    tiers = np.array([_tier(catalogue, m) for m in models], dtype=object)
     known = np.array([t is not None for t in tiers], dtype=bool)
     tier = np.array([t if t is not None else -1 for t in tiers], dtype=float)
     above = (tier[:, None] > tier[None, :]) & known[:, None] & known[None, :]
