@@ -108,6 +108,8 @@ def _inputs(args: argparse.Namespace, config: AnalysisConfig) -> tuple[FleetStat
         raise UsageError("--nodes needs --pods PODS.csv (the target workload)")
     if args.empty == bool(args.placed_by):
         raise UsageError("with --nodes, give either --empty or --placed-by POLICY")
+    if args.placed_by:
+        _check_policy(args.placed_by)
     mapper = openb.ModelMapper()
     try:
         nodes = openb.load_nodes(args.nodes, mapper)
@@ -124,11 +126,16 @@ def _trace(pods: list[openb.OpenbPod], config: AnalysisConfig) -> Workload:
                       include_cpu_only=config.include_cpu_only)
 
 
-def _placed(nodes: list[openb.OpenbNode], pods: list[openb.OpenbPod], policy: str,
-            seed: int) -> FleetState:
-    # The placement engine (issue 5) fills this in: place `pods` on `nodes` by `policy`.
+# The placement engine (issue 5) fills these two in: check the policy name, then place
+# `pods` on `nodes` by `policy` with `seed` and return the resulting state.
+def _check_policy(policy: str) -> None:
     raise UsageError(f"--placed-by {policy}: placement engine not available yet; "
                      "use --empty to measure the empty cluster")
+
+
+def _placed(nodes: list[openb.OpenbNode], pods: list[openb.OpenbPod], policy: str,
+            seed: int) -> FleetState:
+    raise UsageError(f"--placed-by {policy}: placement engine not available yet")
 
 
 def _read_snapshot(path: Path):
