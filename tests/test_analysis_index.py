@@ -128,6 +128,7 @@ def test_one_node_update_matches_a_full_recompute():
         assert tot.cluster_fragmented == pytest.approx(fresh.cluster_fragmented)
         assert tot.cluster_idle == pytest.approx(fresh.cluster_idle)
         cluster, pools, _ = score.scores(tot)
+        assert score.cluster_index(tot) == pytest.approx(cluster)
         report = evaluate(state, compiled)
         assert cluster == pytest.approx(report.cluster.index)
         assert pools == pytest.approx([p.index for p in report.pools])

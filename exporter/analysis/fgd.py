@@ -133,10 +133,10 @@ def one_node_fragmentation(cpu_free: float, gpu_free: np.ndarray, model: int,
     idle = float(gpu_free.sum())
     if cw.gpu_shapes == 0 or idle <= 0.0:
         return idle * cw.total_weight
-    width = len(cw.thresholds) + 1
-    bucket = np.searchsorted(cw.thresholds, gpu_free, side="right")
-    count_ge = np.cumsum(np.bincount(bucket, minlength=width)[:0:-1])[::-1]
-    held_ge = np.cumsum(np.bincount(bucket, weights=gpu_free, minlength=width)[:0:-1])[::-1]
+    # one row is small (GPUs x levels), so a direct comparison beats the bucket histograms
+    at_or_above = gpu_free[:, None] >= cw.thresholds
+    count_ge = at_or_above.sum(axis=0)
+    held_ge = gpu_free @ at_or_above
     fits = (count_ge[cw.level] >= cw.gpus) & (cw.cpus <= cpu_free) & cw.access[model]
     return idle * cw.total_weight - float(held_ge[cw.level] @ (fits * cw.weight))
 

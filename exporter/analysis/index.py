@@ -112,6 +112,7 @@ class Scorer:
     pool_slack: np.ndarray  # [P] GPUs
     cluster_slack: float
     above: np.ndarray  # [P, P] bool: pool u is a higher known tier than pool l
+    tier_pairs: tuple[tuple[int, int], ...]  # the (u, l) where ``above`` is true
 
     def scores(self, tot: Totals) -> tuple[float, np.ndarray, np.ndarray]:
         """(cluster index, [P] pool indices, [P, P] inverted pairs upper x lower).
@@ -119,17 +120,36 @@ class Scorer:
         Called after every one-node update, so it is kept to a dozen numpy calls.
         """
         s = self.settings
-        allocated = self.allocated(tot)
-        inverted = self.above & (allocated <= s.idle_at_most + 1e-12)[:, None] \
-            & (allocated > s.busy_above)[None, :]
+        allocated = 1.0 - tot.pool_idle * self.pool_inverse_total
+        inverted = (allocated <= s.idle_at_most + 1e-12)[:, None] & (allocated > s.busy_above)
+        inverted &= self.above
         # the idle upper pool holds the GPUs the busy lower pool's jobs should be on
-        pool_penalty = s.tier_penalty * inverted.sum(axis=1)
-        # fragments are zero wherever idle is, so a tiny floor only guards 0 / 0
-        base = 100.0 * tot.pool_fragmented / np.maximum(tot.pool_idle + self.pool_slack, 1e-12)
-        pool_index = np.clip(base + pool_penalty, 0.0, 100.0)
+        pool_penalty = inverted.sum(axis=1) * s.tier_penalty
+        # fragments are zero wherever idle is, so the tiny floor only guards 0 / 0
+        pool_index = tot.pool_fragmented * 100.0
+        pool_index /= np.maximum(tot.pool_idle + self.pool_slack, 1e-12)
+        pool_index += pool_penalty
+        np.clip(pool_index, 0.0, 100.0, out=pool_index)
         cluster = fragmentation_index(tot.cluster_fragmented, tot.cluster_idle,
-                                      self.cluster_slack, s.tier_penalty * float(inverted.sum()))
+                                      self.cluster_slack, s.tier_penalty * int(inverted.sum()))
         return cluster, pool_index, inverted
+
+    def cluster_index(self, tot: Totals) -> float:
+        """The cluster index alone, in plain Python: what a placement engine compares per move.
+
+        Equal to ``scores(tot)[0]`` (a test holds them together) at a third of the cost,
+        because a fleet has a handful of pools and pairs of tiers.
+        """
+        s = self.settings
+        inverted = 0
+        if self.tier_pairs:
+            allocated = (1.0 - tot.pool_idle * self.pool_inverse_total).tolist()
+            idle_at_most = s.idle_at_most + 1e-12
+            for upper, lower in self.tier_pairs:
+                if allocated[upper] <= idle_at_most and allocated[lower] > s.busy_above:
+                    inverted += 1
+        return fragmentation_index(tot.cluster_fragmented, tot.cluster_idle, self.cluster_slack,
+                                   s.tier_penalty * inverted)
 
     def allocated(self, tot: Totals) -> np.ndarray:
         """Allocated share of each pool's GPUs; a pool without GPUs has no tier, so never counts."""
@@ -163,6 +183,7 @@ def scorer(state: FleetState, settings: IndexSettings = IndexSettings(),
         pool_slack=settings.slack_nodes * width,
         cluster_slack=settings.slack_nodes * (float(count.max()) if len(count) else 0.0),
         above=above,
+        tier_pairs=tuple((int(u), int(lo)) for u, lo in zip(*np.nonzero(above), strict=True)),
     )
 
 

@@ -134,13 +134,17 @@ def from_snapshot(snapshot: FleetSnapshot) -> FleetState:
 
 def with_node(state: FleetState, node: int, cpu_free: float, gpu_free: Sequence[float]) -> FleetState:
     """The same fleet with one node's free CPU and GPU shares replaced (a placement or a release)."""
-    values = np.clip(np.round(np.asarray(gpu_free, dtype=float), 9), 0.0, 1.0)
+    values = np.asarray(gpu_free, dtype=float)
     width = state.gpu_free.shape[1]
     if len(values) > width:
         raise ValueError(f"node {state.names[node]} has {width} GPU slots, got {len(values)}")
     free = state.gpu_free.copy()
-    free[node, : len(values)] = values  # the measure needs no order, so no sort here
-    free[node, len(values):] = 0.0
+    row = free[node]  # a view: the row is written in place in the new copy
+    row[: len(values)] = values  # the measure needs no order, so no sort
+    row[len(values):] = 0.0
+    # no rounding: every comparison allows EPS, and this runs for every placement tried
+    np.minimum(row, 1.0, out=row)
+    np.maximum(row, 0.0, out=row)
     cpus = state.cpu_free.copy()
     cpus[node] = max(0.0, cpu_free)
     counts = state.gpu_count
