@@ -26,11 +26,11 @@ from exporter.cli import UsageError
 from exporter.config import AnalysisConfig, ConfigError, load
 from exporter.snapshot import from_json
 
-DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
+DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else ""
 EPILOG = """examples:
   gpufleet analyze --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv --empty
-  gpufleet analyze --snapshot snapshot.json --json
   curl -s localhost:9874/v1/snapshot > snapshot.json
+  gpufleet analyze --snapshot snapshot.json --json
 
 workload: --pods gives the trace's typical shapes; without it a snapshot is
 measured against its own allocations' shapes, or the analysis.workload of
