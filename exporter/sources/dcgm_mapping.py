@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from exporter.snapshot import Allocation, Gpu, MigInstance, Node, Placement
+from exporter.sources.gpu_models import ModelResolver, unknown_model
 
 MIB = 1024 * 1024
 
@@ -138,22 +139,6 @@ def mig_share(profile: str) -> float:
     if match is None:
         return 1.0 / MIG_COMPUTE_SLICES
     return min(1.0, int(match.group(1)) / MIG_COMPUTE_SLICES)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    """What the GPU catalogue says about a product name."""
-
-    model: str  # catalogue name, or the product name when unknown
-    architecture: str
-    nvlink_bandwidth_bytes_per_second: float | None
-
-
-ModelResolver = Callable[[str], ModelInfo]
-
-
-def unknown_model(name: str) -> ModelInfo:
-    return ModelInfo(name or "unknown", "unknown", None)
 
 
 @dataclass
