@@ -42,7 +42,8 @@ def parse_text(text: str) -> ParseResult:
     result = ParseResult()
     samples = result.samples
     append = samples.append
-    name_ok: dict[str, bool] = {}
+    name_ok: dict[str, bool] = {}  # metric names (may hold ':') and label names checked once
+    label_ok: dict[str, bool] = {}
     label_sets: dict[str, dict[str, str] | None] = {}
     errors = 0
     first_error = ""
@@ -79,7 +80,7 @@ def parse_text(text: str) -> ParseResult:
                 if body in label_sets:
                     labels = label_sets[body]
                 else:
-                    labels = label_sets[body] = _parse_labels(body)
+                    labels = label_sets[body] = _parse_labels(body, label_ok)
                 rest = line[close + 1:].split()
         ok = name_ok.get(name)
         if ok is None:
@@ -115,8 +116,11 @@ def _value(rest: list[str]) -> float | None:
         return None
 
 
-def _parse_labels(body: str) -> dict[str, str] | None:
-    """``a="x",b="y"`` → {"a": "x", "b": "y"}; None if malformed."""
+def _parse_labels(body: str, known: dict[str, bool]) -> dict[str, str] | None:
+    """``a="x",b="y"`` → {"a": "x", "b": "y"}; None if malformed.
+
+    ``known`` caches which names were checked: label names repeat on every line.
+    """
     if not body or body.isspace():
         return {}
     if "\\" in body:
@@ -132,8 +136,13 @@ def _parse_labels(body: str) -> dict[str, str] | None:
         key, sep, value = pair.partition('="')
         if not sep:
             return None
+        ok = known.get(key)
+        if ok is None:
+            ok = known[key] = _LABEL_NAME.fullmatch(key.strip()) is not None
+        if not ok or '"' in value:
+            return None
         key = key.strip()
-        if '"' in value or key in labels or _LABEL_NAME.fullmatch(key) is None:
+        if key in labels:
             return None
         labels[key] = value
     return labels
