@@ -446,3 +446,23 @@ def test_parser_never_raises_on_mutated_bodies(body: str):
 def test_parser_never_raises_on_arbitrary_bytes(raw: bytes):
     _fleet, errors = parse_body(raw, Target("u", "", "host"), catalogue_resolver())
     assert errors >= 0
+
+
+def test_config_sections_for_the_gpu_sources(tmp_path: Path):
+    from exporter.config import ConfigError, load
+
+    path = tmp_path / "gpufleet.yaml"
+    path.write_text("sources:\n  dcgm:\n    enabled: true\n    targets: [n1:9400, n2:9400]\n"
+                    "    targets_file: /etc/t.json\n    timeout: 500ms\n"
+                    "  nvml:\n    call_timeout: 1s\n    pool: gpu-h100\n")
+    loaded = load(path)
+    assert loaded.sources.dcgm.targets == ("n1:9400", "n2:9400")
+    assert loaded.sources.dcgm.timeout == 0.5
+    assert loaded.sources.dcgm.stale_for == 300
+    assert (loaded.sources.nvml.enabled, loaded.sources.nvml.call_timeout) == (False, 1.0)
+    path.write_text("sources:\n  dcgm:\n    timeout: 0s\n")
+    with pytest.raises(ConfigError, match=r"sources\.dcgm\.timeout: must be > 0"):
+        load(path)
+    path.write_text("sources:\n  dcgm:\n    target: [n1:9400]\n")
+    with pytest.raises(ConfigError, match=r"sources\.dcgm\.target: unknown key"):
+        load(path)

@@ -291,3 +291,12 @@ def test_nvml_check_prints_every_metric_on_the_fake():
     assert "312.5" in text and "mig 9 1g.10gb" in text
     assert "cost per collection" in text
     assert "nvmlDeviceGetTotalEnergyConsumption" in text and "NVMLError_Unknown" in text
+
+
+async def test_nvml_is_shut_down_on_close():
+    fake = FakeNvml([h100(0)])
+    source = source_for(fake)
+    assert fake.initialised == 1
+    await read(source)
+    await source.close()
+    assert fake.initialised == 0
