@@ -123,6 +123,7 @@ class _TargetState:
     last_good: tuple[Gpu, ...] = ()
     last_fleet: DcgmFleet | None = None
     last_success: float | None = None
+    down: bool = False  # logged as down: log again only when it comes back
 
 
 def parse_body(body: bytes, target: Target, resolve_model: ModelResolver) -> tuple[DcgmFleet, int]:
@@ -247,11 +248,17 @@ class DcgmExporterSource:
                 any_up = True
                 fresh = self._integrator.apply(outcome.fleet, now)
                 state.last_good, state.last_fleet, state.last_success = fresh, outcome.fleet, now
+                if state.down:
+                    log.info("dcgm target back", extra={"target": target.url})
+                    state.down = False
                 gpus += fresh
                 nodes += outcome.fleet.nodes
                 allocations += outcome.fleet.allocations
             else:
-                log.warning("dcgm target down", extra={"target": target.url, "err": outcome.error})
+                if not state.down:  # once per outage, not every collection
+                    log.warning("dcgm target down",
+                                extra={"target": target.url, "err": outcome.error})
+                    state.down = True
                 last = state.last_fleet
                 if last is not None and state.last_success is not None \
                         and now - state.last_success <= self.config.stale_for:

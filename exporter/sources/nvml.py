@@ -166,6 +166,7 @@ class _Device:
     pending: concurrent.futures.Future[DeviceReading] | None = None
     last_good: Gpu | None = None
     startup_error: str = ""
+    wedged_logged: bool = False
 
 
 @dataclass
@@ -310,11 +311,16 @@ class NvmlGpuSource:
                     continue
                 self.last_readings[device.index] = reading
                 device.last_good = reading.gpu
+                if device.wedged_logged:
+                    log.info("GPU answers again", extra={"gpu": device.index})
+                    device.wedged_logged = False
                 gpus.append(reading.gpu)
                 fresh += 1
                 continue
-            log.warning("GPU read timed out; serving its last good sample as stale",
-                        extra={"gpu": device.index, "timeout": self.call_timeout})
+            if not device.wedged_logged:  # once per wedge, not every collection
+                log.warning("GPU read timed out; serving its last good sample as stale",
+                            extra={"gpu": device.index, "timeout": self.call_timeout})
+                device.wedged_logged = True
             last = device.last_good or dataclasses.replace(self._identity(device), up=False)
             gpus.append(dataclasses.replace(last, stale=True))
 
