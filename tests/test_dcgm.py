@@ -281,8 +281,9 @@ async def _bad_target(kind: str, aiohttp_server) -> tuple[str, asyncio.Server | 
     async def handler(request: web.Request) -> web.Response:
         if kind == "http500":
             return web.Response(status=500, text="internal error\n")
-        if kind == "slow":
+        if kind == "slow":  # a good body, but too late: only the per-target timeout fails it
             await asyncio.sleep(5)
+            return web.Response(text=sample(A100_MIG))
         return web.Response(body=bytes(random.Random(1).getrandbits(8) for _ in range(4000))
                             + b"\nDCGM_FI_DEV_GPU_TEMP{gpu=\"0\" 12\n}}{{ nonsense 1 2 3\n")
     return await serve(aiohttp_server, handler), None

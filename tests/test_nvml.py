@@ -183,8 +183,10 @@ async def test_a_failing_call_sets_up_0_for_that_gpu_only(sources):
 async def test_wedged_call_serves_last_good_sample_stale_and_the_loop_answers(aiohttp_client):
     fake = FakeNvml([h100(0), h100(1)])
     source = source_for(fake, call_timeout=0.3)
-    config = Config(collect_interval=Duration(0.1), source_timeout=Duration(5))
-    app = make_app(config, Collector([source], timeout_seconds=5))
+    # The collector's own timeout is far beyond the test, so only the source's
+    # per-GPU call timeout can produce what is asserted below.
+    config = Config(collect_interval=Duration(0.1), source_timeout=Duration(120))
+    app = make_app(config, Collector([source], timeout_seconds=120))
     release = threading.Event()
     try:
         client = await aiohttp_client(app)
@@ -205,6 +207,7 @@ async def test_wedged_call_serves_last_good_sample_stale_and_the_loop_answers(ai
         assert out.value("gpufleet_gpu_power_watts", gpu="1") == 312.5  # last good sample
         assert out.value("gpufleet_gpu_up", gpu="1") == 1
         assert out.value("gpufleet_gpu_stale", gpu="0") == 0  # the other GPU stays fresh
+        assert out.value("gpufleet_source_up", source="nvml") == 1
         assert out.value("gpufleet_gpu_power_watts", gpu="0") == 312.5
 
         release.set()  # the driver comes back: fresh values, no longer stale
