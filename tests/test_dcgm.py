@@ -239,18 +239,34 @@ async def test_nvlink_rates_become_byte_counters(read_samples, aiohttp_server):
     labels = '{gpu="0",UUID="GPU-n",Hostname="n1",modelName="NVIDIA H100 80GB HBM3"}'
     body = (f"DCGM_FI_PROF_NVLINK_TX_BYTES{labels} 1000000.000000\n"
             f"DCGM_FI_PROF_NVLINK_RX_BYTES{labels} 250000\n")
-    url = await serve(aiohttp_server, text_handler(body))
+    up = {"now": True}
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(text=body) if up["now"] else web.Response(status=500)
+
+    url = await serve(aiohttp_server, handler)
     clock = Clock()
     source = DcgmExporterSource(config(url), clock)
     try:
         first = await collect(source)
         clock.now += 10
         second = await collect(source)
+        up["now"] = False
+        clock.now += 60
+        during = await collect(source)
+        up["now"] = True
+        clock.now += 5
+        after = await collect(source)
     finally:
         await source.close()
     assert first.value("gpufleet_gpu_nvlink_transmit_bytes_total") == 0
     assert second.value("gpufleet_gpu_nvlink_transmit_bytes_total") == 10 * 1_000_000
     assert second.value("gpufleet_gpu_nvlink_receive_bytes_total") == 10 * 250_000
+    # during an outage the last counters are served stale; no traffic is invented for
+    # the gap: the counters restart from 0 (a counter reset) when the target is back
+    assert during.value("gpufleet_gpu_nvlink_transmit_bytes_total") == 10 * 1_000_000
+    assert during.value("gpufleet_gpu_stale") == 1
+    assert after.value("gpufleet_gpu_nvlink_transmit_bytes_total") == 0
 
 
 # --- one bad target among three -----------------------------------------------------------

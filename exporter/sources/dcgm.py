@@ -269,7 +269,9 @@ class DcgmExporterSource:
                                          duration_seconds=outcome.duration_seconds,
                                          last_success_time=state.last_success,
                                          target=target.url, error=outcome.error))
-        self._integrator.forget_except(g.uuid for g in gpus)
+        # A GPU served stale restarts its NVLink counters from 0 when it is back (a counter
+        # reset to Prometheus) rather than crediting the outage with its latest rate.
+        self._integrator.forget_except(g.uuid for g in gpus if not g.stale)
         own = SourceStatus(self.name, up=any_up, duration_seconds=0.0, last_success_time=None,
                            error="" if any_up else "no target answered",
                            parse_errors=self._parse_errors)
