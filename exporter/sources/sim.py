@@ -130,7 +130,6 @@ class Simulation:
         self.memory_used = np.zeros(g)
         self.lost = np.zeros(g, dtype=bool)
         self.overheat: dict[int, float] = {}
-        self.idle_forced: set[int] = set()
         self._scenarios_started: set[int] = set()
         specs = [self.catalogue.get(m) for m in self.fleet.gpu_model]
         self.tdp = np.array([s.tdp_watts or 300.0 for s in specs])
@@ -362,16 +361,19 @@ class Simulation:
             raise ValueError(f"scenario names pool {pool!r}, which the simulated fleet lacks")
         pool_index = self.fleet.pools.index(pool)
         kind = next(k for k in JOB_KINDS if k.name == "infer")
-        for node_index, node in enumerate(self.fleet.nodes):
+        for node_index in range(len(self.fleet.nodes)):
             if self.fleet.node_pool[node_index] != pool_index:
                 continue
             gpus = self._node_gpus(node_index)
             for g in gpus:
                 for job_id in list(self.fleet.holders[int(g)]):
-                    if job_id in self.jobs:
-                        self._finish(self.jobs[job_id])
+                    job = self.jobs.get(job_id)
+                    if job is not None and not job.pinned:  # other scenarios' jobs stay
+                        self._finish(job)
             busy = self.rng.choice(gpus, size=int(self.rng.integers(3, 6)), replace=False)
             for g in sorted(int(x) for x in busy):
+                if self.fleet.free[g] < 1.0:
+                    continue
                 job = SimJob(f"scatter-{self._next_job:06d}", kind, [(node_index, [g], 1.0, 8.0)],
                              self.now, math.inf, float(self.rng.uniform(0.3, 0.8)),
                              float(self.rng.uniform(20, 60)) * GB, 0.0, pinned=True)
@@ -414,7 +416,6 @@ class Simulation:
                 nvlink[gpus] = np.maximum(nvlink[gpus], job.nvlink_level)
         noise = self.rng.normal(0.0, 0.02, g)
         util = np.clip(util + noise * (util > 0), 0.0, 1.0)
-        util[list(self.idle_forced)] = 0.0
         idle_power = 0.1 * self.tdp
         power = idle_power + (self.tdp - idle_power) * util**0.9 + self.rng.normal(0, 3.0, g)
         power = np.clip(power, 0.05 * self.tdp, self.tdp)

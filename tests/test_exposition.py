@@ -1,0 +1,124 @@
+"""Our renderer against prometheus-client's ``generate_latest``, and against promtool."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import subprocess
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from exporter.config import Scenario, SimSource
+from exporter.exposition import (
+    GPU_FAMILIES,
+    Family,
+    LabelCache,
+    identity,
+    render,
+    render_text,
+    snapshot_families,
+)
+from exporter.snapshot import Gpu, MigInstance
+from exporter.sources.sim import Simulation
+from tests.conftest import http_get, require_binary
+
+START = 1_760_000_000.0
+
+
+def _client_python_families(snapshot, extra=()):
+    """The same data as client_python metric families, for generate_latest."""
+    families = []
+    for spec in GPU_FAMILIES:
+        samples = [(dict(identity(g)), spec.value(g)) for g in snapshot.gpus]
+        families.append((spec.name, spec.type, spec.help,
+                         [(labels, v) for labels, v in samples if v is not None]))
+    for family in [*snapshot_families(snapshot), *extra]:
+        families.append((family.name, family.type, family.help,
+                         [(dict(labels), v) for labels, v in family.samples]))
+    out = []
+    for name, kind, help_text, samples in families:
+        if kind == "counter":
+            metric = CounterMetricFamily(name.removesuffix("_total"), help_text)
+        else:
+            metric = GaugeMetricFamily(name, help_text)
+        for labels, value in samples:
+            metric.add_sample(name, labels, float(value))
+        out.append(metric)
+    return out
+
+
+def _generate_latest(snapshot, extra=()):
+    families = _client_python_families(snapshot, extra)
+
+    class Snapshot:
+        def collect(self):
+            return families
+
+        def describe(self):
+            return []
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Snapshot())
+    return generate_latest(registry)
+
+
+def _snapshot(**changes):
+    config = SimSource(seed=3, **changes)
+    sim = Simulation(config, start_time=START)
+    sim.advance(START + 1800)
+    return sim.snapshot()
+
+
+def test_render_is_byte_identical_to_generate_latest():
+    snapshot = _snapshot(scenarios=(Scenario(kind="gpu_lost", node="gpu-004", gpu=1),))
+    # values that exercise Go float formatting: exponents, integers, tiny values, escapes
+    odd = Gpu("gpu-x", 0, 'GPU-"odd"\\uuid\n', "H100", "gpu-h100", memory_total_bytes=80 * 10**9,
+              memory_used_bytes=0, utilization_ratio=1e-7, temperature_celsius=-3.0,
+              power_watts=1234567.5, energy_joules=1.5e18, nvlink_transmit_bytes=float("inf"),
+              mig=(MigInstance(3, "3g.40gb", 40 * 10**9, 5),))
+    snapshot = dataclasses.replace(snapshot, gpus=(*snapshot.gpus, odd))
+    extra = [Family("gpufleet_test_extra", "gauge", "help with \\ and\nnewline",
+                    [((("a", "x"), ("b", "y")), 0.1 + 0.2), ((), 1e21)])]
+    ours = render_text(snapshot, LabelCache(), extra)
+    assert ours == _generate_latest(snapshot, extra)
+    # the values above must really have been rendered, not dropped
+    assert b"gpufleet_gpu_power_watts{" in ours and b"1.2345675e+06" in ours
+    assert b"+Inf" in ours
+
+
+def test_lost_gpu_exports_only_up_zero():
+    snapshot = _snapshot(scenarios=(Scenario(kind="gpu_lost", node="gpu-004", gpu=1),))
+    text = render_text(snapshot).decode()
+    lines = [line for line in text.splitlines() if 'node="gpu-004"' in line and 'gpu="1"' in line]
+    by_name = {line.split("{")[0]: line.rsplit(" ", 1)[1] for line in lines}
+    assert by_name["gpufleet_gpu_up"] == "0.0"
+    assert "gpufleet_gpu_utilization_ratio" not in by_name  # absent, never 0 or NaN
+    assert "gpufleet_gpu_temperature_celsius" not in by_name
+    assert by_name["gpufleet_gpu_info"] == "1.0"
+
+
+def test_gzip_body_is_the_text_body():
+    rendered = render(_snapshot())
+    assert gzip.decompress(rendered.gzipped) == rendered.text
+    samples = [line for line in rendered.text.split(b"\n") if line and not line.startswith(b"#")]
+    assert rendered.series == len(samples)
+
+
+def test_every_per_gpu_series_carries_identity_labels():
+    text = render_text(_snapshot()).decode()
+    for line in text.splitlines():
+        if line.startswith("gpufleet_gpu_"):
+            for label in ("node=", "gpu=", "uuid=", "model=", "pool="):
+                assert label in line, line
+
+
+def test_promtool_check_metrics_on_a_real_scrape(exporter_factory):
+    promtool = require_binary("promtool")
+    exporter = exporter_factory("--seed", "11")
+    body = http_get(f"{exporter.url}/metrics")
+    assert body.count(b"\ngpufleet_gpu_utilization_ratio{") == 1088
+    result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"" and result.stderr == b""

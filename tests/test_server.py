@@ -1,0 +1,161 @@
+"""The aiohttp server in-process: cached bytes, gzip, health, and a loop that survives bad sources."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+
+from exporter.collect import Collector
+from exporter.config import Config, SimSource
+from exporter.server import STATE, make_app
+from exporter.snapshot import FleetSnapshot, from_json
+from exporter.sources import NoData
+from exporter.sources.sim import SimulatedFleetSource
+
+START = 1_760_000_000.0
+
+
+class BrokenSource:
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def read(self) -> FleetSnapshot:
+        self.calls += 1
+        raise RuntimeError("upstream returned garbage")
+
+    async def close(self) -> None:
+        return None
+
+
+class SlowSource:
+    name = "slow"
+
+    async def read(self) -> FleetSnapshot:
+        await asyncio.sleep(30)
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        return None
+
+
+def _app(*extra_sources, interval=0.05):
+    sim = SimulatedFleetSource(SimSource(seed=1), clock=lambda: START)
+    config = Config(collect_interval=interval, source_timeout=0.5)
+    collector = Collector([sim, *extra_sources], config.source_timeout, clock=lambda: START)
+    return make_app(config, collector)
+
+
+async def _wait_ready(client, timeout=10.0):
+    for _ in range(int(timeout / 0.05)):
+        resp = await client.get("/-/ready")
+        if resp.status == 200:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("never ready")
+
+
+async def test_metrics_plain_and_gzip(aiohttp_client):
+    client = await aiohttp_client(_app())
+    await _wait_ready(client)
+    plain = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert plain.status == 200
+    assert plain.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = await plain.read()
+    assert text.count(b"\ngpufleet_gpu_utilization_ratio{") == 1088
+    raw = await client.get("/metrics", headers={"Accept-Encoding": "gzip, deflate"},
+                           auto_decompress=False)
+    assert raw.headers["Content-Encoding"] == "gzip"
+    body = await raw.read()
+    assert gzip.decompress(body) == client.app[STATE].current.text
+    assert len(body) < len(text) / 3
+
+
+async def test_health_and_snapshot_json(aiohttp_client):
+    client = await aiohttp_client(_app())
+    assert (await client.get("/-/healthy")).status == 200
+    await _wait_ready(client)
+    resp = await client.get("/v1/snapshot")
+    assert resp.status == 200
+    snapshot = from_json(json.loads(await resp.read()))
+    assert snapshot == client.app[STATE].current.snapshot
+    assert len(snapshot.gpus) == 1088
+
+
+async def test_not_ready_before_first_snapshot(aiohttp_client):
+    app = _app(SlowSource(), interval=60)
+    client = await aiohttp_client(app)
+    resp = await client.get("/-/ready")
+    assert resp.status == 503
+    assert (await client.get("/metrics")).status == 503
+    assert (await client.get("/-/healthy")).status == 200
+
+
+async def test_broken_source_never_stops_serving(aiohttp_client):
+    broken = BrokenSource()
+    client = await aiohttp_client(_app(broken))
+    await _wait_ready(client)
+    for _ in range(100):
+        if broken.calls >= 3:
+            break
+        await asyncio.sleep(0.05)
+    assert broken.calls >= 3  # the loop kept collecting after failures
+    text = (await (await client.get("/metrics")).read()).decode()
+    assert 'gpufleet_source_up{source="broken"} 0.0' in text
+    assert 'gpufleet_source_up{source="sim"} 1.0' in text
+    assert text.count("\ngpufleet_gpu_utilization_ratio{") == 1088
+
+
+async def test_timed_out_source_is_down_and_others_served():
+    sim = SimulatedFleetSource(SimSource(seed=1), clock=lambda: START)
+    collector = Collector([sim, SlowSource()], timeout_seconds=0.2, clock=lambda: START)
+    snapshot = await collector.collect()
+    status = {s.source: s for s in snapshot.sources}
+    assert status["slow"].up is False and "timed out" in status["slow"].error
+    assert status["sim"].up is True
+    assert len(snapshot.gpus) == 1088
+
+
+async def test_failed_source_serves_last_good_reading_marked_stale():
+    class Flaky:
+        name = "flaky"
+
+        def __init__(self):
+            self.inner = SimulatedFleetSource(SimSource(seed=2), clock=lambda: START)
+            self.fail = False
+
+        async def read(self):
+            if self.fail:
+                raise ConnectionError("refused")
+            return await self.inner.read()
+
+        async def close(self):
+            return None
+
+    flaky = Flaky()
+    collector = Collector([flaky], timeout_seconds=1, clock=lambda: START)
+    good = await collector.collect()
+    assert not any(g.stale for g in good.gpus)
+    flaky.fail = True
+    stale = await collector.collect()
+    assert [g.key for g in stale.gpus] == [g.key for g in good.gpus]
+    assert all(g.stale for g in stale.gpus)
+    assert stale.sources[0].up is False and stale.sources[0].last_success_time == START
+    assert stale.allocations == good.allocations
+
+
+async def test_no_data_is_not_an_exception():
+    class Empty:
+        name = "empty"
+
+        async def read(self):
+            raise NoData("no GPU on this host")
+
+        async def close(self):
+            return None
+
+    snapshot = await Collector([Empty()], timeout_seconds=1).collect()
+    assert snapshot.gpus == ()
+    assert snapshot.sources[0].up is False and snapshot.sources[0].error.startswith("no data")

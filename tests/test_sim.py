@@ -1,0 +1,200 @@
+"""The simulated fleet: deterministic, plausible, and able to force conditions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from exporter.catalogue import default_catalogue
+from exporter.config import Scenario, SimSource
+from exporter.sources.sim import SimulatedFleetSource, Simulation
+
+START = 1_760_000_000.0
+
+
+def _sim(**changes) -> Simulation:
+    return Simulation(SimSource(**changes), start_time=START)
+
+
+def test_reference_fleet_layout():
+    snapshot = _sim().snapshot()
+    assert len(snapshot.gpus) == 1088
+    assert len(snapshot.nodes) == 136
+    pools = {}
+    for node in snapshot.nodes:
+        pools.setdefault(node.pool, []).append(node)
+    assert {p: len(n) for p, n in pools.items()} == {
+        "gpu-h200": 32, "gpu-h100": 64, "gpu-a100": 32, "gpu-b200": 8}
+    assert [n.name for n in pools["gpu-h200"]][:1] == ["gpu-001"]
+    assert pools["gpu-h100"][0].name == "gpu-033"
+    assert [n.name for n in pools["gpu-a100"]][-1] == "gpu-128"
+    assert [n.name for n in pools["gpu-b200"]] == [f"gpu-{i:03d}" for i in range(129, 137)]
+    assert {n.model for n in pools["gpu-b200"]} == {"B200"}
+    assert len({g.uuid for g in snapshot.gpus}) == 1088
+
+
+def test_same_seed_same_first_snapshot_different_seed_differs():
+    first = _sim(seed=5).snapshot()
+    again = _sim(seed=5).snapshot()
+    other = _sim(seed=6).snapshot()
+    assert first == again
+    assert first.allocations != other.allocations
+    assert [g.temperature_celsius for g in first.gpus] != [g.temperature_celsius for g in other.gpus]
+
+
+def test_same_seed_same_run_over_time():
+    a, b = _sim(seed=8), _sim(seed=8)
+    for minutes in (10, 70, 300):
+        a.advance(START + minutes * 60)
+        b.advance(START + minutes * 60)
+    assert a.snapshot() == b.snapshot()
+
+
+def test_time_acceleration_uses_the_clock():
+    now = [START]
+    source = SimulatedFleetSource(SimSource(speed=60), clock=lambda: now[0])
+    source._ensure()
+    now[0] += 10  # ten wall seconds at 60x: ten simulated minutes
+    assert source.sim_time() == pytest.approx(START + 600)
+
+
+def test_jobs_come_and_go():
+    sim = _sim(seed=2)
+    before = {a.job for a in sim.snapshot().allocations}
+    sim.advance(START + 6 * 3600)
+    after = {a.job for a in sim.snapshot().allocations}
+    assert before - after, "some jobs finished"
+    assert after - before, "some jobs arrived"
+    allocated = 1 - sim.fleet.free.mean()
+    assert 0.5 < allocated < 0.95
+
+
+def test_no_gpu_is_over_allocated_and_cpu_never_negative():
+    sim = _sim(seed=4)
+    for hours in (1, 5, 12):
+        sim.advance(START + hours * 3600)
+        snapshot = sim.snapshot()
+        held: dict[tuple[str, int], float] = {}
+        cpus: dict[str, float] = {}
+        for alloc in snapshot.allocations:
+            for part in alloc.placements:
+                cpus[part.node] = cpus.get(part.node, 0) + part.cpus
+                for gpu in part.gpus:
+                    held[(part.node, gpu)] = held.get((part.node, gpu), 0) + part.gpu_share
+        assert max(held.values()) <= 1.0 + 1e-9
+        cores = {n.name: n.cpu_cores for n in snapshot.nodes}
+        assert all(used <= cores[node] for node, used in cpus.items())
+
+
+def test_telemetry_follows_the_jobs():
+    sim = _sim(seed=1)
+    sim.advance(START + 1200)
+    before = {g.key: g for g in sim.snapshot().gpus}
+    sim.advance(START + 1260)
+    snapshot = sim.snapshot()
+    held = snapshot.gpu_allocations()
+    catalogue = default_catalogue()
+    idle = [g for g in snapshot.gpus if g.key not in held]
+    busy = [g for g in snapshot.gpus if g.key in held and (g.utilization_ratio or 0) > 0.7]
+    assert idle and busy
+    for gpu in idle:
+        tdp = catalogue.get(gpu.model).tdp_watts
+        assert gpu.utilization_ratio == 0.0
+        assert gpu.power_watts < 0.2 * tdp  # near idle power
+        assert gpu.memory_used_bytes < 1e9  # just the driver context
+    assert np.mean([g.power_watts / g.power_limit_watts for g in busy]) > 0.6
+    assert np.mean([g.temperature_celsius for g in busy]) > np.mean(
+        [g.temperature_celsius for g in idle]) + 20
+    for gpu in snapshot.gpus:
+        assert gpu.power_watts <= gpu.power_limit_watts
+        assert gpu.memory_used_bytes <= gpu.memory_total_bytes
+    # NVLink traffic flows only on GPUs of multi-GPU jobs, and does flow on busy ones
+    multi = {(p.node, i) for a in snapshot.allocations if a.gpu_count > 1
+             for p in a.placements for i in p.gpus}
+    moved = {g.key for g in snapshot.gpus
+             if g.nvlink_transmit_bytes > before[g.key].nvlink_transmit_bytes}
+    assert moved and moved <= multi
+    busy_multi = [g for g in busy if g.key in multi and g.nvlink_capacity_bytes_per_second]
+    assert busy_multi and all(g.key in moved for g in busy_multi)
+
+
+def test_counters_only_grow():
+    sim = _sim(seed=3)
+    first = sim.snapshot()
+    sim.advance(START + 900)
+    second = sim.snapshot()
+    for a, b in zip(first.gpus, second.gpus, strict=True):
+        assert b.energy_joules >= a.energy_joules
+        assert b.nvlink_transmit_bytes >= a.nvlink_transmit_bytes
+    assert sum(g.energy_joules for g in second.gpus) > 0
+
+
+def test_training_jobs_respect_memory_tiers():
+    snapshot = _sim(seed=9).snapshot()
+    nodes = snapshot.node_map()
+    for alloc in snapshot.allocations:
+        if alloc.job.startswith("train"):
+            models = {nodes[p.node].model for p in alloc.placements}
+            need_gb = alloc.gpu_memory_need_bytes / 1e9
+            assert need_gb > 80
+            assert models <= ({"B200"} if need_gb > 120 else {"H200", "B200"})
+            assert len(models) == 1  # never split across models
+
+
+def test_mig_gpus_report_instances():
+    snapshot = _sim(seed=1).snapshot()
+    mig = [g for g in snapshot.gpus if g.mig]
+    assert len(mig) == 16  # the last 2 A100 nodes
+    assert {g.node for g in mig} == {"gpu-127", "gpu-128"}
+    assert all(len(g.mig) == 7 and g.mig[0].profile == "1g.10gb" for g in mig)
+
+
+def test_scenarios_force_conditions():
+    scenarios = (
+        Scenario(kind="overheat", node="gpu-005", gpu=3, value=92),
+        Scenario(kind="idle_allocated", node="gpu-040", gpu=0),
+        Scenario(kind="gpu_lost", node="gpu-100", gpu=7),
+        Scenario(kind="fragmented_pool", pool="gpu-h100"),
+        Scenario(kind="overheat", node="gpu-006", gpu=0, start_after=3600),
+    )
+    sim = _sim(scenarios=scenarios)
+    snapshot = sim.snapshot()
+    gpus = {g.key: g for g in snapshot.gpus}
+    assert gpus[("gpu-005", 3)].temperature_celsius == pytest.approx(92, abs=2)
+    assert gpus[("gpu-006", 0)].temperature_celsius < 85  # not yet
+    assert gpus[("gpu-100", 7)].up is False and gpus[("gpu-100", 7)].utilization_ratio is None
+    held = snapshot.gpu_allocations()
+    assert ("gpu-040", 0) in held and gpus[("gpu-040", 0)].utilization_ratio == 0.0
+    # fragmented pool: every node partly used, none whole, none empty
+    h100 = [n for n in snapshot.nodes if n.pool == "gpu-h100"]
+    for node in h100:
+        used = sum(1 for i in range(8) if (node.name, i) in held)
+        assert 1 <= used < 8, (node.name, used)
+    sim.advance(START + 4 * 3600)
+    snapshot = sim.snapshot()
+    gpus = {g.key: g for g in snapshot.gpus}
+    assert gpus[("gpu-006", 0)].temperature_celsius == pytest.approx(90, abs=2)
+    assert gpus[("gpu-040", 0)].utilization_ratio == 0.0  # still idle hours later
+    held = snapshot.gpu_allocations()
+    for node in h100:  # the pool stays fragmented: nothing whole appears
+        assert any((node.name, i) not in held for i in range(8))
+        assert any((node.name, i) in held for i in range(8))
+
+
+def test_scenario_naming_a_missing_gpu_fails_clearly():
+    with pytest.raises(ValueError, match="gpu-999"):
+        _sim(scenarios=(Scenario(kind="overheat", node="gpu-999", gpu=0),))
+
+
+def test_scale_multiplies_the_fleet():
+    snapshot = _sim(scale=3).snapshot()
+    assert len(snapshot.gpus) == 3 * 1088
+    assert len({n.name for n in snapshot.nodes}) == 3 * 136
+
+
+def test_snapshot_is_immutable():
+    snapshot = _sim().snapshot()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snapshot.gpus[0].utilization_ratio = 0.5  # type: ignore[misc]
