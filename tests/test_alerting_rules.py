@@ -223,7 +223,7 @@ def test_alerts_share_one_name_per_condition_and_carry_the_mixin_annotations():
                 assert f"$labels.{label}" in rule["annotations"]["description"]
     frag = [r for r in rules if r["alert"] == "GpuClusterFragmentationHigh"]
     assert [r["labels"] for r in frag] == [{"severity": "warning", "action": "compact"}]
-    assert all("gpufleet_pool_fragmentation_index > 50" == r["expr"] for r in frag)
+    assert all(r["expr"] == "gpufleet_pool_fragmentation_index > 50" for r in frag)
 
 
 def test_rules_that_need_care_are_written_with_it():
