@@ -210,7 +210,8 @@ def report(results: list[dict]) -> None:
               f"{r['gzip_bytes'] / 1e6:.2f} | {r['render_text_s'] * 1000:.0f} | "
               f"{r['render_gzip_s'] * 1000:.0f} |")
     print()
-    print("| GPUs | clients | server | p50 ms | p99 ms | scrapes/s | p50 vs gpufleet | scrapes/s vs gpufleet |")
+    print("| GPUs | clients | server | p50 ms | p99 ms | scrapes/s | p50 vs gpufleet "
+          "| scrapes/s vs gpufleet |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in results:
         for clients in (1, 20):
