@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.alerting.thresholds import (
     ThresholdError,
@@ -204,3 +207,29 @@ def test_paths_in_messages_are_the_ones_given(monkeypatch, capsys):
     relative = Path("rules") / "thresholds.yaml"
     assert main(["rules", "--thresholds", str(relative), "--check"]) == 0
     assert "rules/gpufleet-alerts.yaml" in capsys.readouterr().out
+
+
+_ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-10, 10_000), st.floats(allow_nan=True),
+    st.text(max_size=12), st.sampled_from(["5m", "1h", "30%", "gpu_power", ">=", "H200", "all"]),
+    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=5), st.integers(),
+                                                         max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(row=st.integers(0, 8), key=st.sampled_from(
+    ["alert", "metric", "op", "scope", "warning", "critical", "models", "labels", "summary",
+     "action", "runbook", "threshold", "for"]), value=_ANY_VALUE)
+def test_any_bad_value_anywhere_is_a_threshold_error_never_a_crash(row, key, value):
+    raw = yaml.safe_load(TABLE.read_text())
+    target = raw["alerts"][row]
+    if key in ("threshold", "for"):
+        level = target.get("warning") or target["critical"]
+        level[key] = value
+    else:
+        target[key] = value
+    try:
+        parse_thresholds(yaml.safe_dump(raw), "t.yaml")
+    except ThresholdError as exc:
+        assert str(exc).startswith("t.yaml: ") and "\n" not in str(exc)

@@ -324,16 +324,16 @@ def _parse_row(r: _Reader, raw: Any, where: str, catalogue: Catalogue) -> AlertR
     if not _ALERT_NAME.match(alert):
         raise r.fail(f"{where}.alert", f"must be a CamelCase alert name, got {alert!r}")
     metric_key = row["metric"]
-    if metric_key not in METRICS:
+    if not isinstance(metric_key, str) or metric_key not in METRICS:
         raise r.fail(f"{where}.metric",
                      f"unknown metric {metric_key!r} (known: {', '.join(METRICS)})")
     metric = METRICS[metric_key]
     op = row["op"]
-    if op not in metric.ops:
+    if not isinstance(op, str) or op not in metric.ops:
         raise r.fail(f"{where}.op", f"must be one of {' '.join(metric.ops)} for {metric.key}, "
                                     f"got {op!r}")
     scope = row.get("scope", "all")
-    if scope not in SCOPES:
+    if not isinstance(scope, str) or scope not in SCOPES:
         raise r.fail(f"{where}.scope", f"must be one of {', '.join(SCOPES)}, got {scope!r}")
     if scope != "all" and metric.subject != "gpu":
         raise r.fail(f"{where}.scope", f"{scope} applies to per-GPU metrics only, "
