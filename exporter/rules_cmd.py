@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="multiply every `for` by FACTOR (e.g. 0.01), for end-to-end tests; "
                              "the header of each file says so")
     parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 naming the files that differ from the output")
+                        help="write nothing; exit 1 naming the files in --out that differ from "
+                             "what the table generates")
 
 
 def _differs(path: Path, generated: GeneratedFile) -> bool:
