@@ -91,9 +91,12 @@ class AdvisorService:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def on_snapshot(self, snapshot: FleetSnapshot) -> None:
-        """A ``ServingState.snapshot_listeners`` entry: the analyzer has just measured it."""
-        self.snapshot = snapshot
-        self.report = self.analyzer.latest
+        """A ``ServingState.snapshot_listeners`` entry, run before the snapshot is rendered.
+
+        It measures the snapshot (the exposition then reuses that report) and decides.
+        """
+        report = await asyncio.to_thread(self.analyzer.analyze, snapshot)
+        self.snapshot, self.report = snapshot, report
         await self.evaluate("snapshot")
 
     async def evaluate(self, reason: str) -> dict[str, Any] | None:

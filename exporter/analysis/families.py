@@ -96,6 +96,7 @@ class LiveAnalyzer:
     window: ShapeWindow | None = None  # the live workload; None when it is fixed
     fixed: Workload | None = None
     latest: Report | None = None  # for the advisor: the report of the last snapshot
+    _analyzed: FleetSnapshot | None = None  # the snapshot ``latest`` belongs to
     _compiled: CompiledWorkload | None = None
 
     @classmethod
@@ -118,6 +119,7 @@ class LiveAnalyzer:
             self._compiled = compiled
         report = evaluate(state, compiled, self.settings)
         self.latest = report
+        self._analyzed = snapshot
         return report
 
     def current_workload(self) -> Workload:
@@ -128,5 +130,11 @@ class LiveAnalyzer:
         return self.window.workload()
 
     def families(self, snapshot: FleetSnapshot) -> list[Family]:
-        """A ``ServingState.family_providers`` entry: called once per snapshot, in a worker thread."""
+        """A ``ServingState.family_providers`` entry: called once per snapshot, in a worker thread.
+
+        When the analyzer already saw this snapshot as a listener (so the advisor
+        could use the report), its report is rendered rather than recomputed.
+        """
+        if self._analyzed is snapshot and self.latest is not None:
+            return report_families(self.latest)
         return report_families(self.analyze(snapshot))
