@@ -1,0 +1,111 @@
+"""``gpufleet-fragmentation.json``: when GPUs sit idle yet large jobs cannot start.
+
+The fragmentation index per pool and for the cluster against the compaction
+level (the fragmentation alert of the threshold table, which routes to the
+advisor), idle against fragmented GPUs and what the jobs waiting ask for,
+why GPUs count as fragmented, where they are, and tier inversions (a
+scarcer tier idle while a lower one is busy).
+
+The advisor's panels (decisions, plan sizes, GPUs freed, webhook deliveries)
+come with the advisor; it does not exist yet.
+"""
+
+from __future__ import annotations
+
+from grafanalib import core
+
+from exporter.dashboards import panels as p
+from exporter.dashboards import promql as q
+from exporter.dashboards.levels import DashboardLevels
+
+UID = "gpufleet-fragmentation"
+FILE = "gpufleet-fragmentation.json"
+TITLE = "gpufleet / Fragmentation"
+
+DATA_ONLY_WHEN_FIRING: tuple[str, ...] = ()
+
+HEAT = "continuous-GrYlRd"  # green to red by value: counts that no alert level applies to
+
+
+def build(levels: DashboardLevels) -> core.Dashboard:
+    s = q.selector(q.FLEET)
+    pools = q.selector((("pool", "pool"),))
+    layout = p.Layout()
+
+    layout.row("Fragmentation now")
+    layout.add(p.stat("Cluster fragmentation index",
+                      p.targets(("gpufleet_cluster_fragmentation_index", "")), "none",
+                      steps=levels.fragmentation, color_mode="background", minimum=0, maximum=100,
+                      description=f"0-100; colours: the fragmentation alert's levels from "
+                                  f"{levels.source}, where compaction starts."), 6, 5)
+    layout.add(p.stat("Fragmented GPUs", p.targets(("gpufleet_cluster_fragmented_gpus", "")),
+                      "none", description="Idle GPU capacity no job of the workload can use."),
+               4, 5)
+    layout.add(p.stat("Idle GPUs", p.targets(("gpufleet_cluster_idle_gpus", "")), "none",
+                      description="Idle GPU capacity in the cluster, in GPUs."), 4, 5)
+    layout.add(p.stat("Fragmented share of idle",
+                      p.targets(("gpufleet_cluster_fragmentation_ratio", "")), "percentunit",
+                      minimum=0, maximum=1), 5, 5)
+    layout.add(p.stat("Pending GPUs",
+                      p.targets((f"sum(gpufleet_pending_gpus{pools}) or vector(0)", "")), "none",
+                      description="GPUs asked for by jobs waiting to start."), 5, 5)
+
+    layout.row("Over time")
+    layout.add(p.timeseries(
+        "Fragmentation index",
+        p.targets(("gpufleet_cluster_fragmentation_index", "cluster"),
+                  (f"gpufleet_pool_fragmentation_index{s}", "{{pool}} {{model}}")),
+        "none", steps=levels.fragmentation, minimum=0, maximum=100,
+        description=f"0-100. Line: the compaction level, the fragmentation alert's level from "
+                    f"{levels.source}.",
+    ), 24, 9)
+    layout.add(p.timeseries(
+        "Idle against fragmented GPUs per pool",
+        p.targets(
+            (f"sum by (pool) ((1 - gpufleet_gpu_allocated_ratio{s}) * gpufleet_gpu_up{s})",
+             "{{pool}} idle"),
+            (f"sum by (pool) (gpufleet_pool_fragmented_gpus{s})", "{{pool}} fragmented"),
+            (q.zero_filled_by_pool(f"sum by (pool) (gpufleet_pending_gpus{pools})", pools),
+             "{{pool}} pending"),
+        ),
+        "none", minimum=0,
+        description="Idle: unallocated GPU capacity of answering GPUs. Fragmented: the part "
+                    "of it no job can use. Pending: GPUs waiting jobs ask for.",
+    ), 14, 9)
+    layout.add(p.timeseries(
+        "Fragmented GPUs by reason",
+        p.targets(("gpufleet_cluster_fragmented_gpus_by_reason", "{{reason}}")),
+        "none", stack=True, fill=40, minimum=0,
+    ), 10, 9)
+
+    layout.row("Where")
+    layout.add(p.stat(
+        "Fragmented GPUs per node",
+        p.targets((f"gpufleet_node_fragmented_gpus and on (node) gpufleet_node_info{s}",
+                   "{{node}}")),
+        "none", color_mode="background", graph=False, text_mode="value_and_name",
+        continuous=HEAT, minimum=0,
+        description="A heat map of nodes: green has no fragmented GPU, red the most.",
+    ), 16, 12)
+    layout.add(p.table(
+        "Tier inversions",
+        p.targets(("gpufleet_tier_inversion", ""), instant=True), "none",
+        hide=("job",), rename={"Value": "inversion"}, order=("upper", "lower", "Value"),
+        sort_by="Value", color_column="Value", steps=None,
+        description="A scarcer GPU tier idle while a lower one is busy: jobs sit on the "
+                    "wrong GPUs.",
+    ), 8, 12)
+
+    return p.dashboard(
+        uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,
+        description="Fragmentation index, idle against fragmented GPUs, reasons, nodes and "
+                    "tier inversions.",
+        variables=[
+            p.datasource_variable(),
+            p.query_variable("pool", "Pool", "label_values(gpufleet_gpu_info, pool)"),
+            p.query_variable("model", "Model",
+                             'label_values(gpufleet_gpu_info{pool=~"$pool"}, model)'),
+        ],
+        links=[p.dashboard_link("Fleet overview", "gpufleet-fleet"),
+               p.dashboard_link("Node drill-down", "gpufleet-node")],
+    )
