@@ -62,10 +62,12 @@ def datasource_variable() -> core.Template:
 def query_variable(name: str, label: str, query: str, *, multi: bool = True,
                    include_all: bool = True) -> core.Template:
     """A variable filled by ``label_values(...)``; refreshed when the time range changes,
-    because pools, nodes and GPUs come and go."""
+    because pools, nodes and GPUs come and go. "All" is the regex ``.*`` rather than
+    every value spelled out: shorter queries, and a new pool shows before a refresh."""
     return core.Template(
         name=name, label=label, query=query, dataSource=DATASOURCE, multi=multi,
-        includeAll=include_all, refresh=core.REFRESH_ON_TIME_RANGE_CHANGE, regex="",
+        includeAll=include_all, allValue=".*" if include_all else None,
+        refresh=core.REFRESH_ON_TIME_RANGE_CHANGE, regex="",
         sort=core.SORT_ALPHA_ASC if name != "gpu" else core.SORT_NUMERIC_ASC,
     )
 
