@@ -221,6 +221,10 @@ def test_modern_panel_types_only_and_a_unit_on_every_panel(name):
     for panel in content_panels(board):
         unit = panel["fieldConfig"]["defaults"].get("unit")
         assert isinstance(unit, str) and unit, f"{panel['title']} has no unit"
+        # today's option shapes: no Grafana 6 fieldOptions, and a pluginVersion so that
+        # Grafana runs no old-format migration over them on load
+        assert "fieldOptions" not in panel.get("options", {}), panel["title"]
+        assert int(panel["pluginVersion"].split(".")[0]) >= 10, panel["title"]
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -307,9 +311,9 @@ def test_power_levels_equal_the_table_for_every_model():
             matcher = override["matcher"]["options"]
             model = matcher if override["matcher"]["id"] == "byName" else \
                 re.match(r"\^(.+) $", matcher).group(1).replace("\\", "")
-            (prop,) = override["properties"]
-            assert prop["id"] == "thresholds"
-            by_model[model] = _colours(prop["value"]["steps"])
+            props = {prop["id"]: prop["value"] for prop in override["properties"]}
+            by_model[model] = _colours(props["thresholds"]["steps"])
+            assert props["max"] == max(by_model[model])  # a full bar is the critical level
         assert set(by_model) == set(expected), name
         for model, levels in expected.items():
             got = sorted(by_model[model].items())

@@ -28,6 +28,7 @@ DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": "${datasource}"}
 
 GRID_COLUMNS = 24
 SCHEMA_VERSION = 39  # Grafana 10.4/11: no migration touches the panels on load
+PLUGIN_VERSION = "10.4.0"
 
 
 def target(expr: str, legend: str = "", *, ref: str = "A", instant: bool = False) -> core.Target:
@@ -64,12 +65,16 @@ def query_variable(name: str, label: str, query: str, *, multi: bool = True,
     """A variable filled by ``label_values(...)``; refreshed when the time range changes,
     because pools, nodes and GPUs come and go. "All" is the regex ``.*`` rather than
     every value spelled out: shorter queries, and a new pool shows before a refresh."""
-    return core.Template(
+    variable = core.Template(
         name=name, label=label, query=query, dataSource=DATASOURCE, multi=multi,
         includeAll=include_all, allValue=".*" if include_all else None,
         refresh=core.REFRESH_ON_TIME_RANGE_CHANGE, regex="",
         sort=core.SORT_ALPHA_ASC if name != "gpu" else core.SORT_NUMERIC_ASC,
     )
+    if include_all:
+        # open on "All"; grafanalib's `default` can only set one string for text and value
+        variable._current = {"selected": True, "text": ["All"], "value": ["$__all"]}
+    return variable
 
 
 # -- panels ---------------------------------------------------------------------
@@ -91,13 +96,35 @@ def _defaults(unit: str, steps: Steps | None, minimum: float | None,
     return defaults
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any] | None) -> dict[str, Any]:
-    for key, value in (extra or {}).items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = value
-    return base
+def _extra(field_defaults: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """extraJson of every panel. ``pluginVersion`` tells Grafana the options are already
+    in today's shape: without it Grafana assumes 6.1 and runs the panel's old-format
+    migrations on load."""
+    return {"pluginVersion": PLUGIN_VERSION, "fieldConfig": {"defaults": field_defaults}, **more}
+
+
+class _BarGauge(core.BarGauge):
+    """grafanalib's BarGauge without its Grafana 6 ``options.fieldOptions``, which a
+    Grafana migration would otherwise copy over the field config (thresholds included)."""
+
+    def to_json_data(self) -> dict[str, Any]:
+        data = super().to_json_data()
+        data["options"].pop("fieldOptions", None)
+        return data
+
+
+class _GaugePanel(core.GaugePanel):
+    """grafanalib's GaugePanel without the reduce and display keys it writes into the
+    field config, where Grafana 10 does not read them (they live in ``options``)."""
+
+    def to_json_data(self) -> dict[str, Any]:
+        data = super().to_json_data()
+        defaults = data["fieldConfig"]["defaults"]
+        for key in ("calcs", "limit", "values", "override", "title", "links"):
+            defaults.pop(key, None)
+        for key in ("showThresholdLabels", "showThresholdMarkers"):
+            data["fieldConfig"].pop(key, None)
+        return data
 
 
 def timeseries(title: str, queries: list[core.Target], unit: str, *, description: str = "",
@@ -105,7 +132,7 @@ def timeseries(title: str, queries: list[core.Target], unit: str, *, description
                maximum: float | None = None, step_after: bool = False, fill: int = 10,
                overrides: Sequence[dict[str, Any]] = ()) -> core.TimeSeries:
     """A time series; with ``steps`` the warning and critical levels are drawn as lines."""
-    extra: dict[str, Any] = {"fieldConfig": {"defaults": _defaults(unit, steps, minimum, maximum)}}
+    extra = _extra(_defaults(unit, steps, minimum, maximum))
     return core.TimeSeries(
         title=title, description=description, dataSource=DATASOURCE, targets=queries, unit=unit,
         thresholdsStyleMode="line" if steps is not None else "off",
@@ -113,7 +140,7 @@ def timeseries(title: str, queries: list[core.Target], unit: str, *, description
         fillOpacity=fill, lineInterpolation="stepAfter" if step_after else "linear",
         tooltipMode="multi", tooltipSort="desc", legendDisplayMode="table",
         legendPlacement="right", legendCalcs=["lastNotNull", "max"], showPoints="never",
-        overrides=list(overrides), extraJson=extra,
+        overrides=list(overrides), maxDataPoints=None, extraJson=extra,
     )
 
 
@@ -129,22 +156,23 @@ def stat(title: str, queries: list[core.Target], unit: str, *, description: str 
         title=title, description=description, dataSource=DATASOURCE, targets=queries,
         format=unit, reduceCalc="lastNotNull", colorMode=color_mode,
         graphMode="area" if graph else "none", textMode=text_mode, noValue=no_value,
-        extraJson={"fieldConfig": {"defaults": defaults}},
+        maxDataPoints=None,
+        extraJson=_extra(defaults),
     )
 
 
 def gauge(title: str, queries: list[core.Target], unit: str, *, steps: Steps | None,
           description: str = "", minimum: float = 0, maximum: float | None = None) -> core.GaugePanel:
-    return core.GaugePanel(
+    return _GaugePanel(
         title=title, description=description, dataSource=DATASOURCE, targets=queries, format=unit,
-        calc="lastNotNull", min=minimum, max=maximum,
-        extraJson={
-            "fieldConfig": {"defaults": _defaults(unit, steps, minimum, maximum)},
-            "options": {
+        calc="lastNotNull", min=minimum, max=maximum, maxDataPoints=None,
+        extraJson=_extra(
+            _defaults(unit, steps, minimum, maximum),
+            options={
                 "orientation": "auto", "showThresholdLabels": False, "showThresholdMarkers": True,
                 "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
             },
-        },
+        ),
     )
 
 
@@ -154,18 +182,16 @@ def bar_gauge(title: str, queries: list[core.Target], unit: str, *, description:
               continuous: str | None = None) -> core.BarGauge:
     defaults = _defaults(unit, steps, minimum, maximum)
     defaults["color"] = {"mode": continuous} if continuous else {"mode": "thresholds"}
-    return core.BarGauge(
+    extra = _extra(defaults, options={
+        "displayMode": "gradient", "orientation": "horizontal", "showUnfilled": True,
+        "valueMode": "color", "namePlacement": "left",
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+    })
+    extra["fieldConfig"]["overrides"] = list(overrides)
+    return _BarGauge(
         title=title, description=description, dataSource=DATASOURCE, targets=queries, format=unit,
         calc="lastNotNull", min=minimum, max=maximum, displayMode=core.GAUGE_DISPLAY_MODE_GRADIENT,
-        orientation=core.ORIENTATION_HORIZONTAL,
-        extraJson={
-            "fieldConfig": {"defaults": defaults, "overrides": list(overrides)},
-            "options": {
-                "displayMode": "gradient", "orientation": "horizontal", "showUnfilled": True,
-                "valueMode": "color", "namePlacement": "left",
-                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            },
-        },
+        orientation=core.ORIENTATION_HORIZONTAL, maxDataPoints=None, extraJson=extra,
     )
 
 
@@ -200,15 +226,17 @@ def table(title: str, queries: list[core.Target], unit: str, *, description: str
     return core.Table(
         title=title, description=description, dataSource=DATASOURCE, targets=queries, unit=unit,
         transformations=transformations, overrides=overrides, sortBy=sort, filterable=True,
-        extraJson={"fieldConfig": {"defaults": _defaults(unit, steps, None, None)}},
+        maxDataPoints=None, extraJson=_extra(_defaults(unit, steps, None, None)),
     )
 
 
 def by_name_thresholds(name: str, steps: Steps, regex: bool = False) -> dict[str, Any]:
-    """A field override: series named ``name`` (or matching it) colour by their own levels."""
+    """A field override: series named ``name`` (or matching it) colour by their own levels,
+    and a bar's full length is the highest of them (for power, the cap)."""
     return {
         "matcher": {"id": "byRegexp" if regex else "byName", "options": name},
-        "properties": [{"id": "thresholds", "value": steps.to_json()}],
+        "properties": [{"id": "thresholds", "value": steps.to_json()},
+                       {"id": "max", "value": max(steps.values())}],
     }
 
 
