@@ -6,7 +6,8 @@ advisor), idle against fragmented GPUs and what the jobs waiting ask for,
 why GPUs count as fragmented, where they are, and tier inversions (a
 scarcer tier idle while a lower one is busy).
 
-The advisor's panels (decisions, plan sizes, GPUs freed, webhook deliveries)
+Also what fragmentation is measured against: the target workload's task
+shapes and where they come from. The advisor's panels (decisions, plan sizes, GPUs freed, webhook deliveries)
 come with the advisor; it does not exist yet.
 """
 
@@ -25,6 +26,12 @@ TITLE = "gpufleet / Fragmentation"
 DATA_ONLY_WHEN_FIRING: tuple[str, ...] = ()
 
 HEAT = "continuous-GrYlRd"  # green to red by value: counts that no alert level applies to
+
+# gpufleet_tier_inversion is a state, 0 or 1: named and coloured, not thresholded
+INVERSION_STATES = [{"type": "value", "options": {
+    "0": {"index": 0, "text": "no", "color": "green"},
+    "1": {"index": 1, "text": "inverted", "color": "orange"},
+}}]
 
 
 def build(levels: DashboardLevels) -> core.Dashboard:
@@ -62,15 +69,14 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.add(p.timeseries(
         "Idle against fragmented GPUs per pool",
         p.targets(
-            (f"sum by (pool) ((1 - gpufleet_gpu_allocated_ratio{s}) * gpufleet_gpu_up{s})",
-             "{{pool}} idle"),
+            (f"sum by (pool) (gpufleet_pool_idle_gpus{s})", "{{pool}} idle"),
             (f"sum by (pool) (gpufleet_pool_fragmented_gpus{s})", "{{pool}} fragmented"),
             (q.zero_filled_by_pool(f"sum by (pool) (gpufleet_pending_gpus{pools})", pools),
              "{{pool}} pending"),
         ),
         "none", minimum=0,
-        description="Idle: unallocated GPU capacity of answering GPUs. Fragmented: the part "
-                    "of it no job can use. Pending: GPUs waiting jobs ask for.",
+        description="Idle: unallocated GPU capacity, in GPUs. Fragmented: the part of it "
+                    "the target workload cannot use. Pending: GPUs waiting jobs ask for.",
     ), 14, 9)
     layout.add(p.timeseries(
         "Fragmented GPUs by reason",
@@ -90,11 +96,32 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.add(p.table(
         "Tier inversions",
         p.targets(("gpufleet_tier_inversion", ""), instant=True), "none",
-        hide=("job",), rename={"Value": "inversion"}, order=("upper", "lower", "Value"),
-        sort_by="Value", color_column="Value", steps=None,
-        description="A scarcer GPU tier idle while a lower one is busy: jobs sit on the "
-                    "wrong GPUs.",
+        hide=("job",), rename={"Value": "now"}, order=("upper", "lower", "Value"),
+        sort_by="Value", color_column="Value", mappings=INVERSION_STATES,
+        description="One row per pair of pools of different tiers: inverted while the "
+                    "scarcer tier (upper) sits idle and the lower one is busy, so jobs run on "
+                    "the wrong GPUs.",
     ), 8, 12)
+
+    layout.row("Target workload")
+    layout.add(p.stat("Task shapes", p.targets(("gpufleet_fragmentation_workload_shapes", "")),
+                      "none", graph=False,
+                      description="Task shapes (GPUs, share, CPUs, models) that fragmentation "
+                                  "is measured against."), 6, 4)
+    layout.add(p.stat("Tasks the shapes cover",
+                      p.targets(("gpufleet_fragmentation_workload_coverage_ratio", "")),
+                      "percentunit", graph=False, minimum=0, maximum=1), 6, 4)
+    layout.add(p.stat("CPU-only weight",
+                      p.targets(("gpufleet_fragmentation_workload_cpu_only_ratio", "")),
+                      "percentunit", graph=False, minimum=0, maximum=1,
+                      description="Weight of CPU-only tasks in the target workload."), 6, 4)
+    layout.add(p.table(
+        "Workload source",
+        p.targets(("gpufleet_fragmentation_workload_info", ""), instant=True), "none",
+        hide=("Value", "job"), order=("source", "cpu_only"),
+        description="window: live allocations over recent snapshots; trace: an openb pod "
+                    "trace; shapes: listed in the config.",
+    ), 6, 4)
 
     return p.dashboard(
         uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,

@@ -198,7 +198,8 @@ def bar_gauge(title: str, queries: list[core.Target], unit: str, *, description:
 def table(title: str, queries: list[core.Target], unit: str, *, description: str = "",
           steps: Steps | None = None, hide: Iterable[str] = (), rename: dict[str, str] | None = None,
           order: Sequence[str] = (), sort_by: str | None = None, descending: bool = True,
-          color_column: str | None = None) -> core.Table:
+          color_column: str | None = None,
+          mappings: Sequence[dict[str, Any]] = ()) -> core.Table:
     """Instant values as rows. Queries with several targets are merged on their labels;
     ``hide`` drops label columns nobody reads (uuid, the scrape's instance).
     ``color_column`` colours that column's cells by ``steps``."""
@@ -226,7 +227,8 @@ def table(title: str, queries: list[core.Target], unit: str, *, description: str
     return core.Table(
         title=title, description=description, dataSource=DATASOURCE, targets=queries, unit=unit,
         transformations=transformations, overrides=overrides, sortBy=sort, filterable=True,
-        maxDataPoints=None, extraJson=_extra(_defaults(unit, steps, None, None)),
+        maxDataPoints=None, extraJson=_extra({**_defaults(unit, steps, None, None),
+                                              "mappings": list(mappings)}),
     )
 
 
