@@ -107,8 +107,43 @@ class SimSource:
 
 
 @dataclass(frozen=True)
+class NvmlSource:
+    enabled: bool = _opt(False, help="Read this machine's GPUs through NVML (libnvidia-ml).")
+    call_timeout: Duration = _opt(
+        Duration(2), help="Longest one GPU's NVML reads may take; past it the GPU's last good "
+        "sample is served, marked stale.", exclusive_min=0,
+    )
+    node: str = _opt("", help="Node name of this machine; empty: the host name.")
+    pool: str = _opt("", help="Pool (Slurm partition or node pool) of this machine's GPUs.")
+
+
+@dataclass(frozen=True)
+class DcgmSource:
+    enabled: bool = _opt(False, help="Scrape dcgm-exporter endpoints across the cluster.")
+    targets: tuple[str, ...] = _opt(
+        (), help="dcgm-exporter endpoints, host:port or http://host:port/metrics."
+    )
+    targets_file: str = _opt(
+        "", help="Prometheus file_sd-style JSON or YAML file of targets (labels.pool sets the "
+        "pool), re-read when it changes.",
+    )
+    timeout: Duration = _opt(
+        Duration(3), help="Per-target scrape timeout; keep it below source_timeout.",
+        exclusive_min=0,
+    )
+    pool: str = _opt("", help="Pool of targets that name none.")
+    max_concurrency: int = _opt(64, help="Targets scraped at once.", min=1)
+    stale_for: Duration = _opt(
+        Duration(300), help="How long a down target's last reading is served, marked stale.",
+        min=0,
+    )
+
+
+@dataclass(frozen=True)
 class SourcesConfig:
     sim: SimSource = _opt(help="The simulated fleet.", factory=SimSource)
+    nvml: NvmlSource = _opt(help="GPUs of this machine, through NVML.", factory=NvmlSource)
+    dcgm: DcgmSource = _opt(help="dcgm-exporter endpoints.", factory=DcgmSource)
 
 
 @dataclass(frozen=True)
