@@ -8,7 +8,7 @@ SRC    := pyproject.toml $(shell find exporter -name '*.py' -o -name '*.yaml' 2>
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT    := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
 
-.PHONY: run test lint system-deps bench-deps generate clean
+.PHONY: run test lint system-deps bench-deps generate generate-rules clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,14 @@ lint: $(VENV)/.installed-test
 # wrk is the separate load-generator process bench/scrape.py drives.
 bench-deps: $(VENV)/.installed-test
 	@command -v wrk >/dev/null || { $(APT) update -q && $(APT) install -y -q wrk; }
+
+# Regenerate every committed generated file; tests fail when one drifts from its source.
+generate: generate-rules
+
+# rules/*.yaml from rules/thresholds.yaml (tests/test_alerting_rules.py checks the drift).
+generate-rules: $(VENV)/.installed-run
+	$(BIN)/gpufleet rules
+	$(BIN)/gpufleet rules --format prometheusrule
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -199,6 +199,57 @@ class AnalysisConfig:
 
 
 @dataclass(frozen=True)
+class ReceiverConfig:
+    name: str = _opt(help="Receiver name, used in metrics and the outbox.")
+    url: str = _opt(help="URL the plan is POSTed to.")
+    secret_file: str = _opt("", help="File holding the HMAC secret (else secret_env).")
+    secret_env: str = _opt("GPUFLEET_WEBHOOK_SECRET",
+                           help="Environment variable holding the HMAC secret.")
+    timeout: Duration = _opt(Duration(10), help="Per-request timeout.", exclusive_min=0)
+
+
+@dataclass(frozen=True)
+class AdvisorConfig:
+    enabled: bool = _opt(True, help="Run the rebalancing advisor (needs analysis.enabled).")
+    token_file: str = _opt("", help="File holding the bearer token for POSTs; the "
+                           "GPUFLEET_ADVISOR_TOKEN environment variable wins when set.")
+    max_body_bytes: int = _opt(16 * 1024 * 1024, help="Largest POST body accepted.", min=1024)
+    outbox: str = _opt("gpufleet-outbox.sqlite", help="SQLite file of pending webhook deliveries.")
+    receivers: tuple[ReceiverConfig, ...] = _opt((), help="Schedulers the plans are POSTed to.")
+    retry_initial: Duration = _opt(Duration(1), help="First retry delay.", exclusive_min=0)
+    retry_max: Duration = _opt(Duration(300), help="Longest retry delay.", exclusive_min=0)
+    trigger: float = _opt(50.0, help="Index above which compaction is considered.", min=0, max=100)
+    clear_below: float = _opt(40.0, help="Index below which the recommendation clears.",
+                              min=0, max=100)
+    dwell: Duration = _opt(Duration(600), help="How long the index must stay above trigger.", min=0)
+    cooldown: Duration = _opt(Duration(1800), help="Least time between two plans.", min=0)
+    plan_ttl: Duration = _opt(Duration(900), help="How long a plan stays valid.", exclusive_min=0)
+    min_recovered_per_migration: float = _opt(
+        0.5, help="Gate: fragmented GPUs a plan must recover per migration.", min=0)
+    min_nodes_freed_per_migration: float = _opt(
+        0.0, help="Gate: whole nodes a plan must free per migration.", min=0)
+    max_migrations: int = _opt(10, help="Budget: migrations per plan.", min=1)
+    max_migrations_per_node: int = _opt(4, help="Budget: migrations off one node per plan.", min=1)
+    max_migrations_per_namespace: int = _opt(5, help="Budget: migrations of one namespace per plan.",
+                                             min=1)
+    move_high_priority: bool = _opt(False, help="Allow moving high-priority jobs.")
+    high_priority: int = _opt(1000, help="Jobs at or above this priority are high-priority.")
+    min_runtime: Duration = _opt(Duration(1800), help="Jobs younger than this are not disturbed yet.",
+                                 min=0)
+    checkpoint_interval: Duration = _opt(Duration(900),
+                                         help="How often jobs checkpoint, for the cost of a move.",
+                                         exclusive_min=0)
+
+    def check(self, prefix: str) -> None:
+        if self.clear_below >= self.trigger:
+            raise ConfigError(f"{prefix}.clear_below: must be below {prefix}.trigger "
+                              f"({self.clear_below:g} >= {self.trigger:g})")
+        names = [r.name for r in self.receivers]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{prefix}.receivers: names must be unique")
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = _opt(DEFAULT_LISTEN, help="HOST:PORT to serve on.")
     collect_interval: Duration = _opt(
@@ -212,6 +263,7 @@ class Config:
     log: LogConfig = _opt(help="Logging.", factory=LogConfig)
     sources: SourcesConfig = _opt(help="Sources and their options.", factory=SourcesConfig)
     analysis: AnalysisConfig = _opt(help="Fragmentation analysis.", factory=AnalysisConfig)
+    advisor: AdvisorConfig = _opt(help="Rebalancing advisor.", factory=AdvisorConfig)
 
 
 def _type_name(tp: Any) -> str:
@@ -301,7 +353,11 @@ def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
             kwargs[name] = _convert(hints[name], data[name], key, dict(f.metadata))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{key}: required")
-    return cls(**kwargs)
+    built = cls(**kwargs)
+    check = getattr(built, "check", None)  # rules between fields, e.g. clear_below < trigger
+    if check is not None:
+        check(prefix)
+    return built
 
 
 def load(path: str | Path | None) -> Config:

@@ -120,6 +120,13 @@ class LiveAnalyzer:
         self.latest = report
         return report
 
+    def current_workload(self) -> Workload:
+        """The workload the last snapshot was measured against (what-if analyses reuse it)."""
+        if self.fixed is not None:
+            return self.fixed
+        assert self.window is not None
+        return self.window.workload()
+
     def families(self, snapshot: FleetSnapshot) -> list[Family]:
         """A ``ServingState.family_providers`` entry: called once per snapshot, in a worker thread."""
         return report_families(self.analyze(snapshot))
