@@ -353,15 +353,22 @@ def test_steps_for_below_conditions_go_red_orange_green():
 # -- names ----------------------------------------------------------------------
 
 
-def test_every_metric_a_dashboard_queries_is_documented():
-    documented = set(re.findall(r"^\|\s*`(gpufleet_[a-z0-9_]+)`", (REPO / "docs" / "metrics.md")
-                                .read_text(), re.M))
+def test_every_metric_a_dashboard_queries_is_documented_and_every_recorded_series_recorded():
+    documented = set(re.findall(r"^\|\s*`((?:[a-z]+:)?gpufleet_[a-z0-9_:]+)`",
+                                (REPO / "docs" / "metrics.md").read_text(), re.M))
+    recorded = {rule["record"]
+                for group in yaml.safe_load((REPO / "rules" / "gpufleet-recording.yaml")
+                                            .read_text())["groups"]
+                for rule in group["rules"] if "record" in rule}
     queried = set()
     for name in FILES:
         for _, t in all_targets(load(name)):
-            queried |= set(re.findall(r"(?<![:\w])(gpufleet_[a-z0-9_]+)", t["expr"]))
+            queried |= set(re.findall(r"(?<![\w:])((?:[a-z]+:)?gpufleet_[a-z0-9_:]+)", t["expr"]))
     assert queried, "no metric found in the dashboards"
     assert queried <= documented, f"not in docs/metrics.md: {sorted(queried - documented)}"
+    uses = {name for name in queried if ":" in name}
+    assert uses, "the dashboards read no recorded series"
+    assert uses <= recorded, f"not in rules/gpufleet-recording.yaml: {sorted(uses - recorded)}"
 
 
 # -- provisioning examples ----------------------------------------------------------

@@ -69,16 +69,14 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.row("Utilization and memory")
     layout.add(p.timeseries(
         "Utilization per pool",
-        p.targets((f"avg by (pool, model) (gpufleet_gpu_utilization_ratio{s})",
-                   "{{pool}} {{model}}")),
+        p.targets((f"pool:gpufleet_gpu_utilization:avg{s}", "{{pool}} {{model}}")),
         "percentunit", minimum=0, maximum=1,
         description="Mean fraction of time a kernel ran, over every GPU of the pool.",
     ), 12, 8)
     layout.add(p.timeseries(
         "Memory used",
         p.targets(
-            (f"sum by (pool, model) (gpufleet_gpu_memory_used_bytes{s}) "
-             f"/ sum by (pool, model) (gpufleet_gpu_memory_total_bytes{s})", "{{pool}} {{model}}"),
+            (f"pool:gpufleet_gpu_memory_used:ratio{s}", "{{pool}} {{model}}"),
             (f"max by (pool, model) ({q.memory_used_ratio(s)})", "{{pool}} {{model}} fullest GPU"),
         ),
         "percentunit", steps=levels.memory, minimum=0, maximum=1,

@@ -153,8 +153,9 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 12, 8)
     layout.add(_per_gpu("NVLink utilization", q.nvlink_utilization(g), "percentunit",
                         steps=levels.nvlink_low, minimum=0, maximum=1,
-                        description=f"Lines: the NVLink alert's levels from {levels.source}; "
-                                    f"that alert looks only at busy GPUs of multi-GPU jobs."),
+                        description=f"Share of NVLink bandwidth in use over 5 min. Lines: the "
+                                    f"NVLink alert's levels from {levels.source}; that alert "
+                                    f"looks only at busy GPUs of multi-GPU jobs."),
                 12, 8)
 
     return p.dashboard(

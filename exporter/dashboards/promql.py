@@ -1,6 +1,11 @@
 """PromQL pieces the dashboards share: label selectors built from the template
 variables, and the expressions more than one panel needs.
 
+Where the alerting package records a series (``rules/gpufleet-recording.yaml``,
+``level:metric:operations`` names) the dashboards read the recorded series
+rather than repeat its expression, so Prometheus computes it once for alerts
+and panels alike; that file must be loaded into Prometheus.
+
 Joins are ``on (node, gpu)``: a GPU's place identifies it, and the other
 identity labels (uuid, model, pool) then need not agree between series.
 """
@@ -35,14 +40,12 @@ def allocations(sel: str) -> str:
 
 
 def nvlink_utilization(sel: str) -> str:
-    """Share of the GPU's NVLink bandwidth in use, both directions together (0-1)."""
-    return (f"(rate(gpufleet_gpu_nvlink_transmit_bytes_total{sel}[$__rate_interval])"
-            f" + rate(gpufleet_gpu_nvlink_receive_bytes_total{sel}[$__rate_interval]))"
-            f" / gpufleet_gpu_nvlink_capacity_bytes_per_second{sel}")
+    """Share of the GPU's NVLink bandwidth in use over 5 min, both directions together (0-1)."""
+    return f"gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m{sel}"
 
 
 def memory_used_ratio(sel: str) -> str:
-    return f"gpufleet_gpu_memory_used_bytes{sel} / gpufleet_gpu_memory_total_bytes{sel}"
+    return f"gpu:gpufleet_gpu_memory_used:ratio{sel}"
 
 
 def gpus_in_state(state: str, sel: str, by: str = "") -> str:
@@ -54,8 +57,11 @@ def gpus_in_state(state: str, sel: str, by: str = "") -> str:
     grouping = f" by ({by})" if by else ""
     if state == "lost":
         return f"sum{grouping} (gpufleet_gpu_up{sel} == bool 0)"
-    compare = {"allocated": "> bool 0", "idle": "== bool 0"}[state]
-    return f"sum{grouping} ((gpufleet_gpu_allocated_ratio{sel} {compare}) * gpufleet_gpu_up{sel})"
+    if state == "idle":
+        return f"sum{grouping} (pool:gpufleet_gpu_idle:count{sel})"
+    if state == "allocated":
+        return f"sum{grouping} ((gpufleet_gpu_allocated_ratio{sel} > bool 0) * gpufleet_gpu_up{sel})"
+    raise ValueError(f"unknown GPU state {state!r}")
 
 
 def firing_alerts(names: tuple[str, ...]) -> str:
