@@ -350,6 +350,20 @@ def test_steps_for_below_conditions_go_red_orange_green():
         steps_for("==", {"critical": 0.0})
 
 
+def test_a_table_without_a_row_the_dashboards_draw_is_a_one_line_error():
+    from exporter.alerting.thresholds import parse_thresholds
+    from exporter.config import ConfigError
+    from exporter.dashboards.levels import levels_from_table
+
+    text = THRESHOLDS.read_text()
+    start = text.index("  - alert: GpuTemperatureHigh")
+    end = text.index("  - alert:", start + 1)
+    table = parse_thresholds(text[:start] + text[end:], "thresholds.yaml")
+    with pytest.raises(ConfigError, match=r"^thresholds.yaml: no alert row compares "
+                                          r"gpu_temperature; the dashboards draw"):
+        levels_from_table(table)
+
+
 # -- names ----------------------------------------------------------------------
 
 
