@@ -142,7 +142,8 @@ class AdvisorService:
                    [((), plan.fragmented_gpus_recovered if plan else 0.0)]),
             Family("gpufleet_advisor_plan_nodes_freed", "gauge",
                    "Whole nodes the last proposed plan frees, by pool.",
-                   [((("pool", p),), float(n)) for p, n in sorted((plan.nodes_freed if plan else {}).items())]),
+                   [((("pool", p),), float(n))
+                    for p, n in sorted((plan.nodes_freed if plan else {}).items())]),
             Family("gpufleet_advisor_decision_info", "gauge",
                    "The advisor's current decision (none, cooldown, hold, compact); always 1.",
                    [((("decision", advice.get("decision", "none")),), 1.0)]),
