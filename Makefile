@@ -53,5 +53,12 @@ generate-rules: $(VENV)/.installed-run
 	$(BIN)/gpufleet rules
 	$(BIN)/gpufleet rules --format prometheusrule
 
+# dashboards/*.json from the dashboard code and rules/thresholds.yaml (tests/test_dashboards.py
+# checks the drift). Runs after generate-rules: the dashboards read the same table.
+.PHONY: generate-dashboards
+generate: generate-dashboards
+generate-dashboards: $(VENV)/.installed-run generate-rules
+	$(BIN)/gpufleet dashboards
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
