@@ -34,11 +34,11 @@ system-deps:
 	fi
 
 test: $(VENV)/.installed-test system-deps
-	$(BIN)/ruff check exporter tests bench
+	$(BIN)/ruff check exporter tests bench deploy
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check exporter tests bench
+	$(BIN)/ruff check exporter tests bench deploy
 	$(BIN)/hadolint Dockerfile
 
 # wrk is the separate load-generator process bench/scrape.py drives.

@@ -72,6 +72,9 @@ def start_alertmanager(workdir: Path, config: dict[str, Any]) -> Alertmanager:
     return Alertmanager(proc, port, workdir)
 
 
+ADVISOR_TOKEN = "advisor-token-for-tests"
+
+
 def routed_config(receiver_url: str, fast: bool = True) -> dict[str, Any]:
     """deploy/alertmanager.yml with every webhook pointing at ``receiver_url/<receiver>``.
 
@@ -82,6 +85,10 @@ def routed_config(receiver_url: str, fast: bool = True) -> dict[str, Any]:
     for receiver in config["receivers"]:
         for hook in receiver.get("webhook_configs", []):
             hook["url"] = f"{receiver_url}/{receiver['name']}"
+            auth = hook.get("http_config", {}).get("authorization")
+            if auth and "credentials_file" in auth:  # the committed path exists only in production
+                del auth["credentials_file"]
+                auth["credentials"] = ADVISOR_TOKEN
     if fast:
         routes = [config["route"], *config["route"].get("routes", [])]
         for route in routes:
@@ -96,6 +103,7 @@ class Notification:
     receiver: str  # the path it was posted to: the Alertmanager receiver's name
     at: float  # time.monotonic() when it arrived
     payload: dict[str, Any]
+    authorization: str = ""  # the Authorization header Alertmanager sent
 
 
 @dataclass
@@ -117,7 +125,7 @@ class WebhookReceiver:
         payload = await request.json()
         with self._lock:
             self.received.append(Notification(request.match_info["receiver"], time.monotonic(),
-                                              payload))
+                                              payload, request.headers.get("Authorization", "")))
         return web.Response(text="ok")
 
     def start(self) -> WebhookReceiver:

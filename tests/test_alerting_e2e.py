@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from exporter.cli import main
-from tests.alerting_servers import WebhookReceiver, routed_config, start_alertmanager
+from tests.alerting_servers import ADVISOR_TOKEN, WebhookReceiver, routed_config, start_alertmanager
 from tests.conftest import REPO, stop
 
 FOR_SCALE = "0.01"  # 2 min -> 1.2 s, 5 min -> 3 s, 15 min -> 9 s
@@ -107,6 +107,9 @@ def test_overheat_pages_inhibits_its_warning_and_fragmentation_reaches_the_advis
         assert compaction[0]["labels"]["action"] == "compact"
         assert compaction[0]["labels"]["model"] == "H100"
         assert compaction[0]["labels"]["severity"] == "warning"
+        # Alertmanager authenticates to the advisor with its bearer token
+        advisor_posts = [n for n in receiver.received if n.receiver == "gpufleet-advisor"]
+        assert {n.authorization for n in advisor_posts} == {f"Bearer {ADVISOR_TOKEN}"}
         fragmentation_at = time.monotonic() - started
 
         # the hot GPU's warning stays out of chat after everything has arrived
