@@ -105,10 +105,16 @@ def _fits(
     state: FleetState, cw: CompiledWorkload
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per (node, GPU shape): does it fit, is CPU enough, are GPUs enough; and held-at-level."""
-    count_ge, held_ge = _at_or_above(state.gpu_free, cw.thresholds)
+    return _fits_rows(state.cpu_free, state.gpu_free, state.model, cw)
+
+
+def _fits_rows(
+    cpu_free: np.ndarray, gpu_free: np.ndarray, model: np.ndarray, cw: CompiledWorkload
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    count_ge, held_ge = _at_or_above(gpu_free, cw.thresholds)
     gpu_ok = count_ge[:, cw.level] >= cw.gpus
-    cpu_ok = state.cpu_free[:, None] >= cw.cpus
-    access = cw.access[state.model]
+    cpu_ok = cpu_free[:, None] >= cw.cpus
+    access = cw.access[model]
     return access, cpu_ok, gpu_ok, held_ge[:, cw.level]
 
 
@@ -121,6 +127,23 @@ def node_fragmentation(state: FleetState, cw: CompiledWorkload) -> np.ndarray:
     access, cpu_ok, gpu_ok, held = _fits(state, cw)
     fits = access & cpu_ok & gpu_ok
     return idle * cw.total_weight - np.where(fits, held, 0.0) @ cw.weight
+
+
+def rows_fragmentation(cpu_free: np.ndarray, gpu_free: np.ndarray, model: np.ndarray,
+                       cw: CompiledWorkload) -> np.ndarray:
+    """F_n(M) of K node rows that need not be a fleet's: what placement asks of its candidates.
+
+    Row k is a node with free CPU ``cpu_free[k]``, free GPU shares ``gpu_free[k]``
+    (any order, zero-padded) and model id ``model[k]`` in ``cw.model_names``: the
+    same node under K different GPU choices, or K nodes each after its own
+    choice. One call over all candidates of a task costs about what one
+    :func:`node_fragmentation` of that many nodes does.
+    """
+    idle = gpu_free.sum(axis=1)
+    if cw.gpu_shapes == 0 or len(idle) == 0:
+        return idle * cw.total_weight
+    access, cpu_ok, gpu_ok, held = _fits_rows(cpu_free, gpu_free, model, cw)
+    return idle * cw.total_weight - np.where(access & cpu_ok & gpu_ok, held, 0.0) @ cw.weight
 
 
 def one_node_fragmentation(cpu_free: float, gpu_free: np.ndarray, model: int,

@@ -13,6 +13,7 @@ needs, and copying the columns of a few thousand nodes costs microseconds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,9 @@ class FleetState:
     cpu_free: np.ndarray  # [N] cores
     gpu_free: np.ndarray  # [N, G] free share per GPU, 1.0 = whole GPU; 0-padded; any order
     gpu_count: np.ndarray  # [N] usable GPUs
+    # [N, G] the GPU index on the node of each gpu_free slot (-1 for padding); None when
+    # slot i is GPU i. Placement reports real GPU indices through it, down GPUs skipped.
+    gpu_index: np.ndarray | None = None
 
     @property
     def idle(self) -> np.ndarray:
@@ -108,6 +112,7 @@ def from_snapshot(snapshot: FleetSnapshot) -> FleetState:
                 held[key] = held.get(key, 0.0) + part.gpu_share
 
     models, pools, cpu_total, cpu_free, gpu_free = [], [], [], [], []
+    gpu_indices: list[list[int]] = []
     for name in order:
         node = node_info.get(name)
         listed = gpus_of.get(name, {})
@@ -119,17 +124,19 @@ def from_snapshot(snapshot: FleetSnapshot) -> FleetState:
             model, pool = gpu_model[name]
             cores = math.inf
             indices = set(listed)
-        row = [
-            max(0.0, 1.0 - held.get((name, i), 0.0))
-            for i in sorted(indices)
-            if listed.get(i, True)  # a GPU that is down offers nothing
-        ]
+        usable = [i for i in sorted(indices) if listed.get(i, True)]  # a GPU that is down offers nothing
+        row = [max(0.0, 1.0 - held.get((name, i), 0.0)) for i in usable]
+        gpu_indices.append(usable)
         models.append(model)
         pools.append(pool)
         cpu_total.append(cores)
         cpu_free.append(cores - cpu_used.get(name, 0.0))
         gpu_free.append(row)
-    return build(order, models, pools, cpu_total, cpu_free, gpu_free)
+    state = build(order, models, pools, cpu_total, cpu_free, gpu_free)
+    index = np.full(state.gpu_free.shape, -1, dtype=np.intp)
+    for i, usable in enumerate(gpu_indices):
+        index[i, : len(usable)] = usable
+    return dataclasses.replace(state, gpu_index=index)
 
 
 def with_node(state: FleetState, node: int, cpu_free: float, gpu_free: Sequence[float]) -> FleetState:
@@ -152,4 +159,4 @@ def with_node(state: FleetState, node: int, cpu_free: float, gpu_free: Sequence[
         counts = counts.copy()
         counts[node] = len(values)
     return FleetState(state.names, state.model_names, state.pool_names, state.model, state.pool,
-                      state.cpu_total, cpus, free, counts)
+                      state.cpu_total, cpus, free, counts, state.gpu_index)
