@@ -17,7 +17,7 @@ import asyncio
 import hmac
 import json
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,8 +41,8 @@ class AdvisorApi:
     token: bytes | None
     max_body_bytes: int
     seen_groups: OrderedDict[str, str] = field(default_factory=OrderedDict)
-    alerts_received: int = 0
-    alerts_duplicate: int = 0
+    # Alertmanager notifications by outcome: accepted, duplicate, invalid, unauthorized
+    notifications: Counter = field(default_factory=Counter)
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
     MAX_GROUPS = 10_000  # dedupe memory is bounded; the oldest groups are forgotten first
@@ -90,6 +90,8 @@ def _guarded(handler: Callable[[web.Request], Awaitable[web.Response]]):
         api = request.app[ADVISOR_API]
         reason = _authorized(api, request)
         if reason is not None:
+            if request.path == "/v1/alerts":
+                api.notifications["unauthorized"] += 1
             return web.json_response({"error": reason}, status=401,
                                      headers={"WWW-Authenticate": 'Bearer realm="gpufleet"'})
         try:
@@ -149,16 +151,17 @@ def validate_alertmanager(payload: Any) -> str | None:
 async def post_alerts(request: web.Request) -> web.Response:
     api = request.app[ADVISOR_API]
     payload, error = await _read_json(api, request)
+    if error is None:
+        problem = validate_alertmanager(payload)
+        error = None if problem is None else _error(400, problem)
     if error is not None:
+        api.notifications["invalid"] += 1
         return error
-    problem = validate_alertmanager(payload)
-    if problem is not None:
-        return _error(400, problem)
-    api.alerts_received += 1
     group, status = payload["groupKey"], payload["status"]
     if api.seen_groups.get(group) == status:
-        api.alerts_duplicate += 1  # Alertmanager repeats a group every group/repeat interval
+        api.notifications["duplicate"] += 1  # Alertmanager repeats a group every group_interval
         return web.json_response({"accepted": True, "duplicate": True, "evaluation": "none"})
+    api.notifications["accepted"] += 1
     api.seen_groups[group] = status
     api.seen_groups.move_to_end(group)
     while len(api.seen_groups) > api.MAX_GROUPS:

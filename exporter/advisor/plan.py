@@ -86,7 +86,7 @@ class CompactionPlan:
         data["migrations"] = [
             {"order": i + 1, **_migration_json(m)} for i, m in enumerate(self.migrations)
         ]
-        return data
+        return json.loads(json.dumps(data))  # tuples become lists: exactly what a receiver sees
 
 
 def _migration_identity(m: Migration) -> dict[str, Any]:

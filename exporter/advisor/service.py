@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from aiohttp import web
 from exporter.advisor.api import AdvisorApi, add_routes
 from exporter.advisor.engine import Advisor, DecisionSettings, Planner
 from exporter.advisor.outbox import Outbox
+from exporter.advisor.planner import PlanSettings, plan_compaction
 from exporter.advisor.webhook import Deliverer, Receiver
 from exporter.analysis.families import LiveAnalyzer
 from exporter.analysis.fgd import compile_workload
@@ -89,6 +91,7 @@ class AdvisorService:
     report: Report | None = None
     evaluations: int = 0
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _api: AdvisorApi | None = None
 
     async def on_snapshot(self, snapshot: FleetSnapshot) -> None:
         """A ``ServingState.snapshot_listeners`` entry, run before the snapshot is rendered.
@@ -124,9 +127,11 @@ class AdvisorService:
         return self.advisor.what_if(snapshot, report)
 
     def api(self) -> AdvisorApi:
-        return AdvisorApi(evaluate=self.evaluate, what_if=self.what_if,
-                          current=lambda: self.advisor.advice, token=self.token,
-                          max_body_bytes=self.max_body_bytes)
+        if self._api is None:
+            self._api = AdvisorApi(evaluate=self.evaluate, what_if=self.what_if,
+                                   current=lambda: self.advisor.advice, token=self.token,
+                                   max_body_bytes=self.max_body_bytes)
+        return self._api
 
     def families(self, snapshot: FleetSnapshot) -> list[Family]:
         advice = self.advisor.advice or {}
@@ -154,6 +159,10 @@ class AdvisorService:
                    "Webhook delivery attempts by receiver and result (delivered, retry, rejected, "
                    "expired).",
                    [((("receiver", r), ("result", res)), float(n)) for (r, res), n in results]),
+            Family("gpufleet_advisor_alertmanager_notifications_total", "counter",
+                   "Alertmanager webhook notifications received at /v1/alerts, by result "
+                   "(accepted, duplicate, invalid, unauthorized).",
+                   [((("result", r),), float(n)) for r, n in sorted(self.api().notifications.items())]),
             Family("gpufleet_advisor_outbox_pending", "gauge",
                    "Plan deliveries waiting in the durable outbox.",
                    [((), float(self.deliverer.outbox.pending_count()))]),
@@ -168,7 +177,16 @@ class AdvisorService:
         self.deliverer.outbox.close()
 
 
-def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: Planner,
+def plan_settings(config: AdvisorConfig) -> PlanSettings:
+    return PlanSettings(
+        max_migrations=config.max_migrations, max_per_node=config.max_migrations_per_node,
+        max_per_namespace=config.max_migrations_per_namespace,
+        move_high_priority=config.move_high_priority, high_priority=config.high_priority,
+        min_runtime_seconds=config.min_runtime, ttl_seconds=config.plan_ttl,
+    )
+
+
+def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: Planner | None = None,
                   environ=os.environ) -> AdvisorService:
     token = load_token(config, environ)
     if token is None:
@@ -181,6 +199,8 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: Planne
         raise ConfigError(f"advisor.outbox: cannot open {config.outbox}: {exc}") from None
     deliverer = Deliverer(outbox, receivers, base_delay=config.retry_initial,
                           max_delay=config.retry_max)
+    if planner is None:
+        planner = functools.partial(plan_compaction, settings=plan_settings(config))
     advisor = Advisor(planner, decision_settings(config))
     return AdvisorService(advisor, analyzer, deliverer, token, config.max_body_bytes)
 

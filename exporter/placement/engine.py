@@ -179,11 +179,13 @@ class Placer:
 
     # -- placing ----------------------------------------------------------------
 
-    def place(self, task: Task, policy: str, rng: np.random.Generator | None = None) -> Placement | None:
+    def place(self, task: Task, policy: str, rng: np.random.Generator | None = None,
+              exclude: Sequence[int] = ()) -> Placement | None:
         """The node and GPUs ``policy`` picks for ``task``, or None when it fits nowhere.
 
         Nothing changes until :meth:`apply`. ``rng`` drives ``random`` (and is
-        required for it); every other policy is deterministic.
+        required for it); every other policy is deterministic. ``exclude`` lists
+        node indices the task must not go to (the advisor moving a job *off* a node).
         """
         if policy not in POLICIES:
             raise ValueError(f"unknown placement policy {policy!r}; one of {', '.join(POLICIES)}")
@@ -213,7 +215,10 @@ class Placer:
             entry.tight[dirty] = choice.tight
             entry.slot[dirty] = choice.slot
             entry.seen[dirty] = now[dirty]
-        pick = select(entry.key, entry.tight, policies.TIE[scoring], rng if policy == "random" else None)
+        keys = entry.key
+        if len(exclude):
+            keys = np.where(np.isin(nodes, np.asarray(exclude, dtype=np.intp)), np.inf, keys)
+        pick = select(keys, entry.tight, policies.TIE[scoring], rng if policy == "random" else None)
         if pick is None:
             return None
         node = int(nodes[pick])
