@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,7 @@ class AdvisorService:
     snapshot: FleetSnapshot | None = None
     report: Report | None = None
     evaluations: int = 0
+    evaluations_by_trigger: Counter = field(default_factory=Counter)  # snapshot | alertmanager
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _api: AdvisorApi | None = None
 
@@ -109,6 +111,7 @@ class AdvisorService:
             snapshot, report = self.snapshot, self.report
             advice = await asyncio.to_thread(self.advisor.observe, snapshot, report, reason)
             self.evaluations += 1
+            self.evaluations_by_trigger[reason.split(":")[0]] += 1
             plan = advice.get("plan")
             if advice["decision"] == "compact" and plan is not None:
                 body = json.dumps(plan, sort_keys=True).encode()
@@ -159,6 +162,9 @@ class AdvisorService:
                    "Webhook delivery attempts by receiver and result (delivered, retry, rejected, "
                    "expired).",
                    [((("receiver", r), ("result", res)), float(n)) for (r, res), n in results]),
+            Family("gpufleet_advisor_evaluations_total", "counter",
+                   "Advisor evaluations by what triggered them (snapshot, alertmanager).",
+                   [((("trigger", t),), float(n)) for t, n in sorted(self.evaluations_by_trigger.items())]),
             Family("gpufleet_advisor_alertmanager_notifications_total", "counter",
                    "Alertmanager webhook notifications received at /v1/alerts, by result "
                    "(accepted, duplicate, invalid, unauthorized).",
