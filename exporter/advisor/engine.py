@@ -133,7 +133,7 @@ class Advisor:
         scope = "cluster" if "cluster" in due else max(due, key=lambda k: self.scopes[k].index)
         st = self.scopes[scope]
         why_due = (f"{_scope_name(scope)} index {st.index:.0f} > {s.trigger:g} for "
-                   f"{_minutes(now - (st.above_since or now))}")
+                   f"{_minutes(now - (now if st.above_since is None else st.above_since))}")
         if self.last_plan_at is not None and now - self.last_plan_at < s.cooldown_seconds:
             until = self.last_plan_at + s.cooldown_seconds
             return {**base, "decision": "cooldown", "scope": scope, "plan": None,
