@@ -114,7 +114,7 @@ def test_a_pool_can_trigger_on_its_own():
 
 
 def test_what_if_changes_no_state():
-    advisor, clock = make()
+    advisor, _clock = make()
     result = advisor.what_if(FleetSnapshot(0), report(70))
     assert result["decision"] == "compact" and result["what_if"] is True
     assert advisor.scopes == {} and advisor.last_plan_at is None and advisor.advice is None
