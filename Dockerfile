@@ -10,9 +10,12 @@ COPY pyproject.toml README.md ./
 COPY exporter ./exporter
 # The same `pip install .` that `make run` and `make test` run.
 RUN pip install --no-cache-dir . \
-    && useradd --system --uid 10001 --no-create-home gpufleet
+    && useradd --system --uid 10001 --no-create-home gpufleet \
+    && mkdir -p /var/lib/gpufleet && chown 10001 /var/lib/gpufleet
 
 USER 10001
+# the advisor's durable outbox (gpufleet-outbox.sqlite) lives here: mount a volume
+WORKDIR /var/lib/gpufleet
 EXPOSE 9874
 HEALTHCHECK --interval=30s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:9874/-/healthy', timeout=2).status == 200 else 1)"]

@@ -8,7 +8,7 @@ SRC    := pyproject.toml $(shell find exporter -name '*.py' -o -name '*.yaml' 2>
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT    := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
 
-.PHONY: run test lint system-deps slurm-deps bench-deps generate clean
+.PHONY: run test lint system-deps slurm-deps bench-deps generate generate-rules clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,16 +42,31 @@ slurm-deps:
 	fi
 
 test: $(VENV)/.installed-test system-deps slurm-deps
-	$(BIN)/ruff check exporter tests bench
+	$(BIN)/ruff check exporter tests bench deploy
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check exporter tests bench
+	$(BIN)/ruff check exporter tests bench deploy
 	$(BIN)/hadolint Dockerfile
 
 # wrk is the separate load-generator process bench/scrape.py drives.
 bench-deps: $(VENV)/.installed-test
 	@command -v wrk >/dev/null || { $(APT) update -q && $(APT) install -y -q wrk; }
+
+# Regenerate every committed generated file; tests fail when one drifts from its source.
+generate: generate-rules
+
+# rules/*.yaml from rules/thresholds.yaml (tests/test_alerting_rules.py checks the drift).
+generate-rules: $(VENV)/.installed-run
+	$(BIN)/gpufleet rules
+	$(BIN)/gpufleet rules --format prometheusrule
+
+# dashboards/*.json from the dashboard code and rules/thresholds.yaml (tests/test_dashboards.py
+# checks the drift). Runs after generate-rules: the dashboards read the same table.
+.PHONY: generate-dashboards
+generate: generate-dashboards
+generate-dashboards: $(VENV)/.installed-run generate-rules
+	$(BIN)/gpufleet dashboards
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -21,6 +21,9 @@ log = logging.getLogger("gpufleet")
 # name -> (module, one-line help). Modules are imported when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("exporter.serve_cmd", "Serve /metrics for the fleet (simulated by default)."),
+    "analyze": ("exporter.analyze_cmd", "Measure fragmentation of a snapshot or the openb trace."),
+    "rules": ("exporter.rules_cmd", "Generate Prometheus rules from rules/thresholds.yaml."),
+    "dashboards": ("exporter.dashboards_cmd", "Generate the Grafana dashboards into dashboards/."),
 }
 
 

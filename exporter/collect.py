@@ -33,6 +33,8 @@ class Collector:
     clock: Clock = time.time
     _last_good: dict[str, FleetSnapshot] = dataclasses.field(default_factory=dict)
     _last_success: dict[str, float] = dataclasses.field(default_factory=dict)
+    # last parse-error count per source, so the counter does not drop to 0 while a read fails
+    _parse_errors: dict[str, int] = dataclasses.field(default_factory=dict)
     _last_unmatched: tuple[tuple[str, int], ...] = ()
 
     async def collect(self) -> FleetSnapshot:
@@ -74,6 +76,7 @@ class Collector:
             self._last_good[source.name] = reading
             self._last_success[source.name] = now
             own = [s for s in reading.sources if s.source == source.name and not s.target]
+            self._parse_errors[source.name] = own[0].parse_errors if own else 0
             status = SourceStatus(
                 source.name,
                 up=own[0].up if own else True,
@@ -89,6 +92,7 @@ class Collector:
             duration_seconds=duration,
             last_success_time=self._last_success.get(source.name),
             error=error,
+            parse_errors=self._parse_errors.get(source.name, 0),
         )
         last = self._last_good.get(source.name)
         if last is None:

@@ -181,12 +181,150 @@ class PrometheusSource:
 
 
 @dataclass(frozen=True)
+class NvmlSource:
+    enabled: bool = _opt(False, help="Read this machine's GPUs through NVML (libnvidia-ml).")
+    call_timeout: Duration = _opt(
+        Duration(2), help="Longest one GPU's NVML reads may take; past it the GPU's last good "
+        "sample is served, marked stale.", exclusive_min=0,
+    )
+    node: str = _opt("", help="Node name of this machine; empty: the host name.")
+    pool: str = _opt("", help="Pool (Slurm partition or node pool) of this machine's GPUs.")
+
+
+@dataclass(frozen=True)
+class DcgmSource:
+    enabled: bool = _opt(False, help="Scrape dcgm-exporter endpoints across the cluster.")
+    targets: tuple[str, ...] = _opt(
+        (), help="dcgm-exporter endpoints, host:port or http://host:port/metrics."
+    )
+    targets_file: str = _opt(
+        "", help="Prometheus file_sd-style JSON or YAML file of targets (labels.pool sets the "
+        "pool), re-read when it changes.",
+    )
+    timeout: Duration = _opt(
+        Duration(3), help="Per-target scrape timeout; keep it below source_timeout.",
+        exclusive_min=0,
+    )
+    pool: str = _opt("", help="Pool of targets that name none.")
+    max_concurrency: int = _opt(64, help="Targets scraped at once.", min=1)
+    stale_for: Duration = _opt(
+        Duration(300), help="How long a down target's last reading is served, marked stale.",
+        min=0,
+    )
+
+
+@dataclass(frozen=True)
 class SourcesConfig:
     sim: SimSource = _opt(help="The simulated fleet.", factory=SimSource)
+    nvml: NvmlSource = _opt(help="GPUs of this machine, through NVML.", factory=NvmlSource)
+    dcgm: DcgmSource = _opt(help="dcgm-exporter endpoints.", factory=DcgmSource)
     slurm: SlurmSource = _opt(help="Slurm: inventory, allocations, demand.", factory=SlurmSource)
     prometheus: PrometheusSource = _opt(
         help="A Prometheus that scrapes the fleet's exporters.", factory=PrometheusSource
     )
+
+
+ANALYSIS_WORKLOADS = ("window", "trace", "shapes")
+
+
+@dataclass(frozen=True)
+class ShapeConfig:
+    cpus: float = _opt(0.0, help="CPU cores the task asks for on one node.", min=0)
+    gpus: int = _opt(1, help="GPUs it asks for on one node; 0 is a CPU-only task.", min=0, max=64)
+    gpu_share: float = _opt(
+        1.0, help="Share of each of those GPUs: 1.0 a whole GPU, 0.5 half of one.", min=0, max=1
+    )
+    models: tuple[str, ...] = _opt((), help="GPU models (catalogue names) it may use; empty: any.")
+    weight: float = _opt(1.0, help="How often it occurs; weights are renormalised.", min=0)
+
+
+@dataclass(frozen=True)
+class TierPenaltyConfig:
+    penalty: float = _opt(30.0, help="Index points added per inverted pair of tiers.", min=0)
+    idle_at_most: float = _opt(
+        0.0, help="The higher tier counts as idle at or below this allocated share.", min=0, max=1
+    )
+    busy_above: float = _opt(
+        0.5, help="The lower tier counts as busy above this allocated share.", min=0, max=1
+    )
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    enabled: bool = _opt(True, help="Export the fragmentation analysis with every snapshot.")
+    workload: str = _opt(
+        "window", help="Target workload: shapes of live allocations over a window of snapshots, "
+        "an openb pod trace, or the shapes listed here.", choices=ANALYSIS_WORKLOADS,
+    )
+    window_snapshots: int = _opt(60, help="Snapshots the live workload window spans.", min=1)
+    trace: str = _opt("", help="openb pod CSV defining the workload (workload: trace).")
+    shapes: tuple[ShapeConfig, ...] = _opt((), help="Task shapes (workload: shapes).")
+    coverage: float = _opt(
+        0.95, help="Keep the most common shapes until they cover this share of tasks.",
+        exclusive_min=0, max=1,
+    )
+    include_cpu_only: bool = _opt(True, help="Count CPU-only tasks in the target workload.")
+    slack_nodes: float = _opt(
+        1.0, help="Slack S of the index, in GPUs of the widest node in the pool.", min=0
+    )
+    tier_penalty: TierPenaltyConfig = _opt(
+        help="Penalty when a higher GPU tier idles while a lower one is busy.",
+        factory=TierPenaltyConfig,
+    )
+    compaction_threshold: float = _opt(
+        50.0, help="Compaction is due when the cluster index exceeds this.", min=0, max=100
+    )
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    name: str = _opt(help="Receiver name, used in metrics and the outbox.")
+    url: str = _opt(help="URL the plan is POSTed to.")
+    secret_file: str = _opt("", help="File holding the HMAC secret (else secret_env).")
+    secret_env: str = _opt("GPUFLEET_WEBHOOK_SECRET",
+                           help="Environment variable holding the HMAC secret.")
+    timeout: Duration = _opt(Duration(10), help="Per-request timeout.", exclusive_min=0)
+
+
+@dataclass(frozen=True)
+class AdvisorConfig:
+    enabled: bool = _opt(True, help="Run the rebalancing advisor (needs analysis.enabled).")
+    token_file: str = _opt("", help="File holding the bearer token for POSTs; the "
+                           "GPUFLEET_ADVISOR_TOKEN environment variable wins when set.")
+    max_body_bytes: int = _opt(16 * 1024 * 1024, help="Largest POST body accepted.", min=1024)
+    outbox: str = _opt("gpufleet-outbox.sqlite", help="SQLite file of pending webhook deliveries.")
+    receivers: tuple[ReceiverConfig, ...] = _opt((), help="Schedulers the plans are POSTed to.")
+    retry_initial: Duration = _opt(Duration(1), help="First retry delay.", exclusive_min=0)
+    retry_max: Duration = _opt(Duration(300), help="Longest retry delay.", exclusive_min=0)
+    trigger: float = _opt(50.0, help="Index above which compaction is considered.", min=0, max=100)
+    clear_below: float = _opt(40.0, help="Index below which the recommendation clears.",
+                              min=0, max=100)
+    dwell: Duration = _opt(Duration(600), help="How long the index must stay above trigger.", min=0)
+    cooldown: Duration = _opt(Duration(1800), help="Least time between two plans.", min=0)
+    plan_ttl: Duration = _opt(Duration(900), help="How long a plan stays valid.", exclusive_min=0)
+    min_recovered_per_migration: float = _opt(
+        0.5, help="Gate: fragmented GPUs a plan must recover per migration.", min=0)
+    min_nodes_freed_per_migration: float = _opt(
+        0.0, help="Gate: whole nodes a plan must free per migration.", min=0)
+    max_migrations: int = _opt(10, help="Budget: migrations per plan.", min=1)
+    max_migrations_per_node: int = _opt(4, help="Budget: migrations off one node per plan.", min=1)
+    max_migrations_per_namespace: int = _opt(5, help="Budget: migrations of one namespace per plan.",
+                                             min=1)
+    move_high_priority: bool = _opt(False, help="Allow moving high-priority jobs.")
+    high_priority: int = _opt(1000, help="Jobs at or above this priority are high-priority.")
+    min_runtime: Duration = _opt(Duration(1800), help="Jobs younger than this are not disturbed yet.",
+                                 min=0)
+    checkpoint_interval: Duration = _opt(Duration(900),
+                                         help="How often jobs checkpoint, for the cost of a move.",
+                                         exclusive_min=0)
+
+    def check(self, prefix: str) -> None:
+        if self.clear_below >= self.trigger:
+            raise ConfigError(f"{prefix}.clear_below: must be below {prefix}.trigger "
+                              f"({self.clear_below:g} >= {self.trigger:g})")
+        names = [r.name for r in self.receivers]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{prefix}.receivers: names must be unique")
 
 
 @dataclass(frozen=True)
@@ -202,6 +340,8 @@ class Config:
     gzip_level: int = _opt(5, help="gzip level for the pre-compressed /metrics body.", min=1, max=9)
     log: LogConfig = _opt(help="Logging.", factory=LogConfig)
     sources: SourcesConfig = _opt(help="Sources and their options.", factory=SourcesConfig)
+    analysis: AnalysisConfig = _opt(help="Fragmentation analysis.", factory=AnalysisConfig)
+    advisor: AdvisorConfig = _opt(help="Rebalancing advisor.", factory=AdvisorConfig)
 
 
 def _type_name(tp: Any) -> str:
@@ -291,7 +431,11 @@ def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
             kwargs[name] = _convert(hints[name], data[name], key, dict(f.metadata))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{key}: required")
-    return cls(**kwargs)
+    built = cls(**kwargs)
+    check = getattr(built, "check", None)  # rules between fields, e.g. clear_below < trigger
+    if check is not None:
+        check(prefix)
+    return built
 
 
 def load(path: str | Path | None) -> Config:

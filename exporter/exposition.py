@@ -86,6 +86,10 @@ GPU_FAMILIES: tuple[GpuFamilySpec, ...] = (
     GpuFamilySpec("gpufleet_gpu_nvlink_capacity_bytes_per_second", "gauge",
                   "NVLink bandwidth of the GPU, both directions together, from the GPU catalogue.",
                   lambda g: g.nvlink_capacity_bytes_per_second),
+    GpuFamilySpec("gpufleet_gpu_dcgm_nvlink_bandwidth_raw", "gauge",
+                  "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as reported: a rate of uncertain unit "
+                  "(see docs/sources.md); dcgm source only.",
+                  lambda g: g.dcgm_nvlink_bandwidth_raw),
 )
 
 IDENTITY = ("gpu", "model", "node", "pool", "uuid")

@@ -13,7 +13,7 @@ from aiohttp import web
 from exporter import logs
 from exporter.collect import Collector
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
-from exporter.server import make_app, parse_listen
+from exporter.server import ServingState, make_app, parse_listen
 from exporter.sources import FACTORIES, SourceStartupError, build_source
 
 log = logging.getLogger("gpufleet")
@@ -82,7 +82,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufleet: {exc}", file=sys.stderr)
         return 2
     collector = Collector(sources, config.source_timeout)
-    app = make_app(config, collector)
+    state = ServingState()
+    advisor = None
+    if config.analysis.enabled:
+        from exporter.analysis.families import LiveAnalyzer
+
+        analyzer = LiveAnalyzer.from_config(config.analysis)
+        state.family_providers.append(analyzer.families)
+        if config.advisor.enabled:
+            from exporter.advisor.service import build_service
+
+            advisor = build_service(config.advisor, analyzer)
+            state.snapshot_listeners.append(advisor.on_snapshot)
+            state.family_providers.append(advisor.families)
+    elif config.advisor.enabled:
+        log.warning("advisor disabled: it needs analysis.enabled")
+    app = make_app(config, collector, state)
+    if advisor is not None:
+        from exporter.advisor.service import install
+
+        install(app, advisor)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     try:
         sock = socket.create_server((host, port), reuse_port=False)

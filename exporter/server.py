@@ -38,6 +38,8 @@ class ServingState:
     snapshot_json: bytes | None = None
     collections: int = 0
     family_providers: list[FamilyProvider] = field(default_factory=list)
+    # called in order with each new snapshot before it is rendered; may return a coroutine
+    # (run CPU-heavy work with asyncio.to_thread: listeners run on the event loop)
     snapshot_listeners: list[Callable[[FleetSnapshot], object]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -58,8 +60,20 @@ def _render_all(snapshot: FleetSnapshot, state: ServingState, labels: LabelCache
 
 
 async def collect_once(app: web.Application, labels: LabelCache) -> None:
+    """Collect, let the listeners (analyzer, advisor) see the snapshot, then render it.
+
+    Listeners run before rendering so that what they conclude about this
+    snapshot is exported with it, not one collection late.
+    """
     state, collector, config = app[STATE], app[COLLECTOR], app[CONFIG]
     snapshot = await collector.collect()
+    for listener in state.snapshot_listeners:
+        try:
+            result = listener(snapshot)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:  # one broken listener must not stop the exposition
+            log.exception("snapshot listener failed")
     loop = asyncio.get_running_loop()
     rendered = await loop.run_in_executor(
         None, _render_all, snapshot, state, labels, config.gzip_level
@@ -67,13 +81,6 @@ async def collect_once(app: web.Application, labels: LabelCache) -> None:
     state.current = rendered
     state.snapshot_json = None
     state.collections += 1
-    for listener in state.snapshot_listeners:
-        try:
-            result = listener(snapshot)
-            if asyncio.iscoroutine(result):
-                await result
-        except Exception:
-            log.exception("snapshot listener failed")
     state.ready.set()
     log.debug("collected", extra={"gpus": len(snapshot.gpus), "series": rendered.series,
                                   "render_seconds": round(rendered.render_seconds, 4)})

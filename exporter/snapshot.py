@@ -56,6 +56,8 @@ class Gpu:
     stale: bool = False  # True: values are the last good sample, not a fresh one
     mig: tuple[MigInstance, ...] = ()
     pci_bus_id: str | None = None
+    # DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as dcgm-exporter reports it (a rate of uncertain unit)
+    dcgm_nvlink_bandwidth_raw: float | None = None
 
     @property
     def key(self) -> tuple[str, int]:

@@ -128,3 +128,14 @@ def test_port_in_use_is_a_one_line_error(tmp_path):
     assert result.returncode == 1
     assert "cannot listen on" in result.stderr and "--listen" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_compaction_threshold_defaults_agree_with_the_threshold_table():
+    """The table is the source of truth; the analyzer's and advisor's defaults must not drift from it."""
+    from exporter.alerting.thresholds import load_thresholds
+
+    table = load_thresholds(REPO / "rules" / "thresholds.yaml")
+    threshold = table.alert("GpuClusterFragmentationHigh").threshold("warning")
+    config = Config()
+    assert config.analysis.compaction_threshold == threshold == 50
+    assert config.advisor.trigger == threshold

@@ -41,6 +41,8 @@ Clock = Callable[[], float]
 # so a missing optional dependency of one source cannot break the others.
 FACTORIES: dict[str, str] = {
     "sim": "exporter.sources.sim",
+    "nvml": "exporter.sources.nvml",
+    "dcgm": "exporter.sources.dcgm",
     "slurm": "exporter.sources.slurm",
     "prometheus": "exporter.sources.prometheus",
 }

@@ -353,15 +353,18 @@ class Simulation:
         self.jobs[job.id] = job
 
     def _fragment_pool(self, pool: str) -> None:
-        """Scatter single-GPU jobs so every node keeps idle GPUs but none is whole.
+        """Scatter single-GPU jobs and time-sliced slices so every node keeps idle GPU
+        shares but no GPU is whole.
 
-        This is what first-fit with departures converges to on a busy pool: half
-        the GPUs idle, yet no 8-GPU job can start.
+        This is what first-fit with departures converges to on a busy pool running
+        shared inference: idle capacity on every node, yet no whole-GPU job, let
+        alone an 8-GPU one, can start.
         """
         if pool not in self.fleet.pools:
             raise ValueError(f"scenario names pool {pool!r}, which the simulated fleet lacks")
         pool_index = self.fleet.pools.index(pool)
         kind = next(k for k in JOB_KINDS if k.name == "infer")
+        slices = next(k for k in JOB_KINDS if k.name == "slice")
         for node_index in range(len(self.fleet.nodes)):
             if self.fleet.node_pool[node_index] != pool_index:
                 continue
@@ -371,13 +374,27 @@ class Simulation:
                     job = self.jobs.get(job_id)
                     if job is not None and not job.pinned:  # other scenarios' jobs stay
                         self._finish(job)
-            busy = self.rng.choice(gpus, size=int(self.rng.integers(3, 6)), replace=False)
+            busy = self.rng.choice(gpus, size=int(self.rng.integers(5, 8)), replace=False)
             for g in sorted(int(x) for x in busy):
                 if self.fleet.free[g] < 1.0:
                     continue
                 job = SimJob(f"scatter-{self._next_job:06d}", kind, [(node_index, [g], 1.0, 8.0)],
                              self.now, math.inf, float(self.rng.uniform(0.3, 0.8)),
                              float(self.rng.uniform(20, 60)) * GB, 0.0, pinned=True)
+                self._next_job += 1
+                self._apply(job, +1)
+                self.jobs[job.id] = job
+            # A time-sliced inference slice on every other GPU, so no GPU stays whole either:
+            # with whole-GPU jobs the bulk of the workload, those idle shares are fragments
+            # (FGD), which is what pushes the pool's fragmentation index above 50.
+            for g in sorted(set(int(x) for x in gpus) - set(int(x) for x in busy)):
+                if self.fleet.free[g] < 1.0:
+                    continue
+                share = float(self.rng.choice(slices.share))
+                job = SimJob(f"scatter-{self._next_job:06d}", slices,
+                             [(node_index, [g], share, 4.0)],
+                             self.now, math.inf, float(self.rng.uniform(0.2, 0.6)),
+                             float(self.rng.uniform(5, 18)) * GB, 0.0, pinned=True)
                 self._next_job += 1
                 self._apply(job, +1)
                 self.jobs[job.id] = job

@@ -1,0 +1,159 @@
+"""Check the NVML source on a machine with real GPUs: every metric, the cost, the failures.
+
+Runs from a fresh checkout with nothing but nvidia-ml-py installed (or from
+the repo's venv)::
+
+    pip install nvidia-ml-py && python bench/nvml_check.py          # 30 s
+    python bench/nvml_check.py --seconds 10 --interval 0.5
+
+It starts the NVML source exactly as ``gpufleet serve --source nvml`` does,
+collects every ``--interval`` seconds for ``--seconds``, then prints for each
+GPU every value in base units (and its MIG instances), the cost per collection
+(wall time of a whole collection and per-GPU NVML time), and every call that
+failed with its error and how often. On a machine without a GPU it says so on
+one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, TextIO
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from exporter.snapshot import Gpu
+from exporter.sources import SourceStartupError
+from exporter.sources.gpu_models import ModelResolver, unknown_model
+from exporter.sources.nvml import NvmlGpuSource
+
+METRICS = (  # (Gpu field, unit) in the order printed
+    ("utilization_ratio", "ratio"),
+    ("memory_used_bytes", "B"),
+    ("memory_total_bytes", "B"),
+    ("temperature_celsius", "°C"),
+    ("power_watts", "W"),
+    ("power_limit_watts", "W"),
+    ("energy_joules", "J"),
+    ("nvlink_transmit_bytes", "B"),
+    ("nvlink_receive_bytes", "B"),
+    ("nvlink_capacity_bytes_per_second", "B/s"),
+)
+
+
+def _resolver() -> ModelResolver:
+    try:
+        from exporter.sources.gpu_models import catalogue_resolver
+
+        return catalogue_resolver()
+    except ImportError:  # no PyYAML: report NVML's product names as they are
+        return unknown_model
+
+
+def _ms(seconds: list[float]) -> str:
+    if not seconds:
+        return "n/a"
+    ordered = sorted(seconds)
+    p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    return (f"min {ordered[0] * 1e3:.2f} ms, median {statistics.median(ordered) * 1e3:.2f} ms, "
+            f"p95 {p95 * 1e3:.2f} ms, max {ordered[-1] * 1e3:.2f} ms")
+
+
+async def _collect(source: NvmlGpuSource, seconds: float, interval: float) -> dict[str, Any]:
+    walls: list[float] = []
+    per_gpu: dict[int, list[float]] = {}
+    failures: Counter[tuple[int, str, str]] = Counter()
+    stale: Counter[int] = Counter()
+    last: tuple[Gpu, ...] = ()
+    deadline = time.monotonic() + seconds
+    while True:
+        started = time.perf_counter()
+        snapshot = await source.read()
+        walls.append(time.perf_counter() - started)
+        last = snapshot.gpus
+        for gpu in snapshot.gpus:
+            if gpu.stale:
+                stale[gpu.index] += 1
+        for index, reading in source.last_readings.items():
+            per_gpu.setdefault(index, []).append(reading.seconds)
+            for error in reading.errors:
+                failures[(error.gpu, error.call, error.error)] += 1
+        source.last_readings.clear()
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
+    await source.close()
+    return {"walls": walls, "per_gpu": per_gpu, "failures": failures, "stale": stale, "last": last}
+
+
+def run(nvml: Any, seconds: float = 30.0, interval: float = 1.0, call_timeout: float = 2.0,
+        out: TextIO = sys.stdout) -> int:
+    source = NvmlGpuSource(nvml=nvml, node=socket.gethostname(), call_timeout=call_timeout,
+                           resolve_model=_resolver())
+    try:
+        source.start()
+    except SourceStartupError as exc:
+        print(f"nvml_check: {exc}", file=sys.stderr)
+        return 2
+    print(f"NVML: driver {source.driver_version}, {len(source.devices)} GPU(s)", file=out)
+    for device in source.devices:
+        print(f"  gpu {device.index}: {device.product or '?'} ({device.info.model}) "
+              f"uuid {device.uuid or '?'} pci {device.pci_bus_id or '?'} "
+              f"nvlink links {len(device.nvlink_links)}", file=out)
+    print(f"collecting every {interval:g}s for {seconds:g}s ...", file=out, flush=True)
+    result = asyncio.run(_collect(source, seconds, interval))
+
+    print("\nlast values (base units; '-' = absent):", file=out)
+    for gpu in result["last"]:
+        flags = f"up {int(gpu.up)} stale {int(gpu.stale)}"
+        print(f"  gpu {gpu.index} {gpu.model} [{flags}]", file=out)
+        for name, unit in METRICS:
+            value = getattr(gpu, name)
+            shown = "-" if value is None else f"{value:.12g} {unit}"
+            print(f"    {name:34s} {shown}", file=out)
+        for inst in gpu.mig:
+            print(f"    mig {inst.instance_id} {inst.profile}: memory used "
+                  f"{inst.memory_used_bytes} B of {inst.memory_total_bytes} B", file=out)
+
+    walls = result["walls"]
+    print(f"\ncost per collection ({len(walls)} collections, all GPUs): {_ms(walls)}", file=out)
+    for index, costs in sorted(result["per_gpu"].items()):
+        print(f"  gpu {index} NVML calls: {_ms(costs)}", file=out)
+    for index, count in sorted(result["stale"].items()):
+        print(f"  gpu {index}: stale (a call exceeded {call_timeout:g}s) in {count} "
+              "collection(s)", file=out)
+
+    failures = result["failures"]
+    if failures:
+        print("\nfailed calls:", file=out)
+        for (gpu, call, error), count in sorted(failures.items()):
+            print(f"  gpu {gpu} {call}: {error} (in {count} of {len(walls)} collections)",
+                  file=out)
+    else:
+        print("\nfailed calls: none", file=out)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0, help="how long to collect")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between collections")
+    parser.add_argument("--timeout", type=float, default=2.0, help="per-GPU NVML call timeout")
+    args = parser.parse_args()
+    try:
+        import pynvml
+    except ImportError:
+        print("nvml_check: nvidia-ml-py is not installed: pip install nvidia-ml-py",
+              file=sys.stderr)
+        return 2
+    return run(pynvml, args.seconds, args.interval, args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Scrape cost of gpufleet against (a) a naive exporter and (b) the limit, at 1k/10k/100k GPUs.
+
+For each fleet size it prints the series count, the render time per snapshot
+(text, and text plus gzip), and, measured by wrk (a separate load-generator
+process) with 1 client (how Prometheus scrapes) and with 20 concurrent clients:
+scrape latency p50/p99 and scrapes per second, for
+
+- gpufleet: the real ``gpufleet serve`` process, serving its cached bytes;
+- (a) naive: prometheus-client's ``generate_latest`` over an equivalent Gauge
+  registry, rendered per scrape (``prometheus_client.aiohttp`` handler);
+- (b) bare: an aiohttp handler returning the same cached bytes, nothing else.
+
+All requests send ``Accept-Encoding: gzip``, as Prometheus does. Targets at 10k
+GPUs: latency at least 50x lower than (a); within 1.5x of (b) in p50 and in
+scrapes per second.
+
+Usage: ``make bench-deps && .venv/bin/python bench/scrape.py [--sizes 1,10,100] [--seconds 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait(url: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(url)
+
+
+def serve_bare(port: int, text_path: str, gzip_path: str) -> None:
+    """(b): the fastest an aiohttp exporter can be — the same cached bytes, no logic."""
+    from aiohttp import web
+
+    text = Path(text_path).read_bytes()
+    gzipped = Path(gzip_path).read_bytes()
+    headers = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+
+    async def metrics(request: web.Request) -> web.Response:
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            return web.Response(body=gzipped, headers={**headers, "Content-Encoding": "gzip"})
+        return web.Response(body=text, headers=headers)
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/-/ready", ready)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def serve_naive(port: int, text_path: str) -> None:
+    """(a): what most exporters do — a Gauge registry rendered by generate_latest per scrape."""
+    from aiohttp import web
+    from prometheus_client import CollectorRegistry, Gauge
+    from prometheus_client.aiohttp import make_aiohttp_handler
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry(auto_describe=False)
+    for family in text_string_to_metric_families(Path(text_path).read_text()):
+        samples = family.samples
+        names = sorted({k for s in samples for k in s.labels})
+        name = samples[0].name if samples else family.name
+        gauge = Gauge(name, family.documentation or "help", names, registry=registry)
+        for sample in samples:
+            values = [sample.labels.get(k, "") for k in names]
+            (gauge.labels(*values) if names else gauge).set(sample.value)
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/metrics", make_aiohttp_handler(registry))
+    app.router.add_get("/-/ready", ready)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+
+
+def _ms(text: str) -> float:
+    match = re.match(r"([\d.]+)(us|ms|s|m)", text)
+    assert match, text
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def wrk(url: str, clients: int, seconds: float) -> dict[str, float]:
+    binary = shutil.which("wrk")
+    if binary is None:
+        sys.exit("wrk is not installed: run `make bench-deps`")
+    out = subprocess.run(
+        [binary, "-t", str(min(clients, 2)), "-c", str(clients), "-d", f"{seconds:g}s", "--latency",
+         "--timeout", "60s", "-H", "Accept-Encoding: gzip", url],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
+    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    return {"p50_ms": p50, "p99_ms": p99, "rps": rps, "requests": requests}
+
+
+def render_times(scale: int) -> dict[str, float]:
+    from exporter.config import SimSource
+    from exporter.exposition import LabelCache, render_text
+    from exporter.sources.sim import Simulation
+
+    sim = Simulation(SimSource(scale=scale), start_time=time.time())
+    snapshot = sim.snapshot()
+    labels = LabelCache()
+    render_text(snapshot, labels)  # warm the label cache, as the server's steady state has it
+    runs = 3 if scale < 50 else 1
+    started = time.perf_counter()
+    for _ in range(runs):
+        text = render_text(snapshot, labels)
+    text_s = (time.perf_counter() - started) / runs
+    started = time.perf_counter()
+    for _ in range(runs):
+        gzip.compress(text, compresslevel=5, mtime=0)
+    gzip_s = (time.perf_counter() - started) / runs
+    series = sum(1 for line in text.split(b"\n") if line and not line.startswith(b"#"))
+    return {"gpus": len(snapshot.gpus), "series": series, "text_bytes": len(text),
+            "render_text_s": text_s, "render_gzip_s": text_s + gzip_s}
+
+
+def spawn(cmd: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def measure_size(scale: int, seconds: float, tmp: Path, naive: bool) -> dict:
+    result = {"scale": scale, **render_times(scale)}
+    port = free_port()
+    config = tmp / f"gpufleet-{scale}.yaml"
+    # one collection only: later ones would render in the background and disturb the timing
+    config.write_text(f"collect_interval: 1h\nsources:\n  sim:\n    scale: {scale}\n")
+    procs = [spawn([sys.executable, "-m", "exporter", "serve", "--config", str(config),
+                    "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
+                   tmp / f"gpufleet-{scale}.log")]
+    try:
+        wait(f"http://127.0.0.1:{port}/-/ready")
+        url = f"http://127.0.0.1:{port}/metrics"
+        text_path, gzip_path = tmp / "body.txt", tmp / "body.gz"
+        text_path.write_bytes(urllib.request.urlopen(url, timeout=60).read())
+        request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        gzip_path.write_bytes(urllib.request.urlopen(request, timeout=60).read())
+        result["gzip_bytes"] = gzip_path.stat().st_size
+        servers = {"gpufleet": url}
+        bare_port = free_port()
+        procs.append(spawn([sys.executable, __file__, "--serve-bare", str(bare_port),
+                            str(text_path), str(gzip_path)], tmp / "bare.log"))
+        servers["bare"] = f"http://127.0.0.1:{bare_port}/metrics"
+        if naive:
+            naive_port = free_port()
+            procs.append(spawn([sys.executable, __file__, "--serve-naive", str(naive_port),
+                                str(text_path)], tmp / "naive.log"))
+            servers["naive"] = f"http://127.0.0.1:{naive_port}/metrics"
+        for name, server_url in servers.items():
+            wait(server_url.replace("/metrics", "/-/ready"))
+            for clients in (1, 20):
+                urllib.request.urlopen(server_url, timeout=120).read()  # warm-up
+                # the naive server renders for seconds per scrape: give wrk time for several
+                duration = seconds * (clients if name == "naive" else 1)
+                result[f"{name}_c{clients}"] = wrk(server_url, clients, duration)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:  # the naive server may be mid-render
+                proc.kill()
+                proc.wait()
+    return result
+
+
+def report(results: list[dict]) -> None:
+    print()
+    print("| GPUs | series | text MB | gzip MB | render text ms | render text+gzip ms |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['gpus']:,} | {r['series']:,} | {r['text_bytes'] / 1e6:.1f} | "
+              f"{r['gzip_bytes'] / 1e6:.2f} | {r['render_text_s'] * 1000:.0f} | "
+              f"{r['render_gzip_s'] * 1000:.0f} |")
+    print()
+    print("| GPUs | clients | server | p50 ms | p99 ms | scrapes/s | p50 vs gpufleet "
+          "| scrapes/s vs gpufleet |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    for r in results:
+        for clients in (1, 20):
+            ours = r[f"gpufleet_c{clients}"]
+            for name in ("gpufleet", "bare", "naive"):
+                m = r.get(f"{name}_c{clients}")
+                if m is None:
+                    continue
+                if not m["requests"]:
+                    print(f"| {r['gpus']:,} | {clients} | {name} | no scrape finished | | | | |")
+                    continue
+                print(f"| {r['gpus']:,} | {clients} | {name} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} "
+                      f"| {m['rps']:.1f} | {m['p50_ms'] / ours['p50_ms']:.2f}x | "
+                      f"{m['rps'] / ours['rps']:.2f}x |")
+    print()
+    for r in results:
+        ours, bare = r["gpufleet_c1"], r["bare_c1"]
+        line = (f"{r['gpus']:,} GPUs, 1 client: gpufleet p50 {ours['p50_ms']:.2f} ms is "
+                f"{ours['p50_ms'] / bare['p50_ms']:.2f}x bare (target <= 1.5x), "
+                f"scrapes/s {bare['rps'] / ours['rps']:.2f}x below bare (target <= 1.5x)")
+        if "naive_c1" in r:
+            line += (f"; naive p50 is {r['naive_c1']['p50_ms'] / ours['p50_ms']:.0f}x gpufleet's "
+                     "(target >= 50x)")
+        print(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1,10,100",
+                        help="sim scale factors: 1 = 1,088 GPUs, 10 = 10,880, 100 = 108,800")
+    parser.add_argument("--seconds", type=float, default=5.0, help="wrk duration per measurement")
+    parser.add_argument("--naive-up-to", type=int, default=10,
+                        help="largest scale at which the naive exporter (a) is measured")
+    parser.add_argument("--json", metavar="FILE", help="also write the raw results here")
+    parser.add_argument("--serve-bare", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-naive", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_bare:
+        serve_bare(int(args.serve_bare[0]), args.serve_bare[1], args.serve_bare[2])
+        return
+    if args.serve_naive:
+        serve_naive(int(args.serve_naive[0]), args.serve_naive[1])
+        return
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for scale in (int(s) for s in args.sizes.split(",")):
+            print(f"measuring scale {scale} ...", file=sys.stderr, flush=True)
+            results.append(measure_size(scale, args.seconds, Path(tmp), scale <= args.naive_up_to))
+    report(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,176 @@
+"""When compaction pays: hysteresis, dwell, cooldown and a gain-per-disruption gate.
+
+Every evaluation yields *advice*: a decision with its reasons in words, and a
+plan when one is proposed. Compaction is recommended for a scope (the cluster
+or one pool) once its index has stayed above ``trigger`` for ``dwell``; the
+recommendation clears only when the index falls below ``clear_below``, so an
+index hovering around the trigger doesn't flap. A cooldown separates plans,
+and a plan is proposed only if it recovers enough fragmented GPUs, and frees
+enough whole nodes, per migration: moving jobs costs work, and a plan that
+moves ten jobs to recover one GPU is worse than no plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.advisor.plan import CompactionPlan
+from exporter.analysis.index import Report
+from exporter.snapshot import FleetSnapshot
+
+log = logging.getLogger(__name__)
+
+# (snapshot, report, scope, now) -> plan; scope is "cluster" or "pool:<name>"
+Planner = Callable[[FleetSnapshot, Report, str, float], CompactionPlan]
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionSettings:
+    trigger: float = 50.0
+    clear_below: float = 40.0
+    dwell_seconds: float = 600.0
+    cooldown_seconds: float = 1800.0
+    min_recovered_per_migration: float = 0.5
+    min_nodes_freed_per_migration: float = 0.0
+
+
+@dataclass
+class ScopeState:
+    index: float = 0.0
+    above_since: float | None = None
+    recommended: bool = False
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _scope_name(scope: str) -> str:
+    return "cluster" if scope == "cluster" else f"pool {scope.removeprefix('pool:')}"
+
+
+def scope_indices(report: Report) -> dict[str, float]:
+    indices = {"cluster": report.cluster.index}
+    for pool in report.pools:
+        indices[f"pool:{pool.name}"] = pool.index
+    return indices
+
+
+def gate(plan: CompactionPlan, settings: DecisionSettings) -> str | None:
+    """None when the plan is worth its disruption, else why not."""
+    moves = len(plan.migrations)
+    if moves == 0:
+        return None
+    recovered = plan.fragmented_gpus_recovered / moves
+    freed = sum(plan.nodes_freed.values()) / moves
+    if recovered < settings.min_recovered_per_migration:
+        return (f"plan recovers {plan.fragmented_gpus_recovered:.1f} fragmented GPUs with {moves} "
+                f"migrations ({recovered:.2f} per migration < {settings.min_recovered_per_migration:g})")
+    if freed < settings.min_nodes_freed_per_migration:
+        return (f"plan frees {sum(plan.nodes_freed.values())} whole nodes with {moves} migrations "
+                f"({freed:.2f} per migration < {settings.min_nodes_freed_per_migration:g})")
+    return None
+
+
+def describe_gain(plan: CompactionPlan) -> str:
+    freed = sorted(plan.nodes_freed.items())
+    parts = [f"{n} whole {pool} node{'s' if n != 1 else ''}" for pool, n in freed if n]
+    moves = len(plan.migrations)
+    what = " and ".join(parts) if parts else "no whole node"
+    return (f"plan frees {what} and recovers {plan.fragmented_gpus_recovered:.1f} fragmented GPUs "
+            f"with {moves} migration{'s' if moves != 1 else ''}")
+
+
+@dataclass
+class Advisor:
+    planner: Planner
+    settings: DecisionSettings = field(default_factory=DecisionSettings)
+    clock: Callable[[], float] = time.time
+    scopes: dict[str, ScopeState] = field(default_factory=dict)
+    last_plan_at: float | None = None
+    advice: dict[str, Any] | None = None
+    plan: CompactionPlan | None = None
+
+    def observe(self, snapshot: FleetSnapshot, report: Report, trigger: str = "snapshot") -> dict[str, Any]:
+        """Update the per-scope state with this report and decide. Called on every snapshot."""
+        now = self.clock()
+        s = self.settings
+        for scope, index in scope_indices(report).items():
+            state = self.scopes.setdefault(scope, ScopeState())
+            state.index = index
+            if index > s.trigger:
+                if state.above_since is None:
+                    state.above_since = now
+                if now - state.above_since >= s.dwell_seconds:
+                    state.recommended = True
+            elif index < s.clear_below:
+                state.above_since = None
+                state.recommended = False
+        advice = self._decide(snapshot, report, now, trigger)
+        self.advice = advice
+        return advice
+
+    def _decide(self, snapshot: FleetSnapshot, report: Report, now: float, trigger: str) -> dict[str, Any]:
+        s = self.settings
+        due = [k for k, st in self.scopes.items() if st.recommended]
+        base = {"evaluated_at": now, "snapshot_time": snapshot.taken_at, "trigger": trigger,
+                "scopes": {k: {"index": round(st.index, 2), "recommended": st.recommended,
+                               "above_since": st.above_since} for k, st in sorted(self.scopes.items())}}
+        if not due:
+            reasons = []
+            for scope, st in sorted(self.scopes.items()):
+                if st.above_since is not None:
+                    reasons.append(f"{_scope_name(scope)} index {st.index:.0f} > {s.trigger:g} for "
+                                   f"{_minutes(now - st.above_since)}, dwell is {_minutes(s.dwell_seconds)}")
+            if not reasons:
+                reasons.append(f"cluster index {report.cluster.index:.0f} <= {s.trigger:g}")
+            return {**base, "decision": "none", "reasons": reasons, "plan": None}
+        # the cluster first, else the pool with the highest index
+        scope = "cluster" if "cluster" in due else max(due, key=lambda k: self.scopes[k].index)
+        st = self.scopes[scope]
+        why_due = (f"{_scope_name(scope)} index {st.index:.0f} > {s.trigger:g} for "
+                   f"{_minutes(now - (now if st.above_since is None else st.above_since))}")
+        if self.last_plan_at is not None and now - self.last_plan_at < s.cooldown_seconds:
+            until = self.last_plan_at + s.cooldown_seconds
+            return {**base, "decision": "cooldown", "scope": scope, "plan": None,
+                    "reasons": [why_due, f"last plan {_minutes(now - self.last_plan_at)} ago; "
+                                f"cooldown until {time.strftime('%H:%M:%S', time.gmtime(until))} UTC"]}
+        plan = self.planner(snapshot, report, scope, now)
+        if not plan.migrations:
+            allocated = report.cluster.allocated_ratio * 100
+            return {**base, "decision": "hold", "scope": scope, "plan": None,
+                    "reasons": [why_due, f"index high but nothing worth moving: cluster "
+                                f"{allocated:.0f}% allocated", *plan.reasons]}
+        refused = gate(plan, s)
+        if refused is not None:
+            return {**base, "decision": "hold", "scope": scope, "plan": None,
+                    "reasons": [why_due, refused]}
+        self.last_plan_at = now
+        self.plan = plan
+        reasons = [f"{why_due}; {describe_gain(plan)}", *plan.reasons]
+        plan_json = plan.to_json()
+        plan_json["reasons"] = reasons
+        return {**base, "decision": "compact", "scope": scope, "reasons": reasons, "plan": plan_json}
+
+    def what_if(self, snapshot: FleetSnapshot, report: Report) -> dict[str, Any]:
+        """The plan for this snapshot alone, ignoring dwell and cooldown, changing no state."""
+        now = self.clock()
+        indices = scope_indices(report)
+        above = {k: v for k, v in indices.items() if v > self.settings.trigger}
+        base = {"evaluated_at": now, "snapshot_time": snapshot.taken_at, "what_if": True,
+                "scopes": {k: {"index": round(v, 2)} for k, v in sorted(indices.items())}}
+        if not above:
+            return {**base, "decision": "none", "plan": None,
+                    "reasons": [f"cluster index {report.cluster.index:.0f} <= {self.settings.trigger:g}"]}
+        scope = "cluster" if "cluster" in above else max(above, key=above.__getitem__)
+        plan = self.planner(snapshot, report, scope, now)
+        refused = gate(plan, self.settings) if plan.migrations else "nothing worth moving"
+        decision = "compact" if refused is None else "hold"
+        reasons = [f"{_scope_name(scope)} index {indices[scope]:.0f} > {self.settings.trigger:g}",
+                   describe_gain(plan) if refused is None else refused]
+        return {**base, "decision": decision, "scope": scope, "reasons": reasons,
+                "plan": plan.to_json() if plan.migrations else None}

@@ -1,0 +1,106 @@
+"""The plan format: what the advisor tells a scheduler. Documented in docs/advisor.md.
+
+A plan is plain data. Its id is a content hash of what it asks the scheduler
+to do (the scope and the ordered migrations), so the same plan proposed twice
+has the same id, and the outbox and the receivers' Idempotency-Key handling
+make sure it is acted on once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ACTIONS = ("checkpoint_then_migrate", "migrate", "wait_until")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    job: str
+    namespace: str
+    pod: str
+    source: Endpoint
+    destination: Endpoint
+    action: str  # one of ACTIONS
+    wait_until: float | None  # unix seconds, for action wait_until
+    cost_gpu_seconds: float  # work lost: GPUs x seconds since the last checkpoint
+    gpu_share: float = 1.0
+    cpus: float = 0.0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    index: float
+    fragmented_gpus: float
+
+
+@dataclass(frozen=True, slots=True)
+class TierMisplacement:
+    job: str
+    namespace: str
+    node: str
+    model: str
+    memory_need_gb: float | None
+    suitable_models: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    scope: str  # "cluster" or "pool:<name>"
+    snapshot_time: float
+    expires_at: float
+    decision: str
+    reasons: tuple[str, ...]
+    before: Prediction
+    after: Prediction
+    nodes_freed: dict[str, int] = field(default_factory=dict)
+    migrations: tuple[Migration, ...] = ()
+    tier_misplacements: tuple[TierMisplacement, ...] = ()
+    rejected_moves: int = 0  # candidate moves dropped: no destination, or F(M) would not drop
+
+    @property
+    def plan_id(self) -> str:
+        content = {"scope": self.scope,
+                   "migrations": [_migration_identity(m) for m in self.migrations]}
+        digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+        return f"plan-{digest[:24]}"
+
+    @property
+    def fragmented_gpus_recovered(self) -> float:
+        return max(0.0, self.before.fragmented_gpus - self.after.fragmented_gpus)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["plan_id"] = self.plan_id
+        data["fragmented_gpus_recovered"] = round(self.fragmented_gpus_recovered, 6)
+        data["migrations"] = [
+            {"order": i + 1, **_migration_json(m)} for i, m in enumerate(self.migrations)
+        ]
+        return json.loads(json.dumps(data))  # tuples become lists: exactly what a receiver sees
+
+
+def _migration_identity(m: Migration) -> dict[str, Any]:
+    return {"job": m.job, "from": [m.source.node, list(m.source.gpus)],
+            "to": [m.destination.node, list(m.destination.gpus)], "action": m.action}
+
+
+def _migration_json(m: Migration) -> dict[str, Any]:
+    return {
+        "job": m.job, "namespace": m.namespace, "pod": m.pod,
+        "from": {"node": m.source.node, "gpus": list(m.source.gpus)},
+        "to": {"node": m.destination.node, "gpus": list(m.destination.gpus)},
+        "gpu_share": m.gpu_share, "cpus": m.cpus,
+        "action": m.action, "wait_until": m.wait_until,
+        "cost": {"gpu_seconds_since_checkpoint": round(m.cost_gpu_seconds, 3)},
+        "reason": m.reason,
+    }

@@ -1,0 +1,281 @@
+"""Which jobs move where: compaction plans whose every move has a verified destination.
+
+Starting from the most fragmented nodes of the scope, the planner tries to
+evacuate each one, moving its jobs cheapest first and re-placing every job with
+the placement engine's ``fgd`` policy on another node. Moving one job rarely
+lowers F(M) by itself (a node with 5 free GPUs is as useless to an 8-GPU job as
+one with 6), so an evacuation is judged as a whole: of the jobs moved off a
+node, the longest prefix that lowers the cluster's F(M) the most is kept, and
+the rest go back. A move is only ever kept with its destination found and
+applied on the same working copy of the fleet, so no two moves can count on
+the same free GPU. This is the bar NVIDIA's KAI scheduler holds consolidation
+to: nothing is evicted without a place to go.
+
+Constraints are never broken: a job only goes to a GPU model its memory need
+allows (the reference cluster's tiers) and that its own allowed-model list
+permits; a job that states no memory need stays on its current model;
+multi-node jobs are never moved, so never split; high-priority jobs stay put
+unless configured; budgets cap migrations per plan, per node and per namespace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction, TierMisplacement
+from exporter.analysis.fgd import CompiledWorkload
+from exporter.analysis.index import Report, scorer, totals
+from exporter.analysis.state import FleetState
+from exporter.catalogue import GB
+from exporter.placement.engine import Placement, Placer, Task
+from exporter.placement.tiers import tier_models
+from exporter.snapshot import Allocation, FleetSnapshot
+
+IMPROVEMENT = 1e-6  # GPUs of F(M) a kept evacuation must save, above float noise
+WHOLE_NODE_GPUS = 8  # "whole nodes freed" counts nodes an 8-GPU job could now start on
+PRESSURE = 0.9  # a tier whose pool is this allocated (or has pending demand) is under pressure
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSettings:
+    max_migrations: int = 10
+    max_per_node: int = 4
+    max_per_namespace: int = 5
+    move_high_priority: bool = False
+    high_priority: int = 1000
+    min_runtime_seconds: float = 1800.0
+    ttl_seconds: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One running single-node job the planner may move."""
+
+    alloc: Allocation
+    node: int
+    current: Placement  # where it is now, in placer terms
+    task: Task  # what re-placing it must find, with its allowed models
+    cost: float  # GPU-seconds of work since its last checkpoint
+    age: float
+
+
+def _slots(state: FleetState, node: int, gpus: Sequence[int]) -> tuple[int, ...] | None:
+    row = state.gpu_index[node] if state.gpu_index is not None else np.arange(state.gpu_free.shape[1])
+    found = []
+    for gpu in gpus:
+        where = np.flatnonzero(row == gpu)
+        if len(where) == 0:  # the job sits on a GPU that is down: not ours to move
+            return None
+        found.append(int(where[0]))
+    return tuple(found)
+
+
+def destination_models(alloc: Allocation, current_model: str, fleet_models: Sequence[str]) -> tuple[str, ...]:
+    """The models a job may move to: its tier's (by memory need) within its own allowed list.
+
+    Without a stated memory need nothing says another model is safe, so the job
+    stays on its current one.
+    """
+    if alloc.gpu_memory_need_bytes:
+        return tier_models(alloc.gpu_memory_need_bytes, fleet_models, alloc.allowed_models)
+    if alloc.allowed_models:
+        return tuple(m for m in alloc.allowed_models if m == current_model) or ()
+    return (current_model,)
+
+
+def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
+               settings: PlanSettings) -> dict[int, list[Candidate]]:
+    """Movable jobs per node index, cheapest first."""
+    by_node: dict[int, list[Candidate]] = {}
+    index = {name: i for i, name in enumerate(state.names)}
+    for alloc in snapshot.allocations:
+        if len(alloc.placements) != 1:
+            continue  # multi-node: never split, and not moved whole by this planner
+        if alloc.priority >= settings.high_priority and not settings.move_high_priority:
+            continue
+        part = alloc.placements[0]
+        node = index.get(part.node)
+        if node is None or not part.gpus:
+            continue  # CPU-only jobs fragment no GPU
+        slots = _slots(state, node, part.gpus)
+        if slots is None:
+            continue
+        current_model = state.model_names[int(state.model[node])]
+        models = destination_models(alloc, current_model, state.model_names)
+        if not models:
+            continue
+        started = alloc.start_time if alloc.start_time is not None else now
+        since = alloc.last_checkpoint_time if alloc.last_checkpoint_time is not None else started
+        gpus = len(part.gpus) * part.gpu_share
+        cost = gpus * max(0.0, now - since)
+        current = Placement(node, part.node, slots, tuple(part.gpus), part.gpu_share, part.cpus)
+        task = Task(part.cpus, len(part.gpus), part.gpu_share, models, alloc.gpu_memory_need_bytes)
+        by_node.setdefault(node, []).append(
+            Candidate(alloc, node, current, task, cost, max(0.0, now - started)))
+    for jobs in by_node.values():
+        jobs.sort(key=lambda c: (c.cost, c.alloc.job))
+    return by_node
+
+
+def _action(c: Candidate, now: float, settings: PlanSettings) -> tuple[str, float | None]:
+    if c.age < settings.min_runtime_seconds:
+        started = c.alloc.start_time if c.alloc.start_time is not None else now
+        return "wait_until", started + settings.min_runtime_seconds
+    if c.alloc.last_checkpoint_time is None:
+        return "migrate", None  # it never checkpoints: restarting is all there is
+    return "checkpoint_then_migrate", None
+
+
+def _whole_free(placer: Placer, nodes: np.ndarray) -> np.ndarray:
+    gpus = placer.gpu_count[nodes]
+    free = (placer.gpu_free[nodes] >= 1.0 - 1e-9).sum(axis=1)
+    return (gpus >= WHOLE_NODE_GPUS) & (free >= gpus)
+
+
+def plan_compaction(snapshot: FleetSnapshot, report: Report, scope: str, now: float,
+                    settings: PlanSettings = PlanSettings()) -> CompactionPlan:
+    state, cw = report.state, report.workload
+    placer = Placer(state, cw)
+    in_scope = np.ones(len(state.names), dtype=bool)
+    if scope.startswith("pool:"):
+        pool = scope.removeprefix("pool:")
+        in_scope = np.array([state.pool_names[p] == pool for p in state.pool])
+    assert placer.node_fragmented is not None
+    movable = candidates(snapshot, state, now, settings)
+    order = [int(n) for n in np.argsort(-placer.node_fragmented, kind="stable")
+             if in_scope[n] and placer.node_fragmented[n] > IMPROVEMENT and int(n) in movable]
+    whole_before = _whole_free(placer, np.arange(len(state.names)))
+
+    kept: list[tuple[Candidate, Placement]] = []
+    per_node: Counter[int] = Counter()
+    per_namespace: Counter[str] = Counter()
+    moved: set[str] = set()
+    arrived: set[int] = set()  # nodes that received a job: not evacuated afterwards
+    rejected = 0
+    for node in order:
+        if len(kept) >= settings.max_migrations:
+            break
+        if node in arrived:
+            continue
+        start_f = placer.fragmented_gpus
+        trial: list[tuple[Candidate, Placement, float]] = []
+        for c in movable[node]:
+            if (len(kept) + len(trial) >= settings.max_migrations
+                    or per_node[node] + len(trial) >= settings.max_per_node
+                    or per_namespace[c.alloc.namespace]
+                    + sum(1 for t in trial if t[0].alloc.namespace == c.alloc.namespace)
+                    >= settings.max_per_namespace
+                    or c.alloc.job in moved):
+                continue
+            placer.release(c.current)
+            destination = placer.place(c.task, "fgd", exclude=[node])
+            if destination is None:
+                placer.apply(c.current)  # no verified destination: the job stays
+                rejected += 1
+                continue
+            placer.apply(destination)
+            trial.append((c, destination, placer.fragmented_gpus))
+        best = min(range(len(trial)), key=lambda i: trial[i][2], default=None)
+        keep = 0
+        if best is not None and trial[best][2] < start_f - IMPROVEMENT:
+            keep = best + 1
+        for c, destination, _ in reversed(trial[keep:]):  # undo what didn't pay, last first
+            placer.release(destination)
+            placer.apply(c.current)
+            rejected += 1
+        for c, destination, _ in trial[:keep]:
+            kept.append((c, destination))
+            per_node[node] += 1
+            per_namespace[c.alloc.namespace] += 1
+            moved.add(c.alloc.job)
+            arrived.add(destination.node)
+
+    before = _prediction(report, scope, state, cw)
+    after = _prediction(report, scope, placer.state, cw)
+    whole_after = _whole_free(placer, np.arange(len(state.names)))
+    freed: Counter[str] = Counter()
+    for n in np.flatnonzero(whole_after & ~whole_before & in_scope):
+        freed[state.pool_names[int(state.pool[n])]] += 1
+    migrations = tuple(_migration(c, d, now, settings) for c, d in kept)
+    sources = sorted({c.current.node_name for c, _ in kept})
+    reasons = (f"evacuates {', '.join(sources) or 'no node'}; {rejected} candidate moves dropped "
+               "(no destination, or F(M) would not drop)",)
+    return CompactionPlan(
+        scope=scope, snapshot_time=snapshot.taken_at, expires_at=now + settings.ttl_seconds,
+        decision="compact", reasons=reasons, before=before, after=after,
+        nodes_freed=dict(sorted(freed.items())), migrations=migrations,
+        tier_misplacements=misplacements(snapshot, report), rejected_moves=rejected,
+    )
+
+
+def _prediction(report: Report, scope: str, state: FleetState, cw: CompiledWorkload) -> Prediction:
+    tot = totals(state, cw)
+    cluster, pool_index, _ = scorer(state, report.settings).scores(tot)
+    if scope.startswith("pool:"):
+        p = state.pool_names.index(scope.removeprefix("pool:"))
+        return Prediction(round(float(pool_index[p]), 6), round(float(tot.pool_fragmented[p]), 6))
+    return Prediction(round(cluster, 6), round(tot.cluster_fragmented, 6))
+
+
+def _migration(c: Candidate, destination: Placement, now: float, settings: PlanSettings) -> Migration:
+    action, wait_until = _action(c, now, settings)
+    why = (f"frees {c.current.node_name} GPUs {list(c.current.gpus)} for larger jobs; "
+           f"{destination.node_name} GPUs {list(destination.gpus)} verified free")
+    return Migration(
+        job=c.alloc.job, namespace=c.alloc.namespace, pod=c.alloc.pod,
+        source=Endpoint(c.current.node_name, c.current.gpus),
+        destination=Endpoint(destination.node_name, destination.gpus),
+        action=action, wait_until=wait_until, cost_gpu_seconds=round(c.cost, 3),
+        gpu_share=c.current.gpu_share, cpus=c.current.cpus, reason=why,
+    )
+
+
+def misplacements(snapshot: FleetSnapshot, report: Report) -> tuple[TierMisplacement, ...]:
+    """Jobs on a higher tier than their memory need, while that tier is under pressure."""
+    state = report.state
+    pressure = {p.name for p in report.pools if p.allocated_ratio >= PRESSURE}
+    pressure |= {r.pool for r in snapshot.pending if r.pool}
+    nodes = snapshot.node_map()
+    out = []
+    for alloc in snapshot.allocations:
+        need = alloc.gpu_memory_need_bytes
+        if not need or not alloc.placements:
+            continue
+        node = nodes.get(alloc.placements[0].node)
+        if node is None or node.pool not in pressure:
+            continue
+        suitable = tier_models(need, state.model_names, alloc.allowed_models)
+        if not suitable or node.model in suitable:
+            continue
+        # only a job on a *higher* tier than it needs is misplaced; one below is merely waiting
+        if _rank(node.model) <= max(_rank(m) for m in suitable):
+            continue
+        out.append(TierMisplacement(
+            alloc.job, alloc.namespace, node.name, node.model, round(need / GB, 1), suitable,
+            f"needs {need / GB:.0f} GB per GPU, fits {'/'.join(suitable)}, holds {node.model} "
+            f"in pool {node.pool} under pressure"))
+    return tuple(sorted(out, key=lambda m: m.job))
+
+
+def _rank(model: str) -> int:
+    from exporter.catalogue import default_catalogue
+
+    return default_catalogue().get(model).tier or 0
+
+
+def apply_plan(snapshot: FleetSnapshot, plan: dict) -> FleetSnapshot:
+    """The snapshot as it will be once every migration of ``plan`` (JSON form) is carried out."""
+    by_job = {a.job: a for a in snapshot.allocations}
+    for move in plan["migrations"]:
+        alloc = by_job[move["job"]]
+        (part,) = alloc.placements
+        if part.node != move["from"]["node"] or list(part.gpus) != move["from"]["gpus"]:
+            raise ValueError(f"{move['job']} is not where the plan says it is")
+        moved = dataclasses.replace(part, node=move["to"]["node"], gpus=tuple(move["to"]["gpus"]))
+        by_job[alloc.job] = dataclasses.replace(alloc, placements=(moved,))
+    return dataclasses.replace(snapshot, allocations=tuple(by_job[a.job] for a in snapshot.allocations))

@@ -1,0 +1,216 @@
+"""The advisor inside ``gpufleet serve``: evaluates each snapshot, serves the API, delivers plans.
+
+Wiring only: the decision lives in :mod:`engine`, plans in :mod:`planner`,
+delivery in :mod:`webhook` and :mod:`outbox`, the HTTP handlers in :mod:`api`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from exporter.advisor.api import AdvisorApi, add_routes
+from exporter.advisor.engine import Advisor, DecisionSettings, Planner
+from exporter.advisor.outbox import Outbox
+from exporter.advisor.planner import PlanSettings, plan_compaction
+from exporter.advisor.webhook import Deliverer, Receiver
+from exporter.analysis.families import LiveAnalyzer
+from exporter.analysis.fgd import compile_workload
+from exporter.analysis.index import Report, evaluate
+from exporter.analysis.state import from_snapshot
+from exporter.config import AdvisorConfig, ConfigError
+from exporter.exposition import Family
+from exporter.snapshot import FleetSnapshot
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "GPUFLEET_ADVISOR_TOKEN"
+
+
+def _read_secret(path: str, key: str) -> bytes:
+    try:
+        value = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from None
+    if not value:
+        raise ConfigError(f"{key}: {path} is empty")
+    return value.encode()
+
+
+def load_token(config: AdvisorConfig, environ: dict[str, str] | os._Environ = os.environ) -> bytes | None:
+    if environ.get(TOKEN_ENV):
+        return environ[TOKEN_ENV].strip().encode()
+    if config.token_file:
+        return _read_secret(config.token_file, "advisor.token_file")
+    return None
+
+
+def load_receivers(config: AdvisorConfig, environ=os.environ) -> tuple[Receiver, ...]:
+    receivers = []
+    for i, r in enumerate(config.receivers):
+        key = f"advisor.receivers[{i}]"
+        if r.secret_file:
+            secret = _read_secret(r.secret_file, f"{key}.secret_file")
+        elif environ.get(r.secret_env):
+            secret = environ[r.secret_env].encode()
+        else:
+            raise ConfigError(f"{key}: no HMAC secret: set {r.secret_env} or {key}.secret_file")
+        receivers.append(Receiver(r.name, r.url, secret, r.timeout))
+    return tuple(receivers)
+
+
+def decision_settings(config: AdvisorConfig) -> DecisionSettings:
+    return DecisionSettings(
+        trigger=config.trigger, clear_below=config.clear_below, dwell_seconds=config.dwell,
+        cooldown_seconds=config.cooldown,
+        min_recovered_per_migration=config.min_recovered_per_migration,
+        min_nodes_freed_per_migration=config.min_nodes_freed_per_migration,
+    )
+
+
+@dataclass
+class AdvisorService:
+    advisor: Advisor
+    analyzer: LiveAnalyzer
+    deliverer: Deliverer
+    token: bytes | None
+    max_body_bytes: int
+    clock: Callable[[], float] = time.time
+    snapshot: FleetSnapshot | None = None
+    report: Report | None = None
+    evaluations: int = 0
+    evaluations_by_trigger: Counter = field(default_factory=Counter)  # snapshot | alertmanager
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _api: AdvisorApi | None = None
+
+    async def on_snapshot(self, snapshot: FleetSnapshot) -> None:
+        """A ``ServingState.snapshot_listeners`` entry, run before the snapshot is rendered.
+
+        It measures the snapshot (the exposition then reuses that report) and decides.
+        """
+        report = await asyncio.to_thread(self.analyzer.analyze, snapshot)
+        self.snapshot, self.report = snapshot, report
+        await self.evaluate("snapshot")
+
+    async def evaluate(self, reason: str) -> dict[str, Any] | None:
+        if self.snapshot is None or self.report is None:
+            return None
+        async with self._lock:
+            snapshot, report = self.snapshot, self.report
+            advice = await asyncio.to_thread(self.advisor.observe, snapshot, report, reason)
+            self.evaluations += 1
+            self.evaluations_by_trigger[reason.split(":")[0]] += 1
+            plan = advice.get("plan")
+            if advice["decision"] == "compact" and plan is not None:
+                body = json.dumps(plan, sort_keys=True).encode()
+                queued = await asyncio.to_thread(self.deliverer.enqueue, plan["plan_id"], body,
+                                                 plan["expires_at"])
+                log.info("compaction plan proposed", extra={
+                    "plan": plan["plan_id"], "migrations": len(plan["migrations"]),
+                    "queued": queued, "reasons": "; ".join(advice["reasons"])})
+            return advice
+
+    def what_if(self, snapshot: FleetSnapshot) -> dict[str, Any]:
+        """Analyse the posted snapshot against the live workload, without touching live state."""
+        workload = self.analyzer.current_workload()
+        state = from_snapshot(snapshot)
+        report = evaluate(state, compile_workload(workload, state.model_names), self.analyzer.settings)
+        return self.advisor.what_if(snapshot, report)
+
+    def api(self) -> AdvisorApi:
+        if self._api is None:
+            self._api = AdvisorApi(evaluate=self.evaluate, what_if=self.what_if,
+                                   current=lambda: self.advisor.advice, token=self.token,
+                                   max_body_bytes=self.max_body_bytes)
+        return self._api
+
+    def families(self, snapshot: FleetSnapshot) -> list[Family]:
+        advice = self.advisor.advice or {}
+        plan = self.advisor.plan
+        scopes = sorted(self.advisor.scopes.items())
+        results = sorted(self.deliverer.results.items())
+        return [
+            Family("gpufleet_advisor_compaction_recommended", "gauge",
+                   "1 while compaction is recommended for the scope (cluster or pool:<name>).",
+                   [((("scope", k),), float(st.recommended)) for k, st in scopes]),
+            Family("gpufleet_advisor_plan_migrations", "gauge",
+                   "Migrations in the last proposed plan.",
+                   [((), float(len(plan.migrations) if plan else 0))]),
+            Family("gpufleet_advisor_plan_fragmented_gpus_recovered", "gauge",
+                   "Fragmented GPUs the last proposed plan recovers (predicted).",
+                   [((), plan.fragmented_gpus_recovered if plan else 0.0)]),
+            Family("gpufleet_advisor_plan_nodes_freed", "gauge",
+                   "Whole nodes the last proposed plan frees, by pool.",
+                   [((("pool", p),), float(n))
+                    for p, n in sorted((plan.nodes_freed if plan else {}).items())]),
+            Family("gpufleet_advisor_decision_info", "gauge",
+                   "The advisor's current decision (none, cooldown, hold, compact); always 1.",
+                   [((("decision", advice.get("decision", "none")),), 1.0)]),
+            Family("gpufleet_advisor_webhook_deliveries_total", "counter",
+                   "Webhook delivery attempts by receiver and result (delivered, retry, rejected, "
+                   "expired).",
+                   [((("receiver", r), ("result", res)), float(n)) for (r, res), n in results]),
+            Family("gpufleet_advisor_evaluations_total", "counter",
+                   "Advisor evaluations by what triggered them (snapshot, alertmanager).",
+                   [((("trigger", t),), float(n)) for t, n in sorted(self.evaluations_by_trigger.items())]),
+            Family("gpufleet_advisor_alertmanager_notifications_total", "counter",
+                   "Alertmanager webhook notifications received at /v1/alerts, by result "
+                   "(accepted, duplicate, invalid, unauthorized).",
+                   [((("result", r),), float(n)) for r, n in sorted(self.api().notifications.items())]),
+            Family("gpufleet_advisor_outbox_pending", "gauge",
+                   "Plan deliveries waiting in the durable outbox.",
+                   [((), float(self.deliverer.outbox.pending_count()))]),
+        ]
+
+    async def background(self, app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.deliverer.run())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        self.deliverer.outbox.close()
+
+
+def plan_settings(config: AdvisorConfig) -> PlanSettings:
+    return PlanSettings(
+        max_migrations=config.max_migrations, max_per_node=config.max_migrations_per_node,
+        max_per_namespace=config.max_migrations_per_namespace,
+        move_high_priority=config.move_high_priority, high_priority=config.high_priority,
+        min_runtime_seconds=config.min_runtime, ttl_seconds=config.plan_ttl,
+    )
+
+
+def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: Planner | None = None,
+                  environ=os.environ) -> AdvisorService:
+    token = load_token(config, environ)
+    if token is None:
+        log.warning("advisor POST endpoints refuse every request: no token configured "
+                    f"(set {TOKEN_ENV} or advisor.token_file)")
+    receivers = load_receivers(config, environ)
+    try:
+        outbox = Outbox(config.outbox)
+    except Exception as exc:  # sqlite3.Error or OSError: the path is the user's to fix
+        raise ConfigError(f"advisor.outbox: cannot open {config.outbox}: {exc}") from None
+    deliverer = Deliverer(outbox, receivers, base_delay=config.retry_initial,
+                          max_delay=config.retry_max)
+    if planner is None:
+        planner = functools.partial(plan_compaction, settings=plan_settings(config))
+    advisor = Advisor(planner, decision_settings(config))
+    return AdvisorService(advisor, analyzer, deliverer, token, config.max_body_bytes)
+
+
+def install(app: web.Application, service: AdvisorService) -> None:
+    add_routes(app, service.api())
+    app.cleanup_ctx.append(service.background)

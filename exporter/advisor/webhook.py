@@ -1,0 +1,176 @@
+"""Deliver plans to schedulers: signed, idempotent, retried, from the durable outbox.
+
+Each POST carries ``X-Gpufleet-Signature: sha256=<HMAC-SHA256 of the body>``,
+``X-Gpufleet-Delivery: <delivery id>`` and ``Idempotency-Key: <plan id>``.
+Timeouts, connection errors, 5xx and 429 are retried with exponential backoff
+and jitter (``Retry-After`` is honoured); any other 4xx is final, because the
+receiver told us the request itself is wrong and repeating it will not help.
+Deliveries run one at a time, so a plan never reaches a receiver twice
+concurrently; the outbox row is marked delivered before the next is tried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import hashlib
+import hmac
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from exporter import __version__
+from exporter.advisor.outbox import Delivery, Outbox
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "X-Gpufleet-Signature"
+DELIVERY_HEADER = "X-Gpufleet-Delivery"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_RETRY_AFTER = 3600.0  # a receiver asking for more than an hour is treated as asking for an hour
+
+
+@dataclass(frozen=True, slots=True)
+class Receiver:
+    name: str
+    url: str
+    secret: bytes
+    timeout: float = 10.0
+
+
+def sign(body: bytes, secret: bytes) -> str:
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def verify(body: bytes, secret: bytes, header: str) -> bool:
+    """What a receiver does: recompute the signature and compare in constant time."""
+    return hmac.compare_digest(sign(body, secret), header or "")
+
+
+def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
+    """Exponential backoff with equal jitter: half fixed, half random, so retries spread out."""
+    delay = min(cap, base * 2 ** max(0, attempt))
+    return delay / 2 + rng.uniform(0, delay / 2)
+
+
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER)
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return min(max(0.0, when - now), MAX_RETRY_AFTER)
+
+
+@dataclass
+class Deliverer:
+    outbox: Outbox
+    receivers: tuple[Receiver, ...]
+    base_delay: float = 1.0
+    max_delay: float = 300.0
+    clock: Callable[[], float] = time.time
+    rng: random.Random = field(default_factory=random.Random)
+    results: Counter = field(default_factory=Counter)  # (receiver, result) -> count
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def enqueue(self, plan_id: str, body: bytes, expires_at: float | None) -> int:
+        """Queue the plan for every receiver; returns how many new deliveries were queued."""
+        now = self.clock()
+        queued = sum(
+            1 for r in self.receivers
+            if self.outbox.enqueue(r.name, plan_id, body, now, expires_at) is not None
+        )
+        if queued:
+            self._wake.set()
+        return queued
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Deliver until cancelled; sleeps until the next due delivery or a new enqueue."""
+        async with aiohttp.ClientSession(headers={"User-Agent": f"gpufleet/{__version__}"}) as session:
+            while True:
+                self._wake.clear()
+                try:
+                    await self.deliver_due(session)
+                    next_at = await asyncio.to_thread(self.outbox.next_due_at)
+                except Exception:  # a broken outbox row must not end deliveries for good
+                    log.exception("delivery round failed")
+                    next_at = self.clock() + self.base_delay
+                timeout = None if next_at is None else max(0.0, next_at - self.clock())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def deliver_due(self, session: aiohttp.ClientSession) -> None:
+        due = await asyncio.to_thread(self.outbox.due, self.clock())
+        by_name = {r.name: r for r in self.receivers}
+        for delivery in due:
+            receiver = by_name.get(delivery.receiver)
+            if receiver is None:  # receiver removed from the config: keep the row, say why
+                await asyncio.to_thread(self.outbox.retry_at, delivery.delivery_id,
+                                        self.clock() + self.max_delay, "receiver not configured")
+                continue
+            await self._attempt(session, receiver, delivery)
+
+    async def _attempt(self, session: aiohttp.ClientSession, receiver: Receiver,
+                       delivery: Delivery) -> None:
+        now = self.clock()
+        if delivery.expires_at is not None and now >= delivery.expires_at:
+            await asyncio.to_thread(self.outbox.expired, delivery.delivery_id, now)
+            self._count(receiver, "expired")
+            return
+        headers = {
+            "Content-Type": "application/json",
+            SIGNATURE_HEADER: sign(delivery.body, receiver.secret),
+            DELIVERY_HEADER: delivery.delivery_id,
+            IDEMPOTENCY_HEADER: delivery.plan_id,
+        }
+        retry_after: float | None = None
+        try:
+            async with session.post(receiver.url, data=delivery.body, headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=receiver.timeout)) as resp:
+                status = resp.status
+                retry_after = retry_after_seconds(resp.headers.get("Retry-After"), self.clock())
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            await self._retry(receiver, delivery, error, None)
+            return
+        if 200 <= status < 300:
+            await asyncio.to_thread(self.outbox.delivered, delivery.delivery_id, self.clock())
+            self._count(receiver, "delivered")
+            log.info("plan delivered", extra={"receiver": receiver.name, "plan": delivery.plan_id,
+                                              "attempts": delivery.attempts + 1})
+        elif status == 429 or status >= 500:
+            await self._retry(receiver, delivery, f"HTTP {status}", retry_after)
+        else:
+            await asyncio.to_thread(self.outbox.rejected, delivery.delivery_id, self.clock(),
+                                    f"HTTP {status}")
+            self._count(receiver, "rejected")
+            log.warning("plan rejected by receiver", extra={"receiver": receiver.name,
+                                                            "plan": delivery.plan_id, "status": status})
+
+    async def _retry(self, receiver: Receiver, delivery: Delivery, error: str,
+                     retry_after: float | None) -> None:
+        delay = backoff(delivery.attempts, self.base_delay, self.max_delay, self.rng)
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        await asyncio.to_thread(self.outbox.retry_at, delivery.delivery_id, self.clock() + delay, error)
+        self._count(receiver, "retry")
+        log.warning("plan delivery failed; will retry", extra={
+            "receiver": receiver.name, "plan": delivery.plan_id, "err": error,
+            "attempt": delivery.attempts + 1, "retry_in_s": round(delay, 2)})
+
+    def _count(self, receiver: Receiver, result: str) -> None:
+        self.results[(receiver.name, result)] += 1

@@ -1,0 +1,290 @@
+"""Prometheus alerting and recording rules, generated from the threshold table.
+
+Both severities of an alert come from one function (:func:`_alert_rule`), so
+a knob can never reach only half of a pair, and ``runbook_url`` plus the
+table's labels are added to every alert in that same place. The output is
+plain data dumped in a fixed order, so the same table always gives the same
+bytes; the committed files under ``rules/`` are checked against it.
+
+Rules that get the semantics right rather than the syntax:
+
+- utilization-low looks only at GPUs held by a job, and NVLink-low only at
+  busy GPUs of multi-GPU jobs; otherwise every idle GPU would fire;
+- job metadata (``gpufleet_gpu_allocation_info``'s job, pod...) is
+  aggregated away or joined with ``and``, which keeps the left-hand labels
+  only, so a pod being replaced never restarts a ``for`` clock;
+- power at the cap compares with ``>=``: the cap stops the draw from ever
+  exceeding it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from exporter.alerting.thresholds import (
+    AlertRow,
+    Level,
+    Thresholds,
+    format_duration,
+)
+
+FORMATS = ("prometheus", "prometheusrule")
+ALERTS_FILE = "gpufleet-alerts.yaml"
+RECORDING_FILE = "gpufleet-recording.yaml"
+PROMETHEUSRULE_FILE = "gpufleet-prometheusrule.yaml"
+
+# Per-GPU series are joined on the GPU's place, not on every label: `and`
+# needs no one-to-one match, so two exporters scraping one fleet still work.
+GPU_MATCH = "on (node, gpu)"
+
+
+@dataclass(frozen=True, slots=True)
+class Recording:
+    record: str
+    expr: str
+
+
+# level:metric:operations (https://prometheus.io/docs/practices/rules/)
+RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
+    ("gpufleet-gpu-recording", (
+        Recording(
+            "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m",
+            "(\n  rate(gpufleet_gpu_nvlink_transmit_bytes_total[5m])\n"
+            "  + rate(gpufleet_gpu_nvlink_receive_bytes_total[5m])\n)\n"
+            "/ gpufleet_gpu_nvlink_capacity_bytes_per_second",
+        ),
+        Recording(
+            "gpu:gpufleet_gpu_memory_used:ratio",
+            "gpufleet_gpu_memory_used_bytes / gpufleet_gpu_memory_total_bytes",
+        ),
+    )),
+    ("gpufleet-pool-recording", (
+        Recording(
+            "pool:gpufleet_gpu_utilization:avg",
+            "avg by (pool, model) (gpufleet_gpu_utilization_ratio)",
+        ),
+        Recording(
+            "pool:gpufleet_gpu_memory_used:ratio",
+            "sum by (pool, model) (gpufleet_gpu_memory_used_bytes)\n"
+            "/ sum by (pool, model) (gpufleet_gpu_memory_total_bytes)",
+        ),
+        Recording(
+            "pool:gpufleet_gpu_allocated:sum",
+            "sum by (pool, model) (gpufleet_gpu_allocated_ratio)",
+        ),
+        Recording(
+            "pool:gpufleet_gpu_idle:count",
+            # `== bool` keeps a 0 for pools with no idle GPU, where count() would drop them;
+            # a lost GPU is not idle capacity.
+            "sum by (pool, model) (\n"
+            "  (gpufleet_gpu_allocated_ratio == bool 0) * gpufleet_gpu_up\n)",
+        ),
+    )),
+)
+
+_GROUP_OF_SUBJECT = {"gpu": "gpufleet-gpu", "pool": "gpufleet-cluster",
+                     "cluster": "gpufleet-cluster", "source": "gpufleet-exporter",
+                     "target": "gpufleet-exporter"}
+_RELATION = {"<": "below", ">": "above", ">=": "at or above", "==": "equal to"}
+_HUMANISED = {
+    "ratio": "{{ $value | humanizePercentage }}",
+    "celsius": '{{ $value | printf "%.1f" }} °C',
+    "watts": '{{ $value | printf "%.0f" }} W',
+    "index": '{{ $value | printf "%.0f" }}',
+    "state": "{{ $value }}",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedFile:
+    name: str  # file name inside the output folder
+    text: str
+
+
+def _number(value: float) -> str:
+    """A PromQL literal: 0.3, 650, 325.5; never 650.0 or 0.30000000000000004."""
+    return f"{value:.10g}"
+
+
+def _threshold_text(value: float, unit: str) -> str:
+    if unit == "ratio":
+        return f"{value * 100:.10g}%"
+    if unit == "celsius":
+        return f"{value:.10g} °C"
+    if unit == "watts":
+        return f"{value:.10g} W"
+    return f"{value:.10g}"
+
+
+def _regex_alternatives(names: tuple[str, ...]) -> str:
+    """An RE2 alternation of literal names, escaped for a PromQL double-quoted string."""
+    special = set(r".+*?()[]{}|^$\\")
+    return "|".join("".join(f"\\\\{c}" if c in special else c for c in name) for name in names)
+
+
+def _scoped(thresholds: Thresholds, row: AlertRow, comparison: str) -> str:
+    """The comparison restricted to the GPUs the row's scope covers."""
+    if row.scope == "allocated":
+        return f"{comparison}\nand {GPU_MATCH}\n  gpufleet_gpu_allocated_ratio > 0"
+    if row.scope == "busy_multi_gpu":
+        # job_gpus is the job's GPU count as a label; counting by GPU drops the job's
+        # name and pod, so a replaced pod leaves the alert's clock running.
+        busy = _number(thresholds.busy_utilization)
+        return (f"{comparison}\nand {GPU_MATCH}\n  gpufleet_gpu_utilization_ratio > {busy}\n"
+                f"and {GPU_MATCH}\n"
+                '  count by (node, gpu) (gpufleet_gpu_allocation_info{job_gpus!~"0|1"})')
+    return comparison
+
+
+def _value_expr(thresholds: Thresholds, row: AlertRow) -> str:
+    return row.metric.expr.replace("{exporter_job}", thresholds.exporter_job)
+
+
+def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
+                threshold_text: str, for_scale: float,
+                model: str | None = None) -> dict[str, Any]:
+    """One alerting rule. Every alert of every severity is built here, and only here.
+
+    A per-model rule also sets ``model`` as a static label (the value its
+    selector already matches), so that no two rules share a name and label set
+    (promtool's duplicate-rules lint).
+    """
+    for_text = format_duration(level.for_seconds * for_scale)
+    description = (row.metric.describe
+                   .replace("<VALUE>", _HUMANISED[row.metric.unit])
+                   .replace("<RELATION>", _RELATION[row.op])
+                   .replace("<THRESHOLD>", threshold_text)
+                   .replace("<FOR>", for_text))
+    return {
+        "alert": row.alert,
+        "expr": expr,
+        "for": for_text,
+        "labels": {"severity": level.severity, **({"model": model} if model else {}),
+                   **dict(row.labels)},
+        "annotations": {
+            "summary": row.summary,
+            "description": f"{description} {row.action}",
+            "runbook_url": f"{thresholds.runbook_url}#{row.runbook}",
+        },
+    }
+
+
+def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float) -> list[dict[str, Any]]:
+    value = _value_expr(thresholds, row)
+    unit = row.metric.unit
+    rules = []
+    for level in row.levels:
+        if not row.metric.relative_to_tdp:
+            comparison = f"{value} {row.op} {_number(level.threshold)}"
+            if row.metric.absent_too:
+                comparison = f"{comparison}\nor\nabsent({value})"
+            rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, comparison),
+                                     _threshold_text(level.threshold, unit), for_scale))
+            continue
+        # one rule per model with watts of its own; both severities share the name
+        for model in row.models:
+            watts = model.threshold(level.severity)
+            assert watts is not None  # the loader gives every model every severity
+            comparison = f'{value}{{model="{model.model}"}} {row.op} {_number(watts)}'
+            rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, comparison),
+                                     _threshold_text(watts, unit), for_scale, model.model))
+        # any other model (unknown to the catalogue, or without a TDP) is compared
+        # with its own enforced limit, which is measured, not guessed
+        others = _regex_alternatives(tuple(m.model for m in row.models))
+        selector = f'{value}{{model!~"{others}"}}' if others else value
+        fraction = level.threshold
+        cap = row.metric.cap if fraction == 1 else f"{_number(fraction)} * {row.metric.cap}"
+        rules.append(_alert_rule(
+            thresholds, row, level, _scoped(thresholds, row, f"{selector} {row.op} {cap}"),
+            f"{fraction * 100:.10g}% of its power limit", for_scale,
+        ))
+    return rules
+
+
+def alert_groups(thresholds: Thresholds, for_scale: float = 1.0) -> list[dict[str, Any]]:
+    """Alerting rule groups, one per kind of object, in the table's order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in thresholds.alerts:
+        name = _GROUP_OF_SUBJECT[row.metric.subject]
+        groups.setdefault(name, []).extend(_row_rules(thresholds, row, for_scale))
+    return [{"name": name, "rules": rules} for name, rules in groups.items()]
+
+
+def recording_groups() -> list[dict[str, Any]]:
+    return [
+        {"name": name, "rules": [{"record": r.record, "expr": r.expr} for r in recordings]}
+        for name, recordings in RECORDING_GROUPS
+    ]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (PromQL) as literal blocks; no anchors; no line folding."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def _dump(data: Any) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=10_000,
+                     default_flow_style=False)
+
+
+def _header(thresholds: Thresholds, for_scale: float) -> str:
+    lines = [f"# Generated by `gpufleet rules` from {thresholds.source}: edit that table and "
+             "run `gpufleet rules`, never this file."]
+    if for_scale != 1:
+        lines.append(f"# Every `for` is scaled by {for_scale:g} (--for-scale): for tests only.")
+    return "\n".join(lines) + "\n"
+
+
+def generate(thresholds: Thresholds, fmt: str = "prometheus",
+             for_scale: float = 1.0) -> list[GeneratedFile]:
+    """The generated files for one format, as text; nothing is written here."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    if not (math.isfinite(for_scale) and for_scale > 0):
+        raise ValueError(f"for_scale must be a positive number, got {for_scale!r}")
+    header = _header(thresholds, for_scale)
+    alerts = alert_groups(thresholds, for_scale)
+    recordings = recording_groups()
+    if fmt == "prometheus":
+        return [
+            GeneratedFile(ALERTS_FILE, header + _dump({"groups": alerts})),
+            GeneratedFile(RECORDING_FILE, header + _dump({"groups": recordings})),
+        ]
+    rule_object = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "gpufleet",
+            "labels": {"app.kubernetes.io/name": "gpufleet",
+                       "app.kubernetes.io/component": "alerting"},
+        },
+        "spec": {"groups": recordings + alerts},
+    }
+    return [GeneratedFile(PROMETHEUSRULE_FILE, header + _dump(rule_object))]
+
+
+__all__ = [
+    "ALERTS_FILE",
+    "FORMATS",
+    "PROMETHEUSRULE_FILE",
+    "RECORDING_FILE",
+    "RECORDING_GROUPS",
+    "GeneratedFile",
+    "alert_groups",
+    "generate",
+    "recording_groups",
+]

@@ -1,0 +1,460 @@
+"""The threshold table, ``rules/thresholds.yaml``: loaded once, validated strictly.
+
+The table is the only place a threshold, a ``for`` duration, a summary or an
+action is written. Alerting rules (:mod:`exporter.alerting.rules`) and
+dashboards read it through :func:`load_thresholds`, so a gauge that turns red
+means an alert fires.
+
+Each row names a metric from :data:`METRICS` (the table's vocabulary: which
+PromQL value it compares, in which unit, about which object) and gives its
+warning and critical levels. Power is per GPU model: the levels are fractions
+of each model's TDP from the GPU catalogue unless the row names the model in
+``models`` with watts of its own.
+
+Anything wrong (an unknown metric or key, warning and critical in the wrong
+order, a malformed duration, a model the catalogue lacks) raises
+:class:`ThresholdError`, one line naming the file and the key. Nothing is
+generated from a table that does not load.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter.catalogue import Catalogue, default_catalogue
+from exporter.config import ConfigError
+
+SEVERITIES = ("warning", "critical")  # in rising order; both share one alert name
+OPS = ("<", ">", ">=", "==")
+
+
+class ThresholdError(ConfigError):
+    """The threshold table is wrong; the message names the file, the row and the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDef:
+    """What a table row may compare: the PromQL value, its unit and the object it is about.
+
+    ``expr`` may contain ``{exporter_job}``, filled from the table. ``describe``
+    is the description annotation, with ``<VALUE>``, ``<RELATION>``,
+    ``<THRESHOLD>`` and ``<FOR>`` filled per rule; Prometheus templates
+    (``{{ $labels.gpu }}``) pass through untouched.
+    """
+
+    key: str
+    expr: str
+    unit: str  # ratio | celsius | watts | index | state
+    subject: str  # gpu | pool | cluster | source | target
+    ops: tuple[str, ...]
+    describe: str
+    relative_to_tdp: bool = False  # levels are fractions of each model's TDP
+    cap: str = ""  # relative metrics: the enforced limit, for models without a catalogue TDP
+    absent_too: bool = False  # also fires when the series is absent
+
+
+_GPU = "GPU {{ $labels.gpu }} on {{ $labels.node }} ({{ $labels.model }}, pool {{ $labels.pool }})"
+_POOL = "Pool {{ $labels.pool }} ({{ $labels.model }})"
+
+METRICS: dict[str, MetricDef] = {
+    m.key: m
+    for m in (
+        MetricDef("gpu_utilization", "gpufleet_gpu_utilization_ratio", "ratio", "gpu", ("<", ">"),
+                  f"{_GPU} is held by a job but <VALUE> busy, <RELATION> <THRESHOLD> for <FOR>."),
+        MetricDef("gpu_memory_used", "gpu:gpufleet_gpu_memory_used:ratio", "ratio", "gpu",
+                  (">", ">="),
+                  f"{_GPU} has <VALUE> of its memory in use, <RELATION> <THRESHOLD> for <FOR>."),
+        MetricDef("gpu_temperature", "gpufleet_gpu_temperature_celsius", "celsius", "gpu",
+                  (">", ">="),
+                  f"{_GPU} is at <VALUE>, <RELATION> <THRESHOLD> for <FOR>."),
+        MetricDef("gpu_power", "gpufleet_gpu_power_watts", "watts", "gpu", (">", ">="),
+                  f"{_GPU} draws <VALUE>, <RELATION> <THRESHOLD> for <FOR>.",
+                  relative_to_tdp=True, cap="gpufleet_gpu_power_limit_watts"),
+        MetricDef("gpu_nvlink_utilization", "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m",
+                  "ratio", "gpu", ("<",),
+                  f"{_GPU} runs a multi-GPU job but uses <VALUE> of its NVLink bandwidth, "
+                  "<RELATION> <THRESHOLD> for <FOR>."),
+        MetricDef("pool_fragmentation_index", "gpufleet_pool_fragmentation_index", "index", "pool",
+                  (">", ">="),
+                  f"{_POOL} has a fragmentation index of <VALUE>, <RELATION> <THRESHOLD> "
+                  "for <FOR>: idle GPUs are scattered so that large jobs cannot start."),
+        MetricDef("cluster_fragmentation_index", "gpufleet_cluster_fragmentation_index", "index",
+                  "cluster", (">", ">="),
+                  "The cluster has a fragmentation index of <VALUE>, <RELATION> <THRESHOLD> for "
+                  "<FOR>: idle GPUs are scattered so that large jobs cannot start."),
+        MetricDef("gpu_up", "gpufleet_gpu_up", "state", "gpu", ("==",),
+                  f"{_GPU} has not answered for <FOR>: it is lost or every read of it fails."),
+        MetricDef("source_up", "gpufleet_source_up", "state", "source", ("==",),
+                  "Source {{ $labels.source }}{{ with $labels.target }} (target {{ . }}){{ end }} "
+                  "on {{ $labels.instance }} has failed for <FOR>; its GPUs are served stale."),
+        MetricDef("exporter_up", 'up{job="{exporter_job}"}', "state", "target", ("==",),
+                  "gpufleet target {{ with $labels.instance }}{{ . }}{{ else }}(none scraped)"
+                  "{{ end }} of job {{ $labels.job }} has been down or absent for <FOR>: "
+                  "no GPU metrics are collected.",
+                  absent_too=True),
+    )
+}
+
+SCOPES: dict[str, str] = {
+    "all": "every series of the metric",
+    "allocated": "only GPUs held by a job (an idle, unallocated GPU is capacity, not waste)",
+    "busy_multi_gpu": "only busy GPUs of jobs that hold more than one GPU",
+}
+
+# (min, max) accepted per unit; ratios may be written as percentages ("30%")
+_RANGES = {"ratio": (0.0, 1.0), "celsius": (0.0, 200.0), "watts": (0.0, 10_000.0),
+           "index": (0.0, 100.0), "state": (0.0, 1.0)}
+_TDP_FRACTION_RANGE = (0.0, 1.5)
+
+_ALERT_NAME = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_ANCHOR = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_DURATION = re.compile(
+    r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
+)
+_DURATION_SECONDS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One severity of a row: fire when the value compares with ``threshold`` for ``for``."""
+
+    severity: str
+    threshold: float  # in the metric's unit; a fraction of TDP for per-model metrics
+    for_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelThreshold:
+    """Absolute thresholds of a per-model metric (power, in watts) for one GPU model."""
+
+    model: str
+    levels: tuple[tuple[str, float], ...]  # (severity, threshold) in SEVERITIES order
+    from_table: bool  # True: the table names the model; False: fraction of the catalogue TDP
+
+    def threshold(self, severity: str) -> float | None:
+        return dict(self.levels).get(severity)
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRow:
+    """One condition of the table: one alert name, a warning and/or a critical level."""
+
+    alert: str
+    metric: MetricDef
+    op: str
+    scope: str
+    levels: tuple[Level, ...]  # warning before critical
+    summary: str
+    action: str
+    runbook: str  # anchor of the alert's section in docs/runbooks.md
+    labels: tuple[tuple[str, str], ...] = ()
+    models: tuple[ModelThreshold, ...] = ()  # per-model metrics: every model with thresholds
+
+    @property
+    def severities(self) -> tuple[str, ...]:
+        return tuple(level.severity for level in self.levels)
+
+    def level(self, severity: str) -> Level | None:
+        return next((lv for lv in self.levels if lv.severity == severity), None)
+
+    def threshold(self, severity: str, model: str | None = None) -> float | None:
+        """The threshold in the metric's unit (what a dashboard colours at).
+
+        For a per-model metric, give the model to get its absolute value (watts);
+        without one, or for a model with no thresholds, this is the fraction of
+        the model's TDP, or of its enforced power limit when the catalogue has none.
+        """
+        if model is not None:
+            for entry in self.models:
+                if entry.model == model:
+                    return entry.threshold(severity)
+        level = self.level(severity)
+        return level.threshold if level else None
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    source: str  # file name, for messages and the generated files' header
+    runbook_url: str  # docs/runbooks.md as operators reach it; anchors are appended
+    exporter_job: str  # the Prometheus job that scrapes gpufleet
+    busy_utilization: float  # a GPU above this utilization counts as busy (NVLink rule)
+    alerts: tuple[AlertRow, ...]
+
+    def alert(self, name: str) -> AlertRow:
+        for row in self.alerts:
+            if row.alert == name:
+                return row
+        raise KeyError(name)
+
+
+def parse_duration(text: Any) -> float:
+    """Seconds of a Prometheus duration (``90s``, ``5m``, ``1h30m``); ValueError otherwise."""
+    if not isinstance(text, str) or not text:
+        raise ValueError
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError
+    return sum(int(part) * unit for part, unit in zip(match.groups(), _DURATION_SECONDS,
+                                                     strict=True) if part)
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest Prometheus duration for ``seconds``, in whole milliseconds."""
+    millis = round(seconds * 1000)
+    if millis <= 0:
+        return "0s"
+    out = []
+    for suffix, unit in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000),
+                         ("ms", 1)):
+        count, millis = divmod(millis, unit)
+        if count:
+            out.append(f"{count}{suffix}")
+    return "".join(out)
+
+
+class _Reader:
+    """Walks the YAML with the dotted key of each value, for one-line errors."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, where: str, message: str) -> ThresholdError:
+        return ThresholdError(f"{self.source}: {where}: {message}")
+
+    def mapping(self, value: Any, where: str, allowed: tuple[str, ...],
+                required: tuple[str, ...] = ()) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(where, f"must be a mapping, got {type(value).__name__}")
+        for key in value:
+            if key not in allowed:
+                raise self.fail(f"{where}.{key}", f"unknown key (allowed: {', '.join(allowed)})")
+        for key in required:
+            if key not in value:
+                raise self.fail(f"{where}.{key}", "required")
+        return value
+
+    def text(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(where, f"must be a non-empty string, got {value!r}")
+        return " ".join(value.split())
+
+    def number(self, value: Any, where: str, unit: str, percent_ok: bool,
+               bounds: tuple[float, float]) -> float:
+        if isinstance(value, str) and value.strip().endswith("%") and percent_ok:
+            try:
+                number = float(value.strip()[:-1]) / 100
+            except ValueError:
+                raise self.fail(where, f"must be a number or a percentage, got {value!r}") from None
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            shape = "a number or a percentage such as 30%" if percent_ok else "a number"
+            raise self.fail(where, f"must be {shape} ({unit}), got {value!r}")
+        low, high = bounds
+        if not low <= number <= high:
+            raise self.fail(where, f"must be between {low:g} and {high:g} ({unit}), got {value!r}")
+        return number
+
+    def duration(self, value: Any, where: str) -> float:
+        try:
+            return parse_duration(value)
+        except ValueError:
+            raise self.fail(
+                where, f"must be a duration such as 30s, 5m or 1h30m, got {value!r}"
+            ) from None
+
+
+_TOP_KEYS = ("runbook_url", "exporter_job", "busy_utilization", "alerts")
+_ROW_KEYS = ("alert", "metric", "op", "scope", "warning", "critical", "models", "labels",
+             "summary", "action", "runbook")
+_LEVEL_KEYS = ("threshold", "for")
+
+
+def parse_thresholds(text: str, source: str = "thresholds.yaml",
+                     catalogue: Catalogue | None = None) -> Thresholds:
+    """Validate the table's text into :class:`Thresholds`; :class:`ThresholdError` if wrong."""
+    catalogue = catalogue or default_catalogue()
+    r = _Reader(source)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ThresholdError(f"{source}: not valid YAML{where}") from None
+    top = r.mapping(raw, "top level", _TOP_KEYS, required=_TOP_KEYS)
+    runbook_url = r.text(top["runbook_url"], "runbook_url")
+    if "#" in runbook_url:
+        raise r.fail("runbook_url", "must be the page without an #anchor; rows give the anchor")
+    exporter_job = r.text(top["exporter_job"], "exporter_job")
+    if '"' in exporter_job or "\\" in exporter_job:
+        raise r.fail("exporter_job", f"must be a plain job name, got {exporter_job!r}")
+    busy = r.number(top["busy_utilization"], "busy_utilization", "ratio", True, _RANGES["ratio"])
+    if not isinstance(top["alerts"], list) or not top["alerts"]:
+        raise r.fail("alerts", "must be a non-empty list of alert rows")
+    rows: list[AlertRow] = []
+    for index, raw_row in enumerate(top["alerts"]):
+        name = raw_row.get("alert") if isinstance(raw_row, dict) else None
+        where = f"alerts[{index}]" + (f" ({name})" if isinstance(name, str) else "")
+        row = _parse_row(r, raw_row, where, catalogue)
+        if any(existing.alert == row.alert for existing in rows):
+            raise r.fail(f"{where}.alert", f"{row.alert} appears twice; one row per alert name")
+        rows.append(row)
+    return Thresholds(Path(source).name, runbook_url, exporter_job, busy, tuple(rows))
+
+
+def load_thresholds(path: str | Path, catalogue: Catalogue | None = None) -> Thresholds:
+    """Read and validate the threshold table at ``path``."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ThresholdError(f"{path}: cannot read the threshold table: {exc.strerror}") from None
+    return parse_thresholds(text, str(path), catalogue)
+
+
+def _parse_row(r: _Reader, raw: Any, where: str, catalogue: Catalogue) -> AlertRow:
+    row = r.mapping(raw, where, _ROW_KEYS, required=("alert", "metric", "op", "summary", "action"))
+    alert = r.text(row["alert"], f"{where}.alert")
+    if not _ALERT_NAME.match(alert):
+        raise r.fail(f"{where}.alert", f"must be a CamelCase alert name, got {alert!r}")
+    metric_key = row["metric"]
+    if not isinstance(metric_key, str) or metric_key not in METRICS:
+        raise r.fail(f"{where}.metric",
+                     f"unknown metric {metric_key!r} (known: {', '.join(METRICS)})")
+    metric = METRICS[metric_key]
+    op = row["op"]
+    if not isinstance(op, str) or op not in metric.ops:
+        raise r.fail(f"{where}.op", f"must be one of {' '.join(metric.ops)} for {metric.key}, "
+                                    f"got {op!r}")
+    scope = row.get("scope", "all")
+    if not isinstance(scope, str) or scope not in SCOPES:
+        raise r.fail(f"{where}.scope", f"must be one of {', '.join(SCOPES)}, got {scope!r}")
+    if scope != "all" and metric.subject != "gpu":
+        raise r.fail(f"{where}.scope", f"{scope} applies to per-GPU metrics only, "
+                                       f"not {metric.key}")
+    levels = []
+    for severity in SEVERITIES:
+        if severity not in row:
+            continue
+        key = f"{where}.{severity}"
+        level = r.mapping(row[severity], key, _LEVEL_KEYS, required=_LEVEL_KEYS)
+        threshold = _threshold(r, level["threshold"], f"{key}.threshold", metric)
+        levels.append(Level(severity, threshold, r.duration(level["for"], f"{key}.for")))
+    if not levels:
+        raise r.fail(where, "needs a warning or a critical level (or both)")
+    _check_order(r, where, op, [(lv.severity, lv.threshold) for lv in levels], "threshold")
+    if op == "==" and len(levels) == 2:
+        if levels[0].threshold != levels[1].threshold:
+            raise r.fail(where, "warning and critical of an == condition must compare with the "
+                                "same value and differ by for")
+        if levels[1].for_seconds <= levels[0].for_seconds:
+            raise r.fail(f"{where}.critical.for", "must be longer than warning.for for an == "
+                                                  "condition (critical is the longer outage)")
+    models = _models(r, row.get("models"), where, metric, op, levels, catalogue)
+    labels = _labels(r, row.get("labels", {}), f"{where}.labels")
+    runbook = row.get("runbook", alert.lower())
+    if not isinstance(runbook, str) or not _ANCHOR.match(runbook):
+        raise r.fail(f"{where}.runbook", f"must be a lower-case anchor such as "
+                                         f"{alert.lower()}, got {runbook!r}")
+    return AlertRow(
+        alert=alert, metric=metric, op=op, scope=scope, levels=tuple(levels),
+        summary=r.text(row["summary"], f"{where}.summary"),
+        action=r.text(row["action"], f"{where}.action"),
+        runbook=runbook, labels=labels, models=models,
+    )
+
+
+def _threshold(r: _Reader, value: Any, where: str, metric: MetricDef) -> float:
+    if metric.relative_to_tdp:
+        return r.number(value, where, "fraction of the model's TDP", True, _TDP_FRACTION_RANGE)
+    return r.number(value, where, metric.unit, metric.unit == "ratio", _RANGES[metric.unit])
+
+
+def _check_order(r: _Reader, where: str, op: str, values: list[tuple[str, float]],
+                 what: str) -> None:
+    """Critical must be the more extreme level: below warning for <, above it for > and >=."""
+    found = dict(values)
+    if "warning" not in found or "critical" not in found or op == "==":
+        return
+    warning, critical = found["warning"], found["critical"]
+    if op == "<" and not critical < warning:
+        raise r.fail(where, f"critical {what} ({critical:g}) must be below warning {what} "
+                            f"({warning:g}) for {op}: warning and critical are in the wrong order")
+    if op in (">", ">=") and not critical > warning:
+        raise r.fail(where, f"critical {what} ({critical:g}) must be above warning {what} "
+                            f"({warning:g}) for {op}: warning and critical are in the wrong order")
+
+
+def _models(r: _Reader, raw: Any, where: str, metric: MetricDef, op: str,
+            levels: list[Level], catalogue: Catalogue) -> tuple[ModelThreshold, ...]:
+    """Absolute per-model thresholds: the table's own, else fractions of the catalogue TDP."""
+    if not metric.relative_to_tdp:
+        if raw is not None:
+            raise r.fail(f"{where}.models", f"only per-model metrics take models, "
+                                            f"not {metric.key}")
+        return ()
+    overrides = {} if raw is None else raw
+    if not isinstance(overrides, dict):
+        raise r.fail(f"{where}.models", f"must be a mapping of GPU models to thresholds, "
+                                        f"got {overrides!r}")
+    severities = tuple(lv.severity for lv in levels)
+    known = catalogue.names()
+    table: dict[str, tuple[tuple[str, float], ...]] = {}
+    for model, values in overrides.items():
+        key = f"{where}.models.{model}"
+        if model not in known:
+            raise r.fail(key, f"model {model!r} is not in the GPU catalogue "
+                              f"(known: {', '.join(known)})")
+        given = r.mapping(values, key, severities, required=severities)
+        bounds = _RANGES[metric.unit]
+        pairs = tuple((s, r.number(given[s], f"{key}.{s}", metric.unit, False, bounds))
+                      for s in severities)
+        _check_order(r, key, op, list(pairs), f"{metric.unit} threshold")
+        table[model] = pairs
+    out = []
+    for spec in catalogue.models:  # catalogue order: the generated rules follow it
+        if spec.name in table:
+            out.append(ModelThreshold(spec.name, table[spec.name], from_table=True))
+        elif spec.tdp_watts:
+            pairs = tuple((lv.severity, round(lv.threshold * spec.tdp_watts, 3)) for lv in levels)
+            out.append(ModelThreshold(spec.name, pairs, from_table=False))
+    return tuple(out)
+
+
+def _labels(r: _Reader, raw: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, dict):
+        raise r.fail(where, f"must be a mapping of label names to values, got {raw!r}")
+    out = []
+    for name, value in raw.items():
+        if not isinstance(name, str) or not _LABEL_NAME.match(name):
+            raise r.fail(f"{where}.{name}", "not a valid Prometheus label name")
+        if name in ("severity", "alertname"):
+            raise r.fail(f"{where}.{name}", "is set by the generator; remove it")
+        if not isinstance(value, str) or not value:
+            raise r.fail(f"{where}.{name}", f"must be a non-empty string, got {value!r}")
+        out.append((name, value))
+    return tuple(out)
+
+
+__all__ = [
+    "METRICS",
+    "OPS",
+    "SCOPES",
+    "SEVERITIES",
+    "AlertRow",
+    "Level",
+    "MetricDef",
+    "ModelThreshold",
+    "ThresholdError",
+    "Thresholds",
+    "format_duration",
+    "load_thresholds",
+    "parse_duration",
+    "parse_thresholds",
+]

@@ -1,0 +1,59 @@
+"""The ``analysis:`` config section turned into index settings and a target workload."""
+
+from __future__ import annotations
+
+from exporter.analysis import openb
+from exporter.analysis.index import IndexSettings
+from exporter.analysis.workload import Shape, ShapeWindow, Workload, from_tasks, from_weighted
+from exporter.catalogue import Catalogue, default_catalogue
+from exporter.config import AnalysisConfig, ConfigError
+
+
+def index_settings(config: AnalysisConfig) -> IndexSettings:
+    tiers = config.tier_penalty
+    return IndexSettings(
+        slack_nodes=config.slack_nodes,
+        tier_penalty=tiers.penalty,
+        idle_at_most=tiers.idle_at_most,
+        busy_above=tiers.busy_above,
+        compaction_threshold=config.compaction_threshold,
+    )
+
+
+def configured_shapes(config: AnalysisConfig, catalogue: Catalogue | None = None) -> Workload:
+    """The workload listed under ``analysis.shapes``, model names resolved through the catalogue."""
+    catalogue = catalogue or default_catalogue()
+    if not config.shapes:
+        raise ConfigError("analysis.shapes: list at least one shape when analysis.workload is shapes")
+    pairs = [
+        (Shape(s.cpus, s.gpu_share, s.gpus, tuple(catalogue.resolve(m) for m in s.models)), s.weight)
+        for s in config.shapes
+    ]
+    if sum(w for _, w in pairs) <= 0:
+        raise ConfigError("analysis.shapes: at least one shape needs a weight above 0")
+    return from_weighted(pairs, include_cpu_only=config.include_cpu_only)
+
+
+def trace_workload(path: str, config: AnalysisConfig, key: str = "analysis.trace") -> Workload:
+    """The typical workload of an openb pod CSV; a bad file is a one-line ConfigError."""
+    if not path:
+        raise ConfigError(f"{key}: give an openb pod CSV when analysis.workload is trace")
+    try:
+        pods = openb.load_pods(path)
+    except openb.OpenbError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    return from_tasks((p.shape for p in pods), coverage=config.coverage,
+                      include_cpu_only=config.include_cpu_only)
+
+
+def fixed_workload(config: AnalysisConfig) -> Workload | None:
+    """The configured workload, or None when it is the live window (built from snapshots)."""
+    if config.workload == "trace":
+        return trace_workload(config.trace, config)
+    if config.workload == "shapes":
+        return configured_shapes(config)
+    return None
+
+
+def shape_window(config: AnalysisConfig) -> ShapeWindow:
+    return ShapeWindow(config.window_snapshots, config.coverage, config.include_cpu_only)

@@ -1,0 +1,178 @@
+"""The Alibaba openb trace (cluster-trace-gpu-v2023): node and pod CSVs.
+
+Units as the trace's README gives them: CPU in millicores, GPU share in
+thousandths of a GPU (``gpu_milli``, only below 1000 for single-GPU shared
+tasks), ``gpu_spec`` a ``|``-separated list of allowed GPU models, empty for
+any. Trace model names go through the GPU catalogue (``V100M32``, ``T4``,
+``P100``, ``A10``); the undisclosed ``G1``/``G2``/``G3`` are kept under their
+own names as unknown models, with a warning the first time each appears.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.analysis.state import FleetState, build
+from exporter.analysis.workload import Shape
+from exporter.catalogue import Catalogue, default_catalogue
+
+log = logging.getLogger(__name__)
+
+NODE_COLUMNS = ("sn", "cpu_milli", "gpu", "model")
+POD_COLUMNS = ("name", "cpu_milli", "num_gpu", "gpu_milli", "gpu_spec")
+NO_GPU_POOL = "cpu"  # pool of the trace's CPU-only nodes
+
+
+class OpenbError(Exception):
+    """A trace file is missing or malformed; the message names the file, line and column."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpenbNode:
+    name: str
+    cpus: float  # cores
+    memory_mib: int
+    gpus: int
+    model: str  # catalogue name, or the trace's own name when unknown; "" without GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class OpenbPod:
+    name: str
+    cpus: float  # cores
+    memory_mib: int
+    gpus: int
+    gpu_share: float  # per GPU, 1.0 whole
+    models: tuple[str, ...]  # allowed models, empty for any
+    qos: str = ""
+    phase: str = ""
+    creation_time: float | None = None
+    deletion_time: float | None = None
+    scheduled_time: float | None = None
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.cpus, self.gpu_share if self.gpus else 0.0, self.gpus, self.models)
+
+
+class ModelMapper:
+    """Trace model name -> catalogue name, logged once per name per mapper."""
+
+    def __init__(self, catalogue: Catalogue | None = None) -> None:
+        self.catalogue = catalogue or default_catalogue()
+        self._seen: dict[str, str] = {}
+
+    def __call__(self, trace_name: str) -> str:
+        mapped = self._seen.get(trace_name)
+        if mapped is None:
+            catalogue = self.catalogue
+            # matched here rather than through catalogue.get(), which would warn a second time
+            known = trace_name in catalogue.names() or any(
+                pattern.search(trace_name) for pattern, _ in catalogue.patterns)
+            if known:
+                mapped = catalogue.resolve(trace_name)
+                log.info("trace GPU model %r is catalogue model %r", trace_name, mapped)
+            else:
+                mapped = trace_name
+                log.warning("trace GPU model %r is not in the GPU catalogue; kept as an unknown "
+                            "model (no tier, no specs)", trace_name)
+            self._seen[trace_name] = mapped
+        return mapped
+
+
+def _rows(path: Path, required: tuple[str, ...]):
+    try:
+        handle = path.open(newline="")
+    except OSError as exc:
+        raise OpenbError(f"{path}: cannot read: {exc.strerror}") from None
+    with handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in required if c not in (reader.fieldnames or ())]
+        if missing:
+            raise OpenbError(f"{path}: missing column(s) {', '.join(missing)} "
+                             f"(an openb CSV has {', '.join(required)})")
+        yield from enumerate(reader, start=2)
+
+
+def _number(path: Path, line: int, row: dict, column: str, default: float | None = None) -> float:
+    text = (row.get(column) or "").strip()
+    if not text and default is not None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise OpenbError(f"{path}:{line}: {column}: not a number: {text!r}") from None
+    if value < 0 or value != value:
+        raise OpenbError(f"{path}:{line}: {column}: must be >= 0, got {text!r}")
+    return value
+
+
+def load_nodes(path: str | Path, mapper: ModelMapper | None = None) -> list[OpenbNode]:
+    path = Path(path)
+    mapper = mapper or ModelMapper()
+    nodes = []
+    for line, row in _rows(path, NODE_COLUMNS):
+        gpus = _number(path, line, row, "gpu")
+        if gpus != int(gpus):
+            raise OpenbError(f"{path}:{line}: gpu: must be a whole number, got {row['gpu']!r}")
+        model = (row.get("model") or "").strip()
+        if model.lower() == "nan":
+            model = ""
+        if gpus and not model:
+            raise OpenbError(f"{path}:{line}: model: a node with GPUs needs a model")
+        nodes.append(OpenbNode(
+            name=(row.get("sn") or "").strip() or f"line-{line}",
+            cpus=_number(path, line, row, "cpu_milli") / 1000.0,
+            memory_mib=int(_number(path, line, row, "memory_mib", 0)),
+            gpus=int(gpus),
+            model=mapper(model) if gpus else "",
+        ))
+    return nodes
+
+
+def load_pods(path: str | Path, mapper: ModelMapper | None = None) -> list[OpenbPod]:
+    path = Path(path)
+    mapper = mapper or ModelMapper()
+    pods = []
+    for line, row in _rows(path, POD_COLUMNS):
+        gpus = _number(path, line, row, "num_gpu")
+        if gpus != int(gpus):
+            raise OpenbError(f"{path}:{line}: num_gpu: must be a whole number, got {row['num_gpu']!r}")
+        milli = _number(path, line, row, "gpu_milli", 0)
+        if milli > 1000:
+            raise OpenbError(f"{path}:{line}: gpu_milli: at most 1000 per GPU, got {row['gpu_milli']!r}")
+        spec = (row.get("gpu_spec") or "").strip()
+        models = tuple(sorted({mapper(m.strip()) for m in spec.split("|") if m.strip()}))
+
+        def time_of(column: str, line: int = line, row: dict = row) -> float | None:
+            return _number(path, line, row, column) if (row.get(column) or "").strip() else None
+
+        pods.append(OpenbPod(
+            name=(row.get("name") or "").strip() or f"line-{line}",
+            cpus=_number(path, line, row, "cpu_milli") / 1000.0,
+            memory_mib=int(_number(path, line, row, "memory_mib", 0)),
+            gpus=int(gpus),
+            gpu_share=milli / 1000.0,
+            models=models,
+            qos=(row.get("qos") or "").strip(),
+            phase=(row.get("pod_phase") or "").strip(),
+            creation_time=time_of("creation_time"),
+            deletion_time=time_of("deletion_time"),
+            scheduled_time=time_of("scheduled_time"),
+        ))
+    return pods
+
+
+def empty_state(nodes: list[OpenbNode]) -> FleetState:
+    """The trace cluster with nothing placed. Pools are GPU models (the trace has no partitions)."""
+    return build(
+        names=[n.name for n in nodes],
+        models=[n.model for n in nodes],
+        pools=[n.model or NO_GPU_POOL for n in nodes],
+        cpu_total=[n.cpus for n in nodes],
+        cpu_free=[n.cpus for n in nodes],
+        gpu_free=[[1.0] * n.gpus for n in nodes],
+    )

@@ -1,0 +1,241 @@
+"""``gpufleet analyze``: fragmentation of a fleet snapshot or of the openb trace cluster, offline.
+
+Input is either a snapshot (``--snapshot FILE.json``, as ``GET /v1/snapshot``
+serves it) or the openb node and pod CSVs: ``--empty`` measures the empty
+cluster, the pods defining only the target workload; ``--placed-by POLICY``
+places the pods first (that needs the placement engine). Prints a readable
+report, or JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from exporter import logs
+from exporter.analysis import configure, openb
+from exporter.analysis.fgd import FRAGMENT_REASONS, REASONS, compile_workload
+from exporter.analysis.index import Report, Scope, evaluate
+from exporter.analysis.state import FleetState, from_snapshot
+from exporter.analysis.workload import Workload, from_tasks, snapshot_shapes, typical
+from exporter.cli import UsageError
+from exporter.config import AnalysisConfig, ConfigError, load
+from exporter.snapshot import from_json
+
+DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else ""
+EPILOG = """examples:
+  gpufleet analyze --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv --empty
+  curl -s localhost:9874/v1/snapshot > snapshot.json
+  gpufleet analyze --snapshot snapshot.json --json
+
+workload: --pods gives the trace's typical shapes; without it a snapshot is
+measured against its own allocations' shapes, or the analysis.workload of
+--config when that is trace or shapes."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_argument_group("input (one of)")
+    source.add_argument("--snapshot", metavar="FILE.json",
+                        help="fleet snapshot as served at GET /v1/snapshot")
+    source.add_argument("--nodes", metavar="NODES.csv", help="openb node list")
+    parser.add_argument("--pods", metavar="PODS.csv",
+                        help="openb pod list: the target workload (and, with --placed-by, the pods)")
+    parser.add_argument("--empty", action="store_true",
+                        help="with --nodes: measure the empty cluster")
+    parser.add_argument("--placed-by", metavar="POLICY",
+                        help="with --nodes: place the pods by this policy first")
+    parser.add_argument("--seed", type=int, default=0, metavar="N",
+                        help="seed of the placement policy (default 0)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML config; its analysis: section sets slack, tier penalty, coverage")
+    parser.add_argument("--coverage", type=float, metavar="X",
+                        help="keep the most common shapes covering this share of tasks (default 0.95)")
+    parser.add_argument("--no-cpu-only", action="store_true",
+                        help="leave CPU-only tasks out of the target workload")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a report")
+    parser.add_argument("--top", type=int, default=10, metavar="N",
+                        help="worst nodes to list (default 10)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logs.setup("warning")
+    config = _analysis_config(args)
+    state, workload = _inputs(args, config)
+    report = evaluate(state, compile_workload(workload, state.model_names),
+                      configure.index_settings(config))
+    if args.json:
+        json.dump(report_json(report, top=args.top), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(report_text(report, top=args.top))
+    return 0
+
+
+def _analysis_config(args: argparse.Namespace) -> AnalysisConfig:
+    config = load(args.config).analysis
+    if args.coverage is not None:
+        if not 0 < args.coverage <= 1:
+            raise UsageError(f"--coverage: must be in (0, 1], got {args.coverage:g}")
+        config = replace(config, coverage=args.coverage)
+    if args.no_cpu_only:
+        config = replace(config, include_cpu_only=False)
+    if args.top < 0:
+        raise UsageError("--top: must be >= 0")
+    return config
+
+
+def _inputs(args: argparse.Namespace, config: AnalysisConfig) -> tuple[FleetState, Workload]:
+    if bool(args.snapshot) == bool(args.nodes):
+        raise UsageError("give either --snapshot FILE.json or --nodes NODES.csv")
+    if args.snapshot:
+        if args.empty or args.placed_by:
+            raise UsageError("--empty and --placed-by go with --nodes, not --snapshot")
+        snapshot = _read_snapshot(Path(args.snapshot))
+        if args.pods:
+            workload = configure.trace_workload(args.pods, config, key="--pods")
+        elif config.workload != "window":
+            workload = configure.fixed_workload(config)
+        else:
+            # a single snapshot is a window of one: measure it against its own jobs
+            workload = typical(snapshot_shapes(snapshot), coverage=config.coverage,
+                               include_cpu_only=config.include_cpu_only, source="snapshot")
+        return from_snapshot(snapshot), workload
+    if not args.pods:
+        raise UsageError("--nodes needs --pods PODS.csv (the target workload)")
+    if args.empty == bool(args.placed_by):
+        raise UsageError("with --nodes, give either --empty or --placed-by POLICY")
+    if args.placed_by:
+        _check_policy(args.placed_by)
+    mapper = openb.ModelMapper()
+    try:
+        nodes = openb.load_nodes(args.nodes, mapper)
+        pods = openb.load_pods(args.pods, mapper)
+    except openb.OpenbError as exc:
+        raise UsageError(str(exc)) from None
+    if args.placed_by:
+        return _placed(nodes, pods, args.placed_by, args.seed), _trace(pods, config)
+    return openb.empty_state(nodes), _trace(pods, config)
+
+
+def _trace(pods: list[openb.OpenbPod], config: AnalysisConfig) -> Workload:
+    return from_tasks((p.shape for p in pods), coverage=config.coverage,
+                      include_cpu_only=config.include_cpu_only)
+
+
+# The placement engine (issue 5) fills these two in: check the policy name, then place
+# `pods` on `nodes` by `policy` with `seed` and return the resulting state.
+def _check_policy(policy: str) -> None:
+    raise UsageError(f"--placed-by {policy}: placement engine not available yet; "
+                     "use --empty to measure the empty cluster")
+
+
+def _placed(nodes: list[openb.OpenbNode], pods: list[openb.OpenbPod], policy: str,
+            seed: int) -> FleetState:
+    raise UsageError(f"--placed-by {policy}: placement engine not available yet")
+
+
+def _read_snapshot(path: Path):
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: not a snapshot (expected a JSON object from /v1/snapshot)")
+    try:
+        return from_json(data)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise UsageError(f"{path}: not a valid snapshot: {exc}") from None
+
+
+def _scope_json(scope: Scope) -> dict[str, Any]:
+    return {
+        "index": round(scope.index, 4),
+        "fragmented_gpus": round(scope.fragmented_gpus, 4),
+        "idle_gpus": round(scope.idle_gpus, 4),
+        "total_gpus": round(scope.total_gpus, 4),
+        "fragmentation_ratio": round(scope.fragmentation_ratio, 6),
+        "allocated_ratio": round(scope.allocated_ratio, 6),
+        "tier_penalty": scope.penalty,
+        "breakdown": {r: round(scope.breakdown.get(r, 0.0), 4) for r in REASONS},
+    }
+
+
+def report_json(report: Report, top: int = 10) -> dict[str, Any]:
+    workload = report.workload.workload
+    return {
+        **_scope_json(report.cluster),
+        "compaction_due": report.compaction_due,
+        "compaction_threshold": report.settings.compaction_threshold,
+        "nodes": len(report.state),
+        "workload": {
+            "source": workload.source,
+            "shapes": len(workload),
+            "coverage": round(workload.coverage, 6),
+            "cpu_only_share": round(workload.cpu_only_share, 6),
+            "include_cpu_only": workload.include_cpu_only,
+            "list": [
+                {"cpus": s.cpus, "gpus": s.gpus, "gpu_share": s.gpu_share,
+                 "models": list(s.models), "weight": round(w, 6)}
+                for s, w in zip(workload.shapes, workload.weights, strict=True)
+            ],
+        },
+        "pools": {
+            p.name: {"model": p.model, **_scope_json(p)}
+            for p in sorted(report.pools, key=lambda p: (-p.index, p.name))
+        },
+        "tier_inversions": [
+            {"upper": i.upper, "lower": i.lower, "upper_allocated": round(i.upper_allocated, 6),
+             "lower_allocated": round(i.lower_allocated, 6)}
+            for i in report.inversions if i.inverted
+        ],
+        "worst_nodes": [
+            {"node": name, "fragmented_gpus": round(frag, 4), "idle_gpus": round(idle, 4)}
+            for name, frag, idle in report.worst_nodes(top)
+        ],
+    }
+
+
+def report_text(report: Report, top: int = 10) -> str:
+    c = report.cluster
+    w = report.workload.workload
+    due = "yes" if report.compaction_due else "no"
+    lines = [
+        f"Fragmentation index {c.index:.1f} / 100 "
+        f"(compaction due above {report.settings.compaction_threshold:g}: {due})",
+        f"Idle GPUs {c.idle_gpus:.1f} of {c.total_gpus:g} on {len(report.state)} nodes; "
+        f"fragmented {c.fragmented_gpus:.1f} ({100 * c.fragmentation_ratio:.1f}% of idle)",
+        f"Workload: {len(w)} shapes ({w.source}) covering {100 * w.coverage:.1f}% of tasks; "
+        f"CPU-only {100 * w.cpu_only_share:.1f}% "
+        f"({'included' if w.include_cpu_only else 'excluded'})",
+        "",
+        "Idle GPUs by reason:",
+    ]
+    for reason in REASONS:
+        gpus = c.breakdown.get(reason, 0.0)
+        share = 100 * gpus / c.idle_gpus if c.idle_gpus > 0 else 0.0
+        mark = "" if reason in FRAGMENT_REASONS else "  (usable)"
+        lines.append(f"  {reason:<11} {gpus:10.1f}  {share:5.1f}%{mark}")
+    lines += ["", "Pools, worst first:",
+              f"  {'pool':<14} {'model':<10} {'index':>6} {'fragmented':>11} {'idle':>9} "
+              f"{'total':>7} {'allocated':>9}"]
+    for p in sorted(report.pools, key=lambda p: (-p.index, p.name)):
+        lines.append(f"  {p.name:<14} {p.model:<10} {p.index:6.1f} {p.fragmented_gpus:11.1f} "
+                     f"{p.idle_gpus:9.1f} {p.total_gpus:7g} {100 * p.allocated_ratio:8.1f}%")
+    inverted = [i for i in report.inversions if i.inverted]
+    lines += ["", "Tier inversions: " + (", ".join(
+        f"{i.upper} idle ({100 * i.upper_allocated:.0f}%) while {i.lower} busy "
+        f"({100 * i.lower_allocated:.0f}%)" for i in inverted) or "none")]
+    worst = report.worst_nodes(top)
+    if worst:
+        lines += ["", "Most fragmented nodes:"]
+        lines += [f"  {name:<20} {frag:6.2f} of {idle:5.2f} idle GPUs" for name, frag, idle in worst]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["ConfigError", "add_arguments", "report_json", "report_text", "run"]

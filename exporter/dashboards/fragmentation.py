@@ -1,0 +1,138 @@
+"""``gpufleet-fragmentation.json``: when GPUs sit idle yet large jobs cannot start.
+
+The fragmentation index per pool and for the cluster against the compaction
+level (the fragmentation alert of the threshold table, which routes to the
+advisor), idle against fragmented GPUs and what the jobs waiting ask for,
+why GPUs count as fragmented, where they are, and tier inversions (a
+scarcer tier idle while a lower one is busy).
+
+Also what fragmentation is measured against: the target workload's task
+shapes and where they come from. The advisor's panels (decisions, plan sizes, GPUs freed, webhook deliveries)
+come with the advisor; it does not exist yet.
+"""
+
+from __future__ import annotations
+
+from grafanalib import core
+
+from exporter.dashboards import panels as p
+from exporter.dashboards import promql as q
+from exporter.dashboards.levels import DashboardLevels
+
+UID = "gpufleet-fragmentation"
+FILE = "gpufleet-fragmentation.json"
+TITLE = "gpufleet / Fragmentation"
+
+DATA_ONLY_WHEN_FIRING: tuple[str, ...] = ()
+
+HEAT = "continuous-GrYlRd"  # green to red by value: counts that no alert level applies to
+
+# gpufleet_tier_inversion is a state, 0 or 1: named and coloured, not thresholded
+INVERSION_STATES = [{"type": "value", "options": {
+    "0": {"index": 0, "text": "no", "color": "green"},
+    "1": {"index": 1, "text": "inverted", "color": "orange"},
+}}]
+
+
+def build(levels: DashboardLevels) -> core.Dashboard:
+    s = q.selector(q.FLEET)
+    pools = q.selector((("pool", "pool"),))
+    layout = p.Layout()
+
+    layout.row("Fragmentation now")
+    layout.add(p.stat("Cluster fragmentation index",
+                      p.targets(("gpufleet_cluster_fragmentation_index", "")), "none",
+                      steps=levels.fragmentation, color_mode="background", minimum=0, maximum=100,
+                      description=f"0-100; colours: the fragmentation alert's levels from "
+                                  f"{levels.source}, where compaction starts."), 6, 5)
+    layout.add(p.stat("Fragmented GPUs", p.targets(("gpufleet_cluster_fragmented_gpus", "")),
+                      "none", description="Idle GPU capacity no job of the workload can use."),
+               4, 5)
+    layout.add(p.stat("Idle GPUs", p.targets(("gpufleet_cluster_idle_gpus", "")), "none",
+                      description="Idle GPU capacity in the cluster, in GPUs."), 4, 5)
+    layout.add(p.stat("Fragmented share of idle",
+                      p.targets(("gpufleet_cluster_fragmentation_ratio", "")), "percentunit",
+                      minimum=0, maximum=1), 5, 5)
+    layout.add(p.stat("Pending GPUs",
+                      p.targets((f"sum(gpufleet_pending_gpus{pools}) or vector(0)", "")), "none",
+                      description="GPUs asked for by jobs waiting to start."), 5, 5)
+
+    layout.row("Over time")
+    layout.add(p.timeseries(
+        "Fragmentation index",
+        p.targets(("gpufleet_cluster_fragmentation_index", "cluster"),
+                  (f"gpufleet_pool_fragmentation_index{s}", "{{pool}} {{model}}")),
+        "none", steps=levels.fragmentation, minimum=0, maximum=100,
+        description=f"0-100. Line: the compaction level, the fragmentation alert's level from "
+                    f"{levels.source}.",
+    ), 24, 9)
+    layout.add(p.timeseries(
+        "Idle against fragmented GPUs per pool",
+        p.targets(
+            (f"sum by (pool) (gpufleet_pool_idle_gpus{s})", "{{pool}} idle"),
+            (f"sum by (pool) (gpufleet_pool_fragmented_gpus{s})", "{{pool}} fragmented"),
+            (q.zero_filled_by_pool(f"sum by (pool) (gpufleet_pending_gpus{pools})", pools),
+             "{{pool}} pending"),
+        ),
+        "none", minimum=0,
+        description="Idle: unallocated GPU capacity, in GPUs. Fragmented: the part of it "
+                    "the target workload cannot use. Pending: GPUs waiting jobs ask for.",
+    ), 14, 9)
+    layout.add(p.timeseries(
+        "Fragmented GPUs by reason",
+        p.targets(("gpufleet_cluster_fragmented_gpus_by_reason", "{{reason}}")),
+        "none", stack=True, fill=40, minimum=0,
+    ), 10, 9)
+
+    layout.row("Where")
+    layout.add(p.stat(
+        "Fragmented GPUs per node",
+        p.targets((f"gpufleet_node_fragmented_gpus and on (node) gpufleet_node_info{s}",
+                   "{{node}}")),
+        "none", color_mode="background", graph=False, text_mode="value_and_name",
+        continuous=HEAT, minimum=0,
+        description="A heat map of nodes: green has no fragmented GPU, red the most.",
+    ), 16, 12)
+    layout.add(p.table(
+        "Tier inversions",
+        p.targets(("gpufleet_tier_inversion", ""), instant=True), "none",
+        hide=("job",), rename={"Value": "now"}, order=("upper", "lower", "Value"),
+        sort_by="Value", color_column="Value", mappings=INVERSION_STATES,
+        description="One row per pair of pools of different tiers: inverted while the "
+                    "scarcer tier (upper) sits idle and the lower one is busy, so jobs run on "
+                    "the wrong GPUs.",
+    ), 8, 12)
+
+    layout.row("Target workload")
+    layout.add(p.stat("Task shapes", p.targets(("gpufleet_fragmentation_workload_shapes", "")),
+                      "none", graph=False,
+                      description="Task shapes (GPUs, share, CPUs, models) that fragmentation "
+                                  "is measured against."), 6, 4)
+    layout.add(p.stat("Tasks the shapes cover",
+                      p.targets(("gpufleet_fragmentation_workload_coverage_ratio", "")),
+                      "percentunit", graph=False, minimum=0, maximum=1), 6, 4)
+    layout.add(p.stat("CPU-only weight",
+                      p.targets(("gpufleet_fragmentation_workload_cpu_only_ratio", "")),
+                      "percentunit", graph=False, minimum=0, maximum=1,
+                      description="Weight of CPU-only tasks in the target workload."), 6, 4)
+    layout.add(p.table(
+        "Workload source",
+        p.targets(("gpufleet_fragmentation_workload_info", ""), instant=True), "none",
+        hide=("Value", "job"), order=("source", "cpu_only"),
+        description="window: live allocations over recent snapshots; trace: an openb pod "
+                    "trace; shapes: listed in the config.",
+    ), 6, 4)
+
+    return p.dashboard(
+        uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,
+        description="Fragmentation index, idle against fragmented GPUs, reasons, nodes and "
+                    "tier inversions.",
+        variables=[
+            p.datasource_variable(),
+            p.query_variable("pool", "Pool", "label_values(gpufleet_gpu_info, pool)"),
+            p.query_variable("model", "Model",
+                             'label_values(gpufleet_gpu_info{pool=~"$pool"}, model)'),
+        ],
+        links=[p.dashboard_link("Fleet overview", "gpufleet-fleet"),
+               p.dashboard_link("Node drill-down", "gpufleet-node")],
+    )

@@ -1,0 +1,177 @@
+"""``gpufleet-node.json``: the drill-down, per node and GPU.
+
+Every per-GPU metric over time, the MIG instances, and the job holding each
+GPU (from ``gpufleet_gpu_allocation_info``, the only series that carries job
+metadata). Nodes are chosen one or a few at a time: 1,088 GPUs on one chart
+answer no question.
+"""
+
+from __future__ import annotations
+
+import re
+
+from grafanalib import core
+
+from exporter.dashboards import panels as p
+from exporter.dashboards import promql as q
+from exporter.dashboards.levels import DashboardLevels
+
+UID = "gpufleet-node"
+FILE = "gpufleet-node.json"
+TITLE = "gpufleet / Node and GPU"
+
+DATA_ONLY_WHEN_FIRING: tuple[str, ...] = ()
+
+GPU_LEGEND = "{{node}}/{{gpu}}"
+
+
+def _per_gpu(title: str, metric_expr: str, unit: str, **options) -> core.TimeSeries:
+    return p.timeseries(title, p.targets((metric_expr, GPU_LEGEND)), unit, **options)
+
+
+def build(levels: DashboardLevels) -> core.Dashboard:
+    g = q.selector(q.GPU)
+    n = q.selector(q.NODE)
+    layout = p.Layout()
+
+    layout.row("Nodes")
+    columns = ("GPUs", "GPUs allocated", "CPU cores", "CPU cores allocated")
+    layout.add(p.table(
+        "Nodes",
+        p.targets(
+            (f"count by (node, pool, model) (gpufleet_gpu_info{n})", ""),
+            (f"sum by (node, pool, model) (gpufleet_gpu_allocated_ratio{n})", ""),
+            (f"sum by (node, pool, model) (gpufleet_node_cpu_cores{n})", ""),
+            (f"sum by (node, pool, model) (gpufleet_node_cpu_allocated_cores{n})", ""),
+            instant=True,
+        ),
+        "none",
+        rename={f"Value #{chr(ord('A') + i)}": name for i, name in enumerate(columns)},
+        order=("node", "pool", "model", *(f"Value #{chr(ord('A') + i)}" for i in range(4))),
+        sort_by="node", descending=False,
+    ), 14, 6)
+    layout.add(p.stat("MIG instances",
+                      p.targets((f"count(gpufleet_gpu_mig_instance_info{g}) or vector(0)", "")),
+                      "none", graph=False,
+                      description="MIG GPU instances on the selected GPUs."), 5, 6)
+    layout.add(p.stat("Energy in the time range",
+                      p.targets((f"sum(increase(gpufleet_gpu_energy_joules_total{g}[$__range]))",
+                                 "")),
+                      "joule", graph=False,
+                      description="Energy the selected GPUs consumed over the dashboard's "
+                                  "time range."), 5, 6)
+
+    layout.row("Jobs and MIG instances")
+    layout.add(p.table(
+        "Job holding each GPU",
+        p.targets((q.allocations(g), ""), instant=True), "none",
+        hide=("Value", "uuid", "job", "exported_job", "model", "pool"),
+        rename={"job_name": "job", "job_gpus": "job GPUs"},
+        order=("node", "gpu", "job_name", "namespace", "pod", "job_gpus", "priority"),
+        sort_by="gpu", descending=False,
+        description="From gpufleet_gpu_allocation_info; a GPU shared by several jobs has one "
+                    "row per job, an idle GPU none.",
+    ), 12, 9)
+    layout.add(p.table(
+        "MIG instances",
+        p.targets((f"gpufleet_gpu_mig_memory_used_bytes{g}", ""),
+                  (f"gpufleet_gpu_mig_memory_total_bytes{g}", ""), instant=True),
+        "bytes",
+        hide=("uuid", "job", "model", "pool"),
+        rename={"Value #A": "memory used", "Value #B": "memory total"},
+        order=("node", "gpu", "instance", "profile", "Value #A", "Value #B"),
+        sort_by="gpu", descending=False,
+        description="Empty unless the selected GPUs run in MIG mode.",
+    ), 12, 9)
+    layout.add(p.timeseries(
+        "MIG instance memory used",
+        p.targets((f"gpufleet_gpu_mig_memory_used_bytes{g}",
+                   "{{node}}/{{gpu}} {{profile}} #{{instance}}")),
+        "bytes", minimum=0,
+        description="Empty unless the selected GPUs run in MIG mode.",
+    ), 24, 8)
+
+    layout.row("GPU metrics")
+    layout.add(p.timeseries(
+        "Up and stale",
+        p.targets((f"gpufleet_gpu_up{g}", f"{GPU_LEGEND} up"),
+                  (f"gpufleet_gpu_stale{g}", f"{GPU_LEGEND} stale")),
+        "none", minimum=0, maximum=1, step_after=True, fill=0,
+        description="up 1: the GPU answered its last read. stale 1: the values are the last "
+                    "good reading because the source fails.",
+    ), 12, 8)
+    layout.add(_per_gpu("Allocated share", f"gpufleet_gpu_allocated_ratio{g}", "percentunit",
+                        minimum=0, maximum=1, step_after=True,
+                        description="Share of the GPU held by jobs."), 12, 8)
+    layout.add(_per_gpu("Utilization", f"gpufleet_gpu_utilization_ratio{g}", "percentunit",
+                        minimum=0, maximum=1), 12, 8)
+    layout.add(_per_gpu("Memory used ratio", q.memory_used_ratio(g), "percentunit",
+                        steps=levels.memory, minimum=0, maximum=1,
+                        description=f"Lines: the GPU memory alert's levels from "
+                                    f"{levels.source}."), 12, 8)
+    layout.add(p.timeseries(
+        "Memory used and total",
+        p.targets((f"gpufleet_gpu_memory_used_bytes{g}", f"{GPU_LEGEND} used"),
+                  (f"gpufleet_gpu_memory_total_bytes{g}", f"{GPU_LEGEND} total")),
+        "bytes", minimum=0,
+    ), 12, 8)
+    layout.add(_per_gpu("Temperature", f"gpufleet_gpu_temperature_celsius{g}", "celsius",
+                        steps=levels.temperature,
+                        description=f"Lines: the temperature alert's levels from "
+                                    f"{levels.source}."), 12, 8)
+    layout.add(p.timeseries(
+        "Power against limit",
+        p.targets((f"gpufleet_gpu_power_watts{g}", f"{GPU_LEGEND} draw"),
+                  (f"gpufleet_gpu_power_limit_watts{g}", f"{GPU_LEGEND} limit")),
+        "watt", minimum=0,
+    ), 12, 8)
+    layout.add(p.bar_gauge(
+        "Power draw now",
+        p.targets((f"gpufleet_gpu_power_watts{g}", "{{model}} " + GPU_LEGEND)),
+        "watt",
+        overrides=[p.by_name_thresholds(f"^{re.escape(model)} ", steps, regex=True)
+                   for model, steps in levels.power],
+        description=f"Coloured by the power alert's levels for each GPU's model from "
+                    f"{levels.source}.",
+    ), 12, 8)
+    layout.add(_per_gpu("Power from the energy counter",
+                        f"rate(gpufleet_gpu_energy_joules_total{g}[$__rate_interval])", "watt",
+                        minimum=0,
+                        description="Mean power over each interval, from "
+                                    "gpufleet_gpu_energy_joules_total."), 12, 8)
+    layout.add(p.timeseries(
+        "NVLink traffic against capacity",
+        p.targets(
+            (f"rate(gpufleet_gpu_nvlink_transmit_bytes_total{g}[$__rate_interval])",
+             f"{GPU_LEGEND} transmit"),
+            (f"rate(gpufleet_gpu_nvlink_receive_bytes_total{g}[$__rate_interval])",
+             f"{GPU_LEGEND} receive"),
+            (f"gpufleet_gpu_nvlink_capacity_bytes_per_second{g}", f"{GPU_LEGEND} capacity"),
+        ),
+        "Bps", minimum=0,
+        description="Capacity is both directions together, from the GPU catalogue.",
+    ), 12, 8)
+    layout.add(_per_gpu("NVLink utilization", q.nvlink_utilization(g), "percentunit",
+                        steps=levels.nvlink_low, minimum=0, maximum=1,
+                        description=f"Share of NVLink bandwidth in use over 5 min. Lines: the "
+                                    f"NVLink alert's levels from {levels.source}; that alert "
+                                    f"looks only at busy GPUs of multi-GPU jobs."),
+                12, 8)
+
+    return p.dashboard(
+        uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,
+        description="Per node and GPU: every per-GPU metric, MIG instances and the job "
+                    "holding each GPU.",
+        variables=[
+            p.datasource_variable(),
+            p.query_variable("pool", "Pool", "label_values(gpufleet_gpu_info, pool)"),
+            p.query_variable("model", "Model",
+                             'label_values(gpufleet_gpu_info{pool=~"$pool"}, model)'),
+            p.query_variable("node", "Node",
+                             'label_values(gpufleet_gpu_info{pool=~"$pool",model=~"$model"}, node)',
+                             include_all=False),
+            p.query_variable("gpu", "GPU", 'label_values(gpufleet_gpu_info{node=~"$node"}, gpu)'),
+        ],
+        links=[p.dashboard_link("Fleet overview", "gpufleet-fleet"),
+               p.dashboard_link("Fragmentation", "gpufleet-fragmentation")],
+    )

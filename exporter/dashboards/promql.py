@@ -1,0 +1,75 @@
+"""PromQL pieces the dashboards share: label selectors built from the template
+variables, and the expressions more than one panel needs.
+
+Where the alerting package records a series (``rules/gpufleet-recording.yaml``,
+``level:metric:operations`` names) the dashboards read the recorded series
+rather than repeat its expression, so Prometheus computes it once for alerts
+and panels alike; that file must be loaded into Prometheus.
+
+Joins are ``on (node, gpu)``: a GPU's place identifies it, and the other
+identity labels (uuid, model, pool) then need not agree between series.
+"""
+
+from __future__ import annotations
+
+# label -> template variable; multi-value variables expand to a regex alternation,
+# so every selector matches with =~
+FLEET = (("pool", "pool"), ("model", "model"))
+NODE = (*FLEET, ("node", "node"))
+GPU = (*NODE, ("gpu", "gpu"))
+
+
+def selector(labels: tuple[tuple[str, str], ...], *extra: str) -> str:
+    """``{pool=~"$pool",model=~"$model"}`` plus any extra matchers."""
+    matchers = [f'{label}=~"${variable}"' for label, variable in labels] + list(extra)
+    return "{" + ",".join(matchers) + "}"
+
+
+def allocations(sel: str) -> str:
+    """``gpufleet_gpu_allocation_info`` with the job's name copied into ``job_name``.
+
+    The exporter's ``job`` label collides with the ``job`` label Prometheus sets
+    on every scraped series. With the default ``honor_labels: false`` the
+    exporter's value arrives as ``exported_job``; with ``honor_labels: true`` it
+    stays ``job``. The inner label_replace copies ``job``; the outer one
+    replaces it with ``exported_job`` when that exists, so the panels show the
+    job's name under either scrape setting.
+    """
+    inner = f'label_replace(gpufleet_gpu_allocation_info{sel}, "job_name", "$1", "job", "(.*)")'
+    return f'label_replace({inner}, "job_name", "$1", "exported_job", "(.+)")'
+
+
+def nvlink_utilization(sel: str) -> str:
+    """Share of the GPU's NVLink bandwidth in use over 5 min, both directions together (0-1)."""
+    return f"gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m{sel}"
+
+
+def memory_used_ratio(sel: str) -> str:
+    return f"gpu:gpufleet_gpu_memory_used:ratio{sel}"
+
+
+def gpus_in_state(state: str, sel: str, by: str = "") -> str:
+    """GPUs that are allocated, idle or lost, as a sum that is 0 (not absent) when none are.
+
+    States do not overlap: a lost GPU (``gpufleet_gpu_up`` 0) is lost whether or
+    not a job still holds it; allocated and idle count answering GPUs only.
+    """
+    grouping = f" by ({by})" if by else ""
+    if state == "lost":
+        return f"sum{grouping} (gpufleet_gpu_up{sel} == bool 0)"
+    if state == "idle":
+        return f"sum{grouping} (pool:gpufleet_gpu_idle:count{sel})"
+    if state == "allocated":
+        return f"sum{grouping} ((gpufleet_gpu_allocated_ratio{sel} > bool 0) * gpufleet_gpu_up{sel})"
+    raise ValueError(f"unknown GPU state {state!r}")
+
+
+def firing_alerts(names: tuple[str, ...]) -> str:
+    """The gpufleet alerts that fire now: those the threshold table generates, nothing else."""
+    return f'ALERTS{{alertstate="firing",alertname=~"{"|".join(sorted(names))}"}}'
+
+
+def zero_filled_by_pool(expr: str, sel: str) -> str:
+    """``expr`` (a sum by pool) with 0 for every pool it has no series for, so a pool
+    with nothing pending shows 0 rather than a gap."""
+    return f"{expr} or sum by (pool) (0 * gpufleet_node_info{sel})"

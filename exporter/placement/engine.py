@@ -1,0 +1,356 @@
+"""Where a task goes: one node and its exact GPUs, chosen by a placement policy.
+
+Two ways in:
+
+- :func:`place`, :func:`apply` and :func:`release` work on an immutable
+  :class:`~exporter.analysis.state.FleetState` and return new ones: what the
+  advisor uses to check that a job it moves has somewhere to go;
+- :class:`Placer` keeps a working copy of the fleet for loops that place
+  thousands of tasks (trace replay, the simulated fleet). It remembers, per
+  task shape, each node's best choice and score, and re-evaluates only the
+  nodes that changed since that shape was last placed. One placement changes
+  one node, so most placements re-evaluate a handful of nodes.
+
+A policy scores each node's best choice for the task and the lowest score
+wins. Ties go to the first node in the state's order (name order for the
+openb trace and the simulated fleet), as in the reference simulator, whose
+scheduler picks the smallest node name among equal scores "for
+reproducibility": placements are deterministic, and ties pack onto the first
+nodes. Only ``random`` draws from the random generator. Within a node a
+whole-GPU task takes fully free GPUs (which ones changes no measure) and a
+fractional task takes the smallest GPU it fits on, unless the policy says
+otherwise (``fgd`` tries each; ``random`` picks one at random).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exporter.analysis.fgd import (
+    CompiledWorkload,
+    compile_workload,
+    one_node_fragmentation,
+    rows_fragmentation,
+)
+from exporter.analysis.state import EPS, FleetState, with_node
+from exporter.analysis.workload import Shape, Workload
+from exporter.catalogue import Catalogue, default_catalogue
+from exporter.placement import policies
+from exporter.placement.tiers import tier_models
+from exporter.snapshot import Allocation
+from exporter.snapshot import Placement as SnapshotPlacement
+
+POLICIES = policies.POLICIES
+TOL = 1e-9  # scores this close are ties (F_n sums carry 1e-16 noise)
+CACHE_LIMIT = 2048  # task shapes remembered before the cache starts over
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """What one task asks of one node.
+
+    ``gpu_share`` is the share of each of its ``gpus`` GPUs (1.0 whole);
+    ``models`` the GPU models it may run on (empty: any);
+    ``gpu_memory_need_bytes`` the memory it needs per GPU, when it says
+    (the ``tiered`` policy picks models by it; the openb trace gives none).
+    """
+
+    cpus: float = 0.0
+    gpus: int = 0
+    gpu_share: float = 1.0
+    models: tuple[str, ...] = ()
+    gpu_memory_need_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.cpus < 0 or self.gpus < 0:
+            raise ValueError(f"a task needs cpus >= 0 and gpus >= 0, got {self.cpus}, {self.gpus}")
+        if self.gpus and not 0 < self.gpu_share <= 1 + EPS:
+            raise ValueError(f"gpu_share must be in (0, 1], got {self.gpu_share}")
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.gpus == 0
+
+    @property
+    def gpu_demand(self) -> float:
+        """GPUs asked for, fractional shares summed."""
+        return 0.0 if self.cpu_only else self.gpus * self.gpu_share
+
+    @classmethod
+    def from_shape(cls, shape: Shape, gpu_memory_need_bytes: int | None = None) -> Task:
+        if shape.cpu_only:
+            return cls(shape.cpus, 0, 1.0, (), None)
+        return cls(shape.cpus, shape.gpus, shape.gpu_share, shape.models, gpu_memory_need_bytes)
+
+    @classmethod
+    def from_allocation(cls, alloc: Allocation, part: SnapshotPlacement) -> Task:
+        """The task one node's part of a running job is: what re-placing it must find room for."""
+        gpus = len(part.gpus)
+        return cls(part.cpus, gpus, part.gpu_share if gpus else 1.0, alloc.allowed_models,
+                   alloc.gpu_memory_need_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A node and the GPUs on it: ``slots`` index the state's ``gpu_free`` row, ``gpus``
+    are the GPU indices on the node (the same unless GPUs are down)."""
+
+    node: int
+    node_name: str
+    slots: tuple[int, ...]
+    gpus: tuple[int, ...]
+    gpu_share: float
+    cpus: float
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One task shape's per-node choices, valid for nodes whose version is ``seen``."""
+
+    nodes: np.ndarray  # node indices the shape may use
+    key: np.ndarray  # score of each node's best choice; inf where it does not fit
+    tight: np.ndarray  # free share of the GPUs chosen: the tie-break
+    slot: np.ndarray  # the GPU slot chosen, for a fractional one-GPU task
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+class Placer:
+    """A working copy of a fleet that places tasks fast and remembers what it placed.
+
+    ``workload`` is the target workload the ``fgd`` and ``tiered`` policies
+    measure fragmentation against; with it the placer also keeps every node's
+    F_n(M) current (:attr:`node_fragmented`), which the replay reports.
+    """
+
+    def __init__(self, state: FleetState, workload: Workload | CompiledWorkload | None = None,
+                 catalogue: Catalogue | None = None) -> None:
+        self.names = state.names
+        self.model_names = state.model_names
+        self.model = state.model
+        self.gpu_count = state.gpu_count
+        self.cpu_total = state.cpu_total
+        self.gpu_index = state.gpu_index
+        self._template = state
+        self.cpu_free = state.cpu_free.astype(float, copy=True)
+        self.gpu_free = state.gpu_free.astype(float, copy=True)
+        self.catalogue = catalogue or default_catalogue()
+        if isinstance(workload, Workload):
+            workload = compile_workload(workload, state.model_names)
+        if workload is not None and workload.model_names != state.model_names:
+            raise ValueError("workload was compiled for another fleet's models; compile it again")
+        self.workload = workload
+        self.node_fragmented = (rows_fragmentation(self.cpu_free, self.gpu_free, self.model, workload)
+                                if workload is not None else None)
+        finite = state.cpu_total[np.isfinite(state.cpu_total)]
+        # bestfit and dotprod normalise by the largest node, as the reference simulator does
+        # with its MaxSpec constants (128 cores and 8 GPUs, the largest openb node)
+        self.norms = (float(finite.max()) if len(finite) and finite.max() > 0 else 1.0,
+                      float(max(1, int(state.gpu_count.max(initial=1)))))
+        self.version = np.zeros(len(state.names), dtype=np.int64)
+        self._clock = 0
+        self._cache: dict[tuple, _Entry] = {}
+        self._subsets: dict[tuple, tuple[np.ndarray, tuple[str, ...]]] = {}
+
+    # -- state -----------------------------------------------------------------
+
+    @property
+    def state(self) -> FleetState:
+        """The fleet as it is now, as an immutable state (a copy)."""
+        t = self._template
+        return FleetState(t.names, t.model_names, t.pool_names, t.model, t.pool, t.cpu_total,
+                          self.cpu_free.copy(), self.gpu_free.copy(), t.gpu_count, t.gpu_index)
+
+    @property
+    def total_gpus(self) -> float:
+        return float(self.gpu_count.sum())
+
+    @property
+    def idle_gpus(self) -> float:
+        return float(self.gpu_free.sum())
+
+    @property
+    def fragmented_gpus(self) -> float:
+        if self.node_fragmented is None:
+            raise ValueError("this placer has no target workload to measure fragmentation against")
+        return float(self.node_fragmented.sum())
+
+    # -- placing ----------------------------------------------------------------
+
+    def place(self, task: Task, policy: str, rng: np.random.Generator | None = None,
+              exclude: Sequence[int] = ()) -> Placement | None:
+        """The node and GPUs ``policy`` picks for ``task``, or None when it fits nowhere.
+
+        Nothing changes until :meth:`apply`. ``rng`` drives ``random`` (and is
+        required for it); every other policy is deterministic. ``exclude`` lists
+        node indices the task must not go to (the advisor moving a job *off* a node).
+        """
+        if policy not in POLICIES:
+            raise ValueError(f"unknown placement policy {policy!r}; one of {', '.join(POLICIES)}")
+        if policy == "random" and rng is None:
+            raise ValueError("the random policy needs a random generator")
+        scoring = "fgd" if policy == "tiered" else policy
+        if scoring == "fgd" and self.workload is None:
+            raise ValueError(f"the {policy} policy needs a target workload to measure fragmentation")
+        nodes, allowed = self._nodes_for(task, policy)
+        if len(nodes) == 0:
+            return None
+        ask = policies.Ask.of(task)
+        key = (scoring, ask, allowed)
+        entry = self._cache.get(key)
+        if entry is None:
+            if len(self._cache) >= CACHE_LIMIT:
+                self._cache.clear()
+            n = len(nodes)
+            entry = _Entry(nodes, np.full(n, np.inf), np.zeros(n), np.full(n, -1, dtype=np.intp),
+                           np.full(n, -1, dtype=np.int64))
+            self._cache[key] = entry
+        now = self.version[nodes]
+        dirty = np.flatnonzero(now != entry.seen)
+        if len(dirty):
+            choice = policies.evaluate(scoring, self, nodes[dirty], ask)
+            entry.key[dirty] = choice.key
+            entry.tight[dirty] = choice.tight
+            entry.slot[dirty] = choice.slot
+            entry.seen[dirty] = now[dirty]
+        keys = entry.key
+        if len(exclude):
+            keys = np.where(np.isin(nodes, np.asarray(exclude, dtype=np.intp)), np.inf, keys)
+        pick = select(keys, entry.tight, policies.TIE[scoring], rng if policy == "random" else None)
+        if pick is None:
+            return None
+        node = int(nodes[pick])
+        return self._placement(node, self._slots(node, ask, policy, int(entry.slot[pick]), rng), ask)
+
+    def apply(self, placement: Placement) -> None:
+        """Hold the placement's CPUs and GPU shares."""
+        node, slots = placement.node, list(placement.slots)
+        row = self.gpu_free[node]
+        if (row[slots] < placement.gpu_share - EPS).any() or self.cpu_free[node] < placement.cpus - EPS:
+            raise ValueError(f"placement on {placement.node_name} no longer fits")
+        row[slots] = np.maximum(row[slots] - placement.gpu_share, 0.0)
+        self.cpu_free[node] = max(0.0, self.cpu_free[node] - placement.cpus)
+        self._changed(node)
+
+    def release(self, placement: Placement) -> None:
+        """Give back what :meth:`apply` held (a job that finished or moves away)."""
+        node, slots = placement.node, list(placement.slots)
+        row = self.gpu_free[node]
+        row[slots] = np.minimum(row[slots] + placement.gpu_share, 1.0)
+        self.cpu_free[node] = min(float(self.cpu_total[node]), self.cpu_free[node] + placement.cpus)
+        self._changed(node)
+
+    def _changed(self, node: int) -> None:
+        self._clock += 1
+        self.version[node] = self._clock
+        if self.workload is not None:
+            assert self.node_fragmented is not None
+            self.node_fragmented[node] = one_node_fragmentation(
+                float(self.cpu_free[node]), self.gpu_free[node], int(self.model[node]), self.workload)
+
+    def _nodes_for(self, task: Task, policy: str) -> tuple[np.ndarray, tuple[str, ...]]:
+        """The nodes whose model the task may use (``tiered``: by its memory need), and those models."""
+        tiered = policy == "tiered" and task.gpu_memory_need_bytes is not None and not task.cpu_only
+        key = (task.models if not task.cpu_only else (), task.gpu_memory_need_bytes if tiered else None)
+        found = self._subsets.get(key)
+        if found is None:
+            if tiered:
+                assert task.gpu_memory_need_bytes is not None
+                allowed = tier_models(task.gpu_memory_need_bytes, self.model_names, key[0], self.catalogue)
+            elif key[0]:
+                allowed = tuple(m for m in self.model_names if m in key[0])
+            else:
+                allowed = self.model_names
+            ids = [i for i, m in enumerate(self.model_names) if m in allowed]
+            found = (np.flatnonzero(np.isin(self.model, ids)), allowed)
+            self._subsets[key] = found
+        return found
+
+    def _slots(self, node: int, ask: policies.Ask, policy: str, cached: int,
+               rng: np.random.Generator | None) -> tuple[int, ...]:
+        row = self.gpu_free[node]
+        if ask.kind == "cpu":
+            return ()
+        if ask.kind == "whole":
+            # any fully free GPUs leave the node in the same state: take the first ones
+            return tuple(int(s) for s in np.flatnonzero(row >= 1.0 - EPS)[: ask.gpus])
+        if ask.kind == "frac1":
+            if policy == "random":
+                assert rng is not None
+                return (int(rng.choice(np.flatnonzero(row >= ask.share - EPS))),)
+            return (cached,)
+        # several fractional GPUs: the tightest ones the task fits on
+        tight = np.where(row >= ask.share - EPS, row, np.inf)
+        return tuple(int(s) for s in np.argsort(tight, kind="stable")[: ask.gpus])
+
+    def _placement(self, node: int, slots: tuple[int, ...], ask: policies.Ask) -> Placement:
+        gpus = slots if self.gpu_index is None else tuple(int(self.gpu_index[node, s]) for s in slots)
+        return Placement(node, self.names[node], slots, gpus, ask.share if slots else 0.0, ask.cpus)
+
+
+def select(key: np.ndarray, second: np.ndarray, tie: float = TOL,
+           rng: np.random.Generator | None = None) -> int | None:
+    """Position of the best choice: the lowest ``key`` (within ``tie``), then the lowest ``second``,
+    then the first position, or a random one when ``rng`` is given; None if every key is inf."""
+    if len(key) == 0:
+        return None
+    best = key.min()
+    if not np.isfinite(best):
+        return None
+    ties = np.flatnonzero(key <= best + tie)
+    if len(ties) > 1:
+        s = second[ties]
+        ties = ties[s <= s.min() + TOL]
+    if len(ties) == 1 or rng is None:
+        return int(ties[0])
+    return int(ties[rng.integers(len(ties))])
+
+
+def place(state: FleetState, task: Task, policy: str, rng: np.random.Generator | None = None, *,
+          workload: Workload | CompiledWorkload | None = None,
+          catalogue: Catalogue | None = None) -> Placement | None:
+    """The node and exact GPUs ``policy`` picks for ``task`` on ``state``, or None if it fits nowhere.
+
+    ``workload`` is the target workload ``fgd`` and ``tiered`` minimise fragmentation
+    against (required for them).
+    """
+    return Placer(state, workload, catalogue).place(task, policy, rng)
+
+
+def apply(state: FleetState, placement: Placement) -> FleetState:
+    """The fleet with the placement's CPUs and GPU shares held; ValueError if it no longer fits."""
+    node = placement.node
+    row = state.gpu_free[node, : state.gpu_count[node]].copy()
+    slots = list(placement.slots)
+    if (row[slots] < placement.gpu_share - EPS).any() or state.cpu_free[node] < placement.cpus - EPS:
+        raise ValueError(f"placement on {placement.node_name} no longer fits")
+    row[slots] -= placement.gpu_share
+    return with_node(state, node, float(state.cpu_free[node]) - placement.cpus, row)
+
+
+def release(state: FleetState, placement: Placement) -> FleetState:
+    """The fleet with what the placement held given back."""
+    node = placement.node
+    row = state.gpu_free[node, : state.gpu_count[node]].copy()
+    row[list(placement.slots)] += placement.gpu_share
+    cpus = min(float(state.cpu_total[node]), float(state.cpu_free[node]) + placement.cpus)
+    return with_node(state, node, cpus, row)
+
+
+def place_all(state: FleetState, tasks: Sequence[Task], policy: str, rng: np.random.Generator | None = None,
+              *, workload: Workload | CompiledWorkload | None = None) -> tuple[FleetState, int]:
+    """Place tasks one after another (arrivals only); the final state and how many fit nowhere."""
+    placer = Placer(state, workload)
+    failed = 0
+    for task in tasks:
+        found = placer.place(task, policy, rng)
+        if found is None:
+            failed += 1
+        else:
+            placer.apply(found)
+    return placer.state, failed
+
+
+__all__ = ["POLICIES", "Placement", "Placer", "Task", "apply", "place", "place_all", "release", "select"]

@@ -1,0 +1,199 @@
+"""Placement policies: each scores every node's best choice for a task, vectorised over nodes.
+
+A score is lower-is-better; ``inf`` means the task does not fit the node.
+``tight`` (the free share of the GPUs the choice takes) breaks ties, so
+among equal scores the fuller GPU wins. What each policy scores, with the
+reference simulator's plugin it follows (hkust-adsl/kubernetes-scheduler-
+simulator, ``pkg/simulator/plugin``):
+
+- ``fgd``: how much the node's F_n(M) grows, i.e. minus its decrease (FGD,
+  ``fgd_score.go``). A fractional task tries each GPU it fits on (GPUs with
+  the same free share give the same F_n, so one of each); a whole-GPU task
+  takes fully free GPUs; a CPU-only task changes only the node's CPU.
+- ``bestfit``: the free CPU and GPU left after placing, each normalised by the
+  largest node and weighted 1/2 (``best_fit_score.go``).
+- ``packing``: GPUs already shared first (the fuller the better), then a node
+  already in use (the fewer fresh GPUs the better), then an empty node (the
+  fewer GPUs the better) (``gpu_packing_score.go``). A CPU-only task has no
+  GPU to pack: any node that fits, at random, as the reference does.
+- ``dotprod``: the dot product of the node's free vector and the task's
+  request, both normalised by the largest node (Tetris' alignment score). The
+  smallest product wins, as in the reference's ``dot_product_score.go``: the
+  task goes where its request overlaps least with spare capacity, i.e. where
+  it fills a gap rather than opens a new node.
+- ``random``: any node it fits on, any GPU it fits on.
+- ``tiered`` is ``fgd`` on the models its tier allows (see :mod:`.tiers`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from exporter.analysis.fgd import rows_fragmentation
+from exporter.analysis.state import EPS
+
+if TYPE_CHECKING:
+    from exporter.placement.engine import Placer, Task
+
+POLICIES = ("fgd", "bestfit", "packing", "dotprod", "random", "tiered")
+
+# Scores within this of the best are ties, which go to the first node (name order). For
+# fgd: growths of F_n within 0.05 GPU. Finer distinctions are noise in a measure that
+# weights shapes by how often they were seen, and packing those near-ties onto the first
+# nodes keeps the rest whole for the multi-GPU tasks no typical shape speaks for. The
+# reference simulator does the same implicitly: its 0-100 integer scores make growths
+# within about 0.04 GPU equal, and its scheduler gives ties to the first node name.
+TIE = {"fgd": 0.05, "bestfit": 1e-9, "packing": 1e-9, "dotprod": 1e-9, "random": 0.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """A task reduced to what scoring needs; hashable, so per-shape results can be kept."""
+
+    kind: str  # cpu | whole | frac1 (one fractional GPU) | fracn (several fractional GPUs)
+    cpus: float
+    gpus: int
+    share: float
+
+    @classmethod
+    def of(cls, task: Task) -> Ask:
+        if task.cpu_only:
+            return cls("cpu", task.cpus, 0, 0.0)
+        if task.gpu_share >= 1.0 - EPS:
+            return cls("whole", task.cpus, task.gpus, 1.0)
+        return cls("frac1" if task.gpus == 1 else "fracn", task.cpus, task.gpus, task.gpu_share)
+
+    @property
+    def demand(self) -> float:
+        return self.gpus * self.share
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    key: np.ndarray
+    tight: np.ndarray
+    slot: np.ndarray
+
+
+def evaluate(policy: str, placer: Placer, nodes: np.ndarray, ask: Ask) -> Choice:
+    """Each node's best choice for ``ask`` under ``policy`` (``tiered`` is scored as ``fgd``)."""
+    n = len(nodes)
+    free = placer.gpu_free[nodes]
+    cpu = placer.cpu_free[nodes]
+    key = np.full(n, np.inf)
+    tight = np.zeros(n)
+    slot = np.full(n, -1, dtype=np.intp)
+    fits = cpu >= ask.cpus - EPS
+    room = None
+    if ask.kind == "whole":
+        room = free >= 1.0 - EPS
+        fits &= room.sum(axis=1) >= ask.gpus
+    elif ask.kind != "cpu":
+        room = free >= ask.share - EPS
+        fits &= room.sum(axis=1) >= ask.gpus
+    ok = np.flatnonzero(fits)
+    if len(ok) == 0:
+        return Choice(key, tight, slot)
+    free, cpu = free[ok], cpu[ok]
+    if ask.kind == "frac1":
+        assert room is not None
+        roomy = np.where(room[ok], free, np.inf)
+        best = roomy.argmin(axis=1)
+        slot[ok] = best
+        tight[ok] = roomy[np.arange(len(ok)), best]
+    elif ask.kind == "fracn":
+        assert room is not None
+        roomy = np.sort(np.where(room[ok], free, np.inf), axis=1)[:, : ask.gpus]
+        tight[ok] = roomy.sum(axis=1)
+    elif ask.kind == "whole":
+        tight[ok] = float(ask.gpus)
+
+    if policy == "fgd":
+        score, best_slot = _fgd(placer, nodes[ok], free, cpu, ask)
+        key[ok] = score
+        tight[ok] = 0.0  # near-ties go to the first node, however full its GPU
+        if best_slot is not None:
+            slot[ok] = best_slot
+    elif policy == "bestfit":
+        cpu_norm, gpu_norm = placer.norms
+        key[ok] = (0.5 * (cpu - ask.cpus) / cpu_norm
+                   + 0.5 * (free.sum(axis=1) - ask.demand) / gpu_norm)
+    elif policy == "dotprod":
+        cpu_norm, gpu_norm = placer.norms
+        key[ok] = ((cpu / cpu_norm) * (ask.cpus / cpu_norm)
+                   + (free.sum(axis=1) / gpu_norm) * (ask.demand / gpu_norm))
+    elif policy == "packing":
+        key[ok], tight[ok] = _packing(placer, nodes[ok], free, ask)
+    elif policy == "random":
+        key[ok] = 0.0
+        tight[ok] = 0.0  # no preference for tight GPUs either
+    else:
+        raise ValueError(f"unknown placement policy {policy!r}")
+    return Choice(key, tight, slot)
+
+
+def _packing(placer: Placer, nodes: np.ndarray, free: np.ndarray, ask: Ask) -> tuple[np.ndarray, np.ndarray]:
+    """(tier, score within it): 0 only shared GPUs, 1 fresh GPUs on a node in use, 2 an empty node.
+
+    Within a tier, as the reference scores it: the free share left on the shared GPUs
+    in steps of 10% of a GPU, the number of fresh GPUs taken, the node's GPU count.
+    """
+    n = len(nodes)
+    if ask.kind == "cpu":
+        return np.zeros(n), np.zeros(n)
+    whole_free = free >= 1.0 - EPS
+    empty = whole_free.sum(axis=1) == placer.gpu_count[nodes]
+    if ask.kind == "whole":
+        fresh = np.full(n, float(ask.gpus))
+        shared_left = np.zeros(n)
+    else:
+        chosen = np.sort(np.where(free >= ask.share - EPS, free, np.inf), axis=1)[:, : ask.gpus]
+        fresh = (chosen >= 1.0 - EPS).sum(axis=1).astype(float)
+        shared_left = np.floor(np.floor(chosen * 100 + EPS).sum(axis=1) / 10)
+    shared_only = fresh == 0
+    tier = np.where(shared_only, 0.0, np.where(empty, 2.0, 1.0))
+    within = np.where(shared_only, shared_left,
+                      np.where(empty, placer.gpu_count[nodes].astype(float), fresh))
+    return tier, within
+
+
+def _fgd(placer: Placer, nodes: np.ndarray, free: np.ndarray, cpu: np.ndarray,
+         ask: Ask) -> tuple[np.ndarray, np.ndarray | None]:
+    """F_n(M) growth of each node's best choice; for one fractional GPU, also which slot."""
+    cw = placer.workload
+    assert cw is not None and placer.node_fragmented is not None
+    before = placer.node_fragmented[nodes]
+    model = placer.model[nodes]
+    cpu_after = cpu - ask.cpus
+    if ask.kind == "cpu":
+        return rows_fragmentation(cpu_after, free, model, cw) - before, None
+    if ask.kind == "whole":
+        room = free >= 1.0 - EPS
+        taken = room & (np.cumsum(room, axis=1) <= ask.gpus)
+        return rows_fragmentation(cpu_after, free - taken, model, cw) - before, None
+    roomy = np.where(free >= ask.share - EPS, free, np.inf)
+    if ask.kind == "fracn":
+        order = np.argsort(roomy, axis=1, kind="stable")[:, : ask.gpus]
+        after = free.copy()
+        np.put_along_axis(after, order, np.take_along_axis(free, order, axis=1) - ask.share, axis=1)
+        return rows_fragmentation(cpu_after, after, model, cw) - before, None
+    # one fractional GPU: every GPU it fits on is a candidate, tightest first within a node
+    order = np.argsort(roomy, axis=1, kind="stable")
+    shares = np.take_along_axis(roomy, order, axis=1)
+    candidate = np.isfinite(shares)
+    candidate[:, 1:] &= shares[:, 1:] != shares[:, :-1]  # equal free shares give the same F_n
+    row, rank = np.nonzero(candidate)  # grouped by node, tightest GPU first
+    gpu = order[row, rank]
+    after = free[row]
+    after[np.arange(len(row)), gpu] -= ask.share
+    growth = rows_fragmentation(cpu_after[row], after, model[row], cw) - before[row]
+    starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
+    lowest = np.minimum.reduceat(growth, starts)
+    counts = np.diff(np.r_[starts, len(row)])
+    good = growth <= np.repeat(lowest, counts) + 1e-9
+    # the first good candidate of each node is its tightest GPU among the best
+    first = np.minimum.reduceat(np.where(good, np.arange(len(row)), len(row)), starts)
+    return growth[first], gpu[first]

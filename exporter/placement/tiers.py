@@ -1,0 +1,80 @@
+"""The reference cluster's tier rule: a job's GPU-memory need picks the GPU model.
+
+Per GPU, in decimal GB as the catalogue states memory: more than 120 GB goes
+to B200; more than 80 up to 120 GB to H200; 40 to 80 GB to H100; under 40 GB
+to A100 or H100. A need that falls in a tier this fleet has no GPUs of (or
+none the job may use) moves up to the next tier that has some, so a fleet
+without H200 sends a 100 GB job to B200 rather than nowhere.
+
+Node models are matched through the GPU catalogue, so a product name
+("NVIDIA H100 80GB HBM3") or a variant the simulated fleet uses ("A100-80GB
+MIG") counts as its catalogue model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exporter.catalogue import GB, Catalogue, default_catalogue
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    name: str
+    up_to_bytes: float  # the largest need per GPU in this tier
+    inclusive: bool  # whether a need of exactly up_to_bytes belongs here
+    models: tuple[str, ...]  # catalogue names
+
+    def takes(self, need_bytes: float) -> bool:
+        return need_bytes <= self.up_to_bytes if self.inclusive else need_bytes < self.up_to_bytes
+
+
+REFERENCE_TIERS = (
+    Tier("under 40 GB", 40 * GB, False, ("A100", "A100-80GB", "H100")),
+    Tier("40-80 GB", 80 * GB, True, ("H100",)),
+    Tier("80-120 GB", 120 * GB, True, ("H200",)),
+    Tier("over 120 GB", math.inf, True, ("B200",)),
+)
+
+
+def tier_of(need_bytes: float, tiers: Sequence[Tier] = REFERENCE_TIERS) -> int:
+    """Index of the tier a per-GPU memory need falls in."""
+    for i, tier in enumerate(tiers):
+        if tier.takes(need_bytes):
+            return i
+    return len(tiers) - 1
+
+
+def catalogue_name(catalogue: Catalogue, model: str) -> str | None:
+    """The catalogue name of a node's model, or None when the catalogue does not know it.
+
+    Checked here rather than with ``catalogue.get``, which warns about every unknown
+    name (the openb trace's G2 and G3 are unknown and not in any tier).
+    """
+    if model in catalogue.names():
+        return model
+    for pattern, name in catalogue.patterns:
+        if pattern.search(model):
+            return name
+    return None
+
+
+def tier_models(need_bytes: float, fleet_models: Sequence[str], allowed: Sequence[str] = (),
+                catalogue: Catalogue | None = None,
+                tiers: Sequence[Tier] = REFERENCE_TIERS) -> tuple[str, ...]:
+    """The fleet models a job needing ``need_bytes`` per GPU may go to, by the tier rule.
+
+    ``allowed`` is the job's own list of models (empty: any). Returns the models of
+    the lowest tier, from the need's own upwards, that this fleet has and the job
+    allows; empty when none has.
+    """
+    catalogue = catalogue or default_catalogue()
+    names = {m: catalogue_name(catalogue, m) for m in fleet_models}
+    for tier in tiers[tier_of(need_bytes, tiers):]:
+        chosen = tuple(m for m in fleet_models
+                       if names[m] in tier.models and (not allowed or m in allowed))
+        if chosen:
+            return chosen
+    return ()

@@ -1,0 +1,105 @@
+"""``gpufleet rules``: generate Prometheus rules from the threshold table.
+
+The table is validated whole and every file is rendered in memory before
+anything is written, so a bad table leaves the output folder untouched. Files
+are replaced atomically (write beside, then rename): a reader never sees half
+a rule file. ``--check`` writes nothing and exits 1 naming the files that
+differ, for CI and the drift test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from exporter.alerting.rules import FORMATS, GeneratedFile, generate
+from exporter.alerting.thresholds import load_thresholds
+from exporter.cli import UsageError
+
+DEFAULT_THRESHOLDS = "rules/thresholds.yaml"
+
+DESCRIPTION = (
+    "Generate Prometheus alerting and recording rules (or a Kubernetes PrometheusRule) "
+    "from the threshold table."
+)
+EPILOG = (
+    "files written:\n"
+    "  --format prometheus      gpufleet-alerts.yaml, gpufleet-recording.yaml\n"
+    "  --format prometheusrule  gpufleet-prometheusrule.yaml\n"
+    "exit codes: 0 done (or up to date), 1 --check found differences, 2 bad table or flags"
+)
+
+
+def _scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--thresholds", metavar="FILE", default=DEFAULT_THRESHOLDS,
+                        help=f"the threshold table (default {DEFAULT_THRESHOLDS})")
+    parser.add_argument("--out", metavar="DIR",
+                        help="folder to write into (default: the threshold table's folder)")
+    parser.add_argument("--format", choices=FORMATS, default="prometheus",
+                        help="plain Prometheus rule files, or one Kubernetes PrometheusRule "
+                             "(default prometheus)")
+    parser.add_argument("--for-scale", type=_scale, default=1.0, metavar="FACTOR",
+                        help="multiply every `for` by FACTOR (e.g. 0.01), for end-to-end tests; "
+                             "the header of each file says so")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 naming the files in --out that differ from "
+                             "what the table generates")
+
+
+def _differs(path: Path, generated: GeneratedFile) -> bool:
+    try:
+        return path.read_bytes() != generated.text.encode()
+    except OSError:
+        return True
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode())
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    thresholds = load_thresholds(args.thresholds)  # ThresholdError: one line, exit 2
+    files = generate(thresholds, args.format, args.for_scale)
+    out = Path(args.out) if args.out else Path(args.thresholds).parent
+    if args.check:
+        stale = [str(out / f.name) for f in files if _differs(out / f.name, f)]
+        if stale:
+            print(f"gpufleet: out of date: {', '.join(stale)} (run `gpufleet rules` to "
+                  "regenerate and commit the result)", file=sys.stderr)
+            return 1
+        print(f"up to date: {', '.join(str(out / f.name) for f in files)}")
+        return 0
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for generated in files:
+            _write_atomically(out / generated.name, generated.text)
+    except OSError as exc:
+        print(f"gpufleet: cannot write into {out}: {exc.strerror}", file=sys.stderr)
+        return 1
+    for generated in files:
+        print(f"wrote {out / generated.name}")
+    return 0

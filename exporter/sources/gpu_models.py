@@ -1,0 +1,45 @@
+"""Product names as NVML and DCGM report them → catalogue model, architecture, NVLink bandwidth.
+
+Kept apart from the catalogue module so that code which must run with only
+``nvidia-ml-py`` installed (``bench/nvml_check.py``) can use the sources without
+PyYAML: the catalogue is imported only when a resolver is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the GPU catalogue says about a product name."""
+
+    model: str  # catalogue name, or the product name itself when unknown
+    architecture: str
+    nvlink_bandwidth_bytes_per_second: float | None
+
+
+ModelResolver = Callable[[str], ModelInfo]
+
+
+def unknown_model(name: str) -> ModelInfo:
+    """No catalogue: report the product name as it is, guess nothing."""
+    return ModelInfo(name or "unknown", "unknown", None)
+
+
+def catalogue_resolver() -> ModelResolver:
+    """Resolve product names through the GPU catalogue (``exporter/gpu_catalogue.yaml``)."""
+    from exporter.catalogue import default_catalogue
+
+    catalogue = default_catalogue()
+
+    @lru_cache(maxsize=1024)
+    def resolve(name: str) -> ModelInfo:
+        if not name:
+            return unknown_model(name)
+        spec = catalogue.get(name)
+        return ModelInfo(spec.name, spec.architecture, spec.nvlink_bandwidth_bytes_per_second)
+
+    return resolve

@@ -1,0 +1,187 @@
+"""The advisor's HTTP API: auth, limits, schema errors, Alertmanager dedupe, what-if."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from exporter.advisor.api import validate_alertmanager
+from exporter.advisor.engine import Advisor, DecisionSettings
+from exporter.advisor.outbox import Outbox
+from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
+from exporter.advisor.service import AdvisorService, install, load_receivers, load_token
+from exporter.analysis.families import LiveAnalyzer
+from exporter.collect import Collector
+from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ReceiverConfig, SimSource
+from exporter.server import ServingState, make_app
+from exporter.snapshot import to_json
+from exporter.sources.sim import SimulatedFleetSource
+
+START = 1_760_000_000.0
+TOKEN = "t0ken-for-tests"
+
+
+def alertmanager_payload(status="firing", group="{}:{alertname=\"GpuClusterFragmentationHigh\"}"):
+    """The shape of Alertmanager 0.25's webhook body (payload version 4)."""
+    return {
+        "receiver": "gpufleet-advisor", "status": status, "version": "4", "groupKey": group,
+        "truncatedAlerts": 0, "externalURL": "http://alertmanager:9093",
+        "groupLabels": {"alertname": "GpuClusterFragmentationHigh"},
+        "commonLabels": {"alertname": "GpuClusterFragmentationHigh", "action": "compact"},
+        "commonAnnotations": {},
+        "alerts": [{"status": status, "labels": {"alertname": "GpuClusterFragmentationHigh",
+                                                 "action": "compact", "severity": "warning"},
+                    "annotations": {"summary": "fragmented"}, "startsAt": "2026-11-29T10:00:00Z",
+                    "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://prom/graph",
+                    "fingerprint": "abc"}],
+    }
+
+
+def stub_planner(calls):
+    def planner(snapshot, report, scope, now):
+        calls.append(scope)
+        moves = (Migration("job-1", "ns", "pod-1", Endpoint("gpu-033", (2,)), Endpoint("gpu-034", (5,)),
+                           "checkpoint_then_migrate", None, 120.0),)
+        return CompactionPlan(scope, snapshot.taken_at, now + 900, "compact", ("stub",),
+                              Prediction(60, 10), Prediction(40, 8), {"gpu-h100": 1}, moves)
+    return planner
+
+
+@pytest.fixture
+async def advisor_client(aiohttp_client, tmp_path):
+    calls: list[str] = []
+    sim = SimulatedFleetSource(SimSource(seed=1), clock=lambda: START)
+    config = Config(collect_interval=60)
+    state = ServingState()
+    analyzer = LiveAnalyzer.from_config(AnalysisConfig())
+    state.family_providers.append(analyzer.families)
+    settings = DecisionSettings(trigger=0.0, clear_below=-1.0, dwell_seconds=0, cooldown_seconds=0)
+    from exporter.advisor.webhook import Deliverer
+
+    service = AdvisorService(Advisor(stub_planner(calls), settings, clock=lambda: START), analyzer,
+                             Deliverer(Outbox(tmp_path / "o.sqlite"), ()), TOKEN.encode(),
+                             max_body_bytes=64 * 1024 * 1024)
+    state.family_providers.append(service.families)
+    state.snapshot_listeners.append(service.on_snapshot)
+    app = make_app(config, Collector([sim], 10, clock=lambda: START), state)
+    install(app, service)
+    client = await aiohttp_client(app)
+    await asyncio.wait_for(state.ready.wait(), 30)  # collected, evaluated and rendered
+    client.calls = calls
+    client.service = service
+    return client
+
+
+def auth(token=TOKEN):
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_advice_is_served(advisor_client):
+    resp = await advisor_client.get("/v1/advice")
+    advice = await resp.json()
+    assert resp.status == 200
+    assert advice["decision"] == "compact"
+    assert advice["plan"]["plan_id"].startswith("plan-")
+    assert advice["plan"]["migrations"][0]["to"] == {"node": "gpu-034", "gpus": [5]}
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
+                                     {"Authorization": f"Basic {TOKEN}"}, {"Authorization": "Bearer"}])
+async def test_posts_need_the_bearer_token(advisor_client, headers):
+    for path in ("/v1/alerts", "/v1/plan"):
+        resp = await advisor_client.post(path, json=alertmanager_payload(), headers=headers)
+        assert resp.status == 401
+        assert "token" in (await resp.json())["error"]
+        assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (b"{not json", "not valid JSON"),
+    (b"[]", "body must be a JSON object"),
+    (json.dumps({**alertmanager_payload(), "version": "3"}).encode(), "unsupported payload version"),
+    (json.dumps({**alertmanager_payload(), "status": "maybe"}).encode(), "status must be"),
+    (json.dumps({**alertmanager_payload(), "alerts": [{"labels": []}]}).encode(), "alerts[0]"),
+    (b"\xff\xfe", "not valid JSON"),
+])
+async def test_bad_alert_payloads_get_400_with_a_reason(advisor_client, body, reason):
+    resp = await advisor_client.post("/v1/alerts", data=body, headers=auth())
+    assert resp.status == 400
+    assert reason in (await resp.json())["error"]
+
+
+async def test_oversized_bodies_get_413(advisor_client):
+    huge = b"x" * (64 * 1024 * 1024 + 1)
+    resp = await advisor_client.post("/v1/plan", data=huge, headers=auth())
+    assert resp.status == 413
+
+    async def chunks():  # no Content-Length: the limit still holds while reading
+        for _ in range(65):
+            yield b"y" * (1024 * 1024)
+
+    resp = await advisor_client.post("/v1/alerts", data=chunks(), headers=auth())
+    assert resp.status == 413
+    assert (await advisor_client.get("/-/healthy")).status == 200  # and the server lives on
+
+
+async def test_alertmanager_firing_triggers_one_evaluation_and_dedupes(advisor_client):
+    service = advisor_client.service
+    before = service.evaluations
+    first = await advisor_client.post("/v1/alerts", json=alertmanager_payload(), headers=auth())
+    assert first.status == 202 and (await first.json())["evaluation"] == "scheduled"
+    for _ in range(100):
+        if service.evaluations > before:
+            break
+        await asyncio.sleep(0.02)
+    assert service.evaluations == before + 1
+    assert service.advisor.advice["trigger"] == "alertmanager: GpuClusterFragmentationHigh firing"
+    again = await advisor_client.post("/v1/alerts", json=alertmanager_payload(), headers=auth())
+    assert (await again.json()) == {"accepted": True, "duplicate": True, "evaluation": "none"}
+    resolved = await advisor_client.post("/v1/alerts", json=alertmanager_payload("resolved"),
+                                         headers=auth())
+    assert (await resolved.json())["evaluation"] == "none"
+    await asyncio.sleep(0.1)
+    assert service.evaluations == before + 1  # duplicate and resolved did not evaluate
+
+
+async def test_what_if_has_no_side_effects(advisor_client):
+    service = advisor_client.service
+    live_advice = service.advisor.advice
+    snapshot = service.snapshot
+    evaluations = service.evaluations
+    resp = await advisor_client.post("/v1/plan", json=to_json(snapshot), headers=auth())
+    body = await resp.json()
+    assert resp.status == 200 and body["what_if"] is True
+    assert body["decision"] == "compact" and body["plan"]["plan_id"].startswith("plan-")
+    assert service.advisor.advice is live_advice and service.evaluations == evaluations
+    bad = await advisor_client.post("/v1/plan", json={"gpus": [{"nope": 1}]}, headers=auth())
+    assert bad.status == 400 and "not a snapshot" in (await bad.json())["error"]
+
+
+async def test_advisor_metrics_are_exported(advisor_client):
+    text = (await (await advisor_client.get("/metrics")).read()).decode()
+    assert 'gpufleet_advisor_compaction_recommended{scope="cluster"} 1.0' in text
+    assert "gpufleet_advisor_plan_migrations 1.0" in text
+    assert 'gpufleet_advisor_plan_nodes_freed{pool="gpu-h100"} 1.0' in text
+    assert "gpufleet_advisor_outbox_pending 0.0" in text
+
+
+def test_validate_accepts_the_real_shape():
+    assert validate_alertmanager(alertmanager_payload()) is None
+    assert validate_alertmanager(alertmanager_payload("resolved")) is None
+
+
+def test_token_and_secrets_come_from_env_or_files(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    config = AdvisorConfig(token_file=str(token_file))
+    assert load_token(config, {}) == b"from-file"
+    assert load_token(config, {"GPUFLEET_ADVISOR_TOKEN": "from-env"}) == b"from-env"
+    assert load_token(AdvisorConfig(), {}) is None
+    with pytest.raises(ConfigError, match="token_file"):
+        load_token(AdvisorConfig(token_file=str(tmp_path / "missing")), {})
+    receivers = (ReceiverConfig("slurm", "http://x/hook", secret_env="HOOK_SECRET"),)
+    assert load_receivers(AdvisorConfig(receivers=receivers), {"HOOK_SECRET": "k"})[0].secret == b"k"
+    with pytest.raises(ConfigError, match=r"no HMAC secret: set HOOK_SECRET"):
+        load_receivers(AdvisorConfig(receivers=receivers), {})

@@ -1,0 +1,120 @@
+"""When to compact: dwell, hysteresis, cooldown, the gain gate and the reasons in words."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from exporter.advisor.engine import Advisor, DecisionSettings, gate
+from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
+from exporter.snapshot import FleetSnapshot
+
+
+def report(cluster: float, pools: dict[str, float] | None = None, allocated: float = 0.97):
+    return SimpleNamespace(
+        cluster=SimpleNamespace(index=cluster, allocated_ratio=allocated),
+        pools=[SimpleNamespace(name=n, index=v) for n, v in (pools or {}).items()],
+    )
+
+
+def moves(n: int) -> tuple[Migration, ...]:
+    return tuple(Migration(f"j{i}", "ns", f"p{i}", Endpoint("a", (i,)), Endpoint("b", (i,)),
+                           "checkpoint_then_migrate", None, 10.0) for i in range(n))
+
+
+class Planner:
+    def __init__(self, migrations=2, recovered=4.0, freed=1):
+        self.calls = 0
+        self.migrations, self.recovered, self.freed = migrations, recovered, freed
+
+    def __call__(self, snapshot, rep, scope, now):
+        self.calls += 1
+        return CompactionPlan(scope, snapshot.taken_at, now + 900, "compact", ("planned",),
+                              Prediction(rep.cluster.index, 10.0),
+                              Prediction(30.0, 10.0 - self.recovered),
+                              {"gpu-h100": self.freed} if self.freed else {}, moves(self.migrations))
+
+
+def run(advisor: Advisor, clock: list[float], timeline: list[tuple[float, float]]):
+    out = []
+    for t, index in timeline:
+        clock[0] = t
+        out.append(advisor.observe(FleetSnapshot(t), report(index)))
+    return out
+
+
+def make(planner=None, **settings):
+    clock = [0.0]
+    base = {"dwell_seconds": 600.0, "cooldown_seconds": 1800.0}
+    advisor = Advisor(planner or Planner(), DecisionSettings(**{**base, **settings}),
+                      clock=lambda: clock[0])
+    return advisor, clock
+
+
+def test_dwell_must_pass_before_compaction_is_recommended():
+    advisor, clock = make()
+    first, early, due = run(advisor, clock, [(0, 63), (300, 63), (600, 63)])
+    assert first["decision"] == early["decision"] == "none"
+    assert early["reasons"] == ["cluster index 63 > 50 for 5 min, dwell is 10 min"]
+    assert due["decision"] == "compact"
+    assert due["reasons"][0] == ("cluster index 63 > 50 for 10 min; plan frees 1 whole gpu-h100 "
+                                 "node and recovers 4.0 fragmented GPUs with 2 migrations")
+    assert due["plan"]["plan_id"].startswith("plan-")
+
+
+def test_hysteresis_keeps_the_recommendation_until_below_the_lower_bound():
+    advisor, clock = make(cooldown_seconds=0)
+    results = run(advisor, clock, [(0, 60), (600, 60), (700, 45), (800, 45), (900, 39), (1000, 45)])
+    recommended = [r["scopes"]["cluster"]["recommended"] for r in results]
+    assert recommended == [False, True, True, True, False, False]
+    # a dip to 45 does not restart the dwell clock either; only falling below 40 does
+    assert results[3]["scopes"]["cluster"]["above_since"] == 0
+
+
+def test_index_hovering_at_the_trigger_does_not_flap():
+    advisor, clock = make(dwell_seconds=0, cooldown_seconds=0)
+    timeline = [(t, 51 if t % 2 else 49) for t in range(0, 20)]
+    decisions = [r["scopes"]["cluster"]["recommended"] for r in run(advisor, clock, timeline)[1:]]
+    assert all(decisions)  # once on, 49 (above 40) keeps it on
+
+
+def test_cooldown_separates_plans():
+    planner = Planner()
+    advisor, clock = make(planner, dwell_seconds=0)
+    results = run(advisor, clock, [(0, 70), (60, 70), (1799, 70), (1800, 70)])
+    assert [r["decision"] for r in results] == ["compact", "cooldown", "cooldown", "compact"]
+    assert planner.calls == 2
+    assert "cooldown until" in results[1]["reasons"][1]
+
+
+def test_gate_holds_plans_that_move_a_lot_for_little():
+    advisor, clock = make(Planner(migrations=10, recovered=1.0, freed=0), dwell_seconds=0,
+                          min_recovered_per_migration=0.5)
+    (result,) = run(advisor, clock, [(0, 70)])
+    assert result["decision"] == "hold" and result["plan"] is None
+    assert ("recovers 1.0 fragmented GPUs with 10 migrations (0.10 per migration < 0.5)"
+            in result["reasons"][1])
+    plan = Planner(migrations=2, recovered=4.0, freed=0)(FleetSnapshot(0), report(70), "cluster", 0)
+    assert gate(plan, DecisionSettings(min_nodes_freed_per_migration=0.5)).startswith("plan frees 0")
+    assert gate(plan, DecisionSettings()) is None
+
+
+def test_nothing_worth_moving_is_said_in_words():
+    advisor, clock = make(Planner(migrations=0), dwell_seconds=0)
+    (result,) = run(advisor, clock, [(0, 80)])
+    assert result["decision"] == "hold"
+    assert "index high but nothing worth moving: cluster 97% allocated" in result["reasons"]
+
+
+def test_a_pool_can_trigger_on_its_own():
+    advisor, clock = make(dwell_seconds=0)
+    clock[0] = 0
+    result = advisor.observe(FleetSnapshot(0), report(30, {"gpu-h100": 72, "gpu-a100": 10}))
+    assert result["decision"] == "compact" and result["scope"] == "pool:gpu-h100"
+    assert result["reasons"][0].startswith("pool gpu-h100 index 72 > 50 for 0 s; plan frees")
+
+
+def test_what_if_changes_no_state():
+    advisor, _clock = make()
+    result = advisor.what_if(FleetSnapshot(0), report(70))
+    assert result["decision"] == "compact" and result["what_if"] is True
+    assert advisor.scopes == {} and advisor.last_plan_at is None and advisor.advice is None

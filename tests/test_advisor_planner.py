@@ -1,0 +1,227 @@
+"""The planner on hand-built fleets: verified destinations, constraints never broken."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exporter.advisor.planner import PlanSettings, apply_plan, plan_compaction
+from exporter.analysis.fgd import compile_workload
+from exporter.analysis.index import IndexSettings, evaluate
+from exporter.analysis.state import from_snapshot
+from exporter.analysis.workload import Shape, Workload
+from exporter.catalogue import GB
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, Placement
+
+NOW = 1_760_000_000.0
+SCHEMA = json.loads((Path(__file__).parent.parent / "docs" / "advisor-plan.schema.json").read_text())
+# an 8-GPU job is what fragmentation keeps from starting; single GPUs fit anywhere
+WORKLOAD = Workload((Shape(8, 1.0, 8), Shape(4, 1.0, 1)), (0.5, 0.5))
+
+
+def fleet(spec: dict[str, tuple[str, str]], jobs: list[Allocation], cpus: float = 128) -> FleetSnapshot:
+    """``spec``: node -> (model, pool); 8 GPUs each."""
+    nodes = tuple(Node(name, model, cpus, pool, "hopper", 8) for name, (model, pool) in spec.items())
+    gpus = tuple(Gpu(name, i, f"GPU-{name}-{i}", model, pool)
+                 for name, (model, pool) in spec.items() for i in range(8))
+    return FleetSnapshot(NOW, nodes, gpus, tuple(jobs))
+
+
+def job(name: str, node: str, gpus: tuple[int, ...], *, share: float = 1.0, need_gb: float | None = 30,
+        age: float = 7200, priority: int = 10, namespace: str = "team", models: tuple[str, ...] = (),
+        checkpoint_age: float | None = 300.0, extra: tuple[Placement, ...] = ()) -> Allocation:
+    return Allocation(
+        job=name, placements=(Placement(node, gpus, share, 4.0 * len(gpus)), *extra),
+        namespace=namespace, pod=f"{name}-0", priority=priority, start_time=NOW - age,
+        last_checkpoint_time=None if checkpoint_age is None else NOW - checkpoint_age,
+        gpu_memory_need_bytes=None if need_gb is None else int(need_gb * GB), allowed_models=models,
+    )
+
+
+def report_of(snapshot: FleetSnapshot, workload: Workload = WORKLOAD):
+    state = from_snapshot(snapshot)
+    return evaluate(state, compile_workload(workload, state.model_names), IndexSettings())
+
+
+def plan(snapshot: FleetSnapshot, scope: str = "cluster", **kw):
+    return plan_compaction(snapshot, report_of(snapshot), scope, NOW, PlanSettings(**kw))
+
+
+def test_frees_a_whole_node_by_moving_two_small_jobs():
+    spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100")}
+    # h1: two stray one-GPU jobs; h2: six GPUs busy, two free for them
+    snapshot = fleet(spec, [job("small-a", "h1", (0,)), job("small-b", "h1", (5,)),
+                            job("big", "h2", (0, 1, 2, 3, 4, 5), need_gb=60)])
+    result = plan(snapshot)
+    moves = {(m.job, m.source.node, m.destination.node) for m in result.migrations}
+    assert moves == {("small-a", "h1", "h2"), ("small-b", "h1", "h2")}
+    assert sorted(g for m in result.migrations for g in m.destination.gpus) == [6, 7]
+    assert result.nodes_freed == {"gpu-h100": 1}
+    assert result.after.fragmented_gpus < result.before.fragmented_gpus
+    assert all(m.action == "checkpoint_then_migrate" for m in result.migrations)
+    jsonschema.validate(result.to_json(), SCHEMA)
+
+
+def test_no_move_without_a_destination():
+    spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100")}
+    # h2 is full: the stray jobs on h1 have nowhere to go
+    snapshot = fleet(spec, [job("small-a", "h1", (0,)), job("small-b", "h1", (5,)),
+                            job("big", "h2", tuple(range(8)), need_gb=60)])
+    result = plan(snapshot)
+    assert result.migrations == ()
+    assert result.after == result.before
+
+
+def test_never_to_a_model_the_memory_need_forbids():
+    spec = {"h1": ("H100", "gpu-h100"), "a1": ("A100-80GB", "gpu-a100")}
+    # a 60 GB job may only use H100 (40-80 GB tier); the A100 node is empty and inviting
+    snapshot = fleet(spec, [job("needs-h100", "h1", (3,), need_gb=60)])
+    assert plan(snapshot).migrations == ()
+    # a 30 GB job may use A100 or H100: moving it empties nothing here either (both nodes stay
+    # partly used), but its destination would be allowed; a 130 GB job only fits B200
+    spec = {"b1": ("B200", "gpu-b200"), "b2": ("B200", "gpu-b200"), "h1": ("H100", "gpu-h100")}
+    snapshot = fleet(spec, [job("huge", "b1", (2,), need_gb=130),
+                            job("fill", "b2", tuple(range(6)), need_gb=130)])
+    result = plan(snapshot)
+    for m in result.migrations:
+        assert m.destination.node.startswith("b")
+
+
+def test_allowed_models_list_applies():
+    spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100"), "h3": ("H200", "gpu-h200")}
+    snapshot = fleet(spec, [job("pinned", "h1", (0,), need_gb=None),
+                            job("fill", "h2", tuple(range(6)), need_gb=None)])
+    result = plan(snapshot)
+    assert [(m.job, m.destination.node) for m in result.migrations] == [("pinned", "h2")]
+
+
+def test_multi_node_jobs_are_never_split_or_moved():
+    spec = {f"n{i}": ("H100", "gpu-h100") for i in range(3)}
+    gang = job("gang", "n0", (0, 1), extra=(Placement("n1", (0, 1), 1.0, 8.0),))
+    snapshot = fleet(spec, [gang, job("fill", "n2", tuple(range(4)))])
+    result = plan(snapshot)
+    assert "gang" not in {m.job for m in result.migrations}
+
+
+def test_young_job_waits_until_it_is_30_minutes_old():
+    spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100")}
+    snapshot = fleet(spec, [job("young", "h1", (0,), age=600),
+                            job("big", "h2", tuple(range(6)), need_gb=60)])
+    (move,) = plan(snapshot).migrations
+    assert move.job == "young" and move.action == "wait_until"
+    assert move.wait_until == NOW - 600 + 1800
+
+
+def test_high_priority_job_stays_put_unless_configured():
+    spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100")}
+    snapshot = fleet(spec, [job("vip", "h1", (0,), priority=1000),
+                            job("big", "h2", tuple(range(6)), need_gb=60, priority=1000)])
+    assert plan(snapshot).migrations == ()
+    assert "vip" in [m.job for m in plan(snapshot, move_high_priority=True).migrations]
+
+
+def test_budgets_cap_migrations():
+    spec = {f"h{i}": ("H100", "gpu-h100") for i in range(4)}
+    jobs = [job(f"s{i}", f"h{i}", (0,), namespace="ns") for i in range(3)]
+    jobs.append(job("big", "h3", tuple(range(4)), need_gb=60))
+    snapshot = fleet(spec, jobs)
+    assert len(plan(snapshot).migrations) == 3
+    assert len(plan(snapshot, max_migrations=2).migrations) <= 2
+    assert len([m for m in plan(snapshot, max_per_namespace=1).migrations if m.namespace == "ns"]) <= 1
+
+
+def test_never_checkpointing_job_migrates_and_costs_work_since_start():
+    spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100")}
+    snapshot = fleet(spec, [job("svc", "h1", (0,), checkpoint_age=None, age=3600),
+                            job("big", "h2", tuple(range(6)), need_gb=60)])
+    (move,) = plan(snapshot).migrations
+    assert move.action == "migrate" and move.cost_gpu_seconds == 3600.0
+
+
+def test_plan_id_is_stable_for_the_same_plan():
+    spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100")}
+    snapshot = fleet(spec, [job("a", "h1", (0,)), job("big", "h2", tuple(range(6)), need_gb=60)])
+    assert plan(snapshot).plan_id == plan(snapshot).plan_id
+
+
+def test_tier_misplacement_is_listed_under_pressure():
+    spec = {"b1": ("B200", "gpu-b200"), "h1": ("H100", "gpu-h100")}
+    jobs = [job("small-on-b200", "b1", tuple(range(8)), need_gb=30)]
+    result = plan(fleet(spec, jobs))
+    assert [m.job for m in result.tier_misplacements] == ["small-on-b200"]
+    assert result.tier_misplacements[0].suitable_models == ("H100",)
+
+
+# -- property: any plan, applied to its snapshot, is valid and lands where predicted ----------
+
+MODELS = [("H100", "gpu-h100"), ("H200", "gpu-h200"), ("A100-80GB", "gpu-a100")]
+
+
+@st.composite
+def random_fleets(draw):
+    nodes = draw(st.integers(2, 7))
+    spec = {f"n{i}": MODELS[draw(st.integers(0, 2))] for i in range(nodes)}
+    free = {name: list(range(8)) for name in spec}
+    jobs = []
+    for j in range(draw(st.integers(0, 14))):
+        node = draw(st.sampled_from(sorted(spec)))
+        if not free[node]:
+            continue
+        count = draw(st.integers(1, min(4, len(free[node]))))
+        gpus = tuple(free[node][:count])
+        free[node] = free[node][count:]
+        share = draw(st.sampled_from([1.0, 1.0, 0.5]))
+        need = draw(st.sampled_from([None, 20, 30, 60, 100]))
+        jobs.append(job(f"j{j}", node, gpus, share=share, need_gb=need,
+                        age=draw(st.sampled_from([600, 7200])),
+                        priority=draw(st.sampled_from([10, 10, 1000]))))
+    return fleet(spec, jobs, cpus=draw(st.sampled_from([32, 128])))
+
+
+def expected_models(need: int, fleet_models: set[str]) -> set[str]:
+    """The reference tiers, written out: the need's own tier, or the next one up this fleet has."""
+    tiers = [(40 * GB, False, {"A100-80GB", "A100", "H100"}), (80 * GB, True, {"H100"}),
+             (120 * GB, True, {"H200"}), (float("inf"), True, {"B200"})]
+    first = next(i for i, (top, inclusive, _) in enumerate(tiers)
+                 if need < top or (inclusive and need == top))
+    for _, _, models in tiers[first:]:
+        if models & fleet_models:
+            return models & fleet_models
+    return set()
+
+
+@given(random_fleets())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_applied_plans_are_valid_and_match_the_prediction(snapshot):
+    result = plan(snapshot)
+    assert result.after.fragmented_gpus <= result.before.fragmented_gpus + 1e-9
+    data = result.to_json()
+    jsonschema.validate(data, SCHEMA) if result.migrations else None
+    after = apply_plan(snapshot, data)
+    held: dict[tuple[str, int], float] = {}
+    cpus: dict[str, float] = {}
+    for alloc in after.allocations:
+        for part in alloc.placements:
+            cpus[part.node] = cpus.get(part.node, 0.0) + part.cpus
+            for gpu in part.gpus:
+                held[(part.node, gpu)] = held.get((part.node, gpu), 0.0) + part.gpu_share
+    assert all(v <= 1.0 + 1e-9 for v in held.values()), "a GPU over-allocated"
+    assert all(used <= n.cpu_cores + 1e-9 for n in after.nodes for used in [cpus.get(n.name, 0)])
+    nodes = after.node_map()
+    for m in result.migrations:
+        alloc = next(a for a in after.allocations if a.job == m.job)
+        assert len(alloc.placements) == 1
+        assert alloc.priority < 1000
+        model = nodes[m.destination.node].model
+        need = alloc.gpu_memory_need_bytes
+        if need is None:
+            assert model == nodes[m.source.node].model
+        else:
+            assert model in expected_models(need, {n.model for n in after.nodes})
+    measured = report_of(after).cluster.fragmented_gpus
+    assert np.isclose(measured, result.after.fragmented_gpus, atol=1e-6)

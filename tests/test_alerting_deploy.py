@@ -1,0 +1,119 @@
+"""deploy/alertmanager.yml and deploy/prometheus.yml: amtool, promtool and a real Alertmanager."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import yaml
+
+from tests.alerting_servers import DEPLOY_ALERTMANAGER, routed_config, start_alertmanager
+from tests.conftest import REPO, require_binary, stop
+
+GPU = {"node": "gpu-001", "gpu": "3", "uuid": "GPU-0001-3", "model": "H200", "pool": "gpu-h200",
+       "job": "gpufleet", "instance": "gpufleet-0:9874"}
+
+
+def _amtool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([require_binary("amtool"), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_amtool_check_config_passes():
+    result = _amtool("check-config", str(DEPLOY_ALERTMANAGER))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout and "1 inhibit rules" in result.stdout
+
+
+# (what, labels of the alert, receivers it must reach in routing-tree order)
+ROUTES = [
+    ("critical pages", {"alertname": "GpuTemperatureHigh", "severity": "critical", **GPU},
+     "pager"),
+    ("warning goes to chat", {"alertname": "GpuTemperatureHigh", "severity": "warning", **GPU},
+     "chat"),
+    ("compaction goes to the advisor and on to chat",
+     {"alertname": "GpuClusterFragmentationHigh", "severity": "warning", "action": "compact",
+      "pool": "gpu-h100", "model": "H100"}, "gpufleet-advisor,chat"),
+    ("exporter down pages", {"alertname": "GpufleetTargetDown", "severity": "critical",
+                             "job": "gpufleet"}, "pager"),
+    ("an alert without severity still reaches people",
+     {"alertname": "SomethingElse", "pool": "gpu-a100"}, "chat"),
+]
+
+
+@pytest.mark.parametrize(("what", "labels", "receivers"), ROUTES, ids=[r[0] for r in ROUTES])
+def test_amtool_routes_each_alert_to_its_receivers(what, labels, receivers):
+    pairs = [f"{k}={v}" for k, v in labels.items()]
+    result = _amtool("config", "routes", "test", f"--config.file={DEPLOY_ALERTMANAGER}",
+                     f"--verify.receivers={receivers}", *pairs)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == receivers
+
+
+def test_amtool_route_test_fails_on_a_wrong_receiver():
+    result = _amtool("config", "routes", "test", f"--config.file={DEPLOY_ALERTMANAGER}",
+                     "--verify.receivers=chat", "alertname=GpuTemperatureHigh",
+                     "severity=critical")
+    assert result.returncode != 0
+    assert "pager" in result.stdout + result.stderr
+
+
+def test_grouping_and_timers_are_the_documented_ones():
+    route = yaml.safe_load(DEPLOY_ALERTMANAGER.read_text())["route"]
+    assert route["group_by"] == ["alertname", "pool"]
+    assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == (
+        "30s", "5m", "4h")
+    advisor = next(r for r in route["routes"] if r["receiver"] == "gpufleet-advisor")
+    assert advisor["matchers"] == ['action="compact"'] and advisor["continue"] is True
+    urls = {r["name"]: r["webhook_configs"][0]["url"]
+            for r in yaml.safe_load(DEPLOY_ALERTMANAGER.read_text())["receivers"]}
+    assert urls["gpufleet-advisor"].endswith("/v1/alerts")
+
+
+def test_promtool_check_config_passes_on_the_example_prometheus_config():
+    result = subprocess.run([require_binary("promtool"), "check", "config",
+                             str(REPO / "deploy" / "prometheus.yml")],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 2 rule files found" in result.stdout
+    config = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
+    from exporter.alerting.thresholds import load_thresholds
+
+    job = load_thresholds(REPO / "rules" / "thresholds.yaml").exporter_job
+    assert [c["job_name"] for c in config["scrape_configs"]] == [job]
+
+
+def _alert(severity: str, **labels: str) -> dict:
+    now = datetime.now(UTC)
+    return {
+        "labels": {"alertname": "GpuTemperatureHigh", "severity": severity, **labels},
+        "annotations": {"summary": "A GPU is running hot."},
+        "startsAt": (now - timedelta(minutes=1)).isoformat(),
+        "endsAt": (now + timedelta(minutes=10)).isoformat(),
+    }
+
+
+def test_a_critical_inhibits_its_warning_twin_on_the_same_gpu_only(tmp_path):
+    """The committed inhibit rule, on a real Alertmanager: same GPU muted, next GPU not."""
+    manager = start_alertmanager(tmp_path / "am", routed_config("http://127.0.0.1:9"))
+    try:
+        other_gpu = {**GPU, "gpu": "4", "uuid": "GPU-0001-4"}
+        manager.post([_alert("critical", **GPU), _alert("warning", **GPU),
+                      _alert("warning", **other_gpu)])
+        deadline = time.monotonic() + 10
+        states: dict = {}
+        while time.monotonic() < deadline:
+            states = {(a["labels"]["severity"], a["labels"]["gpu"]): a["status"]
+                      for a in manager.alerts(alertname="GpuTemperatureHigh")}
+            if len(states) == 3:
+                break
+            time.sleep(0.2)
+        assert states[("warning", "3")]["state"] == "suppressed"
+        assert len(states[("warning", "3")]["inhibitedBy"]) == 1
+        assert states[("critical", "3")]["state"] == "active"
+        assert states[("warning", "4")]["state"] == "active"
+        assert states[("warning", "4")]["inhibitedBy"] == []
+    finally:
+        stop(manager.proc)

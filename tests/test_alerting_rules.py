@@ -1,0 +1,306 @@
+"""Generated rules: drift, promtool check and unit tests, coverage, and the command's contract."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.alerting.rules import RECORDING_GROUPS, generate
+from exporter.alerting.thresholds import SEVERITIES, load_thresholds, parse_duration
+from exporter.cli import main
+from tests.conftest import REPO, require_binary
+
+RULES = REPO / "rules"
+TABLE = RULES / "thresholds.yaml"
+COMMITTED = ("gpufleet-alerts.yaml", "gpufleet-recording.yaml", "gpufleet-prometheusrule.yaml")
+
+
+def _generate_all(out: Path, *extra: str) -> None:
+    for fmt in ("prometheus", "prometheusrule"):
+        assert main(["rules", "--thresholds", str(TABLE), "--out", str(out), "--format", fmt,
+                     *extra]) == 0
+
+
+def _alert_rules(text: str) -> list[dict]:
+    return [r for g in yaml.safe_load(text)["groups"] for r in g["rules"]]
+
+
+def _promtool(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    # one pipe for both streams keeps promtool's "Unit Testing: FILE" next to its FAILED
+    return subprocess.run([require_binary("promtool"), *args], cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120)
+
+
+# -- drift --------------------------------------------------------------------
+
+
+def test_regenerated_files_are_byte_identical_to_the_committed_ones(tmp_path, capsys):
+    _generate_all(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(COMMITTED)
+    for name in COMMITTED:
+        assert (tmp_path / name).read_bytes() == (RULES / name).read_bytes(), (
+            f"rules/{name} is out of date: run `gpufleet rules` (and --format prometheusrule)"
+        )
+
+
+def test_check_passes_on_the_committed_output(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(["rules", "--check"]) == 0
+    assert main(["rules", "--check", "--format", "prometheusrule"]) == 0
+    out = capsys.readouterr().out
+    assert "up to date" in out and "gpufleet-prometheusrule.yaml" in out
+
+
+def test_check_names_the_stale_files_exits_1_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "rules"
+    _generate_all(out)
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    changed = tmp_path / "thresholds.yaml"
+    changed.write_text(TABLE.read_text().replace("{threshold: 80, for: 5m}",
+                                                 "{threshold: 78, for: 5m}"))
+    capsys.readouterr()
+    assert main(["rules", "--thresholds", str(changed), "--out", str(out), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{out / 'gpufleet-alerts.yaml'}" in err
+    assert "gpufleet-recording.yaml" not in err  # the recording rules did not change
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == before
+    # a missing file is out of date too, and --check does not create it
+    (out / "gpufleet-recording.yaml").unlink()
+    assert main(["rules", "--thresholds", str(TABLE), "--out", str(out), "--check"]) == 1
+    assert "gpufleet-recording.yaml" in capsys.readouterr().err
+    assert not (out / "gpufleet-recording.yaml").exists()
+
+
+def test_default_output_is_beside_the_table(tmp_path, capsys):
+    table = tmp_path / "thresholds.yaml"
+    shutil.copy(TABLE, table)
+    assert main(["rules", "--thresholds", str(table)]) == 0
+    assert (tmp_path / "gpufleet-alerts.yaml").read_bytes() == (
+        RULES / "gpufleet-alerts.yaml").read_bytes()
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("scale", ["0", "-1", "nan", "inf", "fast"])
+def test_for_scale_must_be_a_positive_number(scale, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["rules", "--for-scale", scale, "--check"])
+    assert info.value.code == 2
+    assert "--for-scale: must be a positive number" in capsys.readouterr().err
+
+
+# -- --for-scale --------------------------------------------------------------
+
+
+def test_for_scale_scales_every_for_and_nothing_else(tmp_path):
+    _generate_all(tmp_path, "--for-scale", "0.01")
+    scaled = (tmp_path / "gpufleet-alerts.yaml").read_text()
+    assert scaled.splitlines()[1] == "# Every `for` is scaled by 0.01 (--for-scale): for tests only."
+    original = _alert_rules((RULES / "gpufleet-alerts.yaml").read_text())
+    fast = _alert_rules(scaled)
+    assert len(fast) == len(original)
+    for slow_rule, fast_rule in zip(original, fast, strict=True):
+        assert parse_duration(fast_rule["for"]) == pytest.approx(
+            parse_duration(slow_rule["for"]) * 0.01, abs=0.001)
+        assert fast_rule["expr"] == slow_rule["expr"]
+        assert fast_rule["labels"] == slow_rule["labels"]
+    by_name = {(r["alert"], r["labels"]["severity"]): r["for"] for r in fast}
+    assert by_name[("GpuUtilizationLow", "warning")] == "36s"
+    assert by_name[("GpuUtilizationLow", "critical")] == "1m12s"
+    assert by_name[("GpuTemperatureHigh", "critical")] == "1s200ms"
+    # the recording rules have no `for`, so they come out the same apart from the header
+    recording = (tmp_path / "gpufleet-recording.yaml").read_text().split("\n", 2)[2]
+    assert recording == (RULES / "gpufleet-recording.yaml").read_text().split("\n", 1)[1]
+
+
+# -- promtool -----------------------------------------------------------------
+
+
+def test_promtool_check_rules_passes_on_every_generated_file(tmp_path):
+    files = [str(RULES / "gpufleet-alerts.yaml"), str(RULES / "gpufleet-recording.yaml")]
+    # the PrometheusRule object's spec is a rule file
+    spec = yaml.safe_load((RULES / "gpufleet-prometheusrule.yaml").read_text())["spec"]
+    (tmp_path / "prometheusrule-spec.yaml").write_text(yaml.safe_dump(spec))
+    files.append(str(tmp_path / "prometheusrule-spec.yaml"))
+    scaled = tmp_path / "scaled"
+    _generate_all(scaled, "--for-scale", "0.01")
+    files += [str(scaled / "gpufleet-alerts.yaml"), str(scaled / "gpufleet-recording.yaml")]
+    result = _promtool("check", "rules", "--lint=all", "--lint-fatal", *files)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count("SUCCESS") == len(files)
+
+
+def test_promtool_unit_tests_pass():
+    tests = sorted(str(p) for p in (RULES / "tests").glob("*.yaml"))
+    assert len(tests) >= 9
+    result = _promtool("test", "rules", *tests)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count("SUCCESS") == len(tests)
+
+
+def test_promtool_unit_tests_fail_when_a_threshold_or_for_drifts(tmp_path):
+    """The unit tests pin the table's values: generated from a changed table, they fail."""
+    shutil.copytree(RULES / "tests", tmp_path / "tests")
+    table = tmp_path / "thresholds.yaml"
+    table.write_text(TABLE.read_text()
+                     .replace("{threshold: 80, for: 5m}", "{threshold: 80, for: 3m}")
+                     .replace("H200: {warning: 650, critical: 700}",
+                              "H200: {warning: 660, critical: 700}"))
+    assert main(["rules", "--thresholds", str(table)]) == 0
+    result = _promtool("test", "rules", *sorted(str(p) for p in (tmp_path / "tests").glob("*.yaml")))
+    assert result.returncode != 0
+    failed = re.findall(r"Unit Testing:\s+\S+/(\S+)\s+FAILED", result.stdout)
+    assert sorted(failed) == ["gpu_power_high.yaml", "gpu_temperature_high.yaml"], result.stdout
+
+
+def _unit_test_evaluations() -> list[tuple[str, str, list[tuple[float, str, set[str]]]]]:
+    """(file, test name, [(eval seconds, alertname, severities expected firing)])."""
+    out = []
+    for path in sorted((RULES / "tests").glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        assert doc["rule_files"] == ["../gpufleet-recording.yaml", "../gpufleet-alerts.yaml"]
+        for test in doc["tests"]:
+            evals = [
+                (parse_duration(e["eval_time"]), e["alertname"],
+                 {a["exp_labels"]["severity"] for a in e.get("exp_alerts") or []})
+                for e in test.get("alert_rule_test", [])
+            ]
+            out.append((path.name, test["name"], evals))
+    return out
+
+
+def test_every_alert_and_severity_has_cases_just_before_and_just_after_its_for():
+    """Fires within 2 min after `for`, and the same case shows it silent within 2 min before."""
+    margin = 120
+    evaluations = _unit_test_evaluations()
+    for rule in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text()):
+        name, severity = rule["alert"], rule["labels"]["severity"]
+        assert severity in SEVERITIES
+        wait = parse_duration(rule["for"])
+        covered = False
+        for _, _, evals in evaluations:
+            fired = [t for t, alert, sev in evals if alert == name and severity in sev
+                     and wait <= t <= wait + margin]
+            silent = [t for t, alert, sev in evals if alert == name and severity not in sev
+                      and wait - margin <= t < wait]
+            if fired and silent and min(silent) < min(fired):
+                covered = True
+        assert covered, f"{name} {severity} (for {rule['for']}) lacks a before/after-for case"
+        cases = [test for _, test, evals in evaluations if any(a == name for _, a, _ in evals)]
+        assert len(cases) >= 2, f"{name} has {len(cases)} promtool case(s); at least 2 needed"
+        negatives = [test for _, test, evals in evaluations
+                     if any(a == name for _, a, _ in evals)
+                     and all(not sev for _, a, sev in evals if a == name)]
+        assert negatives, f"{name} has no case where it must not fire"
+
+
+# -- what the rules say -------------------------------------------------------
+
+
+def test_alerts_share_one_name_per_condition_and_carry_the_mixin_annotations():
+    thresholds = load_thresholds(TABLE)
+    rules = _alert_rules((RULES / "gpufleet-alerts.yaml").read_text())
+    runbooks = (REPO / "docs" / "runbooks.md").read_text()
+    assert {r["alert"] for r in rules} == {row.alert for row in thresholds.alerts}
+    for rule in rules:
+        row = thresholds.alert(rule["alert"])
+        assert rule["labels"]["severity"] in row.severities
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
+        assert rule["annotations"]["summary"] == row.summary  # static: no template in it
+        assert "{{" not in rule["annotations"]["summary"]
+        assert "{{ $value" in rule["annotations"]["description"] or row.metric.unit == "state"
+        page, anchor = rule["annotations"]["runbook_url"].split("#")
+        assert page == thresholds.runbook_url and page.endswith("docs/runbooks.md")
+        assert re.search(rf"^## {re.escape(rule['alert'])}$", runbooks, re.M)
+        assert anchor == rule["alert"].lower()  # GitHub's anchor of that heading
+        if row.metric.subject == "gpu":
+            for label in ("node", "gpu", "model", "pool"):
+                assert f"$labels.{label}" in rule["annotations"]["description"]
+    frag = [r for r in rules if r["alert"] == "GpuClusterFragmentationHigh"]
+    assert [r["labels"] for r in frag] == [{"severity": "warning", "action": "compact"}]
+    assert all(r["expr"] == "gpufleet_pool_fragmentation_index > 50" for r in frag)
+
+
+def test_rules_that_need_care_are_written_with_it():
+    rules = {(r["alert"], r["labels"]["severity"], r["labels"].get("model")): r["expr"]
+             for r in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text())}
+    # power at the cap: >=, never >, per model, and the enforced limit for unknown models
+    assert rules[("GpuPowerHigh", "critical", "H200")] == 'gpufleet_gpu_power_watts{model="H200"} >= 700'
+    assert rules[("GpuPowerHigh", "warning", "H200")] == 'gpufleet_gpu_power_watts{model="H200"} >= 650'
+    assert rules[("GpuPowerHigh", "critical", "H100")] == 'gpufleet_gpu_power_watts{model="H100"} >= 700'
+    fallback = rules[("GpuPowerHigh", "critical", None)]
+    assert fallback.endswith(">= gpufleet_gpu_power_limit_watts")
+    assert 'model!~"B200|H200|H100|H20|A100-80GB|A100|' in fallback
+    # utilization only where a job holds the GPU
+    assert rules[("GpuUtilizationLow", "warning", None)].splitlines() == [
+        "gpufleet_gpu_utilization_ratio < 0.3", "and on (node, gpu)",
+        "  gpufleet_gpu_allocated_ratio > 0"]
+    # NVLink only on busy GPUs of multi-GPU jobs, from the recorded rate
+    nvlink = rules[("GpuNvlinkBandwidthLow", "warning", None)]
+    assert nvlink.startswith("gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m < 0.5\n")
+    assert "gpufleet_gpu_utilization_ratio > 0.5" in nvlink
+    # memory from our own used/total, recorded once for both severities
+    assert rules[("GpuMemoryHigh", "critical", None)] == "gpu:gpufleet_gpu_memory_used:ratio > 0.95"
+    assert rules[("GpufleetTargetDown", "critical", None)].splitlines() == [
+        'up{job="gpufleet"} == 0', "or", 'absent(up{job="gpufleet"})']
+    assert rules[("GpuLost", "critical", None)] == "gpufleet_gpu_up == 0"
+    assert rules[("GpufleetSourceDown", "warning", None)] == "gpufleet_source_up == 0"
+
+
+def test_job_metadata_never_reaches_an_alerts_labels():
+    """A pod label change must not restart a `for` clock: metadata is aggregated away."""
+    for rule in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text()):
+        expr = rule["expr"]
+        assert "group_left" not in expr and "group_right" not in expr
+        for use in re.finditer(r"gpufleet_gpu_allocation_info", expr):
+            before = expr[:use.start()]
+            assert before.endswith("count by (node, gpu) ("), expr
+
+
+def test_recording_rules_follow_level_metric_operations():
+    recorded = [r["record"] for g in yaml.safe_load(
+        (RULES / "gpufleet-recording.yaml").read_text())["groups"] for r in g["rules"]]
+    assert recorded == [r.record for _, group in RECORDING_GROUPS for r in group]
+    for name in recorded:
+        level, metric, operations = name.split(":")
+        assert level in ("gpu", "pool") and metric.startswith("gpufleet_gpu_") and operations
+    assert set(recorded) >= {
+        "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m", "pool:gpufleet_gpu_utilization:avg",
+        "pool:gpufleet_gpu_memory_used:ratio", "pool:gpufleet_gpu_allocated:sum",
+        "pool:gpufleet_gpu_idle:count"}
+
+
+def test_every_series_a_rule_reads_is_documented_or_recorded():
+    recorded = {r.record for _, group in RECORDING_GROUPS for r in group}
+    documented = set(re.findall(r"`((?:gpufleet_|[a-z]+:gpufleet_)[a-z0-9_:]+)`",
+                                (REPO / "docs" / "metrics.md").read_text()))
+    for name in ("gpufleet-alerts.yaml", "gpufleet-recording.yaml"):
+        for group in yaml.safe_load((RULES / name).read_text())["groups"]:
+            for rule in group["rules"]:
+                used = set(re.findall(r"\b[a-z]+:gpufleet_[a-z0-9_]+:[a-z0-9_]+", rule["expr"]))
+                rest = re.sub(r"\b[a-z]+:gpufleet_[a-z0-9_]+:[a-z0-9_]+", "", rule["expr"])
+                used |= set(re.findall(r"\bgpufleet_[a-z0-9_]+", rest))
+                unknown = used - recorded - documented
+                assert not unknown, f"{rule.get('alert') or rule['record']} reads {unknown}, " \
+                                    "which docs/metrics.md does not list"
+
+
+def test_prometheusrule_holds_the_same_groups_as_the_rule_files():
+    obj = yaml.safe_load((RULES / "gpufleet-prometheusrule.yaml").read_text())
+    assert (obj["apiVersion"], obj["kind"], obj["metadata"]["name"]) == (
+        "monitoring.coreos.com/v1", "PrometheusRule", "gpufleet")
+    plain = (yaml.safe_load((RULES / "gpufleet-recording.yaml").read_text())["groups"]
+             + yaml.safe_load((RULES / "gpufleet-alerts.yaml").read_text())["groups"])
+    assert obj["spec"]["groups"] == plain
+
+
+def test_generation_is_deterministic_and_in_memory():
+    thresholds = load_thresholds(TABLE)
+    first = generate(thresholds)
+    assert first == generate(thresholds)
+    assert [f.name for f in first] == ["gpufleet-alerts.yaml", "gpufleet-recording.yaml"]

@@ -1,0 +1,235 @@
+"""The threshold table: what the loader reads from it, and one clear error for a bad one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.alerting.thresholds import (
+    ThresholdError,
+    format_duration,
+    load_thresholds,
+    parse_duration,
+    parse_thresholds,
+)
+from exporter.cli import main
+from tests.conftest import REPO
+
+TABLE = REPO / "rules" / "thresholds.yaml"
+
+
+def test_the_reference_table_loads_with_the_operators_thresholds():
+    t = load_thresholds(TABLE)
+    util = t.alert("GpuUtilizationLow")
+    assert (util.op, util.scope) == ("<", "allocated")
+    assert [(lv.severity, lv.threshold, lv.for_seconds) for lv in util.levels] == [
+        ("warning", 0.30, 3600), ("critical", 0.10, 7200)]
+    assert t.alert("GpuMemoryHigh").threshold("warning") == 0.85
+    assert t.alert("GpuMemoryHigh").threshold("critical") == 0.95
+    assert t.alert("GpuTemperatureHigh").threshold("warning") == 80
+    assert t.alert("GpuTemperatureHigh").threshold("critical") == 85
+    nvlink = t.alert("GpuNvlinkBandwidthLow")
+    assert (nvlink.severities, nvlink.threshold("warning"), nvlink.level("warning").for_seconds,
+            nvlink.scope) == (("warning",), 0.5, 1800, "busy_multi_gpu")
+    frag = t.alert("GpuClusterFragmentationHigh")
+    assert (frag.severities, frag.threshold("warning"), dict(frag.labels)) == (
+        ("warning",), 50, {"action": "compact"})
+    assert t.busy_utilization == 0.5
+    assert t.exporter_job == "gpufleet"
+    assert [row.alert for row in t.alerts] == [
+        "GpuUtilizationLow", "GpuMemoryHigh", "GpuTemperatureHigh", "GpuPowerHigh",
+        "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuLost",
+        "GpufleetSourceDown", "GpufleetTargetDown"]
+
+
+def test_power_is_per_model_h200_from_the_table_others_from_the_catalogue_tdp():
+    power = load_thresholds(TABLE).alert("GpuPowerHigh")
+    assert power.op == ">="  # the cap stops the draw at the limit: > would never fire
+    assert power.threshold("warning", "H200") == 650
+    assert power.threshold("critical", "H200") == 700
+    # 93% and 100% of the catalogue TDP
+    assert power.threshold("warning", "H100") == 651
+    assert power.threshold("critical", "H100") == 700
+    assert power.threshold("warning", "B200") == 930
+    assert power.threshold("critical", "B200") == 1000
+    assert power.threshold("warning", "L4") == pytest.approx(66.96)
+    assert power.level("critical").for_seconds == 300
+    # a model the catalogue lacks: the fraction, applied to its enforced limit
+    assert power.threshold("warning", "G2") == 0.93
+    from_table = {m.model for m in power.models if m.from_table}
+    assert from_table == {"H200"}
+    assert len(power.models) == 13  # every catalogue model with a TDP
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90s", 90), ("5m", 300), ("1h", 3600), ("1h30m", 5400), ("250ms", 0.25), ("2d", 172800),
+])
+def test_durations_parse_like_prometheus(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "1 hour", "5", "1.5h", "m5", "5M", "1h 30m", "-5m"])
+def test_malformed_durations_are_rejected(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (3600, "1h"), (36, "36s"), (72, "1m12s"), (5400, "1h30m"), (1.2, "1s200ms"), (0.5, "500ms"),
+    (0, "0s"), (86400 * 2, "2d"),
+])
+def test_durations_format_in_the_shortest_prometheus_form(seconds, text):
+    assert format_duration(seconds) == text
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+def _table(**replacements: str) -> str:
+    text = TABLE.read_text()
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+# (what is wrong, edit of the reference table, words the one-line error must contain)
+BAD_TABLES = [
+    ("unknown metric", {"metric: gpu_temperature": "metric: gpu_temprature"},
+     ["alerts[2] (GpuTemperatureHigh).metric", "unknown metric 'gpu_temprature'", "gpu_temperature"]),
+    ("warning and critical in the wrong order",
+     {"critical: {threshold: 85, for: 2m}": "critical: {threshold: 75, for: 2m}"},
+     ["alerts[2] (GpuTemperatureHigh)", "critical threshold (75) must be above warning threshold (80)",
+      "wrong order"]),
+    ("wrong order for a below-threshold alert",
+     {"critical: {threshold: 10%, for: 2h}": "critical: {threshold: 40%, for: 2h}"},
+     ["alerts[0] (GpuUtilizationLow)", "must be below warning", "wrong order"]),
+    ("wrong order in a per-model override",
+     {"H200: {warning: 650, critical: 700}": "H200: {warning: 700, critical: 650}"},
+     ["alerts[3] (GpuPowerHigh).models.H200", "wrong order"]),
+    ("malformed duration", {"warning: {threshold: 30%, for: 1h}": "warning: {threshold: 30%, for: 1 hour}"},
+     ["alerts[0] (GpuUtilizationLow).warning.for", "must be a duration", "'1 hour'"]),
+    ("missing model", {"H200: {warning: 650, critical: 700}": "H201: {warning: 650, critical: 700}"},
+     ["alerts[3] (GpuPowerHigh).models.H201", "not in the GPU catalogue", "H200"]),
+    ("model without one of its levels", {"H200: {warning: 650, critical: 700}": "H200: {warning: 650}"},
+     ["alerts[3] (GpuPowerHigh).models.H200.critical", "required"]),
+    ("unknown key", {"    scope: allocated\n": "    scope: allocated\n    severity: page\n"},
+     ["alerts[0] (GpuUtilizationLow).severity", "unknown key"]),
+    ("unknown scope", {"scope: allocated": "scope: busy"},
+     ["alerts[0] (GpuUtilizationLow).scope", "allocated"]),
+    ("ratio out of range", {"threshold: 85%": "threshold: 85"},
+     ["alerts[1] (GpuMemoryHigh).warning.threshold", "between 0 and 1"]),
+    ("op the metric cannot take",
+     {'metric: gpu_temperature\n    op: ">"': 'metric: gpu_temperature\n    op: "<"'},
+     ["alerts[2] (GpuTemperatureHigh).op"]),
+    ("duplicate alert name", {"alert: GpuMemoryHigh": "alert: GpuUtilizationLow"},
+     ["alerts[1] (GpuUtilizationLow).alert", "appears twice"]),
+    ("missing action", {"    action: Check cooling, reduce load.\n": ""},
+     ["alerts[2] (GpuTemperatureHigh).action", "required"]),
+    ("not YAML", {"alerts:\n": "alerts: [\n"}, ["not valid YAML"]),
+]
+
+
+@pytest.mark.parametrize(("what", "edits", "words"), BAD_TABLES, ids=[b[0] for b in BAD_TABLES])
+def test_a_bad_table_gets_one_clear_error_and_no_generated_files(tmp_path, capsys, what, edits,
+                                                                 words):
+    table = tmp_path / "thresholds.yaml"
+    table.write_text(_table(**edits))
+    out = tmp_path / "out"
+    code = main(["rules", "--thresholds", str(table), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"gpufleet: {table}: ")
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert not out.exists()
+
+
+def test_a_bad_table_leaves_existing_output_untouched(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["rules", "--out", str(out), "--thresholds", str(TABLE)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    table = tmp_path / "thresholds.yaml"
+    table.write_text(_table(**{"for: 5m}": "for: 5 minutes}"}))
+    capsys.readouterr()
+    assert main(["rules", "--out", str(out), "--thresholds", str(table)]) == 2
+    assert "must be a duration" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_missing_table_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["rules", "--thresholds", str(tmp_path / "nope.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read the threshold table" in err
+
+
+def test_the_real_command_prints_no_traceback_for_a_bad_table(tmp_path):
+    table = tmp_path / "thresholds.yaml"
+    table.write_text(_table(**{"metric: gpu_temperature": "metric: gpu_temp"}))
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "rules", "--thresholds", str(table), "--out",
+         str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "unknown metric 'gpu_temp'" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_loader_error_type_is_a_config_error():
+    from exporter.config import ConfigError
+
+    with pytest.raises(ThresholdError) as info:
+        parse_thresholds("runbook_url: x\n", "t.yaml")
+    assert isinstance(info.value, ConfigError)
+    assert str(info.value) == "t.yaml: top level.exporter_job: required"
+
+
+def test_runbooks_have_a_section_per_alert_with_the_tables_action():
+    runbooks = (REPO / "docs" / "runbooks.md").read_text()
+    sections = {}
+    for block in runbooks.split("\n## ")[1:]:
+        title, _, body = block.partition("\n")
+        sections[title.strip().lower()] = " ".join(body.split())
+    for row in load_thresholds(TABLE).alerts:
+        assert row.runbook in sections, f"docs/runbooks.md lacks a section for {row.alert}"
+        assert f"**Action:** {row.action}" in sections[row.runbook], row.alert
+
+
+def test_paths_in_messages_are_the_ones_given(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    relative = Path("rules") / "thresholds.yaml"
+    assert main(["rules", "--thresholds", str(relative), "--check"]) == 0
+    assert "rules/gpufleet-alerts.yaml" in capsys.readouterr().out
+
+
+_ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-10, 10_000), st.floats(allow_nan=True),
+    st.text(max_size=12), st.sampled_from(["5m", "1h", "30%", "gpu_power", ">=", "H200", "all"]),
+    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=5), st.integers(),
+                                                         max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(row=st.integers(0, 8), key=st.sampled_from(
+    ["alert", "metric", "op", "scope", "warning", "critical", "models", "labels", "summary",
+     "action", "runbook", "threshold", "for"]), value=_ANY_VALUE)
+def test_any_bad_value_anywhere_is_a_threshold_error_never_a_crash(row, key, value):
+    raw = yaml.safe_load(TABLE.read_text())
+    target = raw["alerts"][row]
+    if key in ("threshold", "for"):
+        level = target.get("warning") or target["critical"]
+        level[key] = value
+    else:
+        target[key] = value
+    try:
+        parse_thresholds(yaml.safe_dump(raw), "t.yaml")
+    except ThresholdError as exc:
+        assert str(exc).startswith("t.yaml: ") and "\n" not in str(exc)

@@ -1,0 +1,121 @@
+"""``gpufleet analyze``: the JSON contract, the readable report, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from exporter.cli import main
+from exporter.config import Scenario, SimSource
+from exporter.snapshot import to_json
+from exporter.sources.sim import Simulation
+from tests.conftest import REPO, data_dir
+
+TRACE = data_dir() / "alibaba-gpu-v2023" / "csv"
+NODES = str(TRACE / "openb_node_list_gpu_node.csv")
+PODS = str(TRACE / "openb_pod_list_default.csv")
+KEYS = {"index", "fragmented_gpus", "idle_gpus", "total_gpus", "fragmentation_ratio", "breakdown",
+        "workload", "pools"}
+
+
+def run_json(capsys, *argv: str) -> dict:
+    assert main(["analyze", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_empty_openb_cluster_contract(capsys):
+    out = run_json(capsys, "--nodes", NODES, "--pods", PODS, "--empty")
+    assert set(out) >= KEYS
+    assert out["total_gpus"] == out["idle_gpus"] == 6212
+    assert 0.13 < out["fragmentation_ratio"] < 0.15
+    assert out["fragmented_gpus"] == pytest.approx(out["fragmentation_ratio"] * 6212, abs=0.01)
+    assert out["index"] == pytest.approx(100 * out["fragmented_gpus"] / (6212 + 8), abs=1e-3)
+    assert set(out["breakdown"]) == {"fits", "lacks_gpu", "lacks_cpu", "lacks_both", "no_access",
+                                     "cpu_only"}
+    assert sum(out["breakdown"].values()) == pytest.approx(6212, abs=0.01)
+    workload = out["workload"]
+    assert (workload["shapes"], workload["source"], workload["include_cpu_only"]) == (35, "trace", True)
+    assert workload["coverage"] == pytest.approx(0.9526, abs=1e-4)
+    assert workload["cpu_only_share"] == pytest.approx(0.1355, abs=1e-3)
+    assert set(out["pools"]) == {"G2", "T4", "P100", "V100M16", "G3", "V100M32", "A10"}
+    g2 = out["pools"]["G2"]
+    assert {"model", "index", "fragmented_gpus", "idle_gpus", "total_gpus",
+            "fragmentation_ratio", "breakdown"} <= set(g2)
+    assert (g2["model"], g2["total_gpus"]) == ("G2", 4392)
+    assert sum(p["fragmented_gpus"] for p in out["pools"].values()) == pytest.approx(
+        out["fragmented_gpus"], abs=0.01)
+
+
+def test_cpu_only_switch_and_coverage(capsys):
+    out = run_json(capsys, "--nodes", NODES, "--pods", PODS, "--empty", "--no-cpu-only",
+                   "--coverage", "0.5")
+    assert out["workload"]["cpu_only_share"] == 0.0
+    assert out["workload"]["include_cpu_only"] is False
+    assert out["workload"]["coverage"] >= 0.5 and out["workload"]["shapes"] < 35
+    assert out["breakdown"]["cpu_only"] == 0.0
+
+
+def test_snapshot_file_from_the_exporter(capsys, tmp_path):
+    sim = Simulation(SimSource(scenarios=(Scenario(kind="fragmented_pool", pool="gpu-h100"),)),
+                     start_time=1_000_000_000.0)
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(to_json(sim.snapshot())))
+    out = run_json(capsys, "--snapshot", str(path))
+    assert out["total_gpus"] == 1088
+    assert out["workload"]["source"] == "snapshot"
+    assert out["pools"]["gpu-h100"]["index"] > 50
+    assert next(iter(out["pools"])) == "gpu-h100"  # worst first
+    # the same snapshot against the trace's workload instead of its own jobs
+    traced = run_json(capsys, "--snapshot", str(path), "--pods", PODS)
+    assert traced["workload"]["source"] == "trace" and traced["workload"]["shapes"] == 35
+
+
+def test_readable_report(capsys):
+    assert main(["analyze", "--nodes", NODES, "--pods", PODS, "--empty", "--top", "3"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("Fragmentation index 13.9 / 100 (compaction due above 50: no)\n")
+    assert "Workload: 35 shapes (trace) covering 95.3% of tasks; CPU-only 13.6% (included)" in text
+    assert "  cpu_only         844.7   13.6%" in text
+    assert "Tier inversions: none" in text
+    assert text.count("idle GPUs\n") == 3
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "give either --snapshot FILE.json or --nodes NODES.csv"),
+    (["--nodes", NODES, "--empty"], "--nodes needs --pods"),
+    (["--nodes", NODES, "--pods", PODS], "either --empty or --placed-by"),
+    (["--nodes", NODES, "--pods", PODS, "--placed-by", "fgd"], "placement engine not available"),
+    (["--nodes", "/nonexistent.csv", "--pods", PODS, "--empty"], "/nonexistent.csv: cannot read"),
+    (["--snapshot", "/nonexistent.json"], "/nonexistent.json: cannot read"),
+    (["--nodes", NODES, "--pods", PODS, "--empty", "--coverage", "0"], "--coverage: must be in"),
+])
+def test_usage_errors_are_one_line_exit_2(capsys, argv, message):
+    assert main(["analyze", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and err.startswith("gpufleet: ")
+
+
+def test_bad_snapshot_json(capsys, tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text("{not json")
+    assert main(["analyze", "--snapshot", str(path)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+    path.write_text(json.dumps({"nodes": [{"name": "a", "oops": 1}]}))
+    assert main(["analyze", "--snapshot", str(path)]) == 2
+    assert "not a valid snapshot" in capsys.readouterr().err
+
+
+def test_real_process_prints_json_and_no_traceback():
+    done = subprocess.run(
+        [sys.executable, "-m", "exporter", "analyze", "--nodes", NODES, "--pods", PODS, "--empty",
+         "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert set(json.loads(done.stdout)) >= KEYS
+    assert "Traceback" not in done.stderr
+    bad = subprocess.run([sys.executable, "-m", "exporter", "analyze", "--snapshot", "/nope.json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

@@ -1,0 +1,186 @@
+"""Every query of every committed dashboard, run against a real Prometheus.
+
+A real exporter serves the simulated fleet; a real Prometheus (Debian's),
+with the generated recording rules loaded, scrapes it every second for at
+least 30 s. Then each variable is resolved
+the way Grafana resolves ``label_values(...)`` (the label-values API), each
+panel's queries get those real values (multi-value variables as a regex
+alternation, as Grafana sends them), and each query runs the way its panel
+runs it: instant for tables, a range query otherwise. Every query must
+succeed and return data, except the panels a dashboard module lists in
+``DATA_ONLY_WHEN_FIRING``; those are then proven by making an alert fire.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+from pathlib import Path
+
+from exporter.dashboards import DASHBOARDS
+from tests.conftest import REPO, http_get
+
+DATA_SECONDS = 30
+RECORDING = REPO / "rules" / "gpufleet-recording.yaml"
+STEP = "2s"
+# What Grafana would put for its own variables on a 30 s range of 1 s scrapes
+BUILTINS = {"$__rate_interval": "10s", "$__interval": "2s", "$__range": f"{DATA_SECONDS}s"}
+# Prometheus regex metacharacters Grafana escapes in multi-value substitutions
+_REGEX_SPECIAL = re.compile(r"([\\^$*+?.()|{}\[\]])")
+
+
+def _api(prom, path: str, params: dict) -> dict:
+    url = f"{prom.url}/api/v1/{path}?{urllib.parse.urlencode(params, doseq=True)}"
+    try:
+        payload = json.loads(http_get(url))
+    except urllib.error.HTTPError as exc:  # 400/422: a PromQL error, with the reason in the body
+        payload = json.loads(exc.read())
+    return payload
+
+
+def _substitute(text: str, values: dict[str, list[str]]) -> str:
+    for name, value in BUILTINS.items():
+        text = text.replace(name, value)
+    for name, chosen in values.items():
+        escaped = [_REGEX_SPECIAL.sub(r"\\\\\1", v) for v in chosen]
+        replacement = escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+        text = text.replace(f"${{{name}}}", replacement).replace(f"${name}", replacement)
+    return text
+
+
+def _label_values(prom, query: str, values: dict[str, list[str]], now: float) -> list[str]:
+    match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query)
+    assert match, f"not a label_values() query: {query}"
+    selector, label = _substitute(match.group(1), values), match.group(2)
+    payload = _api(prom, f"label/{label}/values",
+                   {"match[]": selector, "start": now - DATA_SECONDS, "end": now})
+    assert payload["status"] == "success", payload
+    return sorted(payload["data"], key=lambda v: (len(v), v))
+
+
+def _boards() -> list[tuple[object, dict]]:
+    return [(module, json.loads((REPO / "dashboards" / module.FILE).read_text()))
+            for module in DASHBOARDS]
+
+
+def _variables(prom, board: dict, now: float) -> dict[str, list[str]]:
+    """Real values for every variable: all pools, models and GPUs; for nodes, the first
+    node and a node with MIG instances, so the MIG panels have something to show."""
+    values: dict[str, list[str]] = {}
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "datasource":
+            continue
+        found = _label_values(prom, variable["query"], values, now)
+        assert found, f"variable {variable['name']} has no values: {variable['query']}"
+        if variable["name"] == "node":
+            mig = {r["metric"]["node"] for r in prom.query("gpufleet_gpu_mig_instance_info")}
+            with_mig = sorted(mig & set(found))
+            assert with_mig, "the simulated fleet has no MIG node among the node values"
+            found = sorted({found[0], with_mig[0]})
+        values[variable["name"]] = found
+    return values
+
+
+def _run(prom, target: dict, values: dict[str, list[str]], now: float) -> tuple[str, list, str]:
+    expr = _substitute(target["expr"], values)
+    if target.get("instant"):
+        payload = _api(prom, "query", {"query": expr, "time": now})
+    else:
+        payload = _api(prom, "query_range", {"query": expr, "start": now - DATA_SECONDS,
+                                             "end": now, "step": STEP})
+    if payload.get("status") != "success":
+        return expr, [], f"{payload.get('errorType')}: {payload.get('error')}"
+    return expr, payload["data"]["result"], ""
+
+
+def _content(board: dict) -> list[dict]:
+    out = []
+    for panel in board["panels"]:
+        out += [panel, *panel.get("panels", [])]
+    return [panel for panel in out if panel["type"] != "row"]
+
+
+def _prometheus_config(exporter_port: int, rule_files: list[Path]) -> str:
+    rules = "".join(f"\n  - {path}" for path in rule_files)
+    return f"""
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:{rules or " []"}
+scrape_configs:
+  - job_name: gpufleet
+    static_configs:
+      - targets: ["127.0.0.1:{exporter_port}"]
+"""
+
+
+def test_every_dashboard_query_returns_data_from_a_real_prometheus(
+    exporter_factory, prometheus_factory, tmp_path: Path
+):
+    exporter = exporter_factory("--seed", "7")
+    # the recording rules the dashboards read, as generated by `gpufleet rules`
+    prom = prometheus_factory(_prometheus_config(exporter.port, [RECORDING]))
+    prom.wait_for("count(gpufleet_gpu_info)", lambda r: bool(r), timeout=60)
+    time.sleep(DATA_SECONDS + 1)  # at least 30 s of 1 s scrapes behind every range query
+    now = time.time()
+
+    boards = _boards()
+    failures: list[str] = []
+    firing_panels: list[tuple[str, dict, dict]] = []
+    ran = 0
+    for module, board in boards:
+        values = _variables(prom, board, now)
+        for panel in _content(board):
+            may_be_empty = panel["title"] in module.DATA_ONLY_WHEN_FIRING
+            if may_be_empty:
+                firing_panels.append((module.FILE, panel, values))
+            for target in panel["targets"]:
+                expr, result, error = _run(prom, target, values, now)
+                ran += 1
+                where = f"{module.FILE} / {panel['title']} / {target['refId']}"
+                if error:
+                    failures.append(f"{where}: {error}\n    {expr}")
+                elif not result and not may_be_empty:
+                    failures.append(f"{where}: no data\n    {expr}")
+    assert ran >= 50, f"only {ran} queries ran"
+    assert not failures, "\n".join(failures)
+
+    # The documented exceptions really are "empty until an alert fires": fire one of the
+    # table's alerts (a rule that always holds) and they must show it.
+    names = {name for module, _ in boards for name in module.DATA_ONLY_WHEN_FIRING}
+    assert names == {"Firing gpufleet alerts", "Firing alerts over time"}
+    alert = re.search(r'alertname=~"(\w+)', firing_panels[0][1]["targets"][0]["expr"]).group(1)
+    rules = tmp_path / "firing.yaml"
+    rules.write_text(f"""
+groups:
+  - name: dashboard-test
+    rules:
+      - alert: {alert}
+        expr: max(gpufleet_gpu_temperature_celsius) > 0
+        labels: {{severity: warning}}
+""")
+    (prom.workdir / "prometheus.yml").write_text(
+        _prometheus_config(exporter.port, [RECORDING, rules]))
+    _reload(prom)
+    prom.wait_for(f'ALERTS{{alertname="{alert}",alertstate="firing"}}', lambda r: bool(r),
+                  timeout=30)
+    time.sleep(3)  # a few evaluations, so the range panel has points
+    now = time.time()
+    for file, panel, values in firing_panels:
+        for target in panel["targets"]:
+            expr, result, error = _run(prom, target, values, now)
+            assert not error, f"{file} / {panel['title']}: {error}\n    {expr}"
+            assert result, f"{file} / {panel['title']}: no data while {alert} fires\n    {expr}"
+            labels = result[0]["metric"]
+            assert labels["alertname"] == alert and labels["severity"] == "warning"
+
+
+def _reload(prom) -> None:
+    import urllib.request
+
+    request = urllib.request.Request(f"{prom.url}/-/reload", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.status == 200
