@@ -8,6 +8,7 @@ import dataclasses
 import gc
 import json
 import subprocess
+import sys
 import time
 import urllib.error
 
@@ -31,7 +32,7 @@ from tests.conftest import free_port, http_get, require_binary, stop
 
 def test_one_query_per_family_none_per_node():
     queries = build_queries(PrometheusConfig(selector='job="nodes"'))
-    assert len(queries) == 18
+    assert len(queries) == 19
     assert all('job="nodes"' in q for q in queries.values())
     assert not any("node=" in q for q in queries.values())
     assert queries["identity"] == 'gpufleet_gpu_info{job="nodes"}'
@@ -120,6 +121,15 @@ def test_failed_required_query_fails_the_read_optional_ones_are_partial():
                       old=None, mig=None), "p")
     assert failed == 3 and len(snapshot.gpus) == 1
     assert not snapshot.gpus[0].stale  # presence and age unknown is not stale
+
+
+def test_dcgm_queries_are_per_field_too():
+    from exporter.sources.prometheus import build_dcgm_queries
+
+    queries = build_dcgm_queries(PrometheusConfig(metrics="dcgm", selector='job="dcgm"'))
+    assert len(queries) == 15
+    assert queries["DCGM_FI_DEV_FB_USED"] == 'DCGM_FI_DEV_FB_USED{job="dcgm"}'
+    assert queries["mig"] == '{__name__=~"DCGM_FI_.+", GPU_I_ID!="", job="dcgm"}'
 
 
 def test_decoding_pauses_cycle_collection_and_always_restores_it():
@@ -351,3 +361,63 @@ def test_lost_nodes_keep_their_last_reading_stale_until_lost_after():
     assert len(src._carry_over_lost_nodes(one, 59.0).gpus) == 2
     assert len(src._carry_over_lost_nodes(one, 61.0).gpus) == 1  # past lost_after: dropped
     assert src._carry_over_lost_nodes(both, 70.0) == both  # back again
+
+
+def test_dcgm_metrics_through_prometheus_equal_the_dcgm_source(tmp_path, prometheus_factory):
+    """Real dcgm-exporter output (../shared/data/dcgm-samples) scraped by a real Prometheus:
+    read back with ``metrics: dcgm``, it maps exactly as the dcgm source reading the same
+    endpoints directly: same GPUs, units, MIG instances and pod allocations."""
+    from exporter.config import DcgmSource
+    from exporter.sources.dcgm import build as build_dcgm
+    from tests.conftest import data_dir, wait_http
+
+    servers, urls = [], []
+    try:
+        for sample in ("h100-8gpu-k8s-pod-labels.prom", "a100-mig-docs.prom",
+                       "l4-1gpu-default-counters.prom"):
+            folder = tmp_path / sample
+            folder.mkdir()
+            (folder / "metrics").write_bytes((data_dir() / "dcgm-samples" / sample).read_bytes())
+            port = free_port()
+            servers.append(subprocess.Popen(
+                [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                 "--directory", str(folder)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            urls.append(f"127.0.0.1:{port}")
+            wait_http(f"http://127.0.0.1:{port}/metrics", proc=servers[-1])
+        targets = ", ".join(f'"{u}"' for u in urls)
+        prom = prometheus_factory(f"""
+global: {{scrape_interval: 1s}}
+scrape_configs:
+  - job_name: dcgm
+    static_configs: [{{targets: [{targets}]}}]
+""")
+        prom.wait_for('count(up{job="dcgm"} == 1)',
+                      lambda r: bool(r) and r[0]["value"][1] == "3")
+        prom.wait_for("count(DCGM_FI_DEV_GPU_TEMP)", lambda r: bool(r) and r[0]["value"][1] == "10")
+
+        def read(source):
+            async def go():
+                try:
+                    return await source.read()
+                finally:
+                    await source.close()
+            return asyncio.run(go())
+
+        through = read(build(PrometheusConfig(enabled=True, url=prom.url, metrics="dcgm",
+                                              selector='job="dcgm"'), time.time))
+        direct = read(build_dcgm(DcgmSource(enabled=True, targets=tuple(urls)), time.time))
+        assert len(through.gpus) == 10
+        assert sorted(through.gpus, key=lambda g: g.key) == sorted(direct.gpus, key=lambda g: g.key)
+        assert sorted(through.nodes, key=lambda n: n.name) == \
+            sorted(direct.nodes, key=lambda n: n.name)
+        assert sorted(through.allocations, key=lambda a: a.job) == \
+            sorted(direct.allocations, key=lambda a: a.job)
+        h100 = next(g for g in through.gpus if g.node == "gpu-node-1" and g.index == 0)
+        assert h100.model == "H100" and h100.temperature_celsius == 30.0
+        assert any(g.mig for g in through.gpus)
+        assert [a.pod for a in through.allocations] == ["vllm-agg-0-vllmdecodeworker-s65j5"]
+        assert {s.target for s in through.sources if s.target} == set(urls)
+    finally:
+        for proc in servers:
+            stop(proc)

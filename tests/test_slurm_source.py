@@ -213,6 +213,15 @@ sources:
     assert _metric(text, "gpufleet_pending_gpus", pool="gpu-h200") == [32.0]
     assert _metric(text, "gpufleet_pending_jobs", pool="gpu-h200") == [1.0]
     assert sum(_metric(text, "gpufleet_gpu_stale")) == 0.0
+    # the fragmentation analysis runs on Slurm's allocations: 32 GPUs per pool, jobs hold
+    # 2+8+4+3 = 17 of gpu-h200 and 1+16+3+4 = 24 of gpu-h100, wherever Slurm put them
+    assert _metric(text, "gpufleet_pool_idle_gpus", pool="gpu-h200") == [15.0]
+    assert _metric(text, "gpufleet_pool_idle_gpus", pool="gpu-h100") == [8.0]
+    assert _metric(text, "gpufleet_cluster_idle_gpus") == [23.0]
+    (index,) = _metric(text, "gpufleet_cluster_fragmentation_index")
+    assert 0.0 <= index <= 100.0
+    assert len(_metric(text, "gpufleet_node_fragmented_gpus")) == 8
+    assert _metric(text, "gpufleet_fragmentation_workload_shapes")[0] >= 1
 
     slurm.kill_controller()  # SIGKILL: no goodbye, as in a crash
     down = _wait_metrics(exporter.url, lambda t: _metric(t, "gpufleet_source_up", source="slurm")

@@ -4,8 +4,8 @@ Large sites already scrape every GPU node into Prometheus (and Thanos or Mimir
 scale that past one machine), so cluster mode reads the fleet from there rather
 than fanning out to the nodes itself.
 
-Cost is per metric family, never per node: 18 instant queries read a fleet of
-any size (``bench/prometheus_source.py`` measures 10k GPUs against one query per
+Cost is per metric family, never per node: 19 instant queries (15 for DCGM
+metrics) read a fleet of any size (``bench/prometheus_source.py`` measures 10k GPUs against one query per
 node). All are evaluated at the same ``time``, so the snapshot is one instant,
 and each answer is decoded in a worker thread as soon as it arrives.
 
@@ -18,10 +18,17 @@ exporter says so (``gpufleet_gpu_stale``) or its newest sample is older than
 ``max_sample_age`` (remote-write lag, a stalled federation). The memory of lost
 nodes lives in this process; a restart forgets them.
 
+With ``metrics: dcgm`` it reads dcgm-exporter's families instead, one raw query
+per DCGM field, through the dcgm source's own mapping
+(:mod:`exporter.sources.dcgm_mapping`): the same unit fixes (MiB, percent, mJ,
+NVLink rates integrated into byte counters), MIG instances, and allocations from
+the ``pod``/``namespace`` labels of ``--kubernetes``.
+
 Failures: a query for identity, nodes or allocations that fails fails the read
 (the collector keeps the last good snapshot, stale). A failed query for values,
 MIG or targets leaves those fields absent and counts in
-``gpufleet_source_parse_errors_total``: partial data, never made-up data.
+``gpufleet_source_parse_errors_total``: partial data, never made-up data. With
+DCGM metrics, the read fails only when no field query answers.
 
 Labels: Prometheus renames an exporter's ``job`` and ``instance`` labels to
 ``exported_job``/``exported_instance`` unless the scrape sets ``honor_labels``;
@@ -61,6 +68,15 @@ from exporter.snapshot import (
     SourceStatus,
 )
 from exporter.sources import Clock, SourceStartupError
+from exporter.sources.dcgm_mapping import (
+    GPU_FIELDS,
+    MIG_ID_LABEL,
+    NODE_LABELS,
+    DcgmFleetBuilder,
+    RateIntegrator,
+    first_label,
+)
+from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +96,7 @@ GPU_VALUES: dict[str, tuple[str, type]] = {
     "gpufleet_gpu_nvlink_transmit_bytes_total": ("nvlink_transmit_bytes", float),
     "gpufleet_gpu_nvlink_receive_bytes_total": ("nvlink_receive_bytes", float),
     "gpufleet_gpu_nvlink_capacity_bytes_per_second": ("nvlink_capacity_bytes_per_second", float),
+    "gpufleet_gpu_dcgm_nvlink_bandwidth_raw": ("dcgm_nvlink_bandwidth_raw", float),
 }
 ALLOCATION_FAMILIES = (
     "gpufleet_gpu_allocation_info",
@@ -102,7 +119,7 @@ class PrometheusQueryError(Exception):
 
 
 def build_queries(config: PrometheusConfig) -> dict[str, str]:
-    """Query name -> PromQL: 18 instant queries whatever the fleet size.
+    """Query name -> PromQL: 19 instant queries whatever the fleet size.
 
     Each per-GPU value family has its own query (a family is ~11k series at 10k GPUs),
     so Prometheus evaluates and encodes them on several cores while we decode the
@@ -338,6 +355,68 @@ def carry_over(current: FleetSnapshot, previous: FleetSnapshot, lost: set[str]) 
     )
 
 
+# -- DCGM metrics (``metrics: dcgm``) -------------------------------------------------------
+
+
+def build_dcgm_queries(config: PrometheusConfig) -> dict[str, str]:
+    """One raw query per DCGM field the dcgm source maps (the labels carry the GPU, MIG
+    instance and pod), every series of a MIG instance (some carry only profiling fields,
+    yet name the instance), and the targets: 15 queries whatever the fleet size."""
+    inner = config.selector
+    sel = f", {inner}" if inner else ""
+    queries = {field_name: f"{field_name}{{{inner}}}" for field_name in GPU_FIELDS}
+    queries["mig"] = f'{{__name__=~"DCGM_FI_.+", {MIG_ID_LABEL}!=""{sel}}}'
+    queries["targets"] = f"up{{{inner}}}"  # name the dcgm scrape job in the selector
+    return queries
+
+
+def build_dcgm_snapshot(
+    taken_at: float, results: Mapping[str, _Result], integrator: RateIntegrator,
+    resolve_model: ModelResolver, source: str,
+) -> tuple[FleetSnapshot, int]:
+    """The same mapping and unit fixes as the dcgm source (:mod:`.dcgm_mapping`), fed by
+    Prometheus instead of a scrape. A series without ``Hostname`` is named after its
+    target's host, as the dcgm source does; a ``pool`` label, if the scrape adds one,
+    sets the GPU's pool."""
+    failed = [r for r in results.values() if r.series is None]
+    if all(results.get(name) is None or results[name].series is None for name in GPU_FIELDS):
+        # not one field answered: Prometheus is down, not just thin
+        raise PrometheusQueryError(failed[0].error if failed else "no DCGM field was queried")
+    builders: dict[str, DcgmFleetBuilder] = {}
+    for name in (*GPU_FIELDS, "mig"):
+        result = results.get(name)
+        for sample in (result.series or []) if result is not None else []:
+            labels = sample["metric"]
+            if not first_label(labels, NODE_LABELS):
+                host = labels.get("instance", "").rpartition(":")[0] or labels.get("instance", "")
+                labels = {**labels, "Hostname": host}
+            pool = labels.get("pool", "")
+            builder = builders.get(pool)
+            if builder is None:
+                builder = builders[pool] = DcgmFleetBuilder(pool=pool, resolve_model=resolve_model)
+            builder.add(labels.get("__name__", name), labels, float(sample["value"][1]))
+    nodes, gpus, allocations = [], [], []
+    skipped = 0
+    for pool in sorted(builders):
+        fleet = builders[pool].build()
+        nodes += fleet.nodes
+        gpus += integrator.apply(fleet, taken_at)
+        allocations += fleet.allocations
+        skipped += fleet.skipped
+    integrator.forget_except(g.uuid for g in gpus)
+    targets = results.get("targets")
+    statuses = tuple(
+        SourceStatus(source, up=_value(s) == 1.0, duration_seconds=0.0, last_success_time=None,
+                     target=s["metric"].get("instance", ""))
+        for s in sorted((targets.series or []) if targets is not None else [],
+                        key=lambda s: s["metric"].get("instance", ""))
+    )
+    snapshot = FleetSnapshot(taken_at, tuple(sorted(nodes, key=lambda n: n.name)),
+                             tuple(sorted(gpus, key=lambda g: g.key)),
+                             tuple(sorted(allocations, key=lambda a: a.job)), (), statuses)
+    return snapshot, len(failed) + skipped
+
+
 def _secret(path: str, env: str, what: str) -> str:
     if path:
         try:
@@ -385,9 +464,12 @@ class PrometheusFleetSource:
     _previous: FleetSnapshot | None = None
     _last_seen: dict[str, float] = field(default_factory=dict)  # node -> last time answered
     _queries: dict[str, str] = field(default_factory=dict)
+    _integrator: RateIntegrator = field(default_factory=RateIntegrator)  # DCGM NVLink rates
 
     def __post_init__(self) -> None:
-        self._queries = build_queries(self.config)
+        dcgm = self.config.metrics == "dcgm"
+        self._queries = build_dcgm_queries(self.config) if dcgm else build_queries(self.config)
+        self._resolve_model = catalogue_resolver() if dcgm else None
         self._endpoint = self.config.url.rstrip("/") + "/api/v1/query"
 
     def _ensure_session(self) -> aiohttp.ClientSession:
@@ -487,6 +569,9 @@ class PrometheusFleetSource:
 
     def _build(self, at: float, results: Mapping[str, _Result]) -> tuple[FleetSnapshot, int]:
         with _no_cycle_collection():
+            if self._resolve_model is not None:
+                return build_dcgm_snapshot(at, results, self._integrator, self._resolve_model,
+                                           self.name)
             return build_snapshot(at, results, self.name)
 
     async def close(self) -> None:
@@ -515,9 +600,5 @@ def build(config: PrometheusConfig, clock: Clock) -> PrometheusFleetSource:
             and not config.basic_auth_username:
         raise SourceStartupError(
             "sources.prometheus.basic_auth_username: required with a basic-auth password")
-    if config.metrics == "dcgm":
-        raise SourceStartupError(
-            "sources.prometheus.metrics: dcgm needs exporter/sources/dcgm_mapping.py, "
-            "which this build lacks; use metrics: gpufleet")
     auth_headers(config)  # a missing token file or variable stops the start, not the first read
     return PrometheusFleetSource(config, clock)
