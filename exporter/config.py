@@ -171,6 +171,9 @@ class PrometheusSource:
     gzip: bool = _opt(
         False, help="Ask for gzipped answers: less network, more CPU; worth it across a WAN."
     )
+    max_in_flight: int = _opt(
+        4, help="Queries sent at once; more costs Prometheus CPU, fewer leaves it idle.", min=1
+    )
     bearer_token_file: str = _opt("", help="File holding a bearer token (re-read every read).")
     bearer_token_env: str = _opt("", help="Environment variable holding a bearer token.")
     basic_auth_username: str = _opt("", help="Basic-auth user name.")

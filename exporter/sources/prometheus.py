@@ -517,9 +517,11 @@ class PrometheusFleetSource:
                         extra={"source": self.name, "query": name, "err": warning})
         return _Result(name, data["result"])
 
-    async def _fetch(self, name: str, expr: str, at: float, headers: dict[str, str]) -> _Result:
+    async def _fetch(self, name: str, expr: str, at: float, headers: dict[str, str],
+                     in_flight: asyncio.Semaphore) -> _Result:
         try:
-            body = await self._query(name, expr, at, headers)
+            async with in_flight:
+                body = await self._query(name, expr, at, headers)
         except PrometheusQueryError as exc:
             return _Result(name, None, str(exc))
         # decoding 10k+ series is CPU work: off the loop that serves /metrics, and
@@ -532,8 +534,12 @@ class PrometheusFleetSource:
         if not self.config.gzip:
             # on a LAN, Prometheus gzipping 30 MB of JSON costs more than sending it
             headers["Accept-Encoding"] = "identity"
+        # a few at a time: all 19 at once cost Prometheus ~15% more CPU (measured) for
+        # no gain, while 4 keep it busy as we decode the answers already in
+        in_flight = asyncio.Semaphore(self.config.max_in_flight)
         answers = await asyncio.gather(
-            *(self._fetch(name, expr, at, headers) for name, expr in self._queries.items())
+            *(self._fetch(name, expr, at, headers, in_flight)
+              for name, expr in self._queries.items())
         )
         results = {r.name: r for r in answers}
         for result in answers:
