@@ -230,6 +230,11 @@ def test_basic_auth_against_a_secured_prometheus(tmp_path):
         password.write_text("wrong")
         with pytest.raises(PrometheusQueryError, match="HTTP 401 Unauthorized"):
             read(basic_auth_username="gpufleet", basic_auth_password_file=str(password))
+        # a query that outlives query_timeout fails the read with one line, no traceback
+        password.write_text(PASSWORD)
+        with pytest.raises(PrometheusQueryError, match=r"no answer within 1e-06s"):
+            read(basic_auth_username="gpufleet", basic_auth_password_file=str(password),
+                 query_timeout=1e-6)
     finally:
         stop(proc)
 
