@@ -22,6 +22,7 @@ log = logging.getLogger("gpufleet")
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("exporter.serve_cmd", "Serve /metrics for the fleet (simulated by default)."),
     "analyze": ("exporter.analyze_cmd", "Measure fragmentation of a snapshot or the openb trace."),
+    "replay": ("exporter.replay_cmd", "Replay a pod trace by each placement policy: CSV and PNG."),
 }
 
 
