@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for replay.csv and replay.png")
     parser.add_argument("--jobs", type=int, metavar="N",
                         help="runs at a time, one core each (default: the number of cores)")
+    parser.add_argument("--fgd-tie", type=float, default=0.0, metavar="GPUS",
+                        help="fgd and tiered treat growths of F within GPUS of the least as ties, "
+                        "placed on the first node (default 0; 0.05 mimics the reference simulator)")
     parser.add_argument("--config", metavar="FILE",
                         help="YAML config: analysis.coverage and include_cpu_only shape the target "
                         "workload; sources.sim the fleet of --sim")
@@ -68,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     if not 0 < args.arrive <= 10:
         raise UsageError(f"--arrive: must be in (0, 10], got {args.arrive:g}")
+    if not 0 <= args.fgd_tie <= 1:
+        raise UsageError(f"--fgd-tie: must be in [0, 1] GPU, got {args.fgd_tie:g}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError("--jobs: must be >= 1")
     if bool(args.nodes) == bool(args.sim):
@@ -85,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     workload = from_tasks((p.shape for p in pods), coverage=config.analysis.coverage,
                           include_cpu_only=config.analysis.include_cpu_only)
     setup = Setup(state, tuple(Task.from_shape(p.shape) for p in pods),
-                  compile_workload(workload, state.model_names), args.arrive)
+                  compile_workload(workload, state.model_names), args.arrive, args.fgd_tie)
     if setup.capacity <= 0:
         raise UsageError("the fleet has no GPUs to place pods on")
     if sum(t.gpu_demand for t in setup.tasks) <= 0:
