@@ -126,7 +126,7 @@ class Placer:
     """
 
     def __init__(self, state: FleetState, workload: Workload | CompiledWorkload | None = None,
-                 catalogue: Catalogue | None = None) -> None:
+                 catalogue: Catalogue | None = None, fgd_tie: float = policies.FGD_TIE_GPUS) -> None:
         self.names = state.names
         self.model_names = state.model_names
         self.model = state.model
@@ -149,6 +149,7 @@ class Placer:
         # with its MaxSpec constants (128 cores and 8 GPUs, the largest openb node)
         self.norms = (float(finite.max()) if len(finite) and finite.max() > 0 else 1.0,
                       float(max(1, int(state.gpu_count.max(initial=1)))))
+        self.fgd_tie = max(float(fgd_tie), TOL)
         self.version = np.zeros(len(state.names), dtype=np.int64)
         self._clock = 0
         self._cache: dict[tuple, _Entry] = {}
@@ -218,7 +219,8 @@ class Placer:
         keys = entry.key
         if len(exclude):
             keys = np.where(np.isin(nodes, np.asarray(exclude, dtype=np.intp)), np.inf, keys)
-        pick = select(keys, entry.tight, policies.TIE[scoring], rng if policy == "random" else None)
+        pick = select(keys, entry.tight, self.fgd_tie if scoring == "fgd" else TOL,
+                      rng if policy == "random" else None)
         if pick is None:
             return None
         node = int(nodes[pick])
@@ -309,14 +311,14 @@ def select(key: np.ndarray, second: np.ndarray, tie: float = TOL,
 
 
 def place(state: FleetState, task: Task, policy: str, rng: np.random.Generator | None = None, *,
-          workload: Workload | CompiledWorkload | None = None,
-          catalogue: Catalogue | None = None) -> Placement | None:
+          workload: Workload | CompiledWorkload | None = None, catalogue: Catalogue | None = None,
+          fgd_tie: float = policies.FGD_TIE_GPUS) -> Placement | None:
     """The node and exact GPUs ``policy`` picks for ``task`` on ``state``, or None if it fits nowhere.
 
     ``workload`` is the target workload ``fgd`` and ``tiered`` minimise fragmentation
     against (required for them).
     """
-    return Placer(state, workload, catalogue).place(task, policy, rng)
+    return Placer(state, workload, catalogue, fgd_tie).place(task, policy, rng)
 
 
 def apply(state: FleetState, placement: Placement) -> FleetState:

@@ -40,13 +40,13 @@ if TYPE_CHECKING:
 
 POLICIES = ("fgd", "bestfit", "packing", "dotprod", "random", "tiered")
 
-# Scores within this of the best are ties, which go to the first node (name order). For
-# fgd: growths of F_n within 0.05 GPU. Finer distinctions are noise in a measure that
-# weights shapes by how often they were seen, and packing those near-ties onto the first
-# nodes keeps the rest whole for the multi-GPU tasks no typical shape speaks for. The
-# reference simulator does the same implicitly: its 0-100 integer scores make growths
-# within about 0.04 GPU equal, and its scheduler gives ties to the first node name.
-TIE = {"fgd": 0.05, "bestfit": 1e-9, "packing": 1e-9, "dotprod": 1e-9, "random": 0.0}
+# fgd's tie: growths of F_n within this many GPUs of the least count as equal and go to
+# the first node. 0 (exact, up to float noise) makes fgd what its definition says: the
+# choice where F(M) grows least. The reference simulator's FGD is coarser, as a side effect
+# of its 0-100 integer scores: growths within about 0.04 GPU tie there and its scheduler
+# gives them to the first node name, which packs them. ``gpufleet replay --fgd-tie 0.05``
+# reproduces that; docs/replay.md has what it changes.
+FGD_TIE_GPUS = 0.0
 
 
 @dataclass(frozen=True, slots=True)
