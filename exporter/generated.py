@@ -43,7 +43,8 @@ def check_or_write(files: Mapping[str, str], out: Path, *, check: bool, what: st
             print(f"gpufleet: out of date: {', '.join(stale)} (run `{command}` and commit the "
                   "result)", file=sys.stderr)
             return 1
-        print(f"{len(files)} {what} in {out} are up to date: {', '.join(files)}")
+        print(f"{len(files)} {what} in {out} are up to date: "
+              f"{', '.join(str(out / name) for name in files)}")
         return 0
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: {out} is not a folder")
