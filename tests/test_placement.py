@@ -178,9 +178,12 @@ def test_tiered_without_a_need_is_fgd_and_a_missing_tier_moves_up():
     no_h200 = tier_fleet(("A100-80GB", "H100", "B200"))
     task = Task(cpus=8, gpus=1, gpu_memory_need_bytes=100 * GB)
     assert place(no_h200, task, "tiered", workload=HALVES).node_name == "b200"
-    # a job that allows only B200 and needs 100 GB goes up to B200 too
+    # the rule is strict where the tier exists: a full H200 tier does not spill into B200,
+    # and a 100 GB job that names only B200 fits nowhere
+    full_h200 = build(["h200", "b200"], ["H200", "B200"], ["g", "b"], [64] * 2, [64] * 2, [[0], [1]])
+    assert place(full_h200, task, "tiered", workload=HALVES) is None
     limited = Task(cpus=8, gpus=1, models=("B200",), gpu_memory_need_bytes=100 * GB)
-    assert place(tier_fleet(), limited, "tiered", workload=HALVES).node_name == "b200"
+    assert place(tier_fleet(), limited, "tiered", workload=HALVES) is None
 
 
 def test_tiered_matches_node_models_through_the_catalogue():

@@ -35,8 +35,8 @@ from exporter.analysis.fgd import (
     one_node_fragmentation,
     rows_fragmentation,
 )
-from exporter.analysis.state import EPS, FleetState, with_node
-from exporter.analysis.workload import Shape, Workload
+from exporter.analysis.state import EPS, FleetState, build, with_node
+from exporter.analysis.workload import Shape, Workload, from_weighted
 from exporter.catalogue import Catalogue, default_catalogue
 from exporter.placement import policies
 from exporter.placement.tiers import tier_models
@@ -155,6 +155,20 @@ class Placer:
         self._cache: dict[tuple, _Entry] = {}
         self._subsets: dict[tuple, tuple[np.ndarray, tuple[str, ...]]] = {}
 
+    @classmethod
+    def for_nodes(cls, names: Sequence[str], models: Sequence[str], pools: Sequence[str],
+                  cpu_total: Sequence[float], gpu_counts: Sequence[int],
+                  target: Sequence[tuple[Task, float]] = (), catalogue: Catalogue | None = None,
+                  fgd_tie: float = policies.FGD_TIE_GPUS) -> Placer:
+        """An empty fleet from plain per-node lists, its target workload as (task, weight) pairs.
+
+        For a fleet that is not a snapshot: the simulated one places its jobs with this.
+        """
+        state = build(names, models, pools, cpu_total, cpu_total, [[1.0] * g for g in gpu_counts])
+        workload = from_weighted([(Shape(t.cpus, t.gpu_share if t.gpus else 0.0, t.gpus, t.models), w)
+                                  for t, w in target]) if target else None
+        return cls(state, workload, catalogue, fgd_tie)
+
     # -- state -----------------------------------------------------------------
 
     @property
@@ -237,6 +251,14 @@ class Placer:
         row = self.gpu_free[node]
         row[slots] = np.minimum(row[slots] + placement.gpu_share, 1.0)
         self.cpu_free[node] = min(float(self.cpu_total[node]), self.cpu_free[node] + placement.cpus)
+        self._changed(node)
+
+    def set_node(self, node: int, cpu_free: float, gpu_free: Sequence[float] | np.ndarray) -> None:
+        """A node's free CPU and GPU shares changed outside this placer (a job ended, an operator
+        pinned one): take them over. ``gpu_free`` is the node's row, slot by slot."""
+        row = np.clip(np.asarray(gpu_free, dtype=float), 0.0, 1.0)
+        self.gpu_free[node, : len(row)] = row
+        self.cpu_free[node] = max(0.0, float(cpu_free))
         self._changed(node)
 
     def _changed(self, node: int) -> None:
