@@ -2,8 +2,8 @@
 
 The run is the paper's protocol (``gpufleet replay``'s): the default trace's
 8,152 pods shuffled by the seed, random copies appended until they ask for
-1.3 x the cluster's 6,212 GPUs, then placed one by one by ``fgd`` with a
-row recorded at every whole percent. It prints the wall and CPU time, pods
+1.3 x the cluster's 6,212 GPUs, then placed one by one by ``fgd`` (CPU, GPU
+and memory checked) with a row recorded at every whole percent. It prints the wall and CPU time, pods
 per second and the process's peak memory (``ru_maxrss``).
 
 The baseline, measured in the same run, is fgd written the obvious way: for
@@ -56,13 +56,13 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def naive_choice(state: FleetState, task: Task,
+def naive_choice(state: FleetState, memory_free: np.ndarray, task: Task,
                  cw: fgd.CompiledWorkload) -> tuple[int, tuple[int, ...]] | None:
     """fgd by brute force: the whole cluster's F(M) re-evaluated for every candidate."""
     before = float(fgd.node_fragmentation(state, cw).sum())
     best: tuple[float, int, tuple[int, ...]] | None = None
     for node in range(len(state)):
-        if state.cpu_free[node] < task.cpus - EPS:
+        if state.cpu_free[node] < task.cpus - EPS or memory_free[node] < task.host_memory_bytes - 0.5:
             continue
         row = state.gpu_free[node, : state.gpu_count[node]]
         if task.cpu_only:
@@ -99,7 +99,9 @@ def main() -> int:
     pods = openb.load_pods(trace / "openb_pod_list_default.csv", mapper)
     state = openb.empty_state(nodes)
     workload = fgd.compile_workload(from_tasks(p.shape for p in pods), state.model_names)
-    setup = Setup(state, tuple(Task.from_shape(p.shape) for p in pods), workload, 1.3)
+    memory = np.array([n.memory_mib * 2**20 for n in nodes], dtype=float)
+    tasks = tuple(Task.from_shape(p.shape, host_memory_bytes=p.memory_mib * 2**20) for p in pods)
+    setup = Setup(state, tasks, workload, 1.3, node_memory=memory)
     order = arrivals(setup.tasks, setup.capacity, setup.arrive, args.seed)
 
     # the fast run, timed alone: what `gpufleet replay` runs per policy and seed
@@ -110,14 +112,14 @@ def main() -> int:
 
     # the naive fgd on pods sampled across the same run, each on the cluster as the fast run had it
     sample = set(np.linspace(0, len(order) - 1, args.naive_pods).astype(int).tolist())
-    placer = Placer(state, workload)
+    placer = Placer(state, workload, host_memory=memory)
     naive_times, agree = [], 0
     for i, index in enumerate(order):
         task = setup.tasks[index]
         if i in sample:
             now = placer.state
             started = time.perf_counter()
-            expected = naive_choice(now, task, workload)
+            expected = naive_choice(now, placer.memory_free, task, workload)
             naive_times.append(time.perf_counter() - started)
             found = placer.place(task, "fgd")
             agree += expected == (None if found is None else (found.node, found.slots))

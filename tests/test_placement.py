@@ -260,3 +260,19 @@ def test_place_all_counts_what_fits_nowhere():
     assert failed == 2
     assert final.gpu_free[0].tolist() == [0.0, 0.0]
     assert final.cpu_free[0] == 2
+
+
+def test_host_memory_filters_when_the_placer_knows_it():
+    # bestfit would take n0 (least left), but the task's 40 GiB only fit n1's memory
+    state = build(["n0", "n1"], ["A", "A"], ["p", "p"], [16, 16], [16, 16], [[1], [1, 1]])
+    task = Task(cpus=2, gpus=1, host_memory_bytes=40 * 2**30)
+    placer = Placer(state, host_memory=[32 * 2**30, 64 * 2**30])
+    found = placer.place(task, "bestfit")
+    assert (found.node_name, found.host_memory_bytes) == ("n1", 40 * 2**30)
+    placer.apply(found)
+    assert placer.memory_free.tolist() == [32 * 2**30, 24 * 2**30]
+    assert placer.place(task, "bestfit") is None  # n1 now has 24 GiB left
+    placer.release(found)
+    assert placer.memory_free.tolist() == [32 * 2**30, 64 * 2**30]
+    # without node memory, memory is not checked
+    assert place(state, task, "bestfit").node_name == "n0"

@@ -58,6 +58,7 @@ class Setup:
     workload: CompiledWorkload
     arrive: float = 1.3
     fgd_tie: float = FGD_TIE_GPUS  # see policies.FGD_TIE_GPUS
+    node_memory: np.ndarray | None = None  # bytes per node; None: memory is not checked
 
     @property
     def capacity(self) -> float:
@@ -89,7 +90,7 @@ def arrivals(tasks: Sequence[Task], capacity: float, arrive: float, seed: int) -
 def replay(setup: Setup, policy: str, seed: int,
            progress: Callable[[int], None] | None = None) -> list[Row]:
     """One policy, one seed: a row per whole percent of arrived workload, 0 to ``setup.last_pct``."""
-    placer = Placer(setup.state, setup.workload, fgd_tie=setup.fgd_tie)
+    placer = Placer(setup.state, setup.workload, fgd_tie=setup.fgd_tie, host_memory=setup.node_memory)
     rng = np.random.default_rng([seed, 1])  # the random policy's draws, apart from the pod order
     capacity = setup.capacity
     last = setup.last_pct
