@@ -3,10 +3,11 @@
 Replays the openb pods of --pods on the openb nodes of --nodes (or on the
 simulated reference fleet with --sim) by each policy and seed, as the FGD
 paper does: pods shuffled by the seed, random copies appended until they ask
-for --arrive times the cluster's GPUs, arrivals only, a pod that fits nowhere
-fails; pods ask for CPU, GPU and memory, all checked (no policy scores
-memory, as in the reference simulator). Writes DIR/replay.csv (a row per policy, seed and whole percent of
-arrived workload) and DIR/replay.png, and prints where each policy ended.
+for --arrive times the cluster's GPUs, arrivals only; a pod that fits
+nowhere fails. Pods need CPU, GPUs and memory; no policy scores memory, as
+in the reference simulator. Writes DIR/replay.csv (a row per policy, seed
+and whole percent of arrived workload) and DIR/replay.png, and prints where
+each policy ended.
 """
 
 from __future__ import annotations

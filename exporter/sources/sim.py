@@ -390,9 +390,9 @@ class Simulation:
         """Scatter single-GPU jobs and time-sliced slices so every node keeps idle GPU
         shares but no GPU is whole.
 
-        This is what first-fit with departures converges to on a busy pool running
-        shared inference: idle capacity on every node, yet no whole-GPU job, let
-        alone an 8-GPU one, can start.
+        This is what a fragmentation-blind scheduler with departures converges to
+        on a busy pool running shared inference: idle capacity on every node, yet
+        no whole-GPU job, let alone an 8-GPU one, can start.
         """
         if pool not in self.fleet.pools:
             raise ValueError(f"scenario names pool {pool!r}, which the simulated fleet lacks")
