@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give either --nodes NODES.csv or --sim")
     config = load(args.config)
     out = _out_dir(args.out)
-    state, node_memory, fleet_name = _fleet(args, config)
-    mapper = openb.ModelMapper()
+    mapper = openb.ModelMapper()  # one for nodes and pods: each unknown model is reported once
+    state, node_memory, fleet_name = _fleet(args, config, mapper)
     try:
         pods = openb.load_pods(args.pods, mapper)
     except openb.OpenbError as exc:
@@ -155,7 +155,8 @@ def _out_dir(path: str) -> Path:
     return out
 
 
-def _fleet(args: argparse.Namespace, config: Config) -> tuple[FleetState, np.ndarray | None, str]:
+def _fleet(args: argparse.Namespace, config: Config,
+           mapper: openb.ModelMapper) -> tuple[FleetState, np.ndarray | None, str]:
     """The empty fleet, its nodes' memory in bytes (None when unknown: then not checked), a name."""
     if args.sim:
         from exporter.sources.sim import Simulation
@@ -164,7 +165,7 @@ def _fleet(args: argparse.Namespace, config: Config) -> tuple[FleetState, np.nda
         sim = dataclasses.replace(config.sources.sim, target_allocation=0.0, scenarios=())
         return from_snapshot(Simulation(sim, start_time=0.0).snapshot()), None, "the simulated fleet"
     try:
-        nodes = openb.load_nodes(args.nodes)
+        nodes = openb.load_nodes(args.nodes, mapper)
     except openb.OpenbError as exc:
         raise UsageError(str(exc)) from None
     memory = np.array([n.memory_mib * MIB for n in nodes], dtype=float)

@@ -10,7 +10,10 @@ simulator, ``pkg/simulator/plugin``):
 - ``fgd``: how much the node's F_n(M) grows, i.e. minus its decrease (FGD,
   ``fgd_score.go``). A fractional task tries each GPU it fits on (GPUs with
   the same free share give the same F_n, so one of each); a whole-GPU task
-  takes fully free GPUs; a CPU-only task changes only the node's CPU.
+  takes fully free GPUs; a CPU-only task changes only the node's CPU. For
+  these, fgd's choice is the least growth of all feasible ones (a property
+  test checks it by brute force). A task of several fractional GPUs (none in
+  the openb trace) is scored on its tightest GPUs only, not on every subset.
 - ``bestfit``: the free CPU and GPU left after placing, each normalised by the
   largest node and weighted 1/2 (``best_fit_score.go``).
 - ``packing``: GPUs already shared first (the fuller the better), then a node

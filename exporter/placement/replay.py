@@ -179,15 +179,20 @@ def replay_many(setup: Setup, policies: Sequence[str], seeds: Sequence[int], job
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
                              initargs=(setup, queue)) as pool:
         pending = {pool.submit(_run, i, policy, seed) for i, (policy, seed) in enumerate(runs)}
-        while pending:
-            finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-            for future in finished:
-                run, rows = future.result()
-                results[run] = rows
-                placed[run] = lengths[runs[run][1]]
-            _drain(queue, placed, results)
-            if progress is not None:
-                progress(placed, len(results))
+        try:
+            while pending:
+                finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    run, rows = future.result()
+                    results[run] = rows
+                    placed[run] = lengths[runs[run][1]]
+                _drain(queue, placed, results)
+                if progress is not None:
+                    progress(placed, len(results))
+        except BaseException:
+            # a failed run (or Ctrl-C) ends the replay: the queued runs would be for nothing
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return [row for i in range(len(runs)) for row in results[i]]
 
 
