@@ -3,9 +3,11 @@
 Replays the openb pods of --pods on the openb nodes of --nodes (or on the
 simulated reference fleet with --sim) by each policy and seed, as the FGD
 paper does: pods shuffled by the seed, random copies appended until they ask
-for --arrive times the cluster's GPUs, arrivals only, a pod that fits nowhere
-fails. Writes DIR/replay.csv (a row per policy, seed and whole percent of
-arrived workload) and DIR/replay.png, and prints where each policy ended.
+for --arrive times the cluster's GPUs, arrivals only; a pod that fits
+nowhere fails. Pods need CPU, GPUs and memory; no policy scores memory, as
+in the reference simulator. Writes DIR/replay.csv (a row per policy, seed
+and whole percent of arrived workload) and DIR/replay.png, and prints where
+each policy ended.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 from typing import TextIO
+
+import numpy as np
 
 from exporter import logs
 from exporter.analysis import openb
@@ -30,6 +34,7 @@ from exporter.placement.plot import plot
 from exporter.placement.replay import Setup, replay_many, run_lengths, summary, write_csv
 
 log = logging.getLogger("gpufleet")
+MIB = 2**20  # the trace states memory in MiB
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 EPILOG = f"""policies: {", ".join(POLICIES)}
@@ -79,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give either --nodes NODES.csv or --sim")
     config = load(args.config)
     out = _out_dir(args.out)
-    state, fleet_name = _fleet(args, config)
-    mapper = openb.ModelMapper()
+    mapper = openb.ModelMapper()  # one for nodes and pods: each unknown model is reported once
+    state, node_memory, fleet_name = _fleet(args, config, mapper)
     try:
         pods = openb.load_pods(args.pods, mapper)
     except openb.OpenbError as exc:
@@ -89,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.pods}: no pods")
     workload = from_tasks((p.shape for p in pods), coverage=config.analysis.coverage,
                           include_cpu_only=config.analysis.include_cpu_only)
-    setup = Setup(state, tuple(Task.from_shape(p.shape) for p in pods),
-                  compile_workload(workload, state.model_names), args.arrive, args.fgd_tie)
+    tasks = tuple(Task.from_shape(p.shape, host_memory_bytes=p.memory_mib * MIB) for p in pods)
+    setup = Setup(state, tasks, compile_workload(workload, state.model_names), args.arrive, args.fgd_tie,
+                  node_memory)
     if setup.capacity <= 0:
         raise UsageError("the fleet has no GPUs to place pods on")
     if sum(t.gpu_demand for t in setup.tasks) <= 0:
@@ -149,18 +155,21 @@ def _out_dir(path: str) -> Path:
     return out
 
 
-def _fleet(args: argparse.Namespace, config: Config) -> tuple[FleetState, str]:
+def _fleet(args: argparse.Namespace, config: Config,
+           mapper: openb.ModelMapper) -> tuple[FleetState, np.ndarray | None, str]:
+    """The empty fleet, its nodes' memory in bytes (None when unknown: then not checked), a name."""
     if args.sim:
         from exporter.sources.sim import Simulation
 
         # the reference layout with nothing running: no jobs, no scenarios
         sim = dataclasses.replace(config.sources.sim, target_allocation=0.0, scenarios=())
-        return from_snapshot(Simulation(sim, start_time=0.0).snapshot()), "the simulated fleet"
+        return from_snapshot(Simulation(sim, start_time=0.0).snapshot()), None, "the simulated fleet"
     try:
-        nodes = openb.load_nodes(args.nodes)
+        nodes = openb.load_nodes(args.nodes, mapper)
     except openb.OpenbError as exc:
         raise UsageError(str(exc)) from None
-    return openb.empty_state(nodes), Path(args.nodes).name
+    memory = np.array([n.memory_mib * MIB for n in nodes], dtype=float)
+    return openb.empty_state(nodes), memory if (memory > 0).all() else None, Path(args.nodes).name
 
 
 def report(rows, capacity: float, seeds: int, elapsed: float) -> str:  # type: ignore[no-untyped-def]

@@ -178,9 +178,12 @@ def test_tiered_without_a_need_is_fgd_and_a_missing_tier_moves_up():
     no_h200 = tier_fleet(("A100-80GB", "H100", "B200"))
     task = Task(cpus=8, gpus=1, gpu_memory_need_bytes=100 * GB)
     assert place(no_h200, task, "tiered", workload=HALVES).node_name == "b200"
-    # a job that allows only B200 and needs 100 GB goes up to B200 too
+    # the rule is strict where the tier exists: a full H200 tier does not spill into B200,
+    # and a 100 GB job that names only B200 fits nowhere
+    full_h200 = build(["h200", "b200"], ["H200", "B200"], ["g", "b"], [64] * 2, [64] * 2, [[0], [1]])
+    assert place(full_h200, task, "tiered", workload=HALVES) is None
     limited = Task(cpus=8, gpus=1, models=("B200",), gpu_memory_need_bytes=100 * GB)
-    assert place(tier_fleet(), limited, "tiered", workload=HALVES).node_name == "b200"
+    assert place(tier_fleet(), limited, "tiered", workload=HALVES) is None
 
 
 def test_tiered_matches_node_models_through_the_catalogue():
@@ -257,3 +260,19 @@ def test_place_all_counts_what_fits_nowhere():
     assert failed == 2
     assert final.gpu_free[0].tolist() == [0.0, 0.0]
     assert final.cpu_free[0] == 2
+
+
+def test_host_memory_filters_when_the_placer_knows_it():
+    # bestfit would take n0 (least left), but the task's 40 GiB only fit n1's memory
+    state = build(["n0", "n1"], ["A", "A"], ["p", "p"], [16, 16], [16, 16], [[1], [1, 1]])
+    task = Task(cpus=2, gpus=1, host_memory_bytes=40 * 2**30)
+    placer = Placer(state, host_memory=[32 * 2**30, 64 * 2**30])
+    found = placer.place(task, "bestfit")
+    assert (found.node_name, found.host_memory_bytes) == ("n1", 40 * 2**30)
+    placer.apply(found)
+    assert placer.memory_free.tolist() == [32 * 2**30, 24 * 2**30]
+    assert placer.place(task, "bestfit") is None  # n1 now has 24 GiB left
+    placer.release(found)
+    assert placer.memory_free.tolist() == [32 * 2**30, 64 * 2**30]
+    # without node memory, memory is not checked
+    assert place(state, task, "bestfit").node_name == "n0"

@@ -183,3 +183,15 @@ def test_bad_trace_file_is_one_line(tmp_path, capsys):
     nodes, _ = trace_subset(tmp_path, nodes=5, pods=1)
     assert main(["replay", "--nodes", nodes, "--pods", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "missing column(s)" in capsys.readouterr().err
+
+
+def test_every_pod_list_of_the_trace_loads():
+    """Replay takes any openb_pod_list_*.csv; the multigpu ones have no gpu_spec column."""
+    files = sorted(TRACE.glob("openb_pod_list_*.csv"))
+    assert len(files) >= 20
+    for path in files:
+        pods = openb.load_pods(path)
+        assert len(pods) > 1000, path.name
+        assert sum(p.gpus * p.gpu_share for p in pods) > 0, path.name
+    multi = openb.load_pods(TRACE / "openb_pod_list_multigpu50.csv")
+    assert any(p.gpus == 8 for p in multi) and all(p.models == () for p in multi)

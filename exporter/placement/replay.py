@@ -58,6 +58,7 @@ class Setup:
     workload: CompiledWorkload
     arrive: float = 1.3
     fgd_tie: float = FGD_TIE_GPUS  # see policies.FGD_TIE_GPUS
+    node_memory: np.ndarray | None = None  # bytes per node; None: memory is not checked
 
     @property
     def capacity(self) -> float:
@@ -89,7 +90,7 @@ def arrivals(tasks: Sequence[Task], capacity: float, arrive: float, seed: int) -
 def replay(setup: Setup, policy: str, seed: int,
            progress: Callable[[int], None] | None = None) -> list[Row]:
     """One policy, one seed: a row per whole percent of arrived workload, 0 to ``setup.last_pct``."""
-    placer = Placer(setup.state, setup.workload, fgd_tie=setup.fgd_tie)
+    placer = Placer(setup.state, setup.workload, fgd_tie=setup.fgd_tie, host_memory=setup.node_memory)
     rng = np.random.default_rng([seed, 1])  # the random policy's draws, apart from the pod order
     capacity = setup.capacity
     last = setup.last_pct
@@ -178,15 +179,20 @@ def replay_many(setup: Setup, policies: Sequence[str], seeds: Sequence[int], job
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
                              initargs=(setup, queue)) as pool:
         pending = {pool.submit(_run, i, policy, seed) for i, (policy, seed) in enumerate(runs)}
-        while pending:
-            finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-            for future in finished:
-                run, rows = future.result()
-                results[run] = rows
-                placed[run] = lengths[runs[run][1]]
-            _drain(queue, placed, results)
-            if progress is not None:
-                progress(placed, len(results))
+        try:
+            while pending:
+                finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    run, rows = future.result()
+                    results[run] = rows
+                    placed[run] = lengths[runs[run][1]]
+                _drain(queue, placed, results)
+                if progress is not None:
+                    progress(placed, len(results))
+        except BaseException:
+            # a failed run (or Ctrl-C) ends the replay: the queued runs would be for nothing
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return [row for i in range(len(runs)) for row in results[i]]
 
 
