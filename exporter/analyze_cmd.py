@@ -3,8 +3,8 @@
 Input is either a snapshot (``--snapshot FILE.json``, as ``GET /v1/snapshot``
 serves it) or the openb node and pod CSVs: ``--empty`` measures the empty
 cluster, the pods defining only the target workload; ``--placed-by POLICY``
-places the pods first (that needs the placement engine). Prints a readable
-report, or JSON with ``--json``.
+places the pods first, in trace order, by that placement policy. Prints a
+readable report, or JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from exporter import logs
 from exporter.analysis import configure, openb
 from exporter.analysis.fgd import FRAGMENT_REASONS, REASONS, compile_workload
@@ -24,6 +26,7 @@ from exporter.analysis.state import FleetState, from_snapshot
 from exporter.analysis.workload import Workload, from_tasks, snapshot_shapes, typical
 from exporter.cli import UsageError
 from exporter.config import AnalysisConfig, ConfigError, load
+from exporter.placement.engine import POLICIES, Task, place_all
 from exporter.snapshot import from_json
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else ""
@@ -47,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--empty", action="store_true",
                         help="with --nodes: measure the empty cluster")
     parser.add_argument("--placed-by", metavar="POLICY",
-                        help="with --nodes: place the pods by this policy first")
+                        help=f"with --nodes: place the pods by this policy first ({', '.join(POLICIES)})")
     parser.add_argument("--seed", type=int, default=0, metavar="N",
                         help="seed of the placement policy (default 0)")
     parser.add_argument("--config", metavar="FILE",
@@ -116,9 +119,10 @@ def _inputs(args: argparse.Namespace, config: AnalysisConfig) -> tuple[FleetStat
         pods = openb.load_pods(args.pods, mapper)
     except openb.OpenbError as exc:
         raise UsageError(str(exc)) from None
+    workload = _trace(pods, config)
     if args.placed_by:
-        return _placed(nodes, pods, args.placed_by, args.seed), _trace(pods, config)
-    return openb.empty_state(nodes), _trace(pods, config)
+        return _placed(nodes, pods, args.placed_by, args.seed, workload), workload
+    return openb.empty_state(nodes), workload
 
 
 def _trace(pods: list[openb.OpenbPod], config: AnalysisConfig) -> Workload:
@@ -126,16 +130,19 @@ def _trace(pods: list[openb.OpenbPod], config: AnalysisConfig) -> Workload:
                       include_cpu_only=config.include_cpu_only)
 
 
-# The placement engine (issue 5) fills these two in: check the policy name, then place
-# `pods` on `nodes` by `policy` with `seed` and return the resulting state.
 def _check_policy(policy: str) -> None:
-    raise UsageError(f"--placed-by {policy}: placement engine not available yet; "
-                     "use --empty to measure the empty cluster")
+    if policy not in POLICIES:
+        raise UsageError(f"--placed-by {policy}: unknown policy; one of {', '.join(POLICIES)}")
 
 
 def _placed(nodes: list[openb.OpenbNode], pods: list[openb.OpenbPod], policy: str,
-            seed: int) -> FleetState:
-    raise UsageError(f"--placed-by {policy}: placement engine not available yet")
+            seed: int, workload: Workload) -> FleetState:
+    """The cluster after the pods arrived in trace order and ``policy`` placed each where it
+    fit (the ones that fit nowhere are left out); ``seed`` drives the random policy."""
+    state = openb.empty_state(nodes)
+    placed, _ = place_all(state, [Task.from_shape(p.shape) for p in pods], policy,
+                          np.random.default_rng(seed), workload=workload)
+    return placed
 
 
 def _read_snapshot(path: Path):

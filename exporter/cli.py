@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("exporter.analyze_cmd", "Measure fragmentation of a snapshot or the openb trace."),
     "rules": ("exporter.rules_cmd", "Generate Prometheus rules from rules/thresholds.yaml."),
     "dashboards": ("exporter.dashboards_cmd", "Generate the Grafana dashboards into dashboards/."),
+    "replay": ("exporter.replay_cmd", "Replay a pod trace by each placement policy: CSV and PNG."),
 }
 
 

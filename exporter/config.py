@@ -76,6 +76,8 @@ REFERENCE_POOLS = (
 )
 
 SCENARIO_KINDS = ("overheat", "idle_allocated", "fragmented_pool", "gpu_lost")
+# the placement engine's policies (exporter.placement.POLICIES; a test keeps the two equal)
+PLACEMENT_POLICIES = ("fgd", "bestfit", "packing", "dotprod", "random", "tiered")
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,10 @@ class SimSource:
     mig_nodes: int = _opt(2, help="A100 nodes whose GPUs run in MIG mode (7 x 1g.10gb).", min=0)
     pools: tuple[SimPool, ...] = _opt(REFERENCE_POOLS, help="Pool layout of the simulated fleet.")
     scenarios: tuple[Scenario, ...] = _opt((), help="Conditions to force for demos and tests.")
+    policy: str = _opt(
+        "bestfit", help="How the simulated scheduler places jobs (bestfit: the fullest node that fits, "
+        "blind to fragmentation, as most schedulers are).", choices=PLACEMENT_POLICIES,
+    )
     first_node: int = _opt(
         1, help="Number of the first node (gpu-NNN), so simulated slices don't collide.", min=1
     )

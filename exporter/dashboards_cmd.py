@@ -9,13 +9,11 @@ exits 1 naming the files that are missing or differ, for CI and reviewers.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import tempfile
 from pathlib import Path
 
 from exporter.dashboards import render
 from exporter.dashboards.levels import load_levels
+from exporter.generated import check_or_write
 
 DEFAULT_OUT = "dashboards"
 DEFAULT_THRESHOLDS = "rules/thresholds.yaml"
@@ -39,42 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write nothing; exit 1 naming the files that are missing or differ")
 
 
-def _differs(path: Path, text: str) -> bool:
-    try:
-        return path.read_bytes() != text.encode()
-    except OSError:
-        return True
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def run(args: argparse.Namespace) -> int:
     files = render(load_levels(args.thresholds))
-    out = Path(args.out)
-    if args.check:
-        stale = [name for name, text in files.items() if _differs(out / name, text)]
-        if stale:
-            print(f"gpufleet: out of date in {out}: {', '.join(stale)} "
-                  f"(run `gpufleet dashboards --out {out}` and commit)", file=sys.stderr)
-            return 1
-        print(f"{len(files)} dashboards in {out} are up to date")
-        return 0
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            _write_atomically(out / name, text)
-    except OSError as exc:
-        print(f"gpufleet: cannot write dashboards to {out}: {exc.strerror}", file=sys.stderr)
-        return 1
-    print(f"wrote {len(files)} dashboards to {out}: {', '.join(files)}")
-    return 0
+    return check_or_write(files, Path(args.out), check=args.check, what="dashboards",
+                          command=f"gpufleet dashboards --out {args.out}")

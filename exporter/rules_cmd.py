@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
-import tempfile
 from pathlib import Path
 
-from exporter.alerting.rules import FORMATS, GeneratedFile, generate
+from exporter.alerting.rules import FORMATS, generate
 from exporter.alerting.thresholds import load_thresholds
-from exporter.cli import UsageError
+from exporter.generated import check_or_write
 
 DEFAULT_THRESHOLDS = "rules/thresholds.yaml"
 
@@ -60,46 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "what the table generates")
 
 
-def _differs(path: Path, generated: GeneratedFile) -> bool:
-    try:
-        return path.read_bytes() != generated.text.encode()
-    except OSError:
-        return True
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def run(args: argparse.Namespace) -> int:
     thresholds = load_thresholds(args.thresholds)  # ThresholdError: one line, exit 2
     files = generate(thresholds, args.format, args.for_scale)
     out = Path(args.out) if args.out else Path(args.thresholds).parent
-    if args.check:
-        stale = [str(out / f.name) for f in files if _differs(out / f.name, f)]
-        if stale:
-            print(f"gpufleet: out of date: {', '.join(stale)} (run `gpufleet rules` to "
-                  "regenerate and commit the result)", file=sys.stderr)
-            return 1
-        print(f"up to date: {', '.join(str(out / f.name) for f in files)}")
-        return 0
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {out} is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for generated in files:
-            _write_atomically(out / generated.name, generated.text)
-    except OSError as exc:
-        print(f"gpufleet: cannot write into {out}: {exc.strerror}", file=sys.stderr)
-        return 1
-    for generated in files:
-        print(f"wrote {out / generated.name}")
-    return 0
+    return check_or_write({f.name: f.text for f in files}, out, check=args.check,
+                          what="rule files", command="gpufleet rules")

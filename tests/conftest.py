@@ -95,8 +95,11 @@ def start_exporter(tmp: Path, *args: str, config: str | None = None,
         path.write_text(config)
         cmd += ["--config", str(path)]
     log = tmp / f"exporter-{port}.log"
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})
+    # run in the test's folder, so relative paths (the advisor's outbox) land there, not in
+    # the checkout; PYTHONPATH keeps `-m exporter` on this checkout's code
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.Popen(cmd, cwd=tmp, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": path, **(env or {})})
     exporter = Exporter(proc, port, log)
     if ready:
         try:

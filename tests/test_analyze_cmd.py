@@ -73,6 +73,19 @@ def test_snapshot_file_from_the_exporter(capsys, tmp_path):
     assert traced["workload"]["source"] == "trace" and traced["workload"]["shapes"] == 35
 
 
+def test_placed_by_a_policy_then_measured(capsys):
+    """The trace's pods placed in trace order: fgd leaves less idle and fragmented than random."""
+    out = {policy: run_json(capsys, "--nodes", NODES, "--pods", PODS, "--placed-by", policy, "--seed", "3")
+           for policy in ("fgd", "random")}
+    for report in out.values():
+        assert report["total_gpus"] == 6212
+        assert report["workload"]["shapes"] == 35
+    fgd, rnd = out["fgd"], out["random"]
+    assert fgd["allocated_ratio"] > rnd["allocated_ratio"] + 0.05
+    assert fgd["fragmented_gpus"] < rnd["fragmented_gpus"] - 200
+    assert fgd == run_json(capsys, "--nodes", NODES, "--pods", PODS, "--placed-by", "fgd")  # no seed in fgd
+
+
 def test_readable_report(capsys):
     assert main(["analyze", "--nodes", NODES, "--pods", PODS, "--empty", "--top", "3"]) == 0
     text = capsys.readouterr().out
@@ -87,7 +100,7 @@ def test_readable_report(capsys):
     ([], "give either --snapshot FILE.json or --nodes NODES.csv"),
     (["--nodes", NODES, "--empty"], "--nodes needs --pods"),
     (["--nodes", NODES, "--pods", PODS], "either --empty or --placed-by"),
-    (["--nodes", NODES, "--pods", PODS, "--placed-by", "fgd"], "placement engine not available"),
+    (["--nodes", NODES, "--pods", PODS, "--placed-by", "worst"], "--placed-by worst: unknown policy"),
     (["--nodes", "/nonexistent.csv", "--pods", PODS, "--empty"], "/nonexistent.csv: cannot read"),
     (["--snapshot", "/nonexistent.json"], "/nonexistent.json: cannot read"),
     (["--nodes", NODES, "--pods", PODS, "--empty", "--coverage", "0"], "--coverage: must be in"),

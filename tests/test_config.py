@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -14,9 +15,11 @@ from tests.conftest import REPO
 def _serve(tmp_path, config_text: str, *args: str) -> subprocess.CompletedProcess:
     path = tmp_path / "gpufleet.yaml"
     path.write_text(config_text)
+    # from the test's folder: a start that gets as far as the advisor leaves its outbox there
     return subprocess.run(
         [sys.executable, "-m", "exporter", "serve", "--config", str(path), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
 
 

@@ -22,7 +22,8 @@ from exporter.catalogue import Catalogue, default_catalogue
 log = logging.getLogger(__name__)
 
 NODE_COLUMNS = ("sn", "cpu_milli", "gpu", "model")
-POD_COLUMNS = ("name", "cpu_milli", "num_gpu", "gpu_milli", "gpu_spec")
+# gpu_spec is optional: the multigpu pod lists of the trace have no such column (no constraints)
+POD_COLUMNS = ("name", "cpu_milli", "num_gpu", "gpu_milli")
 NO_GPU_POOL = "cpu"  # pool of the trace's CPU-only nodes
 
 

@@ -7,8 +7,9 @@ why GPUs count as fragmented, where they are, and tier inversions (a
 scarcer tier idle while a lower one is busy).
 
 Also what fragmentation is measured against: the target workload's task
-shapes and where they come from. The advisor's panels (decisions, plan sizes, GPUs freed, webhook deliveries)
-come with the advisor; it does not exist yet.
+shapes and where they come from, and what the rebalancing advisor makes of it:
+its decisions, plan sizes, GPUs and whole nodes a plan frees, and webhook
+deliveries to the schedulers.
 """
 
 from __future__ import annotations
@@ -122,6 +123,41 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         description="window: live allocations over recent snapshots; trace: an openb pod "
                     "trace; shapes: listed in the config.",
     ), 6, 4)
+
+    layout.row("Rebalancing advisor")
+    layout.add(p.table(
+        "Advisor decision",
+        p.targets(("gpufleet_advisor_decision_info", ""), instant=True), "none",
+        hide=("Value", "job", "instance"), order=("decision",),
+        description="none: nothing due; cooldown: a plan went out recently; hold: due, but no "
+                    "plan passes the gain gate; compact: a plan was proposed and sent.",
+    ), 5, 8)
+    layout.add(p.timeseries(
+        "Compaction recommended",
+        p.targets(("gpufleet_advisor_compaction_recommended", "{{scope}}")),
+        "none", minimum=0, maximum=1,
+        description="1 while the scope's index has stayed above the trigger for the dwell "
+                    "time and not yet fallen below the clear level.",
+    ), 7, 8)
+    layout.add(p.timeseries(
+        "Last plan",
+        p.targets(("gpufleet_advisor_plan_migrations", "migrations"),
+                  ("gpufleet_advisor_plan_fragmented_gpus_recovered", "fragmented GPUs recovered"),
+                  ("sum(gpufleet_advisor_plan_nodes_freed) or vector(0)", "whole nodes freed")),
+        "none", minimum=0,
+        description="The size of the last proposed plan and what it predicts it frees.",
+    ), 6, 8)
+    layout.add(p.timeseries(
+        "Webhook deliveries",
+        p.targets(
+            ("sum by (result) (increase(gpufleet_advisor_webhook_deliveries_total"
+             "[$__rate_interval])) or vector(0)", "{{result}}"),
+            ("gpufleet_advisor_outbox_pending", "pending in the outbox"),
+        ),
+        "none", minimum=0,
+        description="Plan deliveries to the schedulers by result (delivered, retry, rejected, "
+                    "expired) and what waits in the durable outbox.",
+    ), 6, 8)
 
     return p.dashboard(
         uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,

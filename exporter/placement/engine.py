@@ -35,8 +35,8 @@ from exporter.analysis.fgd import (
     one_node_fragmentation,
     rows_fragmentation,
 )
-from exporter.analysis.state import EPS, FleetState, with_node
-from exporter.analysis.workload import Shape, Workload
+from exporter.analysis.state import EPS, FleetState, build, with_node
+from exporter.analysis.workload import Shape, Workload, from_weighted
 from exporter.catalogue import Catalogue, default_catalogue
 from exporter.placement import policies
 from exporter.placement.tiers import tier_models
@@ -55,7 +55,9 @@ class Task:
     ``gpu_share`` is the share of each of its ``gpus`` GPUs (1.0 whole);
     ``models`` the GPU models it may run on (empty: any);
     ``gpu_memory_need_bytes`` the memory it needs per GPU, when it says
-    (the ``tiered`` policy picks models by it; the openb trace gives none).
+    (the ``tiered`` policy picks models by it; the openb trace gives none);
+    ``host_memory_bytes`` the node memory it asks for, which only a
+    :class:`Placer` told the nodes' memory checks (as Kubernetes filters on it).
     """
 
     cpus: float = 0.0
@@ -63,6 +65,7 @@ class Task:
     gpu_share: float = 1.0
     models: tuple[str, ...] = ()
     gpu_memory_need_bytes: int | None = None
+    host_memory_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if self.cpus < 0 or self.gpus < 0:
@@ -80,10 +83,12 @@ class Task:
         return 0.0 if self.cpu_only else self.gpus * self.gpu_share
 
     @classmethod
-    def from_shape(cls, shape: Shape, gpu_memory_need_bytes: int | None = None) -> Task:
+    def from_shape(cls, shape: Shape, gpu_memory_need_bytes: int | None = None,
+                   host_memory_bytes: float = 0.0) -> Task:
         if shape.cpu_only:
-            return cls(shape.cpus, 0, 1.0, (), None)
-        return cls(shape.cpus, shape.gpus, shape.gpu_share, shape.models, gpu_memory_need_bytes)
+            return cls(shape.cpus, 0, 1.0, (), None, host_memory_bytes)
+        return cls(shape.cpus, shape.gpus, shape.gpu_share, shape.models, gpu_memory_need_bytes,
+                   host_memory_bytes)
 
     @classmethod
     def from_allocation(cls, alloc: Allocation, part: SnapshotPlacement) -> Task:
@@ -104,6 +109,7 @@ class Placement:
     gpus: tuple[int, ...]
     gpu_share: float
     cpus: float
+    host_memory_bytes: float = 0.0
 
 
 @dataclass(eq=False)
@@ -112,7 +118,7 @@ class _Entry:
 
     nodes: np.ndarray  # node indices the shape may use
     key: np.ndarray  # score of each node's best choice; inf where it does not fit
-    tight: np.ndarray  # free share of the GPUs chosen: the tie-break
+    second: np.ndarray  # the policy's tie-break
     slot: np.ndarray  # the GPU slot chosen, for a fractional one-GPU task
     seen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
@@ -126,7 +132,8 @@ class Placer:
     """
 
     def __init__(self, state: FleetState, workload: Workload | CompiledWorkload | None = None,
-                 catalogue: Catalogue | None = None) -> None:
+                 catalogue: Catalogue | None = None, fgd_tie: float = policies.FGD_TIE_GPUS,
+                 host_memory: Sequence[float] | np.ndarray | None = None) -> None:
         self.names = state.names
         self.model_names = state.model_names
         self.model = state.model
@@ -149,10 +156,28 @@ class Placer:
         # with its MaxSpec constants (128 cores and 8 GPUs, the largest openb node)
         self.norms = (float(finite.max()) if len(finite) and finite.max() > 0 else 1.0,
                       float(max(1, int(state.gpu_count.max(initial=1)))))
+        self.fgd_tie = max(float(fgd_tie), TOL)
+        # node memory in bytes: when given, a task fits only where its host memory does too
+        # (a filter, as Kubernetes' NodeResourcesFit; no policy scores memory, nor does F)
+        self.memory_free = None if host_memory is None else np.asarray(host_memory, dtype=float).copy()
         self.version = np.zeros(len(state.names), dtype=np.int64)
         self._clock = 0
         self._cache: dict[tuple, _Entry] = {}
         self._subsets: dict[tuple, tuple[np.ndarray, tuple[str, ...]]] = {}
+
+    @classmethod
+    def for_nodes(cls, names: Sequence[str], models: Sequence[str], pools: Sequence[str],
+                  cpu_total: Sequence[float], gpu_counts: Sequence[int],
+                  target: Sequence[tuple[Task, float]] = (), catalogue: Catalogue | None = None,
+                  fgd_tie: float = policies.FGD_TIE_GPUS) -> Placer:
+        """An empty fleet from plain per-node lists, its target workload as (task, weight) pairs.
+
+        For a fleet that is not a snapshot: the simulated one places its jobs with this.
+        """
+        state = build(names, models, pools, cpu_total, cpu_total, [[1.0] * g for g in gpu_counts])
+        workload = from_weighted([(Shape(t.cpus, t.gpu_share if t.gpus else 0.0, t.gpus, t.models), w)
+                                  for t, w in target]) if target else None
+        return cls(state, workload, catalogue, fgd_tie)
 
     # -- state -----------------------------------------------------------------
 
@@ -212,26 +237,37 @@ class Placer:
         if len(dirty):
             choice = policies.evaluate(scoring, self, nodes[dirty], ask)
             entry.key[dirty] = choice.key
-            entry.tight[dirty] = choice.tight
+            entry.second[dirty] = choice.second
             entry.slot[dirty] = choice.slot
             entry.seen[dirty] = now[dirty]
-        keys = entry.key
+        key = entry.key
+        if self.memory_free is not None and task.host_memory_bytes > 0:
+            # memory only filters, so the remembered scores stay valid: mask them per task
+            key = np.where(self.memory_free[nodes] >= task.host_memory_bytes - 0.5, key, np.inf)
         if len(exclude):
-            keys = np.where(np.isin(nodes, np.asarray(exclude, dtype=np.intp)), np.inf, keys)
-        pick = select(keys, entry.tight, policies.TIE[scoring], rng if policy == "random" else None)
+            key = np.where(np.isin(nodes, np.asarray(exclude, dtype=np.intp)), np.inf, key)
+        pick = select(key, entry.second, self.fgd_tie if scoring == "fgd" else TOL,
+                      rng if policy == "random" else None)
         if pick is None:
             return None
         node = int(nodes[pick])
-        return self._placement(node, self._slots(node, ask, policy, int(entry.slot[pick]), rng), ask)
+        slots = self._slots(node, ask, policy, int(entry.slot[pick]), rng)
+        memory = task.host_memory_bytes if self.memory_free is not None else 0.0
+        return self._placement(node, slots, ask, memory)
 
     def apply(self, placement: Placement) -> None:
         """Hold the placement's CPUs and GPU shares."""
         node, slots = placement.node, list(placement.slots)
         row = self.gpu_free[node]
-        if (row[slots] < placement.gpu_share - EPS).any() or self.cpu_free[node] < placement.cpus - EPS:
+        short_of_memory = (self.memory_free is not None
+                           and self.memory_free[node] < placement.host_memory_bytes - 0.5)
+        if ((row[slots] < placement.gpu_share - EPS).any() or self.cpu_free[node] < placement.cpus - EPS
+                or short_of_memory):
             raise ValueError(f"placement on {placement.node_name} no longer fits")
         row[slots] = np.maximum(row[slots] - placement.gpu_share, 0.0)
         self.cpu_free[node] = max(0.0, self.cpu_free[node] - placement.cpus)
+        if self.memory_free is not None:
+            self.memory_free[node] -= placement.host_memory_bytes
         self._changed(node)
 
     def release(self, placement: Placement) -> None:
@@ -240,6 +276,16 @@ class Placer:
         row = self.gpu_free[node]
         row[slots] = np.minimum(row[slots] + placement.gpu_share, 1.0)
         self.cpu_free[node] = min(float(self.cpu_total[node]), self.cpu_free[node] + placement.cpus)
+        if self.memory_free is not None:
+            self.memory_free[node] += placement.host_memory_bytes
+        self._changed(node)
+
+    def set_node(self, node: int, cpu_free: float, gpu_free: Sequence[float] | np.ndarray) -> None:
+        """A node's free CPU and GPU shares changed outside this placer (a job ended, an operator
+        pinned one): take them over. ``gpu_free`` is the node's row, slot by slot."""
+        row = np.clip(np.asarray(gpu_free, dtype=float), 0.0, 1.0)
+        self.gpu_free[node, : len(row)] = row
+        self.cpu_free[node] = max(0.0, float(cpu_free))
         self._changed(node)
 
     def _changed(self, node: int) -> None:
@@ -285,9 +331,9 @@ class Placer:
         tight = np.where(row >= ask.share - EPS, row, np.inf)
         return tuple(int(s) for s in np.argsort(tight, kind="stable")[: ask.gpus])
 
-    def _placement(self, node: int, slots: tuple[int, ...], ask: policies.Ask) -> Placement:
+    def _placement(self, node: int, slots: tuple[int, ...], ask: policies.Ask, memory: float) -> Placement:
         gpus = slots if self.gpu_index is None else tuple(int(self.gpu_index[node, s]) for s in slots)
-        return Placement(node, self.names[node], slots, gpus, ask.share if slots else 0.0, ask.cpus)
+        return Placement(node, self.names[node], slots, gpus, ask.share if slots else 0.0, ask.cpus, memory)
 
 
 def select(key: np.ndarray, second: np.ndarray, tie: float = TOL,
@@ -309,14 +355,14 @@ def select(key: np.ndarray, second: np.ndarray, tie: float = TOL,
 
 
 def place(state: FleetState, task: Task, policy: str, rng: np.random.Generator | None = None, *,
-          workload: Workload | CompiledWorkload | None = None,
-          catalogue: Catalogue | None = None) -> Placement | None:
+          workload: Workload | CompiledWorkload | None = None, catalogue: Catalogue | None = None,
+          fgd_tie: float = policies.FGD_TIE_GPUS) -> Placement | None:
     """The node and exact GPUs ``policy`` picks for ``task`` on ``state``, or None if it fits nowhere.
 
     ``workload`` is the target workload ``fgd`` and ``tiered`` minimise fragmentation
     against (required for them).
     """
-    return Placer(state, workload, catalogue).place(task, policy, rng)
+    return Placer(state, workload, catalogue, fgd_tie).place(task, policy, rng)
 
 
 def apply(state: FleetState, placement: Placement) -> FleetState:

@@ -1,15 +1,19 @@
 """Placement policies: each scores every node's best choice for a task, vectorised over nodes.
 
-A score is lower-is-better; ``inf`` means the task does not fit the node.
-``tight`` (the free share of the GPUs the choice takes) breaks ties, so
-among equal scores the fuller GPU wins. What each policy scores, with the
+A score is lower-is-better; ``inf`` means the task does not fit the node. A
+second score breaks ties: for ``bestfit`` and ``dotprod`` the free share of
+the GPUs the choice takes (the fuller GPU wins), for ``packing`` its order
+within a tier. Remaining ties go to the first node. What each policy scores, with the
 reference simulator's plugin it follows (hkust-adsl/kubernetes-scheduler-
 simulator, ``pkg/simulator/plugin``):
 
 - ``fgd``: how much the node's F_n(M) grows, i.e. minus its decrease (FGD,
   ``fgd_score.go``). A fractional task tries each GPU it fits on (GPUs with
   the same free share give the same F_n, so one of each); a whole-GPU task
-  takes fully free GPUs; a CPU-only task changes only the node's CPU.
+  takes fully free GPUs; a CPU-only task changes only the node's CPU. For
+  these, fgd's choice is the least growth of all feasible ones (a property
+  test checks it by brute force). A task of several fractional GPUs (none in
+  the openb trace) is scored on its tightest GPUs only, not on every subset.
 - ``bestfit``: the free CPU and GPU left after placing, each normalised by the
   largest node and weighted 1/2 (``best_fit_score.go``).
 - ``packing``: GPUs already shared first (the fuller the better), then a node
@@ -40,13 +44,13 @@ if TYPE_CHECKING:
 
 POLICIES = ("fgd", "bestfit", "packing", "dotprod", "random", "tiered")
 
-# Scores within this of the best are ties, which go to the first node (name order). For
-# fgd: growths of F_n within 0.05 GPU. Finer distinctions are noise in a measure that
-# weights shapes by how often they were seen, and packing those near-ties onto the first
-# nodes keeps the rest whole for the multi-GPU tasks no typical shape speaks for. The
-# reference simulator does the same implicitly: its 0-100 integer scores make growths
-# within about 0.04 GPU equal, and its scheduler gives ties to the first node name.
-TIE = {"fgd": 0.05, "bestfit": 1e-9, "packing": 1e-9, "dotprod": 1e-9, "random": 0.0}
+# fgd's tie: growths of F_n within this many GPUs of the least count as equal and go to
+# the first node. 0 (exact, up to float noise) makes fgd what its definition says: the
+# choice where F(M) grows least. The reference simulator's FGD is coarser, as a side effect
+# of its 0-100 integer scores: growths within about 0.04 GPU tie there and its scheduler
+# gives them to the first node name, which packs them. ``gpufleet replay --fgd-tie 0.05``
+# reproduces that; docs/replay.md has what it changes.
+FGD_TIE_GPUS = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +77,9 @@ class Ask:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    key: np.ndarray
-    tight: np.ndarray
-    slot: np.ndarray
+    key: np.ndarray  # lower is better; inf: does not fit
+    second: np.ndarray  # breaks ties of key
+    slot: np.ndarray  # the GPU slot, for a task of one fractional GPU
 
 
 def evaluate(policy: str, placer: Placer, nodes: np.ndarray, ask: Ask) -> Choice:
@@ -84,7 +88,7 @@ def evaluate(policy: str, placer: Placer, nodes: np.ndarray, ask: Ask) -> Choice
     free = placer.gpu_free[nodes]
     cpu = placer.cpu_free[nodes]
     key = np.full(n, np.inf)
-    tight = np.zeros(n)
+    second = np.zeros(n)
     slot = np.full(n, -1, dtype=np.intp)
     fits = cpu >= ask.cpus - EPS
     room = None
@@ -96,25 +100,25 @@ def evaluate(policy: str, placer: Placer, nodes: np.ndarray, ask: Ask) -> Choice
         fits &= room.sum(axis=1) >= ask.gpus
     ok = np.flatnonzero(fits)
     if len(ok) == 0:
-        return Choice(key, tight, slot)
+        return Choice(key, second, slot)
     free, cpu = free[ok], cpu[ok]
     if ask.kind == "frac1":
         assert room is not None
         roomy = np.where(room[ok], free, np.inf)
         best = roomy.argmin(axis=1)
         slot[ok] = best
-        tight[ok] = roomy[np.arange(len(ok)), best]
+        second[ok] = roomy[np.arange(len(ok)), best]
     elif ask.kind == "fracn":
         assert room is not None
         roomy = np.sort(np.where(room[ok], free, np.inf), axis=1)[:, : ask.gpus]
-        tight[ok] = roomy.sum(axis=1)
+        second[ok] = roomy.sum(axis=1)
     elif ask.kind == "whole":
-        tight[ok] = float(ask.gpus)
+        second[ok] = float(ask.gpus)
 
     if policy == "fgd":
         score, best_slot = _fgd(placer, nodes[ok], free, cpu, ask)
         key[ok] = score
-        tight[ok] = 0.0  # near-ties go to the first node, however full its GPU
+        second[ok] = 0.0  # ties (within the placer's fgd_tie) go to the first node
         if best_slot is not None:
             slot[ok] = best_slot
     elif policy == "bestfit":
@@ -126,13 +130,13 @@ def evaluate(policy: str, placer: Placer, nodes: np.ndarray, ask: Ask) -> Choice
         key[ok] = ((cpu / cpu_norm) * (ask.cpus / cpu_norm)
                    + (free.sum(axis=1) / gpu_norm) * (ask.demand / gpu_norm))
     elif policy == "packing":
-        key[ok], tight[ok] = _packing(placer, nodes[ok], free, ask)
+        key[ok], second[ok] = _packing(placer, nodes[ok], free, ask)
     elif policy == "random":
         key[ok] = 0.0
-        tight[ok] = 0.0  # no preference for tight GPUs either
+        second[ok] = 0.0
     else:
         raise ValueError(f"unknown placement policy {policy!r}")
-    return Choice(key, tight, slot)
+    return Choice(key, second, slot)
 
 
 def _packing(placer: Placer, nodes: np.ndarray, free: np.ndarray, ask: Ask) -> tuple[np.ndarray, np.ndarray]:

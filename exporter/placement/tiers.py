@@ -2,9 +2,11 @@
 
 Per GPU, in decimal GB as the catalogue states memory: more than 120 GB goes
 to B200; more than 80 up to 120 GB to H200; 40 to 80 GB to H100; under 40 GB
-to A100 or H100. A need that falls in a tier this fleet has no GPUs of (or
-none the job may use) moves up to the next tier that has some, so a fleet
-without H200 sends a 100 GB job to B200 rather than nowhere.
+to A100 or H100. A need that falls in a tier this fleet has no GPUs of moves
+up to the next tier it has, so a fleet without H200 sends a 100 GB job to
+B200 rather than nowhere. The rule is strict otherwise: a full tier does not
+spill into the next, and a job that names its models gets only those of its
+tier (none, if it names only other tiers' models).
 
 Node models are matched through the GPU catalogue, so a product name
 ("NVIDIA H100 80GB HBM3") or a variant the simulated fleet uses ("A100-80GB
@@ -66,15 +68,14 @@ def tier_models(need_bytes: float, fleet_models: Sequence[str], allowed: Sequenc
                 tiers: Sequence[Tier] = REFERENCE_TIERS) -> tuple[str, ...]:
     """The fleet models a job needing ``need_bytes`` per GPU may go to, by the tier rule.
 
-    ``allowed`` is the job's own list of models (empty: any). Returns the models of
-    the lowest tier, from the need's own upwards, that this fleet has and the job
-    allows; empty when none has.
+    The tier is the need's own, or the next one up that this fleet has GPUs of;
+    ``allowed`` (the job's own models, empty for any) then narrows it. Empty when
+    the fleet has no tier for the need, or the job allows none of its models.
     """
     catalogue = catalogue or default_catalogue()
     names = {m: catalogue_name(catalogue, m) for m in fleet_models}
     for tier in tiers[tier_of(need_bytes, tiers):]:
-        chosen = tuple(m for m in fleet_models
-                       if names[m] in tier.models and (not allowed or m in allowed))
-        if chosen:
-            return chosen
+        present = [m for m in fleet_models if names[m] in tier.models]
+        if present:
+            return tuple(m for m in present if not allowed or m in allowed)
     return ()

@@ -1,0 +1,197 @@
+"""Trace replay: the paper's protocol on small inputs, then ``gpufleet replay`` as a real process."""
+
+from __future__ import annotations
+
+import csv
+import io
+import struct
+import subprocess
+import sys
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exporter.analysis import openb
+from exporter.analysis.fgd import compile_workload, node_fragmentation
+from exporter.analysis.state import build
+from exporter.analysis.workload import Shape, Workload, from_tasks
+from exporter.cli import main
+from exporter.placement.engine import POLICIES, Task
+from exporter.placement.replay import COLUMNS, Setup, arrivals, replay, replay_many
+from exporter.replay_cmd import ProgressBar, parse_seeds
+from tests.conftest import REPO, data_dir
+
+TRACE = data_dir() / "alibaba-gpu-v2023" / "csv"
+
+
+def small_setup(arrive: float = 1.3) -> Setup:
+    """Three 2-GPU nodes; whole, half and CPU-only pods."""
+    state = build(["a", "b", "c"], ["A"] * 3, ["p"] * 3, [16] * 3, [16] * 3, [[1, 1]] * 3)
+    tasks = (Task(4, 1), Task(2, 1, 0.5), Task(8), Task(4, 2))
+    workload = Workload(tuple(Shape(t.cpus, t.gpu_share if t.gpus else 0.0, t.gpus) for t in tasks),
+                        (0.25,) * 4)
+    return Setup(state, tasks, compile_workload(workload, state.model_names), arrive)
+
+
+def test_arrivals_shuffle_then_append_copies_until_the_ratio():
+    setup = small_setup()
+    order = arrivals(setup.tasks, 6, 1.3, seed=42)
+    demand = [setup.tasks[i].gpu_demand for i in order]
+    assert sorted(order[:4]) == [0, 1, 2, 3]  # every pod once, shuffled
+    assert sum(demand) >= 1.3 * 6 - 1e-9
+    assert sum(demand[:-1]) < 1.3 * 6  # not one copy more than needed
+    assert order == arrivals(setup.tasks, 6, 1.3, seed=42)
+    assert order != arrivals(setup.tasks, 6, 1.3, seed=43)
+    with pytest.raises(ValueError, match="ask for no GPUs"):
+        arrivals((Task(4),), 6, 1.3, seed=1)
+
+
+def test_replay_rows_follow_the_arrivals():
+    setup = small_setup()
+    rows = replay(setup, "fgd", 7)
+    assert [r.arrived_pct for r in rows] == list(range(131))
+    first = rows[0]
+    empty = node_fragmentation(setup.state, setup.workload).sum()
+    assert (first.alloc_pct, first.failed_pods) == (0.0, 0)
+    assert first.frag_pct == pytest.approx(100 * empty / 6)
+    assert first.frag_ratio_pct == pytest.approx(100 * empty / 6)
+    for before, after in pairwise(rows):
+        assert after.failed_pods >= before.failed_pods
+        assert after.alloc_pct >= before.alloc_pct - 1e-9  # nothing departs
+    for row in rows:
+        # what is allocated has arrived; the pod that brought a row's percent is counted
+        assert row.alloc_pct <= row.arrived_pct + 100 * 2 / 6 + 1e-9
+        assert 0 <= row.frag_ratio_pct <= 100 + 1e-9
+    # 7.8 GPUs asked of 6: the cluster fills and some pods fail
+    assert rows[-1].alloc_pct > 75
+    assert rows[-1].failed_pods > 0
+
+
+def test_runs_in_worker_processes_give_the_same_rows_as_in_process():
+    setup = small_setup(arrive=0.8)
+    inline = replay_many(setup, ["fgd", "random"], [1, 2], jobs=1)
+    assert inline == replay_many(setup, ["fgd", "random"], [1, 2], jobs=2)
+    runs = [(r.policy, r.seed) for r in inline[::81]]
+    assert runs == [("fgd", 1), ("fgd", 2), ("random", 1), ("random", 2)]
+
+
+def test_openb_subset_ranks_fgd_above_random():
+    """A small replay of real trace pods: fgd's allocation at the end beats random's."""
+    mapper = openb.ModelMapper()
+    nodes = openb.load_nodes(TRACE / "openb_node_list_gpu_node.csv", mapper)[:120]
+    pods = openb.load_pods(TRACE / "openb_pod_list_default.csv", mapper)[:800]
+    state = openb.empty_state(nodes)
+    workload = compile_workload(from_tasks(p.shape for p in pods), state.model_names)
+    setup = Setup(state, tuple(Task.from_shape(p.shape) for p in pods), workload, 1.3)
+    end = {policy: np.mean([replay(setup, policy, seed)[-1].alloc_pct for seed in (1, 2)])
+           for policy in ("fgd", "random")}
+    assert end["fgd"] > end["random"] + 1.0, end
+
+
+def test_progress_bar_reports_rate_and_time_left():
+    out = io.StringIO()
+    bar = ProgressBar(1000, 4, stream=out)
+    bar.drawn = -1e9  # draw now
+    bar.update({0: 250, 1: 250}, 1)
+    bar.finish()
+    lines = out.getvalue().splitlines()
+    assert "50%" in lines[0] and "500/1,000 pods" in lines[0] and "runs 1/4" in lines[0]
+    assert "pods/s" in lines[0] and "left" in lines[0]
+
+
+def test_seed_lists_and_ranges():
+    assert parse_seeds("42,43") == [42, 43]
+    assert parse_seeds("42-44") == [42, 43, 44]
+    assert parse_seeds("7, 42-43, 7") == [7, 42, 43]
+
+
+def trace_subset(tmp_path: Path, nodes: int = 40, pods: int = 300) -> tuple[str, str]:
+    """The first nodes and pods of the real trace, as small CSVs of the same format."""
+    node_csv, pod_csv = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    node_csv.write_text("".join((TRACE / "openb_node_list_gpu_node.csv").open().readlines()[: nodes + 1]))
+    pod_csv.write_text("".join((TRACE / "openb_pod_list_default.csv").open().readlines()[: pods + 1]))
+    return str(node_csv), str(pod_csv)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_replay_command_contract(tmp_path):
+    nodes, pods = trace_subset(tmp_path)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "exporter", "replay", "--nodes", nodes, "--pods", pods,
+         "--policy", ",".join(POLICIES), "--seeds", "42,43", "--arrive", "1.3", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "pods/s" in done.stderr  # the progress bar
+    with (out / "replay.csv").open() as handle:
+        reader = csv.DictReader(handle)
+        assert tuple(reader.fieldnames) == COLUMNS
+        rows = list(reader)
+    assert len(rows) == 6 * 2 * 131
+    keys = {(r["policy"], r["seed"], r["arrived_pct"]) for r in rows}
+    assert keys == {(p, s, str(a)) for p in POLICIES for s in ("42", "43") for a in range(131)}
+    for row in rows:
+        for column in ("alloc_pct", "frag_pct", "frag_ratio_pct"):
+            assert 0.0 <= float(row[column]) <= 100.0
+        assert int(row["failed_pods"]) >= 0
+    width, height = png_size(out / "replay.png")
+    assert width > 800 and height > 300
+    # the summary names every policy, best allocation first
+    assert all(policy in done.stdout for policy in POLICIES)
+    assert "At 130% arrived workload, mean of 2 seeds" in done.stdout
+
+
+def test_replay_on_the_simulated_fleet(tmp_path, capsys):
+    _, pods = trace_subset(tmp_path, pods=200)
+    out = tmp_path / "sim"
+    assert main(["replay", "--sim", "--pods", pods, "--policy", "fgd,bestfit", "--arrive", "0.3",
+                 "--out", str(out), "--jobs", "1", "--no-progress"]) == 0
+    assert "the simulated fleet" not in capsys.readouterr().err
+    rows = list(csv.DictReader((out / "replay.csv").open()))
+    assert len(rows) == 2 * 31
+    assert rows[-1]["arrived_pct"] == "30"
+    assert float(rows[-1]["alloc_pct"]) == pytest.approx(30, abs=0.5)  # 1,088 GPUs: everything fits
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--policy", "fgd,worst"], "--policy: unknown worst"),
+    (["--seeds", "4x"], "--seeds: expected numbers"),
+    (["--arrive", "0"], "--arrive: must be in (0, 10]"),
+    (["--sim"], "give either --nodes NODES.csv or --sim"),
+    (["--fgd-tie", "2"], "--fgd-tie: must be in [0, 1]"),
+])
+def test_usage_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
+    nodes, pods = trace_subset(tmp_path, nodes=5, pods=20)
+    assert main(["replay", "--nodes", nodes, "--pods", pods, "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and err.startswith("gpufleet: ")
+
+
+def test_bad_trace_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,cpu_milli\nx,1\n")
+    nodes, _ = trace_subset(tmp_path, nodes=5, pods=1)
+    assert main(["replay", "--nodes", nodes, "--pods", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "missing column(s)" in capsys.readouterr().err
+
+
+def test_every_pod_list_of_the_trace_loads():
+    """Replay takes any openb_pod_list_*.csv; the multigpu ones have no gpu_spec column."""
+    files = sorted(TRACE.glob("openb_pod_list_*.csv"))
+    assert len(files) >= 20
+    for path in files:
+        pods = openb.load_pods(path)
+        assert len(pods) > 1000, path.name
+        assert sum(p.gpus * p.gpu_share for p in pods) > 0, path.name
+    multi = openb.load_pods(TRACE / "openb_pod_list_multigpu50.csv")
+    assert any(p.gpus == 8 for p in multi) and all(p.models == () for p in multi)
