@@ -114,6 +114,11 @@ class SimSource:
         1, help="Number of the first node (gpu-NNN), so simulated slices don't collide.", min=1
     )
     job_prefix: str = _opt("", help="Prefix of simulated job names, so slices don't collide.")
+    role: str = _opt(
+        "full", help="full: the whole simulated fleet; allocation: only the scheduler's view, "
+        "joined with a telemetry source (nvml, dcgm, prometheus) by node and GPU index.",
+        choices=("full", "allocation"),
+    )
 
 
 @dataclass(frozen=True)

@@ -153,3 +153,24 @@ async def test_without_an_allocation_source_sources_are_merged_as_before():
     text = render_text(snapshot).decode()
     assert "# TYPE gpufleet_compose_unmatched_gpus gauge" in text
     assert "gpufleet_compose_unmatched_gpus{" not in text
+
+
+async def test_simulated_fleet_as_the_allocation_source_joined_with_telemetry():
+    """Issue 9: the allocation side may be the simulated fleet, the telemetry side anything."""
+    from exporter.collect import Collector
+    from exporter.config import SimSource
+    from exporter.sources.sim import SimulatedFleetSource
+
+    now = 1_760_000_000.0
+    scheduler = SimulatedFleetSource(SimSource(seed=1, role="allocation"), clock=lambda: now)
+    telemetry = SimulatedFleetSource(SimSource(seed=2), clock=lambda: now)
+    telemetry.name = "telemetry"
+    snapshot = await Collector([scheduler, telemetry], 10, clock=lambda: now).collect()
+    alone = {s.name: await s.read() for s in (scheduler, telemetry)}
+    assert len(snapshot.gpus) == 1088  # joined, not concatenated
+    assert snapshot.allocations == alone["sim"].allocations  # the scheduler's jobs
+    measured = {g.key: g for g in alone["telemetry"].gpus}
+    for gpu in snapshot.gpus:  # values and identity from telemetry
+        assert gpu.temperature_celsius == measured[gpu.key].temperature_celsius
+        assert gpu.uuid == measured[gpu.key].uuid
+    assert {u.side: u.count for u in snapshot.unmatched} in ({}, {"allocation": 0, "telemetry": 0})

@@ -592,6 +592,11 @@ class SimulatedFleetSource:
     simulation: Simulation | None = None
     _wall_start: float = 0.0
 
+    @property
+    def role(self) -> str:
+        """``allocation`` makes the collector join it with telemetry (see exporter.compose)."""
+        return self.config.role
+
     def _ensure(self) -> Simulation:
         if self.simulation is None:
             self._wall_start = self.clock()
@@ -605,7 +610,13 @@ class SimulatedFleetSource:
     async def read(self) -> FleetSnapshot:
         sim = self._ensure()
         sim.advance(self.sim_time())
-        return sim.snapshot()
+        snapshot = sim.snapshot()
+        if self.role == "allocation":
+            # what a scheduler knows of a GPU: where it is, nothing measured, no UUID
+            # (so the join goes by node and index, as it does for Slurm)
+            bare = tuple(Gpu(g.node, g.index, "", g.model, g.pool) for g in snapshot.gpus)
+            snapshot = dataclasses.replace(snapshot, gpus=bare)
+        return snapshot
 
     async def close(self) -> None:
         return None
