@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from tests.conftest import REPO, free_port, http_get, require_binary, stop, wait_http
+from tests.conftest import REPO, free_port, http_get, require_binary, start_server
 
 DEPLOY_ALERTMANAGER = REPO / "deploy" / "alertmanager.yml"
 
@@ -56,19 +56,12 @@ def start_alertmanager(workdir: Path, config: dict[str, Any]) -> Alertmanager:
     path = workdir / "alertmanager.yml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
-    log = workdir / "alertmanager.log"
-    proc = subprocess.Popen(
+    proc = start_server(
+        "alertmanager", workdir, port,
         [binary, f"--config.file={path}", f"--storage.path={workdir / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}",
          "--cluster.listen-address=",  # no gossip port: one instance, nothing to clash with
-         "--log.level=debug"],
-        stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=workdir,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
-    except Exception:
-        stop(proc)
-        raise RuntimeError(f"alertmanager did not start: {log.read_text()[-2000:]}") from None
+         "--log.level=debug"])
     return Alertmanager(proc, port, workdir)
 
 

@@ -167,19 +167,35 @@ def start_prometheus(workdir: Path, config: str, extra_args: tuple[str, ...] = (
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "prometheus.yml").write_text(config)
     port = free_port()
-    log = workdir / "prometheus.log"
-    proc = subprocess.Popen(
+    proc = start_server(
+        "prometheus", workdir, port,
         [binary, f"--config.file={workdir / 'prometheus.yml'}",
          f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-         "--web.enable-lifecycle", *extra_args],
-        stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=workdir,
-    )
+         "--web.enable-lifecycle", *extra_args])
+    return Prometheus(proc, port, workdir)
+
+
+def start_server(name: str, workdir: Path, port: int, cmd: list[str]) -> subprocess.Popen:
+    """Start a server whose log goes to ``workdir/<name>.log``; wait for its ``/-/ready``."""
+    log = workdir / f"{name}.log"
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=workdir)
     try:
         wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
     except Exception:
         stop(proc)
-        raise RuntimeError(f"prometheus did not start: {log.read_text()[-2000:]}") from None
-    return Prometheus(proc, port, workdir)
+        raise RuntimeError(f"{name} did not start: {log.read_text()[-2000:]}") from None
+    return proc
+
+
+def wait_until(what: str, check, timeout: float = 45.0, interval: float = 0.2):
+    """Poll ``check`` until it returns something true, and return that; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 @pytest.fixture

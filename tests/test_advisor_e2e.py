@@ -21,7 +21,7 @@ from aiohttp import web
 
 from deploy.examples.receiver import signature_ok
 from tests.alerting_servers import ADVISOR_TOKEN, routed_config, start_alertmanager
-from tests.conftest import free_port, http_get, stop
+from tests.conftest import free_port, http_get, stop, wait_until
 
 SECRET = "scheduler-shared-secret"
 ENV = {"GPUFLEET_ADVISOR_TOKEN": ADVISOR_TOKEN, "GPUFLEET_WEBHOOK_SECRET": SECRET}
@@ -104,16 +104,6 @@ def metric(url: str, name: str, **labels: str) -> float:
                 and all(f'{k}="{v}"' in line for k, v in labels.items())):
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-def wait_until(what: str, check, timeout: float = 45.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def advice(url: str) -> dict:

@@ -25,7 +25,7 @@ from exporter.sources.prometheus import (
     build_queries,
     build_snapshot,
 )
-from tests.conftest import free_port, http_get, require_binary, stop
+from tests.conftest import free_port, http_get, require_binary, stop, wait_until
 
 # -- queries and decoding, on literals ----------------------------------------------------------
 
@@ -277,13 +277,7 @@ def _union(parts: list[FleetSnapshot]) -> FleetSnapshot:
 
 
 def _wait(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not met within {timeout}s")
+    return wait_until(what, predicate, timeout, interval=0.3)
 
 
 def test_cluster_mode_rebuilds_the_union_of_four_exporters(exporter_factory, prometheus_factory):
