@@ -320,6 +320,9 @@ class AdvisorConfig:
         0.5, help="Gate: fragmented GPUs a plan must recover per migration.", min=0)
     min_nodes_freed_per_migration: float = _opt(
         0.0, help="Gate: whole nodes a plan must free per migration.", min=0)
+    hold_recheck: Duration = _opt(Duration(60), help="After a hold (nothing worth moving), how "
+                                  "long snapshots wait before planning again; alerts re-plan at once.",
+                                  min=0)
     max_migrations: int = _opt(10, help="Budget: migrations per plan.", min=1)
     max_migrations_per_node: int = _opt(4, help="Budget: migrations off one node per plan.", min=1)
     max_migrations_per_namespace: int = _opt(5, help="Budget: migrations of one namespace per plan.",

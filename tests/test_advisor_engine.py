@@ -118,3 +118,17 @@ def test_what_if_changes_no_state():
     result = advisor.what_if(FleetSnapshot(0), report(70))
     assert result["decision"] == "compact" and result["what_if"] is True
     assert advisor.scopes == {} and advisor.last_plan_at is None and advisor.advice is None
+
+
+def test_a_hold_is_not_replanned_on_every_snapshot_but_an_alert_replans():
+    planner = Planner(migrations=0)
+    advisor, clock = make(planner, dwell_seconds=0, hold_recheck_seconds=60)
+    results = run(advisor, clock, [(0, 80), (5, 80), (30, 80)])
+    assert [r["decision"] for r in results] == ["hold"] * 3
+    assert planner.calls == 1
+    assert results[2]["reasons"][1].startswith("index high but nothing worth moving")
+    clock[0] = 35
+    advisor.observe(FleetSnapshot(35), report(80), trigger="alertmanager: X firing")
+    assert planner.calls == 2
+    run(advisor, clock, [(100, 80)])  # past the recheck interval
+    assert planner.calls == 3

@@ -36,6 +36,9 @@ class DecisionSettings:
     cooldown_seconds: float = 1800.0
     min_recovered_per_migration: float = 0.5
     min_nodes_freed_per_migration: float = 0.0
+    # after a hold, planning again on every snapshot (every few seconds, up to a second
+    # of CPU on a large fleet each) would find the same nothing; an alert still re-plans at once
+    hold_recheck_seconds: float = 60.0
 
 
 @dataclass
@@ -92,6 +95,7 @@ class Advisor:
     clock: Callable[[], float] = time.time
     scopes: dict[str, ScopeState] = field(default_factory=dict)
     last_plan_at: float | None = None
+    last_hold: tuple[float, str, list[str]] | None = None  # when, scope, reasons
     advice: dict[str, Any] | None = None
     plan: CompactionPlan | None = None
 
@@ -139,16 +143,20 @@ class Advisor:
             return {**base, "decision": "cooldown", "scope": scope, "plan": None,
                     "reasons": [why_due, f"last plan {_minutes(now - self.last_plan_at)} ago; "
                                 f"cooldown until {time.strftime('%H:%M:%S', time.gmtime(until))} UTC"]}
+        if (self.last_hold is not None and trigger == "snapshot" and self.last_hold[1] == scope
+                and now - self.last_hold[0] < s.hold_recheck_seconds):
+            return {**base, "decision": "hold", "scope": scope, "plan": None,
+                    "reasons": [why_due, *self.last_hold[2][1:]]}
         plan = self.planner(snapshot, report, scope, now)
+        refused = gate(plan, s)
         if not plan.migrations:
             allocated = report.cluster.allocated_ratio * 100
-            return {**base, "decision": "hold", "scope": scope, "plan": None,
-                    "reasons": [why_due, f"index high but nothing worth moving: cluster "
-                                f"{allocated:.0f}% allocated", *plan.reasons]}
-        refused = gate(plan, s)
+            refused = f"index high but nothing worth moving: cluster {allocated:.0f}% allocated"
         if refused is not None:
-            return {**base, "decision": "hold", "scope": scope, "plan": None,
-                    "reasons": [why_due, refused]}
+            reasons = [why_due, refused, *(plan.reasons if not plan.migrations else ())]
+            self.last_hold = (now, scope, reasons)
+            return {**base, "decision": "hold", "scope": scope, "plan": None, "reasons": reasons}
+        self.last_hold = None
         self.last_plan_at = now
         self.plan = plan
         reasons = [f"{why_due}; {describe_gain(plan)}", *plan.reasons]

@@ -77,6 +77,7 @@ def decision_settings(config: AdvisorConfig) -> DecisionSettings:
         cooldown_seconds=config.cooldown,
         min_recovered_per_migration=config.min_recovered_per_migration,
         min_nodes_freed_per_migration=config.min_nodes_freed_per_migration,
+        hold_recheck_seconds=config.hold_recheck,
     )
 
 
