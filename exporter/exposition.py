@@ -169,10 +169,11 @@ def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
     """Every family that is not a plain per-GPU value: info, allocation, node and self-metrics."""
     gpus = snapshot.gpus
     held = snapshot.gpu_allocations()
+    generation = {n.name: n.generation for n in snapshot.nodes}
     info, allocated, allocation_info, mig_info, mig_total, mig_used = [], [], [], [], [], []
     for gpu in gpus:
         ident = identity(gpu)
-        spec_labels = (("architecture", _architecture(snapshot, gpu.node)),)
+        spec_labels = (("architecture", generation.get(gpu.node, "unknown")),)
         info.append(((*ident, *spec_labels), 1.0))
         holders = held.get(gpu.key, [])
         allocated.append((ident, min(1.0, round(sum(share for _, share in holders), 6))))
@@ -290,23 +291,6 @@ def allocation_families(snapshot: FleetSnapshot) -> list[Family]:
                "Share of each of its GPUs on the node the job holds (0-1); 1 is whole GPUs.",
                list(shares.items())),
     ]
-
-
-def _architecture(snapshot: FleetSnapshot, node: str) -> str:
-    return _node_generations(snapshot).get(node, "unknown")
-
-
-_gen_cache: dict[int, dict[str, str]] = {}
-
-
-def _node_generations(snapshot: FleetSnapshot) -> dict[str, str]:
-    key = id(snapshot)
-    cached = _gen_cache.get(key)
-    if cached is None:
-        _gen_cache.clear()
-        cached = {n.name: n.generation for n in snapshot.nodes}
-        _gen_cache[key] = cached
-    return cached
 
 
 @dataclass(frozen=True, slots=True)
