@@ -15,7 +15,7 @@ proves it. It exists because ``generate_latest`` costs about a second per
 from __future__ import annotations
 
 import gzip
-import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -318,8 +318,6 @@ def render(
     gzip_level: int = 5,
 ) -> Rendered:
     """Text and gzip bodies for one snapshot; runs in a worker thread, never on the loop."""
-    import time
-
     started = time.perf_counter()
     text = render_text(snapshot, labels, extra)
     gzipped = gzip.compress(text, compresslevel=gzip_level, mtime=0)
@@ -329,4 +327,4 @@ def render(
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-__all__ = ["CONTENT_TYPE", "GPU_FAMILIES", "Family", "LabelCache", "Rendered", "math", "render"]
+__all__ = ["CONTENT_TYPE", "GPU_FAMILIES", "Family", "LabelCache", "Rendered", "render"]

@@ -25,6 +25,7 @@ same clock give the same run.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -576,8 +577,6 @@ def _job_order(job: SimJob) -> str:
 
 def _uuid(seed: int, node: str, index: int) -> str:
     """A stable, UUID-shaped GPU id: the same node and index always get the same one."""
-    import hashlib
-
     digest = hashlib.sha1(f"{seed}/{node}/{index}".encode()).hexdigest()
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
@@ -626,4 +625,4 @@ def build(config: SimSource, clock: Clock) -> SimulatedFleetSource:
     return SimulatedFleetSource(config, clock)
 
 
-__all__ = ["JOB_KINDS", "SimulatedFleetSource", "Simulation", "build", "dataclasses"]
+__all__ = ["JOB_KINDS", "SimulatedFleetSource", "Simulation", "build"]
