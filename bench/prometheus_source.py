@@ -189,7 +189,8 @@ scrape_configs:
     try:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{exporter_port}",
-             "--config", str(work / "gpufleet.yaml")], cwd=REPO,
+             "--config", str(work / "gpufleet.yaml")], cwd=work,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
             stdout=subprocess.DEVNULL, stderr=(work / "exporter.log").open("w")))
         procs.append(subprocess.Popen(
             [prometheus, f"--config.file={work / 'prometheus.yml'}",

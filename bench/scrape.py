@@ -153,7 +153,10 @@ def render_times(scale: int) -> dict[str, float]:
 
 
 def spawn(cmd: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    # run in the temp folder so the exporter's relative files (the advisor's outbox) stay there
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(cmd, cwd=log.parent, env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT)
 
 
 def measure_size(scale: int, seconds: float, tmp: Path, naive: bool) -> dict:
