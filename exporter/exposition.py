@@ -194,10 +194,7 @@ def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
             if inst.memory_used_bytes is not None:
                 mig_used.append((mig_labels, float(inst.memory_used_bytes)))
 
-    cpu_used: dict[str, float] = {}
-    for alloc in snapshot.allocations:
-        for part in alloc.placements:
-            cpu_used[part.node] = cpu_used.get(part.node, 0.0) + part.cpus
+    _, cpu_used = snapshot.held()
     node_info, node_cpus, node_cpus_alloc = [], [], []
     for node in snapshot.nodes:
         labels = (("node", node.name), ("pool", node.pool), ("model", node.model))

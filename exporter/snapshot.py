@@ -145,6 +145,18 @@ class FleetSnapshot:
     def node_map(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}
 
+    def held(self) -> tuple[dict[tuple[str, int], float], dict[str, float]]:
+        """What the allocations hold: share per (node, GPU index), and CPU cores per node."""
+        shares: dict[tuple[str, int], float] = {}
+        cpus: dict[str, float] = {}
+        for alloc in self.allocations:
+            for part in alloc.placements:
+                cpus[part.node] = cpus.get(part.node, 0.0) + part.cpus
+                for index in part.gpus:
+                    key = (part.node, index)
+                    shares[key] = shares.get(key, 0.0) + part.gpu_share
+        return shares, cpus
+
     def gpu_allocations(self) -> dict[tuple[str, int], list[tuple[Allocation, float]]]:
         """(node, gpu index) → [(allocation, share held)], for every allocated GPU."""
         held: dict[tuple[str, int], list[tuple[Allocation, float]]] = {}

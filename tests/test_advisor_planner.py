@@ -203,13 +203,7 @@ def test_applied_plans_are_valid_and_match_the_prediction(snapshot):
     data = result.to_json()
     jsonschema.validate(data, SCHEMA) if result.migrations else None
     after = apply_plan(snapshot, data)
-    held: dict[tuple[str, int], float] = {}
-    cpus: dict[str, float] = {}
-    for alloc in after.allocations:
-        for part in alloc.placements:
-            cpus[part.node] = cpus.get(part.node, 0.0) + part.cpus
-            for gpu in part.gpus:
-                held[(part.node, gpu)] = held.get((part.node, gpu), 0.0) + part.gpu_share
+    held, cpus = after.held()
     assert all(v <= 1.0 + 1e-9 for v in held.values()), "a GPU over-allocated"
     assert all(used <= n.cpu_cores + 1e-9 for n in after.nodes for used in [cpus.get(n.name, 0)])
     nodes = after.node_map()

@@ -76,13 +76,7 @@ def test_no_gpu_is_over_allocated_and_cpu_never_negative():
     for hours in (1, 5, 12):
         sim.advance(START + hours * 3600)
         snapshot = sim.snapshot()
-        held: dict[tuple[str, int], float] = {}
-        cpus: dict[str, float] = {}
-        for alloc in snapshot.allocations:
-            for part in alloc.placements:
-                cpus[part.node] = cpus.get(part.node, 0) + part.cpus
-                for gpu in part.gpus:
-                    held[(part.node, gpu)] = held.get((part.node, gpu), 0) + part.gpu_share
+        held, cpus = snapshot.held()
         assert max(held.values()) <= 1.0 + 1e-9
         cores = {n.name: n.cpu_cores for n in snapshot.nodes}
         assert all(used <= cores[node] for node, used in cpus.items())

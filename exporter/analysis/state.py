@@ -102,14 +102,7 @@ def from_snapshot(snapshot: FleetSnapshot) -> FleetState:
                 order.append(gpu.node)
         gpus_of[gpu.node][gpu.index] = gpu.up
         gpu_model.setdefault(gpu.node, (gpu.model, gpu.pool))
-    held: dict[tuple[str, int], float] = {}
-    cpu_used: dict[str, float] = {}
-    for alloc in snapshot.allocations:
-        for part in alloc.placements:
-            cpu_used[part.node] = cpu_used.get(part.node, 0.0) + part.cpus
-            for index in part.gpus:
-                key = (part.node, index)
-                held[key] = held.get(key, 0.0) + part.gpu_share
+    held, cpu_used = snapshot.held()
 
     models, pools, cpu_total, cpu_free, gpu_free = [], [], [], [], []
     gpu_indices: list[list[int]] = []
