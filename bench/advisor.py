@@ -49,13 +49,6 @@ from exporter.snapshot import Placement as Part  # noqa: E402
 NOW = 1_760_000_000.0
 
 
-def data_dir() -> Path:
-    import os
-
-    env = os.environ.get("GPUFLEET_DATA")
-    return Path(env) if env else REPO.parent / "shared" / "data"
-
-
 def fill(nodes, pods, workload, arrive: float, seed: int):
     """Replay the trace with ``random`` to ``arrive`` of capacity; the placements that fit."""
     state = openb.empty_state(nodes)
@@ -149,9 +142,9 @@ def main() -> None:
     parser.add_argument("--arrive", default="0.8,0.9")
     parser.add_argument("--budgets", default="0.01,0.05,0.10", help="fractions of running pods")
     args = parser.parse_args()
-    csv = data_dir() / "alibaba-gpu-v2023" / "csv"
-    nodes = openb.load_nodes(csv / "openb_node_list_gpu_node.csv")
-    pods = openb.load_pods(csv / "openb_pod_list_default.csv")
+    trace = openb.named_trace(openb.DEFAULT_TRACE)
+    nodes = openb.load_nodes(trace.nodes)
+    pods = openb.load_pods(trace.pods)
     workload = from_tasks(p.shape for p in pods)
     print(f"openb: {len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, {len(pods)} pods; "
           f"workload {len(workload)} shapes")

@@ -1,6 +1,6 @@
 """Measure the dcgm source's line parser against prometheus_client.parser on 100k samples.
 
-The body is built from the real dcgm-exporter samples in shared/data (L4 with
+The body is built from the real dcgm-exporter samples in data/ (L4 with
 HELP/TYPE lines, 8x H100 with pod labels, A100 MIG), repeated with a distinct
 Hostname and UUID per copy, as if scraped from many nodes, until it holds at
 least 100,000 samples. Both parsers read the same text; each is timed best of
@@ -14,7 +14,6 @@ Target (issue 3): ours at least 5x faster. Figures go in docs/performance.md.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,14 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from exporter.sources.dcgm_mapping import build_fleet  # noqa: E402
 from exporter.sources.exposition_parser import parse_text  # noqa: E402
 from exporter.sources.gpu_models import catalogue_resolver  # noqa: E402
+from tests.conftest import data_dir  # noqa: E402  (the repository's data/, or $GPUFLEET_DATA)
 
 SAMPLE_FILES = ("l4-1gpu-default-counters.prom", "h100-8gpu-k8s-pod-labels.prom",
                 "a100-mig-docs.prom")
-
-
-def data_dir() -> Path:
-    env = os.environ.get("GPUFLEET_DATA")
-    return Path(env) if env else REPO.parent / "shared" / "data"
 
 
 def build_body(samples_wanted: int) -> tuple[str, int]:

@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.analysis import fgd, index, openb
 from exporter.analysis.state import EPS, FleetState, build
 from exporter.analysis.workload import Workload, from_tasks
-from tests.conftest import data_dir
 
 TARGET_FULL_SECONDS = 2e-3
 TARGET_SPEEDUP = 50.0
@@ -110,10 +109,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=7, help="timed batches per figure")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    trace = data_dir() / "alibaba-gpu-v2023" / "csv"
+    trace = openb.named_trace(openb.DEFAULT_TRACE)
     mapper = openb.ModelMapper()
-    nodes = openb.load_nodes(trace / "openb_node_list_gpu_node.csv", mapper)
-    pods = openb.load_pods(trace / "openb_pod_list_default.csv", mapper)
+    nodes = openb.load_nodes(trace.nodes, mapper)
+    pods = openb.load_pods(trace.pods, mapper)
     workload = from_tasks(p.shape for p in pods)
     state = partly_allocated(nodes, pods, target=0.5)
     compiled = fgd.compile_workload(workload, state.model_names)

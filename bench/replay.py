@@ -44,7 +44,6 @@ from exporter.analysis.state import EPS, FleetState, with_node  # noqa: E402
 from exporter.analysis.workload import from_tasks  # noqa: E402
 from exporter.placement.engine import Placer, Task  # noqa: E402
 from exporter.placement.replay import Setup, arrivals, replay  # noqa: E402
-from tests.conftest import data_dir  # noqa: E402
 
 TARGET_SECONDS = 60.0
 TARGET_PEAK_BYTES = 1 << 30
@@ -93,10 +92,10 @@ def main() -> int:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     rss_start = peak_rss_bytes()
 
-    trace = data_dir() / "alibaba-gpu-v2023" / "csv"
+    trace = openb.named_trace(openb.DEFAULT_TRACE)
     mapper = openb.ModelMapper()
-    nodes = openb.load_nodes(trace / "openb_node_list_gpu_node.csv", mapper)
-    pods = openb.load_pods(trace / "openb_pod_list_default.csv", mapper)
+    nodes = openb.load_nodes(trace.nodes, mapper)
+    pods = openb.load_pods(trace.pods, mapper)
     state = openb.empty_state(nodes)
     workload = fgd.compile_workload(from_tasks(p.shape for p in pods), state.model_names)
     memory = np.array([n.memory_mib * 2**20 for n in nodes], dtype=float)

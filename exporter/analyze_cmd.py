@@ -30,7 +30,9 @@ from exporter.placement.engine import POLICIES, Task, place_all
 from exporter.snapshot import from_json
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else ""
-EPILOG = """examples:
+EPILOG = f"""examples:
+  gpufleet analyze --trace {openb.DEFAULT_TRACE}
+  gpufleet analyze --trace openb-gpuspec33 --placed-by fgd
   gpufleet analyze --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv --empty
   curl -s localhost:9874/v1/snapshot > snapshot.json
   gpufleet analyze --snapshot snapshot.json --json
@@ -44,7 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_argument_group("input (one of)")
     source.add_argument("--snapshot", metavar="FILE.json",
                         help="fleet snapshot as served at GET /v1/snapshot")
-    source.add_argument("--nodes", metavar="NODES.csv", help="openb node list")
+    source.add_argument("--nodes", metavar="NODES.csv", help="openb node list (.csv or .csv.gz)")
+    source.add_argument("--trace", metavar="NAME",
+                        help=f"a named openb trace: its GPU nodes and pods ({openb.DEFAULT_TRACE} is "
+                        "built in; openb-<variant> is read from $GPUFLEET_DATA); measures the empty "
+                        "cluster unless --placed-by")
     parser.add_argument("--pods", metavar="PODS.csv",
                         help="openb pod list: the target workload (and, with --placed-by, the pods)")
     parser.add_argument("--empty", action="store_true",
@@ -92,8 +98,17 @@ def _analysis_config(args: argparse.Namespace) -> AnalysisConfig:
 
 
 def _inputs(args: argparse.Namespace, config: AnalysisConfig) -> tuple[FleetState, Workload]:
-    if bool(args.snapshot) == bool(args.nodes):
-        raise UsageError("give either --snapshot FILE.json or --nodes NODES.csv")
+    if sum(map(bool, (args.snapshot, args.nodes, args.trace))) != 1:
+        raise UsageError("give one of --snapshot FILE.json, --nodes NODES.csv or --trace NAME")
+    if args.trace:
+        if args.nodes or args.pods:
+            raise UsageError("--trace names both the nodes and the pods: no --nodes or --pods with it")
+        try:
+            trace = openb.named_trace(args.trace)
+        except openb.OpenbError as exc:
+            raise UsageError(f"--trace: {exc}") from None
+        args.nodes, args.pods = str(trace.nodes), str(trace.pods)
+        args.empty = args.empty or not args.placed_by
     if args.snapshot:
         if args.empty or args.placed_by:
             raise UsageError("--empty and --placed-by go with --nodes, not --snapshot")

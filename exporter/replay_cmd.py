@@ -40,6 +40,8 @@ DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 EPILOG = f"""policies: {", ".join(POLICIES)}
 
 examples:
+  gpufleet replay --out out/                          (the built-in openb-default trace)
+  gpufleet replay --trace openb-gpuspec33 --out out/  (a variant, from $GPUFLEET_DATA)
   gpufleet replay --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv \\
       --policy fgd,bestfit,packing,dotprod,random,tiered --seeds 42,43 --arrive 1.3 --out out/
   gpufleet replay --sim --pods openb_pod_list_default.csv --policy fgd,bestfit --out out-sim/"""
@@ -47,11 +49,15 @@ examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet = parser.add_argument_group("fleet (one of)")
-    fleet.add_argument("--nodes", metavar="NODES.csv", help="openb node list")
+    fleet.add_argument("--nodes", metavar="NODES.csv", help="openb node list (.csv or .csv.gz)")
     fleet.add_argument("--sim", action="store_true",
                        help="the simulated reference fleet (sources.sim of --config), empty")
-    parser.add_argument("--pods", metavar="PODS.csv", required=True,
-                        help="openb pod list (any openb_pod_list_*.csv)")
+    parser.add_argument("--pods", metavar="PODS.csv",
+                        help="openb pod list (any openb_pod_list_*.csv, or .csv.gz)")
+    parser.add_argument("--trace", metavar="NAME",
+                        help=f"a named openb trace instead of --nodes and --pods (default "
+                        f"{openb.DEFAULT_TRACE}, built in; openb-<variant> is read from $GPUFLEET_DATA); "
+                        "with --sim, only its pods are used")
     parser.add_argument("--policy", default=",".join(POLICIES), metavar="LIST",
                         help="comma-separated placement policies (default: all six)")
     parser.add_argument("--seeds", default="42", metavar="LIST",
@@ -80,8 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--fgd-tie: must be in [0, 1] GPU, got {args.fgd_tie:g}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError("--jobs: must be >= 1")
-    if bool(args.nodes) == bool(args.sim):
-        raise UsageError("give either --nodes NODES.csv or --sim")
+    _resolve_trace(args)
     config = load(args.config)
     out = _out_dir(args.out)
     mapper = openb.ModelMapper()  # one for nodes and pods: each unknown model is reported once
@@ -114,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     write_csv(rows, out / "replay.csv")
     title = f"{Path(args.pods).name} on {fleet_name}: {len(state):,} nodes, {setup.capacity:,.0f} GPUs"
     plot(rows, out / "replay.png", title)
+    sys.stdout.write(f"{title}\n")
     sys.stdout.write(report(rows, setup.capacity, len(seeds), elapsed))
     sys.stdout.write(f"wrote {out / 'replay.csv'} and {out / 'replay.png'}\n")
     return 0
@@ -144,6 +150,25 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds or any(s < 0 for s in seeds):
         raise UsageError(f"--seeds: expected seeds >= 0, got {text!r}")
     return list(dict.fromkeys(seeds))
+
+
+def _resolve_trace(args: argparse.Namespace) -> None:
+    """Fill --nodes and --pods from --trace, or from the built-in trace when no file is given."""
+    if args.trace and (args.nodes or args.pods):
+        raise UsageError("--trace names both the nodes and the pods: no --nodes or --pods with it")
+    if args.nodes and args.sim:
+        raise UsageError("give either --nodes NODES.csv or --sim, not both")
+    if args.nodes and not args.pods:
+        raise UsageError("--nodes needs --pods PODS.csv")
+    if args.nodes or (args.sim and args.pods):
+        return
+    try:
+        trace = openb.named_trace(args.trace or openb.DEFAULT_TRACE)
+    except openb.OpenbError as exc:
+        raise UsageError(f"--trace: {exc}") from None
+    args.pods = str(trace.pods)
+    if not args.sim:
+        args.nodes = str(trace.nodes)
 
 
 def _out_dir(path: str) -> Path:

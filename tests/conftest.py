@@ -26,14 +26,24 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def data_dir() -> Path:
-    """The shared real-data folder: $GPUFLEET_DATA, else ../shared/data beside the checkout."""
+    """The real-data folder: $GPUFLEET_DATA when set, else the repository's own data/.
+
+    Tests never read outside the repository unless GPUFLEET_DATA says so.
+    """
     env = os.environ.get("GPUFLEET_DATA")
-    if env:
-        return Path(env)
-    for candidate in (REPO.parent / "shared" / "data", REPO / "shared" / "data"):
-        if candidate.is_dir():
-            return candidate
-    return REPO.parent / "shared" / "data"
+    return Path(env) if env else REPO / "data"
+
+
+def openb_csv(stem: str) -> Path:
+    """An openb trace file by stem (``openb_pod_list_default``): ``.csv`` or ``.csv.gz``."""
+    from exporter.analysis.openb import find_csv
+
+    folder = data_dir() / "alibaba-gpu-v2023" / "csv"
+    found = find_csv(folder, stem)
+    if found is None:
+        pytest.fail(f"{folder}: no {stem}.csv[.gz] (data/ is part of the repository; "
+                    "GPUFLEET_DATA must hold the same layout)")
+    return found
 
 
 def free_port() -> int:

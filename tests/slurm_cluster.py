@@ -1,7 +1,7 @@
 """A real Slurm on loopback for tests: munged, slurmctld and 8 ``slurmd -N`` in one temp dir.
 
 Debian's ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge`` (22.05) run as
-root, the way ``../shared/data/slurm-samples/`` was captured: nodes gpu-001..004
+root, the way ``data/slurm-samples/`` was captured: nodes gpu-001..004
 advertise ``gpu:h200:8`` (partition gpu-h200), gpu-005..008 ``gpu:h100:8``
 (partition gpu-h100). Ports are picked free, so runs never collide.
 

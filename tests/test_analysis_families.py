@@ -12,7 +12,7 @@ from exporter.config import AnalysisConfig, ConfigError, Scenario, ShapeConfig, 
 from exporter.exposition import render_families
 from exporter.snapshot import FleetSnapshot
 from exporter.sources.sim import Simulation
-from tests.conftest import data_dir, http_get
+from tests.conftest import http_get, openb_csv
 
 START = 1_000_000_000.0
 FAMILIES = {
@@ -80,7 +80,7 @@ def test_fixed_workloads_from_config():
     text = "".join(render_families(families))
     assert samples(text, "gpufleet_fragmentation_workload_info") == {
         '{cpu_only="included",source="shapes"}': 1.0}
-    trace = data_dir() / "alibaba-gpu-v2023" / "csv" / "openb_pod_list_default.csv"
+    trace = openb_csv("openb_pod_list_default")
     traced = LiveAnalyzer.from_config(AnalysisConfig(workload="trace", trace=str(trace)))
     assert traced.fixed is not None and len(traced.fixed) == 35
 

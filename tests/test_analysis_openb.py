@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import logging
 from collections import Counter
 
@@ -12,11 +13,10 @@ from exporter.analysis import openb
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import evaluate
 from exporter.analysis.workload import from_tasks
-from tests.conftest import data_dir
+from tests.conftest import openb_csv
 
-TRACE = data_dir() / "alibaba-gpu-v2023" / "csv"
-NODES = TRACE / "openb_node_list_gpu_node.csv"
-PODS = TRACE / "openb_pod_list_default.csv"
+NODES = openb_csv("openb_node_list_gpu_node")
+PODS = openb_csv("openb_pod_list_default")
 
 
 def test_nodes_load_with_catalogue_models_and_unknown_ones_kept(caplog):
@@ -41,7 +41,7 @@ def test_pods_load_with_units_converted():
     assert (first.name, first.cpus, first.gpus, first.gpu_share, first.models) == (
         "openb-pod-0001", 6.0, 1, 0.46, ())
     assert (first.qos, first.phase, first.creation_time) == ("LS", "Running", 427061.0)
-    spec = openb.load_pods(TRACE / "openb_pod_list_gpuspec33.csv")
+    spec = openb.load_pods(openb_csv("openb_pod_list_gpuspec33"))
     assert ("V100M16", "V100M32") in {p.models for p in spec}
 
 
@@ -72,9 +72,9 @@ def _independent_expectation() -> tuple[float, float, int]:
     has) makes all the node's GPUs fragments. The ratio is therefore the
     weighted share of GPUs on nodes each shape cannot use.
     """
-    with NODES.open() as f:
+    with openb.open_text(NODES) as f:
         nodes = [(int(r["cpu_milli"]), int(r["gpu"])) for r in csv.DictReader(f)]
-    with PODS.open() as f:
+    with openb.open_text(PODS) as f:
         counts = Counter((int(r["cpu_milli"]), int(r["num_gpu"]), int(r["gpu_milli"]))
                          for r in csv.DictReader(f))  # the default trace has no gpu_spec
     ranked = sorted(counts.items(), key=lambda kv: -kv[1])
@@ -110,3 +110,55 @@ def test_empty_openb_cluster_ratio_is_the_cpu_only_share_plus_shapes_too_big_for
     assert cpu_only == pytest.approx(0.136, abs=0.002)
     assert cpu_only < ratio < 0.15
     assert report.cluster.breakdown["cpu_only"] / 6212 == pytest.approx(cpu_only)
+
+
+def test_gzipped_and_plain_csv_load_the_same(tmp_path):
+    plain = tmp_path / "pods.csv"
+    with openb.open_text(PODS) as handle:
+        plain.write_text(handle.read())
+    gzipped = tmp_path / "pods.csv.gz"
+    gzipped.write_bytes(gzip.compress(plain.read_bytes()))
+    assert openb.load_pods(plain) == openb.load_pods(gzipped) == openb.load_pods(PODS)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (gzip.compress(b"name,cpu_milli,num_gpu,gpu_milli\n" + b"p,1000,1,500\n" * 1000)[:-40], "cannot read"),
+    (b"not gzip at all", "cannot read"),
+    (gzip.compress(b"name,cpu_milli,num_gpu,gpu_milli\n\xff\xfe,1,1,1\n"), "cannot read"),
+])
+def test_a_corrupt_gzip_is_one_openb_error(tmp_path, content, message):
+    path = tmp_path / "bad.csv.gz"
+    path.write_bytes(content)
+    with pytest.raises(openb.OpenbError, match=message) as raised:
+        openb.load_pods(path)
+    assert str(raised.value).startswith(f"{path}: ")
+
+
+def test_named_traces_follow_gpufleet_data(tmp_path, monkeypatch):
+    assert openb.named_trace("openb-default").pods.name == "openb_pod_list_default.csv.gz"
+    folder = tmp_path / "alibaba-gpu-v2023" / "csv"
+    folder.mkdir(parents=True)
+    (folder / "openb_node_list_gpu_node.csv").write_text("sn,cpu_milli,gpu,model\nn1,8000,2,T4\n")
+    (folder / "openb_pod_list_tiny.csv").write_text("name,cpu_milli,num_gpu,gpu_milli\np,1000,1,500\n")
+    monkeypatch.setenv("GPUFLEET_DATA", str(tmp_path))
+    trace = openb.named_trace("openb-tiny")
+    assert (trace.nodes, trace.pods) == (folder / "openb_node_list_gpu_node.csv",
+                                         folder / "openb_pod_list_tiny.csv")
+    assert [n.gpus for n in openb.load_nodes(trace.nodes)] == [2]
+    # a variant GPUFLEET_DATA lacks is still found in the package (default) or refused by name
+    assert openb.named_trace("openb-default").pods.name == "openb_pod_list_default.csv.gz"
+    for bad in ("openb-", "openb-a/b", "gpuspec33"):
+        with pytest.raises(openb.OpenbError, match="unknown trace"):
+            openb.named_trace(bad)
+
+
+def test_analysis_trace_takes_a_trace_name_or_a_file():
+    from exporter.analysis.configure import trace_workload
+    from exporter.config import AnalysisConfig, ConfigError
+
+    config = AnalysisConfig()
+    by_name = trace_workload("openb-default", config)
+    assert by_name == trace_workload(str(PODS), config)
+    assert len(by_name) == 35
+    with pytest.raises(ConfigError, match="analysis.trace: trace 'openb-nope': no openb_pod_list_nope"):
+        trace_workload("openb-nope", config)

@@ -12,11 +12,10 @@ from exporter.cli import main
 from exporter.config import Scenario, SimSource
 from exporter.snapshot import to_json
 from exporter.sources.sim import Simulation
-from tests.conftest import REPO, data_dir
+from tests.conftest import REPO, openb_csv
 
-TRACE = data_dir() / "alibaba-gpu-v2023" / "csv"
-NODES = str(TRACE / "openb_node_list_gpu_node.csv")
-PODS = str(TRACE / "openb_pod_list_default.csv")
+NODES = str(openb_csv("openb_node_list_gpu_node"))
+PODS = str(openb_csv("openb_pod_list_default"))
 KEYS = {"index", "fragmented_gpus", "idle_gpus", "total_gpus", "fragmentation_ratio", "breakdown",
         "workload", "pools"}
 
@@ -97,7 +96,10 @@ def test_readable_report(capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    ([], "give either --snapshot FILE.json or --nodes NODES.csv"),
+    ([], "give one of --snapshot FILE.json, --nodes NODES.csv or --trace NAME"),
+    (["--trace", "openb-default", "--nodes", NODES], "give one of --snapshot"),
+    (["--trace", "openb-default", "--pods", PODS], "--trace names both the nodes and the pods"),
+    (["--trace", "openb-missing"], "--trace: trace 'openb-missing': no openb_pod_list_missing.csv[.gz]"),
     (["--nodes", NODES, "--empty"], "--nodes needs --pods"),
     (["--nodes", NODES, "--pods", PODS], "either --empty or --placed-by"),
     (["--nodes", NODES, "--pods", PODS, "--placed-by", "worst"], "--placed-by worst: unknown policy"),
@@ -132,3 +134,9 @@ def test_real_process_prints_json_and_no_traceback():
     bad = subprocess.run([sys.executable, "-m", "exporter", "analyze", "--snapshot", "/nope.json"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_named_trace_is_the_same_as_its_files(capsys):
+    """--trace openb-default measures the empty cluster, exactly as --nodes/--pods --empty does."""
+    assert run_json(capsys, "--trace", "openb-default") == run_json(capsys, "--nodes", NODES, "--pods", PODS,
+                                                                     "--empty")

@@ -1,6 +1,6 @@
 """The dcgm source on the real dcgm-exporter samples, served by local aiohttp servers.
 
-Every sample in ``shared/data/dcgm-samples`` is served over HTTP, read
+Every sample in ``data/dcgm-samples`` is served over HTTP, read
 through the source and the collector, rendered, and the exported values are
 checked in base units against the numbers in the sample.
 """

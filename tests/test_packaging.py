@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -46,3 +50,31 @@ def test_default_port_is_not_dcgm_or_nvidia_gpu_exporter():
 
     assert DEFAULT_PORT not in (9400, 9835, 9090, 9093, 9100)
     assert f"EXPOSE {DEFAULT_PORT}" in (REPO / "Dockerfile").read_text()
+
+
+@pytest.mark.slow
+def test_installed_package_replays_and_analyzes_the_built_in_trace(tmp_path):
+    """`pip install .` carries the default openb trace: no file, no checkout, no GPUFLEET_DATA."""
+    site, work = tmp_path / "site", tmp_path / "work"
+    work.mkdir()
+    subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                    "--no-deps", "--target", str(site), str(REPO)], check=True, timeout=300,
+                   capture_output=True)
+    assert sorted(p.name for p in (site / "exporter" / "traces").iterdir()) == [
+        "openb_node_list_gpu_node.csv.gz", "openb_pod_list_default.csv.gz"]
+    env = {k: v for k, v in os.environ.items() if k != "GPUFLEET_DATA"}
+    env["PYTHONPATH"] = str(site)  # the installed copy, not this checkout
+
+    def run(*argv: str) -> str:
+        done = subprocess.run([sys.executable, *argv], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert run("-c", "import exporter; print(exporter.__file__)").startswith(str(site))
+    replayed = run("-m", "exporter", "replay", "--out", "out", "--policy", "fgd", "--arrive", "0.05",
+                   "--jobs", "1", "--no-progress")
+    assert "openb_pod_list_default.csv.gz on openb_node_list_gpu_node.csv.gz: 1,213 nodes" in replayed
+    assert (work / "out" / "replay.csv").is_file() and (work / "out" / "replay.png").is_file()
+    analyzed = json.loads(run("-m", "exporter", "analyze", "--trace", "openb-default", "--json"))
+    assert analyzed["nodes"] == 1213

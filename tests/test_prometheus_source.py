@@ -363,7 +363,7 @@ def test_lost_nodes_keep_their_last_reading_stale_until_lost_after():
 
 
 def test_dcgm_metrics_through_prometheus_equal_the_dcgm_source(tmp_path, prometheus_factory):
-    """Real dcgm-exporter output (../shared/data/dcgm-samples) scraped by a real Prometheus:
+    """Real dcgm-exporter output (data/dcgm-samples) scraped by a real Prometheus:
     read back with ``metrics: dcgm``, it maps exactly as the dcgm source reading the same
     endpoints directly: same GPUs, units, MIG instances and pod allocations."""
     from exporter.config import DcgmSource

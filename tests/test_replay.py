@@ -21,7 +21,7 @@ from exporter.cli import main
 from exporter.placement.engine import POLICIES, Task
 from exporter.placement.replay import COLUMNS, Setup, arrivals, replay, replay_many
 from exporter.replay_cmd import ProgressBar, parse_seeds
-from tests.conftest import REPO, data_dir
+from tests.conftest import REPO, data_dir, openb_csv
 
 TRACE = data_dir() / "alibaba-gpu-v2023" / "csv"
 
@@ -80,8 +80,8 @@ def test_runs_in_worker_processes_give_the_same_rows_as_in_process():
 def test_openb_subset_ranks_fgd_above_random():
     """A small replay of real trace pods: fgd's allocation at the end beats random's."""
     mapper = openb.ModelMapper()
-    nodes = openb.load_nodes(TRACE / "openb_node_list_gpu_node.csv", mapper)[:120]
-    pods = openb.load_pods(TRACE / "openb_pod_list_default.csv", mapper)[:800]
+    nodes = openb.load_nodes(openb_csv("openb_node_list_gpu_node"), mapper)[:120]
+    pods = openb.load_pods(openb_csv("openb_pod_list_default"), mapper)[:800]
     state = openb.empty_state(nodes)
     workload = compile_workload(from_tasks(p.shape for p in pods), state.model_names)
     setup = Setup(state, tuple(Task.from_shape(p.shape) for p in pods), workload, 1.3)
@@ -110,8 +110,10 @@ def test_seed_lists_and_ranges():
 def trace_subset(tmp_path: Path, nodes: int = 40, pods: int = 300) -> tuple[str, str]:
     """The first nodes and pods of the real trace, as small CSVs of the same format."""
     node_csv, pod_csv = tmp_path / "nodes.csv", tmp_path / "pods.csv"
-    node_csv.write_text("".join((TRACE / "openb_node_list_gpu_node.csv").open().readlines()[: nodes + 1]))
-    pod_csv.write_text("".join((TRACE / "openb_pod_list_default.csv").open().readlines()[: pods + 1]))
+    for target, stem, rows in ((node_csv, "openb_node_list_gpu_node", nodes),
+                               (pod_csv, "openb_pod_list_default", pods)):
+        with openb.open_text(openb_csv(stem)) as handle:
+            target.write_text("".join(handle.readlines()[: rows + 1]))
     return str(node_csv), str(pod_csv)
 
 
@@ -186,12 +188,34 @@ def test_bad_trace_file_is_one_line(tmp_path, capsys):
 
 
 def test_every_pod_list_of_the_trace_loads():
-    """Replay takes any openb_pod_list_*.csv; the multigpu ones have no gpu_spec column."""
-    files = sorted(TRACE.glob("openb_pod_list_*.csv"))
-    assert len(files) >= 20
+    """Replay takes any openb_pod_list_*.csv[.gz]; the multigpu ones have no gpu_spec column."""
+    files = sorted(TRACE.glob("openb_pod_list_*.csv*"))
+    assert len(files) == 24  # every pod list the trace publishes: the default and 23 variants
     for path in files:
         pods = openb.load_pods(path)
         assert len(pods) > 1000, path.name
         assert sum(p.gpus * p.gpu_share for p in pods) > 0, path.name
-    multi = openb.load_pods(TRACE / "openb_pod_list_multigpu50.csv")
+    multi = openb.load_pods(openb_csv("openb_pod_list_multigpu50"))
     assert any(p.gpus == 8 for p in multi) and all(p.models == () for p in multi)
+
+
+def test_replay_with_no_file_runs_the_built_in_trace(tmp_path, capsys):
+    assert main(["replay", "--policy", "fgd", "--arrive", "0.05", "--out", str(tmp_path / "o"),
+                 "--jobs", "1", "--no-progress"]) == 0
+    rows = list(csv.DictReader((tmp_path / "o" / "replay.csv").open()))
+    assert [r["arrived_pct"] for r in rows] == [str(p) for p in range(6)]
+    assert float(rows[-1]["alloc_pct"]) == pytest.approx(5, abs=0.5)
+    assert "openb_pod_list_default.csv.gz on openb_node_list_gpu_node.csv.gz" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--trace", "openb-nope"], "--trace: trace 'openb-nope': no openb_pod_list_nope.csv[.gz]"),
+    (["--trace", "default"], "--trace: unknown trace 'default': name one as openb-<variant>"),
+    (["--trace", "openb-../x"], "--trace: unknown trace 'openb-../x'"),
+    (["--trace", "openb-default", "--pods", "p.csv"], "no --nodes or --pods with it"),
+    (["--nodes", "n.csv"], "--nodes needs --pods PODS.csv"),
+])
+def test_trace_usage_errors(tmp_path, capsys, argv, message):
+    assert main(["replay", *argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -1,4 +1,4 @@
-"""Slurm parsers on literals and on real 22.05 output (../shared/data/slurm-samples/)."""
+"""Slurm parsers on literals and on real 22.05 output (data/slurm-samples/)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ MODELS = {"h200": "H200", "h100": "H100", "a100": "A100-80GB", "b200": "B200"}
 def sample(name: str) -> str:
     path = SAMPLES / name
     if not path.exists():
-        pytest.fail(f"{path} is missing: the shared data set is required (set GPUFLEET_DATA)")
+        pytest.fail(f"{path} is missing: data/ is part of the repository (or set GPUFLEET_DATA)")
     return path.read_text()
 
 

@@ -1,7 +1,7 @@
 """The slurm source against a real Slurm (Debian's slurmctld, slurmd, munge) on loopback.
 
 One cluster per module: 8 virtual GPU nodes (gpu-001..004 ``h200``, gpu-005..008
-``h100``), nine jobs submitted with ``sbatch`` the way ../shared/data/slurm-samples/
+``h100``), nine jobs submitted with ``sbatch`` the way data/slurm-samples/
 was captured: typed, untyped, ``-c 8``, ``--gpus``, ``--gpus-per-node``, two multi-node
 jobs, and one that stays pending. Ground truth comes from Slurm's own tools
 (``scontrol show job -d``, ``scontrol show hostnames``, ``sinfo -O GresUsed``), read

@@ -35,10 +35,17 @@ def configured_shapes(config: AnalysisConfig, catalogue: Catalogue | None = None
 
 
 def trace_workload(path: str, config: AnalysisConfig, key: str = "analysis.trace") -> Workload:
-    """The typical workload of an openb pod CSV; a bad file is a one-line ConfigError."""
+    """The typical workload of an openb pod CSV, or of a named trace (``openb-default``).
+
+    A bad file or name is a one-line ConfigError.
+    """
     if not path:
-        raise ConfigError(f"{key}: give an openb pod CSV when analysis.workload is trace")
+        raise ConfigError(f"{key}: give an openb pod CSV or a trace name ({openb.DEFAULT_TRACE}) "
+                          "when analysis.workload is trace")
     try:
+        # a bare name such as openb-gpuspec33 (no folder, no extension) is a named trace
+        if path.startswith("openb-") and "/" not in path and "." not in path:
+            path = str(openb.named_trace(path).pods)
         pods = openb.load_pods(path)
     except openb.OpenbError as exc:
         raise ConfigError(f"{key}: {exc}") from None

@@ -6,14 +6,24 @@ tasks), ``gpu_spec`` a ``|``-separated list of allowed GPU models, empty for
 any. Trace model names go through the GPU catalogue (``V100M32``, ``T4``,
 ``P100``, ``A10``); the undisclosed ``G1``/``G2``/``G3`` are kept under their
 own names as unknown models, with a warning the first time each appears.
+
+Files may be gzipped (``.csv.gz``). A trace can also be named instead of
+given as paths: ``openb-default`` is package data, so it works from a plain
+``pip install``; ``openb-<variant>`` reads ``openb_pod_list_<variant>.csv``
+(or ``.csv.gz``) from ``$GPUFLEET_DATA/alibaba-gpu-v2023/csv`` or from the
+``data/`` of a checkout it runs in.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import logging
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from exporter.analysis.state import FleetState, build
 from exporter.analysis.workload import Shape
@@ -25,6 +35,13 @@ NODE_COLUMNS = ("sn", "cpu_milli", "gpu", "model")
 # gpu_spec is optional: the multigpu pod lists of the trace have no such column (no constraints)
 POD_COLUMNS = ("name", "cpu_milli", "num_gpu", "gpu_milli")
 NO_GPU_POOL = "cpu"  # pool of the trace's CPU-only nodes
+
+DEFAULT_TRACE = "openb-default"
+NODE_LIST = "openb_node_list_gpu_node"  # the trace's GPU nodes: the cluster every variant runs on
+# the default trace, shipped inside the package; other variants are looked up in the data folders
+PACKAGE_TRACES = Path(__file__).resolve().parent.parent / "traces"
+# a checkout's data/, when run from the checkout (an installed package has no data/ beside it)
+CHECKOUT_TRACES = Path("data") / "alibaba-gpu-v2023" / "csv"
 
 
 class OpenbError(Exception):
@@ -84,18 +101,75 @@ class ModelMapper:
         return mapped
 
 
-def _rows(path: Path, required: tuple[str, ...]):
+@dataclass(frozen=True, slots=True)
+class TraceFiles:
+    """A named trace resolved to its node list and pod list."""
+
+    name: str
+    nodes: Path
+    pods: Path
+
+
+def trace_folders() -> list[Path]:
+    """Where named traces are looked up, first match wins: $GPUFLEET_DATA, a checkout, the package."""
+    folders = []
+    env = os.environ.get("GPUFLEET_DATA")
+    if env:
+        folders.append(Path(env) / "alibaba-gpu-v2023" / "csv")
+    return [*folders, CHECKOUT_TRACES, PACKAGE_TRACES]
+
+
+def find_csv(folder: Path, stem: str) -> Path | None:
+    """``folder/stem.csv``, else ``folder/stem.csv.gz``, else None."""
+    for candidate in (folder / f"{stem}.csv", folder / f"{stem}.csv.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def named_trace(name: str) -> TraceFiles:
+    """``openb-<variant>`` -> the GPU node list and ``openb_pod_list_<variant>``.
+
+    >>> named_trace("openb-default").pods.name
+    'openb_pod_list_default.csv.gz'
+    """
+    prefix = "openb-"
+    variant = name[len(prefix):] if name.startswith(prefix) else ""
+    if not variant or not variant.replace("_", "").isalnum():
+        raise OpenbError(f"unknown trace {name!r}: name one as openb-<variant>, e.g. {DEFAULT_TRACE}")
+    stem = f"openb_pod_list_{variant}"
+    for folder in trace_folders():
+        pods, nodes = find_csv(folder, stem), find_csv(folder, NODE_LIST)
+        if pods is not None and nodes is not None:
+            return TraceFiles(name, nodes, pods)
+    searched = ", ".join(str(f) for f in trace_folders())
+    raise OpenbError(f"trace {name!r}: no {stem}.csv[.gz] with {NODE_LIST}.csv[.gz] in {searched} "
+                     "(set GPUFLEET_DATA to a folder holding alibaba-gpu-v2023/csv/)")
+
+
+def open_text(path: Path) -> TextIO:
+    """A CSV file for reading as text, gunzipped when its name ends in ``.gz``."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", newline="", encoding="utf-8")
+    return path.open(newline="", encoding="utf-8")
+
+
+def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     try:
-        handle = path.open(newline="")
+        handle = open_text(path)
     except OSError as exc:
         raise OpenbError(f"{path}: cannot read: {exc.strerror}") from None
+    # a truncated or corrupt .gz, or bytes that are not UTF-8, surface while reading, not at open
     with handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in required if c not in (reader.fieldnames or ())]
-        if missing:
-            raise OpenbError(f"{path}: missing column(s) {', '.join(missing)} "
-                             f"(an openb CSV has {', '.join(required)})")
-        yield from enumerate(reader, start=2)
+        try:
+            reader = csv.DictReader(handle)
+            missing = [c for c in required if c not in (reader.fieldnames or ())]
+            if missing:
+                raise OpenbError(f"{path}: missing column(s) {', '.join(missing)} "
+                                 f"(an openb CSV has {', '.join(required)})")
+            yield from enumerate(reader, start=2)
+        except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+            raise OpenbError(f"{path}: cannot read: {exc}") from None
 
 
 def _number(path: Path, line: int, row: dict, column: str, default: float | None = None) -> float:

@@ -4,7 +4,7 @@ and ``scontrol show job|node -d -o`` text.
 Both formats parse into the same records (:class:`SlurmNode`, :class:`SlurmJob`), and
 :func:`to_snapshot` turns those into a :class:`FleetSnapshot`, so the JSON path and the
 text fallback can be proved equal on the same cluster (``tests/test_slurm_parse.py``
-does it on ``../shared/data/slurm-samples/``).
+does it on ``data/slurm-samples/``).
 
 Formats this understands, all seen in Slurm 22.05 (Debian 12):
 
