@@ -32,7 +32,13 @@ class UsageError(Exception):
     """Bad command-line input: exit 2 with the message."""
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None) -> argparse.ArgumentParser:
+    """The parser, with only ``command``'s module imported (for its arguments).
+
+    The other commands get a bare subparser that names them in ``--help``: their
+    modules pull in numpy, aiohttp, grafanalib or matplotlib (0.5 s and more), which
+    ``gpufleet --version`` and ``--help`` must not wait for.
+    """
     parser = argparse.ArgumentParser(
         prog="gpufleet",
         description="Prometheus exporter, fragmentation analyzer and rebalancing advisor "
@@ -41,19 +47,33 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
+        if name != command:
+            sub.add_parser(name, help=help_text, add_help=False)
+            continue
         module = importlib.import_module(module_name)
-        command = sub.add_parser(
+        subparser = sub.add_parser(
             name, help=help_text, description=getattr(module, "DESCRIPTION", help_text),
             epilog=getattr(module, "EPILOG", None),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        module.add_arguments(command)
-        command.set_defaults(_module=module)
+        module.add_arguments(subparser)
+        subparser.set_defaults(_module=module)
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The subcommand argv names: the first word not an option (the top level takes no values)."""
+    for word in argv:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser(_command(argv))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -1,0 +1,58 @@
+"""The ``gpufleet`` command line: only the command that runs is imported."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+HEAVY = ("numpy", "aiohttp", "grafanalib", "matplotlib", "prometheus_client", "exporter.analysis")
+
+PROBE = """
+import contextlib, io, sys
+from exporter.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+    main({argv!r})
+print(sorted(m for m in {heavy!r} if m in sys.modules))
+print(out.getvalue())
+"""
+
+
+def probe(argv: list[str]) -> tuple[list[str], str]:
+    """Heavy modules loaded after ``main(argv)`` in a fresh interpreter, and what it printed."""
+    done = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv, heavy=HEAVY)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=True)
+    loaded, printed = done.stdout.split("\n", 1)
+    return ast.literal_eval(loaded), printed
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], []])
+def test_version_and_help_import_no_command_module(argv):
+    loaded, printed = probe(argv)
+    assert loaded == []
+    if argv == ["--version"]:
+        assert printed.startswith("gpufleet 0.")
+    else:
+        for command in ("serve", "analyze", "rules", "dashboards", "replay"):
+            assert command in printed
+
+
+def test_a_command_imports_its_own_module_only():
+    loaded, printed = probe(["rules", "--help"])
+    assert "numpy" not in loaded and "aiohttp" not in loaded and "matplotlib" not in loaded
+    assert "usage: gpufleet rules" in printed
+    loaded, printed = probe(["analyze", "--help"])
+    assert "--trace NAME" in printed and "numpy" in loaded
+
+
+def test_unknown_command_is_a_usage_error(capsys):
+    from exporter.cli import main
+
+    with pytest.raises(SystemExit) as raised:
+        main(["bogus"])
+    assert raised.value.code == 2
+    assert "invalid choice: 'bogus'" in capsys.readouterr().err
