@@ -386,7 +386,7 @@ def _convert(tp: Any, value: Any, key: str, meta: dict[str, Any]) -> Any:
         if value is None:
             return None
         return _convert(args[0], value, key, meta)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: must be {_type_name(tp)}, got {type(value).__name__}")
         return build(tp, value, key)
@@ -482,7 +482,7 @@ def describe(cls: type = Config, prefix: str = "") -> list[str]:
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             lines.append(f"  {key}: {f.metadata.get('help', '')}")
             lines += describe(tp, key)
             continue

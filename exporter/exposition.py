@@ -213,16 +213,16 @@ def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
 
     up, duration, last_success, parse_errors = [], [], [], []
     for status in snapshot.sources:
-        labels = (("source", status.source),)
+        source_labels: tuple[tuple[str, str], ...] = (("source", status.source),)
         if status.target:
-            labels = (*labels, ("target", status.target))
-        up.append((labels, _bool(status.up)))
+            source_labels = (*source_labels, ("target", status.target))
+        up.append((source_labels, _bool(status.up)))
         if status.target:
             continue
-        duration.append((labels, status.duration_seconds))
+        duration.append((source_labels, status.duration_seconds))
         if status.last_success_time is not None:
-            last_success.append((labels, status.last_success_time))
-        parse_errors.append((labels, float(status.parse_errors)))
+            last_success.append((source_labels, status.last_success_time))
+        parse_errors.append((source_labels, float(status.parse_errors)))
 
     return [
         Family("gpufleet_gpu_info", "gauge",

@@ -18,7 +18,7 @@ import hmac
 import json
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ Advice = dict[str, Any]
 class AdvisorApi:
     """State the handlers share. ``evaluate`` and ``what_if`` come from the advisor engine."""
 
-    evaluate: Callable[[str], Awaitable[Advice | None]]  # reason -> new advice
+    evaluate: Callable[[str], Coroutine[Any, Any, Advice | None]]  # reason -> new advice
     what_if: Callable[[FleetSnapshot], Advice]
     current: Callable[[], Advice | None]
     token: bytes | None
@@ -43,7 +43,7 @@ class AdvisorApi:
     seen_groups: OrderedDict[str, str] = field(default_factory=OrderedDict)
     # Alertmanager notifications by outcome: accepted, duplicate, invalid, unauthorized
     notifications: Counter = field(default_factory=Counter)
-    _tasks: set[asyncio.Task] = field(default_factory=set)
+    _tasks: set[asyncio.Task[Advice | None]] = field(default_factory=set)
 
     MAX_GROUPS = 10_000  # dedupe memory is bounded; the oldest groups are forgotten first
 

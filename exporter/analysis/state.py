@@ -132,7 +132,8 @@ def from_snapshot(snapshot: FleetSnapshot) -> FleetState:
     return dataclasses.replace(state, gpu_index=index)
 
 
-def with_node(state: FleetState, node: int, cpu_free: float, gpu_free: Sequence[float]) -> FleetState:
+def with_node(state: FleetState, node: int, cpu_free: float,
+              gpu_free: Sequence[float] | np.ndarray) -> FleetState:
     """The same fleet with one node's free CPU and GPU shares replaced (a placement or a release)."""
     values = np.asarray(gpu_free, dtype=float)
     width = state.gpu_free.shape[1]

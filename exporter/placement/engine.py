@@ -223,15 +223,15 @@ class Placer:
         if len(nodes) == 0:
             return None
         ask = policies.Ask.of(task)
-        key = (scoring, ask, allowed)
-        entry = self._cache.get(key)
+        cache_key = (scoring, ask, allowed)
+        entry = self._cache.get(cache_key)
         if entry is None:
             if len(self._cache) >= CACHE_LIMIT:
                 self._cache.clear()
             n = len(nodes)
             entry = _Entry(nodes, np.full(n, np.inf), np.zeros(n), np.full(n, -1, dtype=np.intp),
                            np.full(n, -1, dtype=np.int64))
-            self._cache[key] = entry
+            self._cache[cache_key] = entry
         now = self.version[nodes]
         dirty = np.flatnonzero(now != entry.seen)
         if len(dirty):

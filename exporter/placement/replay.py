@@ -216,13 +216,14 @@ def write_csv(rows: Iterable[Row], path: str | os.PathLike[str]) -> None:
 def summary(rows: Sequence[Row], pct: int | None = None) -> list[tuple[str, float, float, float, float]]:
     """Per policy at ``pct`` (the last row by default), averaged over seeds:
     (policy, alloc %, frag %, frag ratio %, failed pods)."""
-    out = []
+    out: list[tuple[str, float, float, float, float]] = []
     policies = list(dict.fromkeys(r.policy for r in rows))
     pct = max(r.arrived_pct for r in rows) if pct is None else pct
     for policy in policies:
         at = [r for r in rows if r.policy == policy and r.arrived_pct == pct]
-        out.append((policy, *(float(np.mean([getattr(r, c) for r in at]))
-                              for c in ("alloc_pct", "frag_pct", "frag_ratio_pct", "failed_pods"))))
+        alloc, frag, ratio, failed = (float(np.mean([getattr(r, c) for r in at]))
+                                      for c in ("alloc_pct", "frag_pct", "frag_ratio_pct", "failed_pods"))
+        out.append((policy, alloc, frag, ratio, failed))
     return out
 
 

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from exporter.snapshot import FleetSnapshot, Gpu, SourceStatus
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, SourceStatus
 from exporter.sources import Clock, SourceStartupError
 from exporter.sources.dcgm_mapping import DcgmFleet, RateIntegrator, build_fleet
 from exporter.sources.exposition_parser import parse_text
@@ -239,7 +239,10 @@ class DcgmExporterSource:
         for url in [u for u in self._states if u not in {t.url for t in targets}]:
             del self._states[url]  # the target left the file: forget it at once
 
-        nodes, gpus, allocations, statuses = [], [], [], []
+        nodes: list[Node] = []
+        gpus: list[Gpu] = []
+        allocations: list[Allocation] = []
+        statuses: list[SourceStatus] = []
         any_up = False
         for target, outcome in zip(targets, outcomes, strict=True):
             self._parse_errors += outcome.parse_errors

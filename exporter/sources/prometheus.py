@@ -395,7 +395,9 @@ def build_dcgm_snapshot(
             if builder is None:
                 builder = builders[pool] = DcgmFleetBuilder(pool=pool, resolve_model=resolve_model)
             builder.add(labels.get("__name__", name), labels, float(sample["value"][1]))
-    nodes, gpus, allocations = [], [], []
+    nodes: list[Node] = []
+    gpus: list[Gpu] = []
+    allocations: list[Allocation] = []
     skipped = 0
     for pool in sorted(builders):
         fleet = builders[pool].build()

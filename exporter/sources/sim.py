@@ -448,12 +448,12 @@ class Simulation:
         self.now += dt
         for job in [j for j in self.jobs.values() if j.end <= self.now]:
             self._finish(job)
-        frozen = getattr(self, "_frozen_pools", set())
+        frozen: set[str] = getattr(self, "_frozen_pools", set())
         for kind, rate in zip(JOB_KINDS, self._arrival_rates(), strict=True):
             for _ in range(int(self.rng.poisson(rate * dt))):
-                job = self._new_job(kind, self.now)
-                if job is not None and frozen & {self.fleet.nodes[p[0]].pool for p in job.placements}:
-                    self._finish(job)
+                arrival = self._new_job(kind, self.now)
+                if arrival is not None and frozen & {self.fleet.nodes[p[0]].pool for p in arrival.placements}:
+                    self._finish(arrival)
         self._start_scenarios()
         self._telemetry(dt)
 

@@ -155,8 +155,8 @@ def parse_tres_gpus(text: str) -> list[Gres]:
     for item in _split_top(text):
         body = item[5:] if item.startswith(("gres:", "gres/")) else item
         if "=" in body:
-            body, _, count = body.rpartition("=")
-            body = f"{body}:{count}"
+            body, _, amount = body.rpartition("=")
+            body = f"{body}:{amount}"
         pieces = body.split(":")
         if pieces[0] != "gpu":
             continue
