@@ -59,12 +59,20 @@ def _plan(plan_id: str = "plan-abc", expires_in: float = 600) -> tuple[str, byte
     return plan_id, body, expires
 
 
-async def _run_until(deliverer: Deliverer, done, timeout: float = 10.0) -> None:
+async def _run_until(deliverer: Deliverer, done, timeout: float = 10.0,
+                     linger: float = 0.0) -> None:
+    """Run the deliverer until ``done()`` (then ``linger`` seconds more), and stop it.
+
+    ``done`` must watch the deliverer's own state (its outbox, its counters), not the
+    receiver's: a receiver has a request before the deliverer has its answer, and a
+    deliverer stopped in between has nothing to record.
+    """
     task = asyncio.create_task(deliverer.run())
     try:
         deadline = time.monotonic() + timeout
         while not done() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        await asyncio.sleep(linger)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -104,8 +112,8 @@ async def test_down_three_times_then_delivered_exactly_once(aiohttp_server, tmp_
     plan_id, body, expires = _plan()
     assert deliverer.enqueue(plan_id, body, expires) == 1
     assert deliverer.enqueue(plan_id, body, expires) == 0  # the same plan is queued once
-    await _run_until(deliverer, lambda: scheduler.accepted)
-    await asyncio.sleep(0.2)  # would a duplicate follow? it must not
+    # until the deliverer has its answer; then 0.2 s more: would a duplicate follow? it must not
+    await _run_until(deliverer, lambda: outbox.pending_count() == 0, linger=0.2)
     assert len(scheduler.requests) == 4
     assert len(scheduler.accepted) == 1 and scheduler.accepted[0]["plan_id"] == plan_id
     assert scheduler.bad_signatures == 0
@@ -130,7 +138,7 @@ async def test_client_errors_are_final_but_429_is_retried(aiohttp_server, tmp_pa
     plan_id, body, expires = _plan()
     deliverer.enqueue(plan_id, body, expires)
     started = time.monotonic()
-    await _run_until(deliverer, lambda: throttling.accepted)
+    await _run_until(deliverer, lambda: outbox.pending_count() == 0)
     assert time.monotonic() - started >= 0.9  # waited for Retry-After, not the 10 ms backoff
     assert len(rejecting.requests) == 1  # 400: never repeated
     assert outbox.status_of("reject", plan_id)[0] == "rejected"
@@ -164,7 +172,7 @@ async def test_a_new_process_delivers_what_the_old_one_queued(aiohttp_server, tm
     deliverer = Deliverer(second, (Receiver("slurm", str(server.make_url("/gpufleet")), SECRET),),
                           base_delay=0.01)
     deliverer.wake()
-    await _run_until(deliverer, lambda: scheduler.accepted)
+    await _run_until(deliverer, lambda: second.pending_count() == 0)
     assert [p["plan_id"] for p in scheduler.accepted] == ["plan-survives"]
     assert second.status_of("slurm", plan_id)[0] == "delivered"
 

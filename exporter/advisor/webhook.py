@@ -7,6 +7,11 @@ and jitter (``Retry-After`` is honoured); any other 4xx is final, because the
 receiver told us the request itself is wrong and repeating it will not help.
 Deliveries run one at a time, so a plan never reaches a receiver twice
 concurrently; the outbox row is marked delivered before the next is tried.
+
+Each result is counted (:attr:`Deliverer.results`) before its outbox row
+changes, and an outbox call once begun is finished even if the deliverer is
+cancelled meanwhile: whoever sees a row ``delivered`` sees it counted, and
+when :meth:`Deliverer.run` has ended no write is still landing behind it.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 import aiohttp
 
 from exporter import __version__
 from exporter.advisor.outbox import Delivery, Outbox
+from exporter.aio import complete
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +41,9 @@ SIGNATURE_HEADER = "X-Gpufleet-Signature"
 DELIVERY_HEADER = "X-Gpufleet-Delivery"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_RETRY_AFTER = 3600.0  # a receiver asking for more than an hour is treated as asking for an hour
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +114,7 @@ class Deliverer:
                 self._wake.clear()
                 try:
                     await self.deliver_due(session)
-                    next_at = await asyncio.to_thread(self.outbox.next_due_at)
+                    next_at = await self._outbox(self.outbox.next_due_at)
                 except Exception:  # a broken outbox row must not end deliveries for good
                     log.exception("delivery round failed")
                     next_at = self.clock() + self.base_delay
@@ -113,13 +123,13 @@ class Deliverer:
                     await asyncio.wait_for(self._wake.wait(), timeout)
 
     async def deliver_due(self, session: aiohttp.ClientSession) -> None:
-        due = await asyncio.to_thread(self.outbox.due, self.clock())
+        due = await self._outbox(self.outbox.due, self.clock())
         by_name = {r.name: r for r in self.receivers}
         for delivery in due:
             receiver = by_name.get(delivery.receiver)
             if receiver is None:  # receiver removed from the config: keep the row, say why
-                await asyncio.to_thread(self.outbox.retry_at, delivery.delivery_id,
-                                        self.clock() + self.max_delay, "receiver not configured")
+                await self._outbox(self.outbox.retry_at, delivery.delivery_id,
+                                   self.clock() + self.max_delay, "receiver not configured")
                 continue
             await self._attempt(session, receiver, delivery)
 
@@ -127,8 +137,8 @@ class Deliverer:
                        delivery: Delivery) -> None:
         now = self.clock()
         if delivery.expires_at is not None and now >= delivery.expires_at:
-            await asyncio.to_thread(self.outbox.expired, delivery.delivery_id, now)
             self._count(receiver, "expired")
+            await self._outbox(self.outbox.expired, delivery.delivery_id, now)
             return
         headers = {
             "Content-Type": "application/json",
@@ -148,16 +158,16 @@ class Deliverer:
             await self._retry(receiver, delivery, error, None)
             return
         if 200 <= status < 300:
-            await asyncio.to_thread(self.outbox.delivered, delivery.delivery_id, self.clock())
             self._count(receiver, "delivered")
+            await self._outbox(self.outbox.delivered, delivery.delivery_id, self.clock())
             log.info("plan delivered", extra={"receiver": receiver.name, "plan": delivery.plan_id,
                                               "attempts": delivery.attempts + 1})
         elif status == 429 or status >= 500:
             await self._retry(receiver, delivery, f"HTTP {status}", retry_after)
         else:
-            await asyncio.to_thread(self.outbox.rejected, delivery.delivery_id, self.clock(),
-                                    f"HTTP {status}")
             self._count(receiver, "rejected")
+            await self._outbox(self.outbox.rejected, delivery.delivery_id, self.clock(),
+                               f"HTTP {status}")
             log.warning("plan rejected by receiver", extra={"receiver": receiver.name,
                                                             "plan": delivery.plan_id, "status": status})
 
@@ -166,11 +176,17 @@ class Deliverer:
         delay = backoff(delivery.attempts, self.base_delay, self.max_delay, self.rng)
         if retry_after is not None:
             delay = max(delay, retry_after)
-        await asyncio.to_thread(self.outbox.retry_at, delivery.delivery_id, self.clock() + delay, error)
         self._count(receiver, "retry")
+        await self._outbox(self.outbox.retry_at, delivery.delivery_id, self.clock() + delay, error)
         log.warning("plan delivery failed; will retry", extra={
             "receiver": receiver.name, "plan": delivery.plan_id, "err": error,
             "attempt": delivery.attempts + 1, "retry_in_s": round(delay, 2)})
 
     def _count(self, receiver: Receiver, result: str) -> None:
+        # called before the outbox row changes: the receiver's answer is in, and a count
+        # taken after the write could be lost to a cancellation that the write outlives
         self.results[(receiver.name, result)] += 1
+
+    async def _outbox(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """One outbox call in a worker thread, finished even if this task is cancelled meanwhile."""
+        return await complete(asyncio.to_thread(call, *args, **kwargs))
