@@ -8,7 +8,8 @@ SRC    := pyproject.toml $(shell find exporter -name '*.py' -o -name '*.yaml' 2>
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT    := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
 
-.PHONY: run test lint system-deps slurm-deps bench-deps generate generate-rules clean
+.PHONY: run test test-fast test-stress lint typecheck system-deps slurm-deps stress-deps bench-deps \
+	generate generate-rules generate-golden clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +44,37 @@ slurm-deps:
 
 test: $(VENV)/.installed-test system-deps slurm-deps
 	$(BIN)/ruff check exporter tests bench deploy
+	$(BIN)/mypy
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# The inner loop: everything but the tests that start real servers (marked slow), under 60 s.
+test-fast: $(VENV)/.installed-test system-deps
+	$(BIN)/ruff check exporter tests bench deploy
+	$(BIN)/mypy
+	$(BIN)/pytest -q -m "not slow" $(PYTEST_ARGS)
+
+typecheck: $(VENV)/.installed-test
+	$(BIN)/mypy
+
+# Debian's stress-ng, the CPU hog of test-stress.
+stress-deps:
+	@command -v stress-ng >/dev/null || { $(APT) update -q && $(APT) install -y -q --no-install-recommends stress-ng; }
+
+# Proof of determinism: the whole suite 3 times in a row while stress-ng keeps every core busy.
+# Each run must pass; the times are printed at the end (docs/performance.md has the last figures).
+STRESS_RUNS ?= 3
+test-stress: $(VENV)/.installed-test system-deps slurm-deps stress-deps
+	@hog=; trap 'kill $$hog 2>/dev/null' EXIT; \
+	stress-ng --cpu "$$(nproc)" --timeout 3h --quiet & hog=$$!; \
+	summary=; \
+	for run in $$(seq $(STRESS_RUNS)); do \
+	  start=$$(date +%s); \
+	  $(BIN)/pytest -q $(PYTEST_ARGS) > .stress-run-$$run.log 2>&1; rc=$$?; \
+	  took=$$(( $$(date +%s) - start )); tail -n 1 .stress-run-$$run.log; \
+	  summary="$$summary\nrun $$run: exit $$rc in $$took s: $$(tail -n 1 .stress-run-$$run.log)"; \
+	  if [ $$rc -ne 0 ]; then printf "$$summary\n"; echo "stress run $$run failed: see .stress-run-$$run.log"; exit 1; fi; \
+	done; \
+	printf "test-stress, $(STRESS_RUNS) runs under stress-ng --cpu $$(nproc):$$summary\n"
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check exporter tests bench deploy
@@ -54,7 +85,12 @@ bench-deps: $(VENV)/.installed-test
 	@command -v wrk >/dev/null || { $(APT) update -q && $(APT) install -y -q wrk; }
 
 # Regenerate every committed generated file; tests fail when one drifts from its source.
-generate: generate-rules
+generate: generate-rules generate-golden
+
+# tests/golden/metrics.txt: the default simulated fleet's /metrics at a fixed seed and clock
+# (tests/test_golden.py checks it byte for byte).
+generate-golden: $(VENV)/.installed-test
+	$(BIN)/python -m tests.golden_metrics --update
 
 # rules/*.yaml from rules/thresholds.yaml (tests/test_alerting_rules.py checks the drift).
 generate-rules: $(VENV)/.installed-run
@@ -69,4 +105,4 @@ generate-dashboards: $(VENV)/.installed-run generate-rules
 	$(BIN)/gpufleet dashboards
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .stress-run-*.log

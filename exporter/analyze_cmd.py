@@ -115,8 +115,8 @@ def _inputs(args: argparse.Namespace, config: AnalysisConfig) -> tuple[FleetStat
         snapshot = _read_snapshot(Path(args.snapshot))
         if args.pods:
             workload = configure.trace_workload(args.pods, config, key="--pods")
-        elif config.workload != "window":
-            workload = configure.fixed_workload(config)
+        elif (fixed := configure.fixed_workload(config)) is not None:  # None: the live window
+            workload = fixed
         else:
             # a single snapshot is a window of one: measure it against its own jobs
             workload = typical(snapshot_shapes(snapshot), coverage=config.coverage,

@@ -7,6 +7,8 @@ import dataclasses
 import logging
 import socket
 import sys
+import time
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -14,7 +16,10 @@ from exporter import logs
 from exporter.collect import Collector
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
 from exporter.server import ServingState, make_app, parse_listen
-from exporter.sources import FACTORIES, SourceStartupError, build_source
+from exporter.sources import FACTORIES, Clock, SourceStartupError, build_source
+
+if TYPE_CHECKING:
+    from exporter.advisor.service import AdvisorService
 
 log = logging.getLogger("gpufleet")
 
@@ -77,26 +82,10 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         raise ConfigError("sources: no source is enabled (enable sources.sim, or pass --source)")
     try:
-        sources = [build_source(n, getattr(config.sources, n), _clock()) for n in names]
+        collector, state, advisor = assemble(config, names)
     except SourceStartupError as exc:
         print(f"gpufleet: {exc}", file=sys.stderr)
         return 2
-    collector = Collector(sources, config.source_timeout)
-    state = ServingState()
-    advisor = None
-    if config.analysis.enabled:
-        from exporter.analysis.families import LiveAnalyzer
-
-        analyzer = LiveAnalyzer.from_config(config.analysis)
-        state.family_providers.append(analyzer.families)
-        if config.advisor.enabled:
-            from exporter.advisor.service import build_service
-
-            advisor = build_service(config.advisor, analyzer)
-            state.snapshot_listeners.append(advisor.on_snapshot)
-            state.family_providers.append(advisor.families)
-    elif config.advisor.enabled:
-        log.warning("advisor disabled: it needs analysis.enabled")
     app = make_app(config, collector, state)
     if advisor is not None:
         from exporter.advisor.service import install
@@ -117,7 +106,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _clock():
-    import time
+def assemble(config: Config, names: list[str], clock: Clock = time.time,
+             timer: Clock = time.perf_counter) -> tuple[Collector, ServingState, AdvisorService | None]:
+    """The sources, collector, analyzer and advisor that ``serve`` runs, wired as it runs them.
 
-    return time.time
+    ``clock`` (wall time) and ``timer`` (durations) are parameters so that the golden
+    exposition (tests/golden/) renders the same bytes on every run.
+    """
+    sources = [build_source(n, getattr(config.sources, n), clock) for n in names]
+    collector = Collector(sources, config.source_timeout, clock=clock, timer=timer)
+    state = ServingState()
+    advisor = None
+    if config.analysis.enabled:
+        from exporter.analysis.families import LiveAnalyzer
+
+        analyzer = LiveAnalyzer.from_config(config.analysis)
+        state.family_providers.append(analyzer.families)
+        if config.advisor.enabled:
+            from exporter.advisor.service import build_service
+
+            advisor = build_service(config.advisor, analyzer)
+            state.snapshot_listeners.append(advisor.on_snapshot)
+            state.family_providers.append(advisor.families)
+    elif config.advisor.enabled:
+        log.warning("advisor disabled: it needs analysis.enabled")
+    return collector, state, advisor

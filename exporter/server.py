@@ -66,6 +66,18 @@ async def collect_once(app: web.Application, labels: LabelCache) -> None:
     snapshot is exported with it, not one collection late.
     """
     state, collector, config = app[STATE], app[COLLECTOR], app[CONFIG]
+    rendered = await collect_and_render(collector, state, labels, config.gzip_level)
+    state.current = rendered
+    state.snapshot_json = None
+    state.collections += 1
+    state.ready.set()
+    log.debug("collected", extra={"gpus": len(rendered.snapshot.gpus), "series": rendered.series,
+                                  "render_seconds": round(rendered.render_seconds, 4)})
+
+
+async def collect_and_render(collector: Collector, state: ServingState, labels: LabelCache,
+                             gzip_level: int) -> Rendered:
+    """One collection: the snapshot, its listeners, then the bytes /metrics serves."""
     snapshot = await collector.collect()
     for listener in state.snapshot_listeners:
         try:
@@ -75,15 +87,7 @@ async def collect_once(app: web.Application, labels: LabelCache) -> None:
         except Exception:  # one broken listener must not stop the exposition
             log.exception("snapshot listener failed")
     loop = asyncio.get_running_loop()
-    rendered = await loop.run_in_executor(
-        None, _render_all, snapshot, state, labels, config.gzip_level
-    )
-    state.current = rendered
-    state.snapshot_json = None
-    state.collections += 1
-    state.ready.set()
-    log.debug("collected", extra={"gpus": len(snapshot.gpus), "series": rendered.series,
-                                  "render_seconds": round(rendered.render_seconds, 4)})
+    return await loop.run_in_executor(None, _render_all, snapshot, state, labels, gzip_level)
 
 
 async def _collect_loop(app: web.Application) -> None:

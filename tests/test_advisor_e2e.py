@@ -17,11 +17,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 
 from deploy.examples.receiver import signature_ok
 from tests.alerting_servers import ADVISOR_TOKEN, routed_config, start_alertmanager
 from tests.conftest import free_port, http_get, stop, wait_until
+
+pytestmark = pytest.mark.slow  # exporter processes, a real Alertmanager, schedulers
 
 SECRET = "scheduler-shared-secret"
 ENV = {"GPUFLEET_ADVISOR_TOKEN": ADVISOR_TOKEN, "GPUFLEET_WEBHOOK_SECRET": SECRET}

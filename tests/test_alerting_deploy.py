@@ -95,6 +95,7 @@ def _alert(severity: str, **labels: str) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_a_critical_inhibits_its_warning_twin_on_the_same_gpu_only(tmp_path):
     """The committed inhibit rule, on a real Alertmanager: same GPU muted, next GPU not."""
     manager = start_alertmanager(tmp_path / "am", routed_config("http://127.0.0.1:9"))

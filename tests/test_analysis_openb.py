@@ -160,5 +160,5 @@ def test_analysis_trace_takes_a_trace_name_or_a_file():
     by_name = trace_workload("openb-default", config)
     assert by_name == trace_workload(str(PODS), config)
     assert len(by_name) == 35
-    with pytest.raises(ConfigError, match="analysis.trace: trace 'openb-nope': no openb_pod_list_nope"):
+    with pytest.raises(ConfigError, match=r"analysis\.trace: trace 'openb-nope': no openb_pod_list_nope"):
         trace_workload("openb-nope", config)

@@ -20,6 +20,8 @@ import urllib.error
 import urllib.parse
 from pathlib import Path
 
+import pytest
+
 from exporter.dashboards import DASHBOARDS
 from tests.conftest import REPO, http_get
 
@@ -117,6 +119,7 @@ scrape_configs:
 """
 
 
+@pytest.mark.slow
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(
     exporter_factory, prometheus_factory, tmp_path: Path
 ):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a real Prometheus
+
 
 def test_prometheus_counts_every_simulated_gpu(exporter_factory, prometheus_factory):
     exporter = exporter_factory("--seed", "7")

@@ -197,6 +197,7 @@ PASSWORD = "gpufleet-test-password"
 PASSWORD_BCRYPT = "$2b$04$i3O1Kf10/Cg7CXTCsVcVd.1pVR1zRecUXQmBsav96lhykjA1d9wle"
 
 
+@pytest.mark.slow
 def test_basic_auth_against_a_secured_prometheus(tmp_path):
     web = tmp_path / "web.yml"
     web.write_text(f"basic_auth_users:\n  gpufleet: '{PASSWORD_BCRYPT}'\n")
@@ -280,6 +281,7 @@ def _wait(predicate, timeout: float = 60.0, what: str = "condition"):
     return wait_until(what, predicate, timeout, interval=0.3)
 
 
+@pytest.mark.slow
 def test_cluster_mode_rebuilds_the_union_of_four_exporters(exporter_factory, prometheus_factory):
     exporters = []
     for prefix, first, pool, seed in SLICES:
@@ -362,6 +364,7 @@ def test_lost_nodes_keep_their_last_reading_stale_until_lost_after():
     assert src._carry_over_lost_nodes(both, 70.0) == both  # back again
 
 
+@pytest.mark.slow
 def test_dcgm_metrics_through_prometheus_equal_the_dcgm_source(tmp_path, prometheus_factory):
     """Real dcgm-exporter output (data/dcgm-samples) scraped by a real Prometheus:
     read back with ``metrics: dcgm``, it maps exactly as the dcgm source reading the same

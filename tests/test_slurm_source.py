@@ -24,6 +24,8 @@ from exporter.sources.slurm import SlurmAllocationSource, SlurmCommandError, bui
 from tests.conftest import http_get, require_binary
 from tests.slurm_cluster import BINARIES, SlurmCluster
 
+pytestmark = pytest.mark.slow  # a real Slurm (slurmctld, slurmd, munge)
+
 JOBS = {
     "typed": ("-p", "gpu-h200", "--gres=gpu:h200:2"),
     "whole-node": ("--gres=gpu:h200:8",),
