@@ -78,3 +78,28 @@ def test_installed_package_replays_and_analyzes_the_built_in_trace(tmp_path):
     assert (work / "out" / "replay.csv").is_file() and (work / "out" / "replay.png").is_file()
     analyzed = json.loads(run("-m", "exporter", "analyze", "--trace", "openb-default", "--json"))
     assert analyzed["nodes"] == 1213
+
+
+def test_data_folder_is_whole_and_small():
+    """data/ holds what tests and default commands read: under 6 MB, each folder with its README."""
+    data = REPO / "data"
+    files = [p for p in data.rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) < 6_000_000
+    for folder in ("alibaba-gpu-v2023", "alibaba-spot-gpu-v2026", "dcgm-samples", "slurm-samples"):
+        assert (data / folder / "README.md").is_file(), folder
+    assert (data / "README.md").is_file()
+    # the default trace is one copy: package data, linked from data/
+    for name in ("openb_node_list_gpu_node.csv.gz", "openb_pod_list_default.csv.gz"):
+        link = data / "alibaba-gpu-v2023" / "csv" / name
+        assert link.is_symlink() and link.resolve() == REPO / "exporter" / "traces" / name
+
+
+def test_no_test_or_bench_reaches_outside_the_repository():
+    """Only GPUFLEET_DATA may point elsewhere: no ../shared, no REPO.parent."""
+    offenders = []
+    for path in [*(REPO / "tests").rglob("*.py"), *(REPO / "bench").rglob("*.py")]:
+        text = path.read_text()
+        for needle in ("REPO.parent", "../shared", '"shared" / "data"', "parent.parent.parent"):
+            if needle in text and path.name != "test_packaging.py":
+                offenders.append(f"{path.relative_to(REPO)}: {needle}")
+    assert offenders == []
