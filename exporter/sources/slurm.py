@@ -24,11 +24,13 @@ import datetime as dt
 import logging
 import os
 import shutil
+import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from exporter.aio import complete
 from exporter.catalogue import Catalogue, default_catalogue
 from exporter.config import SlurmSource as SlurmConfig
 from exporter.snapshot import FleetSnapshot, SourceStatus
@@ -66,23 +68,35 @@ Runner = Callable[[Sequence[str], float, Mapping[str, str]], Awaitable[str]]
 
 
 async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str]) -> str:
-    """Run one client; its stdout, or :class:`SlurmCommandError`. A slow one is killed by PID."""
+    """Run one client; its stdout, or :class:`SlurmCommandError`.
+
+    The child never outlives the call: one that is slow, or whose caller gives up
+    on it (a cancellation, such as the collector's ``source_timeout``), is killed
+    and reaped before the call ends. Left running, it would outlive the read, and
+    its transport would try to close after the event loop had closed. It runs in
+    its own process group, killed whole: a wrapper script's children hold its
+    pipes too, and the child is reaped only once its pipes close.
+    """
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            stdin=asyncio.subprocess.DEVNULL, env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL, env=dict(env), start_new_session=True,
         )
     except OSError as exc:
         raise SlurmCommandError(f"{argv[0]}: cannot run: {exc.strerror}") from None
     try:
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise SlurmCommandError(
-            f"{' '.join(argv[:3])}: no answer within {timeout:g}s (slurmctld down or slow?)"
-        ) from None
+    except BaseException as exc:  # timed out, cancelled, or anything else: no child left behind
+        if proc.returncode is None:  # not reaped yet, so its group id is still its own
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        # reaped, its pipes closed, even if cancelled again meanwhile
+        await complete(proc.wait())
+        if isinstance(exc, TimeoutError):
+            raise SlurmCommandError(
+                f"{' '.join(argv[:3])}: no answer within {timeout:g}s (slurmctld down or slow?)"
+            ) from None
+        raise
     if proc.returncode != 0:
         message = stderr.decode(errors="replace").strip().splitlines()
         first = message[0] if message else f"exit status {proc.returncode}"
@@ -90,6 +104,20 @@ async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str
             SlurmCommandError
         raise error(f"{' '.join(argv[:3])}: {first}")
     return stdout.decode(errors="replace")
+
+
+async def _together(*commands: Awaitable[str]) -> list[str]:
+    """Run commands at once. The first to fail cancels the rest, and waits for them
+    (their children killed and reaped), before its error goes on: ``asyncio.gather``
+    alone would leave them running behind the failed read."""
+    tasks = [asyncio.ensure_future(c) for c in commands]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await complete(asyncio.gather(*tasks, return_exceptions=True))
+        raise
 
 
 def _json_unsupported(stderr_line: str) -> bool:
@@ -141,7 +169,7 @@ class SlurmAllocationSource:
         log.warning("slurm record skipped", extra={"source": self.name, "err": message})
 
     async def _read_json(self) -> tuple[list[SlurmNode], list[SlurmJob]]:
-        jobs_text, nodes_text = await asyncio.gather(
+        jobs_text, nodes_text = await _together(
             self._run("squeue", "--json"), self._run("sinfo", "--json")
         )
         try:
@@ -156,7 +184,7 @@ class SlurmAllocationSource:
         return nodes, jobs
 
     async def _read_text(self) -> tuple[list[SlurmNode], list[SlurmJob]]:
-        jobs_text, nodes_text = await asyncio.gather(
+        jobs_text, nodes_text = await _together(
             self._run("scontrol", "show", "job", "-d", "-o"),
             self._run("scontrol", "show", "node", "-d", "-o"),
         )

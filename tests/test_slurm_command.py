@@ -1,0 +1,182 @@
+"""``run_command``, the slurm source's one subprocess: no child outlives the call.
+
+No Slurm here: shell scripts stand in for the clients. A child of ours must be
+gone, reaped, not a zombie; a wrapper's own child, which init reaps, dead.
+Callers give up on a command in three ways: the command's own ``command_timeout``,
+a cancellation from outside (the collector's ``source_timeout`` is a
+``wait_for``), and a sibling command failing first inside one read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter.config import SlurmSource as SlurmConfig
+from exporter.sources.slurm import SlurmAllocationSource, SlurmCommandError, run_command
+
+
+@contextlib.contextmanager
+def unraisable() -> Iterator[list[sys.UnraisableHookArgs]]:
+    """What reaches sys.unraisablehook inside the block, garbage collection included.
+
+    A child left behind keeps its transport, whose ``__del__`` then fails with "Event
+    loop is closed" once ``asyncio.run`` has closed the loop.
+    """
+    caught: list[sys.UnraisableHookArgs] = []
+    previous, sys.unraisablehook = sys.unraisablehook, caught.append
+    try:
+        yield caught
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+
+
+def _gone(pid: int) -> bool:
+    """True once ``pid`` is reaped: a zombie still answers signal 0."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _dead(pid: int) -> bool:
+    """Reaped, or a zombie: for a grandchild, which init (not this process) reaps."""
+    try:
+        return _gone(pid) or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.fixture
+def spawned(monkeypatch) -> Iterator[list[asyncio.subprocess.Process]]:
+    """Every child run_command starts, as asyncio hands it over: its PID known from the start."""
+    children: list[asyncio.subprocess.Process] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def recording(*args, **kwargs) -> asyncio.subprocess.Process:
+        proc = await spawn(*args, **kwargs)
+        children.append(proc)
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", recording)
+    yield children
+    _kill([c.pid for c in children])
+
+
+def _script(tmp_path: Path, body: str) -> list[str]:
+    script = tmp_path / "client"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return [str(script)]
+
+
+def _pids(*paths: Path) -> list[int]:
+    deadline = time.monotonic() + 10
+    while not all(p.exists() and p.read_text().strip() for p in paths):
+        assert time.monotonic() < deadline, "the client never wrote its pid"
+        time.sleep(0.01)
+    return [int(p.read_text()) for p in paths]
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:  # only if the code under test left them: the test's own children
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_command_its_caller_gives_up_on_is_killed_and_reaped(tmp_path, spawned):
+    """The collector's wait_for (source_timeout) cancels run_command mid-communicate."""
+    argv = _script(tmp_path, "exec sleep 30")
+
+    async def give_up() -> None:
+        with pytest.raises(TimeoutError):  # the caller's timeout, not command_timeout
+            await asyncio.wait_for(run_command(argv, 30, os.environ), 1.0)
+
+    with unraisable() as caught:
+        started = time.monotonic()
+        asyncio.run(give_up())
+        assert time.monotonic() - started < 10
+    (child,) = spawned
+    assert child.returncode == -signal.SIGKILL
+    assert _gone(child.pid), "the cancelled command's child lives on"
+    assert caught == []
+
+
+def test_a_cancelled_command_takes_its_whole_process_group(tmp_path):
+    """A wrapper's own children hold the pipes too: cancel() must not wait 30 s for them."""
+    argv = _script(tmp_path, f"echo $$ > {tmp_path}/pid\nsleep 30 &\necho $! > {tmp_path}/child\n"
+                             "wait")
+    pids: list[int] = []
+
+    async def cancel() -> None:
+        task = asyncio.create_task(run_command(argv, 30, os.environ))
+        pids.extend(await asyncio.to_thread(_pids, tmp_path / "pid", tmp_path / "child"))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        task.cancel()  # cancelled again while it reaps: nothing is skipped
+
+    try:
+        with unraisable() as caught:
+            started = time.monotonic()
+            asyncio.run(cancel())
+            assert time.monotonic() - started < 10
+        child, grandchild = pids
+        assert _gone(child), "the cancelled command's child lives on"
+        deadline = time.monotonic() + 5  # SIGKILL is delivered at once, but not synchronously
+        while not _dead(grandchild) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _dead(grandchild), "the wrapper's child lives on"
+        assert caught == []
+    finally:
+        _kill(pids)
+
+
+def test_a_slow_command_is_killed_reaped_and_named(tmp_path, spawned):
+    argv = _script(tmp_path, "exec sleep 30")
+    with unraisable() as caught, pytest.raises(SlurmCommandError, match=r"no answer within 0.3s"):
+        asyncio.run(run_command(argv, 0.3, os.environ))
+    (child,) = spawned
+    assert child.returncode == -signal.SIGKILL and _gone(child.pid)
+    assert caught == []
+
+
+def test_a_failed_command_stops_the_one_run_beside_it(tmp_path):
+    """squeue fails at once: sinfo, started with it, must not run on behind the failed read."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(  # fails once sinfo runs
+        f"#!/bin/sh\nwhile [ ! -s {tmp_path}/pid ]; do sleep 0.01; done\n"
+        "echo 'squeue: error: Invalid user' >&2\nexit 1\n")
+    (bin_dir / "sinfo").write_text(f"#!/bin/sh\necho $$ > {tmp_path}/pid\nexec sleep 30\n")
+    for command in ("squeue", "sinfo"):
+        (bin_dir / command).chmod(0o755)
+    src = SlurmAllocationSource(SlurmConfig(enabled=True, format="json", bin_dir=str(bin_dir),
+                                            command_timeout=30), time.time)
+
+    async def read_and_look() -> int:
+        with pytest.raises(SlurmCommandError, match="Invalid user"):
+            await src.read()
+        return _pids(tmp_path / "pid")[0]  # sinfo started before squeue's failure came back
+
+    pid = 0
+    try:
+        with unraisable() as caught:
+            started = time.monotonic()
+            pid = asyncio.run(read_and_look())
+            assert _gone(pid), "sinfo lives on after the read failed"
+            assert time.monotonic() - started < 10
+        assert caught == []
+    finally:
+        _kill([pid] if pid else [])
