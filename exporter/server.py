@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from exporter import __version__
+from exporter.aio import complete
 from exporter.collect import Collector
 from exporter.config import Config
 from exporter.exposition import CONTENT_TYPE, Family, LabelCache, Rendered, render
@@ -87,7 +88,10 @@ async def collect_and_render(collector: Collector, state: ServingState, labels: 
         except Exception:  # one broken listener must not stop the exposition
             log.exception("snapshot listener failed")
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, _render_all, snapshot, state, labels, gzip_level)
+    # complete(): a cancelled collection (shutdown) waits for the render thread, which calls
+    # the family providers; left running, it could read the advisor's outbox after it closed
+    return await complete(loop.run_in_executor(None, _render_all, snapshot, state, labels,
+                                               gzip_level))
 
 
 async def _collect_loop(app: web.Application) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import threading
+import time
 
 import pytest
 
@@ -185,3 +188,57 @@ def test_token_and_secrets_come_from_env_or_files(tmp_path):
     assert load_receivers(AdvisorConfig(receivers=receivers), {"HOOK_SECRET": "k"})[0].secret == b"k"
     with pytest.raises(ConfigError, match=r"no HMAC secret: set HOOK_SECRET"):
         load_receivers(AdvisorConfig(receivers=receivers), {})
+
+
+async def test_shutdown_lets_a_scheduled_evaluation_queue_its_plan_before_the_outbox_closes(
+        tmp_path):
+    """/v1/alerts schedules an evaluation. The server stops while it is still running:
+    the stop waits for it, and its plan lands in the outbox, not in a closed one."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from exporter.advisor.webhook import Deliverer, Receiver
+    from tests.conftest import free_port
+
+    calls: list[str] = []
+    stub = stub_planner(calls)
+    planning = threading.Event()
+
+    def planner(snapshot, report, scope, now):
+        plan = stub(snapshot, report, scope, now)
+        if len(calls) == 1:  # the first collection's evaluation
+            return plan
+        planning.set()
+        time.sleep(0.5)  # the alert's evaluation is still running when the server stops
+        moved = dataclasses.replace(plan.migrations[0], job="job-from-alert")
+        return dataclasses.replace(plan, migrations=(moved,))
+
+    path = tmp_path / "outbox.sqlite"
+    receiver = Receiver("sched", f"http://127.0.0.1:{free_port()}/plan", b"k", timeout=1)
+    settings = DecisionSettings(trigger=0.0, clear_below=-1.0, dwell_seconds=0, cooldown_seconds=0)
+    analyzer = LiveAnalyzer.from_config(AnalysisConfig())
+    service = AdvisorService(Advisor(planner, settings, clock=lambda: START), analyzer,
+                             Deliverer(Outbox(path), (receiver,)), TOKEN.encode(),
+                             max_body_bytes=1024 * 1024)
+    state = ServingState()
+    state.family_providers.extend([analyzer.families, service.families])
+    state.snapshot_listeners.append(service.on_snapshot)
+    sim = SimulatedFleetSource(SimSource(seed=1), clock=lambda: START)
+    app = make_app(Config(collect_interval=60), Collector([sim], 10, clock=lambda: START), state)
+    install(app, service)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        await asyncio.wait_for(state.ready.wait(), 30)
+        resp = await client.post("/v1/alerts", json=alertmanager_payload(), headers=auth())
+        assert resp.status == 202
+        assert await asyncio.to_thread(planning.wait, 10)
+    finally:
+        await client.close()  # the app's cleanup: the deliverer stops, the outbox closes
+    assert service.evaluations_by_trigger["alertmanager"] == 1  # finished before the close
+    plan = service.advisor.plan
+    assert plan is not None and plan.migrations[0].job == "job-from-alert"
+    reopened = Outbox(path)
+    try:
+        assert reopened.status_of("sched", plan.plan_id) is not None  # queued, not lost
+    finally:
+        reopened.close()

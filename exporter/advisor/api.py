@@ -47,6 +47,10 @@ class AdvisorApi:
 
     MAX_GROUPS = 10_000  # dedupe memory is bounded; the oldest groups are forgotten first
 
+    async def finish_evaluations(self) -> None:
+        """Wait for the evaluations /v1/alerts scheduled; at shutdown, before the outbox closes."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
 
 ADVISOR_API = web.AppKey("advisor_api", AdvisorApi)
 

@@ -26,6 +26,7 @@ from exporter.advisor.engine import Advisor, DecisionSettings, Planner
 from exporter.advisor.outbox import Outbox
 from exporter.advisor.planner import PlanSettings, plan_compaction
 from exporter.advisor.webhook import Deliverer, Receiver
+from exporter.aio import complete
 from exporter.analysis.families import LiveAnalyzer
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import Report, evaluate
@@ -95,6 +96,7 @@ class AdvisorService:
     evaluations_by_trigger: Counter = field(default_factory=Counter)  # snapshot | alertmanager
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _api: AdvisorApi | None = None
+    _closed: bool = False  # the outbox is closed: no more evaluations
 
     async def on_snapshot(self, snapshot: FleetSnapshot) -> None:
         """A ``ServingState.snapshot_listeners`` entry, run before the snapshot is rendered.
@@ -109,15 +111,20 @@ class AdvisorService:
         if self.snapshot is None or self.report is None:
             return None
         async with self._lock:
+            if self._closed:
+                return None
             snapshot, report = self.snapshot, self.report
-            advice = await asyncio.to_thread(self.advisor.observe, snapshot, report, reason)
+            # complete(): a cancelled evaluation holds the lock until its thread is done, so
+            # no other observe runs beside it and no enqueue lands after the outbox closed
+            advice = await complete(asyncio.to_thread(self.advisor.observe, snapshot, report,
+                                                      reason))
             self.evaluations += 1
             self.evaluations_by_trigger[reason.split(":")[0]] += 1
             plan = advice.get("plan")
             if advice["decision"] == "compact" and plan is not None:
                 body = json.dumps(plan, sort_keys=True).encode()
-                queued = await asyncio.to_thread(self.deliverer.enqueue, plan["plan_id"], body,
-                                                 plan["expires_at"])
+                queued = await complete(asyncio.to_thread(
+                    self.deliverer.enqueue, plan["plan_id"], body, plan["expires_at"]))
                 log.info("compaction plan proposed", extra={
                     "plan": plan["plan_id"], "migrations": len(plan["migrations"]),
                     "queued": queued, "reasons": "; ".join(advice["reasons"])})
@@ -176,12 +183,21 @@ class AdvisorService:
         ]
 
     async def background(self, app: web.Application) -> AsyncIterator[None]:
+        """Deliver while the app runs; at shutdown, close the outbox once nothing can use it.
+
+        Evaluations that Alertmanager started may still queue a plan, so they finish
+        first; then the deliverer stops (its outbox calls finish with it); the close
+        happens under the evaluation lock, and later evaluations return None.
+        """
         task = asyncio.create_task(self.deliverer.run())
         yield
+        await self.api().finish_evaluations()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        self.deliverer.outbox.close()
+        async with self._lock:
+            self._closed = True
+            self.deliverer.outbox.close()
 
 
 def plan_settings(config: AdvisorConfig) -> PlanSettings:
@@ -214,4 +230,7 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: Planne
 
 def install(app: web.Application, service: AdvisorService) -> None:
     add_routes(app, service.api())
-    app.cleanup_ctx.append(service.background)
+    # first in, so last out: aiohttp cleans up in reverse order, and the collection loop
+    # (make_app's) evaluates and renders the advisor's families, which read the outbox;
+    # it must have stopped before the outbox closes
+    app.cleanup_ctx.insert(0, service.background)
