@@ -62,6 +62,7 @@ class Scheduler:
         self.bad_signatures = 0
         self._ready = threading.Event()
         self._stop: object = None
+        self._thread: threading.Thread | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -89,14 +90,19 @@ class Scheduler:
             loop.run_until_complete(runner.cleanup())
             loop.close()
 
-        threading.Thread(target=serve, daemon=True).start()
+        self._thread = threading.Thread(target=serve, name="scheduler", daemon=True)
+        self._thread.start()
         assert self._ready.wait(10)
         return self
 
     def close(self) -> None:
+        """Stop serving and wait until the port is closed and the thread is gone."""
         if self._stop is not None:
             loop, stop = self._stop
             loop.call_soon_threadsafe(stop.set)
+        if self._thread is not None:
+            self._thread.join(10)
+            assert not self._thread.is_alive(), "the scheduler did not stop"
 
 
 def metric(url: str, name: str, **labels: str) -> float:
@@ -133,7 +139,12 @@ def test_fragmented_pool_plan_reaches_a_scheduler_down_for_its_first_attempts(
 
     scheduler = Scheduler(port).start()  # the scheduler comes back
     try:
-        wait_until("the plan at the scheduler", lambda: scheduler.accepted)
+        # the exporter's own record of the delivery (the scheduler has the plan before the
+        # exporter has its answer, and /metrics is rendered once per collection)
+        wait_until("the delivery recorded in /metrics",
+                   lambda: metric(exporter.url, "gpufleet_advisor_outbox_pending") == 0
+                   and metric(exporter.url, "gpufleet_advisor_webhook_deliveries_total",
+                              result="delivered") >= 1)
         time.sleep(2.0)  # long enough for any duplicate to show up
         assert len(scheduler.accepted) == 1 and scheduler.bad_signatures == 0
         assert scheduler.accepted[0] == plan
@@ -161,8 +172,9 @@ def test_pending_delivery_survives_an_exporter_restart(exporter_factory, tmp_pat
     try:
         # the new process never plans (trigger 100): whatever arrives, the old one queued
         second = exporter_factory(config=config(outbox, port, plans=False), env=ENV)
-        wait_until("the old plan at the scheduler", lambda: scheduler.accepted)
-        time.sleep(1.0)
+        wait_until("the old plan delivered, as the new exporter records it",
+                   lambda: metric(second.url, "gpufleet_advisor_outbox_pending") == 0)
+        time.sleep(1.0)  # long enough for any duplicate to show up
         assert [p["plan_id"] for p in scheduler.accepted] == [plan["plan_id"]]
         assert advice(second.url)["decision"] == "none"
         assert metric(second.url, "gpufleet_advisor_outbox_pending") == 0
