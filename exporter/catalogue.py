@@ -39,8 +39,15 @@ class Catalogue:
     models: tuple[GpuSpec, ...]
     patterns: tuple[tuple[re.Pattern[str], str], ...]
 
+    def find(self, name: str) -> GpuSpec | None:
+        """The spec for a catalogue name or any product/trace name that matches one; None when unknown.
+
+        Quiet: for callers that treat an unknown model as "no tier" rather than as news.
+        """
+        return _find(self, name)
+
     def get(self, name: str) -> GpuSpec:
-        """The spec for a catalogue name or any product/trace name that matches one."""
+        """Like :meth:`find`, but an unknown name gets a spec of Nones, logged once per name."""
         return _lookup(self, name)
 
     def resolve(self, name: str) -> str:
@@ -59,13 +66,21 @@ _warned: set[str] = set()
 
 
 @lru_cache(maxsize=4096)
-def _lookup(catalogue: Catalogue, name: str) -> GpuSpec:
+def _find(catalogue: Catalogue, name: str) -> GpuSpec | None:
     by_name = {m.name: m for m in catalogue.models}
     if name in by_name:
         return by_name[name]
     for pattern, model in catalogue.patterns:
         if pattern.search(name):
             return by_name[model]
+    return None
+
+
+@lru_cache(maxsize=4096)
+def _lookup(catalogue: Catalogue, name: str) -> GpuSpec:
+    found = _find(catalogue, name)
+    if found is not None:
+        return found
     if name not in _warned:
         _warned.add(name)
         log.warning("GPU model %r is not in the catalogue; reported as unknown, specs not guessed", name)

@@ -44,3 +44,13 @@ def test_unknown_models_are_not_guessed(name, caplog):
     assert spec.name == name and not spec.known
     assert spec.memory_bytes is None and spec.tdp_watts is None and spec.tier is None
     assert spec.nvlink_bandwidth_bytes_per_second is None
+
+
+def test_find_resolves_like_get_and_returns_none_for_unknown_names_without_a_warning(caplog):
+    c = default_catalogue()
+    for name in ("H100", "NVIDIA H100 80GB HBM3", "A100-80GB MIG", "V100M32"):
+        assert c.find(name) is c.get(name)
+    assert c.find("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
+    with caplog.at_level("WARNING", logger="exporter.catalogue"):
+        assert c.find("G2") is None and c.find("FindOnlyGPU") is None and c.find("") is None
+    assert caplog.records == []

@@ -156,12 +156,6 @@ class Scorer:
         return 1.0 - tot.pool_idle * self.pool_inverse_total
 
 
-def _tier(catalogue: Catalogue, model: str) -> int | None:
-    # an unknown model has no tier; checked here so catalogue.get() does not warn again
-    known = model in catalogue.names() or any(p.search(model) for p, _ in catalogue.patterns)
-    return catalogue.get(model).tier if model and known else None
-
-
 def scorer(state: FleetState, settings: IndexSettings = IndexSettings(),
            catalogue: Catalogue | None = None) -> Scorer:
     catalogue = catalogue or default_catalogue()
@@ -170,7 +164,9 @@ def scorer(state: FleetState, settings: IndexSettings = IndexSettings(),
     width = np.zeros(pools)
     np.maximum.at(width, state.pool, count)
     models = pool_models(state)
-    tiers = np.array([_tier(catalogue, m) for m in models], dtype=object)
+    # an unknown model, or "" (a pool without GPUs), has no tier
+    tiers = np.array([spec.tier if m and (spec := catalogue.find(m)) else None for m in models],
+                     dtype=object)
     known = np.array([t is not None for t in tiers], dtype=bool)
     tier = np.array([t if t is not None else -1 for t in tiers], dtype=float)
     above = (tier[:, None] > tier[None, :]) & known[:, None] & known[None, :]

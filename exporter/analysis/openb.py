@@ -86,12 +86,10 @@ class ModelMapper:
     def __call__(self, trace_name: str) -> str:
         mapped = self._seen.get(trace_name)
         if mapped is None:
-            catalogue = self.catalogue
-            # matched here rather than through catalogue.get(), which would warn a second time
-            known = trace_name in catalogue.names() or any(
-                pattern.search(trace_name) for pattern, _ in catalogue.patterns)
-            if known:
-                mapped = catalogue.resolve(trace_name)
+            # find(), not get(): get() would warn a second time about an unknown name
+            spec = self.catalogue.find(trace_name)
+            if spec is not None:
+                mapped = spec.name
                 log.info("trace GPU model %r is catalogue model %r", trace_name, mapped)
             else:
                 mapped = trace_name

@@ -49,20 +49,6 @@ def tier_of(need_bytes: float, tiers: Sequence[Tier] = REFERENCE_TIERS) -> int:
     return len(tiers) - 1
 
 
-def catalogue_name(catalogue: Catalogue, model: str) -> str | None:
-    """The catalogue name of a node's model, or None when the catalogue does not know it.
-
-    Checked here rather than with ``catalogue.get``, which warns about every unknown
-    name (the openb trace's G2 and G3 are unknown and not in any tier).
-    """
-    if model in catalogue.names():
-        return model
-    for pattern, name in catalogue.patterns:
-        if pattern.search(model):
-            return name
-    return None
-
-
 def tier_models(need_bytes: float, fleet_models: Sequence[str], allowed: Sequence[str] = (),
                 catalogue: Catalogue | None = None,
                 tiers: Sequence[Tier] = REFERENCE_TIERS) -> tuple[str, ...]:
@@ -73,7 +59,8 @@ def tier_models(need_bytes: float, fleet_models: Sequence[str], allowed: Sequenc
     the fleet has no tier for the need, or the job allows none of its models.
     """
     catalogue = catalogue or default_catalogue()
-    names = {m: catalogue_name(catalogue, m) for m in fleet_models}
+    # catalogue names; an unknown model (the openb trace's G2, G3) is in no tier
+    names = {m: spec.name if (spec := catalogue.find(m)) else None for m in fleet_models}
     for tier in tiers[tier_of(need_bytes, tiers):]:
         present = [m for m in fleet_models if names[m] in tier.models]
         if present:
