@@ -41,8 +41,9 @@ from exporter.analysis.fgd import compile_workload  # noqa: E402
 from exporter.analysis.index import IndexSettings, evaluate  # noqa: E402
 from exporter.analysis.state import from_snapshot  # noqa: E402
 from exporter.analysis.workload import from_tasks  # noqa: E402
-from exporter.placement.engine import Placement, Placer, Task  # noqa: E402
+from exporter.placement.engine import Placement, Placer  # noqa: E402
 from exporter.placement.replay import arrivals  # noqa: E402
+from exporter.placement.task import Task  # noqa: E402
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node  # noqa: E402
 from exporter.snapshot import Placement as Part  # noqa: E402
 

@@ -42,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.analysis import fgd, openb  # noqa: E402
 from exporter.analysis.state import EPS, FleetState, with_node  # noqa: E402
 from exporter.analysis.workload import from_tasks  # noqa: E402
-from exporter.placement.engine import Placer, Task  # noqa: E402
+from exporter.placement.engine import Placer  # noqa: E402
 from exporter.placement.replay import Setup, arrivals, replay  # noqa: E402
+from exporter.placement.task import Task  # noqa: E402
 
 TARGET_SECONDS = 60.0
 TARGET_PEAK_BYTES = 1 << 30

@@ -26,7 +26,8 @@ from exporter.analysis.state import FleetState, from_snapshot
 from exporter.analysis.workload import Workload, from_tasks, snapshot_shapes, typical
 from exporter.cli import UsageError
 from exporter.config import AnalysisConfig, ConfigError, load
-from exporter.placement.engine import POLICIES, Task, place_all
+from exporter.placement.engine import POLICIES, place_all
+from exporter.placement.task import Task
 from exporter.snapshot import from_json
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else ""

@@ -9,7 +9,8 @@ from exporter.analysis import fgd
 from exporter.analysis.state import build, from_snapshot
 from exporter.analysis.workload import Shape, Workload
 from exporter.catalogue import GB
-from exporter.placement.engine import POLICIES, Placer, Task, apply, place, place_all, release
+from exporter.placement.engine import POLICIES, Placer, apply, place, place_all, release
+from exporter.placement.task import Task
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, Placement
 
 # The target workload of the fractional cases: whole GPUs and half GPUs, equally often.

@@ -39,63 +39,12 @@ from exporter.analysis.state import EPS, FleetState, build, with_node
 from exporter.analysis.workload import Shape, Workload, from_weighted
 from exporter.catalogue import Catalogue, default_catalogue
 from exporter.placement import policies
+from exporter.placement.task import Ask, Task
 from exporter.placement.tiers import tier_models
-from exporter.snapshot import Allocation
-from exporter.snapshot import Placement as SnapshotPlacement
 
 POLICIES = policies.POLICIES
 TOL = 1e-9  # scores this close are ties (F_n sums carry 1e-16 noise)
 CACHE_LIMIT = 2048  # task shapes remembered before the cache starts over
-
-
-@dataclass(frozen=True, slots=True)
-class Task:
-    """What one task asks of one node.
-
-    ``gpu_share`` is the share of each of its ``gpus`` GPUs (1.0 whole);
-    ``models`` the GPU models it may run on (empty: any);
-    ``gpu_memory_need_bytes`` the memory it needs per GPU, when it says
-    (the ``tiered`` policy picks models by it; the openb trace gives none);
-    ``host_memory_bytes`` the node memory it asks for, which only a
-    :class:`Placer` told the nodes' memory checks (as Kubernetes filters on it).
-    """
-
-    cpus: float = 0.0
-    gpus: int = 0
-    gpu_share: float = 1.0
-    models: tuple[str, ...] = ()
-    gpu_memory_need_bytes: int | None = None
-    host_memory_bytes: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.cpus < 0 or self.gpus < 0:
-            raise ValueError(f"a task needs cpus >= 0 and gpus >= 0, got {self.cpus}, {self.gpus}")
-        if self.gpus and not 0 < self.gpu_share <= 1 + EPS:
-            raise ValueError(f"gpu_share must be in (0, 1], got {self.gpu_share}")
-
-    @property
-    def cpu_only(self) -> bool:
-        return self.gpus == 0
-
-    @property
-    def gpu_demand(self) -> float:
-        """GPUs asked for, fractional shares summed."""
-        return 0.0 if self.cpu_only else self.gpus * self.gpu_share
-
-    @classmethod
-    def from_shape(cls, shape: Shape, gpu_memory_need_bytes: int | None = None,
-                   host_memory_bytes: float = 0.0) -> Task:
-        if shape.cpu_only:
-            return cls(shape.cpus, 0, 1.0, (), None, host_memory_bytes)
-        return cls(shape.cpus, shape.gpus, shape.gpu_share, shape.models, gpu_memory_need_bytes,
-                   host_memory_bytes)
-
-    @classmethod
-    def from_allocation(cls, alloc: Allocation, part: SnapshotPlacement) -> Task:
-        """The task one node's part of a running job is: what re-placing it must find room for."""
-        gpus = len(part.gpus)
-        return cls(part.cpus, gpus, part.gpu_share if gpus else 1.0, alloc.allowed_models,
-                   alloc.gpu_memory_need_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +171,7 @@ class Placer:
         nodes, allowed = self._nodes_for(task, policy)
         if len(nodes) == 0:
             return None
-        ask = policies.Ask.of(task)
+        ask = Ask.of(task)
         cache_key = (scoring, ask, allowed)
         entry = self._cache.get(cache_key)
         if entry is None:
@@ -235,7 +184,9 @@ class Placer:
         now = self.version[nodes]
         dirty = np.flatnonzero(now != entry.seen)
         if len(dirty):
-            choice = policies.evaluate(scoring, self, nodes[dirty], ask)
+            view = policies.NodeView(self.cpu_free, self.gpu_free, self.gpu_count, self.model, self.norms,
+                                     self.workload, self.node_fragmented)
+            choice = policies.evaluate(scoring, view, nodes[dirty], ask)
             entry.key[dirty] = choice.key
             entry.second[dirty] = choice.second
             entry.slot[dirty] = choice.slot
@@ -314,7 +265,7 @@ class Placer:
             self._subsets[key] = found
         return found
 
-    def _slots(self, node: int, ask: policies.Ask, policy: str, cached: int,
+    def _slots(self, node: int, ask: Ask, policy: str, cached: int,
                rng: np.random.Generator | None) -> tuple[int, ...]:
         row = self.gpu_free[node]
         if ask.kind == "cpu":
@@ -331,7 +282,7 @@ class Placer:
         tight = np.where(row >= ask.share - EPS, row, np.inf)
         return tuple(int(s) for s in np.argsort(tight, kind="stable")[: ask.gpus])
 
-    def _placement(self, node: int, slots: tuple[int, ...], ask: policies.Ask, memory: float) -> Placement:
+    def _placement(self, node: int, slots: tuple[int, ...], ask: Ask, memory: float) -> Placement:
         gpus = slots if self.gpu_index is None else tuple(int(self.gpu_index[node, s]) for s in slots)
         return Placement(node, self.names[node], slots, gpus, ask.share if slots else 0.0, ask.cpus, memory)
 

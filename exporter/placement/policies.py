@@ -32,15 +32,12 @@ simulator, ``pkg/simulator/plugin``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from exporter.analysis.fgd import rows_fragmentation
+from exporter.analysis.fgd import CompiledWorkload, rows_fragmentation
 from exporter.analysis.state import EPS
-
-if TYPE_CHECKING:
-    from exporter.placement.engine import Placer, Task
+from exporter.placement.task import Ask
 
 POLICIES = ("fgd", "bestfit", "packing", "dotprod", "random", "tiered")
 
@@ -54,25 +51,20 @@ FGD_TIE_GPUS = 0.0
 
 
 @dataclass(frozen=True, slots=True)
-class Ask:
-    """A task reduced to what scoring needs; hashable, so per-shape results can be kept."""
+class NodeView:
+    """What the policies read of a fleet, one row per node; they never write to it.
 
-    kind: str  # cpu | whole | frac1 (one fractional GPU) | fracn (several fractional GPUs)
-    cpus: float
-    gpus: int
-    share: float
+    The arrays are the placer's own, not copies (a copy would copy the whole fleet to score
+    the one or two nodes that changed); the placer changes them between calls, never during one.
+    """
 
-    @classmethod
-    def of(cls, task: Task) -> Ask:
-        if task.cpu_only:
-            return cls("cpu", task.cpus, 0, 0.0)
-        if task.gpu_share >= 1.0 - EPS:
-            return cls("whole", task.cpus, task.gpus, 1.0)
-        return cls("frac1" if task.gpus == 1 else "fracn", task.cpus, task.gpus, task.gpu_share)
-
-    @property
-    def demand(self) -> float:
-        return self.gpus * self.share
+    cpu_free: np.ndarray  # [N] free cores
+    gpu_free: np.ndarray  # [N, G] free share of each GPU slot
+    gpu_count: np.ndarray  # [N] usable GPUs
+    model: np.ndarray  # [N] model index, into the workload's models
+    norms: tuple[float, float]  # cores and GPUs of the largest node (bestfit, dotprod)
+    workload: CompiledWorkload | None  # the target workload (fgd)
+    node_fragmented: np.ndarray | None  # [N] F_n(M) now, against ``workload`` (fgd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +74,11 @@ class Choice:
     slot: np.ndarray  # the GPU slot, for a task of one fractional GPU
 
 
-def evaluate(policy: str, placer: Placer, nodes: np.ndarray, ask: Ask) -> Choice:
-    """Each node's best choice for ``ask`` under ``policy`` (``tiered`` is scored as ``fgd``)."""
+def evaluate(policy: str, view: NodeView, nodes: np.ndarray, ask: Ask) -> Choice:
+    """Each of ``nodes``' best choice for ``ask`` under ``policy`` (``tiered`` is scored as ``fgd``)."""
     n = len(nodes)
-    free = placer.gpu_free[nodes]
-    cpu = placer.cpu_free[nodes]
+    free = view.gpu_free[nodes]
+    cpu = view.cpu_free[nodes]
     key = np.full(n, np.inf)
     second = np.zeros(n)
     slot = np.full(n, -1, dtype=np.intp)
@@ -116,21 +108,21 @@ def evaluate(policy: str, placer: Placer, nodes: np.ndarray, ask: Ask) -> Choice
         second[ok] = float(ask.gpus)
 
     if policy == "fgd":
-        score, best_slot = _fgd(placer, nodes[ok], free, cpu, ask)
+        score, best_slot = _fgd(view, nodes[ok], free, cpu, ask)
         key[ok] = score
         second[ok] = 0.0  # ties (within the placer's fgd_tie) go to the first node
         if best_slot is not None:
             slot[ok] = best_slot
     elif policy == "bestfit":
-        cpu_norm, gpu_norm = placer.norms
+        cpu_norm, gpu_norm = view.norms
         key[ok] = (0.5 * (cpu - ask.cpus) / cpu_norm
                    + 0.5 * (free.sum(axis=1) - ask.demand) / gpu_norm)
     elif policy == "dotprod":
-        cpu_norm, gpu_norm = placer.norms
+        cpu_norm, gpu_norm = view.norms
         key[ok] = ((cpu / cpu_norm) * (ask.cpus / cpu_norm)
                    + (free.sum(axis=1) / gpu_norm) * (ask.demand / gpu_norm))
     elif policy == "packing":
-        key[ok], second[ok] = _packing(placer, nodes[ok], free, ask)
+        key[ok], second[ok] = _packing(view, nodes[ok], free, ask)
     elif policy == "random":
         key[ok] = 0.0
         second[ok] = 0.0
@@ -139,7 +131,7 @@ def evaluate(policy: str, placer: Placer, nodes: np.ndarray, ask: Ask) -> Choice
     return Choice(key, second, slot)
 
 
-def _packing(placer: Placer, nodes: np.ndarray, free: np.ndarray, ask: Ask) -> tuple[np.ndarray, np.ndarray]:
+def _packing(view: NodeView, nodes: np.ndarray, free: np.ndarray, ask: Ask) -> tuple[np.ndarray, np.ndarray]:
     """(tier, score within it): 0 only shared GPUs, 1 fresh GPUs on a node in use, 2 an empty node.
 
     Within a tier, as the reference scores it: the free share left on the shared GPUs
@@ -149,7 +141,7 @@ def _packing(placer: Placer, nodes: np.ndarray, free: np.ndarray, ask: Ask) -> t
     if ask.kind == "cpu":
         return np.zeros(n), np.zeros(n)
     whole_free = free >= 1.0 - EPS
-    empty = whole_free.sum(axis=1) == placer.gpu_count[nodes]
+    empty = whole_free.sum(axis=1) == view.gpu_count[nodes]
     if ask.kind == "whole":
         fresh = np.full(n, float(ask.gpus))
         shared_left = np.zeros(n)
@@ -160,17 +152,17 @@ def _packing(placer: Placer, nodes: np.ndarray, free: np.ndarray, ask: Ask) -> t
     shared_only = fresh == 0
     tier = np.where(shared_only, 0.0, np.where(empty, 2.0, 1.0))
     within = np.where(shared_only, shared_left,
-                      np.where(empty, placer.gpu_count[nodes].astype(float), fresh))
+                      np.where(empty, view.gpu_count[nodes].astype(float), fresh))
     return tier, within
 
 
-def _fgd(placer: Placer, nodes: np.ndarray, free: np.ndarray, cpu: np.ndarray,
+def _fgd(view: NodeView, nodes: np.ndarray, free: np.ndarray, cpu: np.ndarray,
          ask: Ask) -> tuple[np.ndarray, np.ndarray | None]:
     """F_n(M) growth of each node's best choice; for one fractional GPU, also which slot."""
-    cw = placer.workload
-    assert cw is not None and placer.node_fragmented is not None
-    before = placer.node_fragmented[nodes]
-    model = placer.model[nodes]
+    cw = view.workload
+    assert cw is not None and view.node_fragmented is not None
+    before = view.node_fragmented[nodes]
+    model = view.model[nodes]
     cpu_after = cpu - ask.cpus
     if ask.kind == "cpu":
         return rows_fragmentation(cpu_after, free, model, cw) - before, None

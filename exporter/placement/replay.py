@@ -27,8 +27,9 @@ import numpy as np
 
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.state import FleetState
-from exporter.placement.engine import Placer, Task
+from exporter.placement.engine import Placer
 from exporter.placement.policies import FGD_TIE_GPUS
+from exporter.placement.task import Task
 
 COLUMNS = ("policy", "seed", "arrived_pct", "alloc_pct", "frag_pct", "frag_ratio_pct", "failed_pods")
 PROGRESS_EVERY = 256  # pods between progress reports from a run
