@@ -9,7 +9,7 @@ from exporter.analysis import fgd
 from exporter.analysis.state import build, from_snapshot
 from exporter.analysis.workload import Shape, Workload
 from exporter.catalogue import GB
-from exporter.placement.engine import POLICIES, Placer, apply, place, place_all, release
+from exporter.placement.engine import POLICIES, Placer, place_all
 from exporter.placement.task import Task
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, Placement
 
@@ -33,26 +33,28 @@ def half_cluster():
 
 def test_fgd_takes_the_choice_where_fragmentation_grows_least():
     state = half_cluster()
-    found = place(state, HALF, "fgd", workload=HALVES)
+    placer = Placer(state, HALVES)
+    found = placer.place(HALF, "fgd")
     assert (found.node_name, found.slots, found.gpus) == ("n2", (0,), (0,))
     assert (found.gpu_share, found.cpus) == (0.5, 1)
     cw = fgd.compile_workload(HALVES, state.model_names)
     before = fgd.node_fragmentation(state, cw)
-    after = fgd.node_fragmentation(apply(state, found), cw)
+    placer.apply(found)
+    after = fgd.node_fragmentation(placer.state, cw)
     assert after.sum() - before.sum() == pytest.approx(-0.25)
 
 
 def test_bestfit_leaves_the_least_free_and_dotprod_the_least_overlap():
     state = half_cluster()
     # bestfit: GPU left after placing is 1.5, 0.25, 1.0 (CPU equal) -> n1
-    assert place(state, HALF, "bestfit").node_name == "n1"
+    assert Placer(state).place(HALF, "bestfit").node_name == "n1"
     # dotprod: free GPUs 2, 0.75, 1.5 times the same request -> n1 has the smallest product
-    assert place(state, HALF, "dotprod").node_name == "n1"
+    assert Placer(state).place(HALF, "dotprod").node_name == "n1"
 
 
 def test_packing_prefers_the_fullest_shared_gpu():
     # n1's GPU has 0.75 free, n2's shared one 0.5: the reference scores 100 - 7 and 100 - 5
-    found = place(half_cluster(), HALF, "packing")
+    found = Placer(half_cluster()).place(HALF, "packing")
     assert (found.node_name, found.slots) == ("n2", (0,))
 
 
@@ -66,39 +68,39 @@ def test_whole_gpu_policies_on_cpu_and_gpu_differences():
     task = Task(cpus=8, gpus=1)
     state = cpu_cluster()
     # bestfit, 0.5 * CPU left / 64 + 0.5 * GPUs left / 4: a 0.8125, b 0.40625, c 0.4375
-    assert place(state, task, "bestfit").node_name == "b"
+    assert Placer(state).place(task, "bestfit").node_name == "b"
     # dotprod, CPU free / 64 * 8 / 64 + GPUs free / 4 * 1 / 4: a 0.375, b 0.273, c 0.1875
-    assert place(state, task, "dotprod").node_name == "c"
+    assert Placer(state).place(task, "dotprod").node_name == "c"
     # packing: c is in use (fresh GPUs on a used node) before the empty a and b
-    found = place(state, task, "packing")
+    found = Placer(state).place(task, "packing")
     assert (found.node_name, found.slots) == ("c", (0,))
 
 
 def test_packing_order_shared_then_used_node_then_smallest_empty_node():
     state = build(["big", "small", "used", "shared"], ["A"] * 4, ["p"] * 4, [32] * 4, [32] * 4,
                   [[1] * 8, [1, 1], [1, 0, 0, 0], [1, 0.6, 0, 0]])
-    assert place(state, HALF, "packing").node_name == "shared"
+    assert Placer(state).place(HALF, "packing").node_name == "shared"
     whole = Task(cpus=1, gpus=1)
     # used and shared both give one fresh GPU of a node in use: the first of them
-    assert place(state, whole, "packing").node_name == "used"
+    assert Placer(state).place(whole, "packing").node_name == "used"
     two = Task(cpus=1, gpus=2)
     # only the empty nodes have two whole GPUs; the one with fewer GPUs goes first
-    assert place(state, two, "packing").node_name == "small"
+    assert Placer(state).place(two, "packing").node_name == "small"
 
 
 def test_whole_gpu_tasks_take_fully_free_gpus_in_slot_order():
     state = build(["n"], ["A"], ["p"], [32], [32], [[0.5, 1, 0, 1, 1]])
-    found = place(state, Task(cpus=2, gpus=2), "bestfit")
+    found = Placer(state).place(Task(cpus=2, gpus=2), "bestfit")
     assert found.slots == (1, 3)
-    assert place(state, Task(cpus=2, gpus=4), "bestfit") is None
+    assert Placer(state).place(Task(cpus=2, gpus=4), "bestfit") is None
 
 
 def test_fractional_tasks_take_the_smallest_gpu_they_fit_on():
     state = build(["n"], ["A"], ["p"], [32], [32], [[1, 0.6, 0.3, 0.5]])
     for policy in ("bestfit", "packing", "dotprod"):
-        assert place(state, HALF, policy).slots == (3,), policy
+        assert Placer(state).place(HALF, policy).slots == (3,), policy
     # two fractional GPUs: the two tightest that fit
-    assert place(state, Task(cpus=1, gpus=2, gpu_share=0.5), "bestfit").slots == (3, 1)
+    assert Placer(state).place(Task(cpus=1, gpus=2, gpu_share=0.5), "bestfit").slots == (3, 1)
 
 
 def test_random_policy_picks_any_fitting_node_and_gpu():
@@ -106,29 +108,29 @@ def test_random_policy_picks_any_fitting_node_and_gpu():
     rng = np.random.default_rng(5)
     seen = set()
     for _ in range(200):
-        found = place(state, HALF, "random", rng)
+        found = Placer(state).place(HALF, "random", rng)
         row = state.gpu_free[found.node]
         assert row[found.slots[0]] >= 0.5
         seen.add((found.node_name, found.slots))
     # every GPU with half a GPU free, and never n3
     assert seen == {("n0", (0,)), ("n0", (1,)), ("n1", (0,)), ("n2", (0,)), ("n2", (1,))}
     with pytest.raises(ValueError, match="random generator"):
-        place(state, HALF, "random")
+        Placer(state).place(HALF, "random")
 
 
 def test_ties_go_to_the_first_node():
     state = build(["x", "y", "z"], ["A"] * 3, ["p"] * 3, [16] * 3, [16] * 3, [[1, 1]] * 3)
     for policy in ("fgd", "bestfit", "packing", "dotprod"):
-        assert place(state, Task(cpus=1, gpus=1), policy, workload=HALVES).node_name == "x", policy
+        assert Placer(state, HALVES).place(Task(cpus=1, gpus=1), policy).node_name == "x", policy
 
 
 def test_cpu_only_and_cpu_limits():
     state = build(["a", "b"], ["A", "A"], ["p", "p"], [16, 16], [3, 10], [[1], [1]])
     cpu_task = Task(cpus=4)
-    assert place(state, cpu_task, "bestfit").node_name == "b"  # a has 3 cores free
-    found = place(state, cpu_task, "fgd", workload=HALVES)
+    assert Placer(state).place(cpu_task, "bestfit").node_name == "b"  # a has 3 cores free
+    found = Placer(state, HALVES).place(cpu_task, "fgd")
     assert (found.node_name, found.slots, found.gpus, found.gpu_share) == ("b", (), (), 0.0)
-    assert place(state, Task(cpus=11), "bestfit") is None
+    assert Placer(state).place(Task(cpus=11), "bestfit") is None
 
 
 def test_fgd_moves_cpu_only_tasks_off_nodes_whose_gpus_they_would_strand():
@@ -136,14 +138,14 @@ def test_fgd_moves_cpu_only_tasks_off_nodes_whose_gpus_they_would_strand():
     # Taking 4 cores on a strands its GPU (F_n grows by 1); on b it changes nothing.
     workload = Workload((Shape(8, 1.0, 1),), (1.0,))
     state = build(["a", "b"], ["A", "A"], ["p", "p"], [16, 16], [10, 10], [[1], [0]])
-    assert place(state, Task(cpus=4), "fgd", workload=workload).node_name == "b"
+    assert Placer(state, workload).place(Task(cpus=4), "fgd").node_name == "b"
 
 
 def test_models_restrict_the_nodes():
     state = build(["v", "t"], ["V100M32", "T4"], ["v", "t"], [32, 32], [32, 32], [[1], [0.5]])
-    found = place(state, Task(cpus=1, gpus=1, gpu_share=0.5, models=("V100M32",)), "bestfit")
+    found = Placer(state).place(Task(cpus=1, gpus=1, gpu_share=0.5, models=("V100M32",)), "bestfit")
     assert found.node_name == "v"  # t is tighter, but the task may not use a T4
-    assert place(state, Task(cpus=1, gpus=1, models=("A100",)), "bestfit") is None
+    assert Placer(state).place(Task(cpus=1, gpus=1, models=("A100",)), "bestfit") is None
 
 
 def tier_fleet(models=("A100-80GB", "H100", "H200", "B200")):
@@ -157,7 +159,7 @@ def tier_fleet(models=("A100-80GB", "H100", "H200", "B200")):
 ])
 def test_tiered_picks_the_model_by_memory_need(need_gb, node):
     task = Task(cpus=8, gpus=1, gpu_memory_need_bytes=int(need_gb * GB))
-    assert place(tier_fleet(), task, "tiered", workload=HALVES).node_name == node
+    assert Placer(tier_fleet(), HALVES).place(task, "tiered").node_name == node
 
 
 def test_tiered_under_40_gb_uses_fgd_between_a100_and_h100():
@@ -165,47 +167,49 @@ def test_tiered_under_40_gb_uses_fgd_between_a100_and_h100():
     state = build(["a100", "h100", "h200"], ["A100-80GB", "H100", "H200"], ["a", "h", "g"],
                   [64] * 3, [64] * 3, [[0, 0], [1, 1], [1, 1]])
     task = Task(cpus=1, gpus=1, gpu_memory_need_bytes=20 * GB)
-    assert place(state, task, "tiered", workload=HALVES).node_name == "h100"
+    assert Placer(state, HALVES).place(task, "tiered").node_name == "h100"
     # 60 GB may only go to H100
     state = build(["a100", "h100"], ["A100-80GB", "H100"], ["a", "h"], [64] * 2, [64] * 2, [[1], [0]])
-    assert place(state, Task(cpus=1, gpus=1, gpu_memory_need_bytes=60 * GB), "tiered",
-                 workload=HALVES) is None
+    assert Placer(state, HALVES).place(Task(cpus=1, gpus=1, gpu_memory_need_bytes=60 * GB), "tiered") is None
 
 
 def test_tiered_without_a_need_is_fgd_and_a_missing_tier_moves_up():
     state = tier_fleet()
     plain = Task(cpus=8, gpus=1)
-    assert place(state, plain, "tiered", workload=HALVES) == place(state, plain, "fgd", workload=HALVES)
+    assert Placer(state, HALVES).place(plain, "tiered") == Placer(state, HALVES).place(plain, "fgd")
     no_h200 = tier_fleet(("A100-80GB", "H100", "B200"))
     task = Task(cpus=8, gpus=1, gpu_memory_need_bytes=100 * GB)
-    assert place(no_h200, task, "tiered", workload=HALVES).node_name == "b200"
+    assert Placer(no_h200, HALVES).place(task, "tiered").node_name == "b200"
     # the rule is strict where the tier exists: a full H200 tier does not spill into B200,
     # and a 100 GB job that names only B200 fits nowhere
     full_h200 = build(["h200", "b200"], ["H200", "B200"], ["g", "b"], [64] * 2, [64] * 2, [[0], [1]])
-    assert place(full_h200, task, "tiered", workload=HALVES) is None
+    assert Placer(full_h200, HALVES).place(task, "tiered") is None
     limited = Task(cpus=8, gpus=1, models=("B200",), gpu_memory_need_bytes=100 * GB)
-    assert place(tier_fleet(), limited, "tiered", workload=HALVES) is None
+    assert Placer(tier_fleet(), HALVES).place(limited, "tiered") is None
 
 
 def test_tiered_matches_node_models_through_the_catalogue():
     # the simulated fleet's MIG nodes are "A100-80GB MIG": still the A100 tier
     state = build(["mig"], ["A100-80GB MIG"], ["a"], [64], [64], [[1, 1]])
     task = Task(cpus=1, gpus=1, gpu_share=0.5, models=("A100-80GB MIG",), gpu_memory_need_bytes=10 * GB)
-    assert place(state, task, "tiered", workload=HALVES).node_name == "mig"
+    assert Placer(state, HALVES).place(task, "tiered").node_name == "mig"
 
 
 def test_apply_and_release_are_inverse_and_check_room():
     state = half_cluster()
-    found = place(state, HALF, "fgd", workload=HALVES)
-    held = apply(state, found)
+    placer = Placer(state, HALVES)
+    found = placer.place(HALF, "fgd")
+    placer.apply(found)
+    held = placer.state
     assert held.gpu_free[2].tolist() == [0.0, 1.0]
     assert held.cpu_free[2] == 31
     assert state.gpu_free[2].tolist() == [0.5, 1.0]  # the input state is untouched
-    back = release(held, found)
+    with pytest.raises(ValueError, match="no longer fits"):
+        placer.apply(found)
+    placer.release(found)
+    back = placer.state
     np.testing.assert_allclose(back.gpu_free, state.gpu_free)
     np.testing.assert_allclose(back.cpu_free, state.cpu_free)
-    with pytest.raises(ValueError, match="no longer fits"):
-        apply(held, found)
 
 
 def test_placements_report_real_gpu_indices_when_a_gpu_is_down():
@@ -213,7 +217,7 @@ def test_placements_report_real_gpu_indices_when_a_gpu_is_down():
     gpus = tuple(Gpu("n", i, f"u{i}", "H100", "p", up=(i != 0)) for i in range(4))
     alloc = Allocation("j", (Placement("n", (1,), 1.0, 8),))
     state = from_snapshot(FleetSnapshot(0.0, nodes, gpus, (alloc,)))
-    found = place(state, Task(cpus=1, gpus=2), "bestfit")
+    found = Placer(state).place(Task(cpus=1, gpus=2), "bestfit")
     assert found.slots == (1, 2)  # slots 0..2 are GPUs 1..3
     assert found.gpus == (2, 3)
     # the running job's part, as a task the advisor could re-place
@@ -223,9 +227,9 @@ def test_placements_report_real_gpu_indices_when_a_gpu_is_down():
 def test_bad_requests_fail_clearly():
     state = half_cluster()
     with pytest.raises(ValueError, match="unknown placement policy 'worst'"):
-        place(state, HALF, "worst")
+        Placer(state).place(HALF, "worst")
     with pytest.raises(ValueError, match="needs a target workload"):
-        place(state, HALF, "fgd")
+        Placer(state).place(HALF, "fgd")
     with pytest.raises(ValueError, match="gpu_share"):
         Task(cpus=1, gpus=1, gpu_share=1.5)
 
@@ -245,11 +249,13 @@ def test_the_placer_remembers_choices_yet_places_as_a_fresh_engine_would(policy)
     draws_a, draws_b = np.random.default_rng(9), np.random.default_rng(9)
     for task in tasks:
         cached = placer.place(task, policy, draws_a)
-        expected = place(fresh, task, policy, draws_b, workload=HALVES)
+        engine = Placer(fresh, HALVES)  # nothing remembered
+        expected = engine.place(task, policy, draws_b)
         assert cached == expected
         if cached is not None:
             placer.apply(cached)
-            fresh = apply(fresh, expected)
+            engine.apply(expected)
+            fresh = engine.state
     np.testing.assert_allclose(placer.state.gpu_free, fresh.gpu_free)
     cw = fgd.compile_workload(HALVES, state.model_names)
     np.testing.assert_allclose(placer.node_fragmented, fgd.node_fragmentation(fresh, cw))
@@ -276,4 +282,4 @@ def test_host_memory_filters_when_the_placer_knows_it():
     placer.release(found)
     assert placer.memory_free.tolist() == [32 * 2**30, 64 * 2**30]
     # without node memory, memory is not checked
-    assert place(state, task, "bestfit").node_name == "n0"
+    assert Placer(state).place(task, "bestfit").node_name == "n0"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from exporter.analysis import fgd
 from exporter.analysis.state import EPS, build
 from exporter.analysis.workload import Shape, Workload
-from exporter.placement.engine import POLICIES, place
+from exporter.placement.engine import POLICIES, Placer
 from exporter.placement.task import Task
 
 SHARES = (0.0, 0.25, 0.4, 0.5, 0.75, 1.0)
@@ -92,7 +92,7 @@ def cluster_fragmentation(state, workload, node=None, slots=(), task=None) -> fl
 @given(clusters(), workloads(), tasks())
 def test_fgd_never_grows_fragmentation_more_than_any_other_feasible_choice(state, workload, task):
     choices = list(feasible_choices(state, task))
-    found = place(state, task, "fgd", workload=workload)
+    found = Placer(state, workload).place(task, "fgd")
     if not choices:
         assert found is None
         return
@@ -108,7 +108,7 @@ def test_every_policy_places_only_where_the_task_fits_and_fails_only_when_nothin
         state, task, policy, seed):
     workload = Workload((Shape(1, 0.5, 1), Shape(4, 1.0, 1)), (0.5, 0.5))
     choices = list(feasible_choices(state, task))
-    found = place(state, task, policy, np.random.default_rng(seed), workload=workload)
+    found = Placer(state, workload).place(task, policy, np.random.default_rng(seed))
     assert (found is None) == (not choices)
     if found is not None:
         assert (found.node, found.slots) in choices

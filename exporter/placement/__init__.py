@@ -9,7 +9,7 @@ evaluates policies, and :mod:`.plot` draws the result. The simulated fleet
 places its jobs with the engine, and the advisor checks its moves with it.
 """
 
-from exporter.placement.engine import POLICIES, Placement, Placer, apply, place, release
+from exporter.placement.engine import POLICIES, Placement, Placer
 from exporter.placement.task import Task
 
-__all__ = ["POLICIES", "Placement", "Placer", "Task", "apply", "place", "release"]
+__all__ = ["POLICIES", "Placement", "Placer", "Task"]

@@ -1,15 +1,11 @@
 """Where a task goes: one node and its exact GPUs, chosen by a placement policy.
 
-Two ways in:
-
-- :func:`place`, :func:`apply` and :func:`release` work on an immutable
-  :class:`~exporter.analysis.state.FleetState` and return new ones: what the
-  advisor uses to check that a job it moves has somewhere to go;
-- :class:`Placer` keeps a working copy of the fleet for loops that place
-  thousands of tasks (trace replay, the simulated fleet). It remembers, per
-  task shape, each node's best choice and score, and re-evaluates only the
-  nodes that changed since that shape was last placed. One placement changes
-  one node, so most placements re-evaluate a handful of nodes.
+:class:`Placer` keeps a working copy of the fleet for loops that place many
+tasks: trace replay, the simulated fleet, the advisor's planner (which releases
+a job and re-places it elsewhere), and :func:`place_all` for ``gpufleet
+analyze``. It remembers, per task shape, each node's best choice and score, and
+re-evaluates only the nodes that changed since that shape was last placed. One
+placement changes one node, so most placements re-evaluate a handful of nodes.
 
 A policy scores each node's best choice for the task and the lowest score
 wins. Ties go to the first node in the state's order (name order for the
@@ -35,7 +31,7 @@ from exporter.analysis.fgd import (
     one_node_fragmentation,
     rows_fragmentation,
 )
-from exporter.analysis.state import EPS, FleetState, build, with_node
+from exporter.analysis.state import EPS, FleetState, build
 from exporter.analysis.workload import Shape, Workload, from_weighted
 from exporter.catalogue import Catalogue, default_catalogue
 from exporter.placement import policies
@@ -136,10 +132,6 @@ class Placer:
         t = self._template
         return FleetState(t.names, t.model_names, t.pool_names, t.model, t.pool, t.cpu_total,
                           self.cpu_free.copy(), self.gpu_free.copy(), t.gpu_count, t.gpu_index)
-
-    @property
-    def total_gpus(self) -> float:
-        return float(self.gpu_count.sum())
 
     @property
     def idle_gpus(self) -> float:
@@ -305,37 +297,6 @@ def select(key: np.ndarray, second: np.ndarray, tie: float = TOL,
     return int(ties[rng.integers(len(ties))])
 
 
-def place(state: FleetState, task: Task, policy: str, rng: np.random.Generator | None = None, *,
-          workload: Workload | CompiledWorkload | None = None, catalogue: Catalogue | None = None,
-          fgd_tie: float = policies.FGD_TIE_GPUS) -> Placement | None:
-    """The node and exact GPUs ``policy`` picks for ``task`` on ``state``, or None if it fits nowhere.
-
-    ``workload`` is the target workload ``fgd`` and ``tiered`` minimise fragmentation
-    against (required for them).
-    """
-    return Placer(state, workload, catalogue, fgd_tie).place(task, policy, rng)
-
-
-def apply(state: FleetState, placement: Placement) -> FleetState:
-    """The fleet with the placement's CPUs and GPU shares held; ValueError if it no longer fits."""
-    node = placement.node
-    row = state.gpu_free[node, : state.gpu_count[node]].copy()
-    slots = list(placement.slots)
-    if (row[slots] < placement.gpu_share - EPS).any() or state.cpu_free[node] < placement.cpus - EPS:
-        raise ValueError(f"placement on {placement.node_name} no longer fits")
-    row[slots] -= placement.gpu_share
-    return with_node(state, node, float(state.cpu_free[node]) - placement.cpus, row)
-
-
-def release(state: FleetState, placement: Placement) -> FleetState:
-    """The fleet with what the placement held given back."""
-    node = placement.node
-    row = state.gpu_free[node, : state.gpu_count[node]].copy()
-    row[list(placement.slots)] += placement.gpu_share
-    cpus = min(float(state.cpu_total[node]), float(state.cpu_free[node]) + placement.cpus)
-    return with_node(state, node, cpus, row)
-
-
 def place_all(state: FleetState, tasks: Sequence[Task], policy: str, rng: np.random.Generator | None = None,
               *, workload: Workload | CompiledWorkload | None = None) -> tuple[FleetState, int]:
     """Place tasks one after another (arrivals only); the final state and how many fit nowhere."""
@@ -350,4 +311,4 @@ def place_all(state: FleetState, tasks: Sequence[Task], policy: str, rng: np.ran
     return placer.state, failed
 
 
-__all__ = ["POLICIES", "Placement", "Placer", "Task", "apply", "place", "place_all", "release", "select"]
+__all__ = ["POLICIES", "Placement", "Placer", "Task", "place_all", "select"]
