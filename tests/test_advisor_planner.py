@@ -10,12 +10,13 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.advisor.planner import PlanSettings, apply_plan, plan_compaction
+from exporter.advisor.planner import PlanSettings, apply_plan, candidates, plan_compaction
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import Shape, Workload
 from exporter.catalogue import GB
+from exporter.placement.task import Task
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, Placement
 
 NOW = 1_760_000_000.0
@@ -65,6 +66,15 @@ def test_frees_a_whole_node_by_moving_two_small_jobs():
     assert result.after.fragmented_gpus < result.before.fragmented_gpus
     assert all(m.action == "checkpoint_then_migrate" for m in result.migrations)
     jsonschema.validate(result.to_json(), SCHEMA)
+
+
+def test_a_candidate_is_re_placed_as_its_part_on_its_tiers_models():
+    spec = {"a": ("A100-80GB", "gpu-a100"), "h": ("H100", "gpu-h100"), "g": ("H200", "gpu-h200")}
+    snapshot = fleet(spec, [job("half", "h", (3,), share=0.5, need_gb=30, models=("H100", "H200"))])
+    state = from_snapshot(snapshot)
+    (c,) = candidates(snapshot, state, NOW, PlanSettings())[state.names.index("h")]
+    # 4 cores, one half GPU, 30 GB: the under-40 GB tier is A100 and H100; the job allows H100
+    assert c.task == Task(4.0, 1, 0.5, ("H100",), 30 * GB)
 
 
 def test_no_move_without_a_destination():

@@ -32,7 +32,8 @@ from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.index import Report, scorer, totals
 from exporter.analysis.state import FleetState
 from exporter.catalogue import GB
-from exporter.placement.engine import Placement, Placer, Task
+from exporter.placement.engine import Placement, Placer
+from exporter.placement.task import Task
 from exporter.placement.tiers import tier_models
 from exporter.snapshot import Allocation, FleetSnapshot
 
@@ -59,7 +60,7 @@ class Candidate:
     alloc: Allocation
     node: int
     current: Placement  # where it is now, in placer terms
-    task: Task  # what re-placing it must find, with its allowed models
+    task: Task  # what re-placing it must find, on the models it may move to
     cost: float  # GPU-seconds of work since its last checkpoint
     age: float
 
@@ -114,7 +115,7 @@ def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
         gpus = len(part.gpus) * part.gpu_share
         cost = gpus * max(0.0, now - since)
         current = Placement(node, part.node, slots, tuple(part.gpus), part.gpu_share, part.cpus)
-        task = Task(part.cpus, len(part.gpus), part.gpu_share, models, alloc.gpu_memory_need_bytes)
+        task = dataclasses.replace(Task.from_allocation(alloc, part), models=models)
         by_node.setdefault(node, []).append(
             Candidate(alloc, node, current, task, cost, max(0.0, now - started)))
     for jobs in by_node.values():
