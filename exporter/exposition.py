@@ -1,7 +1,9 @@
 """Render a snapshot to Prometheus text exposition, once per snapshot.
 
-Metric families are a declarative table (:data:`GPU_FAMILIES`): name, type,
-help and a small value function. The identity labels every per-GPU series
+Names, types and HELP texts come from the catalogue (:mod:`exporter.metrics`);
+this module supplies only values: the per-GPU families are a table
+(:data:`GPU_FAMILIES`) of a catalogue entry and a small value function, the
+others are built by :func:`snapshot_families`. The identity labels every per-GPU series
 carries (``gpu``, ``model``, ``node``, ``pool``, ``uuid``) are added in one
 place. Job and pod metadata live only on ``gpufleet_gpu_allocation_info``,
 which keeps per-GPU cardinality bounded as jobs come and go.
@@ -21,27 +23,16 @@ from dataclasses import dataclass
 
 from prometheus_client.utils import floatToGoString
 
-from exporter import __version__
+from exporter import __version__, metrics
+from exporter.metrics import Family, FamilySpec, Labels
 from exporter.snapshot import FleetSnapshot, Gpu
 
-Labels = tuple[tuple[str, str], ...]
-
 
 @dataclass(frozen=True, slots=True)
-class Family:
-    """A metric family ready to render: samples are (labels, value)."""
+class GpuFamily:
+    """A per-GPU family of the catalogue and the value each GPU gives it (None: absent)."""
 
-    name: str  # full sample name, counters end in _total
-    type: str  # gauge | counter
-    help: str
-    samples: Sequence[tuple[Labels, float]]
-
-
-@dataclass(frozen=True, slots=True)
-class GpuFamilySpec:
-    name: str
-    type: str
-    help: str
+    spec: FamilySpec
     value: Callable[[Gpu], float | None]
 
 
@@ -49,50 +40,22 @@ def _bool(value: bool) -> float:
     return 1.0 if value else 0.0
 
 
-GPU_FAMILIES: tuple[GpuFamilySpec, ...] = (
-    GpuFamilySpec("gpufleet_gpu_up", "gauge",
-                  "1 if the GPU answered its last read, 0 if it is lost or every read failed.",
-                  lambda g: _bool(g.up)),
-    GpuFamilySpec("gpufleet_gpu_stale", "gauge",
-                  "1 if the values served are the last good sample because the source failed.",
-                  lambda g: _bool(g.stale)),
-    GpuFamilySpec("gpufleet_gpu_utilization_ratio", "gauge",
-                  "Fraction of time a kernel ran on the GPU (0-1).",
-                  lambda g: g.utilization_ratio),
-    GpuFamilySpec("gpufleet_gpu_memory_used_bytes", "gauge",
-                  "GPU framebuffer memory in use, in bytes (reserved memory excluded).",
-                  lambda g: g.memory_used_bytes),
-    GpuFamilySpec("gpufleet_gpu_memory_total_bytes", "gauge",
-                  "GPU framebuffer memory in total, in bytes.",
-                  lambda g: g.memory_total_bytes),
-    GpuFamilySpec("gpufleet_gpu_temperature_celsius", "gauge",
-                  "GPU core temperature in degrees Celsius.",
-                  lambda g: g.temperature_celsius),
-    GpuFamilySpec("gpufleet_gpu_power_watts", "gauge",
-                  "GPU power draw in watts.",
-                  lambda g: g.power_watts),
-    GpuFamilySpec("gpufleet_gpu_power_limit_watts", "gauge",
-                  "Enforced GPU power limit (cap) in watts.",
-                  lambda g: g.power_limit_watts),
-    GpuFamilySpec("gpufleet_gpu_energy_joules_total", "counter",
-                  "Energy the GPU consumed since the driver loaded, in joules.",
-                  lambda g: g.energy_joules),
-    GpuFamilySpec("gpufleet_gpu_nvlink_transmit_bytes_total", "counter",
-                  "Bytes the GPU sent over all its NVLink links.",
-                  lambda g: g.nvlink_transmit_bytes),
-    GpuFamilySpec("gpufleet_gpu_nvlink_receive_bytes_total", "counter",
-                  "Bytes the GPU received over all its NVLink links.",
-                  lambda g: g.nvlink_receive_bytes),
-    GpuFamilySpec("gpufleet_gpu_nvlink_capacity_bytes_per_second", "gauge",
-                  "NVLink bandwidth of the GPU, both directions together, from the GPU catalogue.",
-                  lambda g: g.nvlink_capacity_bytes_per_second),
-    GpuFamilySpec("gpufleet_gpu_dcgm_nvlink_bandwidth_raw", "gauge",
-                  "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as reported: a rate of uncertain unit "
-                  "(see docs/sources.md); dcgm source only.",
-                  lambda g: g.dcgm_nvlink_bandwidth_raw),
+GPU_FAMILIES: tuple[GpuFamily, ...] = (
+    GpuFamily(metrics.GPU_UP, lambda g: _bool(g.up)),
+    GpuFamily(metrics.GPU_STALE, lambda g: _bool(g.stale)),
+    GpuFamily(metrics.GPU_UTILIZATION_RATIO, lambda g: g.utilization_ratio),
+    GpuFamily(metrics.GPU_MEMORY_USED_BYTES, lambda g: g.memory_used_bytes),
+    GpuFamily(metrics.GPU_MEMORY_TOTAL_BYTES, lambda g: g.memory_total_bytes),
+    GpuFamily(metrics.GPU_TEMPERATURE_CELSIUS, lambda g: g.temperature_celsius),
+    GpuFamily(metrics.GPU_POWER_WATTS, lambda g: g.power_watts),
+    GpuFamily(metrics.GPU_POWER_LIMIT_WATTS, lambda g: g.power_limit_watts),
+    GpuFamily(metrics.GPU_ENERGY_JOULES_TOTAL, lambda g: g.energy_joules),
+    GpuFamily(metrics.GPU_NVLINK_TRANSMIT_BYTES_TOTAL, lambda g: g.nvlink_transmit_bytes),
+    GpuFamily(metrics.GPU_NVLINK_RECEIVE_BYTES_TOTAL, lambda g: g.nvlink_receive_bytes),
+    GpuFamily(metrics.GPU_NVLINK_CAPACITY_BYTES_PER_SECOND,
+              lambda g: g.nvlink_capacity_bytes_per_second),
+    GpuFamily(metrics.GPU_DCGM_NVLINK_BANDWIDTH_RAW, lambda g: g.dcgm_nvlink_bandwidth_raw),
 )
-
-IDENTITY = ("gpu", "model", "node", "pool", "uuid")
 
 
 def _go_float(value: float) -> str:
@@ -144,10 +107,11 @@ def _header(name: str, kind: str, help_text: str) -> str:
 def render_gpu_families(gpus: Sequence[Gpu], labels: LabelCache) -> list[str]:
     out: list[str] = []
     label_texts = [labels.get(g) for g in gpus]
-    for spec in GPU_FAMILIES:
+    for gpu_family in GPU_FAMILIES:
+        spec = gpu_family.spec
         out.append(_header(spec.name, spec.type, spec.help))
         prefix = spec.name
-        value_of = spec.value
+        value_of = gpu_family.value
         for gpu, text in zip(gpus, label_texts, strict=True):
             value = value_of(gpu)
             if value is None:
@@ -225,45 +189,26 @@ def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
         parse_errors.append((source_labels, float(status.parse_errors)))
 
     return [
-        Family("gpufleet_gpu_info", "gauge",
-               "GPU identity and catalogue data; always 1.", info),
-        Family("gpufleet_gpu_allocated_ratio", "gauge",
-               "Share of the GPU held by jobs (0-1); 1 is a whole GPU allocated.", allocated),
-        Family("gpufleet_gpu_allocation_info", "gauge",
-               "The job holding the GPU, one series per job; always 1.", allocation_info),
-        Family("gpufleet_gpu_mig_instance_info", "gauge",
-               "A MIG GPU instance and its profile; always 1.", mig_info),
-        Family("gpufleet_gpu_mig_memory_total_bytes", "gauge",
-               "Memory of a MIG GPU instance in bytes.", mig_total),
-        Family("gpufleet_gpu_mig_memory_used_bytes", "gauge",
-               "Memory in use on a MIG GPU instance in bytes.", mig_used),
-        Family("gpufleet_node_info", "gauge",
-               "Node with its pool, GPU model, generation and GPU count; always 1.", node_info),
-        Family("gpufleet_node_cpu_cores", "gauge", "CPU cores of the node.", node_cpus),
-        Family("gpufleet_node_cpu_allocated_cores", "gauge",
-               "CPU cores of the node held by jobs.", node_cpus_alloc),
-        Family("gpufleet_pending_jobs", "gauge",
-               "Jobs waiting for GPUs, by the pool they asked for.",
-               [((("pool", p),), v) for p, v in sorted(pending_jobs.items())]),
-        Family("gpufleet_pending_gpus", "gauge",
-               "GPUs asked for by waiting jobs, by pool.",
-               [((("pool", p),), v) for p, v in sorted(pending_gpus.items())]),
-        Family("gpufleet_source_up", "gauge",
-               "1 if the source (or one target of it) answered its last read.", up),
-        Family("gpufleet_collect_duration_seconds", "gauge",
-               "How long the last read of the source took.", duration),
-        Family("gpufleet_last_collect_success_timestamp_seconds", "gauge",
-               "Unix time of the source's last successful read.", last_success),
-        Family("gpufleet_source_parse_errors_total", "counter",
-               "Lines or fields the source could not parse and skipped.", parse_errors),
-        Family("gpufleet_compose_unmatched_gpus", "gauge",
-               "GPUs only one side of a composed snapshot saw: the scheduler (allocation) "
-               "or telemetry.", [((("side", u.side),), float(u.count)) for u in snapshot.unmatched]),
+        metrics.GPU_INFO.family(info),
+        metrics.GPU_ALLOCATED_RATIO.family(allocated),
+        metrics.GPU_ALLOCATION_INFO.family(allocation_info),
+        metrics.GPU_MIG_INSTANCE_INFO.family(mig_info),
+        metrics.GPU_MIG_MEMORY_TOTAL_BYTES.family(mig_total),
+        metrics.GPU_MIG_MEMORY_USED_BYTES.family(mig_used),
+        metrics.NODE_INFO.family(node_info),
+        metrics.NODE_CPU_CORES.family(node_cpus),
+        metrics.NODE_CPU_ALLOCATED_CORES.family(node_cpus_alloc),
+        metrics.PENDING_JOBS.family([((("pool", p),), v) for p, v in sorted(pending_jobs.items())]),
+        metrics.PENDING_GPUS.family([((("pool", p),), v) for p, v in sorted(pending_gpus.items())]),
+        metrics.SOURCE_UP.family(up),
+        metrics.COLLECT_DURATION_SECONDS.family(duration),
+        metrics.LAST_COLLECT_SUCCESS_TIMESTAMP_SECONDS.family(last_success),
+        metrics.SOURCE_PARSE_ERRORS_TOTAL.family(parse_errors),
+        metrics.COMPOSE_UNMATCHED_GPUS.family(
+            [((("side", u.side),), float(u.count)) for u in snapshot.unmatched]),
         *allocation_families(snapshot),
-        Family("gpufleet_snapshot_timestamp_seconds", "gauge",
-               "Unix time the served snapshot was taken.", [((), snapshot.taken_at)]),
-        Family("gpufleet_build_info", "gauge", "gpufleet version; always 1.",
-               [((("version", __version__),), 1.0)]),
+        metrics.SNAPSHOT_TIMESTAMP_SECONDS.family([((), snapshot.taken_at)]),
+        metrics.BUILD_INFO.family([((("version", __version__),), 1.0)]),
     ]
 
 
@@ -282,11 +227,8 @@ def allocation_families(snapshot: FleetSnapshot) -> list[Family]:
             cpus[labels] = cpus.get(labels, 0.0) + part.cpus
             shares[labels] = max(shares.get(labels, 0.0), part.gpu_share)
     return [
-        Family("gpufleet_allocation_cpu_cores", "gauge",
-               "CPU cores the job holds on the node.", list(cpus.items())),
-        Family("gpufleet_allocation_gpu_share_ratio", "gauge",
-               "Share of each of its GPUs on the node the job holds (0-1); 1 is whole GPUs.",
-               list(shares.items())),
+        metrics.ALLOCATION_CPU_CORES.family(list(cpus.items())),
+        metrics.ALLOCATION_GPU_SHARE_RATIO.family(list(shares.items())),
     ]
 
 

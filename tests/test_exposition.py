@@ -29,8 +29,9 @@ START = 1_760_000_000.0
 def _client_python_families(snapshot, extra=()):
     """The same data as client_python metric families, for generate_latest."""
     families = []
-    for spec in GPU_FAMILIES:
-        samples = [(dict(identity(g)), spec.value(g)) for g in snapshot.gpus]
+    for gpu_family in GPU_FAMILIES:
+        spec = gpu_family.spec
+        samples = [(dict(identity(g)), gpu_family.value(g)) for g in snapshot.gpus]
         families.append((spec.name, spec.type, spec.help,
                          [(labels, v) for labels, v in samples if v is not None]))
     for family in [*snapshot_families(snapshot), *extra]:

@@ -1,0 +1,298 @@
+"""The metric catalogue: every family gpufleet exports, as data, and the only place a name is written.
+
+Each :class:`FamilySpec` gives a family's name, type, HELP text, unit and label
+names; the code that fills a family supplies only its samples, through
+``spec.family(samples)`` (as kube-state-metrics' ``FamilyGenerator``: name, help
+and type are data, only the value extraction is code). Exposition, the analyzer,
+the advisor and the ``prometheus`` source (which reads these families back) all
+take their names from here, and ``docs/metrics.md``'s tables are generated from
+it (``make generate-docs``).
+
+A leaf module: it imports nothing from ``exporter``, so any layer may use it,
+sources included.
+
+The families are listed in the order ``/metrics`` serves them (a test checks it
+against ``tests/golden/metrics.txt``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Labels = tuple[tuple[str, str], ...]
+
+# The identity labels every per-GPU series carries, in the order the docs list them.
+IDENTITY: tuple[str, ...] = ("node", "gpu", "uuid", "model", "pool")
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """A metric family ready to render: samples are (labels, value)."""
+
+    name: str  # full sample name, counters end in _total
+    type: str  # gauge | counter
+    help: str
+    samples: Sequence[tuple[Labels, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class FamilySpec:
+    """One family of the catalogue. ``family(samples)`` pairs it with this snapshot's values."""
+
+    name: str  # full sample name, counters end in _total
+    type: Literal["gauge", "counter"]  # _info families are gauges that are always 1
+    help: str  # the HELP line, exactly
+    labels: tuple[str, ...]  # label names, in the order the docs list them (rendering sorts them)
+    group: str  # the table of docs/metrics.md that lists it
+    unit: str = ""  # the base unit the name ends in (before _total), if any
+    doc: str = ""  # more for docs/metrics.md than HELP says: label values, when it is absent
+
+    def family(self, samples: Sequence[tuple[Labels, float]]) -> Family:
+        return Family(self.name, self.type, self.help, samples)
+
+
+def _gpu(name: str, kind: Literal["gauge", "counter"], help_text: str, unit: str = "",
+         extra: tuple[str, ...] = (), doc: str = "") -> FamilySpec:
+    """A per-GPU family: the identity labels, then ``extra``."""
+    return FamilySpec(name, kind, help_text, (*IDENTITY, *extra), "gpu", unit, doc)
+
+
+# -- per GPU: values read from NVML, DCGM or the simulator ------------------------------------------
+GPU_UP = _gpu(
+    "gpufleet_gpu_up", "gauge",
+    "1 if the GPU answered its last read, 0 if it is lost or every read failed.")
+GPU_STALE = _gpu(
+    "gpufleet_gpu_stale", "gauge",
+    "1 if the values served are the last good sample because the source failed.")
+GPU_UTILIZATION_RATIO = _gpu(
+    "gpufleet_gpu_utilization_ratio", "gauge",
+    "Fraction of time a kernel ran on the GPU (0-1).", "ratio")
+GPU_MEMORY_USED_BYTES = _gpu(
+    "gpufleet_gpu_memory_used_bytes", "gauge",
+    "GPU framebuffer memory in use, in bytes (reserved memory excluded).", "bytes")
+GPU_MEMORY_TOTAL_BYTES = _gpu(
+    "gpufleet_gpu_memory_total_bytes", "gauge",
+    "GPU framebuffer memory in total, in bytes.", "bytes")
+GPU_TEMPERATURE_CELSIUS = _gpu(
+    "gpufleet_gpu_temperature_celsius", "gauge",
+    "GPU core temperature in degrees Celsius.", "celsius")
+GPU_POWER_WATTS = _gpu(
+    "gpufleet_gpu_power_watts", "gauge",
+    "GPU power draw in watts.", "watts")
+GPU_POWER_LIMIT_WATTS = _gpu(
+    "gpufleet_gpu_power_limit_watts", "gauge",
+    "Enforced GPU power limit (cap) in watts.", "watts")
+GPU_ENERGY_JOULES_TOTAL = _gpu(
+    "gpufleet_gpu_energy_joules_total", "counter",
+    "Energy the GPU consumed since the driver loaded, in joules.", "joules")
+GPU_NVLINK_TRANSMIT_BYTES_TOTAL = _gpu(
+    "gpufleet_gpu_nvlink_transmit_bytes_total", "counter",
+    "Bytes the GPU sent over all its NVLink links.", "bytes")
+GPU_NVLINK_RECEIVE_BYTES_TOTAL = _gpu(
+    "gpufleet_gpu_nvlink_receive_bytes_total", "counter",
+    "Bytes the GPU received over all its NVLink links.", "bytes")
+GPU_NVLINK_CAPACITY_BYTES_PER_SECOND = _gpu(
+    "gpufleet_gpu_nvlink_capacity_bytes_per_second", "gauge",
+    "NVLink bandwidth of the GPU, both directions together, from the GPU catalogue.",
+    "bytes_per_second", doc="Absent without NVLink.")
+GPU_DCGM_NVLINK_BANDWIDTH_RAW = FamilySpec(
+    "gpufleet_gpu_dcgm_nvlink_bandwidth_raw", "gauge",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as reported: a rate of uncertain unit "
+    "(see docs/sources.md); dcgm source only.",
+    IDENTITY, "dcgm",
+    doc="dcgm-exporter declares it a counter, but it behaves as a rate of disputed unit "
+        "(KB/s or MiB/s); for comparison only, never summed into the NVLink byte counters.")
+
+# -- per GPU: identity, allocation and MIG ---------------------------------------------------------
+GPU_INFO = _gpu(
+    "gpufleet_gpu_info", "gauge",
+    "GPU identity and catalogue data; always 1.", extra=("architecture",))
+GPU_ALLOCATED_RATIO = _gpu(
+    "gpufleet_gpu_allocated_ratio", "gauge",
+    "Share of the GPU held by jobs (0-1); 1 is a whole GPU allocated.", "ratio")
+GPU_ALLOCATION_INFO = _gpu(
+    "gpufleet_gpu_allocation_info", "gauge",
+    "The job holding the GPU, one series per job; always 1.",
+    extra=("job", "namespace", "pod", "job_gpus", "priority"),
+    doc="Scraped without `honor_labels`, `job` arrives as `exported_job`.")
+GPU_MIG_INSTANCE_INFO = _gpu(
+    "gpufleet_gpu_mig_instance_info", "gauge",
+    "A MIG GPU instance and its profile; always 1.", extra=("instance", "profile"))
+GPU_MIG_MEMORY_TOTAL_BYTES = _gpu(
+    "gpufleet_gpu_mig_memory_total_bytes", "gauge",
+    "Memory of a MIG GPU instance in bytes.", "bytes", extra=("instance", "profile"))
+GPU_MIG_MEMORY_USED_BYTES = _gpu(
+    "gpufleet_gpu_mig_memory_used_bytes", "gauge",
+    "Memory in use on a MIG GPU instance in bytes.", "bytes", extra=("instance", "profile"))
+
+# -- per node and pool -----------------------------------------------------------------------------
+NODE_INFO = FamilySpec(
+    "gpufleet_node_info", "gauge",
+    "Node with its pool, GPU model, generation and GPU count; always 1.",
+    ("node", "pool", "model", "generation", "gpus"), "node")
+NODE_CPU_CORES = FamilySpec(
+    "gpufleet_node_cpu_cores", "gauge", "CPU cores of the node.",
+    ("node", "pool", "model"), "node")
+NODE_CPU_ALLOCATED_CORES = FamilySpec(
+    "gpufleet_node_cpu_allocated_cores", "gauge", "CPU cores of the node held by jobs.",
+    ("node", "pool", "model"), "node")
+PENDING_JOBS = FamilySpec(
+    "gpufleet_pending_jobs", "gauge", "Jobs waiting for GPUs, by the pool they asked for.",
+    ("pool",), "node")
+PENDING_GPUS = FamilySpec(
+    "gpufleet_pending_gpus", "gauge", "GPUs asked for by waiting jobs, by pool.",
+    ("pool",), "node")
+
+# -- sources and collection (self-metrics) ---------------------------------------------------------
+SOURCE_UP = FamilySpec(
+    "gpufleet_source_up", "gauge",
+    "1 if the source (or one target of it) answered its last read.",
+    ("source", "target"), "self",
+    doc="`target` only on the series of each target of a multi-target source (dcgm, prometheus).")
+COLLECT_DURATION_SECONDS = FamilySpec(
+    "gpufleet_collect_duration_seconds", "gauge",
+    "How long the last read of the source took.", ("source",), "self", "seconds")
+LAST_COLLECT_SUCCESS_TIMESTAMP_SECONDS = FamilySpec(
+    "gpufleet_last_collect_success_timestamp_seconds", "gauge",
+    "Unix time of the source's last successful read.", ("source",), "self", "seconds")
+SOURCE_PARSE_ERRORS_TOTAL = FamilySpec(
+    "gpufleet_source_parse_errors_total", "counter",
+    "Lines or fields the source could not parse and skipped.", ("source",), "self")
+
+# -- cluster sources: composition and allocations --------------------------------------------------
+COMPOSE_UNMATCHED_GPUS = FamilySpec(
+    "gpufleet_compose_unmatched_gpus", "gauge",
+    "GPUs only one side of a composed snapshot saw: the scheduler (allocation) "
+    "or telemetry.",
+    ("side",), "cluster",
+    doc="`side` is `allocation` (the scheduler, e.g. Slurm) or `telemetry`; present only when an "
+        "allocation source and a telemetry source are composed.")
+ALLOCATION_CPU_CORES = FamilySpec(
+    "gpufleet_allocation_cpu_cores", "gauge",
+    "CPU cores the job holds on the node.", ("job", "node"), "cluster")
+ALLOCATION_GPU_SHARE_RATIO = FamilySpec(
+    "gpufleet_allocation_gpu_share_ratio", "gauge",
+    "Share of each of its GPUs on the node the job holds (0-1); 1 is whole GPUs.",
+    ("job", "node"), "cluster", "ratio")
+
+# -- the snapshot and the build (self-metrics) -----------------------------------------------------
+SNAPSHOT_TIMESTAMP_SECONDS = FamilySpec(
+    "gpufleet_snapshot_timestamp_seconds", "gauge",
+    "Unix time the served snapshot was taken.", (), "self", "seconds")
+BUILD_INFO = FamilySpec(
+    "gpufleet_build_info", "gauge", "gpufleet version; always 1.", ("version",), "self")
+
+# -- fragmentation (the analyzer) ------------------------------------------------------------------
+CLUSTER_FRAGMENTATION_INDEX = FamilySpec(
+    "gpufleet_cluster_fragmentation_index", "gauge",
+    "FGD fragmentation index of the cluster, 0-100: 100 * fragmented / (idle + one "
+    "node of slack), plus tier-inversion penalties.",
+    (), "fragmentation")
+CLUSTER_FRAGMENTED_GPUS = FamilySpec(
+    "gpufleet_cluster_fragmented_gpus", "gauge",
+    "Idle GPUs (in GPU shares) the target workload cannot use, weighted by how often "
+    "each task shape occurs (FGD).",
+    (), "fragmentation")
+CLUSTER_IDLE_GPUS = FamilySpec(
+    "gpufleet_cluster_idle_gpus", "gauge",
+    "Unallocated GPU capacity of the cluster in GPUs (free shares summed).",
+    (), "fragmentation")
+CLUSTER_FRAGMENTATION_RATIO = FamilySpec(
+    "gpufleet_cluster_fragmentation_ratio", "gauge",
+    "Fragmented GPUs over idle GPUs (0-1).",
+    (), "fragmentation", "ratio")
+CLUSTER_FRAGMENTED_GPUS_BY_REASON = FamilySpec(
+    "gpufleet_cluster_fragmented_gpus_by_reason", "gauge",
+    "Fragmented GPUs by why the workload cannot use them: lacks_gpu, lacks_cpu, "
+    "lacks_both, no_access (GPU model), cpu_only.",
+    ("reason",), "fragmentation",
+    doc="`lacks_gpu`: no node GPU big enough, or too few; a fitting shape's too-small GPUs "
+        "count here.")
+POOL_FRAGMENTATION_INDEX = FamilySpec(
+    "gpufleet_pool_fragmentation_index", "gauge",
+    "FGD fragmentation index of the pool, 0-100, plus tier-inversion penalties when "
+    "the pool is an idle higher tier.",
+    ("pool", "model"), "fragmentation")
+POOL_FRAGMENTED_GPUS = FamilySpec(
+    "gpufleet_pool_fragmented_gpus", "gauge",
+    "Idle GPUs of the pool the target workload cannot use (FGD).",
+    ("pool", "model"), "fragmentation")
+POOL_IDLE_GPUS = FamilySpec(
+    "gpufleet_pool_idle_gpus", "gauge",
+    "Unallocated GPU capacity of the pool in GPUs (free shares summed).",
+    ("pool", "model"), "fragmentation")
+NODE_FRAGMENTED_GPUS = FamilySpec(
+    "gpufleet_node_fragmented_gpus", "gauge",
+    "Idle GPUs of the node the target workload cannot use (FGD).",
+    ("node",), "fragmentation")
+TIER_INVERSION = FamilySpec(
+    "gpufleet_tier_inversion", "gauge",
+    "1 while the higher-tier pool is idle and the lower-tier pool busy, else 0.",
+    ("upper", "lower"), "fragmentation",
+    doc="`upper` is the higher-tier pool; one series per pair of pools with known, different tiers.")
+FRAGMENTATION_WORKLOAD_SHAPES = FamilySpec(
+    "gpufleet_fragmentation_workload_shapes", "gauge",
+    "Task shapes in the target workload fragmentation is measured against.",
+    (), "fragmentation")
+FRAGMENTATION_WORKLOAD_COVERAGE_RATIO = FamilySpec(
+    "gpufleet_fragmentation_workload_coverage_ratio", "gauge",
+    "Share of observed tasks the target workload's shapes cover (0-1).",
+    (), "fragmentation", "ratio")
+FRAGMENTATION_WORKLOAD_CPU_ONLY_RATIO = FamilySpec(
+    "gpufleet_fragmentation_workload_cpu_only_ratio", "gauge",
+    "Weight of CPU-only shapes in the target workload (0-1).",
+    (), "fragmentation", "ratio")
+FRAGMENTATION_WORKLOAD_INFO = FamilySpec(
+    "gpufleet_fragmentation_workload_info", "gauge",
+    "Where the target workload comes from and whether CPU-only tasks count; always 1.",
+    ("source", "cpu_only"), "fragmentation",
+    doc="`source` is `window`, `trace` or `shapes`; `cpu_only` is `included` or `excluded`.")
+
+# -- the rebalancing advisor -----------------------------------------------------------------------
+ADVISOR_COMPACTION_RECOMMENDED = FamilySpec(
+    "gpufleet_advisor_compaction_recommended", "gauge",
+    "1 while compaction is recommended for the scope (cluster or pool:<name>).",
+    ("scope",), "advisor",
+    doc="Recommended: the index stayed above the trigger for the dwell time and has not yet "
+        "dropped below the clear bound.")
+ADVISOR_PLAN_MIGRATIONS = FamilySpec(
+    "gpufleet_advisor_plan_migrations", "gauge",
+    "Migrations in the last proposed plan.", (), "advisor")
+ADVISOR_PLAN_FRAGMENTED_GPUS_RECOVERED = FamilySpec(
+    "gpufleet_advisor_plan_fragmented_gpus_recovered", "gauge",
+    "Fragmented GPUs the last proposed plan recovers (predicted).", (), "advisor")
+ADVISOR_PLAN_NODES_FREED = FamilySpec(
+    "gpufleet_advisor_plan_nodes_freed", "gauge",
+    "Whole nodes the last proposed plan frees, by pool.", ("pool",), "advisor",
+    doc="A whole node has 8 GPUs or more, every one free.")
+ADVISOR_DECISION_INFO = FamilySpec(
+    "gpufleet_advisor_decision_info", "gauge",
+    "The advisor's current decision (none, cooldown, hold, compact); always 1.",
+    ("decision",), "advisor")
+ADVISOR_WEBHOOK_DELIVERIES_TOTAL = FamilySpec(
+    "gpufleet_advisor_webhook_deliveries_total", "counter",
+    "Webhook delivery attempts by receiver and result (delivered, retry, rejected, "
+    "expired).",
+    ("receiver", "result"), "advisor")
+ADVISOR_EVALUATIONS_TOTAL = FamilySpec(
+    "gpufleet_advisor_evaluations_total", "counter",
+    "Advisor evaluations by what triggered them (snapshot, alertmanager).",
+    ("trigger",), "advisor")
+ADVISOR_ALERTMANAGER_NOTIFICATIONS_TOTAL = FamilySpec(
+    "gpufleet_advisor_alertmanager_notifications_total", "counter",
+    "Alertmanager webhook notifications received at /v1/alerts, by result "
+    "(accepted, duplicate, invalid, unauthorized).",
+    ("result",), "advisor")
+ADVISOR_OUTBOX_PENDING = FamilySpec(
+    "gpufleet_advisor_outbox_pending", "gauge",
+    "Plan deliveries waiting in the durable outbox.", (), "advisor")
+
+# The table, keyed by name, in definition order (the order above): every FamilySpec of this
+# module, so a family declared above cannot be left out of it.
+CATALOGUE: dict[str, FamilySpec] = {
+    value.name: value for value in list(globals().values()) if isinstance(value, FamilySpec)
+}
+
+__all__ = ["CATALOGUE", "IDENTITY", "Family", "FamilySpec", "Labels"]
