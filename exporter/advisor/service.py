@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from exporter import metrics
 from exporter.advisor.api import AdvisorApi, add_routes
 from exporter.advisor.engine import Advisor, DecisionSettings, Planner
 from exporter.advisor.outbox import Outbox
@@ -32,7 +33,7 @@ from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import Report, evaluate
 from exporter.analysis.state import from_snapshot
 from exporter.config import AdvisorConfig, ConfigError
-from exporter.exposition import Family
+from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
@@ -150,36 +151,25 @@ class AdvisorService:
         scopes = sorted(self.advisor.scopes.items())
         results = sorted(self.deliverer.results.items())
         return [
-            Family("gpufleet_advisor_compaction_recommended", "gauge",
-                   "1 while compaction is recommended for the scope (cluster or pool:<name>).",
-                   [((("scope", k),), float(st.recommended)) for k, st in scopes]),
-            Family("gpufleet_advisor_plan_migrations", "gauge",
-                   "Migrations in the last proposed plan.",
-                   [((), float(len(plan.migrations) if plan else 0))]),
-            Family("gpufleet_advisor_plan_fragmented_gpus_recovered", "gauge",
-                   "Fragmented GPUs the last proposed plan recovers (predicted).",
-                   [((), plan.fragmented_gpus_recovered if plan else 0.0)]),
-            Family("gpufleet_advisor_plan_nodes_freed", "gauge",
-                   "Whole nodes the last proposed plan frees, by pool.",
-                   [((("pool", p),), float(n))
-                    for p, n in sorted((plan.nodes_freed if plan else {}).items())]),
-            Family("gpufleet_advisor_decision_info", "gauge",
-                   "The advisor's current decision (none, cooldown, hold, compact); always 1.",
-                   [((("decision", advice.get("decision", "none")),), 1.0)]),
-            Family("gpufleet_advisor_webhook_deliveries_total", "counter",
-                   "Webhook delivery attempts by receiver and result (delivered, retry, rejected, "
-                   "expired).",
-                   [((("receiver", r), ("result", res)), float(n)) for (r, res), n in results]),
-            Family("gpufleet_advisor_evaluations_total", "counter",
-                   "Advisor evaluations by what triggered them (snapshot, alertmanager).",
-                   [((("trigger", t),), float(n)) for t, n in sorted(self.evaluations_by_trigger.items())]),
-            Family("gpufleet_advisor_alertmanager_notifications_total", "counter",
-                   "Alertmanager webhook notifications received at /v1/alerts, by result "
-                   "(accepted, duplicate, invalid, unauthorized).",
-                   [((("result", r),), float(n)) for r, n in sorted(self.api().notifications.items())]),
-            Family("gpufleet_advisor_outbox_pending", "gauge",
-                   "Plan deliveries waiting in the durable outbox.",
-                   [((), float(self.deliverer.outbox.pending_count()))]),
+            metrics.ADVISOR_COMPACTION_RECOMMENDED.family(
+                [((("scope", k),), float(st.recommended)) for k, st in scopes]),
+            metrics.ADVISOR_PLAN_MIGRATIONS.family(
+                [((), float(len(plan.migrations) if plan else 0))]),
+            metrics.ADVISOR_PLAN_FRAGMENTED_GPUS_RECOVERED.family(
+                [((), plan.fragmented_gpus_recovered if plan else 0.0)]),
+            metrics.ADVISOR_PLAN_NODES_FREED.family(
+                [((("pool", p),), float(n))
+                 for p, n in sorted((plan.nodes_freed if plan else {}).items())]),
+            metrics.ADVISOR_DECISION_INFO.family(
+                [((("decision", advice.get("decision", "none")),), 1.0)]),
+            metrics.ADVISOR_WEBHOOK_DELIVERIES_TOTAL.family(
+                [((("receiver", r), ("result", res)), float(n)) for (r, res), n in results]),
+            metrics.ADVISOR_EVALUATIONS_TOTAL.family(
+                [((("trigger", t),), float(n)) for t, n in sorted(self.evaluations_by_trigger.items())]),
+            metrics.ADVISOR_ALERTMANAGER_NOTIFICATIONS_TOTAL.family(
+                [((("result", r),), float(n)) for r, n in sorted(self.api().notifications.items())]),
+            metrics.ADVISOR_OUTBOX_PENDING.family(
+                [((), float(self.deliverer.outbox.pending_count()))]),
         ]
 
     async def background(self, app: web.Application) -> AsyncIterator[None]:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from exporter import metrics
 from exporter.analysis import configure
 from exporter.analysis.fgd import FRAGMENT_REASONS, CompiledWorkload, compile_workload
 from exporter.analysis.index import IndexSettings, Report, evaluate
 from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import ShapeWindow, Workload
 from exporter.config import AnalysisConfig
-from exporter.exposition import Family
+from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
@@ -34,57 +35,32 @@ def report_families(report: Report) -> list[Family]:
     workload = report.workload.workload
     pool_labels = [(("model", p.model), ("pool", p.name)) for p in report.pools]
     return [
-        Family("gpufleet_cluster_fragmentation_index", "gauge",
-               "FGD fragmentation index of the cluster, 0-100: 100 * fragmented / (idle + one "
-               "node of slack), plus tier-inversion penalties.",
-               [((), _value(cluster.index))]),
-        Family("gpufleet_cluster_fragmented_gpus", "gauge",
-               "Idle GPUs (in GPU shares) the target workload cannot use, weighted by how often "
-               "each task shape occurs (FGD).",
-               [((), _value(cluster.fragmented_gpus))]),
-        Family("gpufleet_cluster_idle_gpus", "gauge",
-               "Unallocated GPU capacity of the cluster in GPUs (free shares summed).",
-               [((), _value(cluster.idle_gpus))]),
-        Family("gpufleet_cluster_fragmentation_ratio", "gauge",
-               "Fragmented GPUs over idle GPUs (0-1).",
-               [((), _value(cluster.fragmentation_ratio))]),
-        Family("gpufleet_cluster_fragmented_gpus_by_reason", "gauge",
-               "Fragmented GPUs by why the workload cannot use them: lacks_gpu, lacks_cpu, "
-               "lacks_both, no_access (GPU model), cpu_only.",
-               [((("reason", r),), _value(cluster.breakdown.get(r, 0.0))) for r in FRAGMENT_REASONS]),
-        Family("gpufleet_pool_fragmentation_index", "gauge",
-               "FGD fragmentation index of the pool, 0-100, plus tier-inversion penalties when "
-               "the pool is an idle higher tier.",
-               [(labels, _value(p.index)) for labels, p in zip(pool_labels, report.pools, strict=True)]),
-        Family("gpufleet_pool_fragmented_gpus", "gauge",
-               "Idle GPUs of the pool the target workload cannot use (FGD).",
-               [(labels, _value(p.fragmented_gpus))
-                for labels, p in zip(pool_labels, report.pools, strict=True)]),
-        Family("gpufleet_pool_idle_gpus", "gauge",
-               "Unallocated GPU capacity of the pool in GPUs (free shares summed).",
-               [(labels, _value(p.idle_gpus))
-                for labels, p in zip(pool_labels, report.pools, strict=True)]),
-        Family("gpufleet_node_fragmented_gpus", "gauge",
-               "Idle GPUs of the node the target workload cannot use (FGD).",
-               [((("node", name),), _value(f)) for name, f in
-                zip(report.state.names, report.totals.node_fragmented, strict=True)]),
-        Family("gpufleet_tier_inversion", "gauge",
-               "1 while the higher-tier pool is idle and the lower-tier pool busy, else 0.",
-               [((("lower", inv.lower), ("upper", inv.upper)), float(inv.inverted))
-                for inv in report.inversions]),
-        Family("gpufleet_fragmentation_workload_shapes", "gauge",
-               "Task shapes in the target workload fragmentation is measured against.",
-               [((), float(len(workload)))]),
-        Family("gpufleet_fragmentation_workload_coverage_ratio", "gauge",
-               "Share of observed tasks the target workload's shapes cover (0-1).",
-               [((), _value(workload.coverage))]),
-        Family("gpufleet_fragmentation_workload_cpu_only_ratio", "gauge",
-               "Weight of CPU-only shapes in the target workload (0-1).",
-               [((), _value(workload.cpu_only_share))]),
-        Family("gpufleet_fragmentation_workload_info", "gauge",
-               "Where the target workload comes from and whether CPU-only tasks count; always 1.",
-               [((("cpu_only", "included" if workload.include_cpu_only else "excluded"),
-                  ("source", workload.source)), 1.0)]),
+        metrics.CLUSTER_FRAGMENTATION_INDEX.family([((), _value(cluster.index))]),
+        metrics.CLUSTER_FRAGMENTED_GPUS.family([((), _value(cluster.fragmented_gpus))]),
+        metrics.CLUSTER_IDLE_GPUS.family([((), _value(cluster.idle_gpus))]),
+        metrics.CLUSTER_FRAGMENTATION_RATIO.family([((), _value(cluster.fragmentation_ratio))]),
+        metrics.CLUSTER_FRAGMENTED_GPUS_BY_REASON.family(
+            [((("reason", r),), _value(cluster.breakdown.get(r, 0.0))) for r in FRAGMENT_REASONS]),
+        metrics.POOL_FRAGMENTATION_INDEX.family(
+            [(labels, _value(p.index)) for labels, p in zip(pool_labels, report.pools, strict=True)]),
+        metrics.POOL_FRAGMENTED_GPUS.family(
+            [(labels, _value(p.fragmented_gpus))
+             for labels, p in zip(pool_labels, report.pools, strict=True)]),
+        metrics.POOL_IDLE_GPUS.family(
+            [(labels, _value(p.idle_gpus))
+             for labels, p in zip(pool_labels, report.pools, strict=True)]),
+        metrics.NODE_FRAGMENTED_GPUS.family(
+            [((("node", name),), _value(f)) for name, f in
+             zip(report.state.names, report.totals.node_fragmented, strict=True)]),
+        metrics.TIER_INVERSION.family(
+            [((("lower", inv.lower), ("upper", inv.upper)), float(inv.inverted))
+             for inv in report.inversions]),
+        metrics.FRAGMENTATION_WORKLOAD_SHAPES.family([((), float(len(workload)))]),
+        metrics.FRAGMENTATION_WORKLOAD_COVERAGE_RATIO.family([((), _value(workload.coverage))]),
+        metrics.FRAGMENTATION_WORKLOAD_CPU_ONLY_RATIO.family([((), _value(workload.cpu_only_share))]),
+        metrics.FRAGMENTATION_WORKLOAD_INFO.family(
+            [((("cpu_only", "included" if workload.include_cpu_only else "excluded"),
+               ("source", workload.source)), 1.0)]),
     ]
 
 
