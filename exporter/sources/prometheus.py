@@ -57,6 +57,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from exporter import metrics
 from exporter.config import PrometheusSource as PrometheusConfig
 from exporter.snapshot import (
     Allocation,
@@ -80,35 +81,35 @@ from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
 
 log = logging.getLogger(__name__)
 
-# Per-GPU value families and the Gpu field each fills. Sources may not import the
-# exposition table (data flows one way), so the names are listed here; the
-# round-trip test through a real Prometheus keeps the two in step.
+# Per-GPU value families and the Gpu field each fills. The names come from the catalogue
+# (exporter.metrics, a leaf module: sources may import it, never exposition); the
+# round-trip test through a real Prometheus checks the fields against what exposition writes.
 GPU_VALUES: dict[str, tuple[str, type]] = {
-    "gpufleet_gpu_up": ("up", bool),
-    "gpufleet_gpu_stale": ("stale", bool),
-    "gpufleet_gpu_utilization_ratio": ("utilization_ratio", float),
-    "gpufleet_gpu_memory_used_bytes": ("memory_used_bytes", int),
-    "gpufleet_gpu_memory_total_bytes": ("memory_total_bytes", int),
-    "gpufleet_gpu_temperature_celsius": ("temperature_celsius", float),
-    "gpufleet_gpu_power_watts": ("power_watts", float),
-    "gpufleet_gpu_power_limit_watts": ("power_limit_watts", float),
-    "gpufleet_gpu_energy_joules_total": ("energy_joules", float),
-    "gpufleet_gpu_nvlink_transmit_bytes_total": ("nvlink_transmit_bytes", float),
-    "gpufleet_gpu_nvlink_receive_bytes_total": ("nvlink_receive_bytes", float),
-    "gpufleet_gpu_nvlink_capacity_bytes_per_second": ("nvlink_capacity_bytes_per_second", float),
-    "gpufleet_gpu_dcgm_nvlink_bandwidth_raw": ("dcgm_nvlink_bandwidth_raw", float),
+    metrics.GPU_UP.name: ("up", bool),
+    metrics.GPU_STALE.name: ("stale", bool),
+    metrics.GPU_UTILIZATION_RATIO.name: ("utilization_ratio", float),
+    metrics.GPU_MEMORY_USED_BYTES.name: ("memory_used_bytes", int),
+    metrics.GPU_MEMORY_TOTAL_BYTES.name: ("memory_total_bytes", int),
+    metrics.GPU_TEMPERATURE_CELSIUS.name: ("temperature_celsius", float),
+    metrics.GPU_POWER_WATTS.name: ("power_watts", float),
+    metrics.GPU_POWER_LIMIT_WATTS.name: ("power_limit_watts", float),
+    metrics.GPU_ENERGY_JOULES_TOTAL.name: ("energy_joules", float),
+    metrics.GPU_NVLINK_TRANSMIT_BYTES_TOTAL.name: ("nvlink_transmit_bytes", float),
+    metrics.GPU_NVLINK_RECEIVE_BYTES_TOTAL.name: ("nvlink_receive_bytes", float),
+    metrics.GPU_NVLINK_CAPACITY_BYTES_PER_SECOND.name: ("nvlink_capacity_bytes_per_second", float),
+    metrics.GPU_DCGM_NVLINK_BANDWIDTH_RAW.name: ("dcgm_nvlink_bandwidth_raw", float),
 }
 ALLOCATION_FAMILIES = (
-    "gpufleet_gpu_allocation_info",
-    "gpufleet_allocation_cpu_cores",
-    "gpufleet_allocation_gpu_share_ratio",
+    metrics.GPU_ALLOCATION_INFO.name,
+    metrics.ALLOCATION_CPU_CORES.name,
+    metrics.ALLOCATION_GPU_SHARE_RATIO.name,
 )
 MIG_FAMILIES = (
-    "gpufleet_gpu_mig_instance_info",
-    "gpufleet_gpu_mig_memory_total_bytes",
-    "gpufleet_gpu_mig_memory_used_bytes",
+    metrics.GPU_MIG_INSTANCE_INFO.name,
+    metrics.GPU_MIG_MEMORY_TOTAL_BYTES.name,
+    metrics.GPU_MIG_MEMORY_USED_BYTES.name,
 )
-NODE_FAMILIES = ("gpufleet_node_info", "gpufleet_node_cpu_cores")
+NODE_FAMILIES = (metrics.NODE_INFO.name, metrics.NODE_CPU_CORES.name)
 
 # Without these the snapshot would be wrong, not just thinner: fail the read.
 REQUIRED = ("identity", "nodes", "allocations")
@@ -139,15 +140,15 @@ def build_queries(config: PrometheusConfig) -> dict[str, str]:
     queries = {
         # the plain selector: last_over_time over lost_after cost 7x more (measured),
         # and lost nodes are remembered by the source instead
-        "identity": f"gpufleet_gpu_info{{{inner}}}",
+        "identity": f"{metrics.GPU_INFO.name}{{{inner}}}",
         # only the GPUs whose newest sample is too old: usually an empty answer
-        "old": (f"max by (node, gpu) (time() - timestamp(gpufleet_gpu_up{{{inner}}}))"
+        "old": (f"max by (node, gpu) (time() - timestamp({metrics.GPU_UP.name}{{{inner}}}))"
                 f" > {config.max_sample_age:g}"),
         "nodes": regex(NODE_FAMILIES),
         "allocations": regex(ALLOCATION_FAMILIES),
         "mig": regex(MIG_FAMILIES),
         "targets": (
-            f"up and on (job, instance) last_over_time(gpufleet_build_info{{{inner}}}[{window}])"
+            f"up and on (job, instance) last_over_time({metrics.BUILD_INFO.name}{{{inner}}}[{window}])"
         ),
     }
     for family in GPU_VALUES:
@@ -242,8 +243,8 @@ def build_snapshot(
     # no current up sample (the series are going stale one family after another)
     old = {(s["metric"].get("node", ""), s["metric"].get("gpu", "0")) for s in series("old")}
     current = {(s["metric"].get("node", ""), s["metric"].get("gpu", "0"))
-               for s in series("gpufleet_gpu_up")}
-    presence_known = answered("gpufleet_gpu_up")
+               for s in series(metrics.GPU_UP.name)}
+    presence_known = answered(metrics.GPU_UP.name)
     for key, fields in fields_of.items():
         if key in old or (presence_known and key not in current):
             fields["stale"] = True
@@ -256,9 +257,9 @@ def build_snapshot(
         entry = mig.setdefault(key, {}).setdefault(
             instance, {"profile": labels.get("profile", ""), "total": None, "used": None})
         name, value = labels.get("__name__", ""), _value(sample)
-        if name == "gpufleet_gpu_mig_memory_total_bytes" and value is not None:
+        if name == metrics.GPU_MIG_MEMORY_TOTAL_BYTES.name and value is not None:
             entry["total"] = int(value)
-        elif name == "gpufleet_gpu_mig_memory_used_bytes" and value is not None:
+        elif name == metrics.GPU_MIG_MEMORY_USED_BYTES.name and value is not None:
             entry["used"] = int(value)
     for key, instances in mig.items():
         if key in fields_of:
@@ -271,7 +272,7 @@ def build_snapshot(
     cpu_cores: dict[str, float] = {}
     for sample in series("nodes"):
         labels = sample["metric"]
-        if labels.get("__name__") == "gpufleet_node_info":
+        if labels.get("__name__") == metrics.NODE_INFO.name:
             nodes_info[labels.get("node", "")] = labels
         else:
             value = _value(sample)
@@ -302,16 +303,16 @@ def _allocations(samples: Sequence[Mapping[str, Any]]) -> tuple[Allocation, ...]
         labels = sample["metric"]
         name = labels.get("__name__", "")
         job, node = _label(labels, "job"), labels.get("node", "")
-        if name == "gpufleet_gpu_allocation_info":
+        if name == metrics.GPU_ALLOCATION_INFO.name:
             gpus.setdefault(job, {}).setdefault(node, []).append(int(labels.get("gpu", "0")))
             meta.setdefault(job, labels)
             continue
         value = _value(sample)
         if value is None:
             continue
-        if name == "gpufleet_allocation_cpu_cores":
+        if name == metrics.ALLOCATION_CPU_CORES.name:
             cpus[(job, node)] = value
-        elif name == "gpufleet_allocation_gpu_share_ratio":
+        elif name == metrics.ALLOCATION_GPU_SHARE_RATIO.name:
             shares[(job, node)] = value
     for job, node in cpus:  # placements holding CPUs but no GPU
         gpus.setdefault(job, {}).setdefault(node, [])
