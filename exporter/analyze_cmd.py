@@ -24,8 +24,8 @@ from exporter.analysis.fgd import FRAGMENT_REASONS, REASONS, compile_workload
 from exporter.analysis.index import Report, Scope, evaluate
 from exporter.analysis.state import FleetState, from_snapshot
 from exporter.analysis.workload import Workload, from_tasks, snapshot_shapes, typical
-from exporter.cli import UsageError
 from exporter.config import AnalysisConfig, ConfigError, load
+from exporter.errors import UsageError
 from exporter.placement.engine import POLICIES, place_all
 from exporter.placement.task import Task
 from exporter.snapshot import from_json

@@ -14,7 +14,7 @@ import logging
 import sys
 
 from exporter import __version__
-from exporter.config import ConfigError
+from exporter.errors import ConfigError, UsageError
 
 log = logging.getLogger("gpufleet")
 
@@ -26,10 +26,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dashboards": ("exporter.dashboards_cmd", "Generate the Grafana dashboards into dashboards/."),
     "replay": ("exporter.replay_cmd", "Replay a pod trace by each placement policy: CSV and PNG."),
 }
-
-
-class UsageError(Exception):
-    """Bad command-line input: exit 2 with the message."""
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
@@ -91,4 +87,4 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-__all__ = ["COMMANDS", "UsageError", "main"]
+__all__ = ["COMMANDS", "main"]

@@ -18,12 +18,10 @@ from typing import Any
 
 import yaml
 
+from exporter.errors import ConfigError
+
 DEFAULT_PORT = 9874  # 9400 is dcgm-exporter's and 9835 nvidia_gpu_exporter's
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
-
-
-class ConfigError(Exception):
-    """A config value is wrong; the message names the key and what is allowed."""
 
 
 def _opt(default: Any = dataclasses.MISSING, *, help: str, factory: Any = None, **rules: Any) -> Any:

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from exporter.cli import UsageError
+from exporter.errors import UsageError
 
 
 def differs(path: Path, text: str) -> bool:

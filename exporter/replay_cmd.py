@@ -27,8 +27,8 @@ from exporter.analysis import openb
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.state import FleetState, from_snapshot
 from exporter.analysis.workload import from_tasks
-from exporter.cli import UsageError
 from exporter.config import Config, load
+from exporter.errors import UsageError
 from exporter.placement.engine import POLICIES
 from exporter.placement.plot import plot
 from exporter.placement.replay import Setup, replay_many, run_lengths, summary, write_csv

@@ -56,3 +56,22 @@ def test_unknown_command_is_a_usage_error(capsys):
         main(["bogus"])
     assert raised.value.code == 2
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_no_module_imports_the_cli():
+    """cli.py imports the command modules, so they (and what they import) take UsageError
+    from exporter.errors: importing exporter.cli back would be an import cycle."""
+    for path in sorted((REPO / "exporter").rglob("*.py")):
+        if path.name == "__main__.py" or path.name == "cli.py":
+            continue
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+                imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+        assert "exporter.cli" not in imported, path
+    from exporter import cli, errors
+
+    assert cli.UsageError is errors.UsageError and cli.ConfigError is errors.ConfigError

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from exporter.catalogue import Catalogue, default_catalogue
-from exporter.config import ConfigError
+from exporter.errors import ConfigError
 
 SEVERITIES = ("warning", "critical")  # in rising order; both share one alert name
 OPS = ("<", ">", ">=", "==")

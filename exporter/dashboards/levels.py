@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.config import ConfigError
+from exporter.errors import ConfigError
 
 OK, WARNING, CRITICAL = "green", "orange", "red"
 _COLOUR = {"warning": WARNING, "critical": CRITICAL}
