@@ -1,19 +1,11 @@
-"""The 0-100 index, the tier-inversion penalty, and the one-node update."""
+"""The 0-100 index and the tier-inversion penalty."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from exporter.analysis.fgd import compile_workload, node_fragmentation
-from exporter.analysis.index import (
-    IndexSettings,
-    evaluate,
-    fragmentation_index,
-    scorer,
-    totals,
-    update_node,
-)
+from exporter.analysis.fgd import compile_workload
+from exporter.analysis.index import IndexSettings, evaluate, fragmentation_index
 from exporter.analysis.state import build
 from exporter.analysis.workload import Shape, Workload
 
@@ -106,29 +98,3 @@ def test_compaction_is_due_above_the_threshold():
     assert evaluate(state, compiled).cluster.index == pytest.approx(100 * 16 / 24)
     assert evaluate(state, compiled).compaction_due
     assert not evaluate(state, compiled, IndexSettings(compaction_threshold=70)).compaction_due
-
-
-def test_one_node_update_matches_a_full_recompute():
-    rng = np.random.default_rng(9)
-    rows = [list(rng.choice([0.0, 0.5, 1.0], size=8)) for _ in range(40)]
-    state = build([f"n{i}" for i in range(40)], ["H100"] * 20 + ["H200"] * 20,
-                  ["p1"] * 20 + ["p2"] * 20, [64.0] * 40, list(rng.uniform(0, 64, 40)), rows)
-    workload = Workload((Shape(8, 1.0, 1), Shape(4, 0.5, 1), Shape(32, 1.0, 4), Shape(1, 0, 0)),
-                        (0.5, 0.2, 0.2, 0.1))
-    compiled = compile_workload(workload, state.model_names)
-    score = scorer(state)
-    tot = totals(state, compiled)
-    for node in (3, 25, 3):
-        new_row = np.clip(state.gpu_free[node] - rng.choice([0.0, 0.5, 1.0], size=8), 0, 1)
-        state, tot = update_node(state, tot, compiled, node, float(state.cpu_free[node]) - 4, new_row)
-        fresh = totals(state, compiled)
-        assert tot.node_fragmented == pytest.approx(node_fragmentation(state, compiled))
-        assert tot.pool_fragmented == pytest.approx(fresh.pool_fragmented)
-        assert tot.pool_idle == pytest.approx(fresh.pool_idle)
-        assert tot.cluster_fragmented == pytest.approx(fresh.cluster_fragmented)
-        assert tot.cluster_idle == pytest.approx(fresh.cluster_idle)
-        cluster, pools, _ = score.scores(tot)
-        assert score.cluster_index(tot) == pytest.approx(cluster)
-        report = evaluate(state, compiled)
-        assert cluster == pytest.approx(report.cluster.index)
-        assert pools == pytest.approx([p.index for p in report.pools])

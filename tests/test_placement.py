@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from exporter.analysis import fgd
+from exporter.analysis.index import evaluate, scorer, totals
 from exporter.analysis.state import build, from_snapshot
 from exporter.analysis.workload import Shape, Workload
 from exporter.catalogue import GB
@@ -283,3 +284,31 @@ def test_host_memory_filters_when_the_placer_knows_it():
     assert placer.memory_free.tolist() == [32 * 2**30, 64 * 2**30]
     # without node memory, memory is not checked
     assert Placer(state).place(task, "bestfit").node_name == "n0"
+
+
+def test_one_node_changes_keep_the_placers_fragmentation_equal_to_a_full_recompute():
+    """What the simulated fleet does between placements (set_node), checked against evaluate()."""
+    rng = np.random.default_rng(9)
+    rows = [list(rng.choice([0.0, 0.5, 1.0], size=8)) for _ in range(40)]
+    state = build([f"n{i}" for i in range(40)], ["H100"] * 20 + ["H200"] * 20,
+                  ["p1"] * 20 + ["p2"] * 20, [64.0] * 40, list(rng.uniform(0, 64, 40)), rows)
+    workload = Workload((Shape(8, 1.0, 1), Shape(4, 0.5, 1), Shape(32, 1.0, 4), Shape(1, 0, 0)),
+                        (0.5, 0.2, 0.2, 0.1))
+    compiled = fgd.compile_workload(workload, state.model_names)
+    score = scorer(state)
+    placer = Placer(state, compiled)
+    for node in (3, 25, 3):
+        now = placer.state
+        new_row = np.clip(now.gpu_free[node] - rng.choice([0.0, 0.5, 1.0], size=8), 0, 1)
+        placer.set_node(node, float(now.cpu_free[node]) - 4, new_row)
+        now = placer.state
+        fresh = totals(now, compiled)
+        assert placer.node_fragmented == pytest.approx(fgd.node_fragmentation(now, compiled))
+        assert placer.fragmented_gpus == pytest.approx(fresh.cluster_fragmented)
+        assert placer.idle_gpus == pytest.approx(fresh.cluster_idle)
+        kept = totals(now, compiled, node_fragmented=placer.node_fragmented)
+        assert kept.pool_fragmented == pytest.approx(fresh.pool_fragmented)
+        cluster, pools, _ = score.scores(kept)
+        report = evaluate(now, compiled)
+        assert cluster == pytest.approx(report.cluster.index)
+        assert pools == pytest.approx([p.index for p in report.pools])

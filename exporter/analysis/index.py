@@ -7,9 +7,9 @@ fragmented". The tier penalty is the seeds' rule, generalised: for every pair
 of pools where the higher tier (from the GPU catalogue: B200 > H200 > H100 >
 A100 > older) is idle while a lower one is busy, jobs sit on the wrong GPUs.
 
-:class:`Totals` holds the sums and :func:`update_node` changes them for one
-node in a few microseconds, which is what the placement engine and the
-advisor's what-if replays need; :func:`evaluate` builds the full report.
+:class:`Totals` holds the sums, :class:`Scorer` turns them into indices, and
+:func:`evaluate` builds the full report. The placement engine keeps per-node
+F up to date itself as it places (``Placer.node_fragmented``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from exporter.analysis import fgd
 from exporter.analysis.fgd import FRAGMENT_REASONS, REASONS, CompiledWorkload
-from exporter.analysis.state import FleetState, with_node
+from exporter.analysis.state import FleetState
 from exporter.catalogue import Catalogue, default_catalogue
 
 
@@ -67,29 +67,6 @@ def totals(state: FleetState, cw: CompiledWorkload,
     )
 
 
-def update_node(state: FleetState, tot: Totals, cw: CompiledWorkload, node: int,
-                cpu_free: float, gpu_free: np.ndarray) -> tuple[FleetState, Totals]:
-    """State and totals after one node's free CPU and GPU shares change (a placement)."""
-    new_state = with_node(state, node, cpu_free, gpu_free)
-    row = new_state.gpu_free[node]
-    frag = fgd.one_node_fragmentation(float(new_state.cpu_free[node]), row,
-                                      int(state.model[node]), cw)
-    idle = float(row.sum())
-    d_frag = frag - float(tot.node_fragmented[node])
-    d_idle = idle - float(tot.node_idle[node])
-    node_frag = tot.node_fragmented.copy()
-    node_frag[node] = frag
-    node_idle = tot.node_idle.copy()
-    node_idle[node] = idle
-    pool = int(state.pool[node])
-    pool_frag = tot.pool_fragmented.copy()
-    pool_frag[pool] += d_frag
-    pool_idle = tot.pool_idle.copy()
-    pool_idle[pool] += d_idle
-    return new_state, Totals(node_frag, node_idle, pool_frag, pool_idle,
-                             tot.cluster_fragmented + d_frag, tot.cluster_idle + d_idle)
-
-
 def pool_models(state: FleetState) -> list[str]:
     """The model of each pool: the one most of its GPUs have ("" for a pool without GPUs)."""
     out = []
@@ -112,13 +89,9 @@ class Scorer:
     pool_slack: np.ndarray  # [P] GPUs
     cluster_slack: float
     above: np.ndarray  # [P, P] bool: pool u is a higher known tier than pool l
-    tier_pairs: tuple[tuple[int, int], ...]  # the (u, l) where ``above`` is true
 
     def scores(self, tot: Totals) -> tuple[float, np.ndarray, np.ndarray]:
-        """(cluster index, [P] pool indices, [P, P] inverted pairs upper x lower).
-
-        Called after every one-node update, so it is kept to a dozen numpy calls.
-        """
+        """(cluster index, [P] pool indices, [P, P] inverted pairs upper x lower)."""
         s = self.settings
         allocated = 1.0 - tot.pool_idle * self.pool_inverse_total
         inverted = (allocated <= s.idle_at_most + 1e-12)[:, None] & (allocated > s.busy_above)
@@ -133,23 +106,6 @@ class Scorer:
         cluster = fragmentation_index(tot.cluster_fragmented, tot.cluster_idle,
                                       self.cluster_slack, s.tier_penalty * int(inverted.sum()))
         return cluster, pool_index, inverted
-
-    def cluster_index(self, tot: Totals) -> float:
-        """The cluster index alone, in plain Python: what a placement engine compares per move.
-
-        Equal to ``scores(tot)[0]`` (a test holds them together) at a third of the cost,
-        because a fleet has a handful of pools and pairs of tiers.
-        """
-        s = self.settings
-        inverted = 0
-        if self.tier_pairs:
-            allocated = (1.0 - tot.pool_idle * self.pool_inverse_total).tolist()
-            idle_at_most = s.idle_at_most + 1e-12
-            for upper, lower in self.tier_pairs:
-                if allocated[upper] <= idle_at_most and allocated[lower] > s.busy_above:
-                    inverted += 1
-        return fragmentation_index(tot.cluster_fragmented, tot.cluster_idle, self.cluster_slack,
-                                   s.tier_penalty * inverted)
 
     def allocated(self, tot: Totals) -> np.ndarray:
         """Allocated share of each pool's GPUs; a pool without GPUs has no tier, so never counts."""
@@ -179,7 +135,6 @@ def scorer(state: FleetState, settings: IndexSettings = IndexSettings(),
         pool_slack=settings.slack_nodes * width,
         cluster_slack=settings.slack_nodes * (float(count.max()) if len(count) else 0.0),
         above=above,
-        tier_pairs=tuple((int(u), int(lo)) for u, lo in zip(*np.nonzero(above), strict=True)),
     )
 
 
@@ -272,4 +227,4 @@ def evaluate(state: FleetState, cw: CompiledWorkload, settings: IndexSettings = 
 
 
 __all__ = ["FRAGMENT_REASONS", "REASONS", "IndexSettings", "Report", "Scope", "Scorer", "Totals",
-           "evaluate", "fragmentation_index", "scorer", "totals", "update_node"]
+           "evaluate", "fragmentation_index", "scorer", "totals"]
