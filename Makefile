@@ -92,6 +92,13 @@ generate: generate-rules generate-golden
 generate-golden: $(VENV)/.installed-test
 	$(BIN)/python -m tests.golden_metrics --update
 
+# docs/metrics.md's tables of families from the catalogue, exporter/metrics.py
+# (tests/test_docs.py checks the drift; the prose around the tables is written by hand).
+.PHONY: generate-docs
+generate: generate-docs
+generate-docs: $(VENV)/.installed-test
+	$(BIN)/python -m tests.metrics_doc --update
+
 # rules/*.yaml from rules/thresholds.yaml (tests/test_alerting_rules.py checks the drift).
 generate-rules: $(VENV)/.installed-run
 	$(BIN)/gpufleet rules

@@ -102,7 +102,7 @@ GPU_DCGM_NVLINK_BANDWIDTH_RAW = FamilySpec(
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as reported: a rate of uncertain unit "
     "(see docs/sources.md); dcgm source only.",
     IDENTITY, "dcgm",
-    doc="dcgm-exporter declares it a counter, but it behaves as a rate of disputed unit "
+    doc="Declared a counter by dcgm-exporter, it behaves as a rate of disputed unit "
         "(KB/s or MiB/s); for comparison only, never summed into the NVLink byte counters.")
 
 # -- per GPU: identity, allocation and MIG ---------------------------------------------------------
@@ -167,8 +167,8 @@ COMPOSE_UNMATCHED_GPUS = FamilySpec(
     "GPUs only one side of a composed snapshot saw: the scheduler (allocation) "
     "or telemetry.",
     ("side",), "cluster",
-    doc="`side` is `allocation` (the scheduler, e.g. Slurm) or `telemetry`; present only when an "
-        "allocation source and a telemetry source are composed.")
+    doc="Series only when an allocation source (the scheduler, e.g. Slurm) and a telemetry "
+        "source are composed.")
 ALLOCATION_CPU_CORES = FamilySpec(
     "gpufleet_allocation_cpu_cores", "gauge",
     "CPU cores the job holds on the node.", ("job", "node"), "cluster")

@@ -1,33 +1,130 @@
-"""docs/metrics.md is the catalogue of metric names: it and the code must agree."""
+"""The catalogue (exporter/metrics.py) against what /metrics really serves, and docs/metrics.md against it.
+
+What /metrics serves is read from the golden exposition, tests/golden/metrics.txt:
+the default simulated fleet's real /metrics, which tests/test_golden.py checks
+byte for byte against a live render. Not a grep of the source: a family dropped
+from /metrics fails here even if its name is still written somewhere.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import re
 
-from tests.conftest import REPO, http_get
+from exporter import metrics
+from exporter.config import SimSource
+from exporter.exposition import render_text
+from exporter.metrics import CATALOGUE
+from exporter.snapshot import JobRequest, SourceStatus, UnmatchedGpus
+from exporter.sources.sim import Simulation
+from tests.golden_metrics import GOLDEN
+from tests.metrics_doc import DOC, generate
 
-DOC = REPO / "docs" / "metrics.md"
+# Every family's HELP and TYPE lines are served even when it has no series, so each one is
+# on the default fleet's /metrics. These have no *series* there, and why:
+NO_SERIES_ON_THE_DEFAULT_FLEET = {
+    "gpufleet_gpu_dcgm_nvlink_bandwidth_raw": "dcgm source only; the default fleet is simulated",
+    "gpufleet_pending_jobs": "the default simulation queues no jobs",
+    "gpufleet_pending_gpus": "the default simulation queues no jobs",
+    "gpufleet_compose_unmatched_gpus": "only when an allocation and a telemetry source are composed",
+    "gpufleet_advisor_plan_nodes_freed": "no plan proposed after one collection",
+    "gpufleet_advisor_webhook_deliveries_total": "no webhook receiver configured by default",
+    "gpufleet_advisor_alertmanager_notifications_total": "no Alertmanager notification received",
+}
+# Labels a family's series may lack: (family, label) -> when the label is there.
+OPTIONAL_LABELS = {
+    ("gpufleet_source_up", "target"): "only on the series of one target of a multi-target source",
+}
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? \S+$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*"')
 
 
-def documented() -> set[str]:
-    names = set()
-    for line in DOC.read_text().splitlines():
-        match = re.match(r"\|\s*`(gpufleet_[a-z0-9_]+)`", line)
-        if match:
-            names.add(match.group(1))
-    return names
+@dataclasses.dataclass
+class Served:
+    type: str = ""
+    help: str = ""
+    label_sets: set[frozenset[str]] = dataclasses.field(default_factory=set)
 
 
-def test_every_exported_family_is_documented(exporter_factory):
-    exporter = exporter_factory("--seed", "2")
-    text = http_get(f"{exporter.url}/metrics").decode()
-    exported = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
-    assert exported, "nothing exported"
-    missing = exported - documented()
-    assert not missing, f"exported but not in docs/metrics.md: {sorted(missing)}"
+def served(text: str) -> dict[str, Served]:
+    """Family name -> its TYPE, HELP (as written, escaped) and label-name sets, in served order."""
+    out: dict[str, Served] = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name, _, help_text = line[len("# HELP "):].partition(" ")
+            out.setdefault(name, Served()).help = help_text
+        elif line.startswith("# TYPE "):
+            name, _, kind = line[len("# TYPE "):].partition(" ")
+            out.setdefault(name, Served()).type = kind
+        elif line:
+            match = _SAMPLE.match(line)
+            assert match, f"not a sample line: {line!r}"
+            labels = frozenset(_LABEL.findall(match.group("labels") or ""))
+            out[match.group("name")].label_sets.add(labels)
+    return out
 
 
-def test_every_documented_name_is_in_the_code():
-    code = "\n".join(p.read_text() for p in (REPO / "exporter").rglob("*.py"))
-    orphans = {name for name in documented() if f'"{name}' not in code}
-    assert not orphans, f"in docs/metrics.md but exported nowhere: {sorted(orphans)}"
+def _escaped(help_text: str) -> str:
+    return help_text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def test_the_catalogue_is_what_metrics_serves_in_order():
+    golden = served(GOLDEN.read_text())
+    assert list(golden) == list(CATALOGUE), "the catalogue lists the families /metrics serves, in order"
+    for name, spec in CATALOGUE.items():
+        assert golden[name].type == spec.type, name
+        assert golden[name].help == _escaped(spec.help), name
+
+
+def test_families_without_series_on_the_default_fleet_are_listed_with_a_reason():
+    golden = served(GOLDEN.read_text())
+    empty = {name for name, family in golden.items() if not family.label_sets}
+    assert empty == set(NO_SERIES_ON_THE_DEFAULT_FLEET)
+    assert set(NO_SERIES_ON_THE_DEFAULT_FLEET) <= set(CATALOGUE)
+
+
+def _check_labels(families: dict[str, Served]) -> None:
+    for name, family in families.items():
+        assert name in CATALOGUE, f"served but not in exporter/metrics.py: {name}"
+        declared = set(CATALOGUE[name].labels)
+        optional = {label for (family_name, label) in OPTIONAL_LABELS if family_name == name}
+        for labels in family.label_sets:
+            assert declared - optional <= labels <= declared, (name, sorted(labels), sorted(declared))
+
+
+def test_served_series_carry_the_declared_labels():
+    _check_labels(served(GOLDEN.read_text()))
+
+
+def test_families_the_default_fleet_leaves_empty_carry_the_declared_labels_too():
+    """The exposition families the golden file has no series of, from a snapshot that has them."""
+    snapshot = Simulation(SimSource(seed=3), start_time=1_760_000_000.0).snapshot()
+    gpus = (dataclasses.replace(snapshot.gpus[0], dcgm_nvlink_bandwidth_raw=12.5), *snapshot.gpus[1:])
+    snapshot = dataclasses.replace(
+        snapshot, gpus=gpus,
+        pending=(JobRequest("queued", 2, pool="gpu-h100"),),
+        unmatched=(UnmatchedGpus("telemetry", 3),),
+        sources=(*snapshot.sources, SourceStatus("dcgm", True, 0.0, None, target="http://node:9400")))
+    families = served(render_text(snapshot).decode())
+    for name in ("gpufleet_gpu_dcgm_nvlink_bandwidth_raw", "gpufleet_pending_jobs",
+                 "gpufleet_pending_gpus", "gpufleet_compose_unmatched_gpus"):
+        assert families[name].label_sets, name
+    assert frozenset({"source", "target"}) in families["gpufleet_source_up"].label_sets
+    _check_labels(families)
+
+
+def test_docs_tables_are_generated_from_the_catalogue():
+    text = DOC.read_text()
+    generated = generate(text)
+    if generated != text:
+        diff = difflib.unified_diff(text.splitlines(), generated.splitlines(), "docs/metrics.md",
+                                    "generated", lineterm="", n=1)
+        raise AssertionError("docs/metrics.md differs from the catalogue (make generate-docs "
+                             "rewrites it):\n" + "\n".join(diff))
+
+
+def test_every_family_has_exactly_one_row_in_the_docs():
+    rows = re.findall(r"^\| `(gpufleet_[a-z0-9_]+)` \|", DOC.read_text(), re.M)
+    assert sorted(rows) == sorted(CATALOGUE)
+    assert metrics.GPU_UP.name in rows  # the pattern above really matches rows
