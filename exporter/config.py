@@ -9,7 +9,6 @@ allowed. The CLI prints it on one line and exits 2, with no traceback.
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from exporter.durations import HINT as DURATION_HINT
+from exporter.durations import parse_duration
 from exporter.errors import ConfigError
 
 DEFAULT_PORT = 9874  # 9400 is dcgm-exporter's and 9835 nvidia_gpu_exporter's
@@ -32,23 +33,8 @@ def _opt(default: Any = dataclasses.MISSING, *, help: str, factory: Any = None, 
 
 
 class Duration(float):
-    """Seconds; the YAML may say ``30``, ``30s``, ``5m``, ``1h`` or ``250ms``."""
-
-
-_DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
-_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-
-
-def parse_duration(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError("a duration such as 15s, 5m or 1h")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        match = _DURATION.match(value.strip())
-        if match:
-            return float(match.group(1)) * _UNIT[match.group(2)]
-    raise ValueError("a duration such as 15s, 5m or 1h")
+    """Seconds; the YAML may say ``30``, ``30s``, ``5m``, ``1h30m``, ``1.5h`` or ``250ms``
+    (:func:`exporter.durations.parse_duration` with ``config=True``)."""
 
 
 @dataclass(frozen=True)
@@ -361,7 +347,7 @@ class Config:
 
 def _type_name(tp: Any) -> str:
     if tp is Duration:
-        return "a duration such as 15s, 5m or 1h"
+        return DURATION_HINT
     if tp is bool:
         return "true or false"
     if tp is int:
@@ -395,7 +381,7 @@ def _convert(tp: Any, value: Any, key: str, meta: dict[str, Any]) -> Any:
         return tuple(_convert(item_tp, v, f"{key}[{i}]", {}) for i, v in enumerate(value))
     if tp is Duration:
         try:
-            result: Any = Duration(parse_duration(value))
+            result: Any = Duration(parse_duration(value, config=True))
         except ValueError as exc:
             raise ConfigError(f"{key}: must be {exc}, got {value!r}") from None
     elif tp is bool:

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from exporter.alerting.rules import RECORDING_GROUPS, generate
-from exporter.alerting.thresholds import SEVERITIES, load_thresholds, parse_duration
+from exporter.alerting.thresholds import SEVERITIES, load_thresholds
 from exporter.cli import main
+from exporter.durations import parse_duration
 from tests.conftest import REPO, require_binary
 
 RULES = REPO / "rules"

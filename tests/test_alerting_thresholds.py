@@ -11,13 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.alerting.thresholds import (
-    ThresholdError,
-    format_duration,
-    load_thresholds,
-    parse_duration,
-    parse_thresholds,
-)
+from exporter.alerting.thresholds import ThresholdError, load_thresholds, parse_thresholds
 from exporter.cli import main
 from tests.conftest import REPO
 
@@ -65,28 +59,6 @@ def test_power_is_per_model_h200_from_the_table_others_from_the_catalogue_tdp():
     from_table = {m.model for m in power.models if m.from_table}
     assert from_table == {"H200"}
     assert len(power.models) == 13  # every catalogue model with a TDP
-
-
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("90s", 90), ("5m", 300), ("1h", 3600), ("1h30m", 5400), ("250ms", 0.25), ("2d", 172800),
-])
-def test_durations_parse_like_prometheus(text, seconds):
-    assert parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["", "1 hour", "5", "1.5h", "m5", "5M", "1h 30m", "-5m"])
-def test_malformed_durations_are_rejected(text):
-    with pytest.raises(ValueError):
-        parse_duration(text)
-
-
-@pytest.mark.parametrize(("seconds", "text"), [
-    (3600, "1h"), (36, "36s"), (72, "1m12s"), (5400, "1h30m"), (1.2, "1s200ms"), (0.5, "500ms"),
-    (0, "0s"), (86400 * 2, "2d"),
-])
-def test_durations_format_in_the_shortest_prometheus_form(seconds, text):
-    assert format_duration(seconds) == text
-    assert parse_duration(text) == pytest.approx(seconds)
 
 
 def _table(**replacements: str) -> str:

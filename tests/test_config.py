@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from exporter.config import Config, ConfigError, Duration, build, load, parse_duration
+from exporter.config import Config, ConfigError, Duration, build, load
 from tests.conftest import REPO
 
 
@@ -85,10 +85,14 @@ def test_booleans_are_not_numbers():
         build(Config, {"sources": {"sim": {"enabled": "yes"}}})
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("250ms", 0.25), ("15s", 15), ("5m", 300),
-                                               ("1h", 3600), (7, 7.0), ("1.5h", 5400)])
-def test_durations(text, seconds):
-    assert parse_duration(text) == seconds
+def test_durations_take_the_config_forms_and_name_the_key():
+    config = build(Config, {"collect_interval": "1.5h", "source_timeout": 7,
+                            "advisor": {"dwell": "1h30m"}})
+    assert (config.collect_interval, config.source_timeout, config.advisor.dwell) == (5400, 7, 5400)
+    with pytest.raises(ConfigError) as info:
+        build(Config, {"advisor": {"cooldown": "1 hour"}})
+    assert str(info.value) == ("advisor.cooldown: must be a duration such as 30s, 5m or 1h30m, "
+                               "got '1 hour'")
 
 
 def test_flags_override_the_file(tmp_path):

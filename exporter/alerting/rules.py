@@ -25,12 +25,8 @@ from typing import Any
 
 import yaml
 
-from exporter.alerting.thresholds import (
-    AlertRow,
-    Level,
-    Thresholds,
-    format_duration,
-)
+from exporter.alerting.thresholds import AlertRow, Level, Thresholds
+from exporter.durations import format_duration
 
 FORMATS = ("prometheus", "prometheusrule")
 ALERTS_FILE = "gpufleet-alerts.yaml"

@@ -28,6 +28,8 @@ from typing import Any
 import yaml
 
 from exporter.catalogue import Catalogue, default_catalogue
+from exporter.durations import HINT as DURATION_HINT
+from exporter.durations import parse_duration
 from exporter.errors import ConfigError
 
 SEVERITIES = ("warning", "critical")  # in rising order; both share one alert name
@@ -115,10 +117,6 @@ _TDP_FRACTION_RANGE = (0.0, 1.5)
 _ALERT_NAME = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _ANCHOR = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-_DURATION = re.compile(
-    r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
-)
-_DURATION_SECONDS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,31 +192,6 @@ class Thresholds:
         raise KeyError(name)
 
 
-def parse_duration(text: Any) -> float:
-    """Seconds of a Prometheus duration (``90s``, ``5m``, ``1h30m``); ValueError otherwise."""
-    if not isinstance(text, str) or not text:
-        raise ValueError
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError
-    return sum(int(part) * unit for part, unit in zip(match.groups(), _DURATION_SECONDS,
-                                                     strict=True) if part)
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest Prometheus duration for ``seconds``, in whole milliseconds."""
-    millis = round(seconds * 1000)
-    if millis <= 0:
-        return "0s"
-    out = []
-    for suffix, unit in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000),
-                         ("ms", 1)):
-        count, millis = divmod(millis, unit)
-        if count:
-            out.append(f"{count}{suffix}")
-    return "".join(out)
-
-
 class _Reader:
     """Walks the YAML with the dotted key of each value, for one-line errors."""
 
@@ -264,11 +237,9 @@ class _Reader:
 
     def duration(self, value: Any, where: str) -> float:
         try:
-            return parse_duration(value)
+            return parse_duration(value)  # Prometheus' grammar: the rules hand it to Prometheus
         except ValueError:
-            raise self.fail(
-                where, f"must be a duration such as 30s, 5m or 1h30m, got {value!r}"
-            ) from None
+            raise self.fail(where, f"must be {DURATION_HINT}, got {value!r}") from None
 
 
 _TOP_KEYS = ("runbook_url", "exporter_job", "busy_utilization", "alerts")
@@ -453,8 +424,6 @@ __all__ = [
     "ModelThreshold",
     "ThresholdError",
     "Thresholds",
-    "format_duration",
     "load_thresholds",
-    "parse_duration",
     "parse_thresholds",
 ]
