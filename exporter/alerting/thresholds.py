@@ -272,7 +272,9 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
     rows: list[AlertRow] = []
     for index, raw_row in enumerate(top["alerts"]):
         name = raw_row.get("alert") if isinstance(raw_row, dict) else None
-        where = f"alerts[{index}]" + (f" ({name})" if isinstance(name, str) else "")
+        # the name helps find the row, but only a valid one: "0\n" would break the line
+        named = isinstance(name, str) and _ALERT_NAME.fullmatch(name) is not None
+        where = f"alerts[{index}]" + (f" ({name})" if named else "")
         row = _parse_row(r, raw_row, where, catalogue)
         if any(existing.alert == row.alert for existing in rows):
             raise r.fail(f"{where}.alert", f"{row.alert} appears twice; one row per alert name")
