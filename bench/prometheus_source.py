@@ -141,7 +141,7 @@ async def per_node_baseline(prom: str, nodes: list[str], at: float) -> tuple[flo
                 if group:
                     groups[group].append(series)
         results = {name: _Result(name, items) for name, items in groups.items()}
-        snapshot, _ = build_snapshot(at, results, "baseline")
+        snapshot, _, _ = build_snapshot(at, results)
     return time.perf_counter() - started, len(nodes), len(snapshot.gpus)
 
 

@@ -3,7 +3,10 @@
 This is node_exporter's ``execute()`` for gpufleet: each source read is timed
 and bounded by a timeout, one failing source never removes the others, and a
 source that fails keeps serving its last good reading with every GPU marked
-stale, so a flapping upstream doesn't make series vanish and reappear.
+stale, so a flapping upstream doesn't make series vanish and reappear. It is
+the only place a :class:`~exporter.snapshot.SourceStatus` is built: sources
+return a :class:`~exporter.sources.SourceReading` (the contract is in
+:mod:`exporter.sources`), and the duration is this module's own measurement.
 
 A source whose ``role`` is ``"allocation"`` (Slurm) is the scheduler's view; when one
 is enabled together with others, the others are telemetry and the two views are
@@ -21,7 +24,8 @@ from collections.abc import Sequence
 
 from exporter.compose import ALLOCATION, compose
 from exporter.snapshot import FleetSnapshot, SourceStatus, merge
-from exporter.sources import Clock, NoData, Source
+from exporter.sources import Clock, NoData, Source, SourceReading
+from exporter.sources.lastgood import LastGood
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,9 @@ class Collector:
     timeout_seconds: float
     clock: Clock = time.time
     timer: Clock = time.perf_counter  # measures read durations; fixed in the golden exposition
-    _last_good: dict[str, FleetSnapshot] = dataclasses.field(default_factory=dict)
+    # per source: its last good reading, served with every GPU stale while reads fail
+    _last_good: LastGood[str, SourceReading] = dataclasses.field(
+        default_factory=lambda: LastGood(SourceReading.marked_stale))
     _last_success: dict[str, float] = dataclasses.field(default_factory=dict)
     # last parse-error count per source, so the counter does not drop to 0 while a read fails
     _parse_errors: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -57,14 +63,16 @@ class Collector:
         self._last_unmatched = counts
 
     async def _read_one(self, source: Source) -> FleetSnapshot:
+        """One source's part of the snapshot, with the SourceStatus only this module builds."""
         started = self.timer()
         error = ""
-        reading: FleetSnapshot | None = None
+        reading: SourceReading | None = None
         try:
             reading = await asyncio.wait_for(source.read(), self.timeout_seconds)
         except NoData as exc:
             error = f"no data: {exc}"
             log.debug("source returned no data", extra={"source": source.name, "err": str(exc)})
+            self._last_good.forget(source.name)  # nothing is there: nothing to serve stale
         except TimeoutError:
             error = f"timed out after {self.timeout_seconds:g}s"
             log.warning("source read timed out", extra={"source": source.name})
@@ -74,19 +82,18 @@ class Collector:
         duration = self.timer() - started
         now = self.clock()
         if reading is not None:
-            self._last_good[source.name] = reading
+            self._last_good.remember(source.name, reading, now)
             self._last_success[source.name] = now
-            own = [s for s in reading.sources if s.source == source.name and not s.target]
-            self._parse_errors[source.name] = own[0].parse_errors if own else 0
+            self._parse_errors[source.name] = reading.parse_errors
             status = SourceStatus(
                 source.name,
-                up=own[0].up if own else True,
+                up=not reading.error,
                 duration_seconds=duration,
                 last_success_time=now,
-                parse_errors=own[0].parse_errors if own else 0,
+                error=reading.error,
+                parse_errors=reading.parse_errors,
             )
-            others = tuple(s for s in reading.sources if not (s.source == source.name and not s.target))
-            return dataclasses.replace(reading, sources=(status, *others))
+            return _part(now, reading, status)
         status = SourceStatus(
             source.name,
             up=False,
@@ -95,11 +102,10 @@ class Collector:
             error=error,
             parse_errors=self._parse_errors.get(source.name, 0),
         )
-        last = self._last_good.get(source.name)
+        last = self._last_good.recall(source.name, now)
         if last is None:
             return FleetSnapshot(now, sources=(status,))
-        stale_gpus = tuple(dataclasses.replace(g, stale=True) for g in last.gpus)
-        return dataclasses.replace(last, gpus=stale_gpus, sources=(status,))
+        return _part(now, last, status)
 
     async def close(self) -> None:
         for source in self.sources:
@@ -107,3 +113,14 @@ class Collector:
                 await source.close()
             except Exception as exc:
                 log.warning("source close failed", extra={"source": source.name, "err": str(exc)})
+
+
+def _part(now: float, reading: SourceReading, status: SourceStatus) -> FleetSnapshot:
+    """A reading as a partial snapshot: the source's status first, then one per target."""
+    targets = tuple(
+        SourceStatus(status.source, up=t.up, duration_seconds=t.duration_seconds,
+                     last_success_time=t.last_success_time, target=t.target, error=t.error)
+        for t in reading.targets
+    )
+    return FleetSnapshot(now, reading.nodes, reading.gpus, reading.allocations, reading.pending,
+                         sources=(status, *targets))

@@ -18,6 +18,7 @@ from exporter.snapshot import (
     from_json,
     to_json,
 )
+from exporter.sources import SourceReading
 
 
 def scheduled() -> FleetSnapshot:
@@ -113,10 +114,10 @@ class FixedSource:
     role: str = "full"
     fail: bool = False
 
-    async def read(self) -> FleetSnapshot:
+    async def read(self) -> SourceReading:
         if self.fail:
             raise RuntimeError("squeue: no answer within 5s")
-        return self.reading
+        return SourceReading.of(dataclasses.replace(self.reading, sources=()))
 
     async def close(self) -> None:
         return None

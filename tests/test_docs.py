@@ -105,7 +105,8 @@ def test_families_the_default_fleet_leaves_empty_carry_the_declared_labels_too()
         snapshot, gpus=gpus,
         pending=(JobRequest("queued", 2, pool="gpu-h100"),),
         unmatched=(UnmatchedGpus("telemetry", 3),),
-        sources=(*snapshot.sources, SourceStatus("dcgm", True, 0.0, None, target="http://node:9400")))
+        sources=(SourceStatus("sim", True, 0.0, 1_760_000_000.0),
+                 SourceStatus("dcgm", True, 0.0, None, target="http://node:9400")))
     families = served(render_text(snapshot).decode())
     for name in ("gpufleet_gpu_dcgm_nvlink_bandwidth_raw", "gpufleet_pending_jobs",
                  "gpufleet_pending_gpus", "gpufleet_compose_unmatched_gpus"):

@@ -16,7 +16,7 @@ import pytest
 
 from exporter.config import PrometheusSource as PrometheusConfig
 from exporter.snapshot import FleetSnapshot, from_json
-from exporter.sources import SourceStartupError
+from exporter.sources import SourceReading, SourceStartupError, TargetStatus
 from exporter.sources.prometheus import (
     PrometheusQueryError,
     _Result,
@@ -77,7 +77,7 @@ def test_build_snapshot_reads_renamed_job_and_instance_labels():
                      profile="1g.10gb")],
         targets=[_series("up", 1, instance="10.0.0.1:9874", job="nodes")],
     )
-    snapshot, failed = build_snapshot(100.0, results, source="prometheus")
+    snapshot, targets, failed = build_snapshot(100.0, results)
     assert failed == 0
     (gpu,) = snapshot.gpus
     assert (gpu.node, gpu.index, gpu.uuid, gpu.up, gpu.stale) == ("gpu-001", 0, "GPU-1", True, False)
@@ -89,7 +89,7 @@ def test_build_snapshot_reads_renamed_job_and_instance_labels():
     assert [(p.node, p.gpus, p.gpu_share, p.cpus) for p in alloc.placements] == [
         ("gpu-001", (0,), 0.5, 4.0)]
     assert snapshot.nodes[0].cpu_cores == 128.0
-    assert snapshot.sources[0].target == "10.0.0.1:9874" and snapshot.sources[0].up
+    assert targets == (TargetStatus("10.0.0.1:9874", up=True),)
 
 
 def test_old_or_missing_samples_mark_the_gpu_stale():
@@ -102,23 +102,23 @@ def test_old_or_missing_samples_mark_the_gpu_stale():
                             _series("gpufleet_gpu_stale", 0, **three[0])],
         nodes=[], allocations=[],
     )
-    snapshot, _ = build_snapshot(100.0, results, source="prometheus")
+    snapshot, _, _ = build_snapshot(100.0, results)
     assert [(g.node, g.stale) for g in snapshot.gpus] == [("a", True), ("b", True), ("c", True)]
     results["old"] = _Result("old", [])
     results["gpufleet_gpu_stale"] = _Result("gpufleet_gpu_stale", [])
-    fresh, _ = build_snapshot(100.0, results, source="prometheus")
+    fresh, _, _ = build_snapshot(100.0, results)
     assert [(g.node, g.stale) for g in fresh.gpus] == [("a", False), ("b", False), ("c", True)]
 
 
 def test_failed_required_query_fails_the_read_optional_ones_are_partial():
     identity = [_series("gpufleet_gpu_info", 1, **GPU)]
     with pytest.raises(PrometheusQueryError, match="boom"):
-        build_snapshot(0.0, _results(identity=identity, nodes=None, allocations=[]), "p")
+        build_snapshot(0.0, _results(identity=identity, nodes=None, allocations=[]))
     with pytest.raises(PrometheusQueryError):
-        build_snapshot(0.0, _results(identity=None, nodes=[], allocations=[]), "p")
-    snapshot, failed = build_snapshot(
+        build_snapshot(0.0, _results(identity=None, nodes=[], allocations=[]))
+    snapshot, _, failed = build_snapshot(
         0.0, _results(identity=identity, nodes=[], allocations=[], gpufleet_gpu_up=None,
-                      old=None, mig=None), "p")
+                      old=None, mig=None))
     assert failed == 3 and len(snapshot.gpus) == 1
     assert not snapshot.gpus[0].stale  # presence and age unknown is not stale
 
@@ -214,7 +214,7 @@ def test_basic_auth_against_a_secured_prometheus(tmp_path):
     basic = "Basic " + base64.b64encode(f"gpufleet:{PASSWORD}".encode()).decode()
     try:
         _wait(lambda: _answers(f"{url}/-/ready", basic), 60, "secured Prometheus ready")
-        def read(**auth) -> FleetSnapshot:
+        def read(**auth) -> SourceReading:
             src = build(PrometheusConfig(url=url, **auth), time.time)
 
             async def go():
@@ -225,7 +225,7 @@ def test_basic_auth_against_a_secured_prometheus(tmp_path):
             return asyncio.run(go())
 
         snapshot = read(basic_auth_username="gpufleet", basic_auth_password_file=str(password))
-        assert snapshot.gpus == () and snapshot.sources[0].up
+        assert snapshot.gpus == () and snapshot.error == ""
         with pytest.raises(PrometheusQueryError, match="HTTP 401"):
             read()
         password.write_text("wrong")
@@ -419,7 +419,7 @@ scrape_configs:
         assert h100.model == "H100" and h100.temperature_celsius == 30.0
         assert any(g.mig for g in through.gpus)
         assert [a.pod for a in through.allocations] == ["vllm-agg-0-vllmdecodeworker-s65j5"]
-        assert {s.target for s in through.sources if s.target} == set(urls)
+        assert {t.target for t in through.targets} == set(urls)
     finally:
         for proc in servers:
             stop(proc)

@@ -9,8 +9,8 @@ import json
 from exporter.collect import Collector
 from exporter.config import Config, SimSource
 from exporter.server import STATE, make_app
-from exporter.snapshot import FleetSnapshot, from_json
-from exporter.sources import NoData
+from exporter.snapshot import from_json
+from exporter.sources import NoData, SourceReading
 from exporter.sources.sim import SimulatedFleetSource
 
 START = 1_760_000_000.0
@@ -22,7 +22,7 @@ class BrokenSource:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def read(self) -> FleetSnapshot:
+    async def read(self) -> SourceReading:
         self.calls += 1
         raise RuntimeError("upstream returned garbage")
 
@@ -33,7 +33,7 @@ class BrokenSource:
 class SlowSource:
     name = "slow"
 
-    async def read(self) -> FleetSnapshot:
+    async def read(self) -> SourceReading:
         await asyncio.sleep(30)
         raise AssertionError("unreachable")
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from exporter.config import SlurmSource as SlurmConfig
-from exporter.snapshot import FleetSnapshot, JobRequest
+from exporter.snapshot import JobRequest
+from exporter.sources import SourceReading
 from exporter.sources.slurm import SlurmAllocationSource, SlurmCommandError, build
 from tests.conftest import http_get, require_binary
 from tests.slurm_cluster import BINARIES, SlurmCluster
@@ -61,7 +62,7 @@ def source(cluster: SlurmCluster, **options) -> SlurmAllocationSource:
     return build(config, time.time)
 
 
-def read(src: SlurmAllocationSource) -> FleetSnapshot:
+def read(src: SlurmAllocationSource) -> SourceReading:
     return asyncio.run(src.read())
 
 
@@ -91,7 +92,7 @@ def slurm_truth(cluster: SlurmCluster) -> dict[str, dict[str, tuple[tuple[int, .
     return truth
 
 
-def held(snapshot: FleetSnapshot) -> dict[str, dict[str, tuple[tuple[int, ...], int]]]:
+def held(snapshot: SourceReading) -> dict[str, dict[str, tuple[tuple[int, ...], int]]]:
     return {a.job: {p.node: (p.gpus, int(p.cpus)) for p in a.placements}
             for a in snapshot.allocations}
 

@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, SourceStatus
-from exporter.sources import Clock, SourceStartupError
+from exporter.snapshot import Allocation, Gpu, Node
+from exporter.sources import Clock, SourceReading, SourceStartupError, TargetStatus
 from exporter.sources.dcgm_mapping import DcgmFleet, RateIntegrator, build_fleet
 from exporter.sources.exposition_parser import parse_text
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
@@ -230,7 +230,7 @@ class DcgmExporterSource:
                 chunks.append(chunk)
             return b"".join(chunks)
 
-    async def read(self) -> FleetSnapshot:
+    async def read(self) -> SourceReading:
         targets = await self._targets()
         session = self._session_for_read()
         limit = asyncio.Semaphore(self.config.max_concurrency)
@@ -242,7 +242,7 @@ class DcgmExporterSource:
         nodes: list[Node] = []
         gpus: list[Gpu] = []
         allocations: list[Allocation] = []
-        statuses: list[SourceStatus] = []
+        statuses: list[TargetStatus] = []
         any_up = False
         for target, outcome in zip(targets, outcomes, strict=True):
             self._parse_errors += outcome.parse_errors
@@ -268,18 +268,16 @@ class DcgmExporterSource:
                     gpus += [dataclasses.replace(g, stale=True) for g in state.last_good]
                     nodes += last.nodes
                     allocations += last.allocations
-            statuses.append(SourceStatus(self.name, up=outcome.fleet is not None,
-                                         duration_seconds=outcome.duration_seconds,
+            statuses.append(TargetStatus(target.url, up=outcome.fleet is not None,
+                                         error=outcome.error,
                                          last_success_time=state.last_success,
-                                         target=target.url, error=outcome.error))
+                                         duration_seconds=outcome.duration_seconds))
         # A GPU served stale restarts its NVLink counters from 0 when it is back (a counter
         # reset to Prometheus) rather than crediting the outage with its latest rate.
         self._integrator.forget_except(g.uuid for g in gpus if not g.stale)
-        own = SourceStatus(self.name, up=any_up, duration_seconds=0.0, last_success_time=None,
-                           error="" if any_up else "no target answered",
-                           parse_errors=self._parse_errors)
-        return FleetSnapshot(now, tuple(nodes), tuple(gpus), tuple(allocations),
-                             sources=(own, *statuses))
+        return SourceReading(tuple(nodes), tuple(gpus), tuple(allocations),
+                             parse_errors=self._parse_errors, targets=tuple(statuses),
+                             error="" if any_up else "no target answered")
 
     async def close(self) -> None:
         if self._own_session and self._session is not None:

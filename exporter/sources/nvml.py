@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from exporter.snapshot import FleetSnapshot, Gpu, MigInstance, Node, SourceStatus
-from exporter.sources import Clock, SourceStartupError
+from exporter.snapshot import Gpu, MigInstance, Node
+from exporter.sources import Clock, SourceReading, SourceStartupError
 from exporter.sources.gpu_models import ModelInfo, ModelResolver, unknown_model
 
 if TYPE_CHECKING:
@@ -288,8 +288,7 @@ class NvmlGpuSource:
 
     # --- collection ---------------------------------------------------------------------
 
-    async def read(self) -> FleetSnapshot:
-        started = time.perf_counter()
+    async def read(self) -> SourceReading:
         submitted = []
         for device in self.devices:
             if device.pending is not None and not device.pending.done():
@@ -324,17 +323,12 @@ class NvmlGpuSource:
             last = device.last_good or dataclasses.replace(self._identity(device), up=False)
             gpus.append(dataclasses.replace(last, stale=True))
 
-        now = self.clock()
         models = [g.model for g in gpus]
         model = max(set(models), key=models.count) if models else "unknown"
         architecture = next((d.info.architecture for d in self.devices if d.info.model == model),
                             "unknown")
         node = Node(self.node, model, self.cpu_cores, self.pool, architecture, len(gpus))
-        status = SourceStatus(self.name, up=fresh > 0,
-                              duration_seconds=time.perf_counter() - started,
-                              last_success_time=now if fresh else None,
-                              error="" if fresh else "no GPU answered in time")
-        return FleetSnapshot(now, (node,), tuple(gpus), sources=(status,))
+        return SourceReading((node,), tuple(gpus), error="" if fresh else "no GPU answered in time")
 
     def _identity(self, device: _Device) -> Gpu:
         return Gpu(self.node, device.index, device.uuid, device.info.model, self.pool,

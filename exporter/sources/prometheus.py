@@ -66,9 +66,8 @@ from exporter.snapshot import (
     MigInstance,
     Node,
     Placement,
-    SourceStatus,
 )
-from exporter.sources import Clock, SourceStartupError
+from exporter.sources import Clock, SourceReading, SourceStartupError, TargetStatus
 from exporter.sources.dcgm_mapping import (
     GPU_FIELDS,
     MIG_ID_LABEL,
@@ -205,9 +204,10 @@ class _Result:
 
 
 def build_snapshot(
-    taken_at: float, results: Mapping[str, _Result], source: str
-) -> tuple[FleetSnapshot, int]:
-    """A snapshot from decoded query results; also the number of failed optional queries."""
+    taken_at: float, results: Mapping[str, _Result]
+) -> tuple[FleetSnapshot, tuple[TargetStatus, ...], int]:
+    """A snapshot from decoded query results, the scrape targets' status, and the number
+    of failed optional queries."""
     failed = [r for r in results.values() if r.series is None]
     for result in failed:
         if result.name in REQUIRED:
@@ -285,13 +285,14 @@ def build_snapshot(
     )
 
     allocations = _allocations(series("allocations"))
-    statuses = tuple(
-        SourceStatus(source, up=_value(s) == 1.0, duration_seconds=0.0, last_success_time=None,
-                     target=s["metric"].get("instance", ""))
-        for s in sorted(series("targets"), key=lambda s: s["metric"].get("instance", ""))
-    )
-    snapshot = FleetSnapshot(taken_at, nodes, gpus, allocations, (), statuses)
-    return snapshot, len(failed)
+    snapshot = FleetSnapshot(taken_at, nodes, gpus, allocations)
+    return snapshot, _targets(series("targets")), len(failed)
+
+
+def _targets(samples: Sequence[Mapping[str, Any]]) -> tuple[TargetStatus, ...]:
+    """Prometheus' ``up`` of each scrape target, by its ``instance`` label."""
+    return tuple(TargetStatus(s["metric"].get("instance", ""), up=_value(s) == 1.0)
+                 for s in sorted(samples, key=lambda s: s["metric"].get("instance", "")))
 
 
 def _allocations(samples: Sequence[Mapping[str, Any]]) -> tuple[Allocation, ...]:
@@ -373,8 +374,8 @@ def build_dcgm_queries(config: PrometheusConfig) -> dict[str, str]:
 
 def build_dcgm_snapshot(
     taken_at: float, results: Mapping[str, _Result], integrator: RateIntegrator,
-    resolve_model: ModelResolver, source: str,
-) -> tuple[FleetSnapshot, int]:
+    resolve_model: ModelResolver,
+) -> tuple[FleetSnapshot, tuple[TargetStatus, ...], int]:
     """The same mapping and unit fixes as the dcgm source (:mod:`.dcgm_mapping`), fed by
     Prometheus instead of a scrape. A series without ``Hostname`` is named after its
     target's host, as the dcgm source does; a ``pool`` label, if the scrape adds one,
@@ -408,16 +409,11 @@ def build_dcgm_snapshot(
         skipped += fleet.skipped
     integrator.forget_except(g.uuid for g in gpus)
     targets = results.get("targets")
-    statuses = tuple(
-        SourceStatus(source, up=_value(s) == 1.0, duration_seconds=0.0, last_success_time=None,
-                     target=s["metric"].get("instance", ""))
-        for s in sorted((targets.series or []) if targets is not None else [],
-                        key=lambda s: s["metric"].get("instance", ""))
-    )
     snapshot = FleetSnapshot(taken_at, tuple(sorted(nodes, key=lambda n: n.name)),
                              tuple(sorted(gpus, key=lambda g: g.key)),
-                             tuple(sorted(allocations, key=lambda a: a.job)), (), statuses)
-    return snapshot, len(failed) + skipped
+                             tuple(sorted(allocations, key=lambda a: a.job)))
+    statuses = _targets((targets.series or []) if targets is not None else [])
+    return snapshot, statuses, len(failed) + skipped
 
 
 def _secret(path: str, env: str, what: str) -> str:
@@ -531,7 +527,7 @@ class PrometheusFleetSource:
         # overlapping the queries Prometheus is still answering
         return await asyncio.get_running_loop().run_in_executor(None, self._decode, name, body)
 
-    async def read(self) -> FleetSnapshot:
+    async def read(self) -> SourceReading:
         at = self.clock()
         headers = auth_headers(self.config)
         if not self.config.gzip:
@@ -551,13 +547,10 @@ class PrometheusFleetSource:
                             extra={"source": self.name, "query": result.name,
                                    "err": result.error})
         loop = asyncio.get_running_loop()
-        snapshot, failed = await loop.run_in_executor(None, self._build, at, results)
+        snapshot, targets, failed = await loop.run_in_executor(None, self._build, at, results)
         self._parse_errors += failed
         snapshot = self._carry_over_lost_nodes(snapshot, at)
-        status = SourceStatus(self.name, up=True, duration_seconds=0.0, last_success_time=at,
-                              parse_errors=self._parse_errors)
-        return FleetSnapshot(snapshot.taken_at, snapshot.nodes, snapshot.gpus,
-                             snapshot.allocations, (), (status, *snapshot.sources))
+        return SourceReading.of(snapshot, parse_errors=self._parse_errors, targets=targets)
 
     def _carry_over_lost_nodes(self, current: FleetSnapshot, at: float) -> FleetSnapshot:
         present = {g.node for g in current.gpus}
@@ -576,12 +569,12 @@ class PrometheusFleetSource:
         self._previous = result
         return result
 
-    def _build(self, at: float, results: Mapping[str, _Result]) -> tuple[FleetSnapshot, int]:
+    def _build(self, at: float, results: Mapping[str, _Result]
+               ) -> tuple[FleetSnapshot, tuple[TargetStatus, ...], int]:
         with _no_cycle_collection():
             if self._resolve_model is not None:
-                return build_dcgm_snapshot(at, results, self._integrator, self._resolve_model,
-                                           self.name)
-            return build_snapshot(at, results, self.name)
+                return build_dcgm_snapshot(at, results, self._integrator, self._resolve_model)
+            return build_snapshot(at, results)
 
     async def close(self) -> None:
         if self._session is not None:

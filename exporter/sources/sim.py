@@ -41,9 +41,8 @@ from exporter.snapshot import (
     MigInstance,
     Node,
     Placement,
-    SourceStatus,
 )
-from exporter.sources import Clock
+from exporter.sources import Clock, SourceReading
 
 MIG_SLICES = 7  # A100 80GB in 7 x 1g.10gb
 CHECKPOINT_INTERVAL = 900.0  # the reference cluster checkpoints every 15 min
@@ -526,13 +525,11 @@ class Simulation:
                 )
             )
         allocations = tuple(self._allocation(job) for job in sorted(self.jobs.values(), key=_job_order))
-        status = SourceStatus("sim", up=True, duration_seconds=0.0, last_success_time=self.now)
         return FleetSnapshot(
             taken_at=self.now,
             nodes=tuple(fleet.nodes),
             gpus=tuple(gpus),
             allocations=allocations,
-            sources=(status,),
         )
 
     def _allocation(self, job: SimJob) -> Allocation:
@@ -606,7 +603,7 @@ class SimulatedFleetSource:
         sim = self._ensure()
         return sim.start_time + (self.clock() - self._wall_start) * self.config.speed
 
-    async def read(self) -> FleetSnapshot:
+    async def read(self) -> SourceReading:
         sim = self._ensure()
         sim.advance(self.sim_time())
         snapshot = sim.snapshot()
@@ -615,7 +612,7 @@ class SimulatedFleetSource:
             # (so the join goes by node and index, as it does for Slurm)
             bare = tuple(Gpu(g.node, g.index, "", g.model, g.pool) for g in snapshot.gpus)
             snapshot = dataclasses.replace(snapshot, gpus=bare)
-        return snapshot
+        return SourceReading.of(snapshot)
 
     async def close(self) -> None:
         return None

@@ -33,8 +33,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from exporter.aio import complete
 from exporter.catalogue import Catalogue, default_catalogue
 from exporter.config import SlurmSource as SlurmConfig
-from exporter.snapshot import FleetSnapshot, SourceStatus
-from exporter.sources import Clock, SourceStartupError
+from exporter.sources import Clock, SourceReading, SourceStartupError
 from exporter.sources.slurm_parse import (
     SlurmJob,
     SlurmNode,
@@ -191,7 +190,7 @@ class SlurmAllocationSource:
         return (parse_scontrol_nodes(nodes_text, self._skip),
                 parse_scontrol_jobs(jobs_text, self._tz, self._skip))
 
-    async def read(self) -> FleetSnapshot:
+    async def read(self) -> SourceReading:
         try:
             if self._format == "text":
                 nodes, jobs = await self._read_text()
@@ -210,10 +209,7 @@ class SlurmAllocationSource:
             raise SlurmCommandError(str(exc)) from None
         now = self.clock()
         snapshot = to_snapshot(now, nodes, jobs, self._models, self.catalogue)
-        status = SourceStatus(self.name, up=True, duration_seconds=0.0, last_success_time=now,
-                              parse_errors=self._parse_errors)
-        return FleetSnapshot(now, snapshot.nodes, snapshot.gpus, snapshot.allocations,
-                             snapshot.pending, (status,))
+        return SourceReading.of(snapshot, parse_errors=self._parse_errors)
 
     async def close(self) -> None:
         return None
