@@ -402,6 +402,33 @@ async def test_targets_file_is_reread_when_it_changes(aiohttp_server, tmp_path: 
     assert len(third.all("gpufleet_gpu_up")) == 9
 
 
+async def test_a_targets_file_listing_no_target_is_no_data_and_serves_nothing(aiohttp_server,
+                                                                              tmp_path: Path):
+    """An empty file_sd is nothing to scrape (NoData), not a failure, and what its old
+    targets read is dropped at once rather than served stale for stale_for."""
+    l4 = await serve(aiohttp_server, text_handler(sample(L4)))
+    path = tmp_path / "dcgm-targets.yaml"
+    path.write_text("[]\n")
+    source = DcgmExporterSource(DcgmConfig(enabled=True, targets_file=str(path)), Clock())
+    collector = Collector([source], timeout_seconds=10, clock=source.clock)
+    try:
+        empty = await collector.collect()
+        path.write_text(f"- targets: ['{l4}']\n")
+        os.utime(path, ns=(1, 1))
+        one = await collector.collect()
+        path.write_text("[]\n")
+        os.utime(path, ns=(2, 2))
+        emptied = await collector.collect()
+    finally:
+        await source.close()
+    for snapshot in (empty, emptied):
+        (status,) = snapshot.sources
+        assert not status.up and status.error.startswith("no data: ")
+        assert "lists no target" in status.error
+        assert snapshot.gpus == ()
+    assert len(one.gpus) == 1 and one.sources[0].up
+    assert emptied.sources[0].last_success_time == one.sources[0].last_success_time
+
 def test_target_forms():
     assert target_from("gpu-node-1:9400", "p") == Target(
         "http://gpu-node-1:9400/metrics", "p", "gpu-node-1")

@@ -363,6 +363,15 @@ def test_lost_nodes_keep_their_last_reading_stale_until_lost_after():
     assert len(src._carry_over_lost_nodes(one, 61.0).gpus) == 1  # past lost_after: dropped
     assert src._carry_over_lost_nodes(both, 70.0) == both  # back again
 
+    # a job across several lost nodes keeps each placement once, read after read
+    three = reading(["a", "b", "c"])
+    src._carry_over_lost_nodes(three, 100.0)
+    for at in (110.0, 120.0):
+        kept = src._carry_over_lost_nodes(one, at)
+        assert [(g.node, g.stale) for g in kept.gpus] == [("a", False), ("b", True), ("c", True)]
+        assert [p.node for p in kept.allocations[0].placements] == ["a", "b", "c"]
+        assert [n.name for n in kept.nodes] == ["a", "b", "c"]
+
 
 @pytest.mark.slow
 def test_dcgm_metrics_through_prometheus_equal_the_dcgm_source(tmp_path, prometheus_factory):

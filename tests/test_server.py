@@ -160,3 +160,30 @@ async def test_no_data_is_not_an_exception():
     snapshot = await Collector([Empty()], timeout_seconds=1).collect()
     assert snapshot.gpus == ()
     assert snapshot.sources[0].up is False and snapshot.sources[0].error.startswith("no data")
+
+
+async def test_no_data_after_good_readings_serves_nothing_stale():
+    """NoData means nothing is there any more: unlike a failure, no last good reading is served."""
+    class Emptied:
+        name = "emptied"
+
+        def __init__(self):
+            self.inner = SimulatedFleetSource(SimSource(seed=2), clock=lambda: START)
+            self.empty = False
+
+        async def read(self):
+            if self.empty:
+                raise NoData("the targets file lists no target")
+            return await self.inner.read()
+
+        async def close(self):
+            return None
+
+    source = Emptied()
+    collector = Collector([source], timeout_seconds=1, clock=lambda: START)
+    assert len((await collector.collect()).gpus) == 1088
+    source.empty = True
+    snapshot = await collector.collect()
+    assert snapshot.gpus == () and snapshot.allocations == ()
+    (status,) = snapshot.sources
+    assert status.up is False and status.last_success_time == START

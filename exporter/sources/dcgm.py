@@ -18,12 +18,13 @@ body or garbage gets ``gpufleet_source_up{source="dcgm",target=URL} 0`` while
 the others are exported as usual. Its last good reading is served, marked
 stale, for ``stale_for``, then dropped. Skipped lines and unattributable
 samples add to the source's cumulative ``gpufleet_source_parse_errors_total``.
+A targets file that lists no target (yet) raises :class:`~exporter.sources.NoData`:
+the source is down with ``no data`` and serves nothing, stale or not.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -34,10 +35,11 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from exporter.snapshot import Allocation, Gpu, Node
-from exporter.sources import Clock, SourceReading, SourceStartupError, TargetStatus
+from exporter.sources import Clock, NoData, SourceReading, SourceStartupError, TargetStatus
 from exporter.sources.dcgm_mapping import DcgmFleet, RateIntegrator, build_fleet
 from exporter.sources.exposition_parser import parse_text
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
+from exporter.sources.lastgood import LastGood
 
 if TYPE_CHECKING:
     from exporter.config import DcgmSource as DcgmConfig
@@ -120,8 +122,6 @@ class ScrapeOutcome:
 
 @dataclass
 class _TargetState:
-    last_good: tuple[Gpu, ...] = ()
-    last_fleet: DcgmFleet | None = None
     last_success: float | None = None
     down: bool = False  # logged as down: log again only when it comes back
 
@@ -152,6 +152,9 @@ class DcgmExporterSource:
         self._file_targets: list[Target] = []
         self._file_key: tuple[int, int] | None = None
         self._states: dict[str, _TargetState] = {}
+        # per target URL: its last good reading, served stale for stale_for while it is down
+        self._last_good: LastGood[str, SourceReading] = LastGood(
+            SourceReading.marked_stale, max_age=config.stale_for)
         self._integrator = RateIntegrator()
         self._parse_errors = 0  # cumulative: feeds a counter
 
@@ -232,12 +235,18 @@ class DcgmExporterSource:
 
     async def read(self) -> SourceReading:
         targets = await self._targets()
+        for url in [u for u in self._states if u not in {t.url for t in targets}]:
+            del self._states[url]  # the target left the file: forget it at once
+            self._last_good.forget(url)
+        if not targets:
+            # Only a targets file can list none (build() wants targets or a file). An empty
+            # file_sd is nothing to scrape, not a failure, as in Prometheus.
+            self._integrator.forget_except(())
+            raise NoData(f"the targets file {self.config.targets_file} lists no target")
         session = self._session_for_read()
         limit = asyncio.Semaphore(self.config.max_concurrency)
         outcomes = await asyncio.gather(*(self.scrape(t, session, limit) for t in targets))
         now = self.clock()
-        for url in [u for u in self._states if u not in {t.url for t in targets}]:
-            del self._states[url]  # the target left the file: forget it at once
 
         nodes: list[Node] = []
         gpus: list[Gpu] = []
@@ -250,7 +259,9 @@ class DcgmExporterSource:
             if outcome.fleet is not None:
                 any_up = True
                 fresh = self._integrator.apply(outcome.fleet, now)
-                state.last_good, state.last_fleet, state.last_success = fresh, outcome.fleet, now
+                self._last_good.remember(target.url, SourceReading(
+                    outcome.fleet.nodes, fresh, outcome.fleet.allocations), now)
+                state.last_success = now
                 if state.down:
                     log.info("dcgm target back", extra={"target": target.url})
                     state.down = False
@@ -262,10 +273,9 @@ class DcgmExporterSource:
                     log.warning("dcgm target down",
                                 extra={"target": target.url, "err": outcome.error})
                     state.down = True
-                last = state.last_fleet
-                if last is not None and state.last_success is not None \
-                        and now - state.last_success <= self.config.stale_for:
-                    gpus += [dataclasses.replace(g, stale=True) for g in state.last_good]
+                last = self._last_good.recall(target.url, now)
+                if last is not None:
+                    gpus += last.gpus
                     nodes += last.nodes
                     allocations += last.allocations
             statuses.append(TargetStatus(target.url, up=outcome.fleet is not None,

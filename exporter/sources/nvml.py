@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 from exporter.snapshot import Gpu, MigInstance, Node
 from exporter.sources import Clock, SourceReading, SourceStartupError
 from exporter.sources.gpu_models import ModelInfo, ModelResolver, unknown_model
+from exporter.sources.lastgood import LastGood
 
 if TYPE_CHECKING:
     from exporter.config import NvmlSource as NvmlConfig
@@ -164,7 +165,6 @@ class _Device:
     memory_v2: bool = True  # until the driver says it has no nvmlDeviceGetMemoryInfo_v2
     temperature_v: bool = True  # until it has no nvmlDeviceGetTemperatureV
     pending: concurrent.futures.Future[DeviceReading] | None = None
-    last_good: Gpu | None = None
     startup_error: str = ""
     wedged_logged: bool = False
 
@@ -184,6 +184,8 @@ class NvmlGpuSource:
     driver_version: str = ""
     devices: list[_Device] = field(default_factory=list)
     last_readings: dict[int, DeviceReading] = field(default_factory=dict)
+    # per GPU index: its last good sample, served stale while its calls are wedged
+    last_good: LastGood[int, Gpu] = field(default_factory=lambda: LastGood(_stale))
     _started: bool = False
 
     # --- start and stop -----------------------------------------------------------------
@@ -297,6 +299,7 @@ class NvmlGpuSource:
             submitted.append(device.pending)
         await _await_all(submitted, self.call_timeout)
 
+        now = self.clock()
         gpus, fresh = [], 0
         for device in self.devices:
             future = device.pending
@@ -309,7 +312,7 @@ class NvmlGpuSource:
                     gpus.append(dataclasses.replace(self._identity(device), up=False))
                     continue
                 self.last_readings[device.index] = reading
-                device.last_good = reading.gpu
+                self.last_good.remember(device.index, reading.gpu, now)
                 if device.wedged_logged:
                     log.info("GPU answers again", extra={"gpu": device.index})
                     device.wedged_logged = False
@@ -320,8 +323,8 @@ class NvmlGpuSource:
                 log.warning("GPU read timed out; serving its last good sample as stale",
                             extra={"gpu": device.index, "timeout": self.call_timeout})
                 device.wedged_logged = True
-            last = device.last_good or dataclasses.replace(self._identity(device), up=False)
-            gpus.append(dataclasses.replace(last, stale=True))
+            last = self.last_good.recall(device.index, now)
+            gpus.append(last or dataclasses.replace(self._identity(device), up=False, stale=True))
 
         models = [g.model for g in gpus]
         model = max(set(models), key=models.count) if models else "unknown"
@@ -490,6 +493,10 @@ class _Calls:
         if isinstance(exc, self.nvml.NVMLError_GpuIsLost):
             self.lost = True
         self.errors.append(CallError(self.gpu, name, f"{type(exc).__name__}: {exc}"))
+
+
+def _stale(gpu: Gpu) -> Gpu:
+    return dataclasses.replace(gpu, stale=True)
 
 
 def mig_profile(name: str) -> str:

@@ -77,6 +77,7 @@ from exporter.sources.dcgm_mapping import (
     first_label,
 )
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
+from exporter.sources.lastgood import LastGood
 
 log = logging.getLogger(__name__)
 
@@ -357,6 +358,23 @@ def carry_over(current: FleetSnapshot, previous: FleetSnapshot, lost: set[str]) 
     )
 
 
+def node_parts(snapshot: FleetSnapshot) -> dict[str, SourceReading]:
+    """Per node with GPUs: its Node, its GPUs, and its placements of each allocation."""
+    gpus: dict[str, list[Gpu]] = {}
+    for gpu in snapshot.gpus:
+        gpus.setdefault(gpu.node, []).append(gpu)
+    allocations: dict[str, list[Allocation]] = {}
+    for alloc in snapshot.allocations:
+        for placement in alloc.placements:
+            if placement.node in gpus:
+                allocations.setdefault(placement.node, []).append(
+                    dataclasses.replace(alloc, placements=(placement,)))
+    nodes = {n.name: n for n in snapshot.nodes if n.name in gpus}
+    return {name: SourceReading((nodes[name],) if name in nodes else (), tuple(node_gpus),
+                                tuple(allocations.get(name, ())))
+            for name, node_gpus in gpus.items()}
+
+
 # -- DCGM metrics (``metrics: dcgm``) -------------------------------------------------------
 
 
@@ -460,12 +478,13 @@ class PrometheusFleetSource:
     queries_made: int = 0  # for bench/prometheus_source.py
     _session: aiohttp.ClientSession | None = None
     _parse_errors: int = 0
-    _previous: FleetSnapshot | None = None
-    _last_seen: dict[str, float] = field(default_factory=dict)  # node -> last time answered
+    # per node: its part of the last reading it answered in, served stale for lost_after
+    _last_good: LastGood[str, SourceReading] = field(init=False)
     _queries: dict[str, str] = field(default_factory=dict)
     _integrator: RateIntegrator = field(default_factory=RateIntegrator)  # DCGM NVLink rates
 
     def __post_init__(self) -> None:
+        self._last_good = LastGood(SourceReading.marked_stale, max_age=self.config.lost_after)
         dcgm = self.config.metrics == "dcgm"
         self._queries = build_dcgm_queries(self.config) if dcgm else build_queries(self.config)
         self._resolve_model = catalogue_resolver() if dcgm else None
@@ -553,21 +572,21 @@ class PrometheusFleetSource:
         return SourceReading.of(snapshot, parse_errors=self._parse_errors, targets=targets)
 
     def _carry_over_lost_nodes(self, current: FleetSnapshot, at: float) -> FleetSnapshot:
-        present = {g.node for g in current.gpus}
-        for node in present:
-            self._last_seen[node] = at
-        previous, self._previous = self._previous, current
-        if previous is None:
-            return current
-        lost = {g.node for g in previous.gpus} - present
-        lost = {n for n in lost if at - self._last_seen.get(n, at) <= self.config.lost_after}
-        for node in [n for n in self._last_seen if n not in present and n not in lost]:
-            del self._last_seen[node]
+        """``current`` plus, for each node with GPUs that stopped answering less than
+        ``lost_after`` ago, its part of the last reading it answered in, stale."""
+        parts = node_parts(current)
+        for node, part in parts.items():
+            self._last_good.remember(node, part, at)
+        lost: dict[str, SourceReading] = {}
+        for node in self._last_good:
+            if node not in parts and (last := self._last_good.recall(node, at)) is not None:
+                lost[node] = last
         if not lost:
             return current
-        result = carry_over(current, previous, lost)
-        self._previous = result
-        return result
+        previous = FleetSnapshot(at, tuple(n for p in lost.values() for n in p.nodes),
+                                 tuple(g for p in lost.values() for g in p.gpus),
+                                 tuple(a for p in lost.values() for a in p.allocations))
+        return carry_over(current, previous, set(lost))
 
     def _build(self, at: float, results: Mapping[str, _Result]
                ) -> tuple[FleetSnapshot, tuple[TargetStatus, ...], int]:
