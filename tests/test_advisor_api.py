@@ -20,7 +20,7 @@ from exporter.collect import Collector
 from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ReceiverConfig, SimSource
 from exporter.server import ServingState, make_app
 from exporter.snapshot import to_json
-from exporter.sources.sim import SimulatedFleetSource
+from exporter.sources.sim import build as sim_source
 
 START = 1_760_000_000.0
 TOKEN = "t0ken-for-tests"
@@ -55,7 +55,7 @@ def stub_planner(calls):
 @pytest.fixture
 async def advisor_client(aiohttp_client, tmp_path):
     calls: list[str] = []
-    sim = SimulatedFleetSource(SimSource(seed=1), clock=lambda: START)
+    sim = sim_source(SimSource(seed=1), lambda: START)
     config = Config(collect_interval=60)
     state = ServingState()
     analyzer = LiveAnalyzer.from_config(AnalysisConfig())
@@ -222,7 +222,7 @@ async def test_shutdown_lets_a_scheduled_evaluation_queue_its_plan_before_the_ou
     state = ServingState()
     state.family_providers.extend([analyzer.families, service.families])
     state.snapshot_listeners.append(service.on_snapshot)
-    sim = SimulatedFleetSource(SimSource(seed=1), clock=lambda: START)
+    sim = sim_source(SimSource(seed=1), lambda: START)
     app = make_app(Config(collect_interval=60), Collector([sim], 10, clock=lambda: START), state)
     install(app, service)
     client = TestClient(TestServer(app))

@@ -160,11 +160,11 @@ async def test_simulated_fleet_as_the_allocation_source_joined_with_telemetry():
     """Issue 9: the allocation side may be the simulated fleet, the telemetry side anything."""
     from exporter.collect import Collector
     from exporter.config import SimSource
-    from exporter.sources.sim import SimulatedFleetSource
+    from exporter.sources.sim import build as sim_source
 
     now = 1_760_000_000.0
-    scheduler = SimulatedFleetSource(SimSource(seed=1, role="allocation"), clock=lambda: now)
-    telemetry = SimulatedFleetSource(SimSource(seed=2), clock=lambda: now)
+    scheduler = sim_source(SimSource(seed=1, role="allocation"), lambda: now)
+    telemetry = sim_source(SimSource(seed=2), lambda: now)
     telemetry.name = "telemetry"
     snapshot = await Collector([scheduler, telemetry], 10, clock=lambda: now).collect()
     alone = {s.name: await s.read() for s in (scheduler, telemetry)}

@@ -19,8 +19,8 @@ from exporter.exposition import (
     render_text,
     snapshot_families,
 )
+from exporter.simulation.fleet import Simulation
 from exporter.snapshot import Gpu, MigInstance
-from exporter.sources.sim import Simulation
 from tests.conftest import http_get, require_binary
 
 START = 1_760_000_000.0

@@ -7,7 +7,7 @@ import pytest
 
 from exporter.config import PLACEMENT_POLICIES, ConfigError, SimSource, build
 from exporter.placement import POLICIES
-from exporter.sources.sim import Simulation
+from exporter.simulation.fleet import Simulation
 
 START = 1_760_000_000.0
 

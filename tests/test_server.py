@@ -11,7 +11,7 @@ from exporter.config import Config, SimSource
 from exporter.server import STATE, make_app
 from exporter.snapshot import from_json
 from exporter.sources import NoData, SourceReading
-from exporter.sources.sim import SimulatedFleetSource
+from exporter.sources.sim import build as sim_source
 
 START = 1_760_000_000.0
 
@@ -42,7 +42,7 @@ class SlowSource:
 
 
 def _app(*extra_sources, interval=0.05):
-    sim = SimulatedFleetSource(SimSource(seed=1), clock=lambda: START)
+    sim = sim_source(SimSource(seed=1), lambda: START)
     config = Config(collect_interval=interval, source_timeout=0.5)
     collector = Collector([sim, *extra_sources], config.source_timeout, clock=lambda: START)
     return make_app(config, collector)
@@ -110,7 +110,7 @@ async def test_broken_source_never_stops_serving(aiohttp_client):
 
 
 async def test_timed_out_source_is_down_and_others_served():
-    sim = SimulatedFleetSource(SimSource(seed=1), clock=lambda: START)
+    sim = sim_source(SimSource(seed=1), lambda: START)
     collector = Collector([sim, SlowSource()], timeout_seconds=0.2, clock=lambda: START)
     snapshot = await collector.collect()
     status = {s.source: s for s in snapshot.sources}
@@ -124,7 +124,7 @@ async def test_failed_source_serves_last_good_reading_marked_stale():
         name = "flaky"
 
         def __init__(self):
-            self.inner = SimulatedFleetSource(SimSource(seed=2), clock=lambda: START)
+            self.inner = sim_source(SimSource(seed=2), lambda: START)
             self.fail = False
 
         async def read(self):
@@ -168,7 +168,7 @@ async def test_no_data_after_good_readings_serves_nothing_stale():
         name = "emptied"
 
         def __init__(self):
-            self.inner = SimulatedFleetSource(SimSource(seed=2), clock=lambda: START)
+            self.inner = sim_source(SimSource(seed=2), lambda: START)
             self.empty = False
 
         async def read(self):

@@ -9,7 +9,8 @@ import pytest
 
 from exporter.catalogue import default_catalogue
 from exporter.config import Scenario, SimSource
-from exporter.sources.sim import SimulatedFleetSource, Simulation
+from exporter.simulation.fleet import Simulation
+from exporter.sources.sim import build as sim_source
 
 START = 1_760_000_000.0
 
@@ -54,7 +55,7 @@ def test_same_seed_same_run_over_time():
 
 def test_time_acceleration_uses_the_clock():
     now = [START]
-    source = SimulatedFleetSource(SimSource(speed=60), clock=lambda: now[0])
+    source = sim_source(SimSource(speed=60), lambda: now[0])
     source._ensure()
     now[0] += 10  # ten wall seconds at 60x: ten simulated minutes
     assert source.sim_time() == pytest.approx(START + 600)

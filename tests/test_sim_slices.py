@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from exporter.config import SimPool, SimSource
-from exporter.sources.sim import Simulation
+from exporter.simulation.fleet import Simulation
 
 
 def test_slices_have_disjoint_node_and_job_names():

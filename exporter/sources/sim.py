@@ -1,581 +1,37 @@
-"""The simulated fleet: the default source, so gpufleet runs anywhere without a GPU.
+"""The ``sim`` source: the simulated fleet, read on a clock. The default source.
 
-It mirrors the reference cluster (H200, H100, A100 and B200 partitions of
-8-GPU nodes, 1,088 GPUs) with a job mix that arrives and finishes over time:
+So gpufleet runs anywhere without a GPU. The fleet itself, its job mix and its
+telemetry are :mod:`exporter.simulation`; this module only advances it to the
+clock's simulated time (``speed`` x wall time since the first read) on every
+read and returns what it holds.
 
-- multi-node 8-GPU training needing more than 80 GB per GPU, on H200/B200;
-- single-GPU inference on H100;
-- fractional (time-sliced) inference on H100 and MIG slices on A100;
-- small dev jobs on A100.
-
-Jobs are placed by the placement engine (:mod:`exporter.placement`) with the
-policy of ``sources.sim.policy``. The default, ``bestfit``, is what most
-schedulers without a notion of fragmentation do (Slurm's select/cons_tres,
-Kubernetes' MostAllocated scoring, binpack GPU-sharing plugins): it fills the
-fullest node that fits, which is good at packing and blind to which idle
-shares the coming jobs can use, so fragmentation arises as jobs come and go,
-as it does in real clusters; ``fgd`` or ``tiered`` show what a fragmentation-
-aware scheduler would have done instead. Telemetry follows the jobs: power and temperature follow utilization,
-memory follows the job, NVLink traffic only flows for multi-GPU jobs, idle
-GPUs sit near idle power. All randomness comes from one seeded generator and
-simulated time advances by ``speed`` x wall time, so the same seed and the
-same clock give the same run.
+The simulator places jobs with the placement engine, and a source never imports
+placement (nor numpy: a source module must stay cheap to import). So this
+module does not import the simulator: :func:`build`, the factory the registry
+calls, hands the source one (``simulate``), and the source knows it only as a
+:class:`FleetModel`. Importing this module loads neither; building the source does.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
-import numpy as np
-
-from exporter.catalogue import GB, Catalogue, default_catalogue
 from exporter.config import SimSource
-from exporter.placement.engine import Placer, Task
-from exporter.snapshot import (
-    Allocation,
-    FleetSnapshot,
-    Gpu,
-    MigInstance,
-    Node,
-    Placement,
-)
+from exporter.snapshot import FleetSnapshot, Gpu
 from exporter.sources import Clock, SourceReading
 
-MIG_SLICES = 7  # A100 80GB in 7 x 1g.10gb
-CHECKPOINT_INTERVAL = 900.0  # the reference cluster checkpoints every 15 min
-MAX_STEP = 600.0  # longest simulated step; longer gaps are walked in steps
-# MIG nodes are a model of their own to the placement engine, so only MIG jobs go there
-# (and MIG jobs nowhere else); the catalogue still reads "A100-80GB MIG" as an A100-80GB.
-MIG_MODEL_SUFFIX = " MIG"
 
+class FleetModel(Protocol):
+    """What the source needs of a simulator (:class:`exporter.simulation.fleet.Simulation`)."""
 
-@dataclass(frozen=True, slots=True)
-class JobKind:
-    name: str
-    pools: tuple[str, ...]  # catalogue models it may run on, in preference order
-    nodes: tuple[int, ...]  # choices for node count (whole 8-GPU nodes); 0: single node
-    gpus: tuple[int, ...]  # GPUs per node when nodes == 0
-    share: tuple[float, ...]  # per-GPU share choices (1.0 whole GPU)
-    mean_hours: float
-    weight: float  # fraction of GPU demand
-    memory_gb: tuple[float, float]  # per-GPU memory need range
-    utilization: tuple[float, float]
-    namespace: str
-    priority: int
-    qos: str
-    mig: bool = False
+    start_time: float
 
+    def advance(self, now: float) -> None: ...
 
-JOB_KINDS = (
-    JobKind("train", ("H200", "B200"), (1, 1, 2, 2, 4), (8,), (1.0,), 10.0, 0.30,
-            (82, 135), (0.82, 0.98), "llm-training", 100, "normal"),
-    JobKind("infer", ("H100",), (0,), (1, 1, 1, 2), (1.0,), 6.0, 0.40,
-            (20, 70), (0.25, 0.8), "serving", 1000, "high"),
-    JobKind("slice", ("H100", "A100-80GB"), (0,), (1,), (0.25, 0.5), 3.0, 0.04,
-            (5, 18), (0.2, 0.6), "serving", 500, "normal"),
-    JobKind("mig", ("A100-80GB",), (0,), (1,), (1 / 7, 2 / 7, 3 / 7), 4.0, 0.02,
-            (8, 30), (0.3, 0.7), "notebooks", 10, "low", mig=True),
-    JobKind("dev", ("A100-80GB", "H100"), (0,), (1, 1, 2, 4), (1.0,), 2.0, 0.24,
-            (8, 38), (0.05, 0.7), "dev", 10, "low"),
-)
-
-
-@dataclass
-class SimJob:
-    id: str
-    kind: JobKind
-    placements: list[tuple[int, list[int], float, float]]  # node idx, gpu idxs (global), share, cpus
-    start: float
-    end: float
-    utilization: float
-    memory_bytes: float  # per GPU
-    nvlink_level: float  # fraction of NVLink capacity used when busy; 0 for 1-GPU jobs
-    pinned: bool = False  # scenario jobs never finish
-
-
-@dataclass
-class Fleet:
-    """Static layout plus mutable per-GPU state arrays."""
-
-    nodes: list[Node]
-    node_pool: np.ndarray  # pool index per node
-    node_cpus: np.ndarray
-    gpu_node: np.ndarray  # node index per GPU
-    gpu_local: np.ndarray  # index within its node
-    gpu_model: list[str]
-    gpu_mig: np.ndarray  # bool
-    free: np.ndarray  # free share per GPU (0..1); MIG GPUs in multiples of 1/7
-    cpu_free: np.ndarray  # per node
-    uuids: list[str]
-    pools: list[str]
-    holders: list[list[str]] = field(default_factory=list)  # job ids per GPU
-
-
-class Simulation:
-    """The whole simulated fleet. ``advance(now)`` moves it to simulated time ``now``."""
-
-    def __init__(self, config: SimSource, start_time: float, catalogue: Catalogue | None = None):
-        self.config = config
-        self.catalogue = catalogue or default_catalogue()
-        self.rng = np.random.default_rng(config.seed)
-        self.now = start_time
-        self.start_time = start_time
-        self.fleet = self._layout()
-        counts = np.array([n.gpu_count for n in self.fleet.nodes])
-        self._node_offsets = np.concatenate([[0], np.cumsum(counts)])
-        self.placer = self._make_placer()
-        self.jobs: dict[str, SimJob] = {}
-        self._next_job = 1
-        g = len(self.fleet.gpu_model)
-        self.energy = np.zeros(g)
-        self.nvlink_tx = np.zeros(g)
-        self.nvlink_rx = np.zeros(g)
-        self.utilization = np.zeros(g)
-        self.power = np.zeros(g)
-        self.temperature = np.zeros(g)
-        self.memory_used = np.zeros(g)
-        self.lost = np.zeros(g, dtype=bool)
-        self.overheat: dict[int, float] = {}
-        self._scenarios_started: set[int] = set()
-        by_model = {m: self.catalogue.get(m) for m in set(self.fleet.gpu_model)}  # 1 s at scale 100 per GPU
-        specs = [by_model[m] for m in self.fleet.gpu_model]
-        self.tdp = np.array([s.tdp_watts or 300.0 for s in specs])
-        self.memory_total = np.array([s.memory_bytes or 16 * GB for s in specs], dtype=float)
-        self.nvlink_capacity = np.array(
-            [s.nvlink_bandwidth_bytes_per_second or 0.0 for s in specs]
-        )
-        self.ambient = 24.0 + self.rng.normal(0, 2.0, len(self.fleet.nodes))
-        self._fill()
-        self._start_scenarios()
-        self._telemetry(0.0)
-
-    # -- layout -----------------------------------------------------------------
-
-    def _layout(self) -> Fleet:
-        pools = self.config.pools
-        total_nodes = sum(p.nodes for p in pools) * self.config.scale
-        offset = self.config.first_node - 1  # slices of one fleet get disjoint node names
-        width = max(3, len(str(total_nodes + offset)))
-        nodes: list[Node] = []
-        node_pool, node_cpus = [], []
-        gpu_node, gpu_local, gpu_model, gpu_mig, uuids = [], [], [], [], []
-        mig_left = {p.name: self.config.mig_nodes for p in pools if p.model.startswith("A100")}
-        number = 0
-        for copy in range(self.config.scale):
-            for pool_index, pool in enumerate(pools):
-                spec = self.catalogue.get(pool.model)
-                for _ in range(pool.nodes):
-                    number += 1
-                    name = f"gpu-{number + offset:0{width}d}"
-                    node_index = len(nodes)
-                    nodes.append(
-                        Node(name, spec.name, float(pool.cpu_cores), pool.name,
-                             spec.architecture, pool.gpus_per_node)
-                    )
-                    node_pool.append(pool_index)
-                    node_cpus.append(pool.cpu_cores)
-                    # the last mig_nodes nodes of each A100 pool (first copy) run MIG
-                    remaining = pool.nodes - (number - 1 - sum(p.nodes for p in pools[:pool_index])
-                                              - copy * sum(p.nodes for p in pools))
-                    is_mig = copy == 0 and pool.name in mig_left and remaining <= mig_left[pool.name]
-                    for local in range(pool.gpus_per_node):
-                        gpu_node.append(node_index)
-                        gpu_local.append(local)
-                        gpu_model.append(spec.name)
-                        gpu_mig.append(is_mig)
-                        uuids.append(_uuid(self.config.seed, name, local))
-        g = len(gpu_node)
-        return Fleet(
-            nodes=nodes,
-            node_pool=np.array(node_pool),
-            node_cpus=np.array(node_cpus, dtype=float),
-            gpu_node=np.array(gpu_node),
-            gpu_local=np.array(gpu_local),
-            gpu_model=gpu_model,
-            gpu_mig=np.array(gpu_mig, dtype=bool),
-            free=np.ones(g),
-            cpu_free=np.array(node_cpus, dtype=float),
-            uuids=uuids,
-            pools=[p.name for p in pools],
-            holders=[[] for _ in range(g)],
-        )
-
-    # -- jobs ------------------------------------------------------------------
-
-    def _new_job(self, kind: JobKind, start: float) -> SimJob | None:
-        rng = self.rng
-        node_count = int(rng.choice(kind.nodes))
-        gpus = 8 if node_count else int(rng.choice(kind.gpus))
-        share = float(rng.choice(kind.share))
-        memory_gb = float(rng.uniform(*kind.memory_gb))
-        # log-normal durations: most jobs are short, a few run for days
-        duration = float(rng.lognormal(math.log(kind.mean_hours * 3600) - 0.5, 1.0))
-        job = SimJob(
-            id=f"{kind.name}-{self._next_job:06d}",
-            kind=kind,
-            placements=[],
-            start=start,
-            end=start + max(duration, 300.0),
-            utilization=float(rng.uniform(*kind.utilization)),
-            memory_bytes=memory_gb * GB,
-            nvlink_level=float(rng.uniform(0.3, 0.85)) if (node_count or gpus > 1) else 0.0,
-        )
-        self._next_job += 1
-        models = [m for m in kind.pools if memory_gb * GB <= self._model_memory(m)]
-        if kind.name == "train":
-            # the reference cluster's tiers: > 120 GB per GPU only fits B200
-            models = ["B200"] if memory_gb > 120 else ["H200", "B200"]
-        if kind.mig:
-            models = [m + MIG_MODEL_SUFFIX for m in models]
-        placements = self._place(models, max(node_count, 1), gpus, share, int(memory_gb * GB))
-        if placements is None:
-            return None
-        job.placements = placements
-        self._apply(job, +1)
-        self.jobs[job.id] = job
-        return job
-
-    def _model_memory(self, model: str) -> float:
-        return float(self.catalogue.get(model).memory_bytes or 0)
-
-    def _make_placer(self) -> Placer:
-        """The engine's view of the empty fleet, and the job mix as its target workload."""
-        fleet = self.fleet
-        offsets = self._node_offsets
-        models = [n.model + (MIG_MODEL_SUFFIX if fleet.gpu_mig[offsets[i]] else "")
-                  for i, n in enumerate(fleet.nodes)]
-        target = []
-        for kind, rate in zip(JOB_KINDS, _relative_rates(), strict=True):
-            parts = float(np.mean(kind.nodes)) or 1.0  # a multi-node job is one 8-GPU task per node
-            allowed = tuple(m + MIG_MODEL_SUFFIX for m in kind.pools) if kind.mig else kind.pools
-            for gpus in ((8,) if any(kind.nodes) else kind.gpus):
-                for share in kind.share:
-                    task = Task((8.0 if share >= 1.0 else 4.0) * gpus, gpus, share, allowed)
-                    target.append((task, rate * parts / (len(kind.gpus) * len(kind.share))))
-        return Placer.for_nodes([n.name for n in fleet.nodes], models, [n.pool for n in fleet.nodes],
-                                list(fleet.node_cpus), [n.gpu_count for n in fleet.nodes], target,
-                                self.catalogue)
-
-    def _place(self, models: list[str], node_count: int, gpus: int, share: float,
-               memory_bytes: int) -> list[tuple[int, list[int], float, float]] | None:
-        """Nodes and GPUs for a job by the configured policy; all its nodes of one model."""
-        placer = self.placer
-        cpus = (8.0 if share >= 1.0 else 4.0) * gpus
-        allowed = list(models)
-        while allowed:
-            task = Task(cpus, gpus, share, tuple(allowed), memory_bytes)
-            first = placer.place(task, self.config.policy, self.rng)
-            if first is None:
-                return None
-            placer.apply(first)
-            parts = [first]
-            model = placer.model_names[placer.model[first.node]]
-            rest = Task(cpus, gpus, share, (model,), memory_bytes)
-            while len(parts) < node_count:
-                found = placer.place(rest, self.config.policy, self.rng)
-                if found is None:
-                    break
-                placer.apply(found)
-                parts.append(found)
-            if len(parts) == node_count:
-                return [(p.node, [int(self._node_offsets[p.node]) + s for s in p.slots], share, cpus)
-                        for p in parts]
-            # not enough nodes of that model: give them back and try the job's other models
-            for part in parts:
-                placer.release(part)
-            allowed.remove(model)
-        return None
-
-    def _node_gpus(self, node_index: int) -> np.ndarray:
-        offsets = self._node_offsets
-        return np.arange(offsets[node_index], offsets[node_index + 1])
-
-
-    def _apply(self, job: SimJob, sign: int) -> None:
-        fleet = self.fleet
-        for node_index, gpus, share, cpus in job.placements:
-            fleet.cpu_free[node_index] -= sign * cpus
-            for g in gpus:
-                fleet.free[g] = round(fleet.free[g] - sign * share, 9)
-                if sign > 0:
-                    fleet.holders[g].append(job.id)
-                else:
-                    fleet.holders[g].remove(job.id)
-            # the fleet's arrays are the truth; the engine's copy of the node follows them
-            node_gpus = self._node_gpus(node_index)
-            self.placer.set_node(node_index, fleet.cpu_free[node_index], fleet.free[node_gpus])
-
-    def _finish(self, job: SimJob) -> None:
-        self._apply(job, -1)
-        del self.jobs[job.id]
-
-    def _arrival_rates(self) -> list[float]:
-        """Jobs per simulated second of each kind that keep the fleet near its target."""
-        gpus = len(self.fleet.gpu_model)
-        return [self.config.target_allocation * gpus * rate / 3600 for rate in _relative_rates()]
-
-    def _fill(self) -> None:
-        """Start mid-life: fill towards the target with jobs of random age, then let some go.
-
-        Filling past the target and removing a random part of the jobs leaves the
-        holes that departures leave in a real cluster.
-        """
-        total = len(self.fleet.gpu_model)
-        weights = np.array([k.weight for k in JOB_KINDS])
-        weights /= weights.sum()
-        failures = 0
-        target = min(1.0, self.config.target_allocation * 1.15)
-        # kept as a running sum: re-adding every GPU per job cost 0.6 s at scale 100
-        allocated = float((1 - self.fleet.free).sum())
-        while allocated < target * total and failures < 200:
-            kind = JOB_KINDS[int(self.rng.choice(len(JOB_KINDS), p=weights))]
-            age = float(self.rng.uniform(0, kind.mean_hours * 3600))
-            job = self._new_job(kind, self.now - age)
-            if job is None:
-                failures += 1
-                continue
-            allocated += sum(len(gpus) * share for _, gpus, share, _ in job.placements)
-            job.end = max(job.end, self.now + 300.0)
-        ids = sorted(self.jobs)
-        leave = self.rng.random(len(ids)) < 0.15
-        for job_id, gone in zip(ids, leave, strict=True):
-            if gone:
-                self._finish(self.jobs[job_id])
-
-    # -- scenarios --------------------------------------------------------------
-
-    def _gpu_at(self, node: str, gpu: int) -> int:
-        for i, n in enumerate(self.fleet.nodes):
-            if n.name == node:
-                idx = self._node_gpus(i)
-                if gpu < len(idx):
-                    return int(idx[gpu])
-        raise ValueError(f"scenario names GPU {node}/{gpu}, which the simulated fleet lacks")
-
-    def _start_scenarios(self) -> None:
-        for number, scenario in enumerate(self.config.scenarios):
-            if number in self._scenarios_started:
-                continue
-            if self.now - self.start_time < scenario.start_after:
-                continue
-            self._scenarios_started.add(number)
-            if scenario.kind == "overheat":
-                self.overheat[self._gpu_at(scenario.node, scenario.gpu)] = scenario.value or 90.0
-            elif scenario.kind == "gpu_lost":
-                self.lost[self._gpu_at(scenario.node, scenario.gpu)] = True
-            elif scenario.kind == "idle_allocated":
-                self._idle_allocated(self._gpu_at(scenario.node, scenario.gpu))
-            elif scenario.kind == "fragmented_pool":
-                self._fragment_pool(scenario.pool)
-
-    def _pin(self, job: SimJob) -> None:
-        job.pinned = True
-        job.end = math.inf
-
-    def _idle_allocated(self, g: int) -> None:
-        """A job holds this GPU and does nothing with it (the classic forgotten notebook)."""
-        for job_id in list(self.fleet.holders[g]):
-            self._finish(self.jobs[job_id])
-        node_index = int(self.fleet.gpu_node[g])
-        kind = JOB_KINDS[-1]
-        job = SimJob(f"idle-{self._next_job:06d}", kind, [(node_index, [g], 1.0, 8.0)],
-                     self.now, math.inf, 0.0, 2 * GB, 0.0, pinned=True)
-        self._next_job += 1
-        self._apply(job, +1)
-        self.jobs[job.id] = job
-
-    def _fragment_pool(self, pool: str) -> None:
-        """Scatter single-GPU jobs and time-sliced slices so every node keeps idle GPU
-        shares but no GPU is whole.
-
-        This is what a fragmentation-blind scheduler with departures converges to
-        on a busy pool running shared inference: idle capacity on every node, yet
-        no whole-GPU job, let alone an 8-GPU one, can start.
-        """
-        if pool not in self.fleet.pools:
-            raise ValueError(f"scenario names pool {pool!r}, which the simulated fleet lacks")
-        pool_index = self.fleet.pools.index(pool)
-        kind = next(k for k in JOB_KINDS if k.name == "infer")
-        slices = next(k for k in JOB_KINDS if k.name == "slice")
-        for node_index in range(len(self.fleet.nodes)):
-            if self.fleet.node_pool[node_index] != pool_index:
-                continue
-            gpus = self._node_gpus(node_index)
-            for g in gpus:
-                for job_id in list(self.fleet.holders[int(g)]):
-                    job = self.jobs.get(job_id)
-                    if job is not None and not job.pinned:  # other scenarios' jobs stay
-                        self._finish(job)
-            busy = self.rng.choice(gpus, size=int(self.rng.integers(5, 8)), replace=False)
-            for g in sorted(int(x) for x in busy):
-                if self.fleet.free[g] < 1.0:
-                    continue
-                job = SimJob(f"scatter-{self._next_job:06d}", kind, [(node_index, [g], 1.0, 8.0)],
-                             self.now, math.inf, float(self.rng.uniform(0.3, 0.8)),
-                             float(self.rng.uniform(20, 60)) * GB, 0.0, pinned=True)
-                self._next_job += 1
-                self._apply(job, +1)
-                self.jobs[job.id] = job
-            # A time-sliced inference slice on every other GPU, so no GPU stays whole either:
-            # with whole-GPU jobs the bulk of the workload, those idle shares are fragments
-            # (FGD), which is what pushes the pool's fragmentation index above 50.
-            for g in sorted(set(int(x) for x in gpus) - set(int(x) for x in busy)):
-                if self.fleet.free[g] < 1.0:
-                    continue
-                share = float(self.rng.choice(slices.share))
-                job = SimJob(f"scatter-{self._next_job:06d}", slices,
-                             [(node_index, [g], share, 4.0)],
-                             self.now, math.inf, float(self.rng.uniform(0.2, 0.6)),
-                             float(self.rng.uniform(5, 18)) * GB, 0.0, pinned=True)
-                self._next_job += 1
-                self._apply(job, +1)
-                self.jobs[job.id] = job
-        # nothing else may land in the pool while the scenario holds it
-        self._frozen_pools = getattr(self, "_frozen_pools", set()) | {pool}
-
-    # -- time -------------------------------------------------------------------
-
-    def advance(self, now: float) -> None:
-        while self.now < now:
-            step = min(MAX_STEP, now - self.now)
-            self._step(step)
-
-    def _step(self, dt: float) -> None:
-        self.now += dt
-        for job in [j for j in self.jobs.values() if j.end <= self.now]:
-            self._finish(job)
-        frozen: set[str] = getattr(self, "_frozen_pools", set())
-        for kind, rate in zip(JOB_KINDS, self._arrival_rates(), strict=True):
-            for _ in range(int(self.rng.poisson(rate * dt))):
-                arrival = self._new_job(kind, self.now)
-                if arrival is not None and frozen & {self.fleet.nodes[p[0]].pool for p in arrival.placements}:
-                    self._finish(arrival)
-        self._start_scenarios()
-        self._telemetry(dt)
-
-    def _telemetry(self, dt: float) -> None:
-        """Derive every GPU's telemetry from the jobs on it, then integrate counters."""
-        g = len(self.fleet.gpu_model)
-        util = np.zeros(g)
-        memory = np.full(g, 0.45 * GB)  # driver context of an idle GPU
-        nvlink = np.zeros(g)
-        for job in self.jobs.values():
-            for _, gpus, share, _ in job.placements:
-                util[gpus] += job.utilization * share
-                memory[gpus] += job.memory_bytes * (share if share < 1 else 1.0)
-                nvlink[gpus] = np.maximum(nvlink[gpus], job.nvlink_level)
-        noise = self.rng.normal(0.0, 0.02, g)
-        util = np.clip(util + noise * (util > 0), 0.0, 1.0)
-        idle_power = 0.1 * self.tdp
-        power = idle_power + (self.tdp - idle_power) * util**0.9 + self.rng.normal(0, 3.0, g)
-        power = np.clip(power, 0.05 * self.tdp, self.tdp)
-        temperature = self.ambient[self.fleet.gpu_node] + 8 + 50 * util + self.rng.normal(0, 0.8, g)
-        for gpu, value in self.overheat.items():
-            temperature[gpu] = value + float(self.rng.normal(0, 0.3))
-            power[gpu] = self.tdp[gpu]
-        self.utilization = util
-        self.memory_used = np.minimum(memory, self.memory_total)
-        self.power = power
-        self.temperature = temperature
-        self.energy += power * dt
-        rate = self.nvlink_capacity * nvlink * util / 2  # capacity counts both directions
-        self.nvlink_tx += rate * dt
-        self.nvlink_rx += rate * dt * float(self.rng.uniform(0.97, 1.03))
-
-    # -- snapshot ---------------------------------------------------------------
-
-    def snapshot(self) -> FleetSnapshot:
-        fleet = self.fleet
-        gpus = []
-        for g in range(len(fleet.gpu_model)):
-            node = fleet.nodes[int(fleet.gpu_node[g])]
-            mig: tuple[MigInstance, ...] = ()
-            if fleet.gpu_mig[g]:
-                used_slices = round((1 - fleet.free[g]) * MIG_SLICES)
-                mig = tuple(
-                    MigInstance(i, "1g.10gb", 10 * GB, int(4 * GB) if i < used_slices else 0)
-                    for i in range(MIG_SLICES)
-                )
-            if self.lost[g]:
-                gpus.append(Gpu(node.name, int(fleet.gpu_local[g]), fleet.uuids[g],
-                                fleet.gpu_model[g], node.pool, up=False))
-                continue
-            gpus.append(
-                Gpu(
-                    node=node.name,
-                    index=int(fleet.gpu_local[g]),
-                    uuid=fleet.uuids[g],
-                    model=fleet.gpu_model[g],
-                    pool=node.pool,
-                    memory_total_bytes=int(self.memory_total[g]),
-                    memory_used_bytes=int(self.memory_used[g]),
-                    utilization_ratio=round(float(self.utilization[g]), 4),
-                    temperature_celsius=round(float(self.temperature[g]), 1),
-                    power_watts=round(float(self.power[g]), 2),
-                    power_limit_watts=float(self.tdp[g]),
-                    energy_joules=round(float(self.energy[g]), 3),
-                    nvlink_transmit_bytes=float(int(self.nvlink_tx[g])),
-                    nvlink_receive_bytes=float(int(self.nvlink_rx[g])),
-                    nvlink_capacity_bytes_per_second=float(self.nvlink_capacity[g]) or None,
-                    mig=mig,
-                    pci_bus_id=f"00000000:{0x18 + int(fleet.gpu_local[g]) * 0x10:02X}:00.0",
-                )
-            )
-        allocations = tuple(self._allocation(job) for job in sorted(self.jobs.values(), key=_job_order))
-        return FleetSnapshot(
-            taken_at=self.now,
-            nodes=tuple(fleet.nodes),
-            gpus=tuple(gpus),
-            allocations=allocations,
-        )
-
-    def _allocation(self, job: SimJob) -> Allocation:
-        fleet = self.fleet
-        placements = tuple(
-            Placement(fleet.nodes[n].name, tuple(int(fleet.gpu_local[g]) for g in gpus), share, cpus)
-            for n, gpus, share, cpus in job.placements
-        )
-        ran = max(0.0, self.now - job.start)
-        checkpoint = job.start + math.floor(ran / CHECKPOINT_INTERVAL) * CHECKPOINT_INTERVAL
-        kind = job.kind
-        name = self.config.job_prefix + job.id  # slices of one fleet get disjoint job names
-        return Allocation(
-            job=name,
-            placements=placements,
-            namespace=kind.namespace,
-            pod=f"{name}-0",
-            priority=kind.priority,
-            qos=kind.qos,
-            user=f"user{int(job.id.split('-')[-1]) % 17:02d}",
-            account=kind.namespace,
-            start_time=job.start,
-            last_checkpoint_time=checkpoint if kind.name == "train" and ran >= CHECKPOINT_INTERVAL else None,
-            gpu_memory_need_bytes=int(job.memory_bytes),
-        )
-
-
-def _relative_rates() -> list[float]:
-    """How often each kind of job arrives, relative to the others: its share of the GPU
-    demand over the GPU-hours one job of it holds."""
-    rates = []
-    for kind in JOB_KINDS:
-        node_count = float(np.mean(kind.nodes))
-        gpus_per_job = 8 * node_count if node_count else float(np.mean(kind.gpus))
-        rates.append(kind.weight / (gpus_per_job * float(np.mean(kind.share)) * kind.mean_hours))
-    return rates
-
-
-def _job_order(job: SimJob) -> str:
-    return job.id
-
-
-def _uuid(seed: int, node: str, index: int) -> str:
-    """A stable, UUID-shaped GPU id: the same node and index always get the same one."""
-    digest = hashlib.sha1(f"{seed}/{node}/{index}".encode()).hexdigest()
-    return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+    def snapshot(self) -> FleetSnapshot: ...
 
 
 @dataclass
@@ -584,8 +40,9 @@ class SimulatedFleetSource:
 
     config: SimSource
     clock: Clock
+    simulate: Callable[[SimSource, float], FleetModel]  # (options, start time) -> simulator
     name: str = "sim"
-    simulation: Simulation | None = None
+    simulation: FleetModel | None = None
     _wall_start: float = 0.0
 
     @property
@@ -593,10 +50,10 @@ class SimulatedFleetSource:
         """``allocation`` makes the collector join it with telemetry (see exporter.compose)."""
         return self.config.role
 
-    def _ensure(self) -> Simulation:
+    def _ensure(self) -> FleetModel:
         if self.simulation is None:
             self._wall_start = self.clock()
-            self.simulation = Simulation(self.config, start_time=self._wall_start)
+            self.simulation = self.simulate(self.config, self._wall_start)
         return self.simulation
 
     def sim_time(self) -> float:
@@ -619,7 +76,8 @@ class SimulatedFleetSource:
 
 
 def build(config: SimSource, clock: Clock) -> SimulatedFleetSource:
-    return SimulatedFleetSource(config, clock)
+    """The source with the simulator of :mod:`exporter.simulation` (imported here, when
+    the source is built, not when this module is)."""
+    from exporter.simulation.fleet import Simulation
 
-
-__all__ = ["JOB_KINDS", "SimulatedFleetSource", "Simulation", "build"]
+    return SimulatedFleetSource(config, clock, Simulation)
