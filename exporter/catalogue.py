@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
 
-import yaml
+from exporter.yamlfile import parse_mapping
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def _lookup(catalogue: Catalogue, name: str) -> GpuSpec:
 
 
 def parse_catalogue(text: str) -> Catalogue:
-    raw = yaml.safe_load(text)
+    raw = parse_mapping(text, "gpu_catalogue.yaml")
     models = []
     patterns = []
     for entry in raw["models"]:

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from exporter.durations import HINT as DURATION_HINT
 from exporter.durations import parse_duration
 from exporter.errors import ConfigError
+from exporter.yamlfile import load_mapping
 
 DEFAULT_PORT = 9874  # 9400 is dcgm-exporter's and 9835 nvidia_gpu_exporter's
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
@@ -442,21 +441,7 @@ def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
 def load(path: str | Path | None) -> Config:
     if path is None:
         return Config()
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
-    return build(Config, data)
+    return build(Config, load_mapping(path, "config file", ConfigError, empty_ok=True))
 
 
 def describe(cls: type = Config, prefix: str = "") -> list[str]:

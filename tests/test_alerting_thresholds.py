@@ -102,7 +102,9 @@ BAD_TABLES = [
      ["alerts[1] (GpuUtilizationLow).alert", "appears twice"]),
     ("missing action", {"    action: Check cooling, reduce load.\n": ""},
      ["alerts[2] (GpuTemperatureHigh).action", "required"]),
-    ("not YAML", {"alerts:\n": "alerts: [\n"}, ["not valid YAML"]),
+    ("not YAML", {"alerts:\n": "alerts: [\n"}, ["not valid YAML at line ", "(in alerts)"]),
+    ("key given twice", {"    scope: allocated\n": "    scope: allocated\n    scope: all\n"},
+     ["alerts[0].scope: given twice, at lines"]),
 ]
 
 

@@ -51,11 +51,24 @@ def test_unreadable_and_malformed_files_are_one_line_errors(tmp_path):
         [sys.executable, "-m", "exporter", "serve", "--config", str(tmp_path / "nope.yaml")],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
-    assert missing.returncode == 2 and "cannot read config file" in missing.stderr
-    assert len(missing.stderr.strip().splitlines()) == 1
+    assert missing.returncode == 2
+    assert missing.stderr == (f"gpufleet: {tmp_path / 'nope.yaml'}: cannot read config file: "
+                              "No such file or directory\n")
     broken = _serve(tmp_path, "sources: [unclosed\n")
-    assert broken.returncode == 2 and "not valid YAML at line" in broken.stderr
-    assert "Traceback" not in broken.stderr
+    assert broken.returncode == 2
+    assert broken.stderr == (f"gpufleet: {tmp_path / 'gpufleet.yaml'}: not valid YAML at line 2, "
+                             "column 1 (in sources[0]): expected ',' or ']', but got '<stream end>'\n")
+    twice = _serve(tmp_path, "sources:\n  sim:\n    seed: 1\n    seed: 2\n")
+    assert twice.returncode == 2
+    assert twice.stderr == (f"gpufleet: {tmp_path / 'gpufleet.yaml'}: sources.sim.seed: given "
+                            "twice, at lines 3 and 4; keep one\n")
+    (tmp_path / "gpufleet.yaml").write_bytes(b"# caf\xe9\n")
+    latin = subprocess.run(
+        [sys.executable, "-m", "exporter", "serve", "--config", str(tmp_path / "gpufleet.yaml")],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert latin.returncode == 2
+    assert latin.stderr == f"gpufleet: {tmp_path / 'gpufleet.yaml'}: not UTF-8 at line 1 (byte 0xE9)\n"
 
 
 def test_empty_file_is_the_default_config(tmp_path):

@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from exporter.catalogue import Catalogue, default_catalogue
 from exporter.durations import HINT as DURATION_HINT
 from exporter.durations import parse_duration
 from exporter.errors import ConfigError
+from exporter.yamlfile import parse_mapping, read_text
 
 SEVERITIES = ("warning", "critical")  # in rising order; both share one alert name
 OPS = ("<", ">", ">=", "==")
@@ -253,12 +252,7 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
     """Validate the table's text into :class:`Thresholds`; :class:`ThresholdError` if wrong."""
     catalogue = catalogue or default_catalogue()
     r = _Reader(source)
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ThresholdError(f"{source}: not valid YAML{where}") from None
+    raw = parse_mapping(text, source, ThresholdError)
     top = r.mapping(raw, "top level", _TOP_KEYS, required=_TOP_KEYS)
     runbook_url = r.text(top["runbook_url"], "runbook_url")
     if "#" in runbook_url:
@@ -284,11 +278,7 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
 
 def load_thresholds(path: str | Path, catalogue: Catalogue | None = None) -> Thresholds:
     """Read and validate the threshold table at ``path``."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ThresholdError(f"{path}: cannot read the threshold table: {exc.strerror}") from None
-    return parse_thresholds(text, str(path), catalogue)
+    return parse_thresholds(read_text(path, "the threshold table", ThresholdError), str(path), catalogue)
 
 
 def _parse_row(r: _Reader, raw: Any, where: str, catalogue: Catalogue) -> AlertRow:

@@ -100,15 +100,10 @@ def parse_targets_file(data: Any, default_pool: str, where: str) -> list[Target]
 
 
 def load_targets_file(path: str, default_pool: str) -> list[Target]:
-    import yaml  # JSON is YAML too, so one loader reads both file_sd formats
+    # JSON is YAML too, so the one YAML reader reads both file_sd formats
+    from exporter.yamlfile import parse, read_text
 
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError:
-        raise ValueError(f"{path}: not valid JSON or YAML") from None
+    data = parse(read_text(path, "the targets file", ValueError), path, ValueError)
     return parse_targets_file(data, default_pool, path)
 
 

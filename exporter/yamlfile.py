@@ -1,0 +1,187 @@
+"""The one YAML reader: every YAML file gpufleet reads fails the same way, on one line.
+
+The config file, the threshold table, the GPU catalogue and dcgm's targets file
+come through here. A message names the file, then what a user needs to find the
+fault: the line (and column) of a syntax error with the key it sits under, the
+key given twice (plain PyYAML keeps the last silently, so a config could set a
+value and override it lower down), or what the top level is when it should be
+a mapping::
+
+    gpufleet.yaml: cannot read config file: No such file or directory
+    gpufleet.yaml: not UTF-8 at line 3 (byte 0xE9)
+    gpufleet.yaml: not valid YAML at line 4, column 5 (in sources.sim): mapping values are not allowed here
+    gpufleet.yaml: sources.sim.seed: given twice, at lines 3 and 9; keep one
+    gpufleet.yaml: top level: must be a mapping, got a list at line 1
+
+Each caller picks the exception class (ConfigError, ThresholdError, or the
+ValueError a source reports), so the CLI still prints it on one line and exits 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.reader import ReaderError
+
+from exporter.errors import ConfigError
+
+_MERGE = "tag:yaml.org,2002:merge"  # "<<: *base" may repeat: it is no key of the mapping
+_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false"}
+
+
+def read_text(path: str | Path, what: str, error: type[Exception] = ConfigError) -> str:
+    """The file's text; ``error`` naming the file if it cannot be read or is not UTF-8."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise error(f"{path}: not UTF-8 at line {line} (byte 0x{data[exc.start]:02X})") from None
+
+
+def parse(text: str, source: str, error: type[Exception] = ConfigError) -> Any:
+    """One YAML document (None when empty), read safely; ``error`` on any fault, naming ``source``."""
+    return _parse(text, source, error)[0]
+
+
+def parse_mapping(text: str, source: str, error: type[Exception] = ConfigError,
+                  empty_ok: bool = False) -> dict[Any, Any]:
+    """A document whose top level is a mapping; an empty one is ``{}`` when ``empty_ok``."""
+    data, node = _parse(text, source, error)
+    if node is None:
+        if empty_ok:
+            return {}
+        raise error(f"{source}: top level: must be a mapping, got an empty file")
+    if not isinstance(data, dict):
+        kind = _KINDS.get(type(data), type(data).__name__)
+        raise error(f"{source}: top level: must be a mapping, got {kind} "
+                    f"at line {node.start_mark.line + 1}")
+    return data
+
+
+def load_mapping(path: str | Path, what: str, error: type[Exception] = ConfigError,
+                 empty_ok: bool = False) -> dict[Any, Any]:
+    """:func:`read_text` then :func:`parse_mapping`, naming the file as given."""
+    return parse_mapping(read_text(path, what, error), str(path), error, empty_ok)
+
+
+def _parse(text: str, source: str, error: type[Exception]) -> tuple[Any, yaml.Node | None]:
+    loader = None
+    try:
+        loader = yaml.SafeLoader(text)  # checks for control characters: ReaderError
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        _check_keys(node, "", source, error, set())
+        return loader.construct_document(node), node
+    except yaml.YAMLError as exc:
+        raise error(_syntax(exc, text, source)) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def _check_keys(node: yaml.Node, path: str, source: str, error: type[Exception],
+                seen: set[int]) -> None:
+    """Refuse a key given twice in one mapping, naming it and both lines."""
+    if id(node) in seen:  # an alias: its node was checked where the anchor is
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, str], int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE:
+                name = "<<"
+            elif isinstance(key_node, yaml.ScalarNode):
+                name = key_node.value
+                line = key_node.start_mark.line + 1
+                if (key_node.tag, name) in first:
+                    raise error(f"{source}: {_join(path, name)}: given twice, at lines "
+                                f"{first[key_node.tag, name]} and {line}; keep one")
+                first[key_node.tag, name] = line
+            else:
+                name = "?"  # a complex key (a list or mapping): no user of ours writes one
+            _check_keys(value_node, _join(path, name), source, error, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _check_keys(item, f"{path}[{index}]", source, error, seen)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _syntax(exc: yaml.YAMLError, text: str, source: str) -> str:
+    """One line for a YAML fault: where it is, the key it sits under, what PyYAML says."""
+    if isinstance(exc, ReaderError):  # a control character, before any parsing
+        line = text.count("\n", 0, exc.position) + 1
+        return f"{source}: not valid YAML at line {line}: {exc.reason} (#x{exc.character:04x})"
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or ""
+    context = getattr(exc, "context", None) or ""
+    if problem.startswith("but ") and context:  # "expected a single document ..., but found ..."
+        problem = f"{context}, {problem}"
+    problem = " ".join((problem or context or "cannot be parsed").split())
+    if mark is None:
+        return f"{source}: not valid YAML: {problem}"
+    key = _key_at(text, mark.index)
+    under = f" (in {key})" if key else ""
+    return (f"{source}: not valid YAML at line {mark.line + 1}, column {mark.column + 1}{under}: "
+            f"{problem}")
+
+
+def _key_at(text: str, index: int) -> str:
+    """The dotted key being read when the parser reached ``index`` (or failed before it).
+
+    Walks PyYAML's events with a stack of open mappings and sequences; only runs
+    for a file that has already failed, so a good file is parsed once.
+    """
+    stack: list[dict[str, Any]] = []  # {"seq": index} or {"key": ..., "in_value": bool}
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.NodeEvent):
+                if event.start_mark is not None and event.start_mark.index > index:
+                    break
+                parent = stack[-1] if stack else None
+                if parent is not None and "seq" in parent:
+                    parent["seq"] += 1
+                elif parent is not None and not parent["in_value"]:  # the node is a key
+                    parent["next"] = event.value if isinstance(event, yaml.ScalarEvent) else "?"
+                if isinstance(event, yaml.MappingStartEvent):
+                    stack.append({"key": None, "in_value": False})
+                elif isinstance(event, yaml.SequenceStartEvent):
+                    stack.append({"seq": -1})
+                elif event.end_mark is not None and event.end_mark.index > index:  # fault inside it
+                    break
+                else:
+                    _done(parent)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                stack.pop()
+                _done(stack[-1] if stack else None)
+    except yaml.YAMLError:
+        pass  # the fault itself: the stack is where the parser was
+    parts = []
+    for frame in stack:
+        if "seq" in frame and frame["seq"] >= 0:
+            parts.append(f"[{frame['seq']}]")
+        elif "key" in frame and frame["in_value"]:
+            parts.append(("." if parts else "") + str(frame["key"]))
+    return "".join(parts)
+
+
+def _done(frame: dict[str, Any] | None) -> None:
+    """A node ended inside ``frame``: in a mapping, a key's value comes next, or the next key."""
+    if frame is None or "key" not in frame:
+        return
+    if frame["in_value"]:
+        frame["in_value"] = False
+    else:
+        frame["key"], frame["in_value"] = frame.pop("next"), True
+
+
+__all__ = ["load_mapping", "parse", "parse_mapping", "read_text"]
