@@ -9,6 +9,16 @@ a cycle).
 
 from __future__ import annotations
 
+import re
+
+# what str.splitlines() breaks at: a key read from a file may hold any of them
+_LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks escaped (``\\n``), so an error stays one line."""
+    return _LINE_BREAK.sub(lambda m: repr(m.group())[1:-1], text)
+
 
 class ConfigError(Exception):
     """A config value is wrong; the message names the key and what is allowed."""
@@ -18,4 +28,4 @@ class UsageError(Exception):
     """Bad command-line input: exit 2 with the message."""
 
 
-__all__ = ["ConfigError", "UsageError"]
+__all__ = ["ConfigError", "UsageError", "one_line"]

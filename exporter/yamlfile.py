@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from yaml.reader import ReaderError
 
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, one_line
 
 _MERGE = "tag:yaml.org,2002:merge"  # "<<: *base" may repeat: it is no key of the mapping
 _KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false"}
@@ -80,7 +80,7 @@ def _parse(text: str, source: str, error: type[Exception]) -> tuple[Any, yaml.No
         _check_keys(node, "", source, error, set())
         return loader.construct_document(node), node
     except yaml.YAMLError as exc:
-        raise error(_syntax(exc, text, source)) from None
+        raise error(one_line(_syntax(exc, text, source))) from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -101,8 +101,8 @@ def _check_keys(node: yaml.Node, path: str, source: str, error: type[Exception],
                 name = key_node.value
                 line = key_node.start_mark.line + 1
                 if (key_node.tag, name) in first:
-                    raise error(f"{source}: {_join(path, name)}: given twice, at lines "
-                                f"{first[key_node.tag, name]} and {line}; keep one")
+                    raise error(one_line(f"{source}: {_join(path, name)}: given twice, at lines "
+                                         f"{first[key_node.tag, name]} and {line}; keep one"))
                 first[key_node.tag, name] = line
             else:
                 name = "?"  # a complex key (a list or mapping): no user of ours writes one

@@ -29,6 +29,7 @@ from exporter.yamlfile import load_mapping, parse, parse_mapping, read_text
     ("s:\n  sim:\n    seed: 1\n    x: 2\n    seed: 3\n",
      "f.yaml: s.sim.seed: given twice, at lines 3 and 5; keep one"),
     ("l:\n  - {k: 1, k: 2}\n", "f.yaml: l[0].k: given twice, at lines 2 and 2; keep one"),
+    ('"a\\nb": 1\n"a\\nb": 2\n', "f.yaml: a\\nb: given twice, at lines 1 and 2; keep one"),
     ("# a comment\n\n- 1\n", "f.yaml: top level: must be a mapping, got a list at line 3"),
     ("just text\n", "f.yaml: top level: must be a mapping, got a string at line 1"),
     ("", "f.yaml: top level: must be a mapping, got an empty file"),

@@ -28,7 +28,7 @@ from typing import Any
 from exporter.catalogue import Catalogue, default_catalogue
 from exporter.durations import HINT as DURATION_HINT
 from exporter.durations import parse_duration
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, one_line
 from exporter.yamlfile import parse_mapping, read_text
 
 SEVERITIES = ("warning", "critical")  # in rising order; both share one alert name
@@ -198,7 +198,7 @@ class _Reader:
         self.source = source
 
     def fail(self, where: str, message: str) -> ThresholdError:
-        return ThresholdError(f"{self.source}: {where}: {message}")
+        return ThresholdError(one_line(f"{self.source}: {where}: {message}"))  # keys come from the file
 
     def mapping(self, value: Any, where: str, allowed: tuple[str, ...],
                 required: tuple[str, ...] = ()) -> Mapping[str, Any]:
