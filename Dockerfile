@@ -8,6 +8,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
+# exporter/thresholds.yaml links to the threshold table; pip copies its content in
+COPY rules/thresholds.yaml ./rules/thresholds.yaml
 # The same `pip install .` that `make run` and `make test` run.
 RUN pip install --no-cache-dir . \
     && useradd --system --uid 10001 --no-create-home gpufleet \

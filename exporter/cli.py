@@ -69,12 +69,14 @@ def _command(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = _parser(_command(argv))
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
     try:
+        # building the parser imports the command's module, which may read package data
+        # (serve's --help lists defaults from the threshold table): its errors are one line too
+        parser = _parser(_command(argv))
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
         return int(args._module.run(args) or 0)
     except (ConfigError, UsageError) as exc:
         print(f"gpufleet: {exc}", file=sys.stderr)

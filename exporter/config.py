@@ -4,6 +4,11 @@ Every field has a default, so an empty file (or none) is a valid config.
 Validation is strict: an unknown key, a wrong type or an out-of-range value
 raises :class:`ConfigError` whose message names the dotted key and what is
 allowed. The CLI prints it on one line and exits 2, with no traceback.
+
+The compaction threshold (``analysis.compaction_threshold`` and ``advisor.trigger``)
+is written once, in the threshold table's fragmentation row (rules/thresholds.yaml,
+installed as package data): the defaults are read from the table the first time a
+config is built. An install missing the table fails then, on one line naming the file.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exporter.alerting.thresholds import default_thresholds
 from exporter.durations import HINT as DURATION_HINT
 from exporter.durations import parse_duration
 from exporter.errors import ConfigError
@@ -224,6 +230,13 @@ class SourcesConfig:
 ANALYSIS_WORKLOADS = ("window", "trace", "shapes")
 
 
+def _table_compaction_threshold() -> float:
+    """The default of ``analysis.compaction_threshold`` and ``advisor.trigger``: the level of
+    the threshold table's fragmentation row, so the analyzer, the advisor and the alert that
+    routes to it act at one index (:meth:`Thresholds.compaction_threshold`)."""
+    return default_thresholds().compaction_threshold()
+
+
 @dataclass(frozen=True)
 class ShapeConfig:
     cpus: float = _opt(0.0, help="CPU cores the task asks for on one node.", min=0)
@@ -269,7 +282,8 @@ class AnalysisConfig:
         factory=TierPenaltyConfig,
     )
     compaction_threshold: float = _opt(
-        50.0, help="Compaction is due when the cluster index exceeds this.", min=0, max=100
+        help="Compaction is due when the cluster index exceeds this; default: the threshold "
+        "table's fragmentation level.", factory=_table_compaction_threshold, min=0, max=100,
     )
 
 
@@ -293,7 +307,9 @@ class AdvisorConfig:
     receivers: tuple[ReceiverConfig, ...] = _opt((), help="Schedulers the plans are POSTed to.")
     retry_initial: Duration = _opt(Duration(1), help="First retry delay.", exclusive_min=0)
     retry_max: Duration = _opt(Duration(300), help="Longest retry delay.", exclusive_min=0)
-    trigger: float = _opt(50.0, help="Index above which compaction is considered.", min=0, max=100)
+    trigger: float = _opt(help="Index above which compaction is considered; default: the threshold "
+                          "table's fragmentation level.", factory=_table_compaction_threshold,
+                          min=0, max=100)
     clear_below: float = _opt(40.0, help="Index below which the recommendation clears.",
                               min=0, max=100)
     dwell: Duration = _opt(Duration(600), help="How long the index must stay above trigger.", min=0)
@@ -455,7 +471,12 @@ def describe(cls: type = Config, prefix: str = "") -> list[str]:
             lines.append(f"  {key}: {f.metadata.get('help', '')}")
             lines += describe(tp, key)
             continue
-        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()  # e.g. the threshold table's compaction level
+        else:
+            default = None
         if isinstance(default, tuple):
             shown = "[...]" if default else "[]"
         else:

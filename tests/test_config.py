@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -150,12 +152,47 @@ def test_port_in_use_is_a_one_line_error(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_compaction_threshold_defaults_agree_with_the_threshold_table():
-    """The table is the source of truth; the analyzer's and advisor's defaults must not drift from it."""
+def _package_copy(tmp_path) -> Path:
+    """A copy of the exporter package (links followed, as pip installs it), without the traces."""
+    shutil.copytree(REPO / "exporter", tmp_path / "exporter", symlinks=False,
+                    ignore=shutil.ignore_patterns("__pycache__", "traces"))
+    return tmp_path / "exporter"
+
+
+def _python(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+
+
+def test_the_compaction_defaults_come_from_the_threshold_table(tmp_path):
+    """analysis.compaction_threshold and advisor.trigger are written once, in the table's
+    fragmentation row: a package whose table says 65 defaults to 65; the config still wins."""
+    table = _package_copy(tmp_path) / "thresholds.yaml"
+    row = "    metric: pool_fragmentation_index\n    op: \">\"\n"
+    text = table.read_text()
+    assert text.count(row) == 1 and text.count("warning: {threshold: 50, for: 15m}") == 1
+    table.write_text(text.replace("warning: {threshold: 50, for: 15m}",
+                                  "warning: {threshold: 65, for: 15m}"))
+    (tmp_path / "c.yaml").write_text("analysis:\n  compaction_threshold: 70\n")
+    done = _python(tmp_path, "-c", "from exporter.config import Config, load; "
+                   "c = Config(); f = load('c.yaml'); "
+                   "print(c.analysis.compaction_threshold, c.advisor.trigger, "
+                   "f.analysis.compaction_threshold, f.advisor.trigger)")
+    assert done.stdout.split() == ["65.0", "65.0", "70.0", "65.0"], done.stderr
+    helped = _python(tmp_path, "-m", "exporter", "serve", "--help")
+    assert "analysis.compaction_threshold = 65.0:" in helped.stdout
+    assert "advisor.trigger = 65.0:" in helped.stdout
+    # this checkout's own table, as installed: the same level the dashboards colour at
     from exporter.alerting.thresholds import load_thresholds
 
-    table = load_thresholds(REPO / "rules" / "thresholds.yaml")
-    threshold = table.alert("GpuClusterFragmentationHigh").threshold("warning")
-    config = Config()
-    assert config.analysis.compaction_threshold == threshold == 50
-    assert config.advisor.trigger == threshold
+    level = load_thresholds(REPO / "rules" / "thresholds.yaml").compaction_threshold()
+    assert (Config().analysis.compaction_threshold, Config().advisor.trigger) == (level, level)
+
+
+def test_an_install_without_the_threshold_table_fails_on_one_line(tmp_path):
+    (_package_copy(tmp_path) / "thresholds.yaml").unlink()
+    for argv in (["serve", "--help"], ["serve", "--listen", "127.0.0.1:0"]):
+        done = _python(tmp_path, "-m", "exporter", *argv)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr == (f"gpufleet: {tmp_path / 'exporter' / 'thresholds.yaml'}: cannot read "
+                               "the threshold table: No such file or directory\n")

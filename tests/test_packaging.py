@@ -72,6 +72,14 @@ def test_installed_package_replays_and_analyzes_the_built_in_trace(tmp_path):
         return done.stdout
 
     assert run("-c", "import exporter; print(exporter.__file__)").startswith(str(site))
+    # the threshold table is package data (a copy of rules/thresholds.yaml, which it links to
+    # in the checkout), so the defaults it gives work outside a checkout
+    table = site / "exporter" / "thresholds.yaml"
+    assert not table.is_symlink() and table.read_text() == (REPO / "rules" / "thresholds.yaml").read_text()
+    from exporter.alerting.thresholds import load_thresholds
+
+    level = load_thresholds(REPO / "rules" / "thresholds.yaml").compaction_threshold()
+    assert run("-c", "from exporter.config import Config; print(Config().advisor.trigger)") == f"{level}\n"
     replayed = run("-m", "exporter", "replay", "--out", "out", "--policy", "fgd", "--arrive", "0.05",
                    "--jobs", "1", "--no-progress")
     assert "openb_pod_list_default.csv.gz on openb_node_list_gpu_node.csv.gz: 1,213 nodes" in replayed

@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,8 @@ from exporter.durations import parse_duration
 from exporter.errors import ConfigError, one_line
 from exporter.yamlfile import parse_mapping, read_text
 
+PACKAGED_TABLE = "thresholds.yaml"  # in exporter/: see default_thresholds
+COMPACTION_METRIC = "pool_fragmentation_index"  # its row's level is the compaction threshold
 SEVERITIES = ("warning", "critical")  # in rising order; both share one alert name
 OPS = ("<", ">", ">=", "==")
 
@@ -190,6 +194,20 @@ class Thresholds:
                 return row
         raise KeyError(name)
 
+    def compaction_threshold(self) -> float:
+        """The fragmentation index above which compaction is due: the lowest level of the row
+        comparing ``pool_fragmentation_index``, whose alert Alertmanager routes to the advisor.
+
+        ``analysis.compaction_threshold`` and ``advisor.trigger`` default to it, so the
+        analyzer, the advisor and the alert act at one index.
+        """
+        for row in self.alerts:
+            if row.metric.key == COMPACTION_METRIC:
+                return row.levels[0].threshold  # warning (or the only level): the lower one
+        raise ThresholdError(f"{self.source}: no alert row compares {COMPACTION_METRIC}; the "
+                             "compaction threshold (analysis.compaction_threshold, "
+                             "advisor.trigger) comes from it")
+
 
 class _Reader:
     """Walks the YAML with the dotted key of each value, for one-line errors."""
@@ -279,6 +297,19 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
 def load_thresholds(path: str | Path, catalogue: Catalogue | None = None) -> Thresholds:
     """Read and validate the threshold table at ``path``."""
     return parse_thresholds(read_text(path, "the threshold table", ThresholdError), str(path), catalogue)
+
+
+@cache
+def default_thresholds() -> Thresholds:
+    """The table installed with gpufleet, for defaults that come from it.
+
+    ``exporter/thresholds.yaml`` is package data and a link to ``rules/thresholds.yaml``,
+    the one copy anyone edits: in a checkout it is that file, and ``pip install`` (wheel
+    or sdist) copies its content, so an installed exporter has it without a checkout.
+    Read once per process (about 15 ms with the GPU catalogue it checks against).
+    """
+    with resources.as_file(resources.files("exporter").joinpath(PACKAGED_TABLE)) as path:
+        return load_thresholds(path)
 
 
 def _parse_row(r: _Reader, raw: Any, where: str, catalogue: Catalogue) -> AlertRow:
@@ -406,6 +437,7 @@ def _labels(r: _Reader, raw: Any, where: str) -> tuple[tuple[str, str], ...]:
 
 
 __all__ = [
+    "COMPACTION_METRIC",
     "METRICS",
     "OPS",
     "SCOPES",
@@ -416,6 +448,7 @@ __all__ = [
     "ModelThreshold",
     "ThresholdError",
     "Thresholds",
+    "default_thresholds",
     "load_thresholds",
     "parse_thresholds",
 ]
