@@ -24,6 +24,7 @@ from exporter.alerting.thresholds import default_thresholds
 from exporter.durations import HINT as DURATION_HINT
 from exporter.durations import parse_duration
 from exporter.errors import ConfigError
+from exporter.policy_names import POLICIES  # not exporter.placement: numpy
 from exporter.yamlfile import load_mapping
 
 DEFAULT_PORT = 9874  # 9400 is dcgm-exporter's and 9835 nvidia_gpu_exporter's
@@ -65,8 +66,6 @@ REFERENCE_POOLS = (
 )
 
 SCENARIO_KINDS = ("overheat", "idle_allocated", "fragmented_pool", "gpu_lost")
-# the placement engine's policies (exporter.placement.POLICIES; a test keeps the two equal)
-PLACEMENT_POLICIES = ("fgd", "bestfit", "packing", "dotprod", "random", "tiered")
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ class SimSource:
     scenarios: tuple[Scenario, ...] = _opt((), help="Conditions to force for demos and tests.")
     policy: str = _opt(
         "bestfit", help="How the simulated scheduler places jobs (bestfit: the fullest node that fits, "
-        "blind to fragmentation, as most schedulers are).", choices=PLACEMENT_POLICIES,
+        "blind to fragmentation, as most schedulers are).", choices=POLICIES,
     )
     first_node: int = _opt(
         1, help="Number of the first node (gpu-NNN), so simulated slices don't collide.", min=1

@@ -37,8 +37,8 @@ from exporter.catalogue import Catalogue, default_catalogue
 from exporter.placement import policies
 from exporter.placement.task import Ask, Task
 from exporter.placement.tiers import tier_models
+from exporter.policy_names import POLICIES
 
-POLICIES = policies.POLICIES
 TOL = 1e-9  # scores this close are ties (F_n sums carry 1e-16 noise)
 CACHE_LIMIT = 2048  # task shapes remembered before the cache starts over
 

@@ -39,8 +39,6 @@ from exporter.analysis.fgd import CompiledWorkload, rows_fragmentation
 from exporter.analysis.state import EPS
 from exporter.placement.task import Ask
 
-POLICIES = ("fgd", "bestfit", "packing", "dotprod", "random", "tiered")
-
 # fgd's tie: growths of F_n within this many GPUs of the least count as equal and go to
 # the first node. 0 (exact, up to float noise) makes fgd what its definition says: the
 # choice where F(M) grows least. The reference simulator's FGD is coarser, as a side effect
