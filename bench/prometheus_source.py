@@ -44,7 +44,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import exporter.sources.prometheus as prometheus_module  # noqa: E402
-from exporter.config import PrometheusSource  # noqa: E402
 from exporter.sources.prometheus import (  # noqa: E402
     ALLOCATION_FAMILIES,
     GPU_VALUES,
@@ -54,6 +53,7 @@ from exporter.sources.prometheus import (  # noqa: E402
     build,
     build_snapshot,
 )
+from exporter.sources.prometheus_options import PrometheusSource  # noqa: E402
 
 
 def free_port() -> int:

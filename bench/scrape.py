@@ -130,9 +130,9 @@ def wrk(url: str, clients: int, seconds: float) -> dict[str, float]:
 
 
 def render_times(scale: int) -> dict[str, float]:
-    from exporter.config import SimSource
     from exporter.exposition import LabelCache, render_text
     from exporter.simulation.fleet import Simulation
+    from exporter.sources.sim import SimSource
 
     sim = Simulation(SimSource(scale=scale), start_time=time.time())
     snapshot = sim.snapshot()

@@ -16,31 +16,21 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.alerting.thresholds import default_thresholds
 from exporter.durations import HINT as DURATION_HINT
 from exporter.durations import parse_duration
 from exporter.errors import ConfigError
-from exporter.policy_names import POLICIES  # not exporter.placement: numpy
+from exporter.options import Duration
+from exporter.options import opt as _opt
+from exporter.sources import SOURCES
 from exporter.yamlfile import load_mapping
 
 DEFAULT_PORT = 9874  # 9400 is dcgm-exporter's and 9835 nvidia_gpu_exporter's
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
-
-
-def _opt(default: Any = dataclasses.MISSING, *, help: str, factory: Any = None, **rules: Any) -> Any:
-    meta = {"help": help, **rules}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-class Duration(float):
-    """Seconds; the YAML may say ``30``, ``30s``, ``5m``, ``1h30m``, ``1.5h`` or ``250ms``
-    (:func:`exporter.durations.parse_duration` with ``config=True``)."""
 
 
 @dataclass(frozen=True)
@@ -49,181 +39,22 @@ class LogConfig:
     format: str = _opt("logfmt", help="Log line format.", choices=("logfmt", "json"))
 
 
-@dataclass(frozen=True)
-class SimPool:
-    name: str = _opt(help="Pool (partition) name, e.g. gpu-h200.")
-    model: str = _opt(help="GPU model, a catalogue name such as H200.")
-    nodes: int = _opt(help="Number of nodes in the pool.", min=1)
-    gpus_per_node: int = _opt(8, help="GPUs per node.", min=1, max=64)
-    cpu_cores: int = _opt(128, help="CPU cores per node.", min=1)
+def _sources_config() -> type:
+    """``sources``: one field per registered source (:data:`exporter.sources.SOURCES`), whose
+    type is the options dataclass the source declares beside its code."""
+    fields = []
+    for name, entry in SOURCES.items():
+        options = entry.options_class()
+        fields.append((name, options, _opt(help=entry.help, factory=options)))
+    assembled = dataclasses.make_dataclass("SourcesConfig", fields, frozen=True)
+    assembled.__module__ = __name__
+    return assembled
 
 
-REFERENCE_POOLS = (
-    SimPool("gpu-h200", "H200", 32, 8, 192),
-    SimPool("gpu-h100", "H100", 64, 8, 128),
-    SimPool("gpu-a100", "A100-80GB", 32, 8, 128),
-    SimPool("gpu-b200", "B200", 8, 8, 224),
-)
-
-SCENARIO_KINDS = ("overheat", "idle_allocated", "fragmented_pool", "gpu_lost")
-
-
-@dataclass(frozen=True)
-class Scenario:
-    kind: str = _opt(help="What to force.", choices=SCENARIO_KINDS)
-    node: str = _opt("", help="Node name (overheat, idle_allocated, gpu_lost).")
-    gpu: int = _opt(0, help="GPU index on that node.", min=0)
-    pool: str = _opt("", help="Pool name (fragmented_pool).")
-    start_after: Duration = _opt(Duration(0), help="Simulated time before it starts.", min=0)
-    value: float = _opt(
-        0.0, help="Forced value: temperature in Celsius for overheat (0 means 90).", min=0
-    )
-
-
-@dataclass(frozen=True)
-class SimSource:
-    enabled: bool = _opt(True, help="Serve the built-in simulated fleet.")
-    seed: int = _opt(42, help="Random seed: the same seed gives the same run.", min=0)
-    speed: float = _opt(
-        1.0, help="Simulated seconds per wall-clock second (60 = one hour a minute).", min=0.001
-    )
-    scale: int = _opt(1, help="Copies of the pool layout (10 gives 10,880 GPUs).", min=1)
-    target_allocation: float = _opt(
-        0.8, help="Fraction of GPUs the job mix tries to keep busy.", min=0.0, max=1.0
-    )
-    mig_nodes: int = _opt(2, help="A100 nodes whose GPUs run in MIG mode (7 x 1g.10gb).", min=0)
-    pools: tuple[SimPool, ...] = _opt(REFERENCE_POOLS, help="Pool layout of the simulated fleet.")
-    scenarios: tuple[Scenario, ...] = _opt((), help="Conditions to force for demos and tests.")
-    policy: str = _opt(
-        "bestfit", help="How the simulated scheduler places jobs (bestfit: the fullest node that fits, "
-        "blind to fragmentation, as most schedulers are).", choices=POLICIES,
-    )
-    first_node: int = _opt(
-        1, help="Number of the first node (gpu-NNN), so simulated slices don't collide.", min=1
-    )
-    job_prefix: str = _opt("", help="Prefix of simulated job names, so slices don't collide.")
-    role: str = _opt(
-        "full", help="full: the whole simulated fleet; allocation: only the scheduler's view, "
-        "joined with a telemetry source (nvml, dcgm, prometheus) by node and GPU index.",
-        choices=("full", "allocation"),
-    )
-
-
-@dataclass(frozen=True)
-class GresModel:
-    type: str = _opt(help="GRES type as written in gres.conf, e.g. h200.")
-    model: str = _opt(help="GPU catalogue name it stands for, e.g. H200.")
-
-
-# The reference cluster's GRES types; its gpu-a100 partition runs the 80 GB A100.
-DEFAULT_GRES_MODELS = (
-    GresModel("h200", "H200"),
-    GresModel("h100", "H100"),
-    GresModel("a100", "A100-80GB"),
-    GresModel("b200", "B200"),
-)
-
-
-@dataclass(frozen=True)
-class SlurmSource:
-    enabled: bool = _opt(False, help="Read nodes, allocations and pending jobs from Slurm.")
-    format: str = _opt(
-        "auto", help="squeue/sinfo --json, scontrol text, or JSON falling back to text.",
-        choices=("auto", "json", "text"),
-    )
-    command_timeout: Duration = _opt(
-        Duration(5), help="Longest a Slurm command may run before the read fails.",
-        exclusive_min=0,
-    )
-    bin_dir: str = _opt("", help="Folder of squeue, sinfo and scontrol; empty: the PATH.")
-    slurm_conf: str = _opt("", help="SLURM_CONF for the commands; empty: inherited.")
-    time_zone: str = _opt(
-        "", help="Time zone of scontrol's times (IANA name); empty: this machine's."
-    )
-    gres_models: tuple[GresModel, ...] = _opt(
-        DEFAULT_GRES_MODELS, help="GRES type to catalogue model; other types are looked up as is."
-    )
-
-
-@dataclass(frozen=True)
-class PrometheusSource:
-    enabled: bool = _opt(False, help="Read the whole fleet from a Prometheus server.")
-    url: str = _opt("http://127.0.0.1:9090", help="Base URL of Prometheus (or Thanos/Mimir).")
-    metrics: str = _opt(
-        "gpufleet", help="Whose metrics to read: per-node gpufleet exporters or dcgm-exporter.",
-        choices=("gpufleet", "dcgm"),
-    )
-    selector: str = _opt(
-        "", help='Label matchers added to every query, e.g. job="gpufleet-nodes".'
-    )
-    query_timeout: Duration = _opt(
-        Duration(5), help="Longest one query may take (sent to Prometheus too).", exclusive_min=0
-    )
-    max_sample_age: Duration = _opt(
-        Duration(120), help="A GPU whose newest sample is older is marked stale.",
-        exclusive_min=0,
-    )
-    lost_after: Duration = _opt(
-        Duration(600), help="A node not scraped for this long is dropped; until then, stale.",
-        exclusive_min=0,
-    )
-    gzip: bool = _opt(
-        False, help="Ask for gzipped answers: less network, more CPU; worth it across a WAN."
-    )
-    max_in_flight: int = _opt(
-        4, help="Queries sent at once; more costs Prometheus CPU, fewer leaves it idle.", min=1
-    )
-    bearer_token_file: str = _opt("", help="File holding a bearer token (re-read every read).")
-    bearer_token_env: str = _opt("", help="Environment variable holding a bearer token.")
-    basic_auth_username: str = _opt("", help="Basic-auth user name.")
-    basic_auth_password_file: str = _opt("", help="File holding the basic-auth password.")
-    basic_auth_password_env: str = _opt(
-        "", help="Environment variable holding the basic-auth password."
-    )
-
-
-@dataclass(frozen=True)
-class NvmlSource:
-    enabled: bool = _opt(False, help="Read this machine's GPUs through NVML (libnvidia-ml).")
-    call_timeout: Duration = _opt(
-        Duration(2), help="Longest one GPU's NVML reads may take; past it the GPU's last good "
-        "sample is served, marked stale.", exclusive_min=0,
-    )
-    node: str = _opt("", help="Node name of this machine; empty: the host name.")
-    pool: str = _opt("", help="Pool (Slurm partition or node pool) of this machine's GPUs.")
-
-
-@dataclass(frozen=True)
-class DcgmSource:
-    enabled: bool = _opt(False, help="Scrape dcgm-exporter endpoints across the cluster.")
-    targets: tuple[str, ...] = _opt(
-        (), help="dcgm-exporter endpoints, host:port or http://host:port/metrics."
-    )
-    targets_file: str = _opt(
-        "", help="Prometheus file_sd-style JSON or YAML file of targets (labels.pool sets the "
-        "pool), re-read when it changes.",
-    )
-    timeout: Duration = _opt(
-        Duration(3), help="Per-target scrape timeout; keep it below source_timeout.",
-        exclusive_min=0,
-    )
-    pool: str = _opt("", help="Pool of targets that name none.")
-    max_concurrency: int = _opt(64, help="Targets scraped at once.", min=1)
-    stale_for: Duration = _opt(
-        Duration(300), help="How long a down target's last reading is served, marked stale.",
-        min=0,
-    )
-
-
-@dataclass(frozen=True)
-class SourcesConfig:
-    sim: SimSource = _opt(help="The simulated fleet.", factory=SimSource)
-    nvml: NvmlSource = _opt(help="GPUs of this machine, through NVML.", factory=NvmlSource)
-    dcgm: DcgmSource = _opt(help="dcgm-exporter endpoints.", factory=DcgmSource)
-    slurm: SlurmSource = _opt(help="Slurm: inventory, allocations, demand.", factory=SlurmSource)
-    prometheus: PrometheusSource = _opt(
-        help="A Prometheus that scrapes the fleet's exporters.", factory=PrometheusSource
-    )
+if TYPE_CHECKING:
+    SourcesConfig = Any  # its fields are the registered sources' names
+else:
+    SourcesConfig = _sources_config()
 
 
 ANALYSIS_WORKLOADS = ("window", "trace", "shapes")

@@ -16,7 +16,7 @@ from exporter import logs
 from exporter.collect import Collector
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
 from exporter.server import ServingState, make_app, parse_listen
-from exporter.sources import FACTORIES, Clock, SourceStartupError, build_source
+from exporter.sources import SOURCES, Clock, SourceStartupError, build_source
 
 if TYPE_CHECKING:
     from exporter.advisor.service import AdvisorService
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML config file (every key has a default)")
     parser.add_argument("--listen", metavar="HOST:PORT",
                         help=f"address to serve on (default {DEFAULT_LISTEN})")
-    parser.add_argument("--source", choices=sorted(FACTORIES),
+    parser.add_argument("--source", choices=sorted(SOURCES),
                         help="read only this source (default: those enabled in the config, sim)")
     parser.add_argument("--seed", type=int, metavar="N", help="seed of the simulated fleet")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"))

@@ -17,9 +17,10 @@ from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Predictio
 from exporter.advisor.service import AdvisorService, install, load_receivers, load_token
 from exporter.analysis.families import LiveAnalyzer
 from exporter.collect import Collector
-from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ReceiverConfig, SimSource
+from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ReceiverConfig
 from exporter.server import ServingState, make_app
 from exporter.snapshot import to_json
+from exporter.sources.sim import SimSource
 from exporter.sources.sim import build as sim_source
 
 START = 1_760_000_000.0

@@ -8,10 +8,11 @@ import time
 import pytest
 
 from exporter.analysis.families import LiveAnalyzer, report_families
-from exporter.config import AnalysisConfig, ConfigError, Scenario, ShapeConfig, SimSource, build
+from exporter.config import AnalysisConfig, ConfigError, ShapeConfig, build
 from exporter.exposition import render_families
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import FleetSnapshot
+from exporter.sources.sim import Scenario, SimSource
 from tests.conftest import http_get, openb_csv
 
 START = 1_000_000_000.0

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from exporter.cli import main
-from exporter.config import Scenario, SimSource
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import to_json
+from exporter.sources.sim import Scenario, SimSource
 from tests.conftest import REPO, openb_csv
 
 NODES = str(openb_csv("openb_node_list_gpu_node"))

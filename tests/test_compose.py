@@ -159,7 +159,7 @@ async def test_without_an_allocation_source_sources_are_merged_as_before():
 async def test_simulated_fleet_as_the_allocation_source_joined_with_telemetry():
     """Issue 9: the allocation side may be the simulated fleet, the telemetry side anything."""
     from exporter.collect import Collector
-    from exporter.config import SimSource
+    from exporter.sources.sim import SimSource
     from exporter.sources.sim import build as sim_source
 
     now = 1_760_000_000.0

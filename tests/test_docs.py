@@ -13,11 +13,11 @@ import difflib
 import re
 
 from exporter import metrics
-from exporter.config import SimSource
 from exporter.exposition import render_text
 from exporter.metrics import CATALOGUE
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import JobRequest, SourceStatus, UnmatchedGpus
+from exporter.sources.sim import SimSource
 from tests.golden_metrics import GOLDEN
 from tests.metrics_doc import DOC, generate
 

@@ -9,7 +9,6 @@ import subprocess
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from exporter.config import Scenario, SimSource
 from exporter.exposition import (
     GPU_FAMILIES,
     Family,
@@ -21,6 +20,7 @@ from exporter.exposition import (
 )
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import Gpu, MigInstance
+from exporter.sources.sim import Scenario, SimSource
 from tests.conftest import http_get, require_binary
 
 START = 1_760_000_000.0

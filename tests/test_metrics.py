@@ -12,9 +12,9 @@ import re
 import pytest
 
 from exporter import metrics
-from exporter.config import PrometheusSource as PrometheusConfig
 from exporter.metrics import CATALOGUE, FamilySpec
 from exporter.sources.prometheus import build_queries
+from exporter.sources.prometheus_options import PrometheusSource as PrometheusConfig
 from tests.conftest import REPO
 
 BASE_UNITS = ("bytes_per_second", "bytes", "seconds", "celsius", "watts", "joules", "ratio")

@@ -17,10 +17,11 @@ import pynvml
 import pytest
 
 from exporter.collect import Collector
-from exporter.config import Config, Duration, NvmlSource
+from exporter.config import Config, Duration
 from exporter.server import STATE, make_app
 from exporter.sources import SourceStartupError
 from exporter.sources.nvml import NvmlGpuSource, build, mig_profile
+from exporter.sources.nvml_options import NvmlSource
 from tests.conftest import REPO
 from tests.exported import Exported
 from tests.fake_pynvml import FAKE_FUNCTIONS, GIB, FakeGpu, FakeMig, FakeNvml

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exporter.config import ConfigError, SimSource, build
+from exporter.config import ConfigError, build
 from exporter.placement import POLICIES
 from exporter.simulation.fleet import Simulation
+from exporter.sources.sim import SimSource
 
 START = 1_760_000_000.0
 

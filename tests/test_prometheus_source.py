@@ -14,7 +14,6 @@ import urllib.error
 
 import pytest
 
-from exporter.config import PrometheusSource as PrometheusConfig
 from exporter.snapshot import FleetSnapshot, from_json
 from exporter.sources import SourceReading, SourceStartupError, TargetStatus
 from exporter.sources.prometheus import (
@@ -25,6 +24,7 @@ from exporter.sources.prometheus import (
     build_queries,
     build_snapshot,
 )
+from exporter.sources.prometheus_options import PrometheusSource as PrometheusConfig
 from tests.conftest import free_port, http_get, require_binary, stop, wait_until
 
 # -- queries and decoding, on literals ----------------------------------------------------------
@@ -378,8 +378,8 @@ def test_dcgm_metrics_through_prometheus_equal_the_dcgm_source(tmp_path, prometh
     """Real dcgm-exporter output (data/dcgm-samples) scraped by a real Prometheus:
     read back with ``metrics: dcgm``, it maps exactly as the dcgm source reading the same
     endpoints directly: same GPUs, units, MIG instances and pod allocations."""
-    from exporter.config import DcgmSource
     from exporter.sources.dcgm import build as build_dcgm
+    from exporter.sources.dcgm_options import DcgmSource
     from tests.conftest import data_dir, wait_http
 
     servers, urls = [], []

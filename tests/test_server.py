@@ -7,10 +7,11 @@ import gzip
 import json
 
 from exporter.collect import Collector
-from exporter.config import Config, SimSource
+from exporter.config import Config
 from exporter.server import STATE, make_app
 from exporter.snapshot import from_json
 from exporter.sources import NoData, SourceReading
+from exporter.sources.sim import SimSource
 from exporter.sources.sim import build as sim_source
 
 START = 1_760_000_000.0

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from exporter.catalogue import default_catalogue
-from exporter.config import Scenario, SimSource
 from exporter.simulation.fleet import Simulation
+from exporter.sources.sim import Scenario, SimSource
 from exporter.sources.sim import build as sim_source
 
 START = 1_760_000_000.0

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from exporter.config import SimPool, SimSource
 from exporter.simulation.fleet import Simulation
+from exporter.sources.sim import SimPool, SimSource
 
 
 def test_slices_have_disjoint_node_and_job_names():

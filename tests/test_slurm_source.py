@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import SlurmSource as SlurmConfig
 from exporter.snapshot import JobRequest
 from exporter.sources import SourceReading
 from exporter.sources.slurm import SlurmAllocationSource, SlurmCommandError, build
+from exporter.sources.slurm_options import SlurmSource as SlurmConfig
 from tests.conftest import http_get, require_binary
 from tests.slurm_cluster import BINARIES, SlurmCluster
 

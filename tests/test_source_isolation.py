@@ -8,6 +8,7 @@ indirectly, through a module a source imports.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -27,6 +28,11 @@ SOURCE_MODULES = (
     "exporter.sources.exposition_parser",
     "exporter.sources.gpu_models",
     "exporter.sources.slurm_parse",
+    "exporter.sources.nvml_options",
+    "exporter.sources.dcgm_options",
+    "exporter.sources.slurm_options",
+    "exporter.sources.prometheus_options",
+    "exporter.options",
 )
 
 # downstream of the snapshot; and the simulator, which the sim source is handed by its
@@ -37,22 +43,33 @@ FORBIDDEN = ("exporter.analysis", "exporter.placement", "exporter.exposition", "
 PROBE = """
 import importlib, sys
 importlib.import_module({module!r})
-print(sorted(m for m in sys.modules if m.split(".")[:2] in [p.split(".") for p in {forbidden!r}]))
+print(sorted(m for m in sys.modules for p in {forbidden!r} if m == p or m.startswith(p + ".")))
 """
+
+
+def loaded(module: str, forbidden: tuple[str, ...]) -> list[str]:
+    """Which of ``forbidden`` (packages count with their submodules) a fresh import loads."""
+    done = subprocess.run([sys.executable, "-c", PROBE.format(module=module, forbidden=forbidden)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    return ast.literal_eval(done.stdout.strip())
 
 
 @pytest.mark.parametrize("module", SOURCE_MODULES)
 def test_importing_a_source_module_loads_nothing_downstream(module):
-    done = subprocess.run([sys.executable, "-c", PROBE.format(module=module, forbidden=FORBIDDEN)],
-                          cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
-    assert done.stdout.strip() == "[]", f"{module} loads {done.stdout.strip()}"
+    assert loaded(module, FORBIDDEN) == []
+
+
+def test_reading_the_config_imports_no_source_machinery():
+    """config.py assembles ``sources`` from the options modules only: no aiohttp, pynvml,
+    numpy or asyncio just to read a YAML file."""
+    heavy = ("aiohttp", "pynvml", "numpy", "asyncio", "exporter.simulation", "exporter.placement")
+    assert loaded("exporter.config", heavy) == []
 
 
 def test_building_the_sim_source_hands_it_the_simulator():
     """The other half of the bargain: the factory wires the simulator in."""
-    from exporter.config import SimSource
     from exporter.simulation.fleet import Simulation
-    from exporter.sources.sim import build
+    from exporter.sources.sim import SimSource, build
 
     source = build(SimSource(), lambda: 0.0)
     assert source.simulate is Simulation

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from exporter.catalogue import GB, Catalogue, default_catalogue
-from exporter.config import SimSource
 from exporter.placement.engine import Placer, Task
 from exporter.placement.tiers import REFERENCE_TIERS, tier_of
 from exporter.simulation.jobs import JOB_KINDS, JobKind, SimJob, relative_rates
@@ -46,6 +45,7 @@ from exporter.snapshot import (
     Node,
     Placement,
 )
+from exporter.sources.sim import SimSource
 
 MIG_SLICES = 7  # A100 80GB in 7 x 1g.10gb
 CHECKPOINT_INTERVAL = 900.0  # the reference cluster checkpoints every 15 min

@@ -47,8 +47,13 @@ Imports
     and ``tests/test_source_isolation.py`` checks what a fresh import loads): data
     flows one way, from sources to the snapshot to everything else.
 
-Adding a source means adding ``exporter/sources/<name>.py`` with a
-``build(config, clock) -> Source`` function and one line in ``FACTORIES``.
+Adding a source
+    One module, ``exporter/sources/<name>.py``, with its options dataclass (fields
+    declared with :func:`exporter.options.opt`; in ``<name>_options.py`` if the
+    module imports something heavy) and ``build(options, clock) -> Source``; and one
+    entry in :data:`SOURCES`. :mod:`exporter.config` builds ``sources.<name>`` from
+    the registry, ``--source <name>`` and ``gpufleet serve --help`` follow, and
+    nothing central changes. ``docs/sources.md`` has a complete example.
 """
 
 from __future__ import annotations
@@ -116,17 +121,38 @@ class Source(Protocol):
 
 Clock = Callable[[], float]
 
-# name -> module path; modules are imported only when their source is enabled,
-# so a missing optional dependency of one source cannot break the others.
-FACTORIES: dict[str, str] = {
-    "sim": "exporter.sources.sim",
-    "nvml": "exporter.sources.nvml",
-    "dcgm": "exporter.sources.dcgm",
-    "slurm": "exporter.sources.slurm",
-    "prometheus": "exporter.sources.prometheus",
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """One source of the registry: where its code and its options are, and its help line."""
+
+    module: str  # has build(options, clock) -> Source; imported only when the source is enabled
+    options: str  # "module:Class" of its options dataclass, in a module cheap to import
+    help: str  # what ``gpufleet serve --help`` says of ``sources.<name>``
+
+    def options_class(self) -> type:
+        module, _, name = self.options.partition(":")
+        options: type = getattr(importlib.import_module(module), name)
+        return options
+
+
+# The registry: name (its YAML key and --source value) -> where it is. Source modules are
+# imported only when their source is enabled, so a missing optional dependency of one
+# cannot break the others; the config reads only the options modules.
+SOURCES: dict[str, Registered] = {
+    "sim": Registered("exporter.sources.sim", "exporter.sources.sim:SimSource",
+                      "The simulated fleet."),
+    "nvml": Registered("exporter.sources.nvml", "exporter.sources.nvml_options:NvmlSource",
+                       "GPUs of this machine, through NVML."),
+    "dcgm": Registered("exporter.sources.dcgm", "exporter.sources.dcgm_options:DcgmSource",
+                       "dcgm-exporter endpoints."),
+    "slurm": Registered("exporter.sources.slurm", "exporter.sources.slurm_options:SlurmSource",
+                        "Slurm: inventory, allocations, demand."),
+    "prometheus": Registered("exporter.sources.prometheus",
+                             "exporter.sources.prometheus_options:PrometheusSource",
+                             "A Prometheus that scrapes the fleet's exporters."),
 }
 
 
 def build_source(name: str, config: Any, clock: Clock) -> Source:
-    module = importlib.import_module(FACTORIES[name])
+    module = importlib.import_module(SOURCES[name].module)
     return module.build(config, clock)

@@ -29,7 +29,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -37,12 +37,10 @@ import aiohttp
 from exporter.snapshot import Allocation, Gpu, Node
 from exporter.sources import Clock, NoData, SourceReading, SourceStartupError, TargetStatus
 from exporter.sources.dcgm_mapping import DcgmFleet, RateIntegrator, build_fleet
+from exporter.sources.dcgm_options import DcgmSource as DcgmConfig
 from exporter.sources.exposition_parser import parse_text
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
 from exporter.sources.lastgood import LastGood
-
-if TYPE_CHECKING:
-    from exporter.config import DcgmSource as DcgmConfig
 
 log = logging.getLogger(__name__)
 

@@ -55,15 +55,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from exporter.snapshot import Gpu, MigInstance, Node
 from exporter.sources import Clock, SourceReading, SourceStartupError
 from exporter.sources.gpu_models import ModelInfo, ModelResolver, unknown_model
 from exporter.sources.lastgood import LastGood
-
-if TYPE_CHECKING:
-    from exporter.config import NvmlSource as NvmlConfig
+from exporter.sources.nvml_options import NvmlSource as NvmlConfig
 
 log = logging.getLogger(__name__)
 

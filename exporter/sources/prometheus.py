@@ -58,7 +58,6 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from exporter import metrics
-from exporter.config import PrometheusSource as PrometheusConfig
 from exporter.snapshot import (
     Allocation,
     FleetSnapshot,
@@ -78,6 +77,7 @@ from exporter.sources.dcgm_mapping import (
 )
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
 from exporter.sources.lastgood import LastGood
+from exporter.sources.prometheus_options import PrometheusSource as PrometheusConfig
 
 log = logging.getLogger(__name__)
 

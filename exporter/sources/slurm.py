@@ -32,8 +32,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from exporter.aio import complete
 from exporter.catalogue import Catalogue, default_catalogue
-from exporter.config import SlurmSource as SlurmConfig
 from exporter.sources import Clock, SourceReading, SourceStartupError
+from exporter.sources.slurm_options import SlurmSource as SlurmConfig
 from exporter.sources.slurm_parse import (
     SlurmJob,
     SlurmNode,

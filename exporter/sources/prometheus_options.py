@@ -1,0 +1,46 @@
+"""Options of the ``prometheus`` source (``sources.prometheus``), apart from :mod:`.prometheus`
+so that reading the config does not import aiohttp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.options import Duration, opt
+
+
+@dataclass(frozen=True)
+class PrometheusSource:
+    enabled: bool = opt(False, help="Read the whole fleet from a Prometheus server.")
+    url: str = opt("http://127.0.0.1:9090", help="Base URL of Prometheus (or Thanos/Mimir).")
+    metrics: str = opt(
+        "gpufleet", help="Whose metrics to read: per-node gpufleet exporters or dcgm-exporter.",
+        choices=("gpufleet", "dcgm"),
+    )
+    selector: str = opt(
+        "", help='Label matchers added to every query, e.g. job="gpufleet-nodes".'
+    )
+    query_timeout: Duration = opt(
+        Duration(5), help="Longest one query may take (sent to Prometheus too).", exclusive_min=0
+    )
+    max_sample_age: Duration = opt(
+        Duration(120), help="A GPU whose newest sample is older is marked stale.",
+        exclusive_min=0,
+    )
+    lost_after: Duration = opt(
+        Duration(600), help="A node not scraped for this long is dropped; until then, stale.",
+        exclusive_min=0,
+    )
+    gzip: bool = opt(
+        False, help="Ask for gzipped answers: less network, more CPU; worth it across a WAN."
+    )
+    max_in_flight: int = opt(
+        4, help="Queries sent at once; more costs Prometheus CPU, fewer leaves it idle.", min=1
+    )
+    bearer_token_file: str = opt("", help="File holding a bearer token (re-read every read).")
+    bearer_token_env: str = opt("", help="Environment variable holding a bearer token.")
+    basic_auth_username: str = opt("", help="Basic-auth user name.")
+    basic_auth_password_file: str = opt("", help="File holding the basic-auth password.")
+    basic_auth_password_env: str = opt(
+        "", help="Environment variable holding the basic-auth password."
+    )

@@ -1,0 +1,45 @@
+"""Options of the ``slurm`` source (``sources.slurm``), apart from :mod:`.slurm` so that
+reading the config does not import its subprocess and parsing machinery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.options import Duration, opt
+
+
+@dataclass(frozen=True)
+class GresModel:
+    type: str = opt(help="GRES type as written in gres.conf, e.g. h200.")
+    model: str = opt(help="GPU catalogue name it stands for, e.g. H200.")
+
+
+# The reference cluster's GRES types; its gpu-a100 partition runs the 80 GB A100.
+DEFAULT_GRES_MODELS = (
+    GresModel("h200", "H200"),
+    GresModel("h100", "H100"),
+    GresModel("a100", "A100-80GB"),
+    GresModel("b200", "B200"),
+)
+
+
+@dataclass(frozen=True)
+class SlurmSource:
+    enabled: bool = opt(False, help="Read nodes, allocations and pending jobs from Slurm.")
+    format: str = opt(
+        "auto", help="squeue/sinfo --json, scontrol text, or JSON falling back to text.",
+        choices=("auto", "json", "text"),
+    )
+    command_timeout: Duration = opt(
+        Duration(5), help="Longest a Slurm command may run before the read fails.",
+        exclusive_min=0,
+    )
+    bin_dir: str = opt("", help="Folder of squeue, sinfo and scontrol; empty: the PATH.")
+    slurm_conf: str = opt("", help="SLURM_CONF for the commands; empty: inherited.")
+    time_zone: str = opt(
+        "", help="Time zone of scontrol's times (IANA name); empty: this machine's."
+    )
+    gres_models: tuple[GresModel, ...] = opt(
+        DEFAULT_GRES_MODELS, help="GRES type to catalogue model; other types are looked up as is."
+    )
