@@ -40,12 +40,16 @@ NoData
 
 Imports
     A source may import :mod:`exporter.snapshot`, :mod:`exporter.catalogue`,
-    :mod:`exporter.metrics` (family names only), :mod:`exporter.aio`, other modules
-    of this package, and its own third-party client (aiohttp, pynvml), the heavy
-    ones only where it reads, not where its options are declared. It never imports
-    analysis, exposition, the server or placement (ruff's banned-api enforces it,
-    and ``tests/test_source_isolation.py`` checks what a fresh import loads): data
-    flows one way, from sources to the snapshot to everything else.
+    :mod:`exporter.options`, :mod:`exporter.metrics` (family names only), leaves
+    such as :mod:`exporter.aio`, :mod:`exporter.yamlfile` and
+    :mod:`exporter.policy_names`, other modules of this package, and its own
+    third-party client (aiohttp, pynvml), the heavy ones only where it reads, not
+    where its options are declared. It never imports analysis, exposition, the
+    server or placement (ruff's banned-api enforces it, and
+    ``tests/test_source_isolation.py`` checks what a fresh import loads): data
+    flows one way, from sources to the snapshot to everything else. The sim
+    source's ``build`` alone reaches further: it hands the source the simulator
+    (:mod:`exporter.simulation`, which places jobs with the placement engine).
 
 Adding a source
     One module, ``exporter/sources/<name>.py``, with its options dataclass (fields
