@@ -90,14 +90,14 @@ generate: generate-rules generate-golden
 # tests/golden/metrics.txt: the default simulated fleet's /metrics at a fixed seed and clock
 # (tests/test_golden.py checks it byte for byte).
 generate-golden: $(VENV)/.installed-test
-	$(BIN)/python -m tests.golden_metrics --update
+	$(BIN)/python -m tests.helpers.golden_metrics --update
 
 # docs/metrics.md's tables of families from the catalogue, exporter/metrics.py
 # (tests/test_docs.py checks the drift; the prose around the tables is written by hand).
 .PHONY: generate-docs
 generate: generate-docs
 generate-docs: $(VENV)/.installed-test
-	$(BIN)/python -m tests.metrics_doc --update
+	$(BIN)/python -m tests.helpers.metrics_doc --update
 
 # rules/*.yaml from rules/thresholds.yaml (tests/test_alerting_rules.py checks the drift).
 generate-rules: $(VENV)/.installed-run

@@ -34,12 +34,12 @@ sys.path.insert(0, str(REPO))
 
 from exporter.alerting.thresholds import load_thresholds  # noqa: E402
 from exporter.cli import main as gpufleet  # noqa: E402
-from tests.alerting_servers import (  # noqa: E402
+from tests.helpers import http_get, start_exporter, start_prometheus, stop  # noqa: E402
+from tests.helpers.alerting import (  # noqa: E402
     WebhookReceiver,
     routed_config,
     start_alertmanager,
 )
-from tests.conftest import http_get, start_exporter, start_prometheus, stop  # noqa: E402
 from tests.test_alerting_e2e import EXPORTER_CONFIG, HOT, _prometheus_config  # noqa: E402
 
 # (alert, severity, receiver, labels that pick the one instance we watch)

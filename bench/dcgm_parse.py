@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from exporter.sources.dcgm_mapping import build_fleet  # noqa: E402
 from exporter.sources.exposition_parser import parse_text  # noqa: E402
 from exporter.sources.gpu_models import catalogue_resolver  # noqa: E402
-from tests.conftest import data_dir  # noqa: E402  (the repository's data/, or $GPUFLEET_DATA)
+from tests.helpers import data_dir  # noqa: E402  (the repository's data/, or $GPUFLEET_DATA)
 
 SAMPLE_FILES = ("l4-1gpu-default-counters.prom", "h100-8gpu-k8s-pod-labels.prom",
                 "a100-mig-docs.prom")

@@ -1,27 +1,19 @@
-"""Shared fixtures: free ports, the exporter as a real process, and a real Prometheus.
+"""Fixtures: the exporter and a real Prometheus, each stopped when its test ends.
 
-Servers run on 127.0.0.1 with ports picked free at start. Every process a
-fixture starts is stopped by the fixture, whatever the test did.
+The helpers they use (free ports, starting and stopping servers, the data
+folder) live in ``tests/helpers/``; tests import them from there.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+from tests.helpers.servers import Prometheus, Server, start_exporter, start_prometheus, stop
 
 # Property tests draw the same examples on every run (derandomize), so a run can't pass
 # or fail by luck: the suite never flakes. GPUFLEET_HYPOTHESIS=explore draws fresh
@@ -30,109 +22,12 @@ settings.register_profile("repeatable", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("GPUFLEET_HYPOTHESIS", "repeatable"))
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def data_dir() -> Path:
-    """The real-data folder: $GPUFLEET_DATA when set, else the repository's own data/.
-
-    Tests never read outside the repository unless GPUFLEET_DATA says so.
-    """
-    env = os.environ.get("GPUFLEET_DATA")
-    return Path(env) if env else REPO / "data"
-
-
-def openb_csv(stem: str) -> Path:
-    """An openb trace file by stem (``openb_pod_list_default``): ``.csv`` or ``.csv.gz``."""
-    from exporter.analysis.openb import find_csv
-
-    folder = data_dir() / "alibaba-gpu-v2023" / "csv"
-    found = find_csv(folder, stem)
-    if found is None:
-        pytest.fail(f"{folder}: no {stem}.csv[.gz] (data/ is part of the repository; "
-                    "GPUFLEET_DATA must hold the same layout)")
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            last = exc
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {timeout}s: {last}")
-
-
-def http_get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> bytes:
-    request = urllib.request.Request(url, headers=headers or {})
-    with urllib.request.urlopen(request, timeout=timeout) as resp:
-        return resp.read()
-
-
-def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@dataclass
-class Exporter:
-    proc: subprocess.Popen
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-def start_exporter(tmp: Path, *args: str, config: str | None = None,
-                   env: dict[str, str] | None = None, ready: bool = True) -> Exporter:
-    """``python -m exporter serve`` from this checkout, on a free port."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{port}", *args]
-    if config is not None:
-        path = tmp / f"gpufleet-{port}.yaml"
-        path.write_text(config)
-        cmd += ["--config", str(path)]
-    log = tmp / f"exporter-{port}.log"
-    # run in the test's folder, so relative paths (the advisor's outbox) land there, not in
-    # the checkout; PYTHONPATH keeps `-m exporter` on this checkout's code
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    proc = subprocess.Popen(cmd, cwd=tmp, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": path, **(env or {})})
-    exporter = Exporter(proc, port, log)
-    if ready:
-        try:
-            wait_http(f"{exporter.url}/-/ready", proc=proc)
-        except Exception:
-            stop(proc)
-            raise RuntimeError(f"exporter did not start: {log.read_text()[-2000:]}") from None
-    return exporter
-
 
 @pytest.fixture
 def exporter_factory(tmp_path: Path) -> Iterator:
-    started: list[Exporter] = []
+    started: list[Server] = []
 
-    def factory(*args: str, **kwargs) -> Exporter:
+    def factory(*args: str, **kwargs) -> Server:
         exporter = start_exporter(tmp_path, *args, **kwargs)
         started.append(exporter)
         return exporter
@@ -140,80 +35,6 @@ def exporter_factory(tmp_path: Path) -> Iterator:
     yield factory
     for exporter in started:
         stop(exporter.proc)
-
-
-def require_binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        # make test installs these; a missing one is a broken environment, not a skip
-        pytest.fail(f"{name} is not installed; run `make test`, which installs it")
-    return path
-
-
-@dataclass
-class Prometheus:
-    proc: subprocess.Popen
-    port: int
-    workdir: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def query(self, expr: str, time_: float | None = None) -> list[dict]:
-        params = {"query": expr}
-        if time_ is not None:
-            params["time"] = str(time_)
-        body = http_get(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}")
-        payload = json.loads(body)
-        assert payload["status"] == "success", payload
-        return payload["data"]["result"]
-
-    def wait_for(self, expr: str, predicate, timeout: float = 60.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        result: list[dict] = []
-        while time.monotonic() < deadline:
-            result = self.query(expr)
-            if predicate(result):
-                return result
-            time.sleep(0.5)
-        raise AssertionError(f"{expr!r} never satisfied the condition; last result {result!r}")
-
-
-def start_prometheus(workdir: Path, config: str, extra_args: tuple[str, ...] = ()) -> Prometheus:
-    binary = require_binary("prometheus")
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "prometheus.yml").write_text(config)
-    port = free_port()
-    proc = start_server(
-        "prometheus", workdir, port,
-        [binary, f"--config.file={workdir / 'prometheus.yml'}",
-         f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-         "--web.enable-lifecycle", *extra_args])
-    return Prometheus(proc, port, workdir)
-
-
-def start_server(name: str, workdir: Path, port: int, cmd: list[str]) -> subprocess.Popen:
-    """Start a server whose log goes to ``workdir/<name>.log``; wait for its ``/-/ready``."""
-    log = workdir / f"{name}.log"
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=workdir)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
-    except Exception:
-        stop(proc)
-        raise RuntimeError(f"{name} did not start: {log.read_text()[-2000:]}") from None
-    return proc
-
-
-def wait_until(what: str, check, timeout: float = 45.0, interval: float = 0.2):
-    """Poll ``check`` until it returns something true, and return that; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 @pytest.fixture

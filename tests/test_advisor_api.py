@@ -198,7 +198,7 @@ async def test_shutdown_lets_a_scheduled_evaluation_queue_its_plan_before_the_ou
     from aiohttp.test_utils import TestClient, TestServer
 
     from exporter.advisor.webhook import Deliverer, Receiver
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     calls: list[str] = []
     stub = stub_planner(calls)

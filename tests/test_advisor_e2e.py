@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 
 from deploy.examples.receiver import signature_ok
-from tests.alerting_servers import ADVISOR_TOKEN, routed_config, start_alertmanager
-from tests.conftest import free_port, http_get, stop, wait_until
+from tests.helpers import free_port, http_get, stop, wait_until
+from tests.helpers.alerting import ADVISOR_TOKEN, routed_config, start_alertmanager
 
 pytestmark = pytest.mark.slow  # exporter processes, a real Alertmanager, schedulers
 

@@ -146,7 +146,7 @@ async def test_client_errors_are_final_but_429_is_retried(aiohttp_server, tmp_pa
 
 
 async def test_connection_refused_is_retried(tmp_path, aiohttp_server):
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     outbox = Outbox(tmp_path / "outbox.sqlite")
     receiver = Receiver("gone", f"http://127.0.0.1:{free_port()}/gpufleet", SECRET, timeout=1)

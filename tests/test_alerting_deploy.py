@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import yaml
 
-from tests.alerting_servers import DEPLOY_ALERTMANAGER, routed_config, start_alertmanager
-from tests.conftest import REPO, require_binary, stop
+from tests.helpers import REPO, require_binary, stop
+from tests.helpers.alerting import DEPLOY_ALERTMANAGER, routed_config, start_alertmanager
 
 GPU = {"node": "gpu-001", "gpu": "3", "uuid": "GPU-0001-3", "model": "H200", "pool": "gpu-h200",
        "job": "gpufleet", "instance": "gpufleet-0:9874"}

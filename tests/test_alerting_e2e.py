@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from exporter.cli import main
-from tests.alerting_servers import ADVISOR_TOKEN, WebhookReceiver, routed_config, start_alertmanager
-from tests.conftest import REPO, stop
+from tests.helpers import REPO, stop
+from tests.helpers.alerting import ADVISOR_TOKEN, WebhookReceiver, routed_config, start_alertmanager
 
 FOR_SCALE = "0.01"  # 2 min -> 1.2 s, 5 min -> 3 s, 15 min -> 9 s
 DEADLINE = 60.0

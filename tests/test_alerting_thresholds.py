@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from exporter.alerting.thresholds import ThresholdError, load_thresholds, parse_thresholds
 from exporter.cli import main
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 TABLE = REPO / "rules" / "thresholds.yaml"
 

@@ -13,7 +13,7 @@ from exporter.exposition import render_families
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import FleetSnapshot
 from exporter.sources.sim import Scenario, SimSource
-from tests.conftest import http_get, openb_csv
+from tests.helpers import http_get, openb_csv
 
 START = 1_000_000_000.0
 FAMILIES = {

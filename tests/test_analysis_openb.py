@@ -13,7 +13,7 @@ from exporter.analysis import openb
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import evaluate
 from exporter.analysis.workload import from_tasks
-from tests.conftest import openb_csv
+from tests.helpers import openb_csv
 
 NODES = openb_csv("openb_node_list_gpu_node")
 PODS = openb_csv("openb_pod_list_default")

@@ -12,7 +12,7 @@ from exporter.cli import main
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import to_json
 from exporter.sources.sim import Scenario, SimSource
-from tests.conftest import REPO, openb_csv
+from tests.helpers import REPO, openb_csv
 
 NODES = str(openb_csv("openb_node_list_gpu_node"))
 PODS = str(openb_csv("openb_pod_list_default"))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 HEAVY = ("numpy", "aiohttp", "grafanalib", "matplotlib", "prometheus_client", "exporter.analysis")
 

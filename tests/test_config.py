@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from exporter.config import Config, ConfigError, Duration, build, load
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def _serve(tmp_path, config_text: str, *args: str) -> subprocess.CompletedProcess:

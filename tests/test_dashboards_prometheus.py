@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from exporter.dashboards import DASHBOARDS
-from tests.conftest import REPO, http_get
+from tests.helpers import REPO, http_get
 
 DATA_SECONDS = 30
 RECORDING = REPO / "rules" / "gpufleet-recording.yaml"

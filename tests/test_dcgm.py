@@ -26,8 +26,8 @@ from exporter.sources.dcgm_mapping import build_fleet, is_blank
 from exporter.sources.dcgm_options import DcgmSource as DcgmConfig
 from exporter.sources.exposition_parser import parse_text
 from exporter.sources.gpu_models import catalogue_resolver
-from tests.conftest import data_dir, free_port
-from tests.exported import Exported
+from tests.helpers import data_dir, free_port
+from tests.helpers.exported import Exported
 
 MIB = 1024 * 1024
 SAMPLES = data_dir() / "dcgm-samples"

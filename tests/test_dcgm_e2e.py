@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import data_dir, free_port, http_get, require_binary, stop, wait_http
-from tests.exported import Exported
+from tests.helpers import data_dir, free_port, http_get, require_binary, stop, wait_http
+from tests.helpers.exported import Exported
 
 SAMPLES = data_dir() / "dcgm-samples"
 

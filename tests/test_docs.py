@@ -18,8 +18,8 @@ from exporter.metrics import CATALOGUE
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import JobRequest, SourceStatus, UnmatchedGpus
 from exporter.sources.sim import SimSource
-from tests.golden_metrics import GOLDEN
-from tests.metrics_doc import DOC, generate
+from tests.helpers.golden_metrics import GOLDEN
+from tests.helpers.metrics_doc import DOC, generate
 
 # Every family's HELP and TYPE lines are served even when it has no series, so each one is
 # on the default fleet's /metrics. These have no *series* there, and why:

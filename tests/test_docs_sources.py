@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 DOC = REPO / "docs" / "sources.md"
 

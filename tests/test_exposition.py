@@ -21,7 +21,7 @@ from exporter.exposition import (
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import Gpu, MigInstance
 from exporter.sources.sim import Scenario, SimSource
-from tests.conftest import http_get, require_binary
+from tests.helpers import http_get, require_binary
 
 START = 1_760_000_000.0
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import difflib
 import subprocess
 
-from tests.conftest import require_binary
-from tests.golden_metrics import GOLDEN, render_golden
+from tests.helpers import require_binary
+from tests.helpers.golden_metrics import GOLDEN, render_golden
 
 
 def test_exposition_matches_the_golden_file():

@@ -15,7 +15,7 @@ from exporter import metrics
 from exporter.metrics import CATALOGUE, FamilySpec
 from exporter.sources.prometheus import build_queries
 from exporter.sources.prometheus_options import PrometheusSource as PrometheusConfig
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 BASE_UNITS = ("bytes_per_second", "bytes", "seconds", "celsius", "watts", "joules", "ratio")
 # Tokens of PromQL, YAML and JSON text that mention gpufleet: metric names and

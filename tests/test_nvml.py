@@ -22,9 +22,9 @@ from exporter.server import STATE, make_app
 from exporter.sources import SourceStartupError
 from exporter.sources.nvml import NvmlGpuSource, build, mig_profile
 from exporter.sources.nvml_options import NvmlSource
-from tests.conftest import REPO
-from tests.exported import Exported
-from tests.fake_pynvml import FAKE_FUNCTIONS, GIB, FakeGpu, FakeMig, FakeNvml
+from tests.helpers import REPO
+from tests.helpers.exported import Exported
+from tests.helpers.fake_pynvml import FAKE_FUNCTIONS, GIB, FakeGpu, FakeMig, FakeNvml
 
 MIB = 1024**2
 

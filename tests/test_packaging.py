@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def test_readme_quick_start_is_exactly_make_run_and_make_test():

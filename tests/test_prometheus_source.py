@@ -25,7 +25,7 @@ from exporter.sources.prometheus import (
     build_snapshot,
 )
 from exporter.sources.prometheus_options import PrometheusSource as PrometheusConfig
-from tests.conftest import free_port, http_get, require_binary, stop, wait_until
+from tests.helpers import free_port, http_get, require_binary, stop, wait_until
 
 # -- queries and decoding, on literals ----------------------------------------------------------
 
@@ -380,7 +380,7 @@ def test_dcgm_metrics_through_prometheus_equal_the_dcgm_source(tmp_path, prometh
     endpoints directly: same GPUs, units, MIG instances and pod allocations."""
     from exporter.sources.dcgm import build as build_dcgm
     from exporter.sources.dcgm_options import DcgmSource
-    from tests.conftest import data_dir, wait_http
+    from tests.helpers import data_dir, wait_http
 
     servers, urls = [], []
     try:

@@ -22,7 +22,7 @@ from exporter.placement.engine import POLICIES
 from exporter.placement.replay import COLUMNS, Setup, arrivals, replay, replay_many
 from exporter.placement.task import Task
 from exporter.replay_cmd import ProgressBar, parse_seeds
-from tests.conftest import REPO, data_dir, openb_csv
+from tests.helpers import REPO, data_dir, openb_csv
 
 TRACE = data_dir() / "alibaba-gpu-v2023" / "csv"
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tests.conftest import http_get
+from tests.helpers import http_get
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

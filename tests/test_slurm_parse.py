@@ -25,7 +25,7 @@ from exporter.sources.slurm_parse import (
     parse_tres_gpus,
     to_snapshot,
 )
-from tests.conftest import data_dir
+from tests.helpers import data_dir
 
 SAMPLES = data_dir() / "slurm-samples"
 MODELS = {"h200": "H200", "h100": "H100", "a100": "A100-80GB", "b200": "B200"}

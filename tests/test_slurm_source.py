@@ -22,8 +22,8 @@ from exporter.snapshot import JobRequest
 from exporter.sources import SourceReading
 from exporter.sources.slurm import SlurmAllocationSource, SlurmCommandError, build
 from exporter.sources.slurm_options import SlurmSource as SlurmConfig
-from tests.conftest import http_get, require_binary
-from tests.slurm_cluster import BINARIES, SlurmCluster
+from tests.helpers import http_get, require_binary
+from tests.helpers.slurm_cluster import BINARIES, SlurmCluster
 
 pytestmark = pytest.mark.slow  # a real Slurm (slurmctld, slurmd, munge)
 

@@ -6,8 +6,8 @@ default ``gpufleet serve`` renders after one collection, wired exactly as
 ``CLOCK`` and every duration read as 0. A change to the exposition shows as a
 diff of ``tests/golden/metrics.txt`` in review.
 
-    python -m tests.golden_metrics            # print the exposition
-    python -m tests.golden_metrics --update   # rewrite tests/golden/metrics.txt (make generate)
+    python -m tests.helpers.golden_metrics            # print the exposition
+    python -m tests.helpers.golden_metrics --update   # rewrite tests/golden/metrics.txt (make generate)
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from exporter.exposition import LabelCache
 from exporter.serve_cmd import assemble, enabled_sources
 from exporter.server import collect_and_render
 
-GOLDEN = Path(__file__).resolve().parent / "golden" / "metrics.txt"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "metrics.txt"
 CLOCK = 1_760_000_000.0  # 2025-10-09T08:53:20Z
 
 

@@ -7,8 +7,8 @@ order: name, type, labels, and the exact HELP text followed by the spec's
 ``doc`` note. ``tests/test_docs.py`` fails when the file differs from what this
 writes, or when a group has no table (or two).
 
-    python -m tests.metrics_doc            # print docs/metrics.md as generated
-    python -m tests.metrics_doc --update   # rewrite docs/metrics.md (make generate-docs)
+    python -m tests.helpers.metrics_doc            # print docs/metrics.md as generated
+    python -m tests.helpers.metrics_doc --update   # rewrite docs/metrics.md (make generate-docs)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from exporter.metrics import CATALOGUE, IDENTITY, FamilySpec
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 START = "<!-- families: {group} (generated from exporter/metrics.py by `make generate-docs`) -->"
 END = "<!-- end families -->"
 BLOCK = re.compile(r"^<!-- families: (?P<group>[a-z_]+) .*?-->\n(?P<table>.*?)^<!-- end families -->$",

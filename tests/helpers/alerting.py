@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -19,20 +18,14 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from tests.conftest import REPO, free_port, http_get, require_binary, start_server
+from tests.helpers.data import REPO
+from tests.helpers.servers import Server, free_port, http_get, require_binary, start_server
 
 DEPLOY_ALERTMANAGER = REPO / "deploy" / "alertmanager.yml"
 
 
-@dataclass
-class Alertmanager:
-    proc: subprocess.Popen
-    port: int
-    workdir: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+class Alertmanager(Server):
+    """A real Alertmanager, with the parts of its API the tests use."""
 
     def alerts(self, **matchers: str) -> list[dict[str, Any]]:
         """Alerts Alertmanager holds, with their status (suppressed, inhibitedBy)."""
@@ -62,7 +55,7 @@ def start_alertmanager(workdir: Path, config: dict[str, Any]) -> Alertmanager:
          f"--web.listen-address=127.0.0.1:{port}",
          "--cluster.listen-address=",  # no gossip port: one instance, nothing to clash with
          "--log.level=debug"])
-    return Alertmanager(proc, port, workdir)
+    return Alertmanager(proc, port, workdir, workdir / "alertmanager.log")
 
 
 ADVISOR_TOKEN = "advisor-token-for-tests"

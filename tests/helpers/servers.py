@@ -1,0 +1,171 @@
+"""Real servers on 127.0.0.1 for the tests: free ports, start, wait, stop.
+
+One ``Server`` record serves every process a test starts (the exporter,
+Prometheus, Alertmanager); ``Prometheus`` and ``Alertmanager`` (in
+``tests.helpers.alerting``) only add their HTTP APIs to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.data import REPO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout}s: {last}")
+
+
+def http_get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> bytes:
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
+        return resp.read()
+
+
+def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class Server:
+    """A process serving HTTP on 127.0.0.1:``port``, started in ``workdir``, logging to ``log``."""
+
+    proc: subprocess.Popen
+    port: int
+    workdir: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def start_exporter(tmp: Path, *args: str, config: str | None = None,
+                   env: dict[str, str] | None = None, ready: bool = True) -> Server:
+    """``python -m exporter serve`` from this checkout, on a free port."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{port}", *args]
+    if config is not None:
+        path = tmp / f"gpufleet-{port}.yaml"
+        path.write_text(config)
+        cmd += ["--config", str(path)]
+    log = tmp / f"exporter-{port}.log"
+    # run in the test's folder, so relative paths (the advisor's outbox) land there, not in
+    # the checkout; PYTHONPATH keeps `-m exporter` on this checkout's code
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.Popen(cmd, cwd=tmp, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": path, **(env or {})})
+    exporter = Server(proc, port, tmp, log)
+    if ready:
+        try:
+            wait_http(f"{exporter.url}/-/ready", proc=proc)
+        except Exception:
+            stop(proc)
+            raise RuntimeError(f"exporter did not start: {log.read_text()[-2000:]}") from None
+    return exporter
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        # make test installs these; a missing one is a broken environment, not a skip
+        pytest.fail(f"{name} is not installed; run `make test`, which installs it")
+    return path
+
+
+class Prometheus(Server):
+    """A real Prometheus, with its query API."""
+
+    def query(self, expr: str, time_: float | None = None) -> list[dict]:
+        params = {"query": expr}
+        if time_ is not None:
+            params["time"] = str(time_)
+        body = http_get(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}")
+        payload = json.loads(body)
+        assert payload["status"] == "success", payload
+        return payload["data"]["result"]
+
+    def wait_for(self, expr: str, predicate, timeout: float = 60.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        result: list[dict] = []
+        while time.monotonic() < deadline:
+            result = self.query(expr)
+            if predicate(result):
+                return result
+            time.sleep(0.5)
+        raise AssertionError(f"{expr!r} never satisfied the condition; last result {result!r}")
+
+
+def start_prometheus(workdir: Path, config: str, extra_args: tuple[str, ...] = ()) -> Prometheus:
+    binary = require_binary("prometheus")
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "prometheus.yml").write_text(config)
+    port = free_port()
+    proc = start_server(
+        "prometheus", workdir, port,
+        [binary, f"--config.file={workdir / 'prometheus.yml'}",
+         f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+         "--web.enable-lifecycle", *extra_args])
+    return Prometheus(proc, port, workdir, workdir / "prometheus.log")
+
+
+def start_server(name: str, workdir: Path, port: int, cmd: list[str]) -> subprocess.Popen:
+    """Start a server whose log goes to ``workdir/<name>.log``; wait for its ``/-/ready``."""
+    log = workdir / f"{name}.log"
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=workdir)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
+    except Exception:
+        stop(proc)
+        raise RuntimeError(f"{name} did not start: {log.read_text()[-2000:]}") from None
+    return proc
+
+
+def wait_until(what: str, check, timeout: float = 45.0, interval: float = 0.2):
+    """Poll ``check`` until it returns something true, and return that; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
