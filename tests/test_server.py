@@ -120,27 +120,29 @@ async def test_timed_out_source_is_down_and_others_served():
     assert len(snapshot.gpus) == 1088
 
 
+class Breakable:
+    """The seed-2 simulated fleet (1,088 GPUs) until ``error`` is set; then each read raises it."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.inner = sim_source(SimSource(seed=2), lambda: START)
+        self.error: Exception | None = None
+
+    async def read(self):
+        if self.error is not None:
+            raise self.error
+        return await self.inner.read()
+
+    async def close(self):
+        return None
+
+
 async def test_failed_source_serves_last_good_reading_marked_stale():
-    class Flaky:
-        name = "flaky"
-
-        def __init__(self):
-            self.inner = sim_source(SimSource(seed=2), lambda: START)
-            self.fail = False
-
-        async def read(self):
-            if self.fail:
-                raise ConnectionError("refused")
-            return await self.inner.read()
-
-        async def close(self):
-            return None
-
-    flaky = Flaky()
+    flaky = Breakable("flaky")
     collector = Collector([flaky], timeout_seconds=1, clock=lambda: START)
     good = await collector.collect()
     assert not any(g.stale for g in good.gpus)
-    flaky.fail = True
+    flaky.error = ConnectionError("refused")
     stale = await collector.collect()
     assert [g.key for g in stale.gpus] == [g.key for g in good.gpus]
     assert all(g.stale for g in stale.gpus)
@@ -165,25 +167,10 @@ async def test_no_data_is_not_an_exception():
 
 async def test_no_data_after_good_readings_serves_nothing_stale():
     """NoData means nothing is there any more: unlike a failure, no last good reading is served."""
-    class Emptied:
-        name = "emptied"
-
-        def __init__(self):
-            self.inner = sim_source(SimSource(seed=2), lambda: START)
-            self.empty = False
-
-        async def read(self):
-            if self.empty:
-                raise NoData("the targets file lists no target")
-            return await self.inner.read()
-
-        async def close(self):
-            return None
-
-    source = Emptied()
+    source = Breakable("emptied")
     collector = Collector([source], timeout_seconds=1, clock=lambda: START)
     assert len((await collector.collect()).gpus) == 1088
-    source.empty = True
+    source.error = NoData("the targets file lists no target")
     snapshot = await collector.collect()
     assert snapshot.gpus == () and snapshot.allocations == ()
     (status,) = snapshot.sources

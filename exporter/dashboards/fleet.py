@@ -182,12 +182,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,
         description="GPU fleet by pool and model: states, utilization, memory, power, "
                     "temperature, NVLink and alerts.",
-        variables=[
-            p.datasource_variable(),
-            p.query_variable("pool", "Pool", "label_values(gpufleet_gpu_info, pool)"),
-            p.query_variable("model", "Model",
-                             'label_values(gpufleet_gpu_info{pool=~"$pool"}, model)'),
-        ],
+        variables=p.pool_and_model_variables(),
         links=[p.dashboard_link("Node drill-down", "gpufleet-node"),
                p.dashboard_link("Fragmentation", "gpufleet-fragmentation")],
     )

@@ -163,12 +163,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,
         description="Fragmentation index, idle against fragmented GPUs, reasons, nodes and "
                     "tier inversions.",
-        variables=[
-            p.datasource_variable(),
-            p.query_variable("pool", "Pool", "label_values(gpufleet_gpu_info, pool)"),
-            p.query_variable("model", "Model",
-                             'label_values(gpufleet_gpu_info{pool=~"$pool"}, model)'),
-        ],
+        variables=p.pool_and_model_variables(),
         links=[p.dashboard_link("Fleet overview", "gpufleet-fleet"),
                p.dashboard_link("Node drill-down", "gpufleet-node")],
     )

@@ -163,10 +163,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         description="Per node and GPU: every per-GPU metric, MIG instances and the job "
                     "holding each GPU.",
         variables=[
-            p.datasource_variable(),
-            p.query_variable("pool", "Pool", "label_values(gpufleet_gpu_info, pool)"),
-            p.query_variable("model", "Model",
-                             'label_values(gpufleet_gpu_info{pool=~"$pool"}, model)'),
+            *p.pool_and_model_variables(),
             p.query_variable("node", "Node",
                              'label_values(gpufleet_gpu_info{pool=~"$pool",model=~"$model"}, node)',
                              include_all=False),

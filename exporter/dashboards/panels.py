@@ -60,6 +60,15 @@ def datasource_variable() -> core.Template:
     )
 
 
+def pool_and_model_variables() -> list[core.Template]:
+    """Data source, then pool, then the models of the chosen pools: every dashboard starts so."""
+    return [
+        datasource_variable(),
+        query_variable("pool", "Pool", "label_values(gpufleet_gpu_info, pool)"),
+        query_variable("model", "Model", 'label_values(gpufleet_gpu_info{pool=~"$pool"}, model)'),
+    ]
+
+
 def query_variable(name: str, label: str, query: str, *, multi: bool = True,
                    include_all: bool = True) -> core.Template:
     """A variable filled by ``label_values(...)``; refreshed when the time range changes,
