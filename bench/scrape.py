@@ -132,7 +132,7 @@ def wrk(url: str, clients: int, seconds: float) -> dict[str, float]:
 def render_times(scale: int) -> dict[str, float]:
     from exporter.exposition import LabelCache, render_text
     from exporter.simulation.fleet import Simulation
-    from exporter.sources.sim import SimSource
+    from exporter.sources.sim_options import SimSource
 
     sim = Simulation(SimSource(scale=scale), start_time=time.time())
     snapshot = sim.snapshot()

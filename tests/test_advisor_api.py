@@ -20,8 +20,8 @@ from exporter.collect import Collector
 from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ReceiverConfig
 from exporter.server import ServingState, make_app
 from exporter.snapshot import to_json
-from exporter.sources.sim import SimSource
 from exporter.sources.sim import build as sim_source
+from exporter.sources.sim_options import SimSource
 
 START = 1_760_000_000.0
 TOKEN = "t0ken-for-tests"

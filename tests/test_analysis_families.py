@@ -12,7 +12,7 @@ from exporter.config import AnalysisConfig, ConfigError, ShapeConfig, build
 from exporter.exposition import render_families
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import FleetSnapshot
-from exporter.sources.sim import Scenario, SimSource
+from exporter.sources.sim_options import Scenario, SimSource
 from tests.helpers import http_get, openb_csv
 
 START = 1_000_000_000.0

@@ -20,7 +20,7 @@ from exporter.exposition import (
 )
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import Gpu, MigInstance
-from exporter.sources.sim import Scenario, SimSource
+from exporter.sources.sim_options import Scenario, SimSource
 from tests.helpers import http_get, require_binary
 
 START = 1_760_000_000.0

@@ -11,8 +11,8 @@ from exporter.config import Config
 from exporter.server import STATE, make_app
 from exporter.snapshot import from_json
 from exporter.sources import NoData, SourceReading
-from exporter.sources.sim import SimSource
 from exporter.sources.sim import build as sim_source
+from exporter.sources.sim_options import SimSource
 
 START = 1_760_000_000.0
 

@@ -9,8 +9,8 @@ import pytest
 
 from exporter.catalogue import default_catalogue
 from exporter.simulation.fleet import Simulation
-from exporter.sources.sim import Scenario, SimSource
 from exporter.sources.sim import build as sim_source
+from exporter.sources.sim_options import Scenario, SimSource
 
 START = 1_760_000_000.0
 

@@ -31,6 +31,7 @@ SOURCE_MODULES = (
     "exporter.sources.nvml_options",
     "exporter.sources.dcgm_options",
     "exporter.sources.slurm_options",
+    "exporter.sources.sim_options",
     "exporter.sources.prometheus_options",
     "exporter.options",
 )
@@ -69,7 +70,8 @@ def test_reading_the_config_imports_no_source_machinery():
 def test_building_the_sim_source_hands_it_the_simulator():
     """The other half of the bargain: the factory wires the simulator in."""
     from exporter.simulation.fleet import Simulation
-    from exporter.sources.sim import SimSource, build
+    from exporter.sources.sim import build
+    from exporter.sources.sim_options import SimSource
 
     source = build(SimSource(), lambda: 0.0)
     assert source.simulate is Simulation

@@ -45,7 +45,7 @@ from exporter.snapshot import (
     Node,
     Placement,
 )
-from exporter.sources.sim import SimSource
+from exporter.sources.sim_options import SimSource
 
 MIG_SLICES = 7  # A100 80GB in 7 x 1g.10gb
 CHECKPOINT_INTERVAL = 900.0  # the reference cluster checkpoints every 15 min

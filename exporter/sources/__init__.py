@@ -143,7 +143,7 @@ class Registered:
 # imported only when their source is enabled, so a missing optional dependency of one
 # cannot break the others; the config reads only the options modules.
 SOURCES: dict[str, Registered] = {
-    "sim": Registered("exporter.sources.sim", "exporter.sources.sim:SimSource",
+    "sim": Registered("exporter.sources.sim", "exporter.sources.sim_options:SimSource",
                       "The simulated fleet."),
     "nvml": Registered("exporter.sources.nvml", "exporter.sources.nvml_options:NvmlSource",
                        "GPUs of this machine, through NVML."),

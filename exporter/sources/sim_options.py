@@ -1,0 +1,73 @@
+"""Options of the ``sim`` source (``sources.sim``): the simulated fleet's layout and scenarios.
+
+A module of their own, like every source's options: the simulator
+(:mod:`exporter.simulation`) and the source (:mod:`exporter.sources.sim`) both
+read them, and neither has to import the other for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.options import Duration, opt
+from exporter.policy_names import POLICIES  # not exporter.placement: numpy
+
+
+@dataclass(frozen=True)
+class SimPool:
+    name: str = opt(help="Pool (partition) name, e.g. gpu-h200.")
+    model: str = opt(help="GPU model, a catalogue name such as H200.")
+    nodes: int = opt(help="Number of nodes in the pool.", min=1)
+    gpus_per_node: int = opt(8, help="GPUs per node.", min=1, max=64)
+    cpu_cores: int = opt(128, help="CPU cores per node.", min=1)
+
+
+REFERENCE_POOLS = (
+    SimPool("gpu-h200", "H200", 32, 8, 192),
+    SimPool("gpu-h100", "H100", 64, 8, 128),
+    SimPool("gpu-a100", "A100-80GB", 32, 8, 128),
+    SimPool("gpu-b200", "B200", 8, 8, 224),
+)
+
+SCENARIO_KINDS = ("overheat", "idle_allocated", "fragmented_pool", "gpu_lost")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    kind: str = opt(help="What to force.", choices=SCENARIO_KINDS)
+    node: str = opt("", help="Node name (overheat, idle_allocated, gpu_lost).")
+    gpu: int = opt(0, help="GPU index on that node.", min=0)
+    pool: str = opt("", help="Pool name (fragmented_pool).")
+    start_after: Duration = opt(Duration(0), help="Simulated time before it starts.", min=0)
+    value: float = opt(
+        0.0, help="Forced value: temperature in Celsius for overheat (0 means 90).", min=0
+    )
+
+
+@dataclass(frozen=True)
+class SimSource:
+    enabled: bool = opt(True, help="Serve the built-in simulated fleet.")
+    seed: int = opt(42, help="Random seed: the same seed gives the same run.", min=0)
+    speed: float = opt(
+        1.0, help="Simulated seconds per wall-clock second (60 = one hour a minute).", min=0.001
+    )
+    scale: int = opt(1, help="Copies of the pool layout (10 gives 10,880 GPUs).", min=1)
+    target_allocation: float = opt(
+        0.8, help="Fraction of GPUs the job mix tries to keep busy.", min=0.0, max=1.0
+    )
+    mig_nodes: int = opt(2, help="A100 nodes whose GPUs run in MIG mode (7 x 1g.10gb).", min=0)
+    pools: tuple[SimPool, ...] = opt(REFERENCE_POOLS, help="Pool layout of the simulated fleet.")
+    scenarios: tuple[Scenario, ...] = opt((), help="Conditions to force for demos and tests.")
+    policy: str = opt(
+        "bestfit", help="How the simulated scheduler places jobs (bestfit: the fullest node that fits, "
+        "blind to fragmentation, as most schedulers are).", choices=POLICIES,
+    )
+    first_node: int = opt(
+        1, help="Number of the first node (gpu-NNN), so simulated slices don't collide.", min=1
+    )
+    job_prefix: str = opt("", help="Prefix of simulated job names, so slices don't collide.")
+    role: str = opt(
+        "full", help="full: the whole simulated fleet; allocation: only the scheduler's view, "
+        "joined with a telemetry source (nvml, dcgm, prometheus) by node and GPU index.",
+        choices=("full", "allocation"),
+    )
