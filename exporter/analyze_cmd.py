@@ -26,8 +26,9 @@ from exporter.analysis.state import FleetState, from_snapshot
 from exporter.analysis.workload import Workload, from_tasks, snapshot_shapes, typical
 from exporter.config import AnalysisConfig, ConfigError, load
 from exporter.errors import UsageError
-from exporter.placement.engine import POLICIES, place_all
+from exporter.placement.engine import place_all
 from exporter.placement.task import Task
+from exporter.policy_names import POLICIES
 from exporter.snapshot import from_json
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else ""

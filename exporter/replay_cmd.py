@@ -29,10 +29,10 @@ from exporter.analysis.state import FleetState, from_snapshot
 from exporter.analysis.workload import from_tasks
 from exporter.config import Config, load
 from exporter.errors import UsageError
-from exporter.placement.engine import POLICIES
 from exporter.placement.plot import plot
 from exporter.placement.replay import Setup, replay_many, run_lengths, summary, write_csv
 from exporter.placement.task import Task
+from exporter.policy_names import POLICIES
 
 log = logging.getLogger("gpufleet")
 MIB = 2**20  # the trace states memory in MiB

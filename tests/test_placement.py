@@ -10,8 +10,9 @@ from exporter.analysis.index import evaluate, scorer, totals
 from exporter.analysis.state import build, from_snapshot
 from exporter.analysis.workload import Shape, Workload
 from exporter.catalogue import GB
-from exporter.placement.engine import POLICIES, Placer, place_all
+from exporter.placement.engine import Placer, place_all
 from exporter.placement.task import Task
+from exporter.policy_names import POLICIES
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, Placement
 
 # The target workload of the fractional cases: whole GPUs and half GPUs, equally often.

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from exporter.analysis import fgd
 from exporter.analysis.state import EPS, build
 from exporter.analysis.workload import Shape, Workload
-from exporter.placement.engine import POLICIES, Placer
+from exporter.placement.engine import Placer
 from exporter.placement.task import Task
+from exporter.policy_names import POLICIES
 
 SHARES = (0.0, 0.25, 0.4, 0.5, 0.75, 1.0)
 MODELS = ("A", "B")

@@ -311,4 +311,4 @@ def place_all(state: FleetState, tasks: Sequence[Task], policy: str, rng: np.ran
     return placer.state, failed
 
 
-__all__ = ["POLICIES", "Placement", "Placer", "Task", "place_all", "select"]
+__all__ = ["Placement", "Placer", "place_all", "select"]

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from exporter.catalogue import GB, Catalogue, default_catalogue
-from exporter.placement.engine import Placer, Task
+from exporter.placement.engine import Placer
+from exporter.placement.task import Task
 from exporter.placement.tiers import REFERENCE_TIERS, tier_of
 from exporter.simulation.jobs import JOB_KINDS, JobKind, SimJob, relative_rates
 from exporter.snapshot import (
