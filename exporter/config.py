@@ -134,6 +134,9 @@ class AdvisorConfig:
                            "GPUFLEET_ADVISOR_TOKEN environment variable wins when set.")
     max_body_bytes: int = _opt(16 * 1024 * 1024, help="Largest POST body accepted.", min=1024)
     outbox: str = _opt("gpufleet-outbox.sqlite", help="SQLite file of pending webhook deliveries.")
+    outbox_retention: Duration = _opt(Duration(7 * 86400), help="How long delivered, rejected and "
+                                      "expired deliveries stay in the outbox before they are "
+                                      "deleted.", exclusive_min=0)
     receivers: tuple[ReceiverConfig, ...] = _opt((), help="Schedulers the plans are POSTed to.")
     retry_initial: Duration = _opt(Duration(1), help="First retry delay.", exclusive_min=0)
     retry_max: Duration = _opt(Duration(300), help="Longest retry delay.", exclusive_min=0)

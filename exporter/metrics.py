@@ -288,6 +288,11 @@ ADVISOR_ALERTMANAGER_NOTIFICATIONS_TOTAL = FamilySpec(
 ADVISOR_OUTBOX_PENDING = FamilySpec(
     "gpufleet_advisor_outbox_pending", "gauge",
     "Plan deliveries waiting in the durable outbox.", (), "advisor")
+ADVISOR_OUTBOX_ERRORS_TOTAL = FamilySpec(
+    "gpufleet_advisor_outbox_errors_total", "counter",
+    "Failed outbox operations by operation (insert, update, select, prune); a plan whose "
+    "insert failed is kept in memory and retried.",
+    ("operation",), "advisor")
 
 # The table, keyed by name, in definition order (the order above): every FamilySpec of this
 # module, so a family declared above cannot be left out of it.

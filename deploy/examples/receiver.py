@@ -7,8 +7,9 @@ It does the three things every receiver must do:
 
 1. verify ``X-Gpufleet-Signature`` (HMAC-SHA256 of the raw body with the shared
    secret) in constant time, and answer 401 when it does not match;
-2. deduplicate on ``Idempotency-Key`` (the plan id): gpufleet retries until it
-   sees a 2xx, so the same plan can arrive more than once;
+2. deduplicate on ``Idempotency-Key`` (the plan id, ``<plan id>.<n>`` when an
+   expired or rejected plan is proposed again): gpufleet retries until it
+   sees a 2xx, so the same proposal can arrive more than once;
 3. answer 2xx only once the plan is safely recorded, 5xx (or 429 with
    ``Retry-After``) when it should be sent again later, and 4xx only when the
    request itself is wrong: gpufleet never retries a 4xx other than 429.

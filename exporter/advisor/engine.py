@@ -94,7 +94,8 @@ class Advisor:
     settings: DecisionSettings = field(default_factory=DecisionSettings)
     clock: Callable[[], float] = time.time
     scopes: dict[str, ScopeState] = field(default_factory=dict)
-    last_plan_at: float | None = None
+    last_plan_at: float | None = None  # the cooldown runs from here
+    _cooldown_before: float | None = None  # last_plan_at before the latest proposal
     last_hold: tuple[float, str, list[str]] | None = None  # when, scope, reasons
     advice: dict[str, Any] | None = None
     plan: CompactionPlan | None = None
@@ -157,12 +158,25 @@ class Advisor:
             self.last_hold = (now, scope, reasons)
             return {**base, "decision": "hold", "scope": scope, "plan": None, "reasons": reasons}
         self.last_hold = None
-        self.last_plan_at = now
+        self._cooldown_before, self.last_plan_at = self.last_plan_at, now
         self.plan = plan
         reasons = [f"{why_due}; {describe_gain(plan)}", *plan.reasons]
         plan_json = plan.to_json()
         plan_json["reasons"] = reasons
         return {**base, "decision": "compact", "scope": scope, "reasons": reasons, "plan": plan_json}
+
+    def not_durable(self) -> None:
+        """The plan just proposed could not be written to the outbox: take back its cooldown.
+
+        A cooldown for a plan no receiver can get would lose the plan for its length;
+        instead every evaluation may propose again until one is written, and the
+        caller starts the cooldown then (:meth:`durable`).
+        """
+        self.last_plan_at = self._cooldown_before
+
+    def durable(self, at: float) -> None:
+        """A proposed plan reached the outbox at ``at``: the cooldown runs from then."""
+        self.last_plan_at = at
 
     def what_if(self, snapshot: FleetSnapshot, report: Report) -> dict[str, Any]:
         """The plan for this snapshot alone, ignoring dwell and cooldown, changing no state."""

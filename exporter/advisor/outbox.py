@@ -2,10 +2,21 @@
 
 Advice that cannot be delivered yet is kept, not dropped: every delivery is a
 row written before the first attempt, so a crash or restart loses nothing and
-a new process on the same file carries on. A plan goes to each receiver at
-most once: (receiver, plan id) is unique, enqueuing it again is a no-op, and a
-row leaves ``pending`` only when a receiver answered 2xx (``delivered``), gave
-a final 4xx (``rejected``) or the plan expired (``expired``).
+a new process on the same file carries on. A row leaves ``pending`` only when
+a receiver answered 2xx (``delivered``), gave a final 4xx (``rejected``) or the
+plan expired (``expired``).
+
+A delivery is one *proposal* of a plan to a receiver: (receiver, plan id,
+proposal) is unique. Enqueuing a plan again is a no-op while its latest
+proposal is pending, or delivered and not yet expired (the receiver has it and
+it still holds); once that proposal expired, was rejected or was delivered and
+then expired, the same plan (the plan id is a content hash, so the same moves
+give the same id) is a new proposal with the next number. Finished rows are
+deleted by :meth:`Outbox.prune` after a retention period.
+
+Every failed operation is counted in :attr:`Outbox.errors` by kind (insert,
+update, select, prune) before the error propagates: a full disk shows on
+``/metrics``, not only in one log line.
 
 The methods are synchronous and quick (one small transaction each); the async
 delivery loop calls them through ``asyncio.to_thread``.
@@ -13,17 +24,26 @@ delivery loop calls them through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import uuid
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+OPERATIONS = ("insert", "update", "select", "prune")  # the kinds :attr:`Outbox.errors` counts
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
     delivery_id     TEXT PRIMARY KEY,
     receiver        TEXT NOT NULL,
     plan_id         TEXT NOT NULL,
+    proposal        INTEGER NOT NULL DEFAULT 1,
     body            BLOB NOT NULL,
     created_at      REAL NOT NULL,
     expires_at      REAL,
@@ -32,10 +52,31 @@ CREATE TABLE IF NOT EXISTS deliveries (
     status          TEXT NOT NULL DEFAULT 'pending',
     last_error      TEXT NOT NULL DEFAULT '',
     finished_at     REAL,
-    UNIQUE (receiver, plan_id)
+    UNIQUE (receiver, plan_id, proposal)
 );
 CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (status, next_attempt_at);
+CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (status, finished_at);
 """
+
+# The first schema had UNIQUE (receiver, plan_id) and no proposal: a plan that expired
+# could never be sent again. SQLite cannot drop a table constraint, so the table is
+# rebuilt once, in one transaction, keeping every row as proposal 1.
+_V1_COLUMNS = ("delivery_id, receiver, plan_id, body, created_at, expires_at, attempts, "
+               "next_attempt_at, status, last_error, finished_at")
+MIGRATE_V1 = f"""
+BEGIN IMMEDIATE;
+ALTER TABLE deliveries RENAME TO deliveries_v1;
+DROP INDEX IF EXISTS deliveries_due;
+{SCHEMA}
+INSERT INTO deliveries ({_V1_COLUMNS}) SELECT {_V1_COLUMNS} FROM deliveries_v1;
+DROP TABLE deliveries_v1;
+COMMIT;
+"""
+
+
+def connect(path: str) -> sqlite3.Connection:
+    """The outbox's connection: autocommit (transactions are explicit), shared across threads."""
+    return sqlite3.connect(path, check_same_thread=False, isolation_level=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,20 +87,47 @@ class Delivery:
     body: bytes
     attempts: int
     expires_at: float | None
+    proposal: int = 1
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same for every retry of this delivery, different for another proposal of the plan.
+
+        The first proposal's key is the plan id, as before proposals existed. A receiver
+        need remember keys only for a plan's lifetime (``advisor.plan_ttl``): a plan past
+        its expiry must not be acted on, and the same plan comes back only as a new proposal.
+        """
+        return self.plan_id if self.proposal == 1 else f"{self.plan_id}.{self.proposal}"
 
 
 class Outbox:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path,
+                 connect: Callable[[str], sqlite3.Connection] = connect) -> None:
+        """``connect`` opens the SQLite connection: the seam tests use to fill the disk."""
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.errors: Counter[str] = Counter({operation: 0 for operation in OPERATIONS})
         # one connection guarded by a lock: calls come from worker threads one at a time
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db = connect(self.path)
         self._lock = threading.Lock()
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # a delivery row must survive power loss
-            self._db.executescript(SCHEMA)
+            columns = [r[1] for r in self._db.execute("PRAGMA table_info(deliveries)").fetchall()]
+            self._db.executescript(MIGRATE_V1 if columns and "proposal" not in columns else SCHEMA)
+
+    def _run(self, operation: str, call: Callable[[sqlite3.Connection], T]) -> T:
+        """One operation under the lock; a failure is counted, its transaction rolled back."""
+        with self._lock:
+            try:
+                return call(self._db)
+            except sqlite3.Error:
+                self.errors[operation] += 1
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):  # the first error is the one to report
+                        self._db.execute("ROLLBACK")
+                raise
 
     def close(self) -> None:
         with self._lock:
@@ -67,40 +135,53 @@ class Outbox:
 
     def enqueue(self, receiver: str, plan_id: str, body: bytes, now: float,
                 expires_at: float | None = None) -> str | None:
-        """Queue ``body`` for ``receiver``; returns the delivery id, or None if already queued."""
+        """Queue ``body`` for ``receiver``; the delivery id, or None while the plan is open there.
+
+        Open: its latest proposal is pending, or delivered and not expired at ``now``.
+        """
         delivery_id = str(uuid.uuid4())
-        with self._lock:
-            cursor = self._db.execute(
-                "INSERT OR IGNORE INTO deliveries (delivery_id, receiver, plan_id, body, created_at,"
-                " expires_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (delivery_id, receiver, plan_id, body, now, expires_at, now),
+
+        def insert(db: sqlite3.Connection) -> str | None:
+            db.execute("BEGIN IMMEDIATE")  # another process on the file must not slip in between
+            latest = db.execute(
+                "SELECT proposal, status, expires_at FROM deliveries WHERE receiver = ?"
+                " AND plan_id = ? ORDER BY proposal DESC LIMIT 1", (receiver, plan_id),
+            ).fetchone()
+            proposal = 1
+            if latest is not None:
+                last, status, expires = latest
+                if status == "pending" or (status == "delivered" and (expires is None or expires > now)):
+                    db.execute("COMMIT")
+                    return None
+                proposal = last + 1
+            db.execute(
+                "INSERT INTO deliveries (delivery_id, receiver, plan_id, proposal, body, created_at,"
+                " expires_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (delivery_id, receiver, plan_id, proposal, body, now, expires_at, now),
             )
-        return delivery_id if cursor.rowcount == 1 else None
+            db.execute("COMMIT")
+            return delivery_id
+
+        return self._run("insert", insert)
 
     def due(self, now: float, limit: int = 100) -> list[Delivery]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT delivery_id, receiver, plan_id, body, attempts, expires_at FROM deliveries"
-                " WHERE status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
-                (now, limit),
-            ).fetchall()
-        return [Delivery(r[0], r[1], r[2], bytes(r[3]), r[4], r[5]) for r in rows]
+        rows = self._run("select", lambda db: db.execute(
+            "SELECT delivery_id, receiver, plan_id, body, attempts, expires_at, proposal"
+            " FROM deliveries WHERE status = 'pending' AND next_attempt_at <= ?"
+            " ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall())
+        return [Delivery(r[0], r[1], r[2], bytes(r[3]), r[4], r[5], r[6]) for r in rows]
 
     def next_due_at(self) -> float | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT MIN(next_attempt_at) FROM deliveries WHERE status = 'pending'"
-            ).fetchone()
+        row = self._run("select", lambda db: db.execute(
+            "SELECT MIN(next_attempt_at) FROM deliveries WHERE status = 'pending'").fetchone())
         return row[0]
 
     def _finish(self, delivery_id: str, status: str, now: float, error: str | None = None) -> None:
         # a delivered row keeps the error of its last failed attempt, for the record
-        with self._lock:
-            self._db.execute(
-                "UPDATE deliveries SET status = ?, attempts = attempts + ?, finished_at = ?,"
-                " last_error = COALESCE(?, last_error) WHERE delivery_id = ? AND status = 'pending'",
-                (status, 0 if status == "expired" else 1, now, error, delivery_id),
-            )
+        self._run("update", lambda db: db.execute(
+            "UPDATE deliveries SET status = ?, attempts = attempts + ?, finished_at = ?,"
+            " last_error = COALESCE(?, last_error) WHERE delivery_id = ? AND status = 'pending'",
+            (status, 0 if status == "expired" else 1, now, error, delivery_id)))
 
     def delivered(self, delivery_id: str, now: float) -> None:
         self._finish(delivery_id, "delivered", now)
@@ -112,24 +193,24 @@ class Outbox:
         self._finish(delivery_id, "expired", now, "plan expired before delivery")
 
     def retry_at(self, delivery_id: str, when: float, error: str) -> None:
-        with self._lock:
-            self._db.execute(
-                "UPDATE deliveries SET attempts = attempts + 1, next_attempt_at = ?, last_error = ?"
-                " WHERE delivery_id = ? AND status = 'pending'",
-                (when, error, delivery_id),
-            )
+        self._run("update", lambda db: db.execute(
+            "UPDATE deliveries SET attempts = attempts + 1, next_attempt_at = ?, last_error = ?"
+            " WHERE delivery_id = ? AND status = 'pending'", (when, error, delivery_id)))
+
+    def prune(self, before: float) -> int:
+        """Delete the rows finished (delivered, rejected, expired) before ``before``; how many."""
+        cursor = self._run("prune", lambda db: db.execute(
+            "DELETE FROM deliveries WHERE status != 'pending' AND finished_at < ?", (before,)))
+        return cursor.rowcount
 
     def pending_count(self) -> int:
-        with self._lock:
-            return self._db.execute(
-                "SELECT COUNT(*) FROM deliveries WHERE status = 'pending'"
-            ).fetchone()[0]
+        row = self._run("select", lambda db: db.execute(
+            "SELECT COUNT(*) FROM deliveries WHERE status = 'pending'").fetchone())
+        return int(row[0])
 
     def status_of(self, receiver: str, plan_id: str) -> tuple[str, int, str] | None:
-        """(status, attempts, last error) of one delivery, for tests and the API."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT status, attempts, last_error FROM deliveries WHERE receiver = ? AND plan_id = ?",
-                (receiver, plan_id),
-            ).fetchone()
+        """(status, attempts, last error) of the plan's latest proposal, for tests and the API."""
+        row = self._run("select", lambda db: db.execute(
+            "SELECT status, attempts, last_error FROM deliveries WHERE receiver = ? AND plan_id = ?"
+            " ORDER BY proposal DESC LIMIT 1", (receiver, plan_id)).fetchone())
         return (row[0], row[1], row[2]) if row else None

@@ -98,6 +98,7 @@ class AdvisorService:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _api: AdvisorApi | None = None
     _closed: bool = False  # the outbox is closed: no more evaluations
+    _unwritten: bool = False  # a proposed plan waits in memory for the outbox: no cooldown yet
 
     async def on_snapshot(self, snapshot: FleetSnapshot) -> None:
         """A ``ServingState.snapshot_listeners`` entry, run before the snapshot is rendered.
@@ -117,6 +118,13 @@ class AdvisorService:
             snapshot, report = self.snapshot, self.report
             # complete(): a cancelled evaluation holds the lock until its thread is done, so
             # no other observe runs beside it and no enqueue lands after the outbox closed
+            if self._unwritten:
+                # the kept plan first (the deliverer may have written it already): once it is
+                # in the outbox, its cooldown starts, one evaluation late at most
+                await complete(asyncio.to_thread(self.deliverer.flush))
+                if not self.deliverer.unwritten_plans():
+                    self._unwritten = False
+                    self.advisor.durable(self.clock())
             advice = await complete(asyncio.to_thread(self.advisor.observe, snapshot, report,
                                                       reason))
             self.evaluations += 1
@@ -126,6 +134,15 @@ class AdvisorService:
                 body = json.dumps(plan, sort_keys=True).encode()
                 queued = await complete(asyncio.to_thread(
                     self.deliverer.enqueue, plan["plan_id"], body, plan["expires_at"]))
+                if self.deliverer.unwritten_plans():
+                    # no cooldown for a plan nobody can receive: the next evaluations propose
+                    # again (the newest plan replaces the kept one) until one is written
+                    self._unwritten = True
+                    self.advisor.not_durable()
+                    log.warning("compaction plan proposed but the outbox cannot take it; kept in "
+                                "memory and retried, no cooldown until it is written",
+                                extra={"plan": plan["plan_id"]})
+                    return advice
                 log.info("compaction plan proposed", extra={
                     "plan": plan["plan_id"], "migrations": len(plan["migrations"]),
                     "queued": queued, "reasons": "; ".join(advice["reasons"])})
@@ -170,6 +187,8 @@ class AdvisorService:
                 [((("result", r),), float(n)) for r, n in sorted(self.api().notifications.items())]),
             metrics.ADVISOR_OUTBOX_PENDING.family(
                 [((), float(self.deliverer.outbox.pending_count()))]),
+            metrics.ADVISOR_OUTBOX_ERRORS_TOTAL.family(
+                [((("operation", op),), float(n)) for op, n in sorted(self.deliverer.outbox.errors.items())]),
         ]
 
     async def background(self, app: web.Application) -> AsyncIterator[None]:
@@ -211,7 +230,7 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: Planne
     except Exception as exc:  # sqlite3.Error or OSError: the path is the user's to fix
         raise ConfigError(f"advisor.outbox: cannot open {config.outbox}: {exc}") from None
     deliverer = Deliverer(outbox, receivers, base_delay=config.retry_initial,
-                          max_delay=config.retry_max)
+                          max_delay=config.retry_max, retention=config.outbox_retention)
     if planner is None:
         planner = functools.partial(plan_compaction, settings=plan_settings(config))
     advisor = Advisor(planner, decision_settings(config))

@@ -1,7 +1,8 @@
 """Deliver plans to schedulers: signed, idempotent, retried, from the durable outbox.
 
 Each POST carries ``X-Gpufleet-Signature: sha256=<HMAC-SHA256 of the body>``,
-``X-Gpufleet-Delivery: <delivery id>`` and ``Idempotency-Key: <plan id>``.
+``X-Gpufleet-Delivery: <delivery id>`` and ``Idempotency-Key: <plan id>`` (``<plan id>.<n>``
+for the n-th proposal of the same plan, n >= 2: see :class:`~exporter.advisor.outbox.Delivery`).
 Timeouts, connection errors, 5xx and 429 are retried with exponential backoff
 and jitter (``Retry-After`` is honoured); any other 4xx is final, because the
 receiver told us the request itself is wrong and repeating it will not help.
@@ -12,6 +13,13 @@ Each result is counted (:attr:`Deliverer.results`) before its outbox row
 changes, and an outbox call once begun is finished even if the deliverer is
 cancelled meanwhile: whoever sees a row ``delivered`` sees it counted, and
 when :meth:`Deliverer.run` has ended no write is still landing behind it.
+
+A plan the outbox cannot take (a full disk, a read-only file) is kept in memory,
+the latest one per receiver, and written again on every delivery round (with
+backoff) and on every :meth:`Deliverer.enqueue`; :meth:`Deliverer.unwritten_plans`
+tells the advisor whether its plan is durable yet. One per receiver because the
+advisor has one current plan: a newer one comes from a newer snapshot and
+supersedes the unwritten older one, which would move jobs by a stale picture.
 """
 
 from __future__ import annotations
@@ -23,8 +31,10 @@ import hashlib
 import hmac
 import logging
 import random
+import sqlite3
+import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
@@ -41,6 +51,8 @@ SIGNATURE_HEADER = "X-Gpufleet-Signature"
 DELIVERY_HEADER = "X-Gpufleet-Delivery"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_RETRY_AFTER = 3600.0  # a receiver asking for more than an hour is treated as asking for an hour
+DEFAULT_RETENTION = 7 * 86400.0  # finished outbox rows kept a week: long after any plan's expiry
+PRUNE_EVERY = 3600.0  # one DELETE an hour keeps the file small; retention is days
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -91,15 +103,61 @@ class Deliverer:
     clock: Callable[[], float] = time.time
     rng: random.Random = field(default_factory=random.Random)
     results: Counter = field(default_factory=Counter)  # (receiver, result) -> count
+    retention: float = DEFAULT_RETENTION  # finished rows are pruned this long after they finished
+    unwritten_per_receiver: int = 1
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # plans the outbox could not take yet: receiver -> (plan id, body, expires at), oldest first
+    _unwritten: dict[str, deque[tuple[str, bytes, float | None]]] = field(default_factory=dict)
+    _unwritten_lock: threading.Lock = field(default_factory=threading.Lock)
+    _write_failures: int = 0
+    _next_write_at: float = 0.0
+    _next_prune_at: float = 0.0
 
     def enqueue(self, plan_id: str, body: bytes, expires_at: float | None) -> int:
-        """Queue the plan for every receiver; returns how many new deliveries were queued."""
+        """Queue the plan for every receiver; returns how many new deliveries were queued.
+
+        Plans kept from a failed write go first. What the outbox cannot take now is
+        kept (see the module's docstring); :meth:`unwritten_plans` says whether it was.
+        """
+        with self._unwritten_lock:
+            for r in self.receivers:
+                kept = self._unwritten.setdefault(r.name, deque(maxlen=self.unwritten_per_receiver))
+                for older in [k for k in kept if k[0] == plan_id]:  # the same plan: the newest copy
+                    kept.remove(older)
+                kept.append((plan_id, body, expires_at))
+            return self._write_unwritten()
+
+    def flush(self) -> int:
+        """Write the kept plans to the outbox, if any; returns how many deliveries were queued."""
+        with self._unwritten_lock:
+            return self._write_unwritten()
+
+    def unwritten_plans(self) -> int:
+        """How many plans (over all receivers) wait in memory for the outbox to take them."""
+        with self._unwritten_lock:
+            return sum(len(kept) for kept in self._unwritten.values())
+
+    def _write_unwritten(self) -> int:
+        queued = 0
         now = self.clock()
-        queued = sum(
-            1 for r in self.receivers
-            if self.outbox.enqueue(r.name, plan_id, body, now, expires_at) is not None
-        )
+        for receiver, kept in self._unwritten.items():
+            while kept:
+                plan_id, body, expires_at = kept[0]
+                try:
+                    if self.outbox.enqueue(receiver, plan_id, body, now, expires_at) is not None:
+                        queued += 1
+                except sqlite3.Error as exc:  # counted by the outbox; the plan stays in memory
+                    delay = backoff(self._write_failures, self.base_delay, self.max_delay, self.rng)
+                    self._write_failures += 1
+                    self._next_write_at = now + delay
+                    log.warning("cannot write the plan to the outbox; kept in memory, will retry",
+                                extra={"receiver": receiver, "plan": plan_id, "err": str(exc),
+                                       "retry_in_s": round(delay, 2)})
+                    if queued:
+                        self._wake.set()
+                    return queued
+                kept.popleft()
+        self._write_failures = 0
         if queued:
             self._wake.set()
         return queued
@@ -113,14 +171,32 @@ class Deliverer:
             while True:
                 self._wake.clear()
                 try:
+                    if self.unwritten_plans() and self.clock() >= self._next_write_at:
+                        await self._outbox(self.flush)
+                    await self._prune()
                     await self.deliver_due(session)
                     next_at = await self._outbox(self.outbox.next_due_at)
                 except Exception:  # a broken outbox row must not end deliveries for good
                     log.exception("delivery round failed")
                     next_at = self.clock() + self.base_delay
+                if self.unwritten_plans():
+                    next_at = min(self._next_write_at, next_at or self._next_write_at)
                 timeout = None if next_at is None else max(0.0, next_at - self.clock())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _prune(self) -> None:
+        now = self.clock()
+        if now < self._next_prune_at:
+            return
+        self._next_prune_at = now + PRUNE_EVERY  # a failed prune is retried in an hour too
+        try:
+            pruned = await self._outbox(self.outbox.prune, now - self.retention)
+        except sqlite3.Error as exc:  # counted by the outbox; deliveries go on regardless
+            log.warning("cannot prune the outbox; will retry", extra={"err": str(exc)})
+            return
+        if pruned:
+            log.info("pruned finished deliveries", extra={"rows": pruned})
 
     async def deliver_due(self, session: aiohttp.ClientSession) -> None:
         due = await self._outbox(self.outbox.due, self.clock())
@@ -144,7 +220,7 @@ class Deliverer:
             "Content-Type": "application/json",
             SIGNATURE_HEADER: sign(delivery.body, receiver.secret),
             DELIVERY_HEADER: delivery.delivery_id,
-            IDEMPOTENCY_HEADER: delivery.plan_id,
+            IDEMPOTENCY_HEADER: delivery.idempotency_key,
         }
         retry_after: float | None = None
         try:
