@@ -39,7 +39,7 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
     assert [row.alert for row in t.alerts] == [
         "GpuUtilizationLow", "GpuMemoryHigh", "GpuTemperatureHigh", "GpuPowerHigh",
         "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuLost",
-        "GpufleetSourceDown", "GpufleetTargetDown"]
+        "GpufleetSourceDown", "GpufleetTargetDown", "GpufleetAdvisorOutboxErrors"]
 
 
 def test_power_is_per_model_h200_from_the_table_others_from_the_catalogue_tdp():

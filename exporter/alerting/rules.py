@@ -84,7 +84,7 @@ RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
 
 _GROUP_OF_SUBJECT = {"gpu": "gpufleet-gpu", "pool": "gpufleet-cluster",
                      "cluster": "gpufleet-cluster", "source": "gpufleet-exporter",
-                     "target": "gpufleet-exporter"}
+                     "target": "gpufleet-exporter", "advisor": "gpufleet-exporter"}
 _RELATION = {"<": "below", ">": "above", ">=": "at or above", "==": "equal to"}
 _HUMANISED = {
     "ratio": "{{ $value | humanizePercentage }}",
@@ -92,6 +92,7 @@ _HUMANISED = {
     "watts": '{{ $value | printf "%.0f" }} W',
     "index": '{{ $value | printf "%.0f" }}',
     "state": "{{ $value }}",
+    "count": '{{ $value | printf "%.0f" }}',
 }
 
 

@@ -55,8 +55,8 @@ class MetricDef:
 
     key: str
     expr: str
-    unit: str  # ratio | celsius | watts | index | state
-    subject: str  # gpu | pool | cluster | source | target
+    unit: str  # ratio | celsius | watts | index | state | count
+    subject: str  # gpu | pool | cluster | source | target | advisor
     ops: tuple[str, ...]
     describe: str
     relative_to_tdp: bool = False  # levels are fractions of each model's TDP
@@ -103,6 +103,14 @@ METRICS: dict[str, MetricDef] = {
                   "{{ end }} of job {{ $labels.job }} has been down or absent for <FOR>: "
                   "no GPU metrics are collected.",
                   absent_too=True),
+        # errors in the last 10 min, not a rate: "3 inserts failed" reads better than
+        # 0.005/s, and a row's `for` longer than the window makes one blip never fire
+        MetricDef("advisor_outbox_errors", "increase(gpufleet_advisor_outbox_errors_total[10m])",
+                  "count", "advisor", (">", ">="),
+                  "The advisor's outbox on {{ $labels.instance }} failed <VALUE> "
+                  "{{ $labels.operation }} operations in the last 10m (<RELATION> <THRESHOLD>) "
+                  "and has kept failing for <FOR>: plans that cannot be written wait in memory, "
+                  "with no cooldown."),
     )
 }
 
@@ -114,7 +122,7 @@ SCOPES: dict[str, str] = {
 
 # (min, max) accepted per unit; ratios may be written as percentages ("30%")
 _RANGES = {"ratio": (0.0, 1.0), "celsius": (0.0, 200.0), "watts": (0.0, 10_000.0),
-           "index": (0.0, 100.0), "state": (0.0, 1.0)}
+           "index": (0.0, 100.0), "state": (0.0, 1.0), "count": (0.0, 1e9)}
 _TDP_FRACTION_RANGE = (0.0, 1.5)
 
 _ALERT_NAME = re.compile(r"^[A-Z][A-Za-z0-9]*$")
