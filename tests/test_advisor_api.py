@@ -180,7 +180,7 @@ def test_token_and_secrets_come_from_env_or_files(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("from-file\n")
     config = AdvisorConfig(token_file=str(token_file))
-    assert load_token(config, {}) == b"from-file"
+    assert load_token(config, {})() == b"from-file"  # a TokenFile: read again on change
     assert load_token(config, {"GPUFLEET_ADVISOR_TOKEN": "from-env"}) == b"from-env"
     assert load_token(AdvisorConfig(), {}) is None
     with pytest.raises(ConfigError, match="token_file"):
@@ -243,3 +243,103 @@ async def test_shutdown_lets_a_scheduled_evaluation_queue_its_plan_before_the_ou
         assert reopened.status_of("sched", plan.plan_id) is not None  # queued, not lost
     finally:
         reopened.close()
+
+
+# Defect 6 (issue 14): blank tokens, a blank bearer, a rotated token file.
+
+async def light_client(aiohttp_client, *, token: bytes | None = TOKEN.encode(), what_if=None,
+                       evaluate=None, **settings):
+    """The API alone, with stub engine callables: no collection, no analysis."""
+    from aiohttp import web
+
+    from exporter.advisor.api import AdvisorApi, add_routes
+
+    async def no_evaluation(reason):
+        return None
+
+    api = AdvisorApi(evaluate=evaluate or no_evaluation,
+                     what_if=what_if or (lambda snapshot: {"what_if": True}),
+                     current=lambda: None, token=token, max_body_bytes=1024 * 1024, **settings)
+    app = web.Application()
+    add_routes(app, api)
+    client = await aiohttp_client(app)
+    client.api = api
+    return client
+
+
+@pytest.mark.parametrize("value", ["   ", "\u00a0", "\t\n"])
+def test_a_blank_token_refuses_to_start(tmp_path, value):
+    """Defect 6: GPUFLEET_ADVISOR_TOKEN="   " became an empty token, without a warning."""
+    with pytest.raises(ConfigError, match=r"^GPUFLEET_ADVISOR_TOKEN: .*empty"):
+        load_token(AdvisorConfig(), {"GPUFLEET_ADVISOR_TOKEN": value})
+    token_file = tmp_path / "token"
+    token_file.write_text(value)
+    with pytest.raises(ConfigError, match=r"^advisor.token_file: .*empty"):
+        load_token(AdvisorConfig(token_file=str(token_file)), {})
+    assert load_token(AdvisorConfig(), {"GPUFLEET_ADVISOR_TOKEN": f"{value}tok{value}"}) == b"tok"
+
+
+def test_serve_with_a_blank_token_exits_2_with_one_line(exporter_factory):
+    exporter = exporter_factory(env={"GPUFLEET_ADVISOR_TOKEN": "   "}, ready=False)
+    assert exporter.proc.wait(timeout=60) == 2
+    lines = exporter.log.read_text().strip().splitlines()
+    assert lines == ["gpufleet: GPUFLEET_ADVISOR_TOKEN: empty after stripping whitespace"]
+
+
+@pytest.mark.parametrize("presented", ["\u00a0", "\u00a0\u00a0", "\t"])
+async def test_a_blank_bearer_gets_401_even_against_an_empty_token(aiohttp_client, presented):
+    """Defect 6: ``Bearer <U+00A0>`` matched the empty token and got 202."""
+    for token in (b"", TOKEN.encode()):
+        client = await light_client(aiohttp_client, token=token)
+        resp = await client.post("/v1/alerts", json=alertmanager_payload(),
+                                 headers={"Authorization": f"Bearer {presented}"})
+        assert resp.status == 401
+
+
+async def test_the_bearer_token_is_compared_stripped(aiohttp_client):
+    client = await light_client(aiohttp_client)
+    resp = await client.post("/v1/alerts", json=alertmanager_payload(),
+                             headers={"Authorization": f"Bearer  {TOKEN}\u00a0"})
+    assert resp.status == 202
+
+
+async def test_a_rotated_token_file_is_read_again(aiohttp_client, tmp_path):
+    """Defect 6: the token file was read once, so a rotated token waited for a restart."""
+    import os
+
+    from aiohttp import web
+
+    from exporter.advisor.api import add_routes
+    from exporter.advisor.service import build_service
+
+    path = tmp_path / "token"
+    path.write_text("old-token\n")
+    config = AdvisorConfig(token_file=str(path), outbox=str(tmp_path / "outbox.sqlite"))
+    service = build_service(config, LiveAnalyzer.from_config(AnalysisConfig()), environ={})
+    app = web.Application()
+    add_routes(app, service.api())
+    client = await aiohttp_client(app)
+
+    def rotate(text: str, step: int) -> None:
+        path.write_text(text)
+        # the same length within one clock tick keeps the mtime: move it on explicitly
+        mtime = path.stat().st_mtime_ns + step * 1_000_000_000
+        os.utime(path, ns=(mtime, mtime))
+
+    async def post(token: str, group: str) -> int:
+        resp = await client.post("/v1/alerts", json=alertmanager_payload(group=group),
+                                 headers=auth(token))
+        return resp.status
+
+    try:
+        assert await post("old-token", "g1") == 202
+        rotate("new-token\n", 1)
+        assert await post("old-token", "g2") == 401
+        assert await post("new-token", "g3") == 202
+        rotate("  \n", 2)  # emptied: nothing is accepted until a token is back
+        assert await post("new-token", "g4") == 401
+        rotate("third-token", 3)
+        assert await post("third-token", "g5") == 202
+    finally:
+        await service.api().finish_evaluations()
+        service.deliverer.outbox.close()

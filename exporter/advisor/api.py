@@ -5,7 +5,8 @@
 - ``POST /v1/alerts``: Alertmanager's webhook (payload version 4). Deduplicated
   on (groupKey, status); ``firing`` triggers an evaluation, ``resolved`` is a no-op.
 
-Every POST needs ``Authorization: Bearer <token>``, compared in constant time.
+Every POST needs ``Authorization: Bearer <token>``, stripped and compared in
+constant time; a blank one never matches.
 Errors are JSON ``{"error": reason}``: 400 for malformed JSON or schema, 401
 for a missing or wrong token, 413 for a body over the limit. A handler never
 lets an exception reach aiohttp's 500 page: the server keeps serving.
@@ -29,6 +30,8 @@ from exporter.snapshot import FleetSnapshot, from_json
 log = logging.getLogger(__name__)
 
 Advice = dict[str, Any]
+# the bearer token: bytes, or a callable that reads it again (advisor.token_file, rotated)
+Token = bytes | Callable[[], bytes | None] | None
 
 
 @dataclass
@@ -38,7 +41,7 @@ class AdvisorApi:
     evaluate: Callable[[str], Coroutine[Any, Any, Advice | None]]  # reason -> new advice
     what_if: Callable[[FleetSnapshot], Advice]
     current: Callable[[], Advice | None]
-    token: bytes | None
+    token: Token
     max_body_bytes: int
     seen_groups: OrderedDict[str, str] = field(default_factory=OrderedDict)
     # Alertmanager notifications by outcome: accepted, duplicate, invalid, unauthorized
@@ -61,13 +64,16 @@ def _error(status: int, reason: str) -> web.Response:
 
 def _authorized(api: AdvisorApi, request: web.Request) -> str | None:
     """None when authorized, else the reason for a 401."""
-    if api.token is None:
-        return "the advisor has no token configured (set GPUFLEET_ADVISOR_TOKEN or advisor.token_file)"
+    token = api.token() if callable(api.token) else api.token
+    if not token:  # an empty token would match a blank bearer
+        return ("the advisor has no usable token (set GPUFLEET_ADVISOR_TOKEN or "
+                "advisor.token_file, non-blank)")
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")
+    presented = presented.strip()  # str.strip: Unicode whitespace too, U+00A0 included
     if scheme.lower() != "bearer" or not presented:
         return "missing bearer token"
-    if not hmac.compare_digest(presented.strip().encode(), api.token):
+    if not hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), token):
         return "wrong bearer token"
     return None
 

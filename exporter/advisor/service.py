@@ -43,19 +43,62 @@ TOKEN_ENV = "GPUFLEET_ADVISOR_TOKEN"
 
 def _read_secret(path: str, key: str) -> bytes:
     try:
-        value = Path(path).read_text().strip()
+        value = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{key}: {path} is not UTF-8 text") from None
     if not value:
-        raise ConfigError(f"{key}: {path} is empty")
+        raise ConfigError(f"{key}: {path} is empty after stripping whitespace")
     return value.encode()
 
 
-def load_token(config: AdvisorConfig, environ: dict[str, str] | os._Environ = os.environ) -> bytes | None:
-    if environ.get(TOKEN_ENV):
-        return environ[TOKEN_ENV].strip().encode()
+class TokenFile:
+    """``advisor.token_file``, read again whenever it changes, so a rotated token needs no restart.
+
+    Each POST costs one stat(). A file that turns empty or unreadable refuses every
+    POST (fails closed) until a token is back, with one warning per change.
+    """
+
+    KEY = "advisor.token_file"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp = self._stat()
+        self._token: bytes | None = _read_secret(path, self.KEY)  # at start, errors stop it
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        # size and inode too: a rewrite within one mtime tick, or a rename over the file
+        return (info.st_mtime_ns, info.st_size, info.st_ino)
+
+    def __call__(self) -> bytes | None:
+        stamp = self._stat()
+        if stamp != self._stamp:
+            self._stamp = stamp
+            try:
+                self._token = _read_secret(self.path, self.KEY)
+            except ConfigError as exc:
+                self._token = None
+                log.warning(f"advisor POSTs refused until the token file is fixed: {exc}")
+            else:
+                log.info("advisor token file read again", extra={"path": self.path})
+        return self._token
+
+
+def load_token(config: AdvisorConfig,
+               environ: dict[str, str] | os._Environ = os.environ) -> bytes | TokenFile | None:
+    """The bearer token: the environment's, else the file's; blank is an error, not "none"."""
+    if TOKEN_ENV in environ:
+        token = environ[TOKEN_ENV].strip()  # str.strip: U+00A0 and every Unicode space too
+        if not token:
+            raise ConfigError(f"{TOKEN_ENV}: empty after stripping whitespace")
+        return token.encode()
     if config.token_file:
-        return _read_secret(config.token_file, "advisor.token_file")
+        return TokenFile(config.token_file)
     return None
 
 
@@ -88,7 +131,7 @@ class AdvisorService:
     advisor: Advisor
     analyzer: LiveAnalyzer
     deliverer: Deliverer
-    token: bytes | None
+    token: bytes | TokenFile | None
     max_body_bytes: int
     clock: Callable[[], float] = time.time
     snapshot: FleetSnapshot | None = None
