@@ -7,6 +7,7 @@ import dataclasses
 import json
 import threading
 import time
+import tracemalloc
 
 import pytest
 
@@ -105,7 +106,7 @@ async def test_posts_need_the_bearer_token(advisor_client, headers):
     (b"{not json", "not valid JSON"),
     (b"[]", "body must be a JSON object"),
     (json.dumps({**alertmanager_payload(), "version": "3"}).encode(), "unsupported payload version"),
-    (json.dumps({**alertmanager_payload(), "status": "maybe"}).encode(), "status must be"),
+    (json.dumps({**alertmanager_payload(), "status": "maybe"}).encode(), "status: must be"),
     (json.dumps({**alertmanager_payload(), "alerts": [{"labels": []}]}).encode(), "alerts[0]"),
     (b"\xff\xfe", "not valid JSON"),
 ])
@@ -245,7 +246,97 @@ async def test_shutdown_lets_a_scheduled_evaluation_queue_its_plan_before_the_ou
         reopened.close()
 
 
-# Defect 6 (issue 14): blank tokens, a blank bearer, a rotated token file.
+# Hardening (issue 14): hostile bodies, blank tokens, a rotated token file, one what-if at a time.
+
+def _refuse_constant(name):
+    raise AssertionError(f"the reply holds {name}, which is not JSON")
+
+
+def strict_json(text: str):
+    """The reply parsed as strict JSON: NaN and Infinity are not JSON (RFC 8259)."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def node(name="gpu-001", gpu_count=8, **fields):
+    return {"name": name, "model": "h100-sxm-80gb", "cpu_cores": 64, "pool": "gpu-h100",
+            "generation": "hopper", "gpu_count": gpu_count, **fields}
+
+
+def snapshot_body(**fields) -> bytes:
+    return json.dumps({"taken_at": START, "nodes": [node()], **fields}).encode()
+
+
+async def test_a_billion_gpus_is_refused_before_anything_is_allocated(advisor_client):
+    """Defect 1: ``gpu_count: 1000000000`` ran ``set(range(gpu_count))`` and dense
+    nodes x GPUs arrays until the kernel killed the server. Now the schema refuses it first."""
+    body = snapshot_body(nodes=[node(gpu_count=1_000_000_000)])
+    tracemalloc.start()
+    try:
+        resp = await advisor_client.post("/v1/plan", data=body, headers=auth())
+        text = await resp.text()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert resp.status == 400, text
+    assert "nodes[0].gpu_count" in strict_json(text)["error"]
+    assert peak < 8 * 1024 * 1024  # the body, its parse and the reply; no per-GPU anything
+
+
+DEEP = b'{"taken_at": 1, "nodes": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (snapshot_body(nodes=[1]), "nodes[0]: must be an object"),
+    (snapshot_body(nodes=[node(gpu_count="eight")]), "nodes[0].gpu_count: must be an integer"),
+    (snapshot_body(nodes=[node(gpu_count=1e9)]), "nodes[0].gpu_count: must be an integer"),
+    (snapshot_body(nodes=[node(gpu_count=-1)]), "nodes[0].gpu_count"),
+    (snapshot_body(nodes=[node(gpu_count=65)]), "nodes[0].gpu_count"),
+    (b'{"taken_at": ' + b"7" * 5000 + b"}", "digits"),
+    (DEEP, "nested deeper than"),
+    (snapshot_body(nodes=[node(cpu_cores=float("nan"))]), "NaN"),
+    (snapshot_body(taken_at="yesterday"), "taken_at: must be a number"),
+    (b'{"taken_at": 1e400}', "1e400"),
+    (b'{"taken_at": -Infinity}', "Infinity"),
+    (snapshot_body(nodes=[node(name="n" * 5000)]), "nodes[0].name"),
+    (snapshot_body(allocations=[{"job": "j", "placements": [
+        {"node": "gpu-001", "gpus": [0], "gpu_share": 1.5, "cpus": 1}]}]),
+     "allocations[0].placements[0].gpu_share"),
+    (snapshot_body(gpus=[{"node": "gpu-001", "index": 64, "uuid": "u", "model": "m", "pool": "p"}]),
+     "gpus[0].index"),
+    (snapshot_body(nodes=[node(), node()]), "nodes[1].name: duplicate"),
+    (snapshot_body(nodes=[node(extra=1)]), "nodes[0].extra: unknown field"),
+    (b'{"nodes": []}', "taken_at: required"),
+])
+async def test_bad_snapshots_get_400_naming_the_field(advisor_client, body, reason):
+    """Defect 7: these gave 500 (types, huge integers, deep nesting), 200 with nonsense
+    (negative GPUs, NaN CPUs, "yesterday") or a reply holding ``Infinity``."""
+    resp = await advisor_client.post("/v1/plan", data=body, headers=auth())
+    text = await resp.text()
+    assert resp.status == 400, text[:300]
+    error = strict_json(text)["error"]
+    assert reason in error and "\n" not in error and len(error) < 400
+
+
+async def test_what_if_replies_are_strict_json(advisor_client):
+    resp = await advisor_client.post("/v1/plan", data=snapshot_body(), headers=auth())
+    assert resp.status == 200
+    assert strict_json(await resp.text())["what_if"] is True
+
+
+async def test_a_bad_alert_is_not_remembered_so_its_retry_is_processed(advisor_client):
+    """Defect 7: a non-string alertname gave 500 after the group was marked as seen, so
+    Alertmanager's retry was answered as a duplicate and never evaluated."""
+    group = '{}:{alertname="Retried"}'
+    bad = alertmanager_payload(group=group)
+    bad["alerts"][0]["labels"]["alertname"] = 7
+    resp = await advisor_client.post("/v1/alerts", json=bad, headers=auth())
+    assert resp.status == 400
+    assert "alerts[0].labels.alertname" in (await resp.json())["error"]
+    retry = await advisor_client.post("/v1/alerts", json=alertmanager_payload(group=group),
+                                      headers=auth())
+    assert retry.status == 202
+    assert await retry.json() == {"accepted": True, "duplicate": False, "evaluation": "scheduled"}
+
 
 async def light_client(aiohttp_client, *, token: bytes | None = TOKEN.encode(), what_if=None,
                        evaluate=None, **settings):
@@ -265,6 +356,25 @@ async def light_client(aiohttp_client, *, token: bytes | None = TOKEN.encode(), 
     client = await aiohttp_client(app)
     client.api = api
     return client
+
+
+async def test_a_failed_evaluation_forgets_the_group(aiohttp_client):
+    """The group is remembered once processed: an evaluation that raised is not processed,
+    so Alertmanager's next notification of the group evaluates again."""
+    calls = []
+
+    async def failing(reason):
+        calls.append(reason)
+        raise RuntimeError("planner broke")
+
+    client = await light_client(aiohttp_client, evaluate=failing)
+    first = await client.post("/v1/alerts", json=alertmanager_payload(), headers=auth())
+    assert first.status == 202
+    await client.api.finish_evaluations()
+    again = await client.post("/v1/alerts", json=alertmanager_payload(), headers=auth())
+    assert (await again.json())["duplicate"] is False
+    await client.api.finish_evaluations()
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("value", ["   ", "\u00a0", "\t\n"])
@@ -343,3 +453,50 @@ async def test_a_rotated_token_file_is_read_again(aiohttp_client, tmp_path):
     finally:
         await service.api().finish_evaluations()
         service.deliverer.outbox.close()
+
+
+async def test_one_what_if_at_a_time_and_503_when_busy(aiohttp_client):
+    entered, release = threading.Event(), threading.Event()
+
+    def what_if(snapshot):
+        entered.set()
+        release.wait(30)
+        return {"what_if": True}
+
+    client = await light_client(aiohttp_client, what_if=what_if)
+    first = asyncio.create_task(client.post("/v1/plan", data=snapshot_body(), headers=auth()))
+    try:
+        assert await asyncio.to_thread(entered.wait, 10)
+        busy = await client.post("/v1/plan", data=snapshot_body(), headers=auth())
+        assert busy.status == 503
+        assert int(busy.headers["Retry-After"]) >= 1
+        assert "busy" in (await busy.json())["error"]
+    finally:
+        release.set()
+    assert (await first).status == 200
+    assert (await client.post("/v1/plan", data=snapshot_body(), headers=auth())).status == 200
+
+
+async def test_a_what_if_past_its_time_limit_gets_503_and_holds_the_slot(aiohttp_client):
+    """The thread cannot be stopped, so the slot stays taken until it ends: never two at once."""
+    release = threading.Event()
+
+    def what_if(snapshot):
+        release.wait(30)
+        return {"what_if": True}
+
+    client = await light_client(aiohttp_client, what_if=what_if, what_if_timeout=0.05)
+    try:
+        late = await client.post("/v1/plan", data=snapshot_body(), headers=auth())
+        assert late.status == 503 and "time limit" in (await late.json())["error"]
+        assert "Retry-After" in late.headers
+        busy = await client.post("/v1/plan", data=snapshot_body(), headers=auth())
+        assert busy.status == 503 and "busy" in (await busy.json())["error"]
+    finally:
+        release.set()
+    for _ in range(500):  # the slot frees when the thread ends
+        if not client.api.what_if_busy:
+            break
+        await asyncio.sleep(0.01)
+    client.api.what_if_timeout = 30.0
+    assert (await client.post("/v1/plan", data=snapshot_body(), headers=auth())).status == 200

@@ -6,18 +6,23 @@
   on (groupKey, status); ``firing`` triggers an evaluation, ``resolved`` is a no-op.
 
 Every POST needs ``Authorization: Bearer <token>``, stripped and compared in
-constant time; a blank one never matches.
-Errors are JSON ``{"error": reason}``: 400 for malformed JSON or schema, 401
-for a missing or wrong token, 413 for a body over the limit. A handler never
-lets an exception reach aiohttp's 500 page: the server keeps serving.
+constant time; a blank one never matches. Errors are JSON ``{"error": reason}``:
+400 for malformed JSON or a body outside :mod:`bounds`' schemas (checked before
+any work), 401 for a missing or wrong token, 413 for a body over the limit, 503
+with ``Retry-After`` while a what-if runs or when one passed its time limit.
+Replies are strict JSON: NaN and infinities are refused on input and never
+written. A handler never lets an exception reach aiohttp's 500 page: the server
+keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -25,13 +30,17 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.snapshot import FleetSnapshot, from_json
+from exporter.advisor import bounds
+from exporter.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
 
 Advice = dict[str, Any]
 # the bearer token: bytes, or a callable that reads it again (advisor.token_file, rotated)
 Token = bytes | Callable[[], bytes | None] | None
+
+# RFC 8259 has no NaN or Infinity: json.dumps' default wrote them, and clients choked
+_dumps = functools.partial(json.dumps, allow_nan=False)
 
 
 @dataclass
@@ -43,6 +52,11 @@ class AdvisorApi:
     current: Callable[[], Advice | None]
     token: Token
     max_body_bytes: int
+    # A what-if runs in a thread, one at a time: a big snapshot is seconds of CPU and a
+    # parsed copy in memory. A thread cannot be stopped, so past the limit the request
+    # gets 503 and the slot stays taken until the thread ends.
+    what_if_timeout: float = 10.0
+    what_if_busy: bool = False
     seen_groups: OrderedDict[str, str] = field(default_factory=OrderedDict)
     # Alertmanager notifications by outcome: accepted, duplicate, invalid, unauthorized
     notifications: Counter = field(default_factory=Counter)
@@ -54,12 +68,42 @@ class AdvisorApi:
         """Wait for the evaluations /v1/alerts scheduled; at shutdown, before the outbox closes."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def remember(self, group: str, status: str) -> None:
+        self.seen_groups[group] = status
+        self.seen_groups.move_to_end(group)
+        while len(self.seen_groups) > self.MAX_GROUPS:
+            self.seen_groups.popitem(last=False)
+
+    def evaluated(self, group: str, status: str, task: asyncio.Task[Advice | None]) -> None:
+        """An evaluation that raised did not process its group: the next notification evaluates."""
+        self._tasks.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            log.error("evaluation for an Alertmanager notification failed", exc_info=exc)
+        if (task.cancelled() or exc is not None) and self.seen_groups.get(group) == status:
+            del self.seen_groups[group]
+
+    def what_if_done(self, job: asyncio.Future[tuple[int, bytes]]) -> None:
+        self.what_if_busy = False
+        if not job.cancelled():
+            job.exception()  # retrieved: the handler, if still waiting, reports it as a 500
+
+
+def _late_failure(job: asyncio.Future[tuple[int, bytes]]) -> None:
+    """A what-if that passed its time limit has no handler left to report its failure."""
+    if not job.cancelled() and (exc := job.exception()) is not None:
+        log.error("what-if failed after its time limit", exc_info=exc)
+
 
 ADVISOR_API = web.AppKey("advisor_api", AdvisorApi)
 
 
-def _error(status: int, reason: str) -> web.Response:
-    return web.json_response({"error": reason}, status=status)
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(data, status=status, headers=headers, dumps=_dumps)
+
+
+def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
+    return _json({"error": reason}, status, headers)
 
 
 def _authorized(api: AdvisorApi, request: web.Request) -> str | None:
@@ -78,19 +122,16 @@ def _authorized(api: AdvisorApi, request: web.Request) -> str | None:
     return None
 
 
-async def _read_json(api: AdvisorApi, request: web.Request) -> tuple[Any, web.Response | None]:
+async def _read_body(api: AdvisorApi, request: web.Request) -> tuple[bytes, web.Response | None]:
     if request.content_length is not None and request.content_length > api.max_body_bytes:
-        return None, _error(413, f"body of {request.content_length} bytes exceeds the "
-                                 f"{api.max_body_bytes}-byte limit")
+        return b"", _error(413, f"body of {request.content_length} bytes exceeds the "
+                                f"{api.max_body_bytes}-byte limit")
     body = bytearray()
     async for chunk in request.content.iter_chunked(65536):
         body += chunk
         if len(body) > api.max_body_bytes:  # chunked bodies carry no Content-Length
-            return None, _error(413, f"body exceeds the {api.max_body_bytes}-byte limit")
-    try:
-        return json.loads(body), None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return None, _error(400, f"body is not valid JSON: {exc}")
+            return b"", _error(413, f"body exceeds the {api.max_body_bytes}-byte limit")
+    return bytes(body), None
 
 
 def _guarded(handler: Callable[[web.Request], Awaitable[web.Response]]):
@@ -102,8 +143,7 @@ def _guarded(handler: Callable[[web.Request], Awaitable[web.Response]]):
         if reason is not None:
             if request.path == "/v1/alerts":
                 api.notifications["unauthorized"] += 1
-            return web.json_response({"error": reason}, status=401,
-                                     headers={"WWW-Authenticate": 'Bearer realm="gpufleet"'})
+            return _error(401, reason, {"WWW-Authenticate": 'Bearer realm="gpufleet"'})
         try:
             return await handler(request)
         except Exception as exc:  # the server never crashes on a request
@@ -116,74 +156,81 @@ def _guarded(handler: Callable[[web.Request], Awaitable[web.Response]]):
 async def get_advice(request: web.Request) -> web.Response:
     advice = request.app[ADVISOR_API].current()
     if advice is None:
-        return web.json_response({"decision": "none", "reasons": ["no snapshot evaluated yet"]})
-    return web.json_response(advice)
+        return _json({"decision": "none", "reasons": ["no snapshot evaluated yet"]})
+    return _json(advice)
+
+
+def _plan(what_if: Callable[[FleetSnapshot], Advice], body: bytes) -> tuple[int, bytes]:
+    """In the worker thread: the body checked against the schema first, then the what-if."""
+    try:
+        snapshot = bounds.snapshot_from_body(body)
+    except bounds.Invalid as exc:
+        return 400, _dumps({"error": str(exc)}).encode()
+    return 200, _dumps(what_if(snapshot)).encode()
 
 
 @_guarded
 async def post_plan(request: web.Request) -> web.Response:
     api = request.app[ADVISOR_API]
-    payload, error = await _read_json(api, request)
+    body, error = await _read_body(api, request)
     if error is not None:
         return error
-    if not isinstance(payload, dict):
-        return _error(400, "body must be a JSON object: a snapshot as served by GET /v1/snapshot")
+    retry = {"Retry-After": str(max(1, math.ceil(api.what_if_timeout)))}
+    if api.what_if_busy:
+        return _error(503, "busy: another what-if is running; retry later", retry)
+    api.what_if_busy = True
+    job = asyncio.get_running_loop().run_in_executor(None, _plan, api.what_if, body)
+    job.add_done_callback(api.what_if_done)  # frees the slot when the thread ends, not before
     try:
-        snapshot = from_json(payload)
-    except (TypeError, ValueError, KeyError) as exc:
-        return _error(400, f"body is not a snapshot: {exc}")
-    advice = await asyncio.to_thread(api.what_if, snapshot)
-    return web.json_response(advice)
+        # shield: a timeout or a client gone cancels the wait, never the job's bookkeeping
+        status, reply = await asyncio.wait_for(asyncio.shield(job), api.what_if_timeout)
+    except TimeoutError:
+        log.warning("what-if passed its time limit; its thread runs on, holding the slot",
+                    extra={"limit_seconds": api.what_if_timeout})
+        job.add_done_callback(_late_failure)
+        return _error(503, f"the what-if passed its {api.what_if_timeout:g} s time limit; "
+                           "retry later", retry)
+    return web.Response(body=reply, status=status, content_type="application/json")
 
 
 def validate_alertmanager(payload: Any) -> str | None:
     """None if ``payload`` is an Alertmanager webhook body (version 4), else what is wrong."""
-    if not isinstance(payload, dict):
-        return "body must be a JSON object"
-    if payload.get("version") != "4":
-        return f"unsupported payload version {payload.get('version')!r} (expected \"4\")"
-    if not isinstance(payload.get("groupKey"), str) or not payload["groupKey"]:
-        return "groupKey must be a non-empty string"
-    if payload.get("status") not in ("firing", "resolved"):
-        return "status must be \"firing\" or \"resolved\""
-    alerts = payload.get("alerts")
-    if not isinstance(alerts, list):
-        return "alerts must be a list"
-    for i, alert in enumerate(alerts):
-        if not isinstance(alert, dict) or not isinstance(alert.get("labels"), dict):
-            return f"alerts[{i}] must be an object with a labels object"
-        if alert.get("status") not in ("firing", "resolved"):
-            return f"alerts[{i}].status must be \"firing\" or \"resolved\""
+    try:
+        bounds.check_alertmanager(payload)
+    except bounds.Invalid as exc:
+        return str(exc)
     return None
 
 
 @_guarded
 async def post_alerts(request: web.Request) -> web.Response:
     api = request.app[ADVISOR_API]
-    payload, error = await _read_json(api, request)
+    body, error = await _read_body(api, request)
     if error is None:
-        problem = validate_alertmanager(payload)
-        error = None if problem is None else _error(400, problem)
+        try:
+            payload = await asyncio.to_thread(bounds.alertmanager_from_body, body)
+        except bounds.Invalid as exc:
+            error = _error(400, str(exc))
     if error is not None:
         api.notifications["invalid"] += 1
         return error
     group, status = payload["groupKey"], payload["status"]
     if api.seen_groups.get(group) == status:
         api.notifications["duplicate"] += 1  # Alertmanager repeats a group every group_interval
-        return web.json_response({"accepted": True, "duplicate": True, "evaluation": "none"})
-    api.notifications["accepted"] += 1
-    api.seen_groups[group] = status
-    api.seen_groups.move_to_end(group)
-    while len(api.seen_groups) > api.MAX_GROUPS:
-        api.seen_groups.popitem(last=False)
+        return _json({"accepted": True, "duplicate": True, "evaluation": "none"})
     if status == "resolved":
-        return web.json_response({"accepted": True, "duplicate": False, "evaluation": "none"})
-    names = sorted({a["labels"].get("alertname", "?") for a in payload["alerts"]})
-    task = asyncio.create_task(api.evaluate(f"alertmanager: {', '.join(names)} firing"))
-    api._tasks.add(task)
-    task.add_done_callback(api._tasks.discard)
-    return web.json_response({"accepted": True, "duplicate": False, "evaluation": "scheduled"},
-                             status=202)
+        reply = _json({"accepted": True, "duplicate": False, "evaluation": "none"})
+    else:
+        names = sorted({a["labels"].get("alertname", "?") for a in payload["alerts"]})
+        task = asyncio.create_task(api.evaluate(f"alertmanager: {', '.join(names)} firing"))
+        api._tasks.add(task)
+        task.add_done_callback(functools.partial(api.evaluated, group, status))
+        reply = _json({"accepted": True, "duplicate": False, "evaluation": "scheduled"}, 202)
+    # remembered only now, once processed: a notification that failed before this line
+    # (a 400, a 500) is not a duplicate when Alertmanager retries it
+    api.notifications["accepted"] += 1
+    api.remember(group, status)
+    return reply
 
 
 def add_routes(app: web.Application, api: AdvisorApi) -> None:

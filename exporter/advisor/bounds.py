@@ -1,0 +1,371 @@
+"""What the advisor's POSTs accept: safe JSON, and schemas with limits, checked before any work.
+
+A posted snapshot drives dense nodes x GPUs arrays and ``range(gpu_count)`` per
+node (:mod:`exporter.analysis.state`), so one ``gpu_count: 1000000000`` once
+took the host's memory. Every number here bounds such a cost:
+
+- GPUs per node <= 64 (``MAX_GPUS_PER_NODE``; the largest HGX/NVL chassis hold 8-72
+  and the analysis pads every node to the widest), and a GPU index below it;
+- nodes <= 100,000 and allocations <= 1,000,000 (``MAX_NODES``, ``MAX_ALLOCATIONS``);
+  at the limits the state's arrays are 100,000 x 64 x 8 bytes = 51 MB;
+- strings <= 1,024 characters (4,096 for free text: a source's error, a label value);
+- JSON nested <= 32 levels, integers <= 20 digits, numbers finite.
+
+Every failure is :class:`Invalid` with one line naming the JSON path, e.g.
+``nodes[3].gpu_count: must be an integer from 0 to 64, got 1000000000``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from exporter.snapshot import (
+    Allocation,
+    FleetSnapshot,
+    Gpu,
+    JobRequest,
+    MigInstance,
+    Node,
+    Placement,
+    SourceStatus,
+    UnmatchedGpus,
+    from_json,
+)
+
+MAX_GPUS_PER_NODE = 64
+MAX_NODES = 100_000
+MAX_ALLOCATIONS = 1_000_000
+MAX_PLACEMENTS = 1_000_000  # over all allocations: each one is a row the planner reads
+MAX_PENDING = 1_000_000
+MAX_STRING = 1024
+MAX_TEXT = 4096
+MAX_DEPTH = 32  # a snapshot is 5 levels deep, an Alertmanager body 4
+MAX_INT_DIGITS = 20  # 2**64 has 20 digits; Python's own cap (4,300) raised a bare ValueError
+MAX_TIME = 1e11  # unix seconds, the year 5138
+MAX_CPUS = 1e6
+MAX_BYTES = 2 ** 60
+MAX_ALERTS = 100_000
+MAX_LABELS = 1024
+
+
+class Invalid(ValueError):
+    """A body the advisor refuses with 400; ``str()`` is the one-line reason."""
+
+
+def _show(value: Any) -> str:
+    """A value as an error quotes it: at most 40 characters, so a reason stays one short line."""
+    if isinstance(value, str):
+        value = value[:41]  # quote a 16 MB string by its start, not whole
+    text = json.dumps(value) if isinstance(value, str | int | float | bool | None) else type(value).__name__
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+# -- safe JSON --------------------------------------------------------------------------
+
+# Escapes first (so an escaped quote is not a quote), then only quotes and brackets are kept:
+# two C-speed passes, and numpy reads what is left (1.0 s became 0.05 s for a 10 MB snapshot
+# against one regex over every string).
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
+_CHUNK = 1 << 20  # a megabyte at a time: a few MB of int32, not 4x the body
+
+
+def nesting_depth(body: bytes) -> int:
+    """How deeply ``body``'s arrays and objects nest, brackets inside strings not counted.
+
+    Checked before parsing: the parser recurses once per level and Python's stack
+    ends near 1,000 (100k levels raised RecursionError, a 500).
+    """
+    skeleton = np.frombuffer(_ESCAPE.sub(b"", body).translate(None, _NOT_STRUCTURE), dtype=np.uint8)
+    depth = deepest = quoted = 0
+    for start in range(0, len(skeleton), _CHUNK):
+        chunk = skeleton[start:start + _CHUNK]
+        quote = chunk == ord('"')
+        inside = (np.cumsum(quote, dtype=np.int32) + quoted) & 1  # odd quotes so far: in a string
+        # "[" 0x5B and "{" 0x7B have bit 0x02 set, "]" 0x5D and "}" 0x7D do not: +1 and -1
+        steps = np.where(quote | (inside == 1), 0, (chunk & 2).astype(np.int32) - 1)
+        levels = np.cumsum(steps, dtype=np.int32) + depth
+        deepest = max(deepest, int(levels.max()))
+        depth, quoted = int(levels[-1]), int(inside[-1])
+        if deepest > MAX_DEPTH:
+            break
+    return deepest
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise Invalid(f"body: an integer of {digits} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise Invalid(f"body: the number {text[:40]} is out of range")
+    return value
+
+
+def _parse_constant(name: str) -> Any:
+    raise Invalid(f"body: {name} is not a JSON number")
+
+
+def parse_json(body: bytes) -> Any:
+    """``body`` as UTF-8 JSON (RFC 8259), refusing deep nesting, huge integers and non-finite numbers."""
+    if nesting_depth(body) > MAX_DEPTH:
+        raise Invalid(f"body: JSON nested deeper than {MAX_DEPTH} levels")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Invalid(f"body is not valid JSON: not UTF-8 at byte {exc.start}") from None
+    try:
+        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
+                          parse_constant=_parse_constant)
+    except Invalid:
+        raise
+    except json.JSONDecodeError as exc:
+        raise Invalid(f"body is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # belt and braces: the checks above come first
+        raise Invalid(f"body is not valid JSON: {type(exc).__name__}") from None
+
+
+# -- checks: each takes the value and its path, and raises Invalid ------------------------
+
+Check = Callable[[Any, str], None]
+
+
+def string(limit: int = MAX_STRING) -> Check:
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, str):
+            raise Invalid(f"{path}: must be a string, got {_show(value)}")
+        if len(value) > limit:
+            raise Invalid(f"{path}: a string of {len(value)} characters (at most {limit})")
+    return check
+
+
+def integer(low: int, high: int) -> Check:
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise Invalid(f"{path}: must be an integer from {low} to {high}, got {_show(value)}")
+    return check
+
+
+def number(low: float, high: float) -> Check:
+    def check(value: Any, path: str) -> None:
+        # ints too: JSON has one number type. The parser already refused NaN and infinities.
+        if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
+            raise Invalid(f"{path}: must be a number from {low:g} to {high:g}, got {_show(value)}")
+    return check
+
+
+def boolean(value: Any, path: str) -> None:
+    if not isinstance(value, bool):
+        raise Invalid(f"{path}: must be true or false, got {_show(value)}")
+
+
+def optional(inner: Check) -> Check:
+    def check(value: Any, path: str) -> None:
+        if value is not None:
+            inner(value, path)
+    return check
+
+
+def array(item: Check, limit: int) -> Check:
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, list):
+            raise Invalid(f"{path}: must be an array, got {_show(value)}")
+        if len(value) > limit:
+            raise Invalid(f"{path}: {len(value)} items (at most {limit})")
+        for i, element in enumerate(value):
+            item(element, f"{path}[{i}]")
+    return check
+
+
+def record(cls: type, fields: dict[str, Check]) -> Check:
+    """An object holding ``cls``'s fields: those without a default are required, no others allowed."""
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+    def check(value: Any, path: str) -> None:
+        prefix = f"{path}." if path else ""
+        if not isinstance(value, dict):
+            raise Invalid(f"{path or 'body'}: must be an object, got {_show(value)}")
+        for name in required:
+            if name not in value:
+                raise Invalid(f"{prefix}{name}: required")
+        for name, element in value.items():
+            rule = fields.get(name)
+            if rule is None:
+                raise Invalid(f"{prefix}{name[:40]}: unknown field of {cls.__name__}")
+            rule(element, prefix + name)
+    return check
+
+
+# -- the snapshot ---------------------------------------------------------------------------
+
+_TIME = number(0, MAX_TIME)
+_BYTES = optional(integer(0, MAX_BYTES))
+_RATE = optional(number(0, 1e15))
+_PRIORITY = integer(-(2 ** 63), 2 ** 63 - 1)
+_GPU_INDEX = integer(0, MAX_GPUS_PER_NODE - 1)
+_MODELS = array(string(), 1024)
+
+SNAPSHOT_FIELDS: dict[type, dict[str, Check]] = {
+    Node: {
+        "name": string(), "model": string(), "cpu_cores": number(0, MAX_CPUS), "pool": string(),
+        "generation": string(), "gpu_count": integer(0, MAX_GPUS_PER_NODE),
+    },
+    MigInstance: {
+        "instance_id": integer(0, 2 ** 31), "profile": string(), "memory_total_bytes": _BYTES,
+        "memory_used_bytes": _BYTES,
+    },
+    Gpu: {
+        "node": string(), "index": _GPU_INDEX, "uuid": string(), "model": string(), "pool": string(),
+        "memory_total_bytes": _BYTES, "memory_used_bytes": _BYTES,
+        "utilization_ratio": optional(number(0, 1e3)),
+        "temperature_celsius": optional(number(-273.15, 1e4)),
+        "power_watts": _RATE, "power_limit_watts": _RATE, "energy_joules": _RATE,
+        "nvlink_transmit_bytes": _RATE, "nvlink_receive_bytes": _RATE,
+        "nvlink_capacity_bytes_per_second": _RATE, "up": boolean, "stale": boolean,
+        "pci_bus_id": optional(string()), "dcgm_nvlink_bandwidth_raw": _RATE,
+    },
+    Placement: {
+        "node": string(), "gpus": array(_GPU_INDEX, MAX_GPUS_PER_NODE),
+        "gpu_share": number(0, 1), "cpus": number(0, MAX_CPUS),
+    },
+    Allocation: {
+        "job": string(), "namespace": string(), "pod": string(), "priority": _PRIORITY,
+        "qos": string(), "user": string(), "account": string(), "start_time": optional(_TIME),
+        "last_checkpoint_time": optional(_TIME), "gpu_memory_need_bytes": _BYTES,
+        "allowed_models": _MODELS,
+    },
+    JobRequest: {
+        "job": string(), "gpu_count": integer(0, MAX_NODES * MAX_GPUS_PER_NODE),
+        "gpu_share": number(0, 1), "cpus": number(0, MAX_CPUS * MAX_NODES),
+        "node_count": integer(0, MAX_NODES), "models": _MODELS, "pool": string(),
+        "priority": _PRIORITY, "submit_time": optional(_TIME),
+    },
+    SourceStatus: {
+        "source": string(), "up": boolean, "duration_seconds": number(0, 1e9),
+        "last_success_time": optional(_TIME), "target": string(), "error": string(MAX_TEXT),
+        "parse_errors": integer(0, 2 ** 63 - 1),
+    },
+    UnmatchedGpus: {"side": string(), "count": integer(0, 2 ** 63 - 1)},
+}
+SNAPSHOT_FIELDS[Gpu]["mig"] = array(record(MigInstance, SNAPSHOT_FIELDS[MigInstance]), 64)
+SNAPSHOT_FIELDS[Allocation]["placements"] = array(record(Placement, SNAPSHOT_FIELDS[Placement]),
+                                                  MAX_NODES)
+SNAPSHOT_FIELDS[FleetSnapshot] = {
+    "taken_at": _TIME,
+    "nodes": array(record(Node, SNAPSHOT_FIELDS[Node]), MAX_NODES),
+    "gpus": array(record(Gpu, SNAPSHOT_FIELDS[Gpu]), MAX_NODES * MAX_GPUS_PER_NODE),
+    "allocations": array(record(Allocation, SNAPSHOT_FIELDS[Allocation]), MAX_ALLOCATIONS),
+    "pending": array(record(JobRequest, SNAPSHOT_FIELDS[JobRequest]), MAX_PENDING),
+    "sources": array(record(SourceStatus, SNAPSHOT_FIELDS[SourceStatus]), 10_000),
+    "unmatched": array(record(UnmatchedGpus, SNAPSHOT_FIELDS[UnmatchedGpus]), 16),
+}
+_SNAPSHOT = record(FleetSnapshot, SNAPSHOT_FIELDS[FleetSnapshot])
+
+
+def check_snapshot(payload: Any) -> None:
+    """Raise :class:`Invalid` unless ``payload`` is a snapshot within every limit."""
+    _SNAPSHOT(payload, "")
+    # What the fields alone cannot say. A GPU without a node record still makes a node
+    # (analysis.state.from_snapshot), so the node limit counts those too.
+    names: set[str] = set()
+    for i, node in enumerate(payload.get("nodes", ())):
+        if node["name"] in names:
+            raise Invalid(f"nodes[{i}].name: duplicate node {_show(node['name'])}")
+        names.add(node["name"])
+    for i, gpu in enumerate(payload.get("gpus", ())):
+        names.add(gpu["node"])
+        if len(names) > MAX_NODES:
+            raise Invalid(f"gpus[{i}].node: more than {MAX_NODES} nodes")
+    placements = 0
+    for i, alloc in enumerate(payload.get("allocations", ())):
+        placements += len(alloc.get("placements", ()))
+        if placements > MAX_PLACEMENTS:
+            raise Invalid(f"allocations[{i}].placements: more than {MAX_PLACEMENTS} in all allocations")
+
+
+def snapshot_from_body(body: bytes) -> FleetSnapshot:
+    """The snapshot a ``POST /v1/plan`` body holds; :class:`Invalid` says why it is not one."""
+    payload = parse_json(body)
+    if not isinstance(payload, dict):
+        raise Invalid("body must be a JSON object: a snapshot as served by GET /v1/snapshot")
+    try:
+        check_snapshot(payload)
+    except Invalid as exc:
+        raise Invalid(f"body is not a snapshot: {exc}") from None
+    return from_json(payload)
+
+
+# -- Alertmanager's webhook body (payload version 4) -----------------------------------------
+
+_STATUS = ("firing", "resolved")
+
+
+def _status(value: Any, path: str) -> None:
+    if value not in _STATUS:
+        raise Invalid(f'{path}: must be "firing" or "resolved", got {_show(value)}')
+
+
+def _labels(value: Any, path: str) -> None:
+    if not isinstance(value, dict):
+        raise Invalid(f"{path}: must be an object of strings, got {_show(value)}")
+    if len(value) > MAX_LABELS:
+        raise Invalid(f"{path}: {len(value)} labels (at most {MAX_LABELS})")
+    for name, text in value.items():
+        string(MAX_STRING)(name, f"{path} name")
+        string(MAX_TEXT)(text, f"{path}.{name[:40]}")
+
+
+# Alertmanager adds fields over time, so unknown ones pass; the known ones are checked.
+_ALERT: dict[str, Check] = {
+    "status": _status, "labels": _labels, "annotations": _labels, "startsAt": string(),
+    "endsAt": string(), "generatorURL": string(MAX_TEXT), "fingerprint": string(),
+}
+_ALERTMANAGER: dict[str, Check] = {
+    "receiver": string(), "status": _status, "groupKey": string(MAX_TEXT),
+    "truncatedAlerts": integer(0, 2 ** 63 - 1), "externalURL": string(MAX_TEXT),
+    "groupLabels": _labels, "commonLabels": _labels, "commonAnnotations": _labels,
+}
+
+
+def _alert(value: Any, path: str) -> None:
+    if not isinstance(value, dict) or "labels" not in value or "status" not in value:
+        raise Invalid(f"{path}: must be an object with labels and status")
+    for name, rule in _ALERT.items():
+        if name in value:
+            rule(value[name], f"{path}.{name}")
+
+
+def check_alertmanager(payload: Any) -> None:
+    """Raise :class:`Invalid` unless ``payload`` is an Alertmanager webhook body (version 4)."""
+    if not isinstance(payload, dict):
+        raise Invalid("body must be a JSON object")
+    if payload.get("version") != "4":
+        raise Invalid(f'version: unsupported payload version {_show(payload.get("version"))} '
+                      '(expected "4")')
+    for name in ("groupKey", "status", "alerts"):
+        if name not in payload:
+            raise Invalid(f"{name}: required")
+    if not payload["groupKey"]:
+        raise Invalid("groupKey: must be a non-empty string")
+    for name, rule in _ALERTMANAGER.items():
+        if name in payload:
+            rule(payload[name], name)
+    array(_alert, MAX_ALERTS)(payload["alerts"], "alerts")
+
+
+def alertmanager_from_body(body: bytes) -> dict[str, Any]:
+    payload = parse_json(body)
+    check_alertmanager(payload)
+    return payload
