@@ -12,6 +12,13 @@ a mapping::
     gpufleet.yaml: not valid YAML at line 4, column 5 (in sources.sim): mapping values are not allowed here
     gpufleet.yaml: sources.sim.seed: given twice, at lines 3 and 9; keep one
     gpufleet.yaml: top level: must be a mapping, got a list at line 1
+    gpufleet.yaml: listen[5][0]: aliases expand to more than 100,000 values; write the values out
+
+The last is the billion laughs: nine levels of nine aliases are 9**9 values to
+whoever walks or prints the document, from a file of 600 bytes. Anchors and
+aliases stay (``<<: *base`` is how a config shares a pool's settings), but what
+the aliases add is counted against a budget, as go-yaml does ("document
+contains excessive aliasing"), and an alias inside its own anchor is refused.
 
 Each caller picks the exception class (ConfigError, ThresholdError, or the
 ValueError a source reports), so the CLI still prints it on one line and exits 2.
@@ -19,6 +26,7 @@ ValueError a source reports), so the CLI still prints it on one line and exits 2
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +36,10 @@ from yaml.reader import ReaderError
 from exporter.errors import ConfigError, one_line
 
 _MERGE = "tag:yaml.org,2002:merge"  # "<<: *base" may repeat: it is no key of the mapping
+_INT = "tag:yaml.org,2002:int"
+# Values aliases may add: a file_sd targets file sharing one labels mapping across 10,000
+# targets adds 30,000; the billion laughs passes it at its sixth level of nine.
+ALIAS_BUDGET = 100_000
 _KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false"}
 
 
@@ -77,22 +89,55 @@ def _parse(text: str, source: str, error: type[Exception]) -> tuple[Any, yaml.No
         node = loader.get_single_node()
         if node is None:
             return None, None
-        _check_keys(node, "", source, error, set())
+        _Walk(source, error).node(node, "")
         return loader.construct_document(node), node
     except yaml.YAMLError as exc:
         raise error(one_line(_syntax(exc, text, source))) from None
+    except RecursionError:  # PyYAML composes and constructs recursively: "[" * 5000
+        raise error(f"{source}: nested too deeply") from None
     finally:
         if loader is not None:
             loader.dispose()
 
 
-def _check_keys(node: yaml.Node, path: str, source: str, error: type[Exception],
-                seen: set[int]) -> None:
-    """Refuse a key given twice in one mapping, naming it and both lines."""
-    if id(node) in seen:  # an alias: its node was checked where the anchor is
-        return
-    seen.add(id(node))
-    if isinstance(node, yaml.MappingNode):
+class _Walk:
+    """One pass over the composed nodes, before anything is constructed: a key given twice
+    in one mapping, aliases past :data:`ALIAS_BUDGET`, an alias inside its own anchor, and an
+    integer too long for ``int()`` are each refused, naming the key."""
+
+    def __init__(self, source: str, error: type[Exception]) -> None:
+        self.source, self.error = source, error
+        self.seen: set[int] = set()
+        self.open: set[int] = set()  # the nodes the walk is inside
+        self.sizes: dict[int, int] = {}  # values a node stands for, aliases expanded
+        self.aliased = 0
+
+    def fail(self, path: str, problem: str) -> Exception:
+        return self.error(one_line(f"{self.source}: {path or 'top level'}: {problem}"))
+
+    def node(self, node: yaml.Node, path: str) -> None:
+        if id(node) in self.open:
+            raise self.fail(path, "an alias inside its own anchor")
+        if id(node) in self.seen:  # an alias: checked where the anchor is; counted here
+            self.aliased += self.size(node)
+            if self.aliased > ALIAS_BUDGET:
+                raise self.fail(path, f"aliases expand to more than {ALIAS_BUDGET:,} values; "
+                                "write the values out")
+            return
+        self.seen.add(id(node))
+        self.open.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            self.mapping(node, path)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                self.node(item, f"{path}[{index}]")
+        elif node.tag == _INT and len(node.value) > sys.get_int_max_str_digits() > 0:
+            raise self.fail(path, f"a number of {len(node.value):,} digits; at most "
+                            f"{sys.get_int_max_str_digits():,}")
+        self.open.discard(id(node))
+
+    def mapping(self, node: yaml.MappingNode, path: str) -> None:
+        """Refuse a key given twice in one mapping, naming it and both lines."""
         first: dict[tuple[str, str], int] = {}
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE:
@@ -101,15 +146,26 @@ def _check_keys(node: yaml.Node, path: str, source: str, error: type[Exception],
                 name = key_node.value
                 line = key_node.start_mark.line + 1
                 if (key_node.tag, name) in first:
-                    raise error(one_line(f"{source}: {_join(path, name)}: given twice, at lines "
-                                         f"{first[key_node.tag, name]} and {line}; keep one"))
+                    raise self.fail(_join(path, name), f"given twice, at lines "
+                                    f"{first[key_node.tag, name]} and {line}; keep one")
                 first[key_node.tag, name] = line
             else:
                 name = "?"  # a complex key (a list or mapping): no user of ours writes one
-            _check_keys(value_node, _join(path, name), source, error, seen)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _check_keys(item, f"{path}[{index}]", source, error, seen)
+            self.node(value_node, _join(path, name))
+
+    def size(self, node: yaml.Node) -> int:
+        """Values ``node`` stands for once its aliases are expanded (it is walked already, so
+        it contains no alias of itself); memoised, so shared levels are counted once."""
+        known = self.sizes.get(id(node))
+        if known is None:
+            if isinstance(node, yaml.MappingNode):
+                known = 1 + sum(self.size(k) + self.size(v) for k, v in node.value)
+            elif isinstance(node, yaml.SequenceNode):
+                known = 1 + sum(self.size(item) for item in node.value)
+            else:
+                known = 1
+            self.sizes[id(node)] = known
+        return known
 
 
 def _join(path: str, key: str) -> str:

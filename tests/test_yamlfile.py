@@ -69,3 +69,42 @@ def test_unreadable_and_non_utf8_files(tmp_path):
     good = tmp_path / "good.yaml"
     good.write_text("a: 1\n")
     assert load_mapping(good, "config file") == {"a": 1}
+
+
+def _laughs(levels: int) -> str:
+    """The billion laughs: level i is a list of nine aliases of level i - 1."""
+    lines = ["listen:", "  - &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_expansion_is_bounded():
+    """9**9 strings behind 100 aliases: refused where the aliases pass 100,000 values, before
+    anyone walks or formats the value; a few levels of it are fine."""
+    assert len(parse_mapping(_laughs(3), "f.yaml")["listen"][3]) == 9
+    with pytest.raises(ConfigError) as info:
+        parse_mapping(_laughs(9), "f.yaml")
+    assert str(info.value) == ("f.yaml: listen[5][0]: aliases expand to more than 100,000 values; "
+                               "write the values out")
+
+
+def test_a_node_that_contains_itself_is_refused():
+    with pytest.raises(ConfigError) as info:
+        parse_mapping("a: &x [1, *x]\n", "f.yaml")
+    assert str(info.value) == "f.yaml: a[1]: an alias inside its own anchor"
+    with pytest.raises(ConfigError, match=r"^f.yaml: b.c: an alias inside its own anchor$"):
+        parse_mapping("b: &m {c: *m}\n", "f.yaml")
+
+
+def test_deep_nesting_is_one_line():
+    with pytest.raises(ConfigError) as info:
+        parse_mapping("a: " + "[" * 5000 + "]" * 5000 + "\n", "f.yaml")
+    assert str(info.value) == "f.yaml: nested too deeply"
+
+
+def test_an_integer_too_long_for_int_is_one_line():
+    """PyYAML's int() raised a ValueError no caller catches: exit 1, not 2."""
+    with pytest.raises(ConfigError) as info:
+        parse_mapping("a:\n  b: " + "1" * 5000 + "\n", "f.yaml")
+    assert str(info.value) == "f.yaml: a.b: a number of 5,000 digits; at most 4,300"
+    assert parse_mapping("a: " + "1" * 4300 + "\n", "f.yaml")["a"] == int("1" * 4300)
