@@ -14,16 +14,19 @@ config is built. An install missing the table fails then, on one line naming the
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from exporter.alerting.thresholds import default_thresholds
 from exporter.durations import HINT as DURATION_HINT
 from exporter.durations import parse_duration
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, quoted
 from exporter.options import Duration
 from exporter.options import opt as _opt
 from exporter.sources import SOURCES
@@ -120,7 +123,7 @@ class AnalysisConfig:
 @dataclass(frozen=True)
 class ReceiverConfig:
     name: str = _opt(help="Receiver name, used in metrics and the outbox.")
-    url: str = _opt(help="URL the plan is POSTed to.")
+    url: str = _opt(help="URL the plan is POSTed to.", url=True)
     secret_file: str = _opt("", help="File holding the HMAC secret (else secret_env).")
     secret_env: str = _opt("GPUFLEET_WEBHOOK_SECRET",
                            help="Environment variable holding the HMAC secret.")
@@ -226,43 +229,74 @@ def _convert(tp: Any, value: Any, key: str, meta: dict[str, Any]) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: must be {_type_name(tp)}, got {type(value).__name__}")
         item_tp = typing.get_args(tp)[0]
-        return tuple(_convert(item_tp, v, f"{key}[{i}]", {}) for i, v in enumerate(value))
+        item_meta = {"url": meta["url"]} if "url" in meta else {}  # each item is a URL
+        return tuple(_convert(item_tp, v, f"{key}[{i}]", item_meta) for i, v in enumerate(value))
     if tp is Duration:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}: must be a finite duration, got {quoted(value)}")
         try:
             result: Any = Duration(parse_duration(value, config=True))
         except ValueError as exc:
-            raise ConfigError(f"{key}: must be {exc}, got {value!r}") from None
+            raise ConfigError(f"{key}: must be {exc}, got {quoted(value)}") from None
     elif tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: must be true or false, got {value!r}")
+            raise ConfigError(f"{key}: must be true or false, got {quoted(value)}")
         result = value
     elif tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: must be an integer, got {value!r}")
+            raise ConfigError(f"{key}: must be an integer, got {quoted(value)}")
         result = value
     elif tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}: must be a number, got {value!r}")
+            raise ConfigError(f"{key}: must be a number, got {quoted(value)}")
+        if not math.isfinite(value):  # NaN passes every min and max: nan < 0 is False
+            raise ConfigError(f"{key}: must be a finite number, got {quoted(value)}")
         result = float(value)
     elif tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: must be a string, got {value!r}")
+            raise ConfigError(f"{key}: must be a string, got {quoted(value)}")
         result = value
     else:  # pragma: no cover - a schema bug, not a user error
         raise TypeError(f"unsupported config type {tp} at {key}")
     _check_range(result, key, meta)
+    if tp is Duration and result < 0:  # the field's own rule says more; without one, still
+        raise ConfigError(f"{key}: must be >= 0, got {quoted(value)}")
     return result
 
 
 def _check_range(value: Any, key: str, meta: dict[str, Any]) -> None:
     if "choices" in meta and value not in meta["choices"]:
-        raise ConfigError(f"{key}: must be one of {', '.join(meta['choices'])}, got {value!r}")
+        raise ConfigError(f"{key}: must be one of {', '.join(meta['choices'])}, got {quoted(value)}")
     if "min" in meta and value < meta["min"]:
-        raise ConfigError(f"{key}: must be >= {meta['min']}, got {value!r}")
+        raise ConfigError(f"{key}: must be >= {meta['min']}, got {quoted(value)}")
     if "max" in meta and value > meta["max"]:
-        raise ConfigError(f"{key}: must be <= {meta['max']}, got {value!r}")
+        raise ConfigError(f"{key}: must be <= {meta['max']}, got {quoted(value)}")
     if "exclusive_min" in meta and value <= meta["exclusive_min"]:
-        raise ConfigError(f"{key}: must be > {meta['exclusive_min']}, got {value!r}")
+        raise ConfigError(f"{key}: must be > {meta['exclusive_min']}, got {quoted(value)}")
+    if "url" in meta:
+        _check_url(value, key, bare=meta["url"] == "host:port")
+
+
+_URL_HINT = {False: "an http(s) URL with a host", True: "host:port or an http(s) URL"}
+
+
+def _check_url(value: str, key: str, bare: bool) -> None:
+    """``url=True``: ``http(s)://host[:port][/path]``; ``url="host:port"`` also takes the bare
+    ``host:port`` (a dcgm target). No whitespace or control character anywhere: urlsplit
+    keeps them, and aiohttp would fail at the first read instead of at start."""
+    text = f"http://{value}" if bare and "://" not in value else value
+    try:
+        parts = urlsplit(text)  # ValueError: "http://[::1" (an unclosed IPv6 address)
+        port_ok = parts.port is not None or not parts.netloc.rpartition("@")[2].endswith(":")
+    except ValueError:  # or "host:port" with a port that is no number in 0-65535
+        parts, port_ok = urlsplit(""), False
+    if (parts.scheme not in ("http", "https") or not parts.hostname or not port_ok
+            or any(c.isspace() or not c.isprintable() for c in value)):
+        shown = _USERINFO.sub(r"\1", value)  # an error goes to logs: no password in it
+        raise ConfigError(f"{key}: must be {_URL_HINT[bare]}, got {quoted(shown)}")
+
+
+_USERINFO = re.compile(r"(://)[^/@]*@")
 
 
 def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:

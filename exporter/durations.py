@@ -10,6 +10,7 @@ a YAML number is seconds, and a count may have decimals (``0.5s``, ``1.5h``).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -30,7 +31,17 @@ def parse_duration(value: Any, *, config: bool = False) -> float:
     counts. With ``config`` (the config file), also a number of seconds (``7``,
     ``"7"``), decimal counts (``1.5h``) and a minus sign, which is parsed rather
     than rejected so that the field's range check names the problem ("must be > 0").
+    Never NaN or infinite: YAML's ``.nan`` and ``.inf`` are numbers, and a count of
+    400 digits is infinite as a float (a NaN interval spun at 93% CPU; an infinite
+    one served frozen data while ready).
     """
+    seconds = _parse(value, config)
+    if not math.isfinite(seconds):
+        raise ValueError(HINT)
+    return seconds
+
+
+def _parse(value: Any, config: bool) -> float:
     if isinstance(value, bool):
         raise ValueError(HINT)
     if isinstance(value, int | float):

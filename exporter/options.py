@@ -27,7 +27,10 @@ from typing import Any
 def opt(default: Any = dataclasses.MISSING, *, help: str, factory: Any = None, **rules: Any) -> Any:
     """A config field: its default (or ``factory``), the ``help`` of ``gpufleet serve --help``,
     and the rules :func:`exporter.config.build` checks (``choices``, ``min``, ``max``,
-    ``exclusive_min``), naming the dotted key of a value that breaks one."""
+    ``exclusive_min``; ``url=True``, an http(s) URL with a host, or ``url="host:port"``, which
+    also takes a bare ``host:port``, on a string or each string of a list), naming the dotted
+    key of a value that breaks one. Every number and duration must be finite, and a duration
+    is never negative, whatever the rules."""
     meta = {"help": help, **rules}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)

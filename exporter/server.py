@@ -22,6 +22,7 @@ from exporter import __version__
 from exporter.aio import complete
 from exporter.collect import Collector
 from exporter.config import Config
+from exporter.errors import quoted
 from exporter.exposition import CONTENT_TYPE, Family, LabelCache, Rendered, render
 from exporter.snapshot import FleetSnapshot, to_json
 
@@ -177,6 +178,9 @@ def make_app(config: Config, collector: Collector, state: ServingState | None = 
 
 def parse_listen(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"listen: must be HOST:PORT, got {listen!r}")
+    # ASCII and 5 digits before int(): "²" is a digit int() refuses, and 5,000 digits pass
+    # int()'s limit of 4,300 as a ValueError that names no key
+    if (not sep or not (port.isascii() and port.isdigit()) or len(port) > 5
+            or not 0 <= int(port) <= 65535):
+        raise ValueError(f"listen: must be HOST:PORT, got {quoted(listen)}")
     return host.strip("[]") or "0.0.0.0", int(port)

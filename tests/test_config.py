@@ -36,6 +36,13 @@ def _serve(tmp_path, config_text: str, *args: str) -> subprocess.CompletedProces
         ("sources:\n  sim:\n    scenarios:\n      - {kind: meteor}\n",
          "sources.sim.scenarios[0].kind", "must be one of"),
         ("listen: nowhere\n", "listen", "HOST:PORT"),
+        # issue 14, defect 7: each of these started serving (or spun) before
+        ("collect_interval: .nan\n", "collect_interval", "must be a finite duration"),
+        ("source_timeout: .inf\n", "source_timeout", "must be a finite duration"),
+        ("advisor:\n  dwell: -1s\n", "advisor.dwell", "must be >= 0"),
+        ("sources:\n  sim:\n    scale: 1000000\n", "sources.sim.scale", "must be <= 100"),
+        ('sources:\n  prometheus:\n    url: "not a url"\n', "sources.prometheus.url",
+         "must be an http(s) URL"),
     ],
 )
 def test_bad_config_exits_2_with_one_line_naming_the_key(tmp_path, config_text, key, allowed):
@@ -71,6 +78,133 @@ def test_unreadable_and_malformed_files_are_one_line_errors(tmp_path):
     )
     assert latin.returncode == 2
     assert latin.stderr == f"gpufleet: {tmp_path / 'gpufleet.yaml'}: not UTF-8 at line 1 (byte 0xE9)\n"
+
+
+def test_a_billion_laughs_in_a_valid_key_is_refused_on_one_short_line(tmp_path):
+    """Nine levels of nine aliases under ``listen``: 9**9 strings once expanded. The error
+    message used to format the whole value, at 100% CPU and +45 MB/s, and never finished."""
+    lines = ["listen:", '  - &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    path = tmp_path / "gpufleet.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "serve", "--config", str(path)], cwd=tmp_path,
+        capture_output=True, text=True, timeout=20, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1, result.stderr[:1000]
+    assert len(result.stderr) < 200 + len(str(path)) and "listen" in result.stderr
+
+
+def test_a_non_utf8_file_exits_2_on_one_line(tmp_path):
+    """Issue 14 says exit 1 with a traceback's name: yamlfile.read_text had fixed it already."""
+    path = tmp_path / "gpufleet.yaml"
+    path.write_bytes(b"listen: 127.0.0.1:0\nlog:\n  level: d\xe9bug\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "serve", "--config", str(path)], cwd=tmp_path,
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert (result.returncode, result.stderr) == (2, f"gpufleet: {path}: not UTF-8 at line 3 "
+                                                     "(byte 0xE9)\n")
+
+
+@pytest.mark.parametrize("key", ["collect_interval", "source_timeout"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "1" + "0" * 400 + "s", -1.0, "-1s"])
+def test_durations_are_finite_and_not_negative(key, value):
+    with pytest.raises(ConfigError, match=rf"^{key}: must be "):
+        build(Config, {key: value})
+    with pytest.raises(ConfigError, match=r"^advisor\.dwell: must be "):  # 0 allowed, not -1
+        build(Config, {"advisor": {"dwell": value}})
+
+
+@pytest.mark.parametrize(("data", "key"), [
+    ({"sources": {"sim": {"speed": float("nan")}}}, "sources.sim.speed"),
+    ({"sources": {"sim": {"speed": float("inf")}}}, "sources.sim.speed"),
+    ({"analysis": {"slack_nodes": float("inf")}}, "analysis.slack_nodes"),
+    ({"advisor": {"min_recovered_per_migration": float("nan")}},
+     "advisor.min_recovered_per_migration"),
+])
+def test_numbers_are_finite(data, key):
+    with pytest.raises(ConfigError) as info:
+        build(Config, data)
+    assert str(info.value).startswith(f"{key}: must be a finite number, got ")
+
+
+def test_the_simulated_fleet_is_bounded():
+    assert build(Config, {"sources": {"sim": {"scale": 100}}}).sources.sim.scale == 100
+    with pytest.raises(ConfigError, match=r"^sources\.sim\.scale: must be <= 100, got 101$"):
+        build(Config, {"sources": {"sim": {"scale": 101}}})
+    huge = {"name": "p", "model": "H100", "nodes": 1_000_000}
+    with pytest.raises(ConfigError) as info:
+        build(Config, {"sources": {"sim": {"pools": [huge]}}})
+    assert str(info.value) == ("sources.sim.pools: 8,000,000 simulated GPUs; at most 108,800 "
+                               "(scale 100 of the reference layout)")
+    with pytest.raises(ConfigError, match=r"^sources\.sim\.pools: 217,600 simulated GPUs"):
+        build(Config, {"sources": {"sim": {"scale": 100, "pools": [
+            {"name": "p", "model": "H100", "nodes": 272}]}}})
+
+
+@pytest.mark.parametrize(("data", "key"), [
+    ({"sources": {"prometheus": {"url": "not a url"}}}, "sources.prometheus.url"),
+    ({"sources": {"prometheus": {"url": "ftp://prom:9090"}}}, "sources.prometheus.url"),
+    ({"sources": {"prometheus": {"url": "http://"}}}, "sources.prometheus.url"),
+    ({"sources": {"prometheus": {"url": "http://prom :9090"}}}, "sources.prometheus.url"),
+    ({"sources": {"prometheus": {"url": "http://prom:99999"}}}, "sources.prometheus.url"),
+    ({"sources": {"prometheus": {"url": "prom:9090"}}}, "sources.prometheus.url"),
+    ({"advisor": {"receivers": [{"name": "a", "url": "http://a/x"},
+                                {"name": "b", "url": "scheduler"}]}}, "advisor.receivers[1].url"),
+    ({"sources": {"dcgm": {"targets": ["node1:9400", "node 2:9400"]}}}, "sources.dcgm.targets[1]"),
+    ({"sources": {"dcgm": {"targets": ["gopher://node1:9400"]}}}, "sources.dcgm.targets[0]"),
+    ({"sources": {"dcgm": {"targets": ["node1:port"]}}}, "sources.dcgm.targets[0]"),
+])
+def test_urls_are_validated(data, key):
+    with pytest.raises(ConfigError) as info:
+        build(Config, data)
+    assert str(info.value).startswith(f"{key}: must be ")
+    assert "URL" in str(info.value)
+
+
+def test_good_urls_pass():
+    config = build(Config, {
+        "sources": {"prometheus": {"url": "https://thanos.example:10902/prefix/"},
+                    "dcgm": {"targets": ["node1:9400", "http://[::1]:9400/metrics",
+                                         "https://user:pw@node2/metrics"]}},
+        "advisor": {"receivers": [{"name": "a", "url": "http://127.0.0.1:8080/plans"}]},
+    })
+    assert config.sources.prometheus.url == "https://thanos.example:10902/prefix/"
+    assert len(config.sources.dcgm.targets) == 3
+
+
+def test_a_url_error_hides_the_password():
+    with pytest.raises(ConfigError) as info:
+        build(Config, {"sources": {"prometheus": {"url": "http://me:s3cret@prom :9090"}}})
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize("data", [
+    {"log": {"level": "x" * 300}},
+    {"listen": ["x" * 300]},
+    {"listen": [["x" * 300] * 300] * 300},
+    {"sources": {"sim": {"seed": "x" * 300}}},
+    {"advisor": {"cooldown": "x" * 300}},
+    {"sources": {"prometheus": {"url": "http://" + "x" * 300 + " /"}}},
+])
+def test_an_error_quotes_at_most_80_characters_of_the_value(data):
+    with pytest.raises(ConfigError) as info:
+        build(Config, data)
+    message = str(info.value)
+    assert "x" * 81 not in message
+    assert len(message) < 250, message
+
+
+def test_a_long_listen_value_is_quoted_to_80_characters(tmp_path):
+    result = _serve(tmp_path, f"listen: {'x' * 300}\n")
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpufleet: listen: must be HOST:PORT, got 'xxxx")
+    assert "x" * 81 not in result.stderr and len(result.stderr) < 200
+    result = _serve(tmp_path, f"listen: 'x:{'9' * 5000}'\n")
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpufleet: listen: must be HOST:PORT, got 'x:999")
 
 
 def test_empty_file_is_the_default_config(tmp_path):

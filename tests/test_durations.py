@@ -34,7 +34,9 @@ def test_the_config_also_takes_numbers_decimals_and_a_sign(value, seconds):
     assert parse_duration(value, config=True) == seconds
 
 
-@pytest.mark.parametrize("value", ["soon", "", "-", "1 h", True, None, "5M", "1e3"])
+@pytest.mark.parametrize("value", ["soon", "", "-", "1 h", True, None, "5M", "1e3",
+                                   float("nan"), float("inf"), -float("inf"), "1" + "0" * 400,
+                                   "1" + "0" * 400 + "s"])
 def test_the_config_rejects_what_is_no_duration(value):
     with pytest.raises(ValueError, match=HINT):
         parse_duration(value, config=True)
@@ -47,3 +49,8 @@ def test_the_config_rejects_what_is_no_duration(value):
 def test_durations_format_in_the_shortest_prometheus_form(seconds, text):
     assert format_duration(seconds) == text
     assert parse_duration(text) == pytest.approx(seconds)
+
+
+def test_prometheus_durations_are_finite():
+    with pytest.raises(ValueError, match=HINT):
+        parse_duration("1" + "0" * 400 + "y")

@@ -13,7 +13,8 @@ from exporter.options import Duration, opt
 class DcgmSource:
     enabled: bool = opt(False, help="Scrape dcgm-exporter endpoints across the cluster.")
     targets: tuple[str, ...] = opt(
-        (), help="dcgm-exporter endpoints, host:port or http://host:port/metrics."
+        (), help="dcgm-exporter endpoints, host:port or http://host:port/metrics.",
+        url="host:port",
     )
     targets_file: str = opt(
         "", help="Prometheus file_sd-style JSON or YAML file of targets (labels.pool sets the "

@@ -12,7 +12,8 @@ from exporter.options import Duration, opt
 @dataclass(frozen=True)
 class PrometheusSource:
     enabled: bool = opt(False, help="Read the whole fleet from a Prometheus server.")
-    url: str = opt("http://127.0.0.1:9090", help="Base URL of Prometheus (or Thanos/Mimir).")
+    url: str = opt("http://127.0.0.1:9090", help="Base URL of Prometheus (or Thanos/Mimir).",
+                   url=True)
     metrics: str = opt(
         "gpufleet", help="Whose metrics to read: per-node gpufleet exporters or dcgm-exporter.",
         choices=("gpufleet", "dcgm"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter.errors import ConfigError
 from exporter.options import Duration, opt
 from exporter.policy_names import POLICIES  # not exporter.placement: numpy
 
@@ -31,6 +32,13 @@ REFERENCE_POOLS = (
 
 SCENARIO_KINDS = ("overheat", "idle_allocated", "fragmented_pool", "gpu_lost")
 
+# The reference layout is 1,088 GPUs; 100 copies (108,800 GPUs, 1.6 M series) is the largest
+# fleet bench/scrape.py measures: 4.8 s and 226 MB of text per snapshot (docs/performance.md),
+# so ten times that would not render within a collect interval. scale 1,000,000 said
+# "serving", then raised MemoryError six times.
+MAX_SCALE = 100
+MAX_GPUS = MAX_SCALE * sum(p.nodes * p.gpus_per_node for p in REFERENCE_POOLS)
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -51,7 +59,11 @@ class SimSource:
     speed: float = opt(
         1.0, help="Simulated seconds per wall-clock second (60 = one hour a minute).", min=0.001
     )
-    scale: int = opt(1, help="Copies of the pool layout (10 gives 10,880 GPUs).", min=1)
+    scale: int = opt(
+        1, help=f"Copies of the pool layout (10 gives 10,880 GPUs); at most {MAX_SCALE}, "
+        f"{MAX_GPUS:,} GPUs, the largest fleet benchmarked (4.8 s to render a snapshot).",
+        min=1, max=MAX_SCALE,
+    )
     target_allocation: float = opt(
         0.8, help="Fraction of GPUs the job mix tries to keep busy.", min=0.0, max=1.0
     )
@@ -71,3 +83,9 @@ class SimSource:
         "joined with a telemetry source (nvml, dcgm, prometheus) by node and GPU index.",
         choices=("full", "allocation"),
     )
+
+    def check(self, prefix: str) -> None:
+        gpus = self.scale * sum(p.nodes * p.gpus_per_node for p in self.pools)
+        if gpus > MAX_GPUS:  # pools of many nodes get there at scale 1
+            raise ConfigError(f"{prefix}.pools: {gpus:,} simulated GPUs; at most {MAX_GPUS:,} "
+                              f"(scale {MAX_SCALE} of the reference layout)")
