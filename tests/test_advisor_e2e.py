@@ -219,7 +219,7 @@ def test_real_alertmanager_payload_is_accepted_and_bad_requests_refused(exporter
     assert status == 400 and "not valid JSON" in body["error"]
     status, body = _post(url, json.dumps({"version": "4", "groupKey": "g", "status": "firing",
                                           "alerts": "nope"}).encode(), ADVISOR_TOKEN)
-    assert status == 400 and "alerts must be a list" in body["error"]
+    assert status == 400 and "alerts: must be an array" in body["error"]
     status, body = _post(url, b"{}", "wrong-token")
     assert status == 401 and body["error"] == "wrong bearer token"
     status, body = _post(url, b"{}", None)
