@@ -5,12 +5,17 @@ A snapshot as GET /v1/snapshot serves it passes: tests/test_advisor_api.py posts
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.advisor import bounds
 from exporter.advisor.bounds import Invalid, check_alertmanager, check_snapshot, nesting_depth, parse_json
+from exporter.snapshot import Node
 from tests.test_advisor_api import alertmanager_payload, node
 
 
@@ -125,3 +130,24 @@ def test_alertmanager_fields_it_does_not_know_pass():
     payload = alertmanager_payload()
     payload["newField"] = {"from": ["a", "later", "Alertmanager"]}
     check_alertmanager(payload)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=12,
+)
+NODE_FIELDS = sorted(f.name for f in dataclasses.fields(Node))
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.sampled_from(NODE_FIELDS), JSON), st.binary(max_size=40))
+def test_any_body_is_a_snapshot_or_invalid_never_an_error(fields, noise):
+    """Whatever the body, the parser and the schema answer Invalid or a snapshot: never another
+    exception (a 500), and what passes builds (from_json cannot fail after the check)."""
+    payloads = [json.dumps({"taken_at": 1, "nodes": [{**node(), **fields}]}).encode(),
+                json.dumps(fields).encode(), noise, b'{"taken_at": 1, "nodes": [' + noise + b"]}"]
+    for body in payloads:
+        with contextlib.suppress(Invalid):
+            bounds.snapshot_from_body(body)
