@@ -180,6 +180,30 @@ class AdvisorConfig:
 
 
 @dataclass(frozen=True)
+class WebConfig:
+    """Connection limits of the HTTP server (exporter/server_limits.py says why each exists)."""
+
+    max_connections: int = _opt(
+        1000, help="Open connections at most, lowered to half the open-file limit. A new one "
+        "beyond it closes the longest-waiting connection with no request in progress, else "
+        "it is closed at once.", min=1,
+    )
+    header_timeout: Duration = _opt(
+        Duration(5), help="Complete request headers must arrive within this of a connection's "
+        "opening, or of the first byte of a later request on it.", exclusive_min=0,
+    )
+    keepalive_timeout: Duration = _opt(
+        Duration(75), help="An idle keep-alive connection is closed after this; longer than "
+        "Prometheus' default 1m scrape interval, so a scraper reuses its connection.",
+        exclusive_min=0,
+    )
+    max_requests: int = _opt(
+        40, help="Requests in flight per endpoint; more are answered 503 at once; 0: no limit "
+        "(node_exporter's --web.max-requests).", min=0,
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = _opt(DEFAULT_LISTEN, help="HOST:PORT to serve on.")
     collect_interval: Duration = _opt(
@@ -191,6 +215,7 @@ class Config:
     )
     gzip_level: int = _opt(5, help="gzip level for the pre-compressed /metrics body.", min=1, max=9)
     log: LogConfig = _opt(help="Logging.", factory=LogConfig)
+    web: WebConfig = _opt(help="HTTP connection limits.", factory=WebConfig)
     sources: SourcesConfig = _opt(help="Sources and their options.", factory=SourcesConfig)
     analysis: AnalysisConfig = _opt(help="Fragmentation analysis.", factory=AnalysisConfig)
     advisor: AdvisorConfig = _opt(help="Rebalancing advisor.", factory=AdvisorConfig)
