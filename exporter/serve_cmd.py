@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import socket
@@ -15,7 +17,7 @@ from aiohttp import web
 from exporter import logs
 from exporter.collect import Collector
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
-from exporter.server import ServingState, make_app, parse_listen
+from exporter.server import ServingState, make_app, parse_listen, serve
 from exporter.sources import SOURCES, Clock, SourceStartupError, build_source
 
 if TYPE_CHECKING:
@@ -101,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     what = "the simulated fleet" if names == ["sim"] else ", ".join(names)
     print(f"gpufleet serving {what} at http://{shown}:{port}/metrics", flush=True)
     log.info("serving", extra={"listen": f"{host}:{port}", "sources": ",".join(names)})
-    web.run_app(app, sock=sock, print=None, access_log=None, handle_signals=True)
+    with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
+        asyncio.run(serve(app, sock, config.web))
     log.info("stopped")
     return 0
 

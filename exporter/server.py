@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,9 +22,15 @@ from aiohttp import web
 from exporter import __version__
 from exporter.aio import complete
 from exporter.collect import Collector
-from exporter.config import Config
+from exporter.config import Config, WebConfig
 from exporter.errors import quoted
 from exporter.exposition import CONTENT_TYPE, Family, LabelCache, Rendered, render
+from exporter.server_limits import (
+    GuardedSite,
+    accept_error_handler,
+    effective_max_connections,
+    request_limits,
+)
 from exporter.snapshot import FleetSnapshot, to_json
 
 log = logging.getLogger(__name__)
@@ -163,7 +170,9 @@ async def index(request: web.Request) -> web.Response:
 
 
 def make_app(config: Config, collector: Collector, state: ServingState | None = None) -> web.Application:
-    app = web.Application(client_max_size=1024 * 1024)
+    # the limits' middleware first: it marks the connection busy around all the others
+    app = web.Application(client_max_size=1024 * 1024,
+                          middlewares=[request_limits(config.web.max_requests)])
     app[CONFIG] = config
     app[COLLECTOR] = collector
     app[STATE] = state or ServingState()
@@ -174,6 +183,36 @@ def make_app(config: Config, collector: Collector, state: ServingState | None = 
     app.router.add_get("/v1/snapshot", snapshot)
     app.cleanup_ctx.append(_background)
     return app
+
+
+async def start(app: web.Application, sock: socket.socket, limits: WebConfig,
+                handle_signals: bool = False) -> web.AppRunner:
+    """Serve ``app`` on the listening ``sock`` behind the connection limits
+    (exporter/server_limits.py); ``runner.cleanup()`` stops it."""
+    max_connections = effective_max_connections(limits.max_connections)
+    if max_connections < limits.max_connections:
+        log.warning("web.max_connections lowered to half the open-file limit",
+                    extra={"configured": limits.max_connections, "effective": max_connections})
+    runner = web.AppRunner(app, handle_signals=handle_signals, access_log=None,
+                           keepalive_timeout=limits.keepalive_timeout)
+    await runner.setup()
+    await GuardedSite(runner, sock, max_connections, limits.header_timeout).start()
+    return runner
+
+
+async def serve(app: web.Application, sock: socket.socket, limits: WebConfig) -> None:
+    """``web.run_app`` with the connection limits: it takes no protocol factory of ours.
+
+    SIGINT and SIGTERM raise ``web.GracefulExit`` out of the loop, as in run_app.
+    """
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(accept_error_handler(loop))
+    runner = await start(app, sock, limits, handle_signals=True)
+    try:
+        while True:
+            await asyncio.sleep(3600)
+    finally:
+        await runner.cleanup()
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

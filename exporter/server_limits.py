@@ -1,0 +1,312 @@
+"""Connection limits in front of aiohttp's server: what an unauthenticated client may hold.
+
+Without them, 20,000 idle TCP connections from one client used up the process's file
+descriptors, three scrapes in a row failed, and asyncio logged 102,666 ``accept()`` lines
+(24.7 MB): aiohttp keeps a silent connection until its keep-alive timeout and limits
+neither connections nor requests. Four limits, each cheap:
+
+- :class:`ConnectionGate`, the listening socket's protocol factory, keeps at most
+  ``web.max_connections`` open. A new connection beyond it closes the connection that
+  has waited longest without a request in progress (silent, half-sent headers, or
+  keep-alive idle), so a flood of idle sockets cannot lock a scraper out; if every
+  connection is serving a request, the new one is closed at once. No 503 is written:
+  that would cost a write per refused connection to a client that sends nothing.
+- A header timer per connection (:class:`_Guard`): complete request headers must arrive
+  within ``web.header_timeout`` of the opening, or of a later request's first byte,
+  like Go's ``http.Server.ReadHeaderTimeout``. aiohttp has no such timer (its
+  ``keepalive_timeout`` is the only one, and data does not reset it), and a middleware
+  never sees a request whose headers do not end, hence a protocol wrapper.
+- ``keepalive_timeout``, aiohttp's own, for a connection idle between requests.
+- :func:`request_limits`, a middleware: at most ``web.max_requests`` requests in flight
+  per endpoint, more answered 503 at once; node_exporter's ``--web.max-requests``
+  (promhttp's ``MaxRequestsInFlight``). The response is written inside the middleware,
+  so a slow reader of a 15 MB /metrics holds its slot as it does in Go.
+
+Shed connections are logged by :class:`IntervalLog`, at most one line per 10 s with the
+counts, never one per connection; :func:`accept_error_handler` does the same for
+asyncio's ``accept()`` errors (``EMFILE``), which it reports once per accepted socket
+in a tick, up to 128 at a time (``BaseSelectorEventLoop._accept_connection``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import resource
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 10.0  # seconds between two summary lines of one kind
+# asyncio's accept() errors for a full process or system (selector_events.py)
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+ExceptionHandler = Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object]
+
+
+class IntervalLog:
+    """Counts events and logs them at most once per ``interval``, as one line with the counts.
+
+    The first event after a quiet interval is logged on the next loop iteration (so a burst
+    in one tick is one line); later ones wait for the interval to end, and no count is lost.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, message: str,
+                 interval: float = INTERVAL, **fields: object) -> None:
+        self._loop = loop
+        self._message = message
+        self._interval = interval
+        self._fields = fields
+        self._counts: Counter[str] = Counter()
+        self._last = -interval
+        self._handle: asyncio.TimerHandle | None = None
+
+    def note(self, kind: str, **fields: object) -> None:
+        self._counts[kind] += 1
+        self._fields.update(fields)
+        if self._handle is None:
+            delay = max(0.0, self._last + self._interval - self._loop.time())
+            self._handle = self._loop.call_later(delay, self._emit)
+
+    def _emit(self) -> None:
+        self._handle = None
+        self._last = self._loop.time()
+        counts, self._counts = self._counts, Counter()
+        log.warning(self._message, extra={**dict(counts), **self._fields,
+                                          "interval_seconds": self._interval})
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._emit()
+
+
+def accept_error_handler(loop: asyncio.AbstractEventLoop,
+                         fallback: ExceptionHandler | None = None) -> ExceptionHandler:
+    """A loop exception handler that folds ``accept()`` resource errors into one line per 10 s.
+
+    Every other context goes to ``fallback`` (the loop's default handler).
+    """
+    lines = IntervalLog(loop, "accept() failed: out of system resources")
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> object:
+        exc = context.get("exception")
+        if (isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS
+                and "accept" in str(context.get("message", ""))):
+            lines.note("count", error=exc.strerror or str(exc))
+            return None
+        if fallback is None:
+            return loop.default_exception_handler(context)
+        return fallback(loop, context)
+
+    return handler
+
+
+def effective_max_connections(configured: int) -> int:
+    """``web.max_connections``, lowered to half the soft open-file limit.
+
+    The other half is for the listening socket, source connections, the outbox and
+    logs: the limit exists so that accept() never meets ``EMFILE``.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    return max(1, min(configured, soft // 2))
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the limit: closed as soon as it is made, before any read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.abort()
+
+
+class _Guard(asyncio.Protocol):
+    """One connection: aiohttp's ``RequestHandler`` behind a header timer.
+
+    Forwards every protocol call; tracks whether a request is in progress (set by
+    :func:`request_limits`, which aiohttp reaches only once the headers are complete).
+    """
+
+    __slots__ = ("_gate", "_inner", "_timer", "in_request", "transport")
+
+    def __init__(self, gate: ConnectionGate, inner: asyncio.Protocol) -> None:
+        self._gate = gate
+        self._inner = inner
+        self._timer: asyncio.TimerHandle | None = None
+        self.in_request = False
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._gate.waiting[self] = None
+        self._arm()  # the first request's headers are due from the opening on
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.in_request and self._timer is None:
+            self._arm()  # the first byte of a later request on a kept-alive connection
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self._gate.release(self)
+        self._inner.connection_lost(exc)
+
+    def request_started(self) -> None:
+        self._disarm()
+        self.in_request = True
+        self._gate.waiting.pop(self, None)
+
+    def request_done(self) -> None:
+        self.in_request = False
+        if self in self._gate.guards:
+            self._gate.waiting[self] = None  # longest-waiting last: evicted last
+
+    def _arm(self) -> None:
+        self._timer = self._gate.loop.call_later(self._gate.header_timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        if not self.in_request and self.transport is not None:
+            self._gate.shed.note("header_timeouts")
+            self.transport.abort()
+
+
+class ConnectionGate:
+    """The listening socket's protocol factory: aiohttp's, behind a connection limit."""
+
+    def __init__(self, factory: Callable[[], asyncio.Protocol], loop: asyncio.AbstractEventLoop,
+                 max_connections: int, header_timeout: float) -> None:
+        self._factory = factory
+        self.loop = loop
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
+        self.guards: set[_Guard] = set()
+        # connections with no request in progress, longest-waiting first (dicts keep order)
+        self.waiting: dict[_Guard, None] = {}
+        self.shed = IntervalLog(loop, "connections shed", limit=max_connections)
+
+    def __call__(self) -> asyncio.Protocol:
+        if len(self.guards) >= self.max_connections and not self._evict():
+            self.shed.note("refused", open=len(self.guards))
+            return _Refused()
+        guard = _Guard(self, self._factory())
+        self.guards.add(guard)
+        return guard
+
+    def _evict(self) -> bool:
+        """Close the longest-waiting connection with no request in progress and nothing left
+        to write (a response still draining is not cut off); False when there is none."""
+        for guard in self.waiting:
+            transport = guard.transport
+            if transport is not None and not transport.get_write_buffer_size():
+                del self.waiting[guard]
+                self.guards.discard(guard)  # its slot is free now; connection_lost follows
+                transport.abort()
+                self.shed.note("evicted", open=len(self.guards))
+                return True
+        return False
+
+    def release(self, guard: _Guard) -> None:
+        self.guards.discard(guard)
+        self.waiting.pop(guard, None)
+
+
+class GuardedSite(web.BaseSite):
+    """``web.SockSite`` with a :class:`ConnectionGate` as the protocol factory."""
+
+    __slots__ = ("_gate_args", "_sock", "gate")
+
+    def __init__(self, runner: web.BaseRunner, sock: Any, max_connections: int,
+                 header_timeout: float) -> None:
+        super().__init__(runner)
+        self._sock = sock
+        self._gate_args = (max_connections, header_timeout)
+        self.gate: ConnectionGate | None = None
+
+    @property
+    def name(self) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+        self.gate = ConnectionGate(server, loop, *self._gate_args)
+        self._server = await loop.create_server(self.gate, sock=self._sock,
+                                                backlog=self._backlog)
+
+    async def stop(self) -> None:
+        if self.gate is not None:
+            self.gate.shed.close()
+        await super().stop()
+
+
+def request_limits(max_requests: int) -> Middleware:
+    """The middleware: marks the connection busy, caps requests in flight per endpoint
+    (0: no cap), and writes the response before it lets go of either."""
+    in_flight: Counter[str] = Counter()
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        transport = request.transport
+        guard = transport.get_protocol() if transport is not None else None
+        if not isinstance(guard, _Guard):  # e.g. aiohttp's test server, without the gate
+            guard = None
+        if guard is not None:
+            guard.request_started()
+        try:
+            resource_ = request.match_info.route.resource
+            endpoint = resource_.canonical if resource_ is not None else ""
+            if max_requests and endpoint:
+                if in_flight[endpoint] >= max_requests:
+                    return web.Response(status=503, text="limit of concurrent requests reached "
+                                        f"({max_requests}), try again later\n")
+                in_flight[endpoint] += 1
+                try:
+                    return await _respond(request, handler)
+                finally:
+                    in_flight[endpoint] -= 1
+            return await _respond(request, handler)
+        finally:
+            if guard is not None:
+                guard.request_done()
+
+    return middleware
+
+
+async def _respond(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The handler's response, written out here (aiohttp's own write then finds it done)."""
+    response = await handler(request)
+    if not response.prepared:
+        try:
+            await response.prepare(request)
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client left; aiohttp's write of the response sees the same, quietly
+    return response

@@ -1,0 +1,187 @@
+"""Connection limits of the served app: idle floods, slow-loris, keep-alive, requests in flight.
+
+Each test runs the real listening path (:func:`exporter.server.start`: the gate in front of
+aiohttp's protocol) on 127.0.0.1 with small limits, and talks to it over raw sockets, so
+what is measured is what a hostile client sees. Timing bounds are generous (seconds of
+slack): these tests prove that a connection is closed, not how fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from exporter.collect import Collector
+from exporter.config import Config, WebConfig
+from exporter.server import make_app, start
+from exporter.server_limits import accept_error_handler
+from exporter.sources.sim import build as sim_source
+from exporter.sources.sim_options import SimSource
+
+START = 1_760_000_000.0
+SLACK = 5.0  # seconds a close may take beyond its timeout on a loaded 2-core machine
+
+
+@contextlib.asynccontextmanager
+async def serving(web_config: WebConfig, blocked: asyncio.Event | None = None
+                  ) -> AsyncIterator[int]:
+    """The exporter (seed-1 simulated fleet) on a free port; ``/block`` waits for ``blocked``."""
+    sim = sim_source(SimSource(seed=1), lambda: START)
+    config = Config(collect_interval=60, source_timeout=5, web=web_config)
+    app = make_app(config, Collector([sim], config.source_timeout, clock=lambda: START))
+    if blocked is not None:
+        async def block(request: web.Request) -> web.Response:
+            await blocked.wait()
+            return web.Response(text="released\n")
+        app.router.add_get("/block", block)
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    runner = await start(app, sock, web_config)
+    try:
+        for _ in range(200):  # first collection
+            status, _ = await get(port, "/-/ready")
+            if status == 200:
+                break
+            await asyncio.sleep(0.05)
+        yield port
+    finally:
+        if blocked is not None:
+            blocked.set()
+        await runner.cleanup()
+
+
+async def get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    """One GET on a fresh connection (``Connection: close``): status and body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
+        raw = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """Whether the server closes the connection (EOF or reset) within ``seconds``."""
+    try:
+        while await asyncio.wait_for(reader.read(65536), seconds):
+            pass
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+
+def shed_lines(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith("connections shed")]
+
+
+async def test_idle_flood_leaves_metrics_served_and_logs_once(caplog):
+    caplog.set_level(logging.INFO, logger="exporter")
+    async with serving(WebConfig(max_connections=20)) as port:
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(60)]
+        try:
+            await asyncio.sleep(0.2)
+            status, body = await get(port, "/metrics")
+            assert status == 200
+            assert b"\ngpufleet_gpu_utilization_ratio{" in body
+            # the oldest silent connections made room: at least 40 of the 60 are closed
+            closed = [await closed_within(r, 0.5) for r, _ in idle]
+            assert sum(closed) >= 40
+        finally:
+            for _, w in idle:
+                w.close()
+        await asyncio.sleep(0.1)
+    # 40+ evictions in one burst are one summary line, not one per accept()
+    lines = shed_lines(caplog)
+    assert 1 <= len(lines) <= 2
+    assert sum(getattr(r, "evicted", 0) for r in lines) >= 40
+
+
+async def test_full_gate_refuses_new_connections_at_once():
+    blocked = asyncio.Event()
+    async with serving(WebConfig(max_connections=2, max_requests=0), blocked) as port:
+        busy = [asyncio.create_task(get(port, "/block")) for _ in range(2)]
+        await asyncio.sleep(0.3)  # both requests in flight: no slot is evictable
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert await closed_within(reader, SLACK)
+        finally:
+            writer.close()
+        blocked.set()
+        assert [(await t)[0] for t in busy] == [200, 200]
+        assert (await get(port, "/metrics"))[0] == 200
+
+
+async def test_slow_loris_closed_after_header_timeout():
+    async with serving(WebConfig(header_timeout=0.5, keepalive_timeout=60)) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: t\r\n")  # headers never end
+            await writer.drain()
+            assert await closed_within(reader, 0.5 + SLACK)
+        finally:
+            writer.close()
+        # a silent connection gets the same limit for its first request
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            assert await closed_within(reader, 0.5 + SLACK)
+        finally:
+            writer.close()
+
+
+async def test_idle_keepalive_connection_closed_after_keepalive_timeout():
+    async with serving(WebConfig(header_timeout=0.3, keepalive_timeout=2.5)) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for _ in range(2):  # the connection is reused between "scrapes"
+                writer.write(b"GET /-/healthy HTTP/1.1\r\nHost: t\r\n\r\n")
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                assert head.startswith(b"HTTP/1.1 200")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+            # idle, with no byte of a request: the header timeout does not apply...
+            assert not await closed_within(reader, 1.0)
+            # ...the keep-alive timeout does
+            assert await closed_within(reader, 2.5 + SLACK)
+        finally:
+            writer.close()
+
+
+async def test_max_requests_per_endpoint_answers_503():
+    blocked = asyncio.Event()
+    async with serving(WebConfig(max_requests=1), blocked) as port:
+        first = asyncio.create_task(get(port, "/block"))
+        await asyncio.sleep(0.3)
+        status, body = await get(port, "/block")
+        assert status == 503
+        assert b"limit of concurrent requests reached (1)" in body
+        assert (await get(port, "/metrics"))[0] == 200  # the limit is per endpoint
+        blocked.set()
+        assert (await first)[0] == 200
+        assert (await get(port, "/block"))[0] == 200  # the slot is released
+
+
+async def test_accept_errors_are_rate_limited(caplog):
+    caplog.set_level(logging.INFO, logger="exporter")
+    loop = asyncio.get_running_loop()
+    others: list[dict] = []
+    handler = accept_error_handler(loop, fallback=lambda _loop, context: others.append(context))
+    for _ in range(5000):  # what asyncio reports when accept() hits the open-file limit
+        handler(loop, {"message": "socket.accept() out of system resource",
+                       "exception": OSError(errno.EMFILE, "Too many open files")})
+    handler(loop, {"message": "something else", "exception": RuntimeError("x")})
+    await asyncio.sleep(0.1)
+    lines = [r for r in caplog.records if r.getMessage().startswith("accept() failed")]
+    assert len(lines) == 1
+    assert lines[0].count == 5000
+    assert [c["message"] for c in others] == ["something else"]
