@@ -76,21 +76,25 @@ async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str
     its own process group, killed whole: a wrapper script's children hold its
     pipes too, and the child is reaped only once its pipes close.
     """
+    # The child runs before create_subprocess_exec returns (it still connects the pipes):
+    # a cancellation then would lose the only handle on a live child. So the spawn is
+    # completed whatever happens, and a child spawned for a cancelled call is killed too.
+    spawning = asyncio.ensure_future(asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL, env=dict(env), start_new_session=True,
+    ))
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            stdin=asyncio.subprocess.DEVNULL, env=dict(env), start_new_session=True,
-        )
+        proc = await complete(spawning)
     except OSError as exc:
         raise SlurmCommandError(f"{argv[0]}: cannot run: {exc.strerror}") from None
+    except asyncio.CancelledError:
+        if not spawning.cancelled() and spawning.exception() is None:
+            await _kill_and_reap(spawning.result())
+        raise
     try:
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
     except BaseException as exc:  # timed out, cancelled, or anything else: no child left behind
-        if proc.returncode is None:  # not reaped yet, so its group id is still its own
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        # reaped, its pipes closed, even if cancelled again meanwhile
-        await complete(proc.wait())
+        await _kill_and_reap(proc)
         if isinstance(exc, TimeoutError):
             raise SlurmCommandError(
                 f"{' '.join(argv[:3])}: no answer within {timeout:g}s (slurmctld down or slow?)"
@@ -103,6 +107,14 @@ async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str
             SlurmCommandError
         raise error(f"{' '.join(argv[:3])}: {first}")
     return stdout.decode(errors="replace")
+
+
+async def _kill_and_reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill the child's whole process group, then reap it, even if cancelled again meanwhile."""
+    if proc.returncode is None:  # not reaped yet, so its group id is still its own
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    await complete(proc.wait())
 
 
 async def _together(*commands: Awaitable[str]) -> list[str]:
