@@ -191,7 +191,8 @@ async def start(app: web.Application, sock: socket.socket, limits: WebConfig,
     (exporter/server_limits.py); ``runner.cleanup()`` stops it."""
     max_connections = effective_max_connections(limits.max_connections)
     if max_connections < limits.max_connections:
-        log.warning("web.max_connections lowered to half the open-file limit",
+        # info, not warning: with the default 1000 this is the expected case under ulimit -n 1024
+        log.info("web.max_connections lowered to half the open-file limit",
                     extra={"configured": limits.max_connections, "effective": max_connections})
     runner = web.AppRunner(app, handle_signals=handle_signals, access_log=None,
                            keepalive_timeout=limits.keepalive_timeout)

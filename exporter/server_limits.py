@@ -108,13 +108,15 @@ def accept_error_handler(loop: asyncio.AbstractEventLoop,
     return handler
 
 
-def effective_max_connections(configured: int) -> int:
-    """``web.max_connections``, lowered to half the soft open-file limit.
+def effective_max_connections(configured: int, soft: int | None = None) -> int:
+    """``web.max_connections``, lowered to half the soft open-file limit (``soft``, by
+    default this process's: 1024 on many systems gives 512).
 
     The other half is for the listening socket, source connections, the outbox and
     logs: the limit exists so that accept() never meets ``EMFILE``.
     """
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft is None:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return configured
     return max(1, min(configured, soft // 2))

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import resource
 import socket
 from collections.abc import AsyncIterator
 
@@ -20,7 +21,7 @@ from aiohttp import web
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
 from exporter.server import make_app, start
-from exporter.server_limits import accept_error_handler
+from exporter.server_limits import accept_error_handler, effective_max_connections
 from exporter.sources.sim import build as sim_source
 from exporter.sources.sim_options import SimSource
 
@@ -185,3 +186,10 @@ async def test_accept_errors_are_rate_limited(caplog):
     assert len(lines) == 1
     assert lines[0].count == 5000
     assert [c["message"] for c in others] == ["something else"]
+
+
+def test_max_connections_is_at_most_half_the_open_file_limit():
+    assert effective_max_connections(1000, soft=1024) == 512
+    assert effective_max_connections(1000, soft=100_000) == 1000
+    assert effective_max_connections(1000, soft=resource.RLIM_INFINITY) == 1000
+    assert effective_max_connections(1000, soft=1) == 1
