@@ -47,11 +47,12 @@ test: $(VENV)/.installed-test system-deps slurm-deps
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-# The inner loop: everything but the tests that start real servers (marked slow), under 60 s.
+# The inner loop: everything but the tests that start real servers (marked slow), under 60 s:
+# one pytest worker per core (pytest-xdist), since the fast tests are CPU-bound.
 test-fast: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check exporter tests bench deploy
 	$(BIN)/mypy
-	$(BIN)/pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m "not slow" -n "$$(nproc)" $(PYTEST_ARGS)
 
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
