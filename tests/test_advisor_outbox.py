@@ -8,6 +8,7 @@ full" on INSERT while its ``full`` flag is set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import time
@@ -172,7 +173,8 @@ async def test_an_expired_plan_proposed_again_is_delivered(aiohttp_server, tmp_p
     clock = Clock(running=True)
     outbox = Outbox(tmp_path / "outbox.sqlite")
     receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
-    deliverer = Deliverer(outbox, (receiver,), base_delay=0.01, max_delay=0.02, clock=clock)
+    # a retry a minute or more away: the first proposal is tried once before it expires
+    deliverer = Deliverer(outbox, (receiver,), base_delay=100, max_delay=100, clock=clock)
 
     def body(expires_at: float) -> bytes:
         return json.dumps({"plan_id": "plan-same", "expires_at": expires_at}).encode()
@@ -185,6 +187,7 @@ async def test_an_expired_plan_proposed_again_is_delivered(aiohttp_server, tmp_p
     assert outbox.status_of("slurm", "plan-same")[0] == "expired"
 
     # the advisor proposes the identical plan again: a new proposal, delivered
+    deliverer.base_delay, deliverer.max_delay = 0.01, 0.02
     expires = clock() + 900
     assert deliverer.enqueue("plan-same", body(expires), expires) == 1
     assert deliverer.enqueue("plan-same", body(expires), expires) == 0  # pending: queued once
@@ -274,3 +277,26 @@ def test_retention_is_an_advisor_option(tmp_path):
         assert service.deliverer.retention == 3600
     finally:
         service.deliverer.outbox.close()
+
+
+async def test_shutdown_gives_a_kept_plan_a_last_write(tmp_path):
+    clock = Clock()
+    path = tmp_path / "outbox.sqlite"
+    outbox, conn = full_disk_outbox(path)
+    receiver = Receiver("slurm", "http://127.0.0.1:9/gpufleet", SECRET)
+    # the deliverer's own retry is a second or more away (base_delay 1 s): the close writes it
+    deliverer = Deliverer(outbox, (receiver,), clock=clock)
+    service = service_with(deliverer, clock)
+    lifecycle = service.background(None)  # type: ignore[arg-type]
+    await lifecycle.__anext__()  # started: the deliverer runs
+    conn.full = True
+    advice = await service.evaluate("snapshot")
+    assert advice is not None and deliverer.unwritten_plans() == 1
+    conn.full = False
+    with contextlib.suppress(StopAsyncIteration):
+        await lifecycle.__anext__()  # the app's cleanup
+    reopened = Outbox(path)
+    try:
+        assert reopened.status_of("slurm", advice["plan"]["plan_id"])[0] == "pending"
+    finally:
+        reopened.close()

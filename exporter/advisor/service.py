@@ -249,6 +249,13 @@ class AdvisorService:
             await task
         async with self._lock:
             self._closed = True
+            # a plan kept from a failed write gets a last try; one still unwritten dies with
+            # the process (after a restart, the advisor proposes it again if it is still due)
+            if self.deliverer.unwritten_plans():
+                await complete(asyncio.to_thread(self.deliverer.flush))
+                if lost := self.deliverer.unwritten_plans():
+                    log.error("plans the outbox could not take are lost at shutdown",
+                              extra={"plans": lost})
             self.deliverer.outbox.close()
 
 

@@ -106,6 +106,7 @@ class Deliverer:
     retention: float = DEFAULT_RETENTION  # finished rows are pruned this long after they finished
     unwritten_per_receiver: int = 1
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _loop: asyncio.AbstractEventLoop | None = None  # run()'s, for wake() from worker threads
     # plans the outbox could not take yet: receiver -> (plan id, body, expires at), oldest first
     _unwritten: dict[str, deque[tuple[str, bytes, float | None]]] = field(default_factory=dict)
     _unwritten_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -154,19 +155,33 @@ class Deliverer:
                                 extra={"receiver": receiver, "plan": plan_id, "err": str(exc),
                                        "retry_in_s": round(delay, 2)})
                     if queued:
-                        self._wake.set()
+                        self.wake()
                     return queued
                 kept.popleft()
         self._write_failures = 0
         if queued:
-            self._wake.set()
+            self.wake()
         return queued
 
     def wake(self) -> None:
-        self._wake.set()
+        """Start a delivery round now. Safe from any thread: enqueue runs in worker threads,
+        and an asyncio.Event may be set only from its loop's thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._wake.set()
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:  # a worker thread: no running loop
+            on_loop = False
+        if on_loop:
+            self._wake.set()
+        else:
+            loop.call_soon_threadsafe(self._wake.set)
 
     async def run(self) -> None:
         """Deliver until cancelled; sleeps until the next due delivery or a new enqueue."""
+        self._loop = asyncio.get_running_loop()
         async with aiohttp.ClientSession(headers={"User-Agent": f"gpufleet/{__version__}"}) as session:
             while True:
                 self._wake.clear()
