@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import threading
 import time
 import tracemalloc
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exporter.advisor.api import validate_alertmanager
 from exporter.advisor.engine import Advisor, DecisionSettings
@@ -500,3 +503,60 @@ async def test_a_what_if_past_its_time_limit_gets_503_and_holds_the_slot(aiohttp
         await asyncio.sleep(0.01)
     client.api.what_if_timeout = 30.0
     assert (await client.post("/v1/plan", data=snapshot_body(), headers=auth())).status == 200
+
+
+NAMES = st.sampled_from(["gpu-001", "gpu-002", "gpu-003", "ghost"])  # "ghost" has no node record
+MODELS = st.sampled_from(["h100-sxm-80gb", "a100-sxm-80gb", "no-such-model", ""])
+SHARE = st.floats(0, 1, exclude_min=True)
+CPUS = st.floats(0, 256)
+
+
+@st.composite
+def hostile_snapshots(draw):
+    """Snapshots the schema accepts but no source would send: over-committed GPUs, placements
+    on nodes without records, GPUs past a node's count, unknown models, zero CPUs."""
+    names = draw(st.lists(NAMES.filter(lambda n: n != "ghost"), unique=True, max_size=3))
+    nodes = [{"name": n, "model": draw(MODELS), "cpu_cores": draw(CPUS), "pool": draw(NAMES),
+              "generation": "hopper", "gpu_count": draw(st.integers(0, 64))} for n in names]
+    gpus = [{"node": draw(NAMES), "index": draw(st.integers(0, 63)), "uuid": "u", "model": draw(MODELS),
+             "pool": "p", "up": draw(st.booleans())} for _ in range(draw(st.integers(0, 6)))]
+    allocations = [{"job": f"job-{i}", "priority": draw(st.integers(-5, 5000)),
+                    "gpu_memory_need_bytes": draw(st.none() | st.integers(0, 2 ** 40)),
+                    "start_time": draw(st.none() | st.floats(0, 2e9)),
+                    "placements": [{"node": draw(NAMES), "gpu_share": draw(SHARE), "cpus": draw(CPUS),
+                                    "gpus": draw(st.lists(st.integers(0, 63), max_size=4))}
+                                   for _ in range(draw(st.integers(0, 3)))]}
+                   for i in range(draw(st.integers(0, 6)))]
+    pending = [{"job": "p", "gpu_count": draw(st.integers(0, 64)), "node_count": draw(st.integers(0, 3)),
+                "pool": draw(NAMES)} for _ in range(draw(st.integers(0, 2)))]
+    return {"taken_at": draw(st.floats(0, 2e9)), "nodes": nodes, "gpus": gpus,
+            "allocations": allocations, "pending": pending}
+
+
+@pytest.fixture(scope="module")
+def what_if_service(tmp_path_factory):
+    from exporter.advisor.planner import PlanSettings, plan_compaction
+    from exporter.advisor.webhook import Deliverer
+    from exporter.snapshot import FleetSnapshot
+
+    analyzer = LiveAnalyzer.from_config(AnalysisConfig())  # measured once: the live workload
+    reading = asyncio.run(sim_source(SimSource(seed=1), lambda: START).read())
+    analyzer.analyze(FleetSnapshot(START, reading.nodes, reading.gpus, reading.allocations, reading.pending))
+    settings = DecisionSettings(trigger=0.0, clear_below=-1.0, dwell_seconds=0, cooldown_seconds=0)
+    planner = functools.partial(plan_compaction, settings=PlanSettings())
+    outbox = Outbox(tmp_path_factory.mktemp("outbox") / "o.sqlite")
+    service = AdvisorService(Advisor(planner, settings, clock=lambda: START), analyzer,
+                             Deliverer(outbox, ()), TOKEN.encode(), max_body_bytes=1 << 20)
+    yield service
+    outbox.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_snapshots())
+def test_a_what_if_on_any_accepted_snapshot_answers_strict_json(what_if_service, payload):
+    """What the schema lets through, the what-if must handle: no exception (a 500), no NaN."""
+    from exporter.advisor import bounds
+
+    snapshot = bounds.snapshot_from_body(json.dumps(payload).encode())
+    advice = what_if_service.what_if(snapshot)
+    json.dumps(advice, allow_nan=False)

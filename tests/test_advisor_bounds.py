@@ -96,6 +96,9 @@ def test_the_schema_names_every_snapshot_field():
         {"node": "gpu-001", "gpus": list(range(65)), "gpu_share": 1, "cpus": 1}]}]),
      "allocations[0].placements[0].gpus: 65 items (at most 64)"),
     (snapshot(pending=[{"job": "j", "gpu_count": 8, "node_count": -1}]), "pending[0].node_count"),
+    (snapshot(allocations=[{"job": "j", "placements": [
+        {"node": "gpu-001", "gpus": [0], "gpu_share": 0, "cpus": 1}]}]),
+     "allocations[0].placements[0].gpu_share: must be a number above 0 and at most 1, got 0"),
     (snapshot(allocations=[{"placements": []}]), "allocations[0].job: required"),
     (snapshot(nodes=[node(name="x" * 2000)]), "nodes[0].name: a string of 2000 characters"),
     ([], "body: must be an object"),

@@ -157,11 +157,15 @@ def integer(low: int, high: int) -> Check:
     return check
 
 
-def number(low: float, high: float) -> Check:
+def number(low: float, high: float, above: bool = False) -> Check:
+    """A number in [low, high], or in (low, high] when ``above``."""
+    span = f"above {low:g} and at most {high:g}" if above else f"from {low:g} to {high:g}"
+
     def check(value: Any, path: str) -> None:
         # ints too: JSON has one number type. The parser already refused NaN and infinities.
-        if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
-            raise Invalid(f"{path}: must be a number from {low:g} to {high:g}, got {_show(value)}")
+        if (not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high
+                or (above and value == low)):
+            raise Invalid(f"{path}: must be a number {span}, got {_show(value)}")
     return check
 
 
@@ -216,6 +220,7 @@ _RATE = optional(number(0, 1e15))
 _PRIORITY = integer(-(2 ** 63), 2 ** 63 - 1)
 _GPU_INDEX = integer(0, MAX_GPUS_PER_NODE - 1)
 _MODELS = array(string(), 1024)
+_SHARE = number(0, 1, above=True)  # a share of 0 holds nothing, and placement.Task refuses it
 
 SNAPSHOT_FIELDS: dict[type, dict[str, Check]] = {
     Node: {
@@ -238,7 +243,7 @@ SNAPSHOT_FIELDS: dict[type, dict[str, Check]] = {
     },
     Placement: {
         "node": string(), "gpus": array(_GPU_INDEX, MAX_GPUS_PER_NODE),
-        "gpu_share": number(0, 1), "cpus": number(0, MAX_CPUS),
+        "gpu_share": _SHARE, "cpus": number(0, MAX_CPUS),
     },
     Allocation: {
         "job": string(), "namespace": string(), "pod": string(), "priority": _PRIORITY,
@@ -248,7 +253,7 @@ SNAPSHOT_FIELDS: dict[type, dict[str, Check]] = {
     },
     JobRequest: {
         "job": string(), "gpu_count": integer(0, MAX_NODES * MAX_GPUS_PER_NODE),
-        "gpu_share": number(0, 1), "cpus": number(0, MAX_CPUS * MAX_NODES),
+        "gpu_share": _SHARE, "cpus": number(0, MAX_CPUS * MAX_NODES),
         "node_count": integer(0, MAX_NODES), "models": _MODELS, "pool": string(),
         "priority": _PRIORITY, "submit_time": optional(_TIME),
     },

@@ -106,6 +106,10 @@ def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
         slots = _slots(state, node, part.gpus)
         if slots is None:
             continue
+        if not 0 < part.gpu_share <= 1 or part.cpus > state.cpu_total[node]:
+            # it holds more than its node has: the placer, which clamps at the node's
+            # capacity, could not put it back after trying a move ("no longer fits")
+            continue
         current_model = state.model_names[int(state.model[node])]
         models = destination_models(alloc, current_model, state.model_names)
         if not models:
