@@ -184,7 +184,7 @@ class WebConfig:
     """Connection limits of the HTTP server (exporter/server_limits.py says why each exists)."""
 
     max_connections: int = _opt(
-        1000, help="Open connections at most, lowered to half the open-file limit. A new one "
+        1000, help="Open connections at most, lowered to (ulimit -n - 256) / 2. A new one "
         "beyond it closes the longest-waiting connection with no request in progress, else "
         "it is closed at once.", min=1,
     )

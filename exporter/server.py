@@ -27,9 +27,11 @@ from exporter.errors import quoted
 from exporter.exposition import CONTENT_TYPE, Family, LabelCache, Rendered, render
 from exporter.server_limits import (
     GuardedSite,
+    IntervalLog,
     accept_error_handler,
     effective_max_connections,
     request_limits,
+    shed_log,
 )
 from exporter.snapshot import FleetSnapshot, to_json
 
@@ -186,18 +188,18 @@ def make_app(config: Config, collector: Collector, state: ServingState | None = 
 
 
 async def start(app: web.Application, sock: socket.socket, limits: WebConfig,
-                handle_signals: bool = False) -> web.AppRunner:
+                handle_signals: bool = False, shed: IntervalLog | None = None) -> web.AppRunner:
     """Serve ``app`` on the listening ``sock`` behind the connection limits
     (exporter/server_limits.py); ``runner.cleanup()`` stops it."""
     max_connections = effective_max_connections(limits.max_connections)
     if max_connections < limits.max_connections:
         # info, not warning: with the default 1000 this is the expected case under ulimit -n 1024
-        log.info("web.max_connections lowered to half the open-file limit",
+        log.info("web.max_connections lowered to fit the open-file limit",
                     extra={"configured": limits.max_connections, "effective": max_connections})
     runner = web.AppRunner(app, handle_signals=handle_signals, access_log=None,
                            keepalive_timeout=limits.keepalive_timeout)
     await runner.setup()
-    await GuardedSite(runner, sock, max_connections, limits.header_timeout).start()
+    await GuardedSite(runner, sock, max_connections, limits.header_timeout, shed).start()
     return runner
 
 
@@ -207,8 +209,9 @@ async def serve(app: web.Application, sock: socket.socket, limits: WebConfig) ->
     SIGINT and SIGTERM raise ``web.GracefulExit`` out of the loop, as in run_app.
     """
     loop = asyncio.get_running_loop()
-    loop.set_exception_handler(accept_error_handler(loop))
-    runner = await start(app, sock, limits, handle_signals=True)
+    shed = shed_log(loop)  # one line per 10 s for shed connections and accept() errors
+    loop.set_exception_handler(accept_error_handler(shed))
+    runner = await start(app, sock, limits, handle_signals=True, shed=shed)
     try:
         while True:
             await asyncio.sleep(3600)

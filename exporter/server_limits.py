@@ -22,10 +22,10 @@ neither connections nor requests. Four limits, each cheap:
   (promhttp's ``MaxRequestsInFlight``). The response is written inside the middleware,
   so a slow reader of a 15 MB /metrics holds its slot as it does in Go.
 
-Shed connections are logged by :class:`IntervalLog`, at most one line per 10 s with the
-counts, never one per connection; :func:`accept_error_handler` does the same for
-asyncio's ``accept()`` errors (``EMFILE``), which it reports once per accepted socket
-in a tick, up to 128 at a time (``BaseSelectorEventLoop._accept_connection``).
+Shed connections are logged by :class:`IntervalLog` as one ``connections shed`` line per
+10 s at most, with the counts, never one per connection. :func:`accept_error_handler`
+adds asyncio's ``accept()`` errors (``EMFILE``) to the same line: asyncio reports one per
+accept() attempt, up to 128 in a tick (``BaseSelectorEventLoop._accept_connection``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from aiohttp.typedefs import Handler, Middleware
 
 log = logging.getLogger(__name__)
 
-INTERVAL = 10.0  # seconds between two summary lines of one kind
+INTERVAL = 10.0  # seconds between two summary lines
+BACKLOG = 128  # listen() backlog, and the most sockets asyncio accepts in one tick
 # asyncio's accept() errors for a full process or system (selector_events.py)
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -87,19 +88,22 @@ class IntervalLog:
             self._emit()
 
 
-def accept_error_handler(loop: asyncio.AbstractEventLoop,
-                         fallback: ExceptionHandler | None = None) -> ExceptionHandler:
-    """A loop exception handler that folds ``accept()`` resource errors into one line per 10 s.
+def shed_log(loop: asyncio.AbstractEventLoop) -> IntervalLog:
+    """The one ``connections shed`` line (per 10 s) of a server and its accept() errors."""
+    return IntervalLog(loop, "connections shed")
 
-    Every other context goes to ``fallback`` (the loop's default handler).
-    """
-    lines = IntervalLog(loop, "accept() failed: out of system resources")
+
+def accept_error_handler(lines: IntervalLog,
+                         fallback: ExceptionHandler | None = None) -> ExceptionHandler:
+    """A loop exception handler that counts ``accept()`` resource errors as
+    ``accept_errors`` in ``lines``; every other context goes to ``fallback`` (the
+    loop's default handler)."""
 
     def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> object:
         exc = context.get("exception")
         if (isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS
                 and "accept" in str(context.get("message", ""))):
-            lines.note("count", error=exc.strerror or str(exc))
+            lines.note("accept_errors", error=exc.strerror or str(exc))
             return None
         if fallback is None:
             return loop.default_exception_handler(context)
@@ -109,17 +113,21 @@ def accept_error_handler(loop: asyncio.AbstractEventLoop,
 
 
 def effective_max_connections(configured: int, soft: int | None = None) -> int:
-    """``web.max_connections``, lowered to half the soft open-file limit (``soft``, by
-    default this process's: 1024 on many systems gives 512).
+    """``web.max_connections``, lowered to fit the soft open-file limit (``soft``, by
+    default this process's): half of what is left after two accept batches.
 
-    The other half is for the listening socket, source connections, the outbox and
-    logs: the limit exists so that accept() never meets ``EMFILE``.
+    The limit exists so that accept() never meets ``EMFILE``. asyncio accepts up to
+    ``BACKLOG`` sockets in a tick before the gate sees any, and the sockets the gate
+    closed close in the next tick: 2 x 128 beyond the limit at worst. The other half is
+    for the listening socket, threads, source connections, the outbox and logs. At
+    ulimit -n 1024 this is 384; at 512, 128, where half the limit (256) still met EMFILE
+    under a 19,000-connection flood.
     """
     if soft is None:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return configured
-    return max(1, min(configured, soft // 2))
+    return max(1, min(configured, (soft - 2 * BACKLOG) // 2))
 
 
 class _Refused(asyncio.Protocol):
@@ -193,7 +201,7 @@ class _Guard(asyncio.Protocol):
     def _expired(self) -> None:
         self._timer = None
         if not self.in_request and self.transport is not None:
-            self._gate.shed.note("header_timeouts")
+            self._gate.shed.note("header_timeouts", limit=self._gate.max_connections)
             self.transport.abort()
 
 
@@ -201,7 +209,7 @@ class ConnectionGate:
     """The listening socket's protocol factory: aiohttp's, behind a connection limit."""
 
     def __init__(self, factory: Callable[[], asyncio.Protocol], loop: asyncio.AbstractEventLoop,
-                 max_connections: int, header_timeout: float) -> None:
+                 max_connections: int, header_timeout: float, shed: IntervalLog) -> None:
         self._factory = factory
         self.loop = loop
         self.max_connections = max_connections
@@ -209,11 +217,11 @@ class ConnectionGate:
         self.guards: set[_Guard] = set()
         # connections with no request in progress, longest-waiting first (dicts keep order)
         self.waiting: dict[_Guard, None] = {}
-        self.shed = IntervalLog(loop, "connections shed", limit=max_connections)
+        self.shed = shed
 
     def __call__(self) -> asyncio.Protocol:
         if len(self.guards) >= self.max_connections and not self._evict():
-            self.shed.note("refused", open=len(self.guards))
+            self.shed.note("refused", open=len(self.guards), limit=self.max_connections)
             return _Refused()
         guard = _Guard(self, self._factory())
         self.guards.add(guard)
@@ -228,7 +236,7 @@ class ConnectionGate:
                 del self.waiting[guard]
                 self.guards.discard(guard)  # its slot is free now; connection_lost follows
                 transport.abort()
-                self.shed.note("evicted", open=len(self.guards))
+                self.shed.note("evicted", open=len(self.guards), limit=self.max_connections)
                 return True
         return False
 
@@ -240,13 +248,15 @@ class ConnectionGate:
 class GuardedSite(web.BaseSite):
     """``web.SockSite`` with a :class:`ConnectionGate` as the protocol factory."""
 
-    __slots__ = ("_gate_args", "_sock", "gate")
+    __slots__ = ("_header_timeout", "_max_connections", "_shed", "_sock", "gate")
 
     def __init__(self, runner: web.BaseRunner, sock: Any, max_connections: int,
-                 header_timeout: float) -> None:
-        super().__init__(runner)
+                 header_timeout: float, shed: IntervalLog | None = None) -> None:
+        super().__init__(runner, backlog=BACKLOG)
         self._sock = sock
-        self._gate_args = (max_connections, header_timeout)
+        self._max_connections = max_connections
+        self._header_timeout = header_timeout
+        self._shed = shed  # default: a line of its own (shed_log)
         self.gate: ConnectionGate | None = None
 
     @property
@@ -259,7 +269,8 @@ class GuardedSite(web.BaseSite):
         loop = asyncio.get_running_loop()
         server = self._runner.server
         assert server is not None
-        self.gate = ConnectionGate(server, loop, *self._gate_args)
+        shed = self._shed if self._shed is not None else shed_log(loop)
+        self.gate = ConnectionGate(server, loop, self._max_connections, self._header_timeout, shed)
         self._server = await loop.create_server(self.gate, sock=self._sock,
                                                 backlog=self._backlog)
 
