@@ -124,6 +124,19 @@ MIG_PROFILE_LABEL = "GPU_I_PROFILE"
 MIG_COMPUTE_SLICES = 7
 _SLICES = re.compile(r"^(\d+)g\.")
 
+# Caps a scraped target is held to (DcgmFleetBuilder(capped=True)); a body beyond one is
+# refused whole, not truncated. A MIG GPU holds at most 7 GPU instances (seven 1g profiles
+# on A100/H100/H200/B200; MIG instances keep their GPU's UUID, so they do not count as
+# GPUs). Pods per GPU: MPS serves at most 48 clients per GPU; time-slicing replicas have no
+# hard limit, so 128 is a generous bound that still keeps one body from minting 10^5
+# allocation series. The GPU cap itself is the dcgm source's max_gpus option.
+MAX_MIG_INSTANCES = 7
+MAX_PODS_PER_GPU = 128
+
+
+class OverCap(Exception):
+    """A body describes more than a cap allows (GPUs, MIG instances, pods, lines, bytes)."""
+
 
 def first_label(labels: Mapping[str, str], names: tuple[str, ...]) -> str:
     for name in names:
@@ -177,14 +190,20 @@ class DcgmFleetBuilder:
     """Accumulates samples, then builds nodes, GPUs and allocations.
 
     ``default_node`` names the node when samples carry no ``Hostname`` (the
-    scraped target's host is a good choice); ``pool`` labels every GPU.
+    scraped target's host is a good choice); ``pool`` labels every GPU. With
+    ``max_gpus``, :meth:`add` raises :class:`OverCap` at the first GPU beyond it, the
+    8th MIG instance of a GPU or its 129th pod, so the work stops at the cap.
     """
 
     def __init__(self, *, default_node: str = "", pool: str = "",
-                 resolve_model: ModelResolver = unknown_model) -> None:
+                 resolve_model: ModelResolver = unknown_model,
+                 max_gpus: int | None = None) -> None:
         self.default_node = default_node
         self.pool = pool
         self.resolve_model = resolve_model
+        # One node's body (the dcgm source) is capped; a Prometheus server's view of the
+        # whole fleet is not. With a cap, the MIG and pod caps above apply too.
+        self.max_gpus = max_gpus
         self._gpus: dict[str, _GpuValues] = {}
         self.skipped = 0
         self.used = 0
@@ -209,6 +228,9 @@ class DcgmFleetBuilder:
                 return False
             instance = gpu.mig.get(mig_id)
             if instance is None:
+                if self.max_gpus is not None and len(gpu.mig) >= MAX_MIG_INSTANCES:
+                    raise OverCap(f"too many MIG instances on GPU {gpu.uuid[:40]}: "
+                                  f"more than {MAX_MIG_INSTANCES}")
                 instance = gpu.mig[mig_id] = _MigValues(labels.get(MIG_PROFILE_LABEL, ""))
         if pod:
             self._add_pod(gpu, labels, pod, mig_id)
@@ -232,19 +254,23 @@ class DcgmFleetBuilder:
         except ValueError:
             self.skipped += 1
             return None
+        if self.max_gpus is not None and len(self._gpus) >= self.max_gpus:
+            raise OverCap(f"too many GPUs: more than {self.max_gpus}")
         node = first_label(labels, NODE_LABELS) or self.default_node
         gpu = _GpuValues(node, index, uuid, first_label(labels, MODEL_LABELS),
                          first_label(labels, PCI_LABELS))
         self._gpus[uuid] = gpu
         return gpu
 
-    @staticmethod
-    def _add_pod(gpu: _GpuValues, labels: Mapping[str, str], pod: str, mig_id: int | None) -> None:
+    def _add_pod(self, gpu: _GpuValues, labels: Mapping[str, str], pod: str,
+                 mig_id: int | None) -> None:
         namespace = first_label(labels, NAMESPACE_LABELS)
         # The same pod appears on every field line of its GPU: count each (pod, instance) once.
         key = (namespace, pod, "" if mig_id is None else str(mig_id))
         if key in gpu._pod_keys:
             return
+        if self.max_gpus is not None and len(gpu._pod_keys) >= MAX_PODS_PER_GPU:
+            raise OverCap(f"too many pods on GPU {gpu.uuid[:40]}: more than {MAX_PODS_PER_GPU}")
         gpu._pod_keys.add(key)
         share = 1.0 if mig_id is None else mig_share(labels.get(MIG_PROFILE_LABEL, ""))
         gpu.pods[(namespace, pod)] = min(1.0, gpu.pods.get((namespace, pod), 0.0) + share)
