@@ -3,10 +3,9 @@
 The NVIDIA GPU Operator runs dcgm-exporter on every GPU node; with
 ``--kubernetes`` it labels each GPU with the pod holding it, which the
 fragmentation analyzer needs. This source scrapes one or many ``/metrics``
-endpoints concurrently (aiohttp, a per-target timeout, at most
-``max_concurrency`` at once), parses the text with the fast line parser
-(:mod:`exporter.sources.exposition_parser`, in a worker thread so the event
-loop keeps serving) and maps it with :mod:`exporter.sources.dcgm_mapping`.
+endpoints concurrently (aiohttp, at most ``max_concurrency`` at once), parses
+the text with the fast line parser (:mod:`exporter.sources.exposition_parser`)
+and maps it with :mod:`exporter.sources.dcgm_mapping`.
 
 Targets come from ``sources.dcgm.targets`` and from ``targets_file``, a
 Prometheus ``file_sd``-style JSON or YAML list of ``{targets: [...], labels:
@@ -20,23 +19,44 @@ stale, for ``stale_for``, then dropped. Skipped lines and unattributable
 samples add to the source's cumulative ``gpufleet_source_parse_errors_total``.
 A targets file that lists no target (yet) raises :class:`~exporter.sources.NoData`:
 the source is down with ``no data`` and serves nothing, stale or not.
+
+Hostile targets (issue 14) are bounded, because a worker thread cannot be killed:
+  - The body is parsed as it arrives, in chunks of whole lines (256 KiB), each in
+    this source's own two worker threads. ``timeout`` is one deadline for every
+    target's slot wait, fetch and parse, counted from the start of the read, so a
+    read ends within ``timeout`` plus one chunk's parse (tens of milliseconds),
+    whatever the number of targets or their behaviour; keep it below
+    ``source_timeout``. A target still waiting for a slot at the deadline is down.
+  - Caps per target: ``max_body_bytes``, ``max_lines``, ``max_gpus`` (with at most
+    7 MIG instances and 128 pods per GPU), and 64 KiB per line. The first chunk
+    beyond one stops the read: the target is down with the reason and nothing of
+    its body is used. Memory per target in flight is one chunk and the capped GPUs.
+  - Targets are deduplicated by address: each host name is resolved (the loop's
+    ``getaddrinfo``) when the target list is loaded, and a target whose
+    (address, port, path) an earlier one has is merged into it, logged once.
+  - ``http://user:password@host`` authenticates with basic auth; the target is
+    named without its userinfo everywhere (labels, logs, the snapshot, errors).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
+import re
+import socket
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import aiohttp
 
 from exporter.snapshot import Allocation, Gpu, Node
 from exporter.sources import Clock, NoData, SourceReading, SourceStartupError, TargetStatus
-from exporter.sources.dcgm_mapping import DcgmFleet, RateIntegrator, build_fleet
+from exporter.sources.dcgm_mapping import DcgmFleet, DcgmFleetBuilder, OverCap, RateIntegrator
 from exporter.sources.dcgm_options import DcgmSource as DcgmConfig
 from exporter.sources.exposition_parser import parse_text
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
@@ -44,33 +64,63 @@ from exporter.sources.lastgood import LastGood
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024 * 1024  # a 8-GPU node's full dcgm-exporter body is ~60 KiB
+# Parsed per worker-thread call: a real 8-GPU body (50-200 KB) is one or two calls, and one
+# call takes some 20 ms, which is all a deadline can overrun by (a thread cannot be stopped).
+CHUNK_BYTES = 256 * 1024
+# Real lines are 100-500 bytes; a longer one is hostile (and would make one call unbounded).
+MAX_LINE_BYTES = 64 * 1024
+# Parsing holds the GIL: more threads add no throughput, and two keep this source's work
+# off the loop's default executor (getaddrinfo, other sources) and take chunks in turn.
+PARSE_THREADS = 2
+# A host name that did not resolve is tried again this long after, not on every read.
+RESOLVE_RETRY_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    url: str
+    url: str  # without userinfo: the target's name in labels, logs, errors and the snapshot
     pool: str
     host: str  # names the node when the samples carry no Hostname label
+    # "Basic ..." from the URL's userinfo, sent as the Authorization header; never shown
+    authorization: str = field(default="", repr=False)
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#]*@")
+
+
+def without_userinfo(text: str) -> str:
+    """``text`` with any ``user:password@`` removed, for messages about a target as written."""
+    return _USERINFO.sub(r"\1", text)
 
 
 def target_from(text: str, pool: str) -> Target:
-    """``host:port`` or a URL → a Target; ``/metrics`` is the default path."""
+    """``host:port`` or a URL → a Target; ``/metrics`` is the default path.
+
+    Userinfo becomes the request's basic auth and is dropped from the URL, the target's name.
+    """
     raw = text.strip()
     if not raw:
         raise ValueError("empty target")
+    shown = without_userinfo(raw)
     if "://" not in raw:
         raw = f"http://{raw}"
     parts = urlsplit(raw)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"target {text!r} is not host:port or an http(s) URL")
+        raise ValueError(f"target {shown!r} is not host:port or an http(s) URL")
     try:
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
-        raise ValueError(f"target {text!r} has a bad port") from None
+        raise ValueError(f"target {shown!r} has a bad port") from None
+    authorization = ""
+    if parts.username is not None or parts.password is not None:
+        # RFC 7617 basic auth, UTF-8 (aiohttp.BasicAuth is deprecated in aiohttp 3.14)
+        userinfo = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(userinfo.encode()).decode()
+    netloc = parts.netloc.rpartition("@")[2]
     path = parts.path or "/metrics"
     query = f"?{parts.query}" if parts.query else ""
-    return Target(f"{parts.scheme}://{parts.netloc}{path}{query}", pool, parts.hostname)
+    return Target(f"{parts.scheme}://{netloc}{path}{query}", pool, parts.hostname,
+                  authorization)
 
 
 def parse_targets_file(data: Any, default_pool: str, where: str) -> list[Target]:
@@ -119,15 +169,69 @@ class _TargetState:
     down: bool = False  # logged as down: log again only when it comes back
 
 
+class UnmappableBody(Exception):
+    """Mapping a body raised something we did not foresee: only its target is spoiled."""
+
+
+class BodyParser:
+    """One target's body, fed in pieces of whole lines; stops at the first cap it passes.
+
+    Not thread-safe: one piece at a time (each in a worker thread), then :meth:`finish`.
+    """
+
+    def __init__(self, target: Target, resolve_model: ModelResolver, *,
+                 max_lines: int | None = None, max_gpus: int | None = None) -> None:
+        self.target = target
+        self.max_lines = max_lines
+        self.lines = 0
+        self.errors = 0
+        self.first_error = ""
+        self._builder = DcgmFleetBuilder(default_node=target.host, pool=target.pool,
+                                         resolve_model=resolve_model, max_gpus=max_gpus)
+
+    def feed(self, data: bytes) -> None:
+        """Parse and map ``data``, whole lines (the last may lack its newline). Raises OverCap."""
+        lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+        if self.max_lines is not None and self.lines + lines > self.max_lines:
+            raise OverCap(f"more than {self.max_lines} lines")
+        self.lines += lines
+        # A cut at a newline never splits a UTF-8 sequence (0x0A is no continuation byte).
+        parsed = parse_text(data.decode("utf-8", errors="replace"))
+        self.errors += parsed.errors
+        self.first_error = self.first_error or parsed.first_error
+        add = self._builder.add
+        try:
+            for name, labels, value in parsed.samples:
+                add(name, labels, value)
+        except OverCap:
+            raise
+        except Exception as exc:
+            raise UnmappableBody(_one_line(exc)) from exc
+
+    def finish(self) -> tuple[DcgmFleet, int]:
+        """The fleet and the number of lines and samples skipped."""
+        try:
+            fleet = self._builder.build()
+        except Exception as exc:
+            raise UnmappableBody(_one_line(exc)) from exc
+        if self.errors:
+            log.debug("skipped unparsable lines", extra={
+                "target": self.target.url, "lines": self.errors, "first": self.first_error})
+        return fleet, self.errors + fleet.skipped
+
+
 def parse_body(body: bytes, target: Target, resolve_model: ModelResolver) -> tuple[DcgmFleet, int]:
-    """Text → fleet and the number of lines/samples skipped. Pure; runs in a worker thread."""
-    parsed = parse_text(body.decode("utf-8", errors="replace"))
-    fleet = build_fleet(parsed.samples, default_node=target.host, pool=target.pool,
-                        resolve_model=resolve_model)
-    if parsed.errors:
-        log.debug("skipped unparsable lines", extra={"target": target.url, "lines": parsed.errors,
-                                                     "first": parsed.first_error})
-    return fleet, parsed.errors + fleet.skipped
+    """Text → fleet and the number of lines/samples skipped, without caps. Pure."""
+    parser = BodyParser(target, resolve_model)
+    parser.feed(body)
+    return parser.finish()
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MiB", 1024 * 1024), ("KiB", 1024)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} bytes"
 
 
 class DcgmExporterSource:
@@ -150,6 +254,10 @@ class DcgmExporterSource:
             SourceReading.marked_stale, max_age=config.stale_for)
         self._integrator = RateIntegrator()
         self._parse_errors = 0  # cumulative: feeds a counter
+        self._parse_pool: ThreadPoolExecutor | None = None
+        # (host, port) -> its addresses, or () and when to retry; emptied when the list changes
+        self._addresses: dict[tuple[str, int], tuple[tuple[str, ...], float]] = {}
+        self._merged: dict[str, str] = {}  # duplicate URL -> the URL kept, as last logged
 
     async def _targets(self) -> list[Target]:
         path = self.config.targets_file
@@ -166,6 +274,7 @@ class DcgmExporterSource:
                 try:
                     self._file_targets = await asyncio.to_thread(
                         load_targets_file, path, self.config.pool)
+                    self._addresses.clear()  # names are resolved again at each load
                     log.info("targets file loaded",
                              extra={"path": path, "targets": len(self._file_targets)})
                 except ValueError as exc:
@@ -177,6 +286,53 @@ class DcgmExporterSource:
             seen.setdefault(target.url, target)
         return list(seen.values())
 
+    async def _unique(self, targets: list[Target]) -> list[Target]:
+        """``targets`` less those whose (address, port, path) an earlier one has."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        wanted = set()
+        for target in targets:
+            key = _host_port(target)[:2]
+            known = self._addresses.get(key)
+            if known is None or (not known[0] and now >= known[1]):
+                wanted.add(key)
+
+        async def resolve(host: str, port: int) -> None:
+            try:
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                addresses = tuple(sorted({str(info[4][0]) for info in infos}))
+            except (OSError, UnicodeError):
+                addresses = ()  # the scrape reports why; try again later
+            self._addresses[(host, port)] = (addresses, now + RESOLVE_RETRY_SECONDS)
+
+        if wanted:
+            # Bounded, so a hung resolver cannot take the read past its deadline: half the
+            # deadline for names, the rest for scrapes. Unresolved names are merged by name.
+            try:
+                async with asyncio.timeout(self.config.timeout / 2):
+                    await asyncio.gather(*(resolve(host, port) for host, port in wanted))
+            except TimeoutError:
+                for key in wanted:
+                    self._addresses.setdefault(key, ((), now + RESOLVE_RETRY_SECONDS))
+        kept: list[Target] = []
+        owners: dict[tuple[str, int, str], Target] = {}
+        merged: dict[str, str] = {}
+        for target in targets:
+            host, port, path = _host_port(target)
+            addresses = self._addresses.get((host, port), ((), 0.0))[0] or (host.lower(),)
+            keys = [(address, port, path) for address in addresses]
+            owner = next((owners[k] for k in keys if k in owners), None)
+            if owner is not None:
+                merged[target.url] = owner.url
+                continue
+            owners.update((k, target) for k in keys)
+            kept.append(target)
+        if merged and merged != self._merged:
+            log.info("dcgm targets merged: same address, port and path as an earlier target",
+                     extra={"merged": merged})
+        self._merged = merged
+        return kept
+
     def _session_for_read(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=self.config.max_concurrency)
@@ -185,49 +341,87 @@ class DcgmExporterSource:
         return self._session
 
     async def scrape(self, target: Target, session: aiohttp.ClientSession,
-                     limit: asyncio.Semaphore) -> ScrapeOutcome:
-        async with limit:
-            started = time.perf_counter()
-            try:
-                body = await asyncio.wait_for(self._fetch(target, session), self.config.timeout)
-            except TimeoutError:
-                return ScrapeOutcome(None, 0, f"timed out after {self.config.timeout:g}s",
-                                     time.perf_counter() - started)
-            except aiohttp.ClientPayloadError as exc:
-                return ScrapeOutcome(None, 0, f"truncated body: {exc}",
-                                     time.perf_counter() - started)
-            except (aiohttp.ClientError, OSError, ValueError) as exc:
-                return ScrapeOutcome(None, 0, _one_line(exc), time.perf_counter() - started)
-            try:
-                fleet, errors = await asyncio.to_thread(
-                    parse_body, body, target, self._resolve_model)
-            except Exception as exc:  # a payload we did not foresee spoils only its target
-                log.exception("dcgm body could not be mapped", extra={"target": target.url})
-                return ScrapeOutcome(None, 1, f"unmappable body: {_one_line(exc)}",
-                                     time.perf_counter() - started)
-            duration = time.perf_counter() - started
-            if not fleet.gpus:
-                return ScrapeOutcome(None, errors, f"no DCGM GPU samples in the body "
-                                     f"({errors} lines skipped)", duration)
-            return ScrapeOutcome(fleet, errors, "", duration)
+                     limit: asyncio.Semaphore, deadline: float) -> ScrapeOutcome:
+        """One target, from its slot wait to its fleet, ended at ``deadline`` (loop time)."""
+        started: float | None = None
 
-    @staticmethod
-    async def _fetch(target: Target, session: aiohttp.ClientSession) -> bytes:
-        async with session.get(target.url, headers={"Accept": "text/plain"}) as response:
+        def took() -> float:
+            return 0.0 if started is None else time.perf_counter() - started
+
+        try:
+            async with asyncio.timeout_at(deadline):
+                async with limit:
+                    started = time.perf_counter()
+                    fleet, errors = await self._fetch_and_parse(target, session)
+        except TimeoutError:
+            if started is None:
+                return ScrapeOutcome(None, 0, f"no free slot within {self.config.timeout:g}s "
+                                     f"(max_concurrency {self.config.max_concurrency})", 0.0)
+            return ScrapeOutcome(None, 0, f"timed out after {self.config.timeout:g}s", took())
+        except OverCap as exc:
+            return ScrapeOutcome(None, 0, f"over a cap: {exc}", took())
+        except UnmappableBody as exc:  # a payload we did not foresee spoils only its target
+            log.warning("dcgm body could not be mapped", exc_info=exc.__cause__,
+                        extra={"target": target.url})
+            return ScrapeOutcome(None, 1, f"unmappable body: {exc}", took())
+        except aiohttp.ClientPayloadError as exc:
+            return ScrapeOutcome(None, 0, f"truncated body: {exc}", took())
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            return ScrapeOutcome(None, 0, _one_line(exc), took())
+        if not fleet.gpus:
+            return ScrapeOutcome(None, errors, f"no DCGM GPU samples in the body "
+                                 f"({errors} lines skipped)", took())
+        return ScrapeOutcome(fleet, errors, "", took())
+
+    async def _fetch_and_parse(self, target: Target,
+                               session: aiohttp.ClientSession) -> tuple[DcgmFleet, int]:
+        """Read the body in chunks and parse each in a worker as it comes; OverCap at a cap."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+        parser = BodyParser(target, self._resolve_model, max_lines=config.max_lines,
+                            max_gpus=config.max_gpus)
+        too_big = f"body over {_size(config.max_body_bytes)}"
+        headers = {"Accept": "text/plain"}
+        if target.authorization:
+            headers["Authorization"] = target.authorization
+        async with session.get(target.url, headers=headers) as response:
             if response.status != 200:
                 raise ValueError(f"HTTP {response.status}")
-            chunks, size = [], 0
+            if (response.content_length or 0) > config.max_body_bytes:
+                raise OverCap(too_big)
+            size = 0
+            pending = bytearray()
             # A body cut short (Content-Length not reached, chunked stream closed
             # early) raises ClientPayloadError here: the target counts as down.
-            async for chunk in response.content.iter_chunked(256 * 1024):
+            async for chunk in response.content.iter_chunked(CHUNK_BYTES):
                 size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise ValueError(f"body over {MAX_BODY_BYTES // (1024 * 1024)} MiB")
-                chunks.append(chunk)
-            return b"".join(chunks)
+                if size > config.max_body_bytes:
+                    raise OverCap(too_big)
+                pending += chunk
+                if len(pending) < CHUNK_BYTES:
+                    continue
+                cut = pending.rfind(b"\n") + 1
+                if len(pending) - cut > MAX_LINE_BYTES:
+                    raise OverCap(f"a line over {_size(MAX_LINE_BYTES)}")
+                if cut:
+                    piece = bytes(pending[:cut])
+                    del pending[:cut]
+                    await loop.run_in_executor(self._executor(), parser.feed, piece)
+            if pending:
+                if len(pending) - (pending.rfind(b"\n") + 1) > MAX_LINE_BYTES:
+                    raise OverCap(f"a line over {_size(MAX_LINE_BYTES)}")
+                await loop.run_in_executor(self._executor(), parser.feed, bytes(pending))
+        return await loop.run_in_executor(self._executor(), parser.finish)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._parse_pool is None:
+            self._parse_pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="dcgm-parse")
+        return self._parse_pool
 
     async def read(self) -> SourceReading:
-        targets = await self._targets()
+        # One deadline for the whole read: every target's slot wait, fetch and parse end by it.
+        deadline = asyncio.get_running_loop().time() + self.config.timeout
+        targets = await self._unique(await self._targets())
         for url in [u for u in self._states if u not in {t.url for t in targets}]:
             del self._states[url]  # the target left the file: forget it at once
             self._last_good.forget(url)
@@ -238,7 +432,8 @@ class DcgmExporterSource:
             raise NoData(f"the targets file {self.config.targets_file} lists no target")
         session = self._session_for_read()
         limit = asyncio.Semaphore(self.config.max_concurrency)
-        outcomes = await asyncio.gather(*(self.scrape(t, session, limit) for t in targets))
+        outcomes = await asyncio.gather(*(self.scrape(t, session, limit, deadline)
+                                          for t in targets))
         now = self.clock()
 
         nodes: list[Node] = []
@@ -285,6 +480,17 @@ class DcgmExporterSource:
     async def close(self) -> None:
         if self._own_session and self._session is not None:
             await self._session.close()
+        if self._parse_pool is not None:
+            # a chunk being parsed finishes in its thread (bounded); queued ones are dropped
+            self._parse_pool.shutdown(wait=False, cancel_futures=True)
+            self._parse_pool = None
+
+
+def _host_port(target: Target) -> tuple[str, int, str]:
+    """Host, port and path (with its query) of a target: what names its endpoint."""
+    parts = urlsplit(target.url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.hostname or "", port, f"{parts.path}?{parts.query}"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -21,7 +21,9 @@ class DcgmSource:
         "pool), re-read when it changes.",
     )
     timeout: Duration = opt(
-        Duration(3), help="Per-target scrape timeout; keep it below source_timeout.",
+        Duration(3), help="Deadline of every target's fetch and parse, from the start of the "
+        "read (a target still waiting for a max_concurrency slot counts too), so a read ends "
+        "within it; keep it below source_timeout.",
         exclusive_min=0,
     )
     pool: str = opt("", help="Pool of targets that name none.")
@@ -29,4 +31,17 @@ class DcgmSource:
     stale_for: Duration = opt(
         Duration(300), help="How long a down target's last reading is served, marked stale.",
         min=0,
+    )
+    # Caps: a target beyond one is down with the reason, and its body is not read further.
+    # A real 8-GPU body is 50-200 KB and a few thousand lines (8 GPUs x 7 MIG instances x
+    # ~100 fields is 5,600), so the defaults leave 35-80 times that as headroom while
+    # bounding the work: 200k lines parse in about 0.7 s, within the default 3 s deadline.
+    max_body_bytes: int = opt(
+        16 * 1024 * 1024, help="Largest body read from one target, in bytes (after gzip).",
+        min=1024,
+    )
+    max_lines: int = opt(200_000, help="Most lines read from one target's body.", min=1)
+    max_gpus: int = opt(
+        64, help="Most GPUs one target may describe (MIG instances are not GPUs: at most 7 "
+        "per GPU); the densest nodes hold 8-16 GPUs.", min=1,
     )
