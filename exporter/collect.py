@@ -83,13 +83,16 @@ class Collector:
         now = self.clock()
         if reading is not None:
             self._last_good.remember(source.name, reading, now)
-            self._last_success[source.name] = now
+            if not reading.error:
+                # an answer with ``error`` set (every target down) counts as down: the
+                # last-success time stays where the last good read left it
+                self._last_success[source.name] = now
             self._parse_errors[source.name] = reading.parse_errors
             status = SourceStatus(
                 source.name,
                 up=not reading.error,
                 duration_seconds=duration,
-                last_success_time=now,
+                last_success_time=self._last_success.get(source.name),
                 error=reading.error,
                 parse_errors=reading.parse_errors,
             )
