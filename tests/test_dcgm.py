@@ -357,20 +357,23 @@ async def test_a_target_that_goes_down_is_served_stale_then_dropped(aiohttp_serv
     url = await serve(aiohttp_server, handler)
     clock = Clock()
     source = DcgmExporterSource(config(url, stale_for=Duration(60)), clock)
+    # one collector throughout: the last-success time is the collector's memory
+    collector = Collector([source], timeout_seconds=10, clock=clock)
     try:
-        fresh = await collect(source)
+        fresh = Exported.of(await collector.collect())
         state["up"] = False
         clock.now += 30
-        stale = await collect(source)
+        stale = Exported.of(await collector.collect())
         clock.now += 60
-        gone = await collect(source)
+        gone = Exported.of(await collector.collect())
     finally:
         await source.close()
     assert fresh.value("gpufleet_gpu_stale") == 0
     assert stale.value("gpufleet_gpu_stale") == 1
     assert stale.value("gpufleet_gpu_power_watts") == 16.365
     assert stale.value("gpufleet_source_up", source="dcgm", target=url) == 0
-    assert stale.value("gpufleet_last_collect_success_timestamp_seconds", source="dcgm") > 0
+    assert stale.value("gpufleet_last_collect_success_timestamp_seconds", source="dcgm",
+                       target="") == clock.now - 90  # the fresh read's, not the down one's
     assert gone.absent("gpufleet_gpu_up")
     assert gone.value("gpufleet_source_up", source="dcgm", target=url) == 0
 
