@@ -53,7 +53,7 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(subparser)
-        subparser.set_defaults(_module=module)
+        subparser.set_defaults(_module=module, _parser=subparser)
     return parser
 
 
@@ -73,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         # building the parser imports the command's module, which may read package data
         # (serve's --help lists defaults from the threshold table): its errors are one line too
         parser = _parser(_command(argv))
-        args = parser.parse_args(argv)
+        # parse_args would report a subcommand's unknown flags with the top-level usage;
+        # the subcommand's own parser reports them instead, with its usage
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command is None:
             parser.print_help()
             return 2

@@ -75,3 +75,25 @@ def test_no_module_imports_the_cli():
     from exporter import cli, errors
 
     assert cli.UsageError is errors.UsageError and cli.ConfigError is errors.ConfigError
+
+
+@pytest.mark.parametrize("command", ["serve", "rules", "dashboards"])
+def test_a_bad_flag_shows_its_own_commands_usage(command, capsys):
+    """issue 15: ``gpufleet serve --bogus`` printed the top-level usage, not serve's."""
+    from exporter.cli import main
+
+    with pytest.raises(SystemExit) as raised:
+        main([command, "--bogus"])
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: gpufleet {command} ")
+    assert f"gpufleet {command}: error: unrecognized arguments: --bogus" in err
+
+
+def test_a_bad_flag_before_the_command_is_the_top_levels(capsys):
+    from exporter.cli import main
+
+    with pytest.raises(SystemExit) as raised:
+        main(["--bogus"])
+    assert raised.value.code == 2
+    assert capsys.readouterr().err.startswith("usage: gpufleet [-h]")
