@@ -126,6 +126,29 @@ def test_counters_only_grow():
     assert sum(g.energy_joules for g in second.gpus) > 0
 
 
+async def test_counter_rates_in_wall_time_match_the_gauges_at_speed_60():
+    """issue 15: counters advanced in simulated time, so at speed 60 the energy rate Prometheus
+    takes (per wall second) implied 39,573 W on a 650 W GPU, and NVLink use went over 100%."""
+    now = [START]
+    source = sim_source(SimSource(speed=60), lambda: now[0])
+    first = (await source.read()).gpus
+    now[0] += 10  # ten wall seconds: ten simulated minutes
+    second = (await source.read()).gpus
+    sim = source.simulation
+    assert isinstance(sim, Simulation)
+    busy = 0
+    for g, (a, b) in enumerate(zip(first, second, strict=True)):
+        watts = (b.energy_joules - a.energy_joules) / 10
+        # the power gauge stays within [5% of TDP, TDP]; so must its wall-clock rate
+        assert 0.05 * sim.tdp[g] - 0.01 <= watts <= sim.tdp[g] + 0.01, (b.node, b.index, watts)
+        if b.nvlink_capacity_bytes_per_second:
+            tx = (b.nvlink_transmit_bytes - a.nvlink_transmit_bytes) / 10
+            rx = (b.nvlink_receive_bytes - a.nvlink_receive_bytes) / 10
+            assert tx + rx <= b.nvlink_capacity_bytes_per_second, (b.node, b.index)
+            busy += tx > 0
+    assert busy > 0
+
+
 def test_training_jobs_respect_memory_tiers():
     snapshot = _sim(seed=9).snapshot()
     nodes = snapshot.node_map()

@@ -22,7 +22,8 @@ aware scheduler would have done instead. Telemetry follows the jobs: power and t
 memory follows the job, NVLink traffic only flows for multi-GPU jobs, idle
 GPUs sit near idle power. All randomness comes from one seeded generator and
 simulated time advances by ``speed`` x wall time, so the same seed and the
-same clock give the same run.
+same clock give the same run. Counters (energy, NVLink bytes) advance by their
+gauge x wall time, so their rates per wall second match the gauges at any speed.
 """
 
 from __future__ import annotations
@@ -457,10 +458,14 @@ class Simulation:
         self.memory_used = np.minimum(memory, self.memory_total)
         self.power = power
         self.temperature = temperature
-        self.energy += power * dt
+        # Counters advance by gauge x wall-clock time (simulated time / speed): Prometheus
+        # takes rate() per wall second, and at speed 60 simulated-time counters implied
+        # 39,573 W on a 650 W GPU. The gauges themselves follow simulated time.
+        wall = dt / self.config.speed
+        self.energy += power * wall
         rate = self.nvlink_capacity * nvlink * util / 2  # capacity counts both directions
-        self.nvlink_tx += rate * dt
-        self.nvlink_rx += rate * dt * float(self.rng.uniform(0.97, 1.03))
+        self.nvlink_tx += rate * wall
+        self.nvlink_rx += rate * wall * float(self.rng.uniform(0.97, 1.03))
 
     # -- snapshot ---------------------------------------------------------------
 
