@@ -41,6 +41,14 @@ def _serve(tmp_path, config_text: str, *args: str) -> subprocess.CompletedProces
         ("source_timeout: .inf\n", "source_timeout", "must be a finite duration"),
         ("advisor:\n  dwell: -1s\n", "advisor.dwell", "must be >= 0"),
         ("sources:\n  sim:\n    scale: 1000000\n", "sources.sim.scale", "must be <= 100"),
+        # issue 15: a scenario naming a node or pool the simulated fleet lacks started "ready"
+        ("sources:\n  sim:\n    scenarios:\n      - {kind: overheat, node: gpu-999}\n",
+         "sources.sim.scenarios[0].node", "no node gpu-999 in the simulated fleet (gpu-001..gpu-136)"),
+        ("sources:\n  sim:\n    scenarios:\n      - {kind: gpu_lost, node: gpu-001}\n"
+         "      - {kind: fragmented_pool, pool: gpu-z100}\n",
+         "sources.sim.scenarios[1].pool", "no pool gpu-z100 in the simulated fleet (gpu-h200, "),
+        ("sources:\n  sim:\n    scenarios:\n      - {kind: idle_allocated, node: gpu-001, gpu: 8}\n",
+         "sources.sim.scenarios[0].gpu", "gpu-001 has 8 GPUs (0..7)"),
         ('sources:\n  prometheus:\n    url: "not a url"\n', "sources.prometheus.url",
          "must be an http(s) URL"),
     ],

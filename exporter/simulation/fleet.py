@@ -118,9 +118,7 @@ class Simulation:
 
     def _layout(self) -> Fleet:
         pools = self.config.pools
-        total_nodes = sum(p.nodes for p in pools) * self.config.scale
-        offset = self.config.first_node - 1  # slices of one fleet get disjoint node names
-        width = max(3, len(str(total_nodes + offset)))
+        names = [name for name, _ in self.config.node_names()]  # what scenarios are checked against
         nodes: list[Node] = []
         node_pool, node_cpus = [], []
         gpu_node, gpu_local, gpu_model, gpu_mig, uuids = [], [], [], [], []
@@ -131,7 +129,7 @@ class Simulation:
                 spec = self.catalogue.get(pool.model)
                 for _ in range(pool.nodes):
                     number += 1
-                    name = f"gpu-{number + offset:0{width}d}"
+                    name = names[number - 1]
                     node_index = len(nodes)
                     nodes.append(
                         Node(name, spec.name, float(pool.cpu_cores), pool.name,

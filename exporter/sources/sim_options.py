@@ -89,3 +89,40 @@ class SimSource:
         if gpus > MAX_GPUS:  # pools of many nodes get there at scale 1
             raise ConfigError(f"{prefix}.pools: {gpus:,} simulated GPUs; at most {MAX_GPUS:,} "
                               f"(scale {MAX_SCALE} of the reference layout)")
+        self._check_scenarios(prefix)
+
+    def node_names(self) -> list[tuple[str, SimPool]]:
+        """Every simulated node's name and pool, in the simulator's order.
+
+        The simulator names its nodes from this list, so a scenario is checked
+        against the same names the fleet will have.
+        """
+        total = sum(p.nodes for p in self.pools) * self.scale
+        offset = self.first_node - 1  # slices of one fleet get disjoint node names
+        width = max(3, len(str(total + offset)))
+        layout = [pool for _ in range(self.scale) for pool in self.pools for _ in range(pool.nodes)]
+        return [(f"gpu-{number + offset:0{width}d}", pool)
+                for number, pool in enumerate(layout, start=1)]
+
+    def _check_scenarios(self, prefix: str) -> None:
+        """A scenario naming a node, GPU or pool the fleet lacks would start "ready" and
+        force nothing (issue 15): it is a config error, naming the key."""
+        if not self.scenarios:
+            return
+        nodes = dict(self.node_names())
+        first, last = next(iter(nodes)), next(reversed(nodes))
+        pools = [p.name for p in self.pools]
+        for number, scenario in enumerate(self.scenarios):
+            key = f"{prefix}.scenarios[{number}]"
+            if scenario.kind == "fragmented_pool":
+                if scenario.pool not in pools:
+                    raise ConfigError(f"{key}.pool: no pool {scenario.pool or '(empty)'} in the "
+                                      f"simulated fleet ({', '.join(pools)})")
+                continue
+            pool = nodes.get(scenario.node)
+            if pool is None:
+                raise ConfigError(f"{key}.node: no node {scenario.node or '(empty)'} in the "
+                                  f"simulated fleet ({first}..{last})")
+            if scenario.gpu >= pool.gpus_per_node:
+                raise ConfigError(f"{key}.gpu: {scenario.node} has {pool.gpus_per_node} GPUs "
+                                  f"(0..{pool.gpus_per_node - 1})")
