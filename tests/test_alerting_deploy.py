@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
@@ -81,8 +82,25 @@ def test_promtool_check_config_passes_on_the_example_prometheus_config():
     config = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
     from exporter.alerting.thresholds import load_thresholds
 
-    job = load_thresholds(REPO / "rules" / "thresholds.yaml").exporter_job
-    assert [c["job_name"] for c in config["scrape_configs"]] == [job]
+    jobs = load_thresholds(REPO / "rules" / "thresholds.yaml").exporter_jobs
+    assert [c["job_name"] for c in config["scrape_configs"]] == list(jobs)
+
+
+def test_gpufleet_job_names_agree_in_the_table_the_example_config_and_the_guide():
+    """issue 15: GpufleetTargetDown watched up{job="gpufleet"} while docs/deploy.md names the
+    jobs gpufleet-nodes and gpufleet-cluster, so its absent() branch always matched."""
+    from exporter.alerting.thresholds import load_thresholds
+
+    jobs = load_thresholds(REPO / "rules" / "thresholds.yaml").exporter_jobs
+    assert jobs == ("gpufleet-nodes", "gpufleet-cluster")
+    config = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
+    assert tuple(c["job_name"] for c in config["scrape_configs"]) == jobs
+    guide = (REPO / "docs" / "deploy.md").read_text()
+    named = re.findall(r"job_name: (gpufleet\S*)", guide)
+    assert named and set(named) == set(jobs)
+    alerts = (REPO / "rules" / "gpufleet-alerts.yaml").read_text()
+    for job in jobs:
+        assert f'absent(up{{job="{job}"}})' in alerts
 
 
 def _alert(severity: str, **labels: str) -> dict:

@@ -40,7 +40,10 @@ def _prometheus_config(exporter_port: int, alertmanager_port: int, rules: list[s
     config["rule_files"] = rules
     config["alerting"]["alertmanagers"][0]["static_configs"] = [
         {"targets": [f"127.0.0.1:{alertmanager_port}"]}]
-    (scrape,) = config["scrape_configs"]
+    # one exporter in node mode: the gpufleet-nodes job alone (a cluster-mode job with no
+    # target only adds GpufleetTargetDown for it, which this test does not look at)
+    scrape = config["scrape_configs"][0]
+    config["scrape_configs"] = [scrape]
     scrape.update(scrape_interval="1s", scrape_timeout="1s",
                   static_configs=[{"targets": [f"127.0.0.1:{exporter_port}"]}])
     return yaml.safe_dump(config, sort_keys=False)
@@ -78,7 +81,7 @@ def test_overheat_pages_inhibits_its_warning_and_fragmentation_reaches_the_advis
         assert {k: alert["labels"][k] for k in ("alertname", "severity", *HOT)} == {
             "alertname": "GpuTemperatureHigh", "severity": "critical", **HOT}
         assert alert["labels"]["uuid"].startswith("GPU-")
-        assert alert["labels"]["job"] == "gpufleet"
+        assert alert["labels"]["job"] == "gpufleet-nodes"
         assert alert["annotations"]["runbook_url"].endswith("docs/runbooks.md#gputemperaturehigh")
         assert alert["annotations"]["description"].startswith(
             "GPU 3 on gpu-001 (H200, pool gpu-h200) is at ")

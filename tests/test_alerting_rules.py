@@ -248,7 +248,8 @@ def test_rules_that_need_care_are_written_with_it():
     # memory from our own used/total, recorded once for both severities
     assert rules[("GpuMemoryHigh", "critical", None)] == "gpu:gpufleet_gpu_memory_used:ratio > 0.95"
     assert rules[("GpufleetTargetDown", "critical", None)].splitlines() == [
-        'up{job="gpufleet"} == 0', "or", 'absent(up{job="gpufleet"})']
+        'up{job=~"gpufleet-nodes|gpufleet-cluster"} == 0',
+        "or", 'absent(up{job="gpufleet-nodes"})', "or", 'absent(up{job="gpufleet-cluster"})']
     assert rules[("GpuLost", "critical", None)] == "gpufleet_gpu_up == 0"
     assert rules[("GpufleetSourceDown", "warning", None)] == "gpufleet_source_up == 0"
 

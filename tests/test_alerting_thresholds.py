@@ -35,7 +35,7 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
     assert (frag.severities, frag.threshold("warning"), dict(frag.labels)) == (
         ("warning",), 50, {"action": "compact"})
     assert t.busy_utilization == 0.5
-    assert t.exporter_job == "gpufleet"
+    assert t.exporter_jobs == ("gpufleet-nodes", "gpufleet-cluster")
     assert [row.alert for row in t.alerts] == [
         "GpuUtilizationLow", "GpuMemoryHigh", "GpuTemperatureHigh", "GpuPowerHigh",
         "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuLost",
@@ -162,7 +162,7 @@ def test_the_loader_error_type_is_a_config_error():
     with pytest.raises(ThresholdError) as info:
         parse_thresholds("runbook_url: x\n", "t.yaml")
     assert isinstance(info.value, ConfigError)
-    assert str(info.value) == "t.yaml: top level.exporter_job: required"
+    assert str(info.value) == "t.yaml: top level.exporter_jobs: required"
 
 
 def test_runbooks_have_a_section_per_alert_with_the_tables_action():
@@ -207,3 +207,17 @@ def test_any_bad_value_anywhere_is_a_threshold_error_never_a_crash(row, key, val
         parse_thresholds(yaml.safe_dump(raw), "t.yaml")
     except ThresholdError as exc:
         assert str(exc).startswith("t.yaml: ") and "\n" not in str(exc)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ([], "exporter_jobs: must be a non-empty list of job names, got []"),
+    ("gpufleet", "exporter_jobs: must be a non-empty list of job names, got 'gpufleet'"),
+    (["gpufleet", 'a"b'], "exporter_jobs[1]: must be a plain job name, got 'a\"b'"),
+    (["gpufleet", "gpufleet"], "exporter_jobs[1]: gpufleet appears twice"),
+])
+def test_exporter_jobs_is_a_list_of_plain_distinct_names(value, message):
+    raw = yaml.safe_load(TABLE.read_text())
+    raw["exporter_jobs"] = value
+    with pytest.raises(ThresholdError) as info:
+        parse_thresholds(yaml.safe_dump(raw), "t.yaml")
+    assert str(info.value) == f"t.yaml: {message}"

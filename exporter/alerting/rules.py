@@ -138,7 +138,14 @@ def _scoped(thresholds: Thresholds, row: AlertRow, comparison: str) -> str:
 
 
 def _value_expr(thresholds: Thresholds, row: AlertRow) -> str:
-    return row.metric.expr.replace("{exporter_job}", thresholds.exporter_job)
+    return row.metric.expr.replace("{exporter_jobs}", _regex_alternatives(thresholds.exporter_jobs))
+
+
+def _absent_exprs(thresholds: Thresholds, row: AlertRow) -> list[str]:
+    """One ``absent()`` per job: absent() of a regex selector fires only when every job is
+    gone, and without the job label; per job, a job service discovery lost fires on its own."""
+    return [row.metric.expr.replace('job=~"{exporter_jobs}"', f'job="{job}"')
+            for job in thresholds.exporter_jobs]
 
 
 def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
@@ -178,7 +185,8 @@ def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float) -> list[
         if not row.metric.relative_to_tdp:
             comparison = f"{value} {row.op} {_number(level.threshold)}"
             if row.metric.absent_too:
-                comparison = f"{comparison}\nor\nabsent({value})"
+                comparison = "\nor\n".join(
+                    [comparison, *(f"absent({e})" for e in _absent_exprs(thresholds, row))])
             rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, comparison),
                                      _threshold_text(level.threshold, unit), for_scale))
             continue

@@ -47,7 +47,8 @@ class ThresholdError(ConfigError):
 class MetricDef:
     """What a table row may compare: the PromQL value, its unit and the object it is about.
 
-    ``expr`` may contain ``{exporter_job}``, filled from the table. ``describe``
+    ``expr`` may contain ``{exporter_jobs}``, filled from the table (an alternation of
+    its job names; an ``absent_too`` row gets one ``absent()`` per job). ``describe``
     is the description annotation, with ``<VALUE>``, ``<RELATION>``,
     ``<THRESHOLD>`` and ``<FOR>`` filled per rule; Prometheus templates
     (``{{ $labels.gpu }}``) pass through untouched.
@@ -98,7 +99,7 @@ METRICS: dict[str, MetricDef] = {
         MetricDef("source_up", "gpufleet_source_up", "state", "source", ("==",),
                   "Source {{ $labels.source }}{{ with $labels.target }} (target {{ . }}){{ end }} "
                   "on {{ $labels.instance }} has failed for <FOR>; its GPUs are served stale."),
-        MetricDef("exporter_up", 'up{job="{exporter_job}"}', "state", "target", ("==",),
+        MetricDef("exporter_up", 'up{job=~"{exporter_jobs}"}', "state", "target", ("==",),
                   "gpufleet target {{ with $labels.instance }}{{ . }}{{ else }}(none scraped)"
                   "{{ end }} of job {{ $labels.job }} has been down or absent for <FOR>: "
                   "no GPU metrics are collected.",
@@ -192,7 +193,7 @@ class AlertRow:
 class Thresholds:
     source: str  # file name, for messages and the generated files' header
     runbook_url: str  # docs/runbooks.md as operators reach it; anchors are appended
-    exporter_job: str  # the Prometheus job that scrapes gpufleet
+    exporter_jobs: tuple[str, ...]  # the Prometheus jobs that scrape gpufleet (docs/deploy.md)
     busy_utilization: float  # a GPU above this utilization counts as busy (NVLink rule)
     alerts: tuple[AlertRow, ...]
 
@@ -267,7 +268,7 @@ class _Reader:
             raise self.fail(where, f"must be {DURATION_HINT}, got {value!r}") from None
 
 
-_TOP_KEYS = ("runbook_url", "exporter_job", "busy_utilization", "alerts")
+_TOP_KEYS = ("runbook_url", "exporter_jobs", "busy_utilization", "alerts")
 _ROW_KEYS = ("alert", "metric", "op", "scope", "warning", "critical", "models", "labels",
              "summary", "action", "runbook")
 _LEVEL_KEYS = ("threshold", "for")
@@ -283,9 +284,7 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
     runbook_url = r.text(top["runbook_url"], "runbook_url")
     if "#" in runbook_url:
         raise r.fail("runbook_url", "must be the page without an #anchor; rows give the anchor")
-    exporter_job = r.text(top["exporter_job"], "exporter_job")
-    if '"' in exporter_job or "\\" in exporter_job:
-        raise r.fail("exporter_job", f"must be a plain job name, got {exporter_job!r}")
+    exporter_jobs = _jobs(r, top["exporter_jobs"])
     busy = r.number(top["busy_utilization"], "busy_utilization", "ratio", True, _RANGES["ratio"])
     if not isinstance(top["alerts"], list) or not top["alerts"]:
         raise r.fail("alerts", "must be a non-empty list of alert rows")
@@ -299,7 +298,23 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
         if any(existing.alert == row.alert for existing in rows):
             raise r.fail(f"{where}.alert", f"{row.alert} appears twice; one row per alert name")
         rows.append(row)
-    return Thresholds(Path(source).name, runbook_url, exporter_job, busy, tuple(rows))
+    return Thresholds(Path(source).name, runbook_url, exporter_jobs, busy, tuple(rows))
+
+
+def _jobs(r: _Reader, value: Any) -> tuple[str, ...]:
+    """The scrape jobs GpufleetTargetDown watches, each a name PromQL quotes as it is."""
+    if not isinstance(value, list) or not value:
+        raise r.fail("exporter_jobs", f"must be a non-empty list of job names, got {value!r}")
+    jobs: list[str] = []
+    for index, raw in enumerate(value):
+        where = f"exporter_jobs[{index}]"
+        job = r.text(raw, where)
+        if '"' in job or "\\" in job or " " in job:
+            raise r.fail(where, f"must be a plain job name, got {job!r}")
+        if job in jobs:
+            raise r.fail(where, f"{job} appears twice")
+        jobs.append(job)
+    return tuple(jobs)
 
 
 def load_thresholds(path: str | Path, catalogue: Catalogue | None = None) -> Thresholds:
