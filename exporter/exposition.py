@@ -151,7 +151,7 @@ def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
                 ("priority", str(alloc.priority)),
             ), 1.0))
         for inst in gpu.mig:
-            mig_labels = (*ident, ("instance", str(inst.instance_id)), ("profile", inst.profile))
+            mig_labels = (*ident, ("gpu_instance", str(inst.instance_id)), ("profile", inst.profile))
             mig_info.append((mig_labels, 1.0))
             if inst.memory_total_bytes is not None:
                 mig_total.append((mig_labels, float(inst.memory_total_bytes)))
@@ -162,7 +162,7 @@ def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
     node_info, node_cpus, node_cpus_alloc = [], [], []
     for node in snapshot.nodes:
         labels = (("node", node.name), ("pool", node.pool), ("model", node.model))
-        node_info.append(((*labels, ("generation", node.generation),
+        node_info.append(((*labels, ("architecture", node.generation),
                            ("gpus", str(node.gpu_count))), 1.0))
         node_cpus.append((labels, node.cpu_cores))
         node_cpus_alloc.append((labels, cpu_used.get(node.name, 0.0)))

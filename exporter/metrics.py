@@ -119,19 +119,19 @@ GPU_ALLOCATION_INFO = _gpu(
     doc="Scraped without `honor_labels`, `job` arrives as `exported_job`.")
 GPU_MIG_INSTANCE_INFO = _gpu(
     "gpufleet_gpu_mig_instance_info", "gauge",
-    "A MIG GPU instance and its profile; always 1.", extra=("instance", "profile"))
+    "A MIG GPU instance and its profile; always 1.", extra=("gpu_instance", "profile"))
 GPU_MIG_MEMORY_TOTAL_BYTES = _gpu(
     "gpufleet_gpu_mig_memory_total_bytes", "gauge",
-    "Memory of a MIG GPU instance in bytes.", "bytes", extra=("instance", "profile"))
+    "Memory of a MIG GPU instance in bytes.", "bytes", extra=("gpu_instance", "profile"))
 GPU_MIG_MEMORY_USED_BYTES = _gpu(
     "gpufleet_gpu_mig_memory_used_bytes", "gauge",
-    "Memory in use on a MIG GPU instance in bytes.", "bytes", extra=("instance", "profile"))
+    "Memory in use on a MIG GPU instance in bytes.", "bytes", extra=("gpu_instance", "profile"))
 
 # -- per node and pool -----------------------------------------------------------------------------
 NODE_INFO = FamilySpec(
     "gpufleet_node_info", "gauge",
-    "Node with its pool, GPU model, generation and GPU count; always 1.",
-    ("node", "pool", "model", "generation", "gpus"), "node")
+    "Node with its pool, GPU model, architecture and GPU count; always 1.",
+    ("node", "pool", "model", "architecture", "gpus"), "node")
 NODE_CPU_CORES = FamilySpec(
     "gpufleet_node_cpu_cores", "gauge", "CPU cores of the node.",
     ("node", "pool", "model"), "node")

@@ -103,7 +103,7 @@ def test_the_example_source_runs_as_written(tmp_path):
     assert 'gpufleet_source_up{source="jsonfile"} 1.0' in metrics
     assert ('gpufleet_gpu_info{architecture="",gpu="1",model="H100",node="n1",pool="gpu-test",'
             'uuid="GPU-1"} 1.0') in metrics
-    assert 'gpufleet_node_info{generation="",gpus="2",model="H100",node="n1",pool="gpu-test"} 1.0' \
+    assert 'gpufleet_node_info{architecture="",gpus="2",model="H100",node="n1",pool="gpu-test"} 1.0' \
         in metrics
 
     # a file it cannot parse fails the read: the last good list is served, stale

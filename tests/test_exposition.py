@@ -123,3 +123,21 @@ def test_promtool_check_metrics_on_a_real_scrape(exporter_factory):
                             timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout == b"" and result.stderr == b""
+
+
+def test_labels_never_collide_with_prometheus_target_labels_and_agree_across_families():
+    """issue 15: the MIG `instance` label arrived as `exported_instance` (Prometheus's target
+    label wins), and node_info said `generation` where gpu_info says `architecture`."""
+    mig = Gpu("gpu-x", 0, "GPU-x", "A100", "gpu-a100", mig=(MigInstance(3, "3g.40gb", 40, 5),))
+    snapshot = dataclasses.replace(_snapshot(), gpus=(mig,))
+    families = {}
+    for line in render_text(snapshot).decode().splitlines():
+        if "{" in line and not line.startswith("#"):
+            name, _, rest = line.partition("{")
+            families.setdefault(name, set()).update(
+                part.split("=")[0] for part in rest.split("}")[0].split(","))
+    for name, labels in families.items():
+        assert "instance" not in labels, name  # `job` on allocation_info is known: exported_job
+    assert {"gpu_instance", "profile"} <= families["gpufleet_gpu_mig_instance_info"]
+    assert "architecture" in families["gpufleet_node_info"]
+    assert "generation" not in families["gpufleet_node_info"]

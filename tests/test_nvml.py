@@ -98,7 +98,7 @@ async def test_normal_gpus_export_base_units(sources):
     assert out.value("gpufleet_gpu_power_watts", gpu="1") == 98.25
     assert out.value("gpufleet_gpu_utilization_ratio", gpu="1") == 0.12
     assert out.value("gpufleet_node_info", node="gpu-host-1", model="H100", gpus="2",
-                     generation="hopper") == 1
+                     architecture="hopper") == 1
     assert out.value("gpufleet_source_up", source="nvml") == 1
     assert out.absent("gpufleet_gpu_mig_instance_info")
 
@@ -126,11 +126,11 @@ async def test_mig_gpu_lists_instances_and_has_no_utilization(sources):
              FakeMig(2, "3g.40gb", 40192 * MIB, 30000 * MIB)],  # a 2nd compute instance of GI 2
     )
     out = await read(sources(FakeNvml([a100])))
-    instances = sorted((labels["instance"], labels["profile"])
+    instances = sorted((labels["gpu_instance"], labels["profile"])
                        for labels, _ in out.all("gpufleet_gpu_mig_instance_info"))
     assert instances == [("2", "3g.40gb"), ("9", "1g.10gb")]
-    assert out.value("gpufleet_gpu_mig_memory_total_bytes", instance="9") == 9856 * MIB
-    assert out.value("gpufleet_gpu_mig_memory_used_bytes", instance="2") == 30000 * MIB
+    assert out.value("gpufleet_gpu_mig_memory_total_bytes", gpu_instance="9") == 9856 * MIB
+    assert out.value("gpufleet_gpu_mig_memory_used_bytes", gpu_instance="2") == 30000 * MIB
     assert out.absent("gpufleet_gpu_utilization_ratio")  # absent, not 0
     assert out.value("gpufleet_gpu_power_watts") == 250
     assert out.value("gpufleet_gpu_info", model="A100-80GB") == 1

@@ -62,7 +62,7 @@ def test_build_snapshot_reads_renamed_job_and_instance_labels():
         gpufleet_gpu_utilization_ratio=[_series("gpufleet_gpu_utilization_ratio", "NaN", **GPU)],
         gpufleet_gpu_memory_used_bytes=[_series("gpufleet_gpu_memory_used_bytes", 1e9, **GPU)],
         nodes=[_series("gpufleet_node_info", 1, node="gpu-001", pool="p", model="H100",
-                       generation="hopper", gpus="1"),
+                       architecture="hopper", gpus="1"),
                _series("gpufleet_node_cpu_cores", 128, node="gpu-001", pool="p", model="H100")],
         allocations=[
             # without honor_labels Prometheus moves the exporter's job label to exported_job
@@ -73,7 +73,7 @@ def test_build_snapshot_reads_renamed_job_and_instance_labels():
             _series("gpufleet_allocation_gpu_share_ratio", 0.5, node="gpu-001",
                     exported_job="j1", job="nodes"),
         ],
-        mig=[_series("gpufleet_gpu_mig_instance_info", 1, **{**GPU, "exported_instance": "3"},
+        mig=[_series("gpufleet_gpu_mig_instance_info", 1, **GPU, gpu_instance="3",
                      profile="1g.10gb")],
         targets=[_series("up", 1, instance="10.0.0.1:9874", job="nodes")],
     )

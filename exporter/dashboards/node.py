@@ -79,14 +79,14 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         "bytes",
         hide=("uuid", "job", "model", "pool"),
         rename={"Value #A": "memory used", "Value #B": "memory total"},
-        order=("node", "gpu", "instance", "profile", "Value #A", "Value #B"),
+        order=("node", "gpu", "gpu_instance", "profile", "Value #A", "Value #B"),
         sort_by="gpu", descending=False,
         description="Empty unless the selected GPUs run in MIG mode.",
     ), 12, 9)
     layout.add(p.timeseries(
         "MIG instance memory used",
         p.targets((f"gpufleet_gpu_mig_memory_used_bytes{g}",
-                   "{{node}}/{{gpu}} {{profile}} #{{instance}}")),
+                   "{{node}}/{{gpu}} {{profile}} #{{gpu_instance}}")),
         "bytes", minimum=0,
         description="Empty unless the selected GPUs run in MIG mode.",
     ), 24, 8)

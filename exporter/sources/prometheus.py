@@ -32,7 +32,8 @@ DCGM metrics, the read fails only when no field query answers.
 
 Labels: Prometheus renames an exporter's ``job`` and ``instance`` labels to
 ``exported_job``/``exported_instance`` unless the scrape sets ``honor_labels``;
-both spellings are read.
+both spellings are read. gpufleet's own labels avoid the target labels (the MIG
+GPU instance is ``gpu_instance``), so only the scheduler's ``job`` is renamed.
 
 Pending jobs are exported only as per-pool totals, so they cannot be rebuilt
 job by job here; demand comes from the Slurm source.
@@ -254,7 +255,7 @@ def build_snapshot(
     for sample in series("mig"):
         labels = sample["metric"]
         key = (labels.get("node", ""), labels.get("gpu", "0"))
-        instance = int(_label(labels, "instance"))
+        instance = int(labels.get("gpu_instance", ""))
         entry = mig.setdefault(key, {}).setdefault(
             instance, {"profile": labels.get("profile", ""), "total": None, "used": None})
         name, value = labels.get("__name__", ""), _value(sample)
@@ -281,7 +282,7 @@ def build_snapshot(
                 cpu_cores[labels.get("node", "")] = value
     nodes = tuple(
         Node(name, labels.get("model", ""), cpu_cores.get(name, 0.0), labels.get("pool", ""),
-             labels.get("generation", ""), int(labels.get("gpus", "0")))
+             labels.get("architecture", ""), int(labels.get("gpus", "0")))
         for name, labels in sorted(nodes_info.items())
     )
 
