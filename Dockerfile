@@ -10,6 +10,11 @@ COPY pyproject.toml README.md ./
 COPY exporter ./exporter
 # exporter/thresholds.yaml links to the threshold table; pip copies its content in
 COPY rules/thresholds.yaml ./rules/thresholds.yaml
+# The generated rules and dashboards, to copy out of the image (docker cp, an init
+# container); `gpufleet rules --out DIR` and `gpufleet dashboards --out DIR` regenerate them
+# from the installed table.
+COPY rules/gpufleet-*.yaml /usr/share/gpufleet/rules/
+COPY dashboards/*.json /usr/share/gpufleet/dashboards/
 # The same `pip install .` that `make run` and `make test` run.
 RUN pip install --no-cache-dir . \
     && useradd --system --uid 10001 --no-create-home gpufleet \

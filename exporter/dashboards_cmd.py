@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from exporter.alerting.thresholds import CHECKOUT_TABLE, command_table
 from exporter.dashboards import render
-from exporter.dashboards.levels import load_levels
+from exporter.dashboards.levels import levels_from_table
 from exporter.generated import check_or_write
 
 DEFAULT_OUT = "dashboards"
-DEFAULT_THRESHOLDS = "rules/thresholds.yaml"
 
 DESCRIPTION = (
     "Generate the Grafana dashboards (fleet overview, node drill-down, fragmentation) with "
@@ -31,13 +31,14 @@ EPILOG = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
                         help=f"folder to write into (default {DEFAULT_OUT})")
-    parser.add_argument("--thresholds", metavar="FILE", default=DEFAULT_THRESHOLDS,
-                        help=f"the threshold table the levels come from (default {DEFAULT_THRESHOLDS})")
+    parser.add_argument("--thresholds", metavar="FILE",
+                        help=f"the threshold table the levels come from (default {CHECKOUT_TABLE} "
+                             "if the current folder has one, else the table installed with gpufleet)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 naming the files that are missing or differ")
 
 
 def run(args: argparse.Namespace) -> int:
-    files = render(load_levels(args.thresholds))
+    files = render(levels_from_table(command_table(args.thresholds)[0]))
     return check_or_write(files, Path(args.out), check=args.check, what="dashboards",
                           command=f"gpufleet dashboards --out {args.out}")

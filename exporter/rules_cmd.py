@@ -14,10 +14,9 @@ import math
 from pathlib import Path
 
 from exporter.alerting.rules import FORMATS, generate
-from exporter.alerting.thresholds import load_thresholds
+from exporter.alerting.thresholds import CHECKOUT_TABLE, command_table
+from exporter.errors import UsageError
 from exporter.generated import check_or_write
-
-DEFAULT_THRESHOLDS = "rules/thresholds.yaml"
 
 DESCRIPTION = (
     "Generate Prometheus alerting and recording rules (or a Kubernetes PrometheusRule) "
@@ -42,10 +41,12 @@ def _scale(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--thresholds", metavar="FILE", default=DEFAULT_THRESHOLDS,
-                        help=f"the threshold table (default {DEFAULT_THRESHOLDS})")
+    parser.add_argument("--thresholds", metavar="FILE",
+                        help=f"the threshold table (default {CHECKOUT_TABLE} if the current "
+                             "folder has one, else the table installed with gpufleet)")
     parser.add_argument("--out", metavar="DIR",
-                        help="folder to write into (default: the threshold table's folder)")
+                        help="folder to write into (default: the threshold table's folder; "
+                             "required with the installed table)")
     parser.add_argument("--format", choices=FORMATS, default="prometheus",
                         help="plain Prometheus rule files, or one Kubernetes PrometheusRule "
                              "(default prometheus)")
@@ -58,8 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    thresholds = load_thresholds(args.thresholds)  # ThresholdError: one line, exit 2
+    thresholds, folder = command_table(args.thresholds)  # ThresholdError: one line, exit 2
+    out = Path(args.out) if args.out else folder
+    if out is None:
+        raise UsageError(f"--out DIR is required here: there is no {CHECKOUT_TABLE} in the "
+                         "current folder, so the table installed with gpufleet is used")
     files = generate(thresholds, args.format, args.for_scale)
-    out = Path(args.out) if args.out else Path(args.thresholds).parent
     return check_or_write({f.name: f.text for f in files}, out, check=args.check,
                           what="rule files", command="gpufleet rules")

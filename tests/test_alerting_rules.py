@@ -87,6 +87,19 @@ def test_default_output_is_beside_the_table(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_outside_a_checkout_the_installed_table_is_used_and_out_is_required(tmp_path, capsys,
+                                                                             monkeypatch):
+    """issue 15: `gpufleet rules` failed outside a checkout (no rules/thresholds.yaml there)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["rules"]) == 2  # no table here and no --out: never write into the package
+    assert "--out" in capsys.readouterr().err
+    assert main(["rules", "--out", "out"]) == 0
+    assert main(["rules", "--out", "out", "--format", "prometheusrule"]) == 0
+    for name in ("gpufleet-alerts.yaml", "gpufleet-recording.yaml",
+                 "gpufleet-prometheusrule.yaml"):
+        assert (tmp_path / "out" / name).read_bytes() == (RULES / name).read_bytes(), name
+
+
 @pytest.mark.parametrize("scale", ["0", "-1", "nan", "inf", "fast"])
 def test_for_scale_must_be_a_positive_number(scale, capsys):
     with pytest.raises(SystemExit) as info:

@@ -91,6 +91,17 @@ def test_check_exits_1_naming_a_changed_or_missing_file(tmp_path: Path):
     assert not (tmp_path / "gpufleet-fragmentation.json").exists()  # --check writes nothing
 
 
+def test_outside_a_checkout_the_installed_table_gives_the_same_dashboards(tmp_path: Path,
+                                                                          monkeypatch):
+    """issue 15: `gpufleet dashboards` failed outside a checkout (no rules/thresholds.yaml)."""
+    from exporter.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["dashboards", "--out", "out"]) == 0
+    for name in FILES:
+        assert (tmp_path / "out" / name).read_bytes() == (OUT / name).read_bytes(), name
+
+
 def test_a_bad_threshold_table_exits_2_and_writes_nothing(tmp_path: Path):
     table = tmp_path / "thresholds.yaml"
     table.write_text(THRESHOLDS.read_text().replace("threshold: 80,", "threshold: hot,", 1))

@@ -45,6 +45,15 @@ def test_dockerfile_installs_like_the_makefile():
     assert re.search(r"^USER (?!root|0\b)", dockerfile, re.M)
 
 
+def test_the_image_carries_the_generated_rules_and_dashboards():
+    """issue 15: the image had no rules/; they sit in /usr/share/gpufleet for copying out."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "COPY rules/gpufleet-*.yaml /usr/share/gpufleet/rules/" in dockerfile
+    assert "COPY dashboards/*.json /usr/share/gpufleet/dashboards/" in dockerfile
+    assert list((REPO / "rules").glob("gpufleet-*.yaml"))
+    assert list((REPO / "dashboards").glob("*.json"))
+
+
 def test_default_port_is_not_dcgm_or_nvidia_gpu_exporter():
     from exporter.config import DEFAULT_PORT
 
@@ -86,6 +95,16 @@ def test_installed_package_replays_and_analyzes_the_built_in_trace(tmp_path):
     assert (work / "out" / "replay.csv").is_file() and (work / "out" / "replay.png").is_file()
     analyzed = json.loads(run("-m", "exporter", "analyze", "--trace", "openb-default", "--json"))
     assert analyzed["nodes"] == 1213
+    # issue 15: rules and dashboards from the installed table, outside a checkout
+    run("-m", "exporter", "rules", "--out", "rules")
+    run("-m", "exporter", "rules", "--out", "rules", "--format", "prometheusrule")
+    for name in ("gpufleet-alerts.yaml", "gpufleet-recording.yaml", "gpufleet-prometheusrule.yaml"):
+        assert (work / "rules" / name).read_text() == (REPO / "rules" / name).read_text(), name
+    run("-m", "exporter", "dashboards", "--out", "dashboards")
+    committed = sorted(p.name for p in (REPO / "dashboards").glob("*.json"))
+    assert sorted(p.name for p in (work / "dashboards").iterdir()) == committed
+    for name in committed:
+        assert (work / "dashboards" / name).read_text() == (REPO / "dashboards" / name).read_text()
 
 
 def test_data_folder_is_whole_and_small():

@@ -34,6 +34,7 @@ from exporter.errors import ConfigError, one_line
 from exporter.yamlfile import parse_mapping, read_text
 
 PACKAGED_TABLE = "thresholds.yaml"  # in exporter/: see default_thresholds
+CHECKOUT_TABLE = Path("rules") / "thresholds.yaml"  # what `gpufleet rules` reads in a checkout
 COMPACTION_METRIC = "pool_fragmentation_index"  # its row's level is the compaction threshold
 SEVERITIES = ("warning", "critical")  # in rising order; both share one alert name
 OPS = ("<", ">", ">=", "==")
@@ -475,3 +476,18 @@ __all__ = [
     "load_thresholds",
     "parse_thresholds",
 ]
+
+
+def command_table(given: str | None) -> tuple[Thresholds, Path | None]:
+    """The table ``gpufleet rules`` and ``gpufleet dashboards`` read, and its folder.
+
+    ``--thresholds FILE`` if given; else ``rules/thresholds.yaml`` in the current folder
+    (a checkout, where the table is edited); else the table installed with gpufleet, so
+    both commands work after ``pip install`` and in the image. That one's folder is
+    ``None``: the installed package is no place to write generated files.
+    """
+    if given is not None:
+        return load_thresholds(given), Path(given).parent
+    if CHECKOUT_TABLE.is_file():
+        return load_thresholds(CHECKOUT_TABLE), CHECKOUT_TABLE.parent
+    return default_thresholds(), None
