@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
 
 from exporter.alerting.rules import FORMATS, generate
@@ -40,6 +41,24 @@ def _scale(text: str) -> float:
     return value
 
 
+# Kubernetes label syntax: an optional DNS-subdomain prefix and "/", then a name of at most
+# 63 characters (alphanumerics, "-", "_", "." inside); a value is empty or such a name.
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}")
+_LABEL_VALUE = re.compile(rf"({_LABEL_NAME})?")
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE, got {text!r}")
+    if not _LABEL_KEY.fullmatch(key):
+        raise argparse.ArgumentTypeError(f"{key!r} is not a Kubernetes label key")
+    if not _LABEL_VALUE.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a Kubernetes label value")
+    return key, value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--thresholds", metavar="FILE",
                         help=f"the threshold table (default {CHECKOUT_TABLE} if the current "
@@ -53,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--for-scale", type=_scale, default=1.0, metavar="FACTOR",
                         help="multiply every `for` by FACTOR (e.g. 0.01), for end-to-end tests; "
                              "the header of each file says so")
+    parser.add_argument("--label", type=_label, action="append", default=[], metavar="KEY=VALUE",
+                        help="a label on the PrometheusRule object, repeatable; e.g. "
+                             "release=kube-prometheus-stack, which that chart's default "
+                             "ruleSelector needs (docs/deploy.md)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 naming the files in --out that differ from "
                              "what the table generates")
@@ -64,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     if out is None:
         raise UsageError(f"--out DIR is required here: there is no {CHECKOUT_TABLE} in the "
                          "current folder, so the table installed with gpufleet is used")
-    files = generate(thresholds, args.format, args.for_scale)
+    if args.label and args.format != "prometheusrule":
+        raise UsageError("--label: only with --format prometheusrule (it labels the "
+                         "PrometheusRule object; plain rule files have no object labels)")
+    files = generate(thresholds, args.format, args.for_scale, dict(args.label))
     return check_or_write({f.name: f.text for f in files}, out, check=args.check,
                           what="rule files", command="gpufleet rules")

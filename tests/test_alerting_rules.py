@@ -100,6 +100,35 @@ def test_outside_a_checkout_the_installed_table_is_used_and_out_is_required(tmp_
         assert (tmp_path / "out" / name).read_bytes() == (RULES / name).read_bytes(), name
 
 
+def test_prometheusrule_labels_are_set_with_label(tmp_path):
+    """issue 15: kube-prometheus-stack's default ruleSelector needs `release: <its release>`."""
+    assert main(["rules", "--format", "prometheusrule", "--out", str(tmp_path),
+                 "--label", "release=kube-prometheus-stack", "--label", "team=gpu"]) == 0
+    rule = yaml.safe_load((tmp_path / "gpufleet-prometheusrule.yaml").read_text())
+    assert rule["metadata"]["labels"] == {
+        "app.kubernetes.io/name": "gpufleet", "app.kubernetes.io/component": "alerting",
+        "release": "kube-prometheus-stack", "team": "gpu"}
+    committed = yaml.safe_load((RULES / "gpufleet-prometheusrule.yaml").read_text())
+    assert rule["spec"] == committed["spec"]
+    assert "--label release=kube-prometheus-stack" in (REPO / "docs" / "deploy.md").read_text()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--format", "prometheusrule", "--label", "release"], "must be KEY=VALUE"),
+    (["--format", "prometheusrule", "--label", "bad key=x"], "not a Kubernetes label key"),
+    (["--format", "prometheusrule", "--label", "k=bad value"], "not a Kubernetes label value"),
+    (["--label", "release=x"], "only with --format prometheusrule"),
+])
+def test_a_bad_label_is_a_usage_error(tmp_path, capsys, argv, message):
+    try:
+        code = main(["rules", "--out", str(tmp_path), *argv])
+    except SystemExit as exc:  # argparse's own usage error
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("scale", ["0", "-1", "nan", "inf", "fast"])
 def test_for_scale_must_be_a_positive_number(scale, capsys):
     with pytest.raises(SystemExit) as info:

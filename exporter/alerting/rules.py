@@ -20,6 +20,7 @@ Rules that get the semantics right rather than the syntax:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -254,9 +255,13 @@ def _header(thresholds: Thresholds, for_scale: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate(thresholds: Thresholds, fmt: str = "prometheus",
-             for_scale: float = 1.0) -> list[GeneratedFile]:
-    """The generated files for one format, as text; nothing is written here."""
+def generate(thresholds: Thresholds, fmt: str = "prometheus", for_scale: float = 1.0,
+             labels: Mapping[str, str] | None = None) -> list[GeneratedFile]:
+    """The generated files for one format, as text; nothing is written here.
+
+    ``labels`` go on the PrometheusRule object, after gpufleet's own (kube-prometheus-stack
+    selects rules by ``release: <its release name>``).
+    """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     if not (math.isfinite(for_scale) and for_scale > 0):
@@ -275,7 +280,7 @@ def generate(thresholds: Thresholds, fmt: str = "prometheus",
         "metadata": {
             "name": "gpufleet",
             "labels": {"app.kubernetes.io/name": "gpufleet",
-                       "app.kubernetes.io/component": "alerting"},
+                       "app.kubernetes.io/component": "alerting", **(labels or {})},
         },
         "spec": {"groups": recordings + alerts},
     }
