@@ -62,7 +62,7 @@ def test_serve_dcgm_with_one_target_down(tmp_path: Path, exporter_factory):
         assert out.value("gpufleet_gpu_allocation_info", gpu="0", node="gpu-node-1",
                          pod="vllm-agg-0-vllmdecodeworker-s65j5") == 1
         assert out.value("gpufleet_gpu_mig_instance_info", node="ub20-a100-k8s",
-                         profile="1g.5gb", instance="13") == 1
+                         profile="1g.5gb", gpu_instance="13") == 1
         check = subprocess.run([promtool, "check", "metrics"], input=body, text=True,
                                capture_output=True, timeout=60)
         assert check.returncode == 0, check.stdout + check.stderr
