@@ -7,7 +7,6 @@ full" on INSERT while its ``full`` flag is set.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import sqlite3
@@ -22,7 +21,7 @@ from exporter.advisor.webhook import DELIVERY_HEADER, IDEMPOTENCY_HEADER, Delive
 from exporter.analysis.families import LiveAnalyzer
 from exporter.config import AdvisorConfig, AnalysisConfig
 from exporter.options import Duration
-from tests.test_advisor_webhook import SECRET, Scheduler
+from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
 
 START = 1_760_000_000.0
 DAY = 86400.0
@@ -89,16 +88,8 @@ def served(service: AdvisorService, name: str) -> dict[tuple, float]:
 
 
 async def run_until(deliverer: Deliverer, done, linger: float = 0.0, timeout: float = 10.0) -> None:
-    """Run the deliverer until ``done()`` (on its own state), then ``linger`` s more; stop it."""
-    task = asyncio.create_task(deliverer.run())
-    try:
-        deadline = time.monotonic() + timeout
-        while not done() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(linger)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    """The webhook tests' runner (stops on the deliverer's own state), then ``done()`` must hold."""
+    await _run_until(deliverer, done, timeout=timeout, linger=linger)
     assert done()
 
 

@@ -113,11 +113,12 @@ def good_served(out: Exported, good: str) -> bool:
             and out.value("gpufleet_gpu_stale", node=L4_NODE) == 0)
 
 
-async def test_a_target_streaming_lines_past_the_line_cap_is_down_and_the_good_one_served(
-        aiohttp_server):
+async def good_beside(aiohttp_server, hostile) -> tuple[str, str, Exported, dict]:
+    """One collection of the good L4 target beside one ``hostile`` handler: the good target's
+    URL, the hostile one's, what was exported, and each target's status."""
     good, _ = await serve(aiohttp_server, body_handler(L4.encode()))
-    flood, _ = await serve(aiohttp_server, stream_handler(many_lines(1_000_000)))
-    source = DcgmExporterSource(config(good, flood), Clock())
+    bad, _ = await serve(aiohttp_server, hostile)
+    source = DcgmExporterSource(config(good, bad), Clock())
     collector = Collector([source], timeout_seconds=10, clock=source.clock)
     try:
         snapshot = await collector.collect()
@@ -126,27 +127,23 @@ async def test_a_target_streaming_lines_past_the_line_cap_is_down_and_the_good_o
     out = Exported.of(snapshot)
     # the read ended within the collector's timeout: the source itself is up
     assert out.value("gpufleet_source_up", source="dcgm", target="") == 1
-    (flood_status,) = [s for s in snapshot.sources if s.target == flood]
-    assert not flood_status.up
-    assert "200000 lines" in flood_status.error
+    return good, bad, out, {s.target: s for s in snapshot.sources}
+
+
+async def test_a_target_streaming_lines_past_the_line_cap_is_down_and_the_good_one_served(
+        aiohttp_server):
+    good, flood, out, status = await good_beside(aiohttp_server,
+                                                 stream_handler(many_lines(1_000_000)))
+    assert not status[flood].up
+    assert "200000 lines" in status[flood].error
     assert out.absent("gpufleet_gpu_up", node="flood")
     assert good_served(out, good)
 
 
 async def test_a_target_claiming_300k_gpus_is_down_and_the_good_one_served(aiohttp_server):
-    good, _ = await serve(aiohttp_server, body_handler(L4.encode()))
-    claims, _ = await serve(aiohttp_server, stream_handler(many_gpus(300_000)))
-    source = DcgmExporterSource(config(good, claims), Clock())
-    collector = Collector([source], timeout_seconds=10, clock=source.clock)
-    try:
-        snapshot = await collector.collect()
-    finally:
-        await source.close()
-    out = Exported.of(snapshot)
-    assert out.value("gpufleet_source_up", source="dcgm", target="") == 1
-    (status,) = [s for s in snapshot.sources if s.target == claims]
-    assert not status.up
-    assert "too many GPUs" in status.error
+    good, claims, out, status = await good_beside(aiohttp_server, stream_handler(many_gpus(300_000)))
+    assert not status[claims].up
+    assert "too many GPUs" in status[claims].error
     assert out.absent("gpufleet_gpu_up", node="claims")
     assert good_served(out, good)
     assert len(out.all("gpufleet_gpu_up")) == 1
