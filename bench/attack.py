@@ -1,0 +1,1020 @@
+"""Re-runs the attacks of issue 14 against a real ``gpufleet serve`` process on 127.0.0.1.
+
+Each row starts its own exporter (``python -m exporter serve`` from this checkout, in a
+temporary folder, so the advisor's outbox lands there) and prints its input, what the
+issue expects and what was observed; a table of all rows comes at the end
+(``docs/reliability.md`` holds the last figures). Every attack is bounded in count and
+time and stops by itself; all traffic goes to 127.0.0.1; every process started here is
+stopped at the end, whatever happens.
+
+Rows (``--only NAME``, repeatable), by defect of the issue:
+
+- ``whatif-1e9`` (1): ``POST /v1/plan`` whose node claims ``gpu_count`` 1e9, with the token.
+- ``idle-connections`` (2): 20,000 idle TCP connections, kept open (any the server closes
+  is reopened within 0.25 s), while another process scrapes /metrics every second on a
+  fresh connection.
+- ``dcgm-hostile`` (3): a dcgm source with 9 hostile targets and 1 good one, ~10 collections.
+- ``dcgm-dup-secret`` (3, 5): one endpoint listed by address and by name; a target with
+  ``user:password@``.
+- ``bad-input``, ``token-rotation`` (6, 7): malformed /v1/plan and /v1/alerts bodies, blank
+  and non-ASCII tokens, a rotated token file.
+- ``config-billion-laughs``, ``bad-configs`` (7): hostile config files.
+- ``snapshot-50`` (8): ``wrk -c50`` on /v1/snapshot.
+- ``wrk`` (9): ``wrk -c1000 -d15s -t2 --latency`` against /metrics.
+
+The full disk and the expired plan (defect 4) are covered by tests/test_advisor_outbox.py,
+not re-run here (docs/reliability.md names the tests).
+
+Usage: ``make bench-deps && .venv/bin/python bench/attack.py`` (about 3 minutes);
+``--connections 500 --seconds 3 --collections 3 --wrk-connections 100 --wrk-seconds 3``
+for a quick run. Exit status 1 when a row misses its expectation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import resource
+import select
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GOOD_DCGM_BODY = REPO / "data" / "dcgm-samples" / "h100-8gpu-k8s-pod-labels.prom"
+L4_DCGM_BODY = REPO / "data" / "dcgm-samples" / "l4-1gpu-default-counters.prom"
+TOKEN = "attack-bench-token"
+
+# every process this bench starts, stopped in main()'s finally whatever happened
+_PROCS: list[subprocess.Popen] = []
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def stop_all() -> None:
+    while _PROCS:
+        stop(_PROCS.pop())
+
+
+def rss_mb(pid: int) -> float | None:
+    """VmRSS of ``pid`` in MB (10^6 bytes), or None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024 / 1e6
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+def open_files_limit(pid: int) -> str:
+    try:
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                return line.split()[3]
+    except OSError:
+        pass
+    return "?"
+
+
+class RssPoller:
+    """Polls a process's VmRSS every ``interval`` seconds in a thread; ``peak`` is the largest."""
+
+    def __init__(self, pid: int, interval: float = 0.1) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak = rss_mb(pid) or 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            rss = rss_mb(self.pid)
+            if rss is not None:
+                self.peak = max(self.peak, rss)
+
+    def __enter__(self) -> RssPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class Exporter:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_lines(self) -> list[str]:
+        return self.log.read_text(errors="replace").splitlines()
+
+
+def start_exporter(tmp: Path, *args: str, config: str | None = None,
+                   env: dict[str, str] | None = None, timeout: float = 60.0,
+                   drop_env: tuple[str, ...] = ()) -> Exporter:
+    """``python -m exporter serve`` from this checkout, in ``tmp``, on a free port; waits for ready."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{port}", *args]
+    if config is not None:
+        path = tmp / f"gpufleet-{port}.yaml"
+        path.write_text(config)
+        cmd += ["--config", str(path)]
+    log = tmp / f"exporter-{port}.log"
+    path_env = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    environ = {k: v for k, v in os.environ.items() if k not in drop_env}
+    proc = subprocess.Popen(cmd, cwd=tmp, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env={**environ, "PYTHONPATH": path_env, **(env or {})})
+    _PROCS.append(proc)
+    exporter = Exporter(proc, port, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exporter exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{exporter.url}/-/ready", timeout=2) as resp:
+                if resp.status == 200:
+                    return exporter
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"exporter not ready within {timeout:g}s: {log.read_text()[-2000:]}")
+
+
+def request(url: str, data: bytes | None = None, headers: dict[str, str] | None = None,
+            timeout: float = 10.0) -> tuple[int | None, float, bytes]:
+    """One request on a fresh connection: (status or None on failure, seconds, body)."""
+    started = time.perf_counter()
+    req = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read()
+            return resp.status, time.perf_counter() - started, body
+    except urllib.error.HTTPError as exc:
+        return exc.code, time.perf_counter() - started, exc.read()
+    except OSError as exc:
+        return None, time.perf_counter() - started, repr(exc).encode()
+
+
+@dataclass
+class Row:
+    name: str
+    input: str
+    expected: str
+    observed: str = ""
+    ok: bool | None = None  # None: skipped
+    figures: dict[str, object] = field(default_factory=dict)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+# -- 1. what-if with a billion GPUs ------------------------------------------------------------
+
+def node(gpu_count: object) -> dict[str, object]:
+    return {"name": "gpu-001", "model": "h100-sxm-80gb", "cpu_cores": 64, "pool": "gpu-h100",
+            "generation": "hopper", "gpu_count": gpu_count}
+
+
+def whatif_1e9(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("whatif-1e9", "POST /v1/plan, one node with gpu_count 1e9 (integer 1000000000, "
+              f"and the float 1e9), valid bearer token; {args.repeat} times each",
+              "400 naming nodes[0].gpu_count, each under 100 ms; exporter RSS not growing")
+    exporter = start_exporter(tmp, env={"GPUFLEET_ADVISOR_TOKEN": TOKEN})
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    url = f"{exporter.url}/v1/plan"
+    now = time.time()
+    # control: the same body with 8 GPUs is planned (200), so the 400 is the bound, not the token
+    control, control_s, _ = request(url, json.dumps({"taken_at": now, "nodes": [node(8)]}).encode(),
+                                    headers, timeout=30)
+    time.sleep(1)
+    before = rss_mb(exporter.proc.pid) or 0.0
+    statuses: dict[int | None, int] = {}
+    times: list[float] = []
+    reasons: list[str] = []
+    with RssPoller(exporter.proc.pid) as poller:
+        for _ in range(args.repeat):
+            for count in (1_000_000_000, 1e9):
+                body = json.dumps({"taken_at": now, "nodes": [node(count)]}).encode()
+                status, took, reply = request(url, body, headers, timeout=30)
+                statuses[status] = statuses.get(status, 0) + 1
+                times.append(took)
+                reason = reply.decode(errors="replace")[:160]
+                if reason not in reasons:
+                    reasons.append(reason)
+    time.sleep(1)
+    after = rss_mb(exporter.proc.pid) or 0.0
+    alive = exporter.proc.poll() is None
+    row.figures = {"statuses": {str(k): v for k, v in statuses.items()},
+                   "max_ms": max(times) * 1000, "p50_ms": statistics.median(times) * 1000,
+                   "rss_before_mb": before, "rss_peak_mb": poller.peak, "rss_after_mb": after,
+                   "control_status": control, "control_ms": control_s * 1000}
+    row.ok = (set(statuses) == {400} and max(times) < 0.1 and all("nodes[0].gpu_count" in r for r in reasons)
+              and after - before < 5 and alive)
+    row.observed = (f"{', '.join(f'{n} x {s}' for s, n in statuses.items())}, "
+                    f"max {ms(max(times))}, p50 {ms(statistics.median(times))}; replies {reasons}; "
+                    f"RSS {before:.1f} MB before, peak {poller.peak:.1f}, after {after:.1f}; "
+                    f"control (8 GPUs) {control} in {ms(control_s)}")
+    return row
+
+
+# -- 2. idle connections -----------------------------------------------------------------------
+
+def raise_nofile(wanted: int) -> tuple[int, int]:
+    """Raise this process's RLIMIT_NOFILE soft limit to the hard one; returns (soft, hard)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, wanted + 256)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft, hard
+
+
+class IdleFlood:
+    """``count`` idle TCP connections to ``port`` that send nothing; ``refill`` reopens those
+    the server closed (or that never connected), so the count stays at ``count``."""
+
+    def __init__(self, port: int, count: int) -> None:
+        self.port = port
+        self.count = count
+        self.socks: dict[int, socket.socket] = {}
+        self.opened = 0
+        self.closed_by_server = 0
+        self.open_errors = 0
+
+    def _open(self, n: int) -> None:
+        for _ in range(n):
+            sock = socket.socket()
+            sock.setblocking(False)
+            err = sock.connect_ex(("127.0.0.1", self.port))
+            if err not in (0, 115):  # 115: EINPROGRESS
+                self.open_errors += 1
+                sock.close()
+                continue
+            self.socks[sock.fileno()] = sock
+            self.opened += 1
+
+    def fill(self, batch: int = 1000) -> None:
+        while len(self.socks) < self.count:
+            before = len(self.socks)
+            self._open(min(batch, self.count - len(self.socks)))
+            if len(self.socks) == before:
+                break
+
+    def reap(self) -> int:
+        """Close the sockets the server closed (readable at EOF, or in error); returns how many."""
+        poller = select.poll()
+        for fd in self.socks:
+            poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+        gone = 0
+        for fd, _ in poller.poll(0):
+            sock = self.socks.pop(fd)
+            sock.close()
+            gone += 1
+        self.closed_by_server += gone
+        return gone
+
+    def close(self) -> None:
+        for sock in self.socks.values():
+            sock.close()
+        self.socks.clear()
+
+
+CONNECTION_LOG = re.compile(r"connection|accept\(|Too many open files", re.I)
+
+
+def scrape_every_second(url: str, seconds: float) -> None:
+    """GET ``url`` on a fresh connection once a second for ``seconds``; prints one JSON line
+    per scrape (run as its own process, so the flood's work does not delay the measurement)."""
+    started = time.monotonic()
+    n = 0
+    while n < seconds:
+        time.sleep(max(0.0, started + n - time.monotonic()))
+        status, took, body = request(url, timeout=10)
+        print(json.dumps({"at": round(time.monotonic() - started, 2), "status": status,
+                          "ms": round(took * 1000, 1),
+                          "error": "" if status == 200 else body[:80].decode(errors="replace")}),
+              flush=True)
+        n = max(n + 1, int(time.monotonic() - started))
+
+
+def idle_connections(args: argparse.Namespace, tmp: Path) -> Row:
+    wanted = args.connections
+    soft, hard = raise_nofile(wanted)
+    count = min(wanted, soft - 64)  # leave this process some descriptors of its own
+    note = "" if count == wanted else (f"; only {count:,} opened: this process's hard limit "
+                                       f"is {hard:,} open files")
+    row = Row("idle-connections",
+              f"{count:,} idle TCP connections from one client, opened at once and kept for "
+              f"{args.seconds:g} s (any the server closes is reopened within 0.25 s); meanwhile "
+              "GET /metrics on a fresh connection every second, from another process",
+              "every scrape answers, under 100 ms; at most one log line about connections per 10 s")
+    exporter = start_exporter(tmp)
+    pid = exporter.proc.pid
+    url = f"{exporter.url}/metrics"
+    request(url)  # warm
+    lines_before = len(exporter.log_lines())
+    rss_before = rss_mb(pid) or 0.0
+    flood = IdleFlood(exporter.port, count)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    scraper = subprocess.Popen([sys.executable, __file__, "--scrape", url, str(args.seconds)],
+                               env=env, stdout=subprocess.PIPE, text=True)
+    _PROCS.append(scraper)
+    time.sleep(0.3)  # the scraper's interpreter starts; its first scrape meets the flood's burst
+    started = time.monotonic()
+    try:
+        with RssPoller(pid) as poller:
+            flood.fill()
+            fill_s = time.monotonic() - started
+            while time.monotonic() - started < args.seconds:
+                time.sleep(0.25)
+                flood.reap()
+                flood.fill()
+            out, _ = scraper.communicate(timeout=30)
+    finally:
+        flood.close()
+    elapsed = time.monotonic() - started
+    time.sleep(1)
+    scrapes = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    latencies = [s["ms"] / 1000 for s in scrapes if s["status"] == 200]
+    failures = [f"{s['status']}: {s['error']}" for s in scrapes if s["status"] != 200]
+    each = [s["ms"] for s in scrapes]
+    lines = [line for line in exporter.log_lines()[lines_before:] if CONNECTION_LOG.search(line)]
+    allowed = 1 + int(elapsed // 10)
+    worst = max(latencies) if latencies else float("nan")
+    p50 = statistics.median(latencies) if latencies else float("nan")
+    later = latencies[1:]
+    row.figures = {"connections": count, "hard_limit": hard, "exporter_nofile": open_files_limit(pid),
+                   "fill_s": fill_s, "scrapes": len(scrapes), "failed": len(failures),
+                   "max_ms": worst * 1000, "p50_ms": p50 * 1000,
+                   "max_after_first_ms": max(later) * 1000 if later else None,
+                   "log_lines": len(lines), "seconds": elapsed, "opened": flood.opened,
+                   "closed_by_server": flood.closed_by_server, "open_errors": flood.open_errors,
+                   "rss_before_mb": rss_before, "rss_peak_mb": poller.peak,
+                   "log_sample": lines[:3], "scrape_ms": each}
+    row.ok = not failures and latencies != [] and worst < 0.1 and len(lines) <= allowed
+    row.observed = (f"{len(scrapes)} scrapes, {len(failures)} failed, max {ms(worst)}, p50 {ms(p50)}"
+                    f" (max after the first: {ms(max(later)) if later else '-'}); {len(lines)} "
+                    f"connection log line(s) in {elapsed:.0f} s (allowed {allowed}); "
+                    f"{count:,} opened in {fill_s:.2f} s, {flood.opened:,} connects in all, "
+                    f"{flood.closed_by_server:,} closed by the server; exporter RSS "
+                    f"{rss_before:.0f} -> peak {poller.peak:.0f} MB; exporter open-file limit "
+                    f"{open_files_limit(pid)}{note}; scrapes in order (ms): {each}")
+    if failures:
+        row.observed += f"; failures: {failures[:3]}"
+    return row
+
+
+# -- 3. wrk -c1000 ---------------------------------------------------------------------------
+
+# counts responses by status over all of wrk's threads (wrk reports only "Non-2xx or 3xx")
+WRK_STATUS_LUA = """
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) statuses = {} end
+function response(status, headers, body) statuses[status] = (statuses[status] or 0) + 1 end
+function done(summary, latency, requests)
+  for _, t in ipairs(threads) do
+    for status, n in pairs(t:get("statuses")) do io.write(string.format("status %d %d\\n", status, n)) end
+  end
+end
+"""
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+
+
+def _wrk_ms(text: str) -> float:
+    match = re.match(r"([\d.]+)(us|ms|s|m)", text)
+    assert match, text
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    result: dict[str, float] = {"requests": int(re.search(r"(\d+) requests in", out).group(1))}
+    for pct in ("50", "99"):
+        match = re.search(rf"^\s+{pct}%\s+(\S+)", out, re.M)
+        result[f"p{pct}_ms"] = _wrk_ms(match.group(1)) if match else float("nan")
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    for i, kind in enumerate(("connect", "read", "write", "timeout"), 1):
+        result[kind] = int(errors.group(i)) if errors else 0
+    statuses: dict[int, int] = {}
+    for status, n in re.findall(r"^status (\d+) (\d+)$", out, re.M):
+        statuses[int(status)] = statuses.get(int(status), 0) + int(n)
+    result["ok"] = sum(n for s, n in statuses.items() if 200 <= s < 400)
+    result["shed"] = statuses.get(503, 0)
+    result["other_status"] = sum(n for s, n in statuses.items() if not 200 <= s < 400 and s != 503)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    result["non2xx"] = int(non2xx.group(1)) if non2xx else 0
+    return result
+
+
+def run_wrk(binary: str, exporter: Exporter, url: str, connections: int, seconds: float,
+            tmp: Path, *extra: str) -> dict[str, float]:
+    """wrk against ``url`` with the status-counting script; its figures plus the exporter's
+    RSS before, at peak (polled every 0.1 s) and 3 s after."""
+    pid = exporter.proc.pid
+    request(url, timeout=60)
+    time.sleep(1)
+    before = rss_mb(pid) or 0.0
+    script = tmp / "statuses.lua"
+    script.write_text(WRK_STATUS_LUA)
+    with RssPoller(pid) as poller:
+        proc = subprocess.run(
+            [binary, f"-c{connections}", f"-d{seconds:g}s", f"-t{min(2, connections)}", "--latency",
+             "-s", str(script), *extra, url],
+            capture_output=True, text=True, timeout=seconds + 60)
+        time.sleep(3)
+    after = rss_mb(pid) or 0.0
+    out = proc.stdout + proc.stderr
+    (tmp / f"wrk-{connections}.out").write_text(out)
+    return {**parse_wrk(out), "rss_before_mb": before, "rss_peak_mb": poller.peak,
+            "rss_after_mb": after}
+
+
+def describe_wrk(m: dict[str, float]) -> tuple[float, str]:
+    errors = m["connect"] + m["read"] + m["write"] + m["other_status"]
+    return errors, (f"{m['requests']:,} requests: {m['ok']:,} ok, shed (503) {m['shed']:,}, "
+                    f"timeouts {m['timeout']}, errors {errors} (connect {m['connect']}, read "
+                    f"{m['read']}, write {m['write']}, other status {m['other_status']}); "
+                    f"p50 {m['p50_ms']:.0f} ms, p99 {m['p99_ms']:.0f} ms; RSS "
+                    f"{m['rss_before_mb']:.0f} MB before, peak {m['rss_peak_mb']:.0f}, after "
+                    f"{m['rss_after_mb']:.0f}")
+
+
+def wrk(args: argparse.Namespace, tmp: Path) -> Row:
+    command = f"wrk -c{args.wrk_connections} -d{args.wrk_seconds:g}s -t2 --latency /metrics"
+    row = Row("wrk", command + " (wrk's default 2 s timeout; statuses counted by a Lua script)",
+              "zero timeouts, zero errors (503 from web.max_requests is shedding, not an error); "
+              "p99 and RSS reported")
+    binary = shutil.which("wrk")
+    if binary is None:
+        row.observed = "skipped: run make bench-deps"
+        return row
+    exporter = start_exporter(tmp)
+    m = run_wrk(binary, exporter, f"{exporter.url}/metrics", args.wrk_connections,
+                args.wrk_seconds, tmp)
+    errors, row.observed = describe_wrk(m)
+    # wrk counts a response slower than --timeout (2 s) as a timeout and leaves it out of the
+    # latency distribution: a second run with a long timeout shows the whole distribution
+    stop(exporter.proc)
+    exporter = start_exporter(tmp)
+    long = run_wrk(binary, exporter, f"{exporter.url}/metrics", args.wrk_connections,
+                   args.wrk_seconds, tmp, "--timeout", "30s")
+    _, long_text = describe_wrk(long)
+    row.observed += f". Again with --timeout 30s (a fresh exporter): {long_text}"
+    lines = [line for line in exporter.log_lines() if CONNECTION_LOG.search(line)]
+    row.figures = {**m, "connection_log_lines": len(lines), "log_sample": lines[:3],
+                   "timeout_30s": long}
+    row.ok = m["timeout"] == 0 and errors == 0 and m["ok"] > 0
+    return row
+
+
+def snapshot_load(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("snapshot-50", f"wrk -c50 -d{args.wrk_seconds:g}s --latency /v1/snapshot "
+              "with Accept-Encoding: gzip (defect 8)",
+              "issue 14 asks for a cached, gzipped /v1/snapshot (p99 was 3.68 s at 50 clients)")
+    binary = shutil.which("wrk")
+    if binary is None:
+        row.observed = "skipped: run make bench-deps"
+        return row
+    exporter = start_exporter(tmp)
+    url = f"{exporter.url}/v1/snapshot"
+    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        encoding = resp.headers.get("Content-Encoding") or "identity"
+        size = len(resp.read())
+    m = run_wrk(binary, exporter, url, 50, args.wrk_seconds, tmp, "-H", "Accept-Encoding: gzip")
+    errors, text = describe_wrk(m)
+    row.figures = {**m, "content_encoding": encoding, "bytes": size}
+    row.observed = f"Content-Encoding {encoding}, {size / 1e6:.2f} MB per reply; {text}"
+    row.ok = m["timeout"] == 0 and errors == 0 and encoding == "gzip"
+    return row
+
+
+# -- 4. hostile dcgm targets -----------------------------------------------------------------
+
+HOSTILE = ("hang", "hang", "trickle", "trickle", "lines", "lines", "lines", "claims-300k",
+           "garbage")
+
+
+def serve_dcgm(ports: dict[str, list[int]]) -> None:
+    """The dcgm targets, hostile and good, one aiohttp site per port (run as a subprocess)."""
+    from aiohttp import web
+
+    good = GOOD_DCGM_BODY.read_bytes()
+    l4 = L4_DCGM_BODY.read_bytes()
+
+    async def ok_l4(request: web.Request) -> web.Response:
+        return web.Response(body=l4, content_type="text/plain")
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(body=good, content_type="text/plain")
+
+    async def hang(request: web.Request) -> web.Response:
+        await asyncio.sleep(3600)  # never answers; the bench stops this process
+        return web.Response(text="")
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.content_type = "text/plain"
+        await response.prepare(request)
+        try:
+            for byte in good:  # one byte a second of a valid body
+                await response.write(bytes([byte]))
+                await asyncio.sleep(1)
+        except (ConnectionError, RuntimeError):
+            pass
+        return response
+
+    async def stream(request: web.Request, chunks: Callable[[], Iterator[bytes]]) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.content_type = "text/plain"
+        await response.prepare(request)
+        try:
+            for chunk in chunks():
+                await response.write(chunk)
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):  # the reader stopped: as it should
+            pass
+        return response
+
+    def lines_chunks(name: str) -> Callable[[], Iterator[bytes]]:
+        # 1,000,000 valid lines of one 8-GPU node (~75 MB), in chunks of 10,000 lines
+        chunk = "".join(f'DCGM_FI_DEV_GPU_TEMP{{gpu="{i % 8}",UUID="GPU-{name}-{i % 8}",'
+                        f'Hostname="{name}"}} 30\n' for i in range(10_000)).encode()
+        return lambda: (chunk for _ in range(100))
+
+    def claims_chunks() -> Iterator[bytes]:
+        # 300,000 GPUs, one valid line each (~32 MB with the labels a real body has)
+        for start in range(0, 300_000, 10_000):
+            yield "".join(f'DCGM_FI_DEV_GPU_TEMP{{gpu="{i}",UUID="GPU-claims-{i}",device="nvidia{i}",'
+                          f'modelName="NVIDIA H100 80GB HBM3",Hostname="claims"}} 30\n'
+                          for i in range(start, start + 10_000)).encode()
+
+    garbage = random.Random(7).randbytes(2 * 1024 * 1024)
+
+    async def garbage_handler(request: web.Request) -> web.Response:
+        return web.Response(body=garbage, content_type="text/plain")
+
+    def handler_for(kind: str, index: int) -> Callable:
+        if kind == "good":
+            return ok
+        if kind == "good-l4":
+            return ok_l4
+        if kind == "hang":
+            return hang
+        if kind == "trickle":
+            return trickle
+        if kind == "lines":
+            chunks = lines_chunks(f"flood-{index}")
+            return lambda request: stream(request, chunks)
+        if kind == "claims-300k":
+            return lambda request: stream(request, claims_chunks)
+        return garbage_handler
+
+    async def main() -> None:
+        runners = []
+        for kind, kind_ports in ports.items():
+            for index, port in enumerate(kind_ports):
+                app = web.Application()
+                app.router.add_get("/metrics", handler_for(kind, index))
+                runner = web.AppRunner(app, access_log=None)
+                await runner.setup()
+                await web.TCPSite(runner, "127.0.0.1", port).start()
+                runners.append(runner)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def metric_lines(body: str, name: str) -> list[str]:
+    return [line for line in body.splitlines() if line.startswith(name + "{") or line.startswith(name + " ")]
+
+
+def good_served(body: str, good_url: str, node: str) -> bool:
+    up = [line for line in metric_lines(body, "gpufleet_source_up") if f'target="{good_url}"' in line]
+    gpus = [line for line in metric_lines(body, "gpufleet_gpu_up") if f'node="{node}"' in line]
+    stale = [line for line in metric_lines(body, "gpufleet_gpu_stale") if f'node="{node}"' in line]
+    def value(line: str) -> float:
+        return float(line.rsplit(" ", 1)[1])
+    return (len(up) == 1 and value(up[0]) == 1 and len(gpus) == 8
+            and all(value(line) == 1 for line in gpus) and len(stale) == 8
+            and all(value(line) == 0 for line in stale))
+
+
+def collection_key(body: str) -> tuple[str, ...]:
+    return tuple(line for line in body.splitlines()
+                 if line.startswith(("gpufleet_collect_duration_seconds{",
+                                     "gpufleet_last_collect_success_timestamp_seconds{")))
+
+
+def dcgm_hostile(args: argparse.Namespace, tmp: Path) -> Row:
+    kinds: dict[str, list[int]] = {"good": [free_port()]}
+    for kind in HOSTILE:
+        kinds.setdefault(kind, []).append(free_port())
+    row = Row("dcgm-hostile",
+              "--source dcgm, 10 targets on 127.0.0.1: 2 hanging, 2 at 1 byte/s, 3 streaming "
+              "1 M valid lines, 1 claiming 300k GPUs, 1 of 2 MB garbage, and 1 good "
+              f"(h100-8gpu-k8s-pod-labels.prom); {args.collections} collections at the default "
+              "5 s interval, 3 s target timeout, 10 s source timeout",
+              "the good target's 8 GPUs served in every collection; each hostile one up 0 with "
+              "a reason; RSS under 300 MB")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    server = subprocess.Popen([sys.executable, __file__, "--serve-dcgm", json.dumps(kinds)],
+                              cwd=tmp, env=env, stdout=(tmp / "dcgm-targets.log").open("w"),
+                              stderr=subprocess.STDOUT)
+    _PROCS.append(server)
+    good_url = f"http://127.0.0.1:{kinds['good'][0]}/metrics"
+    deadline = time.monotonic() + 30
+    while request(good_url, timeout=2)[0] != 200:
+        if time.monotonic() > deadline or server.poll() is not None:
+            raise RuntimeError(f"dcgm targets did not start: {(tmp / 'dcgm-targets.log').read_text()}")
+        time.sleep(0.2)
+    good_node = re.search(r'Hostname="([^"]+)"', GOOD_DCGM_BODY.read_text()).group(1)
+    targets = [f"http://127.0.0.1:{port}/metrics" for ports in kinds.values() for port in ports]
+    config = "sources:\n  dcgm:\n    enabled: true\n    targets:\n" + "".join(
+        f"      - {t}\n" for t in targets)
+    exporter = start_exporter(tmp, "--source", "dcgm", config=config, timeout=90)
+    pid = exporter.proc.pid
+    seen: dict[tuple[str, ...], bool] = {}
+    scrape_times: list[float] = []
+    started = time.monotonic()
+    with RssPoller(pid) as poller:
+        # a new collection shows as new collect-duration / last-success lines; a 10 s bound per
+        # collection (the source timeout) stops the run if none comes
+        while len(seen) < args.collections and time.monotonic() - started < args.collections * 10 + 20:
+            status, took, body = request(f"{exporter.url}/metrics", timeout=10)
+            if status == 200:
+                scrape_times.append(took)
+                text = body.decode()
+                key = collection_key(text)
+                if key not in seen:
+                    seen[key] = good_served(text, good_url, good_node)
+            time.sleep(0.5)
+    elapsed = time.monotonic() - started
+    status, _, snap = request(f"{exporter.url}/v1/snapshot", timeout=30)
+    reasons: dict[str, set[str]] = {}
+    hostile_up = 0
+    if status == 200:
+        by_port = {str(p): kind for kind, ports in kinds.items() for p in ports}
+        for source in json.loads(snap).get("sources", []):
+            port = re.search(r":(\d+)/", source.get("target", "") or "")
+            if port:
+                kind = by_port.get(port.group(1), "?")
+                reasons.setdefault(kind, set()).add("up" if source["up"] else source.get("error", "")[:90])
+                hostile_up += kind != "good" and bool(source["up"])
+    served = sum(seen.values())
+    durations = [float(line.rsplit(" ", 1)[1]) for key in seen for line in key
+                 if line.startswith('gpufleet_collect_duration_seconds{source="dcgm"}')]
+    row.figures = {"collections": len(seen), "served": served, "rss_peak_mb": poller.peak,
+                   "seconds": elapsed, "scrape_max_ms": max(scrape_times, default=0) * 1000,
+                   "collect_max_s": max(durations, default=0), "hostile_up": hostile_up,
+                   "reasons": {k: sorted(v) for k, v in reasons.items()}}
+    row.ok = (len(seen) >= args.collections and served == len(seen) and poller.peak < 300
+              and hostile_up == 0 and reasons.get("good") == {"up"})
+    row.observed = (f"good target served in {served} of {len(seen)} collections ({elapsed:.0f} s); "
+                    f"the source's read took at most {max(durations, default=0):.2f} s; "
+                    f"{hostile_up} hostile target(s) up; peak exporter RSS {poller.peak:.0f} MB; "
+                    f"slowest scrape {max(scrape_times, default=0) * 1000:.0f} ms; last reasons: "
+                    + "; ".join(f"{kind}: {' / '.join(sorted(r))}" for kind, r in sorted(reasons.items())))
+    return row
+
+
+def start_dcgm_targets(tmp: Path, kinds: dict[str, list[int]]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    server = subprocess.Popen([sys.executable, __file__, "--serve-dcgm", json.dumps(kinds)],
+                              cwd=tmp, env=env, stdout=(tmp / "dcgm-targets.log").open("w"),
+                              stderr=subprocess.STDOUT)
+    _PROCS.append(server)
+    for ports in kinds.values():
+        deadline = time.monotonic() + 30
+        while request(f"http://127.0.0.1:{ports[0]}/-/none", timeout=2)[0] is None:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("dcgm targets did not start: "
+                                   + (tmp / "dcgm-targets.log").read_text()[-2000:])
+            time.sleep(0.2)
+
+
+def dcgm_dup_secret(args: argparse.Namespace, tmp: Path) -> Row:
+    kinds = {"good": [free_port()], "good-l4": [free_port()]}
+    h100, l4 = kinds["good"][0], kinds["good-l4"][0]
+    secret = "s3cret-attack-pw"
+    targets = [f"http://127.0.0.1:{h100}/metrics", f"http://localhost:{h100}/metrics",
+               f"http://admin:{secret}@127.0.0.1:{l4}/metrics"]
+    row = Row("dcgm-dup-secret", "--source dcgm with targets " + ", ".join(
+                  t.replace(secret, "PASSWORD") for t in targets),
+              "the H100 node's 8 GPUs once (not 16 series); the password in no /metrics label, "
+              "no /v1/snapshot field and no log line")
+    start_dcgm_targets(tmp, kinds)
+    config = "sources:\n  dcgm:\n    enabled: true\n    targets:\n" + "".join(
+        f"      - {t}\n" for t in targets)
+    exporter = start_exporter(tmp, "--source", "dcgm", config=config, timeout=60)
+    time.sleep(6)  # a second collection
+    _, _, metrics = request(f"{exporter.url}/metrics", timeout=10)
+    _, _, snap = request(f"{exporter.url}/v1/snapshot", timeout=10)
+    node = re.search(r'Hostname="([^"]+)"', GOOD_DCGM_BODY.read_text()).group(1)
+    text = metrics.decode()
+    h100_up = [line for line in metric_lines(text, "gpufleet_gpu_up") if f'node="{node}"' in line]
+    l4_up = [line for line in metric_lines(text, "gpufleet_gpu_up") if "L4" in line]
+    target_lines = [line for line in metric_lines(text, "gpufleet_source_up") if "target=" in line]
+    leaks = [where for where, data in (("/metrics", metrics), ("/v1/snapshot", snap),
+                                       ("log", exporter.log.read_bytes()))
+             if secret.encode() in data]
+    row.ok = len(h100_up) == 8 and len(l4_up) == 1 and not leaks
+    row.figures = {"h100_series": len(h100_up), "l4_series": len(l4_up), "leaks": leaks,
+                   "targets": target_lines}
+    row.observed = (f"H100 node: {len(h100_up)} gpu_up series; L4 (behind userinfo): "
+                    f"{len(l4_up)}; target series: {target_lines}; password found in: "
+                    f"{', '.join(leaks) or 'nothing'}")
+    return row
+
+
+# -- 5. billion laughs -----------------------------------------------------------------------
+
+def billion_laughs() -> str:
+    levels = ['  - &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        levels.append(f"  - &{name} [{', '.join(['*' + prev] * 9)}]")
+    return "listen:\n" + "\n".join(levels) + "\n"
+
+
+def config_billion_laughs(args: argparse.Namespace, tmp: Path) -> Row:
+    path = tmp / "laughs.yaml"
+    path.write_text(billion_laughs())
+    row = Row("config-billion-laughs",
+              f"gpufleet serve --config laughs.yaml: {path.stat().st_size} bytes, anchors 9 deep "
+              "under listen (9^9 = 387M strings once expanded)",
+              "exit 2 with one line, at once")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--config", str(path),
+                             "--listen", f"127.0.0.1:{free_port()}"],
+                            cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    _PROCS.append(proc)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    took = time.perf_counter() - started
+    lines = out.strip().splitlines()
+    row.figures = {"exit": proc.returncode, "lines": len(lines), "seconds": took,
+                   "output": out.strip()[:300]}
+    row.ok = proc.returncode == 2 and len(lines) == 1 and took < 5
+    row.observed = f"exit {proc.returncode} in {took:.2f} s, {len(lines)} line(s): {out.strip()[:200]!r}"
+    return row
+
+
+# -- 6. bad API input and tokens (defects 6 and 7) -------------------------------------------
+
+def alertmanager(alertname: object, group: str) -> bytes:
+    alert = {"status": "firing", "labels": {"alertname": alertname, "action": "compact"},
+             "annotations": {}, "startsAt": "2026-11-29T10:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+             "generatorURL": "http://prom/graph", "fingerprint": "abc"}
+    return json.dumps({"receiver": "gpufleet-advisor", "status": "firing", "version": "4",
+                       "groupKey": group, "truncatedAlerts": 0, "externalURL": "http://am:9093",
+                       "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
+                       "alerts": [alert]}).encode()
+
+
+def bad_input(args: argparse.Namespace, tmp: Path) -> Row:
+    def plan(**fields: object) -> bytes:
+        return json.dumps({"taken_at": time.time(), "nodes": [node(8)], **fields},
+                          allow_nan=True).encode()
+
+    cases: list[tuple[str, str, bytes, dict[str, str] | None]] = [
+        ("nodes:[1]", "/v1/plan", plan(nodes=[1]), None),
+        ('gpu_count:"eight"', "/v1/plan", plan(nodes=[node("eight")]), None),
+        ("5,000-digit integer", "/v1/plan", b'{"taken_at": ' + b"7" * 5000 + b"}", None),
+        ("100k-deep nesting", "/v1/plan",
+         b'{"taken_at": 1, "nodes": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),
+        ("gpu_count -1", "/v1/plan", plan(nodes=[node(-1)]), None),
+        ("cpu_cores NaN", "/v1/plan", plan(nodes=[{**node(8), "cpu_cores": float("nan")}]), None),
+        ('taken_at:"yesterday"', "/v1/plan", plan(taken_at="yesterday"), None),
+        ("taken_at 1e400", "/v1/plan", b'{"taken_at": 1e400, "nodes": []}', None),
+        ("alertname 5 (not a string)", "/v1/alerts", alertmanager(5, "g1"), None),
+        ("Bearer U+00A0", "/v1/plan", plan(), {"Authorization": "Bearer \u00a0"}),
+        ("Bearer wrong", "/v1/plan", plan(), {"Authorization": "Bearer wrong"}),
+    ]
+    row = Row("bad-input", "POST " + "; ".join(name for name, *_ in cases) + "; then the "
+              "alert group again with a string alertname; and a start with "
+              'GPUFLEET_ADVISOR_TOKEN="   "',
+              "400 for each body (401 for the bad bearers), strict JSON replies, no 5xx; the "
+              "retried group is processed (202), not a duplicate; the blank token exits 2 "
+              "with one line")
+    exporter = start_exporter(tmp, env={"GPUFLEET_ADVISOR_TOKEN": TOKEN})
+    auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    results = []
+    ok = True
+    for name, path, body, headers in cases:
+        status, took, reply = request(exporter.url + path, body, {**auth, **(headers or {})},
+                                      timeout=30)
+        try:
+            json.loads(reply, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+            strict = True
+        except ValueError:
+            strict = False
+        expected = 401 if name.startswith("Bearer") else 400
+        ok &= status == expected and strict
+        results.append(f"{name}: {status}{'' if strict else ' (not strict JSON)'} in {ms(took)}")
+    status, _, reply = request(f"{exporter.url}/v1/alerts", alertmanager("GpuClusterFragmentationHigh", "g1"),
+                               auth, timeout=30)
+    retried = f"{status} {reply[:80].decode(errors='replace')}"
+    ok &= status == 202
+    stop(exporter.proc)
+    blank = subprocess.run([sys.executable, "-m", "exporter", "serve", "--listen",
+                            f"127.0.0.1:{free_port()}"], cwd=tmp, capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "PYTHONPATH": str(REPO),
+                                            "GPUFLEET_ADVISOR_TOKEN": "   "})
+    blank_out = (blank.stdout + blank.stderr).strip()
+    ok &= blank.returncode == 2 and len(blank_out.splitlines()) == 1
+    row.ok = bool(ok)
+    row.figures = {"cases": results, "retried_group": retried, "blank_token_exit": blank.returncode,
+                   "blank_token_output": blank_out[:200]}
+    row.observed = ("; ".join(results) + f"; retried group: {retried}; blank token: exit "
+                    f"{blank.returncode}, {len(blank_out.splitlines())} line: {blank_out[:120]!r}")
+    return row
+
+
+def token_rotation(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("token-rotation", "advisor.token_file holding token A; POST /v1/plan with A; the "
+              "file rewritten with token B (no restart); POST with A, then with B",
+              "200, then 401 for the old token and 200 for the new one")
+    token_file = tmp / "token"
+    token_file.write_text("token-A-first\n")
+    # the variable would win over the file: the exporter starts without it
+    exporter = start_exporter(tmp, config=f"advisor:\n  token_file: {token_file}\n",
+                              drop_env=("GPUFLEET_ADVISOR_TOKEN",))
+    body = json.dumps({"taken_at": time.time(), "nodes": [node(8)]}).encode()
+    url = f"{exporter.url}/v1/plan"
+
+    def post(token: str) -> int | None:
+        return request(url, body, {"Authorization": f"Bearer {token}"}, timeout=30)[0]
+
+    first = post("token-A-first")
+    token_file.write_text("token-B-rotated-later\n")
+    old, new = post("token-A-first"), post("token-B-rotated-later")
+    row.ok = (first, old, new) == (200, 401, 200)
+    row.figures = {"first": first, "old_after_rotation": old, "new_after_rotation": new}
+    row.observed = f"A: {first}; after the rewrite: A {old}, B {new}"
+    return row
+
+
+# -- 7. bad configs (defect 7) ---------------------------------------------------------------
+
+BAD_CONFIGS: list[tuple[str, bytes]] = [
+    ("collect_interval .nan", b"collect_interval: .nan\n"),
+    ("collect_interval .inf", b"collect_interval: .inf\n"),
+    ("sim.scale 1000000", b"sources:\n  sim:\n    scale: 1000000\n"),
+    ("duplicate key", b"listen: 127.0.0.1:1\nlisten: 127.0.0.1:2\n"),
+    ('url: "not a url"', b"sources:\n  prometheus:\n    url: \"not a url\"\n"),
+    ("non-UTF-8 file", b"listen: \"\xff\xfe\"\n"),
+]
+
+
+def bad_configs(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("bad-configs", "gpufleet serve --config with: " + "; ".join(n for n, _ in BAD_CONFIGS),
+              "each exits 2 with one line, at once")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    results = []
+    ok = True
+    for i, (name, text) in enumerate(BAD_CONFIGS):
+        path = tmp / f"bad-{i}.yaml"
+        path.write_bytes(text)
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, "-m", "exporter", "serve", "--config", str(path),
+                                   "--listen", f"127.0.0.1:{free_port()}"], cwd=tmp, env=env,
+                                  capture_output=True, text=True, timeout=30)
+            code, out = proc.returncode, (proc.stdout + proc.stderr).strip()
+        except subprocess.TimeoutExpired:
+            code, out = None, "still running after 30 s (killed)"
+        took = time.perf_counter() - started
+        one = len(out.splitlines()) == 1
+        ok &= code == 2 and one and took < 5
+        results.append(f"{name}: exit {code}, {len(out.splitlines())} line(s), {took:.2f} s "
+                       f"({out.split(': ', 2)[-1][:90]!r})")
+    row.ok = bool(ok)
+    row.figures = {"cases": results}
+    row.observed = "; ".join(results)
+    return row
+
+
+# -- main ------------------------------------------------------------------------------------
+
+ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
+    "whatif-1e9": whatif_1e9,
+    "idle-connections": idle_connections,
+    "dcgm-hostile": dcgm_hostile,
+    "dcgm-dup-secret": dcgm_dup_secret,
+    "bad-input": bad_input,
+    "token-rotation": token_rotation,
+    "config-billion-laughs": config_billion_laughs,
+    "bad-configs": bad_configs,
+    "snapshot-50": snapshot_load,
+    "wrk": wrk,
+}
+
+
+def report(rows: list[Row]) -> None:
+    print()
+    print("| row | input | expected | observed | met |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        met = "skipped" if row.ok is None else ("yes" if row.ok else "**no**")
+        cells = [c.replace("|", "\\|") for c in (row.name, row.input, row.expected, row.observed)]
+        print(f"| {' | '.join(cells)} | {met} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", choices=sorted(ATTACKS),
+                        help="run only this row (repeatable)")
+    parser.add_argument("--connections", type=int, default=20_000, help="idle-connections: how many")
+    parser.add_argument("--seconds", type=float, default=15.0,
+                        help="idle-connections: how long to hold them and scrape")
+    parser.add_argument("--wrk-connections", type=int, default=1000)
+    parser.add_argument("--wrk-seconds", type=float, default=15.0)
+    parser.add_argument("--collections", type=int, default=10, help="dcgm-hostile: collections")
+    parser.add_argument("--repeat", type=int, default=10, help="whatif-1e9: requests per variant")
+    parser.add_argument("--json", metavar="FILE", help="also write the raw figures here")
+    parser.add_argument("--serve-dcgm", help=argparse.SUPPRESS)
+    parser.add_argument("--scrape", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.scrape:
+        scrape_every_second(args.scrape[0], float(args.scrape[1]))
+        return
+    if args.serve_dcgm:
+        serve_dcgm(json.loads(args.serve_dcgm))
+        return
+    names = args.only or list(ATTACKS)
+    rows: list[Row] = []
+    # SIGTERM (e.g. a timeout's) goes through the finally below too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpufleet-attack-") as tmp_name:
+            for name in names:
+                tmp = Path(tmp_name) / name
+                tmp.mkdir()
+                print(f"{name} ...", file=sys.stderr, flush=True)
+                try:
+                    row = ATTACKS[name](args, tmp)
+                except Exception as exc:  # one broken row still reports the others
+                    row = Row(name, "", "", f"bench error: {exc!r}"[:500], False)
+                finally:
+                    stop_all()
+                print(f"  input:    {row.input}\n  expected: {row.expected}\n"
+                      f"  observed: {row.observed}\n  met:      "
+                      f"{'skipped' if row.ok is None else row.ok}", file=sys.stderr, flush=True)
+                rows.append(row)
+    finally:
+        stop_all()
+    report(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps([row.__dict__ for row in rows], indent=2, default=str))
+    sys.exit(0 if all(row.ok is not False for row in rows) else 1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
