@@ -178,6 +178,7 @@ def test_promtool_check_rules_passes_on_every_generated_file(tmp_path):
     assert result.stdout.count("SUCCESS") == len(files)
 
 
+@pytest.mark.slow  # Prometheus' own rule engine (promtool test rules) over every rule file
 def test_promtool_unit_tests_pass():
     tests = sorted(str(p) for p in (RULES / "tests").glob("*.yaml"))
     assert len(tests) >= 9
@@ -186,6 +187,7 @@ def test_promtool_unit_tests_pass():
     assert result.stdout.count("SUCCESS") == len(tests)
 
 
+@pytest.mark.slow  # promtool test rules, three times
 def test_promtool_unit_tests_fail_when_a_threshold_or_for_drifts(tmp_path):
     """The unit tests pin the table's values: generated from a changed table, they fail."""
     shutil.copytree(RULES / "tests", tmp_path / "tests")

@@ -122,10 +122,11 @@ def test_gzipped_and_plain_csv_load_the_same(tmp_path):
 
 
 @pytest.mark.parametrize(("content", "message"), [
-    (gzip.compress(b"name,cpu_milli,num_gpu,gpu_milli\n" + b"p,1000,1,500\n" * 1000)[:-40], "cannot read"),
+    (gzip.compress(b"name,cpu_milli,num_gpu,gpu_milli\n" + b"p,1000,1,500\n" * 1000, mtime=0)[:-40],
+     "cannot read"),
     (b"not gzip at all", "cannot read"),
-    (gzip.compress(b"name,cpu_milli,num_gpu,gpu_milli\n\xff\xfe,1,1,1\n"), "cannot read"),
-])
+    (gzip.compress(b"name,cpu_milli,num_gpu,gpu_milli\n\xff\xfe,1,1,1\n", mtime=0), "cannot read"),
+], ids=["truncated", "not-gzip", "not-utf8"])
 def test_a_corrupt_gzip_is_one_openb_error(tmp_path, content, message):
     path = tmp_path / "bad.csv.gz"
     path.write_bytes(content)
