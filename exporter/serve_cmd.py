@@ -93,7 +93,6 @@ def run(args: argparse.Namespace) -> int:
         from exporter.advisor.service import install
 
         install(app, advisor)
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     try:
         sock = socket.create_server((host, port), reuse_port=False)
     except OSError as exc:
@@ -101,12 +100,30 @@ def run(args: argparse.Namespace) -> int:
               "(pick another with --listen HOST:PORT)", file=sys.stderr)
         return 1
     what = "the simulated fleet" if names == ["sim"] else ", ".join(names)
-    print(f"gpufleet serving {what} at http://{shown}:{port}/metrics", flush=True)
+    print(f"gpufleet serving {what} at {metrics_url(sock.getsockname())}", flush=True)
     log.info("serving", extra={"listen": f"{host}:{port}", "sources": ",".join(names)})
     with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
         asyncio.run(serve(app, sock, config.web))
     log.info("stopped")
     return 0
+
+
+def metrics_url(address: tuple) -> str:
+    """The /metrics URL of the address the socket is bound to, as it is: a wildcard is said.
+
+    >>> metrics_url(("0.0.0.0", 9874))
+    'http://0.0.0.0:9874/metrics (every IPv4 interface)'
+    >>> metrics_url(("::", 9874, 0, 0))
+    'http://[::]:9874/metrics (every interface)'
+    """
+    host, port = address[0], address[1]
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/metrics"
+    if host == "0.0.0.0":
+        return f"{url} (every IPv4 interface)"
+    if host == "::":
+        return f"{url} (every interface)"
+    return url
 
 
 def assemble(config: Config, names: list[str], clock: Clock = time.time,

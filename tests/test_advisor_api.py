@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import logging
 import threading
 import time
 import tracemalloc
@@ -151,6 +152,17 @@ async def test_alertmanager_firing_triggers_one_evaluation_and_dedupes(advisor_c
     assert (await resolved.json())["evaluation"] == "none"
     await asyncio.sleep(0.1)
     assert service.evaluations == before + 1  # duplicate and resolved did not evaluate
+
+
+async def test_every_accepted_notification_is_logged_with_its_group_key(advisor_client, caplog):
+    caplog.set_level(logging.INFO, logger="exporter.advisor.api")
+    group = '{}:{alertname="GpuClusterFragmentationHigh", pool="gpu-h100"}'
+    resp = await advisor_client.post("/v1/alerts", json=alertmanager_payload(group=group),
+                                     headers=auth())
+    assert resp.status == 202
+    (record,) = [r for r in caplog.records if r.getMessage() == "alertmanager notification accepted"]
+    assert record.levelno == logging.INFO
+    assert (record.group, record.status, record.alerts) == (group, "firing", 1)
 
 
 async def test_what_if_has_no_side_effects(advisor_client):

@@ -44,3 +44,12 @@ def test_sim_source_config_file_and_seed_flag(exporter_factory):
     line = next(ln for ln in text.splitlines()
                 if ln.startswith('gpufleet_gpu_up{gpu="5",model="H200",node="gpu-002"'))
     assert line.endswith(" 0.0")
+
+
+def test_the_start_line_names_the_address_bound_not_a_guess():
+    from exporter.serve_cmd import metrics_url
+
+    assert metrics_url(("127.0.0.1", 9874)) == "http://127.0.0.1:9874/metrics"
+    assert metrics_url(("0.0.0.0", 9874)) == "http://0.0.0.0:9874/metrics (every IPv4 interface)"
+    assert metrics_url(("::", 9874, 0, 0)) == "http://[::]:9874/metrics (every interface)"
+    assert metrics_url(("::1", 9999, 0, 0)) == "http://[::1]:9999/metrics"

@@ -230,6 +230,9 @@ async def post_alerts(request: web.Request) -> web.Response:
     # (a 400, a 500) is not a duplicate when Alertmanager retries it
     api.notifications["accepted"] += 1
     api.remember(group, status)
+    log.info("alertmanager notification accepted", extra={
+        "group": group, "status": status, "alerts": len(payload["alerts"]),
+        "receiver": payload.get("receiver", "")})
     return reply
 
 
