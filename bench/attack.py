@@ -56,6 +56,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests import helpers  # noqa: E402  (the exporter starter the tests use)
+from tests.helpers import Server, free_port, stop  # noqa: E402
+
 GOOD_DCGM_BODY = REPO / "data" / "dcgm-samples" / "h100-8gpu-k8s-pod-labels.prom"
 L4_DCGM_BODY = REPO / "data" / "dcgm-samples" / "l4-1gpu-default-counters.prom"
 TOKEN = "attack-bench-token"
@@ -65,22 +70,6 @@ _PROCS: list[subprocess.Popen] = []
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
 
 def stop_all() -> None:
     while _PROCS:
@@ -134,49 +123,15 @@ class RssPoller:
         self._thread.join()
 
 
-@dataclass
-class Exporter:
-    proc: subprocess.Popen
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log_lines(self) -> list[str]:
-        return self.log.read_text(errors="replace").splitlines()
+def start_exporter(tmp: Path, *args: str, timeout: float = 60.0, **kwargs) -> Server:
+    """The tests' exporter starter (tests/helpers), with the process stopped in main()'s finally."""
+    exporter = helpers.start_exporter(tmp, *args, timeout=timeout, **kwargs)
+    _PROCS.append(exporter.proc)
+    return exporter
 
 
-def start_exporter(tmp: Path, *args: str, config: str | None = None,
-                   env: dict[str, str] | None = None, timeout: float = 60.0,
-                   drop_env: tuple[str, ...] = ()) -> Exporter:
-    """``python -m exporter serve`` from this checkout, in ``tmp``, on a free port; waits for ready."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{port}", *args]
-    if config is not None:
-        path = tmp / f"gpufleet-{port}.yaml"
-        path.write_text(config)
-        cmd += ["--config", str(path)]
-    log = tmp / f"exporter-{port}.log"
-    path_env = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    environ = {k: v for k, v in os.environ.items() if k not in drop_env}
-    proc = subprocess.Popen(cmd, cwd=tmp, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**environ, "PYTHONPATH": path_env, **(env or {})})
-    _PROCS.append(proc)
-    exporter = Exporter(proc, port, log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exporter exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{exporter.url}/-/ready", timeout=2) as resp:
-                if resp.status == 200:
-                    return exporter
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"exporter not ready within {timeout:g}s: {log.read_text()[-2000:]}")
+def log_lines(exporter: Server) -> list[str]:
+    return exporter.log.read_text(errors="replace").splitlines()
 
 
 def request(url: str, data: bytes | None = None, headers: dict[str, str] | None = None,
@@ -352,7 +307,7 @@ def idle_connections(args: argparse.Namespace, tmp: Path) -> Row:
     pid = exporter.proc.pid
     url = f"{exporter.url}/metrics"
     request(url)  # warm
-    lines_before = len(exporter.log_lines())
+    lines_before = len(log_lines(exporter))
     rss_before = rss_mb(pid) or 0.0
     flood = IdleFlood(exporter.port, count)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -378,7 +333,7 @@ def idle_connections(args: argparse.Namespace, tmp: Path) -> Row:
     latencies = [s["ms"] / 1000 for s in scrapes if s["status"] == 200]
     failures = [f"{s['status']}: {s['error']}" for s in scrapes if s["status"] != 200]
     each = [s["ms"] for s in scrapes]
-    lines = [line for line in exporter.log_lines()[lines_before:] if CONNECTION_LOG.search(line)]
+    lines = [line for line in log_lines(exporter)[lines_before:] if CONNECTION_LOG.search(line)]
     allowed = 1 + int(elapsed // 10)
     worst = max(latencies) if latencies else float("nan")
     p50 = statistics.median(latencies) if latencies else float("nan")
@@ -454,7 +409,7 @@ def parse_wrk(out: str) -> dict[str, float]:
     return result
 
 
-def run_wrk(binary: str, exporter: Exporter, url: str, connections: int, seconds: float,
+def run_wrk(binary: str, exporter: Server, url: str, connections: int, seconds: float,
             tmp: Path, *extra: str, statuses: bool = False) -> dict[str, float]:
     """wrk against ``url``; its figures plus the exporter's RSS before, at peak (polled every
     0.1 s) and 3 s after. ``statuses``: with the status-counting Lua script, which costs wrk
@@ -508,7 +463,7 @@ def wrk(args: argparse.Namespace, tmp: Path) -> Row:
         runs[name] = run_wrk(binary, exporter, f"{exporter.url}/metrics", args.wrk_connections,
                              seconds, tmp, *extra, statuses=statuses)
         if name == "default":
-            lines = [line for line in exporter.log_lines() if CONNECTION_LOG.search(line)]
+            lines = [line for line in log_lines(exporter) if CONNECTION_LOG.search(line)]
         stop(exporter.proc)
     m, counted = runs["default"], runs["statuses"]
     # wrk counts a response slower than --timeout as a timeout and leaves it out of the latency

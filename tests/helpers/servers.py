@@ -78,8 +78,10 @@ class Server:
 
 
 def start_exporter(tmp: Path, *args: str, config: str | None = None,
-                   env: dict[str, str] | None = None, ready: bool = True) -> Server:
-    """``python -m exporter serve`` from this checkout, on a free port."""
+                   env: dict[str, str] | None = None, ready: bool = True, timeout: float = 30.0,
+                   drop_env: tuple[str, ...] = ()) -> Server:
+    """``python -m exporter serve`` from this checkout, on a free port; ``drop_env`` names
+    variables of this process's environment the exporter must not inherit."""
     port = free_port()
     cmd = [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{port}", *args]
     if config is not None:
@@ -91,11 +93,12 @@ def start_exporter(tmp: Path, *args: str, config: str | None = None,
     # the checkout; PYTHONPATH keeps `-m exporter` on this checkout's code
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     proc = subprocess.Popen(cmd, cwd=tmp, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": path, **(env or {})})
+                            env={**{k: v for k, v in os.environ.items() if k not in drop_env},
+                                 "PYTHONPATH": path, **(env or {})})
     exporter = Server(proc, port, tmp, log)
     if ready:
         try:
-            wait_http(f"{exporter.url}/-/ready", proc=proc)
+            wait_http(f"{exporter.url}/-/ready", timeout=timeout, proc=proc)
         except Exception:
             stop(proc)
             raise RuntimeError(f"exporter did not start: {log.read_text()[-2000:]}") from None
