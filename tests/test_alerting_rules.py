@@ -280,7 +280,8 @@ def test_rules_that_need_care_are_written_with_it():
     assert rules[("GpuPowerHigh", "critical", "H100")] == 'gpufleet_gpu_power_watts{model="H100"} >= 700'
     fallback = rules[("GpuPowerHigh", "critical", None)]
     assert fallback.endswith(">= gpufleet_gpu_power_limit_watts")
-    assert 'model!~"B200|H200|H100|H20|A100-80GB|A100|' in fallback
+    assert ('model!~"B200|B100|H200-NVL|H200|H100-NVL|H100-PCIe|H100|H20|'
+            'A100-80GB-PCIe|A100-80GB|A100-PCIe|A100|') in fallback
     # utilization only where a job holds the GPU
     assert rules[("GpuUtilizationLow", "warning", None)].splitlines() == [
         "gpufleet_gpu_utilization_ratio < 0.3", "and on (node, gpu)",

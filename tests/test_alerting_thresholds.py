@@ -58,7 +58,7 @@ def test_power_is_per_model_h200_from_the_table_others_from_the_catalogue_tdp():
     assert power.threshold("warning", "G2") == 0.93
     from_table = {m.model for m in power.models if m.from_table}
     assert from_table == {"H200"}
-    assert len(power.models) == 13  # every catalogue model with a TDP
+    assert len(power.models) == 19  # every catalogue model with a TDP
 
 
 def _table(**replacements: str) -> str:
