@@ -30,7 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.advisor import bounds
+from exporter.advisor import bounds, openapi
 from exporter.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,13 @@ def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> w
 
 def _authorized(api: AdvisorApi, request: web.Request) -> str | None:
     """None when authorized, else the reason for a 401."""
-    token = api.token() if callable(api.token) else api.token
+    return bearer_problem(api.token, request)
+
+
+def bearer_problem(token_source: Token, request: web.Request) -> str | None:
+    """The bearer check of every POST, and of GET /v1/* under ``api.require_token_for_reads``
+    (exporter/server.py): None when authorized, else the reason for a 401."""
+    token = token_source() if callable(token_source) else token_source
     if not token:  # an empty token would match a blank bearer
         return ("the advisor has no usable token (set GPUFLEET_ADVISOR_TOKEN or "
                 "advisor.token_file, non-blank)")
@@ -236,8 +242,20 @@ async def post_alerts(request: web.Request) -> web.Response:
     return reply
 
 
+def openapi_handler() -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``GET /v1/openapi.json``: public (it says what the API takes, nothing about the fleet),
+    rendered once, served as bytes."""
+    body = _dumps(openapi.document()).encode()
+
+    async def get_openapi(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    return get_openapi
+
+
 def add_routes(app: web.Application, api: AdvisorApi) -> None:
     app[ADVISOR_API] = api
     app.router.add_get("/v1/advice", get_advice)
     app.router.add_post("/v1/plan", post_plan)
     app.router.add_post("/v1/alerts", post_alerts)
+    app.router.add_get("/v1/openapi.json", openapi_handler())

@@ -13,6 +13,10 @@ took the host's memory. Every number here bounds such a cost:
 
 Every failure is :class:`Invalid` with one line naming the JSON path, e.g.
 ``nodes[3].gpu_count: must be an integer from 0 to 64, got 1000000000``.
+
+Each check also knows its JSON Schema (:func:`json_schema`), made from the same
+numbers, for the OpenAPI document (:mod:`exporter.advisor.openapi`): a limit is
+written once, here.
 """
 
 from __future__ import annotations
@@ -140,6 +144,21 @@ def parse_json(body: bytes) -> Any:
 
 Check = Callable[[Any, str], None]
 
+# The JSON Schema (2020-12) of each check, built on demand: record()'s field table can
+# gain entries after the record is made (Gpu.mig below), so it is read when asked for.
+_SCHEMAS: dict[Check, Callable[[], dict[str, Any]]] = {}
+
+
+def _described(check: Check, schema: Callable[[], dict[str, Any]]) -> Check:
+    _SCHEMAS[check] = schema
+    return check
+
+
+def json_schema(check: Check) -> dict[str, Any]:
+    """What ``check`` accepts, as JSON Schema; what a schema cannot say (duplicate node
+    names, placements over all allocations, nesting, digits) only the check enforces."""
+    return _SCHEMAS[check]()
+
 
 def string(limit: int = MAX_STRING) -> Check:
     def check(value: Any, path: str) -> None:
@@ -147,14 +166,14 @@ def string(limit: int = MAX_STRING) -> Check:
             raise Invalid(f"{path}: must be a string, got {_show(value)}")
         if len(value) > limit:
             raise Invalid(f"{path}: a string of {len(value)} characters (at most {limit})")
-    return check
+    return _described(check, lambda: {"type": "string", "maxLength": limit})
 
 
 def integer(low: int, high: int) -> Check:
     def check(value: Any, path: str) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise Invalid(f"{path}: must be an integer from {low} to {high}, got {_show(value)}")
-    return check
+    return _described(check, lambda: {"type": "integer", "minimum": low, "maximum": high})
 
 
 def number(low: float, high: float, above: bool = False) -> Check:
@@ -166,7 +185,8 @@ def number(low: float, high: float, above: bool = False) -> Check:
         if (not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high
                 or (above and value == low)):
             raise Invalid(f"{path}: must be a number {span}, got {_show(value)}")
-    return check
+    return _described(check, lambda: {"type": "number", ("exclusiveMinimum" if above else "minimum"): low,
+                                       "maximum": high})
 
 
 def boolean(value: Any, path: str) -> None:
@@ -174,11 +194,14 @@ def boolean(value: Any, path: str) -> None:
         raise Invalid(f"{path}: must be true or false, got {_show(value)}")
 
 
+_described(boolean, lambda: {"type": "boolean"})
+
+
 def optional(inner: Check) -> Check:
     def check(value: Any, path: str) -> None:
         if value is not None:
             inner(value, path)
-    return check
+    return _described(check, lambda: {"anyOf": [json_schema(inner), {"type": "null"}]})
 
 
 def array(item: Check, limit: int) -> Check:
@@ -189,7 +212,7 @@ def array(item: Check, limit: int) -> Check:
             raise Invalid(f"{path}: {len(value)} items (at most {limit})")
         for i, element in enumerate(value):
             item(element, f"{path}[{i}]")
-    return check
+    return _described(check, lambda: {"type": "array", "items": json_schema(item), "maxItems": limit})
 
 
 def record(cls: type, fields: dict[str, Check]) -> Check:
@@ -209,7 +232,9 @@ def record(cls: type, fields: dict[str, Check]) -> Check:
             if rule is None:
                 raise Invalid(f"{prefix}{name[:40]}: unknown field of {cls.__name__}")
             rule(element, prefix + name)
-    return check
+    return _described(check, lambda: {
+        "type": "object", "title": cls.__name__, "required": required, "additionalProperties": False,
+        "properties": {name: json_schema(rule) for name, rule in fields.items()}})
 
 
 # -- the snapshot ---------------------------------------------------------------------------
@@ -279,6 +304,11 @@ SNAPSHOT_FIELDS[FleetSnapshot] = {
 _SNAPSHOT = record(FleetSnapshot, SNAPSHOT_FIELDS[FleetSnapshot])
 
 
+def snapshot_schema() -> dict[str, Any]:
+    """The JSON Schema of a ``POST /v1/plan`` body (and of what ``GET /v1/snapshot`` serves)."""
+    return json_schema(_SNAPSHOT)
+
+
 def check_snapshot(payload: Any) -> None:
     """Raise :class:`Invalid` unless ``payload`` is a snapshot within every limit."""
     _SNAPSHOT(payload, "")
@@ -322,6 +352,9 @@ def _status(value: Any, path: str) -> None:
         raise Invalid(f'{path}: must be "firing" or "resolved", got {_show(value)}')
 
 
+_described(_status, lambda: {"enum": list(_STATUS)})
+
+
 def _labels(value: Any, path: str) -> None:
     if not isinstance(value, dict):
         raise Invalid(f"{path}: must be an object of strings, got {_show(value)}")
@@ -330,6 +363,11 @@ def _labels(value: Any, path: str) -> None:
     for name, text in value.items():
         string(MAX_STRING)(name, f"{path} name")
         string(MAX_TEXT)(text, f"{path}.{name[:40]}")
+
+
+_described(_labels, lambda: {"type": "object", "maxProperties": MAX_LABELS,
+                             "propertyNames": json_schema(string(MAX_STRING)),
+                             "additionalProperties": json_schema(string(MAX_TEXT))})
 
 
 # Alertmanager adds fields over time, so unknown ones pass; the known ones are checked.
@@ -352,6 +390,12 @@ def _alert(value: Any, path: str) -> None:
             rule(value[name], f"{path}.{name}")
 
 
+_described(_alert, lambda: {"type": "object", "required": ["labels", "status"],
+                            "properties": {k: json_schema(v) for k, v in _ALERT.items()}})
+_ALERTS = array(_alert, MAX_ALERTS)
+_REQUIRED = ("groupKey", "status", "alerts")
+
+
 def check_alertmanager(payload: Any) -> None:
     """Raise :class:`Invalid` unless ``payload`` is an Alertmanager webhook body (version 4)."""
     if not isinstance(payload, dict):
@@ -359,7 +403,7 @@ def check_alertmanager(payload: Any) -> None:
     if payload.get("version") != "4":
         raise Invalid(f'version: unsupported payload version {_show(payload.get("version"))} '
                       '(expected "4")')
-    for name in ("groupKey", "status", "alerts"):
+    for name in _REQUIRED:
         if name not in payload:
             raise Invalid(f"{name}: required")
     if not payload["groupKey"]:
@@ -367,7 +411,15 @@ def check_alertmanager(payload: Any) -> None:
     for name, rule in _ALERTMANAGER.items():
         if name in payload:
             rule(payload[name], name)
-    array(_alert, MAX_ALERTS)(payload["alerts"], "alerts")
+    _ALERTS(payload["alerts"], "alerts")
+
+
+def alertmanager_schema() -> dict[str, Any]:
+    """The JSON Schema of a ``POST /v1/alerts`` body; unknown fields pass, as in the check."""
+    properties = {name: json_schema(rule) for name, rule in _ALERTMANAGER.items()}
+    properties["groupKey"]["minLength"] = 1
+    return {"type": "object", "title": "AlertmanagerWebhook", "required": ["version", *_REQUIRED],
+            "properties": {"version": {"const": "4"}, **properties, "alerts": json_schema(_ALERTS)}}
 
 
 def alertmanager_from_body(body: bytes) -> dict[str, Any]:

@@ -1,0 +1,283 @@
+"""The OpenAPI 3.1 document of the ``/v1/*`` API, served at ``GET /v1/openapi.json``.
+
+Built from what the handlers check, not written beside them:
+
+- request bodies are :mod:`bounds`' schemas (:func:`bounds.snapshot_schema`,
+  :func:`bounds.alertmanager_schema`), made from the same numbers as the checks,
+  so a limit is written once;
+- the plan is :data:`PLAN_SCHEMA`, which ``docs/advisor-plan.schema.json`` is
+  generated from (``python -m exporter.advisor.openapi --plan-schema``; a test
+  fails when the two differ).
+
+OpenAPI 3.1 takes JSON Schema 2020-12 as it is, so these schemas go in
+unchanged; only the plan's ``$defs`` move under ``components`` (tools resolve
+``#/components/...`` against the document, not against the plan's ``$id``).
+Error bodies are ``{"error": reason}``; the concurrency limit's 503
+(:mod:`exporter.server_limits`) answers before any handler, in plain text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from typing import Any
+
+from exporter import __version__
+from exporter.advisor import bounds
+
+# The plan format a receiver gets (and advice.plan). Edit here, then regenerate the docs file.
+PLAN_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://gpufleet.example/schemas/advisor-plan.json",
+    "title": "gpufleet compaction plan",
+    "description": "What the gpufleet advisor POSTs to a scheduler (and serves as advice.plan at "
+                   "GET /v1/advice). See docs/advisor.md.",
+    "type": "object",
+    "required": ["plan_id", "scope", "snapshot_time", "expires_at", "decision", "reasons", "before",
+                 "after", "nodes_freed", "migrations", "tier_misplacements", "fragmented_gpus_recovered"],
+    "properties": {
+        "plan_id": {"type": "string", "pattern": "^plan-[0-9a-f]{24}$",
+                    "description": "Content hash of the scope and the ordered migrations: the same "
+                                   "plan has the same id. Also sent as Idempotency-Key."},
+        "scope": {"type": "string", "pattern": "^(cluster|pool:.+)$"},
+        "snapshot_time": {"type": "number", "description": "Unix time of the snapshot the plan was made on."},
+        "expires_at": {"type": "number",
+                       "description": "Unix time after which the plan must not be acted on."},
+        "decision": {"const": "compact"},
+        "reasons": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "before": {"$ref": "#/$defs/prediction"},
+        "after": {"$ref": "#/$defs/prediction"},
+        "fragmented_gpus_recovered": {"type": "number", "minimum": 0},
+        "nodes_freed": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+                        "description": "Pool -> whole nodes left with every GPU free, for 8-GPU jobs."},
+        "rejected_moves": {"type": "integer", "minimum": 0},
+        "migrations": {"type": "array", "items": {"$ref": "#/$defs/migration"}},
+        "tier_misplacements": {"type": "array", "items": {"$ref": "#/$defs/misplacement"}},
+    },
+    "$defs": {
+        "prediction": {
+            "type": "object", "required": ["index", "fragmented_gpus"],
+            "properties": {"index": {"type": "number", "minimum": 0, "maximum": 100},
+                           "fragmented_gpus": {"type": "number", "minimum": 0}},
+        },
+        "endpoint": {
+            "type": "object", "required": ["node", "gpus"],
+            "properties": {"node": {"type": "string"},
+                           "gpus": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                                    "minItems": 1}},
+        },
+        "migration": {
+            "type": "object",
+            "required": ["order", "job", "namespace", "pod", "from", "to", "gpu_share", "cpus", "action",
+                         "wait_until", "cost", "reason"],
+            "properties": {
+                "order": {"type": "integer", "minimum": 1},
+                "job": {"type": "string"}, "namespace": {"type": "string"}, "pod": {"type": "string"},
+                "from": {"$ref": "#/$defs/endpoint"}, "to": {"$ref": "#/$defs/endpoint"},
+                "gpu_share": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                "cpus": {"type": "number", "minimum": 0},
+                "action": {"enum": ["checkpoint_then_migrate", "migrate", "wait_until"]},
+                "wait_until": {"type": ["number", "null"],
+                               "description": "Unix time; set only for action wait_until."},
+                "cost": {"type": "object", "required": ["gpu_seconds_since_checkpoint"],
+                         "properties": {"gpu_seconds_since_checkpoint": {"type": "number", "minimum": 0}}},
+                "reason": {"type": "string"},
+            },
+        },
+        "misplacement": {
+            "type": "object",
+            "required": ["job", "namespace", "node", "model", "memory_need_gb", "suitable_models", "reason"],
+            "properties": {"job": {"type": "string"}, "namespace": {"type": "string"},
+                           "node": {"type": "string"}, "model": {"type": "string"},
+                           "memory_need_gb": {"type": ["number", "null"]},
+                           "suitable_models": {"type": "array", "items": {"type": "string"}},
+                           "reason": {"type": "string"}},
+        },
+    },
+}
+
+_REF = "#/components/schemas/"
+# the plan's $defs under components, named Plan + the def's name: PlanPrediction, PlanMigration...
+_PLAN_DEFS = {name: f"Plan{name.capitalize()}" for name in PLAN_SCHEMA["$defs"]}
+
+
+def _rebased(schema: Any) -> Any:
+    """``schema`` with ``#/$defs/x`` references pointing at ``#/components/schemas/PlanX``."""
+    if isinstance(schema, dict):
+        return {k: (_REF + _PLAN_DEFS[v.removeprefix("#/$defs/")] if k == "$ref" else _rebased(v))
+                for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_rebased(v) for v in schema]
+    return schema
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF + name}
+
+
+_DECISIONS = ["none", "cooldown", "hold", "compact"]
+
+ADVICE_SCHEMA: dict[str, Any] = {
+    "type": "object", "title": "Advice",
+    "description": "A decision with its reasons, per-scope state and the plan if any (docs/advisor.md). "
+                   "Before the first evaluation only decision none and one reason.",
+    "required": ["decision", "reasons"],
+    "properties": {
+        "decision": {"enum": _DECISIONS},
+        "reasons": {"type": "array", "items": {"type": "string"}},
+        "plan": {"anyOf": [_ref("Plan"), {"type": "null"}]},
+        "scope": {"type": "string"},
+        "evaluated_at": {"type": "number"},
+        "snapshot_time": {"type": "number"},
+        "trigger": {"type": "string", "description": "snapshot, or the Alertmanager notification's alerts"},
+        "what_if": {"const": True, "description": "set on POST /v1/plan's answer"},
+        "scopes": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["index"],
+            "properties": {"index": {"type": "number"}, "recommended": {"type": "boolean"},
+                           "above_since": {"type": ["number", "null"]}}}},
+    },
+}
+
+ALERTS_REPLY_SCHEMA: dict[str, Any] = {
+    "type": "object", "title": "AlertsReply", "required": ["accepted", "duplicate", "evaluation"],
+    "additionalProperties": False,
+    "properties": {"accepted": {"const": True}, "duplicate": {"type": "boolean"},
+                   "evaluation": {"enum": ["none", "scheduled"]}},
+}
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object", "title": "Error", "required": ["error"], "additionalProperties": False,
+    "properties": {"error": {"type": "string", "description": "one line: what is wrong, e.g. the JSON path"}},
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+# web.max_requests: the middleware answers 503 in plain text before the handler runs
+_BUSY_TEXT = {"text/plain": {"schema": {"type": "string"}}}
+
+
+def _busy(description: str | None = None, json_too: bool = True) -> dict[str, Any]:
+    content: dict[str, Any] = dict(_BUSY_TEXT)
+    if json_too:
+        content["application/json"] = {"schema": _ref("Error")}
+    text = "web.max_requests requests to this endpoint already in flight (text/plain)"
+    return {"description": f"{description}; or {text}" if description else text, "content": content}
+
+
+_UNAUTHORIZED = {
+    "description": "missing, blank or wrong bearer token, or no token configured",
+    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+    "content": {"application/json": {"schema": _ref("Error")}},
+}
+_READ_UNAUTHORIZED = {**_UNAUTHORIZED,
+                      "description": "api.require_token_for_reads is on and the bearer token is "
+                                     "missing or wrong"}
+_RETRY = {"Retry-After": {"schema": {"type": "string"}, "description": "seconds"}}
+_TOO_LARGE = _error("body over advisor.max_body_bytes (by Content-Length, or while read)")
+_BUG = _error("an exception in the handler, logged; the server keeps serving (never expected)")
+_BODY_400 = _error("not UTF-8 JSON, nested deeper than bounds.MAX_DEPTH, an integer of more than "
+                   "bounds.MAX_INT_DIGITS digits, or outside the body's schema; the reason names the path")
+# GET /v1/* but openapi.json: open by default, the token when api.require_token_for_reads is on
+_READ_SECURITY: list[dict[str, list[str]]] = [{}, {"bearer": []}]
+_POST_SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document, as served at ``GET /v1/openapi.json``."""
+    plan = {k: v for k, v in _rebased(PLAN_SCHEMA).items() if k not in ("$schema", "$id", "$defs")}
+    schemas: dict[str, Any] = {
+        "Snapshot": bounds.snapshot_schema(),
+        "AlertmanagerWebhook": bounds.alertmanager_schema(),
+        "Advice": ADVICE_SCHEMA,
+        "AlertsReply": ALERTS_REPLY_SCHEMA,
+        "Error": ERROR_SCHEMA,
+        "Plan": plan,
+        **{_PLAN_DEFS[name]: _rebased(schema) for name, schema in PLAN_SCHEMA["$defs"].items()},
+    }
+    paths: dict[str, Any] = {
+        "/v1/openapi.json": {"get": {
+            "operationId": "getOpenApi", "summary": "This document", "security": [],
+            "responses": {
+                "200": _json({"type": "object", "required": ["openapi", "info", "paths"]},
+                             "the OpenAPI 3.1 document of /v1/*"),
+                "503": _busy(json_too=False)}}},
+        "/v1/snapshot": {"get": {
+            "operationId": "getSnapshot", "summary": "The current fleet snapshot (what POST /v1/plan takes)",
+            "security": _READ_SECURITY,
+            "responses": {
+                "200": _json(_ref("Snapshot"), "the snapshot of the last collection"),
+                "401": _READ_UNAUTHORIZED,
+                "503": _busy("no snapshot collected yet (JSON)")}}},
+        "/v1/advice": {"get": {
+            "operationId": "getAdvice", "summary": "The current decision, its reasons and the plan if any",
+            "security": _READ_SECURITY,
+            "responses": {
+                "200": _json(_ref("Advice"), "the advisor's last decision"),
+                "401": _READ_UNAUTHORIZED,
+                "503": _busy(json_too=False)}}},
+        "/v1/plan": {"post": {
+            "operationId": "postPlan",
+            "summary": "What-if: the plan for the snapshot in the body; changes nothing",
+            "security": _POST_SECURITY,
+            "requestBody": {"required": True,
+                            "content": {"application/json": {"schema": _ref("Snapshot")}}},
+            "responses": {
+                "200": _json(_ref("Advice"), "the what-if's decision (what_if: true) and its plan"),
+                "400": _BODY_400,
+                "401": _UNAUTHORIZED,
+                "413": _TOO_LARGE,
+                "500": _BUG,
+                "503": {**_busy("another what-if is running, or this one passed its time limit "
+                                "(JSON, with Retry-After)"), "headers": _RETRY}}}},
+        "/v1/alerts": {"post": {
+            "operationId": "postAlerts",
+            "summary": "Alertmanager's webhook (payload version 4)",
+            "description": "Deduplicated on groupKey + status. firing schedules an evaluation (202); "
+                           "resolved and duplicates change nothing (200).",
+            "security": _POST_SECURITY,
+            "requestBody": {"required": True,
+                            "content": {"application/json": {"schema": _ref("AlertmanagerWebhook")}}},
+            "responses": {
+                "200": _json(_ref("AlertsReply"), "a duplicate, or resolved: nothing to evaluate"),
+                "202": _json(_ref("AlertsReply"), "firing: an evaluation is scheduled"),
+                "400": _BODY_400,
+                "401": _UNAUTHORIZED,
+                "413": _TOO_LARGE,
+                "500": _BUG,
+                "503": _busy(json_too=False)}}},
+    }
+    return copy.deepcopy({
+        "openapi": "3.1.0",
+        "info": {"title": "gpufleet advisor API", "version": __version__,
+                 "description": "The exporter's /v1 API: snapshot, advice, what-if and Alertmanager's "
+                                "webhook. See docs/advisor.md."},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "GPUFLEET_ADVISOR_TOKEN or advisor.token_file; every POST needs it"}},
+        },
+    })
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exporter.advisor.openapi",
+                                     description="Print the OpenAPI document, or the plan's JSON Schema.")
+    parser.add_argument("--plan-schema", action="store_true",
+                        help="print docs/advisor-plan.schema.json's content instead")
+    args = parser.parse_args(argv)
+    print(json.dumps(PLAN_SCHEMA if args.plan_schema else document(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

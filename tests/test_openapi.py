@@ -1,0 +1,169 @@
+"""The OpenAPI document of /v1/*: valid OpenAPI 3.1, one operation per registered route,
+the limits of bounds.py, the plan schema of docs/, and the handlers' real answers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from schemathesis.specs.openapi.definitions import OPENAPI_31
+
+from exporter.advisor import bounds, openapi
+from exporter.advisor.api import ADVISOR_API
+from tests.helpers.data import REPO
+from tests.test_advisor_api import TOKEN, alertmanager_payload, auth
+from tests.test_advisor_api import advisor_client as advisor_client  # the fixture, reused
+
+DOC = openapi.document()
+
+
+def test_the_document_is_valid_openapi_31():
+    # the OpenAPI Initiative's 3.1 schema, as schemathesis ships it; it leaves the inner
+    # schemas to their dialect, so each is checked as JSON Schema 2020-12 too
+    assert sorted(e.message for e in Draft202012Validator(OPENAPI_31).iter_errors(DOC)) == []
+    for schema in DOC["components"]["schemas"].values():
+        Draft202012Validator.check_schema(schema)  # raises SchemaError naming the keyword
+    assert DOC["openapi"] == "3.1.0"
+
+
+def _refs(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        return {value["$ref"]} if "$ref" in value else set().union(*map(_refs, value.values()), set())
+    if isinstance(value, list):
+        return set().union(*map(_refs, value), set())
+    return set()
+
+
+def test_every_reference_resolves_and_every_schema_is_used():
+    names = {f"#/components/schemas/{name}" for name in DOC["components"]["schemas"]}
+    assert _refs(DOC) == names
+
+
+def test_every_v1_route_is_documented_and_nothing_else(advisor_client):
+    routes = {(route.method.lower(), route.resource.canonical)
+              for route in advisor_client.app.router.routes()
+              if route.resource is not None and route.resource.canonical.startswith("/v1/")
+              and route.method != "HEAD"}  # add_get adds HEAD; aiohttp answers it, undocumented
+    documented = {(method, path) for path, item in DOC["paths"].items() for method in item}
+    assert routes == documented
+    assert documented == {("get", "/v1/openapi.json"), ("get", "/v1/snapshot"), ("get", "/v1/advice"),
+                          ("post", "/v1/plan"), ("post", "/v1/alerts")}
+
+
+def test_only_the_posts_require_the_token():
+    security = {(path, method): op["security"] for path, item in DOC["paths"].items()
+                for method, op in item.items()}
+    assert security == {
+        ("/v1/openapi.json", "get"): [],
+        ("/v1/snapshot", "get"): [{}, {"bearer": []}],
+        ("/v1/advice", "get"): [{}, {"bearer": []}],
+        ("/v1/plan", "post"): [{"bearer": []}],
+        ("/v1/alerts", "post"): [{"bearer": []}],
+    }
+    assert DOC["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+
+
+def test_the_limits_are_bounds_own():
+    snapshot = DOC["components"]["schemas"]["Snapshot"]["properties"]
+    node = snapshot["nodes"]["items"]["properties"]
+    assert node["gpu_count"] == {"type": "integer", "minimum": 0, "maximum": bounds.MAX_GPUS_PER_NODE}
+    assert snapshot["nodes"]["maxItems"] == bounds.MAX_NODES == 100_000
+    assert snapshot["allocations"]["maxItems"] == bounds.MAX_ALLOCATIONS == 1_000_000
+    assert node["name"] == {"type": "string", "maxLength": bounds.MAX_STRING}
+    assert snapshot["taken_at"] == {"type": "number", "minimum": 0, "maximum": bounds.MAX_TIME}
+    placement = snapshot["allocations"]["items"]["properties"]["placements"]["items"]["properties"]
+    assert placement["gpu_share"] == {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+    assert placement["gpus"]["items"]["maximum"] == bounds.MAX_GPUS_PER_NODE - 1
+    alerts = DOC["components"]["schemas"]["AlertmanagerWebhook"]
+    assert alerts["properties"]["alerts"]["maxItems"] == bounds.MAX_ALERTS
+    assert alerts["required"] == ["version", "groupKey", "status", "alerts"]
+    assert alerts["properties"]["version"] == {"const": "4"}
+
+
+def test_docs_plan_schema_is_the_served_one():
+    """docs/advisor-plan.schema.json is generated from openapi.PLAN_SCHEMA; on a difference:
+    .venv/bin/python -m exporter.advisor.openapi --plan-schema > docs/advisor-plan.schema.json"""
+    assert json.loads((REPO / "docs" / "advisor-plan.schema.json").read_text()) == openapi.PLAN_SCHEMA
+    served = DOC["components"]["schemas"]
+    assert served["Plan"]["required"] == openapi.PLAN_SCHEMA["required"]
+    assert served["PlanMigration"]["properties"]["from"] == {"$ref": "#/components/schemas/PlanEndpoint"}
+
+
+@pytest.mark.parametrize(("body", "accepted"), [
+    ({"taken_at": 0}, True),
+    ({"taken_at": 0, "nodes": [{"name": "n", "model": "H100", "cpu_cores": 1, "pool": "p",
+                                "generation": "hopper", "gpu_count": 65}]}, False),
+    ({"taken_at": 0, "nodes": [1]}, False),
+    ({"taken_at": -1}, False),
+    ({"taken_at": 0, "extra": 1}, False),
+    ({}, False),
+    ({"taken_at": 0, "gpus": [{"node": "n", "index": 64, "uuid": "u", "model": "m", "pool": "p"}]}, False),
+    ({"taken_at": 0, "gpus": [{"node": "n", "index": 63, "uuid": "u", "model": "m", "pool": "p",
+                               "utilization_ratio": None, "mig": []}]}, True),
+])
+def test_the_schema_and_the_check_agree(body, accepted):
+    schema = Draft202012Validator(DOC["components"]["schemas"]["Snapshot"]).is_valid(body)
+    try:
+        bounds.check_snapshot(body)
+        checked = True
+    except bounds.Invalid:
+        checked = False
+    assert (schema, checked) == (accepted, accepted)
+
+
+def _validate(doc: dict[str, Any], path: str, method: str, status: int, content_type: str,
+              body: bytes) -> None:
+    """``body`` answers ``method path`` with ``status`` as the document says."""
+    responses = doc["paths"][path][method]["responses"]
+    assert str(status) in responses, f"{method} {path}: {status} is not documented"
+    content = responses[str(status)]["content"]
+    assert content_type in content, f"{method} {path} {status}: {content_type} is not documented"
+    if content_type == "application/json":
+        # the referenced schemas resolve against the root: hand the validator the components too
+        schema = {**content[content_type]["schema"], "components": doc["components"]}
+        errors = [f"{list(e.absolute_path)}: {e.message[:200]}"
+                  for e in Draft202012Validator(schema).iter_errors(json.loads(body))]
+        assert errors == []
+
+
+async def _check(client, method: str, path: str, expect: int, **kwargs) -> bytes:
+    resp = await client.request(method, path, **kwargs)
+    body = await resp.read()
+    assert resp.status == expect, body[:300]
+    _validate(DOC, path, method.lower(), resp.status, resp.content_type, body)
+    return body
+
+
+async def test_the_served_document_is_public_and_the_same(advisor_client):
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        body = await _check(advisor_client, "GET", "/v1/openapi.json", 200, headers=headers)
+        assert json.loads(body) == DOC
+
+
+async def test_real_answers_of_every_handler_validate(advisor_client):
+    snapshot = json.loads(await _check(advisor_client, "GET", "/v1/snapshot", 200))
+    assert len(snapshot["gpus"]) == 1088  # the simulated fleet, in full
+    advice = json.loads(await _check(advisor_client, "GET", "/v1/advice", 200))
+    assert advice["decision"] == "compact"
+    what_if = json.loads(await _check(advisor_client, "POST", "/v1/plan", 200, json=snapshot,
+                                      headers=auth()))
+    assert what_if["what_if"] is True
+    await _check(advisor_client, "POST", "/v1/plan", 400, json={"taken_at": "yesterday"}, headers=auth())
+    await _check(advisor_client, "POST", "/v1/plan", 401, json=snapshot)
+    await _check(advisor_client, "POST", "/v1/alerts", 401, json=alertmanager_payload(),
+                 headers=auth(TOKEN + "x"))
+    await _check(advisor_client, "POST", "/v1/alerts", 400, json={"version": "4"}, headers=auth())
+    await _check(advisor_client, "POST", "/v1/alerts", 202, json=alertmanager_payload(), headers=auth())
+    reply = await _check(advisor_client, "POST", "/v1/alerts", 200, json=alertmanager_payload(),
+                         headers=auth())
+    assert json.loads(reply) == {"accepted": True, "duplicate": True, "evaluation": "none"}
+    await _check(advisor_client, "POST", "/v1/alerts", 200, json=alertmanager_payload("resolved"),
+                 headers=auth())
+    api = advisor_client.app[ADVISOR_API]
+    api.max_body_bytes = 1024
+    for path in ("/v1/plan", "/v1/alerts"):
+        await _check(advisor_client, "POST", path, 413, data=b" " * 1025, headers=auth())
+    api.what_if_busy = True  # another what-if holds the slot
+    await _check(advisor_client, "POST", "/v1/plan", 503, data=b"{}", headers=auth())
