@@ -167,3 +167,13 @@ async def test_real_answers_of_every_handler_validate(advisor_client):
         await _check(advisor_client, "POST", path, 413, data=b" " * 1025, headers=auth())
     api.what_if_busy = True  # another what-if holds the slot
     await _check(advisor_client, "POST", "/v1/plan", 503, data=b"{}", headers=auth())
+
+
+def test_checking_bodies_leaves_no_schema_behind():
+    # each check registers its schema when made; one made per call once grew the table per label
+    body = json.dumps(alertmanager_payload()).encode()
+    bounds.alertmanager_from_body(body)
+    before = len(bounds._SCHEMAS)
+    for _ in range(100):
+        bounds.alertmanager_from_body(body)
+    assert len(bounds._SCHEMAS) == before

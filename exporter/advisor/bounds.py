@@ -25,6 +25,7 @@ import dataclasses
 import json
 import math
 import re
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -146,7 +147,8 @@ Check = Callable[[Any, str], None]
 
 # The JSON Schema (2020-12) of each check, built on demand: record()'s field table can
 # gain entries after the record is made (Gpu.mig below), so it is read when asked for.
-_SCHEMAS: dict[Check, Callable[[], dict[str, Any]]] = {}
+# Weak keys: a check made for one call and dropped leaves nothing behind.
+_SCHEMAS: weakref.WeakKeyDictionary[Check, Callable[[], dict[str, Any]]] = weakref.WeakKeyDictionary()
 
 
 def _described(check: Check, schema: Callable[[], dict[str, Any]]) -> Check:
@@ -361,13 +363,14 @@ def _labels(value: Any, path: str) -> None:
     if len(value) > MAX_LABELS:
         raise Invalid(f"{path}: {len(value)} labels (at most {MAX_LABELS})")
     for name, text in value.items():
-        string(MAX_STRING)(name, f"{path} name")
-        string(MAX_TEXT)(text, f"{path}.{name[:40]}")
+        _LABEL_NAME(name, f"{path} name")
+        _LABEL_VALUE(text, f"{path}.{name[:40]}")
 
 
+_LABEL_NAME, _LABEL_VALUE = string(MAX_STRING), string(MAX_TEXT)
 _described(_labels, lambda: {"type": "object", "maxProperties": MAX_LABELS,
-                             "propertyNames": json_schema(string(MAX_STRING)),
-                             "additionalProperties": json_schema(string(MAX_TEXT))})
+                             "propertyNames": json_schema(_LABEL_NAME),
+                             "additionalProperties": json_schema(_LABEL_VALUE)})
 
 
 # Alertmanager adds fields over time, so unknown ones pass; the known ones are checked.
