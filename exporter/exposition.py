@@ -25,7 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from exporter import __version__, metrics
 from exporter.metrics import Family, FamilySpec, Labels
-from exporter.snapshot import FleetSnapshot, Gpu
+from exporter.snapshot import CLOCK_EVENT_REASONS, FleetSnapshot, Gpu, GpuHealth, GpuPerformance
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +36,90 @@ class GpuFamily:
     value: Callable[[Gpu], float | None]
 
 
+@dataclass(frozen=True, slots=True)
+class GpuLabelledFamily:
+    """A per-GPU family with labels beyond identity: each GPU gives (extra label values, value)
+    pairs, the values in the order ``spec.labels`` lists them after the identity labels."""
+
+    spec: FamilySpec
+    samples: Callable[[Gpu], Sequence[tuple[tuple[str, ...], float]]]
+
+
 def _bool(value: bool) -> float:
     return 1.0 if value else 0.0
 
 
-GPU_FAMILIES: tuple[GpuFamily, ...] = (
+_NO_HEALTH = GpuHealth()
+_NO_PERFORMANCE = GpuPerformance()
+
+
+def _health(gpu: Gpu) -> GpuHealth:
+    return gpu.health or _NO_HEALTH
+
+
+def _perf(gpu: Gpu) -> GpuPerformance:
+    return gpu.performance or _NO_PERFORMANCE
+
+
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else _bool(value)
+
+
+def _pairs(*pairs: tuple[tuple[str, ...], float | None]) -> list[tuple[tuple[str, ...], float]]:
+    """The pairs whose value is known: an unsupported counter has no series, never 0."""
+    return [(labels, value) for labels, value in pairs if value is not None]
+
+
+def _clocks(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
+    p = _perf(gpu)
+    return _pairs((("sm",), p.sm_clock_hertz), (("memory",), p.memory_clock_hertz),
+                  (("graphics",), p.graphics_clock_hertz))
+
+
+def _max_clocks(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
+    p = _perf(gpu)
+    return _pairs((("sm",), p.sm_clock_max_hertz), (("memory",), p.memory_clock_max_hertz),
+                  (("graphics",), p.graphics_clock_max_hertz))
+
+
+def _xids(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
+    return [((str(x.xid),), float(x.count)) for x in _health(gpu).xid_counts]
+
+
+def _ecc(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
+    h = _health(gpu)
+    return _pairs((("single_bit", "volatile"), h.ecc_single_bit_volatile),
+                  (("double_bit", "volatile"), h.ecc_double_bit_volatile),
+                  (("single_bit", "aggregate"), h.ecc_single_bit_aggregate),
+                  (("double_bit", "aggregate"), h.ecc_double_bit_aggregate))
+
+
+def _retired(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
+    h = _health(gpu)
+    return _pairs((("single_bit",), h.retired_pages_single_bit),
+                  (("double_bit",), h.retired_pages_double_bit))
+
+
+def _remapped(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
+    h = _health(gpu)
+    return _pairs((("correctable",), h.remapped_rows_correctable),
+                  (("uncorrectable",), h.remapped_rows_uncorrectable))
+
+
+def _nvlink_errors(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
+    h = _health(gpu)
+    return _pairs((("crc_flit",), h.nvlink_crc_flit_errors), (("crc_data",), h.nvlink_crc_data_errors),
+                  (("replay",), h.nvlink_replay_errors), (("recovery",), h.nvlink_recovery_errors))
+
+
+def _clock_events(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
+    mask = _health(gpu).clock_event_reasons
+    if mask is None:
+        return []
+    return [((reason,), 1.0 if mask & bit else 0.0) for reason, bit in CLOCK_EVENT_REASONS]
+
+
+GPU_FAMILIES: tuple[GpuFamily | GpuLabelledFamily, ...] = (
     GpuFamily(metrics.GPU_UP, lambda g: _bool(g.up)),
     GpuFamily(metrics.GPU_STALE, lambda g: _bool(g.stale)),
     GpuFamily(metrics.GPU_UTILIZATION_RATIO, lambda g: g.utilization_ratio),
@@ -55,6 +134,41 @@ GPU_FAMILIES: tuple[GpuFamily, ...] = (
     GpuFamily(metrics.GPU_NVLINK_CAPACITY_BYTES_PER_SECOND,
               lambda g: g.nvlink_capacity_bytes_per_second),
     GpuFamily(metrics.GPU_DCGM_NVLINK_BANDWIDTH_RAW, lambda g: g.dcgm_nvlink_bandwidth_raw),
+    # issue 16: performance
+    GpuLabelledFamily(metrics.GPU_CLOCK_HERTZ, _clocks),
+    GpuLabelledFamily(metrics.GPU_CLOCK_MAX_HERTZ, _max_clocks),
+    GpuFamily(metrics.GPU_MEMORY_TEMPERATURE_CELSIUS, lambda g: _perf(g).memory_temperature_celsius),
+    GpuFamily(metrics.GPU_FAN_SPEED_RATIO, lambda g: _perf(g).fan_speed_ratio),
+    GpuFamily(metrics.GPU_PERFORMANCE_STATE, lambda g: _perf(g).performance_state),
+    GpuFamily(metrics.GPU_PCIE_LINK_GENERATION, lambda g: _perf(g).pcie_link_generation),
+    GpuFamily(metrics.GPU_PCIE_LINK_WIDTH, lambda g: _perf(g).pcie_link_width),
+    GpuFamily(metrics.GPU_PCIE_TRANSMIT_BYTES_PER_SECOND,
+              lambda g: _perf(g).pcie_transmit_bytes_per_second),
+    GpuFamily(metrics.GPU_PCIE_RECEIVE_BYTES_PER_SECOND,
+              lambda g: _perf(g).pcie_receive_bytes_per_second),
+    GpuFamily(metrics.GPU_ENCODER_UTILIZATION_RATIO, lambda g: _perf(g).encoder_utilization_ratio),
+    GpuFamily(metrics.GPU_DECODER_UTILIZATION_RATIO, lambda g: _perf(g).decoder_utilization_ratio),
+    GpuFamily(metrics.GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO,
+              lambda g: _perf(g).memory_bandwidth_utilization_ratio),
+    GpuFamily(metrics.GPU_GRAPHICS_ENGINE_ACTIVE_RATIO,
+              lambda g: _perf(g).graphics_engine_active_ratio),
+    GpuFamily(metrics.GPU_SM_ACTIVE_RATIO, lambda g: _perf(g).sm_active_ratio),
+    GpuFamily(metrics.GPU_SM_OCCUPANCY_RATIO, lambda g: _perf(g).sm_occupancy_ratio),
+    GpuFamily(metrics.GPU_TENSOR_ACTIVE_RATIO, lambda g: _perf(g).tensor_active_ratio),
+    GpuFamily(metrics.GPU_DRAM_ACTIVE_RATIO, lambda g: _perf(g).dram_active_ratio),
+    # issue 16: health
+    GpuLabelledFamily(metrics.GPU_XID_ERRORS_TOTAL, _xids),
+    GpuFamily(metrics.GPU_LAST_XID, lambda g: _health(g).last_xid),
+    GpuFamily(metrics.GPU_LAST_XID_TIMESTAMP_SECONDS, lambda g: _health(g).last_xid_time),
+    GpuLabelledFamily(metrics.GPU_ECC_ERRORS_TOTAL, _ecc),
+    GpuLabelledFamily(metrics.GPU_RETIRED_PAGES_TOTAL, _retired),
+    GpuFamily(metrics.GPU_RETIRED_PAGES_PENDING, lambda g: _flag(_health(g).retired_pages_pending)),
+    GpuLabelledFamily(metrics.GPU_REMAPPED_ROWS_TOTAL, _remapped),
+    GpuFamily(metrics.GPU_REMAPPED_ROWS_PENDING, lambda g: _flag(_health(g).remapped_rows_pending)),
+    GpuFamily(metrics.GPU_REMAPPED_ROWS_FAILURE, lambda g: _flag(_health(g).remapped_rows_failure)),
+    GpuLabelledFamily(metrics.GPU_NVLINK_ERRORS_TOTAL, _nvlink_errors),
+    GpuFamily(metrics.GPU_PCIE_REPLAY_ERRORS_TOTAL, lambda g: _health(g).pcie_replay_errors),
+    GpuLabelledFamily(metrics.GPU_CLOCK_EVENT_ACTIVE, _clock_events),
 )
 
 
@@ -110,6 +224,9 @@ def render_gpu_families(gpus: Sequence[Gpu], labels: LabelCache) -> list[str]:
     for gpu_family in GPU_FAMILIES:
         spec = gpu_family.spec
         out.append(_header(spec.name, spec.type, spec.help))
+        if isinstance(gpu_family, GpuLabelledFamily):
+            out += _render_labelled(gpu_family, gpus)
+            continue
         prefix = spec.name
         value_of = gpu_family.value
         for gpu, text in zip(gpus, label_texts, strict=True):
@@ -117,6 +234,26 @@ def render_gpu_families(gpus: Sequence[Gpu], labels: LabelCache) -> list[str]:
             if value is None:
                 continue
             out.append(f"{prefix}{text} {_go_float(float(value))}\n")
+    return out
+
+
+def _render_labelled(family: GpuLabelledFamily, gpus: Sequence[Gpu]) -> list[str]:
+    """A labelled per-GPU family: one ``%`` template per GPU with the identity labels already in
+    their sorted places, so each series costs one format rather than a sort of its labels."""
+    spec = family.spec
+    extra = spec.labels[len(metrics.IDENTITY):]
+    names = sorted(spec.labels)
+    order = [extra.index(name) for name in names if name in extra]  # extra values, sorted by name
+    out: list[str] = []
+    for gpu in gpus:
+        samples = family.samples(gpu)
+        if not samples:
+            continue
+        ident = {k: f'{k}="{_escape(v)}"'.replace("%", "%%") for k, v in identity(gpu)}
+        template = (spec.name + "{"
+                    + ",".join(ident.get(name) or f'{name}="%s"' for name in names) + "} %s\n")
+        for values, value in samples:
+            out.append(template % (*(_escape(values[i]) for i in order), _go_float(float(value))))
     return out
 
 
@@ -137,7 +274,12 @@ def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
     info, allocated, allocation_info, mig_info, mig_total, mig_used = [], [], [], [], [], []
     for gpu in gpus:
         ident = identity(gpu)
-        spec_labels = (("architecture", generation.get(gpu.node, "unknown")),)
+        spec_labels: Labels = (("architecture", generation.get(gpu.node, "unknown")),
+                               ("driver_version", gpu.driver_version or ""),
+                               ("vbios_version", gpu.vbios_version or ""),
+                               ("pci_bus_id", gpu.pci_bus_id or ""))
+        if gpu.serial is not None:  # only where the site exports serials (off by default)
+            spec_labels = (*spec_labels, ("serial", gpu.serial))
         info.append(((*ident, *spec_labels), 1.0))
         holders = held.get(gpu.key, [])
         allocated.append((ident, min(1.0, round(sum(share for _, share in holders), 6))))

@@ -105,10 +105,140 @@ GPU_DCGM_NVLINK_BANDWIDTH_RAW = FamilySpec(
     doc="Declared a counter by dcgm-exporter, it behaves as a rate of disputed unit "
         "(KB/s or MiB/s); for comparison only, never summed into the NVLink byte counters.")
 
+# -- per GPU: performance (issue 16, Build 2): NVML, DCGM or the simulator -------------------------
+_ABSENT = "Absent where the GPU or source does not report it."
+GPU_CLOCK_HERTZ = _gpu(
+    "gpufleet_gpu_clock_hertz", "gauge",
+    "Current GPU clock in hertz, by clock domain.", "hertz", extra=("clock",),
+    doc="`clock` is `sm`, `memory` or `graphics`; NVML and DCGM report MHz, converted.")
+GPU_CLOCK_MAX_HERTZ = _gpu(
+    "gpufleet_gpu_clock_max_hertz", "gauge",
+    "Maximum GPU clock in hertz, by clock domain.", "hertz", extra=("clock",),
+    doc="`clock` as for `gpufleet_gpu_clock_hertz`.")
+GPU_MEMORY_TEMPERATURE_CELSIUS = _gpu(
+    "gpufleet_gpu_memory_temperature_celsius", "gauge",
+    "GPU memory (HBM) temperature in degrees Celsius.", "celsius", doc=_ABSENT)
+GPU_FAN_SPEED_RATIO = _gpu(
+    "gpufleet_gpu_fan_speed_ratio", "gauge",
+    "GPU fan speed as a fraction of its maximum (0-1).", "ratio",
+    doc="Absent on passively cooled boards (most data-centre GPUs).")
+GPU_PERFORMANCE_STATE = _gpu(
+    "gpufleet_gpu_performance_state", "gauge",
+    "GPU performance state (P-state), 0 fastest to 15 slowest.")
+GPU_PCIE_LINK_GENERATION = _gpu(
+    "gpufleet_gpu_pcie_link_generation", "gauge",
+    "Current PCIe link generation of the GPU.")
+GPU_PCIE_LINK_WIDTH = _gpu(
+    "gpufleet_gpu_pcie_link_width", "gauge",
+    "Current PCIe link width of the GPU in lanes.")
+GPU_PCIE_TRANSMIT_BYTES_PER_SECOND = _gpu(
+    "gpufleet_gpu_pcie_transmit_bytes_per_second", "gauge",
+    "PCIe transmit throughput of the GPU in bytes per second.", "bytes_per_second",
+    doc="NVML samples it over 20 ms and reports KB/s, converted.")
+GPU_PCIE_RECEIVE_BYTES_PER_SECOND = _gpu(
+    "gpufleet_gpu_pcie_receive_bytes_per_second", "gauge",
+    "PCIe receive throughput of the GPU in bytes per second.", "bytes_per_second",
+    doc="NVML samples it over 20 ms and reports KB/s, converted.")
+GPU_ENCODER_UTILIZATION_RATIO = _gpu(
+    "gpufleet_gpu_encoder_utilization_ratio", "gauge",
+    "Fraction of time the video encoder was busy (0-1).", "ratio")
+GPU_DECODER_UTILIZATION_RATIO = _gpu(
+    "gpufleet_gpu_decoder_utilization_ratio", "gauge",
+    "Fraction of time the video decoder was busy (0-1).", "ratio")
+GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO = _gpu(
+    "gpufleet_gpu_memory_bandwidth_utilization_ratio", "gauge",
+    "Fraction of time device memory was being read or written (0-1).", "ratio",
+    doc="NVML's `utilization.memory`, DCGM_FI_DEV_MEM_COPY_UTIL.")
+GPU_GRAPHICS_ENGINE_ACTIVE_RATIO = _gpu(
+    "gpufleet_gpu_graphics_engine_active_ratio", "gauge",
+    "Fraction of time the graphics or compute engine was active (0-1).", "ratio",
+    doc="GPM (Hopper and later) from NVML, DCGM_FI_PROF_GR_ENGINE_ACTIVE from dcgm. " + _ABSENT)
+GPU_SM_ACTIVE_RATIO = _gpu(
+    "gpufleet_gpu_sm_active_ratio", "gauge",
+    "Fraction of SMs busy, averaged over time (0-1).", "ratio",
+    doc="GPM SM_UTIL from NVML, DCGM_FI_PROF_SM_ACTIVE from dcgm. A job that spins idle "
+        "reads 1 on `gpufleet_gpu_utilization_ratio` but near 0 here. " + _ABSENT)
+GPU_SM_OCCUPANCY_RATIO = _gpu(
+    "gpufleet_gpu_sm_occupancy_ratio", "gauge",
+    "Resident warps over the SMs' maximum, averaged over time (0-1).", "ratio",
+    doc="GPM SM_OCCUPANCY from NVML, DCGM_FI_PROF_SM_OCCUPANCY from dcgm. " + _ABSENT)
+GPU_TENSOR_ACTIVE_RATIO = _gpu(
+    "gpufleet_gpu_tensor_active_ratio", "gauge",
+    "Fraction of time any tensor pipe was active (0-1).", "ratio",
+    doc="GPM ANY_TENSOR_UTIL from NVML, DCGM_FI_PROF_PIPE_TENSOR_ACTIVE from dcgm. " + _ABSENT)
+GPU_DRAM_ACTIVE_RATIO = _gpu(
+    "gpufleet_gpu_dram_active_ratio", "gauge",
+    "Device memory bandwidth used over its maximum (0-1).", "ratio",
+    doc="GPM DRAM_BW_UTIL from NVML, DCGM_FI_PROF_DRAM_ACTIVE from dcgm. " + _ABSENT)
+
+# -- per GPU: health (issue 16, Build 1) ------------------------------------------------------------
+def _health(name: str, kind: Literal["gauge", "counter"], help_text: str,
+            extra: tuple[str, ...] = (), doc: str = "") -> FamilySpec:
+    return FamilySpec(name, kind, help_text, (*IDENTITY, *extra), "health", "", doc)
+
+
+GPU_XID_ERRORS_TOTAL = _health(
+    "gpufleet_gpu_xid_errors_total", "counter",
+    "XID error events seen on the GPU since the exporter started, by XID code.", ("xid",),
+    doc="From NVML's event set (critical XIDs). A series appears at the first event of a code; "
+        "absent from the dcgm source, which relays only the last XID.")
+GPU_LAST_XID = _health(
+    "gpufleet_gpu_last_xid", "gauge",
+    "Code of the last XID error seen on the GPU.",
+    doc="Absent until an XID is seen.")
+GPU_LAST_XID_TIMESTAMP_SECONDS = FamilySpec(
+    "gpufleet_gpu_last_xid_timestamp_seconds", "gauge",
+    "Unix time the last XID error was seen on the GPU.", IDENTITY, "health", "seconds",
+    doc="Absent until an XID is seen.")
+GPU_ECC_ERRORS_TOTAL = _health(
+    "gpufleet_gpu_ecc_errors_total", "counter",
+    "ECC memory errors of the GPU, by type and counter.", ("type", "counter"),
+    doc="`type` is `single_bit` (corrected) or `double_bit` (uncorrected); `counter` is "
+        "`volatile` (since the driver loaded) or `aggregate` (the GPU's life). Absent with ECC off.")
+GPU_RETIRED_PAGES_TOTAL = _health(
+    "gpufleet_gpu_retired_pages_total", "counter",
+    "Framebuffer pages the GPU retired, by cause.", ("cause",),
+    doc="`cause` is `single_bit` (repeated corrected errors) or `double_bit`. Pre-Ampere GPUs "
+        "only; Ampere and later remap rows instead.")
+GPU_RETIRED_PAGES_PENDING = _health(
+    "gpufleet_gpu_retired_pages_pending", "gauge",
+    "1 while a page retirement waits for the next driver reload, else 0.",
+    doc="Pre-Ampere GPUs only.")
+GPU_REMAPPED_ROWS_TOTAL = _health(
+    "gpufleet_gpu_remapped_rows_total", "counter",
+    "Memory rows the GPU remapped, by the error that caused it.", ("cause",),
+    doc="`cause` is `correctable` or `uncorrectable`. Ampere and later.")
+GPU_REMAPPED_ROWS_PENDING = _health(
+    "gpufleet_gpu_remapped_rows_pending", "gauge",
+    "1 while a row remap waits for a GPU reset, else 0.",
+    doc="Ampere and later. Reset the GPU when it is idle.")
+GPU_REMAPPED_ROWS_FAILURE = _health(
+    "gpufleet_gpu_remapped_rows_failure", "gauge",
+    "1 if a row remap failed (no spare rows left), else 0.",
+    doc="Ampere and later. The GPU needs service.")
+GPU_NVLINK_ERRORS_TOTAL = _health(
+    "gpufleet_gpu_nvlink_errors_total", "counter",
+    "NVLink errors of the GPU, summed over its links, by type.", ("type",),
+    doc="`type` is `crc_flit`, `crc_data`, `replay` or `recovery`. Absent without NVLink. "
+        "Per-link series would multiply cardinality by up to 18 and are not exported.")
+GPU_PCIE_REPLAY_ERRORS_TOTAL = _health(
+    "gpufleet_gpu_pcie_replay_errors_total", "counter",
+    "PCIe replays of the GPU (transmissions retried after a link error).")
+GPU_CLOCK_EVENT_ACTIVE = _health(
+    "gpufleet_gpu_clock_event_active", "gauge",
+    "1 while the reason is holding the GPU's clocks down (throttling), else 0.", ("reason",),
+    doc="`reason` is `sw_power_cap`, `hw_slowdown`, `hw_thermal`, `sw_thermal`, "
+        "`hw_power_brake` or `sync_boost`: one series each whenever the GPU reports its "
+        "clock-event reason mask.")
+
 # -- per GPU: identity, allocation and MIG ---------------------------------------------------------
 GPU_INFO = _gpu(
     "gpufleet_gpu_info", "gauge",
-    "GPU identity and catalogue data; always 1.", extra=("architecture",))
+    "GPU identity and catalogue data; always 1.",
+    extra=("architecture", "driver_version", "vbios_version", "pci_bus_id", "serial"),
+    doc="`driver_version`, `vbios_version` and `pci_bus_id` are empty where the source does not "
+        "give them; `serial` is there only when the site enables it (NVML option "
+        "`sources.nvml.export_serial`).")
 GPU_ALLOCATED_RATIO = _gpu(
     "gpufleet_gpu_allocated_ratio", "gauge",
     "Share of the GPU held by jobs (0-1); 1 is a whole GPU allocated.", "ratio")

@@ -35,6 +35,86 @@ class MigInstance:
     memory_used_bytes: int | None = None
 
 
+# Clock-event (throttle) reasons gpufleet exports, with NVML's bit in the reason mask
+# (nvmlClocksEventReason* / nvmlClocksThrottleReason*; DCGM_FI_DEV_CLOCKS_EVENT_REASONS uses the
+# same bits). GpuIdle, application clocks and display clocks are left out: they are settings or
+# idleness, not a slowdown anyone pages on.
+CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
+    ("sw_power_cap", 0x04),
+    ("hw_slowdown", 0x08),
+    ("sync_boost", 0x10),
+    ("sw_thermal", 0x20),
+    ("hw_thermal", 0x40),
+    ("hw_power_brake", 0x80),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class XidCount:
+    """How many times one XID was seen on a GPU since the exporter (or simulation) started."""
+
+    xid: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """Error and slowdown counters of one GPU (issue 16, Build 1). ``None``: not supported.
+
+    Counts are as the driver keeps them (ECC, retired pages, remapped rows, NVLink and PCIe
+    counters survive an exporter restart) except XIDs, which are events the exporter saw.
+    """
+
+    xid_counts: tuple[XidCount, ...] = ()  # sorted by xid; empty: none seen (or no event set)
+    last_xid: int | None = None
+    last_xid_time: float | None = None  # unix seconds the last XID was seen
+    ecc_single_bit_volatile: int | None = None  # corrected, since the driver loaded
+    ecc_double_bit_volatile: int | None = None  # uncorrected, since the driver loaded
+    ecc_single_bit_aggregate: int | None = None  # corrected, over the GPU's life
+    ecc_double_bit_aggregate: int | None = None  # uncorrected, over the GPU's life
+    retired_pages_single_bit: int | None = None  # pre-Ampere page retirement
+    retired_pages_double_bit: int | None = None
+    retired_pages_pending: bool | None = None  # a retirement waits for the next driver load
+    remapped_rows_correctable: int | None = None  # Ampere and later row remapping
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None  # a remap waits for a GPU reset
+    remapped_rows_failure: bool | None = None  # a remap failed: the GPU needs service
+    nvlink_crc_flit_errors: int | None = None  # each summed over the GPU's links
+    nvlink_crc_data_errors: int | None = None
+    nvlink_replay_errors: int | None = None
+    nvlink_recovery_errors: int | None = None
+    pcie_replay_errors: int | None = None
+    clock_event_reasons: int | None = None  # NVML's reason bitmask (see CLOCK_EVENT_REASONS)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPerformance:
+    """Clocks, link state and engine activity of one GPU (issue 16, Build 2). ``None``: not supported."""
+
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    graphics_clock_hertz: float | None = None
+    sm_clock_max_hertz: float | None = None
+    memory_clock_max_hertz: float | None = None
+    graphics_clock_max_hertz: float | None = None
+    memory_temperature_celsius: float | None = None  # HBM
+    fan_speed_ratio: float | None = None  # 0-1; absent on passively cooled boards
+    performance_state: int | None = None  # P-state 0 (fastest) - 15
+    pcie_link_generation: int | None = None  # current, not maximum
+    pcie_link_width: int | None = None  # lanes, current
+    pcie_transmit_bytes_per_second: float | None = None
+    pcie_receive_bytes_per_second: float | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    memory_bandwidth_utilization_ratio: float | None = None  # NVML utilization.memory
+    # GPM (Hopper and later) or DCGM_FI_PROF_*: what the GPU really did, 0-1
+    graphics_engine_active_ratio: float | None = None
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Gpu:
     node: str
@@ -58,6 +138,11 @@ class Gpu:
     pci_bus_id: str | None = None
     # DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as dcgm-exporter reports it (a rate of uncertain unit)
     dcgm_nvlink_bandwidth_raw: float | None = None
+    driver_version: str | None = None
+    vbios_version: str | None = None
+    serial: str | None = None  # only when the site exports it (nvml option, off by default)
+    health: GpuHealth | None = None  # None: the source reads no health counters
+    performance: GpuPerformance | None = None  # None: the source reads no performance values
 
     @property
     def key(self) -> tuple[str, int]:
@@ -178,7 +263,9 @@ def _build(cls: type, data: Mapping[str, Any], nested: Mapping[str, type]) -> An
     for key, value in data.items():
         if key not in names:
             raise ValueError(f"{cls.__name__}: unknown field {key!r}")
-        if key in nested:
+        if key in nested and isinstance(value, Mapping):  # one nested object (Gpu.health)
+            value = _build(nested[key], value, _NESTED.get(nested[key], {}))
+        elif key in nested and value is not None:
             value = tuple(_build(nested[key], item, _NESTED.get(nested[key], {})) for item in value)
         elif isinstance(value, list):
             value = tuple(value)
@@ -195,7 +282,8 @@ _NESTED: dict[type, dict[str, type]] = {
         "sources": SourceStatus,
         "unmatched": UnmatchedGpus,
     },
-    Gpu: {"mig": MigInstance},
+    Gpu: {"mig": MigInstance, "health": GpuHealth, "performance": GpuPerformance},
+    GpuHealth: {"xid_counts": XidCount},
     Allocation: {"placements": Placement},
 }
 

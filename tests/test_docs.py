@@ -31,10 +31,26 @@ NO_SERIES_ON_THE_DEFAULT_FLEET = {
     "gpufleet_advisor_plan_nodes_freed": "no plan proposed after one collection",
     "gpufleet_advisor_webhook_deliveries_total": "no webhook receiver configured by default",
     "gpufleet_advisor_alertmanager_notifications_total": "no Alertmanager notification received",
+    **{name: "issue 16: the simulator fills it in a later step" for name in (
+        "gpufleet_gpu_clock_hertz", "gpufleet_gpu_clock_max_hertz",
+        "gpufleet_gpu_memory_temperature_celsius", "gpufleet_gpu_fan_speed_ratio",
+        "gpufleet_gpu_performance_state", "gpufleet_gpu_pcie_link_generation",
+        "gpufleet_gpu_pcie_link_width", "gpufleet_gpu_pcie_transmit_bytes_per_second",
+        "gpufleet_gpu_pcie_receive_bytes_per_second", "gpufleet_gpu_encoder_utilization_ratio",
+        "gpufleet_gpu_decoder_utilization_ratio", "gpufleet_gpu_memory_bandwidth_utilization_ratio",
+        "gpufleet_gpu_graphics_engine_active_ratio", "gpufleet_gpu_sm_active_ratio",
+        "gpufleet_gpu_sm_occupancy_ratio", "gpufleet_gpu_tensor_active_ratio",
+        "gpufleet_gpu_dram_active_ratio", "gpufleet_gpu_xid_errors_total", "gpufleet_gpu_last_xid",
+        "gpufleet_gpu_last_xid_timestamp_seconds", "gpufleet_gpu_ecc_errors_total",
+        "gpufleet_gpu_retired_pages_total", "gpufleet_gpu_retired_pages_pending",
+        "gpufleet_gpu_remapped_rows_total", "gpufleet_gpu_remapped_rows_pending",
+        "gpufleet_gpu_remapped_rows_failure", "gpufleet_gpu_nvlink_errors_total",
+        "gpufleet_gpu_pcie_replay_errors_total", "gpufleet_gpu_clock_event_active")},
 }
 # Labels a family's series may lack: (family, label) -> when the label is there.
 OPTIONAL_LABELS = {
     ("gpufleet_source_up", "target"): "only on the series of one target of a multi-target source",
+    ("gpufleet_gpu_info", "serial"): "only where the site exports GPU serials (off by default)",
 }
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? \S+$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*"')

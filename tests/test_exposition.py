@@ -12,14 +12,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from exporter.exposition import (
     GPU_FAMILIES,
     Family,
+    GpuLabelledFamily,
     LabelCache,
     identity,
     render,
     render_text,
     snapshot_families,
 )
+from exporter.metrics import IDENTITY
 from exporter.simulation.fleet import Simulation
-from exporter.snapshot import Gpu, MigInstance
+from exporter.snapshot import Gpu, GpuHealth, GpuPerformance, MigInstance, XidCount
 from exporter.sources.sim_options import Scenario, SimSource
 from tests.helpers import http_get, require_binary
 
@@ -31,7 +33,12 @@ def _client_python_families(snapshot, extra=()):
     families = []
     for gpu_family in GPU_FAMILIES:
         spec = gpu_family.spec
-        samples = [(dict(identity(g)), gpu_family.value(g)) for g in snapshot.gpus]
+        if isinstance(gpu_family, GpuLabelledFamily):  # issue 16: identity plus extra labels
+            extra_names = spec.labels[len(IDENTITY):]
+            samples = [(dict(identity(g)) | dict(zip(extra_names, values, strict=True)), v)
+                       for g in snapshot.gpus for values, v in gpu_family.samples(g)]
+        else:
+            samples = [(dict(identity(g)), gpu_family.value(g)) for g in snapshot.gpus]
         families.append((spec.name, spec.type, spec.help,
                          [(labels, v) for labels, v in samples if v is not None]))
     for family in [*snapshot_families(snapshot), *extra]:
@@ -78,7 +85,15 @@ def test_render_is_byte_identical_to_generate_latest():
               memory_used_bytes=0, utilization_ratio=1e-7, temperature_celsius=-3.0,
               power_watts=1234567.5, energy_joules=1.5e18, nvlink_transmit_bytes=float("inf"),
               mig=(MigInstance(3, "3g.40gb", 40 * 10**9, 5),))
-    snapshot = dataclasses.replace(snapshot, gpus=(*snapshot.gpus, odd))
+    # issue 16: labelled per-GPU families, with a % in the identity (the renderer formats with %)
+    health = Gpu("gpu-%s", 1, "GPU-100%", "H100", "gpu-%d", serial="1%s",
+                 health=GpuHealth(xid_counts=(XidCount(48, 2), XidCount(79, 1)), last_xid=79,
+                                  last_xid_time=1.76e9, ecc_single_bit_volatile=3,
+                                  ecc_double_bit_aggregate=1, remapped_rows_failure=True,
+                                  nvlink_replay_errors=12345678, clock_event_reasons=0x44),
+                 performance=GpuPerformance(sm_clock_hertz=1.98e9, memory_clock_max_hertz=2.619e9,
+                                            sm_active_ratio=0.25))
+    snapshot = dataclasses.replace(snapshot, gpus=(*snapshot.gpus, odd, health))
     extra = [Family("gpufleet_test_extra", "gauge", "help with \\ and\nnewline",
                     [((("a", "x"), ("b", "y")), 0.1 + 0.2), ((), 1e21)])]
     ours = render_text(snapshot, LabelCache(), extra)
@@ -86,6 +101,11 @@ def test_render_is_byte_identical_to_generate_latest():
     # the values above must really have been rendered, not dropped
     assert b"gpufleet_gpu_power_watts{" in ours and b"1.2345675e+06" in ours
     assert b"+Inf" in ours
+    assert b'gpufleet_gpu_xid_errors_total{gpu="1",model="H100",node="gpu-%s",pool="gpu-%d",' \
+           b'uuid="GPU-100%",xid="79"} 1.0\n' in ours
+    assert b'gpufleet_gpu_clock_event_active{gpu="1",model="H100",node="gpu-%s",pool="gpu-%d",' \
+           b'reason="hw_thermal",uuid="GPU-100%"} 1.0\n' in ours
+    assert b'serial="1%s"' in ours
 
 
 def test_lost_gpu_exports_only_up_zero():

@@ -17,7 +17,7 @@ from exporter.sources.prometheus import build_queries
 from exporter.sources.prometheus_options import PrometheusSource as PrometheusConfig
 from tests.helpers import REPO
 
-BASE_UNITS = ("bytes_per_second", "bytes", "seconds", "celsius", "watts", "joules", "ratio")
+BASE_UNITS = ("bytes_per_second", "bytes", "seconds", "celsius", "watts", "joules", "ratio", "hertz")
 # Tokens of PromQL, YAML and JSON text that mention gpufleet: metric names and
 # recording-rule outputs (level:metric:operations, the only names with colons).
 _TOKEN = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
