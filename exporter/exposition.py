@@ -289,6 +289,7 @@ def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
                 ("job", alloc.job),
                 ("namespace", alloc.namespace),
                 ("pod", alloc.pod),
+                ("account", alloc.account),
                 ("job_gpus", str(alloc.gpu_count)),
                 ("priority", str(alloc.priority)),
             ), 1.0))

@@ -245,8 +245,10 @@ GPU_ALLOCATED_RATIO = _gpu(
 GPU_ALLOCATION_INFO = _gpu(
     "gpufleet_gpu_allocation_info", "gauge",
     "The job holding the GPU, one series per job; always 1.",
-    extra=("job", "namespace", "pod", "job_gpus", "priority"),
-    doc="Scraped without `honor_labels`, `job` arrives as `exported_job`.")
+    extra=("job", "namespace", "pod", "account", "job_gpus", "priority"),
+    doc="Scraped without `honor_labels`, `job` arrives as `exported_job`. `account` is the "
+        "Slurm account or the Kubernetes namespace the job is charged to (empty when the "
+        "scheduler gives none): Alertmanager routes the job's tickets by it.")
 GPU_MIG_INSTANCE_INFO = _gpu(
     "gpufleet_gpu_mig_instance_info", "gauge",
     "A MIG GPU instance and its profile; always 1.", extra=("gpu_instance", "profile"))

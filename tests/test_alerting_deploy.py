@@ -25,22 +25,28 @@ def _amtool(*args: str) -> subprocess.CompletedProcess:
 def test_amtool_check_config_passes():
     result = _amtool("check-config", str(DEPLOY_ALERTMANAGER))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout and "1 inhibit rules" in result.stdout
+    assert "SUCCESS" in result.stdout and "3 inhibit rules" in result.stdout
 
 
 # (what, labels of the alert, receivers it must reach in routing-tree order)
 ROUTES = [
-    ("critical pages", {"alertname": "GpuTemperatureHigh", "severity": "critical", **GPU},
-     "pager"),
-    ("warning goes to chat", {"alertname": "GpuTemperatureHigh", "severity": "warning", **GPU},
-     "chat"),
-    ("compaction goes to the advisor and on to chat",
-     {"alertname": "GpuClusterFragmentationHigh", "severity": "warning", "action": "compact",
-      "pool": "gpu-h100", "model": "H100"}, "gpufleet-advisor,chat"),
-    ("exporter down pages", {"alertname": "GpufleetTargetDown", "severity": "critical",
-                             "job": "gpufleet"}, "pager"),
-    ("an alert without severity still reaches people",
-     {"alertname": "SomethingElse", "pool": "gpu-a100"}, "chat"),
+    ("a paging critical pages", {"alertname": "GpuTemperatureHigh", "severity": "critical",
+                                 "page": "true", **GPU}, "pager"),
+    ("a warning is a ticket", {"alertname": "GpuTemperatureHigh", "severity": "warning",
+                               "page": "false", **GPU}, "tickets"),
+    ("a critical that does not page is a ticket",
+     {"alertname": "GpuRowRemapFailed", "severity": "critical", "page": "false", **GPU},
+     "tickets"),
+    ("a job's ticket", {"alertname": "GpuJobUtilizationLow", "severity": "critical",
+                        "page": "false", "exported_job": "train-7", "account": "ml"}, "tickets"),
+    ("compaction goes to the advisor and on to tickets",
+     {"alertname": "GpuClusterFragmentationHigh", "severity": "warning", "page": "false",
+      "action": "compact", "pool": "gpu-h100", "model": "H100"}, "gpufleet-advisor,tickets"),
+    ("a gpufleet job with no target pages", {"alertname": "GpufleetJobDown",
+                                             "severity": "critical", "page": "true",
+                                             "job": "gpufleet-nodes"}, "pager"),
+    ("an alert without labels still reaches people",
+     {"alertname": "SomethingElse", "pool": "gpu-a100"}, "tickets"),
 ]
 
 
@@ -55,22 +61,30 @@ def test_amtool_routes_each_alert_to_its_receivers(what, labels, receivers):
 
 def test_amtool_route_test_fails_on_a_wrong_receiver():
     result = _amtool("config", "routes", "test", f"--config.file={DEPLOY_ALERTMANAGER}",
-                     "--verify.receivers=chat", "alertname=GpuTemperatureHigh",
-                     "severity=critical")
+                     "--verify.receivers=tickets", "alertname=GpuTemperatureHigh",
+                     "severity=critical", "page=true")
     assert result.returncode != 0
     assert "pager" in result.stdout + result.stderr
 
 
 def test_grouping_and_timers_are_the_documented_ones():
-    route = yaml.safe_load(DEPLOY_ALERTMANAGER.read_text())["route"]
-    assert route["group_by"] == ["alertname", "pool"]
+    config = yaml.safe_load(DEPLOY_ALERTMANAGER.read_text())
+    route = config["route"]
+    assert route["receiver"] == "tickets"
+    assert route["group_by"] == ["alertname", "cluster", "pool", "account"]
     assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == (
-        "30s", "5m", "4h")
+        "5m", "30m", "24h")
     advisor = next(r for r in route["routes"] if r["receiver"] == "gpufleet-advisor")
     assert advisor["matchers"] == ['action="compact"'] and advisor["continue"] is True
-    urls = {r["name"]: r["webhook_configs"][0]["url"]
-            for r in yaml.safe_load(DEPLOY_ALERTMANAGER.read_text())["receivers"]}
+    pager = next(r for r in route["routes"] if r["receiver"] == "pager")
+    assert pager["matchers"] == ['page="true"']  # the table's page column, not the severity
+    assert (pager["group_wait"], pager["repeat_interval"]) == ("10s", "1h")
+    urls = {r["name"]: r["webhook_configs"][0]["url"] for r in config["receivers"]}
     assert urls["gpufleet-advisor"].endswith("/v1/alerts")
+    # the routing matches what the generator labels: every page="true" rule reaches the pager
+    rules = [r for g in yaml.safe_load((REPO / "rules" / "gpufleet-alerts.yaml").read_text())
+             ["groups"] for r in g["rules"]]
+    assert {r["labels"]["page"] for r in rules} == {"true", "false"}
 
 
 def test_promtool_check_config_passes_on_the_example_prometheus_config():

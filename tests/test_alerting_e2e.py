@@ -82,6 +82,7 @@ def test_overheat_pages_inhibits_its_warning_and_fragmentation_reaches_the_advis
             "alertname": "GpuTemperatureHigh", "severity": "critical", **HOT}
         assert alert["labels"]["uuid"].startswith("GPU-")
         assert alert["labels"]["job"] == "gpufleet-nodes"
+        assert alert["labels"]["page"] == "true"  # the table's page column, routed to the pager
         assert alert["annotations"]["runbook_url"].endswith("docs/runbooks.md#gputemperaturehigh")
         assert alert["annotations"]["description"].startswith(
             "GPU 3 on gpu-001 (H200, pool gpu-h200) is at ")
@@ -97,9 +98,9 @@ def test_overheat_pages_inhibits_its_warning_and_fragmentation_reaches_the_advis
 
         _wait(warning_inhibited, deadline, "the warning twin inhibited in Alertmanager", prom,
               manager)
-        # ... and so never reached chat, though other GPUs' warnings do (the route works)
-        chat = [a for _, a in receiver.alerts("chat")]
-        assert not [a for a in chat if _is_hot_gpu(a, "warning")], chat
+        # ... and so never reached the tickets receiver
+        tickets = [a for _, a in receiver.alerts("tickets")]
+        assert not [a for a in tickets if _is_hot_gpu(a, "warning")], tickets
 
         # 3. GpuClusterFragmentationHigh reaches the compaction receiver (the advisor)
         compaction = _wait(
@@ -115,8 +116,8 @@ def test_overheat_pages_inhibits_its_warning_and_fragmentation_reaches_the_advis
         assert {n.authorization for n in advisor_posts} == {f"Bearer {ADVISOR_TOKEN}"}
         fragmentation_at = time.monotonic() - started
 
-        # the hot GPU's warning stays out of chat after everything has arrived
-        assert not [a for _, a in receiver.alerts("chat") if _is_hot_gpu(a, "warning")]
+        # the hot GPU's warning stays out of the tickets after everything has arrived
+        assert not [a for _, a in receiver.alerts("tickets") if _is_hot_gpu(a, "warning")]
         print(f"GpuClusterFragmentationHigh at the advisor after {fragmentation_at:.1f}s "
               f"(from exporter start; limit {DEADLINE:.0f}s)")
     finally:

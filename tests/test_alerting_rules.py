@@ -153,8 +153,8 @@ def test_for_scale_scales_every_for_and_nothing_else(tmp_path):
         assert fast_rule["expr"] == slow_rule["expr"]
         assert fast_rule["labels"] == slow_rule["labels"]
     by_name = {(r["alert"], r["labels"]["severity"]): r["for"] for r in fast}
-    assert by_name[("GpuUtilizationLow", "warning")] == "36s"
-    assert by_name[("GpuUtilizationLow", "critical")] == "1m12s"
+    assert by_name[("GpuJobUtilizationLow", "warning")] == "36s"
+    assert by_name[("GpuJobUtilizationLow", "critical")] == "1m12s"
     assert by_name[("GpuTemperatureHigh", "critical")] == "1s200ms"
     # the recording rules have no `for`, so they come out the same apart from the header
     recording = (tmp_path / "gpufleet-recording.yaml").read_text().split("\n", 2)[2]
@@ -266,8 +266,15 @@ def test_alerts_share_one_name_per_condition_and_carry_the_mixin_annotations():
         if row.metric.subject == "gpu":
             for label in ("node", "gpu", "model", "pool"):
                 assert f"$labels.{label}" in rule["annotations"]["description"]
+        if row.metric.subject == "job":
+            for label in ("exported_job", "account", "job_gpus"):
+                assert f"$labels.{label}" in rule["annotations"]["description"]
+        # the page label is the routing key: only a paging row's critical level pages
+        assert rule["labels"]["page"] == (
+            "true" if row.page and rule["labels"]["severity"] == "critical" else "false")
     frag = [r for r in rules if r["alert"] == "GpuClusterFragmentationHigh"]
-    assert [r["labels"] for r in frag] == [{"severity": "warning", "action": "compact"}]
+    assert [r["labels"] for r in frag] == [
+        {"severity": "warning", "page": "false", "action": "compact"}]
     assert all(r["expr"] == "gpufleet_pool_fragmentation_index > 50" for r in frag)
 
 
@@ -275,38 +282,57 @@ def test_rules_that_need_care_are_written_with_it():
     rules = {(r["alert"], r["labels"]["severity"], r["labels"].get("model")): r["expr"]
              for r in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text())}
     # power at the cap: >=, never >, per model, and the enforced limit for unknown models
-    assert rules[("GpuPowerHigh", "critical", "H200")] == 'gpufleet_gpu_power_watts{model="H200"} >= 700'
-    assert rules[("GpuPowerHigh", "warning", "H200")] == 'gpufleet_gpu_power_watts{model="H200"} >= 650'
-    assert rules[("GpuPowerHigh", "critical", "H100")] == 'gpufleet_gpu_power_watts{model="H100"} >= 700'
-    fallback = rules[("GpuPowerHigh", "critical", None)]
+    def first(key: tuple[str, str, str | None]) -> str:
+        return rules[key].splitlines()[0]
+    assert first(("GpuPowerHigh", "critical", "H200")) == 'gpufleet_gpu_power_watts{model="H200"} >= 700'
+    assert first(("GpuPowerHigh", "warning", "H200")) == 'gpufleet_gpu_power_watts{model="H200"} >= 650'
+    assert first(("GpuPowerHigh", "critical", "H100")) == 'gpufleet_gpu_power_watts{model="H100"} >= 700'
+    fallback = first(("GpuPowerHigh", "critical", None))
     assert fallback.endswith(">= gpufleet_gpu_power_limit_watts")
     assert ('model!~"B200|B100|H200-NVL|H200|H100-NVL|H100-PCIe|H100|H20|'
             'A100-80GB-PCIe|A100-80GB|A100-PCIe|A100|') in fallback
-    # utilization only where a job holds the GPU
-    assert rules[("GpuUtilizationLow", "warning", None)].splitlines() == [
-        "gpufleet_gpu_utilization_ratio < 0.3", "and on (node, gpu)",
-        "  gpufleet_gpu_allocated_ratio > 0"]
+    # utilization per job, from the recorded average over the job's GPUs
+    assert rules[("GpuJobUtilizationLow", "warning", None)] == "job:gpufleet_gpu_utilization:avg < 0.3"
+    # power only on busy GPUs the software power cap slows down
+    assert rules[("GpuPowerHigh", "warning", "H200")].splitlines() == [
+        'gpufleet_gpu_power_watts{model="H200"} >= 650',
+        "and on (cluster, node, gpu)", "  gpufleet_gpu_utilization_ratio > 0.5",
+        "and on (cluster, node, gpu)",
+        '  avg_over_time(gpufleet_gpu_clock_event_active{reason="sw_power_cap"}[5m]) >= 0.5']
     # NVLink only on busy GPUs of multi-GPU jobs, from the recorded rate
     nvlink = rules[("GpuNvlinkBandwidthLow", "warning", None)]
     assert nvlink.startswith("gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m < 0.5\n")
     assert "gpufleet_gpu_utilization_ratio > 0.5" in nvlink
     # memory from our own used/total, recorded once for both severities
     assert rules[("GpuMemoryHigh", "critical", None)] == "gpu:gpufleet_gpu_memory_used:ratio > 0.95"
-    assert rules[("GpufleetTargetDown", "critical", None)].splitlines() == [
-        'up{job=~"gpufleet-nodes|gpufleet-cluster"} == 0',
+    assert rules[("GpufleetTargetDown", "warning", None)] == (
+        'up{job=~"gpufleet-nodes|gpufleet-cluster"} == 0')
+    assert rules[("GpufleetJobDown", "critical", None)].splitlines() == [
+        'max by (job) (up{job=~"gpufleet-nodes|gpufleet-cluster"}) == 0',
         "or", 'absent(up{job="gpufleet-nodes"})', "or", 'absent(up{job="gpufleet-cluster"})']
     assert rules[("GpuLost", "critical", None)] == "gpufleet_gpu_up == 0"
     assert rules[("GpufleetSourceDown", "warning", None)] == "gpufleet_source_up == 0"
+    assert rules[("GpufleetSourceDownEverywhere", "critical", None)] == (
+        'max by (cluster, source) (gpufleet_source_up{target=""}) == 0')
+    assert rules[("GpuXidError", "critical", None)] == (
+        'increase(gpufleet_gpu_xid_errors_total{xid=~"48|63|64|74|79|92|94|95"}[10m]) > 0')
 
 
 def test_job_metadata_never_reaches_an_alerts_labels():
-    """A pod label change must not restart a `for` clock: metadata is aggregated away."""
+    """A pod label change must not restart a `for` clock: metadata is aggregated away, and
+    a per-job alert reads only the recorded per-job series, whose labels are constant for a
+    job (its name, account and GPU count; no pod)."""
     for rule in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text()):
         expr = rule["expr"]
         assert "group_left" not in expr and "group_right" not in expr
         for use in re.finditer(r"gpufleet_gpu_allocation_info", expr):
             before = expr[:use.start()]
-            assert before.endswith("count by (node, gpu) ("), expr
+            assert before.endswith("count by (cluster, node, gpu) ("), expr
+    by_job = {r.record: r.expr for _, group in RECORDING_GROUPS for r in group
+              if r.record.startswith("job:")}
+    assert by_job["job:gpufleet_gpu_utilization:avg"].startswith(
+        "avg by (cluster, exported_job, account, job_gpus) (")
+    assert all("pod" not in expr.split("(")[0] for expr in by_job.values())
 
 
 def test_recording_rules_follow_level_metric_operations():
@@ -315,7 +341,8 @@ def test_recording_rules_follow_level_metric_operations():
     assert recorded == [r.record for _, group in RECORDING_GROUPS for r in group]
     for name in recorded:
         level, metric, operations = name.split(":")
-        assert level in ("gpu", "pool") and metric.startswith("gpufleet_gpu_") and operations
+        assert level in ("gpu", "job_gpu", "job", "pool") and metric.startswith("gpufleet_gpu_")
+        assert operations
     assert set(recorded) >= {
         "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m", "pool:gpufleet_gpu_utilization:avg",
         "pool:gpufleet_gpu_memory_used:ratio", "pool:gpufleet_gpu_allocated:sum",
@@ -324,13 +351,13 @@ def test_recording_rules_follow_level_metric_operations():
 
 def test_every_series_a_rule_reads_is_documented_or_recorded():
     recorded = {r.record for _, group in RECORDING_GROUPS for r in group}
-    documented = set(re.findall(r"`((?:gpufleet_|[a-z]+:gpufleet_)[a-z0-9_:]+)`",
+    documented = set(re.findall(r"`((?:gpufleet_|[a-z_]+:gpufleet_)[a-z0-9_:]+)`",
                                 (REPO / "docs" / "metrics.md").read_text()))
     for name in ("gpufleet-alerts.yaml", "gpufleet-recording.yaml"):
         for group in yaml.safe_load((RULES / name).read_text())["groups"]:
             for rule in group["rules"]:
-                used = set(re.findall(r"\b[a-z]+:gpufleet_[a-z0-9_]+:[a-z0-9_]+", rule["expr"]))
-                rest = re.sub(r"\b[a-z]+:gpufleet_[a-z0-9_]+:[a-z0-9_]+", "", rule["expr"])
+                used = set(re.findall(r"\b[a-z_]+:gpufleet_[a-z0-9_]+:[a-z0-9_]+", rule["expr"]))
+                rest = re.sub(r"\b[a-z_]+:gpufleet_[a-z0-9_]+:[a-z0-9_]+", "", rule["expr"])
                 used |= set(re.findall(r"\bgpufleet_[a-z0-9_]+", rest))
                 unknown = used - recorded - documented
                 assert not unknown, f"{rule.get('alert') or rule['record']} reads {unknown}, " \

@@ -20,8 +20,9 @@ TABLE = REPO / "rules" / "thresholds.yaml"
 
 def test_the_reference_table_loads_with_the_operators_thresholds():
     t = load_thresholds(TABLE)
-    util = t.alert("GpuUtilizationLow")
-    assert (util.op, util.scope) == ("<", "allocated")
+    util = t.alert("GpuJobUtilizationLow")
+    assert (util.op, util.scope, util.metric.subject, util.page, util.owner) == (
+        "<", "all", "job", False, "job owner")
     assert [(lv.severity, lv.threshold, lv.for_seconds) for lv in util.levels] == [
         ("warning", 0.30, 3600), ("critical", 0.10, 7200)]
     assert t.alert("GpuMemoryHigh").threshold("warning") == 0.85
@@ -36,10 +37,43 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
         ("warning",), 50, {"action": "compact"})
     assert t.busy_utilization == 0.5
     assert t.exporter_jobs == ("gpufleet-nodes", "gpufleet-cluster")
+    assert [code for code, _ in t.critical_xids] == [48, 63, 64, 74, 79, 92, 94, 95]
     assert [row.alert for row in t.alerts] == [
-        "GpuUtilizationLow", "GpuMemoryHigh", "GpuTemperatureHigh", "GpuPowerHigh",
-        "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuLost",
-        "GpufleetSourceDown", "GpufleetTargetDown", "GpufleetAdvisorOutboxErrors"]
+        "GpuJobUtilizationLow", "GpuMemoryHigh", "GpuTemperatureHigh", "GpuPowerHigh",
+        "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuLost", "GpuXidError",
+        "GpuEccUncorrectable", "GpuRowRemapFailed", "GpuRowRemapPending", "GpufleetSourceDown",
+        "GpufleetSourceDownEverywhere", "GpufleetTargetDown", "GpufleetJobDown",
+        "GpufleetAdvisorOutboxErrors"]
+
+
+def test_the_paging_policy_pages_only_for_what_is_urgent_actionable_and_hurting_now():
+    """docs/alerting.md's list: everything else is a ticket, whatever its severity."""
+    t = load_thresholds(TABLE)
+    assert {row.alert for row in t.alerts if row.page} == {
+        "GpuLost", "GpuXidError", "GpuEccUncorrectable", "GpuTemperatureHigh",
+        "GpufleetSourceDownEverywhere", "GpufleetJobDown"}
+    assert all(row.owner == "on-call" for row in t.alerts if row.page)
+    assert all(row.owner != "on-call" for row in t.alerts if not row.page)
+    # a critical that does not page: the GPU runs on, it needs replacing, not waking someone
+    assert t.alert("GpuRowRemapFailed").severities == ("critical",)
+    assert not t.alert("GpuRowRemapFailed").page
+    assert t.alert("GpuPowerHigh").scope == "power_capped_busy"
+
+
+def test_page_needs_a_critical_level_and_owner_one_of_the_known():
+    def row(extra: str) -> str:
+        return _table(**{"    owner: job owner\n    summary: A job barely uses":
+                         f"    owner: job owner\n{extra}    summary: A job barely uses"})
+    parse_thresholds(row("    page: true\n"))  # the row has a critical level
+    with pytest.raises(ThresholdError, match=r"alerts\[0\] \(GpuJobUtilizationLow\)\.page: must be"):
+        parse_thresholds(row("    page: yes please\n"))
+    no_critical = _table(**{"    owner: platform team\n    summary: A GPU has memory row remaps":
+                            "    page: true\n    owner: platform team\n"
+                            "    summary: A GPU has memory row remaps"})
+    with pytest.raises(ThresholdError, match=r"\(GpuRowRemapPending\)\.page: only a critical level"):
+        parse_thresholds(no_critical)
+    with pytest.raises(ThresholdError, match=r"\.owner: must say who acts"):
+        parse_thresholds(_table(**{"owner: job owner": "owner: somebody"}))
 
 
 def test_power_is_per_model_h200_from_the_table_others_from_the_catalogue_tdp():
@@ -79,32 +113,32 @@ BAD_TABLES = [
       "wrong order"]),
     ("wrong order for a below-threshold alert",
      {"critical: {threshold: 10%, for: 2h}": "critical: {threshold: 40%, for: 2h}"},
-     ["alerts[0] (GpuUtilizationLow)", "must be below warning", "wrong order"]),
+     ["alerts[0] (GpuJobUtilizationLow)", "must be below warning", "wrong order"]),
     ("wrong order in a per-model override",
      {"H200: {warning: 650, critical: 700}": "H200: {warning: 700, critical: 650}"},
      ["alerts[3] (GpuPowerHigh).models.H200", "wrong order"]),
     ("malformed duration", {"warning: {threshold: 30%, for: 1h}": "warning: {threshold: 30%, for: 1 hour}"},
-     ["alerts[0] (GpuUtilizationLow).warning.for", "must be a duration", "'1 hour'"]),
+     ["alerts[0] (GpuJobUtilizationLow).warning.for", "must be a duration", "'1 hour'"]),
     ("missing model", {"H200: {warning: 650, critical: 700}": "H201: {warning: 650, critical: 700}"},
      ["alerts[3] (GpuPowerHigh).models.H201", "not in the GPU catalogue", "H200"]),
     ("model without one of its levels", {"H200: {warning: 650, critical: 700}": "H200: {warning: 650}"},
      ["alerts[3] (GpuPowerHigh).models.H200.critical", "required"]),
-    ("unknown key", {"    scope: allocated\n": "    scope: allocated\n    severity: page\n"},
-     ["alerts[0] (GpuUtilizationLow).severity", "unknown key"]),
-    ("unknown scope", {"scope: allocated": "scope: busy"},
-     ["alerts[0] (GpuUtilizationLow).scope", "allocated"]),
+    ("unknown key", {"    owner: job owner\n    summary: A job": "    owner: job owner\n    severity: page\n    summary: A job"},
+     ["alerts[0] (GpuJobUtilizationLow).severity", "unknown key"]),
+    ("unknown scope", {"scope: busy_multi_gpu": "scope: busiest"},
+     ["alerts[4] (GpuNvlinkBandwidthLow).scope", "allocated"]),
     ("ratio out of range", {"threshold: 85%": "threshold: 85"},
      ["alerts[1] (GpuMemoryHigh).warning.threshold", "between 0 and 1"]),
     ("op the metric cannot take",
      {'metric: gpu_temperature\n    op: ">"': 'metric: gpu_temperature\n    op: "<"'},
      ["alerts[2] (GpuTemperatureHigh).op"]),
-    ("duplicate alert name", {"alert: GpuMemoryHigh": "alert: GpuUtilizationLow"},
-     ["alerts[1] (GpuUtilizationLow).alert", "appears twice"]),
+    ("duplicate alert name", {"alert: GpuMemoryHigh": "alert: GpuJobUtilizationLow"},
+     ["alerts[1] (GpuJobUtilizationLow).alert", "appears twice"]),
     ("missing action", {"    action: Check cooling, reduce load.\n": ""},
      ["alerts[2] (GpuTemperatureHigh).action", "required"]),
     ("not YAML", {"alerts:\n": "alerts: [\n"}, ["not valid YAML at line ", "(in alerts)"]),
-    ("key given twice", {"    scope: allocated\n": "    scope: allocated\n    scope: all\n"},
-     ["alerts[0].scope: given twice, at lines"]),
+    ("key given twice", {"    owner: job owner\n    summary: A job": "    owner: job owner\n    owner: on-call\n    summary: A job"},
+     ["alerts[0].owner: given twice, at lines"]),
 ]
 
 
@@ -174,6 +208,15 @@ def test_runbooks_have_a_section_per_alert_with_the_tables_action():
     for row in load_thresholds(TABLE).alerts:
         assert row.runbook in sections, f"docs/runbooks.md lacks a section for {row.alert}"
         assert f"**Action:** {row.action}" in sections[row.runbook], row.alert
+        paging = "pages" if row.page else "never pages"
+        assert f"**Who acts:** {row.owner} (" in sections[row.runbook], row.alert
+        assert paging in sections[row.runbook].split("**Who acts:**")[1].split(")")[0], row.alert
+
+
+def test_the_runbook_lists_every_critical_xid_with_the_tables_meaning():
+    runbooks = (REPO / "docs" / "runbooks.md").read_text()
+    for code, meaning in load_thresholds(TABLE).critical_xids:
+        assert f"| {code} | {meaning} |" in runbooks
 
 
 def test_paths_in_messages_are_the_ones_given(monkeypatch, capsys):

@@ -8,11 +8,15 @@ bytes; the committed files under ``rules/`` are checked against it.
 
 Rules that get the semantics right rather than the syntax:
 
-- utilization-low looks only at GPUs held by a job, and NVLink-low only at
-  busy GPUs of multi-GPU jobs; otherwise every idle GPU would fire;
+- utilization-low is per job (recorded over the job's GPUs), and NVLink-low
+  looks only at busy GPUs of multi-GPU jobs; otherwise every idle GPU would fire;
 - job metadata (``gpufleet_gpu_allocation_info``'s job, pod...) is
   aggregated away or joined with ``and``, which keeps the left-hand labels
-  only, so a pod being replaced never restarts a ``for`` clock;
+  only, so a pod being replaced never restarts a ``for`` clock; the per-job
+  series keep only what is constant for a job (its name, account, GPU count);
+- every aggregation keeps ``cluster``, so one Prometheus may hold several;
+- the ``page`` label says what pages (the table's ``page`` column): routing
+  follows it, not the severity.
 - power at the cap compares with ``>=``: the cap stops the draw from ever
   exceeding it.
 """
@@ -20,6 +24,7 @@ Rules that get the semantics right rather than the syntax:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +41,8 @@ PROMETHEUSRULE_FILE = "gpufleet-prometheusrule.yaml"
 
 # Per-GPU series are joined on the GPU's place, not on every label: `and`
 # needs no one-to-one match, so two exporters scraping one fleet still work.
-GPU_MATCH = "on (node, gpu)"
+# `cluster` (the exporter's `cluster` setting) keeps two clusters' gpu-001 apart.
+GPU_MATCH = "on (cluster, node, gpu)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,31 +65,54 @@ RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
             "gpufleet_gpu_memory_used_bytes / gpufleet_gpu_memory_total_bytes",
         ),
     )),
+    ("gpufleet-job-recording", (
+        # Each GPU a job holds, with the job's labels: allocation_info is one series per
+        # (job, GPU), utilization one per GPU, so group_left copies the GPU's value to
+        # each job on it (time-sliced GPUs count every job's work together).
+        Recording(
+            "job_gpu:gpufleet_gpu_utilization:ratio",
+            "gpufleet_gpu_allocation_info\n"
+            "* on (cluster, node, gpu) group_left\n"
+            "  gpufleet_gpu_utilization_ratio",
+        ),
+        # Only what is constant for a job: a replaced pod must not restart an alert's clock.
+        Recording(
+            "job:gpufleet_gpu_utilization:avg",
+            "avg by (cluster, exported_job, account, job_gpus) "
+            "(job_gpu:gpufleet_gpu_utilization:ratio)",
+        ),
+        # Idle GPU-equivalents now; averaged over an hour, the GPU-hours idle in that hour.
+        Recording(
+            "job:gpufleet_gpu_idle:sum",
+            "sum by (cluster, exported_job, account) "
+            "(1 - job_gpu:gpufleet_gpu_utilization:ratio)",
+        ),
+    )),
     ("gpufleet-pool-recording", (
         Recording(
             "pool:gpufleet_gpu_utilization:avg",
-            "avg by (pool, model) (gpufleet_gpu_utilization_ratio)",
+            "avg by (cluster, pool, model) (gpufleet_gpu_utilization_ratio)",
         ),
         Recording(
             "pool:gpufleet_gpu_memory_used:ratio",
-            "sum by (pool, model) (gpufleet_gpu_memory_used_bytes)\n"
-            "/ sum by (pool, model) (gpufleet_gpu_memory_total_bytes)",
+            "sum by (cluster, pool, model) (gpufleet_gpu_memory_used_bytes)\n"
+            "/ sum by (cluster, pool, model) (gpufleet_gpu_memory_total_bytes)",
         ),
         Recording(
             "pool:gpufleet_gpu_allocated:sum",
-            "sum by (pool, model) (gpufleet_gpu_allocated_ratio)",
+            "sum by (cluster, pool, model) (gpufleet_gpu_allocated_ratio)",
         ),
         Recording(
             "pool:gpufleet_gpu_idle:count",
             # `== bool` keeps a 0 for pools with no idle GPU, where count() would drop them;
             # a lost GPU is not idle capacity.
-            "sum by (pool, model) (\n"
+            "sum by (cluster, pool, model) (\n"
             "  (gpufleet_gpu_allocated_ratio == bool 0) * gpufleet_gpu_up\n)",
         ),
     )),
 )
 
-_GROUP_OF_SUBJECT = {"gpu": "gpufleet-gpu", "pool": "gpufleet-cluster",
+_GROUP_OF_SUBJECT = {"gpu": "gpufleet-gpu", "job": "gpufleet-job", "pool": "gpufleet-cluster",
                      "cluster": "gpufleet-cluster", "source": "gpufleet-exporter",
                      "target": "gpufleet-exporter", "advisor": "gpufleet-exporter"}
 _RELATION = {"<": "below", ">": "above", ">=": "at or above", "==": "equal to"}
@@ -126,26 +155,42 @@ def _regex_alternatives(names: tuple[str, ...]) -> str:
 
 def _scoped(thresholds: Thresholds, row: AlertRow, comparison: str) -> str:
     """The comparison restricted to the GPUs the row's scope covers."""
+    busy = _number(thresholds.busy_utilization)
+    busy_gpus = f"and {GPU_MATCH}\n  gpufleet_gpu_utilization_ratio > {busy}"
     if row.scope == "allocated":
         return f"{comparison}\nand {GPU_MATCH}\n  gpufleet_gpu_allocated_ratio > 0"
+    if row.scope == "busy":
+        return f"{comparison}\n{busy_gpus}"
+    if row.scope == "power_capped_busy":
+        # a GPU at its cap is normal; one whose clocks the cap held down half of the last
+        # 5 min is slowed by it (GPUs without clock-event reasons never match)
+        return (f"{comparison}\n{busy_gpus}\nand {GPU_MATCH}\n"
+                '  avg_over_time(gpufleet_gpu_clock_event_active{reason="sw_power_cap"}[5m])'
+                " >= 0.5")
     if row.scope == "busy_multi_gpu":
         # job_gpus is the job's GPU count as a label; counting by GPU drops the job's
         # name and pod, so a replaced pod leaves the alert's clock running.
-        busy = _number(thresholds.busy_utilization)
-        return (f"{comparison}\nand {GPU_MATCH}\n  gpufleet_gpu_utilization_ratio > {busy}\n"
+        return (f"{comparison}\n{busy_gpus}\n"
                 f"and {GPU_MATCH}\n"
-                '  count by (node, gpu) (gpufleet_gpu_allocation_info{job_gpus!~"0|1"})')
+                '  count by (cluster, node, gpu) (gpufleet_gpu_allocation_info{job_gpus!~"0|1"})')
     return comparison
 
 
 def _value_expr(thresholds: Thresholds, row: AlertRow) -> str:
-    return row.metric.expr.replace("{exporter_jobs}", _regex_alternatives(thresholds.exporter_jobs))
+    xids = "|".join(str(code) for code, _ in thresholds.critical_xids)
+    return (row.metric.expr
+            .replace("{exporter_jobs}", _regex_alternatives(thresholds.exporter_jobs))
+            .replace("{critical_xids}", xids))
 
 
 def _absent_exprs(thresholds: Thresholds, row: AlertRow) -> list[str]:
     """One ``absent()`` per job: absent() of a regex selector fires only when every job is
-    gone, and without the job label; per job, a job service discovery lost fires on its own."""
-    return [row.metric.expr.replace('job=~"{exporter_jobs}"', f'job="{job}"')
+    gone, and without the job label; per job, a job service discovery lost fires on its own.
+    Of the plain selector, not of an aggregation around it: ``absent(up{job="x"})`` carries
+    ``job="x"``, ``absent(max by (job) (...))`` carries nothing."""
+    found = re.search(r'[a-z_:]+\{job=~"\{exporter_jobs\}"\}', row.metric.expr)
+    assert found, f"{row.metric.key}: absent_too needs a selector on {{exporter_jobs}}"
+    return [found.group(0).replace('job=~"{exporter_jobs}"', f'job="{job}"')
             for job in thresholds.exporter_jobs]
 
 
@@ -168,8 +213,9 @@ def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
         "alert": row.alert,
         "expr": expr,
         "for": for_text,
-        "labels": {"severity": level.severity, **({"model": model} if model else {}),
-                   **dict(row.labels)},
+        "labels": {"severity": level.severity,
+                   "page": "true" if row.page and level.severity == "critical" else "false",
+                   **({"model": model} if model else {}), **dict(row.labels)},
         "annotations": {
             "summary": row.summary,
             "description": f"{description} {row.action}",

@@ -49,7 +49,8 @@ class MetricDef:
     """What a table row may compare: the PromQL value, its unit and the object it is about.
 
     ``expr`` may contain ``{exporter_jobs}``, filled from the table (an alternation of
-    its job names; an ``absent_too`` row gets one ``absent()`` per job). ``describe``
+    its job names; an ``absent_too`` row gets one ``absent()`` per job), and
+    ``{critical_xids}`` (an alternation of the table's ``critical_xids``). ``describe``
     is the description annotation, with ``<VALUE>``, ``<RELATION>``,
     ``<THRESHOLD>`` and ``<FOR>`` filled per rule; Prometheus templates
     (``{{ $labels.gpu }}``) pass through untouched.
@@ -58,7 +59,7 @@ class MetricDef:
     key: str
     expr: str
     unit: str  # ratio | celsius | watts | index | state | count
-    subject: str  # gpu | pool | cluster | source | target | advisor
+    subject: str  # gpu | job | pool | cluster | source | target | advisor
     ops: tuple[str, ...]
     describe: str
     relative_to_tdp: bool = False  # levels are fractions of each model's TDP
@@ -74,6 +75,16 @@ METRICS: dict[str, MetricDef] = {
     for m in (
         MetricDef("gpu_utilization", "gpufleet_gpu_utilization_ratio", "ratio", "gpu", ("<", ">"),
                   f"{_GPU} is held by a job but <VALUE> busy, <RELATION> <THRESHOLD> for <FOR>."),
+        # A job, not each of its GPUs: 8 idle GPUs of one job are one ticket for its owner.
+        # The recorded average is over the job's GPUs; `job_gpus` and `account` ride along
+        # (constant for a job), the pod does not, so a replaced pod keeps the `for` clock.
+        MetricDef("job_utilization", "job:gpufleet_gpu_utilization:avg", "ratio", "job", ("<",),
+                  "Job {{ $labels.exported_job }} (account {{ $labels.account }}) holds "
+                  "{{ $labels.job_gpus }} GPU(s) at <VALUE> average utilization, <RELATION> "
+                  "<THRESHOLD> for <FOR>: {{ with printf "
+                  "`avg_over_time(job:gpufleet_gpu_idle:sum{cluster=%q,exported_job=%q}[1h])` "
+                  "$labels.cluster $labels.exported_job | query }}"
+                  '{{ . | first | value | printf "%.1f" }}{{ end }} GPU-hours idle in the last hour.'),
         MetricDef("gpu_memory_used", "gpu:gpufleet_gpu_memory_used:ratio", "ratio", "gpu",
                   (">", ">="),
                   f"{_GPU} has <VALUE> of its memory in use, <RELATION> <THRESHOLD> for <FOR>."),
@@ -97,13 +108,45 @@ METRICS: dict[str, MetricDef] = {
                   "<FOR>: idle GPUs are scattered so that large jobs cannot start."),
         MetricDef("gpu_up", "gpufleet_gpu_up", "state", "gpu", ("==",),
                   f"{_GPU} has not answered for <FOR>: it is lost or every read of it fails."),
+        # XIDs are events: an increase over 10 min holds the alert for 10 min after one,
+        # long enough to be seen, short enough to resolve once the GPU is quiet again.
+        MetricDef("gpu_xid_critical",
+                  'increase(gpufleet_gpu_xid_errors_total{xid=~"{critical_xids}"}[10m])',
+                  "count", "gpu", (">",),
+                  f"{_GPU} reported XID {{{{ $labels.xid }}}} (<VALUE> in the last 10m, "
+                  "for <FOR>), an error that needs a human: see the runbook for what it means."),
+        MetricDef("gpu_ecc_double_bit",
+                  'increase(gpufleet_gpu_ecc_errors_total{type="double_bit",counter="volatile"}'
+                  "[10m])",
+                  "count", "gpu", (">",),
+                  f"{_GPU} had <VALUE> uncorrectable (double-bit) ECC error(s) in the last 10m: "
+                  "the data of the job on it may be corrupt."),
+        MetricDef("gpu_remapped_rows_failure", "gpufleet_gpu_remapped_rows_failure", "state",
+                  "gpu", ("==",),
+                  f"{_GPU} failed to remap a memory row (for <FOR>): it has run out of spare "
+                  "rows."),
+        MetricDef("gpu_remapped_rows_pending", "gpufleet_gpu_remapped_rows_pending", "state",
+                  "gpu", ("==",),
+                  f"{_GPU} has memory rows waiting to be remapped for <FOR>; the remap happens "
+                  "at the next GPU reset."),
         MetricDef("source_up", "gpufleet_source_up", "state", "source", ("==",),
                   "Source {{ $labels.source }}{{ with $labels.target }} (target {{ . }}){{ end }} "
                   "on {{ $labels.instance }} has failed for <FOR>; its GPUs are served stale."),
+        # Fleet-wide: every exporter's instance of the source fails (the cluster mode's only
+        # Prometheus or Slurm reader, or NVML on every node): nothing is seen, so it pages.
+        MetricDef("fleet_source_up", 'max by (cluster, source) (gpufleet_source_up{target=""})',
+                  "state", "source", ("==",),
+                  "Source {{ $labels.source }} has failed on every gpufleet that runs it for "
+                  "<FOR>: the whole fleet is served stale."),
         MetricDef("exporter_up", 'up{job=~"{exporter_jobs}"}', "state", "target", ("==",),
-                  "gpufleet target {{ with $labels.instance }}{{ . }}{{ else }}(none scraped)"
-                  "{{ end }} of job {{ $labels.job }} has been down or absent for <FOR>: "
-                  "no GPU metrics are collected.",
+                  "gpufleet target {{ $labels.instance }} of job {{ $labels.job }} has been "
+                  "down for <FOR>: its GPUs' metrics are not collected."),
+        # Every target of a job down, or the job gone from service discovery: the fleet
+        # (node mode) or its analysis (cluster mode) is blind, and no alert can fire.
+        MetricDef("exporter_job_up", 'max by (job) (up{job=~"{exporter_jobs}"})', "state",
+                  "target", ("==",),
+                  "No target of gpufleet job {{ $labels.job }} has answered for <FOR> (or the "
+                  "job has no target at all): no GPU metrics are collected.",
                   absent_too=True),
         # errors in the last 10 min, not a rate: "3 inserts failed" reads better than
         # 0.005/s, and a row's `for` longer than the window makes one blip never fire
@@ -119,6 +162,9 @@ METRICS: dict[str, MetricDef] = {
 SCOPES: dict[str, str] = {
     "all": "every series of the metric",
     "allocated": "only GPUs held by a job (an idle, unallocated GPU is capacity, not waste)",
+    "busy": "only busy GPUs (utilization above busy_utilization)",
+    "power_capped_busy": "only busy GPUs whose clocks the software power cap held down for at "
+                         "least half of the last 5 minutes (a GPU merely at its cap is normal)",
     "busy_multi_gpu": "only busy GPUs of jobs that hold more than one GPU",
 }
 
@@ -165,6 +211,8 @@ class AlertRow:
     summary: str
     action: str
     runbook: str  # anchor of the alert's section in docs/runbooks.md
+    owner: str  # who acts on it (docs/alerting.md, docs/runbooks.md)
+    page: bool = False  # True: the critical level pages; every other level is a ticket
     labels: tuple[tuple[str, str], ...] = ()
     models: tuple[ModelThreshold, ...] = ()  # per-model metrics: every model with thresholds
 
@@ -196,6 +244,7 @@ class Thresholds:
     runbook_url: str  # docs/runbooks.md as operators reach it; anchors are appended
     exporter_jobs: tuple[str, ...]  # the Prometheus jobs that scrape gpufleet (docs/deploy.md)
     busy_utilization: float  # a GPU above this utilization counts as busy (NVLink rule)
+    critical_xids: tuple[tuple[int, str], ...]  # (XID, what it means) that page
     alerts: tuple[AlertRow, ...]
 
     def alert(self, name: str) -> AlertRow:
@@ -269,9 +318,10 @@ class _Reader:
             raise self.fail(where, f"must be {DURATION_HINT}, got {value!r}") from None
 
 
-_TOP_KEYS = ("runbook_url", "exporter_jobs", "busy_utilization", "alerts")
+_TOP_KEYS = ("runbook_url", "exporter_jobs", "busy_utilization", "critical_xids", "alerts")
 _ROW_KEYS = ("alert", "metric", "op", "scope", "warning", "critical", "models", "labels",
-             "summary", "action", "runbook")
+             "summary", "action", "runbook", "owner", "page")
+OWNERS = ("on-call", "job owner", "platform team", "capacity planner")
 _LEVEL_KEYS = ("threshold", "for")
 
 
@@ -287,6 +337,7 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
         raise r.fail("runbook_url", "must be the page without an #anchor; rows give the anchor")
     exporter_jobs = _jobs(r, top["exporter_jobs"])
     busy = r.number(top["busy_utilization"], "busy_utilization", "ratio", True, _RANGES["ratio"])
+    xids = _xids(r, top["critical_xids"])
     if not isinstance(top["alerts"], list) or not top["alerts"]:
         raise r.fail("alerts", "must be a non-empty list of alert rows")
     rows: list[AlertRow] = []
@@ -299,7 +350,20 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
         if any(existing.alert == row.alert for existing in rows):
             raise r.fail(f"{where}.alert", f"{row.alert} appears twice; one row per alert name")
         rows.append(row)
-    return Thresholds(Path(source).name, runbook_url, exporter_jobs, busy, tuple(rows))
+    return Thresholds(Path(source).name, runbook_url, exporter_jobs, busy, xids, tuple(rows))
+
+
+def _xids(r: _Reader, value: Any) -> tuple[tuple[int, str], ...]:
+    """XID codes that page, each with what it means (the runbook and the docs repeat it)."""
+    if not isinstance(value, dict) or not value:
+        raise r.fail("critical_xids", f"must be a mapping of XID numbers to what they mean, "
+                                      f"got {value!r}")
+    out = []
+    for code, meaning in value.items():
+        if not isinstance(code, int) or isinstance(code, bool) or not 1 <= code <= 1000:
+            raise r.fail(f"critical_xids.{code}", "must be an XID number between 1 and 1000")
+        out.append((code, r.text(meaning, f"critical_xids.{code}")))
+    return tuple(sorted(out))
 
 
 def _jobs(r: _Reader, value: Any) -> tuple[str, ...]:
@@ -376,6 +440,15 @@ def _parse_row(r: _Reader, raw: Any, where: str, catalogue: Catalogue) -> AlertR
                                                   "condition (critical is the longer outage)")
     models = _models(r, row.get("models"), where, metric, op, levels, catalogue)
     labels = _labels(r, row.get("labels", {}), f"{where}.labels")
+    page = row.get("page", False)
+    if not isinstance(page, bool):
+        raise r.fail(f"{where}.page", f"must be true or false, got {page!r}")
+    if page and not any(lv.severity == "critical" for lv in levels):
+        raise r.fail(f"{where}.page", "only a critical level pages: add one, or page: false")
+    owner = row.get("owner")
+    if owner not in OWNERS:
+        raise r.fail(f"{where}.owner", f"must say who acts, one of {', '.join(OWNERS)}; "
+                                       f"got {owner!r}")
     runbook = row.get("runbook", alert.lower())
     if not isinstance(runbook, str) or not _ANCHOR.match(runbook):
         raise r.fail(f"{where}.runbook", f"must be a lower-case anchor such as "
@@ -384,7 +457,7 @@ def _parse_row(r: _Reader, raw: Any, where: str, catalogue: Catalogue) -> AlertR
         alert=alert, metric=metric, op=op, scope=scope, levels=tuple(levels),
         summary=r.text(row["summary"], f"{where}.summary"),
         action=r.text(row["action"], f"{where}.action"),
-        runbook=runbook, labels=labels, models=models,
+        runbook=runbook, owner=owner, page=page, labels=labels, models=models,
     )
 
 
@@ -452,7 +525,7 @@ def _labels(r: _Reader, raw: Any, where: str) -> tuple[tuple[str, str], ...]:
     for name, value in raw.items():
         if not isinstance(name, str) or not _LABEL_NAME.match(name):
             raise r.fail(f"{where}.{name}", "not a valid Prometheus label name")
-        if name in ("severity", "alertname"):
+        if name in ("severity", "alertname", "page"):
             raise r.fail(f"{where}.{name}", "is set by the generator; remove it")
         if not isinstance(value, str) or not value:
             raise r.fail(f"{where}.{name}", f"must be a non-empty string, got {value!r}")
@@ -464,6 +537,7 @@ __all__ = [
     "COMPACTION_METRIC",
     "METRICS",
     "OPS",
+    "OWNERS",
     "SCOPES",
     "SEVERITIES",
     "AlertRow",

@@ -328,7 +328,7 @@ def _allocations(samples: Sequence[Mapping[str, Any]]) -> tuple[Allocation, ...]
             for node, indices in sorted(gpus[job].items())
         )
         out.append(Allocation(job, placements, namespace=labels.get("namespace", ""),
-                              pod=labels.get("pod", ""),
+                              pod=labels.get("pod", ""), account=labels.get("account", ""),
                               priority=int(labels.get("priority", "0") or 0)))
     return tuple(out)
 

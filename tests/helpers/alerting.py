@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from exporter.durations import parse_duration
+
 from tests.helpers.data import REPO
 from tests.helpers.servers import Server, free_port, http_get, require_binary, start_server
 
@@ -61,11 +63,14 @@ def start_alertmanager(workdir: Path, config: dict[str, Any]) -> Alertmanager:
 ADVISOR_TOKEN = "advisor-token-for-tests"
 
 
-def routed_config(receiver_url: str, fast: bool = True) -> dict[str, Any]:
+def routed_config(receiver_url: str, fast: bool = True,
+                  time_scale: float | None = None) -> dict[str, Any]:
     """deploy/alertmanager.yml with every webhook pointing at ``receiver_url/<receiver>``.
 
-    ``fast`` shortens the grouping waits to 1s for end-to-end tests; the routing
-    tree, matchers and inhibit rules stay exactly as committed.
+    ``fast`` shortens the grouping waits to 1s for end-to-end tests; ``time_scale``
+    instead multiplies every wait and interval by it (a replay at speed 60 uses 1/60,
+    so the committed timers hold in simulated time). The routing tree, matchers and
+    inhibit rules stay exactly as committed.
     """
     config = yaml.safe_load(DEPLOY_ALERTMANAGER.read_text())
     for receiver in config["receivers"]:
@@ -75,8 +80,14 @@ def routed_config(receiver_url: str, fast: bool = True) -> dict[str, Any]:
             if auth and "credentials_file" in auth:  # the committed path exists only in production
                 del auth["credentials_file"]
                 auth["credentials"] = ADVISOR_TOKEN
-    if fast:
-        routes = [config["route"], *config["route"].get("routes", [])]
+    routes = [config["route"], *config["route"].get("routes", [])]
+    if time_scale is not None:
+        for route in routes:
+            for key in ("group_wait", "group_interval", "repeat_interval"):
+                if key in route:
+                    scaled = parse_duration(route[key]) * time_scale
+                    route[key] = f"{max(1, round(scaled * 1000))}ms"
+    elif fast:
         for route in routes:
             for key in ("group_wait", "group_interval"):
                 if key in route:
