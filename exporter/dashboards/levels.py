@@ -108,7 +108,7 @@ def levels_from_table(table: Any) -> DashboardLevels:
         source=table.source,
         temperature=_row_steps(_required(table, "gpu_temperature")),
         memory=_row_steps(_required(table, "gpu_memory_used")),
-        utilization_low=_row_steps(_required(table, "gpu_utilization")),
+        utilization_low=_row_steps(_required(table, "job_utilization")),
         power=tuple((entry.model, _row_steps(power, entry.model)) for entry in power.models),
         nvlink_low=_row_steps(nvlink) if nvlink is not None else None,
         fragmentation=_row_steps(_required(table, "pool_fragmentation_index")),
