@@ -201,6 +201,18 @@ class WebConfig:
         40, help="Requests in flight per endpoint; more are answered 503 at once; 0: no limit "
         "(node_exporter's --web.max-requests).", min=0,
     )
+    config_file: str = _opt(
+        "", help="node_exporter's web config file (TLS, basic auth, headers; exporter-toolkit "
+        "format), read again when it changes; --web.config.file wins.",
+    )
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    require_token_for_reads: bool | None = _opt(
+        None, help="GET /v1/* (not /v1/openapi.json) needs the advisor's bearer token; "
+        "default (null): on when a web config file is set.",
+    )
 
 
 @dataclass(frozen=True)
@@ -215,7 +227,8 @@ class Config:
     )
     gzip_level: int = _opt(5, help="gzip level for the pre-compressed /metrics body.", min=1, max=9)
     log: LogConfig = _opt(help="Logging.", factory=LogConfig)
-    web: WebConfig = _opt(help="HTTP connection limits.", factory=WebConfig)
+    web: WebConfig = _opt(help="HTTP connection limits, TLS and authentication.", factory=WebConfig)
+    api: ApiConfig = _opt(help="The JSON API under /v1.", factory=ApiConfig)
     sources: SourcesConfig = _opt(help="Sources and their options.", factory=SourcesConfig)
     analysis: AnalysisConfig = _opt(help="Fragmentation analysis.", factory=AnalysisConfig)
     advisor: AdvisorConfig = _opt(help="Rebalancing advisor.", factory=AdvisorConfig)
@@ -371,6 +384,8 @@ def describe(cls: type = Config, prefix: str = "") -> list[str]:
             default = None
         if isinstance(default, tuple):
             shown = "[...]" if default else "[]"
+        elif f.default is None:  # an optional value, e.g. api.require_token_for_reads
+            shown = "null"
         else:
             shown = "(required)" if default is None else repr(default)
         allowed = f"; one of {', '.join(f.metadata['choices'])}" if "choices" in f.metadata else ""

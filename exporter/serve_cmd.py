@@ -17,8 +17,9 @@ from aiohttp import web
 from exporter import logs
 from exporter.collect import Collector
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
-from exporter.server import ServingState, make_app, parse_listen, serve
+from exporter.server import Protection, ServingState, make_app, parse_listen, serve
 from exporter.sources import SOURCES, Clock, SourceStartupError, build_source
+from exporter.webconfig import LiveWebConfig
 
 if TYPE_CHECKING:
     from exporter.advisor.service import AdvisorService
@@ -38,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, metavar="N", help="seed of the simulated fleet")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", choices=("logfmt", "json"))
+    parser.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
+                        help="node_exporter's web config file: TLS, basic auth, headers "
+                        "(exporter-toolkit format; default web.config_file)")
 
 
 def effective_config(args: argparse.Namespace) -> Config:
@@ -49,6 +53,9 @@ def effective_config(args: argparse.Namespace) -> Config:
         except ValueError as exc:
             raise ConfigError(f"--{exc}") from None
         config = dataclasses.replace(config, listen=args.listen)
+    if getattr(args, "web_config_file", None):
+        config = dataclasses.replace(
+            config, web=dataclasses.replace(config.web, config_file=args.web_config_file))
     log_config = config.log
     if args.log_level:
         log_config = dataclasses.replace(log_config, level=args.log_level)
@@ -88,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     except SourceStartupError as exc:
         print(f"gpufleet: {exc}", file=sys.stderr)
         return 2
-    app = make_app(config, collector, state)
+    guard = protection(config, advisor)
+    app = make_app(config, collector, state, guard)
     if advisor is not None:
         from exporter.advisor.service import install
 
@@ -100,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
               "(pick another with --listen HOST:PORT)", file=sys.stderr)
         return 1
     what = "the simulated fleet" if names == ["sim"] else ", ".join(names)
-    print(f"gpufleet serving {what} at {metrics_url(sock.getsockname())}", flush=True)
+    scheme = "https" if guard.web is not None and guard.web.tls else "http"
+    print(f"gpufleet serving {what} at {metrics_url(sock.getsockname(), scheme)}", flush=True)
     log.info("serving", extra={"listen": f"{host}:{port}", "sources": ",".join(names)})
     with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
         asyncio.run(serve(app, sock, config.web))
@@ -108,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def metrics_url(address: tuple) -> str:
+def metrics_url(address: tuple, scheme: str = "http") -> str:
     """The /metrics URL of the address the socket is bound to, as it is: a wildcard is said.
 
     >>> metrics_url(("0.0.0.0", 9874))
@@ -118,12 +127,36 @@ def metrics_url(address: tuple) -> str:
     """
     host, port = address[0], address[1]
     shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{port}/metrics"
+    url = f"{scheme}://{shown}:{port}/metrics"
     if host == "0.0.0.0":
         return f"{url} (every IPv4 interface)"
     if host == "::":
         return f"{url} (every interface)"
     return url
+
+
+def protection(config: Config, advisor: AdvisorService | None) -> Protection:
+    """The web config file (``--web.config.file`` or ``web.config_file``; a bad one stops the
+    start, exit 2) and whether GET /v1/* needs the advisor's token: by default, when the
+    file is set, because then the operator has asked for the endpoints to be protected."""
+    live = LiveWebConfig(config.web.config_file) if config.web.config_file else None
+    reads = config.api.require_token_for_reads
+    if reads is None:
+        reads = live is not None
+    if advisor is not None:
+        token = advisor.token
+    else:
+        from exporter.advisor.service import load_token
+
+        token = load_token(config.advisor)
+    if reads and not token:
+        log.warning("GET /v1/* refuses every request: api.require_token_for_reads is on and "
+                    "no advisor token is configured (set GPUFLEET_ADVISOR_TOKEN or "
+                    "advisor.token_file)")
+    if live is not None:
+        log.info("web config loaded", extra={"path": live.path, "tls": live.tls,
+                                             "users": len(live.current.users)})
+    return Protection(live, token, reads)
 
 
 def assemble(config: Config, names: list[str], clock: Clock = time.time,
@@ -136,6 +169,7 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     sources = [build_source(n, getattr(config.sources, n), clock) for n in names]
     collector = Collector(sources, config.source_timeout, clock=clock, timer=timer)
     state = ServingState()
+
     advisor = None
     if config.analysis.enabled:
         from exporter.analysis.families import LiveAnalyzer

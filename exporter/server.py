@@ -4,22 +4,36 @@ Collection never runs inside a scrape. A background task reads the sources
 every ``collect_interval``, renders the new snapshot to text and gzip once in a
 worker thread, and swaps one reference. ``/metrics`` only writes out the bytes
 of the current rendering, so a scrape costs the same for 100 GPUs or 100k.
+``/v1/snapshot`` is the same for its JSON: encoded (and gzipped) once per snapshot,
+by the first request that asks, in a worker thread that the others wait on.
+
+With a web config file (exporter/webconfig.py), :func:`protect` is the middleware
+in front of every handler: basic auth, and the advisor's bearer token for GET
+``/v1/*`` under ``api.require_token_for_reads``. A route that takes the bearer
+token (the advisor's POSTs, and GET ``/v1/*`` when reads need it) is not also
+asked for basic auth: a request has one ``Authorization`` header, and
+Alertmanager's ``http_config`` sends one credential. The file's headers are added
+to every response by an ``on_response_prepare`` hook, 401s and 503s included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import logging
+import math
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 from exporter import __version__
+from exporter.advisor.api import Token, bearer_problem
 from exporter.aio import complete
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
@@ -34,6 +48,7 @@ from exporter.server_limits import (
     shed_log,
 )
 from exporter.snapshot import FleetSnapshot, to_json
+from exporter.webconfig import Busy, LiveWebConfig, san_allowed
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +61,8 @@ class ServingState:
     """What the handlers read. ``current`` is replaced whole, never mutated."""
 
     current: Rendered | None = None
-    snapshot_json: bytes | None = None
+    # /v1/snapshot's (json, gzipped json) for the rendering it was made from
+    snapshot_body: tuple[Rendered, asyncio.Future[tuple[bytes, bytes]]] | None = None
     collections: int = 0
     family_providers: list[FamilyProvider] = field(default_factory=list)
     # called in order with each new snapshot before it is rendered; may return a coroutine
@@ -55,9 +71,21 @@ class ServingState:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+@dataclass
+class Protection:
+    """Who may read what: the web config file's users and headers (``web``), and the bearer
+    token GET ``/v1/*`` needs when ``reads_need_token`` (``api.require_token_for_reads``)."""
+
+    web: LiveWebConfig | None = None
+    read_token: Token = None
+    reads_need_token: bool = False
+
+
 STATE = web.AppKey("state", ServingState)
 COLLECTOR = web.AppKey("collector", Collector)
 CONFIG = web.AppKey("config", Config)
+PROTECTION = web.AppKey("protection", Protection)
+OPENAPI_PATH = "/v1/openapi.json"  # public: it says what the API takes, nothing of the fleet
 
 
 def _render_all(snapshot: FleetSnapshot, state: ServingState, labels: LabelCache, level: int) -> Rendered:
@@ -79,7 +107,6 @@ async def collect_once(app: web.Application, labels: LabelCache) -> None:
     state, collector, config = app[STATE], app[COLLECTOR], app[CONFIG]
     rendered = await collect_and_render(collector, state, labels, config.gzip_level)
     state.current = rendered
-    state.snapshot_json = None
     state.collections += 1
     state.ready.set()
     log.debug("collected", extra={"gpus": len(rendered.snapshot.gpus), "series": rendered.series,
@@ -147,17 +174,123 @@ async def ready(request: web.Request) -> web.Response:
     return web.Response(text="gpufleet is ready.\n")
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by None (JSON null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def snapshot_bodies(snapshot: FleetSnapshot, gzip_level: int) -> tuple[bytes, bytes]:
+    """``/v1/snapshot``'s body and its gzip, as strict JSON (RFC 8259 has no NaN: json.dumps'
+    default wrote ``NaN``, e.g. for a GPU whose power limit a source could not read).
+    In a worker thread: 1,088 GPUs are ~1 MB of JSON."""
+    data = to_json(snapshot)
+    try:
+        text = json.dumps(data, allow_nan=False)
+    except ValueError:  # a rare non-finite number: walk the tree only then
+        text = json.dumps(_finite(data), allow_nan=False)
+    body = text.encode()
+    return body, gzip.compress(body, gzip_level, mtime=0)
+
+
 async def snapshot(request: web.Request) -> web.Response:
     state = request.app[STATE]
     rendered = state.current
     if rendered is None:
         return web.json_response({"error": "no snapshot collected yet"}, status=503)
-    if state.snapshot_json is None:
+    cached = state.snapshot_body
+    if cached is None or cached[0] is not rendered:
         loop = asyncio.get_running_loop()
-        state.snapshot_json = await loop.run_in_executor(
-            None, lambda: json.dumps(to_json(rendered.snapshot)).encode()
-        )
-    return web.Response(body=state.snapshot_json, content_type="application/json")
+        job = loop.run_in_executor(None, snapshot_bodies, rendered.snapshot,
+                                   request.app[CONFIG].gzip_level)
+        state.snapshot_body = cached = (rendered, job)
+    try:
+        # shield: a client that leaves must not cancel the encoding the others wait on
+        body, gzipped = await asyncio.shield(cached[1])
+    except Exception as exc:
+        if state.snapshot_body is cached:
+            state.snapshot_body = None  # the next request tries again
+        log.error("encoding /v1/snapshot failed", exc_info=exc)
+        return web.json_response({"error": f"internal error: {type(exc).__name__}"}, status=500)
+    headers = {"Vary": "Accept-Encoding"}
+    if "gzip" in request.headers.get("Accept-Encoding", ""):
+        headers["Content-Encoding"] = "gzip"
+        body = gzipped
+    return web.Response(body=body, content_type="application/json", headers=headers)
+
+
+def _reads_bearer(request: web.Request, protection: Protection) -> bool:
+    """True for a request the advisor's bearer token guards: a POST under /v1/ (the advisor's
+    own check answers it), or a GET/HEAD there when reads need the token."""
+    path = request.path
+    if not path.startswith("/v1/") or path == OPENAPI_PATH:
+        return False
+    return request.method not in ("GET", "HEAD") or protection.reads_need_token
+
+
+def protect(protection: Protection) -> Any:
+    """The middleware of basic auth (web config users) and of the bearer token for reads."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        bearer = _reads_bearer(request, protection)
+        live = protection.web
+        if live is not None:
+            loaded = live.current
+            sans = loaded.web.tls.client_allowed_sans
+            if sans is not None and not san_allowed(
+                    request.transport.get_extra_info("peercert") if request.transport else None,
+                    sans):
+                # Go refuses in the handshake; Python's ssl has no hook there, so the first
+                # request is refused and the connection closed
+                return web.Response(status=403, text="client certificate not allowed\n",
+                                    headers={"Connection": "close"})
+            if loaded.users and not bearer:
+                try:
+                    ok = await live.authenticator.check(
+                        loaded.users, request.headers.get("Authorization", ""))
+                except Busy:
+                    return web.Response(status=503, headers={"Retry-After": "1"},
+                                        text="too many password checks in progress, "
+                                        "try again later\n")
+                if not ok:
+                    return web.Response(status=401, text="Unauthorized\n",
+                                        headers={"WWW-Authenticate": "Basic"})
+        if bearer and request.method in ("GET", "HEAD"):
+            reason = bearer_problem(protection.read_token, request)
+            if reason is not None:
+                return web.json_response(
+                    {"error": reason}, status=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="gpufleet"'})
+        return await handler(request)
+
+    return middleware
+
+
+async def _web_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """The web config file's ``http_server_config.headers``, on every response."""
+    live = request.app[PROTECTION].web
+    if live is not None:
+        for name, value in live.current.web.headers:
+            response.headers[name] = value
+
+
+async def _watch_web_config(app: web.Application) -> AsyncIterator[None]:
+    live = app[PROTECTION].web
+    if live is None:
+        yield
+        return
+    task = asyncio.create_task(live.watch())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    live.authenticator.close()
 
 
 async def index(request: web.Request) -> web.Response:
@@ -171,26 +304,34 @@ async def index(request: web.Request) -> web.Response:
     return web.Response(text=body, content_type="text/html")
 
 
-def make_app(config: Config, collector: Collector, state: ServingState | None = None) -> web.Application:
-    # the limits' middleware first: it marks the connection busy around all the others
+def make_app(config: Config, collector: Collector, state: ServingState | None = None,
+             protection: Protection | None = None) -> web.Application:
+    protection = protection or Protection()
+    # the limits' middleware first: it marks the connection busy around all the others,
+    # a wait for a password check included
     app = web.Application(client_max_size=1024 * 1024,
-                          middlewares=[request_limits(config.web.max_requests)])
+                          middlewares=[request_limits(config.web.max_requests),
+                                       protect(protection)])
     app[CONFIG] = config
     app[COLLECTOR] = collector
     app[STATE] = state or ServingState()
+    app[PROTECTION] = protection
+    app.on_response_prepare.append(_web_headers)
     app.router.add_get("/", index)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", ready)
     app.router.add_get("/v1/snapshot", snapshot)
     app.cleanup_ctx.append(_background)
+    app.cleanup_ctx.append(_watch_web_config)
     return app
 
 
 async def start(app: web.Application, sock: socket.socket, limits: WebConfig,
                 handle_signals: bool = False, shed: IntervalLog | None = None) -> web.AppRunner:
     """Serve ``app`` on the listening ``sock`` behind the connection limits
-    (exporter/server_limits.py); ``runner.cleanup()`` stops it."""
+    (exporter/server_limits.py), over TLS when its web config file says so;
+    ``runner.cleanup()`` stops it."""
     max_connections = effective_max_connections(limits.max_connections)
     if max_connections < limits.max_connections:
         # info, not warning: with the default 1000 this is the expected case under ulimit -n 1024
@@ -199,7 +340,9 @@ async def start(app: web.Application, sock: socket.socket, limits: WebConfig,
     runner = web.AppRunner(app, handle_signals=handle_signals, access_log=None,
                            keepalive_timeout=limits.keepalive_timeout)
     await runner.setup()
-    await GuardedSite(runner, sock, max_connections, limits.header_timeout, shed).start()
+    live = app[PROTECTION].web
+    tls = live.ssl_context if live is not None and live.tls else None
+    await GuardedSite(runner, sock, max_connections, limits.header_timeout, shed, tls).start()
     return runner
 
 

@@ -38,6 +38,8 @@ import asyncio
 import errno
 import logging
 import resource
+import ssl
+from asyncio import sslproto
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -209,12 +211,45 @@ class _Guard(asyncio.Protocol):
             self.transport.abort()
 
 
+class _TLSLayer(sslproto.SSLProtocol):
+    """TLS between the socket and a :class:`_Guard`, made per connection with the context
+    of that moment, so that a reloaded web config (exporter/webconfig.py) reaches new
+    connections whole (certificate, versions, ciphers, client auth) and open ones keep
+    theirs; asyncio's ``create_server(ssl=...)`` fixes one context for the server's life.
+
+    The guard counts from the TCP opening: a connection in its handshake can be evicted
+    like an idle one, the handshake must end within the header timeout, and a failed
+    handshake, which never reaches the guard, still frees its slot.
+    """
+
+    def __init__(self, gate: ConnectionGate, guard: _Guard, context: ssl.SSLContext) -> None:
+        # no waiter: it is for loop.create_server's accept, which we are not (typeshed
+        # wants a Future and an int timeout; asyncio takes None and a float)
+        super().__init__(gate.loop, guard, context, None, server_side=True,  # type: ignore[arg-type]
+                         ssl_handshake_timeout=gate.header_timeout)  # type: ignore[arg-type]
+        self._gate = gate
+        self._guard = guard
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._guard.transport = transport  # replaced by the TLS transport after the handshake
+        self._gate.waiting[self._guard] = None
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        self._gate.release(self._guard)
+
+
 class ConnectionGate:
-    """The listening socket's protocol factory: aiohttp's, behind a connection limit."""
+    """The listening socket's protocol factory: aiohttp's, behind a connection limit, and
+    behind TLS when ``tls`` gives a context (called once per connection)."""
 
     def __init__(self, factory: Callable[[], asyncio.Protocol], loop: asyncio.AbstractEventLoop,
-                 max_connections: int, header_timeout: float, shed: IntervalLog) -> None:
+                 max_connections: int, header_timeout: float, shed: IntervalLog,
+                 tls: Callable[[], ssl.SSLContext | None] | None = None) -> None:
         self._factory = factory
+        self._tls = tls
         self.loop = loop
         self.max_connections = max_connections
         self.header_timeout = header_timeout
@@ -223,13 +258,14 @@ class ConnectionGate:
         self.waiting: dict[_Guard, None] = {}
         self.shed = shed
 
-    def __call__(self) -> asyncio.Protocol:
+    def __call__(self) -> asyncio.BaseProtocol:
         if len(self.guards) >= self.max_connections and not self._evict():
             self.shed.note("refused", open=len(self.guards), limit=self.max_connections)
             return _Refused()
         guard = _Guard(self, self._factory())
         self.guards.add(guard)
-        return guard
+        context = self._tls() if self._tls is not None else None
+        return guard if context is None else _TLSLayer(self, guard, context)
 
     def _evict(self) -> bool:
         """Close the longest-waiting connection with no request in progress and nothing left
@@ -252,12 +288,14 @@ class ConnectionGate:
 class GuardedSite(web.BaseSite):
     """``web.SockSite`` with a :class:`ConnectionGate` as the protocol factory."""
 
-    __slots__ = ("_header_timeout", "_max_connections", "_shed", "_sock", "gate")
+    __slots__ = ("_header_timeout", "_max_connections", "_shed", "_sock", "_tls", "gate")
 
     def __init__(self, runner: web.BaseRunner, sock: Any, max_connections: int,
-                 header_timeout: float, shed: IntervalLog | None = None) -> None:
+                 header_timeout: float, shed: IntervalLog | None = None,
+                 tls: Callable[[], ssl.SSLContext | None] | None = None) -> None:
         super().__init__(runner, backlog=BACKLOG)
         self._sock = sock
+        self._tls = tls  # the TLS context for each new connection; None: plain HTTP
         self._max_connections = max_connections
         self._header_timeout = header_timeout
         self._shed = shed  # default: a line of its own (shed_log)
@@ -266,7 +304,7 @@ class GuardedSite(web.BaseSite):
     @property
     def name(self) -> str:
         host, port = self._sock.getsockname()[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self._tls is not None else 'http'}://{host}:{port}"
 
     async def start(self) -> None:
         await super().start()
@@ -274,7 +312,8 @@ class GuardedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         shed = self._shed if self._shed is not None else shed_log(loop)
-        self.gate = ConnectionGate(server, loop, self._max_connections, self._header_timeout, shed)
+        self.gate = ConnectionGate(server, loop, self._max_connections, self._header_timeout, shed,
+                                   self._tls)
         self._server = await loop.create_server(self.gate, sock=self._sock,
                                                 backlog=self._backlog)
 
