@@ -304,3 +304,251 @@ async def test_nvml_is_shut_down_on_close():
     await read(source)
     await source.close()
     assert fake.initialised == 0
+
+
+# --- issue 16: health and performance -------------------------------------------------------
+
+GPU0 = {"gpu": "0"}
+
+
+def h100_health(index: int = 0, **kwargs) -> FakeGpu:
+    """An H100 with something to report on every issue-16 family it supports."""
+    defaults = dict(
+        utilization_memory=43,
+        ecc={(pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC): 3,
+             (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): 0,
+             (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC): 17,
+             (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC): 1},
+        remapped_rows=(2, 1, 1, 0),
+        nvlink_errors={pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: [1] * 18,
+                       pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: [0] * 17 + [5],
+                       pynvml.NVML_NVLINK_ERROR_DL_REPLAY: [2] * 18,
+                       pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: [0] * 18},
+        pcie_replay=7,
+        clock_reasons=pynvml.nvmlClocksEventReasonSwPowerCap
+        | pynvml.nvmlClocksEventReasonHwThermalSlowdown | pynvml.nvmlClocksEventReasonGpuIdle,
+        clocks_mhz={pynvml.NVML_CLOCK_SM: 1755, pynvml.NVML_CLOCK_MEM: 2619,
+                    pynvml.NVML_CLOCK_GRAPHICS: 1755},
+        memory_temperature=52, pstate=0, pcie_generation=5, pcie_width=16,
+        pcie_tx_kbs=1_000, pcie_rx_kbs=250_000, encoder=5, decoder=12,
+        gpm={pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 95.0, pynvml.NVML_GPM_METRIC_SM_UTIL: 62.5,
+             pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 31.25,
+             pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 40.0,
+             pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 55.0},
+    )
+    return h100(index, **{**defaults, **kwargs})
+
+
+async def test_health_counters_in_base_units(sources):
+    out = await read(sources(FakeNvml([h100_health()])))
+    assert out.value("gpufleet_gpu_up", **GPU0) == 1
+    ecc = {(lab["type"], lab["counter"]): v for lab, v in out.all("gpufleet_gpu_ecc_errors_total")}
+    assert ecc == {("single_bit", "volatile"): 3, ("double_bit", "volatile"): 0,
+                   ("single_bit", "aggregate"): 17, ("double_bit", "aggregate"): 1}
+    assert out.value("gpufleet_gpu_remapped_rows_total", cause="correctable") == 2
+    assert out.value("gpufleet_gpu_remapped_rows_total", cause="uncorrectable") == 1
+    assert out.value("gpufleet_gpu_remapped_rows_pending") == 1
+    assert out.value("gpufleet_gpu_remapped_rows_failure") == 0
+    assert out.absent("gpufleet_gpu_retired_pages_total")  # Hopper remaps rows instead
+    assert out.absent("gpufleet_gpu_retired_pages_pending")
+    nvlink = {lab["type"]: v for lab, v in out.all("gpufleet_gpu_nvlink_errors_total")}
+    assert nvlink == {"crc_flit": 18, "crc_data": 5, "replay": 36, "recovery": 0}
+    assert out.value("gpufleet_gpu_pcie_replay_errors_total") == 7
+    # the mask 0x45 is power cap + HW thermal (+ idle, which is not a slowdown): six series
+    reasons = {lab["reason"]: v for lab, v in out.all("gpufleet_gpu_clock_event_active")}
+    assert reasons == {"sw_power_cap": 1, "hw_slowdown": 0, "sync_boost": 0, "sw_thermal": 0,
+                       "hw_thermal": 1, "hw_power_brake": 0}
+    assert out.absent("gpufleet_gpu_xid_errors_total")  # none seen yet
+    assert out.absent("gpufleet_gpu_last_xid")
+
+
+async def test_performance_values_in_base_units_and_gpm_from_the_second_read(sources):
+    source = sources(FakeNvml([h100_health()]))
+    first = await read(source)
+    clocks = {lab["clock"]: v for lab, v in first.all("gpufleet_gpu_clock_hertz")}
+    assert clocks == {"sm": 1755e6, "memory": 2619e6, "graphics": 1755e6}  # MHz → Hz
+    maxima = {lab["clock"]: v for lab, v in first.all("gpufleet_gpu_clock_max_hertz")}
+    assert maxima == {"sm": 1980e6, "memory": 2619e6, "graphics": 1980e6}
+    assert first.value("gpufleet_gpu_memory_temperature_celsius") == 52
+    assert first.absent("gpufleet_gpu_fan_speed_ratio")  # passively cooled: NOT_SUPPORTED
+    assert first.value("gpufleet_gpu_performance_state") == 0
+    assert first.value("gpufleet_gpu_pcie_link_generation") == 5
+    assert first.value("gpufleet_gpu_pcie_link_width") == 16
+    assert first.value("gpufleet_gpu_pcie_transmit_bytes_per_second") == 1_000 * 1024
+    assert first.value("gpufleet_gpu_pcie_receive_bytes_per_second") == 250_000 * 1024
+    assert first.value("gpufleet_gpu_encoder_utilization_ratio") == 0.05
+    assert first.value("gpufleet_gpu_decoder_utilization_ratio") == 0.12
+    assert first.value("gpufleet_gpu_memory_bandwidth_utilization_ratio") == 0.43
+    # GPM needs two samples: nothing after one read, the interval's activity after two
+    assert first.absent("gpufleet_gpu_sm_active_ratio")
+    second = await read(source)
+    assert second.value("gpufleet_gpu_graphics_engine_active_ratio") == 0.95
+    assert second.value("gpufleet_gpu_sm_active_ratio") == 0.625
+    assert second.value("gpufleet_gpu_sm_occupancy_ratio") == 0.3125
+    assert second.value("gpufleet_gpu_tensor_active_ratio") == 0.4
+    assert second.value("gpufleet_gpu_dram_active_ratio") == 0.55
+    # the maximum clocks are static: read at the first collection only
+    assert source.nvml.calls.count("nvmlDeviceGetMaxClockInfo") == 3
+
+
+async def test_identity_labels_and_serial_only_when_enabled(sources):
+    out = await read(sources(FakeNvml([h100(0)])))
+    assert out.value("gpufleet_gpu_info", driver_version="550.54.15",
+                     vbios_version="96.00.99.00.01", pci_bus_id="00000000:18:00.0") == 1
+    ((labels, _),) = out.all("gpufleet_gpu_info")
+    assert "serial" not in labels
+    config = NvmlSource(enabled=True, node="gpu-host-1", export_serial=True)
+    source = build(config, clock=lambda: 1_700_000_000.0, nvml=FakeNvml([h100(0)]))
+    try:
+        assert (await read(source)).value("gpufleet_gpu_info", serial="1654923012345") == 1
+    finally:
+        await source.close()
+
+
+async def test_xid_injected_through_the_event_set_is_counted_across_collections(sources):
+    fake = FakeNvml([h100(0), h100(1)])
+    source = sources(fake)
+    await read(source)
+    assert fake.inject_xid(1, 79) == 1  # one event set per GPU, registered for XIDs
+    fake.inject_xid(1, 48)
+    fake.inject_xid(1, 79)
+    out = await read(source)
+    assert out.value("gpufleet_gpu_xid_errors_total", gpu="1", xid="79") == 2
+    assert out.value("gpufleet_gpu_xid_errors_total", gpu="1", xid="48") == 1
+    assert out.value("gpufleet_gpu_last_xid", gpu="1") == 79
+    assert out.value("gpufleet_gpu_last_xid_timestamp_seconds", gpu="1") == 1_700_000_000.0
+    assert out.absent("gpufleet_gpu_xid_errors_total", gpu="0")  # the other GPU saw none
+    fake.inject_xid(1, 79)
+    out = await read(source)
+    assert out.value("gpufleet_gpu_xid_errors_total", gpu="1", xid="79") == 3  # kept, added to
+
+
+async def test_an_xid_storm_is_drained_in_bounded_steps(sources):
+    fake = FakeNvml([h100(0)])
+    source = sources(fake)
+    for _ in range(100):
+        fake.inject_xid(0, 13)
+    first = await read(source)
+    assert first.value("gpufleet_gpu_xid_errors_total", xid="13") == 64  # MAX_XID_EVENTS
+    second = await read(source)
+    assert second.value("gpufleet_gpu_xid_errors_total", xid="13") == 100
+
+
+async def test_lost_gpu_keeps_its_xids_and_is_up_0(sources):
+    fake = FakeNvml([h100(0), h100(1)])
+    source = sources(fake)
+    await read(source)
+    fake.inject_xid(0, 79)  # "GPU has fallen off the bus", then the GPU is lost
+    fake.gpus[0].lost = True
+    out = await read(source)
+    assert out.value("gpufleet_gpu_up", gpu="0") == 0
+    assert out.value("gpufleet_gpu_xid_errors_total", gpu="0", xid="79") == 1
+    assert out.absent("gpufleet_gpu_ecc_errors_total", gpu="0")
+    assert out.absent("gpufleet_gpu_clock_hertz", gpu="0")
+    assert out.value("gpufleet_gpu_up", gpu="1") == 1
+
+
+async def test_gpu_is_lost_in_a_health_read_stops_the_rest(sources):
+    fake = FakeNvml([h100_health(0, failing={
+        "nvmlDeviceGetRemappedRows": pynvml.NVML_ERROR_GPU_IS_LOST}), h100_health(1)])
+    source = sources(fake)
+    out = await read(source)
+    assert out.value("gpufleet_gpu_up", gpu="0") == 0
+    assert out.absent("gpufleet_gpu_power_watts", gpu="0")
+    assert out.absent("gpufleet_gpu_pcie_replay_errors_total", gpu="0")
+    errors = source.last_readings[0].errors
+    assert [(e.call, e.optional) for e in errors] == [("nvmlDeviceGetRemappedRows", False)]
+    assert out.value("gpufleet_gpu_pcie_replay_errors_total", gpu="1") == 7
+
+
+async def test_unknown_error_in_one_health_read_loses_only_that_value(sources):
+    fake = FakeNvml([h100_health(0, failing={
+        "nvmlDeviceGetPcieReplayCounter": pynvml.NVML_ERROR_UNKNOWN,
+        "nvmlDeviceGetClockInfo": pynvml.NVML_ERROR_UNKNOWN})])
+    source = sources(fake)
+    out = await read(source)
+    assert out.absent("gpufleet_gpu_pcie_replay_errors_total")
+    assert out.absent("gpufleet_gpu_clock_hertz")
+    # everything else was read, and the GPU is up: an optional read is no lost GPU
+    assert out.value("gpufleet_gpu_up") == 1
+    assert out.value("gpufleet_gpu_remapped_rows_total", cause="correctable") == 2
+    assert out.value("gpufleet_gpu_clock_max_hertz", clock="sm") == 1980e6
+    assert out.value("gpufleet_gpu_power_watts") == 312.5
+    errors = [(e.call, e.error, e.optional) for e in source.last_readings[0].errors]
+    assert ("nvmlDeviceGetPcieReplayCounter", "NVMLError_Unknown: Unknown Error", True) in errors
+    assert len(errors) == 4  # the replay counter and the three clock domains
+    # an error is not NotSupported: it is asked again next time
+    fake.gpus[0].failing.clear()
+    assert (await read(source)).value("gpufleet_gpu_pcie_replay_errors_total") == 7
+
+
+async def test_not_supported_reads_are_absent_and_not_asked_again(sources):
+    fake = FakeNvml([h100(0, xid_events=False, remapped_rows=None, memory_temperature=None,
+                          not_supported={"nvmlDeviceGetTotalEccErrors",
+                                         "nvmlDeviceGetPcieReplayCounter",
+                                         "nvmlDeviceGetEncoderUtilization"})])
+    source = sources(fake)
+    out = await read(source)
+    for name in ("gpufleet_gpu_ecc_errors_total", "gpufleet_gpu_remapped_rows_total",
+                 "gpufleet_gpu_remapped_rows_pending", "gpufleet_gpu_remapped_rows_failure",
+                 "gpufleet_gpu_retired_pages_total", "gpufleet_gpu_pcie_replay_errors_total",
+                 "gpufleet_gpu_memory_temperature_celsius", "gpufleet_gpu_encoder_utilization_ratio",
+                 "gpufleet_gpu_fan_speed_ratio", "gpufleet_gpu_sm_active_ratio"):
+        assert out.absent(name), name
+    assert out.value("gpufleet_gpu_up") == 1
+    assert source.last_readings[0].errors == ()
+    assert fake.inject_xid(0, 79) == 0  # no event set registered for this GPU
+    fake.calls.clear()
+    await read(source)
+    for call in ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
+                 "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetRetiredPages",
+                 "nvmlGpmSampleGet", "nvmlEventSetWait_v2"):
+        assert call not in fake.calls, call
+    assert fake.calls.count("nvmlDeviceGetFieldValues") == 2  # NVLink data and error totals
+
+
+async def test_pre_ampere_gpu_reports_retired_pages(sources):
+    v100 = FakeGpu(uuid="GPU-v100-0", name="Tesla V100-SXM2-32GB", remapped_rows=None,
+                   retired_pages={pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS:
+                                  [0x1000, 0x2000],
+                                  pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: [0x3000]},
+                   retired_pending=True)
+    out = await read(sources(FakeNvml([v100])))
+    assert out.value("gpufleet_gpu_retired_pages_total", cause="single_bit") == 2
+    assert out.value("gpufleet_gpu_retired_pages_total", cause="double_bit") == 1
+    assert out.value("gpufleet_gpu_retired_pages_pending") == 1
+    assert out.absent("gpufleet_gpu_remapped_rows_total")
+
+
+async def test_older_driver_throttle_reasons_and_per_link_nvlink_errors(sources):
+    fake = FakeNvml([h100_health(0, nvlink_error_totals=False, unsupported_links={17})],
+                    clocks_event_reasons=False)
+    source = sources(fake)
+    out = await read(source)
+    reasons = {lab["reason"]: v for lab, v in out.all("gpufleet_gpu_clock_event_active")}
+    assert reasons["hw_thermal"] == 1 and reasons["sw_power_cap"] == 1
+    nvlink = {lab["type"]: v for lab, v in out.all("gpufleet_gpu_nvlink_errors_total")}
+    assert nvlink == {"crc_flit": 17, "crc_data": 0, "replay": 34, "recovery": 0}  # link 17 out
+    fake.calls.clear()
+    await read(source)
+    assert "nvmlDeviceGetCurrentClocksEventReasons" not in fake.calls  # the fallback is kept
+    assert fake.calls.count("nvmlDeviceGetNvLinkErrorCounter") == 4 * 18
+
+
+async def test_xid_appears_on_metrics_end_to_end(aiohttp_client):
+    """An XID injected through the fake event set, served on /metrics by the running app."""
+    fake = FakeNvml([h100(0)])
+    source = source_for(fake)
+    config = Config(collect_interval=Duration(0.1), source_timeout=Duration(120))
+    app = make_app(config, Collector([source], timeout_seconds=120))
+    client = await aiohttp_client(app)
+    await _wait_for(lambda: app[STATE].current is not None)
+    fake.inject_xid(0, 94)
+
+    async def xid_served() -> Exported | None:
+        out = Exported(await (await client.get("/metrics")).text())
+        return out if out.all("gpufleet_gpu_xid_errors_total") else None
+
+    out = await _wait_for(xid_served)
+    assert out.value("gpufleet_gpu_xid_errors_total", gpu="0", xid="94") == 1
+    assert out.value("gpufleet_gpu_last_xid", gpu="0") == 94

@@ -21,7 +21,41 @@ NVLink data (KiB → B, counters)    nvmlDeviceGetFieldValues with   ``nvlink -g
                                    NVML_FI_DEV_NVLINK_THROUGHPUT_
                                    DATA_TX/RX, one per link
 MIG instances (id, profile, mem)   nvmlDeviceGetMigDeviceHandle…   ``mig -lgi``
+memory bandwidth (%, → ratio)      nvmlDeviceGetUtilizationRates   ``utilization.memory``
+XID events (counter per code)      nvmlEventSetWait_v2 on one      kernel log ``NVRM: Xid``
+                                   event set per GPU
+ECC (counts)                       nvmlDeviceGetTotalEccErrors     ``ecc.errors.*.total``
+retired pages, pending             nvmlDeviceGetRetiredPages,      ``retired_pages.*``
+                                   …PendingStatus (pre-Ampere)
+remapped rows, pending, failure    nvmlDeviceGetRemappedRows       ``remapped_rows.*``
+NVLink errors (summed over links)  field values NVML_FI_DEV_NVLINK ``nvlink -e``
+                                   _*_ERROR_COUNT_TOTAL, else
+                                   nvmlDeviceGetNvLinkErrorCounter
+PCIe replays                       nvmlDeviceGetPcieReplayCounter  ``pcie.replay_counter`` (-q)
+clock-event reasons (bitmask)      nvmlDeviceGetCurrentClocksEvent ``clocks_event_reasons.*``
+                                   Reasons, else …ThrottleReasons
+clocks, max clocks (MHz → Hz)      nvmlDeviceGetClockInfo,         ``clocks.sm``, ``clocks.max.sm``
+                                   nvmlDeviceGetMaxClockInfo
+memory temperature (°C)            field NVML_FI_DEV_MEMORY_TEMP   ``temperature.memory``
+fan (%, → ratio), P-state          nvmlDeviceGetFanSpeed,          ``fan.speed``, ``pstate``
+                                   nvmlDeviceGetPerformanceState
+PCIe gen, width, KB/s (→ B/s)      nvmlDeviceGetCurrPcieLink…,     ``pcie.link.gen.current``
+                                   nvmlDeviceGetPcieThroughput
+encoder, decoder (%, → ratio)      nvmlDeviceGetEncoder/Decoder…   ``utilization.encoder``
+SM/tensor/DRAM activity (% → 0-1)  GPM: nvmlGpmSampleGet twice,    ``dmon --gpm-metrics``
+                                   nvmlGpmMetricsGet (Hopper+)
+driver, VBIOS, PCI bus id, serial  read once at start              ``driver_version`` …
 =================================  ==============================  ===========================
+
+Issue 16's health and performance reads are optional: ``NotSupported`` (or a
+driver without the entry point) leaves the value absent and is remembered, so
+an unsupported call is not made again; any other error of such a read is kept
+in the GPU's errors (``bench/nvml_check.py`` prints them) but does not set
+``up`` to 0, which stays the signal that the GPU's core reads failed. XID
+events are drained (at most ``MAX_XID_EVENTS`` a collection, each wait
+``XID_WAIT_MS``) in the GPU's own worker thread at each collection, before
+anything else, so that the XID that announces a lost GPU (79) is still counted;
+the counts live in the source, since the exporter started.
 
 The deprecated NVLink utilization-counter API is not used. On a MIG-enabled
 GPU NVML has no utilization (neither for the GPU nor its instances), so it is
@@ -57,7 +91,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from exporter.snapshot import Gpu, MigInstance, Node
+from exporter.snapshot import Gpu, GpuHealth, GpuPerformance, MigInstance, Node, XidCount
 from exporter.sources import Clock, SourceReading, SourceStartupError
 from exporter.sources.gpu_models import ModelInfo, ModelResolver, unknown_model
 from exporter.sources.lastgood import LastGood
@@ -66,6 +100,10 @@ from exporter.sources.nvml_options import NvmlSource as NvmlConfig
 log = logging.getLogger(__name__)
 
 KIB = 1024
+MHZ = 1_000_000
+XID_WAIT_MS = 1  # each nvmlEventSetWait_v2: events are queued by the driver, so no need to wait
+MAX_XID_EVENTS = 64  # a storm must not hold the GPU's worker; the rest wait for the next read
+MAX_XID_CODES = 64  # distinct codes kept per GPU (label cardinality); NVML documents ~150
 _MIG_PROFILE = re.compile(r"\bMIG\s+(\S+)\s*$")  # "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
 
 
@@ -141,6 +179,7 @@ class CallError:
     gpu: int
     call: str
     error: str
+    optional: bool = False  # a health or performance read: its failure does not set up to 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +204,19 @@ class _Device:
     pending: concurrent.futures.Future[DeviceReading] | None = None
     startup_error: str = ""
     wedged_logged: bool = False
+    vbios_version: str | None = None
+    serial: str | None = None
+    # issue 16: state kept across collections, touched only by this GPU's worker thread
+    unsupported: set[str] = field(default_factory=set)  # optional calls that said NotSupported
+    events: Any = None  # the XID event set; None: XID events not supported
+    xid_counts: dict[int, int] = field(default_factory=dict)
+    last_xid: int | None = None
+    last_xid_time: float | None = None
+    max_clocks: dict[str, float] = field(default_factory=dict)  # static: read until known
+    nvlink_error_totals: bool = True  # until the driver has no *_ERROR_COUNT_TOTAL fields
+    gpm_samples: list[Any] | None = None  # [previous, current]; None: no GPM (or not yet)
+    gpm_checked: bool = False
+    gpm_previous: bool = False  # the previous sample holds a reading
 
 
 @dataclass
@@ -180,6 +232,7 @@ class NvmlGpuSource:
     cpu_cores: float = field(default_factory=lambda: float(os.cpu_count() or 0))
     name: str = "nvml"
     driver_version: str = ""
+    export_serial: bool = False  # the `serial` label of gpu_info (sources.nvml.export_serial)
     devices: list[_Device] = field(default_factory=list)
     last_readings: dict[int, DeviceReading] = field(default_factory=dict)
     # per GPU index: its last good sample, served stale while its calls are wedged
@@ -248,8 +301,34 @@ class NvmlGpuSource:
             pci: str | None = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
         except nvml.NVMLError:
             pci = None
-        return _Device(index, handle, uuid, product, pci, self.resolve_model(product),
-                       self._nvlink_links(handle), worker)
+        device = _Device(index, handle, uuid, product, pci, self.resolve_model(product),
+                         self._nvlink_links(handle), worker)
+        device.vbios_version = _optional_text(nvml, nvml.nvmlDeviceGetVbiosVersion, handle)
+        if self.export_serial:
+            device.serial = _optional_text(nvml, nvml.nvmlDeviceGetSerial, handle)
+        device.events = self._xid_event_set(device)
+        return device
+
+    def _xid_event_set(self, device: _Device) -> Any:
+        """An event set of this GPU alone, registered for critical XIDs; None if unsupported.
+
+        One set per GPU, so that each worker drains only its own GPU's events and a
+        wedged GPU cannot hold another's.
+        """
+        nvml = self.nvml
+        try:
+            events = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as exc:
+            log.info("no XID events for this GPU", extra={"gpu": device.index, "err": str(exc)})
+            return None
+        try:
+            nvml.nvmlDeviceRegisterEvents(device.handle, nvml.nvmlEventTypeXidCriticalError, events)
+        except nvml.NVMLError as exc:
+            log.info("no XID events for this GPU", extra={"gpu": device.index, "err": str(exc)})
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlEventSetFree(events)
+            return None
+        return events
 
     def _nvlink_links(self, handle: Any) -> tuple[int, ...]:
         """Link ids of the GPU: the link-count field, else probe each link's state."""
@@ -270,6 +349,16 @@ class NvmlGpuSource:
         return tuple(links)
 
     def _shutdown(self) -> None:
+        nvml = self.nvml
+        for device in self.devices:  # NVML frees them at shutdown too; this is tidiness
+            if device.events is not None:
+                with contextlib.suppress(nvml.NVMLError):
+                    nvml.nvmlEventSetFree(device.events)
+                device.events = None
+            for sample in device.gpm_samples or ():
+                with contextlib.suppress(nvml.NVMLError):
+                    nvml.nvmlGpmSampleFree(sample)
+            device.gpm_samples = None
         try:
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError as exc:
@@ -334,7 +423,8 @@ class NvmlGpuSource:
     def _identity(self, device: _Device) -> Gpu:
         return Gpu(self.node, device.index, device.uuid, device.info.model, self.pool,
                    nvlink_capacity_bytes_per_second=device.info.nvlink_bandwidth_bytes_per_second,
-                   pci_bus_id=device.pci_bus_id)
+                   pci_bus_id=device.pci_bus_id, driver_version=self.driver_version or None,
+                   vbios_version=device.vbios_version, serial=device.serial)
 
     def read_device(self, device: _Device) -> DeviceReading:
         """Every NVML read of one GPU, in base units. Blocking: runs on the GPU's worker."""
@@ -344,16 +434,18 @@ class NvmlGpuSource:
             error = CallError(device.index, "nvmlDeviceGetHandleByIndex", device.startup_error)
             return DeviceReading(dataclasses.replace(identity, up=False), (error,),
                                  time.perf_counter() - started)
-        calls = _Calls(self.nvml, device.index)
+        calls = _Calls(self.nvml, device.index, device.unsupported)
         nvml, handle = self.nvml, device.handle
+        self._drain_xids(device, calls)  # first: the XID that says the GPU is lost counts too
 
         mig_mode = calls.run("nvmlDeviceGetMigMode", nvml.nvmlDeviceGetMigMode, handle)
         mig_enabled = bool(mig_mode) and mig_mode[0] == nvml.NVML_DEVICE_MIG_ENABLE
-        utilization = None
+        utilization = memory_bandwidth = None
         if not mig_enabled:
             rates = calls.run("nvmlDeviceGetUtilizationRates",
                               nvml.nvmlDeviceGetUtilizationRates, handle)
             utilization = None if rates is None else rates.gpu / 100.0
+            memory_bandwidth = None if rates is None else rates.memory / 100.0
         memory = self._memory(device, calls, handle)
         temperature = self._temperature(device, calls)
         power = calls.run("nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, handle)
@@ -363,9 +455,12 @@ class NvmlGpuSource:
                            nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
         tx, rx = self._nvlink(device, calls)
         mig = self._mig_instances(device, calls) if mig_enabled else ()
+        health = self._health(device, calls)
+        performance = self._performance(device, calls, memory_bandwidth, mig_enabled)
 
         if calls.lost:
-            gpu = dataclasses.replace(identity, up=False)
+            # the XIDs seen (79: fallen off the bus) are what on-call needs next to up 0
+            gpu = dataclasses.replace(identity, up=False, health=self._xid_health(device))
         else:
             gpu = dataclasses.replace(
                 identity,
@@ -379,7 +474,9 @@ class NvmlGpuSource:
                 nvlink_transmit_bytes=tx,
                 nvlink_receive_bytes=rx,
                 mig=mig,
-                up=not calls.errors,
+                health=health,
+                performance=performance,
+                up=not any(not error.optional for error in calls.errors),
             )
         return DeviceReading(gpu, tuple(calls.errors), time.perf_counter() - started)
 
@@ -467,14 +564,296 @@ class NvmlGpuSource:
         return tuple(instances[i] for i in sorted(instances))
 
 
-class _Calls:
-    """Runs NVML calls for one GPU: NotSupported → absent, GpuIsLost stops the rest."""
+    # --- issue 16: health -----------------------------------------------------------------
 
-    def __init__(self, nvml: Any, gpu: int) -> None:
+    def _drain_xids(self, device: _Device, calls: _Calls) -> None:
+        """Count the XID events queued on the GPU's event set since the last read."""
+        nvml = self.nvml
+        if device.events is None:
+            return
+        for _ in range(MAX_XID_EVENTS):
+            try:
+                data = nvml.nvmlEventSetWait_v2(device.events, XID_WAIT_MS)
+            except nvml.NVMLError_Timeout:
+                return  # nothing (more) queued
+            except nvml.NVMLError as exc:
+                calls.failed("nvmlEventSetWait_v2", exc, optional=True)
+                return
+            if not data.eventType & nvml.nvmlEventTypeXidCriticalError:
+                continue
+            xid = int(data.eventData)
+            if xid not in device.xid_counts and len(device.xid_counts) >= MAX_XID_CODES:
+                log.warning("too many distinct XID codes; not counting this one",
+                            extra={"gpu": device.index, "xid": xid})
+            else:
+                device.xid_counts[xid] = device.xid_counts.get(xid, 0) + 1
+            device.last_xid = xid
+            device.last_xid_time = self.clock()
+            log.warning("XID error", extra={"gpu": device.index, "xid": xid})
+
+    def _xid_health(self, device: _Device) -> GpuHealth | None:
+        if device.last_xid is None:
+            return None
+        return GpuHealth(
+            xid_counts=tuple(XidCount(x, n) for x, n in sorted(device.xid_counts.items())),
+            last_xid=device.last_xid, last_xid_time=device.last_xid_time)
+
+    def _health(self, device: _Device, calls: _Calls) -> GpuHealth | None:
+        """ECC, retired pages, remapped rows, NVLink and PCIe errors, clock-event reasons."""
+        if calls.lost:
+            return None
+        nvml, handle = self.nvml, device.handle
+        ecc = {}
+        for kind, error_type in (("single_bit", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                                 ("double_bit", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+            for counter, counter_type in (("volatile", nvml.NVML_VOLATILE_ECC),
+                                          ("aggregate", nvml.NVML_AGGREGATE_ECC)):
+                ecc[kind, counter] = calls.optional(
+                    f"nvmlDeviceGetTotalEccErrors({kind}, {counter})",
+                    nvml.nvmlDeviceGetTotalEccErrors,
+                    handle, error_type, counter_type)
+        retired = {
+            cause: calls.optional(f"nvmlDeviceGetRetiredPages({cause})",
+                                  nvml.nvmlDeviceGetRetiredPages, handle, code)
+            for cause, code in (
+                ("single_bit", nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+                ("double_bit", nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR))}
+        retired_pending = calls.optional("nvmlDeviceGetRetiredPagesPendingStatus",
+                                         nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+        rows = calls.optional("nvmlDeviceGetRemappedRows", nvml.nvmlDeviceGetRemappedRows, handle)
+        nvlink = self._nvlink_errors(device, calls)
+        replay = calls.optional("nvmlDeviceGetPcieReplayCounter",
+                                nvml.nvmlDeviceGetPcieReplayCounter, handle)
+        reasons = self._clock_event_reasons(device, calls)
+        xids = self._xid_health(device) or GpuHealth()
+        return GpuHealth(
+            xid_counts=xids.xid_counts, last_xid=xids.last_xid, last_xid_time=xids.last_xid_time,
+            ecc_single_bit_volatile=_int(ecc["single_bit", "volatile"]),
+            ecc_double_bit_volatile=_int(ecc["double_bit", "volatile"]),
+            ecc_single_bit_aggregate=_int(ecc["single_bit", "aggregate"]),
+            ecc_double_bit_aggregate=_int(ecc["double_bit", "aggregate"]),
+            retired_pages_single_bit=None if retired["single_bit"] is None
+            else len(retired["single_bit"]),
+            retired_pages_double_bit=None if retired["double_bit"] is None
+            else len(retired["double_bit"]),
+            retired_pages_pending=None if retired_pending is None
+            else retired_pending == nvml.NVML_FEATURE_ENABLED,
+            remapped_rows_correctable=None if rows is None else int(rows[0]),
+            remapped_rows_uncorrectable=None if rows is None else int(rows[1]),
+            remapped_rows_pending=None if rows is None else bool(rows[2]),
+            remapped_rows_failure=None if rows is None else bool(rows[3]),
+            nvlink_crc_flit_errors=nvlink.get("crc_flit"),
+            nvlink_crc_data_errors=nvlink.get("crc_data"),
+            nvlink_replay_errors=nvlink.get("replay"),
+            nvlink_recovery_errors=nvlink.get("recovery"),
+            pcie_replay_errors=_int(replay),
+            clock_event_reasons=_int(reasons),
+        )
+
+    def _nvlink_errors(self, device: _Device, calls: _Calls) -> dict[str, int]:
+        """NVLink error counters summed over the links: the driver's all-link totals in one
+        field-values call, else one nvmlDeviceGetNvLinkErrorCounter per link and counter."""
+        if not device.nvlink_links or calls.lost:
+            return {}
+        nvml = self.nvml
+        totals = {"crc_flit": nvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+                  "crc_data": nvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+                  "replay": nvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+                  "recovery": nvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL}
+        found: dict[str, int] = {}
+        if device.nvlink_error_totals:
+            values = calls.optional("nvmlDeviceGetFieldValues(nvlink errors)",
+                                    nvml.nvmlDeviceGetFieldValues, device.handle,
+                                    list(totals.values()))
+            by_field = {v.fieldId: v for v in values or ()}
+            for name, field_id in totals.items():
+                value = by_field.get(field_id)
+                if value is not None and value.nvmlReturn == nvml.NVML_SUCCESS:
+                    found[name] = int(_field_value(nvml, value))
+            if found or values is None:
+                return found
+            device.nvlink_error_totals = False  # every total NotSupported: count per link
+        counters = {"crc_flit": nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+                    "crc_data": nvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+                    "replay": nvml.NVML_NVLINK_ERROR_DL_REPLAY,
+                    "recovery": nvml.NVML_NVLINK_ERROR_DL_RECOVERY}
+        for name, counter in counters.items():
+            for link in device.nvlink_links:
+                if calls.lost:
+                    return {}
+                try:
+                    count = nvml.nvmlDeviceGetNvLinkErrorCounter(device.handle, link, counter)
+                except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+                    continue  # this link (inactive, or not this counter): the others still count
+                except nvml.NVMLError as exc:
+                    calls.failed("nvmlDeviceGetNvLinkErrorCounter", exc, optional=True)
+                    continue
+                found[name] = found.get(name, 0) + int(count)
+        return found
+
+    def _clock_event_reasons(self, device: _Device, calls: _Calls) -> Any:
+        """The reason mask: the current name, else the one older drivers and bindings have."""
+        nvml = self.nvml
+        name = "nvmlDeviceGetCurrentClocksEventReasons"
+        if hasattr(nvml, name) and name not in device.unsupported:
+            mask = calls.optional(name, getattr(nvml, name), device.handle)
+            if mask is not None or name not in device.unsupported:
+                return mask
+        return calls.optional("nvmlDeviceGetCurrentClocksThrottleReasons",
+                              nvml.nvmlDeviceGetCurrentClocksThrottleReasons, device.handle)
+
+    # --- issue 16: performance ------------------------------------------------------------
+
+    def _performance(self, device: _Device, calls: _Calls, memory_bandwidth: float | None,
+                     mig_enabled: bool) -> GpuPerformance | None:
+        if calls.lost:
+            return None
+        nvml, handle = self.nvml, device.handle
+        domains = (("sm", nvml.NVML_CLOCK_SM), ("memory", nvml.NVML_CLOCK_MEM),
+                   ("graphics", nvml.NVML_CLOCK_GRAPHICS))
+        clocks = {name: calls.optional(f"nvmlDeviceGetClockInfo({name})",
+                                       nvml.nvmlDeviceGetClockInfo, handle, domain)
+                  for name, domain in domains}
+        for name, domain in domains:  # maximum clocks do not change: read once each
+            if name not in device.max_clocks:
+                value = calls.optional(f"nvmlDeviceGetMaxClockInfo({name})",
+                                       nvml.nvmlDeviceGetMaxClockInfo, handle, domain)
+                if value is not None:
+                    device.max_clocks[name] = float(value) * MHZ
+        fan = calls.optional("nvmlDeviceGetFanSpeed", nvml.nvmlDeviceGetFanSpeed, handle)
+        pstate = calls.optional("nvmlDeviceGetPerformanceState",
+                                nvml.nvmlDeviceGetPerformanceState, handle)
+        generation = calls.optional("nvmlDeviceGetCurrPcieLinkGeneration",
+                                    nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
+        width = calls.optional("nvmlDeviceGetCurrPcieLinkWidth",
+                               nvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
+        # each of these two samples for 20 ms inside the driver: the GPU's worker pays it
+        tx = calls.optional("nvmlDeviceGetPcieThroughput(tx)", nvml.nvmlDeviceGetPcieThroughput,
+                            handle, nvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx = calls.optional("nvmlDeviceGetPcieThroughput(rx)", nvml.nvmlDeviceGetPcieThroughput,
+                            handle, nvml.NVML_PCIE_UTIL_RX_BYTES)
+        encoder = calls.optional("nvmlDeviceGetEncoderUtilization",
+                                 nvml.nvmlDeviceGetEncoderUtilization, handle)
+        decoder = calls.optional("nvmlDeviceGetDecoderUtilization",
+                                 nvml.nvmlDeviceGetDecoderUtilization, handle)
+        memory_temperature = self._memory_temperature(device, calls)
+        gpm = {} if mig_enabled else self._gpm(device, calls)
+        return GpuPerformance(
+            sm_clock_hertz=_mhz(clocks["sm"]),
+            memory_clock_hertz=_mhz(clocks["memory"]),
+            graphics_clock_hertz=_mhz(clocks["graphics"]),
+            sm_clock_max_hertz=device.max_clocks.get("sm"),
+            memory_clock_max_hertz=device.max_clocks.get("memory"),
+            graphics_clock_max_hertz=device.max_clocks.get("graphics"),
+            memory_temperature_celsius=memory_temperature,
+            fan_speed_ratio=None if fan is None else fan / 100.0,
+            # NVML_PSTATE_UNKNOWN (32) is no P-state
+            performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
+            pcie_link_generation=_int(generation),
+            pcie_link_width=_int(width),
+            pcie_transmit_bytes_per_second=None if tx is None else float(tx) * KIB,
+            pcie_receive_bytes_per_second=None if rx is None else float(rx) * KIB,
+            encoder_utilization_ratio=None if encoder is None else encoder[0] / 100.0,
+            decoder_utilization_ratio=None if decoder is None else decoder[0] / 100.0,
+            memory_bandwidth_utilization_ratio=memory_bandwidth,
+            graphics_engine_active_ratio=gpm.get(nvml.NVML_GPM_METRIC_GRAPHICS_UTIL),
+            sm_active_ratio=gpm.get(nvml.NVML_GPM_METRIC_SM_UTIL),
+            sm_occupancy_ratio=gpm.get(nvml.NVML_GPM_METRIC_SM_OCCUPANCY),
+            tensor_active_ratio=gpm.get(nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
+            dram_active_ratio=gpm.get(nvml.NVML_GPM_METRIC_DRAM_BW_UTIL),
+        )
+
+    def _memory_temperature(self, device: _Device, calls: _Calls) -> float | None:
+        nvml = self.nvml
+        values = calls.optional("nvmlDeviceGetFieldValues(memory temperature)",
+                                nvml.nvmlDeviceGetFieldValues, device.handle,
+                                [nvml.NVML_FI_DEV_MEMORY_TEMP])
+        if not values:
+            return None
+        (value,) = values
+        if value.nvmlReturn == nvml.NVML_SUCCESS:
+            return _field_value(nvml, value)
+        if value.nvmlReturn == nvml.NVML_ERROR_NOT_SUPPORTED:
+            device.unsupported.add("nvmlDeviceGetFieldValues(memory temperature)")
+        else:
+            calls.failed("nvmlDeviceGetFieldValues(memory temperature)",
+                         nvml.NVMLError(value.nvmlReturn), optional=True)
+        return None
+
+    def _gpm(self, device: _Device, calls: _Calls) -> dict[int, float]:
+        """GPM activity over the last collection interval: this read's sample against the
+        previous one, both kept on the GPU's worker. Empty on the first read and without GPM."""
+        nvml = self.nvml
+        if not device.gpm_checked:
+            device.gpm_checked = True
+            query = getattr(nvml, "nvmlGpmQueryDeviceSupport", None)  # nvidia-ml-py >= 12.535
+            if query is None:
+                return {}
+            support = calls.optional("nvmlGpmQueryDeviceSupport", query, device.handle)
+            if support is None or not support.isSupportedDevice:
+                return {}
+            previous = calls.optional("nvmlGpmSampleAlloc", nvml.nvmlGpmSampleAlloc)
+            current = calls.optional("nvmlGpmSampleAlloc", nvml.nvmlGpmSampleAlloc)
+            if previous is None or current is None:
+                return {}
+            device.gpm_samples = [previous, current]
+        if device.gpm_samples is None or calls.lost:
+            return {}
+        previous, current = device.gpm_samples
+        if calls.optional("nvmlGpmSampleGet", nvml.nvmlGpmSampleGet, device.handle,
+                          current) is None:
+            device.gpm_previous = False  # a gap: the next pair must not span it
+            return {}
+        device.gpm_samples = [current, previous]  # this sample is the next read's previous
+        if not device.gpm_previous:
+            device.gpm_previous = True
+            return {}
+        wanted = (nvml.NVML_GPM_METRIC_GRAPHICS_UTIL, nvml.NVML_GPM_METRIC_SM_UTIL,
+                  nvml.NVML_GPM_METRIC_SM_OCCUPANCY, nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+                  nvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(wanted)
+        request.sample1, request.sample2 = previous, current
+        for slot, metric in enumerate(wanted):
+            request.metrics[slot].metricId = metric
+        result = calls.optional("nvmlGpmMetricsGet", nvml.nvmlGpmMetricsGet, request)
+        if result is None:
+            return {}
+        out = {}
+        for slot in range(len(wanted)):
+            metric = result.metrics[slot]
+            if metric.nvmlReturn == nvml.NVML_SUCCESS:
+                # percent; clamp: a ratio outside 0-1 is a driver rounding artefact
+                out[int(metric.metricId)] = min(1.0, max(0.0, float(metric.value) / 100.0))
+        return out
+
+
+class _Calls:
+    """Runs NVML calls for one GPU: NotSupported → absent, GpuIsLost stops the rest.
+
+    :meth:`run` is a core read (its failure sets ``up`` to 0); :meth:`optional` an issue-16
+    read, whose NotSupported is remembered in ``unsupported`` so it is not asked again.
+    """
+
+    def __init__(self, nvml: Any, gpu: int, unsupported: set[str] | None = None) -> None:
         self.nvml = nvml
         self.gpu = gpu
         self.errors: list[CallError] = []
         self.lost = False
+        self.unsupported = set() if unsupported is None else unsupported
+
+    def optional(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.lost or name in self.unsupported:
+            return None
+        try:
+            return fn(*args)
+        except (self.nvml.NVMLError_NotSupported, self.nvml.NVMLError_FunctionNotFound):
+            self.unsupported.add(name)
+            return None
+        except self.nvml.NVMLError as exc:
+            self.failed(name, exc, optional=True)
+            return None
 
     def run(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         if self.lost:
@@ -487,10 +866,11 @@ class _Calls:
             self.failed(name, exc)
             return None
 
-    def failed(self, name: str, exc: BaseException) -> None:
+    def failed(self, name: str, exc: BaseException, optional: bool = False) -> None:
         if isinstance(exc, self.nvml.NVMLError_GpuIsLost):
             self.lost = True
-        self.errors.append(CallError(self.gpu, name, f"{type(exc).__name__}: {exc}"))
+            optional = False  # a lost GPU is down whichever read found it
+        self.errors.append(CallError(self.gpu, name, f"{type(exc).__name__}: {exc}", optional))
 
 
 def _stale(gpu: Gpu) -> Gpu:
@@ -525,6 +905,23 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _optional_text(nvml: Any, fn: Callable[..., Any], *args: Any) -> str | None:
+    """An identity string read once at start (VBIOS, serial); None where NVML has none."""
+    try:
+        text = _text(fn(*args)).strip()
+    except nvml.NVMLError:
+        return None
+    return text[:128] or None  # bounded: it becomes a label value
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _mhz(value: Any) -> float | None:
+    return None if value is None else float(value) * MHZ
+
+
 def load_pynvml() -> ModuleType:
     try:
         import pynvml
@@ -542,6 +939,7 @@ def build(config: NvmlConfig, clock: Clock, nvml: Any = None) -> NvmlGpuSource:
         node=config.node or socket.gethostname(),
         pool=config.pool,
         call_timeout=config.call_timeout,
+        export_serial=config.export_serial,
         resolve_model=catalogue_resolver(),
         clock=clock,
     )

@@ -18,3 +18,7 @@ class NvmlSource:
     )
     node: str = opt("", help="Node name of this machine; empty: the host name.")
     pool: str = opt("", help="Pool (Slurm partition or node pool) of this machine's GPUs.")
+    export_serial: bool = opt(
+        False, help="Export each GPU's board serial number as the `serial` label of "
+        "gpufleet_gpu_info. Off by default: some sites treat serials as asset data.",
+    )

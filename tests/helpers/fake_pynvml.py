@@ -14,11 +14,22 @@ It behaves like nvidia-ml-py at its function boundary:
 Scenarios: MIG devices behind MIG handles, a GPU lost at run time, functions
 that answer NOT_SUPPORTED, per-call failures, a driver without the v2 memory
 or the TemperatureV entry points, and calls that wedge until released.
+
+Issue 16: health and performance reads with NVML's structs and units (ECC
+counts, retired-page address lists, the remapped-rows 4-tuple, NVLink error
+counters per link and their all-link total fields, the clock-event reason
+mask, MHz clocks, KB/s PCIe throughput, percent fan and engine utilisation,
+GPM samples and ``c_nvmlGpmMetricsGet_t``), an XID injected through an event
+set (:meth:`FakeNvml.inject_xid`; ``nvmlEventSetWait_v2`` raises
+``NVMLError_Timeout`` when none is queued), and a driver without
+``nvmlDeviceGetCurrentClocksEventReasons``.
 It is passed to the NVML source as its ``nvml`` module; nothing is patched.
 """
 
 from __future__ import annotations
 
+import collections
+import ctypes
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +67,33 @@ class FakeGpu:
     lost: bool = False
     not_supported: set[str] = field(default_factory=set)  # function names
     failing: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
+    # issue 16: identity, health and performance, in NVML's units
+    vbios: str = "96.00.99.00.01"
+    serial: str = "1654923012345"
+    utilization_memory: int = 0  # percent (utilization.memory)
+    xid_events: bool = True  # False: registering for XID events answers NOT_SUPPORTED
+    ecc: dict[tuple[int, int], int] = field(default_factory=dict)  # (error type, counter) -> n
+    retired_pages: dict[int, list[int]] | None = None  # cause -> addresses; None: NOT_SUPPORTED
+    retired_pending: bool = False
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failure
+    nvlink_errors: dict[int, list[int]] = field(default_factory=dict)  # counter -> per link
+    nvlink_error_totals: bool = True  # False: a driver without the *_COUNT_TOTAL fields
+    pcie_replay: int = 0
+    clock_reasons: int = 0  # nvmlClocksEventReason* bits
+    clocks_mhz: dict[int, int] = field(default_factory=lambda: {
+        real.NVML_CLOCK_SM: 1980, real.NVML_CLOCK_MEM: 2619, real.NVML_CLOCK_GRAPHICS: 1980})
+    max_clocks_mhz: dict[int, int] = field(default_factory=lambda: {
+        real.NVML_CLOCK_SM: 1980, real.NVML_CLOCK_MEM: 2619, real.NVML_CLOCK_GRAPHICS: 1980})
+    memory_temperature: int | None = 41  # Celsius; None: the field answers NOT_SUPPORTED
+    fan_percent: int | None = None  # None: passively cooled, NOT_SUPPORTED
+    pstate: int = 0
+    pcie_generation: int = 5
+    pcie_width: int = 16
+    pcie_tx_kbs: int = 0  # KB/s
+    pcie_rx_kbs: int = 0
+    encoder: int = 0  # percent
+    decoder: int = 0
+    gpm: dict[int, float] | None = None  # NVML_GPM_METRIC_* -> percent; None: no GPM support
 
 
 @dataclass(frozen=True)
@@ -68,12 +106,21 @@ def _raise(code: int) -> None:
     raise real.NVMLError(code)  # pynvml maps the code to its NVMLError_* subclass
 
 
+class _EventSet:
+    """What nvmlEventSetCreate hands out: the GPUs registered and the events queued."""
+
+    def __init__(self) -> None:
+        self.registered: dict[int, int] = {}  # GPU index -> event type mask
+        self.queue: collections.deque[tuple[int, int, int]] = collections.deque()
+        self.freed = False
+
+
 class FakeNvml:
     """Stands in for the ``pynvml`` module; unknown attributes come from the real one."""
 
     def __init__(self, gpus: list[FakeGpu], *, driver_version: str = "550.54.15",
                  library_present: bool = True, memory_v2: bool = True,
-                 temperature_v: bool = True) -> None:
+                 temperature_v: bool = True, clocks_event_reasons: bool = True) -> None:
         self.gpus = gpus
         self.driver_version = driver_version
         self.library_present = library_present
@@ -84,6 +131,10 @@ class FakeNvml:
         # (function name, GPU index) -> event the call waits on: a wedged driver call
         self.wedged: dict[tuple[str, int], threading.Event] = {}
         self._lock = threading.Lock()
+        self.clocks_event_reasons = clocks_event_reasons
+        self.event_sets: list[_EventSet] = []
+        self._gpm_samples: dict[int, Any] = {}  # address -> the struct, kept alive
+        self._gpm_taken: dict[int, tuple[int, dict[int, float]]] = {}  # address -> GPU, values
 
     def __getattr__(self, name: str) -> Any:
         # constants, error classes and structs are pynvml's own; functions must be ours
@@ -167,7 +218,7 @@ class FakeNvml:
         gpu = self._enter("nvmlDeviceGetUtilizationRates", handle)
         if handle.mig is not None or gpu.mig is not None:
             _raise(real.NVML_ERROR_NOT_SUPPORTED)  # NVML has no utilization under MIG
-        return real.c_nvmlUtilization_t(gpu=gpu.utilization, memory=0)
+        return real.c_nvmlUtilization_t(gpu=gpu.utilization, memory=gpu.utilization_memory)
 
     def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> Any:
         gpu = self._enter("nvmlDeviceGetMemoryInfo", handle)
@@ -229,6 +280,14 @@ class FakeNvml:
                 counters = gpu.nvlink_tx_kib if transmit else gpu.nvlink_rx_kib
                 value.valueType = real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                 value.value.ullVal = counters[scope]
+            elif field_id == real.NVML_FI_DEV_MEMORY_TEMP and gpu.memory_temperature is not None:
+                value.valueType = real.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = gpu.memory_temperature
+            elif field_id in _NVLINK_ERROR_TOTALS and links and gpu.nvlink_error_totals:
+                counts = gpu.nvlink_errors.get(_NVLINK_ERROR_TOTALS[field_id], [])
+                value.valueType = real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                value.value.ullVal = sum(count for link, count in enumerate(counts[:links])
+                                         if link not in gpu.unsupported_links)
             else:
                 value.nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
         return values
@@ -264,5 +323,204 @@ class FakeNvml:
             _raise(real.NVML_ERROR_INVALID_ARGUMENT)
         return gpu.mig[handle.mig].gpu_instance_id
 
+    # --- issue 16: identity -----------------------------------------------------------
+
+    def nvmlDeviceGetVbiosVersion(self, handle: _Handle) -> str:
+        return self._enter("nvmlDeviceGetVbiosVersion", handle).vbios
+
+    def nvmlDeviceGetSerial(self, handle: _Handle) -> str:
+        return self._enter("nvmlDeviceGetSerial", handle).serial
+
+    # --- issue 16: XID events ---------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._enter("nvmlEventSetCreate")
+        events = _EventSet()
+        with self._lock:
+            self.event_sets.append(events)
+        return events
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, eventTypes: int, eventSet: _EventSet) -> None:
+        gpu = self._enter("nvmlDeviceRegisterEvents", handle)
+        if not gpu.xid_events:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)
+        eventSet.registered[handle.gpu] = eventSet.registered.get(handle.gpu, 0) | eventTypes
+
+    def nvmlEventSetWait_v2(self, eventSet: _EventSet, timeoutms: int) -> real.c_nvmlEventData_t:
+        self._enter("nvmlEventSetWait_v2")
+        if eventSet.freed:
+            _raise(real.NVML_ERROR_INVALID_ARGUMENT)
+        with self._lock:
+            if not eventSet.queue:
+                _raise(real.NVML_ERROR_TIMEOUT)  # the real call waits timeoutms first
+            _gpu, event_type, data = eventSet.queue.popleft()
+        return real.c_nvmlEventData_t(eventType=event_type, eventData=data)
+
+    def nvmlEventSetFree(self, eventSet: _EventSet) -> None:
+        self._enter("nvmlEventSetFree")
+        eventSet.freed = True
+
+    def inject_xid(self, gpu: int, xid: int) -> int:
+        """The driver reports an XID on ``gpu``: queued on every set registered for it.
+        Returns how many sets received it (0: nobody listens)."""
+        delivered = 0
+        with self._lock:
+            for events in self.event_sets:
+                if not events.freed and \
+                        events.registered.get(gpu, 0) & real.nvmlEventTypeXidCriticalError:
+                    events.queue.append((gpu, real.nvmlEventTypeXidCriticalError, xid))
+                    delivered += 1
+        return delivered
+
+    # --- issue 16: health -------------------------------------------------------------
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, errorType: int, counterType: int) -> int:
+        gpu = self._enter("nvmlDeviceGetTotalEccErrors", handle)
+        if errorType not in (real.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                             real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED) \
+                or counterType not in (real.NVML_VOLATILE_ECC, real.NVML_AGGREGATE_ECC):
+            _raise(real.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.ecc.get((errorType, counterType), 0)
+
+    def nvmlDeviceGetRetiredPages(self, device: _Handle, sourceFilter: int) -> list[int]:
+        gpu = self._enter("nvmlDeviceGetRetiredPages", device)
+        if gpu.retired_pages is None:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)  # Ampere and later remap rows instead
+        return list(gpu.retired_pages.get(sourceFilter, []))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: _Handle) -> int:
+        gpu = self._enter("nvmlDeviceGetRetiredPagesPendingStatus", device)
+        if gpu.retired_pages is None:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)
+        return real.NVML_FEATURE_ENABLED if gpu.retired_pending else real.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetRemappedRows(self, device: _Handle) -> tuple[int, int, int, int]:
+        gpu = self._enter("nvmlDeviceGetRemappedRows", device)
+        if gpu.remapped_rows is None:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)  # before Ampere
+        return gpu.remapped_rows
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: _Handle, link: int, counter: int) -> int:
+        gpu = self._enter("nvmlDeviceGetNvLinkErrorCounter", device)
+        if link >= len(gpu.nvlink_tx_kib) or counter >= real.NVML_NVLINK_ERROR_COUNT:
+            _raise(real.NVML_ERROR_INVALID_ARGUMENT)
+        if link in gpu.unsupported_links:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.nvlink_errors.get(counter, [0] * 64)[link]
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: _Handle) -> int:
+        return self._enter("nvmlDeviceGetPcieReplayCounter", handle).pcie_replay
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
+        gpu = self._enter("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if not self.clocks_event_reasons:
+            _raise(real.NVML_ERROR_FUNCTION_NOT_FOUND)  # a driver older than 535
+        return gpu.clock_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: _Handle) -> int:
+        return self._enter("nvmlDeviceGetCurrentClocksThrottleReasons", handle).clock_reasons
+
+    # --- issue 16: performance --------------------------------------------------------
+
+    def nvmlDeviceGetClockInfo(self, handle: _Handle, type: int) -> int:
+        gpu = self._enter("nvmlDeviceGetClockInfo", handle)
+        if type not in gpu.clocks_mhz:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.clocks_mhz[type]
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: _Handle, type: int) -> int:
+        gpu = self._enter("nvmlDeviceGetMaxClockInfo", handle)
+        if type not in gpu.max_clocks_mhz:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.max_clocks_mhz[type]
+
+    def nvmlDeviceGetFanSpeed(self, handle: _Handle) -> int:
+        gpu = self._enter("nvmlDeviceGetFanSpeed", handle)
+        if gpu.fan_percent is None:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.fan_percent
+
+    def nvmlDeviceGetPerformanceState(self, handle: _Handle) -> int:
+        return self._enter("nvmlDeviceGetPerformanceState", handle).pstate
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: _Handle) -> int:
+        return self._enter("nvmlDeviceGetCurrPcieLinkGeneration", handle).pcie_generation
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: _Handle) -> int:
+        return self._enter("nvmlDeviceGetCurrPcieLinkWidth", handle).pcie_width
+
+    def nvmlDeviceGetPcieThroughput(self, device: _Handle, counter: int) -> int:
+        gpu = self._enter("nvmlDeviceGetPcieThroughput", device)
+        if counter == real.NVML_PCIE_UTIL_TX_BYTES:
+            return gpu.pcie_tx_kbs
+        if counter == real.NVML_PCIE_UTIL_RX_BYTES:
+            return gpu.pcie_rx_kbs
+        _raise(real.NVML_ERROR_INVALID_ARGUMENT)
+        return 0
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: _Handle) -> list[int]:
+        return [self._enter("nvmlDeviceGetEncoderUtilization", handle).encoder, 167_000]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: _Handle) -> list[int]:
+        return [self._enter("nvmlDeviceGetDecoderUtilization", handle).decoder, 167_000]
+
+    # --- issue 16: GPM ----------------------------------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, device: _Handle) -> real.c_nvmlGpmSupport_t:
+        gpu = self._enter("nvmlGpmQueryDeviceSupport", device)
+        return real.c_nvmlGpmSupport_t(version=real.NVML_GPM_SUPPORT_VERSION,
+                                       isSupportedDevice=int(gpu.gpm is not None))
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._enter("nvmlGpmSampleAlloc")
+        struct = real.struct_c_nvmlGpmSample_t()
+        sample = real.c_nvmlGpmSample_t(struct)
+        with self._lock:
+            self._gpm_samples[ctypes.addressof(struct)] = struct
+        return sample
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        self._enter("nvmlGpmSampleFree")
+        with self._lock:
+            address = ctypes.addressof(gpmSample.contents)
+            self._gpm_samples.pop(address, None)
+            self._gpm_taken.pop(address, None)
+
+    def nvmlGpmSampleGet(self, device: _Handle, gpmSample: Any) -> Any:
+        gpu = self._enter("nvmlGpmSampleGet", device)
+        if gpu.gpm is None:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)
+        with self._lock:
+            self._gpm_taken[ctypes.addressof(gpmSample.contents)] = (device.gpu, dict(gpu.gpm))
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        self._enter("nvmlGpmMetricsGet")
+        if metricsGet.version != real.NVML_GPM_METRICS_GET_VERSION:
+            _raise(real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        with self._lock:
+            first = self._gpm_taken.get(ctypes.addressof(metricsGet.sample1.contents))
+            second = self._gpm_taken.get(ctypes.addressof(metricsGet.sample2.contents))
+        if first is None or second is None or first[0] != second[0] \
+                or metricsGet.sample1.contents is metricsGet.sample2.contents:
+            _raise(real.NVML_ERROR_INVALID_ARGUMENT)
+        values = second[1]  # the activity of the interval ending at the second sample
+        for slot in range(metricsGet.numMetrics):
+            metric = metricsGet.metrics[slot]
+            if metric.metricId in values:
+                metric.nvmlReturn = real.NVML_SUCCESS
+                metric.value = values[metric.metricId]
+            else:
+                metric.nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
+        return metricsGet
+
+
+# NVLink error total fields -> the per-link counter they sum (as NVML sums them)
+_NVLINK_ERROR_TOTALS = {
+    real.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: real.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+    real.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: real.NVML_NVLINK_ERROR_DL_CRC_DATA,
+    real.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: real.NVML_NVLINK_ERROR_DL_REPLAY,
+    real.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: real.NVML_NVLINK_ERROR_DL_RECOVERY,
+}
 
 FAKE_FUNCTIONS = sorted(n for n in vars(FakeNvml) if n.startswith("nvml"))
