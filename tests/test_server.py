@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import json
 
+import pytest
+
 from exporter.collect import Collector
 from exporter.config import Config
-from exporter.server import STATE, make_app
+from exporter.server import STATE, make_app, snapshot_bodies
 from exporter.snapshot import from_json
 from exporter.sources import NoData, SourceReading
 from exporter.sources.sim import build as sim_source
@@ -175,3 +178,36 @@ async def test_no_data_after_good_readings_serves_nothing_stale():
     assert snapshot.gpus == () and snapshot.allocations == ()
     (status,) = snapshot.sources
     assert status.up is False and status.last_success_time == START
+
+
+def test_snapshot_json_is_strict_json():
+    # RFC 8259 has no NaN: a non-finite number is written as null, never as NaN
+    sim = sim_source(SimSource(seed=1), lambda: START)
+    snapshot = asyncio.run(Collector([sim], 10, clock=lambda: START).collect())
+    gpu = dataclasses.replace(snapshot.gpus[0], temperature_celsius=float("nan"))
+    node = dataclasses.replace(snapshot.nodes[0], cpu_cores=float("inf"))
+    bad = dataclasses.replace(snapshot, gpus=(gpu, *snapshot.gpus[1:]),
+                              nodes=(node, *snapshot.nodes[1:]))
+    body, zipped = snapshot_bodies(bad, 5)
+    data = json.loads(body, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+    assert (data["gpus"][0]["temperature_celsius"], data["nodes"][0]["cpu_cores"]) == (None, None)
+    assert data["gpus"][1]["uuid"] == snapshot.gpus[1].uuid
+    assert gzip.decompress(zipped) == body
+
+
+async def test_snapshot_encoded_once_per_snapshot_and_gzipped(aiohttp_client):
+    client = await aiohttp_client(_app(interval=60))
+    await _wait_ready(client)
+    state = client.app[STATE]
+    replies = await asyncio.gather(*(client.get("/v1/snapshot", auto_decompress=False,
+                                                headers={"Accept-Encoding": "gzip"})
+                                     for _ in range(5)))
+    bodies = {await r.read() for r in replies}
+    assert [(r.status, r.headers["Content-Encoding"]) for r in replies] == [(200, "gzip")] * 5
+    assert len(bodies) == 1
+    assert state.snapshot_body is not None and state.snapshot_body[0] is state.current
+    job = state.snapshot_body[1]
+    plain = await client.get("/v1/snapshot", headers={"Accept-Encoding": "identity"})
+    assert "Content-Encoding" not in plain.headers
+    assert gzip.decompress(bodies.pop()) == await plain.read()
+    assert state.snapshot_body[1] is job  # the same encoding served every request

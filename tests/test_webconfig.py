@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
+import socket
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from exporter.collect import Collector
-from exporter.config import Config
+from exporter.config import Config, WebConfig
 from exporter.errors import ConfigError
-from exporter.server import Protection, make_app
+from exporter.server import Protection, make_app, start
 from exporter.sources.sim import build as sim_source
 from exporter.sources.sim_options import SimSource
 from exporter.webconfig import (
@@ -443,3 +447,84 @@ async def test_reads_need_the_bearer_token_and_skip_basic_auth(aiohttp_client, t
     assert (await client.get("/metrics", headers={"Authorization": "Bearer t0ken"})).status == 401
     openapi = await client.get("/v1/openapi.json", headers=basic)
     assert openapi.status == 404  # not basic-auth refused: the route is the advisor's, absent here
+
+
+# --- TLS behind the connection limits (server_limits._TLSLayer), in-process ---------------
+
+
+@contextlib.asynccontextmanager
+async def _tls_serving(tmp_path: Path, pki: Pki, limits: WebConfig) -> AsyncIterator[tuple[int, Any]]:
+    """The exporter over TLS on a free port, with ``limits``: the port and its gate."""
+    path = tmp_path / "web.yml"
+    path.write_text(f"tls_server_config:\n  cert_file: {pki.cert}\n  key_file: {pki.key}\n")
+    sim = sim_source(SimSource(seed=1), lambda: START)
+    config = Config(collect_interval=60, web=limits)
+    app = make_app(config, Collector([sim], config.source_timeout, clock=lambda: START),
+                   protection=Protection(LiveWebConfig(path)))
+    sock = socket.create_server(("127.0.0.1", 0))
+    runner = await start(app, sock, limits)
+    try:
+        (site,) = runner.sites
+        yield sock.getsockname()[1], site.gate  # type: ignore[attr-defined]
+    finally:
+        await runner.cleanup()
+
+
+async def _tls_get(port: int, pki: Pki, path: str = "/-/healthy") -> int:
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context,
+                                                   server_hostname="127.0.0.1")
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
+        raw = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    return int(raw.split(b" ", 2)[1])
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    try:
+        while await asyncio.wait_for(reader.read(65536), seconds):
+            pass
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+
+async def test_a_stalled_handshake_is_closed_after_the_header_timeout(tmp_path, pki):
+    async with _tls_serving(tmp_path, pki, WebConfig(header_timeout=0.5)) as (port, gate):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # no ClientHello
+        try:
+            assert await _closed_within(reader, 0.5 + 5.0)
+        finally:
+            writer.close()
+        for _ in range(100):
+            if not gate.guards:
+                break
+            await asyncio.sleep(0.05)
+        assert gate.guards == set()  # a failed handshake never reached the guard, yet freed it
+        assert await _tls_get(port, pki) == 200
+
+
+async def test_connections_in_their_handshake_are_evicted_for_a_scraper(tmp_path, pki):
+    async with _tls_serving(tmp_path, pki, WebConfig(max_connections=3, header_timeout=30)) as (
+            port, gate):
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        try:
+            for _ in range(100):
+                if len(gate.guards) == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(gate.guards) == 3
+            assert await _tls_get(port, pki) == 200  # the longest-waiting silent one made room
+            assert await _closed_within(silent[0][0], 5.0)
+        finally:
+            for _, writer in silent:
+                writer.close()
+        for _ in range(100):
+            if not gate.guards:
+                break
+            await asyncio.sleep(0.05)
+        assert gate.guards == set()
