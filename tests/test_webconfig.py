@@ -528,3 +528,32 @@ async def test_connections_in_their_handshake_are_evicted_for_a_scraper(tmp_path
                 break
             await asyncio.sleep(0.05)
         assert gate.guards == set()
+
+
+async def test_client_allowed_sans_refuse_another_client_certificate(tmp_path, pki):
+    for allowed, expected in (("scraper.example", 200), ("other.example", 403)):
+        path = tmp_path / "web.yml"
+        path.write_text(f"""tls_server_config:
+  cert_file: {pki.cert}
+  key_file: {pki.key}
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: {pki.ca}
+  client_allowed_sans: [{allowed}]
+""")
+        sim = sim_source(SimSource(seed=1), lambda: START)
+        config = Config(collect_interval=60)
+        app = make_app(config, Collector([sim], config.source_timeout, clock=lambda: START),
+                       protection=Protection(LiveWebConfig(path)))
+        sock = socket.create_server(("127.0.0.1", 0))
+        runner = await start(app, sock, config.web)
+        try:
+            context = ssl.create_default_context(cafile=str(pki.ca))
+            context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", sock.getsockname()[1], ssl=context, server_hostname="127.0.0.1")
+            writer.write(b"GET /-/healthy HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            raw = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+        finally:
+            await runner.cleanup()
+        assert int(raw.split(b" ", 2)[1]) == expected, allowed
