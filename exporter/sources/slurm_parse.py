@@ -20,17 +20,28 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from exporter.catalogue import Catalogue
+from exporter.errors import one_line
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, Placement
 
 
 class SlurmParseError(ValueError):
     """Slurm's output is not what we expect; the message says what and where."""
+
+
+# Hostlists and index lists are ranges a few characters long: "n[0-999999999]" was a
+# billion names, and "n[0-99]x[0-99]y[0-99]" a million. The largest Slurm clusters have
+# tens of thousands of nodes, and a node's CPU ids some thousands.
+MAX_EXPANDED = 100_000
+# GPUs one GRES entry may give a node: the largest chassis hold 72, and the snapshot's
+# layout is one record per GPU (``gpu:h200:99999999999`` would have been that many).
+MAX_GRES_GPUS = 1024
 
 
 # Jobs in these states hold their nodes' GPUs and CPUs (COMPLETING: until the epilog ends).
@@ -66,8 +77,11 @@ def expand_ranges(text: str) -> list[str]:
         if not dash:
             out.append(low)
             continue
-        if not (low.isdigit() and high.isdigit()) or int(high) < int(low):
-            raise SlurmParseError(f"bad range {part!r}")
+        # ASCII digits only: "²".isdigit() is True and int() refuses it
+        if not ((low + high).isascii() and low.isdigit() and high.isdigit()) or int(high) < int(low):
+            raise SlurmParseError(f"bad range {part[:40]!r}")
+        if len(out) + int(high) - int(low) >= MAX_EXPANDED:
+            raise SlurmParseError(f"range {part[:40]!r}: more than {MAX_EXPANDED} items")
         width = len(low) if low.startswith("0") else 0
         out += [f"{n:0{width}d}" for n in range(int(low), int(high) + 1)]
     return out
@@ -84,6 +98,8 @@ def expand_hostlist(text: str) -> list[str]:
     for item in _split_top(text):
         pieces = _BRACKET.split(item)  # literal, ranges, literal, ranges, ...
         choices = [[p] if i % 2 == 0 else expand_ranges(p) for i, p in enumerate(pieces)]
+        if len(names) + math.prod(map(len, choices)) > MAX_EXPANDED:
+            raise SlurmParseError(f"hostlist {item[:40]!r}: more than {MAX_EXPANDED} names")
         names += ["".join(combo) for combo in itertools.product(*choices)]
     return names
 
@@ -92,7 +108,10 @@ def expand_index_list(text: str) -> tuple[int, ...]:
     """A GRES IDX list: ``0,2-3`` -> ``(0, 2, 3)``; ``N/A`` -> ``()``."""
     if text.strip() in ("", "N/A"):
         return ()
-    return tuple(int(i) for i in expand_ranges(text))
+    items = expand_ranges(text)
+    if not all(i.isascii() and i.isdigit() for i in items):
+        raise SlurmParseError(f"bad index list {text[:40]!r}")
+    return tuple(int(i) for i in items)
 
 
 def count_cpu_ids(text: str) -> int:
@@ -136,12 +155,14 @@ def parse_gres(text: str) -> list[Gres]:
         indices = expand_index_list(extra.split("IDX:", 1)[1]) if "IDX:" in extra else None
         name, gres_type, count = pieces[0], "", None
         rest = pieces[1:]
-        if rest and rest[-1].isdigit():
+        if rest and rest[-1].isascii() and rest[-1].isdigit():
             count = int(rest.pop())
         if rest:
             gres_type = rest[0]
         if count is None:
             count = len(indices) if indices is not None else 1
+        if name == "gpu" and count > MAX_GRES_GPUS:
+            raise SlurmParseError(f"GRES {item[:40]!r}: more than {MAX_GRES_GPUS} GPUs")
         out.append(Gres(name, gres_type, count, indices))
     return out
 
@@ -161,7 +182,7 @@ def parse_tres_gpus(text: str) -> list[Gres]:
         if pieces[0] != "gpu":
             continue
         rest = pieces[1:]
-        count = int(rest.pop()) if rest and rest[-1].isdigit() else 1
+        count = int(rest.pop()) if rest and rest[-1].isascii() and rest[-1].isdigit() else 1
         out.append(Gres("gpu", rest[0] if rest else "", count))
     return out
 
@@ -236,7 +257,8 @@ def _each(items: Iterable[Any], parse: Callable[[Any], Any], on_error: OnError, 
     for item in items:
         try:
             out.append(parse(item))
-        except (SlurmParseError, KeyError, ValueError, TypeError, AttributeError) as exc:
+        # OverflowError: float() of a 400-digit integer, or a time before year 1 in this zone
+        except (SlurmParseError, KeyError, ValueError, TypeError, AttributeError, OverflowError) as exc:
             message = f"{what}: skipped a record: {type(exc).__name__}: {exc}"
             if on_error is None:
                 raise SlurmParseError(message) from None
@@ -274,9 +296,27 @@ def _json_errors(data: Mapping[str, Any], what: str) -> None:
     # "errors" (seen on 22.05: {"error": "Unspecified error", "source": "slurm_load_jobs"})
     errors = data.get("errors") or []
     if errors:
-        first = errors[0]
-        text = first.get("description") or first.get("error") or str(first)
-        raise SlurmParseError(f"{what}: Slurm reported an error: {text}")
+        first = errors[0] if isinstance(errors, list) else errors
+        text = (first.get("description") or first.get("error")) if isinstance(first, Mapping) else None
+        raise SlurmParseError(f"{what}: Slurm reported an error: {one_line(str(text or first)[:200])}")
+
+
+def _load_json(text: str, what: str, key: str) -> Mapping[str, Any]:
+    """The output as JSON, with ``key`` a list; SlurmParseError for anything else."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmParseError(f"{what}: not JSON ({exc.msg} at char {exc.pos})") from None
+    except (ValueError, RecursionError) as exc:  # a 4,300-digit integer; 1,000 nested arrays
+        raise SlurmParseError(f"{what}: not JSON ({type(exc).__name__})") from None
+    if not isinstance(data, Mapping) or key not in data:
+        raise SlurmParseError(f"{what}: no '{key}' in the output")
+    _json_errors(data, what)
+    if not isinstance(data[key], list):
+        raise SlurmParseError(f"{what}: '{key}' is not a list")
+    return data
 
 
 def _allocated_nodes(job: Mapping[str, Any]) -> list[tuple[str, int]]:
@@ -306,15 +346,7 @@ def parse_squeue_json(
 ) -> list[SlurmJob]:
     """``squeue --json``. ``threads``: threads per core by node (from sinfo), because 22.05
     lists allocated *cores* per node while ``scontrol`` lists CPU ids (threads)."""
-    import json
-
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmParseError(f"squeue --json: not JSON ({exc.msg} at char {exc.pos})") from None
-    if not isinstance(data, Mapping) or "jobs" not in data:
-        raise SlurmParseError("squeue --json: no 'jobs' in the output")
-    _json_errors(data, "squeue --json")
+    data = _load_json(text, "squeue --json", "jobs")
     threads = threads or {}
     return _each(data["jobs"], lambda job: _job_from_json(job, threads), on_error, "squeue --json")
 
@@ -356,16 +388,8 @@ def _job_from_json(job: Mapping[str, Any], threads: Mapping[str, int]) -> SlurmJ
 
 
 def parse_sinfo_json(text: str, on_error: OnError = None) -> list[SlurmNode]:
-    import json
-
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmParseError(f"sinfo --json: not JSON ({exc.msg} at char {exc.pos})") from None
-    if not isinstance(data, Mapping) or "nodes" not in data:
-        # 23.02+ groups nodes per partition under "sinfo"; the text fallback covers it
-        raise SlurmParseError("sinfo --json: no 'nodes' in the output")
-    _json_errors(data, "sinfo --json")
+    # no "nodes": 23.02+ groups nodes per partition under "sinfo"; the text fallback covers it
+    data = _load_json(text, "sinfo --json", "nodes")
     return _each(data["nodes"], _node_from_json, on_error, "sinfo --json")
 
 
