@@ -124,10 +124,11 @@ def test_failed_required_query_fails_the_read_optional_ones_are_partial():
 
 
 def test_dcgm_queries_are_per_field_too():
+    from exporter.sources.dcgm_mapping import GPU_FIELDS
     from exporter.sources.prometheus import build_dcgm_queries
 
     queries = build_dcgm_queries(PrometheusConfig(metrics="dcgm", selector='job="dcgm"'))
-    assert len(queries) == 15
+    assert len(queries) == len(GPU_FIELDS) + 2 == 53  # a field each, MIG instances, targets
     assert queries["DCGM_FI_DEV_FB_USED"] == 'DCGM_FI_DEV_FB_USED{job="dcgm"}'
     assert queries["mig"] == '{__name__=~"DCGM_FI_.+", GPU_I_ID!="", job="dcgm"}'
 

@@ -22,7 +22,24 @@ field                                       what it is
 ``DCGM_FI_PROF_NVLINK_TX/RX_BYTES``         *rates* in B/s, although named bytes
 ``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL``      declared a counter, behaves as a rate
                                             of uncertain unit: kept raw, as a gauge
+``DCGM_FI_DEV_SM_CLOCK``, ``MEM_CLOCK``,     MHz (NVML's unit too): x 10^6 to Hz
+``MAX_SM_CLOCK``, ``MAX_MEM_CLOCK``
+``DCGM_FI_DEV_MEM_COPY_UTIL``,               percent: NVML's utilization.memory,
+``ENC_UTIL``, ``DEC_UTIL``, ``FAN_SPEED``    encoder, decoder, fan (0-100)
+``DCGM_FI_PROF_*_ACTIVE``, ``SM_OCCUPANCY``  already ratios (0-1), as NVML's GPM
+``DCGM_FI_PROF_PCIE_TX/RX_BYTES``           rates in B/s (dcp-metrics-included.csv)
+``DCGM_FI_DEV_XID_ERRORS``                  the *last* XID (0: none yet), not a count
+``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``         NVML's clock-event bitmask, same bits
+                                            (``CLOCK_THROTTLE_REASONS``: its old name)
+``DCGM_FI_DEV_MEMORY_TEMP``                 degrees Celsius; 0 where the board has no
+                                            HBM sensor (the L4 sample): absent
 ==========================================  ==========================================
+
+Everything dcgm-exporter's default counters file and ``dcp-metrics-included.csv`` export
+lands in the family NVML's reading of the same fact fills (``GPU_FIELDS``); what dcgm
+cannot give (XID counts, the last XID's time, the graphics clock) stays absent, and the
+fields deliberately dropped are listed with the reason in ``docs/sources.md`` (a test
+checks every field of the real samples is one or the other).
 
 Labels vary across versions: ``Hostname`` became ``hostname`` (dcgm-exporter
 PR #655), ``UUID`` may be ``uuid``. A MIG GPU instance is identified by
@@ -42,12 +59,22 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
 
-from exporter.snapshot import Allocation, Gpu, MigInstance, Node, Placement
+from exporter.snapshot import (
+    Allocation,
+    Gpu,
+    GpuHealth,
+    GpuPerformance,
+    MigInstance,
+    Node,
+    Placement,
+)
 from exporter.sources.gpu_models import ModelResolver, unknown_model
 
 MIB = 1024 * 1024
+HZ_PER_MHZ = 1_000_000
 
 # DCGM's blank sentinels (dcgm_structs.h). Each type has BLANK and the next
 # 15 values reserved (NOT_FOUND, NOT_SUPPORTED, NOT_PERMISSIONED, ...).
@@ -75,28 +102,88 @@ def is_blank(value: float) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class FieldRule:
-    """Where one DCGM field goes and the factor that turns it into base units."""
+    """Where one DCGM field goes and the factor that turns it into base units.
 
-    target: str  # key in GpuValues
-    scale: float
+    ``kind`` is what the snapshot holds: a float, an int (counters, codes, P-states) or a
+    flag (pending/failure states, true when non-zero). ``zero_is_absent``: 0 means "none"
+    for this field, not a reading (the last XID before any; a board without an HBM sensor).
+    ``upto``: a larger value is DCGM's "unknown" (P-state 32), so absent.
+    """
+
+    target: str  # key in _GpuValues.values: a Gpu, GpuHealth or GpuPerformance field name
+    scale: float = 1.0
+    per: float = 1.0  # divided by after scaling: 41 / 100 is 0.41 where 41 * 0.01 is not
+    kind: Literal["float", "int", "flag"] = "float"
+    zero_is_absent: bool = False
+    upto: float | None = None
 
 
-# Whole-GPU fields we use; anything else from dcgm-exporter is ignored (not an error).
+# Whole-GPU fields we use, each onto the family NVML's reading of the same fact fills;
+# anything else from dcgm-exporter is ignored (not an error) and, when the default counters
+# or the samples have it, listed as dropped in docs/sources.md.
 GPU_FIELDS: dict[str, FieldRule] = {
     "DCGM_FI_DEV_FB_USED": FieldRule("fb_used_bytes", MIB),
     "DCGM_FI_DEV_FB_FREE": FieldRule("fb_free_bytes", MIB),
     "DCGM_FI_DEV_FB_RESERVED": FieldRule("fb_reserved_bytes", MIB),
     "DCGM_FI_DEV_FB_TOTAL": FieldRule("fb_total_bytes", MIB),
-    "DCGM_FI_DEV_GPU_UTIL": FieldRule("utilization_ratio", 0.01),
-    "DCGM_FI_DEV_GPU_TEMP": FieldRule("temperature_celsius", 1.0),
-    "DCGM_FI_DEV_POWER_USAGE": FieldRule("power_watts", 1.0),
-    "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": FieldRule("power_limit_watts", 1.0),
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": FieldRule("power_mgmt_limit_watts", 1.0),
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": FieldRule("energy_joules", 0.001),
-    "DCGM_FI_PROF_NVLINK_TX_BYTES": FieldRule("nvlink_transmit_bytes_per_second", 1.0),
-    "DCGM_FI_PROF_NVLINK_RX_BYTES": FieldRule("nvlink_receive_bytes_per_second", 1.0),
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": FieldRule("nvlink_bandwidth_raw", 1.0),
+    "DCGM_FI_DEV_GPU_UTIL": FieldRule("utilization_ratio", per=100),
+    "DCGM_FI_DEV_GPU_TEMP": FieldRule("temperature_celsius"),
+    "DCGM_FI_DEV_POWER_USAGE": FieldRule("power_watts"),
+    "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": FieldRule("power_limit_watts"),
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": FieldRule("power_mgmt_limit_watts"),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": FieldRule("energy_joules", per=1000),
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": FieldRule("nvlink_transmit_bytes_per_second"),
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": FieldRule("nvlink_receive_bytes_per_second"),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": FieldRule("nvlink_bandwidth_raw"),
+    # -- performance (GpuPerformance) --
+    "DCGM_FI_DEV_SM_CLOCK": FieldRule("sm_clock_hertz", HZ_PER_MHZ),
+    "DCGM_FI_DEV_MEM_CLOCK": FieldRule("memory_clock_hertz", HZ_PER_MHZ),
+    "DCGM_FI_DEV_MAX_SM_CLOCK": FieldRule("sm_clock_max_hertz", HZ_PER_MHZ),
+    "DCGM_FI_DEV_MAX_MEM_CLOCK": FieldRule("memory_clock_max_hertz", HZ_PER_MHZ),
+    "DCGM_FI_DEV_MEMORY_TEMP": FieldRule("memory_temperature_celsius", zero_is_absent=True),
+    "DCGM_FI_DEV_FAN_SPEED": FieldRule("fan_speed_ratio", per=100),
+    "DCGM_FI_DEV_PSTATE": FieldRule("performance_state", kind="int", upto=15),
+    "DCGM_FI_DEV_PCIE_LINK_GEN": FieldRule("pcie_link_generation", kind="int"),
+    "DCGM_FI_DEV_PCIE_LINK_WIDTH": FieldRule("pcie_link_width", kind="int"),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": FieldRule("pcie_transmit_bytes_per_second"),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": FieldRule("pcie_receive_bytes_per_second"),
+    "DCGM_FI_DEV_ENC_UTIL": FieldRule("encoder_utilization_ratio", per=100),
+    "DCGM_FI_DEV_DEC_UTIL": FieldRule("decoder_utilization_ratio", per=100),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": FieldRule("memory_bandwidth_utilization_ratio", per=100),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": FieldRule("graphics_engine_active_ratio"),
+    "DCGM_FI_PROF_SM_ACTIVE": FieldRule("sm_active_ratio"),
+    "DCGM_FI_PROF_SM_OCCUPANCY": FieldRule("sm_occupancy_ratio"),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": FieldRule("tensor_active_ratio"),
+    "DCGM_FI_PROF_DRAM_ACTIVE": FieldRule("dram_active_ratio"),
+    # -- health (GpuHealth) --
+    "DCGM_FI_DEV_XID_ERRORS": FieldRule("last_xid", kind="int", zero_is_absent=True),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": FieldRule("ecc_single_bit_volatile", kind="int"),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": FieldRule("ecc_double_bit_volatile", kind="int"),
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": FieldRule("ecc_single_bit_aggregate", kind="int"),
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": FieldRule("ecc_double_bit_aggregate", kind="int"),
+    "DCGM_FI_DEV_RETIRED_SBE": FieldRule("retired_pages_single_bit", kind="int"),
+    "DCGM_FI_DEV_RETIRED_DBE": FieldRule("retired_pages_double_bit", kind="int"),
+    "DCGM_FI_DEV_RETIRED_PENDING": FieldRule("retired_pages_pending", kind="flag"),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": FieldRule("remapped_rows_correctable", kind="int"),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": FieldRule("remapped_rows_uncorrectable",
+                                                         kind="int"),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": FieldRule("remapped_rows_pending", kind="flag"),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": FieldRule("remapped_rows_failure", kind="flag"),
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": FieldRule("nvlink_crc_flit_errors",
+                                                               kind="int"),
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": FieldRule("nvlink_crc_data_errors",
+                                                               kind="int"),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": FieldRule("nvlink_replay_errors", kind="int"),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": FieldRule("nvlink_recovery_errors",
+                                                               kind="int"),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": FieldRule("pcie_replay_errors", kind="int"),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": FieldRule("clock_event_reasons", kind="int"),
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": FieldRule("clock_event_reasons", kind="int"),
 }
+
+_HEALTH_FIELDS = frozenset(f.name for f in fields(GpuHealth))
+_PERFORMANCE_FIELDS = frozenset(f.name for f in fields(GpuPerformance))
+_KINDS = {rule.target: rule.kind for rule in GPU_FIELDS.values()}
 
 # Fields a MIG GPU instance series carries that we use (newer dcgm-exporter
 # exports framebuffer per GPU instance; profiling fields we ignore).
@@ -118,6 +205,16 @@ NAMESPACE_LABELS = ("exported_namespace", "namespace")
 CONTAINER_LABELS = ("exported_container", "container")
 MIG_ID_LABEL = "GPU_I_ID"
 MIG_PROFILE_LABEL = "GPU_I_PROFILE"
+# Static fields dcgm-exporter turns into labels (the "label" rows of its counters file).
+DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
+VBIOS_LABEL = "DCGM_FI_DEV_VBIOS_VERSION"
+# Every label the mapping reads; docs/sources.md lists the ones it drops (tests/test_dcgm_fields.py).
+MAPPED_LABELS = frozenset((*NODE_LABELS, *UUID_LABELS, *INDEX_LABELS, *MODEL_LABELS, *PCI_LABELS,
+                           *POD_LABELS, *NAMESPACE_LABELS, MIG_ID_LABEL, MIG_PROFILE_LABEL,
+                           DRIVER_LABEL, VBIOS_LABEL))
+# Driver and VBIOS versions are short ("580.105.08", "96.00.74.00.01"); a longer value is
+# hostile and would become a gpufleet_gpu_info label on every scrape, so it is dropped.
+MAX_VERSION_CHARS = 64
 
 # A100/H100/H200/B200 have 7 compute slices; a "3g.40gb" instance holds 3/7 of
 # the GPU. (The A30 has 4; its shares come out low, which we accept over guessing.)
@@ -167,6 +264,8 @@ class _GpuValues:
     uuid: str
     product: str = ""
     pci_bus_id: str = ""
+    driver_version: str = ""
+    vbios_version: str = ""
     values: dict[str, float] = field(default_factory=dict)
     mig: dict[int, _MigValues] = field(default_factory=dict)
     # (namespace, pod) -> share of this GPU held (MIG slices add up)
@@ -236,8 +335,10 @@ class DcgmFleetBuilder:
             self._add_pod(gpu, labels, pod, mig_id)
         if rule is None or is_blank(value):
             return False
+        if (rule.zero_is_absent and value == 0) or (rule.upto is not None and value > rule.upto):
+            return False
         target = gpu.mig[mig_id].values if mig_id is not None else gpu.values
-        target[rule.target] = value * rule.scale
+        target[rule.target] = value * rule.scale / rule.per
         self.used += 1
         return True
 
@@ -258,7 +359,9 @@ class DcgmFleetBuilder:
             raise OverCap(f"too many GPUs: more than {self.max_gpus}")
         node = first_label(labels, NODE_LABELS) or self.default_node
         gpu = _GpuValues(node, index, uuid, first_label(labels, MODEL_LABELS),
-                         first_label(labels, PCI_LABELS))
+                         first_label(labels, PCI_LABELS),
+                         _version(labels.get(DRIVER_LABEL, "")),
+                         _version(labels.get(VBIOS_LABEL, "")))
         self._gpus[uuid] = gpu
         return gpu
 
@@ -307,6 +410,10 @@ class DcgmFleetBuilder:
                 ),
                 pci_bus_id=values.pci_bus_id or None,
                 dcgm_nvlink_bandwidth_raw=v.get("nvlink_bandwidth_raw"),
+                driver_version=values.driver_version or None,
+                vbios_version=values.vbios_version or None,
+                health=_group(GpuHealth, _HEALTH_FIELDS, v),
+                performance=_group(GpuPerformance, _PERFORMANCE_FIELDS, v),
             )
             gpus.append(gpu)
             rates[values.uuid] = (v.get("nvlink_transmit_bytes_per_second"),
@@ -342,6 +449,26 @@ class DcgmFleetBuilder:
                                           placements=tuple(placements),
                                           namespace=namespace, pod=pod))
         return DcgmFleet(tuple(nodes), tuple(gpus), tuple(allocations), rates, self.skipped)
+
+
+def _version(value: str) -> str:
+    return value if len(value) <= MAX_VERSION_CHARS and value.isprintable() else ""
+
+
+def _group(cls: Any, names: frozenset[str], values: Mapping[str, float]) -> Any:
+    """``cls`` (GpuHealth or GpuPerformance) from the values it has; None when it has none,
+    so a dcgm-exporter exporting none of those fields reads as "not supported"."""
+    given = {name: _typed(name, value) for name, value in values.items() if name in names}
+    return cls(**given) if given else None
+
+
+def _typed(name: str, value: float) -> float | int | bool:
+    kind = _KINDS[name]
+    if kind == "int":
+        return round(value)
+    if kind == "flag":
+        return value != 0
+    return value
 
 
 def _memory_total(values: Mapping[str, float]) -> float | None:

@@ -382,7 +382,7 @@ def node_parts(snapshot: FleetSnapshot) -> dict[str, SourceReading]:
 def build_dcgm_queries(config: PrometheusConfig) -> dict[str, str]:
     """One raw query per DCGM field the dcgm source maps (the labels carry the GPU, MIG
     instance and pod), every series of a MIG instance (some carry only profiling fields,
-    yet name the instance), and the targets: 15 queries whatever the fleet size."""
+    yet name the instance), and the targets: 53 queries whatever the fleet size."""
     inner = config.selector
     sel = f", {inner}" if inner else ""
     queries = {field_name: f"{field_name}{{{inner}}}" for field_name in GPU_FIELDS}
