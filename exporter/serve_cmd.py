@@ -90,12 +90,14 @@ def run(args: argparse.Namespace) -> int:
     names = enabled_sources(config)
     if not names:
         raise ConfigError("sources: no source is enabled (enable sources.sim, or pass --source)")
+    # the web config first: a bad one stops the start before any source or outbox is opened
+    live = LiveWebConfig(config.web.config_file) if config.web.config_file else None
     try:
         collector, state, advisor = assemble(config, names)
     except SourceStartupError as exc:
         print(f"gpufleet: {exc}", file=sys.stderr)
         return 2
-    guard = protection(config, advisor)
+    guard = protection(config, advisor, live)
     app = make_app(config, collector, state, guard)
     if advisor is not None:
         from exporter.advisor.service import install
@@ -135,11 +137,11 @@ def metrics_url(address: tuple, scheme: str = "http") -> str:
     return url
 
 
-def protection(config: Config, advisor: AdvisorService | None) -> Protection:
-    """The web config file (``--web.config.file`` or ``web.config_file``; a bad one stops the
-    start, exit 2) and whether GET /v1/* needs the advisor's token: by default, when the
-    file is set, because then the operator has asked for the endpoints to be protected."""
-    live = LiveWebConfig(config.web.config_file) if config.web.config_file else None
+def protection(config: Config, advisor: AdvisorService | None,
+               live: LiveWebConfig | None) -> Protection:
+    """The web config file (``--web.config.file`` or ``web.config_file``, loaded) and whether
+    GET /v1/* needs the advisor's token: by default when the file is set, because then the
+    operator has asked for the endpoints to be protected."""
     reads = config.api.require_token_for_reads
     if reads is None:
         reads = live is not None

@@ -26,6 +26,11 @@ neither connections nor requests. Four limits, each cheap:
   so a slow reader of a large /metrics (2.5 MB at 1,088 GPUs) holds its slot as it
   does in Go.
 
+Over TLS (a web config file, exporter/webconfig.py), :class:`_TLSLayer` sits between
+the socket and the guard, made per connection with the context current at that moment:
+a handshake counts against the same limits (evictable, bounded by the header timeout,
+its slot freed when it fails), and a reloaded certificate reaches new connections only.
+
 Shed connections are logged by :class:`IntervalLog` as one ``connections shed`` line per
 10 s at most, with the counts, never one per connection. :func:`accept_error_handler`
 adds asyncio's ``accept()`` errors (``EMFILE``) to the same line: asyncio reports one per

@@ -557,3 +557,22 @@ async def test_client_allowed_sans_refuse_another_client_certificate(tmp_path, p
         finally:
             await runner.cleanup()
         assert int(raw.split(b" ", 2)[1]) == expected, allowed
+
+
+def test_a_bad_web_config_stops_serve_with_exit_2_on_one_line(tmp_path, capsys, monkeypatch):
+    from exporter.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: missing.crt\n  key_file: missing.key\n")
+    assert main(["serve", "--listen", "127.0.0.1:0", "--web.config.file", str(web)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"gpufleet: {web}: tls_server_config.cert_file: cannot read "
+                   f"{tmp_path / 'missing.crt'}: No such file or directory\n")
+    assert list(tmp_path.iterdir()) == [web]  # nothing opened before the check (no outbox)
+    config = tmp_path / "gpufleet.yaml"
+    config.write_text(f"web:\n  config_file: {tmp_path / 'nope.yml'}\n")
+    assert main(["serve", "--listen", "127.0.0.1:0", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"gpufleet: {tmp_path / 'nope.yml'}: web.config_file: cannot read "
+        f"{tmp_path / 'nope.yml'}: No such file or directory\n")
