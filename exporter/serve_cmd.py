@@ -171,7 +171,6 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     sources = [build_source(n, getattr(config.sources, n), clock) for n in names]
     collector = Collector(sources, config.source_timeout, clock=clock, timer=timer)
     state = ServingState()
-
     advisor = None
     if config.analysis.enabled:
         from exporter.analysis.families import LiveAnalyzer
