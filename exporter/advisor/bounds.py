@@ -35,12 +35,15 @@ from exporter.snapshot import (
     Allocation,
     FleetSnapshot,
     Gpu,
+    GpuHealth,
+    GpuPerformance,
     JobRequest,
     MigInstance,
     Node,
     Placement,
     SourceStatus,
     UnmatchedGpus,
+    XidCount,
     from_json,
 )
 
@@ -267,6 +270,34 @@ SNAPSHOT_FIELDS: dict[type, dict[str, Check]] = {
         "nvlink_transmit_bytes": _RATE, "nvlink_receive_bytes": _RATE,
         "nvlink_capacity_bytes_per_second": _RATE, "up": boolean, "stale": boolean,
         "pci_bus_id": optional(string()), "dcgm_nvlink_bandwidth_raw": _RATE,
+        "driver_version": optional(string()), "vbios_version": optional(string()),
+        "serial": optional(string()),
+    },
+    XidCount: {"xid": integer(0, 2 ** 31), "count": integer(0, 2 ** 63 - 1)},
+    # counters as the driver keeps them (64-bit), flags, and NVML's 64-bit reason mask
+    GpuHealth: {
+        "last_xid": optional(integer(0, 2 ** 31)), "last_xid_time": optional(_TIME),
+        **{name: optional(integer(0, 2 ** 64 - 1)) for name in (
+            "ecc_single_bit_volatile", "ecc_double_bit_volatile", "ecc_single_bit_aggregate",
+            "ecc_double_bit_aggregate", "retired_pages_single_bit", "retired_pages_double_bit",
+            "remapped_rows_correctable", "remapped_rows_uncorrectable", "nvlink_crc_flit_errors",
+            "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors",
+            "pcie_replay_errors", "clock_event_reasons")},
+        **{name: optional(boolean) for name in (
+            "retired_pages_pending", "remapped_rows_pending", "remapped_rows_failure")},
+    },
+    GpuPerformance: {
+        **{name: _RATE for name in (
+            "sm_clock_hertz", "memory_clock_hertz", "graphics_clock_hertz", "sm_clock_max_hertz",
+            "memory_clock_max_hertz", "graphics_clock_max_hertz", "pcie_transmit_bytes_per_second",
+            "pcie_receive_bytes_per_second")},
+        "memory_temperature_celsius": optional(number(-273.15, 1e4)),
+        "performance_state": optional(integer(0, 32)), "pcie_link_generation": optional(integer(0, 64)),
+        "pcie_link_width": optional(integer(0, 1024)),
+        **{name: optional(number(0, 1e3)) for name in (
+            "fan_speed_ratio", "encoder_utilization_ratio", "decoder_utilization_ratio",
+            "memory_bandwidth_utilization_ratio", "graphics_engine_active_ratio", "sm_active_ratio",
+            "sm_occupancy_ratio", "tensor_active_ratio", "dram_active_ratio")},
     },
     Placement: {
         "node": string(), "gpus": array(_GPU_INDEX, MAX_GPUS_PER_NODE),
@@ -292,6 +323,9 @@ SNAPSHOT_FIELDS: dict[type, dict[str, Check]] = {
     UnmatchedGpus: {"side": string(), "count": integer(0, 2 ** 63 - 1)},
 }
 SNAPSHOT_FIELDS[Gpu]["mig"] = array(record(MigInstance, SNAPSHOT_FIELDS[MigInstance]), 64)
+SNAPSHOT_FIELDS[GpuHealth]["xid_counts"] = array(record(XidCount, SNAPSHOT_FIELDS[XidCount]), 1024)
+SNAPSHOT_FIELDS[Gpu]["health"] = optional(record(GpuHealth, SNAPSHOT_FIELDS[GpuHealth]))
+SNAPSHOT_FIELDS[Gpu]["performance"] = optional(record(GpuPerformance, SNAPSHOT_FIELDS[GpuPerformance]))
 SNAPSHOT_FIELDS[Allocation]["placements"] = array(record(Placement, SNAPSHOT_FIELDS[Placement]),
                                                   MAX_NODES)
 SNAPSHOT_FIELDS[FleetSnapshot] = {
