@@ -557,12 +557,10 @@ class Authenticator:
             self._dummies[cost] = bcrypt.hashpw(b"gpufleet-unknown-user", bcrypt.gensalt(cost))
         return self._dummies[cost]
 
-    def verify(self, users: dict[bytes, bytes], user: bytes, password: bytes) -> bool:
-        """The check itself, blocking: for the worker thread (or a test)."""
+    def _compare(self, users: dict[bytes, bytes], user: bytes, password: bytes) -> bool:
+        """The bcrypt check, blocking (in the worker thread): the cache is left to the
+        caller, so that only the event loop's thread ever touches it."""
         hashed = users.get(user)
-        if hashed is not None and self.cached(user, hashed, password):
-            return True
-        known = hashed is not None
         if hashed is None:
             costs = [int(h[4:6]) for h in users.values()]
             hashed = self.dummy(max(costs) if costs else 10)
@@ -571,9 +569,17 @@ class Authenticator:
             ok = bcrypt.checkpw(password, hashed)
         except ValueError:  # a password over 72 bytes: bcrypt 5 refuses it, as Go's does
             ok = False
-        if ok and known:
+        return ok and user in users
+
+    def verify(self, users: dict[bytes, bytes], user: bytes, password: bytes) -> bool:
+        """The whole check in the calling thread: the cache, then bcrypt (for tests)."""
+        hashed = users.get(user)
+        if hashed is not None and self.cached(user, hashed, password):
+            return True
+        ok = self._compare(users, user, password)
+        if ok and hashed is not None:
             self.remember(user, hashed, password)
-        return ok and known
+        return ok
 
     async def check(self, users: dict[bytes, bytes], header: str) -> bool:
         """True if ``header`` (the Authorization value) names a user with the right password.
@@ -592,10 +598,13 @@ class Authenticator:
         self._pending += 1
         try:
             loop = asyncio.get_running_loop()
-            return await asyncio.shield(loop.run_in_executor(
-                self._executor, self.verify, users, user, password))
+            ok = await asyncio.shield(loop.run_in_executor(
+                self._executor, self._compare, users, user, password))
         finally:
             self._pending -= 1
+        if ok and hashed is not None:
+            self.remember(user, hashed, password)
+        return ok
 
     def close(self) -> None:
         if self._executor is not None:

@@ -346,7 +346,10 @@ async def test_check_answers_cached_on_the_loop_and_refuses_a_queue():
     auth.close()
     queued = Authenticator()
     assert await queued.check(users, _basic("alice", "secret"))
+    assert await queued.check(users, _basic("alice", "secret"))
+    assert queued.checks == 1  # the worker's success was cached by the loop
     assert not await queued.check(users, _basic("alice", "nope"))
+    assert queued.checks == 2
     queued.close()
 
 
