@@ -32,6 +32,9 @@ class GpuSpec:
     generation: float | None
     tier: int | None
     known: bool = True
+    # The model a variant is sold as ("H100" for "H100-PCIe" and "H100-NVL"): what the tier
+    # rule, which speaks in models rather than SKUs, compares. A model's own name otherwise.
+    family: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +62,7 @@ class Catalogue:
 
 
 def unknown_spec(name: str) -> GpuSpec:
-    return GpuSpec(name, None, None, None, None, "unknown", None, None, known=False)
+    return GpuSpec(name, None, None, None, None, "unknown", None, None, known=False, family=name)
 
 
 _warned: set[str] = set()
@@ -104,6 +107,7 @@ def parse_catalogue(text: str) -> Catalogue:
                 architecture=entry["architecture"],
                 generation=entry.get("generation"),
                 tier=entry.get("tier"),
+                family=entry.get("family", entry["name"]),
             )
         )
         for expr in entry.get("match", []):

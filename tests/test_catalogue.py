@@ -6,6 +6,7 @@ import pytest
 
 from exporter.alerting.thresholds import load_thresholds
 from exporter.catalogue import GB, default_catalogue, parse_catalogue
+from exporter.placement.tiers import tier_models
 from exporter.sources.gpu_models import catalogue_resolver
 
 TABLE = Path(__file__).resolve().parent.parent / "rules" / "thresholds.yaml"
@@ -134,3 +135,22 @@ def test_a_model_without_published_figures_parses_to_none():
     assert spec.known and spec.name == "X1"
     assert spec.memory_bytes is None and spec.tdp_watts is None
     assert spec.nvlink_bandwidth_bytes_per_second is None
+
+
+@pytest.mark.parametrize(("product", "family"), [
+    ("NVIDIA H100 PCIe", "H100"), ("NVIDIA H100 NVL", "H100"), ("NVIDIA H100 80GB HBM3", "H100"),
+    ("NVIDIA H200 NVL", "H200"), ("NVIDIA A100-PCIE-40GB", "A100"),
+    ("NVIDIA A100 80GB PCIe", "A100-80GB"), ("NVIDIA B200", "B200"), ("NVIDIA GH200 480GB", "GH200"),
+])
+def test_each_variant_names_the_model_it_is_sold_as(product, family):
+    assert default_catalogue().get(product).family == family
+
+
+def test_variants_stay_in_their_models_placement_tier():
+    # the reference tiers list H100 for 40-80 GB: an H100 PCIe node takes such a job, as
+    # it did when the catalogue folded it into H100; an A100 PCIe node does not
+    fleet = ["NVIDIA A100-PCIE-40GB", "NVIDIA H100 PCIe", "NVIDIA H200 NVL"]
+    assert tier_models(60 * GB, fleet) == ("NVIDIA H100 PCIe",)
+    assert tier_models(100 * GB, fleet) == ("NVIDIA H200 NVL",)
+    assert tier_models(20 * GB, fleet) == ("NVIDIA A100-PCIE-40GB", "NVIDIA H100 PCIe")
+    assert default_catalogue().get("G2").family == "G2"

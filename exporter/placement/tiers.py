@@ -59,8 +59,8 @@ def tier_models(need_bytes: float, fleet_models: Sequence[str], allowed: Sequenc
     the fleet has no tier for the need, or the job allows none of its models.
     """
     catalogue = catalogue or default_catalogue()
-    # catalogue names; an unknown model (the openb trace's G2, G3) is in no tier
-    names = {m: spec.name if (spec := catalogue.find(m)) else None for m in fleet_models}
+    # catalogue models ("H100-PCIe" counts as H100); an unknown one (openb's G2, G3) is in no tier
+    names = {m: spec.family if (spec := catalogue.find(m)) else None for m in fleet_models}
     for tier in tiers[tier_of(need_bytes, tiers):]:
         present = [m for m in fleet_models if names[m] in tier.models]
         if present:
