@@ -158,6 +158,9 @@ def protection(config: Config, advisor: AdvisorService | None,
     if live is not None:
         log.info("web config loaded", extra={"path": live.path, "tls": live.tls,
                                              "users": len(live.current.users)})
+        if live.current.users and not live.tls:  # allowed, as in exporter-toolkit, but said
+            log.warning("basic auth without TLS: passwords cross the network in clear "
+                        "(set tls_server_config in the web config file)")
     return Protection(live, token, reads)
 
 

@@ -474,15 +474,20 @@ async def _tls_serving(tmp_path: Path, pki: Pki, limits: WebConfig) -> AsyncIter
 
 
 async def _tls_get(port: int, pki: Pki, path: str = "/-/healthy") -> int:
+    """The status of one GET over TLS without a client certificate; 0 for no HTTP answer
+    (with TLS 1.3 a refused client certificate shows after the client's handshake)."""
     context = ssl.create_default_context(cafile=str(pki.ca))
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context,
-                                                   server_hostname="127.0.0.1")
     try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
-        raw = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-    return int(raw.split(b" ", 2)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context,
+                                                       server_hostname="127.0.0.1")
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
+            raw = await asyncio.wait_for(reader.read(), 10)
+        finally:
+            writer.close()
+    except (ssl.SSLError, ConnectionError):
+        return 0
+    return int(raw.split(b" ", 2)[1]) if raw else 0
 
 
 async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
@@ -579,3 +584,46 @@ def test_a_bad_web_config_stops_serve_with_exit_2_on_one_line(tmp_path, capsys, 
     assert capsys.readouterr().err == (
         f"gpufleet: {tmp_path / 'nope.yml'}: web.config_file: cannot read "
         f"{tmp_path / 'nope.yml'}: No such file or directory\n")
+
+
+async def test_a_reload_reaches_new_connections_whole_and_keeps_open_ones(tmp_path, pki):
+    """Client auth switched on by a reload: a new connection without a client certificate
+    fails its handshake, while a connection opened before keeps being served (a context per
+    connection, not only the certificate an SNI callback could swap)."""
+    path = tmp_path / "web.yml"
+    path.write_text(f"tls_server_config:\n  cert_file: {pki.cert}\n  key_file: {pki.key}\n")
+    live = LiveWebConfig(path)
+    sim = sim_source(SimSource(seed=1), lambda: START)
+    config = Config(collect_interval=60)
+    app = make_app(config, Collector([sim], config.source_timeout, clock=lambda: START),
+                   protection=Protection(live))
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    runner = await start(app, sock, config.web)
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context,
+                                                       server_hostname="127.0.0.1")
+
+        async def healthy() -> bytes:
+            writer.write(b"GET /-/healthy HTTP/1.1\r\nHost: t\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            return head.split(b"\r\n")[0] + b" " + await reader.readexactly(length)
+
+        assert await healthy() == b"HTTP/1.1 200 OK gpufleet is healthy.\n"
+        path.write_text(f"tls_server_config:\n  cert_file: {pki.cert}\n  key_file: {pki.key}\n"
+                        "  client_auth_type: RequireAndVerifyClientCert\n"
+                        f"  client_ca_file: {pki.ca}\n")
+        assert await asyncio.to_thread(live.poll)
+        assert await _tls_get(port, pki) == 0  # no client certificate: no answer
+        assert await healthy() == b"HTTP/1.1 200 OK gpufleet is healthy.\n"  # the old one stays
+        writer.close()
+        mutual = ssl.create_default_context(cafile=str(pki.ca))
+        mutual.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=mutual,
+                                                       server_hostname="127.0.0.1")
+        assert await healthy() == b"HTTP/1.1 200 OK gpufleet is healthy.\n"
+        writer.close()
+    finally:
+        await runner.cleanup()
