@@ -40,6 +40,10 @@ TABLE = Path(__file__).resolve().parent.parent / "rules" / "thresholds.yaml"
         ("NVIDIA GB200", "GB200", 186, None, 5, 1800),
         ("NVIDIA GH200 480GB", "GH200", 96, None, 4, None),
         ("NVIDIA GH200 144G HBM3e", "GH200-144GB", 144, None, 4, None),
+        # other spellings drivers report for the same parts (seen in public nvidia-smi output)
+        ("NVIDIA GH200 144GB HBM3e", "GH200-144GB", 144, None, 4, None),
+        ("NVIDIA A100-PCIE-80GB", "A100-80GB-PCIe", 80, 300, 3, 600),
+        ("NVIDIA H200 141GB HBM3e", "H200", 141, 700, 4, 900),
     ],
 )
 def test_catalogue_specs(name, model, memory_gb, tdp, nvlink, bandwidth_gbps):

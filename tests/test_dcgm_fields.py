@@ -311,3 +311,19 @@ def test_hostile_version_labels_are_dropped(version):
     gpu = _gpu({"DCGM_FI_DEV_GPU_TEMP": "40"}, labels)
     assert gpu.driver_version is None
     assert gpu.vbios_version == "96.00.99.00.01"
+
+
+@pytest.mark.parametrize(("product", "model", "capacity"), [
+    ("NVIDIA H100 PCIe", "H100-PCIe", 600e9),  # was H100, 900 GB/s, before the variants
+    ("NVIDIA H200 NVL", "H200-NVL", 900e9),
+    ("NVIDIA A100-PCIE-40GB", "A100-PCIe", 600e9),
+    ("NVIDIA L40S", "L40S", None),
+])
+async def test_modelname_picks_the_variant(read_samples, product, model, capacity):  # noqa: F811
+    out = await read_samples(body({"DCGM_FI_DEV_POWER_USAGE": "300.000000"},
+                                  LABELS.replace("NVIDIA H100 80GB HBM3", product)))
+    assert out.value("gpufleet_gpu_power_watts", **GPU, model=model) == 300
+    if capacity is None:
+        assert out.absent("gpufleet_gpu_nvlink_capacity_bytes_per_second")
+    else:
+        assert out.value("gpufleet_gpu_nvlink_capacity_bytes_per_second", **GPU) == capacity
