@@ -287,9 +287,12 @@ def test_dcgm_no_value_markers_stay_absent():
         "DCGM_FI_DEV_FAN_SPEED": "2147483632",  # DCGM_INT32_BLANK: passively cooled
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "9223372036854775792",  # DCGM_INT64_BLANK
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "0",
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "-5",  # hostile: a count below zero
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "-1",
     })
     assert gpu.health is not None
     assert gpu.health.last_xid is None and gpu.health.ecc_double_bit_volatile is None
+    assert gpu.health.ecc_single_bit_volatile is None and gpu.health.clock_event_reasons is None
     assert gpu.health.pcie_replay_errors == 0  # a real 0 stays
     assert gpu.performance is None  # none of its values was a reading
 

@@ -107,7 +107,9 @@ class FieldRule:
     ``kind`` is what the snapshot holds: a float, an int (counters, codes, P-states) or a
     flag (pending/failure states, true when non-zero). ``zero_is_absent``: 0 means "none"
     for this field, not a reading (the last XID before any; a board without an HBM sensor).
-    ``upto``: a larger value is DCGM's "unknown" (P-state 32), so absent.
+    ``upto``: a larger value is DCGM's "unknown" (P-state 32), so absent. A negative int or
+    flag (a count, a code, a mask) cannot be a reading either: absent, never a counter that
+    goes below zero.
     """
 
     target: str  # key in _GpuValues.values: a Gpu, GpuHealth or GpuPerformance field name
@@ -336,6 +338,8 @@ class DcgmFleetBuilder:
         if rule is None or is_blank(value):
             return False
         if (rule.zero_is_absent and value == 0) or (rule.upto is not None and value > rule.upto):
+            return False
+        if rule.kind != "float" and value < 0:  # a negative count or code is no reading
             return False
         target = gpu.mig[mig_id].values if mig_id is not None else gpu.values
         target[rule.target] = value * rule.scale / rule.per
