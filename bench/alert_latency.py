@@ -45,7 +45,6 @@ from tests.test_alerting_e2e import EXPORTER_CONFIG, HOT, _prometheus_config  # 
 # (alert, severity, receiver, labels that pick the one instance we watch)
 WATCHED = (
     ("GpuTemperatureHigh", "critical", "pager", HOT),
-    ("GpuPowerHigh", "critical", "pager", HOT),
     ("GpuClusterFragmentationHigh", "warning", "gpufleet-advisor", {"pool": "gpu-h100"}),
 )
 GROUP_WAIT = 1.0  # routed_config(fast=True) sets every group_wait to 1s

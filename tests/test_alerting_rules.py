@@ -314,8 +314,13 @@ def test_rules_that_need_care_are_written_with_it():
     assert rules[("GpufleetSourceDown", "warning", None)] == "gpufleet_source_up == 0"
     assert rules[("GpufleetSourceDownEverywhere", "critical", None)] == (
         'max by (cluster, source) (gpufleet_source_up{target=""}) == 0')
-    assert rules[("GpuXidError", "critical", None)] == (
-        'increase(gpufleet_gpu_xid_errors_total{xid=~"48|63|64|74|79|92|94|95"}[10m]) > 0')
+    xids = '{xid=~"48|63|64|74|79|92|94|95"}'
+    assert rules[("GpuXidError", "critical", None)].splitlines() == [
+        "(", f"  increase(gpufleet_gpu_xid_errors_total{xids}[10m]) > 0", "  or",
+        f"  (gpufleet_gpu_xid_errors_total{xids}",
+        f"    unless gpufleet_gpu_xid_errors_total{xids} offset 10m)",
+        "  and on (cluster, node, gpu)",
+        "    time() - gpufleet_gpu_last_xid_timestamp_seconds < 600", ") > 0"]
 
 
 def test_job_metadata_never_reaches_an_alerts_labels():

@@ -110,8 +110,17 @@ METRICS: dict[str, MetricDef] = {
                   f"{_GPU} has not answered for <FOR>: it is lost or every read of it fails."),
         # XIDs are events: an increase over 10 min holds the alert for 10 min after one,
         # long enough to be seen, short enough to resolve once the GPU is quiet again.
+        # A GPU's first XID of a code creates its series at 1, which increase() cannot see
+        # (no earlier sample): a series new in the last 10 min counts too, if the GPU's
+        # last XID is that recent (so a restarted Prometheus does not page on old ones).
+        # The increase is filtered first: `or` would keep its 0 over the new series' 1.
         MetricDef("gpu_xid_critical",
-                  'increase(gpufleet_gpu_xid_errors_total{xid=~"{critical_xids}"}[10m])',
+                  '(\n  increase(gpufleet_gpu_xid_errors_total{xid=~"{critical_xids}"}[10m]) > 0\n'
+                  '  or\n'
+                  '  (gpufleet_gpu_xid_errors_total{xid=~"{critical_xids}"}\n'
+                  '    unless gpufleet_gpu_xid_errors_total{xid=~"{critical_xids}"} offset 10m)\n'
+                  "  and on (cluster, node, gpu)\n"
+                  "    time() - gpufleet_gpu_last_xid_timestamp_seconds < 600\n)",
                   "count", "gpu", (">",),
                   f"{_GPU} reported XID {{{{ $labels.xid }}}} (<VALUE> in the last 10m, "
                   "for <FOR>), an error that needs a human: see the runbook for what it means."),

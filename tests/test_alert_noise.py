@@ -1,0 +1,31 @@
+"""Issue 15's noise budget, the quick version of bench/alert_noise.py.
+
+Every scenario of the simulated fleet at once, at speed 60 for half a simulated hour,
+under a real Prometheus and Alertmanager running the committed rules and routing
+(tests/helpers/noise.py): one page per page-worthy fault and nothing else pages, each
+fault's page carries one alert, and every ticket is grouped per pool or per account.
+Latencies are the bench's business (no timing assertions here).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.noise import known_faults, replay
+
+
+@pytest.mark.slow
+def test_every_scenario_together_pages_once_per_page_worthy_fault_and_groups_tickets(tmp_path):
+    faults = known_faults()
+    run = replay(tmp_path, "every scenario together", faults, speed=60, sim_hours=0.5,
+                 start_after=300)
+    expected = {f.pages for f in faults if f.pages}
+    assert expected >= {"GpuTemperatureHigh", "GpuLost"}
+    assert set(run.paged) == expected, (dict(run.paged), dict(run.notifications))
+    assert run.pages == len(expected)  # one incident per fault
+    assert all(run.page_alerts[name] == 1 for name in expected), dict(run.page_alerts)
+    # the 82 °C GPU, the idle job and the fragmented pool are tickets, grouped
+    assert run.notifications["tickets"] >= 1
+    assert run.ticket_grouping["other"] == 0, dict(run.ticket_grouping)
+    # fragmentation reached the advisor, which is not a person
+    assert run.notifications["gpufleet-advisor"] >= 1
