@@ -16,7 +16,7 @@ from exporter import metrics
 from exporter.exposition import render_text
 from exporter.metrics import CATALOGUE
 from exporter.simulation.fleet import Simulation
-from exporter.snapshot import JobRequest, SourceStatus, UnmatchedGpus
+from exporter.snapshot import JobRequest, SourceStatus, UnmatchedGpus, XidCount
 from exporter.sources.sim_options import SimSource
 from tests.helpers.golden_metrics import GOLDEN
 from tests.helpers.metrics_doc import DOC, generate
@@ -31,21 +31,12 @@ NO_SERIES_ON_THE_DEFAULT_FLEET = {
     "gpufleet_advisor_plan_nodes_freed": "no plan proposed after one collection",
     "gpufleet_advisor_webhook_deliveries_total": "no webhook receiver configured by default",
     "gpufleet_advisor_alertmanager_notifications_total": "no Alertmanager notification received",
-    **{name: "issue 16: the simulator fills it in a later step" for name in (
-        "gpufleet_gpu_clock_hertz", "gpufleet_gpu_clock_max_hertz",
-        "gpufleet_gpu_memory_temperature_celsius", "gpufleet_gpu_fan_speed_ratio",
-        "gpufleet_gpu_performance_state", "gpufleet_gpu_pcie_link_generation",
-        "gpufleet_gpu_pcie_link_width", "gpufleet_gpu_pcie_transmit_bytes_per_second",
-        "gpufleet_gpu_pcie_receive_bytes_per_second", "gpufleet_gpu_encoder_utilization_ratio",
-        "gpufleet_gpu_decoder_utilization_ratio", "gpufleet_gpu_memory_bandwidth_utilization_ratio",
-        "gpufleet_gpu_graphics_engine_active_ratio", "gpufleet_gpu_sm_active_ratio",
-        "gpufleet_gpu_sm_occupancy_ratio", "gpufleet_gpu_tensor_active_ratio",
-        "gpufleet_gpu_dram_active_ratio", "gpufleet_gpu_xid_errors_total", "gpufleet_gpu_last_xid",
-        "gpufleet_gpu_last_xid_timestamp_seconds", "gpufleet_gpu_ecc_errors_total",
-        "gpufleet_gpu_retired_pages_total", "gpufleet_gpu_retired_pages_pending",
-        "gpufleet_gpu_remapped_rows_total", "gpufleet_gpu_remapped_rows_pending",
-        "gpufleet_gpu_remapped_rows_failure", "gpufleet_gpu_nvlink_errors_total",
-        "gpufleet_gpu_pcie_replay_errors_total", "gpufleet_gpu_clock_event_active")},
+    "gpufleet_gpu_fan_speed_ratio": "the simulated GPUs are passively cooled (as SXM boards)",
+    "gpufleet_gpu_retired_pages_total": "no pre-Ampere GPU in the fleet: they remap rows instead",
+    "gpufleet_gpu_retired_pages_pending": "no pre-Ampere GPU in the fleet: they remap rows instead",
+    "gpufleet_gpu_xid_errors_total": "no XID on the default fleet (the xid scenario adds one)",
+    "gpufleet_gpu_last_xid": "no XID on the default fleet (the xid scenario adds one)",
+    "gpufleet_gpu_last_xid_timestamp_seconds": "no XID on the default fleet",
 }
 # Labels a family's series may lack: (family, label) -> when the label is there.
 OPTIONAL_LABELS = {
@@ -116,7 +107,14 @@ def test_served_series_carry_the_declared_labels():
 def test_families_the_default_fleet_leaves_empty_carry_the_declared_labels_too():
     """The exposition families the golden file has no series of, from a snapshot that has them."""
     snapshot = Simulation(SimSource(seed=3), start_time=1_760_000_000.0).snapshot()
-    gpus = (dataclasses.replace(snapshot.gpus[0], dcgm_nvlink_bandwidth_raw=12.5), *snapshot.gpus[1:])
+    first = snapshot.gpus[0]
+    health = dataclasses.replace(first.health, xid_counts=(XidCount(79, 1),), last_xid=79,
+                                 last_xid_time=1_760_000_000.0, retired_pages_single_bit=2,
+                                 retired_pages_double_bit=0, retired_pages_pending=False)
+    performance = dataclasses.replace(first.performance, fan_speed_ratio=0.4)
+    gpus = (dataclasses.replace(first, dcgm_nvlink_bandwidth_raw=12.5, health=health,
+                                performance=performance, serial="1654923012345"),
+            *snapshot.gpus[1:])
     snapshot = dataclasses.replace(
         snapshot, gpus=gpus,
         pending=(JobRequest("queued", 2, pool="gpu-h100"),),
@@ -125,6 +123,9 @@ def test_families_the_default_fleet_leaves_empty_carry_the_declared_labels_too()
                  SourceStatus("dcgm", True, 0.0, None, target="http://node:9400")))
     families = served(render_text(snapshot).decode())
     for name in ("gpufleet_gpu_dcgm_nvlink_bandwidth_raw", "gpufleet_pending_jobs",
+                 "gpufleet_gpu_xid_errors_total", "gpufleet_gpu_last_xid",
+                 "gpufleet_gpu_last_xid_timestamp_seconds", "gpufleet_gpu_retired_pages_total",
+                 "gpufleet_gpu_retired_pages_pending", "gpufleet_gpu_fan_speed_ratio",
                  "gpufleet_pending_gpus", "gpufleet_compose_unmatched_gpus"):
         assert families[name].label_sets, name
     assert frozenset({"source", "target"}) in families["gpufleet_source_up"].label_sets

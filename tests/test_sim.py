@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from exporter.catalogue import default_catalogue
+from exporter.config import ConfigError
 from exporter.simulation.fleet import Simulation
+from exporter.snapshot import CLOCK_EVENT_REASONS, XidCount
 from exporter.sources.sim import build as sim_source
 from exporter.sources.sim_options import Scenario, SimSource
 
@@ -222,3 +224,86 @@ def test_snapshot_is_immutable():
     snapshot = _sim().snapshot()
     with pytest.raises(dataclasses.FrozenInstanceError):
         snapshot.gpus[0].utilization_ratio = 0.5  # type: ignore[misc]
+
+
+# --- issue 16: health and performance ---------------------------------------------------------
+
+def test_every_gpu_has_plausible_health_and_no_error_that_pages():
+    sim = _sim()
+    sim.advance(START + 6 * 3600)
+    gpus = [g for g in sim.snapshot().gpus if g.up]
+    assert len(gpus) == 1088
+    for gpu in gpus:
+        health, perf = gpu.health, gpu.performance
+        assert health is not None and perf is not None
+        # nothing on the default fleet that an issue-16 alert pages on
+        assert health.xid_counts == () and health.last_xid is None
+        assert health.ecc_double_bit_volatile == 0 and health.ecc_double_bit_aggregate == 0
+        assert health.remapped_rows_failure is False and health.remapped_rows_pending is False
+        assert health.ecc_single_bit_aggregate >= health.ecc_single_bit_volatile >= 0
+        assert health.retired_pages_single_bit is None  # no pre-Ampere GPU: rows are remapped
+        assert (health.nvlink_replay_errors is None) == (gpu.nvlink_capacity_bytes_per_second is None)
+        assert perf.sm_clock_max_hertz is not None and perf.sm_clock_hertz is not None
+        assert 0.15 * perf.sm_clock_max_hertz < perf.sm_clock_hertz <= perf.sm_clock_max_hertz
+        assert perf.fan_speed_ratio is None  # passively cooled SXM boards
+    # GPM activity: Hopper and Blackwell only, never on MIG, and it follows utilisation
+    with_gpm = {g.model for g in gpus if g.performance.sm_active_ratio is not None}
+    assert with_gpm == {"H200", "H100", "B200"}
+    busy = [g for g in gpus if g.performance.sm_active_ratio is not None and g.utilization_ratio]
+    assert all(0.5 * g.utilization_ratio <= g.performance.sm_active_ratio / 0.85
+               <= g.utilization_ratio for g in busy)
+    # single-bit errors are rare: a few over six hours of 1,088 GPUs, not none, not many
+    new_sbe = sum(g.health.ecc_single_bit_volatile for g in gpus)
+    assert 1 <= new_sbe <= 60
+    # at the power cap the cap reason is set and the clock is held below its maximum
+    capped = [g for g in gpus if g.health.clock_event_reasons & 0x04]
+    assert capped and all(g.performance.sm_clock_hertz < g.performance.sm_clock_max_hertz
+                          for g in capped)
+
+
+def test_overheat_sets_the_thermal_reasons():
+    sim = _sim(scenarios=(Scenario(kind="overheat", node="gpu-005", gpu=3, value=92),))
+    gpus = {g.key: g for g in sim.snapshot().gpus}
+    mask = gpus[("gpu-005", 3)].health.clock_event_reasons
+    active = {reason for reason, bit in CLOCK_EVENT_REASONS if mask & bit}
+    assert {"sw_thermal", "hw_thermal"} <= active
+    cool = gpus[("gpu-005", 2)].health.clock_event_reasons
+    assert not cool & 0x60
+
+
+def test_xid_scenario_puts_the_xid_on_the_named_gpu_when_it_starts():
+    sim = _sim(scenarios=(Scenario(kind="xid", node="gpu-098", gpu=4, value=79, start_after=600),
+                          Scenario(kind="xid", node="gpu-098", gpu=4, value=79, start_after=1200)))
+    gpus = {g.key: g for g in sim.snapshot().gpus}
+    assert gpus[("gpu-098", 4)].health.xid_counts == ()  # not yet
+    sim.advance(START + 900)
+    health = {g.key: g for g in sim.snapshot().gpus}[("gpu-098", 4)].health
+    assert health.xid_counts == (XidCount(79, 1),)
+    # seen at the first simulated step at or after start_after (steps are at most 600 s)
+    assert (health.last_xid, health.last_xid_time) == (79, START + 600)
+    sim.advance(START + 1800)
+    gpus = {g.key: g for g in sim.snapshot().gpus}
+    assert gpus[("gpu-098", 4)].health.xid_counts == (XidCount(79, 2),)
+    assert [k for k, g in gpus.items() if g.health and g.health.xid_counts] == [("gpu-098", 4)]
+
+
+def test_xid_scenario_needs_a_whole_xid_code_and_a_real_gpu():
+    for value, message in ((0, "the XID code, a whole number 1..1023"),
+                           (79.5, "not 79.5"), (5000, "not 5000")):
+        config = SimSource(scenarios=(Scenario(kind="xid", node="gpu-098", gpu=4, value=value),))
+        with pytest.raises(ConfigError, match=r"sources\.sim\.scenarios\[0\]\.value: .*" + message):
+            config.check("sources.sim")
+    config = SimSource(scenarios=(Scenario(kind="xid", node="gpu-999", gpu=0, value=79),))
+    with pytest.raises(ConfigError, match=r"scenarios\[0\]\.node: no node gpu-999"):
+        config.check("sources.sim")
+
+
+def test_the_health_generator_leaves_jobs_and_telemetry_as_they_were():
+    """Issue 16 draws from its own generator: the same seed gives the same jobs and power."""
+    snapshot = _sim(seed=7).snapshot()
+    bare = [dataclasses.replace(g, health=None, performance=None, driver_version=None,
+                                vbios_version=None) for g in snapshot.gpus]
+    again = _sim(seed=7).snapshot()
+    assert bare == [dataclasses.replace(g, health=None, performance=None, driver_version=None,
+                                        vbios_version=None) for g in again.gpus]
+    assert snapshot.gpus[0].power_watts == again.gpus[0].power_watts

@@ -24,6 +24,14 @@ GPUs sit near idle power. All randomness comes from one seeded generator and
 simulated time advances by ``speed`` x wall time, so the same seed and the
 same clock give the same run. Counters (energy, NVLink bytes) advance by their
 gauge x wall time, so their rates per wall second match the gauges at any speed.
+
+Health and performance (issue 16) are plausible, not measured: clocks follow
+load up to the model's maximum, the power-cap reason is set at the cap and the
+thermal ones above ``THROTTLE_CELSIUS``, GPM activity (Hopper and Blackwell
+only, as NVML) follows utilisation, single-bit ECC errors are rare and grow,
+other error counters are small and fixed, so the default fleet pages no one;
+the ``xid`` scenario puts a named XID on a named GPU. They come from a second
+generator seeded from ``seed``, so adding them changed no job or telemetry value.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -43,9 +52,12 @@ from exporter.snapshot import (
     Allocation,
     FleetSnapshot,
     Gpu,
+    GpuHealth,
+    GpuPerformance,
     MigInstance,
     Node,
     Placement,
+    XidCount,
 )
 from exporter.sources.sim_options import SimSource
 
@@ -55,6 +67,15 @@ MAX_STEP = 600.0  # longest simulated step; longer gaps are walked in steps
 # MIG nodes are a model of their own to the placement engine, so only MIG jobs go there
 # (and MIG jobs nowhere else); the catalogue still reads "A100-80GB MIG" as an A100-80GB.
 MIG_MODEL_SUFFIX = " MIG"
+# issue 16: plausible per-architecture figures (MHz: SM maximum, memory; PCIe generation)
+CLOCKS_MHZ = {"hopper": (1980.0, 2619.0), "blackwell": (1965.0, 3996.0), "ampere": (1410.0, 1593.0)}
+PCIE_GENERATION = {"hopper": 5, "blackwell": 5, "ampere": 4}
+GPM_ARCHITECTURES = ("hopper", "blackwell")  # NVML's GPM metrics: Hopper and later
+SIM_DRIVER_VERSION = "550.127.08"  # a plausible R550 data-centre driver, for gpu_info
+SIM_VBIOS_VERSION = "96.00.99.00.01"
+THROTTLE_CELSIUS = 88.0  # thermal slowdown (sw_thermal and hw_thermal) from here
+SBE_PER_GPU_HOUR = 0.002  # single-bit ECC errors: rare, and each one corrected
+REASON_SW_POWER_CAP, REASON_SW_THERMAL, REASON_HW_THERMAL = 0x04, 0x20, 0x40
 
 
 @dataclass
@@ -110,9 +131,33 @@ class Simulation:
             [s.nvlink_bandwidth_bytes_per_second or 0.0 for s in specs]
         )
         self.ambient = 24.0 + self.rng.normal(0, 2.0, len(self.fleet.nodes))
+        self._health_state(specs)
         self._fill()
         self._start_scenarios()
         self._telemetry(0.0)
+
+    def _health_state(self, specs: list[Any]) -> None:
+        """Issue 16's per-GPU state, drawn from its own generator so that the job stream and
+        the telemetry above stay what they were for the same seed."""
+        g = len(specs)
+        rng = self.health_rng = np.random.default_rng([self.config.seed, 16])
+        architectures = [s.architecture for s in specs]
+        clocks = np.array([CLOCKS_MHZ.get(a, (1500.0, 1500.0)) for a in architectures]) * 1e6
+        self.sm_clock_max = clocks[:, 0]
+        self.memory_clock = clocks[:, 1]
+        self.pcie_generation = [PCIE_GENERATION.get(a, 4) for a in architectures]
+        self.has_gpm = np.array([a in GPM_ARCHITECTURES for a in architectures]) \
+            & ~self.fleet.gpu_mig
+        has_nvlink = self.nvlink_capacity > 0
+        self.sbe_aggregate = rng.poisson(0.3, g)  # the GPU's life before this run
+        self.sbe_volatile = np.zeros(g, dtype=np.int64)
+        self.remapped_correctable = rng.poisson(0.05, g)
+        self.pcie_replays = rng.poisson(0.5, g)
+        self.nvlink_crc_flit = np.where(has_nvlink, rng.poisson(2.0, g), -1)  # -1: no NVLink
+        self.nvlink_replay = np.where(has_nvlink, rng.poisson(1.0, g), -1)
+        self.sm_efficiency = rng.uniform(0.55, 0.85, g)  # SM activity per unit of utilization
+        self.xids: dict[int, dict[int, int]] = {}  # GPU -> XID code -> count
+        self.last_xid: dict[int, tuple[int, float]] = {}  # GPU -> (XID, unix time)
 
     # -- layout -----------------------------------------------------------------
 
@@ -346,6 +391,14 @@ class Simulation:
                 self._idle_allocated(self._gpu_at(scenario.node, scenario.gpu))
             elif scenario.kind == "fragmented_pool":
                 self._fragment_pool(scenario.pool)
+            elif scenario.kind == "xid":
+                self._xid(self._gpu_at(scenario.node, scenario.gpu), int(scenario.value))
+
+    def _xid(self, g: int, xid: int) -> None:
+        """The driver reports an XID on GPU ``g``, as NVML's event set would."""
+        counts = self.xids.setdefault(g, {})
+        counts[xid] = counts.get(xid, 0) + 1
+        self.last_xid[g] = (xid, self.now)
 
     def _pin(self, job: SimJob) -> None:
         job.pinned = True
@@ -466,12 +519,82 @@ class Simulation:
         rate = self.nvlink_capacity * nvlink * util / 2  # capacity counts both directions
         self.nvlink_tx += rate * wall
         self.nvlink_rx += rate * wall * float(self.rng.uniform(0.97, 1.03))
+        self._health_telemetry(dt, util, power, temperature)
+
+    def _health_telemetry(self, dt: float, util: np.ndarray, power: np.ndarray,
+                          temperature: np.ndarray) -> None:
+        """Issue 16: clocks, throttle reasons, activity and the growing ECC count, vectorised
+        (108,800 GPUs at the largest scale)."""
+        rng = self.health_rng
+        g = len(util)
+        self.sbe_volatile += rng.poisson(SBE_PER_GPU_HOUR * dt / 3600, g)
+        capped = power >= 0.98 * self.tdp
+        hot = temperature >= THROTTLE_CELSIUS
+        self.reasons = (np.where(capped, REASON_SW_POWER_CAP, 0)
+                        | np.where(hot, REASON_SW_THERMAL | REASON_HW_THERMAL, 0))
+        floor = 0.17 * self.sm_clock_max  # an idle Hopper sits near 345 MHz
+        sm = floor + (self.sm_clock_max - floor) * np.minimum(1.0, util * 1.6)
+        sm = np.where(capped | hot, 0.9 * sm, sm)
+        self.sm_clock = np.round(sm / 15e6) * 15e6  # NVML's clock steps are 15 MHz
+        self.memory_temperature = np.round(temperature + 3.0 + 4.0 * util, 1)
+        self.sm_active = np.round(util * self.sm_efficiency, 4)
+        self.memory_bandwidth = np.round(np.clip(util * 0.6 + rng.normal(0, 0.01, g), 0, 1), 4)
+        self.pcie_rx = np.round(util * 2.5e9 * rng.uniform(0.6, 1.0, g), -3)
+        self.pcie_tx = np.round(util * 0.6e9 * rng.uniform(0.6, 1.0, g), -3)
+
+    def _health_rows(self) -> tuple[list[GpuHealth], list[GpuPerformance]]:
+        """Each GPU's health and performance, built from plain lists (tolist once, not a numpy
+        scalar per value: this runs for every GPU of every snapshot)."""
+        health, performance = [], []
+        gpm = self.has_gpm.tolist()
+        for g, (sbe_vol, sbe_agg, rows, replays, flit, replay, reasons) in enumerate(zip(
+                self.sbe_volatile.tolist(), self.sbe_aggregate.tolist(),
+                self.remapped_correctable.tolist(), self.pcie_replays.tolist(),
+                self.nvlink_crc_flit.tolist(), self.nvlink_replay.tolist(),
+                self.reasons.tolist(), strict=True)):
+            counts = self.xids.get(g)
+            last = self.last_xid.get(g)
+            nvlink = flit >= 0
+            health.append(GpuHealth(
+                xid_counts=tuple(XidCount(x, n) for x, n in sorted(counts.items())) if counts else (),
+                last_xid=last[0] if last else None, last_xid_time=last[1] if last else None,
+                ecc_single_bit_volatile=sbe_vol, ecc_double_bit_volatile=0,
+                ecc_single_bit_aggregate=sbe_agg + sbe_vol, ecc_double_bit_aggregate=0,
+                remapped_rows_correctable=rows, remapped_rows_uncorrectable=0,
+                remapped_rows_pending=False, remapped_rows_failure=False,
+                nvlink_crc_flit_errors=flit if nvlink else None,
+                nvlink_crc_data_errors=0 if nvlink else None,
+                nvlink_replay_errors=replay if nvlink else None,
+                nvlink_recovery_errors=0 if nvlink else None,
+                pcie_replay_errors=replays, clock_event_reasons=reasons))
+        for g, (sm, sm_max, memory_clock, memory_temp, util, active, bandwidth, rx, tx,
+                generation) in enumerate(zip(
+                self.sm_clock.tolist(), self.sm_clock_max.tolist(), self.memory_clock.tolist(),
+                self.memory_temperature.tolist(), self.utilization.tolist(),
+                self.sm_active.tolist(), self.memory_bandwidth.tolist(), self.pcie_rx.tolist(),
+                self.pcie_tx.tolist(), self.pcie_generation, strict=True)):
+            activity = gpm[g]
+            performance.append(GpuPerformance(
+                sm_clock_hertz=sm, memory_clock_hertz=memory_clock, graphics_clock_hertz=sm,
+                sm_clock_max_hertz=sm_max, memory_clock_max_hertz=memory_clock,
+                graphics_clock_max_hertz=sm_max, memory_temperature_celsius=memory_temp,
+                performance_state=0 if util > 0 else 8, pcie_link_generation=generation,
+                pcie_link_width=16, pcie_transmit_bytes_per_second=tx,
+                pcie_receive_bytes_per_second=rx, encoder_utilization_ratio=0.0,
+                decoder_utilization_ratio=0.0, memory_bandwidth_utilization_ratio=bandwidth,
+                graphics_engine_active_ratio=round(util, 4) if activity else None,
+                sm_active_ratio=active if activity else None,
+                sm_occupancy_ratio=round(active * 0.5, 4) if activity else None,
+                tensor_active_ratio=round(active * 0.6, 4) if activity else None,
+                dram_active_ratio=round(bandwidth * 0.85, 4) if activity else None))
+        return health, performance
 
     # -- snapshot ---------------------------------------------------------------
 
     def snapshot(self) -> FleetSnapshot:
         fleet = self.fleet
         gpus = []
+        health, performance = self._health_rows()
         for g in range(len(fleet.gpu_model)):
             node = fleet.nodes[int(fleet.gpu_node[g])]
             mig: tuple[MigInstance, ...] = ()
@@ -482,8 +605,11 @@ class Simulation:
                     for i in range(MIG_SLICES)
                 )
             if self.lost[g]:
+                xids = health[g] if health[g].last_xid is not None else None
                 gpus.append(Gpu(node.name, int(fleet.gpu_local[g]), fleet.uuids[g],
-                                fleet.gpu_model[g], node.pool, up=False))
+                                fleet.gpu_model[g], node.pool, up=False,
+                                health=xids and GpuHealth(xids.xid_counts, xids.last_xid,
+                                                          xids.last_xid_time)))
                 continue
             gpus.append(
                 Gpu(
@@ -504,6 +630,10 @@ class Simulation:
                     nvlink_capacity_bytes_per_second=float(self.nvlink_capacity[g]) or None,
                     mig=mig,
                     pci_bus_id=f"00000000:{0x18 + int(fleet.gpu_local[g]) * 0x10:02X}:00.0",
+                    driver_version=SIM_DRIVER_VERSION,
+                    vbios_version=SIM_VBIOS_VERSION,
+                    health=health[g],
+                    performance=performance[g],
                 )
             )
         allocations = tuple(self._allocation(job) for job in sorted(self.jobs.values(), key=_job_order))
