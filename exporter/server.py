@@ -241,6 +241,8 @@ def protect(protection: Protection) -> Any:
         bearer = _reads_bearer(request, protection)
         live = protection.web
         if live is not None:
+            if not live.allow():  # rate_limit: first, as exporter-toolkit's handler does
+                return web.Response(status=429, text="Too Many Requests\n")
             loaded = live.current
             sans = loaded.web.tls.client_allowed_sans
             if sans is not None and not san_allowed(

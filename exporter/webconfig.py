@@ -30,6 +30,9 @@ cannot honour, rather than a setting silently dropped:
 - ``curve_preferences`` with more than one curve: Python 3.11's ``ssl`` sets one
   (``set_ecdh_curve``).
 
+``rate_limit`` is honoured (:class:`RateLimiter`, 429), and follows reloads. A scalar
+where yaml.v2 expects text is taken as text (its test files have ``X-XSS-Protection: 1``).
+
 Cipher suites are Go's names (``tls.CipherSuites()``, the secure list; Go's insecure
 ones are refused as Go refuses them) mapped to OpenSSL's. TLS 1.3 suites are accepted
 and not configurable, as in Go. ``http2`` is accepted; aiohttp speaks HTTP/1.1 only,
@@ -71,8 +74,9 @@ import re
 import secrets
 import ssl
 import tempfile
+import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,12 +192,14 @@ class TLSServerConfig:
 
 @dataclass(frozen=True)
 class WebFile:
-    """The parsed file. ``users`` maps a user name (bytes, as sent) to its bcrypt hash."""
+    """The parsed file. ``users`` maps a user name (bytes, as sent) to its bcrypt hash;
+    ``rate_limit`` is (seconds between two requests, burst), None when off."""
 
     tls: TLSServerConfig = TLSServerConfig()
     http2: bool = True
     headers: tuple[tuple[str, str], ...] = ()
     users: tuple[tuple[bytes, bytes], ...] = ()
+    rate_limit: tuple[float, int] | None = None
 
 
 # --- parsing -------------------------------------------------------------------------
@@ -205,14 +211,20 @@ def _mapping(value: Any, key: str, allowed: tuple[str, ...] | None) -> dict[str,
     if not isinstance(value, dict):
         raise ConfigError(f"{key}: must be a mapping, got {quoted(value)}")
     for k in value:
-        if not isinstance(k, str):
+        if not isinstance(k, str | int | float):  # a scalar key is text, as in yaml.v2
             raise ConfigError(f"{key}: keys must be strings, got {quoted(k)}")
         if allowed is not None and k not in allowed:
             raise ConfigError(f"{key}.{k}: unknown key (allowed: {', '.join(allowed)})")
-    return value
+    return {_string(k, key): v for k, v in value.items()}
 
 
 def _string(value: Any, key: str) -> str:
+    # yaml.v2 (exporter-toolkit) takes any scalar as text for a string field: its own test
+    # file has "X-XSS-Protection: 1". PyYAML has already read 1 as a number: written back
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
     if not isinstance(value, str):
         raise ConfigError(f"{key}: must be a string, got {quoted(value)}")
     return value
@@ -359,6 +371,66 @@ def _parse_users(value: Any) -> tuple[tuple[bytes, bytes], ...]:
     return tuple(users)
 
 
+# Go's time.ParseDuration, which yaml.v2 applies to a time.Duration field: "1s", "1m30s",
+# "1.5h", "250ms"; a bare integer is nanoseconds
+_GO_DURATION = re.compile(r"((\d+\.?\d*|\.\d+)(ns|us|µs|ms|s|m|h))+")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_RATE_INTERVAL = 86400.0  # a day between two requests is already a switch, not a rate
+MAX_BURST = 1_000_000
+
+
+def _go_duration(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigError(f"{key}: must be a Go duration such as 1s or 250ms, got {quoted(value)}")
+    if isinstance(value, int):
+        seconds = value * 1e-9
+    elif value == "0":
+        seconds = 0.0
+    elif len(value) <= 64 and _GO_DURATION.fullmatch(value):
+        seconds = sum(float(n) * _GO_UNITS[u]
+                      for _, n, u in re.findall(r"((\d+\.?\d*|\.\d+)(ns|us|µs|ms|s|m|h))", value))
+    else:
+        raise ConfigError(f"{key}: must be a Go duration such as 1s or 250ms, got {quoted(value)}")
+    if not 0 <= seconds <= MAX_RATE_INTERVAL:
+        raise ConfigError(f"{key}: must be from 0 to 24h, got {quoted(value)}")
+    return seconds
+
+
+def _parse_rate_limit(value: Any) -> tuple[float, int] | None:
+    """exporter-toolkit's ``rate_limit``: one token bucket for every request (Go's
+    ``rate.NewLimiter(rate.Every(interval), burst)``), 429 when empty; interval 0: off.
+    As there, burst 0 with an interval refuses every request."""
+    key = "rate_limit"
+    data = _mapping(value, key, ("interval", "burst"))
+    interval = _go_duration(data.get("interval", 0), f"{key}.interval")
+    burst = data.get("burst", 0)
+    if isinstance(burst, bool) or not isinstance(burst, int) or not 0 <= burst <= MAX_BURST:
+        raise ConfigError(f"{key}.burst: must be an integer from 0 to {MAX_BURST:,}, "
+                          f"got {quoted(burst)}")
+    return None if interval == 0 else (interval, burst)
+
+
+class RateLimiter:
+    """A token bucket: ``burst`` tokens, one more every ``interval`` seconds (Go's
+    ``rate.Limiter``, which starts full). ``clock`` is a parameter for tests."""
+
+    def __init__(self, interval: float, burst: int, clock: Callable[[], float]) -> None:
+        self.interval = interval
+        self.burst = burst
+        self._clock = clock
+        self._tokens = float(burst)
+        self._last = clock()
+
+    def allow(self) -> bool:
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._last) / self.interval)
+        self._last = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
+
+
 def parse(text: str, source: str, folder: Path) -> WebFile:
     """The web config file's text; relative paths resolve against ``folder``.
 
@@ -370,15 +442,13 @@ def parse(text: str, source: str, folder: Path) -> WebFile:
             if k not in _TOP:
                 raise ConfigError(f"{quoted(k)[1:-1] if isinstance(k, str) else quoted(k)}: "
                                   f"unknown key (allowed: {', '.join(_TOP)})")
-        if data.get("rate_limit") is not None:
-            raise ConfigError("rate_limit: not supported by gpufleet; web.max_requests caps "
-                              "requests in flight per endpoint instead")
         tls = _parse_tls(data.get("tls_server_config"), folder)
         http2, headers = _parse_http(data.get("http_server_config"))
         users = _parse_users(data.get("basic_auth_users"))
+        rate_limit = _parse_rate_limit(data.get("rate_limit"))
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
-    return WebFile(tls=tls, http2=http2, headers=headers, users=users)
+    return WebFile(tls=tls, http2=http2, headers=headers, users=users, rate_limit=rate_limit)
 
 
 def read_bounded(path: str, key: str, source: str) -> bytes:
@@ -664,6 +734,18 @@ class LiveWebConfig:
         self._failed: tuple[Any, ...] | None = None
         self.reloads = 0
         self.authenticator = Authenticator()
+        self._limiter: RateLimiter | None = None
+
+    def allow(self, clock: Callable[[], float] = time.monotonic) -> bool:
+        """``rate_limit``: whether this request may go on. The bucket follows the file: a new
+        interval or burst starts a new, full bucket (exporter-toolkit keeps the first one)."""
+        setting = self.current.web.rate_limit
+        if setting is None:
+            return True
+        limiter = self._limiter
+        if limiter is None or (limiter.interval, limiter.burst) != setting:
+            limiter = self._limiter = RateLimiter(*setting, clock)
+        return limiter.allow()
 
     @property
     def tls(self) -> bool:

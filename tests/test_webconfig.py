@@ -18,7 +18,7 @@ import pytest
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
 from exporter.errors import ConfigError
-from exporter.server import Protection, make_app, start
+from exporter.server import PROTECTION, Protection, make_app, start
 from exporter.sources.sim import build as sim_source
 from exporter.sources.sim_options import SimSource
 from exporter.webconfig import (
@@ -27,6 +27,7 @@ from exporter.webconfig import (
     Authenticator,
     Busy,
     LiveWebConfig,
+    RateLimiter,
     TLSServerConfig,
     WebFile,
     build_context,
@@ -38,7 +39,8 @@ from exporter.webconfig import (
 from tests.helpers.tls import Pki, bcrypt_hash, make_pki
 
 START = 1_760_000_000.0
-HASH = bcrypt_hash("secret")  # cost 4
+# bcrypt of "secret", cost 4, a fixed salt: the same test ids in every xdist worker
+HASH = "$2b$04$gpufleetTestSaltOnly1.wfqSax00a4PPolBXtwq/aFn5TJjvaum"
 FOLDER = Path("/etc/gpufleet")
 
 
@@ -111,8 +113,8 @@ TLS = "tls_server_config:\n  cert_file: c.crt\n  key_file: c.key\n"
     ("http_server_config:\n  http2: maybe\n",
      "web.yml: http_server_config.http2: must be true or false, got 'maybe'"),
     ("tls_server_config: [1]\n", "web.yml: tls_server_config: must be a mapping, got [1]"),
-    ("tls_server_config:\n  cert_file: 12\n",
-     "web.yml: tls_server_config.cert_file: must be a string, got 12"),
+    ("tls_server_config:\n  cert_file: [a]\n",
+     "web.yml: tls_server_config.cert_file: must be a string, got ['a']"),
     ("tls_server_config:\n  key_file: k\n", "web.yml: tls_server_config.cert_file: required "
      "when TLS is configured (or cert)"),
     ("tls_server_config:\n  cert_file: c\n", "web.yml: tls_server_config.key_file: required "
@@ -167,12 +169,18 @@ TLS = "tls_server_config:\n  cert_file: c.crt\n  key_file: c.key\n"
      "hash (make one with htpasswd -nBC 10 \"\" | tr -d ':\\n')"),
     ("basic_auth_users:\n  alice: $2y$31$" + "a" * 53 + "\n", "web.yml: basic_auth_users.alice: "
      "bcrypt cost 31 is outside 4..17 (each step doubles the CPU of every check; 10 is ~60 ms)"),
-    ("basic_auth_users:\n  alice: 12\n", "web.yml: basic_auth_users.alice: must be a string, "
-     "got 12"),
-    ("basic_auth_users:\n  7: " + HASH + "\n", "web.yml: basic_auth_users: keys must be strings, "
-     "got 7"),
-    ("rate_limit:\n  interval: 1s\n  burst: 5\n", "web.yml: rate_limit: not supported by "
-     "gpufleet; web.max_requests caps requests in flight per endpoint instead"),
+    ("basic_auth_users:\n  alice: {a: 1}\n", "web.yml: basic_auth_users.alice: must be a string, "
+     "got {'a': 1}"),
+    ("basic_auth_users:\n  null: " + HASH + "\n", "web.yml: basic_auth_users: keys must be "
+     "strings, got None"),
+    ("rate_limit:\n  interval: 1d\n  burst: 5\n", "web.yml: rate_limit.interval: must be a "
+     "Go duration such as 1s or 250ms, got '1d'"),
+    ("rate_limit:\n  interval: 25h\n", "web.yml: rate_limit.interval: must be from 0 to 24h, "
+     "got '25h'"),
+    ("rate_limit:\n  interval: 1s\n  burst: -1\n", "web.yml: rate_limit.burst: must be an "
+     "integer from 0 to 1,000,000, got -1"),
+    ("rate_limit:\n  every: 1s\n", "web.yml: rate_limit.every: unknown key (allowed: interval, "
+     "burst)"),
     (f"basic_auth_users:\n  a: {HASH}\n  a: {HASH}\n",
      "web.yml: basic_auth_users.a: given twice, at lines 2 and 3; keep one"),
     ("- 1\n", "web.yml: top level: must be a mapping, got a list at line 1"),
@@ -181,6 +189,38 @@ def test_every_error_names_its_key(text, message):
     with pytest.raises(ConfigError) as raised:
         _parse(text)
     assert str(raised.value) == message
+
+
+def test_rate_limit_as_exporter_toolkit_test_data():
+    # web/testdata/web_config_rate_limiter_{nonblocking,one_second}.yaml
+    assert _parse("rate_limit:\n  interval: 0\n  burst: 0\n").rate_limit is None
+    assert _parse('rate_limit:\n  interval: "1s"\n  burst: 0\n').rate_limit == (1.0, 0)
+    assert _parse("rate_limit:\n  interval: 1m30s\n  burst: 3\n").rate_limit == (90.0, 3)
+    assert _parse("rate_limit:\n  interval: 500000000\n").rate_limit == (0.5, 0)  # nanoseconds
+
+
+def test_rate_limiter_is_a_full_token_bucket():
+    now = [100.0]
+    limiter = RateLimiter(2.0, 3, lambda: now[0])
+    assert [limiter.allow() for _ in range(4)] == [True, True, True, False]
+    now[0] += 1.0
+    assert not limiter.allow()  # half a token
+    now[0] += 1.0
+    assert [limiter.allow(), limiter.allow()] == [True, False]
+    now[0] += 100.0
+    assert [limiter.allow() for _ in range(4)] == [True, True, True, False]  # capped at burst
+    never = RateLimiter(1.0, 0, lambda: now[0])  # burst 0 refuses everything, as in Go
+    now[0] += 10
+    assert not never.allow()
+
+
+async def test_rate_limit_answers_429_and_follows_reloads(aiohttp_client, tmp_path):
+    client = await aiohttp_client(_app(tmp_path, "rate_limit:\n  interval: 1h\n  burst: 2\n"))
+    assert [(await client.get("/-/healthy")).status for _ in range(3)] == [200, 200, 429]
+    live = client.app[PROTECTION].web
+    (tmp_path / "web.yml").write_text("rate_limit:\n  interval: 1h\n  burst: 3\n")
+    assert await asyncio.to_thread(live.poll)
+    assert [(await client.get("/-/healthy")).status for _ in range(4)] == [200, 200, 200, 429]
 
 
 def test_users_are_bounded():
@@ -627,3 +667,83 @@ async def test_a_reload_reaches_new_connections_whole_and_keeps_open_ones(tmp_pa
         writer.close()
     finally:
         await runner.cleanup()
+
+
+# exporter-toolkit's own web/testdata files (github.com/prometheus/exporter-toolkit, Apache-2.0),
+# as parse() takes them: the name, the file, and None where it parses or the start of our error
+_TOOLKIT_FILES = [
+    ("web_config_empty.yml", "", None),
+    ("web_config_noAuth.good.yml", 'tls_server_config:\n  cert_file: "server.crt"\n  key_file: '
+     '"server.key"\n  client_auth_type: "VerifyClientCertIfGiven"\n', None),
+    ("web_config_headers.good.yml", "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+     "    Strict-Transport-Security: max-age=31536000; includeSubDomains\n"
+     "    X-Content-Type-Options: nosniff\n    X-XSS-Protection: 1\n"
+     "    Content-Security-Policy: \"default-src 'self' *.test.example.net\"\n", None),
+    ("web_config_noAuth_someCiphers_noOrder.good.yml", 'tls_server_config:\n  cert_file: '
+     '"server.crt"\n  key_file: "server.key"\n  client_auth_type: "VerifyClientCertIfGiven"\n'
+     "  cipher_suites:\n  - TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384\n"
+     "  - TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256\n  prefer_server_cipher_suites: false\n"
+     "  min_version: TLS12\n  max_version: TLS12\n", None),
+    ("web_config_noAuth_someCurves.good.yml", 'tls_server_config:\n  cert_file: "server.crt"\n'
+     '  key_file: "server.key"\n  client_auth_type: "VerifyClientCertIfGiven"\n'
+     "  min_version: TLS13\n  curve_preferences:\n  - CurveP521\n", None),
+    ("web_config_noAuth_noHTTP2.good.yml", 'tls_server_config:\n  cert_file: "server.crt"\n'
+     '  key_file: "server.key"\n  client_auth_type: "VerifyClientCertIfGiven"\n  cipher_suites:\n'
+     "    - TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384\n  max_version: TLS12\nhttp_server_config:\n"
+     "  http2: false\n", None),
+    # refused by us, accepted by Go: no unverified client certificates, one curve, cost <= 17
+    ("tls_config_noAuth.requireanyclientcert.good.yml", 'tls_server_config:\n  cert_file: '
+     '"server.crt"\n  key_file: "server.key"\n  client_auth_type: "RequireAnyClientCert"\n',
+     "web.yml: tls_server_config.client_auth_type: RequireAnyClientCert cannot be honoured"),
+    ("web_config_noAuth_allCurves.good.yml", 'tls_server_config:\n  cert_file: "server.crt"\n'
+     '  key_file: "server.key"\n  client_auth_type: "VerifyClientCertIfGiven"\n'
+     "  curve_preferences:\n    - CurveP256\n    - CurveP384\n    - CurveP521\n    - X25519\n",
+     "web.yml: tls_server_config.curve_preferences: 4 curves cannot be honoured"),
+    ("web_config_users_noTLS.good.yml", "basic_auth_users:\n"
+     "  alice: $2y$12$1DpfPeqF9HzHJt.EWswy1exHluGfbhnn3yXhR7Xes6m3WJqFg0Wby\n"
+     "  bob: $2y$18$4VeFDzXIoPHKnKTU3O3GH.N.vZu06CVqczYZ8WvfzrddFU6tGqjR.\n",
+     "web.yml: basic_auth_users.bob: bcrypt cost 18 is outside 4..17"),
+    # refused by both
+    ("web_config_junk_key.yml", 'tls_server_config:\n  cert_filse: "server.crt"\n',
+     "web.yml: tls_server_config.cert_filse: unknown key"),
+    ("web_config_junk.yml", "hWkNKCp3fvIx3jKnsaBI\nTuEjdwNS8A2vYdFbiKqr\n",
+     "web.yml: top level: must be a mapping, got a string"),
+    ("web_config_auth_user_list_invalid.bad.yml", 'tls_server_config:\n  cert_file: "server.crt"\n'
+     '  key_file: "server.key"\nbasic_auth_users:\n  john: doe\n',
+     "web.yml: basic_auth_users.john: not a bcrypt hash"),
+    ("web_config_auth_clientCAs_invalid.bad.yml", 'tls_server_config:\n  cert_file: "server.crt"\n'
+     '  key_file: "server.key"\n  client_ca_file: "somefile"\n',
+     "web.yml: tls_server_config.client_ca_file: a client CA without a client_auth_type"),
+    ("web_config_headers_extra_header.bad.yml", "http_server_config:\n  headers:\n"
+     "    Content-Type: foo\n", "web.yml: http_server_config.headers.Content-Type: this header "
+     "cannot be configured"),
+    ("web_config_headers_content_type_options.bad.yml", "http_server_config:\n  headers:\n"
+     "    X-Content-Type-Options: sniff\n", "web.yml: http_server_config.headers."
+     "X-Content-Type-Options: must be one of nosniff, got 'sniff'"),
+    ("web_config_noAuth_inventedCiphers.bad.yml", 'tls_server_config:\n  cert_file: "server.crt"\n'
+     '  key_file: "server.key"\n  cipher_suites:\n  - TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA2048\n',
+     "web.yml: tls_server_config.cipher_suites[0]: unknown cipher"),
+    ("web_config_noAuth_inventedCurves.bad.yml", 'tls_server_config:\n  cert_file: "server.crt"\n'
+     '  key_file: "server.key"\n  curve_preferences:\n    - CurveP257\n',
+     "web.yml: tls_server_config.curve_preferences[0]: unknown curve 'CurveP257'"),
+    ("web_config_noAuth_wrongTLSVersion.bad.yml", 'tls_server_config:\n  cert_file: "server.crt"\n'
+     '  key_file: "server.key"\n  min_version: TLS111\n',
+     "web.yml: tls_server_config.min_version: must be one of TLS10, TLS11, TLS12, TLS13"),
+    ("web_config_noAuth_certPath_empty.bad.yml", 'tls_server_config:\n  cert_file: ""\n'
+     '  key_file: "server.key"\n', "web.yml: tls_server_config.cert_file: required"),
+    ("web_config_noAuth_key_empty.bad.yml", 'tls_server_config:\n  cert_file: "server.crt"\n'
+     '  key: ""\n', "web.yml: tls_server_config.key_file: required"),
+    ("web_config_noAuth_certPath_keyPath_empty.bad.yml", 'tls_server_config:\n  cert_file: ""\n'
+     '  key_file: ""\n  client_auth_type: "x"\n',
+     "web.yml: tls_server_config.client_auth_type: must be one of"),
+]
+
+
+@pytest.mark.parametrize("name, text, error", _TOOLKIT_FILES, ids=[f[0] for f in _TOOLKIT_FILES])
+def test_exporter_toolkit_test_files(name, text, error):
+    if error is None:
+        _parse(text)
+        return
+    with pytest.raises(ConfigError) as raised:
+        _parse(text)
+    assert str(raised.value).startswith(error), str(raised.value)
