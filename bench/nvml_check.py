@@ -12,15 +12,23 @@ GPU every value in base units (and its MIG instances), the cost per collection
 (wall time of a whole collection and per-GPU NVML time), and every call that
 failed with its error and how often. On a machine without a GPU it says so on
 one line and exits 2.
+
+Issue 16: it also prints each GPU's health and performance values (XIDs seen,
+ECC, remapped rows, NVLink and PCIe errors, clock-event reasons, clocks, GPM
+activity ...), its driver and VBIOS, and the NVML calls a collection makes:
+how many per GPU and the time of each kind of call (:class:`CountingNvml`
+wraps the module, so the figures are the real library's).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import socket
 import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -47,6 +55,38 @@ METRICS = (  # (Gpu field, unit) in the order printed
 )
 
 
+class CountingNvml:
+    """The pynvml module (real or fake), counting and timing every ``nvml*`` call made through
+    it; constants and error classes pass through untouched."""
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+        self._lock = threading.Lock()
+        self.calls: Counter[str] = Counter()
+        self.seconds: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._nvml, name)
+        if not (name.startswith("nvml") and callable(value)) or isinstance(value, type):
+            return value
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return value(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - started
+                with self._lock:
+                    self.calls[name] += 1
+                    self.seconds[name] += elapsed
+        return timed
+
+    def reset(self) -> None:
+        with self._lock:
+            self.calls.clear()
+            self.seconds.clear()
+
+
 def _resolver() -> ModelResolver:
     try:
         from exporter.sources.gpu_models import catalogue_resolver
@@ -65,8 +105,11 @@ def _ms(seconds: list[float]) -> str:
             f"p95 {p95 * 1e3:.2f} ms, max {ordered[-1] * 1e3:.2f} ms")
 
 
-async def _collect(source: NvmlGpuSource, seconds: float, interval: float) -> dict[str, Any]:
+async def _collect(source: NvmlGpuSource, seconds: float, interval: float,
+                   counting: CountingNvml | None = None) -> dict[str, Any]:
     walls: list[float] = []
+    if counting is not None:
+        counting.reset()  # start-up calls (enumeration, event sets) are not a collection's
     per_gpu: dict[int, list[float]] = {}
     failures: Counter[tuple[int, str, str]] = Counter()
     stale: Counter[int] = Counter()
@@ -88,13 +131,16 @@ async def _collect(source: NvmlGpuSource, seconds: float, interval: float) -> di
         if time.monotonic() >= deadline:
             break
         await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
+    calls = (Counter(counting.calls), Counter(counting.seconds)) if counting is not None else None
     await source.close()
-    return {"walls": walls, "per_gpu": per_gpu, "failures": failures, "stale": stale, "last": last}
+    return {"walls": walls, "per_gpu": per_gpu, "failures": failures, "stale": stale, "last": last,
+            "calls": calls}
 
 
 def run(nvml: Any, seconds: float = 30.0, interval: float = 1.0, call_timeout: float = 2.0,
         out: TextIO = sys.stdout) -> int:
-    source = NvmlGpuSource(nvml=nvml, node=socket.gethostname(), call_timeout=call_timeout,
+    counting = CountingNvml(nvml)
+    source = NvmlGpuSource(nvml=counting, node=socket.gethostname(), call_timeout=call_timeout,
                            resolve_model=_resolver())
     try:
         source.start()
@@ -107,7 +153,7 @@ def run(nvml: Any, seconds: float = 30.0, interval: float = 1.0, call_timeout: f
               f"uuid {device.uuid or '?'} pci {device.pci_bus_id or '?'} "
               f"nvlink links {len(device.nvlink_links)}", file=out)
     print(f"collecting every {interval:g}s for {seconds:g}s ...", file=out, flush=True)
-    result = asyncio.run(_collect(source, seconds, interval))
+    result = asyncio.run(_collect(source, seconds, interval, counting))
 
     print("\nlast values (base units; '-' = absent):", file=out)
     for gpu in result["last"]:
@@ -120,6 +166,9 @@ def run(nvml: Any, seconds: float = 30.0, interval: float = 1.0, call_timeout: f
         for inst in gpu.mig:
             print(f"    mig {inst.instance_id} {inst.profile}: memory used "
                   f"{inst.memory_used_bytes} B of {inst.memory_total_bytes} B", file=out)
+        print(f"    {'driver / vbios':34s} {gpu.driver_version or '-'} / {gpu.vbios_version or '-'}",
+              file=out)
+        _print_issue16(gpu, out)
 
     walls = result["walls"]
     print(f"\ncost per collection ({len(walls)} collections, all GPUs): {_ms(walls)}", file=out)
@@ -128,6 +177,9 @@ def run(nvml: Any, seconds: float = 30.0, interval: float = 1.0, call_timeout: f
     for index, count in sorted(result["stale"].items()):
         print(f"  gpu {index}: stale (a call exceeded {call_timeout:g}s) in {count} "
               "collection(s)", file=out)
+
+    if result["calls"] is not None:
+        _print_calls(result["calls"], len(walls), len(result["per_gpu"]), out)
 
     failures = result["failures"]
     if failures:
@@ -138,6 +190,36 @@ def run(nvml: Any, seconds: float = 30.0, interval: float = 1.0, call_timeout: f
     else:
         print("\nfailed calls: none", file=out)
     return 0
+
+
+def _print_issue16(gpu: Gpu, out: TextIO) -> None:
+    """Every health and performance field (issue 16), '-' where absent."""
+    for group in (gpu.health, gpu.performance):
+        if group is None:
+            continue
+        for spec in dataclasses.fields(group):
+            value = getattr(group, spec.name)
+            if spec.name == "xid_counts":
+                shown = ", ".join(f"{x.xid}: {x.count}" for x in value) or "none seen"
+            elif spec.name == "clock_event_reasons" and value is not None:
+                shown = f"0x{value:x}"
+            else:
+                shown = "-" if value is None else f"{value:.12g}" if isinstance(value, float) \
+                    else str(value)
+            print(f"    {spec.name:34s} {shown}", file=out)
+
+
+def _print_calls(calls: tuple[Counter[str], Counter[str]], collections: int, gpus: int,
+                 out: TextIO) -> None:
+    counts, seconds = calls
+    total = sum(counts.values())
+    per = max(1, collections * max(1, gpus))
+    print(f"\nNVML calls per collection per GPU: {total / per:.1f} "
+          f"({total} calls, {collections} collections, {gpus} GPU(s)); "
+          f"NVML time per collection per GPU {sum(seconds.values()) / per * 1e3:.2f} ms", file=out)
+    for name, count in sorted(counts.items(), key=lambda item: -seconds[item[0]]):
+        print(f"  {name:44s} {count / per:5.1f} per GPU  {seconds[name] / count * 1e6:9.1f} us "
+              "per call", file=out)
 
 
 def main() -> int:

@@ -7,6 +7,7 @@ in base units against what the fake gives in NVML's units.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes.util
 import io
 import subprocess
@@ -295,6 +296,29 @@ def test_nvml_check_prints_every_metric_on_the_fake():
     assert "312.5" in text and "mig 9 1g.10gb" in text
     assert "cost per collection" in text
     assert "nvmlDeviceGetTotalEnergyConsumption" in text and "NVMLError_Unknown" in text
+    # issue 16: health and performance values, identity, and the calls a collection makes
+    for field in ("ecc_single_bit_volatile", "remapped_rows_correctable", "clock_event_reasons",
+                  "sm_clock_hertz", "memory_temperature_celsius", "sm_active_ratio"):
+        assert field in text
+    assert "550.54.15 / 96.00.99.00.01" in text
+    assert "NVML calls per collection per GPU:" in text
+    assert "nvmlDeviceGetRemappedRows" in text and " per call" in text
+
+
+def test_nvml_cost_counts_the_calls_of_a_collection():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import nvml_cost
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert nvml_cost.main(["--gpus", "2", "--collections", "3"]) == 0
+    text = out.getvalue()
+    # 8 core calls + 22 of issue 16 on an H100 with everything supported (max clocks read once)
+    assert "NVML calls per collection per GPU: 30.0" in text
+    assert "nvmlDeviceGetTotalEccErrors                    4.0" in text
+    assert "nvmlGpmMetricsGet" in text and "nvmlShutdown" not in text
 
 
 async def test_nvml_is_shut_down_on_close():
