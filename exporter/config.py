@@ -216,8 +216,24 @@ class ApiConfig:
 
 
 @dataclass(frozen=True)
+class ExpositionConfig:
+    """Which families /metrics serves (exporter/exposition.py, ExpositionOptions)."""
+
+    per_gpu: str = _opt(
+        "auto", help="Serve the per-GPU and per-node telemetry. auto: on, off when the "
+        "prometheus source is enabled (cluster mode: the node exporters serve it; a second "
+        "copy would double every count).", choices=("auto", "true", "false"), bool_as_text=True,
+    )
+
+
+MAX_CLUSTER_CHARS = 128
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = _opt(DEFAULT_LISTEN, help="HOST:PORT to serve on.")
+    cluster: str = _opt("", help="Value of a `cluster` label on every series served, so one "
+                        "Prometheus (or Thanos) can hold several clusters; empty: no label.")
     collect_interval: Duration = _opt(
         Duration(5), help="How often sources are read; never inside a scrape.", exclusive_min=0
     )
@@ -232,6 +248,13 @@ class Config:
     sources: SourcesConfig = _opt(help="Sources and their options.", factory=SourcesConfig)
     analysis: AnalysisConfig = _opt(help="Fragmentation analysis.", factory=AnalysisConfig)
     advisor: AdvisorConfig = _opt(help="Rebalancing advisor.", factory=AdvisorConfig)
+    exposition: ExpositionConfig = _opt(help="What /metrics serves.", factory=ExpositionConfig)
+
+    def check(self, prefix: str) -> None:
+        # a label value may hold anything, but a newline or a 10 kB value is a mistake
+        if len(self.cluster) > MAX_CLUSTER_CHARS or not self.cluster.isprintable():
+            raise ConfigError(f"cluster: must be at most {MAX_CLUSTER_CHARS} printable "
+                              f"characters, got {quoted(self.cluster)}")
 
 
 def _type_name(tp: Any) -> str:
@@ -291,6 +314,8 @@ def _convert(tp: Any, value: Any, key: str, meta: dict[str, Any]) -> Any:
             raise ConfigError(f"{key}: must be a finite number, got {quoted(value)}")
         result = float(value)
     elif tp is str:
+        if isinstance(value, bool) and meta.get("bool_as_text"):  # per_gpu: true | false | auto
+            value = "true" if value else "false"
         if not isinstance(value, str):
             raise ConfigError(f"{key}: must be a string, got {quoted(value)}")
         result = value

@@ -8,6 +8,15 @@ carries (``gpu``, ``model``, ``node``, ``pool``, ``uuid``) are added in one
 place. Job and pod metadata live only on ``gpufleet_gpu_allocation_info``,
 which keeps per-GPU cardinality bounded as jobs come and go.
 
+One copy of each series (issue 15): node mode and cluster mode run side by side under
+one Prometheus, and a family is served only by its producer. ``exposition.per_gpu``
+(``auto``: off when the ``prometheus`` source is enabled) turns off every family read
+from the GPUs and nodes (``node`` in the catalogue: the per-GPU telemetry, ``gpu_info``,
+MIG, ``node_info``, ``node_cpu_cores``); the scheduler's joins stay where the scheduler
+is read; the fleet-level families (fragmentation, pools, advisor, source health, build
+info) are always served. :class:`ExpositionOptions` says it in code. The config's
+``cluster`` label is merged into every series by the label-text functions.
+
 Our renderer writes exactly the bytes ``prometheus_client.generate_latest``
 writes for the same families (sorted labels, Go float formatting); a test
 proves it. It exists because ``generate_latest`` costs about a second per
@@ -16,9 +25,7 @@ proves it. It exists because ``generate_latest`` costs about a second per
 
 from __future__ import annotations
 
-import bisect
 import gzip
-import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -188,7 +195,10 @@ def _escape(value: str) -> str:
     return value
 
 
-def label_text(labels: Labels) -> str:
+def label_text(labels: Labels, const: Labels = ()) -> str:
+    """``{k="v",...}`` sorted by name, with ``const`` (the ``cluster`` label) merged in."""
+    if const:
+        labels = (*labels, *const)
     if not labels:
         return ""
     inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels))
@@ -200,17 +210,61 @@ def identity(gpu: Gpu) -> Labels:
             ("pool", gpu.pool), ("uuid", gpu.uuid))
 
 
+@dataclass(frozen=True, slots=True)
+class ExpositionOptions:
+    """What this process serves, so that node mode and cluster mode side by side under one
+    Prometheus give one copy of each series (docs/deploy.md, "Node mode and cluster mode").
+
+    Each catalogue family has a producer (:attr:`exporter.metrics.FamilySpec.producer`):
+
+    - ``node``: read from the GPUs and nodes themselves: every per-GPU telemetry family
+      (:data:`GPU_FAMILIES`), ``gpu_info``, the MIG families, ``node_info`` and
+      ``node_cpu_cores``. Served only with ``per_gpu``: a cluster-mode process reading them
+      from Prometheus would serve a second copy of what the node exporters serve.
+    - ``scheduler``: the scheduler's view joined to the GPUs: ``gpu_allocated_ratio``,
+      ``gpu_allocation_info``, ``allocation_*``, ``node_cpu_allocated_cores``, ``pending_*``.
+      Served with ``per_gpu``, or where this process reads the scheduler itself (a source
+      whose role is ``allocation``: Slurm), being then their only producer (NVML and DCGM
+      know no jobs). Read back from Prometheus they would be a copy too.
+    - ``fleet``: computed by this process over its whole snapshot, or about itself:
+      fragmentation, pools, the advisor, source health, composition, build info. Always.
+
+    ``cluster`` (the config's top-level key) is one more label on every series served,
+    merged in sorted place by the label-text functions; empty: no label.
+    """
+
+    per_gpu: bool = True
+    reads_scheduler: bool = False
+    cluster: str = ""
+
+    def serves(self, spec: FamilySpec) -> bool:
+        producer = spec.producer
+        if producer == "node":
+            return self.per_gpu
+        if producer == "scheduler":
+            return self.per_gpu or self.reads_scheduler
+        return True
+
+    def serves_name(self, name: str) -> bool:
+        spec = metrics.CATALOGUE.get(name)
+        return spec is None or self.serves(spec)
+
+    @property
+    def const_labels(self) -> Labels:
+        return (("cluster", self.cluster),) if self.cluster else ()
+
+
 class LabelCache:
     """Identity label text per GPU, reused across snapshots: GPUs rarely change identity."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, int, str, str, str], str] = {}
+        self._cache: dict[tuple[str, int, str, str, str, Labels], str] = {}
 
-    def get(self, gpu: Gpu) -> str:
-        key = (gpu.node, gpu.index, gpu.uuid, gpu.model, gpu.pool)
+    def get(self, gpu: Gpu, const: Labels = ()) -> str:
+        key = (gpu.node, gpu.index, gpu.uuid, gpu.model, gpu.pool, const)
         text = self._cache.get(key)
         if text is None:
-            text = label_text(identity(gpu))
+            text = label_text(identity(gpu), const)
             self._cache[key] = text
         return text
 
@@ -220,15 +274,17 @@ def _header(name: str, kind: str, help_text: str) -> str:
     return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n"
 
 
-def render_gpu_families(gpus: Sequence[Gpu], labels: LabelCache) -> list[str]:
+def render_gpu_families(gpus: Sequence[Gpu], labels: LabelCache,
+                        options: ExpositionOptions = ExpositionOptions()) -> list[str]:
     out: list[str] = []
-    label_texts = [labels.get(g) for g in gpus]
-    splits = _IdentitySplits(gpus, ())  # the labelled families' label text, built on first use
-    for gpu_family in GPU_FAMILIES:
+    const = options.const_labels
+    served = [f for f in GPU_FAMILIES if options.serves(f.spec)]
+    label_texts = [labels.get(g, const) for g in gpus] if served else []
+    for gpu_family in served:
         spec = gpu_family.spec
         out.append(_header(spec.name, spec.type, spec.help))
         if isinstance(gpu_family, GpuLabelledFamily):
-            out += _render_labelled(gpu_family, gpus, splits)
+            out += _render_labelled(gpu_family, gpus, const)
             continue
         prefix = spec.name
         value_of = gpu_family.value
@@ -240,82 +296,37 @@ def render_gpu_families(gpus: Sequence[Gpu], labels: LabelCache) -> list[str]:
     return out
 
 
-class _IdentitySplits:
-    """One render's identity label pairs per GPU (``const`` merged in), joined once for each
-    point at which a family's extra label falls in sorted order, and shared by every labelled
-    family: a labelled series then costs one f-string, not a sort and an escape per label."""
-
-    def __init__(self, gpus: Sequence[Gpu], const: Labels) -> None:
-        self.gpus = gpus
-        self.const = const
-        self.names = sorted((*metrics.IDENTITY, *(k for k, _ in const)))
-        self._pairs: list[list[str]] | None = None
-        self._joined: dict[tuple[int, int], list[str]] = {}
-
-    def joined(self, start: int, stop: int) -> list[str]:
-        """Per GPU: its label pairs ``names[start:stop]``, comma-joined."""
-        key = (start, stop)
-        if key not in self._joined:
-            if self._pairs is None:
-                names = self.names
-                self._pairs = []
-                for gpu in self.gpus:
-                    values = dict((*identity(gpu), *self.const))
-                    self._pairs.append([f'{k}="{_escape(values[k])}"' for k in names])
-            self._joined[key] = [",".join(pairs[start:stop]) for pairs in self._pairs]
-        return self._joined[key]
-
-
 def _render_labelled(family: GpuLabelledFamily, gpus: Sequence[Gpu],
-                     splits: _IdentitySplits) -> list[str]:
-    """A labelled per-GPU family. Each GPU's text around the extra label values is built once
-    from ``splits``; the values are gpufleet's own words and numbers (reasons, causes, XID
-    codes), never text read from a source, so they need no escaping."""
+                     const: Labels = ()) -> list[str]:
+    """A labelled per-GPU family: one ``%`` template per GPU with the identity labels already in
+    their sorted places, so each series costs one format rather than a sort of its labels."""
     spec = family.spec
     extra = spec.labels[len(metrics.IDENTITY):]
-    names = splits.names
-    # where each extra label falls among the identity labels, in sorted order
-    placed = sorted((bisect.bisect(names, label), label, i) for i, label in enumerate(extra))
-    bounds = [0, *(p for p, _, _ in placed), len(names)]
-    segments = [splits.joined(a, b) for a, b in itertools.pairwise(bounds)]
-    slots = [f'{label}="\x00"' for _, label, _ in placed]  # \x00: where a value goes
-    order = [i for _, _, i in placed]
+    names = sorted((*spec.labels, *(k for k, _ in const)))
+    order = [extra.index(name) for name in names if name in extra]  # extra values, sorted by name
     out: list[str] = []
-    for g, gpu in enumerate(gpus):
+    for gpu in gpus:
         samples = family.samples(gpu)
         if not samples:
             continue
-        tokens = [segments[0][g]]
-        for k, slot in enumerate(slots):
-            tokens += (slot, segments[k + 1][g])
-        # pieces[k] precedes the k-th extra value (sorted order); the last closes the braces
-        pieces = f"{spec.name}{{{','.join(t for t in tokens if t)}}} ".split("\x00")
-        if len(pieces) != len(order) + 1:  # a NUL inside an identity value: the slow way
-            ident = identity(gpu)
-            for values, value in samples:
-                labels = (*ident, *zip(extra, values, strict=True))
-                out.append(f"{spec.name}{label_text(labels)} "
-                           f"{_go_float(float(value))}\n")
-            continue
-        if len(order) == 1:
-            head, tail = pieces
-            for values, value in samples:
-                out.append(f"{head}{values[0]}{tail}{_go_float(float(value))}\n")
-            continue
+        ident = {k: f'{k}="{_escape(v)}"'.replace("%", "%%") for k, v in (*identity(gpu), *const)}
+        template = (spec.name + "{"
+                    + ",".join(ident.get(name) or f'{name}="%s"' for name in names) + "} %s\n")
         for values, value in samples:
-            text = pieces[0]
-            for k, i in enumerate(order):
-                text += values[i] + pieces[k + 1]
-            out.append(f"{text}{_go_float(float(value))}\n")
+            out.append(template % (*(_escape(values[i]) for i in order), _go_float(float(value))))
     return out
 
 
-def render_families(families: Iterable[Family]) -> list[str]:
+def render_families(families: Iterable[Family],
+                    options: ExpositionOptions = ExpositionOptions()) -> list[str]:
     out: list[str] = []
+    const = options.const_labels
     for family in families:
+        if not options.serves_name(family.name):
+            continue
         out.append(_header(family.name, family.type, family.help))
         for labels, value in family.samples:
-            out.append(f"{family.name}{label_text(labels)} {_go_float(float(value))}\n")
+            out.append(f"{family.name}{label_text(labels, const)} {_go_float(float(value))}\n")
     return out
 
 
@@ -438,11 +449,12 @@ class Rendered:
 
 
 def render_text(
-    snapshot: FleetSnapshot, labels: LabelCache | None = None, extra: Iterable[Family] = ()
+    snapshot: FleetSnapshot, labels: LabelCache | None = None, extra: Iterable[Family] = (),
+    options: ExpositionOptions = ExpositionOptions(),
 ) -> bytes:
-    parts = render_gpu_families(snapshot.gpus, labels or LabelCache())
-    parts += render_families(snapshot_families(snapshot))
-    parts += render_families(extra)
+    parts = render_gpu_families(snapshot.gpus, labels or LabelCache(), options)
+    parts += render_families(snapshot_families(snapshot), options)
+    parts += render_families(extra, options)
     return "".join(parts).encode()
 
 
@@ -451,10 +463,11 @@ def render(
     labels: LabelCache | None = None,
     extra: Iterable[Family] = (),
     gzip_level: int = 5,
+    options: ExpositionOptions = ExpositionOptions(),
 ) -> Rendered:
     """Text and gzip bodies for one snapshot; runs in a worker thread, never on the loop."""
     started = time.perf_counter()
-    text = render_text(snapshot, labels, extra)
+    text = render_text(snapshot, labels, extra, options)
     gzipped = gzip.compress(text, compresslevel=gzip_level, mtime=0)
     series = text.count(b"\n") - text.count(b"\n#") - (1 if text.startswith(b"#") else 0)
     return Rendered(snapshot, text, gzipped, series, time.perf_counter() - started)
@@ -462,4 +475,5 @@ def render(
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-__all__ = ["CONTENT_TYPE", "GPU_FAMILIES", "Family", "LabelCache", "Rendered", "render"]
+__all__ = ["CONTENT_TYPE", "GPU_FAMILIES", "ExpositionOptions", "Family", "LabelCache", "Rendered",
+           "render"]

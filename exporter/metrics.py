@@ -48,15 +48,28 @@ class FamilySpec:
     group: str  # the table of docs/metrics.md that lists it
     unit: str = ""  # the base unit the name ends in (before _total), if any
     doc: str = ""  # more for docs/metrics.md than HELP says: label values, when it is absent
+    # Who produces it when node mode and cluster mode run side by side (docs/deploy.md), so
+    # that one Prometheus holds one copy: "node" (read from the GPUs and nodes themselves),
+    # "scheduler" (the scheduler's allocations and demand), "fleet" (computed by this
+    # process: analysis, advisor, its own health). "" is "node" for a family with the GPU
+    # identity labels, else "fleet". exposition.ExpositionOptions.serves applies it.
+    origin: Literal["", "node", "scheduler", "fleet"] = ""
+
+    @property
+    def producer(self) -> Literal["node", "scheduler", "fleet"]:
+        if self.origin:
+            return self.origin
+        return "node" if self.labels[:len(IDENTITY)] == IDENTITY else "fleet"
 
     def family(self, samples: Sequence[tuple[Labels, float]]) -> Family:
         return Family(self.name, self.type, self.help, samples)
 
 
 def _gpu(name: str, kind: Literal["gauge", "counter"], help_text: str, unit: str = "",
-         extra: tuple[str, ...] = (), doc: str = "") -> FamilySpec:
+         extra: tuple[str, ...] = (), doc: str = "",
+         origin: Literal["", "node", "scheduler", "fleet"] = "") -> FamilySpec:
     """A per-GPU family: the identity labels, then ``extra``."""
-    return FamilySpec(name, kind, help_text, (*IDENTITY, *extra), "gpu", unit, doc)
+    return FamilySpec(name, kind, help_text, (*IDENTITY, *extra), "gpu", unit, doc, origin)
 
 
 # -- per GPU: values read from NVML, DCGM or the simulator ------------------------------------------
@@ -241,14 +254,16 @@ GPU_INFO = _gpu(
         "`sources.nvml.export_serial`).")
 GPU_ALLOCATED_RATIO = _gpu(
     "gpufleet_gpu_allocated_ratio", "gauge",
-    "Share of the GPU held by jobs (0-1); 1 is a whole GPU allocated.", "ratio")
+    "Share of the GPU held by jobs (0-1); 1 is a whole GPU allocated.", "ratio",
+    origin="scheduler")
 GPU_ALLOCATION_INFO = _gpu(
     "gpufleet_gpu_allocation_info", "gauge",
     "The job holding the GPU, one series per job; always 1.",
     extra=("job", "namespace", "pod", "account", "job_gpus", "priority"),
     doc="Scraped without `honor_labels`, `job` arrives as `exported_job`. `account` is the "
         "Slurm account or the Kubernetes namespace the job is charged to (empty when the "
-        "scheduler gives none): Alertmanager routes the job's tickets by it.")
+        "scheduler gives none): Alertmanager routes the job's tickets by it.",
+    origin="scheduler")
 GPU_MIG_INSTANCE_INFO = _gpu(
     "gpufleet_gpu_mig_instance_info", "gauge",
     "A MIG GPU instance and its profile; always 1.", extra=("gpu_instance", "profile"))
@@ -263,19 +278,19 @@ GPU_MIG_MEMORY_USED_BYTES = _gpu(
 NODE_INFO = FamilySpec(
     "gpufleet_node_info", "gauge",
     "Node with its pool, GPU model, architecture and GPU count; always 1.",
-    ("node", "pool", "model", "architecture", "gpus"), "node")
+    ("node", "pool", "model", "architecture", "gpus"), "node", origin="node")
 NODE_CPU_CORES = FamilySpec(
     "gpufleet_node_cpu_cores", "gauge", "CPU cores of the node.",
-    ("node", "pool", "model"), "node")
+    ("node", "pool", "model"), "node", origin="node")
 NODE_CPU_ALLOCATED_CORES = FamilySpec(
     "gpufleet_node_cpu_allocated_cores", "gauge", "CPU cores of the node held by jobs.",
-    ("node", "pool", "model"), "node")
+    ("node", "pool", "model"), "node", origin="scheduler")
 PENDING_JOBS = FamilySpec(
     "gpufleet_pending_jobs", "gauge", "Jobs waiting for GPUs, by the pool they asked for.",
-    ("pool",), "node")
+    ("pool",), "node", origin="scheduler")
 PENDING_GPUS = FamilySpec(
     "gpufleet_pending_gpus", "gauge", "GPUs asked for by waiting jobs, by pool.",
-    ("pool",), "node")
+    ("pool",), "node", origin="scheduler")
 
 # -- sources and collection (self-metrics) ---------------------------------------------------------
 SOURCE_UP = FamilySpec(
@@ -303,11 +318,11 @@ COMPOSE_UNMATCHED_GPUS = FamilySpec(
         "source are composed.")
 ALLOCATION_CPU_CORES = FamilySpec(
     "gpufleet_allocation_cpu_cores", "gauge",
-    "CPU cores the job holds on the node.", ("job", "node"), "cluster")
+    "CPU cores the job holds on the node.", ("job", "node"), "cluster", origin="scheduler")
 ALLOCATION_GPU_SHARE_RATIO = FamilySpec(
     "gpufleet_allocation_gpu_share_ratio", "gauge",
     "Share of each of its GPUs on the node the job holds (0-1); 1 is whole GPUs.",
-    ("job", "node"), "cluster", "ratio")
+    ("job", "node"), "cluster", "ratio", origin="scheduler")
 
 # -- the snapshot and the build (self-metrics) -----------------------------------------------------
 SNAPSHOT_TIMESTAMP_SECONDS = FamilySpec(

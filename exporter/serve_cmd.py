@@ -17,6 +17,7 @@ from aiohttp import web
 from exporter import logs
 from exporter.collect import Collector
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
+from exporter.exposition import ExpositionOptions
 from exporter.server import Protection, ServingState, make_app, parse_listen, serve
 from exporter.sources import SOURCES, Clock, SourceStartupError, build_source
 from exporter.webconfig import LiveWebConfig
@@ -137,6 +138,18 @@ def metrics_url(address: tuple, scheme: str = "http") -> str:
     return url
 
 
+def exposition_options(config: Config, names: list[str], sources: list) -> ExpositionOptions:
+    """``exposition.per_gpu`` resolved: ``auto`` is off when the GPU telemetry comes from
+    the ``prometheus`` source (cluster mode), on for node and relay sources (sim, nvml,
+    dcgm). A source whose role is ``allocation`` (Slurm) makes this process the producer
+    of the scheduler's joins (exporter/exposition.py, ExpositionOptions)."""
+    setting = config.exposition.per_gpu
+    per_gpu = "prometheus" not in names if setting == "auto" else setting == "true"
+    reads_scheduler = any(getattr(s, "role", "full") == "allocation" for s in sources)
+    return ExpositionOptions(per_gpu=per_gpu, reads_scheduler=reads_scheduler,
+                             cluster=config.cluster)
+
+
 def protection(config: Config, advisor: AdvisorService | None,
                live: LiveWebConfig | None) -> Protection:
     """The web config file (``--web.config.file`` or ``web.config_file``, loaded) and whether
@@ -173,7 +186,7 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     """
     sources = [build_source(n, getattr(config.sources, n), clock) for n in names]
     collector = Collector(sources, config.source_timeout, clock=clock, timer=timer)
-    state = ServingState()
+    state = ServingState(exposition=exposition_options(config, names, sources))
     advisor = None
     if config.analysis.enabled:
         from exporter.analysis.families import LiveAnalyzer

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from exporter import __version__
 from exporter.advisor.api import Token, bearer_problem
@@ -38,7 +39,7 @@ from exporter.aio import complete
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
 from exporter.errors import quoted
-from exporter.exposition import CONTENT_TYPE, Family, LabelCache, Rendered, render
+from exporter.exposition import CONTENT_TYPE, ExpositionOptions, Family, LabelCache, Rendered, render
 from exporter.server_limits import (
     GuardedSite,
     IntervalLog,
@@ -69,6 +70,8 @@ class ServingState:
     # (run CPU-heavy work with asyncio.to_thread: listeners run on the event loop)
     snapshot_listeners: list[Callable[[FleetSnapshot], object]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # which families are served and the cluster label (serve_cmd.exposition_options)
+    exposition: ExpositionOptions = field(default_factory=ExpositionOptions)
 
 
 @dataclass
@@ -95,7 +98,7 @@ def _render_all(snapshot: FleetSnapshot, state: ServingState, labels: LabelCache
             extra.extend(provider(snapshot))
         except Exception:  # one broken provider must not stop the exposition
             log.exception("family provider failed", extra={"provider": getattr(provider, "__name__", "?")})
-    return render(snapshot, labels, extra, gzip_level=level)
+    return render(snapshot, labels, extra, gzip_level=level, options=state.exposition)
 
 
 async def collect_once(app: web.Application, labels: LabelCache) -> None:
@@ -233,11 +236,14 @@ def _reads_bearer(request: web.Request, protection: Protection) -> bool:
     return request.method not in ("GET", "HEAD") or protection.reads_need_token
 
 
-def protect(protection: Protection) -> Any:
-    """The middleware of basic auth (web config users) and of the bearer token for reads."""
+def protect(protection: Protection) -> Middleware:
+    """The middleware of the web config file (rate limit, client SANs, basic auth) and of the
+    bearer token for reads. It runs inside :func:`request_limits`, so a request waiting for
+    a password check holds its endpoint's slot: the 16 checks that may wait
+    (webconfig.MAX_PENDING_CHECKS) stay under the default 40 per endpoint."""
 
     @web.middleware
-    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         bearer = _reads_bearer(request, protection)
         live = protection.web
         if live is not None:

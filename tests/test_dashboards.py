@@ -185,9 +185,9 @@ def test_every_variable_is_used_and_every_used_variable_defined(name):
 
 def test_variables_follow_the_conventions():
     expected = {
-        "gpufleet-fleet.json": ["datasource", "pool", "model"],
-        "gpufleet-node.json": ["datasource", "pool", "model", "node", "gpu"],
-        "gpufleet-fragmentation.json": ["datasource", "pool", "model"],
+        "gpufleet-fleet.json": ["datasource", "cluster", "pool", "model"],
+        "gpufleet-node.json": ["datasource", "cluster", "pool", "model", "node", "gpu"],
+        "gpufleet-fragmentation.json": ["datasource", "cluster", "pool", "model"],
     }
     for name, names in expected.items():
         variables = {v["name"]: v for v in load(name)["templating"]["list"]}
@@ -199,12 +199,31 @@ def test_variables_follow_the_conventions():
             assert variables[var]["multi"] is True, (name, var)
             assert variables[var]["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
             assert variables[var]["query"].startswith("label_values(")
-        for var in ("pool", "model", "gpu"):
+        for var in ("cluster", "pool", "model", "gpu"):
             if var in variables:
                 assert variables[var]["includeAll"] is True and variables[var]["allValue"] == ".*"
     # a node is a drill-down: one or a few, never all 136 at once
     assert {v["name"]: v for v in load("gpufleet-node.json")["templating"]["list"]}["node"][
         "includeAll"] is False
+
+
+_METRIC = re.compile(r"\b((?:gpufleet_|[a-z_]+:gpufleet_)[a-z0-9_:]+|ALERTS)\b(\{[^}]*\})?")
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_series_a_query_reads_is_filtered_by_cluster(name):
+    """issue 15: one Prometheus may hold several clusters (and node mode beside cluster
+    mode): every metric a panel or a variable reads names the `cluster` variable, and
+    every join matches on the cluster too."""
+    board = load(name)
+    exprs = [t["expr"] for panel in content_panels(board) for t in panel["targets"]]
+    exprs += [v["query"] for v in board["templating"]["list"][2:]]  # after datasource, cluster
+    unfiltered = [(expr, m.group(0)) for expr in exprs for m in _METRIC.finditer(expr)
+                  if not re.search(r'cluster=~"\$cluster\|?"', m.group(2) or "")]
+    assert unfiltered == []
+    joins = [expr for expr in exprs for m in re.finditer(r"\bon \(([^)]*)\)", expr)
+             if not m.group(1).startswith("cluster, ")]
+    assert joins == []
 
 
 @pytest.mark.parametrize("name", FILES)

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.exposition import (
     GPU_FAMILIES,
+    ExpositionOptions,
     Family,
     GpuLabelledFamily,
     LabelCache,
@@ -19,29 +20,36 @@ from exporter.exposition import (
     render_text,
     snapshot_families,
 )
-from exporter.metrics import IDENTITY
+from exporter.metrics import CATALOGUE, IDENTITY
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import Gpu, GpuHealth, GpuPerformance, MigInstance, XidCount
 from exporter.sources.sim_options import Scenario, SimSource
 from tests.helpers import http_get, require_binary
 
 START = 1_760_000_000.0
+NODE_MODE = ExpositionOptions()  # the defaults: every family, no cluster label
 
 
-def _client_python_families(snapshot, extra=()):
-    """The same data as client_python metric families, for generate_latest."""
+def _client_python_families(snapshot, extra=(), options=NODE_MODE):
+    """The same data as client_python metric families, for generate_latest: every label
+    (the cluster label too) is added here as a plain label of each sample."""
+    const = dict(options.const_labels)
     families = []
     for gpu_family in GPU_FAMILIES:
         spec = gpu_family.spec
-        if isinstance(gpu_family, GpuLabelledFamily):  # issue 16: identity plus extra labels
-            extra_names = spec.labels[len(IDENTITY):]
-            samples = [(dict(identity(g)) | dict(zip(extra_names, values, strict=True)), v)
+        if not options.serves(spec):
+            continue
+        if isinstance(gpu_family, GpuLabelledFamily):
+            names = spec.labels[len(IDENTITY):]
+            samples = [({**dict(identity(g)), **dict(zip(names, values, strict=True))}, v)
                        for g in snapshot.gpus for values, v in gpu_family.samples(g)]
         else:
             samples = [(dict(identity(g)), gpu_family.value(g)) for g in snapshot.gpus]
         families.append((spec.name, spec.type, spec.help,
                          [(labels, v) for labels, v in samples if v is not None]))
     for family in [*snapshot_families(snapshot), *extra]:
+        if not options.serves_name(family.name):
+            continue
         families.append((family.name, family.type, family.help,
                          [(dict(labels), v) for labels, v in family.samples]))
     out = []
@@ -51,13 +59,13 @@ def _client_python_families(snapshot, extra=()):
         else:
             metric = GaugeMetricFamily(name, help_text)
         for labels, value in samples:
-            metric.add_sample(name, labels, float(value))
+            metric.add_sample(name, {**labels, **const}, float(value))
         out.append(metric)
     return out
 
 
-def _generate_latest(snapshot, extra=()):
-    families = _client_python_families(snapshot, extra)
+def _generate_latest(snapshot, extra=(), options=NODE_MODE):
+    families = _client_python_families(snapshot, extra, options)
 
     class Snapshot:
         def collect(self):
@@ -106,6 +114,61 @@ def test_render_is_byte_identical_to_generate_latest():
     assert b'gpufleet_gpu_clock_event_active{gpu="1",model="H100",node="gpu-%s",pool="gpu-%d",' \
            b'reason="hw_thermal",uuid="GPU-100%"} 1.0\n' in ours
     assert b'serial="1%s"' in ours
+
+
+def test_cluster_label_on_every_series_is_byte_identical_to_generate_latest():
+    """issue 15: the config's `cluster` label, merged into every series in its sorted place
+    (before `gpu` on per-GPU families, after `architecture` and `account` where they are)."""
+    snapshot = _snapshot()
+    extra = [Family("gpufleet_test_extra", "gauge", "h", [((("a", "x"), ("d", "y")), 1.0), ((), 2.0)])]
+    options = ExpositionOptions(cluster='prod "eu"')
+    ours = render_text(snapshot, LabelCache(), extra, options)
+    assert ours == _generate_latest(snapshot, extra, options)
+    samples = [line for line in ours.decode().splitlines() if not line.startswith("#")]
+    assert samples and all('cluster="prod \\"eu\\""' in line for line in samples)
+    assert 'gpufleet_test_extra{cluster="prod \\"eu\\""} 2.0' in samples
+    # and without the option, no series has it
+    assert b"cluster=" not in render_text(snapshot, LabelCache(), extra)
+
+
+def test_no_family_has_a_label_named_cluster():
+    """The cluster label is added to every series; a family with its own would carry it twice."""
+    assert [name for name, spec in CATALOGUE.items() if "cluster" in spec.labels] == []
+
+
+def _served_families(text: bytes) -> set[str]:
+    return {line.split()[2] for line in text.decode().splitlines() if line.startswith("# TYPE")}
+
+
+def test_per_gpu_off_serves_no_family_read_from_the_nodes():
+    """issue 15: cluster mode re-exported every per-GPU series it read from Prometheus, so
+    node mode and cluster mode under one Prometheus doubled every GPU count."""
+    snapshot = _snapshot()
+    everything = _served_families(render_text(snapshot))
+    cluster = _served_families(render_text(snapshot, options=ExpositionOptions(per_gpu=False)))
+    scheduler = {"gpufleet_gpu_allocated_ratio", "gpufleet_gpu_allocation_info",
+                 "gpufleet_allocation_cpu_cores", "gpufleet_allocation_gpu_share_ratio",
+                 "gpufleet_node_cpu_allocated_cores", "gpufleet_pending_jobs",
+                 "gpufleet_pending_gpus"}
+    fleet = {"gpufleet_source_up", "gpufleet_collect_duration_seconds",
+             "gpufleet_last_collect_success_timestamp_seconds",
+             "gpufleet_source_parse_errors_total", "gpufleet_compose_unmatched_gpus",
+             "gpufleet_snapshot_timestamp_seconds", "gpufleet_build_info"}
+    assert cluster == fleet
+    # with a scheduler read here (Slurm), its joins are served too: this process makes them
+    with_slurm = _served_families(render_text(
+        snapshot, options=ExpositionOptions(per_gpu=False, reads_scheduler=True)))
+    assert with_slurm == fleet | scheduler
+    # node mode serves everything, the per-GPU telemetry and gpu_info among it
+    assert fleet | scheduler < everything
+    assert {"gpufleet_gpu_up", "gpufleet_gpu_info", "gpufleet_gpu_mig_instance_info",
+            "gpufleet_node_info", "gpufleet_node_cpu_cores"} <= everything - with_slurm
+    assert ExpositionOptions(per_gpu=False).serves(CATALOGUE["gpufleet_cluster_fragmentation_index"])
+
+
+def test_every_gpu_family_is_read_from_the_nodes():
+    """A GPU_FAMILIES row is per-GPU telemetry: cluster mode must never serve it."""
+    assert {f.spec.producer for f in GPU_FAMILIES} == {"node"}
 
 
 def test_lost_gpu_exports_only_up_zero():

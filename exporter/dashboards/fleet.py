@@ -24,7 +24,7 @@ DATA_ONLY_WHEN_FIRING = ("Firing gpufleet alerts", "Firing alerts over time")
 
 def build(levels: DashboardLevels) -> core.Dashboard:
     s = q.selector(q.FLEET)
-    pending = q.selector((("pool", "pool"),))
+    pending = q.selector(q.POOL)
     layout = p.Layout()
 
     layout.row("Fleet now")
@@ -130,7 +130,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 12, 10)
     layout.add(p.table(
         "Top 10 most under-used allocated GPUs",
-        p.targets((f"bottomk(10, gpufleet_gpu_utilization_ratio{s} * on (node, gpu) group_right() "
+        p.targets((f"bottomk(10, gpufleet_gpu_utilization_ratio{s} * on (cluster, node, gpu) group_right() "
                    f"{q.allocations(s)})", ""), instant=True),
         "percentunit", steps=levels.utilization_low,
         hide=("uuid", "job", "exported_job", "priority"),
@@ -145,7 +145,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     multi = q.selector(q.FLEET, 'job_gpus!="1"')
     layout.add(p.timeseries(
         "NVLink utilization of multi-GPU jobs per pool",
-        p.targets((f"avg by (pool, model) ({q.nvlink_utilization(s)} and on (node, gpu) "
+        p.targets((f"avg by (pool, model) ({q.nvlink_utilization(s)} and on (cluster, node, gpu) "
                    f"gpufleet_gpu_allocation_info{multi})", "{{pool}} {{model}}")),
         "percentunit", steps=levels.nvlink_low, minimum=0, maximum=1,
         description="Mean NVLink bandwidth in use on GPUs held by jobs with more than one GPU.",
@@ -153,7 +153,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.add(p.table(
         "Multi-GPU jobs with the least NVLink traffic",
         p.targets((f"bottomk(10, avg by (job_name, namespace, job_gpus) ("
-                   f"{q.nvlink_utilization(s)} * on (node, gpu) group_right() "
+                   f"{q.nvlink_utilization(s)} * on (cluster, node, gpu) group_right() "
                    f"{q.allocations(multi)}))", ""), instant=True),
         "percentunit", steps=levels.nvlink_low,
         rename={"Value": "NVLink utilization", "job_name": "job", "job_gpus": "job GPUs"},

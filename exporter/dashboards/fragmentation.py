@@ -37,22 +37,23 @@ INVERSION_STATES = [{"type": "value", "options": {
 
 def build(levels: DashboardLevels) -> core.Dashboard:
     s = q.selector(q.FLEET)
-    pools = q.selector((("pool", "pool"),))
+    pools = q.selector(q.POOL)
+    c = q.selector(q.CLUSTER)
     layout = p.Layout()
 
     layout.row("Fragmentation now")
     layout.add(p.stat("Cluster fragmentation index",
-                      p.targets(("gpufleet_cluster_fragmentation_index", "")), "none",
+                      p.targets((f"gpufleet_cluster_fragmentation_index{c}", "")), "none",
                       steps=levels.fragmentation, color_mode="background", minimum=0, maximum=100,
                       description=f"0-100; colours: the fragmentation alert's levels from "
                                   f"{levels.source}, where compaction starts."), 6, 5)
-    layout.add(p.stat("Fragmented GPUs", p.targets(("gpufleet_cluster_fragmented_gpus", "")),
+    layout.add(p.stat("Fragmented GPUs", p.targets((f"gpufleet_cluster_fragmented_gpus{c}", "")),
                       "none", description="Idle GPU capacity no job of the workload can use."),
                4, 5)
-    layout.add(p.stat("Idle GPUs", p.targets(("gpufleet_cluster_idle_gpus", "")), "none",
+    layout.add(p.stat("Idle GPUs", p.targets((f"gpufleet_cluster_idle_gpus{c}", "")), "none",
                       description="Idle GPU capacity in the cluster, in GPUs."), 4, 5)
     layout.add(p.stat("Fragmented share of idle",
-                      p.targets(("gpufleet_cluster_fragmentation_ratio", "")), "percentunit",
+                      p.targets((f"gpufleet_cluster_fragmentation_ratio{c}", "")), "percentunit",
                       minimum=0, maximum=1), 5, 5)
     layout.add(p.stat("Pending GPUs",
                       p.targets((f"sum(gpufleet_pending_gpus{pools}) or vector(0)", "")), "none",
@@ -61,7 +62,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.row("Over time")
     layout.add(p.timeseries(
         "Fragmentation index",
-        p.targets(("gpufleet_cluster_fragmentation_index", "cluster"),
+        p.targets((f"gpufleet_cluster_fragmentation_index{c}", "cluster"),
                   (f"gpufleet_pool_fragmentation_index{s}", "{{pool}} {{model}}")),
         "none", steps=levels.fragmentation, minimum=0, maximum=100,
         description=f"0-100. Line: the compaction level, the fragmentation alert's level from "
@@ -81,14 +82,14 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 14, 9)
     layout.add(p.timeseries(
         "Fragmented GPUs by reason",
-        p.targets(("gpufleet_cluster_fragmented_gpus_by_reason", "{{reason}}")),
+        p.targets((f"gpufleet_cluster_fragmented_gpus_by_reason{c}", "{{reason}}")),
         "none", stack=True, fill=40, minimum=0,
     ), 10, 9)
 
     layout.row("Where")
     layout.add(p.stat(
         "Fragmented GPUs per node",
-        p.targets((f"gpufleet_node_fragmented_gpus and on (node) gpufleet_node_info{s}",
+        p.targets((f"gpufleet_node_fragmented_gpus{c} and on (cluster, node) gpufleet_node_info{s}",
                    "{{node}}")),
         "none", color_mode="background", graph=False, text_mode="value_and_name",
         continuous=HEAT, minimum=0,
@@ -96,7 +97,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 16, 12)
     layout.add(p.table(
         "Tier inversions",
-        p.targets(("gpufleet_tier_inversion", ""), instant=True), "none",
+        p.targets((f"gpufleet_tier_inversion{c}", ""), instant=True), "none",
         hide=("job",), rename={"Value": "now"}, order=("upper", "lower", "Value"),
         sort_by="Value", color_column="Value", mappings=INVERSION_STATES,
         description="One row per pair of pools of different tiers: inverted while the "
@@ -105,20 +106,20 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 8, 12)
 
     layout.row("Target workload")
-    layout.add(p.stat("Task shapes", p.targets(("gpufleet_fragmentation_workload_shapes", "")),
+    layout.add(p.stat("Task shapes", p.targets((f"gpufleet_fragmentation_workload_shapes{c}", "")),
                       "none", graph=False,
                       description="Task shapes (GPUs, share, CPUs, models) that fragmentation "
                                   "is measured against."), 6, 4)
     layout.add(p.stat("Tasks the shapes cover",
-                      p.targets(("gpufleet_fragmentation_workload_coverage_ratio", "")),
+                      p.targets((f"gpufleet_fragmentation_workload_coverage_ratio{c}", "")),
                       "percentunit", graph=False, minimum=0, maximum=1), 6, 4)
     layout.add(p.stat("CPU-only weight",
-                      p.targets(("gpufleet_fragmentation_workload_cpu_only_ratio", "")),
+                      p.targets((f"gpufleet_fragmentation_workload_cpu_only_ratio{c}", "")),
                       "percentunit", graph=False, minimum=0, maximum=1,
                       description="Weight of CPU-only tasks in the target workload."), 6, 4)
     layout.add(p.table(
         "Workload source",
-        p.targets(("gpufleet_fragmentation_workload_info", ""), instant=True), "none",
+        p.targets((f"gpufleet_fragmentation_workload_info{c}", ""), instant=True), "none",
         hide=("Value", "job"), order=("source", "cpu_only"),
         description="window: live allocations over recent snapshots; trace: an openb pod "
                     "trace; shapes: listed in the config.",
@@ -127,32 +128,32 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.row("Rebalancing advisor")
     layout.add(p.table(
         "Advisor decision",
-        p.targets(("gpufleet_advisor_decision_info", ""), instant=True), "none",
+        p.targets((f"gpufleet_advisor_decision_info{c}", ""), instant=True), "none",
         hide=("Value", "job", "instance"), order=("decision",),
         description="none: nothing due; cooldown: a plan went out recently; hold: due, but no "
                     "plan passes the gain gate; compact: a plan was proposed and sent.",
     ), 5, 8)
     layout.add(p.timeseries(
         "Compaction recommended",
-        p.targets(("gpufleet_advisor_compaction_recommended", "{{scope}}")),
+        p.targets((f"gpufleet_advisor_compaction_recommended{c}", "{{scope}}")),
         "none", minimum=0, maximum=1,
         description="1 while the scope's index has stayed above the trigger for the dwell "
                     "time and not yet fallen below the clear level.",
     ), 7, 8)
     layout.add(p.timeseries(
         "Last plan",
-        p.targets(("gpufleet_advisor_plan_migrations", "migrations"),
-                  ("gpufleet_advisor_plan_fragmented_gpus_recovered", "fragmented GPUs recovered"),
-                  ("sum(gpufleet_advisor_plan_nodes_freed) or vector(0)", "whole nodes freed")),
+        p.targets((f"gpufleet_advisor_plan_migrations{c}", "migrations"),
+                  (f"gpufleet_advisor_plan_fragmented_gpus_recovered{c}", "fragmented GPUs recovered"),
+                  (f"sum(gpufleet_advisor_plan_nodes_freed{c}) or vector(0)", "whole nodes freed")),
         "none", minimum=0,
         description="The size of the last proposed plan and what it predicts it frees.",
     ), 6, 8)
     layout.add(p.timeseries(
         "Webhook deliveries",
         p.targets(
-            ("sum by (result) (increase(gpufleet_advisor_webhook_deliveries_total"
+            (f"sum by (result) (increase(gpufleet_advisor_webhook_deliveries_total{c}"
              "[$__rate_interval])) or vector(0)", "{{result}}"),
-            ("gpufleet_advisor_outbox_pending", "pending in the outbox"),
+            (f"gpufleet_advisor_outbox_pending{c}", "pending in the outbox"),
         ),
         "none", minimum=0,
         description="Plan deliveries to the schedulers by result (delivered, retry, rejected, "

@@ -165,9 +165,10 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         variables=[
             *p.pool_and_model_variables(),
             p.query_variable("node", "Node",
-                             'label_values(gpufleet_gpu_info{pool=~"$pool",model=~"$model"}, node)',
+                             f"label_values(gpufleet_gpu_info{q.selector(q.FLEET)}, node)",
                              include_all=False),
-            p.query_variable("gpu", "GPU", 'label_values(gpufleet_gpu_info{node=~"$node"}, gpu)'),
+            p.query_variable("gpu", "GPU", "label_values(gpufleet_gpu_info"
+                             f"{q.selector((*q.CLUSTER, ('node', 'node')))}, gpu)"),
         ],
         links=[p.dashboard_link("Fleet overview", "gpufleet-fleet"),
                p.dashboard_link("Fragmentation", "gpufleet-fragmentation")],

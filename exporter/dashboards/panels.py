@@ -61,11 +61,16 @@ def datasource_variable() -> core.Template:
 
 
 def pool_and_model_variables() -> list[core.Template]:
-    """Data source, then pool, then the models of the chosen pools: every dashboard starts so."""
+    """Data source, cluster, then pool, then the models of the chosen pools: every dashboard
+    starts so. The clusters are read from ``gpufleet_build_info``, which every gpufleet
+    process serves in either mode; with no ``cluster`` set anywhere the variable has only
+    "All" (``.*``, which also matches a missing label)."""
     return [
         datasource_variable(),
-        query_variable("pool", "Pool", "label_values(gpufleet_gpu_info, pool)"),
-        query_variable("model", "Model", 'label_values(gpufleet_gpu_info{pool=~"$pool"}, model)'),
+        query_variable("cluster", "Cluster", "label_values(gpufleet_build_info, cluster)"),
+        query_variable("pool", "Pool", 'label_values(gpufleet_gpu_info{cluster=~"$cluster"}, pool)'),
+        query_variable("model", "Model",
+                       'label_values(gpufleet_gpu_info{cluster=~"$cluster",pool=~"$pool"}, model)'),
     ]
 
 

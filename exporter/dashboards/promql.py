@@ -6,15 +6,24 @@ Where the alerting package records a series (``rules/gpufleet-recording.yaml``,
 rather than repeat its expression, so Prometheus computes it once for alerts
 and panels alike; that file must be loaded into Prometheus.
 
-Joins are ``on (node, gpu)``: a GPU's place identifies it, and the other
-identity labels (uuid, model, pool) then need not agree between series.
+Joins are ``on (cluster, node, gpu)``: a GPU's place identifies it, and the other
+identity labels (uuid, model, pool) then need not agree between series, nor the
+target labels (``job``, ``instance``): with node mode and cluster mode side by
+side, a GPU's telemetry comes from its node's exporter and its allocation from
+the cluster-mode process that reads Slurm (docs/deploy.md).
+
+Every query is filtered by the ``cluster`` variable (the ``cluster`` label the
+config sets on every series): one Prometheus or Thanos may hold several
+clusters, whose node names may repeat.
 """
 
 from __future__ import annotations
 
 # label -> template variable; multi-value variables expand to a regex alternation,
 # so every selector matches with =~
-FLEET = (("pool", "pool"), ("model", "model"))
+CLUSTER = (("cluster", "cluster"),)
+POOL = (*CLUSTER, ("pool", "pool"))
+FLEET = (*POOL, ("model", "model"))
 NODE = (*FLEET, ("node", "node"))
 GPU = (*NODE, ("gpu", "gpu"))
 
@@ -60,13 +69,20 @@ def gpus_in_state(state: str, sel: str, by: str = "") -> str:
     if state == "idle":
         return f"sum{grouping} (pool:gpufleet_gpu_idle:count{sel})"
     if state == "allocated":
-        return f"sum{grouping} ((gpufleet_gpu_allocated_ratio{sel} > bool 0) * gpufleet_gpu_up{sel})"
+        # on (...) group_left: the allocation may come from another process than gpu_up
+        return (f"sum{grouping} ((gpufleet_gpu_allocated_ratio{sel} > bool 0) "
+                f"* on (cluster, node, gpu) group_left () gpufleet_gpu_up{sel})")
     raise ValueError(f"unknown GPU state {state!r}")
 
 
 def firing_alerts(names: tuple[str, ...]) -> str:
-    """The gpufleet alerts that fire now: those the threshold table generates, nothing else."""
-    return f'ALERTS{{alertstate="firing",alertname=~"{"|".join(sorted(names))}"}}'
+    """The gpufleet alerts that fire now: those the threshold table generates, nothing else.
+
+    Those of the chosen clusters, and those with no ``cluster`` label at all: an alert on
+    ``up`` (GpufleetTargetDown) or on a sum over clusters cannot say which it is, and a
+    page hidden by a dashboard filter is worse than one shown on every cluster's."""
+    matchers = f'cluster=~"$cluster|",alertstate="firing",alertname=~"{"|".join(sorted(names))}"'
+    return f"ALERTS{{{matchers}}}"
 
 
 def zero_filled_by_pool(expr: str, sel: str) -> str:
