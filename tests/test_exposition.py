@@ -6,6 +6,7 @@ import dataclasses
 import gzip
 import subprocess
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -224,3 +225,34 @@ def test_labels_never_collide_with_prometheus_target_labels_and_agree_across_fam
     assert {"gpu_instance", "profile"} <= families["gpufleet_gpu_mig_instance_info"]
     assert "architecture" in families["gpufleet_node_info"]
     assert "generation" not in families["gpufleet_node_info"]
+
+
+def test_per_gpu_auto_is_off_only_with_the_prometheus_source_and_the_config_can_force_it():
+    from exporter.config import Config as ConfigClass
+    from exporter.config import ConfigError, build
+    from exporter.serve_cmd import exposition_options
+
+    class Slurm:
+        role = "allocation"
+
+    def options(data, names, sources=()):
+        return exposition_options(build(ConfigClass, data), names, list(sources))
+
+    assert options({}, ["sim"]) == ExpositionOptions(per_gpu=True)
+    assert options({}, ["nvml"]).per_gpu and options({}, ["dcgm"]).per_gpu
+    assert options({}, ["prometheus"]) == ExpositionOptions(per_gpu=False)
+    assert options({}, ["slurm", "prometheus"], [Slurm()]) == ExpositionOptions(
+        per_gpu=False, reads_scheduler=True)
+    # YAML's true and false are the setting's words, not a type error
+    assert options({"exposition": {"per_gpu": True}}, ["prometheus"]).per_gpu is True
+    assert options({"exposition": {"per_gpu": False}}, ["sim"]).per_gpu is False
+    assert options({"cluster": "prod"}, ["sim"]).cluster == "prod"
+    for data, message in (
+        ({"exposition": {"per_gpu": "yes"}},
+         "exposition.per_gpu: must be one of auto, true, false, got 'yes'"),
+        ({"cluster": "a\nb"}, "cluster: must be at most 128 printable characters, got 'a\\nb'"),
+        ({"cluster": 7}, "cluster: must be a string, got 7"),
+    ):
+        with pytest.raises(ConfigError) as raised:
+            build(ConfigClass, data)
+        assert str(raised.value) == message
