@@ -39,7 +39,7 @@ from exporter.aio import complete
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
 from exporter.errors import quoted
-from exporter.exposition import CONTENT_TYPE, Family, LabelCache, Rendered, render
+from exporter.exposition import CONTENT_TYPE, ExpositionOptions, Family, LabelCache, Rendered, render
 from exporter.server_limits import (
     GuardedSite,
     IntervalLog,
@@ -70,6 +70,8 @@ class ServingState:
     # (run CPU-heavy work with asyncio.to_thread: listeners run on the event loop)
     snapshot_listeners: list[Callable[[FleetSnapshot], object]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # which families are served and the cluster label (serve_cmd.exposition_options)
+    exposition: ExpositionOptions = field(default_factory=ExpositionOptions)
 
 
 @dataclass
@@ -96,7 +98,7 @@ def _render_all(snapshot: FleetSnapshot, state: ServingState, labels: LabelCache
             extra.extend(provider(snapshot))
         except Exception:  # one broken provider must not stop the exposition
             log.exception("family provider failed", extra={"provider": getattr(provider, "__name__", "?")})
-    return render(snapshot, labels, extra, gzip_level=level)
+    return render(snapshot, labels, extra, gzip_level=level, options=state.exposition)
 
 
 async def collect_once(app: web.Application, labels: LabelCache) -> None:
