@@ -96,8 +96,8 @@ def test_prometheus_scrapes_over_tls_with_basic_auth(tmp_path, pki):
         jobs = []
         for job, password in (("gpufleet", "secret"), ("wrong-password", "nope")):
             jobs.append(f"""  - job_name: {job}
-    scrape_interval: 1s
-    scrape_timeout: 1s
+    scrape_interval: 3s
+    scrape_timeout: 3s  # a 2-core machine shared with other work: room for one slow scrape
     scheme: https
     tls_config:
       ca_file: {pki.ca}
@@ -110,7 +110,7 @@ def test_prometheus_scrapes_over_tls_with_basic_auth(tmp_path, pki):
       - targets: ["127.0.0.1:{exporter.port}"]
 """)
         prometheus = start_prometheus(tmp_path / "prometheus",
-                                      "global:\n  scrape_interval: 1s\nscrape_configs:\n" + "".join(jobs))
+                                      "global:\n  scrape_interval: 3s\nscrape_configs:\n" + "".join(jobs))
         try:
             up = prometheus.wait_for('up{job="gpufleet"}',
                                      lambda r: r and r[0]["value"][1] == "1", timeout=60)
