@@ -13,6 +13,8 @@ from exporter.simulation.fleet import Simulation
 from exporter.snapshot import CLOCK_EVENT_REASONS, XidCount
 from exporter.sources.sim import build as sim_source
 from exporter.sources.sim_options import Scenario, SimSource
+from tests.helpers import http_get
+from tests.helpers.exported import Exported
 
 START = 1_760_000_000.0
 
@@ -307,3 +309,34 @@ def test_the_health_generator_leaves_jobs_and_telemetry_as_they_were():
     assert bare == [dataclasses.replace(g, health=None, performance=None, driver_version=None,
                                         vbios_version=None) for g in again.gpus]
     assert snapshot.gpus[0].power_watts == again.gpus[0].power_watts
+
+
+@pytest.mark.slow
+def test_xid_scenario_on_metrics_of_gpufleet_serve(exporter_factory):
+    """The xid scenario through a real ``gpufleet serve``: counter, last XID, and its time."""
+    exporter = exporter_factory(config="""
+sources:
+  sim:
+    scenarios:
+      - {kind: xid, node: gpu-098, gpu: 4, value: 79}
+""")
+    out = Exported(http_get(f"{exporter.url}/metrics").decode())
+    gpu = {"node": "gpu-098", "gpu": "4"}
+    assert out.value("gpufleet_gpu_xid_errors_total", xid="79", **gpu) == 1
+    assert out.value("gpufleet_gpu_last_xid", **gpu) == 79
+    assert out.value("gpufleet_gpu_last_xid_timestamp_seconds", **gpu) > 1.7e9
+    assert len(out.all("gpufleet_gpu_xid_errors_total")) == 1  # that GPU only
+    assert out.value("gpufleet_gpu_up", **gpu) == 1  # an XID alone does not lose the GPU
+
+
+@pytest.mark.slow
+def test_xid_scenario_without_a_code_exits_2_naming_the_key(exporter_factory):
+    exporter = exporter_factory(ready=False, config="""
+sources:
+  sim:
+    scenarios:
+      - {kind: xid, node: gpu-098, gpu: 4}
+""")
+    assert exporter.proc.wait(timeout=60) == 2
+    log = exporter.log.read_text()
+    assert "sources.sim.scenarios[0].value: the XID code" in log and "Traceback" not in log
