@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
@@ -747,3 +750,30 @@ def test_exporter_toolkit_test_files(name, text, error):
     with pytest.raises(ConfigError) as raised:
         _parse(text)
     assert str(raised.value).startswith(error), str(raised.value)
+
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30),
+                     st.floats(allow_nan=True), st.text(max_size=20),
+                     st.sampled_from(["TLS12", "TLS13", "TLS10", "RequireAndVerifyClientCert",
+                                      "RequireAnyClientCert", "nosniff", "deny", HASH, "1s",
+                                      "TLS_AES_128_GCM_SHA256", "CurveP256", "/nonexistent"]))
+_KEYS = st.sampled_from(["tls_server_config", "http_server_config", "basic_auth_users",
+                         "rate_limit", "cert_file", "key_file", "client_auth_type",
+                         "client_ca_file", "min_version", "max_version", "cipher_suites",
+                         "curve_preferences", "headers", "http2", "X-Frame-Options",
+                         "interval", "burst", "client_allowed_sans", "cert", "key", "bogus"])
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(_KEYS, inner, max_size=5)), max_leaves=20)
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(_KEYS, _VALUES, max_size=5))
+def test_any_document_parses_or_fails_with_one_config_error_line(document):
+    text = yaml.safe_dump(document)
+    try:
+        web = parse(text, "web.yml", FOLDER)
+    except ConfigError as exc:
+        assert str(exc).startswith("web.yml: ")
+        assert "\n" not in str(exc)
+    else:
+        assert isinstance(web, WebFile)
