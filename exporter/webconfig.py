@@ -73,6 +73,7 @@ import os
 import re
 import secrets
 import ssl
+import stat
 import tempfile
 import time
 from collections import OrderedDict
@@ -454,7 +455,11 @@ def parse(text: str, source: str, folder: Path) -> WebFile:
 def read_bounded(path: str, key: str, source: str) -> bytes:
     """A file of at most :data:`MAX_FILE_BYTES`; ConfigError naming ``key`` otherwise."""
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO named here must not hang the start or the reload thread
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ConfigError(f"{source}: {key}: {path} is not a regular file")
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{source}: {key}: cannot read {path}: {exc.strerror or exc}") from None

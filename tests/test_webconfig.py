@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import socket
 import ssl
 from collections.abc import AsyncIterator
@@ -244,6 +245,11 @@ def test_file_size_and_encoding_are_checked_before_parsing(tmp_path):
     with pytest.raises(ConfigError) as raised:
         load(latin)
     assert str(raised.value) == f"{latin}: not UTF-8 at line 2 (byte 0xE9)"
+    fifo = tmp_path / "fifo.yml"
+    os.mkfifo(fifo)  # opened without a writer, a FIFO would block the start forever
+    with pytest.raises(ConfigError) as raised:
+        load(fifo)
+    assert str(raised.value) == f"{fifo}: web.config_file: {fifo} is not a regular file"
     with pytest.raises(ConfigError) as raised:
         load(tmp_path / "missing.yml")
     assert str(raised.value) == (f"{tmp_path / 'missing.yml'}: web.config_file: cannot read "
