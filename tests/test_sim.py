@@ -10,7 +10,7 @@ import pytest
 from exporter.catalogue import default_catalogue
 from exporter.config import ConfigError
 from exporter.simulation.fleet import Simulation
-from exporter.snapshot import CLOCK_EVENT_REASONS, XidCount
+from exporter.snapshot import CLOCK_EVENT_REASONS, GpuHealth, XidCount
 from exporter.sources.sim import build as sim_source
 from exporter.sources.sim_options import Scenario, SimSource
 from tests.helpers import http_get
@@ -298,6 +298,19 @@ def test_xid_scenario_needs_a_whole_xid_code_and_a_real_gpu():
     config = SimSource(scenarios=(Scenario(kind="xid", node="gpu-999", gpu=0, value=79),))
     with pytest.raises(ConfigError, match=r"scenarios\[0\]\.node: no node gpu-999"):
         config.check("sources.sim")
+
+
+def test_health_off_leaves_only_xids_and_the_rest_unchanged():
+    """sources.sim.health: false, for the largest fleets: no issue-16 values but XIDs."""
+    scenario = (Scenario(kind="xid", node="gpu-098", gpu=4, value=48),)
+    on = {g.key: g for g in _sim(seed=5, scenarios=scenario).snapshot().gpus}
+    off = {g.key: g for g in _sim(seed=5, scenarios=scenario, health=False).snapshot().gpus}
+    assert off[("gpu-098", 4)].health == GpuHealth(
+        xid_counts=(XidCount(48, 1),), last_xid=48, last_xid_time=START)
+    assert [k for k, g in off.items() if g.health is not None] == [("gpu-098", 4)]
+    assert all(g.performance is None for g in off.values())
+    bare = {k: dataclasses.replace(g, health=None, performance=None) for k, g in on.items()}
+    assert bare == {k: dataclasses.replace(g, health=None) for k, g in off.items()}
 
 
 def test_the_health_generator_leaves_jobs_and_telemetry_as_they_were():

@@ -519,7 +519,8 @@ class Simulation:
         rate = self.nvlink_capacity * nvlink * util / 2  # capacity counts both directions
         self.nvlink_tx += rate * wall
         self.nvlink_rx += rate * wall * float(self.rng.uniform(0.97, 1.03))
-        self._health_telemetry(dt, util, power, temperature)
+        if self.config.health:
+            self._health_telemetry(dt, util, power, temperature)
 
     def _health_telemetry(self, dt: float, util: np.ndarray, power: np.ndarray,
                           temperature: np.ndarray) -> None:
@@ -542,10 +543,20 @@ class Simulation:
         self.pcie_rx = np.round(util * 2.5e9 * rng.uniform(0.6, 1.0, g), -3)
         self.pcie_tx = np.round(util * 0.6e9 * rng.uniform(0.6, 1.0, g), -3)
 
-    def _health_rows(self) -> tuple[list[GpuHealth], list[GpuPerformance]]:
+    def _xid_only(self, g: int) -> GpuHealth | None:
+        """The XIDs of GPU ``g`` alone (a lost GPU, or health values off); None if none."""
+        last = self.last_xid.get(g)
+        if last is None:
+            return None
+        counts = self.xids[g]
+        return GpuHealth(xid_counts=tuple(XidCount(x, n) for x, n in sorted(counts.items())),
+                         last_xid=last[0], last_xid_time=last[1])
+
+    def _health_rows(self) -> tuple[list[GpuHealth | None], list[GpuPerformance | None]]:
         """Each GPU's health and performance, built from plain lists (tolist once, not a numpy
         scalar per value: this runs for every GPU of every snapshot)."""
-        health, performance = [], []
+        health: list[GpuHealth | None] = []
+        performance: list[GpuPerformance | None] = []
         gpm = self.has_gpm.tolist()
         # Most GPUs share one of a few hundred combinations of these small counts, and a
         # GpuHealth is immutable: one object per combination (8x fewer built at 10,880 GPUs).
@@ -562,7 +573,7 @@ class Simulation:
             sbe_vol, sbe_agg, rows, replays, flit, replay, reasons = key
             last = self.last_xid.get(g)
             nvlink = flit >= 0
-            health.append(GpuHealth(
+            row = GpuHealth(
                 xid_counts=tuple(XidCount(x, n) for x, n in sorted(counts.items())) if counts else (),
                 last_xid=last[0] if last else None, last_xid_time=last[1] if last else None,
                 ecc_single_bit_volatile=sbe_vol, ecc_double_bit_volatile=0,
@@ -573,9 +584,10 @@ class Simulation:
                 nvlink_crc_data_errors=0 if nvlink else None,
                 nvlink_replay_errors=replay if nvlink else None,
                 nvlink_recovery_errors=0 if nvlink else None,
-                pcie_replay_errors=replays, clock_event_reasons=reasons))
+                pcie_replay_errors=replays, clock_event_reasons=reasons)
+            health.append(row)
             if not counts:
-                shared[key] = health[-1]
+                shared[key] = row
         for g, (sm, sm_max, memory_clock, memory_temp, util, active, bandwidth, rx, tx,
                 generation) in enumerate(zip(
                 self.sm_clock.tolist(), self.sm_clock_max.tolist(), self.memory_clock.tolist(),
@@ -603,7 +615,13 @@ class Simulation:
     def snapshot(self) -> FleetSnapshot:
         fleet = self.fleet
         gpus = []
-        health, performance = self._health_rows()
+        health: list[GpuHealth | None]
+        performance: list[GpuPerformance | None]
+        if self.config.health:
+            health, performance = self._health_rows()
+        else:  # XIDs are still events worth their series (the xid scenario)
+            health = [self._xid_only(g) for g in range(len(fleet.gpu_model))]
+            performance = [None] * len(fleet.gpu_model)
         for g in range(len(fleet.gpu_model)):
             node = fleet.nodes[int(fleet.gpu_node[g])]
             mig: tuple[MigInstance, ...] = ()
@@ -614,11 +632,9 @@ class Simulation:
                     for i in range(MIG_SLICES)
                 )
             if self.lost[g]:
-                xids = health[g] if health[g].last_xid is not None else None
                 gpus.append(Gpu(node.name, int(fleet.gpu_local[g]), fleet.uuids[g],
                                 fleet.gpu_model[g], node.pool, up=False,
-                                health=xids and GpuHealth(xids.xid_counts, xids.last_xid,
-                                                          xids.last_xid_time)))
+                                health=self._xid_only(g)))
                 continue
             gpus.append(
                 Gpu(

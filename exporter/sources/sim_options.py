@@ -63,7 +63,8 @@ class SimSource:
     )
     scale: int = opt(
         1, help=f"Copies of the pool layout (10 gives 10,880 GPUs); at most {MAX_SCALE}, "
-        f"{MAX_GPUS:,} GPUs, the largest fleet benchmarked (4.8 s to render a snapshot).",
+        f"{MAX_GPUS:,} GPUs, the largest fleet benchmarked (4.8 s to render a snapshot "
+        "before issue 16's values; see health).",
         min=1, max=MAX_SCALE,
     )
     target_allocation: float = opt(
@@ -80,6 +81,11 @@ class SimSource:
         1, help="Number of the first node (gpu-NNN), so simulated slices don't collide.", min=1
     )
     job_prefix: str = opt("", help="Prefix of simulated job names, so slices don't collide.")
+    health: bool = opt(
+        True, help="Simulate issue 16's health and performance values (clocks, ECC, throttle "
+        "reasons, GPM activity, ...): about 3.6x the series and /metrics bytes per GPU. Off "
+        "for the largest fleets when only allocation and fragmentation matter.",
+    )
     role: str = opt(
         "full", help="full: the whole simulated fleet; allocation: only the scheduler's view, "
         "joined with a telemetry source (nvml, dcgm, prometheus) by node and GPU index.",
