@@ -11,10 +11,12 @@ from jsonschema import Draft202012Validator
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
 from exporter.advisor import bounds, openapi
-from exporter.advisor.api import ADVISOR_API
+from exporter.advisor.api import ADVISOR_API, AdvisorApi, add_routes
 from tests.helpers.data import REPO
 from tests.test_advisor_api import TOKEN, alertmanager_payload, auth
 from tests.test_advisor_api import advisor_client as advisor_client  # the fixture, reused
+from tests.test_webconfig import HASH
+from tests.test_webconfig import _app as _webconfig_app
 
 DOC = openapi.document()
 
@@ -177,3 +179,18 @@ def test_checking_bodies_leaves_no_schema_behind():
     for _ in range(100):
         bounds.alertmanager_from_body(body)
     assert len(bounds._SCHEMAS) == before
+
+
+async def test_the_web_configs_answers_are_documented(aiohttp_client, tmp_path):
+    # a web config with basic auth and a rate limit of one request a minute: what answers
+    # before any handler is plain text, and documented on every operation
+    app = _webconfig_app(tmp_path, f"basic_auth_users:\n  alice: {HASH}\n"
+                                   "rate_limit:\n  interval: 1m\n  burst: 1\n")
+    add_routes(app, AdvisorApi(evaluate=None, what_if=None, current=lambda: None,  # type: ignore[arg-type]
+                               token=TOKEN.encode(), max_body_bytes=1024))
+    client = await aiohttp_client(app)
+    await _check(client, "GET", "/v1/openapi.json", 401)
+    await _check(client, "GET", "/v1/advice", 429)
+    for path, item in DOC["paths"].items():
+        for method, operation in item.items():
+            assert {"403", "429"} <= set(operation["responses"]), (method, path)

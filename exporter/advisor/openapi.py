@@ -13,7 +13,8 @@ OpenAPI 3.1 takes JSON Schema 2020-12 as it is, so these schemas go in
 unchanged; only the plan's ``$defs`` move under ``components`` (tools resolve
 ``#/components/...`` against the document, not against the plan's ``$id``).
 Error bodies are ``{"error": reason}``; the concurrency limit's 503
-(:mod:`exporter.server_limits`) answers before any handler, in plain text.
+(:mod:`exporter.server_limits`) and the web config's 401, 403 and 429
+(:mod:`exporter.webconfig`) answer before any handler, in plain text.
 """
 
 from __future__ import annotations
@@ -172,14 +173,24 @@ def _busy(description: str | None = None, json_too: bool = True) -> dict[str, An
     return {"description": f"{description}; or {text}" if description else text, "content": content}
 
 
-_UNAUTHORIZED = {
+_UNAUTHORIZED: dict[str, Any] = {
     "description": "missing, blank or wrong bearer token, or no token configured",
     "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
     "content": {"application/json": {"schema": _ref("Error")}},
 }
+# the web config file (exporter/webconfig.py) answers before the handler, in plain text
+_BASIC_TEXT = "the web config's basic_auth_users and no or a wrong password (text/plain)"
 _READ_UNAUTHORIZED = {**_UNAUTHORIZED,
                       "description": "api.require_token_for_reads is on and the bearer token is "
-                                     "missing or wrong"}
+                                     f"missing or wrong; or {_BASIC_TEXT}",
+                      "content": {**_UNAUTHORIZED["content"], **_BUSY_TEXT}}
+_BASIC_UNAUTHORIZED = {"description": _BASIC_TEXT, "content": dict(_BUSY_TEXT),
+                       "headers": _UNAUTHORIZED["headers"]}
+_WEB_CONFIG = {
+    "403": {"description": "the web config's client_allowed_sans refused the client certificate",
+            "content": dict(_BUSY_TEXT)},
+    "429": {"description": "the web config's rate_limit", "content": dict(_BUSY_TEXT)},
+}
 _RETRY = {"Retry-After": {"schema": {"type": "string"}, "description": "seconds"}}
 _TOO_LARGE = _error("body over advisor.max_body_bytes (by Content-Length, or while read)")
 _BUG = _error("an exception in the handler, logged; the server keeps serving (never expected)")
@@ -254,6 +265,10 @@ def document() -> dict[str, Any]:
                 "500": _BUG,
                 "503": _busy(json_too=False)}}},
     }
+    for item in paths.values():
+        for operation in item.values():
+            operation["responses"].update(_WEB_CONFIG)
+    paths["/v1/openapi.json"]["get"]["responses"]["401"] = _BASIC_UNAUTHORIZED
     return copy.deepcopy({
         "openapi": "3.1.0",
         "info": {"title": "gpufleet advisor API", "version": __version__,
