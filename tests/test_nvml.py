@@ -415,6 +415,16 @@ async def test_performance_values_in_base_units_and_gpm_from_the_second_read(sou
     assert source.nvml.calls.count("nvmlDeviceGetMaxClockInfo") == 3
 
 
+async def test_fan_and_pstate_where_the_board_has_them(sources):
+    fake = FakeNvml([h100(0, fan_percent=45, pstate=8),
+                     h100(1, pstate=pynvml.NVML_PSTATE_UNKNOWN)])
+    out = await read(sources(fake))
+    assert out.value("gpufleet_gpu_fan_speed_ratio", gpu="0") == 0.45  # percent → ratio
+    assert out.value("gpufleet_gpu_performance_state", gpu="0") == 8
+    assert out.absent("gpufleet_gpu_performance_state", gpu="1")  # NVML's "unknown" (32)
+    assert out.absent("gpufleet_gpu_fan_speed_ratio", gpu="1")
+
+
 async def test_identity_labels_and_serial_only_when_enabled(sources):
     out = await read(sources(FakeNvml([h100(0)])))
     assert out.value("gpufleet_gpu_info", driver_version="550.54.15",
