@@ -226,6 +226,7 @@ def document() -> dict[str, Any]:
             "responses": {
                 "200": _json(_ref("Snapshot"), "the snapshot of the last collection"),
                 "401": _READ_UNAUTHORIZED,
+                "500": _error("encoding the snapshot raised, logged; the next request tries again"),
                 "503": _busy("no snapshot collected yet (JSON)")}}},
         "/v1/advice": {"get": {
             "operationId": "getAdvice", "summary": "The current decision, its reasons and the plan if any",
