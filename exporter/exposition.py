@@ -25,7 +25,9 @@ proves it. It exists because ``generate_latest`` costs about a second per
 
 from __future__ import annotations
 
+import bisect
 import gzip
+import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -280,11 +282,12 @@ def render_gpu_families(gpus: Sequence[Gpu], labels: LabelCache,
     const = options.const_labels
     served = [f for f in GPU_FAMILIES if options.serves(f.spec)]
     label_texts = [labels.get(g, const) for g in gpus] if served else []
+    splits = _IdentitySplits(gpus, const)  # the labelled families' label text, built on first use
     for gpu_family in served:
         spec = gpu_family.spec
         out.append(_header(spec.name, spec.type, spec.help))
         if isinstance(gpu_family, GpuLabelledFamily):
-            out += _render_labelled(gpu_family, gpus, const)
+            out += _render_labelled(gpu_family, gpus, splits)
             continue
         prefix = spec.name
         value_of = gpu_family.value
@@ -296,24 +299,73 @@ def render_gpu_families(gpus: Sequence[Gpu], labels: LabelCache,
     return out
 
 
+class _IdentitySplits:
+    """One render's identity label pairs per GPU (``const`` merged in), joined once for each
+    point at which a family's extra label falls in sorted order, and shared by every labelled
+    family: a labelled series then costs one f-string, not a sort and an escape per label."""
+
+    def __init__(self, gpus: Sequence[Gpu], const: Labels) -> None:
+        self.gpus = gpus
+        self.const = const
+        self.names = sorted((*metrics.IDENTITY, *(k for k, _ in const)))
+        self._pairs: list[list[str]] | None = None
+        self._joined: dict[tuple[int, int], list[str]] = {}
+
+    def joined(self, start: int, stop: int) -> list[str]:
+        """Per GPU: its label pairs ``names[start:stop]``, comma-joined."""
+        key = (start, stop)
+        if key not in self._joined:
+            if self._pairs is None:
+                names = self.names
+                self._pairs = []
+                for gpu in self.gpus:
+                    values = dict((*identity(gpu), *self.const))
+                    self._pairs.append([f'{k}="{_escape(values[k])}"' for k in names])
+            self._joined[key] = [",".join(pairs[start:stop]) for pairs in self._pairs]
+        return self._joined[key]
+
+
 def _render_labelled(family: GpuLabelledFamily, gpus: Sequence[Gpu],
-                     const: Labels = ()) -> list[str]:
-    """A labelled per-GPU family: one ``%`` template per GPU with the identity labels already in
-    their sorted places, so each series costs one format rather than a sort of its labels."""
+                     splits: _IdentitySplits) -> list[str]:
+    """A labelled per-GPU family. Each GPU's text around the extra label values is built once
+    from ``splits``; the values are gpufleet's own words and numbers (reasons, causes, XID
+    codes), never text read from a source, so they need no escaping."""
     spec = family.spec
     extra = spec.labels[len(metrics.IDENTITY):]
-    names = sorted((*spec.labels, *(k for k, _ in const)))
-    order = [extra.index(name) for name in names if name in extra]  # extra values, sorted by name
+    names = splits.names
+    # where each extra label falls among the identity labels, in sorted order
+    placed = sorted((bisect.bisect(names, label), label, i) for i, label in enumerate(extra))
+    bounds = [0, *(p for p, _, _ in placed), len(names)]
+    segments = [splits.joined(a, b) for a, b in itertools.pairwise(bounds)]
+    slots = [f'{label}="\x00"' for _, label, _ in placed]  # \x00: where a value goes
+    order = [i for _, _, i in placed]
     out: list[str] = []
-    for gpu in gpus:
+    for g, gpu in enumerate(gpus):
         samples = family.samples(gpu)
         if not samples:
             continue
-        ident = {k: f'{k}="{_escape(v)}"'.replace("%", "%%") for k, v in (*identity(gpu), *const)}
-        template = (spec.name + "{"
-                    + ",".join(ident.get(name) or f'{name}="%s"' for name in names) + "} %s\n")
+        tokens = [segments[0][g]]
+        for k, slot in enumerate(slots):
+            tokens += (slot, segments[k + 1][g])
+        # pieces[k] precedes the k-th extra value (sorted order); the last closes the braces
+        pieces = f"{spec.name}{{{','.join(t for t in tokens if t)}}} ".split("\x00")
+        if len(pieces) != len(order) + 1:  # a NUL inside an identity value: the slow way
+            ident = identity(gpu)
+            for values, value in samples:
+                labels = (*ident, *zip(extra, values, strict=True))
+                out.append(f"{spec.name}{label_text(labels, splits.const)} "
+                           f"{_go_float(float(value))}\n")
+            continue
+        if len(order) == 1:
+            head, tail = pieces
+            for values, value in samples:
+                out.append(f"{head}{values[0]}{tail}{_go_float(float(value))}\n")
+            continue
         for values, value in samples:
-            out.append(template % (*(_escape(values[i]) for i in order), _go_float(float(value))))
+            text = pieces[0]
+            for k, i in enumerate(order):
+                text += values[i] + pieces[k + 1]
+            out.append(f"{text}{_go_float(float(value))}\n")
     return out
 
 
