@@ -183,8 +183,9 @@ GPU_FIELDS: dict[str, FieldRule] = {
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": FieldRule("clock_event_reasons", kind="int"),
 }
 
-_HEALTH_FIELDS = frozenset(f.name for f in fields(GpuHealth))
-_PERFORMANCE_FIELDS = frozenset(f.name for f in fields(GpuPerformance))
+# target -> True for a GpuHealth field, False for a GpuPerformance one (others: Gpu's own)
+_IN_HEALTH = {**{f.name: False for f in fields(GpuPerformance)},
+              **{f.name: True for f in fields(GpuHealth)}}
 _KINDS = {rule.target: rule.kind for rule in GPU_FIELDS.values()}
 
 # Fields a MIG GPU instance series carries that we use (newer dcgm-exporter
@@ -392,6 +393,7 @@ class DcgmFleetBuilder:
         for values in sorted(self._gpus.values(), key=lambda g: (g.node, g.index)):
             info = self.resolve_model(values.product)
             v = values.values
+            health, performance = _sections(v)
             gpu = Gpu(
                 node=values.node,
                 index=values.index,
@@ -416,8 +418,8 @@ class DcgmFleetBuilder:
                 dcgm_nvlink_bandwidth_raw=v.get("nvlink_bandwidth_raw"),
                 driver_version=values.driver_version or None,
                 vbios_version=values.vbios_version or None,
-                health=_group(GpuHealth, _HEALTH_FIELDS, v),
-                performance=_group(GpuPerformance, _PERFORMANCE_FIELDS, v),
+                health=health,
+                performance=performance,
             )
             gpus.append(gpu)
             rates[values.uuid] = (v.get("nvlink_transmit_bytes_per_second"),
@@ -459,11 +461,18 @@ def _version(value: str) -> str:
     return value if len(value) <= MAX_VERSION_CHARS and value.isprintable() else ""
 
 
-def _group(cls: Any, names: frozenset[str], values: Mapping[str, float]) -> Any:
-    """``cls`` (GpuHealth or GpuPerformance) from the values it has; None when it has none,
-    so a dcgm-exporter exporting none of those fields reads as "not supported"."""
-    given = {name: _typed(name, value) for name, value in values.items() if name in names}
-    return cls(**given) if given else None
+def _sections(values: Mapping[str, float]) -> tuple[GpuHealth | None, GpuPerformance | None]:
+    """GpuHealth and GpuPerformance from the values each has; None for one with none, so a
+    dcgm-exporter exporting none of its fields reads as "not supported". One pass: this runs
+    per GPU, 13,520 times in bench/dcgm_parse.py's body."""
+    health: dict[str, Any] = {}
+    performance: dict[str, Any] = {}
+    for name, value in values.items():
+        in_health = _IN_HEALTH.get(name)
+        if in_health is not None:
+            (health if in_health else performance)[name] = _typed(name, value)
+    return (GpuHealth(**health) if health else None,
+            GpuPerformance(**performance) if performance else None)
 
 
 def _typed(name: str, value: float) -> float | int | bool:
