@@ -25,9 +25,18 @@ def test_the_document_is_valid_openapi_31():
     # the OpenAPI Initiative's 3.1 schema, as schemathesis ships it; it leaves the inner
     # schemas to their dialect, so each is checked as JSON Schema 2020-12 too
     assert sorted(e.message for e in Draft202012Validator(OPENAPI_31).iter_errors(DOC)) == []
-    for schema in DOC["components"]["schemas"].values():
+    schemas = [*DOC["components"]["schemas"].values(), *_inline_schemas(DOC["paths"])]
+    for schema in schemas:
         Draft202012Validator.check_schema(schema)  # raises SchemaError naming the keyword
+    assert len(schemas) == 10 + 45  # the components, then every schema written in place
     assert DOC["openapi"] == "3.1.0"
+
+
+def _inline_schemas(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [schema for key, item in value.items()
+                for schema in ([item] if key == "schema" else _inline_schemas(item))]
+    return [schema for item in value for schema in _inline_schemas(item)] if isinstance(value, list) else []
 
 
 def _refs(value: Any) -> set[str]:
