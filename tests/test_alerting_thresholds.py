@@ -123,7 +123,8 @@ BAD_TABLES = [
      ["alerts[3] (GpuPowerHigh).models.H201", "not in the GPU catalogue", "H200"]),
     ("model without one of its levels", {"H200: {warning: 650, critical: 700}": "H200: {warning: 650}"},
      ["alerts[3] (GpuPowerHigh).models.H200.critical", "required"]),
-    ("unknown key", {"    owner: job owner\n    summary: A job": "    owner: job owner\n    severity: page\n    summary: A job"},
+    ("unknown key", {"    owner: job owner\n    summary: A job":
+                     "    owner: job owner\n    severity: page\n    summary: A job"},
      ["alerts[0] (GpuJobUtilizationLow).severity", "unknown key"]),
     ("unknown scope", {"scope: busy_multi_gpu": "scope: busiest"},
      ["alerts[4] (GpuNvlinkBandwidthLow).scope", "allocated"]),
@@ -137,7 +138,8 @@ BAD_TABLES = [
     ("missing action", {"    action: Check cooling, reduce load.\n": ""},
      ["alerts[2] (GpuTemperatureHigh).action", "required"]),
     ("not YAML", {"alerts:\n": "alerts: [\n"}, ["not valid YAML at line ", "(in alerts)"]),
-    ("key given twice", {"    owner: job owner\n    summary: A job": "    owner: job owner\n    owner: on-call\n    summary: A job"},
+    ("key given twice", {"    owner: job owner\n    summary: A job":
+                         "    owner: job owner\n    owner: on-call\n    summary: A job"},
      ["alerts[0].owner: given twice, at lines"]),
 ]
 

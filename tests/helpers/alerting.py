@@ -19,7 +19,6 @@ import yaml
 from aiohttp import web
 
 from exporter.durations import parse_duration
-
 from tests.helpers.data import REPO
 from tests.helpers.servers import Server, free_port, http_get, require_binary, start_server
 
