@@ -22,14 +22,14 @@ field                                       what it is
 ``DCGM_FI_PROF_NVLINK_TX/RX_BYTES``         *rates* in B/s, although named bytes
 ``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL``      declared a counter, behaves as a rate
                                             of uncertain unit: kept raw, as a gauge
-``DCGM_FI_DEV_SM_CLOCK``, ``MEM_CLOCK``,     MHz (NVML's unit too): x 10^6 to Hz
+``DCGM_FI_DEV_SM_CLOCK``, ``MEM_CLOCK``,    MHz (NVML's unit too): x 10^6 to Hz
 ``MAX_SM_CLOCK``, ``MAX_MEM_CLOCK``
-``DCGM_FI_DEV_MEM_COPY_UTIL``,               percent: NVML's utilization.memory,
-``ENC_UTIL``, ``DEC_UTIL``, ``FAN_SPEED``    encoder, decoder, fan (0-100)
-``DCGM_FI_PROF_*_ACTIVE``, ``SM_OCCUPANCY``  already ratios (0-1), as NVML's GPM
+``DCGM_FI_DEV_MEM_COPY_UTIL``,              percent: NVML's utilization.memory,
+``ENC_UTIL``, ``DEC_UTIL``, ``FAN_SPEED``   encoder, decoder, fan (0-100)
+``DCGM_FI_PROF_*_ACTIVE``, ``*_OCCUPANCY``  already ratios (0-1), as NVML's GPM
 ``DCGM_FI_PROF_PCIE_TX/RX_BYTES``           rates in B/s (dcp-metrics-included.csv)
 ``DCGM_FI_DEV_XID_ERRORS``                  the *last* XID (0: none yet), not a count
-``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``         NVML's clock-event bitmask, same bits
+``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``        NVML's clock-event bitmask, same bits
                                             (``CLOCK_THROTTLE_REASONS``: its old name)
 ``DCGM_FI_DEV_MEMORY_TEMP``                 degrees Celsius; 0 where the board has no
                                             HBM sensor (the L4 sample): absent
