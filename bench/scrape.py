@@ -15,12 +15,19 @@ GPUs: latency at least 50x lower than (a); within 1.5x of (b) in p50 and in
 scrapes per second.
 
 Usage: ``make bench-deps && .venv/bin/python bench/scrape.py [--sizes 1,10,100] [--seconds 5]``
+
+``--render-only`` (issue 14, Build 8) measures only what one snapshot costs to render and
+what the serving process holds: per size, the first render (nothing to reuse) and the
+median of ``--renders`` steady renders (the simulator advanced 5 s before each, so every
+changing value changes), text and gzip bodies as served; the plain text made on demand;
+and the RSS (and peak) of a ``gpufleet serve`` process after its first collection. With
+``--no-health`` the simulator serves no issue-16 health and performance values (16 series
+per GPU, the fleet issue 14 measured: 1.6 M series at 108,800 GPUs).
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import re
@@ -129,27 +136,84 @@ def wrk(url: str, clients: int, seconds: float) -> dict[str, float]:
     return {"p50_ms": p50, "p99_ms": p99, "rps": rps, "requests": requests}
 
 
-def render_times(scale: int) -> dict[str, float]:
-    from exporter.exposition import LabelCache, render_text
+def render_times(scale: int, renders: int = 3, health: bool = True) -> dict[str, float]:
+    """The first render of a snapshot and the median of ``renders`` steady ones (text and
+    gzip bodies as the server makes them, ``exposition.render``), then the plain text."""
+    import statistics
+
+    from exporter.exposition import LabelCache, render
     from exporter.simulation.fleet import Simulation
     from exporter.sources.sim_options import SimSource
 
-    sim = Simulation(SimSource(scale=scale), start_time=time.time())
+    start = 1_760_000_000.0
+    sim = Simulation(SimSource(scale=scale, health=health), start_time=start)
+    sim.advance(start + 5)
+    labels = LabelCache()  # the server keeps one for its life: what a render may reuse
     snapshot = sim.snapshot()
-    labels = LabelCache()
-    render_text(snapshot, labels)  # warm the label cache, as the server's steady state has it
-    runs = 3 if scale < 50 else 1
     started = time.perf_counter()
-    for _ in range(runs):
-        text = render_text(snapshot, labels)
-    text_s = (time.perf_counter() - started) / runs
+    rendered = render(snapshot, labels)
+    first_s = time.perf_counter() - started
+    steady = []
+    for step in range(renders):
+        sim.advance(start + 10 + 5 * step)
+        snapshot = sim.snapshot()
+        started = time.perf_counter()
+        rendered = render(snapshot, labels)
+        steady.append(time.perf_counter() - started)
     started = time.perf_counter()
-    for _ in range(runs):
-        gzip.compress(text, compresslevel=5, mtime=0)
-    gzip_s = (time.perf_counter() - started) / runs
+    text = rendered.text
+    text_s = time.perf_counter() - started
     series = sum(1 for line in text.split(b"\n") if line and not line.startswith(b"#"))
     return {"gpus": len(snapshot.gpus), "series": series, "text_bytes": len(text),
-            "render_text_s": text_s, "render_gzip_s": text_s + gzip_s}
+            "gzip_bytes": len(rendered.gzipped), "render_first_s": first_s,
+            "render_steady_s": statistics.median(steady), "render_steady_all_s": steady,
+            "plain_text_s": text_s,
+            # the wrk report's columns: the steady render is the text and gzip bodies together
+            "render_text_s": text_s, "render_gzip_s": statistics.median(steady)}
+
+
+def serving_rss(scale: int, tmp: Path, health: bool = True) -> dict[str, float]:
+    """RSS and peak RSS (MB) of ``gpufleet serve`` on the simulated fleet at ``scale``, once
+    its first collection is served (collect_interval 1h: no second one starts)."""
+    port = free_port()
+    config = tmp / f"rss-{scale}.yaml"
+    config.write_text(f"collect_interval: 1h\nsources:\n  sim:\n    scale: {scale}\n"
+                      f"    health: {'true' if health else 'false'}\n")
+    proc = spawn([sys.executable, "-m", "exporter", "serve", "--config", str(config),
+                  "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
+                 tmp / f"rss-{scale}.log")
+    try:
+        wait(f"http://127.0.0.1:{port}/-/ready", timeout=900)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                         headers={"Accept-Encoding": "gzip"})
+        urllib.request.urlopen(request, timeout=120).read()  # a scrape, as Prometheus makes
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        kb = {k: int(v.split()[0]) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.+)$", status, re.M)}
+        return {"rss_mb": kb["VmRSS"] / 1024, "rss_peak_mb": kb["VmHWM"] / 1024}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def render_only(sizes: list[int], renders: int, health: bool, rss: bool) -> list[dict]:
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for scale in sizes:
+            print(f"rendering scale {scale} ...", file=sys.stderr, flush=True)
+            result = {"scale": scale, **render_times(scale, renders, health)}
+            if rss:
+                result.update(serving_rss(scale, Path(tmp), health))
+            results.append(result)
+    print()
+    print("| GPUs | series | text MB | gzip MB | first render s | steady render s "
+          "| plain text s | RSS MB | peak RSS MB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['gpus']:,} | {r['series']:,} | {r['text_bytes'] / 1e6:.1f} | "
+              f"{r['gzip_bytes'] / 1e6:.1f} | {r['render_first_s']:.2f} | "
+              f"{r['render_steady_s']:.2f} | {r['plain_text_s']:.2f} | "
+              f"{r.get('rss_mb', float('nan')):.0f} | {r.get('rss_peak_mb', float('nan')):.0f} |")
+    return results
 
 
 def spawn(cmd: list[str], log: Path) -> subprocess.Popen:
@@ -161,6 +225,7 @@ def spawn(cmd: list[str], log: Path) -> subprocess.Popen:
 
 def measure_size(scale: int, seconds: float, tmp: Path, naive: bool) -> dict:
     result = {"scale": scale, **render_times(scale)}
+    del result["gzip_bytes"]  # the served body's, measured below
     port = free_port()
     config = tmp / f"gpufleet-{scale}.yaml"
     # one collection only: later ones would render in the background and disturb the timing
@@ -249,6 +314,12 @@ def main() -> None:
     parser.add_argument("--naive-up-to", type=int, default=10,
                         help="largest scale at which the naive exporter (a) is measured")
     parser.add_argument("--json", metavar="FILE", help="also write the raw results here")
+    parser.add_argument("--render-only", action="store_true",
+                        help="render times and serving RSS only, no wrk (issue 14, Build 8)")
+    parser.add_argument("--renders", type=int, default=3, help="steady renders per size")
+    parser.add_argument("--no-health", action="store_true",
+                        help="simulate no health and performance values (16 series per GPU)")
+    parser.add_argument("--no-rss", action="store_true", help="skip the serving process's RSS")
     parser.add_argument("--serve-bare", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--serve-naive", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -257,6 +328,12 @@ def main() -> None:
         return
     if args.serve_naive:
         serve_naive(int(args.serve_naive[0]), args.serve_naive[1])
+        return
+    if args.render_only:
+        results = render_only([int(s) for s in args.sizes.split(",")], args.renders,
+                              not args.no_health, not args.no_rss)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
         return
     results = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,17 +26,26 @@ proves it. It exists because ``generate_latest`` costs about a second per
 from __future__ import annotations
 
 import bisect
+import functools
 import gzip
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 from prometheus_client.utils import floatToGoString
 
 from exporter import __version__, metrics
 from exporter.metrics import Family, FamilySpec, Labels
-from exporter.snapshot import CLOCK_EVENT_REASONS, FleetSnapshot, Gpu, GpuHealth, GpuPerformance
+from exporter.snapshot import (
+    CLOCK_EVENT_REASONS,
+    Allocation,
+    FleetSnapshot,
+    Gpu,
+    GpuHealth,
+    GpuPerformance,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +197,17 @@ def _go_float(value: float) -> str:
     # infinities and NaN. Skipping the call for the common case halves render time.
     if -1e6 < value < 1e6:
         return repr(value)
+    if 1e6 <= value < _INF:  # floatToGoString's positive finite case, inlined: counters
+        text = repr(value)  # and byte sizes are most of the values this large
+        dot = text.find(".")
+        if dot > 6:
+            mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
+            return f"{mantissa}e+{dot - 1:02d}"
+        return text
     return floatToGoString(value)
+
+
+_INF = float("inf")
 
 
 def _escape(value: str) -> str:
@@ -257,10 +276,12 @@ class ExpositionOptions:
 
 
 class LabelCache:
-    """Identity label text per GPU, reused across snapshots: GPUs rarely change identity."""
+    """What one process reuses from one snapshot's rendering to the next: the identity label
+    text per GPU (GPUs rarely change identity) and the rendered blocks (:class:`_Block`)."""
 
     def __init__(self) -> None:
         self._cache: dict[tuple[str, int, str, str, str, Labels], str] = {}
+        self.blocks: dict[tuple[str, int], _Block] = {}
 
     def get(self, gpu: Gpu, const: Labels = ()) -> str:
         key = (gpu.node, gpu.index, gpu.uuid, gpu.model, gpu.pool, const)
@@ -325,6 +346,18 @@ class _IdentitySplits:
         return self._joined[key]
 
 
+class _SplitsChunk(_IdentitySplits):
+    """GPUs ``start:stop`` of a render's :class:`_IdentitySplits`: the block renderer renders a
+    labelled family per chunk of GPUs, and the pairs are then built once for all chunks."""
+
+    def __init__(self, whole: _IdentitySplits, start: int, stop: int) -> None:
+        super().__init__(whole.gpus[start:stop], whole.const)
+        self.whole, self.start, self.stop = whole, start, stop
+
+    def joined(self, start: int, stop: int) -> list[str]:
+        return self.whole.joined(start, stop)[self.start:self.stop]
+
+
 def _render_labelled(family: GpuLabelledFamily, gpus: Sequence[Gpu],
                      splits: _IdentitySplits) -> list[str]:
     """A labelled per-GPU family. Each GPU's text around the extra label values is built once
@@ -382,12 +415,38 @@ def render_families(families: Iterable[Family],
     return out
 
 
+# the families gpu_snapshot_samples fills, in its order and the body's
+GPU_SNAPSHOT_FAMILIES = (metrics.GPU_INFO, metrics.GPU_ALLOCATED_RATIO, metrics.GPU_ALLOCATION_INFO,
+                         metrics.GPU_MIG_INSTANCE_INFO, metrics.GPU_MIG_MEMORY_TOTAL_BYTES,
+                         metrics.GPU_MIG_MEMORY_USED_BYTES)
+
+
 def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
     """Every family that is not a plain per-GPU value: info, allocation, node and self-metrics."""
-    gpus = snapshot.gpus
-    held = snapshot.gpu_allocations()
-    generation = {n.name: n.generation for n in snapshot.nodes}
-    info, allocated, allocation_info, mig_info, mig_total, mig_used = [], [], [], [], [], []
+    samples = gpu_snapshot_samples(snapshot.gpus, _generations(snapshot),
+                                   snapshot.gpu_allocations())
+    return [spec.family(s) for spec, s in zip(GPU_SNAPSHOT_FAMILIES, samples, strict=True)] + \
+        fleet_families(snapshot)
+
+
+def _generations(snapshot: FleetSnapshot) -> dict[str, str]:
+    return {n.name: n.generation for n in snapshot.nodes}
+
+
+Samples = list[tuple[Labels, float]]
+
+
+def gpu_snapshot_samples(
+    gpus: Sequence[Gpu], generation: dict[str, str],
+    held: dict[tuple[str, int], list[tuple[Allocation, float]]],
+) -> tuple[Samples, Samples, Samples, Samples, Samples, Samples]:
+    """The samples of :data:`GPU_SNAPSHOT_FAMILIES` for ``gpus``: identity, allocation, MIG."""
+    info: Samples = []
+    allocated: Samples = []
+    allocation_info: Samples = []
+    mig_info: Samples = []
+    mig_total: Samples = []
+    mig_used: Samples = []
     for gpu in gpus:
         ident = identity(gpu)
         spec_labels: Labels = (("architecture", generation.get(gpu.node, "unknown")),
@@ -416,7 +475,11 @@ def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
                 mig_total.append((mig_labels, float(inst.memory_total_bytes)))
             if inst.memory_used_bytes is not None:
                 mig_used.append((mig_labels, float(inst.memory_used_bytes)))
+    return info, allocated, allocation_info, mig_info, mig_total, mig_used
 
+
+def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
+    """:func:`snapshot_families` after the per-GPU ones: nodes, pending, sources, build."""
     _, cpu_used = snapshot.held()
     node_info, node_cpus, node_cpus_alloc = [], [], []
     for node in snapshot.nodes:
@@ -448,12 +511,6 @@ def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
         parse_errors.append((source_labels, float(status.parse_errors)))
 
     return [
-        metrics.GPU_INFO.family(info),
-        metrics.GPU_ALLOCATED_RATIO.family(allocated),
-        metrics.GPU_ALLOCATION_INFO.family(allocation_info),
-        metrics.GPU_MIG_INSTANCE_INFO.family(mig_info),
-        metrics.GPU_MIG_MEMORY_TOTAL_BYTES.family(mig_total),
-        metrics.GPU_MIG_MEMORY_USED_BYTES.family(mig_used),
         metrics.NODE_INFO.family(node_info),
         metrics.NODE_CPU_CORES.family(node_cpus),
         metrics.NODE_CPU_ALLOCATED_CORES.family(node_cpus_alloc),
@@ -491,23 +548,185 @@ def allocation_families(snapshot: FleetSnapshot) -> list[Family]:
     ]
 
 
-@dataclass(frozen=True, slots=True)
+# -- rendering in blocks (issue 14, Build 8) -------------------------------------------------------
+#
+# At 108,800 GPUs /metrics is about 5.8 M series and 900 MB of text; rendering it whole took
+# about 30 s per snapshot (docs/performance.md). Most of it does not change between two
+# snapshots (identity, limits, capacities, health counters), so the body is cut into blocks
+# (a per-GPU family over _CHUNK GPUs, or one other family) and each block is kept as a gzip
+# member with the inputs it was made from. The next snapshot formats and compresses only the
+# blocks whose inputs differ, and the body is the members end to end: a gzip file is a series
+# of members (RFC 1952, 2.2), which Go's gzip reader (Prometheus) and Python's read as one.
+# The uncompressed text is made only when a client asks for it (Rendered.text).
+#
+# A block is reused when its label texts and values compare equal. 0.0 == -0.0, so a value
+# that only changes sign at zero would keep its old text; no GPU metric does that.
+
+_CHUNK = 1024  # GPUs per block: 107 blocks per family at 108,800 GPUs
+
+_isal_gzip: ModuleType | None
+try:  # ISA-L's gzip: the same format at several times zlib's speed (docs/performance.md)
+    from isal import igzip as _isal_gzip
+except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
+    _isal_gzip = None
+
+
+def _isal_level(level: int) -> int:
+    """zlib's 1-9 on ISA-L's 0-3: ISA-L's 1 compresses about as well as zlib's 5, 5x faster."""
+    return 1 if level <= 6 else 2 if level <= 8 else 3
+
+
+def gzip_member(data: bytes, level: int) -> bytes:
+    if _isal_gzip is not None:
+        return _isal_gzip.compress(data, _isal_level(level), mtime=0)
+    return gzip.compress(data, compresslevel=level, mtime=0)
+
+
+def gunzip(data: bytes) -> bytes:
+    if _isal_gzip is not None:
+        return _isal_gzip.decompress(data)
+    return gzip.decompress(data)
+
+
+@dataclass(slots=True)
+class _Block:
+    """One block of the body: the inputs it was rendered from and its gzip member."""
+
+    texts: object  # the label texts (per-GPU blocks), or None
+    values: object  # the values, or samples, it was rendered from
+    member: bytes
+    series: int
+    size: int  # bytes of text
+
+
+class _GoFloats(dict[float, str]):
+    """Go float text per value for one render: limits, capacities and 0/1 flags repeat across
+    GPUs, and a dict lookup is a third of a repr. Zeros are never stored (0.0 == -0.0)."""
+
+    def __missing__(self, value: float) -> str:
+        text = _go_float(float(value))
+        if value:
+            self[value] = text
+        return text
+
+
+@dataclass(frozen=True)
 class Rendered:
     snapshot: FleetSnapshot
-    text: bytes
-    gzipped: bytes
+    gzipped: bytes  # gzip members, one per block, end to end
     series: int
     render_seconds: float
+    text_bytes: int  # length of the uncompressed body
+
+    @functools.cached_property
+    def text(self) -> bytes:
+        """The uncompressed body, made on first use: Prometheus always asks for gzip."""
+        return gunzip(self.gzipped)
+
+
+def _render_blocks(snapshot: FleetSnapshot, labels: LabelCache, extra: Iterable[Family],
+                   options: ExpositionOptions, level: int) -> tuple[bytes, int, int]:
+    const = options.const_labels
+    gpus = snapshot.gpus
+    served = [f for f in GPU_FAMILIES if options.serves(f.spec)]
+    specs = [spec for spec in GPU_SNAPSHOT_FAMILIES if options.serves(spec)]
+    texts = [labels.get(g, const) for g in gpus] if served or specs else []
+    fmt = _GoFloats()
+    splits = _IdentitySplits(gpus, const)  # built on the first labelled chunk that changed
+    previous = labels.blocks
+    blocks: list[_Block] = []
+    next_blocks: dict[tuple[str, int], _Block] = {}
+
+    def add(key: tuple[str, int], chunk_texts: object, values: object,
+            make: Callable[[], tuple[str, int]]) -> None:
+        block = previous.get(key)
+        if block is None or block.values != values or block.texts != chunk_texts:
+            text, series = make()
+            data = text.encode()
+            block = _Block(chunk_texts, values, gzip_member(data, level), series, len(data))
+        next_blocks[key] = block
+        blocks.append(block)
+
+    for gpu_family in served:
+        spec = gpu_family.spec
+        name = spec.name
+        header = _header(name, spec.type, spec.help)
+        for start in range(0, max(len(gpus), 1), _CHUNK):
+            chunk = gpus[start:start + _CHUNK]
+            chunk_texts = texts[start:start + _CHUNK]
+            head = header if start == 0 else ""
+            if isinstance(gpu_family, GpuLabelledFamily):
+                samples = list(map(gpu_family.samples, chunk))
+
+                def make_labelled(chunk=chunk, head=head, family=gpu_family,
+                                  start=start) -> tuple[str, int]:
+                    view = _SplitsChunk(splits, start, start + len(chunk))
+                    lines = _render_labelled(family, chunk, view)
+                    return head + "".join(lines), len(lines)
+
+                add((name, start), chunk_texts, samples, make_labelled)
+                continue
+            values = list(map(gpu_family.value, chunk))
+
+            def make(chunk_texts=chunk_texts, values=values, head=head,
+                     name=name) -> tuple[str, int]:
+                lines = [f"{name}{t} {fmt[v]}\n"
+                         for t, v in zip(chunk_texts, values, strict=True) if v is not None]
+                return head + "".join(lines), len(lines)
+
+            add((name, start), chunk_texts, values, make)
+
+    # gpu_info, allocation and MIG, per chunk, rebuilt only where a GPU's inputs changed
+    generation = _generations(snapshot)
+    held = snapshot.gpu_allocations()
+    chunks: list[tuple[int, tuple[Gpu, ...], list[object], list[Samples]]] = []
+    for start in range(0, max(len(gpus), 1), _CHUNK):
+        part = gpus[start:start + _CHUNK]
+        # everything gpu_snapshot_samples reads: label text, node's generation, firmware, MIG,
+        # holders (Allocation objects compare by value)
+        inputs: list[object] = [(t, generation.get(g.node), g.driver_version, g.vbios_version, g.pci_bus_id,
+                   g.serial, g.mig, held.get((g.node, g.index)))
+                  for g, t in zip(part, texts[start:start + _CHUNK], strict=True)] if specs else []
+        chunks.append((start, part, inputs, []))
+    for k, spec in enumerate(GPU_SNAPSHOT_FAMILIES):
+        if spec not in specs:
+            continue
+        for start, part, inputs, built in chunks:
+
+            def make_snapshot(part=part, built=built, k=k, spec=spec,
+                              start=start) -> tuple[str, int]:
+                if not built:  # the first family of this chunk to change builds them all
+                    built.extend(gpu_snapshot_samples(part, generation, held))
+                lines = render_families([spec.family(built[k])], options)
+                if start:
+                    lines = lines[1:]  # the header once, in the first chunk
+                    return "".join(lines), len(lines)
+                return "".join(lines), len(lines) - 1
+
+            add((spec.name, start), None, inputs, make_snapshot)
+
+    for family in [*fleet_families(snapshot), *extra]:
+        if not options.serves_name(family.name):
+            continue
+        family_samples = list(family.samples)
+
+        def make_family(family=family) -> tuple[str, int]:
+            lines = render_families([family], options)
+            return "".join(lines), len(lines) - 1
+
+        # a family's name is unique in the body; -1: not a GPU chunk
+        add((family.name, -1), const, family_samples, make_family)
+
+    labels.blocks = next_blocks
+    return (b"".join(block.member for block in blocks), sum(b.series for b in blocks),
+            sum(b.size for b in blocks))
 
 
 def render_text(
     snapshot: FleetSnapshot, labels: LabelCache | None = None, extra: Iterable[Family] = (),
     options: ExpositionOptions = ExpositionOptions(),
 ) -> bytes:
-    parts = render_gpu_families(snapshot.gpus, labels or LabelCache(), options)
-    parts += render_families(snapshot_families(snapshot), options)
-    parts += render_families(extra, options)
-    return "".join(parts).encode()
+    return render(snapshot, labels, extra, options=options).text
 
 
 def render(
@@ -517,12 +736,12 @@ def render(
     gzip_level: int = 5,
     options: ExpositionOptions = ExpositionOptions(),
 ) -> Rendered:
-    """Text and gzip bodies for one snapshot; runs in a worker thread, never on the loop."""
+    """The gzip body for one snapshot (the text on demand); runs in a worker thread, never
+    on the loop. ``labels`` carries the blocks of the last render: pass the same one each time."""
     started = time.perf_counter()
-    text = render_text(snapshot, labels, extra, options)
-    gzipped = gzip.compress(text, compresslevel=gzip_level, mtime=0)
-    series = text.count(b"\n") - text.count(b"\n#") - (1 if text.startswith(b"#") else 0)
-    return Rendered(snapshot, text, gzipped, series, time.perf_counter() - started)
+    gzipped, series, size = _render_blocks(snapshot, labels or LabelCache(), extra, options,
+                                           gzip_level)
+    return Rendered(snapshot, gzipped, series, time.perf_counter() - started, size)
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -185,9 +185,44 @@ def test_lost_gpu_exports_only_up_zero():
 
 def test_gzip_body_is_the_text_body():
     rendered = render(_snapshot())
-    assert gzip.decompress(rendered.gzipped) == rendered.text
+    # one gzip member per block, end to end; the standard library reads them as one body
+    assert gzip.decompress(rendered.gzipped) == rendered.text == render_text(_snapshot())
+    assert rendered.gzipped.count(b"\x1f\x8b\x08") > len(GPU_FAMILIES)
     samples = [line for line in rendered.text.split(b"\n") if line and not line.startswith(b"#")]
     assert rendered.series == len(samples)
+    assert rendered.text_bytes == len(rendered.text)
+
+
+def test_blocks_reused_from_the_last_snapshot_give_the_bytes_of_a_fresh_render():
+    """issue 14, Build 8: a block is re-rendered only when its inputs changed. Over more GPUs
+    than one block holds, with a GPU lost, jobs moved and the cluster label changed between
+    renders, the cached render equals a fresh one and generate_latest's, every time."""
+    config = SimSource(seed=5)
+    sim = Simulation(config, start_time=START)
+    labels = LabelCache()
+    for step, (options, scenarios) in enumerate((
+        (NODE_MODE, ()),
+        (NODE_MODE, ()),
+        (ExpositionOptions(cluster="a"), ()),
+        (ExpositionOptions(cluster="a"), (Scenario(kind="gpu_lost", node="gpu-007", gpu=2),)),
+        (ExpositionOptions(per_gpu=False, cluster="a"), ()),
+        (NODE_MODE, ()),
+    )):
+        sim.advance(START + 600 * (step + 1))
+        snapshot = sim.snapshot()
+        if scenarios:  # the lost GPU: up 0, its values gone
+            lost = [dataclasses.replace(g, up=False, utilization_ratio=None)
+                    if (g.node, g.index) == ("gpu-007", 2) else g for g in snapshot.gpus]
+            snapshot = dataclasses.replace(snapshot, gpus=tuple(lost))
+        before = dict(labels.blocks)
+        cached = render(snapshot, labels, options=options)
+        assert len(snapshot.gpus) > 1024  # two blocks per per-GPU family at least
+        assert cached.text == render_text(snapshot, LabelCache(), options=options), step
+        assert cached.text == _generate_latest(snapshot, options=options), step
+        if step == 1:  # the second of two snapshots: static families were not re-rendered
+            reused = [key for key, block in labels.blocks.items() if before.get(key) is block]
+            assert ("gpufleet_gpu_memory_total_bytes", 0) in reused
+            assert ("gpufleet_gpu_utilization_ratio", 0) not in reused
 
 
 def test_every_per_gpu_series_carries_identity_labels():
