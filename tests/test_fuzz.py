@@ -7,6 +7,8 @@ the bounds it promises:
 |---|---|---|
 | config, from YAML text (``yamlfile.parse_mapping`` + ``config.build``) | ConfigError | 1,000 |
 | config, from mappings (``config.build``) | ConfigError | 1,000 |
+| web config files (``webconfig.parse``) | ConfigError | 1,000 |
+| basic auth headers (``webconfig.parse_basic``) | none: None for a bad one | 1,000 |
 | exposition text (``exposition_parser.parse_text``) | none: it never raises | 1,000 |
 | dcgm bodies (``dcgm.parse_body``, ``BodyParser`` with caps) | none; OverCap with caps | 1,000 |
 | dcgm targets files (``dcgm.parse_targets_file``) | ValueError | 500 |
@@ -20,12 +22,13 @@ Of the 400 plan bodies, 223 pass the bounds and reach the what-if, and 58 of tho
 plan (1-5 migrations), checked against the documented Advice and plan schemas.
 
 The examples are drawn under the suite's profile (tests/conftest.py: derandomized, so
-the same every run); GPUFLEET_HYPOTHESIS=explore draws new ones. 8,900 examples in all,
-about 27 s of CPU on one core.
+the same every run); GPUFLEET_HYPOTHESIS=explore draws new ones. 10,900 examples in all,
+about 30 s of CPU on one core.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
 import json
@@ -40,6 +43,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from exporter import config as config_module
+from exporter import webconfig
 from exporter.advisor import bounds
 from exporter.advisor.api import _dumps
 from exporter.advisor.engine import Advisor, DecisionSettings
@@ -184,6 +188,43 @@ def test_config_from_yaml_text(text):
         assert str(exc).startswith("fuzz.yaml: ")
         return
     _build_config(data)
+
+
+def _section(keys: list[str]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries({}, optional={key: st.one_of(
+        SCALARS, st.lists(SCALARS, max_size=3), st.dictionaries(TEXT, SCALARS, max_size=2)) for key in keys})
+
+
+BCRYPT = "$2b$04$gpufleetTestSaltOnly1.wfqSax00a4PPolBXtwq/aFn5TJjvaum"
+WEB_CONFIGS = st.one_of(st.fixed_dictionaries({}, optional={
+    "tls_server_config": st.one_of(SCALARS, _section([
+        "cert_file", "key_file", "cert", "key", "client_auth_type", "client_ca_file", "client_ca",
+        "min_version", "max_version", "cipher_suites", "curve_preferences", "client_allowed_sans",
+        "prefer_server_cipher_suites"])),
+    "http_server_config": st.one_of(SCALARS, _section(["http2", "headers"])),
+    "basic_auth_users": st.one_of(SCALARS, st.dictionaries(TEXT, st.one_of(
+        SCALARS, st.sampled_from([BCRYPT, "$2y$99$" + "a" * 53, "$2b$04$short"])), max_size=3)),
+    "rate_limit": st.one_of(SCALARS, _section(["interval", "burst"])), "unknown": SCALARS,
+}).map(_yaml_text), st.text(max_size=100), YAML_SNIPPETS)
+
+
+@settings(max_examples=1000)
+@given(WEB_CONFIGS)
+def test_web_config_files(tmp_path_factory, text):
+    try:
+        webconfig.parse(text, "web.yml", tmp_path_factory.getbasetemp())
+    except ConfigError as exc:
+        _one_line_error(exc)
+        assert str(exc).startswith("web.yml: "), str(exc)
+
+
+@settings(max_examples=1000)
+@given(st.one_of(st.text(max_size=60), st.text(max_size=30).map("Basic ".__add__),
+                 st.binary(max_size=40).map(lambda b: "Basic " + base64.b64encode(b).decode())))
+def test_basic_auth_headers(header):
+    # every request's Authorization header under basic_auth_users: None, or a user and password
+    parsed = webconfig.parse_basic(header)
+    assert parsed is None or all(isinstance(part, bytes) for part in parsed)
 
 
 # -- exposition text and dcgm bodies ---------------------------------------------------------
