@@ -101,8 +101,8 @@ def test_the_example_source_runs_as_written(tmp_path):
     assert listed_out["status"] == [["jsonfile", True, ""]]
     metrics = listed_out["metrics"]
     assert 'gpufleet_source_up{source="jsonfile"} 1.0' in metrics
-    assert ('gpufleet_gpu_info{architecture="",gpu="1",model="H100",node="n1",pool="gpu-test",'
-            'uuid="GPU-1"} 1.0') in metrics
+    assert ('gpufleet_gpu_info{architecture="",driver_version="",gpu="1",model="H100",node="n1",'
+            'pci_bus_id="",pool="gpu-test",uuid="GPU-1",vbios_version=""} 1.0') in metrics
     assert 'gpufleet_node_info{architecture="",gpus="2",model="H100",node="n1",pool="gpu-test"} 1.0' \
         in metrics
 
