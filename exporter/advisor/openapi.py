@@ -161,12 +161,12 @@ def _error(description: str) -> dict[str, Any]:
     return _json(_ref("Error"), description)
 
 
-# web.max_requests: the middleware answers 503 in plain text before the handler runs
-_BUSY_TEXT = {"text/plain": {"schema": {"type": "string"}}}
+# what the middlewares answer before any handler (web.max_requests, the web config): plain text
+_TEXT = {"text/plain": {"schema": {"type": "string"}}}
 
 
 def _busy(description: str | None = None, json_too: bool = True) -> dict[str, Any]:
-    content: dict[str, Any] = dict(_BUSY_TEXT)
+    content: dict[str, Any] = dict(_TEXT)
     if json_too:
         content["application/json"] = {"schema": _ref("Error")}
     text = "web.max_requests requests to this endpoint already in flight (text/plain)"
@@ -183,13 +183,13 @@ _BASIC_TEXT = "the web config's basic_auth_users and no or a wrong password (tex
 _READ_UNAUTHORIZED = {**_UNAUTHORIZED,
                       "description": "api.require_token_for_reads is on and the bearer token is "
                                      f"missing or wrong; or {_BASIC_TEXT}",
-                      "content": {**_UNAUTHORIZED["content"], **_BUSY_TEXT}}
-_BASIC_UNAUTHORIZED = {"description": _BASIC_TEXT, "content": dict(_BUSY_TEXT),
+                      "content": {**_UNAUTHORIZED["content"], **_TEXT}}
+_BASIC_UNAUTHORIZED = {"description": _BASIC_TEXT, "content": dict(_TEXT),
                        "headers": _UNAUTHORIZED["headers"]}
 _WEB_CONFIG = {
     "403": {"description": "the web config's client_allowed_sans refused the client certificate",
-            "content": dict(_BUSY_TEXT)},
-    "429": {"description": "the web config's rate_limit", "content": dict(_BUSY_TEXT)},
+            "content": dict(_TEXT)},
+    "429": {"description": "the web config's rate_limit", "content": dict(_TEXT)},
 }
 _RETRY = {"Retry-After": {"schema": {"type": "string"}, "description": "seconds"}}
 _TOO_LARGE = _error("body over advisor.max_body_bytes (by Content-Length, or while read)")
