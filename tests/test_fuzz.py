@@ -61,6 +61,10 @@ from exporter.sources.dcgm_mapping import OverCap
 from exporter.sources.exposition_parser import parse_text
 from exporter.sources.gpu_models import unknown_model
 from exporter.sources.slurm_parse import (
+    MAX_EXPANDED,
+    MAX_GRES_GPUS,
+    SlurmJob,
+    SlurmNode,
     SlurmParseError,
     expand_hostlist,
     parse_gres,
@@ -381,9 +385,19 @@ def _slurm(parse, text: str, **kwargs) -> list:
 @settings(max_examples=1000)
 @given(SLURM_JSON_TEXT)
 def test_slurm_json(text):
-    for job in _slurm(parse_squeue_json, text):
-        assert all(len(share.gpus) <= 10_000 for share in job.nodes)
-    _slurm(parse_sinfo_json, text)
+    _check_jobs(_slurm(parse_squeue_json, text))
+    _check_nodes(_slurm(parse_sinfo_json, text))
+
+
+def _check_jobs(jobs: list[SlurmJob]) -> None:
+    for job in jobs:
+        assert len(job.nodes) <= MAX_EXPANDED
+        assert all(len(share.gpus) <= MAX_EXPANDED for share in job.nodes)
+
+
+def _check_nodes(nodes: list[SlurmNode]) -> None:
+    for node in nodes:  # the snapshot's layout makes one record per GPU a node's GRES gives
+        assert all(g.count <= MAX_GRES_GPUS for g in node.gres if g.name == "gpu"), node
 
 
 @st.composite
@@ -406,8 +420,8 @@ SCONTROL = st.one_of(st.lists(scontrol_records(), max_size=4).map("\n".join), st
 @settings(max_examples=1000)
 @given(SCONTROL)
 def test_slurm_scontrol_text(text):
-    _slurm(parse_scontrol_jobs, text)
-    _slurm(parse_scontrol_nodes, text)
+    _check_jobs(_slurm(parse_scontrol_jobs, text))
+    _check_nodes(_slurm(parse_scontrol_nodes, text))
 
 
 @settings(max_examples=1000)
@@ -419,7 +433,9 @@ def test_slurm_hostlists_gres_and_tres(text):
         except SlurmParseError as exc:
             _one_line_error(exc)
             continue
-        assert len(parsed) <= 100_000, parse
+        assert len(parsed) <= MAX_EXPANDED, parse
+        if parse is parse_gres:  # a node's GPUs; TRES is a request, and a big one harms nothing
+            assert all(g.count <= MAX_GRES_GPUS for g in parsed if g.name == "gpu")
 
 
 # -- the advisor's POST bodies ----------------------------------------------------------------
