@@ -169,6 +169,10 @@ class AdvisorConfig:
     checkpoint_interval: Duration = _opt(Duration(900),
                                          help="How often jobs checkpoint, for the cost of a move.",
                                          exclusive_min=0)
+    assume_checkpointing: bool = _opt(True, help="A job that states no last checkpoint is taken "
+                                      "to checkpoint every checkpoint_interval (a move costs at "
+                                      "most that much work); false: it never does (a move costs "
+                                      "its whole runtime).")
 
     def check(self, prefix: str) -> None:
         if self.clear_below >= self.trigger:

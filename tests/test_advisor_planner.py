@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,9 +16,10 @@ from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import Shape, Workload
-from exporter.catalogue import GB
+from exporter.catalogue import GB, default_catalogue
 from exporter.placement.task import Task
-from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, Placement
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu, MigInstance, Node, Placement
+from exporter.sources.slurm_parse import node_threads, parse_sinfo_json, parse_squeue_json, to_snapshot
 
 NOW = 1_760_000_000.0
 SCHEMA = json.loads((Path(__file__).parent.parent / "docs" / "advisor-plan.schema.json").read_text())
@@ -110,6 +112,46 @@ def test_allowed_models_list_applies():
     assert [(m.job, m.destination.node) for m in result.migrations] == [("pinned", "h2")]
 
 
+def with_mig(snapshot: FleetSnapshot, node: str) -> FleetSnapshot:
+    """``node``'s GPUs in MIG mode, seven 1g.10gb slices each."""
+    slices = tuple(MigInstance(i, "1g.10gb", 10 * GB) for i in range(7))
+    gpus = tuple(dataclasses.replace(g, mig=slices) if g.node == node else g for g in snapshot.gpus)
+    return dataclasses.replace(snapshot, gpus=gpus)
+
+
+def test_never_onto_a_mig_gpu_or_into_another_pool():
+    # the issue's move: a quarter-share pod off an H100 node onto a MIG-mode node of another pool
+    spec = {"gpu-066": ("H100", "pool-a"), "gpu-128": ("A100-80GB", "pool-b"),
+            "h2": ("H100", "pool-b"), "m1": ("H100", "pool-a")}
+    jobs = [job("quarter", "gpu-066", (0,), share=0.25, need_gb=10),
+            job("big", "gpu-128", tuple(range(6)), need_gb=60, priority=1000),
+            job("half", "m1", (0,), share=0.5, priority=1000),
+            job("half-b", "h2", (0,), share=0.5, priority=1000)]
+    snapshot = with_mig(fleet(spec, jobs), "m1")
+    assert plan(snapshot).migrations == ()
+    # without MIG, m1 (same pool) takes it; h2 and gpu-128 (pool-b) never do
+    (move,) = plan(fleet(spec, jobs)).migrations
+    assert (move.job, move.destination.node) == ("quarter", "m1")
+
+
+def test_misplaced_on_the_real_slurm_samples():
+    # data/slurm-samples job 4, --gres=gpu:h100:1, as if its comment said 100Gi
+    from tests.test_slurm_parse import MODELS, sample
+
+    data = json.loads(sample("squeue.json"))
+    for j in data["jobs"]:
+        if j["job_id"] == 4:
+            j["comment"] = "gpu-memory-required=100Gi"
+    nodes = parse_sinfo_json(sample("sinfo.json"))
+    snapshot = to_snapshot(NOW, nodes, parse_squeue_json(json.dumps(data), node_threads(nodes)),
+                           MODELS, default_catalogue())
+    (wrong,) = plan(snapshot).tier_misplacements
+    assert (wrong.job, wrong.node, wrong.model, wrong.memory_need_gb) == ("4", "gpu-005", "H100", 107.4)
+    # it allows only H100 (its GRES type), so no model of this fleet is suitable for it
+    assert wrong.suitable_models == ()
+    assert wrong.reason == "needs 107 GB per GPU, more than H100's 80 GB; fits no model here"
+
+
 def test_multi_node_jobs_are_never_split_or_moved():
     spec = {f"n{i}": ("H100", "gpu-h100") for i in range(3)}
     gang = job("gang", "n0", (0, 1), extra=(Placement("n1", (0, 1), 1.0, 8.0),))
@@ -120,11 +162,27 @@ def test_multi_node_jobs_are_never_split_or_moved():
 
 def test_young_job_waits_until_it_is_30_minutes_old():
     spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100")}
-    snapshot = fleet(spec, [job("young", "h1", (0,), age=600),
+    snapshot = fleet(spec, [job("young", "h1", (0,), age=1200),
                             job("big", "h2", tuple(range(6)), need_gb=60)])
-    (move,) = plan(snapshot).migrations
+    result = plan(snapshot)
+    (move,) = result.migrations
     assert move.job == "young" and move.action == "wait_until"
-    assert move.wait_until == NOW - 600 + 1800
+    assert move.wait_until == NOW - 1200 + 1800
+    assert move.wait_until <= result.expires_at
+
+
+def test_a_job_too_young_to_move_before_the_plan_expires_is_deferred():
+    # the issue's plan: 5 young jobs whose waits all ended 869 s after expires_at
+    spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100")}
+    snapshot = fleet(spec, [job("young", "h1", (0,), age=31),
+                            job("big", "h2", tuple(range(6)), need_gb=60, priority=1000)])
+    result = plan(snapshot)
+    assert result.migrations == ()
+    assert result.reasons[1] == ("1 job younger than 30 min could not move before the plan "
+                                 "expires (15 min): left to a later plan")
+    # a longer validity lets the same wait into the plan
+    (move,) = plan(snapshot, ttl_seconds=1800).migrations
+    assert move.action == "wait_until" and move.wait_until == NOW - 31 + 1800
 
 
 def test_high_priority_job_stays_put_unless_configured():
@@ -145,11 +203,28 @@ def test_budgets_cap_migrations():
     assert len([m for m in plan(snapshot, max_per_namespace=1).migrations if m.namespace == "ns"]) <= 1
 
 
+def test_a_job_stating_no_checkpoint_is_taken_to_checkpoint_every_interval():
+    spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100")}
+    snapshot = fleet(spec, [job("train", "h1", (0, 1), checkpoint_age=None, age=4000),
+                            job("big", "h2", tuple(range(6)), need_gb=60)])
+    (move,) = plan(snapshot).migrations
+    # 4000 s in, checkpoints every 900 s: the last at 3600 s, 400 s of work on 2 GPUs lost
+    assert move.action == "checkpoint_then_migrate" and move.cost_gpu_seconds == 800.0
+
+
+def test_a_stated_checkpoint_wins_over_the_interval():
+    spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100")}
+    snapshot = fleet(spec, [job("train", "h1", (0,), checkpoint_age=600, age=4000),
+                            job("big", "h2", tuple(range(6)), need_gb=60)])
+    (move,) = plan(snapshot).migrations
+    assert move.action == "checkpoint_then_migrate" and move.cost_gpu_seconds == 600.0
+
+
 def test_never_checkpointing_job_migrates_and_costs_work_since_start():
     spec = {"h1": ("H100", "gpu-h100"), "h2": ("H100", "gpu-h100")}
     snapshot = fleet(spec, [job("svc", "h1", (0,), checkpoint_age=None, age=3600),
                             job("big", "h2", tuple(range(6)), need_gb=60)])
-    (move,) = plan(snapshot).migrations
+    (move,) = plan(snapshot, checkpoint_interval_seconds=0).migrations
     assert move.action == "migrate" and move.cost_gpu_seconds == 3600.0
 
 
@@ -190,7 +265,11 @@ def random_fleets(draw):
         jobs.append(job(f"j{j}", node, gpus, share=share, need_gb=need,
                         age=draw(st.sampled_from([600, 7200])),
                         priority=draw(st.sampled_from([10, 10, 1000]))))
-    return fleet(spec, jobs, cpus=draw(st.sampled_from([32, 128])))
+    snapshot = fleet(spec, jobs, cpus=draw(st.sampled_from([32, 128])))
+    for name in spec:
+        if draw(st.integers(0, 5)) == 0:
+            snapshot = with_mig(snapshot, name)
+    return snapshot
 
 
 def expected_models(need: int, fleet_models: set[str]) -> set[str]:
@@ -217,7 +296,11 @@ def test_applied_plans_are_valid_and_match_the_prediction(snapshot):
     assert all(v <= 1.0 + 1e-9 for v in held.values()), "a GPU over-allocated"
     assert all(used <= n.cpu_cores + 1e-9 for n in after.nodes for used in [cpus.get(n.name, 0)])
     nodes = after.node_map()
+    mig = {g.node for g in snapshot.gpus if g.mig}
     for m in result.migrations:
+        assert m.source.node not in mig and m.destination.node not in mig
+        assert nodes[m.destination.node].pool == nodes[m.source.node].pool
+        assert m.wait_until is None or m.wait_until <= result.expires_at
         alloc = next(a for a in after.allocations if a.job == m.job)
         assert len(alloc.placements) == 1
         assert alloc.priority < 1000

@@ -261,3 +261,24 @@ def test_json_cores_count_threads_like_scontrol():
     nodes = [dataclasses.replace(n, threads_per_core=2) for n in parse_sinfo_json(sample("sinfo.json"))]
     jobs = {j.job_id: j for j in parse_squeue_json(json.dumps(data), node_threads(nodes))}
     assert jobs["3"].nodes[0].cpus == 16
+
+
+def test_a_jobs_comment_states_its_memory_need_and_last_checkpoint():
+    # the samples' job 4 (--gres=gpu:h100:1), as if submitted with --comment: the JSON's
+    # "comment" field and scontrol's Comment= (both empty in the capture) carry it
+    comment = "gpu-memory-required=100Gi;last-checkpoint=1795961000"
+    data = json.loads(sample("squeue.json"))
+    for job in data["jobs"]:
+        if job["job_id"] == 4:
+            job["comment"] = comment
+    text = sample("scontrol_show_job_d_o.txt").replace(
+        "JobId=4 JobName=wrap ", f"JobId=4 JobName=wrap Comment={comment} ")
+    nodes = parse_sinfo_json(sample("sinfo.json"))
+    for jobs in (parse_squeue_json(json.dumps(data), node_threads(nodes)),
+                 parse_scontrol_jobs(text, dt.UTC)):
+        snapshot = to_snapshot(1.0, nodes, jobs, MODELS, default_catalogue())
+        by_job = {a.job: a for a in snapshot.allocations}
+        assert by_job["4"].gpu_memory_need_bytes == 100 * 2**30
+        assert by_job["4"].last_checkpoint_time == 1795961000.0
+        assert by_job["4"].allowed_models == ("H100",)  # the GRES type limits, it states no need
+        assert by_job["1"].gpu_memory_need_bytes is None and by_job["1"].last_checkpoint_time is None

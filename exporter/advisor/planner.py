@@ -13,9 +13,22 @@ to: nothing is evicted without a place to go.
 
 Constraints are never broken: a job only goes to a GPU model its memory need
 allows (the reference cluster's tiers) and that its own allowed-model list
-permits; a job that states no memory need stays on its current model;
-multi-node jobs are never moved, so never split; high-priority jobs stay put
-unless configured; budgets cap migrations per plan, per node and per namespace.
+permits; a job that states no memory need stays on its current model; a job
+stays in its pool (a Slurm partition or node pool is where it was admitted)
+and never goes to, or comes from, a MIG-mode GPU (a whole or shared GPU is not
+a MIG slice); multi-node jobs are never moved, so never split and never spread
+over NVLink generations; high-priority jobs stay put unless configured; budgets
+cap migrations per plan, per node and per namespace.
+
+Every move can start before the plan expires: a job too young to move before
+``expires_at`` is deferred to a later plan rather than listed as a wait the
+receiver would have to carry past the plan's expiry (a longer expiry would keep
+a plan alive on an ever older snapshot instead).
+
+A move's cost is the work lost since the job's last checkpoint: the one the job
+stated, or, when it states none and the site says its jobs checkpoint every
+``checkpoint_interval`` (the reference cluster's 15 min), the last multiple of
+that interval since it started; otherwise its whole runtime.
 """
 
 from __future__ import annotations
@@ -31,10 +44,10 @@ from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Predictio
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.index import Report, scorer, totals
 from exporter.analysis.state import FleetState
-from exporter.catalogue import GB
+from exporter.catalogue import GB, default_catalogue
 from exporter.placement.engine import Placement, Placer
 from exporter.placement.task import Task
-from exporter.placement.tiers import tier_models
+from exporter.placement.tiers import tier_fit, tier_models
 from exporter.snapshot import Allocation, FleetSnapshot
 
 IMPROVEMENT = 1e-6  # GPUs of F(M) a kept evacuation must save, above float noise
@@ -51,6 +64,8 @@ class PlanSettings:
     high_priority: int = 1000
     min_runtime_seconds: float = 1800.0
     ttl_seconds: float = 900.0
+    # jobs that state no checkpoint are taken to checkpoint this often; 0: they never do
+    checkpoint_interval_seconds: float = 900.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +78,7 @@ class Candidate:
     task: Task  # what re-placing it must find, on the models it may move to
     cost: float  # GPU-seconds of work since its last checkpoint
     age: float
+    checkpointed: bool  # it checkpoints (stated, or assumed from the interval)
 
 
 def _slots(state: FleetState, node: int, gpus: Sequence[int]) -> tuple[int, ...] | None:
@@ -89,11 +105,36 @@ def destination_models(alloc: Allocation, current_model: str, fleet_models: Sequ
     return (current_model,)
 
 
+def last_checkpoint(alloc: Allocation, now: float, interval: float) -> float | None:
+    """When the job last saved its work: stated, or the last whole interval since it started.
+
+    None when it states nothing and the site assumes no checkpointing (interval 0).
+    """
+    if alloc.last_checkpoint_time is not None:
+        return min(alloc.last_checkpoint_time, now)
+    if interval <= 0:
+        return None
+    started = alloc.start_time if alloc.start_time is not None else now
+    age = max(0.0, now - started)
+    return started + (age // interval) * interval
+
+
+def mig_nodes(snapshot: FleetSnapshot) -> set[str]:
+    """Nodes with a GPU in MIG mode: their GPUs are slices, no place for a whole or shared GPU."""
+    return {g.node for g in snapshot.gpus if g.mig}
+
+
 def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
-               settings: PlanSettings) -> dict[int, list[Candidate]]:
-    """Movable jobs per node index, cheapest first."""
+               settings: PlanSettings, deferred: list[Allocation] | None = None
+               ) -> dict[int, list[Candidate]]:
+    """Movable jobs per node index, cheapest first.
+
+    A job that could only move after the plan expires goes to ``deferred`` instead.
+    """
     by_node: dict[int, list[Candidate]] = {}
     index = {name: i for i, name in enumerate(state.names)}
+    mig = mig_nodes(snapshot)
+    expires = now + settings.ttl_seconds
     for alloc in snapshot.allocations:
         if len(alloc.placements) != 1:
             continue  # multi-node: never split, and not moved whole by this planner
@@ -103,6 +144,8 @@ def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
         node = index.get(part.node)
         if node is None or not part.gpus:
             continue  # CPU-only jobs fragment no GPU
+        if part.node in mig:
+            continue  # it holds MIG slices, which the placer does not model
         slots = _slots(state, node, part.gpus)
         if slots is None:
             continue
@@ -115,13 +158,20 @@ def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
         if not models:
             continue
         started = alloc.start_time if alloc.start_time is not None else now
-        since = alloc.last_checkpoint_time if alloc.last_checkpoint_time is not None else started
+        if max(0.0, now - started) < settings.min_runtime_seconds \
+                and started + settings.min_runtime_seconds > expires:
+            if deferred is not None:
+                deferred.append(alloc)
+            continue
+        checkpoint = last_checkpoint(alloc, now, settings.checkpoint_interval_seconds)
+        since = started if checkpoint is None else max(started, checkpoint)
         gpus = len(part.gpus) * part.gpu_share
         cost = gpus * max(0.0, now - since)
         current = Placement(node, part.node, slots, tuple(part.gpus), part.gpu_share, part.cpus)
         task = dataclasses.replace(Task.from_allocation(alloc, part), models=models)
         by_node.setdefault(node, []).append(
-            Candidate(alloc, node, current, task, cost, max(0.0, now - started)))
+            Candidate(alloc, node, current, task, cost, max(0.0, now - started),
+                      checkpoint is not None))
     for jobs in by_node.values():
         jobs.sort(key=lambda c: (c.cost, c.alloc.job))
     return by_node
@@ -131,7 +181,7 @@ def _action(c: Candidate, now: float, settings: PlanSettings) -> tuple[str, floa
     if c.age < settings.min_runtime_seconds:
         started = c.alloc.start_time if c.alloc.start_time is not None else now
         return "wait_until", started + settings.min_runtime_seconds
-    if c.alloc.last_checkpoint_time is None:
+    if not c.checkpointed:
         return "migrate", None  # it never checkpoints: restarting is all there is
     return "checkpoint_then_migrate", None
 
@@ -175,7 +225,13 @@ def plan_compaction(snapshot: FleetSnapshot, report: Report, scope: str, now: fl
         pool = scope.removeprefix("pool:")
         in_scope = np.array([state.pool_names[p] == pool for p in state.pool])
     assert placer.node_fragmented is not None
-    movable = candidates(snapshot, state, now, settings)
+    deferred: list[Allocation] = []
+    movable = candidates(snapshot, state, now, settings, deferred)
+    # where each pool's jobs may not go: other pools, and MIG-mode nodes
+    mig = mig_nodes(snapshot)
+    is_mig = np.array([name in mig for name in state.names], dtype=bool)
+    barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist()
+              for p in np.unique(state.pool)}
     order = source_order(placer.node_fragmented, movable, in_scope)
     whole_before = _whole_free(placer, np.arange(len(state.names)))
 
@@ -201,7 +257,7 @@ def plan_compaction(snapshot: FleetSnapshot, report: Report, scope: str, now: fl
                     or c.alloc.job in moved):
                 continue
             placer.release(c.current)
-            destination = placer.place(c.task, "fgd", exclude=[node])
+            destination = placer.place(c.task, "fgd", exclude=[*barred[int(state.pool[node])], node])
             if destination is None:
                 placer.apply(c.current)  # no verified destination: the job stays
                 rejected += 1
@@ -228,11 +284,15 @@ def plan_compaction(snapshot: FleetSnapshot, report: Report, scope: str, now: fl
         freed[state.pool_names[int(state.pool[n])]] += 1
     migrations = tuple(_migration(c, d, now, settings) for c, d in kept)
     sources = sorted({c.current.node_name for c, _ in kept})
-    reasons = (f"evacuates {', '.join(sources) or 'no node'}; {rejected} candidate moves dropped "
-               "(no destination, or F(M) would not drop)",)
+    reasons = [f"evacuates {', '.join(sources) or 'no node'}; {rejected} candidate moves dropped "
+               "(no destination, or F(M) would not drop)"]
+    if deferred:
+        reasons.append(f"{len(deferred)} job{'s' if len(deferred) != 1 else ''} younger than "
+                       f"{settings.min_runtime_seconds / 60:.0f} min could not move before the plan "
+                       f"expires ({settings.ttl_seconds / 60:.0f} min): left to a later plan")
     return CompactionPlan(
         scope=scope, snapshot_time=snapshot.taken_at, expires_at=now + settings.ttl_seconds,
-        decision="compact", reasons=reasons, before=before, after=after,
+        decision="compact", reasons=tuple(reasons), before=before, after=after,
         nodes_freed=dict(sorted(freed.items())), migrations=migrations,
         tier_misplacements=misplacements(snapshot, report), rejected_moves=rejected,
     )
@@ -261,8 +321,15 @@ def _migration(c: Candidate, destination: Placement, now: float, settings: PlanS
 
 
 def misplacements(snapshot: FleetSnapshot, report: Report) -> tuple[TierMisplacement, ...]:
-    """Jobs on a higher tier than their memory need, while that tier is under pressure."""
+    """Jobs on a tier their memory need does not call for.
+
+    Two kinds: a job on a *higher* tier than it needs, listed while that tier is under
+    pressure (it holds GPUs a larger job waits for); and a job on GPUs with *less*
+    memory than it states it needs, listed always (it runs out of memory, or its
+    stated need is wrong: either way someone should look).
+    """
     state = report.state
+    catalogue = default_catalogue()
     pressure = {p.name for p in report.pools if p.allocated_ratio >= PRESSURE}
     pressure |= {r.pool for r in snapshot.pending if r.pool}
     nodes = snapshot.node_map()
@@ -272,24 +339,32 @@ def misplacements(snapshot: FleetSnapshot, report: Report) -> tuple[TierMisplace
         if not need or not alloc.placements:
             continue
         node = nodes.get(alloc.placements[0].node)
-        if node is None or node.pool not in pressure:
+        if node is None:
             continue
-        suitable = tier_models(need, state.model_names, alloc.allowed_models)
-        if not suitable or node.model in suitable:
+        fit = tier_fit(need, state.model_names, alloc.allowed_models)
+        suitable = fit.models
+        held = catalogue.find(node.model)
+        over = " (over the largest tier this fleet has)" if fit.over_capacity else ""
+        if held is not None and held.memory_bytes is not None and held.memory_bytes < need:
+            out.append(TierMisplacement(
+                alloc.job, alloc.namespace, node.name, node.model, round(need / GB, 1), suitable,
+                f"needs {need / GB:.0f} GB per GPU, more than {node.model}'s "
+                f"{held.memory_bytes / GB:.0f} GB; fits {'/'.join(suitable) or 'no model here'}"
+                f"{over}"))
             continue
-        # only a job on a *higher* tier than it needs is misplaced; one below is merely waiting
+        if node.pool not in pressure or not suitable or node.model in suitable:
+            continue
+        # a job on a lower tier that still holds its need is not misplaced, merely thrifty
         if _rank(node.model) <= max(_rank(m) for m in suitable):
             continue
         out.append(TierMisplacement(
             alloc.job, alloc.namespace, node.name, node.model, round(need / GB, 1), suitable,
-            f"needs {need / GB:.0f} GB per GPU, fits {'/'.join(suitable)}, holds {node.model} "
-            f"in pool {node.pool} under pressure"))
+            f"needs {need / GB:.0f} GB per GPU, fits {'/'.join(suitable)}{over}, holds "
+            f"{node.model} in pool {node.pool} under pressure"))
     return tuple(sorted(out, key=lambda m: m.job))
 
 
 def _rank(model: str) -> int:
-    from exporter.catalogue import default_catalogue
-
     return default_catalogue().get(model).tier or 0
 
 

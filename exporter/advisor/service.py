@@ -265,6 +265,7 @@ def plan_settings(config: AdvisorConfig) -> PlanSettings:
         max_per_namespace=config.max_migrations_per_namespace,
         move_high_priority=config.move_high_priority, high_priority=config.high_priority,
         min_runtime_seconds=config.min_runtime, ttl_seconds=config.plan_ttl,
+        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
     )
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from exporter.catalogue import Catalogue
 from exporter.errors import one_line
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, Placement
+from exporter.sources import job_hints
 
 
 class SlurmParseError(ValueError):
@@ -234,6 +235,7 @@ class SlurmJob:
     gpus_per_node: tuple[Gres, ...] = ()
     gpus_per_task: tuple[Gres, ...] = ()
     reason: str = ""
+    comment: str = ""  # sbatch --comment: where a site states a job's memory need (job_hints)
 
     def requested_gpus(self) -> int:
         """GPUs the job asked for in total, whichever way it asked."""
@@ -384,6 +386,7 @@ def _job_from_json(job: Mapping[str, Any], threads: Mapping[str, int]) -> SlurmJ
         gpus_per_node=tuple(parse_tres_gpus(job.get("tres_per_node") or "")),
         gpus_per_task=tuple(parse_tres_gpus(job.get("tres_per_task") or "")),
         reason=_null(str(job.get("state_reason") or "")),
+        comment=str(job.get("comment") or "")[:job_hints.MAX_TEXT],
     )
 
 
@@ -517,6 +520,7 @@ def _job_from_text(record: str, tz: dt.tzinfo | None) -> SlurmJob:
         gpus_per_node=tuple(parse_tres_gpus(fields.get("TresPerNode", ""))),
         gpus_per_task=tuple(parse_tres_gpus(fields.get("TresPerTask", ""))),
         reason=_null(fields.get("Reason", "")),
+        comment=_null(fields.get("Comment", ""))[:job_hints.MAX_TEXT],
     )
 
 
@@ -599,9 +603,12 @@ def to_snapshot(
             )
             if not placements:
                 continue
+            hints = job_hints.from_comment(job.comment)
             allocations.append(Allocation(
                 job=job.job_id, placements=placements, priority=job.priority, qos=job.qos,
                 user=job.user, account=job.account, start_time=job.start_time,
+                last_checkpoint_time=hints.last_checkpoint_time,
+                gpu_memory_need_bytes=hints.gpu_memory_need_bytes,
                 allowed_models=tuple(model(t) for t in job.requested_types()),
             ))
         elif job.state == "PENDING":
