@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 from exporter.advisor.engine import Advisor, DecisionSettings, gate
@@ -132,3 +133,50 @@ def test_a_hold_is_not_replanned_on_every_snapshot_but_an_alert_replans():
     assert planner.calls == 2
     run(advisor, clock, [(100, 80)])  # past the recheck interval
     assert planner.calls == 3
+
+
+def test_a_firing_fragmentation_alert_counts_as_dwell_served():
+    advisor, clock = make(dwell_seconds=600)
+    run(advisor, clock, [(0, 30)])  # the advisor measures the scopes
+    clock[0] = 10
+    result = advisor.observe(FleetSnapshot(10), report(30, {"gpu-h100": 72}))
+    assert result["decision"] == "none" and result["reasons"] == [
+        "pool gpu-h100 index 72 > 50 for 0 s, dwell is 10 min"]
+    # Alertmanager waited its own 15 min 'for' before it sent this: no second wait
+    alerts = [{"status": "firing", "labels": {"alertname": "GpuClusterFragmentationHigh",
+                                               "pool": "gpu-h100"}},
+              {"status": "firing", "labels": {"alertname": "GpuClusterFragmentationHigh",
+                                               "pool": "no-such-pool"}},
+              {"status": "firing", "labels": {"alertname": "GpuLost", "pool": "gpu-a100"}}]
+    assert advisor.alert_firing(alerts) == ["pool:gpu-h100"]
+    clock[0] = 20
+    result = advisor.observe(FleetSnapshot(20), report(30, {"gpu-h100": 72}),
+                             trigger="alertmanager: GpuClusterFragmentationHigh firing")
+    assert result["decision"] == "compact" and result["scope"] == "pool:gpu-h100"
+    assert result["reasons"][0].startswith(
+        "pool gpu-h100 index 72 > 50 for 10 s (Alertmanager's GpuClusterFragmentationHigh fired: "
+        "its own 'for' served as dwell); plan frees")
+    # once the index clears, the alert is spent: the next rise waits its dwell again
+    run(advisor, clock, [(3000, 30)])
+    clock[0] = 3010
+    advisor.observe(FleetSnapshot(3010), report(30, {"gpu-h100": 10}))
+    assert advisor.alert_served == {}
+
+
+def test_a_plan_that_leaves_the_index_above_the_trigger_says_so():
+    class Partial(Planner):
+        def __call__(self, snapshot, rep, scope, now):
+            plan = super().__call__(snapshot, rep, scope, now)
+            return dataclasses.replace(plan, after=Prediction(66.9, 6.0))
+
+    advisor, clock = make(Partial(), dwell_seconds=0)
+    (result,) = run(advisor, clock, [(0, 70.6)])
+    assert result["decision"] == "compact"
+    short = ("partial plan: cluster index 70.6 -> 66.9, still above the trigger 50 within the "
+             "migration budget; the recommendation stays, and another plan may follow the cooldown")
+    assert result["reasons"][1] == short and result["plan"]["reasons"][1] == short
+    assert short in advisor.what_if(FleetSnapshot(0), report(70.6))["reasons"]
+    # a plan that reaches the trigger says nothing of the kind
+    advisor, clock = make(dwell_seconds=0)
+    (result,) = run(advisor, clock, [(0, 70.6)])
+    assert not any(r.startswith("partial plan") for r in result["reasons"])

@@ -61,6 +61,8 @@ class AdvisorApi:
     # Alertmanager notifications by outcome: accepted, duplicate, invalid, unauthorized
     notifications: Counter = field(default_factory=Counter)
     _tasks: set[asyncio.Task[Advice | None]] = field(default_factory=set)
+    # told the firing alerts before their evaluation: a fragmentation alert has served dwell
+    on_alerts: Callable[[list[dict[str, Any]]], Any] | None = None
 
     MAX_GROUPS = 10_000  # dedupe memory is bounded; the oldest groups are forgotten first
 
@@ -228,6 +230,8 @@ async def post_alerts(request: web.Request) -> web.Response:
         reply = _json({"accepted": True, "duplicate": False, "evaluation": "none"})
     else:
         names = sorted({a["labels"].get("alertname", "?") for a in payload["alerts"]})
+        if api.on_alerts is not None:
+            api.on_alerts(payload["alerts"])
         task = asyncio.create_task(api.evaluate(f"alertmanager: {', '.join(names)} firing"))
         api._tasks.add(task)
         task.add_done_callback(functools.partial(api.evaluated, group, status))

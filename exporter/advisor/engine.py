@@ -8,6 +8,13 @@ index hovering around the trigger doesn't flap. A cooldown separates plans,
 and a plan is proposed only if it recovers enough fragmented GPUs, and frees
 enough whole nodes, per migration: moving jobs costs work, and a plan that
 moves ten jobs to recover one GPU is worse than no plan.
+
+Alertmanager's fragmentation alert has already waited its own ``for`` (15 min
+in the table) before it reaches ``POST /v1/alerts``: a firing alert for a
+scope counts as its dwell served, so the advisor does not wait a second time.
+A plan that would leave its scope above the trigger is still proposed (part of
+the way is better than none) but says so in its reasons, with the index it
+reaches, so no receiver takes it for the whole cure.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ class DecisionSettings:
     # after a hold, planning again on every snapshot (every few seconds, up to a second
     # of CPU on a large fleet each) would find the same nothing; an alert still re-plans at once
     hold_recheck_seconds: float = 60.0
+    # the threshold table's row for the pool fragmentation index (rules/thresholds.yaml)
+    compaction_alert: str = "GpuClusterFragmentationHigh"
 
 
 @dataclass
@@ -79,6 +88,15 @@ def gate(plan: CompactionPlan, settings: DecisionSettings) -> str | None:
     return None
 
 
+def shortfall(plan: CompactionPlan, settings: DecisionSettings) -> str | None:
+    """None when the plan brings its scope's index to the trigger or below, else how far it gets."""
+    if plan.after.index <= settings.trigger:
+        return None
+    return (f"partial plan: {_scope_name(plan.scope)} index {plan.before.index:.1f} -> "
+            f"{plan.after.index:.1f}, still above the trigger {settings.trigger:g} within the "
+            f"migration budget; the recommendation stays, and another plan may follow the cooldown")
+
+
 def describe_gain(plan: CompactionPlan) -> str:
     freed = sorted(plan.nodes_freed.items())
     parts = [f"{n} whole {pool} node{'s' if n != 1 else ''}" for pool, n in freed if n]
@@ -97,8 +115,30 @@ class Advisor:
     last_plan_at: float | None = None  # the cooldown runs from here
     _cooldown_before: float | None = None  # last_plan_at before the latest proposal
     last_hold: tuple[float, str, list[str]] | None = None  # when, scope, reasons
+    alert_served: dict[str, float] = field(default_factory=dict)  # scope -> when its alert fired
     advice: dict[str, Any] | None = None
     plan: CompactionPlan | None = None
+
+    def alert_firing(self, alerts: list[dict[str, Any]]) -> list[str]:
+        """Alertmanager says these alerts fire: the compaction alert's scopes have served dwell.
+
+        Only scopes the advisor already measures are taken (labels are the sender's
+        text, and this state must stay bounded by the fleet); the scopes taken are returned.
+        """
+        now = self.clock()
+        taken = []
+        for alert in alerts:
+            labels = alert.get("labels") or {}
+            if labels.get("alertname") != self.settings.compaction_alert:
+                continue
+            if alert.get("status", "firing") != "firing":
+                continue
+            pool = labels.get("pool")
+            scope = f"pool:{pool}" if isinstance(pool, str) and pool else "cluster"
+            if scope in self.scopes:
+                self.alert_served[scope] = now
+                taken.append(scope)
+        return taken
 
     def observe(self, snapshot: FleetSnapshot, report: Report, trigger: str = "snapshot") -> dict[str, Any]:
         """Update the per-scope state with this report and decide. Called on every snapshot."""
@@ -110,11 +150,12 @@ class Advisor:
             if index > s.trigger:
                 if state.above_since is None:
                     state.above_since = now
-                if now - state.above_since >= s.dwell_seconds:
+                if now - state.above_since >= s.dwell_seconds or scope in self.alert_served:
                     state.recommended = True
             elif index < s.clear_below:
                 state.above_since = None
                 state.recommended = False
+                self.alert_served.pop(scope, None)
         advice = self._decide(snapshot, report, now, trigger)
         self.advice = advice
         return advice
@@ -139,6 +180,8 @@ class Advisor:
         st = self.scopes[scope]
         why_due = (f"{_scope_name(scope)} index {st.index:.0f} > {s.trigger:g} for "
                    f"{_minutes(now - (now if st.above_since is None else st.above_since))}")
+        if scope in self.alert_served:
+            why_due += f" (Alertmanager's {s.compaction_alert} fired: its own 'for' served as dwell)"
         if self.last_plan_at is not None and now - self.last_plan_at < s.cooldown_seconds:
             until = self.last_plan_at + s.cooldown_seconds
             return {**base, "decision": "cooldown", "scope": scope, "plan": None,
@@ -160,7 +203,8 @@ class Advisor:
         self.last_hold = None
         self._cooldown_before, self.last_plan_at = self.last_plan_at, now
         self.plan = plan
-        reasons = [f"{why_due}; {describe_gain(plan)}", *plan.reasons]
+        short = shortfall(plan, s)
+        reasons = [f"{why_due}; {describe_gain(plan)}", *([short] if short else []), *plan.reasons]
         plan_json = plan.to_json()
         plan_json["reasons"] = reasons
         return {**base, "decision": "compact", "scope": scope, "reasons": reasons, "plan": plan_json}
@@ -194,5 +238,7 @@ class Advisor:
         decision = "compact" if refused is None else "hold"
         reasons = [f"{_scope_name(scope)} index {indices[scope]:.0f} > {self.settings.trigger:g}",
                    describe_gain(plan) if refused is None else refused]
+        if refused is None and (short := shortfall(plan, self.settings)):
+            reasons.append(short)
         return {**base, "decision": decision, "scope": scope, "reasons": reasons,
                 "plan": plan.to_json() if plan.migrations else None}

@@ -202,7 +202,8 @@ class AdvisorService:
         if self._api is None:
             self._api = AdvisorApi(evaluate=self.evaluate, what_if=self.what_if,
                                    current=lambda: self.advisor.advice, token=self.token,
-                                   max_body_bytes=self.max_body_bytes)
+                                   max_body_bytes=self.max_body_bytes,
+                                   on_alerts=self.advisor.alert_firing)
         return self._api
 
     def families(self, snapshot: FleetSnapshot) -> list[Family]:
