@@ -262,11 +262,16 @@ def _snapshot(url: str) -> FleetSnapshot:
 
 
 def _comparable(snapshot: FleetSnapshot):
-    # pci_bus_id is not exported; placements and their GPUs are sets, whatever the order
-    gpus = sorted((dataclasses.replace(g, pci_bus_id=None) for g in snapshot.gpus),
-                  key=lambda g: g.key)
+    # What the source reads back is what the analysis and the advisor use: the health and
+    # performance counters (issue 16) and the identity extras on gpu_info are node mode's to
+    # serve (cluster mode serves no per-GPU telemetry, exposition.per_gpu auto), so they are
+    # not read. Placements and their GPUs are sets, whatever the order.
+    gpus = sorted((dataclasses.replace(g, pci_bus_id=None, driver_version=None,
+                                       vbios_version=None, serial=None, health=None,
+                                       performance=None)
+                   for g in snapshot.gpus), key=lambda g: g.key)
     allocations = sorted(
-        (a.job, a.namespace, a.pod, a.priority,
+        (a.job, a.namespace, a.pod, a.account, a.priority,
          tuple(sorted((p.node, tuple(sorted(p.gpus)), p.gpu_share, p.cpus) for p in a.placements)))
         for a in snapshot.allocations)
     return gpus, sorted(snapshot.nodes, key=lambda n: n.name), allocations
@@ -317,8 +322,12 @@ sources:
     assert status[("prometheus", "")] is True
     assert sorted(t for (_, t), up in status.items() if t and up) == sorted(
         f"127.0.0.1:{e.port}" for e in exporters)
+    # one copy of each series (issue 15): what it read back from Prometheus is the node
+    # exporters' to serve; it serves the fleet-level families it computes
     metrics = http_get(f"{cluster.url}/metrics").decode()
-    assert 'gpufleet_gpu_allocation_info{' in metrics
+    assert 'gpufleet_gpu_allocation_info{' not in metrics
+    assert 'gpufleet_gpu_up{' not in metrics
+    assert 'gpufleet_pool_fragmentation_index{' in metrics
 
     # one node exporter dies: its nodes' last good reading stays, stale; the rest stay fresh
     lost = exporters[3]
