@@ -69,6 +69,9 @@ class MetricDef:
 
 _GPU = "GPU {{ $labels.gpu }} on {{ $labels.node }} ({{ $labels.model }}, pool {{ $labels.pool }})"
 _POOL = "Pool {{ $labels.pool }} ({{ $labels.model }})"
+# Clock-event reasons that mean a hardware or thermal slowdown (not the power cap, which
+# is GpuPowerHigh's, nor sync boost, which follows another GPU).
+_SLOWDOWN = "hw_thermal|sw_thermal|hw_power_brake|hw_slowdown"
 
 METRICS: dict[str, MetricDef] = {
     m.key: m
@@ -138,6 +141,42 @@ METRICS: dict[str, MetricDef] = {
                   "gpu", ("==",),
                   f"{_GPU} has memory rows waiting to be remapped for <FOR>; the remap happens "
                   "at the next GPU reset."),
+        # Hardware or thermal slowdown, one series per GPU: hw_slowdown is set together with
+        # hw_thermal or hw_power_brake (NVML's HW_SLOWDOWN covers both), so the reasons are
+        # folded with max, not summed. The share of the last 10 min each reason held the
+        # clocks down; the description names the reasons that did (a query, sorted).
+        MetricDef("gpu_clock_slowdown",
+                  "max without (reason) (\n"
+                  f"  avg_over_time(gpufleet_gpu_clock_event_active{{reason=~\"{_SLOWDOWN}\"}}"
+                  "[10m])\n)",
+                  "ratio", "gpu", (">", ">="),
+                  f"{_GPU} is busy but had its clocks held down <VALUE> of the last 10m "
+                  "(<RELATION> <THRESHOLD>, for <FOR>) by {{ range $i, $s := printf "
+                  "`avg_over_time(gpufleet_gpu_clock_event_active{cluster=%q,node=%q,gpu=%q,"
+                  f'reason=~"{_SLOWDOWN}"}}[10m]) > 0` '
+                  "$labels.cluster $labels.node $labels.gpu | query | sortByLabel `reason` }}"
+                  "{{ if $i }}, {{ end }}{{ $s.Labels.reason }}{{ end }}: the job runs slower."),
+        # NVLink counters summed over the GPU's links, by type. Replays and recoveries are
+        # link errors at any count (DCGM's health watch: DCGM_LIMIT_MAX_NVLINK_ERROR 1);
+        # CRC errors are corrected by a replay and matter only at 100 a second or more
+        # (DCGM_LIMIT_MAX_NVLINK_CRC_ERROR, "RM has informed us that CRC errors only matter
+        # at rates of 100+ per second"), so they have a row and a threshold of their own.
+        MetricDef("gpu_nvlink_link_errors",
+                  'increase(gpufleet_gpu_nvlink_errors_total{type=~"replay|recovery"}[10m])',
+                  "count", "gpu", (">", ">="),
+                  f"{_GPU} counted <VALUE> NVLink {{{{ $labels.type }}}} error(s) in the last "
+                  "10m (<RELATION> <THRESHOLD>, for <FOR>): a link retransmits or retrains."),
+        MetricDef("gpu_nvlink_crc_errors",
+                  'increase(gpufleet_gpu_nvlink_errors_total{type=~"crc_flit|crc_data"}[10m])',
+                  "count", "gpu", (">", ">="),
+                  f"{_GPU} counted <VALUE> NVLink {{{{ $labels.type }}}} CRC errors in the last "
+                  "10m, <RELATION> <THRESHOLD>, for <FOR>: a link is degrading."),
+        # SM activity is GPM's (Hopper and later) or DCGM's profiling field; GPUs without it
+        # have no series and never fire. Utilization counts time any kernel ran, so a job
+        # spinning on a lock or waiting on a peer reads busy while its SMs idle.
+        MetricDef("gpu_sm_active", "gpufleet_gpu_sm_active_ratio", "ratio", "gpu", ("<",),
+                  f"{_GPU} reads as busy, but its SMs were active <VALUE> of the time, "
+                  "<RELATION> <THRESHOLD> for <FOR>: its kernels run but do little work."),
         MetricDef("source_up", "gpufleet_source_up", "state", "source", ("==",),
                   "Source {{ $labels.source }}{{ with $labels.target }} (target {{ . }}){{ end }} "
                   "on {{ $labels.instance }} has failed for <FOR>; its GPUs are served stale."),
