@@ -47,6 +47,7 @@ from exporter.server_limits import (
     effective_max_connections,
     request_limits,
     shed_log,
+    write_large,
 )
 from exporter.snapshot import FleetSnapshot, to_json
 from exporter.webconfig import Busy, LiveWebConfig, san_allowed
@@ -156,7 +157,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     await app[COLLECTOR].close()
 
 
-async def metrics(request: web.Request) -> web.Response:
+async def metrics(request: web.Request) -> web.StreamResponse:
     rendered = request.app[STATE].current
     if rendered is None:
         return web.Response(status=503, text="no snapshot collected yet\n")
@@ -167,7 +168,7 @@ async def metrics(request: web.Request) -> web.Response:
     # the plain body is decompressed on first use (exposition.Rendered.text): 900 MB at
     # 108,800 GPUs, so off the loop; later requests for this snapshot find it made
     text = await asyncio.get_running_loop().run_in_executor(None, lambda: rendered.text)
-    return web.Response(body=text, headers=headers)
+    return await write_large(request, text, headers)  # 8.9 MB at 1,088 GPUs: in slices
 
 
 async def healthy(request: web.Request) -> web.Response:

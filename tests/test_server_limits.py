@@ -13,15 +13,24 @@ import contextlib
 import errno
 import logging
 import resource
+import shutil
 import socket
+import subprocess
 from collections.abc import AsyncIterator
 
+import pytest
 from aiohttp import web
 
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
-from exporter.server import make_app, start
-from exporter.server_limits import accept_error_handler, effective_max_connections, shed_log
+from exporter.server import STATE, make_app, start
+from exporter.server_limits import (
+    WRITE_CHUNK,
+    accept_error_handler,
+    effective_max_connections,
+    listen_backlog,
+    shed_log,
+)
 from exporter.sources.sim import build as sim_source
 from exporter.sources.sim_options import SimSource
 
@@ -30,8 +39,8 @@ SLACK = 5.0  # seconds a close may take beyond its timeout on a loaded 2-core ma
 
 
 @contextlib.asynccontextmanager
-async def serving(web_config: WebConfig, blocked: asyncio.Event | None = None
-                  ) -> AsyncIterator[int]:
+async def serving(web_config: WebConfig, blocked: asyncio.Event | None = None,
+                  apps: list[web.Application] | None = None) -> AsyncIterator[int]:
     """The exporter (seed-1 simulated fleet) on a free port; ``/block`` waits for ``blocked``."""
     sim = sim_source(SimSource(seed=1), lambda: START)
     config = Config(collect_interval=60, source_timeout=5, web=web_config)
@@ -41,6 +50,8 @@ async def serving(web_config: WebConfig, blocked: asyncio.Event | None = None
             await blocked.wait()
             return web.Response(text="released\n")
         app.router.add_get("/block", block)
+    if apps is not None:
+        apps.append(app)
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     runner = await start(app, sock, web_config)
@@ -198,3 +209,42 @@ def test_max_connections_fits_the_open_file_limit():
     assert effective_max_connections(1000, soft=100_000) == 1000
     assert effective_max_connections(1000, soft=resource.RLIM_INFINITY) == 1000
     assert effective_max_connections(1000, soft=100) == 1
+
+
+def test_listen_backlog_is_somaxconn_as_in_go(tmp_path):
+    somaxconn = tmp_path / "somaxconn"
+    for written, backlog in (("4096\n", 4096), ("100", 128), ("1000000", 65535), ("x", 4096)):
+        somaxconn.write_text(written)
+        assert listen_backlog(str(somaxconn)) == backlog
+    assert listen_backlog(str(tmp_path / "missing")) == 4096
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+async def test_the_listening_socket_queues_somaxconn_connections():
+    # asyncio listens with its accept batch, 128: wrk -c1000 overflowed it (1,592
+    # ListenOverflows in 15 s) and the dropped handshakes waited 1 s or more to be retried
+    async with serving(WebConfig()) as port:
+        out = subprocess.run(["ss", "-Hlnt", f"sport = :{port}"], capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert int(out[2]) == listen_backlog()  # ss: Send-Q of a listener is its backlog
+
+
+async def test_a_large_metrics_body_is_written_whole_in_slices():
+    apps: list[web.Application] = []
+    async with serving(WebConfig(), apps=apps) as port:
+        rendered = apps[0][STATE].current
+        assert rendered is not None
+        text = rendered.text
+        assert len(text) > 4 * WRITE_CHUNK  # the simulated fleet's /metrics is sliced
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for method in ("GET", "HEAD", "GET"):  # one kept-alive connection
+                writer.write(f"{method} /metrics HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                assert head.startswith(b"HTTP/1.1 200")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                assert length == len(text)
+                if method == "GET":
+                    assert await asyncio.wait_for(reader.readexactly(length), 30) == text
+        finally:
+            writer.close()
