@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from exporter.advisor.engine import Advisor, DecisionSettings, gate
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
-from exporter.snapshot import FleetSnapshot
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, Placement
 
 
 def report(cluster: float, pools: dict[str, float] | None = None, allocated: float = 0.97):
@@ -180,3 +180,53 @@ def test_a_plan_that_leaves_the_index_above_the_trigger_says_so():
     advisor, clock = make(dwell_seconds=0)
     (result,) = run(advisor, clock, [(0, 70.6)])
     assert not any(r.startswith("partial plan") for r in result["reasons"])
+
+
+def _fleet(t: float, busy: dict[str, float]) -> FleetSnapshot:
+    """Nodes b1 (B200), h1 (H200), a1 (A100-80GB), 8 GPUs each; one job per node on GPUs 0-3,
+    at the utilization ``busy`` gives its node."""
+    nodes = [Node(n, m, 64.0, f"pool-{n}", "x", 8) for n, m in
+             (("b1", "B200"), ("h1", "H200"), ("a1", "A100-80GB"))]
+    gpus = [Gpu(n.name, i, f"{n.name}-{i}", n.model, n.pool,
+                utilization_ratio=busy[n.name] if i < 4 else 0.0) for n in nodes for i in range(8)]
+    jobs = [Allocation(f"job-{n.name}", (Placement(n.name, (0, 1, 2, 3), 1.0, 8.0),),
+                       namespace="ns", account=f"acct-{n.name}") for n in nodes]
+    return FleetSnapshot(t, tuple(nodes), tuple(gpus), tuple(jobs))
+
+
+def test_held_but_idle_gpus_are_listed_for_reclaiming_costliest_first():
+    advisor, clock = make()
+    idle = {"b1": 0.05, "h1": 0.02, "a1": 0.01}
+    for t in (0.0, 3600.0):
+        clock[0] = t
+        assert advisor.observe(_fleet(t, idle), report(30))["reclaim"] == []  # not 2 h yet
+    clock[0] = 7200.0
+    # h1's job got busy for one snapshot at 1 h 30: its idle clock starts again
+    advisor.observe(_fleet(5400.0, {**idle, "h1": 0.5}), report(30))
+    clock[0] = 7200.0
+    advisor.observe(_fleet(7200.0, idle), report(30))
+    clock[0] = 7300.0
+    result = advisor.observe(_fleet(7300.0, idle), report(30))["reclaim"]
+    assert [(r["job"], r["model"], r["gpus"], r["gpu_hours_wasted"], r["account"], r["pool"])
+            for r in result] == [("job-b1", "B200", 4.0, 8.111, "acct-b1", "pool-b1"),
+                                 ("job-a1", "A100-80GB", 4.0, 8.111, "acct-a1", "pool-a1")]
+    assert result[0]["reason"] == ("4 B200 GPUs under 10% busy for 122 min (threshold table "
+                                   "GpuJobUtilizationLow): consider reclaiming them; never done "
+                                   "automatically")
+    # at 10% (the threshold) a job is not idle; a job that ends is forgotten
+    clock[0] = 7400.0
+    advisor.observe(_fleet(7400.0, {**idle, "b1": 0.1}), report(30))
+    assert set(advisor.idle_since) == {"job-h1", "job-a1"}
+
+
+def test_multi_node_jobs_over_nvlink_generations_are_flagged():
+    nodes = (Node("b1", "B200", 64.0, "p", "blackwell", 8), Node("h1", "H200", 64.0, "p", "hopper", 8),
+             Node("h2", "H100", 64.0, "p", "hopper", 8))
+    jobs = (Allocation("mixed", (Placement("b1", (0,), 1.0, 1.0), Placement("h1", (0,), 1.0, 1.0))),
+            Allocation("hopper", (Placement("h1", (1,), 1.0, 1.0), Placement("h2", (0,), 1.0, 1.0))))
+    advisor, _clock = make()
+    result = advisor.observe(FleetSnapshot(0, nodes, (), jobs), report(30))
+    assert result["nvlink_mixed"] == [{
+        "job": "mixed", "namespace": "", "nodes": ["b1", "h1"], "nvlink_generations": [4, 5],
+        "reason": "one job over NVLink generations [4, 5]: they do not interconnect, so its "
+                  "traffic falls back to the network"}]

@@ -15,10 +15,17 @@ scope counts as its dwell served, so the advisor does not wait a second time.
 A plan that would leave its scope above the trigger is still proposed (part of
 the way is better than none) but says so in its reasons, with the index it
 reaches, so no receiver takes it for the whole cure.
+
+Besides compaction, every evaluation lists two kinds of waste it never acts on:
+jobs holding GPUs they barely use (``reclaim``: below the threshold table's
+``GpuJobUtilizationLow`` critical level for its duration, costliest models
+first), and multi-node jobs spanning NVLink generations (``nvlink_mixed``:
+Blackwell's NVLink 5 does not interconnect with Hopper's NVLink 4).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -26,8 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.advisor.plan import CompactionPlan
+from exporter.alerting.thresholds import default_thresholds
 from exporter.analysis.index import Report
-from exporter.snapshot import FleetSnapshot
+from exporter.catalogue import default_catalogue
+from exporter.snapshot import Allocation, FleetSnapshot
+
+IDLE_ROW = "GpuJobUtilizationLow"  # the threshold table's row that says "consider reclaiming"
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +59,42 @@ class DecisionSettings:
     hold_recheck_seconds: float = 60.0
     # the threshold table's row for the pool fragmentation index (rules/thresholds.yaml)
     compaction_alert: str = "GpuClusterFragmentationHigh"
+
+
+@functools.cache
+def idle_rule() -> tuple[float, float]:
+    """(utilization ratio, seconds) below which a job's GPUs count as idle: the table's
+    GpuJobUtilizationLow at its highest level (critical: 10% for 2 h), read, not written twice."""
+    level = default_thresholds().alert(IDLE_ROW).levels[-1]
+    return level.threshold, level.for_seconds
+
+
+def _job_utilization(alloc: Allocation, utilization: dict[tuple[str, int], float]) -> float | None:
+    """Mean utilization of the job's GPUs, as the alert averages it; None without telemetry."""
+    values = [utilization[(p.node, g)] for p in alloc.placements for g in p.gpus
+              if (p.node, g) in utilization]
+    return sum(values) / len(values) if values else None
+
+
+def nvlink_mixed(snapshot: FleetSnapshot) -> list[dict[str, Any]]:
+    """Multi-node jobs whose nodes have GPUs of more than one NVLink generation."""
+    catalogue = default_catalogue()
+    models = {n.name: n.model for n in snapshot.nodes}
+    out = []
+    for alloc in snapshot.allocations:
+        if len(alloc.placements) < 2:
+            continue
+        generations = set()
+        for part in alloc.placements:
+            spec = catalogue.find(models.get(part.node, ""))
+            if spec is not None and spec.nvlink_generation is not None:
+                generations.add(spec.nvlink_generation)
+        if len(generations) > 1:
+            out.append({"job": alloc.job, "namespace": alloc.namespace,
+                        "nodes": list(alloc.nodes), "nvlink_generations": sorted(generations),
+                        "reason": f"one job over NVLink generations {sorted(generations)}: "
+                                  "they do not interconnect, so its traffic falls back to the network"})
+    return sorted(out, key=lambda r: r["job"])
 
 
 @dataclass
@@ -116,6 +163,9 @@ class Advisor:
     _cooldown_before: float | None = None  # last_plan_at before the latest proposal
     last_hold: tuple[float, str, list[str]] | None = None  # when, scope, reasons
     alert_served: dict[str, float] = field(default_factory=dict)  # scope -> when its alert fired
+    # job -> since when its GPUs have been below the idle threshold; rebuilt from each
+    # snapshot's jobs, so a job that ends (or gets busy) is forgotten at once
+    idle_since: dict[str, float] = field(default_factory=dict)
     advice: dict[str, Any] | None = None
     plan: CompactionPlan | None = None
 
@@ -157,8 +207,49 @@ class Advisor:
                 state.recommended = False
                 self.alert_served.pop(scope, None)
         advice = self._decide(snapshot, report, now, trigger)
+        advice["reclaim"] = self._reclaim(snapshot, now)
+        advice["nvlink_mixed"] = nvlink_mixed(snapshot)
         self.advice = advice
         return advice
+
+    def _reclaim(self, snapshot: FleetSnapshot, now: float) -> list[dict[str, Any]]:
+        """Jobs whose GPUs stayed below the idle threshold for its duration, costliest first.
+
+        Idleness is counted from the first snapshot that saw it, so an exporter restart
+        starts the clock again: the GPU-hours are a lower bound. Never acted on.
+        """
+        below, duration = idle_rule()
+        utilization = {g.key: g.utilization_ratio for g in snapshot.gpus
+                       if g.up and g.utilization_ratio is not None}
+        nodes = snapshot.node_map()
+        catalogue = default_catalogue()
+        idle: dict[str, float] = {}
+        out: list[tuple[int, float, str, dict[str, Any]]] = []
+        for alloc in snapshot.allocations:
+            used = _job_utilization(alloc, utilization)
+            if used is None or used >= below:
+                continue
+            since = idle[alloc.job] = self.idle_since.get(alloc.job, now)
+            if now - since < duration:
+                continue
+            gpus = sum(len(p.gpus) * p.gpu_share for p in alloc.placements)
+            node = nodes.get(alloc.placements[0].node)
+            model = node.model if node else ""
+            spec = catalogue.find(model)
+            wasted = round(gpus * (now - since) / 3600, 3)
+            rank = (spec.tier or 0) if spec else 0
+            out.append((-rank, -wasted, alloc.job, {
+                "job": alloc.job, "namespace": alloc.namespace, "account": alloc.account,
+                "pool": node.pool if node else "", "model": model, "gpus": gpus,
+                "utilization_ratio": round(used, 4), "idle_since": since,
+                "gpu_hours_wasted": wasted,
+                "action": "reclaim",
+                "reason": f"{gpus:g} {model} GPU{'s' if gpus != 1 else ''} under {below:.0%} busy "
+                          f"for {_minutes(now - since)} (threshold table {IDLE_ROW}): consider "
+                          "reclaiming them; never done automatically",
+            }))
+        self.idle_since = idle
+        return [entry for *_, entry in sorted(out, key=lambda r: r[:3])]
 
     def _decide(self, snapshot: FleetSnapshot, report: Report, now: float, trigger: str) -> dict[str, Any]:
         s = self.settings
