@@ -12,11 +12,16 @@ from __future__ import annotations
 import time
 
 import pytest
-import yaml
 
 from exporter.cli import main
 from tests.helpers import REPO, stop
-from tests.helpers.alerting import ADVISOR_TOKEN, WebhookReceiver, routed_config, start_alertmanager
+from tests.helpers.alerting import (
+    ADVISOR_TOKEN,
+    WebhookReceiver,
+    prometheus_config,
+    routed_config,
+    start_alertmanager,
+)
 
 FOR_SCALE = "0.01"  # 2 min -> 1.2 s, 5 min -> 3 s, 15 min -> 9 s
 DEADLINE = 60.0
@@ -31,22 +36,6 @@ sources:
       - {{kind: overheat, node: {HOT['node']}, gpu: {HOT['gpu']}}}
       - {{kind: fragmented_pool, pool: gpu-h100}}
 """
-
-
-def _prometheus_config(exporter_port: int, alertmanager_port: int, rules: list[str]) -> str:
-    """deploy/prometheus.yml with 1s intervals and this test's targets and rule files."""
-    config = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
-    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-    config["rule_files"] = rules
-    config["alerting"]["alertmanagers"][0]["static_configs"] = [
-        {"targets": [f"127.0.0.1:{alertmanager_port}"]}]
-    # one exporter in node mode: the gpufleet-nodes job alone (a cluster-mode job with no
-    # target only adds GpufleetTargetDown for it, which this test does not look at)
-    scrape = config["scrape_configs"][0]
-    config["scrape_configs"] = [scrape]
-    scrape.update(scrape_interval="1s", scrape_timeout="1s",
-                  static_configs=[{"targets": [f"127.0.0.1:{exporter_port}"]}])
-    return yaml.safe_dump(config, sort_keys=False)
 
 
 def _is_hot_gpu(alert: dict, severity: str) -> bool:
@@ -68,7 +57,7 @@ def test_overheat_pages_inhibits_its_warning_and_fragmentation_reaches_the_advis
         started = time.monotonic()
         exporter = exporter_factory(config=EXPORTER_CONFIG)
         manager = start_alertmanager(tmp_path / "alertmanager", routed_config(receiver.url))
-        prom = prometheus_factory(_prometheus_config(
+        prom = prometheus_factory(prometheus_config(
             exporter.port, manager.port,
             [str(rules / "gpufleet-recording.yaml"), str(rules / "gpufleet-alerts.yaml")]))
         deadline = started + DEADLINE

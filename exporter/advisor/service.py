@@ -133,6 +133,7 @@ class AdvisorService:
     deliverer: Deliverer
     token: bytes | TokenFile | None
     max_body_bytes: int
+    what_if_timeout: float = 10.0  # api.what_if_timeout
     clock: Callable[[], float] = time.time
     snapshot: FleetSnapshot | None = None
     report: Report | None = None
@@ -203,6 +204,7 @@ class AdvisorService:
             self._api = AdvisorApi(evaluate=self.evaluate, what_if=self.what_if,
                                    current=lambda: self.advisor.advice, token=self.token,
                                    max_body_bytes=self.max_body_bytes,
+                                   what_if_timeout=self.what_if_timeout,
                                    on_alerts=self.advisor.alert_firing)
         return self._api
 
@@ -271,7 +273,8 @@ def plan_settings(config: AdvisorConfig) -> PlanSettings:
 
 
 def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: Planner | None = None,
-                  environ=os.environ) -> AdvisorService:
+                  environ=os.environ, what_if_timeout: float = 10.0) -> AdvisorService:
+    """The advisor of ``gpufleet serve``; ``what_if_timeout`` is ``api.what_if_timeout``."""
     token = load_token(config, environ)
     if token is None:
         log.warning("advisor POST endpoints refuse every request: no token configured "
@@ -286,7 +289,8 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: Planne
     if planner is None:
         planner = functools.partial(plan_compaction, settings=plan_settings(config))
     advisor = Advisor(planner, decision_settings(config))
-    return AdvisorService(advisor, analyzer, deliverer, token, config.max_body_bytes)
+    return AdvisorService(advisor, analyzer, deliverer, token, config.max_body_bytes,
+                          what_if_timeout)
 
 
 def install(app: web.Application, service: AdvisorService) -> None:

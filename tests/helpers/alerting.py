@@ -59,6 +59,24 @@ def start_alertmanager(workdir: Path, config: dict[str, Any]) -> Alertmanager:
     return Alertmanager(proc, port, workdir, workdir / "alertmanager.log")
 
 
+def prometheus_config(exporter_port: int, alertmanager_port: int, rules: list[str]) -> str:
+    """deploy/prometheus.yml with 1s intervals, one exporter and these rule files.
+
+    One exporter in node mode: the gpufleet-nodes job alone (a cluster-mode job with no
+    target only adds GpufleetTargetDown for it, which the end-to-end tests do not look at).
+    """
+    config = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    config["rule_files"] = rules
+    config["alerting"]["alertmanagers"][0]["static_configs"] = [
+        {"targets": [f"127.0.0.1:{alertmanager_port}"]}]
+    scrape = config["scrape_configs"][0]
+    config["scrape_configs"] = [scrape]
+    scrape.update(scrape_interval="1s", scrape_timeout="1s",
+                  static_configs=[{"targets": [f"127.0.0.1:{exporter_port}"]}])
+    return yaml.safe_dump(config, sort_keys=False)
+
+
 ADVISOR_TOKEN = "advisor-token-for-tests"
 
 

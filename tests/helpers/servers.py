@@ -79,11 +79,13 @@ class Server:
 
 def start_exporter(tmp: Path, *args: str, config: str | None = None,
                    env: dict[str, str] | None = None, ready: bool = True, timeout: float = 30.0,
-                   drop_env: tuple[str, ...] = ()) -> Server:
+                   drop_env: tuple[str, ...] = (), module: str = "exporter") -> Server:
     """``python -m exporter serve`` from this checkout, on a free port; ``drop_env`` names
-    variables of this process's environment the exporter must not inherit."""
+    variables of this process's environment the exporter must not inherit. ``module`` runs
+    a test launcher that takes the same arguments instead (tests.helpers.fake_nvml_exporter:
+    the NVML source on the fake pynvml)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{port}", *args]
+    cmd = [sys.executable, "-m", module, "serve", "--listen", f"127.0.0.1:{port}", *args]
     if config is not None:
         path = tmp / f"gpufleet-{port}.yaml"
         path.write_text(config)
