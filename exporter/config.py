@@ -217,6 +217,11 @@ class ApiConfig:
         None, help="GET /v1/* (not /v1/openapi.json) needs the advisor's bearer token; "
         "default (null): on when a web config file is set.",
     )
+    what_if_timeout: Duration = _opt(
+        Duration(10), help="Time limit of one POST /v1/plan what-if (one runs at a time; "
+        "the next gets 503 until it ends). Past it the request gets 503; the work cannot be "
+        "stopped and holds the slot until it ends.", exclusive_min=0, max=300,
+    )
 
 
 @dataclass(frozen=True)
@@ -261,6 +266,12 @@ class Config:
         if len(self.cluster) > MAX_CLUSTER_CHARS or not self.cluster.isprintable():
             raise ConfigError(f"cluster: must be at most {MAX_CLUSTER_CHARS} printable "
                               f"characters, got {quoted(self.cluster)}")
+        # the dcgm read ends by its per-target deadline; at or past source_timeout the
+        # collector cancels the whole read first, and every target, the good ones too, is lost
+        dcgm = getattr(self.sources, "dcgm", None)
+        if dcgm is not None and dcgm.enabled and dcgm.timeout >= self.source_timeout:
+            raise ConfigError(f"sources.dcgm.timeout: must be below source_timeout "
+                              f"({dcgm.timeout:g}s >= {self.source_timeout:g}s)")
 
 
 def _type_name(tp: Any) -> str:

@@ -73,7 +73,9 @@ def effective_config(args: argparse.Namespace) -> Config:
         if args.seed < 0:
             raise ConfigError("--seed: must be >= 0")
         sources = dataclasses.replace(sources, sim=dataclasses.replace(sources.sim, seed=args.seed))
-    return dataclasses.replace(config, log=log_config, sources=sources)
+    config = dataclasses.replace(config, log=log_config, sources=sources)
+    config.check("")  # again: --source may enable a source whose options break a rule
+    return config
 
 
 def enabled_sources(config: Config) -> list[str]:
@@ -196,7 +198,8 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
         if config.advisor.enabled:
             from exporter.advisor.service import build_service
 
-            advisor = build_service(config.advisor, analyzer)
+            advisor = build_service(config.advisor, analyzer,
+                                    what_if_timeout=config.api.what_if_timeout)
             state.snapshot_listeners.append(advisor.on_snapshot)
             state.family_providers.append(advisor.families)
     elif config.advisor.enabled:

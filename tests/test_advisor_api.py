@@ -572,3 +572,17 @@ def test_a_what_if_on_any_accepted_snapshot_answers_strict_json(what_if_service,
     snapshot = bounds.snapshot_from_body(json.dumps(payload).encode())
     advice = what_if_service.what_if(snapshot)
     json.dumps(advice, allow_nan=False)
+
+
+def test_the_what_if_time_limit_comes_from_api_what_if_timeout(tmp_path):
+    from exporter.config import build
+    from exporter.serve_cmd import assemble
+
+    config = build(Config, {"api": {"what_if_timeout": "2500ms"},
+                            "advisor": {"outbox": str(tmp_path / "outbox.sqlite")}})
+    _, _, service = assemble(config, ["sim"])
+    assert service is not None
+    try:
+        assert service.api().what_if_timeout == 2.5
+    finally:
+        service.deliverer.outbox.close()

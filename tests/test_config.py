@@ -338,3 +338,30 @@ def test_an_install_without_the_threshold_table_fails_on_one_line(tmp_path):
         assert done.returncode == 2, done.stderr
         assert done.stderr == (f"gpufleet: {tmp_path / 'exporter' / 'thresholds.yaml'}: cannot read "
                                "the threshold table: No such file or directory\n")
+
+
+def test_the_what_if_time_limit_is_a_bounded_setting():
+    assert Config().api.what_if_timeout == 10.0
+    assert build(Config, {"api": {"what_if_timeout": "2m"}}).api.what_if_timeout == 120.0
+    for value, reason in ((0, "must be > 0, got 0.0"), ("301s", "must be <= 300, got 301.0"),
+                          (float("nan"), "must be a finite duration, got nan")):
+        with pytest.raises(ConfigError) as info:
+            build(Config, {"api": {"what_if_timeout": value}})
+        assert str(info.value) == f"api.what_if_timeout: {reason}"
+
+
+def test_a_dcgm_deadline_at_or_past_the_source_timeout_is_refused(tmp_path):
+    # the collector would cancel the whole read first: every target lost, the good ones too
+    enabled = "sources:\n  dcgm:\n    enabled: true\n    targets: [127.0.0.1:9400]\n"
+    result = _serve(tmp_path, enabled + "    timeout: 10s\n")
+    assert (result.returncode, result.stderr) == (
+        2, "gpufleet: sources.dcgm.timeout: must be below source_timeout (10s >= 10s)\n")
+    # enabled by --source instead of the file: checked once the flag is applied
+    result = _serve(tmp_path, "source_timeout: 4s\nsources:\n  dcgm:\n    targets: "
+                    "[127.0.0.1:9400]\n    timeout: 5s\n", "--source", "dcgm")
+    assert (result.returncode, result.stderr) == (
+        2, "gpufleet: sources.dcgm.timeout: must be below source_timeout (5s >= 4s)\n")
+    # below it, or with dcgm off, the pair is fine
+    assert build(Config, {"source_timeout": 4, "sources": {"dcgm": {
+        "enabled": True, "timeout": 3.9}}}).sources.dcgm.timeout == 3.9
+    assert build(Config, {"source_timeout": 2}).sources.dcgm.timeout == 3.0

@@ -55,7 +55,7 @@ class AdvisorApi:
     # A what-if runs in a thread, one at a time: a big snapshot is seconds of CPU and a
     # parsed copy in memory. A thread cannot be stopped, so past the limit the request
     # gets 503 and the slot stays taken until the thread ends.
-    what_if_timeout: float = 10.0
+    what_if_timeout: float = 10.0  # api.what_if_timeout, at most 300 s
     what_if_busy: bool = False
     seen_groups: OrderedDict[str, str] = field(default_factory=OrderedDict)
     # Alertmanager notifications by outcome: accepted, duplicate, invalid, unauthorized

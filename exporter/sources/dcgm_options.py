@@ -23,7 +23,7 @@ class DcgmSource:
     timeout: Duration = opt(
         Duration(3), help="Deadline of every target's fetch and parse, from the start of the "
         "read (a target still waiting for a max_concurrency slot counts too), so a read ends "
-        "within it; keep it below source_timeout.",
+        "within it; must be below source_timeout (checked at start).",
         exclusive_min=0,
     )
     pool: str = opt("", help="Pool of targets that name none.")
