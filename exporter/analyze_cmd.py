@@ -5,12 +5,18 @@ serves it) or the openb node and pod CSVs: ``--empty`` measures the empty
 cluster, the pods defining only the target workload; ``--placed-by POLICY``
 places the pods first, in trace order, by that placement policy. Prints a
 readable report, or JSON with ``--json``.
+
+A snapshot file is held to ``POST /v1/plan``'s bounds (:mod:`exporter.advisor.bounds`):
+at most ``advisor.max_body_bytes`` (16 MiB by default, from ``--config``), 100,000 nodes,
+64 GPUs a node, finite numbers, checked before anything is built from it. Before, a node
+claiming a billion GPUs made ``from_snapshot`` build a set of a billion indices.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -19,13 +25,14 @@ from typing import Any
 import numpy as np
 
 from exporter import logs
+from exporter.advisor import bounds
 from exporter.analysis import configure, openb
 from exporter.analysis.fgd import FRAGMENT_REASONS, REASONS, compile_workload
 from exporter.analysis.index import Report, Scope, evaluate
 from exporter.analysis.state import FleetState, from_snapshot
 from exporter.analysis.workload import Workload, from_tasks, snapshot_shapes, typical
 from exporter.config import AnalysisConfig, ConfigError, load
-from exporter.errors import UsageError
+from exporter.errors import UsageError, one_line
 from exporter.placement.engine import place_all
 from exporter.placement.task import Task
 from exporter.policy_names import POLICIES
@@ -114,7 +121,7 @@ def _inputs(args: argparse.Namespace, config: AnalysisConfig) -> tuple[FleetStat
     if args.snapshot:
         if args.empty or args.placed_by:
             raise UsageError("--empty and --placed-by go with --nodes, not --snapshot")
-        snapshot = _read_snapshot(Path(args.snapshot))
+        snapshot = _read_snapshot(Path(args.snapshot), load(args.config).advisor.max_body_bytes)
         if args.pods:
             workload = configure.trace_workload(args.pods, config, key="--pods")
         elif (fixed := configure.fixed_workload(config)) is not None:  # None: the live window
@@ -162,19 +169,41 @@ def _placed(nodes: list[openb.OpenbNode], pods: list[openb.OpenbPod], policy: st
     return placed
 
 
-def _read_snapshot(path: Path):
+def _read_snapshot(path: Path, max_bytes: int):
+    """The snapshot in ``path``, within /v1/plan's bounds: the size first (of a regular file
+    before reading; of a pipe while reading, at most one byte past it), then the schema."""
     try:
-        data = json.loads(path.read_text())
+        with path.open("rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size > max_bytes:
+                raise UsageError(f"{path}: {size} bytes, over the {max_bytes}-byte limit "
+                                 "(advisor.max_body_bytes)")
+            body = file.read(max_bytes + 1)
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: not valid JSON: {exc}") from None
+    if len(body) > max_bytes:
+        raise UsageError(f"{path}: over the {max_bytes}-byte limit (advisor.max_body_bytes)")
+    try:
+        data = bounds.parse_json(body)
+    except bounds.Invalid as exc:
+        raise UsageError(one_line(f"{path}: {_unbodied(str(exc))}")) from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: not a snapshot (expected a JSON object from /v1/snapshot)")
     try:
+        bounds.check_snapshot(data)
         return from_json(data)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise UsageError(f"{path}: not a valid snapshot: {exc}") from None
+    except bounds.Invalid as exc:
+        raise UsageError(one_line(f"{path}: not a valid snapshot: {exc}")) from None
+    except (TypeError, ValueError, KeyError) as exc:  # the schema passed: should not happen
+        raise UsageError(one_line(f"{path}: not a valid snapshot: {exc}")) from None
+
+
+def _unbodied(reason: str) -> str:
+    """bounds' parse errors speak of a request "body"; here it is the file."""
+    for prefix in ("body is ", "body: "):
+        if reason.startswith(prefix):
+            return reason[len(prefix):]
+    return reason
 
 
 def _scope_json(scope: Scope) -> dict[str, Any]:

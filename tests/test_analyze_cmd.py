@@ -140,3 +140,36 @@ def test_named_trace_is_the_same_as_its_files(capsys):
     """--trace openb-default measures the empty cluster, exactly as --nodes/--pods --empty does."""
     assert run_json(capsys, "--trace", "openb-default") == run_json(capsys, "--nodes", NODES, "--pods", PODS,
                                                                      "--empty")
+
+
+def _node(gpu_count: object) -> dict:
+    return {"name": "gpu-001", "model": "h100-sxm-80gb", "cpu_cores": 64, "pool": "gpu-h100",
+            "generation": "hopper", "gpu_count": gpu_count}
+
+
+def test_a_snapshot_file_is_held_to_the_what_if_bounds(capsys, tmp_path):
+    """The bounds of POST /v1/plan (advisor/bounds.py), before anything is built: a node
+    claiming a billion GPUs made from_snapshot build a set of a billion indices."""
+    path = tmp_path / "s.json"
+    config = tmp_path / "gpufleet.yaml"
+    config.write_text("advisor:\n  max_body_bytes: 1024\n")
+    cases = [
+        (json.dumps({"taken_at": 1e9, "nodes": [_node(1_000_000_000)]}), (),
+         "not a valid snapshot: nodes[0].gpu_count: must be an integer from 0 to 64, "
+         "got 1000000000"),
+        (json.dumps({"taken_at": 1e9, "nodes": [0] * 100_001}), (),
+         "not a valid snapshot: nodes: 100001 items (at most 100000)"),
+        ('{"taken_at": 1e9, "nodes": ' + "[" * 40 + "]" * 40 + "}", (),
+         "JSON nested deeper than 32 levels"),
+        ('{"taken_at": 1e400}', (), "the number 1e400 is out of range"),
+        (" " * 1025, ("--config", str(config)),
+         "1025 bytes, over the 1024-byte limit (advisor.max_body_bytes)"),
+    ]
+    for text, extra, reason in cases:
+        path.write_text(text)
+        assert main(["analyze", "--snapshot", str(path), *extra]) == 2
+        assert capsys.readouterr().err == f"gpufleet: {path}: {reason}\n"
+    # a pipe or device has no size to check first: read up to one byte past the limit
+    assert main(["analyze", "--snapshot", "/dev/zero", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        "gpufleet: /dev/zero: over the 1024-byte limit (advisor.max_body_bytes)\n")
