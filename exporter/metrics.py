@@ -440,6 +440,29 @@ ADVISOR_OUTBOX_ERRORS_TOTAL = FamilySpec(
     "Failed outbox operations by operation (insert, update, select, prune); a plan whose "
     "insert failed is kept in memory and retried.",
     ("operation",), "advisor")
+JOB_CHECKPOINT_AGE_SECONDS = FamilySpec(
+    "gpufleet_job_checkpoint_age_seconds", "gauge",
+    "Seconds since the job last checkpointed: the time it states, or the last whole "
+    "advisor.checkpoint_interval since it started.",
+    ("job", "namespace", "account", "source"), "advisor", "seconds",
+    doc="`source` is `stated` (a Slurm comment's `last-checkpoint=` or the pod annotation "
+        "`gpufleet.io/last-checkpoint`) or `assumed` (`advisor.assume_checkpointing`); absent for "
+        "a job that states none when the site assumes no checkpointing. What a move of the job "
+        "costs, per GPU (docs/advisor.md).")
+JOB_NVLINK_GENERATIONS = FamilySpec(
+    "gpufleet_job_nvlink_generations", "gauge",
+    "NVLink generations the GPUs of a multi-node job span.", ("job", "namespace"), "advisor",
+    doc="Multi-node jobs only. Above 1 the job spans generations that do not interconnect "
+        "(Blackwell's NVLink 5 and Hopper's NVLink 4).")
+POOL_IDLE_ALLOCATED_GPUS = FamilySpec(
+    "gpufleet_pool_idle_allocated_gpus", "gauge",
+    "GPUs held by jobs below the GpuJobUtilizationLow critical level for its duration, "
+    "by pool: the advisor's reclaim candidates.", ("pool",), "advisor")
+POOL_IDLE_ALLOCATED_GPU_SECONDS = FamilySpec(
+    "gpufleet_pool_idle_allocated_gpu_seconds", "gauge",
+    "GPU-seconds the reclaim candidates of a pool have held idle so far (a lower bound: "
+    "counted from the exporter's first snapshot that saw them idle).", ("pool",), "advisor",
+    "seconds")
 
 # The table, keyed by name, in definition order (the order above): every FamilySpec of this
 # module, so a family declared above cannot be left out of it.

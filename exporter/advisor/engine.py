@@ -59,6 +59,8 @@ class DecisionSettings:
     hold_recheck_seconds: float = 60.0
     # the threshold table's row for the pool fragmentation index (rules/thresholds.yaml)
     compaction_alert: str = "GpuClusterFragmentationHigh"
+    # jobs stating no checkpoint do one this often (gpufleet_job_checkpoint_age_seconds); 0: never
+    checkpoint_interval_seconds: float = 900.0
 
 
 @functools.cache
@@ -76,8 +78,9 @@ def _job_utilization(alloc: Allocation, utilization: dict[tuple[str, int], float
     return sum(values) / len(values) if values else None
 
 
-def nvlink_mixed(snapshot: FleetSnapshot) -> list[dict[str, Any]]:
-    """Multi-node jobs whose nodes have GPUs of more than one NVLink generation."""
+def nvlink_generations(snapshot: FleetSnapshot) -> list[tuple[Allocation, list[int]]]:
+    """Each multi-node job with the NVLink generations of its nodes' GPUs (catalogue
+    ``nvlink_generation``; a model without NVLink or unknown to the catalogue adds none)."""
     catalogue = default_catalogue()
     models = {n.name: n.model for n in snapshot.nodes}
     out = []
@@ -89,10 +92,18 @@ def nvlink_mixed(snapshot: FleetSnapshot) -> list[dict[str, Any]]:
             spec = catalogue.find(models.get(part.node, ""))
             if spec is not None and spec.nvlink_generation is not None:
                 generations.add(spec.nvlink_generation)
+        out.append((alloc, sorted(generations)))
+    return out
+
+
+def nvlink_mixed(snapshot: FleetSnapshot) -> list[dict[str, Any]]:
+    """Multi-node jobs whose nodes have GPUs of more than one NVLink generation."""
+    out = []
+    for alloc, generations in nvlink_generations(snapshot):
         if len(generations) > 1:
             out.append({"job": alloc.job, "namespace": alloc.namespace,
-                        "nodes": list(alloc.nodes), "nvlink_generations": sorted(generations),
-                        "reason": f"one job over NVLink generations {sorted(generations)}: "
+                        "nodes": list(alloc.nodes), "nvlink_generations": generations,
+                        "reason": f"one job over NVLink generations {generations}: "
                                   "they do not interconnect, so its traffic falls back to the network"})
     return sorted(out, key=lambda r: r["job"])
 

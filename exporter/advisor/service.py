@@ -23,9 +23,9 @@ from aiohttp import web
 
 from exporter import metrics
 from exporter.advisor.api import AdvisorApi, add_routes
-from exporter.advisor.engine import Advisor, DecisionSettings, Planner
+from exporter.advisor.engine import Advisor, DecisionSettings, Planner, nvlink_generations
 from exporter.advisor.outbox import Outbox
-from exporter.advisor.planner import PlanSettings, plan_compaction
+from exporter.advisor.planner import PlanSettings, last_checkpoint, plan_compaction
 from exporter.advisor.webhook import Deliverer, Receiver
 from exporter.aio import complete
 from exporter.analysis.families import LiveAnalyzer
@@ -123,6 +123,7 @@ def decision_settings(config: AdvisorConfig) -> DecisionSettings:
         min_recovered_per_migration=config.min_recovered_per_migration,
         min_nodes_freed_per_migration=config.min_nodes_freed_per_migration,
         hold_recheck_seconds=config.hold_recheck,
+        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
     )
 
 
@@ -235,6 +236,34 @@ class AdvisorService:
                 [((), float(self.deliverer.outbox.pending_count()))]),
             metrics.ADVISOR_OUTBOX_ERRORS_TOTAL.family(
                 [((("operation", op),), float(n)) for op, n in sorted(self.deliverer.outbox.errors.items())]),
+            *self.job_families(snapshot),
+        ]
+
+    def job_families(self, snapshot: FleetSnapshot) -> list[Family]:
+        """Checkpoint ages, NVLink generations and idle held GPUs (issue 17)."""
+        interval = self.advisor.settings.checkpoint_interval_seconds
+        ages = []
+        for alloc in sorted(snapshot.allocations, key=lambda a: a.job):
+            last = last_checkpoint(alloc, snapshot.taken_at, interval)
+            if last is not None:
+                source = "stated" if alloc.last_checkpoint_time is not None else "assumed"
+                ages.append(((("job", alloc.job), ("namespace", alloc.namespace),
+                              ("account", alloc.account), ("source", source)),
+                             max(0.0, snapshot.taken_at - last)))
+        generations = [((("job", a.job), ("namespace", a.namespace)), float(len(g)))
+                       for a, g in sorted(nvlink_generations(snapshot), key=lambda x: x[0].job)]
+        gpus: Counter[str] = Counter()
+        seconds: Counter[str] = Counter()
+        for entry in (self.advisor.advice or {}).get("reclaim", []):
+            gpus[entry["pool"]] += entry["gpus"]
+            seconds[entry["pool"]] += entry["gpu_hours_wasted"] * 3600
+        return [
+            metrics.JOB_CHECKPOINT_AGE_SECONDS.family(ages),
+            metrics.JOB_NVLINK_GENERATIONS.family(generations),
+            metrics.POOL_IDLE_ALLOCATED_GPUS.family(
+                [((("pool", p),), float(n)) for p, n in sorted(gpus.items())]),
+            metrics.POOL_IDLE_ALLOCATED_GPU_SECONDS.family(
+                [((("pool", p),), float(n)) for p, n in sorted(seconds.items())]),
         ]
 
     async def background(self, app: web.Application) -> AsyncIterator[None]:
