@@ -196,6 +196,11 @@ class WebConfig:
         Duration(5), help="Complete request headers must arrive within this of a connection's "
         "opening, or of the first byte of a later request on it.", exclusive_min=0,
     )
+    body_timeout: Duration = _opt(
+        Duration(10), help="A request body must have arrived whole within this of its headers, "
+        "else 408 and the connection closed (a body sent a byte at a time held a connection "
+        "and a request slot without end).", exclusive_min=0,
+    )
     keepalive_timeout: Duration = _opt(
         Duration(75), help="An idle keep-alive connection is closed after this; longer than "
         "Prometheus' default 1m scrape interval, so a scraper reuses its connection.",

@@ -322,7 +322,8 @@ def make_app(config: Config, collector: Collector, state: ServingState | None = 
     # the limits' middleware first: it marks the connection busy around all the others,
     # a wait for a password check included
     app = web.Application(client_max_size=1024 * 1024,
-                          middlewares=[request_limits(config.web.max_requests),
+                          middlewares=[request_limits(config.web.max_requests,
+                                                      config.web.body_timeout),
                                        protect(protection)])
     app[CONFIG] = config
     app[COLLECTOR] = collector

@@ -20,6 +20,10 @@ neither connections nor requests. Four limits, each cheap:
   default, over Prometheus' default 1m scrape interval, so a scraper reuses its
   connection (no TCP or TLS handshake per scrape). A shorter one buys no safety: idle
   kept-alive connections are the first the gate closes for a new one.
+- A body deadline (``web.body_timeout``, in :func:`request_limits`): a request body must have
+  arrived whole within it of the headers, else 408 and the connection closed. The header
+  timer ends when the headers do, so a body sent a byte a second held a connection, an
+  endpoint slot and a handler for as long as the client liked.
 - :func:`request_limits`, a middleware: at most ``web.max_requests`` requests in flight
   per endpoint, more answered 503 at once; node_exporter's ``--web.max-requests``
   (promhttp's ``MaxRequestsInFlight``). The response is written inside the middleware,
@@ -352,10 +356,16 @@ class GuardedSite(web.BaseSite):
         await super().stop()
 
 
-def request_limits(max_requests: int) -> Middleware:
+def request_limits(max_requests: int, body_timeout: float | None = None) -> Middleware:
     """The middleware: marks the connection busy, caps requests in flight per endpoint
-    (0: no cap), and writes the response before it lets go of either."""
+    (0: no cap), holds a request body to ``body_timeout`` (None: no deadline), and writes
+    the response before it lets go of either."""
     in_flight: Counter[str] = Counter()
+
+    async def respond(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if body_timeout is None or not request.body_exists or request.content.is_eof():
+            return await _respond(request, handler)
+        return await _body_deadline(request, handler, body_timeout)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -374,10 +384,10 @@ def request_limits(max_requests: int) -> Middleware:
                                         f"({max_requests}), try again later\n")
                 in_flight[endpoint] += 1
                 try:
-                    return await _respond(request, handler)
+                    return await respond(request, handler)
                 finally:
                     in_flight[endpoint] -= 1
-            return await _respond(request, handler)
+            return await respond(request, handler)
         finally:
             if guard is not None:
                 guard.request_done()
@@ -410,6 +420,43 @@ async def write_large(request: web.Request, body: bytes, headers: dict[str, str]
         await response.write_eof()
     except ConnectionError:
         pass  # the client left; nothing more to write
+    return response
+
+
+async def _body_deadline(request: web.Request, handler: Handler, seconds: float
+                         ) -> web.StreamResponse:
+    """The handler's response, or 408 (connection closed) when the body has not arrived
+    whole ``seconds`` after the headers. Only an unfinished body ends the handler: once it
+    is in, the handler runs as long as it needs (a what-if has its own limit)."""
+    loop = asyncio.get_running_loop()
+    late = False
+    timer: asyncio.TimerHandle | None = None
+    try:
+        async with asyncio.timeout(None) as deadline:
+            def check() -> None:
+                nonlocal late
+                if not request.content.is_eof():
+                    late = True
+                    deadline.reschedule(loop.time())  # cancels the handler's wait for the body
+
+            timer = loop.call_later(seconds, check)
+            return await _respond(request, handler)
+    except TimeoutError:
+        if not late:
+            raise  # the handler's own timeout, not ours
+    finally:
+        if timer is not None:
+            timer.cancel()
+    response = web.Response(status=408, text=f"request body not received within {seconds:g} s\n")
+    response.force_close()
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionError:
+        return response
+    # closed once the 408 is out, without reading the rest: aiohttp would otherwise read and
+    # discard the body for up to 10 s more (its lingering close)
+    request.protocol.force_close()
     return response
 
 

@@ -50,6 +50,14 @@ async def serving(web_config: WebConfig, blocked: asyncio.Event | None = None,
             await blocked.wait()
             return web.Response(text="released\n")
         app.router.add_get("/block", block)
+
+
+    async def echo(request: web.Request) -> web.Response:
+        """The body's length, after ``?sleep=S`` seconds of work once it is in."""
+        body = await request.read()
+        await asyncio.sleep(float(request.query.get("sleep", 0)))
+        return web.Response(text=f"{len(body)}\n")
+    app.router.add_post("/echo", echo)
     if apps is not None:
         apps.append(app)
     sock = socket.create_server(("127.0.0.1", 0))
@@ -248,3 +256,44 @@ async def test_a_large_metrics_body_is_written_whole_in_slices():
                     assert await asyncio.wait_for(reader.readexactly(length), 30) == text
         finally:
             writer.close()
+
+
+async def _post(port: int, path: str, body: bytes, drip: float = 0.0) -> tuple[bytes, bool]:
+    """A POST on a fresh connection, its body sent at once or a byte every ``drip`` seconds:
+    the answer's head and whether the server closed the connection after it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n"
+                     "\r\n".encode())
+        if drip:
+            async def dripping() -> None:
+                with contextlib.suppress(ConnectionError):
+                    for byte in body:
+                        writer.write(bytes([byte]))
+                        await writer.drain()
+                        await asyncio.sleep(drip)
+            sender = asyncio.create_task(dripping())
+        else:
+            writer.write(body)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        closed = await closed_within(reader, SLACK)
+        if drip:
+            sender.cancel()
+        return head, closed
+    finally:
+        writer.close()
+
+
+async def test_a_slow_drip_body_gets_408_and_its_slot_back():
+    async with serving(WebConfig(body_timeout=0.5, max_requests=1)) as port:
+        # 100 bytes at one per 0.2 s: 20 s if let through
+        head, closed = await _post(port, "/echo", b"x" * 100, drip=0.2)
+        assert head.startswith(b"HTTP/1.1 408 ")
+        assert closed  # the rest of the body is never read
+        # the endpoint's one slot is free again; a body that arrived in time is not cut,
+        # however long the handler then works
+        head, closed = await _post(port, "/echo?sleep=1.5", b"y" * 100)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert not closed
