@@ -21,6 +21,7 @@ from exporter.advisor.webhook import DELIVERY_HEADER, IDEMPOTENCY_HEADER, Delive
 from exporter.analysis.families import LiveAnalyzer
 from exporter.config import AdvisorConfig, AnalysisConfig
 from exporter.options import Duration
+from exporter.snapshot import FleetSnapshot
 from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
 
 START = 1_760_000_000.0
@@ -74,14 +75,14 @@ def service_with(deliverer: Deliverer, clock: Clock) -> AdvisorService:
     service = AdvisorService(Advisor(planner, settings, clock=clock), None, deliverer,  # type: ignore[arg-type]
                              b"token", max_body_bytes=1024, clock=clock)
     # what the engine reads of a snapshot and its report: one fragmented cluster
-    service.snapshot = SimpleNamespace(taken_at=START)  # type: ignore[assignment]
+    service.snapshot = FleetSnapshot(START)  # empty: the stub planner reads only its time
     service.report = SimpleNamespace(  # type: ignore[assignment]
         cluster=SimpleNamespace(index=80.0, allocated_ratio=0.5), pools=())
     return service
 
 
 def served(service: AdvisorService, name: str) -> dict[tuple, float]:
-    for family in service.families(None):  # type: ignore[arg-type]
+    for family in service.families(FleetSnapshot(START)):
         if family.name == name:
             return {labels: value for labels, value in family.samples}
     raise KeyError(name)
