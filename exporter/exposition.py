@@ -244,9 +244,10 @@ class ExpositionOptions:
       from Prometheus would serve a second copy of what the node exporters serve.
     - ``scheduler``: the scheduler's view joined to the GPUs: ``gpu_allocated_ratio``,
       ``gpu_allocation_info``, ``allocation_*``, ``node_cpu_allocated_cores``, ``pending_*``.
-      Served with ``per_gpu``, or where this process reads the scheduler itself (a source
-      whose role is ``allocation``: Slurm), being then their only producer (NVML and DCGM
-      know no jobs). Read back from Prometheus they would be a copy too.
+      Served only where this process knows the jobs: it reads the scheduler (a source whose
+      role is ``allocation``: Slurm) or is one (the simulator; dcgm-exporter's pod labels),
+      whatever ``per_gpu`` says. NVML knows no jobs: its zeros beside cluster mode's Slurm
+      view would count every GPU idle. Read back from Prometheus they would be a copy.
     - ``fleet``: computed by this process over its whole snapshot, or about itself:
       fragmentation, pools, the advisor, source health, composition, build info. Always.
 
@@ -255,7 +256,7 @@ class ExpositionOptions:
     """
 
     per_gpu: bool = True
-    reads_scheduler: bool = False
+    reads_scheduler: bool = True  # the defaults serve every family (the simulated fleet)
     cluster: str = ""
 
     def serves(self, spec: FamilySpec) -> bool:
@@ -263,7 +264,9 @@ class ExpositionOptions:
         if producer == "node":
             return self.per_gpu
         if producer == "scheduler":
-            return self.per_gpu or self.reads_scheduler
+            # only where jobs are known: an NVML node exporter knows none, and its zeros
+            # beside cluster mode's Slurm view would count every GPU as idle
+            return self.reads_scheduler
         return True
 
     def serves_name(self, name: str) -> bool:

@@ -143,11 +143,14 @@ def metrics_url(address: tuple, scheme: str = "http") -> str:
 def exposition_options(config: Config, names: list[str], sources: list) -> ExpositionOptions:
     """``exposition.per_gpu`` resolved: ``auto`` is off when the GPU telemetry comes from
     the ``prometheus`` source (cluster mode), on for node and relay sources (sim, nvml,
-    dcgm). A source whose role is ``allocation`` (Slurm) makes this process the producer
-    of the scheduler's joins (exporter/exposition.py, ExpositionOptions)."""
+    dcgm). A source that reads the scheduler (role ``allocation``: Slurm) or is one (the
+    simulator, ``schedules``) makes this process the producer of the scheduler's joins
+    (exporter/exposition.py, ExpositionOptions). NVML knows no jobs; dcgm knows them from
+    dcgm-exporter's pod labels (``schedules`` too)."""
     setting = config.exposition.per_gpu
     per_gpu = "prometheus" not in names if setting == "auto" else setting == "true"
-    reads_scheduler = any(getattr(s, "role", "full") == "allocation" for s in sources)
+    reads_scheduler = any(getattr(s, "role", "full") == "allocation"
+                          or getattr(s, "schedules", False) for s in sources)
     return ExpositionOptions(per_gpu=per_gpu, reads_scheduler=reads_scheduler,
                              cluster=config.cluster)
 

@@ -146,7 +146,8 @@ def test_per_gpu_off_serves_no_family_read_from_the_nodes():
     node mode and cluster mode under one Prometheus doubled every GPU count."""
     snapshot = _snapshot()
     everything = _served_families(render_text(snapshot))
-    cluster = _served_families(render_text(snapshot, options=ExpositionOptions(per_gpu=False)))
+    cluster = _served_families(render_text(snapshot, options=ExpositionOptions(
+        per_gpu=False, reads_scheduler=False)))
     scheduler = {"gpufleet_gpu_allocated_ratio", "gpufleet_gpu_allocation_info",
                  "gpufleet_allocation_cpu_cores", "gpufleet_allocation_gpu_share_ratio",
                  "gpufleet_node_cpu_allocated_cores", "gpufleet_pending_jobs",
@@ -160,7 +161,14 @@ def test_per_gpu_off_serves_no_family_read_from_the_nodes():
     with_slurm = _served_families(render_text(
         snapshot, options=ExpositionOptions(per_gpu=False, reads_scheduler=True)))
     assert with_slurm == fleet | scheduler
-    # node mode serves everything, the per-GPU telemetry and gpu_info among it
+    # node mode without a scheduler (NVML, dcgm) serves no joins: it knows no jobs, and its
+    # zeros would sit beside cluster mode's Slurm view (every GPU counted idle)
+    nvml = _served_families(render_text(snapshot, options=ExpositionOptions(
+        per_gpu=True, reads_scheduler=False)))
+    assert not nvml & scheduler and fleet < nvml
+    # node mode on the simulator (its own scheduler) serves everything
+    everything = _served_families(render_text(
+        snapshot, options=ExpositionOptions(per_gpu=True, reads_scheduler=True)))
     assert fleet | scheduler < everything
     assert {"gpufleet_gpu_up", "gpufleet_gpu_info", "gpufleet_gpu_mig_instance_info",
             "gpufleet_node_info", "gpufleet_node_cpu_cores"} <= everything - with_slurm
@@ -205,7 +213,7 @@ def test_blocks_reused_from_the_last_snapshot_give_the_bytes_of_a_fresh_render()
         (NODE_MODE, ()),
         (ExpositionOptions(cluster="a"), ()),
         (ExpositionOptions(cluster="a"), (Scenario(kind="gpu_lost", node="gpu-007", gpu=2),)),
-        (ExpositionOptions(per_gpu=False, cluster="a"), ()),
+        (ExpositionOptions(per_gpu=False, reads_scheduler=False, cluster="a"), ()),
         (NODE_MODE, ()),
     )):
         sim.advance(START + 600 * (step + 1))
@@ -273,15 +281,26 @@ def test_per_gpu_auto_is_off_only_with_the_prometheus_source_and_the_config_can_
     def options(data, names, sources=()):
         return exposition_options(build(ConfigClass, data), names, list(sources))
 
-    assert options({}, ["sim"]) == ExpositionOptions(per_gpu=True)
+    class Sim:
+        role = "full"
+        schedules = True
+
+    class Nvml:
+        pass
+
+    assert options({}, ["sim"], [Sim()]) == ExpositionOptions(per_gpu=True, reads_scheduler=True)
+    assert options({}, ["nvml"], [Nvml()]) == ExpositionOptions(per_gpu=True,
+                                                                reads_scheduler=False)
     assert options({}, ["nvml"]).per_gpu and options({}, ["dcgm"]).per_gpu
-    assert options({}, ["prometheus"]) == ExpositionOptions(per_gpu=False)
+    assert options({}, ["prometheus"]) == ExpositionOptions(per_gpu=False, reads_scheduler=False)
     assert options({}, ["slurm", "prometheus"], [Slurm()]) == ExpositionOptions(
         per_gpu=False, reads_scheduler=True)
     # YAML's true and false are the setting's words, not a type error
     assert options({"exposition": {"per_gpu": True}}, ["prometheus"]).per_gpu is True
     assert options({"exposition": {"per_gpu": False}}, ["sim"]).per_gpu is False
     assert options({"cluster": "prod"}, ["sim"]).cluster == "prod"
+    from exporter.sources.sim import SimulatedFleetSource
+    assert SimulatedFleetSource.schedules is True
     for data, message in (
         ({"exposition": {"per_gpu": "yes"}},
          "exposition.per_gpu: must be one of auto, true, false, got 'yes'"),

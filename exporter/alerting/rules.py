@@ -105,9 +105,12 @@ RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
         Recording(
             "pool:gpufleet_gpu_idle:count",
             # `== bool` keeps a 0 for pools with no idle GPU, where count() would drop them;
-            # a lost GPU is not idle capacity.
+            # a lost GPU is not idle capacity. Matched on the GPU's place: the allocation may
+            # come from cluster mode (Slurm) and gpu_up from the node's exporter.
             "sum by (cluster, pool, model) (\n"
-            "  (gpufleet_gpu_allocated_ratio == bool 0) * gpufleet_gpu_up\n)",
+            "  (gpufleet_gpu_allocated_ratio == bool 0)\n"
+            "  * on (cluster, node, gpu)\n"
+            "  gpufleet_gpu_up\n)",
         ),
     )),
 )

@@ -236,6 +236,9 @@ def _size(n: int) -> str:
 
 class DcgmExporterSource:
     name = "dcgm"
+    # dcgm-exporter run with --kubernetes labels each GPU with the pod holding it, so this
+    # relay knows the jobs and serves their joins (NVML alone knows none)
+    schedules = True
 
     def __init__(self, config: DcgmConfig, clock: Clock, *,
                  session: aiohttp.ClientSession | None = None,

@@ -46,6 +46,9 @@ class SimulatedFleetSource:
     simulation: FleetModel | None = None
     _wall_start: float = 0.0
 
+    # the simulator is its own scheduler: it places jobs, so it serves their joins
+    schedules = True
+
     @property
     def role(self) -> str:
         """``allocation`` makes the collector join it with telemetry (see exporter.compose)."""
