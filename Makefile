@@ -42,14 +42,21 @@ slurm-deps:
 	  $(APT) update -q && $(APT) install -y -q --no-install-recommends slurmctld slurmd slurm-client munge; \
 	fi
 
-test: $(VENV)/.installed-test system-deps slurm-deps
+# Debian's kubernetes-client (kubectl, with kustomize built in), when missing: the deploy
+# tests render deploy/kubernetes with it.
+.PHONY: kube-deps
+kube-deps:
+	@command -v kubectl >/dev/null || { echo "installing Debian's kubernetes-client"; \
+	  $(APT) update -q && $(APT) install -y -q --no-install-recommends kubernetes-client; }
+
+test: $(VENV)/.installed-test system-deps slurm-deps kube-deps
 	$(BIN)/ruff check exporter tests bench deploy
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests that start real servers (marked slow), under 60 s:
 # one pytest worker per core (pytest-xdist), since the fast tests are CPU-bound.
-test-fast: $(VENV)/.installed-test system-deps
+test-fast: $(VENV)/.installed-test system-deps kube-deps
 	$(BIN)/ruff check exporter tests bench deploy
 	$(BIN)/mypy
 	$(BIN)/pytest -q -m "not slow" -n "$$(nproc)" $(PYTEST_ARGS)
@@ -111,6 +118,13 @@ generate-rules: $(VENV)/.installed-run
 generate: generate-dashboards
 generate-dashboards: $(VENV)/.installed-run generate-rules
 	$(BIN)/gpufleet dashboards
+
+# deploy/kubernetes's copies of the PrometheusRule and the dashboards (as ConfigMaps):
+# kustomize reads no file outside its folder (tests/test_deploy_kubernetes.py checks the drift).
+.PHONY: generate-kubernetes
+generate: generate-kubernetes
+generate-kubernetes: $(VENV)/.installed-run generate-dashboards
+	$(BIN)/python deploy/kubernetes/generate.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .stress-run-*.log
