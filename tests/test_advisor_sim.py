@@ -8,9 +8,13 @@ right-sizing lists with their GPU-hours.
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from jsonschema import Draft202012Validator
 
 from exporter.advisor.engine import Advisor, DecisionSettings
+from exporter.advisor.openapi import ADVICE_SCHEMA, document
 from exporter.advisor.planner import PlanSettings, plan_compaction
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
@@ -70,6 +74,8 @@ def test_reclaim_and_right_sizing_lists_on_the_simulator():
         advice = advisor.observe(snapshot, report_of(snapshot))
     reclaim = advice["reclaim"]
     assert reclaim, "the idle_allocated node's job is listed"
+    schema = Draft202012Validator({**ADVICE_SCHEMA, "components": document()["components"]})
+    assert [e.message for e in schema.iter_errors(json.loads(json.dumps(advice)))] == []
     assert all(r["utilization_ratio"] < 0.1 and r["action"] == "reclaim" for r in reclaim)
     assert all(r["gpu_hours_wasted"] >= r["gpus"] * 2 for r in reclaim)  # idle for 2 h at least
     assert any(r["pool"] == snapshot.node_map()["gpu-100"].pool for r in reclaim)

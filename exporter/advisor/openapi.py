@@ -137,6 +137,25 @@ ADVICE_SCHEMA: dict[str, Any] = {
             "type": "object", "required": ["index"],
             "properties": {"index": {"type": "number"}, "recommended": {"type": "boolean"},
                            "above_since": {"type": ["number", "null"]}}}},
+        "reclaim": {"type": "array", "description": "held-but-idle jobs, costliest models first; "
+                    "never acted on (docs/advisor.md)", "items": {
+            "type": "object",
+            "required": ["job", "namespace", "account", "pool", "model", "gpus", "utilization_ratio",
+                         "idle_since", "gpu_hours_wasted", "action", "reason"],
+            "properties": {"job": {"type": "string"}, "namespace": {"type": "string"},
+                           "account": {"type": "string"}, "pool": {"type": "string"},
+                           "model": {"type": "string"}, "gpus": {"type": "number", "minimum": 0},
+                           "utilization_ratio": {"type": "number", "minimum": 0},
+                           "idle_since": {"type": "number"},
+                           "gpu_hours_wasted": {"type": "number", "minimum": 0},
+                           "action": {"const": "reclaim"}, "reason": {"type": "string"}}}},
+        "nvlink_mixed": {"type": "array", "description": "multi-node jobs over NVLink generations",
+                         "items": {
+            "type": "object", "required": ["job", "namespace", "nodes", "nvlink_generations", "reason"],
+            "properties": {"job": {"type": "string"}, "namespace": {"type": "string"},
+                           "nodes": {"type": "array", "items": {"type": "string"}},
+                           "nvlink_generations": {"type": "array", "items": {"type": "integer"}},
+                           "reason": {"type": "string"}}}},
     },
 }
 
