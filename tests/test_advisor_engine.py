@@ -230,3 +230,25 @@ def test_multi_node_jobs_over_nvlink_generations_are_flagged():
         "job": "mixed", "namespace": "", "nodes": ["b1", "h1"], "nvlink_generations": [4, 5],
         "reason": "one job over NVLink generations [4, 5]: they do not interconnect, so its "
                   "traffic falls back to the network"}]
+
+
+async def test_post_alerts_tells_the_advisor_before_it_evaluates(aiohttp_client, tmp_path):
+    from exporter.advisor.outbox import Outbox
+    from exporter.advisor.service import AdvisorService
+    from exporter.advisor.webhook import Deliverer
+    from exporter.analysis.families import LiveAnalyzer
+    from exporter.config import AnalysisConfig
+    from tests.test_advisor_api import alertmanager_payload, auth, light_client
+
+    seen: list[list[dict]] = []
+    client = await light_client(aiohttp_client, on_alerts=seen.append)
+    payload = alertmanager_payload()
+    payload["alerts"][0]["labels"]["pool"] = "gpu-h100"
+    resp = await client.post("/v1/alerts", json=payload, headers=auth())
+    assert resp.status == 202
+    assert [[a["labels"]["pool"] for a in alerts] for alerts in seen] == [["gpu-h100"]]
+    # and gpufleet serve's service wires it to the advisor
+    advisor, _clock = make()
+    service = AdvisorService(advisor, LiveAnalyzer.from_config(AnalysisConfig()),
+                             Deliverer(Outbox(tmp_path / "o.sqlite"), ()), b"t", max_body_bytes=1024)
+    assert service.api().on_alerts == advisor.alert_firing

@@ -312,3 +312,16 @@ def test_applied_plans_are_valid_and_match_the_prediction(snapshot):
             assert model in expected_models(need, {n.model for n in after.nodes})
     measured = report_of(after).cluster.fragmented_gpus
     assert np.isclose(measured, result.after.fragmented_gpus, atol=1e-6)
+
+
+def test_assume_checkpointing_sets_the_interval_the_planner_and_metric_use():
+    from exporter.advisor.service import decision_settings, plan_settings
+    from exporter.config import AdvisorConfig
+    from exporter.options import Duration
+
+    config = AdvisorConfig(checkpoint_interval=Duration(600))
+    assert plan_settings(config).checkpoint_interval_seconds == 600
+    assert decision_settings(config).checkpoint_interval_seconds == 600
+    off = AdvisorConfig(checkpoint_interval=Duration(600), assume_checkpointing=False)
+    assert plan_settings(off).checkpoint_interval_seconds == 0
+    assert decision_settings(off).checkpoint_interval_seconds == 0
