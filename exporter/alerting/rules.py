@@ -106,10 +106,11 @@ RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
             "pool:gpufleet_gpu_idle:count",
             # `== bool` keeps a 0 for pools with no idle GPU, where count() would drop them;
             # a lost GPU is not idle capacity. Matched on the GPU's place: the allocation may
-            # come from cluster mode (Slurm) and gpu_up from the node's exporter.
+            # come from cluster mode (Slurm) and gpu_up from the node's exporter. group_left:
+            # a one-to-one match `on` keeps only those labels, losing the pool and model.
             "sum by (cluster, pool, model) (\n"
             "  (gpufleet_gpu_allocated_ratio == bool 0)\n"
-            "  * on (cluster, node, gpu)\n"
+            "  * on (cluster, node, gpu) group_left ()\n"
             "  gpufleet_gpu_up\n)",
         ),
     )),
