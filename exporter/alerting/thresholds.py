@@ -71,7 +71,7 @@ _GPU = "GPU {{ $labels.gpu }} on {{ $labels.node }} ({{ $labels.model }}, pool {
 _POOL = "Pool {{ $labels.pool }} ({{ $labels.model }})"
 # Clock-event reasons that mean a hardware or thermal slowdown (not the power cap, which
 # is GpuPowerHigh's, nor sync boost, which follows another GPU).
-_SLOWDOWN = "hw_thermal|sw_thermal|hw_power_brake|hw_slowdown"
+SLOWDOWN_REASONS = "hw_thermal|sw_thermal|hw_power_brake|hw_slowdown"  # the dashboards too
 
 METRICS: dict[str, MetricDef] = {
     m.key: m
@@ -147,13 +147,13 @@ METRICS: dict[str, MetricDef] = {
         # clocks down; the description names the reasons that did (a query, sorted).
         MetricDef("gpu_clock_slowdown",
                   "max without (reason) (\n"
-                  f"  avg_over_time(gpufleet_gpu_clock_event_active{{reason=~\"{_SLOWDOWN}\"}}"
+                  f"  avg_over_time(gpufleet_gpu_clock_event_active{{reason=~\"{SLOWDOWN_REASONS}\"}}"
                   "[10m])\n)",
                   "ratio", "gpu", (">", ">="),
                   f"{_GPU} is busy but had its clocks held down <VALUE> of the last 10m "
                   "(<RELATION> <THRESHOLD>, for <FOR>) by {{ range $i, $s := printf "
                   "`avg_over_time(gpufleet_gpu_clock_event_active{cluster=%q,node=%q,gpu=%q,"
-                  f'reason=~"{_SLOWDOWN}"}}[10m]) > 0` '
+                  f'reason=~"{SLOWDOWN_REASONS}"}}[10m]) > 0` '
                   "$labels.cluster $labels.node $labels.gpu | query | sortByLabel `reason` }}"
                   "{{ if $i }}, {{ end }}{{ $s.Labels.reason }}{{ end }}: the job runs slower."),
         # NVLink counters summed over the GPU's links, by type. Replays and recoveries are
@@ -588,6 +588,7 @@ __all__ = [
     "OWNERS",
     "SCOPES",
     "SEVERITIES",
+    "SLOWDOWN_REASONS",
     "AlertRow",
     "Level",
     "MetricDef",

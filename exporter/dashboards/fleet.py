@@ -161,6 +161,8 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         sort_by="Value", descending=False, color_column="Value",
     ), 12, 10)
 
+    _health_row(layout, levels)
+
     layout.row("Alerts")
     firing = q.firing_alerts(levels.alert_names)
     layout.add(p.table(
@@ -181,8 +183,63 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     return p.dashboard(
         uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,
         description="GPU fleet by pool and model: states, utilization, memory, power, "
-                    "temperature, NVLink and alerts.",
+                    "temperature, NVLink, health and alerts.",
         variables=p.pool_and_model_variables(),
         links=[p.dashboard_link("Node drill-down", "gpufleet-node"),
                p.dashboard_link("Fragmentation", "gpufleet-fragmentation")],
     )
+
+
+def _health_row(layout: p.Layout, levels: DashboardLevels) -> None:
+    """How many GPUs are in each health condition the node dashboard's health row draws
+    (issue 16), coloured at the severity of the alert on it; then the fleet's events."""
+    s = q.selector(q.FLEET)
+    layout.row("Health")
+    dbe = q.selector(q.FLEET, 'type="double_bit"', 'counter="volatile"')
+    link = q.selector(q.FLEET, 'type=~"replay|recovery"')
+    for title, expr, steps, description in (
+        ("GPUs with XID errors",
+         f"count(count by (cluster, node, gpu) ({q.xid_events(s, '$__range')}))",
+         levels.xid, "GPUs that reported any XID in the time range (GpuXidError pages for the "
+                     "table's critical XIDs only)."),
+        ("GPUs with uncorrectable ECC errors",
+         f"count(gpufleet_gpu_ecc_errors_total{dbe} > 0)", levels.ecc_uncorrectable,
+         "GPUs with a double-bit ECC error since their driver loaded (volatile count)."),
+        ("GPUs with a row remap pending", f"count(gpufleet_gpu_remapped_rows_pending{s} == 1)",
+         levels.remap_pending, "GPUs whose remapped rows wait for a GPU reset."),
+        ("GPUs with a row remap failed", f"count(gpufleet_gpu_remapped_rows_failure{s} == 1)",
+         levels.remap_failed, "GPUs with no spare memory rows left: to be replaced."),
+        ("GPUs throttled now", f"count({q.slowdown(q.FLEET)} == 1)", levels.throttled,
+         "GPUs whose clocks a thermal or power-brake slowdown holds down now, busy or not "
+         "(GpuClocksThrottled waits for most of 10 min on a busy GPU)."),
+        ("GPUs with NVLink errors",
+         f"count(max by (cluster, node, gpu) (increase(gpufleet_gpu_nvlink_errors_total{link}"
+         "[$__range])) > 0)",
+         levels.nvlink_errors, "GPUs whose NVLink replayed or recovered in the time range."),
+    ):
+        layout.add(p.stat(title, p.targets((f"{expr} or vector(0)", "")), "none", steps=steps,
+                          color_mode="background", graph=False,
+                          description=f"{description} 0 also where no source reports it."),
+                   4, 4)
+    ecc = q.selector(q.FLEET, 'counter="volatile"')
+    layout.add(p.timeseries(
+        "Health events",
+        p.targets(
+            (f"sum({q.xid_events(s, '$__rate_interval')}) or vector(0)", "XID"),
+            (f"sum by (type) (increase(gpufleet_gpu_ecc_errors_total{ecc}[$__rate_interval]))",
+             "ECC {{type}}"),
+            (f"sum by (type) (increase(gpufleet_gpu_nvlink_errors_total{s}[$__rate_interval]))",
+             "NVLink {{type}}"),
+        ),
+        "none", minimum=0,
+        description="Events per interval over the selected GPUs: XIDs (a GPU's first of a "
+                    "code included), ECC errors (volatile) and NVLink errors by type.",
+    ), 12, 8)
+    layout.add(p.timeseries(
+        "GPUs held down, by reason",
+        p.targets((f"sum by (reason) (gpufleet_gpu_clock_event_active{s})", "{{reason}}")),
+        "none", minimum=0, step_after=True,
+        description="GPUs whose clocks each clock-event reason holds down (a GPU may have "
+                    "several). sw_power_cap is normal at the cap; hw_thermal, sw_thermal, "
+                    "hw_power_brake and hw_slowdown are slowdowns (GpuClocksThrottled).",
+    ), 12, 8)

@@ -66,6 +66,14 @@ class DashboardLevels:
     lost: Steps  # count of lost GPUs: any is the GPU-lost alert's severity
     stale: Steps  # count of stale GPUs: any is the source-down alert's first severity
     alert_names: tuple[str, ...]  # every alert the table generates, for the firing panel
+    # counts of GPUs in a health condition (issue 16): any is that alert's severity; None
+    # where the table has no row for it (the panel is then drawn without colour)
+    xid: Steps | None = None
+    ecc_uncorrectable: Steps | None = None
+    remap_failed: Steps | None = None
+    remap_pending: Steps | None = None
+    throttled: Steps | None = None
+    nvlink_errors: Steps | None = None
 
 
 def _row(table: Any, metric: str) -> Any:
@@ -115,7 +123,19 @@ def levels_from_table(table: Any) -> DashboardLevels:
         lost=_any_is(lost.severities[-1]),
         stale=_any_is(source.severities[0]),
         alert_names=tuple(row.alert for row in table.alerts),
+        xid=_any_of(table, "gpu_xid_critical"),
+        ecc_uncorrectable=_any_of(table, "gpu_ecc_double_bit"),
+        remap_failed=_any_of(table, "gpu_remapped_rows_failure"),
+        remap_pending=_any_of(table, "gpu_remapped_rows_pending"),
+        throttled=_any_of(table, "gpu_clock_slowdown"),
+        nvlink_errors=_any_of(table, "gpu_nvlink_link_errors"),
     )
+
+
+def _any_of(table: Any, metric: str) -> Steps | None:
+    """A count of GPUs in the condition ``metric``'s row alerts on: one is its top severity."""
+    row = _row(table, metric)
+    return _any_is(row.severities[-1]) if row is not None else None
 
 
 def load_levels(path: str | Path) -> DashboardLevels:

@@ -158,10 +158,12 @@ def build(levels: DashboardLevels) -> core.Dashboard:
                                     f"looks only at busy GPUs of multi-GPU jobs."),
                 12, 8)
 
+    _health_row(layout)
+
     return p.dashboard(
         uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,
-        description="Per node and GPU: every per-GPU metric, MIG instances and the job "
-                    "holding each GPU.",
+        description="Per node and GPU: every per-GPU metric, health counters, MIG instances "
+                    "and the job holding each GPU.",
         variables=[
             *p.pool_and_model_variables(),
             p.query_variable("node", "Node",
@@ -173,3 +175,64 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         links=[p.dashboard_link("Fleet overview", "gpufleet-fleet"),
                p.dashboard_link("Fragmentation", "gpufleet-fragmentation")],
     )
+
+
+def _health_row(layout: p.Layout) -> None:
+    """XID events, ECC, remapped rows, throttle reasons and NVLink errors (issue 16).
+
+    Counters are drawn as events per interval (their increase), not as totals: a total of
+    3 single-bit errors since the driver loaded says nothing about now. Where no event was
+    ever seen, XIDs draw as 0 ("none"), not as "No data"."""
+    g = q.selector(q.GPU)
+    layout.row("Health")
+    xids = f"sum by (cluster, node, gpu, xid) ({q.xid_events(g, '$__rate_interval')})"
+    layout.add(_per_gpu_by(
+        "XID errors", q.zero_filled_by_gpu(xids, g, "xid", "none"), "xid", "XID {{xid}}",
+        description="XID events per interval, by code, from NVML's event set (a GPU's first "
+                    "XID of a code included). XID none: no XID since the exporter started. "
+                    "The dcgm source relays only the last XID (gpufleet_gpu_last_xid), so "
+                    "this stays at none there. GpuXidError pages on the table's critical "
+                    "XIDs."), 12, 8)
+    ecc = q.selector(q.GPU, 'counter="volatile"')
+    layout.add(_per_gpu_by(
+        "ECC errors", f"sum by (cluster, node, gpu, type) "
+        f"(increase(gpufleet_gpu_ecc_errors_total{ecc}[$__rate_interval]))", "type", "{{type}}",
+        description="ECC errors per interval (volatile counters). single_bit: corrected; "
+                    "double_bit: uncorrected, GpuEccUncorrectable pages."), 12, 8)
+    layout.add(p.timeseries(
+        "Remapped rows and retired pages",
+        p.targets((f"gpufleet_gpu_remapped_rows_total{g} or gpufleet_gpu_retired_pages_total{g}",
+                   f"{GPU_LEGEND} {{{{cause}}}}")),
+        "none", minimum=0, step_after=True,
+        description="Memory rows the GPU remapped (Ampere and later; cause correctable or "
+                    "uncorrectable), or pages it retired (earlier GPUs; cause single_bit or "
+                    "double_bit), over the GPU's life."), 12, 8)
+    layout.add(p.timeseries(
+        "Row remap pending or failed",
+        p.targets((f"gpufleet_gpu_remapped_rows_pending{g}", f"{GPU_LEGEND} pending"),
+                  (f"gpufleet_gpu_remapped_rows_failure{g}", f"{GPU_LEGEND} failed")),
+        "none", minimum=0, maximum=1, step_after=True, fill=0,
+        description="pending 1: a remap waits for a GPU reset (GpuRowRemapPending). failed 1: "
+                    "no spare rows left, the GPU needs replacing (GpuRowRemapFailed)."), 12, 8)
+    layout.add(p.timeseries(
+        "Throttle reasons",
+        p.targets((f"gpufleet_gpu_clock_event_active{g}", f"{GPU_LEGEND} {{{{reason}}}}")),
+        "none", minimum=0, maximum=1, step_after=True, fill=0,
+        description="1 while the reason holds the GPU's clocks down. hw_thermal, sw_thermal, "
+                    "hw_power_brake and hw_slowdown on a busy GPU for most of 10 min open "
+                    "GpuClocksThrottled; sw_power_cap on a busy GPU at its cap, GpuPowerHigh; "
+                    "sync_boost follows another GPU of the group."), 12, 8)
+    layout.add(_per_gpu_by(
+        "NVLink errors", f"sum by (cluster, node, gpu, type) "
+        f"(increase(gpufleet_gpu_nvlink_errors_total{g}[$__rate_interval]))", "type", "{{type}}",
+        description="NVLink errors per interval, summed over the GPU's links. replay or "
+                    "recovery: GpuNvlinkErrors; crc_flit and crc_data are corrected by replays "
+                    "and open GpuNvlinkCrcErrors from 100 a second."), 12, 8)
+
+
+def _per_gpu_by(title: str, expr: str, label: str, legend: str, *,
+                description: str) -> core.TimeSeries:
+    """A per-GPU series split by ``label``: one line per GPU and value of it."""
+    assert f"{{{{{label}}}}}" in legend
+    return p.timeseries(title, p.targets((expr, f"{GPU_LEGEND} {legend}")), "none", minimum=0,
+                        description=description)

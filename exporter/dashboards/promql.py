@@ -19,6 +19,8 @@ clusters, whose node names may repeat.
 
 from __future__ import annotations
 
+from exporter.alerting.thresholds import SLOWDOWN_REASONS
+
 # label -> template variable; multi-value variables expand to a regex alternation,
 # so every selector matches with =~
 CLUSTER = (("cluster", "cluster"),)
@@ -89,3 +91,26 @@ def zero_filled_by_pool(expr: str, sel: str) -> str:
     """``expr`` (a sum by pool) with 0 for every pool it has no series for, so a pool
     with nothing pending shows 0 rather than a gap."""
     return f"{expr} or sum by (pool) (0 * gpufleet_node_info{sel})"
+
+
+def xid_events(sel: str, window: str) -> str:
+    """XID events per GPU and code over ``window``: the counter's increase, plus the
+    series that appeared within it. A GPU's first XID of a code creates its series at 1,
+    which increase() cannot see (no earlier sample); GpuXidError counts it the same way."""
+    counter = f"gpufleet_gpu_xid_errors_total{sel}"
+    return (f"(increase({counter}[{window}]) > 0 "
+            f"or ({counter} unless {counter} offset {window}))")
+
+
+def zero_filled_by_gpu(expr: str, sel: str, label: str, value: str) -> str:
+    """``expr`` (by cluster, node, gpu and ``label``) with a 0 for every answering GPU it has
+    no series for, ``label`` set to ``value``: "none seen" draws as 0, not as "No data"."""
+    zero = f'label_replace(0 * gpufleet_gpu_up{sel}, "{label}", "{value}", "", "")'
+    return f"{expr}\nor on (cluster, node, gpu) {zero}"
+
+
+def slowdown(labels: tuple[tuple[str, str], ...]) -> str:
+    """1 while a thermal or power-brake reason holds the GPU's clocks down (GpuClocksThrottled's
+    reasons), per GPU; 0 while none does."""
+    sel = selector(labels, f'reason=~"{SLOWDOWN_REASONS}"')
+    return f"max by (cluster, node, gpu) (gpufleet_gpu_clock_event_active{sel})"
