@@ -30,7 +30,7 @@ from tests.helpers.alerting import (
     start_alertmanager,
 )
 from tests.helpers.exported import Exported
-from tests.helpers.fake_nvml_exporter import ENV
+from tests.helpers.fake_nvml_exporter import ENV, parse_spec
 from tests.helpers.servers import http_get
 
 FOR_SCALE = "0.01"  # GpuXidError's 1m -> 600ms; its 10m windows are not scaled
@@ -127,3 +127,24 @@ def _wait(found, deadline: float, what: str, prom, exporter) -> list:
     raise AssertionError(
         f"no {what} within {DEADLINE:.0f}s. Prometheus holds XID counters {counters} and "
         f"fires {firing}; exporter log tail: {exporter.log.read_text()[-1500:]}")
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("[]", f"{ENV}: must be an object with gpus and xids"),
+    ('{"gpus": []}', f"{ENV}.gpus: must be a list of 1 to 64 GPUs"),
+    ('{"gpus": [{"uuid": "GPU-1"}], "xids": [[1, 79, 3]]}',
+     f"{ENV}.xids[0]: must be [gpu index, xid, after seconds]"),
+    ('{"gpus": [{"uuid": "GPU-1"}], "xids": [[0, "79", 3]]}',
+     f"{ENV}.xids[0]: must be [gpu index, xid, after seconds]"),
+])
+def test_the_launcher_refuses_a_bad_fake_description_naming_the_key(spec, message):
+    with pytest.raises(ValueError) as info:
+        parse_spec(spec)
+    assert str(info.value) == message
+
+
+def test_the_launcher_builds_the_described_gpus_and_schedule():
+    gpus, xids = parse_spec(json.dumps({"gpus": GPUS, "xids": [[1, 13, 2.5]]}))
+    assert [(g.uuid, g.utilization) for g in gpus] == [("GPU-7e57-0000", 90),
+                                                       ("GPU-7e57-0001", 90)]
+    assert xids == [(1, 13, 2.5)]

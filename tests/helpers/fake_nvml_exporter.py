@@ -45,8 +45,10 @@ def parse_spec(text: str) -> tuple[list[FakeGpu], list[tuple[int, int, float]]]:
     xids = []
     for index, item in enumerate(spec.get("xids", [])):
         if not (isinstance(item, list) and len(item) == 3
+                and all(not isinstance(v, bool) for v in item)  # JSON true is no number
                 and isinstance(item[0], int) and 0 <= item[0] < len(gpus)
-                and isinstance(item[1], int) and isinstance(item[2], int | float)):
+                and isinstance(item[1], int) and isinstance(item[2], int | float)
+                and 0 <= item[2] <= REGISTER_TIMEOUT):
             raise ValueError(f"{ENV}.xids[{index}]: must be [gpu index, xid, after seconds]")
         xids.append((item[0], item[1], float(item[2])))
     return gpus, xids
