@@ -73,7 +73,7 @@ def test_grouping_and_timers_are_the_documented_ones():
     assert route["receiver"] == "tickets"
     assert route["group_by"] == ["alertname", "cluster", "pool", "account"]
     assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == (
-        "5m", "30m", "24h")
+        "5m", "1h", "24h")
     advisor = next(r for r in route["routes"] if r["receiver"] == "gpufleet-advisor")
     assert advisor["matchers"] == ['action="compact"'] and advisor["continue"] is True
     pager = next(r for r in route["routes"] if r["receiver"] == "pager")
