@@ -20,10 +20,12 @@ Rows (``--only NAME``, repeatable), by defect of the issue:
   and non-ASCII tokens, a rotated token file.
 - ``config-billion-laughs``, ``bad-configs`` (7): hostile config files.
 - ``snapshot-50`` (8): ``wrk -c50`` on /v1/snapshot.
+- ``full-disk`` (4): the advisor's outbox on a 2 MB tmpfs filled up before the plan is
+  proposed; then space is freed: the plan must reach the scheduler once (needs root for
+  ``mount``; skipped otherwise).
+- ``expired-plan`` (4): the scheduler down until the plan's TTL passes; the identical plan
+  proposed again after the cooldown must reach it once the scheduler is up.
 - ``wrk`` (9): ``wrk -c1000 -d15s -t2 --latency`` against /metrics.
-
-The full disk and the expired plan (defect 4) are covered by tests/test_advisor_outbox.py,
-not re-run here (docs/reliability.md names the tests).
 
 Usage: ``make bench-deps && .venv/bin/python bench/attack.py`` (about 3 minutes);
 ``--connections 500 --seconds 3 --collections 3 --wrk-connections 100 --wrk-seconds 3``
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -54,6 +57,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -421,17 +425,40 @@ def run_wrk(binary: str, exporter: Server, url: str, connections: int, seconds: 
     script = tmp / "statuses.lua"
     script.write_text(WRK_STATUS_LUA)
     lua = ["-s", str(script)] if statuses else []
+    overflows = listen_overflows()
+    cpu = cpu_seconds(pid)
     with RssPoller(pid) as poller:
         proc = subprocess.run(
             [binary, f"-c{connections}", f"-d{seconds:g}s", f"-t{min(2, connections)}", "--latency",
              *lua, *extra, url],
             capture_output=True, text=True, timeout=seconds + 60)
+        load = os.getloadavg()[0]  # the machine's 1-minute load as wrk ends (2 cores here)
+        cpu = cpu_seconds(pid) - cpu
+        overflows = listen_overflows() - overflows
         time.sleep(3)
     after = rss_mb(pid) or 0.0
     out = proc.stdout + proc.stderr
     (tmp / f"wrk-{connections}.out").write_text(out)
     return {**parse_wrk(out), "rss_before_mb": before, "rss_peak_mb": poller.peak,
-            "rss_after_mb": after}
+            "rss_after_mb": after, "load1": load, "exporter_cpu_s": cpu,
+            "listen_overflows": overflows}
+
+
+def listen_overflows() -> int:
+    """The kernel's ``TcpExtListenOverflows`` (every process of the network namespace): a
+    connection whose handshake completed while the listen queue was full, dropped."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            row = dict(zip(names.split()[1:], values.split()[1:], strict=False))
+            return int(row.get("ListenOverflows", 0))
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def describe_wrk(m: dict[str, float]) -> tuple[float, str]:
@@ -442,7 +469,8 @@ def describe_wrk(m: dict[str, float]) -> tuple[float, str]:
                     f"{m['read']}, write {m['write']}, other status {m['other_status']}); "
                     f"p50 {m['p50_ms']:.0f} ms, p99 {m['p99_ms']:.0f} ms; RSS "
                     f"{m['rss_before_mb']:.0f} MB before, peak {m['rss_peak_mb']:.0f}, after "
-                    f"{m['rss_after_mb']:.0f}")
+                    f"{m['rss_after_mb']:.0f}; exporter CPU {m['exporter_cpu_s']:.1f} s; "
+                    f"ListenOverflows {m['listen_overflows']}; load {m['load1']:.1f}")
 
 
 def wrk(args: argparse.Namespace, tmp: Path) -> Row:
@@ -740,6 +768,154 @@ def dcgm_dup_secret(args: argparse.Namespace, tmp: Path) -> Row:
     return row
 
 
+# -- 4. plans are lost: a full disk, an expired plan ----------------------------------------
+
+def advisor_config(outbox: Path, scheduler_port: int, **advisor: str) -> str:
+    """The fragmented-pool fleet of tests/test_advisor_e2e.py, nearly frozen (speed 0.001:
+    the same fleet gives the same plan), planning after ``dwell``."""
+    settings = {"trigger": "50", "clear_below": "40", "dwell": "0s", "cooldown": "1h",
+                "min_runtime": "0s",  # the frozen fleet's jobs never age past the default 30 min
+                "retry_initial": "300ms", "retry_max": "600ms", **advisor}
+    return ("collect_interval: 1s\nadvisor:\n" + "".join(f"  {k}: {v}\n" for k, v in settings.items())
+            + f"  outbox: {outbox}\n  receivers:\n    - {{name: scheduler, url: "
+            f"\"http://127.0.0.1:{scheduler_port}/gpufleet/plan\", timeout: 2s}}\n"
+            "sources:\n  sim:\n    seed: 42\n    speed: 0.001\n    scenarios:\n"
+            "      - {kind: fragmented_pool, pool: gpu-h100}\n")
+
+
+def metric_sum(url: str, name: str, **labels: str) -> float:
+    _, _, body = request(f"{url}/metrics", timeout=10)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metric_lines(body.decode(), name)
+               if all(f'{k}="{v}"' in line for k, v in labels.items()))
+
+
+def wait_for(check: Callable[[], Any], seconds: float) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.2)
+    return None
+
+
+def current_plan_id(url: str) -> str | None:
+    _, _, body = request(f"{url}/v1/advice", timeout=10)
+    try:
+        plan = json.loads(body).get("plan") or {}
+    except ValueError:
+        return None
+    return plan.get("plan_id")
+
+
+def expired_plan_id(outbox: Path) -> str | None:
+    """The plan of the first delivery the exporter marked expired, read from its outbox."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(f"file:{outbox}?mode=ro", uri=True)) as db:
+        row = db.execute("SELECT plan_id FROM deliveries WHERE status = 'expired' "
+                         "ORDER BY created_at LIMIT 1").fetchone()
+    return row[0] if row else None
+
+
+def full_disk(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.test_advisor_e2e import SECRET, Scheduler
+
+    row = Row("full-disk", "the advisor's outbox on a 2 MB tmpfs; once the exporter is up, the "
+              "tmpfs is filled to ENOSPC, then the fragmented pool's plan is proposed (dwell "
+              "10 s); 15 s later the filler is deleted",
+              "the INSERT fails: the plan kept in memory, gpufleet_advisor_outbox_errors_total"
+              "{operation=insert} counts it, nothing pending; once space returns the plan "
+              "reaches the scheduler once, with a valid signature")
+    disk = tmp / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        row.observed = f"skipped: cannot mount a tmpfs ({mounted.stderr.strip()[:100]}); needs root"
+        return row
+    scheduler = Scheduler(free_port()).start()
+    try:
+        exporter = start_exporter(tmp, config=advisor_config(disk / "outbox.sqlite", scheduler.port,
+                                                             dwell="10s"),
+                                  env={"GPUFLEET_ADVISOR_TOKEN": TOKEN,
+                                       "GPUFLEET_WEBHOOK_SECRET": SECRET})
+        filler = disk / "filler"
+        with filler.open("wb") as out:
+            try:
+                while True:
+                    out.write(b"\0" * 65536)
+                    out.flush()
+            except OSError:
+                pass
+        started = time.monotonic()
+        errors = wait_for(lambda: metric_sum(exporter.url, "gpufleet_advisor_outbox_errors_total",
+                                             operation="insert"), 40) or 0.0
+        plan_id = current_plan_id(exporter.url)
+        pending = metric_sum(exporter.url, "gpufleet_advisor_outbox_pending")
+        early = len(scheduler.accepted)
+        time.sleep(max(0.0, 15 - (time.monotonic() - started)))
+        while_full = metric_sum(exporter.url, "gpufleet_advisor_outbox_errors_total",
+                                operation="insert")
+        filler.unlink()
+        freed = time.monotonic()
+        wait_for(lambda: scheduler.accepted, 60)
+        took = time.monotonic() - freed
+        time.sleep(2.0)  # long enough for a duplicate to show
+        delivered = [p.get("plan_id") for p in scheduler.accepted]
+        row.figures = {"insert_errors_first": errors, "insert_errors_while_full": while_full,
+                       "pending_while_full": pending, "accepted_while_full": early,
+                       "plan_id": plan_id, "delivered": delivered, "delivered_after_s": took,
+                       "bad_signatures": scheduler.bad_signatures}
+        row.ok = (errors >= 1 and pending == 0 and early == 0 and len(delivered) == 1
+                  and plan_id in (None, delivered[0]) and scheduler.bad_signatures == 0)
+        row.observed = (f"disk full: insert errors {errors:g} at first, {while_full:g} after 15 s "
+                        f"(the kept plan retried), outbox pending {pending:g}, scheduler got "
+                        f"{early}; advice plan {plan_id}; space freed: delivered "
+                        f"{len(delivered)} time(s) {took:.1f} s later ({delivered}), bad "
+                        f"signatures {scheduler.bad_signatures}")
+    finally:
+        scheduler.close()
+        stop_all()
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    return row
+
+
+def expired_plan(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.test_advisor_e2e import SECRET, Scheduler
+
+    row = Row("expired-plan", "the scheduler down; plan_ttl 3 s, retries every 0.3-0.6 s, "
+              "cooldown 8 s, the fleet nearly frozen so the next plan is the same plan; the "
+              "scheduler comes up once the first plan has expired",
+              "the identical plan proposed again, and delivered once (UNIQUE(receiver, plan_id) "
+              "blocked it forever before)")
+    port = free_port()
+    exporter = start_exporter(tmp, config=advisor_config(tmp / "outbox.sqlite", port,
+                                                         plan_ttl="3s", cooldown="8s"),
+                              env={"GPUFLEET_ADVISOR_TOKEN": TOKEN,
+                                   "GPUFLEET_WEBHOOK_SECRET": SECRET})
+    expired = wait_for(lambda: metric_sum(exporter.url, "gpufleet_advisor_webhook_deliveries_total",
+                                          result="expired"), 40) or 0.0
+    scheduler = Scheduler(port).start()
+    try:
+        up = time.monotonic()
+        wait_for(lambda: scheduler.accepted, 60)
+        took = time.monotonic() - up
+        time.sleep(1.0)  # a duplicate would show here (the next re-proposal is 8 s away)
+        delivered = [p.get("plan_id") for p in scheduler.accepted]
+        first = expired_plan_id(tmp / "outbox.sqlite")
+        row.figures = {"first_plan": first, "expired": expired, "delivered": delivered,
+                       "delivered_after_s": took, "bad_signatures": scheduler.bad_signatures}
+        row.ok = (first is not None and expired >= 1 and delivered == [first]
+                  and scheduler.bad_signatures == 0)
+        row.observed = (f"plan {first} expired undelivered ({expired:g} expired); scheduler up: "
+                        f"{len(delivered)} delivery {took:.1f} s later, plan ids {delivered} "
+                        f"({'the same plan' if delivered == [first] else 'not the first plan'}); "
+                        f"bad signatures {scheduler.bad_signatures}")
+    finally:
+        scheduler.close()
+    return row
+
+
 # -- 5. billion laughs -----------------------------------------------------------------------
 
 def billion_laughs() -> str:
@@ -924,6 +1100,8 @@ ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "config-billion-laughs": config_billion_laughs,
     "bad-configs": bad_configs,
     "snapshot-50": snapshot_load,
+    "full-disk": full_disk,
+    "expired-plan": expired_plan,
     "wrk": wrk,
 }
 
