@@ -5,6 +5,7 @@ the file_sd generator run on the real Slurm 22.05 output in data/slurm-samples/.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -192,3 +193,28 @@ def test_file_sd_sinfo_missing(tmp_path: Path) -> None:
     done = run_script("--sinfo", str(missing))
     assert (done.returncode, done.stderr) == (
         1, f"sinfo_targets: {missing} --json: [Errno 2] No such file or directory: '{missing}'\n")
+
+
+@pytest.mark.slow
+def test_file_sd_from_a_real_slurm(tmp_path: Path) -> None:
+    """The script runs the real `sinfo --json` (and the text form) of Debian's Slurm 22.05
+    on loopback: the same 8 GPU nodes as the captured samples."""
+    from tests.helpers.servers import require_binary
+    from tests.helpers.slurm_cluster import BINARIES, SlurmCluster
+
+    for binary in BINARIES:
+        require_binary(binary)  # `make test` installs them (slurm-deps): missing is broken, not a skip
+    if os.geteuid() != 0:
+        pytest.fail("the Slurm fixture runs slurmd as root, as in CI; run the tests as root")
+    cluster = SlurmCluster(tmp_path / "slurm")
+    try:
+        cluster.start()
+        for fmt in ("json", "text"):
+            out = tmp_path / f"targets-{fmt}.json"
+            done = subprocess.run([sys.executable, str(SCRIPT), "--format", fmt, "--out", str(out)],
+                                  capture_output=True, text=True, timeout=60, env=cluster.env,
+                                  check=False)
+            assert (done.returncode, done.stderr) == (0, "")
+            assert json.loads(out.read_text()) == [{"targets": GPU_NODES, "labels": {}}]
+    finally:
+        cluster.stop()
