@@ -147,22 +147,23 @@ def effective_max_connections(configured: int, soft: int | None = None) -> int:
 
 
 def listen_backlog(path: str = SOMAXCONN) -> int:
-    """The listen() backlog: the kernel's ``somaxconn``, as Go's ``net.Listen`` takes it
-    (``maxListenerBacklog``), capped at 65,535 (Go's cap too); 4,096 where it cannot be read.
+    """The listen() backlog: two of asyncio's accept batches (256), within the kernel's
+    ``somaxconn`` (where it can be read).
 
-    asyncio listens with its accept batch (128). Under ``wrk -c1000`` that queue overflowed
-    (1,592 ``ListenOverflows`` in 15 s): Linux drops the client's handshake ACK and its
-    request, the client thinks it is connected, and the request waits for a retransmission,
-    1 s or more, which was the p99 (1.34 s) and wrk's 2 s timeouts. A queued connection
-    costs the kernel memory, not a descriptor of ours: the gate still decides once it
-    is accepted.
+    asyncio listens with its batch, 128. ``wrk -c1000`` overflowed that queue (1,592
+    ``ListenOverflows`` in 15 s, 946 TCP retransmission timeouts): Linux drops a handshake's
+    last ACK, the client believes it is connected and its request waits for a retransmission,
+    1 s or more. A deep queue is worse under a flood: with 1,000 or 4,096 (Go's somaxconn),
+    20,000 idle connections kept it full and a scraper's connection waited behind the queued
+    ones, each accepted and evicted in turn: scrapes of 1.35-1.46 s, against 70 ms at 256.
+    Measured on 2 shared cores; docs/reliability.md, row 9.
     """
     try:
         with open(path) as file:
-            value = int(file.read().strip())
+            somaxconn = int(file.read().strip())
     except (OSError, ValueError):
-        return 4096
-    return max(BACKLOG, min(value, 65535))
+        return 2 * BACKLOG
+    return max(1, min(2 * BACKLOG, somaxconn))
 
 
 class _Refused(asyncio.Protocol):
@@ -345,9 +346,9 @@ class GuardedSite(web.BaseSite):
                                    self._tls)
         self._server = await loop.create_server(self.gate, sock=self._sock,
                                                 backlog=self._backlog)
-        # listen() again (Linux takes a new backlog on a listening socket): the kernel's
-        # queue gets somaxconn while asyncio still accepts 128 per tick, which
-        # effective_max_connections counts on
+        # listen() again (Linux takes a new backlog on a listening socket): a deeper kernel
+        # queue while asyncio still accepts 128 per tick, which effective_max_connections
+        # counts on
         self._sock.listen(listen_backlog())
 
     async def stop(self) -> None:
