@@ -83,7 +83,7 @@ class NoiseRun:
     sim_seconds: float
     notifications: Counter[str] = field(default_factory=Counter)  # receiver -> POSTs
     paged: dict[str, float] = field(default_factory=dict)  # alertname -> first page (sim s)
-    page_alerts: Counter[str] = field(default_factory=Counter)  # alertname -> alerts in pages
+    page_alerts: Counter[str] = field(default_factory=Counter)  # alertname -> distinct alerts paged
     ticket_groups: set[str] = field(default_factory=set)  # Alertmanager group keys
     pager_groups: set[str] = field(default_factory=set)  # incidents: groups that paged
     ticket_grouping: Counter[str] = field(default_factory=Counter)  # "pool"/"account"/other
@@ -210,6 +210,7 @@ def replay(workdir: Path, label: str, faults: tuple[Fault, ...], speed: float = 
         for proc in reversed(procs):
             stop(proc)
         receiver.stop()
+    paged_alerts: set[tuple[tuple[str, str], ...]] = set()
     for note in receiver.received:
         run.notifications[note.receiver] += 1
         alerts = note.payload.get("alerts", [])
@@ -227,7 +228,10 @@ def replay(workdir: Path, label: str, faults: tuple[Fault, ...], speed: float = 
                 if alert.get("status") != "firing":
                     continue
                 name = alert["labels"]["alertname"]
-                run.page_alerts[name] += 1
+                identity = tuple(sorted(alert["labels"].items()))
+                if identity not in paged_alerts:  # a repeat of a firing alert is not a new one
+                    paged_alerts.add(identity)
+                    run.page_alerts[name] += 1
                 run.paged.setdefault(name, (note.at - started) * speed)
     return run
 
