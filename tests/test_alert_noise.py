@@ -17,13 +17,16 @@ from tests.helpers.noise import known_faults, replay
 @pytest.mark.slow
 def test_every_scenario_together_pages_once_per_page_worthy_fault_and_groups_tickets(tmp_path):
     faults = known_faults()
-    # 2 s scrapes and evaluations (2 simulated minutes): a loaded 2-core machine evaluates
-    # the rules of 1,088 GPUs in 0.5-0.7 s, too close to a 1 s interval (the bench's)
+    # 2 s scrapes and evaluations (2 simulated minutes) and no simulated health values
+    # (XIDs stay): with them, /metrics is 8.9 MB and 150k series, which a loaded 2-core
+    # machine cannot scrape and evaluate every interval (failed scrapes reset the alerts'
+    # `for`, and the pages never came in one CI run). The bench keeps them.
     run = replay(tmp_path, "every scenario together", faults, speed=60, sim_hours=0.75,
-                 start_after=300, interval=2.0)
+                 start_after=300, interval=2.0, health=False)
     expected = {f.pages for f in faults if f.pages}
     assert expected >= {"GpuTemperatureHigh", "GpuLost"}
-    assert set(run.paged) == expected, (dict(run.paged), dict(run.notifications))
+    assert set(run.paged) == expected, (dict(run.paged), dict(run.notifications),
+                                         dict(run.firing_at_end))
     assert run.pages == len(expected)  # one incident per fault
     assert all(run.page_alerts[name] == 1 for name in expected), dict(run.page_alerts)
     # the 82 °C GPU, the idle job and the fragmented pool are tickets, grouped
