@@ -8,7 +8,10 @@ The contract
     nodes, GPUs, allocations and pending jobs, the running total of records it had
     to skip (``parse_errors``, a counter), and for a source with several endpoints
     one :class:`TargetStatus` per endpoint. A source never builds a
-    :class:`~exporter.snapshot.SourceStatus`; the framework does.
+    :class:`~exporter.snapshot.SourceStatus`; the framework does. A source that
+    knows which job holds which GPU says so with ``role = "allocation"`` (the
+    scheduler's view only: Slurm) or ``schedules = True`` (the simulator, dcgm's
+    pod labels): only such a process serves the scheduler's families (issue 15).
 
 Who times, who isolates
     :mod:`exporter.collect` times every read with its own timer, bounds it by
