@@ -34,6 +34,7 @@ from exporter.server_limits import (
 )
 from exporter.sources.sim import build as sim_source
 from exporter.sources.sim_options import SimSource
+from tests.helpers.servers import closed_within
 
 START = 1_760_000_000.0
 SLACK = 5.0  # seconds a close may take beyond its timeout on a loaded 2-core machine
@@ -87,18 +88,6 @@ async def get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
         writer.close()
     head, _, body = raw.partition(b"\r\n\r\n")
     return int(head.split(b" ", 2)[1]), body
-
-
-async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
-    """Whether the server closes the connection (EOF or reset) within ``seconds``."""
-    try:
-        while await asyncio.wait_for(reader.read(65536), seconds):
-            pass
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-    return True
 
 
 def shed_lines(caplog) -> list[logging.LogRecord]:

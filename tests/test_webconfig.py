@@ -40,6 +40,7 @@ from exporter.webconfig import (
     parse_basic,
     san_allowed,
 )
+from tests.helpers.servers import closed_within
 from tests.helpers.tls import Pki, bcrypt_hash, make_pki
 
 START = 1_760_000_000.0
@@ -539,22 +540,11 @@ async def _tls_get(port: int, pki: Pki, path: str = "/-/healthy") -> int:
     return int(raw.split(b" ", 2)[1]) if raw else 0
 
 
-async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
-    try:
-        while await asyncio.wait_for(reader.read(65536), seconds):
-            pass
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-    return True
-
-
 async def test_a_stalled_handshake_is_closed_after_the_header_timeout(tmp_path, pki):
     async with _tls_serving(tmp_path, pki, WebConfig(header_timeout=0.5)) as (port, gate):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)  # no ClientHello
         try:
-            assert await _closed_within(reader, 0.5 + 5.0)
+            assert await closed_within(reader, 0.5 + 5.0)
         finally:
             writer.close()
         for _ in range(100):
@@ -576,7 +566,7 @@ async def test_connections_in_their_handshake_are_evicted_for_a_scraper(tmp_path
                 await asyncio.sleep(0.05)
             assert len(gate.guards) == 3
             assert await _tls_get(port, pki) == 200  # the longest-waiting silent one made room
-            assert await _closed_within(silent[0][0], 5.0)
+            assert await closed_within(silent[0][0], 5.0)
         finally:
             for _, writer in silent:
                 writer.close()

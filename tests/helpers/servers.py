@@ -7,6 +7,7 @@ Prometheus, Alertmanager); ``Prometheus`` and ``Alertmanager`` (in
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -174,3 +175,13 @@ def wait_until(what: str, check, timeout: float = 45.0, interval: float = 0.2):
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """Whether the server closes the connection (EOF or reset) within ``seconds``."""
+    try:
+        while await asyncio.wait_for(reader.read(65536), seconds):
+            pass
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True
