@@ -106,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
         from exporter.advisor.service import install
 
         install(app, advisor)
+    else:  # the snapshot is still served: say so at /v1/openapi.json
+        from exporter.advisor.api import openapi_handler
+        from exporter.server import OPENAPI_PATH
+
+        app.router.add_get(OPENAPI_PATH, openapi_handler(advisor=False))
     try:
         sock = socket.create_server((host, port), reuse_port=False)
     except OSError as exc:

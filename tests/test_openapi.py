@@ -4,6 +4,7 @@ the limits of bounds.py, the plan schema of docs/, and the handlers' real answer
 from __future__ import annotations
 
 import json
+import urllib.request
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from schemathesis.specs.openapi.definitions import OPENAPI_31
 from exporter.advisor import bounds, openapi
 from exporter.advisor.api import ADVISOR_API, AdvisorApi, add_routes
 from tests.helpers.data import REPO
+from tests.helpers.servers import start_exporter, stop
 from tests.test_advisor_api import TOKEN, alertmanager_payload, auth
 from tests.test_advisor_api import advisor_client as advisor_client  # the fixture, reused
 from tests.test_webconfig import HASH
@@ -28,7 +30,7 @@ def test_the_document_is_valid_openapi_31():
     schemas = [*DOC["components"]["schemas"].values(), *_inline_schemas(DOC["paths"])]
     for schema in schemas:
         Draft202012Validator.check_schema(schema)  # raises SchemaError naming the keyword
-    assert len(schemas) == 10 + 45  # the components, then every schema written in place
+    assert len(schemas) == 10 + 47  # the components, then every schema written in place
     assert DOC["openapi"] == "3.1.0"
 
 
@@ -203,3 +205,26 @@ async def test_the_web_configs_answers_are_documented(aiohttp_client, tmp_path):
     for path, item in DOC["paths"].items():
         for method, operation in item.items():
             assert {"403", "429"} <= set(operation["responses"]), (method, path)
+
+
+def test_every_operation_with_a_body_documents_the_body_deadline():
+    # web.body_timeout's 408 (exporter/server_limits.py) answers before any handler
+    with_body = {(method, path) for path, item in DOC["paths"].items()
+                 for method, operation in item.items() if "requestBody" in operation}
+    assert with_body == {("post", "/v1/plan"), ("post", "/v1/alerts")}
+    for method, path in with_body:
+        assert set(DOC["paths"][path][method]["responses"]["408"]["content"]) == {"text/plain"}
+
+
+@pytest.mark.slow
+def test_without_the_advisor_the_document_is_served_and_names_only_what_is(tmp_path):
+    served = start_exporter(tmp_path, config="advisor: {enabled: false}\n")
+    try:
+        with urllib.request.urlopen(f"{served.url}/v1/openapi.json", timeout=10) as resp:
+            doc = json.loads(resp.read())
+        with urllib.request.urlopen(f"{served.url}/v1/snapshot", timeout=10) as resp:
+            assert resp.status == 200
+    finally:
+        stop(served.proc)
+    assert doc == openapi.document(advisor=False)
+    assert set(doc["paths"]) == {"/v1/openapi.json", "/v1/snapshot"}

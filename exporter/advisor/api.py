@@ -246,10 +246,10 @@ async def post_alerts(request: web.Request) -> web.Response:
     return reply
 
 
-def openapi_handler() -> Callable[[web.Request], Awaitable[web.Response]]:
+def openapi_handler(advisor: bool = True) -> Callable[[web.Request], Awaitable[web.Response]]:
     """``GET /v1/openapi.json``: public (it says what the API takes, nothing about the fleet),
-    rendered once, served as bytes."""
-    body = _dumps(openapi.document()).encode()
+    rendered once, served as bytes; ``advisor`` False documents only what is then served."""
+    body = _dumps(openapi.document(advisor)).encode()
 
     async def get_openapi(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/json")

@@ -212,6 +212,10 @@ _WEB_CONFIG = {
 }
 _RETRY = {"Retry-After": {"schema": {"type": "string"}, "description": "seconds"}}
 _TOO_LARGE = _error("body over advisor.max_body_bytes (by Content-Length, or while read)")
+# exporter/server_limits.py answers it before the handler, for any request with a body
+_BODY_LATE = {"description": "web.body_timeout: the body had not arrived whole in time of the "
+                             "headers; the connection is closed (text/plain)",
+              "content": dict(_TEXT)}
 _BUG = _error("an exception in the handler, logged; the server keeps serving (never expected)")
 _BODY_400 = _error("not UTF-8 JSON, nested deeper than bounds.MAX_DEPTH, an integer of more than "
                    "bounds.MAX_INT_DIGITS digits, or outside the body's schema; the reason names the path")
@@ -220,8 +224,10 @@ _READ_SECURITY: list[dict[str, list[str]]] = [{}, {"bearer": []}]
 _POST_SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
-def document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document, as served at ``GET /v1/openapi.json``."""
+def document(advisor: bool = True) -> dict[str, Any]:
+    """The OpenAPI 3.1 document, as served at ``GET /v1/openapi.json``. Without the advisor
+    (``advisor.enabled: false``, or analysis off) only the snapshot and this document are
+    served, and the document says no more than that."""
     plan = {k: v for k, v in _rebased(PLAN_SCHEMA).items() if k not in ("$schema", "$id", "$defs")}
     schemas: dict[str, Any] = {
         "Snapshot": bounds.snapshot_schema(),
@@ -285,9 +291,13 @@ def document() -> dict[str, Any]:
                 "500": _BUG,
                 "503": _busy(json_too=False)}}},
     }
+    if not advisor:
+        paths = {path: paths[path] for path in ("/v1/openapi.json", "/v1/snapshot")}
     for item in paths.values():
         for operation in item.values():
             operation["responses"].update(_WEB_CONFIG)
+            if "requestBody" in operation:
+                operation["responses"]["408"] = _BODY_LATE
     paths["/v1/openapi.json"]["get"]["responses"]["401"] = _BASIC_UNAUTHORIZED
     return copy.deepcopy({
         "openapi": "3.1.0",
