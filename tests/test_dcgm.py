@@ -231,6 +231,14 @@ def test_blank_sentinels_are_dropped():
     assert is_blank(float(0x7FFFFFFFFFFFFFF0)) and not is_blank(700.0)
 
 
+def test_a_gpu_index_outside_0_to_63_is_no_gpu():
+    # one sample per index; only the in-range ones become GPUs (10**9 once became a GPU
+    # the advisor's bounds then refused, with the whole snapshot)
+    samples = [("DCGM_FI_DEV_GPU_UTIL", {"gpu": index, "UUID": f"GPU-{index}", "Hostname": "n1"}, 5.0)
+               for index in ("-3", "0", "63", "64", "1000000000")]
+    assert sorted(g.index for g in build_fleet(samples).gpus) == [0, 63]
+
+
 def _text(labels: dict[str, str]) -> str:
     return ",".join(f'{k}="{v}"' for k, v in labels.items())
 

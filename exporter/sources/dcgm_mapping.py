@@ -232,6 +232,9 @@ _SLICES = re.compile(r"^(\d+)g\.")
 # allocation series. The GPU cap itself is the dcgm source's max_gpus option.
 MAX_MIG_INSTANCES = 7
 MAX_PODS_PER_GPU = 128
+# NVML's device index on one node; the advisor's snapshot bounds (MAX_GPUS_PER_NODE in
+# exporter/advisor/bounds.py) take no more. -3 or 10^9 is no index: the sample is skipped.
+MAX_GPU_INDEX = 63
 
 
 class OverCap(Exception):
@@ -358,6 +361,9 @@ class DcgmFleetBuilder:
         try:
             index = int(first_label(labels, INDEX_LABELS))
         except ValueError:
+            self.skipped += 1
+            return None
+        if not 0 <= index <= MAX_GPU_INDEX:
             self.skipped += 1
             return None
         if self.max_gpus is not None and len(self._gpus) >= self.max_gpus:
