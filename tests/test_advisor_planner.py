@@ -152,6 +152,31 @@ def test_misplaced_on_the_real_slurm_samples():
     assert wrong.reason == "needs 107 GB per GPU, more than H100's 80 GB; fits no model here"
 
 
+def test_real_slurm_jobs_are_movable_with_default_settings():
+    """Slurm's own priorities (4294901759 and down under priority/basic) order its queue:
+    read as importance, every job was above advisor.high_priority (1000) and none moved.
+    The source maps the QOS instead: the samples' jobs have none (no accounting), so 0."""
+    from tests.test_slurm_parse import MODELS, sample
+
+    data = json.loads(sample("squeue.json"))
+    for j in data["jobs"]:
+        if j["job_id"] == 7:
+            j["qos"] = "high"
+    nodes = parse_sinfo_json(sample("sinfo.json"))
+    jobs = parse_squeue_json(json.dumps(data), node_threads(nodes))
+    assert jobs[0].priority == 4294901759  # Slurm's number is still read, not used
+    later = 1795961057.0 + 3600  # an hour after the samples' jobs started
+    snapshot = to_snapshot(later, nodes, jobs, MODELS, default_catalogue())
+    assert {a.job: a.priority for a in snapshot.allocations} == \
+        {"1": 0, "2": 0, "3": 0, "4": 0, "5": 0, "6": 0, "7": 1000, "8": 0}
+    movable = candidates(snapshot, from_snapshot(snapshot), later, PlanSettings())
+    assert sorted(c.alloc.job for node in movable.values() for c in node) == \
+        ["1", "2", "3", "4", "6"]  # 5 and 8 span two nodes; 7 is QOS high
+    # a site's own QOS names
+    mapped = to_snapshot(later, nodes, jobs, MODELS, default_catalogue(), {"urgent": 5000})
+    assert {a.priority for a in mapped.allocations} == {0}
+
+
 def test_multi_node_jobs_are_never_split_or_moved():
     spec = {f"n{i}": ("H100", "gpu-h100") for i in range(3)}
     gang = job("gang", "n0", (0, 1), extra=(Placement("n1", (0, 1), 1.0, 8.0),))

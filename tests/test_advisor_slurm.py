@@ -8,7 +8,10 @@ ago is planned as ``checkpoint_then_migrate`` costing those 10 min of work.
 
 The jobs started seconds ago; the planner is run as if one hour later (its
 ``now``), with the stated checkpoint 10 min before that, so the 30-min rule
-does not make every move a wait.
+does not make every move a wait. Everything else is the advisor's defaults:
+Slurm's own priorities (4294901759 and down under priority/basic) are queue
+order, and the source reports each job's QOS priority instead (none here, 0),
+so the default ``advisor.high_priority`` (1000) leaves them movable.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from pathlib import Path
 import pytest
 
 from exporter.advisor.planner import PlanSettings, plan_compaction
+from exporter.advisor.service import plan_settings
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import Shape, Workload
+from exporter.config import AdvisorConfig
 from exporter.snapshot import FleetSnapshot
 from exporter.sources.slurm import build
 from exporter.sources.slurm_options import SlurmSource as SlurmConfig
@@ -35,9 +40,7 @@ from tests.helpers.slurm_cluster import BINARIES, SlurmCluster
 pytestmark = pytest.mark.slow  # a real Slurm
 
 LATER = time.time() + 3600  # the planner's "now"
-# Slurm's priorities here are 4294901759 and below (priority/basic counts down from 2^32 - 2^16):
-# under the default advisor.high_priority (1000) every Slurm job is high-priority and never moved
-SETTINGS = PlanSettings(high_priority=2**32)
+SETTINGS = plan_settings(AdvisorConfig())  # the advisor's defaults, as `gpufleet serve` builds them
 WORKLOAD = Workload((Shape(8, 1.0, 8), Shape(4, 1.0, 1)), (0.5, 0.5))
 
 
@@ -89,7 +92,10 @@ def test_a_comment_reaches_the_plan_through_real_slurm(slurm, fmt):
         (slurm.ids["needs-h200"], "gpu-008", "H100", 107.4)
     assert wrong.reason == "needs 107 GB per GPU, more than H100's 80 GB; fits no model here"
 
-    assert plan_compaction(snapshot, report, "pool:gpu-h100", LATER, PlanSettings()).migrations == ()
+    assert all(a.priority == 0 for a in snapshot.allocations)  # QOS none: not Slurm's 4.29e9
+    # a site that calls these jobs high-priority keeps them put
+    assert plan_compaction(snapshot, report, "pool:gpu-h100", LATER,
+                           PlanSettings(high_priority=0)).migrations == ()
     moves = {m.job: m for m in plan.migrations}
     move = moves[slurm.ids["stray"]]
     assert (move.source.node, move.destination.node, move.action) == \

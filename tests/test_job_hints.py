@@ -10,6 +10,7 @@ from exporter.sources.job_hints import (
     from_comment,
     parse_quantity,
     parse_time,
+    slurm_priority,
 )
 
 
@@ -60,3 +61,11 @@ def test_slurm_comments():
     assert from_comment("x" * 4096 + " gpu-memory-required=1Gi") == JobHints()
     # a site may use its own key
     assert from_comment("mem=20Gi", memory_key="mem") == JobHints(20 * 2**30)
+
+
+@pytest.mark.parametrize(("qos", "priority"), [
+    ("high", 1000), ("normal", 100), ("low", 10), ("", 0), ("debug", 0), (" high ", 1000),
+])
+def test_slurm_priority_is_the_qos_on_gpufleets_scale(qos, priority):
+    assert slurm_priority(qos) == priority
+    assert slurm_priority(qos, {"debug": 7}) == (7 if qos == "debug" else 0)

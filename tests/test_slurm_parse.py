@@ -160,10 +160,10 @@ def test_samples_become_the_expected_snapshot():
     assert by_job["6"].allowed_models == ()
     assert by_job["1"].allowed_models == ("H200",)
     assert by_job["1"].start_time == 1795961057.0 and by_job["1"].user == "root"
-    assert by_job["1"].priority == 4294901759
+    assert by_job["1"].priority == 0  # QOS (null): Slurm's 4294901759 is queue order (job_hints)
     assert snapshot.pending == (
         JobRequest("9", gpu_count=32, cpus=4.0, node_count=4, models=("H200",),
-                   pool="gpu-h200", priority=4294901751, submit_time=1795961054.0),
+                   pool="gpu-h200", priority=0, submit_time=1795961054.0),
     )
 
 

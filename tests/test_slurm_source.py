@@ -138,8 +138,8 @@ def test_pending_job_is_demand(slurm):
     (request,) = snapshot.pending
     assert request == JobRequest(
         job=slurm.ids["pending"], gpu_count=32, cpus=4.0, node_count=4, models=("H200",),
-        pool="gpu-h200", priority=request.priority, submit_time=request.submit_time)
-    assert request.priority > 0 and request.submit_time is not None
+        pool="gpu-h200", priority=0, submit_time=request.submit_time)
+    assert request.submit_time is not None  # priority: its QOS's, none here (job_hints)
 
 
 def test_text_fallback_reads_the_same_cluster_as_json(slurm):

@@ -15,6 +15,16 @@ module so the conventions cannot drift apart:
 A requested GRES type (``gpu:h200:8``) is not a need: it limits the models a job may
 move to (``Allocation.allowed_models``) and says nothing about how much memory it uses.
 
+Priority is on one scale for every source (``Allocation.priority``): how much a job
+must not be disturbed, with ``advisor.high_priority`` (1000) and above never moved.
+The simulator's kinds and a Kubernetes PriorityClass value are on it already. Slurm's
+own job priority is not: it is a queue order (``priority/basic`` counts down from
+2^32 - 2^16 = 4294901760 by submission; ``priority/multifactor`` sums weighted age,
+fair-share, size, partition and QOS factors), so every real Slurm job was "high".
+What Slurm says about a job's importance is its QOS, which :func:`slurm_priority`
+maps through ``sources.slurm.qos_priorities`` (default: ``high`` 1000, ``normal``
+100, ``low`` 10, as the simulator's QoS classes); a QOS not listed, or none, is 0.
+
 All pure, all bounded: a value that does not parse is ignored (the job then states
 nothing), never guessed and never an error that hides the job.
 """
@@ -43,6 +53,19 @@ _SUFFIX = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**5
            "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(?:[eE]([0-9]{1,2}))?([KMGTP]i|[kKMGTP])?")
 _PAIR = re.compile(r"([A-Za-z0-9_./-]{1,64})=([^\s;,]{0,64})")
+
+
+# The simulator's QoS classes on gpufleet's priority scale (exporter/simulation/jobs.py)
+DEFAULT_QOS_PRIORITIES: Mapping[str, int] = {"high": 1000, "normal": 100, "low": 10}
+
+
+def slurm_priority(qos: str, qos_priorities: Mapping[str, int] = DEFAULT_QOS_PRIORITIES) -> int:
+    """A Slurm job's priority on gpufleet's scale: its QOS's, 0 for a QOS not listed.
+
+    Slurm's numeric priority is deliberately not used: it orders the queue and says
+    nothing about how disruptive a move is (module docstring).
+    """
+    return qos_priorities.get(qos.strip(), 0)
 
 
 @dataclass(frozen=True, slots=True)

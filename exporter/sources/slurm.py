@@ -162,6 +162,7 @@ class SlurmAllocationSource:
         self._format = "" if self.config.format == "auto" else self.config.format
         self._tz = _time_zone(self.config.time_zone)
         self._models = {m.type: m.model for m in self.config.gres_models}
+        self._qos = {q.qos: q.priority for q in self.config.qos_priorities}
         env = dict(os.environ)
         if self.config.slurm_conf:
             env["SLURM_CONF"] = self.config.slurm_conf
@@ -220,7 +221,7 @@ class SlurmAllocationSource:
         except SlurmParseError as exc:
             raise SlurmCommandError(str(exc)) from None
         now = self.clock()
-        snapshot = to_snapshot(now, nodes, jobs, self._models, self.catalogue)
+        snapshot = to_snapshot(now, nodes, jobs, self._models, self.catalogue, self._qos)
         return SourceReading.of(snapshot, parse_errors=self._parse_errors)
 
     async def close(self) -> None:
@@ -247,4 +248,7 @@ def build(config: SlurmConfig, clock: Clock) -> SlurmAllocationSource:
                 f"sources.slurm.gres_models: {entry.type} maps to {entry.model!r}, which the "
                 f"GPU catalogue lacks (known: {', '.join(catalogue.names())})"
             )
+    names = [q.qos for q in config.qos_priorities]
+    if len(set(names)) != len(names):
+        raise SourceStartupError("sources.slurm.qos_priorities: each qos may be listed once")
     return SlurmAllocationSource(config, clock, catalogue=catalogue)

@@ -25,6 +25,18 @@ DEFAULT_GRES_MODELS = (
 
 
 @dataclass(frozen=True)
+class QosPriority:
+    qos: str = opt(help="Slurm QOS name, e.g. high.")
+    priority: int = opt(help="gpufleet priority of its jobs; advisor.high_priority and above "
+                        "are never moved.", min=0, max=2**31 - 1)
+
+
+# The simulator's QoS classes (exporter/sources/job_hints.py DEFAULT_QOS_PRIORITIES)
+DEFAULT_QOS_PRIORITIES = (QosPriority("high", 1000), QosPriority("normal", 100),
+                          QosPriority("low", 10))
+
+
+@dataclass(frozen=True)
 class SlurmSource:
     enabled: bool = opt(False, help="Read nodes, allocations and pending jobs from Slurm.")
     format: str = opt(
@@ -42,4 +54,8 @@ class SlurmSource:
     )
     gres_models: tuple[GresModel, ...] = opt(
         DEFAULT_GRES_MODELS, help="GRES type to catalogue model; other types are looked up as is."
+    )
+    qos_priorities: tuple[QosPriority, ...] = opt(
+        DEFAULT_QOS_PRIORITIES, help="A job's priority from its QOS (Slurm's own priority orders "
+        "the queue, it does not say what must not be disturbed); a QOS not listed is 0."
     )

@@ -564,8 +564,12 @@ def to_snapshot(
     jobs: Iterable[SlurmJob],
     model_of: Mapping[str, str],
     catalogue: Catalogue,
+    qos_priorities: Mapping[str, int] = job_hints.DEFAULT_QOS_PRIORITIES,
 ) -> FleetSnapshot:
     """Inventory, allocations and demand as one snapshot.
+
+    A job's priority is its QOS's on gpufleet's scale (``qos_priorities``), not Slurm's
+    queue order (:func:`exporter.sources.job_hints.slurm_priority` says why).
 
     ``model_of`` maps GRES types to catalogue names (``h200`` -> ``H200``); a type it lacks is
     looked up in the catalogue as is, and an untyped GPU is reported with model ``unknown``.
@@ -605,7 +609,8 @@ def to_snapshot(
                 continue
             hints = job_hints.from_comment(job.comment)
             allocations.append(Allocation(
-                job=job.job_id, placements=placements, priority=job.priority, qos=job.qos,
+                job=job.job_id, placements=placements,
+                priority=job_hints.slurm_priority(job.qos, qos_priorities), qos=job.qos,
                 user=job.user, account=job.account, start_time=job.start_time,
                 last_checkpoint_time=hints.last_checkpoint_time,
                 gpu_memory_need_bytes=hints.gpu_memory_need_bytes,
@@ -618,7 +623,8 @@ def to_snapshot(
             pending.append(JobRequest(
                 job=job.job_id, gpu_count=gpus, cpus=float(job.cpus), node_count=job.node_count,
                 models=tuple(model(t) for t in job.requested_types()), pool=job.partition,
-                priority=job.priority, submit_time=job.submit_time,
+                priority=job_hints.slurm_priority(job.qos, qos_priorities),
+                submit_time=job.submit_time,
             ))
     return FleetSnapshot(taken_at, tuple(out_nodes), tuple(out_gpus), tuple(allocations),
                          tuple(pending))
