@@ -39,9 +39,6 @@ advisor:
   {trigger}
   dwell: 0s
   cooldown: 1h
-  # the simulated fleet starts with every job just started: a job that could move only
-  # after the plan expires is deferred (issue 17), so with the 30 min default no plan came
-  min_runtime: 0s
   outbox: {outbox}
   retry_initial: 300ms
   retry_max: 600ms

@@ -22,6 +22,7 @@ from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import Shape, Workload
 from exporter.placement.tiers import tier_models
 from exporter.simulation.fleet import Simulation
+from exporter.simulation.jobs import JOB_KINDS, scenario_start
 from exporter.sources.sim_options import Scenario, SimSource
 
 START = 1_760_000_000.0
@@ -34,10 +35,13 @@ def report_of(snapshot):
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_every_move_of_every_plan_keeps_the_rules_and_starts_before_expiry(seed):
+@pytest.mark.parametrize("after", [0, 3600])
+def test_every_move_of_every_plan_keeps_the_rules_and_starts_before_expiry(seed, after):
+    """At the scenario's first instant too: its jobs started at staggered times in the
+    past (jobs.scenario_start), so the default min_runtime (30 min) does not defer them all."""
     sim = Simulation(SimSource(seed=seed, scenarios=(
         Scenario(kind="fragmented_pool", pool="gpu-h100"),)), START)
-    now = START + 3600
+    now = START + after
     sim.advance(now)
     snapshot = sim.snapshot()
     report = report_of(snapshot)
@@ -89,3 +93,21 @@ def test_reclaim_and_right_sizing_lists_on_the_simulator():
     # shown on hand-made fleets (test_advisor_planner.py) and the real Slurm samples
     plan = plan_compaction(snapshot, report_of(snapshot), "cluster", clock[0], PlanSettings())
     assert plan.tier_misplacements == ()
+
+
+def test_scenario_jobs_started_at_staggered_times_in_the_past():
+    sim = Simulation(SimSource(seed=7, scenarios=(
+        Scenario(kind="fragmented_pool", pool="gpu-h100"),)), START)
+    starts = sorted(a.start_time for a in sim.snapshot().allocations if "scatter" in a.job)
+    ages = [START - t for t in starts]
+    assert len(ages) == 512 and len(set(ages)) == len(ages)  # no two alike
+    assert min(ages) >= 0 and max(ages) <= 6 * 3600  # within the infer kind's mean duration
+    young = sum(age < 1800 for age in ages)
+    assert young == 40  # 1 in 13 younger than min_runtime (30 min): those are deferred
+    # the same seed, the same starts; its own generator, so the fleet's other jobs are as before
+    again = Simulation(SimSource(seed=7, scenarios=(
+        Scenario(kind="fragmented_pool", pool="gpu-h100"),)), START)
+    assert sorted(a.start_time for a in again.snapshot().allocations if "scatter" in a.job) == starts
+    infer = next(k for k in JOB_KINDS if k.name == "infer")
+    assert scenario_start(7, 1, infer, START) == scenario_start(7, 1, infer, START)
+    assert scenario_start(7, 1, infer, START) != scenario_start(8, 1, infer, START)

@@ -47,7 +47,7 @@ from exporter.catalogue import GB, Catalogue, default_catalogue
 from exporter.placement.engine import Placer
 from exporter.placement.task import Task
 from exporter.placement.tiers import REFERENCE_TIERS, tier_of
-from exporter.simulation.jobs import JOB_KINDS, JobKind, SimJob, relative_rates
+from exporter.simulation.jobs import JOB_KINDS, JobKind, SimJob, relative_rates, scenario_start
 from exporter.snapshot import (
     Allocation,
     FleetSnapshot,
@@ -414,7 +414,8 @@ class Simulation:
         node_index = int(self.fleet.gpu_node[g])
         kind = JOB_KINDS[-1]
         job = SimJob(f"idle-{self._next_job:06d}", kind, [(node_index, [g], 1.0, 8.0)],
-                     self.now, math.inf, 0.0, 2 * GB, 0.0, pinned=True)
+                     scenario_start(self.config.seed, self._next_job, kind, self.now),
+                     math.inf, 0.0, 2 * GB, 0.0, pinned=True)
         self._next_job += 1
         self._apply(job, +1)
         self.jobs[job.id] = job
@@ -446,7 +447,8 @@ class Simulation:
                 if self.fleet.free[g] < 1.0:
                     continue
                 job = SimJob(f"scatter-{self._next_job:06d}", kind, [(node_index, [g], 1.0, 8.0)],
-                             self.now, math.inf, float(self.rng.uniform(0.3, 0.8)),
+                             scenario_start(self.config.seed, self._next_job, kind, self.now),
+                             math.inf, float(self.rng.uniform(0.3, 0.8)),
                              float(self.rng.uniform(20, 60)) * GB, 0.0, pinned=True)
                 self._next_job += 1
                 self._apply(job, +1)
@@ -460,7 +462,8 @@ class Simulation:
                 share = float(self.rng.choice(slices.share))
                 job = SimJob(f"scatter-{self._next_job:06d}", slices,
                              [(node_index, [g], share, 4.0)],
-                             self.now, math.inf, float(self.rng.uniform(0.2, 0.6)),
+                             scenario_start(self.config.seed, self._next_job, slices, self.now),
+                             math.inf, float(self.rng.uniform(0.2, 0.6)),
                              float(self.rng.uniform(5, 18)) * GB, 0.0, pinned=True)
                 self._next_job += 1
                 self._apply(job, +1)

@@ -57,6 +57,24 @@ class SimJob:
     pinned: bool = False  # scenario jobs never finish
 
 
+# Scenario jobs' ages come from their own generator per (seed, stream, job number): drawing
+# them from the fleet's generator would shift every later job and telemetry value
+SCENARIO_AGE_STREAM = 17
+
+
+def scenario_start(seed: int, number: int, kind: JobKind, now: float) -> float:
+    """When a job that a scenario puts in place (``fragmented_pool``, ``idle_allocated``)
+    started: some time in the past, drawn as the initial fill draws its jobs' ages
+    (uniform up to the kind's mean duration), deterministic per seed and job number.
+
+    A scenario shows a state the fleet reached, so its jobs did not all start at this
+    instant: had they, the advisor's ``min_runtime`` (30 min) would defer every move in
+    the first half hour of ``make run``.
+    """
+    rng = np.random.default_rng((seed, SCENARIO_AGE_STREAM, number))
+    return now - float(rng.uniform(0, kind.mean_hours * 3600))
+
+
 def relative_rates() -> list[float]:
     """How often each kind of job arrives, relative to the others: its share of the GPU
     demand over the GPU-hours one job of it holds."""
