@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rules": ("exporter.rules_cmd", "Generate Prometheus rules from rules/thresholds.yaml."),
     "dashboards": ("exporter.dashboards_cmd", "Generate the Grafana dashboards into dashboards/."),
     "replay": ("exporter.replay_cmd", "Replay a pod trace by each placement policy: CSV and PNG."),
+    "load": ("exporter.load_cmd", "Replay hourly pool demand by each scaling policy: CSV and PNG."),
+    "plan": ("exporter.plan_cmd", "The advisor's plan as JSON, PodMigrationJobs or Evictions."),
 }
 
 

@@ -1,0 +1,7 @@
+"""Load of a GPU pool over time: window statistics, change points and scaling hints (issue 20).
+
+``stats`` computes what the recording rules compute, ``changepoint`` flags regime
+changes online, ``scaling`` turns a demand series into a recommended node count,
+``series`` reads a demand CSV and a capacity table, and ``replay`` runs the three
+scaling policies over a series for ``gpufleet load``.
+"""

@@ -1,0 +1,126 @@
+"""A recommended node count per pool: the 0.8/0.3 rule, with hysteresis, cooldown and bounds.
+
+The reference autoscaling profile scales up when the demand ratio (GPUs asked
+for, allocated plus pending, over the pool's GPUs) is above 0.8 and down when
+it is below 0.3, between 4 and 32 nodes. A rule that acts on one sample flaps
+on this load (the Alibaba H800 pool moves by 1,400 GPUs in an hour and back),
+so :class:`Scaler` acts only when the ratio stayed out of the band for
+``hysteresis`` samples in a row and the last action in that direction is at
+least ``cooldown`` old. When it acts it sizes the pool so that the demand it
+saw would sit at the ``target`` ratio (KEDA's and the HPA's ``ceil(metric /
+target)``), clamped to ``[min_nodes, max_nodes]``; the band between down and
+up is the hysteresis that keeps the new size from acting again at once.
+
+The same class serves the live hint (times are the snapshot's, in seconds) and
+``gpufleet load``'s replay (hours times 3,600). The predictive policy feeds it a
+forecast instead of the observed demand (:mod:`.forecast`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# the reasons a hint gives, in the order the docs list them; a label value, so a closed set
+REASONS = ("hold", "up", "down", "min_nodes", "max_nodes")
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingSettings:
+    up: float = 0.8  # scale up above this demand ratio
+    down: float = 0.3  # scale down below it
+    target: float = 0.8  # the ratio a new size aims at: ceil(demand / (node_gpus * target))
+    min_nodes: int = 4
+    max_nodes: int = 32
+    node_gpus: int = 8  # GPUs one node adds
+    hysteresis: int = 2  # samples in a row out of the band before acting
+    cooldown_up_s: float = 3600.0  # since the last scale-up
+    cooldown_down_s: float = 3 * 3600.0  # since the last action of either kind
+    startup_s: float = 3600.0  # a node added now serves only this much later
+
+    def __post_init__(self) -> None:
+        if not 0 < self.down < self.up:
+            raise ValueError(f"need 0 < down < up, got down {self.down} and up {self.up}")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target must be in (0, 1], got {self.target}")
+        if not 0 <= self.min_nodes <= self.max_nodes:
+            raise ValueError(f"need 0 <= min_nodes <= max_nodes, got {self.min_nodes} and {self.max_nodes}")
+        if self.node_gpus < 1 or self.hysteresis < 1:
+            raise ValueError("node_gpus and hysteresis must be at least 1")
+        if min(self.cooldown_up_s, self.cooldown_down_s, self.startup_s) < 0:
+            raise ValueError("cooldowns and startup must not be negative")
+
+    def nodes_for(self, demand_gpus: float) -> int:
+        """Nodes that put ``demand_gpus`` at the target ratio, before the bounds."""
+        # 1e-9: 0.8 * 10 GPUs is 8.000000000000002 in floats, which must not round up to a node
+        return max(0, math.ceil(demand_gpus / (self.node_gpus * self.target) - 1e-9))
+
+    def clamp(self, nodes: int) -> tuple[int, str]:
+        """``nodes`` within the bounds, and the bound's name when it applied."""
+        if nodes > self.max_nodes:
+            return self.max_nodes, "max_nodes"
+        if nodes < self.min_nodes:
+            return self.min_nodes, "min_nodes"
+        return nodes, ""
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    nodes: int  # the recommended node count
+    reason: str  # one of REASONS
+    ratio: float  # the demand ratio the decision read (demand / current nodes' GPUs)
+    changed: bool  # the recommendation differs from the previous one
+
+
+@dataclass
+class Scaler:
+    """The 0.8/0.3 rule's state for one pool: the current recommendation and its history."""
+
+    settings: ScalingSettings
+    nodes: int  # the current recommendation (what is, or will be, provisioned)
+    _above: int = 0
+    _below: int = 0
+    _last_up: float = -math.inf
+    _last_action: float = -math.inf
+    reason: str = field(default="hold")
+
+    def __post_init__(self) -> None:
+        self.nodes, bound = self.settings.clamp(self.nodes)
+        if bound:
+            self.reason = bound
+
+    def step(self, now: float, demand_gpus: float) -> Hint:
+        """Read one sample of demand (GPUs asked for) at ``now`` seconds and recommend a size."""
+        s = self.settings
+        capacity = self.nodes * s.node_gpus
+        # no nodes (min_nodes 0): any demand is above every threshold
+        ratio = demand_gpus / capacity if capacity > 0 else (math.inf if demand_gpus > 0 else 0.0)
+        if ratio > s.up:
+            self._above, self._below = self._above + 1, 0
+        elif ratio < s.down:
+            self._above, self._below = 0, self._below + 1
+        else:
+            self._above = self._below = 0
+        before = self.nodes
+        if self._above >= s.hysteresis and now - self._last_up >= s.cooldown_up_s:
+            wanted, bound = s.clamp(s.nodes_for(demand_gpus))
+            if wanted > self.nodes:
+                self.nodes, self.reason = wanted, bound or "up"
+                self._last_up = self._last_action = now
+                self._above = 0
+        elif self._below >= s.hysteresis and now - self._last_action >= s.cooldown_down_s:
+            wanted, bound = s.clamp(s.nodes_for(demand_gpus))
+            if wanted < self.nodes:
+                self.nodes, self.reason = wanted, bound or "down"
+                self._last_action = now
+                self._below = 0
+        changed = self.nodes != before
+        if not changed:
+            # holding: say so, or name the bound that keeps the rule from acting
+            if ratio > s.up and self.nodes >= s.max_nodes:
+                self.reason = "max_nodes"
+            elif ratio < s.down and self.nodes <= s.min_nodes:
+                self.reason = "min_nodes"
+            else:
+                self.reason = "hold"
+        return Hint(self.nodes, self.reason, ratio, changed)

@@ -1,0 +1,76 @@
+"""exporter/load/scaling.py: the 0.8/0.3 rule with hysteresis, cooldown and bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.load.scaling import Hint, Scaler, ScalingSettings
+
+H = 3600.0
+
+
+def settings(**kw) -> ScalingSettings:
+    base = dict(min_nodes=4, max_nodes=32, node_gpus=8, hysteresis=2, cooldown_up_s=H,
+                cooldown_down_s=3 * H)
+    base.update(kw)
+    return ScalingSettings(**base)
+
+
+def test_scales_up_after_two_samples_above_and_sizes_to_the_target():
+    s = Scaler(settings(), 10)  # 80 GPUs
+    assert s.step(0, 70) == Hint(10, "hold", 0.875, False)  # one sample above 0.8: wait
+    # 90 GPUs / (8 * 0.8) = 14.06 -> 15 nodes
+    assert s.step(H, 90) == Hint(15, "up", 1.125, True)
+    assert s.step(2 * H, 90) == Hint(15, "hold", 0.75, False)
+
+
+def test_hysteresis_resets_inside_the_band():
+    s = Scaler(settings(), 10)
+    s.step(0, 70)
+    s.step(H, 50)  # back in the band
+    assert s.step(2 * H, 70).nodes == 10
+
+
+def test_scale_down_waits_for_the_cooldown_and_stops_at_min_nodes():
+    s = Scaler(settings(), 10)
+    s.step(0, 70)
+    assert s.step(H, 70).reason == "up"  # 70 / 6.4 -> 11 nodes, at 1 h
+    s.step(2 * H, 1)
+    assert s.step(3 * H, 1).nodes == 11  # two samples below 0.3, but 2 h since the scale-up
+    assert s.step(4 * H, 1) == Hint(4, "min_nodes", 1 / 88, True)
+    assert s.step(5 * H, 0) == Hint(4, "min_nodes", 0.0, False)
+
+
+def test_max_nodes_caps_and_says_so():
+    s = Scaler(settings(), 30)
+    s.step(0, 1000)
+    assert s.step(H, 1000) == Hint(32, "max_nodes", 1000 / 240, True)
+    assert s.step(2 * H, 1000).reason == "max_nodes"
+    assert s.step(3 * H, 200).reason == "hold"
+
+
+def test_up_cooldown():
+    s = Scaler(settings(hysteresis=1), 10)
+    assert s.step(0, 70).nodes == 11
+    assert s.step(0.5 * H, 200).nodes == 11  # 30 min after the last scale-up
+    assert s.step(H, 200).nodes == 32
+
+
+def test_a_start_outside_the_bounds_is_clamped():
+    assert Scaler(settings(), 100).nodes == 32
+    assert Scaler(settings(), 0).reason == "min_nodes"
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(up=0.3, down=0.8), "down < up"),
+    (dict(target=0.0), "target"),
+    (dict(min_nodes=5, max_nodes=4), "min_nodes <= max_nodes"),
+    (dict(node_gpus=0), "at least 1"),
+])
+def test_bad_settings(kw, message):
+    with pytest.raises(ValueError, match=message):
+        settings(**kw)
+
+
+def test_nodes_for_ignores_float_noise():
+    assert settings(node_gpus=10).nodes_for(8.0) == 1  # 8 / (10 * 0.8) is 1.0000000000000002
