@@ -1,0 +1,250 @@
+"""``gpufleet plan``: the advisor's current plan, as JSON or as Kubernetes objects to apply.
+
+Reads the plan from a running gpufleet (``GET /v1/advice``, the default) or from a saved
+file (a plan, or a saved ``/v1/advice`` answer; ``-`` is stdin), checks it against the
+plan schema (docs/advisor-plan.schema.json) and that its id is its content's hash, and
+prints it:
+
+  json         the plan itself;
+  koordinator  one Koordinator PodMigrationJob per move, reservation first
+               (kubectl apply -f -);
+  eviction     one policy/v1 Eviction per move, with the destination as a node-affinity
+               hint (each goes to its pod's eviction subresource; see docs/advisor.md).
+
+wait_until moves render no object: the next plan carries them. An expired plan is
+refused (--ignore-expiry renders it anyway, for review). What is read is bounded: at most
+--max-bytes (16 MiB), within --timeout seconds (10), at most 10,000 moves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from exporter import logs
+from exporter.advisor import bounds
+from exporter.advisor.kube_render import (
+    RenderError,
+    plan_from_json,
+    render_evictions,
+    render_koordinator,
+    to_yaml,
+)
+from exporter.config import DEFAULT_PORT
+from exporter.errors import UsageError, one_line
+
+DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else ""
+EPILOG = f"""examples:
+  gpufleet plan --format koordinator | kubectl apply -f -
+  gpufleet plan --from https://gpufleet.example:{DEFAULT_PORT} --token-file /var/run/secrets/token
+  curl -s localhost:{DEFAULT_PORT}/v1/advice > advice.json
+  gpufleet plan --from advice.json --format eviction"""
+
+FORMATS = ("json", "koordinator", "eviction")
+DEFAULT_FROM = f"http://localhost:{DEFAULT_PORT}/v1/advice"
+MAX_BYTES = 16 * 1024 * 1024  # advisor.max_body_bytes' default: what /v1/plan takes
+MAX_MIGRATIONS = 10_000  # a plan moves a few dozen pods; the planner's own cap is far lower
+MAX_TOKEN_BYTES = 64 * 1024  # a service account token is ~1 KB
+
+
+class PlanError(Exception):
+    """The plan could not be fetched or rendered; one line, exit 1."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=FORMATS, default="json",
+                        help="what to print (default json)")
+    parser.add_argument("--from", dest="source", metavar="URL_OR_FILE", default=DEFAULT_FROM,
+                        help=f"a gpufleet URL (its /v1/advice), a saved plan or advice JSON file, "
+                        f"or - for stdin (default {DEFAULT_FROM})")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="bearer token for the URL (e.g. a service account token)")
+    parser.add_argument("--ca-file", metavar="FILE", help="CA bundle for an https URL")
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="the whole fetch (default 10)")
+    parser.add_argument("--max-bytes", type=int, default=MAX_BYTES, metavar="N",
+                        help=f"largest answer or file read (default {MAX_BYTES})")
+    parser.add_argument("--ignore-expiry", action="store_true",
+                        help="render a plan past its expires_at (to review it, not to apply it)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logs.setup("warning")
+    if not 0 < args.timeout <= 600:
+        raise UsageError(f"--timeout: must be in (0, 600] seconds, got {args.timeout:g}")
+    if not 0 < args.max_bytes <= 1024 * 1024 * 1024:
+        raise UsageError(f"--max-bytes: must be from 1 to 1 GiB, got {args.max_bytes}")
+    try:
+        body = _read(args)
+        data = _plan_json(body, args.source)
+        if data is None:
+            return 0
+        out = render(data, args.format, now=None if args.ignore_expiry else time.time())
+    except PlanError as exc:
+        print(f"gpufleet: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    sys.stdout.write(out)
+    return 0
+
+
+def render(data: dict[str, Any], fmt: str, now: float | None) -> str:
+    """The output for a checked plan; ``now`` None renders an expired plan too."""
+    try:
+        plan = plan_from_json(data)
+        if fmt == "json":
+            if now is not None and plan.expires_at <= now:
+                raise RenderError(f"plan {plan.plan_id} expired")
+            return json.dumps(data, indent=2) + "\n"
+        renderer = render_koordinator if fmt == "koordinator" else render_evictions
+        when = plan.snapshot_time if now is None else now
+        if now is None:  # review mode: the TTL as if rendered when the plan was made
+            when = min(when, plan.expires_at - 1)
+        header = [f"gpufleet plan {plan.plan_id} ({plan.scope}): {len(plan.migrations)} moves, "
+                  f"fragmented GPUs {plan.before.fragmented_gpus:g} -> {plan.after.fragmented_gpus:g}"]
+        return to_yaml(renderer(plan, when), header)
+    except RenderError as exc:
+        message = str(exc)
+        if "expired" in message:
+            message += " (--ignore-expiry renders it for review)"
+        raise PlanError(message) from None
+
+
+# --- reading ----------------------------------------------------------------------------
+
+
+def _is_url(source: str) -> bool:
+    return urlsplit(source).scheme in ("http", "https")
+
+
+def _read(args: argparse.Namespace) -> bytes:
+    if _is_url(args.source):
+        return asyncio.run(_fetch(args))
+    return _read_file(args.source, args.max_bytes)
+
+
+def _read_file(path: str, max_bytes: int) -> bytes:
+    """At most ``max_bytes`` of a file or stdin: the size first (a regular file), then while
+    reading (a pipe), one byte past the limit at most."""
+    try:
+        if path == "-":
+            body = sys.stdin.buffer.read(max_bytes + 1)
+        else:
+            with open(path, "rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                if size > max_bytes:
+                    raise UsageError(f"{path}: {size} bytes, over the {max_bytes}-byte limit (--max-bytes)")
+                body = file.read(max_bytes + 1)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(body) > max_bytes:
+        raise UsageError(f"{path}: over the {max_bytes}-byte limit (--max-bytes)")
+    return body
+
+
+def _advice_url(source: str) -> str:
+    parts = urlsplit(source)
+    if parts.path in ("", "/"):
+        return parts._replace(path="/v1/advice").geturl()
+    return source
+
+
+def _token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    body = _read_file(path, MAX_TOKEN_BYTES)
+    try:
+        token = body.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise UsageError(f"--token-file {path}: not an ASCII token") from None
+    if not token or any(c.isspace() for c in token):
+        raise UsageError(f"--token-file {path}: must hold one token, without spaces")
+    return token
+
+
+async def _fetch(args: argparse.Namespace) -> bytes:
+    import ssl
+
+    import aiohttp
+
+    url = _advice_url(args.source)
+    headers = {"Accept": "application/json"}
+    if (token := _token(args.token_file)) is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    ssl_context: ssl.SSLContext | bool = True
+    if args.ca_file:
+        try:
+            ssl_context = ssl.create_default_context(cafile=args.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(f"--ca-file {args.ca_file}: {exc}") from None
+    timeout = aiohttp.ClientTimeout(total=args.timeout)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session, \
+                session.get(url, headers=headers, ssl=ssl_context, allow_redirects=False) as response:
+            if response.status != 200:
+                text = (await response.content.read(300)).decode("utf-8", "replace").strip()
+                raise PlanError(f"{url}: HTTP {response.status}" + (f": {text[:200]}" if text else ""))
+            if response.content_length is not None and response.content_length > args.max_bytes:
+                raise PlanError(f"{url}: {response.content_length} bytes, over the "
+                                f"{args.max_bytes}-byte limit (--max-bytes)")
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.content.iter_chunked(64 * 1024):
+                size += len(chunk)
+                if size > args.max_bytes:  # a lying or absent Content-Length
+                    raise PlanError(f"{url}: over the {args.max_bytes}-byte limit (--max-bytes)")
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except TimeoutError:
+        raise PlanError(f"{url}: no complete answer within {args.timeout:g} s (--timeout)") from None
+    except aiohttp.ClientError as exc:
+        raise PlanError(f"{url}: {type(exc).__name__}: {exc}") from None
+
+
+# --- checking ---------------------------------------------------------------------------
+
+
+def _plan_json(body: bytes, source: str) -> dict[str, Any] | None:
+    """The plan in a plan or ``/v1/advice`` JSON body, checked; None when the advice has no
+    plan (said on stderr: nothing to apply is not an error)."""
+    try:
+        data = bounds.parse_json(body)
+    except bounds.Invalid as exc:
+        raise PlanError(f"{source}: not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{source}: expected a JSON object (a plan, or /v1/advice's answer)")
+    if "plan_id" not in data and "plan" in data:  # an advice
+        if data["plan"] is None:
+            reasons = data.get("reasons")
+            why = "; ".join(map(str, reasons))[:300] if isinstance(reasons, list) else ""
+            print(f"gpufleet: no plan: the advice's decision is {str(data.get('decision'))[:40]!r}"
+                  + (f" ({why})" if why else ""), file=sys.stderr)
+            return None
+        data = data["plan"]
+        if not isinstance(data, dict):
+            raise PlanError(f"{source}: plan: expected an object")
+    migrations = data.get("migrations")
+    if isinstance(migrations, list) and len(migrations) > MAX_MIGRATIONS:
+        raise PlanError(f"{source}: {len(migrations)} migrations, over the limit of {MAX_MIGRATIONS}")
+    _check_schema(data, source)
+    return data
+
+
+def _check_schema(data: dict[str, Any], source: str) -> None:
+    import jsonschema
+
+    from exporter.advisor.openapi import PLAN_SCHEMA
+
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(PLAN_SCHEMA).iter_errors(data))
+    if error is not None:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        message = error.message if len(error.message) <= 200 else error.message[:200] + "..."
+        raise PlanError(f"{source}: not a valid plan: {where.lstrip('.') or '(top)'}: {message}")
+
+
+__all__ = ["FORMATS", "PlanError", "add_arguments", "render", "run"]
