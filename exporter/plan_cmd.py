@@ -218,6 +218,8 @@ def _plan_json(body: bytes, source: str) -> dict[str, Any] | None:
         raise PlanError(f"{source}: not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise PlanError(f"{source}: expected a JSON object (a plan, or /v1/advice's answer)")
+    if "plan_id" not in data and isinstance(data.get("error"), str):  # a saved error answer
+        raise PlanError(f"{source}: an error answer, not a plan: {data['error'][:300]}")
     if "plan_id" not in data and "plan" in data:  # an advice
         if data["plan"] is None:
             reasons = data.get("reasons")

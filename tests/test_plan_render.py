@@ -21,6 +21,7 @@ import copy
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -373,6 +374,11 @@ def test_plan_command_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     done = gpufleet("--from", str(tmp_path / "missing.json"))
     assert (done.returncode, done.stderr) == (
         2, f"gpufleet: {tmp_path}/missing.json: cannot read: No such file or directory\n")
+    error = {"error": "the advisor has no usable token (set GPUFLEET_ADVISOR_TOKEN or "
+                      "advisor.token_file, non-blank)"}
+    done = gpufleet("--from", saved(tmp_path, error, "error.json"))
+    assert (done.returncode, done.stderr) == (
+        1, f"gpufleet: {tmp_path}/error.json: an error answer, not a plan: {error['error']}\n")
     done = gpufleet("--from", "-", stdin="[1, 2")
     assert done.returncode == 1 and done.stderr.startswith("gpufleet: -: not JSON: ")
     assert "Traceback" not in done.stderr
@@ -438,3 +444,58 @@ async def test_plan_command_reads_v1_advice(aiohttp_server: Any, tmp_path: Path)
     release.set()
     assert (code, err) == (1, f"gpufleet: {base}/stuck/v1/advice: no complete answer within 0.5 s "
                               "(--timeout)\n")
+
+
+# --- a real exporter's plan ----------------------------------------------------------------
+
+REAL_CONFIG = """
+collect_interval: 1s
+advisor:
+  trigger: 50
+  clear_below: 40
+  dwell: 0s
+  outbox: outbox.sqlite
+sources:
+  sim:
+    seed: 42
+    scenarios:
+      - {kind: fragmented_pool, pool: gpu-h100}
+"""
+
+
+@pytest.mark.slow
+def test_a_real_exporters_plan_renders_valid_objects(exporter_factory: Any, tmp_path: Path) -> None:
+    """The simulated fleet's fragmented H100 pool, planned by a real exporter (POST /v1/plan
+    on its own /v1/snapshot: /v1/advice carries a plan only in the evaluation that made it),
+    rendered by the command in every format, each object checked by its schema."""
+    from tests.helpers.servers import http_get
+
+    exporter = exporter_factory(config=REAL_CONFIG, env={"GPUFLEET_ADVISOR_TOKEN": "t0ken"})
+    snapshot = http_get(f"{exporter.url}/v1/snapshot")
+    request = urllib.request.Request(f"{exporter.url}/v1/plan", data=snapshot, method="POST",
+                                     headers={"Authorization": "Bearer t0ken"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        advice = json.loads(response.read())
+    assert advice["decision"] == "compact"
+    path = saved(tmp_path, advice, "advice.json")
+    moves = advice["plan"]["migrations"]
+    acting = [m for m in moves if m["action"] != "wait_until"]
+    assert acting  # the scenario leaves moves to make
+
+    done = gpufleet("--from", path, "--format", "koordinator")
+    assert (done.returncode, done.stderr) == (0, "")
+    jobs = [o for o in yaml.safe_load_all(done.stdout) if o]
+    assert [(j["spec"]["podRef"]["namespace"], j["spec"]["podRef"]["name"], j["spec"].get("paused", False))
+            for j in jobs] == [(m["namespace"], m["pod"], m["action"] == "checkpoint_then_migrate")
+                               for m in acting]
+    assert [pmj_errors(j) for j in jobs] == [[]] * len(acting)
+
+    done = gpufleet("--from", path, "--format", "eviction")
+    assert done.returncode == 0
+    evictions = [o for o in yaml.safe_load_all(done.stdout) if o]
+    assert [e["metadata"]["name"] for e in evictions] == [m["pod"] for m in acting]
+    assert kubernetes_validate(tmp_path, evictions) == sorted(
+        f"INFO FILE passed for resource eviction/{m['pod']} against version 1.32" for m in acting)
+
+    done = gpufleet("--from", path)
+    assert (done.returncode, json.loads(done.stdout)) == (0, advice["plan"])
