@@ -215,11 +215,18 @@ def test_blocks_reused_from_the_last_snapshot_give_the_bytes_of_a_fresh_render()
         (ExpositionOptions(cluster="a"), (Scenario(kind="gpu_lost", node="gpu-007", gpu=2),)),
         (ExpositionOptions(per_gpu=False, reads_scheduler=False, cluster="a"), ()),
         (NODE_MODE, ()),
+        (NODE_MODE, ("xid",)),
     )):
         sim.advance(START + 600 * (step + 1))
         snapshot = sim.snapshot()
-        if scenarios:  # the lost GPU: up 0, its values gone
-            lost = [dataclasses.replace(g, up=False, utilization_ratio=None)
+        if scenarios == ("xid",):  # one GPU's health part replaced: its blocks are redone
+            render(snapshot, labels, options=options)  # the same snapshot unchanged, first
+            hit = [dataclasses.replace(g, health=dataclasses.replace(g.health, last_xid=79.0))
+                   if (g.node, g.index) == ("gpu-130", 3) else g for g in snapshot.gpus]
+            snapshot = dataclasses.replace(snapshot, gpus=tuple(hit))
+        elif scenarios:  # the lost GPU: up 0, its values and parts gone
+            lost = [dataclasses.replace(g, up=False, utilization_ratio=None, health=None,
+                                        performance=None)
                     if (g.node, g.index) == ("gpu-007", 2) else g for g in snapshot.gpus]
             snapshot = dataclasses.replace(snapshot, gpus=tuple(lost))
         before = dict(labels.blocks)
@@ -227,6 +234,12 @@ def test_blocks_reused_from_the_last_snapshot_give_the_bytes_of_a_fresh_render()
         assert len(snapshot.gpus) > 1024  # two blocks per per-GPU family at least
         assert cached.text == render_text(snapshot, LabelCache(), options=options), step
         assert cached.text == _generate_latest(snapshot, options=options), step
+        if scenarios == ("xid",):
+            assert 'gpufleet_gpu_last_xid{gpu="3",model="B200",node="gpu-130"' in cached.text.decode()
+            where = [(g.node, g.index) for g in snapshot.gpus].index(("gpu-130", 3)) // 1024 * 1024
+            reused = [key for key, block in labels.blocks.items() if before.get(key) is block]
+            assert ("gpufleet_gpu_last_xid", where) not in reused
+            assert ("gpufleet_gpu_last_xid", 1024 - where) in reused  # the other block's GPUs kept theirs
         if step == 1:  # the second of two snapshots: static families were not re-rendered
             reused = [key for key, block in labels.blocks.items() if before.get(key) is block]
             assert ("gpufleet_gpu_memory_total_bytes", 0) in reused
