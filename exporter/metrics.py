@@ -397,6 +397,29 @@ FRAGMENTATION_WORKLOAD_INFO = FamilySpec(
     ("source", "cpu_only"), "fragmentation",
     doc="`source` is `window`, `trace` or `shapes`; `cpu_only` is `included` or `excluded`.")
 
+# -- pool load: change points and scaling hints (issue 20, exporter/load/live.py) ------------------
+POOL_LOAD_CHANGE_TOTAL = FamilySpec(
+    "gpufleet_pool_load_change_total", "counter",
+    "Load regime changes the CUSUM detector found in the pool's demand ratio, by direction.",
+    ("pool", "direction"), "load",
+    doc="`direction` is `up` or `down`. Demand ratio = (allocated + pending GPUs) / GPUs, "
+        "one sample per snapshot (docs/load.md).")
+POOL_LOAD_LAST_CHANGE_TIMESTAMP_SECONDS = FamilySpec(
+    "gpufleet_pool_load_last_change_timestamp_seconds", "gauge",
+    "Unix time of the snapshot at which the last load change of the pool was detected.",
+    ("pool",), "load", "seconds", doc="Absent until a change is detected.")
+POOL_RECOMMENDED_NODES = FamilySpec(
+    "gpufleet_pool_recommended_nodes", "gauge",
+    "Nodes the scaling hint recommends for the pool (the threshold table's scaling rule).",
+    ("pool",), "load",
+    doc="Up above the `up` demand ratio, down below `down`, after `hysteresis` samples and the "
+        "cooldown, within `min_nodes`-`max_nodes` (rules/thresholds.yaml `scaling:`).")
+POOL_SCALING_REASON = FamilySpec(
+    "gpufleet_pool_scaling_reason", "gauge",
+    "1 for the reason of the pool's current scaling hint, 0 for the others.",
+    ("pool", "reason"), "load",
+    doc="`reason`: `hold`, `up`, `down`, `min_nodes` or `max_nodes` (a bound stopped the rule).")
+
 # -- the rebalancing advisor -----------------------------------------------------------------------
 ADVISOR_COMPACTION_RECOMMENDED = FamilySpec(
     "gpufleet_advisor_compaction_recommended", "gauge",
@@ -463,6 +486,22 @@ POOL_IDLE_ALLOCATED_GPU_SECONDS = FamilySpec(
     "GPU-seconds the reclaim candidates of a pool have held idle so far (a lower bound: "
     "counted from the exporter's first snapshot that saw them idle).", ("pool",), "advisor",
     "seconds")
+JOB_GPU_MEMORY_PEAK_BYTES = FamilySpec(
+    "gpufleet_job_gpu_memory_peak_bytes", "gauge",
+    "Peak GPU memory a job used per GPU over its life, as this exporter measured it.",
+    ("job", "namespace", "account"), "advisor", "bytes",
+    doc="From whole, non-MIG GPUs the job holds alone (a shared GPU's memory is several "
+        "jobs'); absent without memory telemetry. Counted from the exporter's first snapshot "
+        "of the job, forgotten when the job ends: a lower bound, which only raises a declared "
+        "need, never replaces one (docs/advisor.md).")
+POOL_RIGHT_SIZING_GPUS = FamilySpec(
+    "gpufleet_pool_right_sizing_gpus", "gauge",
+    "GPUs held in a pool under pressure by jobs whose declared and measured memory need "
+    "fits a lower tier: the advisor's right-sizing list, by pool.", ("pool",), "advisor")
+POOL_RIGHT_SIZING_GPU_SECONDS = FamilySpec(
+    "gpufleet_pool_right_sizing_gpu_seconds", "gauge",
+    "GPU-seconds the right-sizing candidates of a pool have held their GPUs so far "
+    "(since each job started).", ("pool",), "advisor", "seconds")
 
 # The table, keyed by name, in definition order (the order above): every FamilySpec of this
 # module, so a family declared above cannot be left out of it.

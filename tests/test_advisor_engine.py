@@ -5,7 +5,13 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
-from exporter.advisor.engine import Advisor, DecisionSettings, gate
+from exporter.advisor.engine import (
+    Advisor,
+    DecisionSettings,
+    gate,
+    memory_peaks,
+    with_measured_needs,
+)
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, Placement
 
@@ -252,3 +258,27 @@ async def test_post_alerts_tells_the_advisor_before_it_evaluates(aiohttp_client,
     service = AdvisorService(advisor, LiveAnalyzer.from_config(AnalysisConfig()),
                              Deliverer(Outbox(tmp_path / "o.sqlite"), ()), b"t", max_body_bytes=1024)
     assert service.api().on_alerts == advisor.alert_firing
+
+
+def test_memory_peaks_are_per_job_kept_over_snapshots_and_forgotten_when_the_job_ends():
+    gpus = (Gpu("n1", 0, "u0", "H100", "p", memory_used_bytes=30 * 2**30),
+            Gpu("n1", 1, "u1", "H100", "p", memory_used_bytes=50 * 2**30),
+            Gpu("n1", 2, "u2", "H100", "p", memory_used_bytes=70 * 2**30),  # shared: not one job's
+            Gpu("n1", 3, "u3", "H100", "p", memory_used_bytes=None))  # no telemetry
+    whole = Allocation("whole", (Placement("n1", (0, 1), 1.0, 4.0),), gpu_memory_need_bytes=40 * 2**30)
+    shared = Allocation("shared", (Placement("n1", (2,), 0.5, 1.0),), gpu_memory_need_bytes=10 * 2**30)
+    blind = Allocation("blind", (Placement("n1", (3,), 1.0, 1.0),))
+    snap = FleetSnapshot(0.0, (Node("n1", "H100", 64.0, "p", "hopper", 4),), gpus,
+                         (whole, shared, blind))
+    peaks = memory_peaks(snap, {})
+    assert peaks == {"whole": 50 * 2**30}  # the larger of its two GPUs
+    lower = dataclasses.replace(snap, gpus=tuple(dataclasses.replace(g, memory_used_bytes=2**30)
+                                                 for g in gpus[:3]) + gpus[3:])
+    assert memory_peaks(lower, peaks) == {"whole": 50 * 2**30}  # a peak, not the latest value
+    ended = dataclasses.replace(lower, allocations=(shared, blind))
+    assert memory_peaks(ended, {**peaks, "gone": 1.0}) == {}  # bounded by the running jobs
+    # the peak raises a declared need, never creates one, never lowers one
+    raised = with_measured_needs(snap, {"whole": 60 * 2**30, "blind": 70 * 2**30,
+                                        "shared": 2**30})
+    assert [a.gpu_memory_need_bytes for a in raised.allocations] == [60 * 2**30, 10 * 2**30, None]
+    assert with_measured_needs(snap, {}) is snap

@@ -11,14 +11,20 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.advisor.planner import PlanSettings, apply_plan, candidates, plan_compaction
+from exporter.advisor.planner import (
+    PlanSettings,
+    apply_plan,
+    candidates,
+    plan_compaction,
+    right_sizing,
+)
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import Shape, Workload
 from exporter.catalogue import GB, default_catalogue
 from exporter.placement.task import Task
-from exporter.snapshot import Allocation, FleetSnapshot, Gpu, MigInstance, Node, Placement
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, MigInstance, Node, Placement
 from exporter.sources.slurm_parse import node_threads, parse_sinfo_json, parse_squeue_json, to_snapshot
 
 NOW = 1_760_000_000.0
@@ -175,6 +181,33 @@ def test_real_slurm_jobs_are_movable_with_default_settings():
     # a site's own QOS names
     mapped = to_snapshot(later, nodes, jobs, MODELS, default_catalogue(), {"urgent": 5000})
     assert {a.priority for a in mapped.allocations} == {0}
+
+
+def test_right_sizing_lists_jobs_whose_declared_and_measured_need_fit_a_lower_tier():
+    spec = {"x1": ("H200", "gpu-h200"), "x2": ("H200", "gpu-h200"), "a1": ("H100", "gpu-h100")}
+    jobs = [job("small", "x1", (0, 1), need_gb=30, age=7200),  # 2 GPUs for 2 h
+            job("used-more", "x1", (2,), need_gb=30),  # declares 30 GB, was seen using 100
+            job("silent", "x1", (3,), need_gb=None),  # declares nothing: never on a peak alone
+            job("fits", "x1", (4, 5, 6, 7), need_gb=100),
+            job("thrifty", "a1", (0,), need_gb=30)]  # already on the lowest tier it fits
+    peaks = {"small": 28 * GB, "used-more": 100 * GB, "silent": 10 * GB}
+    calm = fleet(spec, jobs)  # gpu-h200 is half allocated, nothing waits: no pressure
+    assert right_sizing(calm, report_of(calm), peaks, NOW) == []
+    waiting = dataclasses.replace(calm, pending=(JobRequest("big", 8, pool="gpu-h200"),))
+    (entry,) = right_sizing(waiting, report_of(waiting), peaks, NOW)
+    assert entry == {
+        "job": "small", "namespace": "team", "account": "", "pool": "gpu-h200", "model": "H200",
+        "gpus": 2.0, "declared_need_gb": 30.0, "measured_peak_gb": 28.0,
+        "suitable_models": ["H100"], "gpu_hours_held": 4.0, "action": "right_size",
+        "reason": "needs 30 GB per GPU (declared 30, measured peak 28), fits H100; holds 2 H200 "
+                  "GPUs in pool gpu-h200 under pressure (4 GPU-hours so far); never moved "
+                  "automatically"}
+    # not measured (no telemetry): the declared need alone, and it says so; "used-more" is
+    # listed too then, as nothing shows it uses more than it declares
+    unmeasured = right_sizing(waiting, report_of(waiting), {}, NOW)
+    assert [(e["job"], e["measured_peak_gb"], e["gpu_hours_held"]) for e in unmeasured] == \
+        [("small", None, 4.0), ("used-more", None, 2.0)]
+    assert "(declared 30, not measured)" in unmeasured[0]["reason"]
 
 
 def test_multi_node_jobs_are_never_split_or_moved():

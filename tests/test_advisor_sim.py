@@ -8,6 +8,7 @@ right-sizing lists with their GPU-hours.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,13 +17,17 @@ from jsonschema import Draft202012Validator
 from exporter.advisor.engine import Advisor, DecisionSettings
 from exporter.advisor.openapi import ADVICE_SCHEMA, document
 from exporter.advisor.planner import PlanSettings, plan_compaction
+from exporter.advisor.service import build_service
+from exporter.analysis.families import LiveAnalyzer
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import Shape, Workload
+from exporter.config import AdvisorConfig, AnalysisConfig
 from exporter.placement.tiers import tier_models
 from exporter.simulation.fleet import Simulation
 from exporter.simulation.jobs import JOB_KINDS, scenario_start
+from exporter.snapshot import JobRequest
 from exporter.sources.sim_options import Scenario, SimSource
 
 START = 1_760_000_000.0
@@ -89,10 +94,65 @@ def test_reclaim_and_right_sizing_lists_on_the_simulator():
     assert [(r["job"], r["model"], r["gpus"], r["gpu_hours_wasted"]) for r in reclaim] == [
         ("idle-000580", "A100-80GB", 1.0, 3.0)]
     # right-sizing: the simulator places every job on its own tier (tiers.py), so none is
-    # misplaced, although gpu-h100 is 95% allocated (under pressure); the lists' content is
-    # shown on hand-made fleets (test_advisor_planner.py) and the real Slurm samples
+    # misplaced, although gpu-h100 is 95% allocated (under pressure)
     plan = plan_compaction(snapshot, report_of(snapshot), "cluster", clock[0], PlanSettings())
     assert plan.tier_misplacements == ()
+    assert advice["right_sizing"] == []
+
+
+def test_right_sizing_on_the_simulator_when_inference_fills_the_b200_pool(tmp_path):
+    """The fragmented_pool scenario on gpu-b200 scatters inference (20-60 GB per GPU, which
+    H100 or A100 holds) over the B200 nodes, and an 8-GPU B200 training job waits for them.
+    The simulator makes no pending jobs, so that one is added to each snapshot."""
+    sim = Simulation(SimSource(seed=42, scenarios=(
+        Scenario(kind="fragmented_pool", pool="gpu-b200"),
+        Scenario(kind="idle_allocated", node="gpu-100"))), START)
+    clock = [START]
+    advisor = Advisor(lambda *a: None, DecisionSettings(trigger=101, clear_below=100),  # type: ignore[arg-type]
+                      clock=lambda: clock[0])
+    waiting = (JobRequest("train-waiting", 16, node_count=2, models=("B200",), pool="gpu-b200"),)
+    advice: dict = {}
+    for step in range(0, 3 * 3600 + 1, 600):
+        clock[0] = START + step
+        sim.advance(clock[0])
+        snapshot = dataclasses.replace(sim.snapshot(), pending=waiting)
+        advice = advisor.observe(snapshot, report_of(snapshot))
+    schema = Draft202012Validator({**ADVICE_SCHEMA, "components": document()["components"]})
+    assert [e.message for e in schema.iter_errors(json.loads(json.dumps(advice)))] == []
+    sized = advice["right_sizing"]
+    assert (len(sized), sum(e["gpus"] for e in sized),
+            round(sum(e["gpu_hours_held"] for e in sized), 3)) == (64, 53.75, 332.687)
+    assert {e["pool"] for e in sized} == {"gpu-b200"} and {e["model"] for e in sized} == {"B200"}
+    assert all(set(e["suitable_models"]) <= {"H100", "A100-80GB"} for e in sized)
+    # whole GPUs are measured (the peak is the job's and its neighbours' none); slices are not
+    assert sum(e["measured_peak_gb"] is None for e in sized) == 16
+    assert all(e["measured_peak_gb"] is None or e["measured_peak_gb"] >= e["declared_need_gb"]
+               for e in sized)
+    hours = [e["gpu_hours_held"] for e in sized]
+    assert hours == sorted(hours, reverse=True)  # most GPU-hours first
+    assert sized[0]["job"] == "scatter-000602" and sized[0]["gpu_hours_held"] == 8.986
+    # and the reclaim list beside it
+    assert [(r["job"], r["gpus"], r["gpu_hours_wasted"]) for r in advice["reclaim"]] == [
+        ("idle-000644", 1.0, 3.0)]
+    # per pool, as /metrics serves them; the peaks per job
+    service = build_service(AdvisorConfig(outbox=str(tmp_path / "outbox.sqlite")),
+                            LiveAnalyzer.from_config(AnalysisConfig()), environ={})
+    service.advisor = advisor
+    try:
+        families = {f.name: f.samples for f in service.job_families(snapshot)}
+    finally:
+        service.deliverer.outbox.close()
+    assert families["gpufleet_pool_right_sizing_gpus"] == [((("pool", "gpu-b200"),), 53.75)]
+    ((labels, seconds),) = families["gpufleet_pool_right_sizing_gpu_seconds"]
+    assert labels == (("pool", "gpu-b200"),) and round(seconds / 3600, 3) == 332.687
+    assert families["gpufleet_pool_idle_allocated_gpus"] == [((("pool", "gpu-a100"),), 1.0)]
+    peaks = dict((dict(labels)["job"], value)
+                 for labels, value in families["gpufleet_job_gpu_memory_peak_bytes"])
+    assert len(peaks) == len(advisor.memory_peak) and peaks["scatter-000602"] == \
+        advisor.memory_peak["scatter-000602"] > sized[0]["declared_need_gb"] * 1e9
+    # without the waiting job the B200 pool is 84% allocated: no pressure, no list
+    calm = sim.snapshot()
+    assert advisor.observe(calm, report_of(calm))["right_sizing"] == []
 
 
 def test_scenario_jobs_started_at_staggered_times_in_the_past():

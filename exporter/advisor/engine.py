@@ -16,15 +16,24 @@ A plan that would leave its scope above the trigger is still proposed (part of
 the way is better than none) but says so in its reasons, with the index it
 reaches, so no receiver takes it for the whole cure.
 
-Besides compaction, every evaluation lists two kinds of waste it never acts on:
+Besides compaction, every evaluation lists three kinds of waste it never acts on:
 jobs holding GPUs they barely use (``reclaim``: below the threshold table's
 ``GpuJobUtilizationLow`` critical level for its duration, costliest models
-first), and multi-node jobs spanning NVLink generations (``nvlink_mixed``:
-Blackwell's NVLink 5 does not interconnect with Hopper's NVLink 4).
+first), jobs on a higher memory tier than they need in a pool under pressure
+(``right_sizing``, with the GPU-hours they hold), and multi-node jobs spanning
+NVLink generations (``nvlink_mixed``: Blackwell's NVLink 5 does not
+interconnect with Hopper's NVLink 4).
+
+A job's memory need is the larger of what it declares and the peak GPU memory it
+was measured using over its life (``memory_peak``, per GPU, from whole GPUs it
+holds alone: a shared GPU's use is not one job's). The peak is a lower bound, so it
+only ever raises a declared need: a job that declares none is never moved, nor
+listed, on a measurement alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -33,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.advisor.plan import CompactionPlan
+from exporter.advisor.planner import right_sizing
 from exporter.alerting.thresholds import default_thresholds
 from exporter.analysis.index import Report
 from exporter.catalogue import default_catalogue
@@ -108,6 +118,41 @@ def nvlink_mixed(snapshot: FleetSnapshot) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: r["job"])
 
 
+def memory_peaks(snapshot: FleetSnapshot, previous: dict[str, float]) -> dict[str, float]:
+    """Each running job's peak GPU memory use per GPU so far: this snapshot's and the one before.
+
+    Only whole, non-MIG GPUs count (``gpu_share`` 1): a shared GPU's memory is several
+    jobs'. Rebuilt from the snapshot's jobs, so a job that ends is forgotten at once and
+    the state never holds more than the fleet's running jobs.
+    """
+    used = {g.key: g.memory_used_bytes for g in snapshot.gpus
+            if g.up and not g.mig and g.memory_used_bytes is not None}
+    out: dict[str, float] = {}
+    for alloc in snapshot.allocations:
+        values = [float(used[(p.node, gpu)]) for p in alloc.placements if p.gpu_share >= 1.0
+                  for gpu in p.gpus if (p.node, gpu) in used]
+        before = previous.get(alloc.job)
+        if before is not None:
+            values.append(before)
+        if values:
+            out[alloc.job] = max(values)
+    return out
+
+
+def with_measured_needs(snapshot: FleetSnapshot, peaks: dict[str, float]) -> FleetSnapshot:
+    """The snapshot with each declared memory need raised to the job's measured peak where
+    that is higher; a job that declares none keeps none (a peak is a lower bound)."""
+    changed = False
+    allocations = []
+    for alloc in snapshot.allocations:
+        peak = peaks.get(alloc.job)
+        if alloc.gpu_memory_need_bytes and peak is not None and peak > alloc.gpu_memory_need_bytes:
+            alloc = dataclasses.replace(alloc, gpu_memory_need_bytes=int(peak))
+            changed = True
+        allocations.append(alloc)
+    return dataclasses.replace(snapshot, allocations=tuple(allocations)) if changed else snapshot
+
+
 @dataclass
 class ScopeState:
     index: float = 0.0
@@ -177,6 +222,8 @@ class Advisor:
     # job -> since when its GPUs have been below the idle threshold; rebuilt from each
     # snapshot's jobs, so a job that ends (or gets busy) is forgotten at once
     idle_since: dict[str, float] = field(default_factory=dict)
+    # job -> peak GPU memory used per GPU (bytes) over its life; rebuilt the same way
+    memory_peak: dict[str, float] = field(default_factory=dict)
     advice: dict[str, Any] | None = None
     plan: CompactionPlan | None = None
 
@@ -217,8 +264,11 @@ class Advisor:
                 state.above_since = None
                 state.recommended = False
                 self.alert_served.pop(scope, None)
-        advice = self._decide(snapshot, report, now, trigger)
+        self.memory_peak = memory_peaks(snapshot, self.memory_peak)
+        measured = with_measured_needs(snapshot, self.memory_peak)
+        advice = self._decide(measured, report, now, trigger)
         advice["reclaim"] = self._reclaim(snapshot, now)
+        advice["right_sizing"] = right_sizing(snapshot, report, self.memory_peak, now)
         advice["nvlink_mixed"] = nvlink_mixed(snapshot)
         self.advice = advice
         return advice

@@ -149,6 +149,20 @@ ADVICE_SCHEMA: dict[str, Any] = {
                            "idle_since": {"type": "number"},
                            "gpu_hours_wasted": {"type": "number", "minimum": 0},
                            "action": {"const": "reclaim"}, "reason": {"type": "string"}}}},
+        "right_sizing": {"type": "array", "description": "jobs on a higher memory tier than their "
+                         "need (declared, raised to the measured peak) in a pool under pressure, most "
+                         "GPU-hours first; never acted on (docs/advisor.md)", "items": {
+            "type": "object",
+            "required": ["job", "namespace", "account", "pool", "model", "gpus", "declared_need_gb",
+                         "measured_peak_gb", "suitable_models", "gpu_hours_held", "action", "reason"],
+            "properties": {"job": {"type": "string"}, "namespace": {"type": "string"},
+                           "account": {"type": "string"}, "pool": {"type": "string"},
+                           "model": {"type": "string"}, "gpus": {"type": "number", "minimum": 0},
+                           "declared_need_gb": {"type": "number", "minimum": 0},
+                           "measured_peak_gb": {"type": ["number", "null"], "minimum": 0},
+                           "suitable_models": {"type": "array", "items": {"type": "string"}},
+                           "gpu_hours_held": {"type": "number", "minimum": 0},
+                           "action": {"const": "right_size"}, "reason": {"type": "string"}}}},
         "nvlink_mixed": {"type": "array", "description": "multi-node jobs over NVLink generations",
                          "items": {
             "type": "object", "required": ["job", "namespace", "nodes", "nvlink_generations", "reason"],

@@ -37,6 +37,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -362,6 +363,53 @@ def misplacements(snapshot: FleetSnapshot, report: Report) -> tuple[TierMisplace
             f"needs {need / GB:.0f} GB per GPU, fits {'/'.join(suitable)}{over}, holds "
             f"{node.model} in pool {node.pool} under pressure"))
     return tuple(sorted(out, key=lambda m: m.job))
+
+
+def right_sizing(snapshot: FleetSnapshot, report: Report, peaks: dict[str, float],
+                 now: float) -> list[dict[str, Any]]:
+    """Jobs on a higher tier than their need, in a pool under pressure, with the GPU-hours held.
+
+    The need is the larger of what the job declares and the peak GPU memory it was
+    measured using (``peaks``, per GPU): a measured peak is a lower bound, so a job
+    that declares nothing is never listed on it alone, and a job that used more than
+    it declares is judged on what it used. Largest GPU-hours first; never acted on.
+    """
+    declaring = [a for a in snapshot.allocations if a.gpu_memory_need_bytes and a.placements]
+    if not declaring:
+        return []
+    state = report.state
+    pressure = {p.name for p in report.pools if p.allocated_ratio >= PRESSURE}
+    pressure |= {r.pool for r in snapshot.pending if r.pool}
+    nodes = snapshot.node_map()
+    out = []
+    for alloc in declaring:
+        declared = alloc.gpu_memory_need_bytes
+        assert declared  # declaring's filter
+        node = nodes.get(alloc.placements[0].node)
+        if node is None or node.pool not in pressure:
+            continue
+        measured = peaks.get(alloc.job)
+        need = max(declared, int(measured or 0))
+        suitable = tier_fit(need, state.model_names, alloc.allowed_models).models
+        if not suitable or node.model in suitable or _rank(node.model) <= max(_rank(m) for m in suitable):
+            continue
+        gpus = sum(len(p.gpus) * p.gpu_share for p in alloc.placements)
+        started = alloc.start_time if alloc.start_time is not None else now
+        held = round(gpus * max(0.0, now - started) / 3600, 3)
+        out.append({
+            "job": alloc.job, "namespace": alloc.namespace, "account": alloc.account,
+            "pool": node.pool, "model": node.model, "gpus": gpus,
+            "declared_need_gb": round(declared / GB, 1),
+            "measured_peak_gb": None if measured is None else round(measured / GB, 1),
+            "suitable_models": list(suitable), "gpu_hours_held": held,
+            "action": "right_size",
+            "reason": f"needs {need / GB:.0f} GB per GPU (declared {declared / GB:.0f}"
+                      + (f", measured peak {measured / GB:.0f}" if measured is not None else
+                         ", not measured") + f"), fits {'/'.join(suitable)}; holds {gpus:g} "
+                      f"{node.model} GPU{'s' if gpus != 1 else ''} in pool {node.pool} under "
+                      f"pressure ({held:g} GPU-hours so far); never moved automatically",
+        })
+    return sorted(out, key=lambda r: (-r["gpu_hours_held"], r["job"]))
 
 
 def _rank(model: str) -> int:

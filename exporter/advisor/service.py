@@ -240,7 +240,8 @@ class AdvisorService:
         ]
 
     def job_families(self, snapshot: FleetSnapshot) -> list[Family]:
-        """Checkpoint ages, NVLink generations and idle held GPUs (issue 17)."""
+        """Checkpoint ages, memory peaks, NVLink generations, idle held GPUs and right-sizing
+        (issue 17)."""
         interval = self.advisor.settings.checkpoint_interval_seconds
         ages = []
         for alloc in sorted(snapshot.allocations, key=lambda a: a.job):
@@ -257,6 +258,15 @@ class AdvisorService:
         for entry in (self.advisor.advice or {}).get("reclaim", []):
             gpus[entry["pool"]] += entry["gpus"]
             seconds[entry["pool"]] += entry["gpu_hours_wasted"] * 3600
+        sized: Counter[str] = Counter()
+        held: Counter[str] = Counter()
+        for entry in (self.advisor.advice or {}).get("right_sizing", []):
+            sized[entry["pool"]] += entry["gpus"]
+            held[entry["pool"]] += entry["gpu_hours_held"] * 3600
+        owners = {a.job: a for a in snapshot.allocations}
+        peaks = [((("job", job), ("namespace", owners[job].namespace),
+                   ("account", owners[job].account)), peak)
+                 for job, peak in sorted(self.advisor.memory_peak.items()) if job in owners]
         return [
             metrics.JOB_CHECKPOINT_AGE_SECONDS.family(ages),
             metrics.JOB_NVLINK_GENERATIONS.family(generations),
@@ -264,6 +274,11 @@ class AdvisorService:
                 [((("pool", p),), float(n)) for p, n in sorted(gpus.items())]),
             metrics.POOL_IDLE_ALLOCATED_GPU_SECONDS.family(
                 [((("pool", p),), float(n)) for p, n in sorted(seconds.items())]),
+            metrics.JOB_GPU_MEMORY_PEAK_BYTES.family(peaks),
+            metrics.POOL_RIGHT_SIZING_GPUS.family(
+                [((("pool", p),), float(n)) for p, n in sorted(sized.items())]),
+            metrics.POOL_RIGHT_SIZING_GPU_SECONDS.family(
+                [((("pool", p),), float(n)) for p, n in sorted(held.items())]),
         ]
 
     async def background(self, app: web.Application) -> AsyncIterator[None]:
