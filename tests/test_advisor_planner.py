@@ -11,6 +11,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exporter.advisor.engine import nvlink_generations
 from exporter.advisor.planner import (
     PlanSettings,
     apply_plan,
@@ -302,13 +303,14 @@ def test_tier_misplacement_is_listed_under_pressure():
 
 # -- property: any plan, applied to its snapshot, is valid and lands where predicted ----------
 
-MODELS = [("H100", "gpu-h100"), ("H200", "gpu-h200"), ("A100-80GB", "gpu-a100")]
+# B200 shares gpu-h200 with H200 (a training partition of both): a pool over two NVLink generations
+MODELS = [("H100", "gpu-h100"), ("H200", "gpu-h200"), ("A100-80GB", "gpu-a100"), ("B200", "gpu-h200")]
 
 
 @st.composite
 def random_fleets(draw):
     nodes = draw(st.integers(2, 7))
-    spec = {f"n{i}": MODELS[draw(st.integers(0, 2))] for i in range(nodes)}
+    spec = {f"n{i}": MODELS[draw(st.integers(0, 3))] for i in range(nodes)}
     free = {name: list(range(8)) for name in spec}
     jobs = []
     for j in range(draw(st.integers(0, 14))):
@@ -323,6 +325,12 @@ def random_fleets(draw):
         jobs.append(job(f"j{j}", node, gpus, share=share, need_gb=need,
                         age=draw(st.sampled_from([600, 7200])),
                         priority=draw(st.sampled_from([10, 10, 1000]))))
+    # a two-node job on GPUs left free, on one generation or (as a scheduler might) two
+    spare = [name for name in sorted(spec) if free[name]]
+    if len(spare) >= 2 and draw(st.booleans()):
+        a, b = spare[:2]
+        jobs.append(job("gang", a, (free[a][0],), need_gb=100,
+                        extra=(Placement(b, (free[b][0],), 1.0, 4.0),)))
     snapshot = fleet(spec, jobs, cpus=draw(st.sampled_from([32, 128])))
     for name in spec:
         if draw(st.integers(0, 5)) == 0:
@@ -331,14 +339,20 @@ def random_fleets(draw):
 
 
 def expected_models(need: int, fleet_models: set[str]) -> set[str]:
-    """The reference tiers, written out: the need's own tier, or the next one up this fleet has."""
+    """The reference tiers, written out: the need's own tier, or the next one up this fleet has;
+    else the largest tier below whose GPUs hold the need (over capacity)."""
     tiers = [(40 * GB, False, {"A100-80GB", "A100", "H100"}), (80 * GB, True, {"H100"}),
              (120 * GB, True, {"H200"}), (float("inf"), True, {"B200"})]
+    memory = {"A100-80GB": 80 * GB, "A100": 40 * GB, "H100": 80 * GB, "H200": 141 * GB,
+              "B200": 192 * GB}
     first = next(i for i, (top, inclusive, _) in enumerate(tiers)
                  if need < top or (inclusive and need == top))
     for _, _, models in tiers[first:]:
         if models & fleet_models:
             return models & fleet_models
+    for _, _, models in reversed(tiers[:first]):
+        if holding := {m for m in models & fleet_models if memory[m] >= need}:
+            return holding
     return set()
 
 
@@ -370,6 +384,9 @@ def test_applied_plans_are_valid_and_match_the_prediction(snapshot):
             assert model in expected_models(need, {n.model for n in after.nodes})
     measured = report_of(after).cluster.fragmented_gpus
     assert np.isclose(measured, result.after.fragmented_gpus, atol=1e-6)
+    # no plan spreads a job over more NVLink generations than it had (issue 17)
+    spans = {a.job: len(g) for a, g in nvlink_generations(snapshot)}
+    assert {a.job: len(g) for a, g in nvlink_generations(after)} == spans
 
 
 def test_assume_checkpointing_sets_the_interval_the_planner_and_metric_use():

@@ -11,6 +11,7 @@ from exporter.analysis.state import build, from_snapshot
 from exporter.analysis.workload import Shape, Workload
 from exporter.catalogue import GB
 from exporter.placement.engine import Placer, place_all
+from exporter.placement.policies import FgdTies
 from exporter.placement.task import Task
 from exporter.policy_names import POLICIES
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, Placement
@@ -124,6 +125,27 @@ def test_ties_go_to_the_first_node():
     state = build(["x", "y", "z"], ["A"] * 3, ["p"] * 3, [16] * 3, [16] * 3, [[1, 1]] * 3)
     for policy in ("fgd", "bestfit", "packing", "dotprod"):
         assert Placer(state, HALVES).place(Task(cpus=1, gpus=1), policy).node_name == "x", policy
+
+
+def test_fgd_near_ties_go_to_the_fuller_node():
+    """x: 16 cores, two free GPUs; y: 8 cores, a free GPU and a half. A whole-GPU task on y leaves
+    7 cores, too few for the workload's 8-core shape, so F on y grows by that shape's weight x 0.5
+    GPU; on x it does not grow. Within the near-tie band (0.02 GPU here) the fuller node, y, wins."""
+    state = build(["x", "y"], ["A", "A"], ["p", "p"], [16, 16], [16, 8], [[1, 1], [1, 0.5]])
+    task = Task(cpus=1, gpus=1)
+    near = Workload((Shape(1, 0.5, 1), Shape(8, 0.5, 1)), (0.98, 0.02))  # y grows F by 0.01
+    assert Placer(state, near).place(task, "fgd").node_name == "y"
+    assert Placer(state, near, fgd_ties=FgdTies(0.0, 0.0, "first")).place(task, "fgd").node_name == "x"
+    assert Placer(state, near, fgd_ties=FgdTies(0.0, 0.0, "fuller")).place(task, "fgd").node_name == "x"
+    far = Workload((Shape(1, 0.5, 1), Shape(8, 0.5, 1)), (0.5, 0.5))  # y grows F by 0.25
+    assert Placer(state, far).place(task, "fgd").node_name == "x"
+    # exact ties (both grow F by 0): the fuller node by default, the first one as defined
+    even = build(["x", "y"], ["A", "A"], ["p", "p"], [16, 16], [16, 16], [[1, 1], [1, 0]])
+    whole = Workload((Shape(1, 1.0, 1),), (1.0,))
+    assert Placer(even, whole).place(task, "fgd").node_name == "y"
+    assert Placer(even, whole, fgd_ties=FgdTies(0.0, 0.0, "first")).place(task, "fgd").node_name == "x"
+    with pytest.raises(ValueError, match="second must be one of fuller, first"):
+        FgdTies(second="nearest")
 
 
 def test_cpu_only_and_cpu_limits():
@@ -313,3 +335,24 @@ def test_one_node_changes_keep_the_placers_fragmentation_equal_to_a_full_recompu
         report = evaluate(now, compiled)
         assert cluster == pytest.approx(report.cluster.index)
         assert pools == pytest.approx([p.index for p in report.pools])
+
+
+def test_the_parts_of_a_multi_node_job_stay_on_one_nvlink_generation():
+    """Issue 17: B200's NVLink 5 does not interconnect with Hopper's NVLink 4, so a gang's
+    later parts go only where its first part's generation is (catalogue nvlink_generation)."""
+    state = build(["b0", "b1", "h0", "x0"], ["B200", "B200", "H100", "H200"], ["p"] * 4,
+                  [64.0] * 4, [64.0] * 4, [[1.0] * 8] * 4)
+    gang = Task(8, 8, 1.0, ("B200", "H100", "H200"))
+    placer = Placer(state)
+    first = placer.place(gang, "bestfit")
+    assert first is not None and first.node_name == "b0"  # name order: B200 first
+    placer.apply(first)
+    assert placer.place(gang, "bestfit").node_name == "b1"
+    # Hopper parts (H100 and H200 are both NVLink 4) never land on a B200, and the reverse
+    assert {placer.place(gang, p, np.random.default_rng(1), nvlink_generation=4).node_name
+            for p in POLICIES if p not in ("fgd", "tiered")} <= {"h0", "x0"}
+    second = placer.place(gang, "bestfit", nvlink_generation=5)
+    assert second is not None and second.node_name == "b1"
+    placer.apply(second)
+    assert placer.place(gang, "bestfit", nvlink_generation=5) is None  # no B200 left: nowhere
+    assert placer.place(gang, "bestfit", nvlink_generation=3) is None  # no Ampere here

@@ -146,12 +146,15 @@ class Placer:
     # -- placing ----------------------------------------------------------------
 
     def place(self, task: Task, policy: str, rng: np.random.Generator | None = None,
-              exclude: Sequence[int] = ()) -> Placement | None:
+              exclude: Sequence[int] = (), nvlink_generation: int | None = None) -> Placement | None:
         """The node and GPUs ``policy`` picks for ``task``, or None when it fits nowhere.
 
         Nothing changes until :meth:`apply`. ``rng`` drives ``random`` (and is
         required for it); every other policy is deterministic. ``exclude`` lists
         node indices the task must not go to (the advisor moving a job *off* a node).
+        ``nvlink_generation`` keeps the task to nodes whose GPUs are of that NVLink
+        generation (catalogue ``nvlink_generation``): a multi-node job's other parts are
+        there, and generations do not interconnect (Blackwell's NVLink 5, Hopper's 4).
         """
         if policy not in POLICIES:
             raise ValueError(f"unknown placement policy {policy!r}; one of {', '.join(POLICIES)}")
@@ -184,6 +187,9 @@ class Placer:
             entry.slot[dirty] = choice.slot
             entry.seen[dirty] = now[dirty]
         key = entry.key
+        if nvlink_generation is not None:  # a filter, like memory: the cached scores stay valid
+            key = np.where(self._nvlink_generations()[self.model[nodes]] == nvlink_generation,
+                           key, np.inf)
         if self.memory_free is not None and task.host_memory_bytes > 0:
             # memory only filters, so the remembered scores stay valid: mask them per task
             key = np.where(self.memory_free[nodes] >= task.host_memory_bytes - 0.5, key, np.inf)
@@ -256,6 +262,13 @@ class Placer:
             found = (np.flatnonzero(np.isin(self.model, ids)), allowed)
             self._subsets[key] = found
         return found
+
+    def _nvlink_generations(self) -> np.ndarray:
+        """Each model's NVLink generation by model index; -1 without NVLink or unknown.
+        Built per call: only the parts of multi-node jobs ask, over a handful of models."""
+        specs = [self.catalogue.find(m) for m in self.model_names]
+        return np.array([-1 if s is None or s.nvlink_generation is None else s.nvlink_generation
+                         for s in specs], dtype=np.int64)
 
     def _slots(self, node: int, ask: Ask, policy: str, cached: int,
                rng: np.random.Generator | None) -> tuple[int, ...]:
