@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.alerting.rules import RECORDING_GROUPS, generate
+from exporter.alerting.rules import RECORDING_GROUPS, generate, recording_groups
 from exporter.alerting.thresholds import SEVERITIES, load_thresholds
 from exporter.cli import main
 from exporter.durations import parse_duration
@@ -343,10 +343,15 @@ def test_job_metadata_never_reaches_an_alerts_labels():
 def test_recording_rules_follow_level_metric_operations():
     recorded = [r["record"] for g in yaml.safe_load(
         (RULES / "gpufleet-recording.yaml").read_text())["groups"] for r in g["rules"]]
-    assert recorded == [r.record for _, group in RECORDING_GROUPS for r in group]
+    # the fixed rules, then what the table's load_statistics and pressure sections generate
+    generated = [r["record"] for g in recording_groups(load_thresholds(TABLE))
+                 for r in g["rules"]]
+    assert recorded == generated
+    assert set(recorded) > {r.record for _, group in RECORDING_GROUPS for r in group}
     for name in recorded:
         level, metric, operations = name.split(":")
-        assert level in ("gpu", "job_gpu", "job", "pool") and metric.startswith("gpufleet_gpu_")
+        assert level in ("gpu", "job_gpu", "job", "pool", "cluster", "instance")
+        assert metric.startswith("gpufleet_")
         assert operations
     assert set(recorded) >= {
         "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m", "pool:gpufleet_gpu_utilization:avg",
@@ -355,7 +360,7 @@ def test_recording_rules_follow_level_metric_operations():
 
 
 def test_every_series_a_rule_reads_is_documented_or_recorded():
-    recorded = {r.record for _, group in RECORDING_GROUPS for r in group}
+    recorded = {r["record"] for g in recording_groups(load_thresholds(TABLE)) for r in g["rules"]}
     documented = set(re.findall(r"`((?:gpufleet_|[a-z_]+:gpufleet_)[a-z0-9_:]+)`",
                                 (REPO / "docs" / "metrics.md").read_text()))
     for name in ("gpufleet-alerts.yaml", "gpufleet-recording.yaml"):

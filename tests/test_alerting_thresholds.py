@@ -44,7 +44,8 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
         "GpuEccUncorrectable", "GpuRowRemapFailed", "GpuRowRemapPending", "GpuClocksThrottled",
         "GpuNvlinkErrors", "GpuNvlinkCrcErrors", "GpuSmActivityLow", "GpufleetSourceDown",
         "GpufleetSourceDownEverywhere", "GpufleetTargetDown", "GpufleetJobDown",
-        "GpufleetAdvisorOutboxErrors"]
+        "GpufleetAdvisorOutboxErrors", "NodeCpuPressure", "NodeMemoryPressure",
+        "NodeDiskIoPressure", "NodePressureHigh"]
 
 
 def test_the_paging_policy_pages_only_for_what_is_urgent_actionable_and_hurting_now():

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from exporter.alerting import load_rules
 from exporter.alerting.thresholds import AlertRow, Level, Thresholds
 from exporter.durations import format_duration
 
@@ -118,7 +119,8 @@ RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
 
 _GROUP_OF_SUBJECT = {"gpu": "gpufleet-gpu", "job": "gpufleet-job", "pool": "gpufleet-cluster",
                      "cluster": "gpufleet-cluster", "source": "gpufleet-exporter",
-                     "target": "gpufleet-exporter", "advisor": "gpufleet-exporter"}
+                     "target": "gpufleet-exporter", "advisor": "gpufleet-exporter",
+                     "node": "gpufleet-node"}
 _RELATION = {"<": "below", ">": "above", ">=": "at or above", "==": "equal to"}
 _HUMANISED = {
     "ratio": "{{ $value | humanizePercentage }}",
@@ -270,11 +272,16 @@ def alert_groups(thresholds: Thresholds, for_scale: float = 1.0) -> list[dict[st
     return [{"name": name, "rules": rules} for name, rules in groups.items()]
 
 
-def recording_groups() -> list[dict[str, Any]]:
-    return [
+def recording_groups(thresholds: Thresholds | None = None) -> list[dict[str, Any]]:
+    """The fixed groups, plus what the table's load_statistics and pressure sections
+    generate (exporter/alerting/load_rules.py) when ``thresholds`` is given."""
+    static = [
         {"name": name, "rules": [{"record": r.record, "expr": r.expr} for r in recordings]}
         for name, recordings in RECORDING_GROUPS
     ]
+    if thresholds is None:
+        return static
+    return load_rules.recording_groups(thresholds.load_statistics, thresholds.pressure, static)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -318,7 +325,7 @@ def generate(thresholds: Thresholds, fmt: str = "prometheus", for_scale: float =
         raise ValueError(f"for_scale must be a positive number, got {for_scale!r}")
     header = _header(thresholds, for_scale)
     alerts = alert_groups(thresholds, for_scale)
-    recordings = recording_groups()
+    recordings = recording_groups(thresholds)
     if fmt == "prometheus":
         return [
             GeneratedFile(ALERTS_FILE, header + _dump({"groups": alerts})),

@@ -25,13 +25,17 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.catalogue import Catalogue, default_catalogue
 from exporter.durations import HINT as DURATION_HINT
 from exporter.durations import parse_duration
 from exporter.errors import ConfigError, one_line
 from exporter.yamlfile import parse_mapping, read_text
+
+if TYPE_CHECKING:
+    from exporter.alerting.load_rules import LoadStatistics, Pressure
+    from exporter.load.table import ScalingTable
 
 PACKAGED_TABLE = "thresholds.yaml"  # in exporter/: see default_thresholds
 CHECKOUT_TABLE = Path("rules") / "thresholds.yaml"  # what `gpufleet rules` reads in a checkout
@@ -59,7 +63,7 @@ class MetricDef:
     key: str
     expr: str
     unit: str  # ratio | celsius | watts | index | state | count
-    subject: str  # gpu | job | pool | cluster | source | target | advisor
+    subject: str  # gpu | job | pool | cluster | source | target | advisor | node
     ops: tuple[str, ...]
     describe: str
     relative_to_tdp: bool = False  # levels are fractions of each model's TDP
@@ -204,6 +208,26 @@ METRICS: dict[str, MetricDef] = {
                   "{{ $labels.operation }} operations in the last 10m (<RELATION> <THRESHOLD>) "
                   "and has kept failing for <FOR>: plans that cannot be written wait in memory, "
                   "with no cooldown."),
+        # Node pressure (issue 20): series recorded from node_exporter's by the `pressure`
+        # section's rules (exporter/alerting/load_rules.py). One row per resource holds its
+        # bands: warning is the medium band, critical the high one.
+        MetricDef("node_cpu_busy", "instance:gpufleet_node_cpu_busy:ratio", "ratio", "node",
+                  (">", ">="),
+                  "Node {{ $labels.instance }} has its CPUs <VALUE> busy, <RELATION> "
+                  "<THRESHOLD> for <FOR>."),
+        MetricDef("node_memory_used", "instance:gpufleet_node_memory_used:ratio", "ratio",
+                  "node", (">", ">="),
+                  "Node {{ $labels.instance }} has <VALUE> of its memory in use (1 - "
+                  "MemAvailable/MemTotal), <RELATION> <THRESHOLD> for <FOR>."),
+        MetricDef("node_disk_io_busy", "instance:gpufleet_node_disk_io_busy:ratio", "ratio",
+                  "node", (">", ">="),
+                  "Node {{ $labels.instance }} has its busiest disk doing I/O <VALUE> of the "
+                  "time, <RELATION> <THRESHOLD> for <FOR>."),
+        MetricDef("node_pressure_score", "instance:gpufleet_node_pressure:score", "ratio",
+                  "node", (">", ">="),
+                  "Node {{ $labels.instance }} has a pressure score of <VALUE> of the "
+                  "maximum (CPU, memory and disk I/O, weighted against their caps), "
+                  "<RELATION> <THRESHOLD> for <FOR>."),
     )
 }
 
@@ -294,6 +318,10 @@ class Thresholds:
     busy_utilization: float  # a GPU above this utilization counts as busy (NVLink rule)
     critical_xids: tuple[tuple[int, str], ...]  # (XID, what it means) that page
     alerts: tuple[AlertRow, ...]
+    # issue 20, exporter/alerting/load_rules.py; None: the table has no such section
+    load_statistics: LoadStatistics | None = None
+    pressure: Pressure | None = None
+    scaling: ScalingTable | None = None  # issue 20, exporter/load/table.py
 
     def alert(self, name: str) -> AlertRow:
         for row in self.alerts:
@@ -367,6 +395,7 @@ class _Reader:
 
 
 _TOP_KEYS = ("runbook_url", "exporter_jobs", "busy_utilization", "critical_xids", "alerts")
+_OPTIONAL_TOP_KEYS = ("load_statistics", "pressure", "scaling")
 _ROW_KEYS = ("alert", "metric", "op", "scope", "warning", "critical", "models", "labels",
              "summary", "action", "runbook", "owner", "page")
 OWNERS = ("on-call", "job owner", "platform team", "capacity planner")
@@ -379,7 +408,7 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
     catalogue = catalogue or default_catalogue()
     r = _Reader(source)
     raw = parse_mapping(text, source, ThresholdError)
-    top = r.mapping(raw, "top level", _TOP_KEYS, required=_TOP_KEYS)
+    top = r.mapping(raw, "top level", _TOP_KEYS + _OPTIONAL_TOP_KEYS, required=_TOP_KEYS)
     runbook_url = r.text(top["runbook_url"], "runbook_url")
     if "#" in runbook_url:
         raise r.fail("runbook_url", "must be the page without an #anchor; rows give the anchor")
@@ -398,7 +427,15 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
         if any(existing.alert == row.alert for existing in rows):
             raise r.fail(f"{where}.alert", f"{row.alert} appears twice; one row per alert name")
         rows.append(row)
-    return Thresholds(Path(source).name, runbook_url, exporter_jobs, busy, xids, tuple(rows))
+    # load_rules imports this module's types: imported here, after they exist
+    from exporter.alerting.load_rules import parse_sections
+
+    statistics, pressure = parse_sections(r, top, tuple(rows))
+    from exporter.load.table import parse_scaling
+
+    scaling = parse_scaling(top["scaling"], r.fail) if "scaling" in top else None
+    return Thresholds(Path(source).name, runbook_url, exporter_jobs, busy, xids, tuple(rows),
+                      statistics, pressure, scaling)
 
 
 def _xids(r: _Reader, value: Any) -> tuple[tuple[int, str], ...]:
