@@ -30,6 +30,7 @@ from exporter.analysis.workload import from_tasks
 from exporter.config import Config, load
 from exporter.errors import UsageError
 from exporter.placement.plot import plot
+from exporter.placement.policies import FGD_SECONDS, FGD_TIES, FgdTies
 from exporter.placement.replay import Setup, replay_many, run_lengths, summary, write_csv
 from exporter.placement.task import Task
 from exporter.policy_names import POLICIES
@@ -68,9 +69,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for replay.csv and replay.png")
     parser.add_argument("--jobs", type=int, metavar="N",
                         help="runs at a time, one core each (default: the number of cores)")
-    parser.add_argument("--fgd-tie", type=float, default=0.0, metavar="GPUS",
-                        help="fgd and tiered treat growths of F within GPUS of the least as ties, "
-                        "placed on the first node (default 0; 0.05 mimics the reference simulator)")
+    research = parser.add_argument_group("fgd's near-ties (research knobs; docs/replay.md)")
+    research.add_argument("--fgd-tie", type=float, default=FGD_TIES.gpus, metavar="GPUS",
+                          help="fgd and tiered treat growths of F within GPUS + REL x |least growth| of "
+                          f"the least as near-ties (default {FGD_TIES.gpus:g})")
+    research.add_argument("--fgd-tie-rel", type=float, default=FGD_TIES.relative, metavar="REL",
+                          help=f"the relative part of that band (default {FGD_TIES.relative:g})")
+    research.add_argument("--fgd-second", choices=FGD_SECONDS, default=FGD_TIES.second,
+                          help=f"what decides among near-ties (default {FGD_TIES.second}; 'first' with "
+                          "--fgd-tie 0 --fgd-tie-rel 0 is fgd as defined)")
     parser.add_argument("--config", metavar="FILE",
                         help="YAML config: analysis.coverage and include_cpu_only shape the target "
                         "workload; sources.sim the fleet of --sim")
@@ -85,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--arrive: must be in (0, 10], got {args.arrive:g}")
     if not 0 <= args.fgd_tie <= 1:
         raise UsageError(f"--fgd-tie: must be in [0, 1] GPU, got {args.fgd_tie:g}")
+    if not 0 <= args.fgd_tie_rel <= 1:
+        raise UsageError(f"--fgd-tie-rel: must be in [0, 1], got {args.fgd_tie_rel:g}")
+    ties = FgdTies(args.fgd_tie, args.fgd_tie_rel, args.fgd_second)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError("--jobs: must be >= 1")
     _resolve_trace(args)
@@ -101,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     workload = from_tasks((p.shape for p in pods), coverage=config.analysis.coverage,
                           include_cpu_only=config.analysis.include_cpu_only)
     tasks = tuple(Task.from_shape(p.shape, host_memory_bytes=p.memory_mib * MIB) for p in pods)
-    setup = Setup(state, tasks, compile_workload(workload, state.model_names), args.arrive, args.fgd_tie,
+    setup = Setup(state, tasks, compile_workload(workload, state.model_names), args.arrive, ties,
                   node_memory)
     if setup.capacity <= 0:
         raise UsageError("the fleet has no GPUs to place pods on")

@@ -17,6 +17,7 @@ from exporter.analysis import fgd
 from exporter.analysis.state import EPS, build
 from exporter.analysis.workload import Shape, Workload
 from exporter.placement.engine import Placer
+from exporter.placement.policies import FGD_TIES, FgdTies
 from exporter.placement.task import Task
 from exporter.policy_names import POLICIES
 
@@ -92,15 +93,20 @@ def cluster_fragmentation(state, workload, node=None, slots=(), task=None) -> fl
 @settings(max_examples=300, deadline=None)
 @given(clusters(), workloads(), tasks())
 def test_fgd_never_grows_fragmentation_more_than_any_other_feasible_choice(state, workload, task):
+    """fgd as defined (exact ties) takes the least growth; by default, a growth within its near-tie band."""
     choices = list(feasible_choices(state, task))
+    exact = Placer(state, workload, fgd_ties=FgdTies(0.0, 0.0, "first")).place(task, "fgd")
     found = Placer(state, workload).place(task, "fgd")
     if not choices:
-        assert found is None
+        assert found is None and exact is None
         return
     assert found is not None and (found.node, found.slots) in choices
-    chosen = cluster_fragmentation(state, workload, found.node, found.slots, task)
+    assert exact is not None and (exact.node, exact.slots) in choices
+    before = cluster_fragmentation(state, workload)
     best = min(cluster_fragmentation(state, workload, n, s, task) for n, s in choices)
-    assert chosen <= best + 1e-9
+    assert cluster_fragmentation(state, workload, exact.node, exact.slots, task) <= best + 1e-9
+    chosen = cluster_fragmentation(state, workload, found.node, found.slots, task)
+    assert chosen <= best + FGD_TIES.band(best - before) + 1e-9
 
 
 @settings(max_examples=150, deadline=None)

@@ -8,8 +8,10 @@ re-evaluates only the nodes that changed since that shape was last placed. One
 placement changes one node, so most placements re-evaluate a handful of nodes.
 
 A policy scores each node's best choice for the task and the lowest score
-wins. Ties go to the first node in the state's order (name order for the
-openb trace and the simulated fleet), as in the reference simulator, whose
+wins (for ``fgd``, any score within its near-tie band, the fuller node first:
+see :class:`~exporter.placement.policies.FgdTies`). Remaining ties go to the
+first node in the state's order (name order for the openb trace and the
+simulated fleet), as in the reference simulator, whose
 scheduler picks the smallest node name among equal scores "for
 reproducibility": placements are deterministic, and ties pack onto the first
 nodes. Only ``random`` draws from the random generator. Within a node a
@@ -77,7 +79,7 @@ class Placer:
     """
 
     def __init__(self, state: FleetState, workload: Workload | CompiledWorkload | None = None,
-                 catalogue: Catalogue | None = None, fgd_tie: float = policies.FGD_TIE_GPUS,
+                 catalogue: Catalogue | None = None, fgd_ties: policies.FgdTies = policies.FGD_TIES,
                  host_memory: Sequence[float] | np.ndarray | None = None) -> None:
         self.names = state.names
         self.model_names = state.model_names
@@ -101,7 +103,7 @@ class Placer:
         # with its MaxSpec constants (128 cores and 8 GPUs, the largest openb node)
         self.norms = (float(finite.max()) if len(finite) and finite.max() > 0 else 1.0,
                       float(max(1, int(state.gpu_count.max(initial=1)))))
-        self.fgd_tie = max(float(fgd_tie), TOL)
+        self.fgd_ties = fgd_ties
         # node memory in bytes: when given, a task fits only where its host memory does too
         # (a filter, as Kubernetes' NodeResourcesFit; no policy scores memory, nor does F)
         self.memory_free = None if host_memory is None else np.asarray(host_memory, dtype=float).copy()
@@ -114,7 +116,7 @@ class Placer:
     def for_nodes(cls, names: Sequence[str], models: Sequence[str], pools: Sequence[str],
                   cpu_total: Sequence[float], gpu_counts: Sequence[int],
                   target: Sequence[tuple[Task, float]] = (), catalogue: Catalogue | None = None,
-                  fgd_tie: float = policies.FGD_TIE_GPUS) -> Placer:
+                  fgd_ties: policies.FgdTies = policies.FGD_TIES) -> Placer:
         """An empty fleet from plain per-node lists, its target workload as (task, weight) pairs.
 
         For a fleet that is not a snapshot: the simulated one places its jobs with this.
@@ -122,7 +124,7 @@ class Placer:
         state = build(names, models, pools, cpu_total, cpu_total, [[1.0] * g for g in gpu_counts])
         workload = from_weighted([(Shape(t.cpus, t.gpu_share if t.gpus else 0.0, t.gpus, t.models), w)
                                   for t, w in target]) if target else None
-        return cls(state, workload, catalogue, fgd_tie)
+        return cls(state, workload, catalogue, fgd_ties)
 
     # -- state -----------------------------------------------------------------
 
@@ -180,7 +182,7 @@ class Placer:
         dirty = np.flatnonzero(now != entry.seen)
         if len(dirty):
             view = policies.NodeView(self.cpu_free, self.gpu_free, self.gpu_count, self.model, self.norms,
-                                     self.workload, self.node_fragmented)
+                                     self.workload, self.node_fragmented, self.fgd_ties.second)
             choice = policies.evaluate(scoring, view, nodes[dirty], ask)
             entry.key[dirty] = choice.key
             entry.second[dirty] = choice.second
@@ -195,8 +197,11 @@ class Placer:
             key = np.where(self.memory_free[nodes] >= task.host_memory_bytes - 0.5, key, np.inf)
         if len(exclude):
             key = np.where(np.isin(nodes, np.asarray(exclude, dtype=np.intp)), np.inf, key)
-        pick = select(key, entry.second, self.fgd_tie if scoring == "fgd" else TOL,
-                      rng if policy == "random" else None)
+        tie = TOL
+        if scoring == "fgd":
+            least = key.min() if len(key) else np.inf
+            tie = max(self.fgd_ties.band(float(least)), TOL) if np.isfinite(least) else TOL
+        pick = select(key, entry.second, tie, rng if policy == "random" else None)
         if pick is None:
             return None
         node = int(nodes[pick])

@@ -28,7 +28,7 @@ import numpy as np
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.state import FleetState
 from exporter.placement.engine import Placer
-from exporter.placement.policies import FGD_TIE_GPUS
+from exporter.placement.policies import FGD_TIES, FgdTies
 from exporter.placement.task import Task
 
 COLUMNS = ("policy", "seed", "arrived_pct", "alloc_pct", "frag_pct", "frag_ratio_pct", "failed_pods")
@@ -58,7 +58,7 @@ class Setup:
     tasks: tuple[Task, ...]
     workload: CompiledWorkload
     arrive: float = 1.3
-    fgd_tie: float = FGD_TIE_GPUS  # see policies.FGD_TIE_GPUS
+    fgd_ties: FgdTies = FGD_TIES  # see policies.FgdTies
     node_memory: np.ndarray | None = None  # bytes per node; None: memory is not checked
 
     @property
@@ -91,7 +91,7 @@ def arrivals(tasks: Sequence[Task], capacity: float, arrive: float, seed: int) -
 def replay(setup: Setup, policy: str, seed: int,
            progress: Callable[[int], None] | None = None) -> list[Row]:
     """One policy, one seed: a row per whole percent of arrived workload, 0 to ``setup.last_pct``."""
-    placer = Placer(setup.state, setup.workload, fgd_tie=setup.fgd_tie, host_memory=setup.node_memory)
+    placer = Placer(setup.state, setup.workload, fgd_ties=setup.fgd_ties, host_memory=setup.node_memory)
     rng = np.random.default_rng([seed, 1])  # the random policy's draws, apart from the pod order
     capacity = setup.capacity
     last = setup.last_pct
