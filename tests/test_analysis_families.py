@@ -24,6 +24,9 @@ FAMILIES = {
     "gpufleet_tier_inversion", "gpufleet_fragmentation_workload_shapes",
     "gpufleet_fragmentation_workload_coverage_ratio",
     "gpufleet_fragmentation_workload_cpu_only_ratio", "gpufleet_fragmentation_workload_info",
+    # pool load (issue 20): the analyzer's LoadTracker
+    "gpufleet_pool_load_change_total", "gpufleet_pool_load_last_change_timestamp_seconds",
+    "gpufleet_pool_recommended_nodes", "gpufleet_pool_scaling_reason",
 }
 POOLS = {"gpu-h200", "gpu-h100", "gpu-a100", "gpu-b200"}
 

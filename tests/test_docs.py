@@ -41,6 +41,7 @@ NO_SERIES_ON_THE_DEFAULT_FLEET = {
     "gpufleet_pool_idle_allocated_gpu_seconds": "one collection: no job has been idle for 2 h yet",
     "gpufleet_pool_right_sizing_gpus": "no pool of the default fleet is under pressure",
     "gpufleet_pool_right_sizing_gpu_seconds": "no pool of the default fleet is under pressure",
+    "gpufleet_pool_load_last_change_timestamp_seconds": "one collection: no load change detected yet",
 }
 # Labels a family's series may lack: (family, label) -> when the label is there.
 OPTIONAL_LABELS = {

@@ -19,6 +19,7 @@ from exporter.analysis.index import IndexSettings, Report, evaluate
 from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import ShapeWindow, Workload
 from exporter.config import AnalysisConfig
+from exporter.load.live import LoadTracker
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
 
@@ -74,12 +75,15 @@ class LiveAnalyzer:
     latest: Report | None = None  # for the advisor: the report of the last snapshot
     _analyzed: FleetSnapshot | None = None  # the snapshot ``latest`` belongs to
     _compiled: CompiledWorkload | None = None
+    # pool load, change points and scaling hints (issue 20), over the same window of snapshots
+    load: LoadTracker | None = None
 
     @classmethod
     def from_config(cls, config: AnalysisConfig) -> LiveAnalyzer:
         fixed = configure.fixed_workload(config)
         window = configure.shape_window(config) if fixed is None else None
-        return cls(configure.index_settings(config), window, fixed)
+        return cls(configure.index_settings(config), window, fixed,
+                   load=LoadTracker.from_table(config.window_snapshots))
 
     def analyze(self, snapshot: FleetSnapshot) -> Report:
         if self.window is not None:
@@ -94,6 +98,8 @@ class LiveAnalyzer:
             compiled = compile_workload(workload, state.model_names)
             self._compiled = compiled
         report = evaluate(state, compiled, self.settings)
+        if self.load is not None:
+            self.load.observe(snapshot)
         self.latest = report
         self._analyzed = snapshot
         return report
@@ -111,6 +117,6 @@ class LiveAnalyzer:
         When the analyzer already saw this snapshot as a listener (so the advisor
         could use the report), its report is rendered rather than recomputed.
         """
-        if self._analyzed is snapshot and self.latest is not None:
-            return report_families(self.latest)
-        return report_families(self.analyze(snapshot))
+        report = self.latest if self._analyzed is snapshot and self.latest is not None \
+            else self.analyze(snapshot)
+        return report_families(report) + (self.load.families() if self.load is not None else [])

@@ -32,8 +32,10 @@ DIRECTIONS = ("up", "down")
 
 @dataclass
 class RollingStd:
-    window: int = 6  # samples
-    threshold: float = 0.1  # std of the demand ratio that flags a change
+    # tuned on the six Alibaba pools (bench/changepoints.py): 2 hours, i.e. half the
+    # last step; a 6-hour window (the reference's shape) scored lower, docs/load.md
+    window: int = 2  # samples
+    threshold: float = 0.07  # std of the demand ratio that flags a change
     _values: deque[float] = field(default_factory=deque)
     _above: bool = False
 
@@ -55,10 +57,13 @@ class RollingStd:
 
 @dataclass
 class Cusum:
+    # tuned on the six Alibaba pools (bench/changepoints.py, docs/load.md): a regime there
+    # is hours long and jumps by a fifth of capacity or more, so a short warm-up and a
+    # spread floor of 0.15 of capacity alarm on a 0.225 shift within one sample
     drift: float = 0.5  # standardised slack per sample (half the shift to detect, in sigmas)
-    threshold: float = 5.0  # standardised sum that alarms
-    warmup: int = 4  # samples that set a regime's mean and spread
-    min_sigma: float = 0.05  # floor of the spread, in demand-ratio units
+    threshold: float = 1.0  # standardised sum that alarms
+    warmup: int = 3  # samples that set a regime's mean and spread
+    min_sigma: float = 0.15  # floor of the spread, in demand-ratio units
     _learn: list[float] = field(default_factory=list)
     _mean: float = 0.0
     _sigma: float = 1.0

@@ -1,0 +1,193 @@
+"""Per-pool load in the running exporter: statistics, change points and the scaling hint.
+
+:class:`LoadTracker` reads each served snapshot once (the analyzer calls
+:meth:`LoadTracker.observe`), per pool:
+
+- capacity: the GPUs the snapshot lists in the pool (down ones included, as the
+  recording rules count them); allocated: the GPU shares jobs hold there;
+  pending: what waiting jobs ask of the pool; demand ratio = (allocated +
+  pending) / capacity;
+- utilisation: the mean ``utilization_ratio`` of the pool's GPUs that report one;
+- the trailing-window statistics of both over the analyzer's window
+  (``analysis.window_snapshots`` samples), defined as the recording rules'
+  (:func:`~.stats.window_stats`);
+- the CUSUM detector (:class:`~.changepoint.Cusum`, the better of the two in
+  bench/changepoints.py) on the demand ratio;
+- the scaling hint (:class:`~.scaling.Scaler`) on the demand in GPUs, with the
+  threshold table's ``scaling:`` settings for the pool and the pool's node size
+  (the most common GPU count of its nodes).
+
+The hint starts from the pool's node count and follows it when the fleet's node
+count changes (someone acted, on the hint or not); otherwise it keeps its own
+recommendation, so an "up" that nobody followed stays up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from exporter import metrics
+from exporter.load.changepoint import DIRECTIONS, Cusum
+from exporter.load.scaling import REASONS, Hint, Scaler
+from exporter.load.stats import WindowStats, window_stats
+from exporter.load.table import DEFAULT, ScalingTable
+from exporter.metrics import Family
+from exporter.snapshot import FleetSnapshot
+
+MAX_POOLS = 4096  # pools tracked at once; a snapshot with more is bounded upstream too
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSample:
+    capacity_gpus: float
+    allocated_gpus: float
+    pending_gpus: float
+    utilization: float | None  # mean over the GPUs that report one
+    nodes: int
+    node_gpus: int
+
+    @property
+    def demand_gpus(self) -> float:
+        return self.allocated_gpus + self.pending_gpus
+
+    @property
+    def demand_ratio(self) -> float | None:
+        return self.demand_gpus / self.capacity_gpus if self.capacity_gpus > 0 else None
+
+
+def pool_samples(snapshot: FleetSnapshot) -> dict[str, PoolSample]:
+    """Per pool: what one snapshot says about its load (pools that have GPUs or waiting jobs)."""
+    held, _ = snapshot.held()
+    capacity: Counter[str] = Counter()
+    allocated: dict[str, float] = {}
+    util_sum: dict[str, float] = {}
+    util_n: Counter[str] = Counter()
+    for gpu in snapshot.gpus:
+        capacity[gpu.pool] += 1
+        share = min(held.get((gpu.node, gpu.index), 0.0), 1.0)
+        allocated[gpu.pool] = allocated.get(gpu.pool, 0.0) + share
+        if gpu.utilization_ratio is not None and math.isfinite(gpu.utilization_ratio):
+            util_sum[gpu.pool] = util_sum.get(gpu.pool, 0.0) + gpu.utilization_ratio
+            util_n[gpu.pool] += 1
+    pending: dict[str, float] = {}
+    for request in snapshot.pending:
+        if request.pool:
+            pending[request.pool] = pending.get(request.pool, 0.0) + request.gpu_count * request.gpu_share
+    sizes: dict[str, Counter[int]] = {}
+    for node in snapshot.nodes:
+        sizes.setdefault(node.pool, Counter())[node.gpu_count] += 1
+    out: dict[str, PoolSample] = {}
+    for pool in sorted(set(capacity) | set(pending)):
+        counts = sizes.get(pool, Counter())
+        # the most common node size, the larger on a tie (what a scale-up would most likely add)
+        node_gpus = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0] if counts else 0
+        out[pool] = PoolSample(
+            float(capacity[pool]), round(allocated.get(pool, 0.0), 9), round(pending.get(pool, 0.0), 9),
+            util_sum[pool] / util_n[pool] if util_n[pool] else None,
+            sum(counts.values()), node_gpus)
+    return out
+
+
+@dataclass
+class PoolLoad:
+    scaler: Scaler
+    ratio: deque[float]
+    utilization: deque[float]
+    detector: Cusum = field(default_factory=Cusum)
+    changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
+    last_change: float | None = None  # unix seconds of the last detected change
+    hint: Hint | None = None
+    nodes_seen: int = 0  # the pool's node count in the last snapshot
+    sample: PoolSample | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolAdvice:
+    """What /v1/advice says about one pool's load."""
+
+    pool: str
+    demand_ratio: float | None
+    demand: WindowStats | None
+    utilization: WindowStats | None
+    nodes: int
+    recommended_nodes: int
+    reason: str
+    changes: dict[str, int]
+    last_change: float | None
+
+
+@dataclass
+class LoadTracker:
+    window: int  # samples of the statistics (the analyzer's window)
+    table: ScalingTable = DEFAULT
+    pools: dict[str, PoolLoad] = field(default_factory=dict)
+    _seen: FleetSnapshot | None = None
+
+    def observe(self, snapshot: FleetSnapshot) -> None:
+        """Read one snapshot; a second call with the same snapshot changes nothing."""
+        if snapshot is self._seen:
+            return
+        self._seen = snapshot
+        now = snapshot.taken_at
+        for pool, sample in pool_samples(snapshot).items():
+            state = self.pools.get(pool)
+            if state is None:
+                if len(self.pools) >= MAX_POOLS:
+                    continue
+                settings = self.table.for_pool(pool, sample.node_gpus or None)
+                state = PoolLoad(Scaler(settings, sample.nodes), deque(maxlen=self.window),
+                                 deque(maxlen=self.window), nodes_seen=sample.nodes)
+                self.pools[pool] = state
+            elif sample.nodes != state.nodes_seen:
+                # the fleet changed size: the hint starts again from what is there
+                state.scaler.nodes, _ = state.scaler.settings.clamp(sample.nodes)
+                state.nodes_seen = sample.nodes
+            state.sample = sample
+            ratio = sample.demand_ratio
+            if ratio is not None:
+                state.ratio.append(ratio)
+                direction = state.detector.step(ratio)
+                if direction is not None:
+                    state.changes[direction] += 1
+                    state.last_change = now
+            if sample.utilization is not None:
+                state.utilization.append(sample.utilization)
+            state.hint = state.scaler.step(now, sample.demand_gpus)
+
+    def advice(self) -> list[PoolAdvice]:
+        out = []
+        for pool, state in sorted(self.pools.items()):
+            if state.hint is None or state.sample is None:
+                continue
+            out.append(PoolAdvice(
+                pool, state.sample.demand_ratio,
+                window_stats(state.ratio) if state.ratio else None,
+                window_stats(state.utilization) if state.utilization else None,
+                state.sample.nodes, state.hint.nodes, state.hint.reason, dict(state.changes),
+                state.last_change))
+        return out
+
+    def families(self) -> list[Family]:
+        pools = sorted(self.pools.items())
+        labelled = [((("pool", p),), s) for p, s in pools if s.hint is not None]
+        return [
+            metrics.POOL_LOAD_CHANGE_TOTAL.family(
+                [((("direction", d), ("pool", p)), float(s.changes[d]))
+                 for p, s in pools for d in DIRECTIONS]),
+            metrics.POOL_LOAD_LAST_CHANGE_TIMESTAMP_SECONDS.family(
+                [((("pool", p),), s.last_change) for p, s in pools if s.last_change is not None]),
+            metrics.POOL_RECOMMENDED_NODES.family(
+                [(labels, float(s.hint.nodes)) for labels, s in labelled if s.hint is not None]),
+            metrics.POOL_SCALING_REASON.family(
+                [((("pool", p), ("reason", r)), 1.0 if s.hint.reason == r else 0.0)
+                 for p, s in pools if s.hint is not None for r in REASONS]),
+        ]
+
+    @classmethod
+    def from_table(cls, window: int) -> LoadTracker:
+        """A tracker with the packaged threshold table's ``scaling:`` settings."""
+        from exporter.alerting.thresholds import default_thresholds
+
+        return cls(window, default_thresholds().scaling or DEFAULT)

@@ -1,0 +1,119 @@
+"""The ``scaling:`` section of rules/thresholds.yaml: the 0.8/0.3 rule's knobs, per pool.
+
+    scaling:
+      up: 0.8            # scale up above this demand ratio
+      down: 0.3          # scale down below it
+      target: 0.8        # the ratio a new size aims at (default: up)
+      min_nodes: 4
+      max_nodes: 32
+      hysteresis: 2      # samples in a row out of the band before acting
+      cooldown_up: 1h    # since the last scale-up
+      cooldown_down: 3h  # since the last action
+      startup: 1h        # a node ordered now serves this much later (the predictive horizon)
+      node_gpus: 8       # GPUs a node adds, where the fleet does not say
+      pools:             # overrides per pool, any of the keys above but pools
+        H800: {max_nodes: 876}
+
+Validated with the rest of the table (exporter/alerting/thresholds.py calls
+:func:`parse_scaling` with its own error factory, so a wrong value is a
+ThresholdError naming the dotted key). This module imports nothing of
+``exporter.alerting``, so the table's reader and the load package do not import
+each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.durations import parse_duration
+from exporter.load.scaling import ScalingSettings
+
+MAX_POOLS = 1024
+_KEYS = ("up", "down", "target", "min_nodes", "max_nodes", "hysteresis", "cooldown_up",
+         "cooldown_down", "startup", "node_gpus")
+_RATIOS = ("up", "down", "target")
+_COUNTS = {"min_nodes": (0, 1_000_000), "max_nodes": (1, 1_000_000), "hysteresis": (1, 100),
+           "node_gpus": (1, 1024)}
+_DURATIONS = {"cooldown_up": "cooldown_up_s", "cooldown_down": "cooldown_down_s", "startup": "startup_s"}
+MAX_DURATION_S = 7 * 86400.0
+
+Fail = Callable[[str, str], Exception]  # (dotted key, message) -> the error to raise
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingTable:
+    default: ScalingSettings
+    # (pool, its settings, whether the table set node_gpus for it)
+    pools: tuple[tuple[str, ScalingSettings, bool], ...] = ()
+    node_gpus_given: bool = False  # the table set node_gpus (else the fleet's node size is used)
+
+    def for_pool(self, pool: str, node_gpus: int | None = None) -> ScalingSettings:
+        """The pool's settings; ``node_gpus`` (the fleet's node size) unless the table set one."""
+        settings, given = self.default, self.node_gpus_given
+        for name, pool_settings, pool_given in self.pools:
+            if name == pool:
+                settings, given = pool_settings, pool_given
+        if node_gpus is not None and node_gpus >= 1 and not given:
+            return dataclasses.replace(settings, node_gpus=node_gpus)
+        return settings
+
+
+DEFAULT = ScalingTable(ScalingSettings())
+
+
+def _values(raw: Any, where: str, fail: Fail, allowed: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise fail(where, f"must be a mapping, got {str(raw)[:60]!r}")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        at = f"{where}.{key}"
+        if key not in allowed:
+            raise fail(at, f"unknown key; allowed: {', '.join(allowed)}")
+        if key in _RATIOS:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+                raise fail(at, f"must be a ratio in (0, 1], got {value!r}")
+            out[key] = float(value)
+        elif key in _COUNTS:
+            low, high = _COUNTS[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise fail(at, f"must be a whole number from {low} to {high:,}, got {value!r}")
+            out[key] = value
+        elif key in _DURATIONS:
+            try:
+                seconds = parse_duration(value)
+            except ValueError:
+                raise fail(at, f"must be a duration such as 1h, got {value!r}") from None
+            if seconds > MAX_DURATION_S:
+                raise fail(at, f"must be at most 7d, got {value!r}")
+            out[_DURATIONS[key]] = seconds
+    return out
+
+
+def _settings(base: ScalingSettings, values: dict[str, Any], where: str, fail: Fail) -> ScalingSettings:
+    if "up" in values and "target" not in values:
+        values = {**values, "target": values["up"]}  # the target follows up unless given
+    try:
+        return dataclasses.replace(base, **values)
+    except ValueError as exc:
+        raise fail(where, str(exc)) from None
+
+
+def parse_scaling(raw: Any, fail: Fail) -> ScalingTable:
+    values = _values(raw, "scaling", fail, (*_KEYS, "pools"))
+    pools_raw = raw.get("pools")  # a mapping: _values checked it
+    default = _settings(ScalingSettings(), values, "scaling", fail)
+    pools: list[tuple[str, ScalingSettings, bool]] = []
+    if pools_raw is not None:
+        if not isinstance(pools_raw, Mapping) or len(pools_raw) > MAX_POOLS:
+            raise fail("scaling.pools", f"must be a mapping of at most {MAX_POOLS} pools to overrides")
+        for pool, override in pools_raw.items():
+            where = f"scaling.pools.{pool}"
+            if not isinstance(pool, str) or not pool.strip():
+                raise fail("scaling.pools", f"pool names must be strings, got {pool!r}")
+            override_values = _values(override, where, fail, _KEYS)
+            pools.append((pool, _settings(default, override_values, where, fail),
+                          "node_gpus" in override_values or "node_gpus" in values))
+    return ScalingTable(default, tuple(pools), "node_gpus" in values)

@@ -1,0 +1,83 @@
+"""exporter/load/live.py: per-pool demand, statistics, change points and the hint, snapshot by snapshot."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.load.live import LoadTracker, pool_samples
+from exporter.load.scaling import ScalingSettings
+from exporter.load.stats import window_stats
+from exporter.load.table import ScalingTable
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, Placement
+
+SETTINGS = ScalingSettings(min_nodes=1, max_nodes=8, hysteresis=2, cooldown_up_s=0, cooldown_down_s=0)
+
+
+def snapshot(t: float, busy: int, pending: int = 0, util: float = 0.5, nodes: int = 2) -> FleetSnapshot:
+    """``nodes`` 8-GPU nodes in pool a; jobs hold the first ``busy`` GPUs; ``pending`` GPUs wait."""
+    node_list = tuple(Node(f"n{i}", "H100", 64, "a", "hopper", 8) for i in range(nodes))
+    gpus = tuple(Gpu(f"n{i}", g, f"u{i}-{g}", "H100", "a", utilization_ratio=util)
+                 for i in range(nodes) for g in range(8))
+    allocs = tuple(Allocation(f"j{k}", (Placement(f"n{k // 8}", (k % 8,), 1.0, 1.0),)) for k in range(busy))
+    waiting = (JobRequest("w", pending, pool="a"),) if pending else ()
+    return FleetSnapshot(t, node_list, gpus, allocs, waiting)
+
+
+def test_pool_sample():
+    s = pool_samples(snapshot(0, busy=12, pending=4, util=0.25))["a"]
+    assert (s.capacity_gpus, s.allocated_gpus, s.pending_gpus, s.utilization, s.nodes, s.node_gpus) == \
+        (16.0, 12.0, 4.0, 0.25, 2, 8)
+    assert s.demand_ratio == 1.0
+
+
+def test_statistics_change_and_hint_over_a_jump():
+    tracker = LoadTracker(window=4, table=ScalingTable(SETTINGS))
+    ratios = []
+    for t, busy in enumerate([4, 4, 4, 4, 16, 16]):
+        snap = snapshot(60.0 * t, busy=busy, pending=8 if busy == 16 else 0)
+        tracker.observe(snap)
+        tracker.observe(snap)  # the analyzer may hand the same snapshot twice: counted once
+        ratios.append((busy + (8 if busy == 16 else 0)) / 16)
+    [advice] = tracker.advice()
+    assert advice.demand == window_stats(ratios[-4:])
+    assert advice.demand == window_stats([0.25, 0.25, 1.5, 1.5])
+    assert advice.utilization == window_stats([0.5] * 4)
+    # CUSUM learns 0.25 from 3 samples, then 1.5 is (1.5 - 0.25) / 0.15 sigmas above: up at t = 240
+    assert advice.changes == {"up": 1, "down": 0}
+    assert advice.last_change == 240.0
+    # demand 24 GPUs twice above 0.8 of 16: ceil(24 / 6.4) = 4 nodes
+    assert (advice.nodes, advice.recommended_nodes, advice.reason) == (2, 4, "up")
+    families = {f.name: sorted(f.samples) for f in tracker.families()}
+    assert families["gpufleet_pool_load_change_total"] == [
+        ((("direction", "down"), ("pool", "a")), 0.0), ((("direction", "up"), ("pool", "a")), 1.0)]
+    assert families["gpufleet_pool_load_last_change_timestamp_seconds"] == [((("pool", "a"),), 240.0)]
+    assert families["gpufleet_pool_recommended_nodes"] == [((("pool", "a"),), 4.0)]
+    assert [labels for labels, v in families["gpufleet_pool_scaling_reason"] if v == 1.0] == \
+        [(("pool", "a"), ("reason", "up"))]
+
+
+def test_the_hint_follows_a_fleet_that_changed_size():
+    tracker = LoadTracker(window=4, table=ScalingTable(SETTINGS))
+    for t in range(2):
+        tracker.observe(snapshot(t, busy=16, pending=8))
+    assert tracker.advice()[0].recommended_nodes == 4
+    tracker.observe(snapshot(2, busy=16, pending=8))  # nobody acted: the hint stays
+    assert tracker.advice()[0].recommended_nodes == 4
+    tracker.observe(snapshot(3, busy=16, pending=0, nodes=3))  # someone added a node
+    advice = tracker.advice()[0]
+    assert (advice.nodes, advice.recommended_nodes) == (3, 3)
+
+
+def test_no_last_change_before_one():
+    tracker = LoadTracker(window=4, table=ScalingTable(SETTINGS))
+    tracker.observe(snapshot(0, busy=4))
+    families = {f.name: list(f.samples) for f in tracker.families()}
+    assert families["gpufleet_pool_load_last_change_timestamp_seconds"] == []
+
+
+@pytest.mark.parametrize("window", [1, 60])
+def test_window_bounds_the_samples(window):
+    tracker = LoadTracker(window=window, table=ScalingTable(SETTINGS))
+    for t in range(100):
+        tracker.observe(snapshot(t, busy=t % 16))
+    assert len(tracker.pools["a"].ratio) == window
