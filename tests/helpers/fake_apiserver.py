@@ -301,6 +301,28 @@ class FakeApiserver:
         await response.write(b'{"type":"' + kind.encode() + b'","object":' + raw + b"}\n")
 
 
+def write_kubeconfig(path: Path, url: str, token: str | None = None) -> Path:
+    """A kubeconfig whose current context reaches ``url`` with ``token``, as kubectl writes one."""
+    user = f"\n    token: {token}" if token else " {}"
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: recorded
+  cluster:
+    server: {url}
+users:
+- name: gpufleet
+  user:{user}
+contexts:
+- name: recorded
+  context:
+    cluster: recorded
+    user: gpufleet
+current-context: recorded
+""")
+    return path
+
+
 def read_objects(folder: Path) -> list[dict[str, Any]]:
     """Every object in the ``*.json`` files of ``folder`` (a file holds one object or a List)."""
     objects: list[dict[str, Any]] = []

@@ -1,0 +1,786 @@
+"""The ``kubernetes`` source: who holds which GPU, from the apiserver (issue 18).
+
+Its ``role`` is ``allocation``, like Slurm: it is the scheduler's view. It keeps
+informers (:mod:`exporter.sources.kube_informer`: list, then watch; never polls) on
+
+- **nodes**: GPU Feature Discovery's labels (``nvidia.com/gpu.product``, ``.count``,
+  ``.memory``, ``.replicas``, ``nvidia.com/mig.strategy``, ``nvidia.com/mig-<profile>
+  .count``/``.memory``) and the device plugin's capacity (``nvidia.com/gpu``,
+  ``nvidia.com/gpu.shared``, ``nvidia.com/mig-<profile>``);
+- **pods** that ask for GPUs (those resources, or DRA ``resourceClaims``);
+- **ResourceClaims** (``resource.k8s.io/v1``): the exact devices in
+  ``status.allocation.devices.results``;
+- optionally **ResourceSlices**, which name each DRA device's UUID.
+
+What it makes of them (pure: :func:`to_snapshot`):
+
+- **GPUs** per node: ``nvidia.com/gpu.count`` physical GPUs of the product's catalogue
+  model, MIG instances laid out from the profile counts (largest first, as
+  ``nvidia-smi -L`` lists them), each GPU up while the node is Ready.
+- **Allocations**, one per pod that holds GPUs (a pod is what Kubernetes moves or
+  evicts). A whole GPU is share 1, a MIG slice ``<g>g`` is g/7 of its GPU, a
+  time-sliced replica 1/``nvidia.com/gpu.replicas``, a HAMi ``nvidia.com/gpucores`` or
+  KAI ``gpu-fraction`` request that fraction.
+- **Which** GPU: the apiserver knows it only for DRA (the claim names the device:
+  ``gpu-1`` is index 1, and its ResourceSlice gives the UUID). For the device plugin
+  it knows only how many; the kubelet knows which (the PodResources API, node mode).
+  Here such pods are given the node's lowest free indices, oldest pod first, and
+  time-sliced replicas the least shared GPU (the NVIDIA device plugin's preferred
+  allocation spreads replicas): counts, shares and fragmentation are exact, the
+  index is nominal, and composition with telemetry (UUIDs) replaces it where known.
+- **The job** is the pod's owner: the ``jobset.sigs.k8s.io/jobset-name``,
+  ``training.kubeflow.org/job-name``, ``batch.kubernetes.io/job-name`` or KAI
+  pod-group label, else its controller (a ReplicaSet less its ``pod-template-hash``
+  is the Deployment), else the pod. As ``namespace/name``; when one owner has
+  several GPU pods, each pod's allocation is ``namespace/owner/pod`` so that every
+  allocation keeps its own key (the advisor and the alerts key on it).
+- ``spec.priority`` (the PriorityClass value) is the priority, ``priorityClassName``
+  the qos, the namespace the account, ``status.startTime`` the start, and the
+  ``gpu-memory-required`` / ``gpufleet.io/last-checkpoint`` annotations the memory
+  need and checkpoint (:mod:`exporter.sources.job_hints`).
+- **Pending** pods that ask for GPUs and have no node are demand, grouped per job;
+  a DRA claim not yet allocated counts its requested devices.
+
+Down and stale: an informer whose list or watch fails (apiserver down, 403, 5xx)
+marks the read failed with the apiserver's message, and the collector serves the
+last good reading, stale, as for every source; the informer meanwhile retries and
+resumes from its resourceVersion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import math
+import os
+import re
+import ssl
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exporter.catalogue import Catalogue, default_catalogue
+from exporter.snapshot import (
+    Allocation,
+    FleetSnapshot,
+    Gpu,
+    JobRequest,
+    MigInstance,
+    Node,
+    Placement,
+)
+from exporter.sources import Clock, SourceReading, SourceStartupError, job_hints
+from exporter.sources.kubernetes_options import KubernetesSource as KubernetesConfig
+
+log = logging.getLogger(__name__)
+
+NODES = "/api/v1/nodes"
+PODS = "/api/v1/pods"
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+GPU = "nvidia.com/gpu"
+GPU_SHARED = "nvidia.com/gpu.shared"  # time-slicing with renameByDefault
+MIG_PREFIX = "nvidia.com/mig-"
+HAMI_CORES = "nvidia.com/gpucores"  # HAMi: percent of each GPU's cores
+KAI_FRACTION = "gpu-fraction"  # KAI scheduler (run.ai) annotation: a fraction of one GPU
+MIG_SLICES = 7  # compute slices of an A100/H100/H200/B200; a profile "<g>g.<mem>" holds g
+GPU_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
+JOB_LABELS = ("jobset.sigs.k8s.io/jobset-name", "training.kubeflow.org/job-name",
+              "batch.kubernetes.io/job-name", "job-name", "pod-group.scheduling.run.ai/name")
+MAX_LABEL = 253  # longest label value or name Kubernetes accepts; longer is not read
+
+_PROFILE = re.compile(r"([1-7])g\.[0-9]+gb(?:\+[a-z]+)?")
+_DRA_DEVICE = re.compile(r"gpu-([0-9]{1,3})(?:-mig-.*)?")
+
+
+class _StartupError(SourceStartupError):
+    def __init__(self, message: str) -> None:
+        super().__init__(f"sources.kubernetes.kubeconfig: {message}")
+
+
+class KubernetesError(Exception):
+    """The apiserver refused or failed a call: the read fails, the last good one is served."""
+
+
+# -- records: what is kept of each object ------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class KubeNode:
+    name: str
+    product: str  # nvidia.com/gpu.product, less -SHARED / -MIG-<profile>
+    gpus: int  # physical GPUs
+    memory_bytes: int | None
+    replicas: int  # time-slicing replicas per GPU (1: not shared)
+    mig_single: str  # MIG profile of every device under the single strategy, "" otherwise
+    mig: tuple[tuple[str, int, int | None], ...]  # (profile, count, memory bytes), mixed strategy
+    cpus: float
+    pool: str  # value of the configured pool label, "" without one
+    ready: bool
+
+
+@dataclass(frozen=True, slots=True)
+class KubePod:
+    namespace: str
+    name: str
+    node: str  # "" while unscheduled
+    whole: int  # nvidia.com/gpu (or .shared): devices the device plugin gives
+    mig: tuple[tuple[str, int], ...]  # nvidia.com/mig-<profile>: count
+    fraction: float | None  # HAMi gpucores / KAI gpu-fraction: share of each GPU
+    claims: tuple[str, ...]  # ResourceClaim names it uses (same namespace)
+    cpus: float
+    owner: str  # the job, as "kind/name" or a label's value
+    priority: int
+    priority_class: str
+    start_time: float | None
+    created: float | None
+    hints: job_hints.JobHints
+    models: tuple[str, ...]  # products its nodeSelector asks for (pending demand)
+    pool: str  # the pool its nodeSelector asks for
+
+
+@dataclass(frozen=True, slots=True)
+class KubeClaim:
+    namespace: str
+    name: str
+    devices: tuple[tuple[str, str, str], ...]  # allocated (driver, pool, device)
+    requested: int  # GPU devices asked for (ExactCount), for demand while unallocated
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    index: int
+    uuid: str
+    model: str  # productName as NVML says it
+    profile: str  # MIG profile, "" for a whole GPU
+
+
+@dataclass(frozen=True, slots=True)
+class KubeSlice:
+    node: str
+    driver: str
+    pool: str
+    devices: tuple[tuple[str, SliceDevice], ...]  # device name -> what it is
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) and len(value) <= MAX_LABEL else ""
+
+
+def _count(value: Any) -> int:
+    """A whole-number quantity ("8"); anything else 0. Extended resources are integers."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return max(0, min(value, 1_000_000))
+    if isinstance(value, str) and value.isdigit() and len(value) <= 7:
+        return int(value)
+    return 0
+
+
+_CPU = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,9})?)(m?)")
+
+
+def _cpu(value: Any) -> float:
+    """A CPU quantity ("500m", "2", "1.5"); 0 when it does not parse."""
+    match = _CPU.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return 0.0
+    return float(match.group(1)) / (1000 if match.group(2) else 1)
+
+
+def _time(value: Any) -> float | None:
+    """An RFC 3339 timestamp ("2026-03-10T03:40:22Z")."""
+    if not isinstance(value, str) or len(value) > 40:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
+
+
+def _product(label: str) -> tuple[str, str]:
+    """GFD's product label -> (product, MIG profile of the single strategy)."""
+    product = label.removesuffix("-SHARED")
+    product, _, profile = product.partition("-MIG-")
+    return product, profile if _PROFILE.fullmatch(profile) else ""
+
+
+def _slices(profile: str) -> int:
+    match = _PROFILE.fullmatch(profile)
+    return int(match.group(1)) if match else 1
+
+
+def node_record(obj: Mapping[str, Any], pool_label: str = "") -> KubeNode | None:
+    """What the source keeps of a Node; None for a node with no NVIDIA GPU."""
+    meta = _map(obj.get("metadata"))
+    labels = _map(meta.get("labels"))
+    status = _map(obj.get("status"))
+    capacity = _map(status.get("capacity"))
+    allocatable = _map(status.get("allocatable")) or capacity
+    name = _str(meta.get("name"))
+    product, single = _product(_str(labels.get("nvidia.com/gpu.product")))
+    count = _count(labels.get("nvidia.com/gpu.count"))
+    replicas = max(1, _count(labels.get("nvidia.com/gpu.replicas")))
+    whole = _count(capacity.get(GPU)) or _count(capacity.get(GPU_SHARED))
+    mig: list[tuple[str, int, int | None]] = []
+    for key, value in capacity.items():
+        profile = key[len(MIG_PREFIX):] if isinstance(key, str) and key.startswith(MIG_PREFIX) \
+            else ""
+        if _PROFILE.fullmatch(profile) and _count(value):
+            mib = _count(labels.get(f"{MIG_PREFIX}{profile}.memory"))
+            mig.append((profile, _count(value), mib * 2**20 if mib else None))
+    mig.sort(key=lambda m: (-_slices(m[0]), m[0]))
+    if single:
+        # under the single strategy gpu.count and the capacity count MIG devices
+        devices = count or whole
+        per_gpu = max(1, MIG_SLICES // _slices(single))
+        gpus = math.ceil(devices / per_gpu)
+    elif count:
+        gpus = count
+    else:
+        gpus = whole // replicas
+    if not name or (gpus == 0 and not mig and not product):
+        return None
+    mib = _count(labels.get("nvidia.com/gpu.memory"))
+    conditions = _list(status.get("conditions"))
+    ready = any(_map(c).get("type") == "Ready" and _map(c).get("status") == "True"
+                for c in conditions)
+    return KubeNode(
+        name=name, product=product, gpus=min(gpus, 64), memory_bytes=mib * 2**20 if mib else None,
+        replicas=replicas if replicas > 1 else 1, mig_single=single, mig=tuple(mig),
+        cpus=_cpu(allocatable.get("cpu")),
+        pool=_str(labels.get(pool_label)) if pool_label else "", ready=ready)
+
+
+def _owner(meta: Mapping[str, Any], labels: Mapping[str, Any]) -> str:
+    for label in JOB_LABELS:
+        value = _str(labels.get(label))
+        if value:
+            return value
+    for ref in _list(meta.get("ownerReferences")):
+        ref = _map(ref)
+        if ref.get("controller") is True:
+            kind, name = _str(ref.get("kind")), _str(ref.get("name"))
+            template_hash = _str(labels.get("pod-template-hash"))
+            if kind == "ReplicaSet" and template_hash and name.endswith(f"-{template_hash}"):
+                return name[: -len(template_hash) - 1]  # the Deployment
+            if name:
+                return name
+    return _str(meta.get("name"))
+
+
+def _requests(containers: Iterable[Any]) -> dict[str, Any]:
+    """limits, else requests, of each container, summed: extended resources are in both."""
+    total: dict[str, Any] = {}
+    for container in containers:
+        resources = _map(_map(container).get("resources"))
+        wanted = {**_map(resources.get("requests")), **_map(resources.get("limits"))}
+        for key, value in wanted.items():
+            if key == "cpu":
+                total["cpu"] = total.get("cpu", 0.0) + _cpu(value)
+            elif isinstance(key, str):
+                total[key] = total.get(key, 0) + _count(value)
+    return total
+
+
+def pod_record(obj: Mapping[str, Any]) -> KubePod | None:
+    """What the source keeps of a Pod; None for one that asks for no GPU or has finished."""
+    meta = _map(obj.get("metadata"))
+    spec = _map(obj.get("spec"))
+    status = _map(obj.get("status"))
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    app = _requests(_list(spec.get("containers")))
+    init = _requests(_list(spec.get("initContainers")))
+    # an init container runs before the others: the pod needs the larger of the two
+    wanted = {k: max(app.get(k, 0), init.get(k, 0)) for k in {*app, *init}}
+    whole = _count(wanted.get(GPU)) + _count(wanted.get(GPU_SHARED))
+    mig = tuple(sorted((k[len(MIG_PREFIX):], _count(v)) for k, v in wanted.items()
+                       if k.startswith(MIG_PREFIX) and _PROFILE.fullmatch(k[len(MIG_PREFIX):])
+                       and _count(v)))
+    claims = tuple(dict.fromkeys(
+        name for name in (
+            *(_str(_map(c).get("resourceClaimName")) for c in _list(spec.get("resourceClaims"))),
+            *(_str(_map(c).get("resourceClaimName"))
+              for c in _list(status.get("resourceClaimStatuses"))))
+        if name))
+    annotations = {k: v for k, v in _map(meta.get("annotations")).items() if isinstance(v, str)}
+    fraction: float | None = None
+    cores = _count(wanted.get(HAMI_CORES))
+    if whole and 0 < cores < 100:
+        fraction = cores / 100
+    elif annotations.get(KAI_FRACTION):
+        try:
+            value = float(annotations[KAI_FRACTION][:20])
+        except ValueError:
+            value = 0.0
+        if 0 < value < 1:
+            fraction, whole = value, max(whole, 1)
+    if not whole and not mig and not claims:
+        return None
+    labels = _map(meta.get("labels"))
+    selector = _map(spec.get("nodeSelector"))
+    product = _product(_str(selector.get("nvidia.com/gpu.product")))[0]
+    priority = spec.get("priority")
+    return KubePod(
+        namespace=_str(meta.get("namespace")), name=_str(meta.get("name")),
+        node=_str(spec.get("nodeName")), whole=whole, mig=mig, fraction=fraction,
+        claims=claims, cpus=float(wanted.get("cpu", 0.0)), owner=_owner(meta, labels),
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        priority_class=_str(spec.get("priorityClassName")),
+        start_time=_time(status.get("startTime")), created=_time(meta.get("creationTimestamp")),
+        hints=job_hints.from_annotations(annotations),
+        models=(product,) if product else (), pool="")
+
+
+def claim_record(obj: Mapping[str, Any]) -> KubeClaim | None:
+    meta = _map(obj.get("metadata"))
+    spec = _map(_map(obj.get("spec")).get("devices"))
+    requested = 0
+    for request in _list(spec.get("requests")):
+        exactly = _map(_map(request).get("exactly")) or _map(request)
+        if _str(exactly.get("deviceClassName")) in GPU_DEVICE_CLASSES and \
+                exactly.get("allocationMode", "ExactCount") == "ExactCount":
+            requested += _count(exactly.get("count", 1))
+    results = _list(_map(_map(_map(obj.get("status")).get("allocation")).get("devices"))
+                    .get("results"))
+    devices = tuple((_str(_map(r).get("driver")), _str(_map(r).get("pool")),
+                     _str(_map(r).get("device"))) for r in results[:64])
+    name = _str(meta.get("name"))
+    if not name:
+        return None
+    return KubeClaim(_str(meta.get("namespace")), name, devices, requested)
+
+
+def _attribute(attributes: Mapping[str, Any], name: str) -> str:
+    value = _map(attributes.get(name))
+    return _str(value.get("string") or value.get("version") or "")
+
+
+def slice_record(obj: Mapping[str, Any]) -> KubeSlice | None:
+    """The GPUs and MIG devices of a ResourceSlice; None for a slice of other devices."""
+    spec = _map(obj.get("spec"))
+    devices: list[tuple[str, SliceDevice]] = []
+    for device in _list(spec.get("devices"))[:512]:
+        device = _map(device)
+        name = _str(device.get("name"))
+        attributes = _map(device.get("attributes"))
+        kind = _attribute(attributes, "type")
+        match = _DRA_DEVICE.fullmatch(name)
+        index_attr = _map(attributes.get("index")).get("int")
+        if kind not in ("gpu", "mig") or match is None:
+            continue
+        index = index_attr if isinstance(index_attr, int) else int(match.group(1))
+        devices.append((name, SliceDevice(
+            index=index, uuid=_attribute(attributes, "uuid"),
+            model=_attribute(attributes, "productName"),
+            profile=_attribute(attributes, "profile") if kind == "mig" else "")))
+    if not devices:
+        return None
+    pool = _map(spec.get("pool"))
+    return KubeSlice(_str(spec.get("nodeName")), _str(spec.get("driver")),
+                     _str(pool.get("name")), tuple(devices))
+
+
+# -- the snapshot ------------------------------------------------------------------------------
+
+@dataclass
+class _NodeLayout:
+    """Which share of each GPU of one node is taken while pods are given GPUs."""
+
+    node: KubeNode
+    free: list[float]  # per GPU index
+    whole_taken: list[bool]
+    replicas_used: list[int]
+    mig_free: dict[str, list[int]] = field(default_factory=dict)  # profile -> [gpu index per free instance]
+
+    def take_whole(self, count: int) -> list[int]:
+        got = [i for i, free in enumerate(self.free) if free >= 1.0 and not self.whole_taken[i]]
+        got = got[:count]
+        for i in got:
+            self.free[i] = 0.0
+            self.whole_taken[i] = True
+        return got
+
+    def take_replicas(self, count: int) -> list[int]:
+        got = []
+        for _ in range(count):
+            candidates = [i for i in range(len(self.free))
+                          if self.replicas_used[i] < self.node.replicas and not self.whole_taken[i]]
+            if not candidates:
+                break
+            i = min(candidates, key=lambda g: (self.replicas_used[g], g))
+            self.replicas_used[i] += 1
+            self.free[i] = max(0.0, self.free[i] - 1 / self.node.replicas)
+            got.append(i)
+        return got
+
+    def take_fraction(self, count: int, share: float) -> list[int]:
+        got = [i for i, free in enumerate(self.free) if free >= share - 1e-9]
+        got = got[:count]
+        for i in got:
+            self.free[i] -= share
+        return got
+
+    def take_mig(self, profile: str, count: int) -> list[int]:
+        free = self.mig_free.get(profile, [])
+        got, self.mig_free[profile] = free[:count], free[count:]
+        for i in got:
+            self.free[i] = max(0.0, self.free[i] - _slices(profile) / MIG_SLICES)
+        return got
+
+
+def _mig_layout(node: KubeNode) -> list[list[tuple[str, int | None]]]:
+    """The MIG instances of each GPU: (profile, memory), largest first, packed into 7 slices."""
+    per_gpu: list[list[tuple[str, int | None]]] = [[] for _ in range(node.gpus)]
+    used = [0] * node.gpus
+    if node.mig_single:
+        per = max(1, MIG_SLICES // _slices(node.mig_single))
+        total = node.gpus * per
+        for n in range(total):
+            per_gpu[n // per].append((node.mig_single, None))
+        return per_gpu
+    for profile, count, memory in node.mig:
+        for _ in range(count):
+            fits = [g for g in range(node.gpus) if used[g] + _slices(profile) <= MIG_SLICES]
+            if not fits:
+                break
+            g = fits[0]
+            used[g] += _slices(profile)
+            per_gpu[g].append((profile, memory))
+    return per_gpu
+
+
+def _group_owners(pods: Iterable[KubePod]) -> dict[tuple[str, str], int]:
+    counts: dict[tuple[str, str], int] = {}
+    for pod in pods:
+        key = (pod.namespace, pod.owner)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def to_snapshot(
+    taken_at: float,
+    nodes: Iterable[KubeNode],
+    pods: Iterable[KubePod],
+    claims: Mapping[str, KubeClaim],
+    slices: Iterable[KubeSlice],
+    catalogue: Catalogue,
+) -> tuple[FleetSnapshot, int]:
+    """The cluster as a snapshot, and how many GPU requests could not be laid out (a pod asking
+    for more than its node has: the view is mid-change, or a count label is wrong)."""
+    uuids: dict[tuple[str, int], str] = {}
+    for piece in slices:
+        for _, device in piece.devices:
+            if device.uuid and not device.profile:
+                uuids[(piece.node or piece.pool, device.index)] = device.uuid
+    out_nodes: list[Node] = []
+    out_gpus: list[Gpu] = []
+    layouts: dict[str, _NodeLayout] = {}
+    for node in sorted(nodes, key=lambda n: n.name):
+        spec = catalogue.get(node.product.replace("-", " ")) if node.product else None
+        model = spec.name if spec is not None else "unknown"
+        pool = node.pool or model
+        out_nodes.append(Node(node.name, model, node.cpus, pool,
+                              spec.architecture if spec is not None else "unknown", node.gpus))
+        migs = _mig_layout(node) if (node.mig or node.mig_single) else [[] for _ in range(node.gpus)]
+        layout = _NodeLayout(node, [1.0] * node.gpus, [False] * node.gpus, [0] * node.gpus)
+        for index in range(node.gpus):
+            instances = tuple(MigInstance(i, profile, memory)
+                              for i, (profile, memory) in enumerate(migs[index]))
+            for profile, _ in migs[index]:
+                layout.mig_free.setdefault(profile, []).append(index)
+            out_gpus.append(Gpu(node.name, index, uuids.get((node.name, index), ""), model, pool,
+                                memory_total_bytes=node.memory_bytes, up=node.ready,
+                                mig=instances))
+        layouts[node.name] = layout
+
+    running = [p for p in pods if p.node]
+    waiting = [p for p in pods if not p.node]
+    owners = _group_owners(running)
+    unplaced = 0
+    allocations: list[Allocation] = []
+    held: dict[str, list[tuple[int, float]]] = {}  # pod key -> [(gpu index, share)]
+
+    def key(pod: KubePod) -> str:
+        return f"{pod.namespace}/{pod.name}"
+
+    # DRA first: the claim names the device, so those GPUs are not free for the others
+    for pod in running:
+        at = layouts.get(pod.node)
+        for claim_name in pod.claims:
+            claim = claims.get(f"{pod.namespace}/{claim_name}")
+            if claim is None or at is None:
+                continue
+            for driver, _, device_name in claim.devices:
+                match = _DRA_DEVICE.fullmatch(device_name)
+                if driver not in GPU_DEVICE_CLASSES or match is None:
+                    continue
+                index = int(match.group(1))
+                if index >= len(at.free):
+                    unplaced += 1
+                    continue
+                share = 1.0 if "-mig-" not in device_name else 1 / MIG_SLICES
+                at.free[index] = max(0.0, at.free[index] - share)
+                at.whole_taken[index] = share >= 1.0
+                held.setdefault(key(pod), []).append((index, share))
+    order = sorted(running, key=lambda p: (p.start_time or p.created or 0.0, p.namespace, p.name))
+    for pod in order:
+        at = layouts.get(pod.node)
+        if at is None:
+            if pod.whole or pod.mig:
+                unplaced += 1
+            continue
+        got: list[tuple[int, float]] = []
+        node = at.node
+        if pod.whole:
+            if node.mig_single:
+                indices = at.take_mig(node.mig_single, pod.whole)
+                share = _slices(node.mig_single) / MIG_SLICES
+            elif pod.fraction is not None:
+                indices, share = at.take_fraction(pod.whole, pod.fraction), pod.fraction
+            elif node.replicas > 1:
+                indices, share = at.take_replicas(pod.whole), 1 / node.replicas
+            else:
+                indices, share = at.take_whole(pod.whole), 1.0
+            got += [(i, share) for i in indices]
+            unplaced += pod.whole - len(indices)
+        for profile, count in pod.mig:
+            indices = at.take_mig(profile, count)
+            got += [(i, _slices(profile) / MIG_SLICES) for i in indices]
+            unplaced += count - len(indices)
+        if got:
+            held.setdefault(key(pod), []).extend(got)
+
+    for pod in running:
+        parts = held.get(key(pod))
+        if not parts:
+            continue
+        # one placement per share size: a pod holding a whole GPU and a MIG slice (DRA) is rare
+        by_share: dict[float, list[int]] = {}
+        for index, share in parts:
+            by_share.setdefault(share, []).append(index)
+        placements = tuple(
+            Placement(pod.node, tuple(sorted(indices)), share, pod.cpus if n == 0 else 0.0)
+            for n, (share, indices) in enumerate(sorted(by_share.items(), reverse=True)))
+        shared_owner = owners.get((pod.namespace, pod.owner), 0) > 1
+        job = f"{pod.namespace}/{pod.owner}" + (f"/{pod.name}" if shared_owner else "")
+        allocations.append(Allocation(
+            job=job, placements=placements, namespace=pod.namespace, pod=pod.name,
+            priority=pod.priority, qos=pod.priority_class, account=pod.namespace,
+            start_time=pod.start_time, last_checkpoint_time=pod.hints.last_checkpoint_time,
+            gpu_memory_need_bytes=pod.hints.gpu_memory_need_bytes))
+
+    pending = _pending(waiting, claims, catalogue)
+    snapshot = FleetSnapshot(taken_at, tuple(out_nodes), tuple(out_gpus),
+                             tuple(sorted(allocations, key=lambda a: a.job)), pending)
+    return snapshot, unplaced
+
+
+def _pending(waiting: Iterable[KubePod], claims: Mapping[str, KubeClaim],
+             catalogue: Catalogue) -> tuple[JobRequest, ...]:
+    """Unscheduled pods asking for GPUs, one request per job (a gang waits whole)."""
+    jobs: dict[str, dict[str, Any]] = {}
+    for pod in waiting:
+        gpus = float(pod.whole) + sum(_slices(p) / MIG_SLICES * n for p, n in pod.mig)
+        share = pod.fraction if pod.fraction is not None else 1.0
+        for claim_name in pod.claims:
+            claim = claims.get(f"{pod.namespace}/{claim_name}")
+            if claim is not None and not claim.devices:
+                gpus += claim.requested
+        if gpus <= 0:
+            continue
+        job = jobs.setdefault(f"{pod.namespace}/{pod.owner}", {
+            "gpus": 0.0, "pods": 0, "cpus": 0.0, "priority": pod.priority, "share": share,
+            "submit": pod.created, "models": pod.models})
+        job["gpus"] += gpus
+        job["pods"] += 1
+        job["cpus"] += pod.cpus
+        job["priority"] = max(job["priority"], pod.priority)
+        if pod.created is not None and (job["submit"] is None or pod.created < job["submit"]):
+            job["submit"] = pod.created
+    return tuple(
+        JobRequest(job=name, gpu_count=math.ceil(j["gpus"]), gpu_share=j["share"], cpus=j["cpus"],
+                   node_count=j["pods"],
+                   models=tuple(catalogue.resolve(m.replace("-", " ")) for m in j["models"]),
+                   priority=j["priority"], submit_time=j["submit"])
+        for name, j in sorted(jobs.items()))
+
+
+# -- the source --------------------------------------------------------------------------------
+
+@dataclass
+class KubernetesAllocationSource:
+    config: KubernetesConfig
+    clock: Clock
+    catalogue: Catalogue = field(default_factory=default_catalogue)
+    service_account: Path = SERVICE_ACCOUNT
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    name: str = "kubernetes"
+    role: str = "allocation"
+    _informers: Any = None  # kube_informer.InformerSet once started
+    _session: Any = None
+    _reading: SourceReading | None = None
+    _revisions: tuple[int, ...] = ()
+    _parse_errors: int = 0
+    _start_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def _endpoint(self) -> Any:
+        """The apiserver's URL, TLS and token, loaded by kubernetes_asyncio's own loaders
+        (exec plugins, client certificates, in-cluster token refresh)."""
+        from kubernetes_asyncio import config as kube_config
+        from kubernetes_asyncio.client import Configuration
+
+        from exporter.sources.kube_informer import Endpoint
+
+        configuration = Configuration()
+        try:
+            if self.config.kubeconfig:
+                await kube_config.load_kube_config(
+                    config_file=self.config.kubeconfig, context=self.config.context or None,
+                    client_configuration=configuration, persist_config=False)
+            else:
+                kube_config.load_incluster_config(
+                    client_configuration=configuration,
+                    token_filename=str(self.service_account / "token"),
+                    cert_filename=str(self.service_account / "ca.crt"),
+                    environ=self.environ)
+        except (kube_config.ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+            key = "kubeconfig" if self.config.kubeconfig else "kubeconfig (in-cluster)"
+            raise KubernetesError(f"sources.kubernetes.{key}: {str(exc)[:300]}") from None
+        context: Any = None
+        host = str(configuration.host or "")
+        if host.startswith("https"):
+            if not configuration.verify_ssl:
+                context = False
+            else:
+                context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+                if configuration.cert_file:
+                    context.load_cert_chain(configuration.cert_file, configuration.key_file)
+
+        async def authorization() -> str | None:
+            value: str | None = await configuration.get_api_key_with_prefix("BearerToken")
+            return value
+
+        return Endpoint(host.rstrip("/"), context, authorization)
+
+    async def _start(self) -> None:
+        import aiohttp
+
+        from exporter.sources.kube_informer import Informer, InformerSet, Limits
+
+        endpoint = await self._endpoint()
+        c = self.config
+        limits = Limits(page_size=c.page_size, request_timeout=c.request_timeout,
+                        watch_timeout=c.watch_timeout, backoff_max=c.backoff_max,
+                        max_objects=c.max_objects, max_event_bytes=c.max_event_bytes,
+                        max_page_bytes=c.max_page_bytes)
+        self._session = aiohttp.ClientSession()
+        informers: list[Informer[Any]] = [
+            Informer(self._session, endpoint, NODES,
+                     lambda obj: node_record(obj, c.pool_label), limits, "nodes"),
+            Informer(self._session, endpoint, PODS, pod_record, limits, "pods"),
+        ]
+        if c.resource_claims:
+            informers.append(Informer(self._session, endpoint, CLAIMS, claim_record, limits,
+                                      "resourceclaims"))
+        if c.resource_slices:
+            informers.append(Informer(self._session, endpoint, SLICES, slice_record, limits,
+                                      "resourceslices"))
+        self._informers = InformerSet(informers)
+        self._informers.start()
+
+    async def read(self) -> SourceReading:
+        async with self._start_lock:
+            if self._informers is None:
+                await self._start()
+        informers = self._informers.informers
+        if not await self._informers.synced(self.config.sync_timeout):
+            waiting = [i for i in informers if not i.synced.is_set()]
+            raise KubernetesError(f"no first list within sync_timeout "
+                                  f"({self.config.sync_timeout:g}s): {waiting[0].error}")
+        down = [i for i in informers if not i.healthy and not i.not_served]
+        if down:
+            raise KubernetesError(down[0].error)
+        revisions = tuple(i.revision for i in informers)
+        if self._reading is None or revisions != self._revisions:
+            by_name = {i.name: i for i in informers}
+            claims = by_name.get("resourceclaims")
+            slices = by_name.get("resourceslices")
+            snapshot, unplaced = to_snapshot(
+                self.clock(), by_name["nodes"].store.values(), by_name["pods"].store.values(),
+                claims.store if claims is not None else {},
+                slices.store.values() if slices is not None else (), self.catalogue)
+            if unplaced:
+                self._parse_errors += unplaced
+                log.warning("GPU requests beyond what their nodes have",
+                            extra={"source": self.name, "err": f"{unplaced} not laid out"})
+            self._reading = SourceReading.of(snapshot, parse_errors=self._parse_errors)
+            self._revisions = revisions
+        return self._reading
+
+    async def close(self) -> None:
+        if self._informers is not None:
+            await self._informers.stop()
+            self._informers = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _check_kubeconfig(path: Path, context: str) -> None:
+    """The kubeconfig exists, is YAML and names the context: caught at start, named by key."""
+    from exporter.yamlfile import load_mapping
+
+    try:
+        if path.stat().st_size > 1024 * 1024:
+            raise SourceStartupError(f"sources.kubernetes.kubeconfig: {path} is over 1 MiB")
+    except OSError as exc:
+        raise SourceStartupError(
+            f"sources.kubernetes.kubeconfig: cannot read {path}: {exc.strerror}") from None
+    data = load_mapping(path, "the kubeconfig", _StartupError)
+    wanted = context or data.get("current-context")
+    names = [_map(c).get("name") for c in _list(data.get("contexts"))]
+    if not wanted:
+        raise SourceStartupError(f"sources.kubernetes.context: {path} has no current-context; "
+                                 "name one")
+    if wanted not in names:
+        raise SourceStartupError(f"sources.kubernetes.context: {wanted!r} is not a context of "
+                                 f"{path} (it has: {', '.join(map(str, names)) or 'none'})")
+
+
+def build(config: KubernetesConfig, clock: Clock,
+          service_account: Path = SERVICE_ACCOUNT,
+          environ: Mapping[str, str] | None = None) -> KubernetesAllocationSource:
+    environ = dict(os.environ) if environ is None else environ
+    try:
+        import aiohttp  # noqa: F401
+        import kubernetes_asyncio  # noqa: F401
+    except ImportError as exc:
+        raise SourceStartupError(f"sources.kubernetes: {exc.name} is not installed "
+                                 "(pip install kubernetes_asyncio)") from None
+    if config.kubeconfig:
+        _check_kubeconfig(Path(config.kubeconfig), config.context)
+    elif not environ.get("KUBERNETES_SERVICE_HOST") or not environ.get("KUBERNETES_SERVICE_PORT"):
+        raise SourceStartupError(
+            "sources.kubernetes.kubeconfig: empty, and this is not a pod "
+            "(KUBERNETES_SERVICE_HOST/PORT unset): name a kubeconfig file")
+    elif not (service_account / "token").is_file():
+        raise SourceStartupError(
+            f"sources.kubernetes.kubeconfig: empty, and there is no service account token at "
+            f"{service_account / 'token'} (automountServiceAccountToken off?)")
+    if config.sync_timeout <= 0:
+        raise SourceStartupError("sources.kubernetes.sync_timeout: must be above 0")
+    return KubernetesAllocationSource(config, clock, service_account=service_account,
+                                      environ=environ)

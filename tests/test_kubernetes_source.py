@@ -1,0 +1,341 @@
+"""The kubernetes source on the recorded cluster (tests/data/kubernetes, see its ORIGIN.md).
+
+The apiserver is the fake of tests/helpers/fake_apiserver.py (no real one can run
+here); every object it serves was recorded from published output or built in the
+shape of a published manifest. What each pod holds is checked exactly: MIG slices
+with their profile, time-sliced GPUs at 1/replicas, DRA-claimed GPUs by UUID, the
+pending gang, and (with the dcgm source on the real H100 sample of the same
+cluster) that the pod allocations agree with dcgm-exporter's own pod labels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from exporter.collect import Collector
+from exporter.options import Duration
+from exporter.snapshot import Allocation, FleetSnapshot, JobRequest, Placement
+from exporter.sources import SourceStartupError
+from exporter.sources.dcgm import build as build_dcgm
+from exporter.sources.dcgm_options import DcgmSource as DcgmConfig
+from exporter.sources.kubernetes import (
+    CLAIMS,
+    KubernetesAllocationSource,
+    KubernetesError,
+    build,
+    node_record,
+    pod_record,
+)
+from exporter.sources.kubernetes_options import KubernetesSource as KubernetesConfig
+from tests.helpers import data_dir, free_port
+from tests.helpers.exported import Exported
+from tests.helpers.fake_apiserver import FakeApiserver, read_objects, write_kubeconfig
+
+RECORDED = Path(__file__).parent / "data" / "kubernetes"
+TOKEN = "recorded-cluster-token"
+GIB = 2**30
+MIB = 2**20
+# gpu-node-1's GPUs by index, from its ResourceSlice (the same UUIDs as the dcgm sample)
+GPU_NODE_1 = ("GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005", "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a",
+              "GPU-fbc2c554-4d37-8938-0032-f923bad0f716", "GPU-a65a773d-52bb-bcc1-a8ee-f78c3faa2e2d",
+              "GPU-82e45d1b-1618-559f-144c-eab51545030b", "GPU-39e28159-8c62-ee71-64db-b748edd61e15",
+              "GPU-e64d69ca-b4b3-59b2-e78c-94f26c4db365", "GPU-04d228d3-3b5a-3534-f5cf-969706647d56")
+TS = "time-slicing-verification-7cdc7f87c5-"
+
+
+def ts(text: str) -> float:
+    import datetime as dt
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@pytest.fixture
+async def apiserver():
+    fake = FakeApiserver(token=TOKEN)
+    fake.load(read_objects(RECORDED))
+    await fake.start()
+    yield fake
+    await fake.kill()
+
+
+def config(kubeconfig: Path, **options) -> KubernetesConfig:
+    return KubernetesConfig(enabled=True, kubeconfig=str(kubeconfig),
+                            sync_timeout=Duration(options.pop("sync_timeout", 5.0)), **options)
+
+
+@pytest.fixture
+async def source_for(tmp_path):
+    made: list[KubernetesAllocationSource] = []
+
+    def make(fake: FakeApiserver, **options) -> KubernetesAllocationSource:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake.url, TOKEN)
+        source = build(config(kubeconfig, **options), time.time)
+        made.append(source)
+        return source
+
+    yield make
+    for source in made:
+        await source.close()
+
+
+@pytest.fixture
+def read(source_for):
+    async def read_once(fake: FakeApiserver, **options) -> FleetSnapshot:
+        reading = await source_for(fake, **options).read()
+        return FleetSnapshot(0.0, reading.nodes, reading.gpus, reading.allocations,
+                             reading.pending)
+
+    return read_once
+
+
+def held(snapshot: FleetSnapshot) -> dict[str, tuple[str, tuple[int, ...], float]]:
+    """pod -> (node, GPU indices, share of each), for pods holding one kind of share."""
+    out = {}
+    for alloc in snapshot.allocations:
+        (part,) = alloc.placements
+        out[alloc.pod] = (part.node, part.gpus, part.gpu_share)
+    return out
+
+
+async def test_nodes_become_gpus_of_their_catalogue_model_with_mig_instances(apiserver, read):
+    snapshot = await read(apiserver, resource_slices=True)
+    assert [(n.name, n.model, n.pool, n.generation, n.gpu_count, n.cpu_cores)
+            for n in snapshot.nodes] == [
+        ("gpu-node-1", "H100", "H100", "hopper", 8, 192.0),
+        ("gpu-node-2", "H100", "H100", "hopper", 8, 192.0),
+        ("s4124-0073", "H100", "H100", "hopper", 1, 128.0),
+        ("t4-node-1", "T4", "T4", "turing", 4, 48.0),  # the -SHARED suffix is not the model
+    ]  # system-node-2 has no GPU: left out
+    gpus = {(g.node, g.index): g for g in snapshot.gpus}
+    assert len(gpus) == 21
+    assert tuple(gpus[("gpu-node-1", i)].uuid for i in range(8)) == GPU_NODE_1
+    assert gpus[("gpu-node-2", 0)].uuid == "GPU-92da0328-2f33-b563-d577-9d2b9f21f280"
+    assert gpus[("gpu-node-1", 0)].memory_total_bytes == 81559 * MIB
+    # the mixed strategy's profiles on its one H100, largest first as nvidia-smi -L lists them
+    mig = gpus[("s4124-0073", 0)].mig
+    assert [(m.instance_id, m.profile, m.memory_total_bytes) for m in mig] == [
+        (0, "3g.40gb", 40320 * MIB), (1, "2g.20gb", 20096 * MIB),
+        (2, "1g.10gb", 9984 * MIB), (3, "1g.10gb", 9984 * MIB)]
+    assert all(g.up for g in snapshot.gpus)
+
+
+async def test_each_pod_holds_its_gpus_mig_slices_time_sliced_shares_and_dra_devices(
+        apiserver, read):
+    snapshot = await read(apiserver, resource_slices=True)
+    assert held(snapshot) == {
+        # device plugin, whole GPU: the lowest index the DRA claim left free
+        "vllm-agg-0-vllmdecodeworker-s65j5": ("gpu-node-1", (0,), 1.0),
+        # DRA: the claim's device gpu-1, which is GPU-bc5610b9 in the node's ResourceSlice
+        "isolation-test": ("gpu-node-1", (1,), 1.0),
+        # MIG (mixed strategy): a 3g slice is 3/7 of the GPU, a 1g slice 1/7
+        "mig-3g-inference": ("s4124-0073", (0,), 3 / 7),
+        "mig-1g-notebook-0": ("s4124-0073", (0,), 1 / 7),
+        # time-slicing, 4 replicas: each pod holds 1/4, spread over the 4 T4s
+        TS + "lkd9d": ("t4-node-1", (0,), 0.25),
+        TS + "rrzq7": ("t4-node-1", (1,), 0.25),
+        TS + "s8qwk": ("t4-node-1", (2,), 0.25),
+        TS + "xhmb7": ("t4-node-1", (3,), 0.25),
+        TS + "zsncp": ("t4-node-1", (0,), 0.25),
+    }
+    shares, _ = snapshot.held()
+    assert shares[("t4-node-1", 0)] == 0.5
+    assert shares[("s4124-0073", 0)] == pytest.approx(4 / 7)
+    by_uuid = {g.uuid: (g.node, g.index) for g in snapshot.gpus if g.uuid}
+    assert by_uuid["GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"] == ("gpu-node-1", 1)
+
+
+async def test_a_pod_carries_its_owner_priority_namespace_start_and_hints(apiserver, read):
+    snapshot = await read(apiserver)
+    allocations = {a.pod: a for a in snapshot.allocations}
+    assert allocations["vllm-agg-0-vllmdecodeworker-s65j5"] == Allocation(
+        job="dynamo-workload/vllm-agg-0-vllmdecodeworker",  # its PodClique
+        placements=(Placement("gpu-node-1", (0,), 1.0, 0.0),),
+        namespace="dynamo-workload", pod="vllm-agg-0-vllmdecodeworker-s65j5", priority=1000,
+        qos="inference-high", account="dynamo-workload", start_time=ts("2026-03-10T03:33:42Z"),
+        last_checkpoint_time=ts("2026-03-10T03:35:00Z"), gpu_memory_need_bytes=70 * GIB)
+    # a Job's label names it; a ReplicaSet less its pod-template-hash is the Deployment, and
+    # each of its five pods keeps an allocation key of its own
+    assert allocations["mig-3g-inference"].job == "mig-test/mig-3g-inference"
+    assert allocations["mig-1g-notebook-0"].job == "mig-test/mig-1g-notebook"
+    assert allocations[TS + "lkd9d"].job == f"default/time-slicing-verification/{TS}lkd9d"
+    assert len({a.job for a in snapshot.allocations}) == len(snapshot.allocations) == 9
+
+
+async def test_unscheduled_pods_asking_for_gpus_are_demand_per_job(apiserver, read):
+    snapshot = await read(apiserver)
+    # the KAI gang: two pods, each with an unallocated claim for one gpu.nvidia.com device
+    assert snapshot.pending == (JobRequest(
+        job="gang-scheduling-test/gang-test-group", gpu_count=2, node_count=2,
+        submit_time=ts("2026-03-10T03:41:05Z")),)
+
+
+async def test_without_resource_slices_a_dra_device_is_known_by_index_only(apiserver, read):
+    snapshot = await read(apiserver)  # resource_slices off: RBAC on nodes, pods, claims only
+    assert all(g.uuid == "" for g in snapshot.gpus)
+    assert held(snapshot)["isolation-test"] == ("gpu-node-1", (1,), 1.0)
+    assert not any("resourceslices" in r for r in apiserver.requests)
+
+
+async def test_a_cluster_without_the_dra_api_is_read_without_claims(read):
+    fake = FakeApiserver(token=TOKEN, served=("/api/v1/nodes", "/api/v1/pods"))
+    fake.load(o for o in read_objects(RECORDED) if o["kind"] in ("Node", "Pod"))
+    await fake.start()
+    try:
+        snapshot = await read(fake)
+    finally:
+        await fake.kill()
+    assert "isolation-test" not in held(snapshot)  # its claim cannot be seen
+    assert held(snapshot)["vllm-agg-0-vllmdecodeworker-s65j5"] == ("gpu-node-1", (0,), 1.0)
+    assert snapshot.pending == ()  # the gang's demand is in its claims
+
+
+def test_owner_is_the_job_label_then_the_controller_then_the_pod():
+    def pod(labels=None, owner=None, name="p-1"):
+        meta = {"name": name, "namespace": "ns", "labels": labels or {}}
+        if owner:
+            meta["ownerReferences"] = [owner]
+        return {"metadata": meta, "spec": {"nodeName": "n", "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "500m"}}}]},
+            "status": {"phase": "Running"}}
+
+    rs = {"kind": "ReplicaSet", "name": "web-7cdc7f87c5", "controller": True}
+    assert pod_record(pod({"pod-template-hash": "7cdc7f87c5"}, rs)).owner == "web"
+    assert pod_record(pod({}, rs)).owner == "web-7cdc7f87c5"  # no hash label: not stripped
+    assert pod_record(pod({"training.kubeflow.org/job-name": "bert", "batch.kubernetes.io/"
+                           "job-name": "bert-worker"}, rs)).owner == "bert"
+    assert pod_record(pod({"jobset.sigs.k8s.io/jobset-name": "llm"})).owner == "llm"
+    not_controller = dict(rs, controller=False)
+    assert pod_record(pod({}, not_controller, name="lonely")).owner == "lonely"
+    record = pod_record(pod())
+    assert (record.whole, record.cpus) == (2, 0.5)
+
+
+def test_records_survive_hostile_objects():
+    assert pod_record({}) is None
+    assert pod_record({"metadata": [], "spec": "x", "status": None}) is None
+    bad = {"metadata": {"name": "p", "namespace": "n", "annotations": {"gpu-fraction": "nan"}},
+           "spec": {"nodeName": "n", "priority": True, "containers": [
+               {"resources": {"limits": {"nvidia.com/gpu": "1e9", "nvidia.com/mig-9g.1gb": "1",
+                                         "cpu": "-1"}}}, "junk"]},
+           "status": {"phase": "Running", "startTime": "yesterday"}}
+    assert pod_record(bad) is None  # no count it can trust: asks for nothing
+    assert node_record({"metadata": {"name": "n", "labels": {
+        "nvidia.com/gpu.product": "x" * 10_000, "nvidia.com/gpu.count": "99999999"}},
+        "status": {"capacity": {"nvidia.com/gpu": {"a": 1}}}}) is None
+    big = node_record({"metadata": {"name": "n", "labels": {"nvidia.com/gpu.count": "9000"}},
+                       "status": {"capacity": {"nvidia.com/gpu": "9000"}}})
+    assert big is not None and big.gpus == 64  # a node holds at most 64 GPUs here
+
+
+async def test_a_forbidden_apiserver_marks_the_source_down_and_the_last_view_is_served_stale(
+        apiserver, source_for):
+    source = source_for(apiserver, backoff_max=Duration(0.2))
+    collector = Collector([source], timeout_seconds=10)
+    try:
+        good = Exported.of(await collector.collect())
+        assert good.value("gpufleet_source_up", source="kubernetes") == 1
+        apiserver.forbidden = True  # RBAC revoked, and the watches have to be reopened
+        await apiserver.kill()
+        await apiserver.start()
+        for _ in range(100):  # the aborted watches fail first, then the retries meet the 403
+            if all("403" in i.error for i in source._informers.informers):
+                break
+            await asyncio.sleep(0.05)
+        down = Exported.of(await collector.collect())
+        error = source._informers.informers[0].error
+    finally:
+        await collector.close()
+    assert down.value("gpufleet_source_up", source="kubernetes") == 0
+    info = down.all("gpufleet_gpu_allocation_info", pod="isolation-test")
+    assert [(labels["node"], labels["gpu"]) for labels, _ in info] == [("gpu-node-1", "1")]
+    assert down.value("gpufleet_gpu_stale", node="gpu-node-1", gpu="1") == 1
+    assert "HTTP 403 Forbidden" in error and "cannot list resource" in error
+
+
+async def test_an_apiserver_that_never_answers_fails_the_first_read_with_its_reason(tmp_path):
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{free_port()}")
+    source = build(config(kubeconfig, sync_timeout=0.5), time.time)
+    try:
+        with pytest.raises(KubernetesError, match=r"no first list within sync_timeout .*"
+                                                  r"apiserver unreachable"):
+            await source.read()
+    finally:
+        await source.close()
+
+
+def test_configuration_errors_name_the_key(tmp_path):
+    with pytest.raises(SourceStartupError, match=r"^sources\.kubernetes\.kubeconfig: cannot "
+                                                 r"read .*missing"):
+        build(config(tmp_path / "missing"), time.time)
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:6443")
+    with pytest.raises(SourceStartupError, match=r"^sources\.kubernetes\.context: 'prod' is not "
+                                                 r"a context of .* \(it has: recorded\)"):
+        build(config(kubeconfig, context="prod"), time.time)
+    (tmp_path / "broken").write_text("clusters: [\n")
+    with pytest.raises(SourceStartupError, match=r"^sources\.kubernetes\.kubeconfig: "):
+        build(config(tmp_path / "broken"), time.time)
+    in_cluster = KubernetesConfig(enabled=True)
+    with pytest.raises(SourceStartupError, match=r"^sources\.kubernetes\.kubeconfig: empty, and "
+                                                 r"this is not a pod"):
+        build(in_cluster, time.time, environ={})
+    with pytest.raises(SourceStartupError, match=r"no service account token at .*/token"):
+        build(in_cluster, time.time, service_account=tmp_path,
+              environ={"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"})
+
+
+async def test_pod_allocations_agree_with_dcgm_exporters_pod_labels(apiserver, source_for,
+                                                                  aiohttp_server):
+    """Cluster mode: the kubernetes source composed with the dcgm source on the real H100
+    sample of the same cluster (gpu-node-1). dcgm-exporter says GPU 0 runs the vllm pod."""
+    body = (data_dir() / "dcgm-samples" / "h100-8gpu-k8s-pod-labels.prom").read_text()
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=body, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app)
+    dcgm = build_dcgm(DcgmConfig(enabled=True, targets=(f"127.0.0.1:{server.port}",)),
+                      time.time)
+    alone = Collector([dcgm], timeout_seconds=10)
+    measured = await alone.collect()
+    kubernetes = source_for(apiserver, resource_slices=True)
+    together = Collector([kubernetes, dcgm], timeout_seconds=10)
+    try:
+        composed = await together.collect()
+    finally:
+        await together.close()
+    # what dcgm-exporter's pod labels say, by UUID
+    uuid_of = {(g.node, g.index): g.uuid for g in measured.gpus}
+    by_labels = {(a.namespace, a.pod): {uuid_of[(p.node, i)] for p in a.placements for i in p.gpus}
+                 for a in measured.allocations}
+    assert by_labels == {("dynamo-workload", "vllm-agg-0-vllmdecodeworker-s65j5"):
+                         {"GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005"}}
+    # what the composed snapshot (the apiserver's allocations on telemetry's GPUs) says
+    uuid_after = {(g.node, g.index): g.uuid for g in composed.gpus}
+    by_kubernetes = {(a.namespace, a.pod): {uuid_after[(p.node, i)] for p in a.placements
+                                            for i in p.gpus}
+                     for a in composed.allocations if a.placements[0].node == "gpu-node-1"}
+    assert by_kubernetes == {
+        **by_labels,
+        ("secure-access-test", "isolation-test"): {"GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"},
+    }
+    # every gpu-node-1 GPU matched by UUID: telemetry's values on the scheduler's GPUs
+    gpu0 = next(g for g in composed.gpus if g.uuid == GPU_NODE_1[0])
+    assert (gpu0.node, gpu0.index, gpu0.power_watts) == ("gpu-node-1", 0, 113.611)
+    assert {u.side: u.count for u in composed.unmatched} == {"allocation": 13, "telemetry": 0}
+
+
+async def test_not_served_claims_path_is_asked_once(read):
+    fake = FakeApiserver(token=TOKEN, served=("/api/v1/nodes", "/api/v1/pods"))
+    await fake.start()
+    try:
+        await read(fake)
+        await asyncio.sleep(0.3)
+    finally:
+        await fake.kill()
+    assert sum(CLAIMS in r for r in fake.requests) == 1  # a 404 is not retried
