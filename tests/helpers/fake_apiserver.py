@@ -163,7 +163,9 @@ class FakeApiserver:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/{path:.*}", self._handle)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5, handle_signals=False)
+        # a client that goes away cancels its watch handler, as it ends a real apiserver watch
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5, handle_signals=False,
+                                     handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
         await site.start()
