@@ -26,12 +26,15 @@ $(VENV)/.installed-test: $(BIN)/python $(SRC)
 run: $(VENV)/.installed-run
 	$(BIN)/gpufleet serve $(ARGS)
 
-# Debian's prometheus, promtool, prometheus-alertmanager and amtool, when missing.
+# Debian's prometheus, promtool, prometheus-alertmanager and amtool, when missing; and
+# prometheus-node-exporter, whose real series the node pressure test reads (issue 20).
 system-deps:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null \
-	    || ! command -v amtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null; then \
-	  echo "installing Debian's prometheus and prometheus-alertmanager"; \
-	  $(APT) update -q && $(APT) install -y -q --no-install-recommends prometheus prometheus-alertmanager; \
+	    || ! command -v amtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null \
+	    || ! command -v prometheus-node-exporter >/dev/null; then \
+	  echo "installing Debian's prometheus, prometheus-alertmanager and prometheus-node-exporter"; \
+	  $(APT) update -q && $(APT) install -y -q --no-install-recommends prometheus prometheus-alertmanager \
+	    prometheus-node-exporter; \
 	fi
 
 # Debian's Slurm (22.05) and munge, for the real Slurm the slurm source's tests start.
@@ -49,7 +52,7 @@ kube-deps:
 	@command -v kubectl >/dev/null || { echo "installing Debian's kubernetes-client"; \
 	  $(APT) update -q && $(APT) install -y -q --no-install-recommends kubernetes-client; }
 
-test: $(VENV)/.installed-test system-deps slurm-deps kube-deps
+test: $(VENV)/.installed-test system-deps slurm-deps kube-deps stress-deps
 	$(BIN)/ruff check exporter tests bench deploy
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(PYTEST_ARGS)
