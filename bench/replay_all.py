@@ -180,7 +180,11 @@ def sweep(todo: Sequence[tuple[str, str, int]], out: Path, jobs: int) -> int:
         print(f"[{finished}/{len(todo)} {elapsed:6.0f} s] {run['workload']} {run['policy']} {run['seed']}: "
               f"{run['alloc_pct'][-1]:.2f}% in {run['seconds']:.1f} s", flush=True)
 
-    with path.open("a") as handle:
+    with path.open("a+") as handle:
+        if handle.tell() > 0:
+            handle.seek(handle.tell() - 1)
+            if handle.read(1) != "\n":  # a line cut short by an interrupted write: end it
+                handle.write("\n")
         if jobs == 1:
             for key in todo:
                 record(run_one(*key), handle)
