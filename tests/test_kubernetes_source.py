@@ -11,6 +11,8 @@ cluster) that the pod allocations agree with dcgm-exporter's own pod labels.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from exporter.sources.kubernetes import (
     pod_record,
 )
 from exporter.sources.kubernetes_options import KubernetesSource as KubernetesConfig
-from tests.helpers import data_dir, free_port
+from tests.helpers import REPO, data_dir, free_port, http_get, start_exporter, stop, wait_http, wait_until
 from tests.helpers.exported import Exported
 from tests.helpers.fake_apiserver import FakeApiserver, read_objects, write_kubeconfig
 
@@ -339,3 +341,64 @@ async def test_not_served_claims_path_is_asked_once(read):
     finally:
         await fake.kill()
     assert sum(CLAIMS in r for r in fake.requests) == 1  # a 404 is not retried
+
+
+@pytest.mark.slow
+def test_serve_shows_each_pods_gpus_pending_demand_and_fragmentation_per_pool(tmp_path):
+    """``gpufleet serve --source kubernetes`` (cluster mode, a kubeconfig) on the recorded
+    cluster, the fake apiserver in its own process: what /metrics shows."""
+    port = free_port()
+    log = tmp_path / "apiserver.log"
+    apiserver = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.fake_apiserver", "--port", str(port),
+         "--token", TOKEN, str(RECORDED)],
+        cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", proc=apiserver)
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}", TOKEN)
+        exporter = start_exporter(tmp_path, "--source", "kubernetes", config=(
+            f"sources:\n  kubernetes:\n    kubeconfig: {kubeconfig}\n"
+            "    resource_slices: true\n"))
+        try:
+            def scraped() -> Exported | None:
+                text = http_get(f"{exporter.url}/metrics").decode()
+                return Exported(text) if "gpufleet_pool_fragmentation_index{" in text else None
+
+            metrics = wait_until("fragmentation on /metrics", scraped)
+        finally:
+            stop(exporter.proc)
+    finally:
+        stop(apiserver)
+    assert metrics.value("gpufleet_source_up", source="kubernetes") == 1
+
+    def gpus_of(pod: str) -> list[tuple[str, str, str]]:
+        return sorted((labels["node"], labels["gpu"], labels["uuid"])
+                      for labels, _ in metrics.all("gpufleet_gpu_allocation_info", pod=pod))
+
+    def share(job: str) -> float:
+        return metrics.value("gpufleet_allocation_gpu_share_ratio", job=job)
+
+    # DRA: the claimed device by UUID
+    assert gpus_of("isolation-test") == [
+        ("gpu-node-1", "1", "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a")]
+    assert gpus_of("vllm-agg-0-vllmdecodeworker-s65j5") == [
+        ("gpu-node-1", "0", "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005")]
+    # MIG: the slices with their profile, each pod its share of the GPU
+    profiles = sorted(labels["profile"] for labels, _ in
+                      metrics.all("gpufleet_gpu_mig_instance_info", node="s4124-0073"))
+    assert profiles == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    assert gpus_of("mig-3g-inference") == [("s4124-0073", "0", "")]
+    assert share("mig-test/mig-3g-inference") == 3 / 7
+    assert share("mig-test/mig-1g-notebook") == 1 / 7
+    # time-slicing: each of the five pods holds 1/4 of a T4
+    sliced = [labels["job"] for labels, _ in metrics.all("gpufleet_allocation_gpu_share_ratio")
+              if labels["node"] == "t4-node-1"]
+    assert len(sliced) == 5 and all(share(job) == 0.25 for job in sliced)
+    assert metrics.value("gpufleet_gpu_allocated_ratio", node="t4-node-1", gpu="0") == 0.5
+    # pending demand, and the fragmentation index per GPU-product pool
+    assert metrics.value("gpufleet_pending_gpus", pool="") == 2
+    assert metrics.value("gpufleet_pending_jobs", pool="") == 1
+    pools = {labels["pool"]: value for labels, value in
+             metrics.all("gpufleet_pool_fragmentation_index")}
+    assert set(pools) == {"H100", "T4"}
+    assert all(0 <= value <= 100 for value in pools.values())

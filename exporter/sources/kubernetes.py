@@ -612,10 +612,11 @@ def _pending(waiting: Iterable[KubePod], claims: Mapping[str, KubeClaim],
             job["submit"] = pod.created
     return tuple(
         JobRequest(job=name, gpu_count=math.ceil(j["gpus"]), gpu_share=j["share"], cpus=j["cpus"],
-                   node_count=j["pods"],
-                   models=tuple(catalogue.resolve(m.replace("-", " ")) for m in j["models"]),
+                   node_count=j["pods"], models=models, pool=models[0] if models else "",
                    priority=j["priority"], submit_time=j["submit"])
-        for name, j in sorted(jobs.items()))
+        for name, j in sorted(jobs.items())
+        # a nodeSelector on the product asks for that pool (pools are products by default)
+        for models in [tuple(catalogue.resolve(m.replace("-", " ")) for m in j["models"])])
 
 
 # -- the source --------------------------------------------------------------------------------

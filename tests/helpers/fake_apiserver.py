@@ -186,6 +186,8 @@ class FakeApiserver:
             self._runner = None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path == "/readyz":  # public on a real apiserver too (system:public-info-viewer)
+            return web.Response(text="ok")
         self.requests.append(f"GET {request.path_qs}")
         if self.token is not None and \
                 request.headers.get("Authorization") != f"Bearer {self.token}":
