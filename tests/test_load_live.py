@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from exporter.load.live import LoadTracker, pool_samples
@@ -9,6 +11,8 @@ from exporter.load.scaling import ScalingSettings
 from exporter.load.stats import window_stats
 from exporter.load.table import ScalingTable
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, Placement
+from tests.test_advisor_api import advisor_client as advisor_client  # the fixture, reused
+from tests.test_openapi import _check
 
 SETTINGS = ScalingSettings(min_nodes=1, max_nodes=8, hysteresis=2, cooldown_up_s=0, cooldown_down_s=0)
 
@@ -81,3 +85,24 @@ def test_window_bounds_the_samples(window):
     for t in range(100):
         tracker.observe(snapshot(t, busy=t % 16))
     assert len(tracker.pools["a"].ratio) == window
+
+
+def test_advice_json():
+    tracker = LoadTracker(window=4, table=ScalingTable(SETTINGS))
+    for t in range(2):
+        tracker.observe(snapshot(60.0 * t, busy=16, pending=8, util=0.75))
+    assert tracker.advice_json() == [{
+        "pool": "a", "nodes": 2, "recommended_nodes": 4, "action": "scale_up", "reason": "up",
+        "demand_ratio": 1.5, "demand_ratio_stats": {"mean": 1.5, "stddev": 0.0, "p95": 1.5},
+        "utilization_stats": {"mean": 0.75, "stddev": 0.0, "p95": 0.75}, "window_samples": 4,
+        "changes": {"up": 0, "down": 0}, "last_change": None}]
+
+
+async def test_the_advice_of_a_served_exporter_has_the_hints(advisor_client):
+    advice = json.loads(await _check(advisor_client, "GET", "/v1/advice", 200))
+    by_pool = {entry["pool"]: entry for entry in advice["scaling"]}
+    assert sorted(by_pool) == ["gpu-a100", "gpu-b200", "gpu-h100", "gpu-h200"]
+    # the table's max_nodes (32) caps h100's 64 nodes, and h200 (32 nodes, busy) at 32
+    assert {p: (e["nodes"], e["recommended_nodes"], e["reason"]) for p, e in by_pool.items()} == {
+        "gpu-a100": (32, 32, "hold"), "gpu-b200": (8, 8, "hold"), "gpu-h100": (64, 32, "max_nodes"),
+        "gpu-h200": (32, 32, "max_nodes")}

@@ -163,6 +163,25 @@ ADVICE_SCHEMA: dict[str, Any] = {
                            "suitable_models": {"type": "array", "items": {"type": "string"}},
                            "gpu_hours_held": {"type": "number", "minimum": 0},
                            "action": {"const": "right_size"}, "reason": {"type": "string"}}}},
+        "scaling": {"type": "array", "description": "per pool: the scaling hint from the demand ratio, "
+                    "the load statistics over the analyzer's window and the detected load changes; "
+                    "never acted on (docs/load.md)", "items": {
+            "type": "object",
+            "required": ["pool", "nodes", "recommended_nodes", "action", "reason", "demand_ratio",
+                         "demand_ratio_stats", "utilization_stats", "window_samples", "changes",
+                         "last_change"],
+            "properties": {"pool": {"type": "string"}, "nodes": {"type": "integer", "minimum": 0},
+                           "recommended_nodes": {"type": "integer", "minimum": 0},
+                           "action": {"enum": ["scale_up", "scale_down", "hold"]},
+                           "reason": {"enum": ["hold", "up", "down", "min_nodes", "max_nodes"]},
+                           "demand_ratio": {"type": ["number", "null"], "minimum": 0},
+                           "demand_ratio_stats": {"anyOf": [_ref("WindowStats"), {"type": "null"}]},
+                           "utilization_stats": {"anyOf": [_ref("WindowStats"), {"type": "null"}]},
+                           "window_samples": {"type": "integer", "minimum": 1},
+                           "changes": {"type": "object", "required": ["up", "down"], "properties": {
+                               "up": {"type": "integer", "minimum": 0},
+                               "down": {"type": "integer", "minimum": 0}}},
+                           "last_change": {"type": ["number", "null"]}}}},
         "nvlink_mixed": {"type": "array", "description": "multi-node jobs over NVLink generations",
                          "items": {
             "type": "object", "required": ["job", "namespace", "nodes", "nvlink_generations", "reason"],
@@ -247,6 +266,10 @@ def document(advisor: bool = True) -> dict[str, Any]:
         "Snapshot": bounds.snapshot_schema(),
         "AlertmanagerWebhook": bounds.alertmanager_schema(),
         "Advice": ADVICE_SCHEMA,
+        "WindowStats": {"type": "object", "title": "WindowStats", "required": ["mean", "stddev", "p95"],
+                        "description": "avg_over_time, stddev_over_time (population) and "
+                                       "quantile_over_time(0.95) over the analyzer's window",
+                        "properties": {k: {"type": "number"} for k in ("mean", "stddev", "p95")}},
         "AlertsReply": ALERTS_REPLY_SCHEMA,
         "Error": ERROR_SCHEMA,
         "Plan": plan,

@@ -172,6 +172,8 @@ class AdvisorService:
                     self.advisor.durable(self.clock())
             advice = await complete(asyncio.to_thread(self.advisor.observe, snapshot, report,
                                                       reason))
+            if self.analyzer.load is not None:  # issue 20: the pools' scaling hints
+                advice["scaling"] = self.analyzer.load.advice_json()
             self.evaluations += 1
             self.evaluations_by_trigger[reason.split(":")[0]] += 1
             plan = advice.get("plan")

@@ -24,9 +24,11 @@ recommendation, so an "up" that nobody followed stays up.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from exporter import metrics
 from exporter.load.changepoint import DIRECTIONS, Cusum
@@ -154,7 +156,15 @@ class LoadTracker:
                     state.last_change = now
             if sample.utilization is not None:
                 state.utilization.append(sample.utilization)
-            state.hint = state.scaler.step(now, sample.demand_gpus)
+            hint = state.scaler.step(now, sample.demand_gpus)
+            bounds = state.scaler.settings
+            if hint.reason == "hold" and hint.nodes != sample.nodes:
+                # the fleet is outside the table's bounds: the hint is the bound, say which
+                if sample.nodes > bounds.max_nodes:
+                    hint = dataclasses.replace(hint, reason="max_nodes")
+                elif sample.nodes < bounds.min_nodes:
+                    hint = dataclasses.replace(hint, reason="min_nodes")
+            state.hint = hint
 
     def advice(self) -> list[PoolAdvice]:
         out = []
@@ -191,3 +201,24 @@ class LoadTracker:
         from exporter.alerting.thresholds import default_thresholds
 
         return cls(window, default_thresholds().scaling or DEFAULT)
+
+    def advice_json(self) -> list[dict[str, Any]]:
+        """/v1/advice's ``scaling``: per pool, the hint, the load statistics and the changes."""
+
+        def stats(s: WindowStats | None) -> dict[str, float] | None:
+            if s is None:
+                return None
+            return {"mean": round(s.mean, 6), "stddev": round(s.stddev, 6), "p95": round(s.p95, 6)}
+
+        out = []
+        for a in self.advice():
+            action = ("scale_up" if a.recommended_nodes > a.nodes
+                      else "scale_down" if a.recommended_nodes < a.nodes else "hold")
+            out.append({
+                "pool": a.pool, "nodes": a.nodes, "recommended_nodes": a.recommended_nodes,
+                "action": action, "reason": a.reason,
+                "demand_ratio": None if a.demand_ratio is None else round(a.demand_ratio, 6),
+                "demand_ratio_stats": stats(a.demand), "utilization_stats": stats(a.utilization),
+                "window_samples": self.window, "changes": a.changes, "last_change": a.last_change,
+            })
+        return out
