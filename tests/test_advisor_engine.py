@@ -169,6 +169,24 @@ def test_a_firing_fragmentation_alert_counts_as_dwell_served():
     assert advisor.alert_served == {}
 
 
+def test_the_cluster_index_alert_serves_the_cluster_scopes_dwell():
+    advisor, clock = make(dwell_seconds=600)
+    run(advisor, clock, [(0, 30)])
+    clock[0] = 10
+    assert advisor.observe(FleetSnapshot(10), report(63))["decision"] == "none"
+    # its pool label, if a relabelling added one, does not make it a pool's
+    alerts = [{"status": "firing", "labels": {"alertname": "GpuFleetFragmentationHigh",
+                                               "pool": "gpu-h100"}}]
+    assert advisor.alert_firing(alerts) == ["cluster"]
+    clock[0] = 20
+    result = advisor.observe(FleetSnapshot(20), report(63),
+                             trigger="alertmanager: GpuFleetFragmentationHigh firing")
+    assert result["decision"] == "compact" and result["scope"] == "cluster"
+    assert result["reasons"][0].startswith(
+        "cluster index 63 > 50 for 10 s (Alertmanager's GpuFleetFragmentationHigh fired: "
+        "its own 'for' served as dwell); plan frees")
+
+
 def test_a_plan_that_leaves_the_index_above_the_trigger_says_so():
     class Partial(Planner):
         def __call__(self, snapshot, rep, scope, now):

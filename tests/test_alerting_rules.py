@@ -260,7 +260,7 @@ def test_alerts_share_one_name_per_condition_and_carry_the_mixin_annotations():
         assert "{{" not in rule["annotations"]["summary"]
         assert "{{ $value" in rule["annotations"]["description"] or row.metric.unit == "state"
         page, anchor = rule["annotations"]["runbook_url"].split("#")
-        assert page == thresholds.runbook_url and page.endswith("docs/runbooks.md")
+        assert page == thresholds.runbook_base_url == "docs/runbooks.md"  # relative by default
         assert re.search(rf"^## {re.escape(rule['alert'])}$", runbooks, re.M)
         assert anchor == rule["alert"].lower()  # GitHub's anchor of that heading
         if row.metric.subject == "gpu":
@@ -286,11 +286,19 @@ def test_rules_that_need_care_are_written_with_it():
         return rules[key].splitlines()[0]
     assert first(("GpuPowerHigh", "critical", "H200")) == 'gpufleet_gpu_power_watts{model="H200"} >= 700'
     assert first(("GpuPowerHigh", "warning", "H200")) == 'gpufleet_gpu_power_watts{model="H200"} >= 650'
-    assert first(("GpuPowerHigh", "critical", "H100")) == 'gpufleet_gpu_power_watts{model="H100"} >= 700'
-    fallback = first(("GpuPowerHigh", "critical", None))
-    assert fallback.endswith(">= gpufleet_gpu_power_limit_watts")
-    assert ('model!~"B200|B100|H200-NVL|H200|H100-NVL|H100-PCIe|H100|H20|'
-            'A100-80GB-PCIe|A100-80GB|A100-PCIe|A100|') in fallback
+    # every other GPU against its own enforced limit; H200 alone keeps the table's watts
+    assert first(("GpuPowerHigh", "critical", None)) == \
+        'gpufleet_gpu_power_watts{model!~"H200"} >= gpufleet_gpu_power_limit_watts'
+    assert first(("GpuPowerHigh", "warning", None)) == \
+        'gpufleet_gpu_power_watts{model!~"H200"} >= 0.93 * gpufleet_gpu_power_limit_watts'
+    # a GPU that reports no limit: the same fraction of its model's catalogue TDP
+    assert rules[("GpuPowerHigh", "critical", "H100")].splitlines()[:3] == [
+        'gpufleet_gpu_power_watts{model="H100"} >= 700', "unless on (cluster, node, gpu)",
+        "  gpufleet_gpu_power_limit_watts"]
+    assert first(("GpuPowerHigh", "warning", "H100-PCIe")) == \
+        'gpufleet_gpu_power_watts{model="H100-PCIe"} >= 325.5'
+    assert first(("GpuPowerHigh", "warning", "B200")) == 'gpufleet_gpu_power_watts{model="B200"} >= 930'
+    assert ("GpuPowerHigh", "warning", "GB200") not in rules  # no TDP, no limit: nothing to compare
     # utilization per job, from the recorded average over the job's GPUs
     assert rules[("GpuJobUtilizationLow", "warning", None)] == "job:gpufleet_gpu_utilization:avg < 0.3"
     # power only on busy GPUs the software power cap slows down

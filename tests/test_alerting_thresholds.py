@@ -35,12 +35,18 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
     frag = t.alert("GpuClusterFragmentationHigh")
     assert (frag.severities, frag.threshold("warning"), dict(frag.labels)) == (
         ("warning",), 50, {"action": "compact"})
+    fleet = t.alert("GpuFleetFragmentationHigh")  # the cluster index, at the pools' level
+    assert (fleet.metric.key, fleet.severities, fleet.threshold("warning"), fleet.owner,
+            fleet.page, dict(fleet.labels)) == (
+        "cluster_fragmentation_index", ("warning",), 50, "capacity planner", False,
+        {"action": "compact"})
     assert t.busy_utilization == 0.5
     assert t.exporter_jobs == ("gpufleet-nodes", "gpufleet-cluster")
     assert [code for code, _ in t.critical_xids] == [48, 63, 64, 74, 79, 92, 94, 95]
     assert [row.alert for row in t.alerts] == [
         "GpuJobUtilizationLow", "GpuMemoryHigh", "GpuTemperatureHigh", "GpuPowerHigh",
-        "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuLost", "GpuXidError",
+        "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuFleetFragmentationHigh",
+        "GpuLost", "GpuXidError",
         "GpuEccUncorrectable", "GpuRowRemapFailed", "GpuRowRemapPending", "GpuClocksThrottled",
         "GpuNvlinkErrors", "GpuNvlinkCrcErrors", "GpuSmActivityLow", "GpufleetSourceDown",
         "GpufleetSourceDownEverywhere", "GpufleetTargetDown", "GpufleetJobDown",
@@ -198,9 +204,33 @@ def test_the_loader_error_type_is_a_config_error():
     from exporter.config import ConfigError
 
     with pytest.raises(ThresholdError) as info:
-        parse_thresholds("runbook_url: x\n", "t.yaml")
+        parse_thresholds("busy_utilization: 50%\n", "t.yaml")
     assert isinstance(info.value, ConfigError)
     assert str(info.value) == "t.yaml: top level.exporter_jobs: required"
+
+
+def test_runbook_base_url_is_relative_by_default_and_a_site_sets_its_own():
+    text = TABLE.read_text()
+    assert load_thresholds(TABLE).runbook_base_url == "docs/runbooks.md"
+    without = "\n".join(line for line in text.splitlines()
+                        if not line.startswith("runbook_base_url:"))
+    assert parse_thresholds(without).runbook_base_url == "docs/runbooks.md"  # optional
+    site = text.replace("runbook_base_url: docs/runbooks.md",
+                        "runbook_base_url: https://wiki.example.com/gpu/runbooks.md")
+    assert parse_thresholds(site).runbook_base_url == "https://wiki.example.com/gpu/runbooks.md"
+    for value, message in [
+            ("https://wiki.example.com/runbooks.md#top", "without an #anchor"),
+            ("'docs/run books.md'", "one URL or path"), ("''", "non-empty string")]:
+        bad = text.replace("runbook_base_url: docs/runbooks.md", f"runbook_base_url: {value}")
+        with pytest.raises(ThresholdError, match=f"runbook_base_url: .*{message}"):
+            parse_thresholds(bad, "t.yaml")
+    # the old key is named with its new one, not "unknown key"
+    old = text.replace("runbook_base_url: docs/runbooks.md",
+                       "runbook_url: https://github.com/gpufleet/gpufleet/blob/main/docs/runbooks.md")
+    with pytest.raises(ThresholdError) as info:
+        parse_thresholds(old, "t.yaml")
+    assert str(info.value) == ("t.yaml: runbook_url: renamed runbook_base_url: the runbooks page "
+                               "your operators reach, without an #anchor (default docs/runbooks.md)")
 
 
 def test_runbooks_have_a_section_per_alert_with_the_tables_action():

@@ -69,6 +69,8 @@ class DecisionSettings:
     hold_recheck_seconds: float = 60.0
     # the threshold table's row for the pool fragmentation index (rules/thresholds.yaml)
     compaction_alert: str = "GpuClusterFragmentationHigh"
+    # and its row for the cluster index: its firing serves the cluster scope's dwell
+    cluster_alert: str = "GpuFleetFragmentationHigh"
     # jobs stating no checkpoint do one this often (gpufleet_job_checkpoint_age_seconds); 0: never
     checkpoint_interval_seconds: float = 900.0
 
@@ -237,12 +239,14 @@ class Advisor:
         taken = []
         for alert in alerts:
             labels = alert.get("labels") or {}
-            if labels.get("alertname") != self.settings.compaction_alert:
+            name = labels.get("alertname")
+            if name not in (self.settings.compaction_alert, self.settings.cluster_alert):
                 continue
             if alert.get("status", "firing") != "firing":
                 continue
             pool = labels.get("pool")
-            scope = f"pool:{pool}" if isinstance(pool, str) and pool else "cluster"
+            scope = (f"pool:{pool}" if name == self.settings.compaction_alert
+                     and isinstance(pool, str) and pool else "cluster")
             if scope in self.scopes:
                 self.alert_served[scope] = now
                 taken.append(scope)
@@ -333,7 +337,8 @@ class Advisor:
         why_due = (f"{_scope_name(scope)} index {st.index:.0f} > {s.trigger:g} for "
                    f"{_minutes(now - (now if st.above_since is None else st.above_since))}")
         if scope in self.alert_served:
-            why_due += f" (Alertmanager's {s.compaction_alert} fired: its own 'for' served as dwell)"
+            alert = s.cluster_alert if scope == "cluster" else s.compaction_alert
+            why_due += f" (Alertmanager's {alert} fired: its own 'for' served as dwell)"
         if self.last_plan_at is not None and now - self.last_plan_at < s.cooldown_seconds:
             until = self.last_plan_at + s.cooldown_seconds
             return {**base, "decision": "cooldown", "scope": scope, "plan": None,

@@ -1,7 +1,8 @@
 """Prometheus alerting and recording rules, generated from the threshold table.
 
 Both severities of an alert come from one function (:func:`_alert_rule`), so
-a knob can never reach only half of a pair, and ``runbook_url`` plus the
+a knob can never reach only half of a pair, and ``runbook_url`` (the table's
+``runbook_base_url`` and the row's anchor) plus the
 table's labels are added to every alert in that same place. The output is
 plain data dumped in a fixed order, so the same table always gives the same
 bytes; the committed files under ``rules/`` are checked against it.
@@ -18,7 +19,10 @@ Rules that get the semantics right rather than the syntax:
 - the ``page`` label says what pages (the table's ``page`` column): routing
   follows it, not the severity.
 - power at the cap compares with ``>=``: the cap stops the draw from ever
-  exceeding it.
+  exceeding it; its levels are fractions of each GPU's own enforced limit
+  (``gpufleet_gpu_power_limit_watts``), except for models the table gives watts
+  (the reference cluster's H200 row), and a GPU that reports no limit falls back
+  to the same fraction of its model's catalogue TDP.
 """
 
 from __future__ import annotations
@@ -225,7 +229,7 @@ def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
         "annotations": {
             "summary": row.summary,
             "description": f"{description} {row.action}",
-            "runbook_url": f"{thresholds.runbook_url}#{row.runbook}",
+            "runbook_url": f"{thresholds.runbook_base_url}#{row.runbook}",
         },
     }
 
@@ -243,23 +247,34 @@ def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float) -> list[
             rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, comparison),
                                      _threshold_text(level.threshold, unit), for_scale))
             continue
-        # one rule per model with watts of its own; both severities share the name
-        for model in row.models:
+        # 1. models the table gives watts of their own (the reference cluster's H200 row)
+        for model in (m for m in row.models if m.from_table):
             watts = model.threshold(level.severity)
             assert watts is not None  # the loader gives every model every severity
             comparison = f'{value}{{model="{model.model}"}} {row.op} {_number(watts)}'
             rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, comparison),
                                      _threshold_text(watts, unit), for_scale, model.model))
-        # any other model (unknown to the catalogue, or without a TDP) is compared
-        # with its own enforced limit, which is measured, not guessed
-        others = _regex_alternatives(tuple(m.model for m in row.models))
-        selector = f'{value}{{model!~"{others}"}}' if others else value
+        # 2. every other GPU against its own enforced limit, which is measured, not guessed:
+        # a PCIe or NVL part capped below its model's TDP reaches its level, and a B200
+        # whose site caps it below 1000 W warns near that cap, not at 930 W
+        table = _regex_alternatives(tuple(m.model for m in row.models if m.from_table))
+        selector = f'{value}{{model!~"{table}"}}' if table else value
         fraction = level.threshold
         cap = row.metric.cap if fraction == 1 else f"{_number(fraction)} * {row.metric.cap}"
         rules.append(_alert_rule(
             thresholds, row, level, _scoped(thresholds, row, f"{selector} {row.op} {cap}"),
             f"{fraction * 100:.10g}% of its power limit", for_scale,
         ))
+        # 3. a GPU that reports no limit: the same fraction of its model's catalogue TDP
+        for model in (m for m in row.models if not m.from_table):
+            watts = model.threshold(level.severity)
+            assert watts is not None
+            comparison = (f'{value}{{model="{model.model}"}} {row.op} {_number(watts)}\n'
+                          f"unless {GPU_MATCH}\n  {row.metric.cap}")
+            rules.append(_alert_rule(
+                thresholds, row, level, _scoped(thresholds, row, comparison),
+                f"{_threshold_text(watts, unit)} ({fraction * 100:.10g}% of its catalogue TDP: "
+                "no power limit reported)", for_scale, model.model))
     return rules
 
 

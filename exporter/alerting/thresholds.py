@@ -313,7 +313,7 @@ class AlertRow:
 @dataclass(frozen=True, slots=True)
 class Thresholds:
     source: str  # file name, for messages and the generated files' header
-    runbook_url: str  # docs/runbooks.md as operators reach it; anchors are appended
+    runbook_base_url: str  # docs/runbooks.md as operators reach it; anchors are appended
     exporter_jobs: tuple[str, ...]  # the Prometheus jobs that scrape gpufleet (docs/deploy.md)
     busy_utilization: float  # a GPU above this utilization counts as busy (NVLink rule)
     critical_xids: tuple[tuple[int, str], ...]  # (XID, what it means) that page
@@ -394,8 +394,12 @@ class _Reader:
             raise self.fail(where, f"must be {DURATION_HINT}, got {value!r}") from None
 
 
-_TOP_KEYS = ("runbook_url", "exporter_jobs", "busy_utilization", "critical_xids", "alerts")
-_OPTIONAL_TOP_KEYS = ("load_statistics", "pressure", "scaling")
+_TOP_KEYS = ("exporter_jobs", "busy_utilization", "critical_xids", "alerts")
+_OPTIONAL_TOP_KEYS = ("runbook_base_url", "load_statistics", "pressure", "scaling")
+# Relative: it resolves where the alert is read beside this repository's docs (a checkout, the
+# GitHub or GitLab page of a site's fork); a site sets its own wiki's page
+DEFAULT_RUNBOOK_BASE_URL = "docs/runbooks.md"
+_URL_TEXT = re.compile(r"[^\s#\"'<>{}|\\^`]+")  # one URL or path, without an #anchor or space
 _ROW_KEYS = ("alert", "metric", "op", "scope", "warning", "critical", "models", "labels",
              "summary", "action", "runbook", "owner", "page")
 OWNERS = ("on-call", "job owner", "platform team", "capacity planner")
@@ -408,10 +412,17 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
     catalogue = catalogue or default_catalogue()
     r = _Reader(source)
     raw = parse_mapping(text, source, ThresholdError)
+    if isinstance(raw, dict) and "runbook_url" in raw:
+        raise r.fail("runbook_url", "renamed runbook_base_url: the runbooks page your operators "
+                                    "reach, without an #anchor (default docs/runbooks.md)")
     top = r.mapping(raw, "top level", _TOP_KEYS + _OPTIONAL_TOP_KEYS, required=_TOP_KEYS)
-    runbook_url = r.text(top["runbook_url"], "runbook_url")
-    if "#" in runbook_url:
-        raise r.fail("runbook_url", "must be the page without an #anchor; rows give the anchor")
+    runbook_base_url = r.text(top.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL),
+                              "runbook_base_url")
+    if "#" in runbook_base_url:
+        raise r.fail("runbook_base_url", "must be the page without an #anchor; rows give the anchor")
+    if not _URL_TEXT.fullmatch(runbook_base_url) or len(runbook_base_url) > 512:
+        raise r.fail("runbook_base_url", f"must be one URL or path of at most 512 characters, "
+                                         f"without spaces or quotes, got {runbook_base_url!r}")
     exporter_jobs = _jobs(r, top["exporter_jobs"])
     busy = r.number(top["busy_utilization"], "busy_utilization", "ratio", True, _RANGES["ratio"])
     xids = _xids(r, top["critical_xids"])
@@ -434,7 +445,7 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
     from exporter.load.table import parse_scaling
 
     scaling = parse_scaling(top["scaling"], r.fail) if "scaling" in top else None
-    return Thresholds(Path(source).name, runbook_url, exporter_jobs, busy, xids, tuple(rows),
+    return Thresholds(Path(source).name, runbook_base_url, exporter_jobs, busy, xids, tuple(rows),
                       statistics, pressure, scaling)
 
 
