@@ -17,10 +17,13 @@ move to (``Allocation.allowed_models``) and says nothing about how much memory i
 
 Priority is on one scale for every source (``Allocation.priority``): how much a job
 must not be disturbed, with ``advisor.high_priority`` (1000) and above never moved.
-The simulator's kinds and a Kubernetes PriorityClass value are on it already. Slurm's
-own job priority is not: it is a queue order (``priority/basic`` counts down from
-2^32 - 2^16 = 4294901760 by submission; ``priority/multifactor`` sums weighted age,
-fair-share, size, partition and QOS factors), so every real Slurm job was "high".
+The simulator's kinds are on it; a Kubernetes PriorityClass value is taken as it is (0
+without one), so a site whose movable pods have classes of 1000 or more sets
+``advisor.high_priority`` above them. Slurm's own job priority is not on it: it is
+a queue order (``priority/basic`` counts down by submission from just under 2^32,
+4294901759 for the first job of data/slurm-samples; ``priority/multifactor`` sums
+weighted age, fair-share, size, partition and QOS factors), so every real Slurm job
+was "high".
 What Slurm says about a job's importance is its QOS, which :func:`slurm_priority`
 maps through ``sources.slurm.qos_priorities`` (default: ``high`` 1000, ``normal``
 100, ``low`` 10, as the simulator's QoS classes); a QOS not listed, or none, is 0.
