@@ -37,7 +37,7 @@ def replay_once(startup_h: int) -> float:
     started = time.perf_counter()
     series = read_series(SERIES)
     capacity = read_capacity(CAPACITY)
-    args = argparse.Namespace(max_nodes=None, min_nodes=4, max_factor=4.0, up=0.8, down=0.3)
+    args = argparse.Namespace(max_nodes=None, min_nodes=4, max_factor=4.0, up=None, down=None)
     for i, pool in enumerate(series.pools):
         replay_series(pool, series.demand[:, i], capacity[pool].gpus,
                       settings_for(capacity[pool], args, startup_h), 24, PredictiveSettings())

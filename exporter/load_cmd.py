@@ -16,21 +16,27 @@ GPU-hours and the scaling actions.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
 from pathlib import Path
 
 from exporter import logs
+from exporter.alerting.thresholds import command_table
 from exporter.durations import parse_duration
 from exporter.errors import UsageError
 from exporter.load.output import plot, write_csv
 from exporter.load.replay import POLICIES, PoolReplay, PredictiveSettings, replay_series
 from exporter.load.scaling import ScalingSettings
 from exporter.load.series import Capacity, read_capacity, read_series
+from exporter.load.table import DEFAULT, ScalingTable
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
-EPILOG = """node bounds: min nodes --min-nodes (default 4, the reference profile's); max nodes
+EPILOG = """the rule: up, down, hysteresis and cooldowns from the threshold table's scaling: section
+(per pool under scaling.pools, by the series' column names); --up and --down override them.
+
+node bounds: min nodes --min-nodes (default 4, the reference profile's); max nodes
 --max-nodes for every pool, else --max-factor times today's node count (default 4: the
 reference profile's 32 is for a 32-node cluster, and the Alibaba H800 pool has 219 nodes
 today). Hours a policy wanted more than the bound are counted in the 'at bound' column.
@@ -50,8 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup", default="1h", metavar="DURATION",
                         help="how long an added node takes to serve, in whole hours (default 1h)")
     parser.add_argument("--pools", metavar="LIST", help="comma-separated pools (default: every column)")
-    parser.add_argument("--up", type=float, default=0.8, help="scale up above this demand ratio (0.8)")
-    parser.add_argument("--down", type=float, default=0.3, help="scale down below it (0.3)")
+    parser.add_argument("--up", type=float, metavar="RATIO",
+                        help="scale up above this demand ratio (default: the threshold table's, 0.8)")
+    parser.add_argument("--down", type=float, metavar="RATIO",
+                        help="scale down below it (default: the threshold table's, 0.3)")
+    parser.add_argument("--thresholds", metavar="FILE",
+                        help="threshold table whose scaling: section gives up, down, hysteresis and "
+                        "the cooldowns (default: rules/thresholds.yaml here, else the installed one)")
     parser.add_argument("--min-nodes", type=int, default=4, metavar="N", help="default 4")
     parser.add_argument("--max-nodes", type=int, metavar="N", help="for every pool (default: see below)")
     parser.add_argument("--max-factor", type=float, default=4.0, metavar="X",
@@ -71,16 +82,22 @@ def _hours(text: str, flag: str, low: int, high: int) -> int:
     return int(seconds // 3600)
 
 
-def settings_for(capacity: Capacity, args: argparse.Namespace, startup_h: int) -> ScalingSettings:
+def settings_for(capacity: Capacity, args: argparse.Namespace, startup_h: int,
+                 table: ScalingTable = DEFAULT) -> ScalingSettings:
+    """The rule for one pool: the table's thresholds, hysteresis and cooldowns (``up`` and
+    ``down`` overridden by the flags), with the replay's node size and bounds."""
     today = math.ceil(capacity.gpus / capacity.node_gpus - 1e-9)
     if args.max_nodes is not None:
         max_nodes = args.max_nodes
     else:
         max_nodes = max(args.min_nodes, math.ceil(today * args.max_factor))
+    base = table.for_pool(capacity.pool)
+    up = base.up if args.up is None else args.up
+    down = base.down if args.down is None else args.down
     try:
-        return ScalingSettings(up=args.up, down=args.down, target=args.up, min_nodes=args.min_nodes,
-                               max_nodes=max_nodes, node_gpus=capacity.node_gpus,
-                               startup_s=startup_h * 3600.0)
+        return dataclasses.replace(base, up=up, down=down, target=up if args.up is not None else base.target,
+                                   min_nodes=args.min_nodes, max_nodes=max_nodes,
+                                   node_gpus=capacity.node_gpus, startup_s=startup_h * 3600.0)
     except ValueError as exc:
         raise UsageError(f"pool {capacity.pool}: {exc}") from None
 
@@ -95,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
                                                 and not 1 <= args.max_nodes <= 1_000_000):
         raise UsageError("--min-nodes and --max-nodes must be from 0 (1) to 1,000,000")
     pools = tuple(p.strip() for p in args.pools.split(",") if p.strip()) if args.pools else None
+    thresholds, _ = command_table(args.thresholds)  # ThresholdError: one line, exit 2
+    table = thresholds.scaling or DEFAULT
     series = read_series(args.series, pools)
     capacity = read_capacity(args.capacity)
     missing = [p for p in series.pools if p not in capacity]
@@ -112,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_progress:
             print(f"load: {pool} ({i + 1}/{len(series.pools)}), {len(series.hours):,} hours",
                   file=sys.stderr, flush=True)
-        settings = settings_for(capacity[pool], args, startup_h)
+        settings = settings_for(capacity[pool], args, startup_h, table)
         results.append(replay_series(pool, series.demand[:, i], capacity[pool].gpus, settings, window,
                                      PredictiveSettings()))
     elapsed = time.monotonic() - started

@@ -87,3 +87,39 @@ def test_a_small_series_with_bounds(tmp_path, capsys):
     # from hour 5: unmet 32 + 32 + 20, idle 3 x 4, provisioned 5 x 8 + 20; at the bound in hours 4 and 5
     assert reactive.split()[2:7] == ["84", "12", "60", "1", "2"]
     assert reactive.endswith("4-10 x 2 GPUs")
+
+
+def test_the_threshold_tables_rule_is_used(tmp_path, capsys):
+    import yaml
+
+    raw = yaml.safe_load((REPO / "rules" / "thresholds.yaml").read_text())
+    raw["scaling"] = {"up": 0.5, "down": 0.1, "hysteresis": 1, "pools": {"a": {"cooldown_up": "0s"}}}
+    table = write(tmp_path / "t.yaml", yaml.safe_dump(raw))
+    series = write(tmp_path / "series.csv", "hour,a\n0,4\n1,5\n2,5\n")
+    capacity = write(tmp_path / "capacity.csv", "pool,total_gpus,max_gpus\na,8,1\n")
+    assert load(tmp_path, "--startup", "0h", "--thresholds", str(table), series=series,
+                capacity=capacity) == 0
+    reactive = next(line for line in capsys.readouterr().out.splitlines() if " reactive " in line)
+    # 5 of 8 GPUs is above 0.5 after one sample: ceil(5 / 0.5) = 10 nodes of 1 GPU from hour 2;
+    # idle 4 + 3 + 5, provisioned 8 + 8 + 10
+    assert reactive.split()[2:6] == ["0", "12", "26", "1"]
+
+
+def test_a_bad_threshold_table_is_one_line(tmp_path, capsys):
+    table = write(tmp_path / "t.yaml", "scaling: {up: 2}\n")
+    assert load(tmp_path, "--thresholds", str(table)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpufleet: ") and err.count("\n") == 1
+
+
+def test_size_and_row_bounds(tmp_path, capsys):
+    from exporter.load.series import MAX_BYTES, MAX_ROWS
+
+    big = tmp_path / "big.csv"
+    with big.open("wb") as f:
+        f.truncate(MAX_BYTES + 1)  # sparse: nothing is written, the size alone is refused
+    assert load(tmp_path, series=big) == 2
+    assert f"big.csv: {MAX_BYTES + 1} bytes, more than the {MAX_BYTES} allowed" in capsys.readouterr().err
+    rows = write(tmp_path / "rows.csv", "hour,a\n" + "".join(f"{h},1\n" for h in range(MAX_ROWS + 1)))
+    assert load(tmp_path, series=rows) == 2
+    assert f"rows.csv:{MAX_ROWS + 2}: more than {MAX_ROWS} rows" in capsys.readouterr().err
