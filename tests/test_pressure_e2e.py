@@ -21,7 +21,14 @@ import yaml
 
 from exporter.cli import main
 from tests.helpers import REPO, require_binary
-from tests.helpers.servers import Prometheus, free_port, start_server, stop, wait_until
+from tests.helpers.servers import (
+    Prometheus,
+    free_port,
+    start_node_exporter,
+    start_server,
+    stop,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow  # real node_exporter, Prometheus and stress-ng
 
@@ -42,16 +49,6 @@ def _rules(tmp: Path) -> Path:
     out = tmp / "rules"
     assert main(["rules", "--thresholds", str(table), "--out", str(out)]) == 0
     return out / "gpufleet-recording.yaml"
-
-
-def _node_exporter(tmp: Path) -> tuple[subprocess.Popen, int]:
-    binary = require_binary("prometheus-node-exporter")
-    port = free_port()
-    # only the three collectors the score reads: a scrape of them takes milliseconds
-    proc = start_server("node-exporter", tmp, port, [
-        binary, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
-        "--collector.cpu", "--collector.meminfo", "--collector.diskstats"])
-    return proc, port
 
 
 def _extrapolated_rate(samples: list[tuple[int, float]], start: int, end: int) -> float:
@@ -151,7 +148,7 @@ def _write_with_fsync(path: Path, stop_at: float) -> int:
 
 def test_the_recorded_pressure_score_equals_the_score_by_hand(tmp_path):
     recording = _rules(tmp_path)
-    node, node_port = _node_exporter(tmp_path)
+    node = start_node_exporter(tmp_path / "node-exporter")
     load: subprocess.Popen | None = None
     prom: Prometheus | None = None
     try:
@@ -162,7 +159,7 @@ def test_the_recorded_pressure_score_equals_the_score_by_hand(tmp_path):
                        "scrape_timeout": "1s"},
             "rule_files": [str(recording)],
             "scrape_configs": [{"job_name": INSTANCE_JOB, "static_configs": [
-                {"targets": [f"127.0.0.1:{node_port}"]}]}],
+                {"targets": [f"127.0.0.1:{node.port}"]}]}],
         }))
         port = free_port()
         proc = start_server("prometheus", prom_dir, port, [
@@ -218,4 +215,4 @@ def test_the_recorded_pressure_score_equals_the_score_by_hand(tmp_path):
             stop(load)
         if prom is not None:
             stop(prom.proc)
-        stop(node)
+        stop(node.proc)

@@ -162,6 +162,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 12, 10)
 
     _health_row(layout, levels)
+    _load_row(layout, levels)
 
     layout.row("Alerts")
     firing = q.firing_alerts(levels.alert_names)
@@ -180,14 +181,93 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         description="Empty while no gpufleet alert fires.",
     ), 10, 8)
 
-    return p.dashboard(
+    board = p.dashboard(
         uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,
         description="GPU fleet by pool and model: states, utilization, memory, power, "
-                    "temperature, NVLink, health and alerts.",
+                    "temperature, NVLink, health, load and alerts.",
         variables=p.pool_and_model_variables(),
         links=[p.dashboard_link("Node drill-down", "gpufleet-node"),
                p.dashboard_link("Fragmentation", "gpufleet-fragmentation")],
     )
+    board.annotations = core.Annotations(list=[LOAD_CHANGES])
+    return board
+
+
+# Issue 20: a mark on every graph where the analyzer's change-point detector found a pool's
+# demand changing regime. The counter, not the timestamp gauge: it says which way, and its
+# series exist at 0 from the start, so increase() sees the first change too. 2m at a 1m step
+# catches each change once or twice (merged into one mark); $__interval is not set for
+# annotation queries.
+LOAD_CHANGES = {
+    "name": "Load changes",
+    "datasource": p.DATASOURCE,
+    "enable": True,
+    "iconColor": "purple",
+    "expr": "sum by (cluster, pool, direction) (increase(gpufleet_pool_load_change_total"
+            f"{q.selector(q.POOL)}[2m])) > 0",
+    "step": "1m",
+    "titleFormat": "Load change {{direction}}",
+    "textFormat": "Pool {{pool}}: demand changed regime ({{direction}})",
+    "tagKeys": "pool,direction",
+    "useValueForTime": False,
+}
+
+
+def _load_row(layout: p.Layout, levels: DashboardLevels) -> None:
+    """Issue 20: each pool's load statistics (recorded from the table's load_statistics),
+    the scaling hint against the nodes it has, and the node pressure score (node_exporter;
+    not filtered by pool: node_exporter's series carry no pool)."""
+    s = q.selector(q.FLEET)
+    pools = q.selector(q.POOL)
+    layout.row("Load")
+    layout.add(p.timeseries(
+        "Demand ratio by pool",
+        p.targets(
+            (f"pool:gpufleet_demand:ratio{s}", "{{pool}}"),
+            (f"pool:gpufleet_demand:ratio_mean1h{s}", "{{pool}} mean 1h"),
+            (f"pool:gpufleet_demand:ratio_p95_1h{s}", "{{pool}} p95 1h"),
+        ),
+        "percentunit", minimum=0,
+        description="(allocated + pending GPUs) / GPUs: above 100% jobs wait. With its 1h "
+                    "mean and p95 (recording rules from the table's load_statistics). "
+                    "Purple marks: load changes the detector found.",
+    ), 12, 8)
+    stats = (("utilization", "pool:gpufleet_gpu_utilization:avg"),
+             ("demand", "pool:gpufleet_demand:ratio"))
+    columns = [(f"{source}_{stat}{window}{s}", f"{name} {label} {window}")
+               for name, source in stats for window in ("1h", "24h")
+               for stat, label in (("mean", "mean"), ("stddev", "stddev"), ("p95_", "p95"))]
+    layout.add(p.table(
+        "Load statistics by pool",
+        p.targets(*((expr, "") for expr, _ in columns), instant=True),
+        "percentunit", hide=("cluster", "job"),
+        rename={f"Value #{chr(ord('A') + i)}": title for i, (_, title) in enumerate(columns)},
+        order=("pool", "model", *(title for _, title in columns)), sort_by="pool",
+        descending=False,
+        description="Mean, standard deviation and p95 of GPU utilization and demand ratio "
+                    "over the last hour and day. A stddev far above its usual level is a "
+                    "load change.",
+    ), 12, 8)
+    layout.add(p.timeseries(
+        "Recommended nodes by pool",
+        p.targets(
+            (f"gpufleet_pool_recommended_nodes{pools}", "{{pool}} recommended"),
+            (f"count by (cluster, pool) (gpufleet_node_info{s})", "{{pool}} now"),
+        ),
+        "none", minimum=0, step_after=True,
+        description="The scaling hint (the table's scaling section) against the nodes the "
+                    "pool has; see docs/load.md to act on it.",
+    ), 12, 8)
+    layout.add(p.timeseries(
+        "Node pressure (top 10)",
+        # `|`: node_exporter's series have a cluster label only where the scrape sets one
+        p.targets(('topk(10, instance:gpufleet_node_pressure:score{cluster=~"$cluster|"})',
+                   "{{instance}}")),
+        "percentunit", steps=levels.node_pressure, minimum=0, maximum=1,
+        description="0.4 min(cpu/0.9, 1) + 0.35 min(mem/0.85, 1) + 0.25 min(io/0.7, 1) from "
+                    f"node_exporter, for every node it runs on. Line: NodePressureHigh's "
+                    f"level from {levels.source}.",
+    ), 12, 8)
 
 
 def _health_row(layout: p.Layout, levels: DashboardLevels) -> None:

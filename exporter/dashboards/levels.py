@@ -73,6 +73,8 @@ class DashboardLevels:
     remap_failed: Steps | None = None
     remap_pending: Steps | None = None
     throttled: Steps | None = None
+    # the node pressure score (issue 20): NodePressureHigh's level; None without the row
+    node_pressure: Steps | None = None
     nvlink_errors: Steps | None = None
 
 
@@ -129,7 +131,13 @@ def levels_from_table(table: Any) -> DashboardLevels:
         remap_pending=_any_of(table, "gpu_remapped_rows_pending"),
         throttled=_any_of(table, "gpu_clock_slowdown"),
         nvlink_errors=_any_of(table, "gpu_nvlink_link_errors"),
+        node_pressure=_optional_steps(table, "node_pressure_score"),
     )
+
+
+def _optional_steps(table: Any, metric: str) -> Steps | None:
+    row = _row(table, metric)
+    return _row_steps(row) if row is not None else None
 
 
 def _any_of(table: Any, metric: str) -> Steps | None:

@@ -152,6 +152,18 @@ def start_prometheus(workdir: Path, config: str, extra_args: tuple[str, ...] = (
     return Prometheus(proc, port, workdir, workdir / "prometheus.log")
 
 
+def start_node_exporter(workdir: Path) -> Server:
+    """Debian's prometheus-node-exporter with only the collectors the node pressure rules
+    read (issue 20): CPU, memory and disks; a scrape of them takes milliseconds."""
+    binary = require_binary("prometheus-node-exporter")
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    proc = start_server("node-exporter", workdir, port, [
+        binary, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
+        "--collector.cpu", "--collector.meminfo", "--collector.diskstats"])
+    return Server(proc, port, workdir, workdir / "node-exporter.log")
+
+
 def start_server(name: str, workdir: Path, port: int, cmd: list[str]) -> subprocess.Popen:
     """Start a server whose log goes to ``workdir/<name>.log``; wait for its ``/-/ready``."""
     log = workdir / f"{name}.log"
