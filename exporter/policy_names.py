@@ -9,6 +9,6 @@ into the config loader (sources may not import placement at all).
 
 from __future__ import annotations
 
-POLICIES = ("fgd", "bestfit", "packing", "dotprod", "random", "tiered")
+POLICIES = ("fgd", "bestfit", "packing", "dotprod", "random", "tiered", "lookahead")
 
 __all__ = ["POLICIES"]

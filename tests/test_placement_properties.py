@@ -120,3 +120,27 @@ def test_every_policy_places_only_where_the_task_fits_and_fails_only_when_nothin
     if found is not None:
         assert (found.node, found.slots) in choices
         assert found.gpus == found.slots  # no GPU is down in these states
+
+
+@settings(max_examples=200, deadline=None)
+@given(clusters(), workloads(), tasks(), tasks())
+def test_lookahead_leaves_the_two_tasks_no_more_fragmented_than_fgd(state, workload, task, queued):
+    """lookahead's choice, then the queued task's best, fragments no more than fgd's choice then the
+    queued task's best (brute force; a queued task that fits nowhere counts its GPUs as fragments)."""
+    first = Placer(state, workload).place(task, "fgd")
+    ahead = Placer(state, workload).place(task, "lookahead", queued=queued)
+    assert (first is None) == (ahead is None)
+    if first is None:
+        return
+
+    def two_steps(found) -> float:
+        placer = Placer(state, workload)
+        placer.apply(found)
+        now = placer.state
+        after = [cluster_fragmentation(now, workload, n, s, queued) for n, s in feasible_choices(now, queued)]
+        return min(after, default=cluster_fragmentation(now, workload) + queued.gpu_demand)
+
+    assert (ahead.node, ahead.slots) in list(feasible_choices(state, task))
+    assert two_steps(ahead) <= two_steps(first) + 1e-9
+    # without a queued task it is fgd
+    assert Placer(state, workload).place(task, "lookahead") == first

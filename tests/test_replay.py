@@ -139,7 +139,7 @@ def test_replay_command_contract(tmp_path):
         reader = csv.DictReader(handle)
         assert tuple(reader.fieldnames) == COLUMNS
         rows = list(reader)
-    assert len(rows) == 6 * 2 * 131
+    assert len(rows) == len(POLICIES) * 2 * 131
     keys = {(r["policy"], r["seed"], r["arrived_pct"]) for r in rows}
     assert keys == {(p, s, str(a)) for p in POLICIES for s in ("42", "43") for a in range(131)}
     for row in rows:

@@ -106,9 +106,12 @@ def replay(setup: Setup, policy: str, seed: int,
 
     record(0)
     arrived = 0.0
-    for done, index in enumerate(arrivals(setup.tasks, capacity, setup.arrive, seed), start=1):
+    order = arrivals(setup.tasks, capacity, setup.arrive, seed)
+    for done, index in enumerate(order, start=1):
         task = setup.tasks[index]
-        found = placer.place(task, policy, rng)
+        # the pod behind this one, which a scheduler with a queue of two knows (lookahead reads it)
+        queued = setup.tasks[order[done]] if policy == "lookahead" and done < len(order) else None
+        found = placer.place(task, policy, rng, queued=queued)
         if found is None:
             failed += 1
         else:
