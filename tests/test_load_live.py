@@ -95,7 +95,8 @@ def test_advice_json():
         "pool": "a", "nodes": 2, "recommended_nodes": 4, "action": "scale_up", "reason": "up",
         "demand_ratio": 1.5, "demand_ratio_stats": {"mean": 1.5, "stddev": 0.0, "p95": 1.5},
         "utilization_stats": {"mean": 0.75, "stddev": 0.0, "p95": 0.75}, "window_samples": 4,
-        "changes": {"up": 0, "down": 0}, "last_change": None}]
+        "changes": {"up": 0, "down": 0}, "last_change": None, "mode": "reactive",
+        "forecast_peak_gpus": None}]
 
 
 async def test_the_advice_of_a_served_exporter_has_the_hints(advisor_client):
@@ -106,3 +107,35 @@ async def test_the_advice_of_a_served_exporter_has_the_hints(advisor_client):
     assert {p: (e["nodes"], e["recommended_nodes"], e["reason"]) for p, e in by_pool.items()} == {
         "gpu-a100": (32, 32, "hold"), "gpu-b200": (8, 8, "hold"), "gpu-h100": (64, 32, "max_nodes"),
         "gpu-h200": (32, 32, "max_nodes")}
+
+
+def daily(tracker: LoadTracker, days: int, until_hour: int = 24) -> None:
+    """A snapshot every 30 min: 16 GPUs busy at 10:00-11:59 each day, 4 otherwise."""
+    for day in range(days):
+        for half in range(2 * (until_hour if day == days - 1 else 24)):
+            hour = half // 2
+            busy = 16 if hour in (10, 11) else 4
+            tracker.observe(snapshot(86400.0 * day + 1800.0 * half, busy=busy))
+
+
+def test_predictive_mode_pre_warms_before_the_daily_peak():
+    settings = ScalingSettings(min_nodes=1, max_nodes=8, hysteresis=1, cooldown_up_s=0,
+                               cooldown_down_s=0, startup_s=3600)
+    reactive = LoadTracker(window=4, table=ScalingTable(settings))
+    predictive = LoadTracker(window=4, table=ScalingTable(settings, mode="predictive"))
+    for tracker in (reactive, predictive):
+        daily(tracker, days=3, until_hour=10)  # the third day up to 09:30
+    [r], [p] = reactive.advice(), predictive.advice()
+    assert (r.recommended_nodes, r.reason, r.forecast_peak) == (1, "hold", None)
+    # from 09:00 the last complete hour (08:00) read 4 GPUs, and the forecast covers 09:00 and
+    # 10:00 (startup 1 h): the same hours moved +12 GPUs from 08:00 to 10:00 on both past days
+    # (no trend: the daily means are equal), so the rule reads 4 + 12 = 16 GPUs and at 09:00
+    # asks for ceil(16 / (8 * 0.8)) = 3 nodes, ready by 10:00; at 09:30 it holds them
+    assert (p.forecast_peak, p.recommended_nodes, p.reason) == (16.0, 3, "hold")
+    assert predictive.advice_json()[0]["forecast_peak_gpus"] == 16.0
+
+
+def test_predictive_mode_is_reactive_before_a_day_of_history():
+    predictive = LoadTracker(window=4, table=ScalingTable(SETTINGS, mode="predictive"))
+    daily(predictive, days=1, until_hour=20)
+    assert predictive.advice()[0].forecast_peak is None

@@ -55,3 +55,21 @@ def test_forecast_reads_the_daily_profile_and_only_the_past():
 def test_forecast_horizon_bounds():
     with pytest.raises(ValueError, match="horizon"):
         forecast_matrix(np.zeros(5), 25)
+
+
+def test_hourly_history_keeps_means_and_fills_gaps():
+    from exporter.load.forecast import HourlyHistory
+
+    h = HourlyHistory(days=1)
+    h.add(0, 2.0)
+    h.add(1800, 4.0)  # hour 0: mean 3
+    h.add(3 * 3600, 10.0)  # hours 1 and 2 missing: 3 repeated
+    assert list(h.hours) == [3.0, 3.0, 3.0]
+    assert h.rise(1) is None  # less than a day
+    h.add(2 * 3600, 1.0)  # the clock went back
+    assert list(h.hours) == []
+    for hour in range(3, 60):
+        h.add(hour * 3600.0, float(hour % 24))
+    assert len(h.hours) == 25  # one day and the hour before it kept
+    # at the end of hour 58 (10:00), a day ago 10:00 -> 11:00 rose by 1
+    assert h.rise(1, trend_weight=0.0) == 1.0

@@ -48,9 +48,15 @@ def test_pool_overrides_and_the_fleets_node_size():
     ({"pools": {"H800": {"max_nodes": 2}}}, "scaling.pools.H800", "min_nodes <= max_nodes"),
     ({"pools": []}, "scaling.pools", "must be a mapping"),
     ([], "scaling", "must be a mapping"),
+    ({"mode": "psychic"}, "scaling.mode", "must be one of reactive, predictive"),
 ])
 def test_bad_values_name_the_key(section, key, message):
     with pytest.raises(ThresholdError) as caught:
         parse_thresholds(with_scaling(section))
     text = str(caught.value)
     assert key in text and message in text and "\n" not in text
+
+
+def test_mode():
+    assert default_thresholds().scaling.mode == "reactive"
+    assert parse_thresholds(with_scaling({"mode": "predictive"})).scaling.mode == "predictive"

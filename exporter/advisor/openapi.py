@@ -169,7 +169,7 @@ ADVICE_SCHEMA: dict[str, Any] = {
             "type": "object",
             "required": ["pool", "nodes", "recommended_nodes", "action", "reason", "demand_ratio",
                          "demand_ratio_stats", "utilization_stats", "window_samples", "changes",
-                         "last_change"],
+                         "last_change", "mode", "forecast_peak_gpus"],
             "properties": {"pool": {"type": "string"}, "nodes": {"type": "integer", "minimum": 0},
                            "recommended_nodes": {"type": "integer", "minimum": 0},
                            "action": {"enum": ["scale_up", "scale_down", "hold"]},
@@ -181,7 +181,11 @@ ADVICE_SCHEMA: dict[str, Any] = {
                            "changes": {"type": "object", "required": ["up", "down"], "properties": {
                                "up": {"type": "integer", "minimum": 0},
                                "down": {"type": "integer", "minimum": 0}}},
-                           "last_change": {"type": ["number", "null"]}}}},
+                           "last_change": {"type": ["number", "null"]},
+                           "mode": {"enum": ["reactive", "predictive"]},
+                           "forecast_peak_gpus": {"type": ["number", "null"], "minimum": 0,
+                                                  "description": "predictive mode: the demand the "
+                                                  "rule read (null before a day of history)"}}}},
         "nvlink_mixed": {"type": "array", "description": "multi-node jobs over NVLink generations",
                          "items": {
             "type": "object", "required": ["job", "namespace", "nodes", "nvlink_generations", "reason"],

@@ -15,7 +15,10 @@
   bench/changepoints.py) on the demand ratio;
 - the scaling hint (:class:`~.scaling.Scaler`) on the demand in GPUs, with the
   threshold table's ``scaling:`` settings for the pool and the pool's node size
-  (the most common GPU count of its nodes).
+  (the most common GPU count of its nodes). In ``mode: predictive`` the rule reads
+  the demand now plus the forecast rise over the hours until a node started now
+  serves (:class:`~.forecast.HourlyHistory`: hourly means of the last 14 days, the
+  forecast ``gpufleet load`` replays); until a day of history exists it is reactive.
 
 The hint starts from the pool's node count and follows it when the fleet's node
 count changes (someone acted, on the hint or not); otherwise it keeps its own
@@ -32,6 +35,7 @@ from typing import Any
 
 from exporter import metrics
 from exporter.load.changepoint import DIRECTIONS, Cusum
+from exporter.load.forecast import DAY, HourlyHistory
 from exporter.load.scaling import REASONS, Hint, Scaler
 from exporter.load.stats import WindowStats, window_stats
 from exporter.load.table import DEFAULT, ScalingTable
@@ -103,6 +107,8 @@ class PoolLoad:
     hint: Hint | None = None
     nodes_seen: int = 0  # the pool's node count in the last snapshot
     sample: PoolSample | None = None
+    history: HourlyHistory = field(default_factory=HourlyHistory)  # demand GPUs, hourly
+    forecast_peak: float | None = None  # predictive mode: the signal the rule read
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +124,7 @@ class PoolAdvice:
     reason: str
     changes: dict[str, int]
     last_change: float | None
+    forecast_peak: float | None = None
 
 
 @dataclass
@@ -156,7 +163,15 @@ class LoadTracker:
                     state.last_change = now
             if sample.utilization is not None:
                 state.utilization.append(sample.utilization)
-            hint = state.scaler.step(now, sample.demand_gpus)
+            state.history.add(now, sample.demand_gpus)
+            signal = sample.demand_gpus
+            state.forecast_peak = None
+            if self.table.mode == "predictive":
+                horizon = min(DAY, math.ceil(state.scaler.settings.startup_s / 3600 - 1e-9) + 1)
+                rise = state.history.rise(horizon)
+                if rise is not None:  # before a day of history: reactive
+                    signal = state.forecast_peak = max(0.0, sample.demand_gpus + rise)
+            hint = state.scaler.step(now, signal)
             bounds = state.scaler.settings
             if hint.reason == "hold" and hint.nodes != sample.nodes:
                 # the fleet is outside the table's bounds: the hint is the bound, say which
@@ -176,7 +191,7 @@ class LoadTracker:
                 window_stats(state.ratio) if state.ratio else None,
                 window_stats(state.utilization) if state.utilization else None,
                 state.sample.nodes, state.hint.nodes, state.hint.reason, dict(state.changes),
-                state.last_change))
+                state.last_change, state.forecast_peak))
         return out
 
     def families(self) -> list[Family]:
@@ -220,5 +235,7 @@ class LoadTracker:
                 "demand_ratio": None if a.demand_ratio is None else round(a.demand_ratio, 6),
                 "demand_ratio_stats": stats(a.demand), "utilization_stats": stats(a.utilization),
                 "window_samples": self.window, "changes": a.changes, "last_change": a.last_change,
+                "mode": self.table.mode,
+                "forecast_peak_gpus": None if a.forecast_peak is None else round(a.forecast_peak, 6),
             })
         return out

@@ -11,6 +11,8 @@
       cooldown_down: 3h  # since the last action
       startup: 1h        # a node ordered now serves this much later (the predictive horizon)
       node_gpus: 8       # GPUs a node adds, where the fleet does not say
+      mode: reactive     # or predictive: the rule reads the forecast peak until a node started
+                         # now serves (the daily profile of the last 14 days plus the trend)
       pools:             # overrides per pool, any of the keys above but pools
         H800: {max_nodes: 876}
 
@@ -32,6 +34,7 @@ from exporter.durations import parse_duration
 from exporter.load.scaling import ScalingSettings
 
 MAX_POOLS = 1024
+MODES = ("reactive", "predictive")
 _KEYS = ("up", "down", "target", "min_nodes", "max_nodes", "hysteresis", "cooldown_up",
          "cooldown_down", "startup", "node_gpus")
 _RATIOS = ("up", "down", "target")
@@ -49,6 +52,7 @@ class ScalingTable:
     # (pool, its settings, whether the table set node_gpus for it)
     pools: tuple[tuple[str, ScalingSettings, bool], ...] = ()
     node_gpus_given: bool = False  # the table set node_gpus (else the fleet's node size is used)
+    mode: str = "reactive"  # one of MODES
 
     def for_pool(self, pool: str, node_gpus: int | None = None) -> ScalingSettings:
         """The pool's settings; ``node_gpus`` (the fleet's node size) unless the table set one."""
@@ -102,7 +106,10 @@ def _settings(base: ScalingSettings, values: dict[str, Any], where: str, fail: F
 
 
 def parse_scaling(raw: Any, fail: Fail) -> ScalingTable:
-    values = _values(raw, "scaling", fail, (*_KEYS, "pools"))
+    values = _values(raw, "scaling", fail, (*_KEYS, "pools", "mode"))
+    mode = raw.get("mode", "reactive")
+    if mode not in MODES:
+        raise fail("scaling.mode", f"must be one of {', '.join(MODES)}, got {str(mode)[:40]!r}")
     pools_raw = raw.get("pools")  # a mapping: _values checked it
     default = _settings(ScalingSettings(), values, "scaling", fail)
     pools: list[tuple[str, ScalingSettings, bool]] = []
@@ -116,4 +123,4 @@ def parse_scaling(raw: Any, fail: Fail) -> ScalingTable:
             override_values = _values(override, where, fail, _KEYS)
             pools.append((pool, _settings(default, override_values, where, fail),
                           "node_gpus" in override_values or "node_gpus" in values))
-    return ScalingTable(default, tuple(pools), "node_gpus" in values)
+    return ScalingTable(default, tuple(pools), "node_gpus" in values, mode)
