@@ -259,7 +259,7 @@ async def serve(socket_dir: str) -> AsyncIterator[Any]:
         await server.stop(grace=None)
 
 
-pytestmark_slow = pytest.mark.slow  # an in-process gRPC server on a unix socket
+slow = pytest.mark.slow  # an in-process gRPC server on a unix socket
 
 
 def dcgm_pod_labels() -> dict[tuple[str, str, str], tuple[str, ...]]:
@@ -273,7 +273,7 @@ def dcgm_pod_labels() -> dict[tuple[str, str, str], tuple[str, ...]]:
     return {key: tuple(sorted(uuids)) for key, uuids in held.items()}
 
 
-@pytestmark_slow
+@slow
 async def test_the_h100_node_agrees_with_dcgm_exporters_pod_labels(serve: Any) -> None:
     kubelet = Kubelet(h100_list(), h100_allocatable())
     client = PodResourcesClient(await serve(kubelet))
@@ -288,7 +288,7 @@ async def test_the_h100_node_agrees_with_dcgm_exporters_pod_labels(serve: Any) -
     assert kubelet.calls == ["List", "GetAllocatableResources"]
 
 
-@pytestmark_slow
+@slow
 async def test_mig_and_time_slicing_over_grpc(serve: Any) -> None:
     client = PodResourcesClient(await serve(Kubelet(mig_list(), mig_allocatable())))
     try:
@@ -300,7 +300,7 @@ async def test_mig_and_time_slicing_over_grpc(serve: Any) -> None:
     assert len(gpus.assignments) == 4 and len(gpus.allocatable) == 7
 
 
-@pytestmark_slow
+@slow
 async def test_an_old_kubelet_without_get_allocatable(serve: Any) -> None:
     path = await serve(Kubelet(h100_list(), allocatable=None))
     client = PodResourcesClient(path)
@@ -314,7 +314,7 @@ async def test_an_old_kubelet_without_get_allocatable(serve: Any) -> None:
                                  "UNIMPLEMENTED: Method not implemented!")
 
 
-@pytestmark_slow
+@slow
 async def test_a_kubelet_that_does_not_answer_meets_the_deadline(serve: Any) -> None:
     stall = asyncio.Event()
     path = await serve(Kubelet(h100_list(), stall=stall))
@@ -332,7 +332,7 @@ async def test_a_kubelet_that_does_not_answer_meets_the_deadline(serve: Any) -> 
     assert "Deadline Exceeded" in message
 
 
-@pytestmark_slow
+@slow
 async def test_an_oversized_answer_is_refused_by_grpc(serve: Any) -> None:
     """The size cap holds before the message is parsed: gRPC refuses it on the wire."""
     big = pb.ListPodResourcesResponse(pod_resources=[
@@ -367,7 +367,7 @@ async def test_no_socket(socket_dir: str) -> None:
     await client.close()
 
 
-@pytestmark_slow
+@slow
 async def test_a_kubelet_gone_after_the_first_read(serve: Any, socket_dir: str) -> None:
     """A socket left behind by a kubelet that died: UNAVAILABLE, one line, no traceback."""
     import socket

@@ -178,7 +178,8 @@ class PodResourcesClient:
     """A client of one kubelet's PodResources socket; one channel, reused across reads.
 
     ``socket_path`` is a parameter (not a global) so tests serve the real proto from a
-    grpcio server on a socket in a temporary directory."""
+    grpcio server on a socket in a temporary directory. The channel is bound to the event
+    loop of the first call: use one client from one loop, and ``close()`` it there."""
 
     def __init__(self, socket_path: str = DEFAULT_SOCKET, limits: Limits = Limits()) -> None:
         self.socket_path = socket_path
