@@ -379,6 +379,13 @@ def test_plan_command_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     done = gpufleet("--from", saved(tmp_path, error, "error.json"))
     assert (done.returncode, done.stderr) == (
         1, f"gpufleet: {tmp_path}/error.json: an error answer, not a plan: {error['error']}\n")
+    done = gpufleet("--from", "https://127.0.0.1:1", "--ca-file", str(tmp_path / "no-ca.pem"))
+    assert (done.returncode, done.stderr) == (
+        2, f"gpufleet: --ca-file {tmp_path}/no-ca.pem: [Errno 2] No such file or directory\n")
+    (tmp_path / "token").write_text("two words\n")
+    done = gpufleet("--from", "http://127.0.0.1:1", "--token-file", str(tmp_path / "token"))
+    assert (done.returncode, done.stderr) == (
+        2, f"gpufleet: --token-file {tmp_path}/token: must hold one token, without spaces\n")
     done = gpufleet("--from", "-", stdin="[1, 2")
     assert (done.returncode, done.stderr) == (
         1, "gpufleet: -: not JSON: Expecting ',' delimiter: line 1 column 6 (char 5)\n")
