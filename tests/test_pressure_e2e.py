@@ -205,7 +205,8 @@ def test_the_recorded_pressure_score_equals_the_score_by_hand(tmp_path):
                 hand = _by_hand(prom, at, unseen_ms=SCRAPE_MS)
             assert _equal(recorded, hand), (at, recorded, hand)
             checked.append((at, hand))
-            print(f"at {at}: recorded {recorded}")  # the figures docs/alerting.md quotes
+            gap = max(abs(recorded[k] - hand[k]) for k in recorded)
+            print(f"at {at}: recorded {recorded}, largest gap to the hand value {gap:.3g}")
         # the load was real: the CPUs busy, the disk doing I/O
         for _, hand in checked:
             assert hand["cpu"] > 0.5, checked
