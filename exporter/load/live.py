@@ -65,25 +65,33 @@ class PoolSample:
 
 def pool_samples(snapshot: FleetSnapshot) -> dict[str, PoolSample]:
     """Per pool: what one snapshot says about its load (pools that have GPUs or waiting jobs)."""
-    held, _ = snapshot.held()
-    capacity: Counter[str] = Counter()
-    allocated: dict[str, float] = {}
+    # one pass over the GPUs doing as little as it can: at 108,800 GPUs each microsecond
+    # per GPU is 0.1 s per snapshot; the held shares are looked up per held GPU instead
+    gpus = snapshot.gpus
+    capacity: Counter[str] = Counter(gpu.pool for gpu in gpus)
     util_sum: dict[str, float] = {}
     util_n: Counter[str] = Counter()
-    for gpu in snapshot.gpus:
-        capacity[gpu.pool] += 1
-        share = min(held.get((gpu.node, gpu.index), 0.0), 1.0)
-        allocated[gpu.pool] = allocated.get(gpu.pool, 0.0) + share
-        if gpu.utilization_ratio is not None and math.isfinite(gpu.utilization_ratio):
-            util_sum[gpu.pool] = util_sum.get(gpu.pool, 0.0) + gpu.utilization_ratio
+    pool_of: dict[tuple[str, int], str] = {}
+    held, _ = snapshot.held()
+    for gpu in gpus:
+        if gpu.key in held:
+            pool_of[gpu.key] = gpu.pool
+        u = gpu.utilization_ratio
+        if u is not None and math.isfinite(u):
+            util_sum[gpu.pool] = util_sum.get(gpu.pool, 0.0) + u
             util_n[gpu.pool] += 1
+    allocated: dict[str, float] = {}
+    for key, share in held.items():
+        pool = pool_of.get(key)
+        if pool is not None:  # a share on a GPU the snapshot does not list counts nowhere
+            allocated[pool] = allocated.get(pool, 0.0) + min(share, 1.0)
     pending: dict[str, float] = {}
     for request in snapshot.pending:
         if request.pool:
             pending[request.pool] = pending.get(request.pool, 0.0) + request.gpu_count * request.gpu_share
     sizes: dict[str, Counter[int]] = {}
-    for node in snapshot.nodes:
-        sizes.setdefault(node.pool, Counter())[node.gpu_count] += 1
+    for (pool, gpu_count), n in Counter((node.pool, node.gpu_count) for node in snapshot.nodes).items():
+        sizes.setdefault(pool, Counter())[gpu_count] = n
     out: dict[str, PoolSample] = {}
     for pool in sorted(set(capacity) | set(pending)):
         counts = sizes.get(pool, Counter())
