@@ -47,6 +47,7 @@ from exporter.analysis.index import Report, scorer, totals
 from exporter.analysis.state import FleetState
 from exporter.catalogue import GB, default_catalogue
 from exporter.placement.engine import Placement, Placer
+from exporter.placement.policies import FgdTies
 from exporter.placement.task import Task
 from exporter.placement.tiers import tier_fit, tier_models
 from exporter.snapshot import Allocation, FleetSnapshot
@@ -54,6 +55,7 @@ from exporter.snapshot import Allocation, FleetSnapshot
 IMPROVEMENT = 1e-6  # GPUs of F(M) a kept evacuation must save, above float noise
 WHOLE_NODE_GPUS = 8  # "whole nodes freed" counts nodes an 8-GPU job could now start on
 PRESSURE = 0.9  # a tier whose pool is this allocated (or has pending demand) is under pressure
+EXACT_FGD = FgdTies(0.0, 0.0, "first")
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +222,10 @@ def _whole_free(placer: Placer, nodes: np.ndarray) -> np.ndarray:
 def plan_compaction(snapshot: FleetSnapshot, report: Report, scope: str, now: float,
                     settings: PlanSettings = PlanSettings()) -> CompactionPlan:
     state, cw = report.state, report.workload
-    placer = Placer(state, cw)
+    # fgd as defined (the least growth of F, exact ties to the first node), not the near-tie
+    # band a scheduler uses to keep nodes whole for shapes F cannot see: each move here must
+    # lower F(M) by what it claims (bench/advisor.py: the band cut recovery per move to 2.0x)
+    placer = Placer(state, cw, fgd_ties=EXACT_FGD)
     in_scope = np.ones(len(state.names), dtype=bool)
     if scope.startswith("pool:"):
         pool = scope.removeprefix("pool:")
