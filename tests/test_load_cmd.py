@@ -123,3 +123,20 @@ def test_size_and_row_bounds(tmp_path, capsys):
     rows = write(tmp_path / "rows.csv", "hour,a\n" + "".join(f"{h},1\n" for h in range(MAX_ROWS + 1)))
     assert load(tmp_path, series=rows) == 2
     assert f"rows.csv:{MAX_ROWS + 2}: more than {MAX_ROWS} rows" in capsys.readouterr().err
+
+
+def test_pools_selects_columns(tmp_path, capsys):
+    assert load(tmp_path, "--pools", "A800-SXM4-80GB,H800") == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()[2:-2]] == ["A800-SXM4-80GB"] * 3 + ["H800"] * 3
+    assert "on 2 of 2 pools" in out
+    assert load(tmp_path, "--pools", "B200") == 2
+    assert "no column for pool 'B200'" in capsys.readouterr().err
+
+
+def test_progress_goes_to_stderr(tmp_path, capsys):
+    series = write(tmp_path / "series.csv", "hour,a,b\n0,1,2\n1,1,2\n")
+    capacity = write(tmp_path / "capacity.csv", "pool,total_gpus\na,8\nb,8\n")
+    assert main(["load", "--series", str(series), "--capacity", str(capacity), "--out",
+                 str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err == "load: a (1/2), 2 hours\nload: b (2/2), 2 hours\n"
