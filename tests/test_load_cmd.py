@@ -140,3 +140,14 @@ def test_progress_goes_to_stderr(tmp_path, capsys):
     assert main(["load", "--series", str(series), "--capacity", str(capacity), "--out",
                  str(tmp_path / "out")]) == 0
     assert capsys.readouterr().err == "load: a (1/2), 2 hours\nload: b (2/2), 2 hours\n"
+
+
+def test_cell_bound(tmp_path, capsys):
+    from exporter.load.series import MAX_CELLS
+
+    columns = 201
+    rows = MAX_CELLS // columns + 1
+    series = write(tmp_path / "wide.csv", "hour," + ",".join(f"p{i}" for i in range(columns - 1)) + "\n"
+                   + ("0," + ",".join(["1"] * (columns - 1)) + "\n") * rows)
+    assert load(tmp_path, series=series) == 2
+    assert f"wide.csv:{rows + 1}: more than 2,000,000 cells (201 columns)" in capsys.readouterr().err

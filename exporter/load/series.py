@@ -24,6 +24,10 @@ from exporter.errors import UsageError
 MAX_BYTES = 64 * 2**20  # the 184-day table is 0.3 MB
 MAX_ROWS = 200_000  # 22 years of hours
 MAX_POOLS = 256
+# rows x columns: the rows are held as strings before they are numbers (about 60 bytes a
+# cell), so this bounds memory (~120 MB) and the replay's time (~1 min) for any shape;
+# the 184-day table is 30,940 cells
+MAX_CELLS = 2_000_000
 MAX_GPUS = 10_000_000.0  # per pool and hour: far above any cluster, below float trouble
 DEFAULT_NODE_GPUS = 8
 NOISE = 1e-6  # GPUs: a negative this small is float rounding in the producer's sums
@@ -91,6 +95,9 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
                 continue
             if len(rows) >= MAX_ROWS:
                 raise UsageError(f"{path}:{reader.line_num}: more than {MAX_ROWS} rows")
+            if (len(rows) + 1) * len(header) > MAX_CELLS:
+                raise UsageError(f"{path}:{reader.line_num}: more than {MAX_CELLS:,} cells "
+                                 f"({len(header)} columns)")
             if len(row) != len(header):
                 raise UsageError(f"{path}:{reader.line_num}: {len(row)} fields, the header has {len(header)}")
             rows.append((reader.line_num, row))
