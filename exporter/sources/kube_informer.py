@@ -31,6 +31,14 @@ Objects are not kept as the apiserver's JSON: ``transform`` turns each into the
 small record the source needs (or None: not kept), which is what lets 50,000 pods
 fit in tens of MB rather than the ~1 GB their JSON would take as Python dicts.
 
+JSON is decoded with msgspec against the shape the source reads (``shape``, a
+TypedDict of the fields it needs): fields outside it (managedFields, volumes, env,
+most of status: two thirds of a real pod) are skipped without being built, which
+decodes a page of 500 pods 3.3 times faster than ``json.loads`` (14 vs 47 ms
+measured here). An object that does not fit the shape (a field of the wrong type,
+an ``ERROR`` event's Status) is decoded again in full with ``json``, so a strange
+object is judged by the source's own defensive reading, never dropped by the decoder.
+
 The HTTP client is aiohttp. ``kubernetes_asyncio`` would decode each object into
 its generated model classes, 0.17 ms for a minimal pod measured here (several
 times that for a real one), which alone would spend the 5 s budget for 50,000
@@ -41,16 +49,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 from urllib.parse import urlencode
 
 import aiohttp
+import msgspec
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +69,26 @@ Transform = Callable[[Mapping[str, Any]], "T | None"]
 Authorization = Callable[[], Awaitable[str | None]]
 
 BACKOFF_INITIAL = 0.1  # seconds before the first retry; doubles up to backoff_max
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic garbage collection during one synchronous burst of allocation.
+
+    Decoding a page and making its records allocates thousands of objects, none in a
+    cycle; each batch of them made CPython walk every live object again (a full
+    collection whenever the survivors grow by a quarter). Measured on 50,000 pods:
+    decoding took 1.53 s of CPU with collections and 0.38 s without, building the
+    snapshot 0.82 s and 0.45 s. Only around code with no ``await`` inside, so other
+    tasks never run with collection off; the previous state is restored.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class ApiError(Exception):
@@ -139,6 +169,38 @@ def _status_message(body: bytes, status: int, reason: str) -> str:
     return f"HTTP {status} {reason}" + (f": {message}" if message else "")
 
 
+class Decoder:
+    """JSON to dicts, pruned to ``shape`` (a TypedDict) when the object fits it."""
+
+    def __init__(self, shape: Any = None) -> None:
+        self._list: msgspec.json.Decoder[Any] | None = None
+        self._event: msgspec.json.Decoder[Any] | None = None
+        if shape is not None:
+            self._list = msgspec.json.Decoder(
+                TypedDict("ObjectList", {"metadata": Any, "items": list[shape]},  # type: ignore[misc,operator]
+                          total=False))
+            self._event = msgspec.json.Decoder(
+                TypedDict("WatchEvent", {"type": Any, "object": shape},  # type: ignore[misc,operator]
+                          total=False))
+
+    @staticmethod
+    def _decode(decoder: msgspec.json.Decoder[Any] | None, data: bytes | bytearray) -> Any:
+        if decoder is not None:
+            try:
+                return decoder.decode(data)
+            except msgspec.ValidationError:
+                pass  # valid JSON of another shape: read it whole
+            except msgspec.DecodeError as exc:
+                raise ValueError(f"not JSON: {exc}") from None
+        return json.loads(data)
+
+    def page(self, data: bytes | bytearray) -> Any:
+        return self._decode(self._list, data)
+
+    def event(self, data: bytes | bytearray) -> Any:
+        return self._decode(self._event, data)
+
+
 class Informer(Generic[T]):
     """A local copy of one kind of object (``path``, e.g. ``/api/v1/pods``), kept by watching.
 
@@ -149,7 +211,9 @@ class Informer(Generic[T]):
     """
 
     def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint, path: str,
-                 transform: Transform[T], limits: Limits = Limits(), name: str = "") -> None:
+                 transform: Transform[T], limits: Limits = Limits(), name: str = "",
+                 shape: Any = None) -> None:
+        self.decoder = Decoder(shape)
         self.session = session
         self.endpoint = endpoint
         self.path = path
@@ -252,6 +316,18 @@ class Informer(Generic[T]):
 
     # -- list --------------------------------------------------------------------------
 
+    async def _read_capped(self, response: aiohttp.ClientResponse) -> bytearray:
+        """The whole body, refused once it passes ``max_page_bytes`` (before it is parsed)."""
+        body = bytearray()
+        limit = self.limits.max_page_bytes
+        while True:
+            chunk = await response.content.readany()
+            if not chunk:
+                return body
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(0, f"a list page is over max_page_bytes ({limit} bytes)")
+
     async def relist(self) -> None:
         """A full, paged list, swapped in whole once complete."""
         items: dict[str, T] = {}
@@ -266,27 +342,27 @@ class Informer(Generic[T]):
             async with self.session.get(self._url(params), headers=await self._headers(),
                                         ssl=self.endpoint.ssl, timeout=timeout) as response:
                 await self._raise_for(response)
-                body = await response.content.read(self.limits.max_page_bytes + 1)
-            if len(body) > self.limits.max_page_bytes:
-                raise ApiError(0, f"a list page is over max_page_bytes "
-                                  f"({self.limits.max_page_bytes} bytes)")
-            page = json.loads(body)
-            del body
-            if not isinstance(page, Mapping) or not isinstance(page.get("items"), list):
-                raise ValueError("a list answer without items")
-            self.stats.pages += 1
-            count += len(page["items"])
-            if count > self.limits.max_objects:
-                raise ApiError(0, f"more than max_objects ({self.limits.max_objects}) objects")
-            for obj in page["items"]:
-                if not isinstance(obj, Mapping):
-                    continue
-                key = object_key(obj)
-                record = self.transform(obj) if key else None
-                if record is not None:
-                    items[key] = record
-            meta = page.get("metadata")
-            meta = meta if isinstance(meta, Mapping) else {}
+                body = await self._read_capped(response)
+            with paused_gc():
+                page = self.decoder.page(body)
+                del body
+                if not isinstance(page, Mapping) or not isinstance(page.get("items"), list):
+                    raise ValueError("a list answer without items")
+                self.stats.pages += 1
+                count += len(page["items"])
+                if count > self.limits.max_objects:
+                    raise ApiError(0, f"more than max_objects ({self.limits.max_objects}) "
+                                      "objects")
+                for obj in page["items"]:
+                    if not isinstance(obj, Mapping):
+                        continue
+                    key = object_key(obj)
+                    record = self.transform(obj) if key else None
+                    if record is not None:
+                        items[key] = record
+                meta = page.get("metadata")
+                meta = meta if isinstance(meta, Mapping) else {}
+                del page
             version = meta.get("resourceVersion") or version
             token = meta.get("continue") or ""
             if not isinstance(token, str) or not token:
@@ -321,24 +397,29 @@ class Informer(Generic[T]):
             self.stats.last_watch_at = time.monotonic()
             self.healthy = True
             self.error = ""
-            buffer = b""
+            # one bytearray, searched only where new bytes arrived: a 4 MiB event in 64 KiB
+            # chunks is not copied 64 times over
+            buffer = bytearray()
             limit = self.limits.max_event_bytes
             while True:
                 chunk = await response.content.readany()
                 if not chunk:
                     break  # the apiserver ended the watch
+                searched = len(buffer)
                 buffer += chunk
-                while True:
-                    end = buffer.find(b"\n")
-                    if end < 0:
-                        break
-                    line, buffer = buffer[:end], buffer[end + 1:]
+                start = 0
+                end = buffer.find(b"\n", searched)
+                while end >= 0:
+                    line = bytes(buffer[start:end])
                     if line.strip():
                         self.apply_line(line)
+                    start = end + 1
+                    end = buffer.find(b"\n", start)
+                del buffer[:start]
                 if len(buffer) > limit:
                     raise ApiError(0, f"a watch event is over max_event_bytes ({limit} bytes)")
-            if buffer.strip():
-                self.apply_line(buffer)
+            if bytes(buffer).strip():
+                self.apply_line(bytes(buffer))
 
     def apply_line(self, line: bytes) -> None:
         """Apply one watch event (one JSON line)."""
@@ -346,7 +427,7 @@ class Informer(Generic[T]):
         if len(line) > self.limits.max_event_bytes:
             raise ApiError(0, f"a watch event is over max_event_bytes "
                               f"({self.limits.max_event_bytes} bytes)")
-        event = json.loads(line)
+        event = self.decoder.event(line)
         if not isinstance(event, Mapping):
             raise ValueError("a watch event that is not an object")
         kind = event.get("type")

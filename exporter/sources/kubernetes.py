@@ -59,7 +59,7 @@ import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from exporter.catalogue import Catalogue, default_catalogue
 from exporter.snapshot import (
@@ -104,6 +104,55 @@ class _StartupError(SourceStartupError):
 
 class KubernetesError(Exception):
     """The apiserver refused or failed a call: the read fails, the last good one is served."""
+
+
+# -- shapes: the fields read, which the informer's decoder keeps (it skips the rest) --------------
+
+class _Meta(TypedDict, total=False):  # the API's camelCase names
+    name: Any
+    namespace: Any
+    resourceVersion: Any
+    labels: Any
+    annotations: Any
+    ownerReferences: Any
+    creationTimestamp: Any
+
+
+class _NodeStatus(TypedDict, total=False):
+    capacity: Any
+    allocatable: Any
+    conditions: Any
+
+
+class NodeShape(TypedDict, total=False):
+    metadata: _Meta
+    status: _NodeStatus
+
+
+class _Container(TypedDict, total=False):
+    resources: Any
+
+
+class _PodSpec(TypedDict, total=False):
+    nodeName: Any
+    containers: list[_Container]
+    initContainers: list[_Container]
+    priority: Any
+    priorityClassName: Any
+    resourceClaims: Any
+    nodeSelector: Any
+
+
+class _PodStatus(TypedDict, total=False):
+    phase: Any
+    startTime: Any
+    resourceClaimStatuses: Any
+
+
+class PodShape(TypedDict, total=False):
+    metadata: _Meta
+    spec: _PodSpec
+    status: _PodStatus
 
 
 # -- records: what is kept of each object ------------------------------------------------------
@@ -301,10 +350,10 @@ def pod_record(obj: Mapping[str, Any]) -> KubePod | None:
     status = _map(obj.get("status"))
     if status.get("phase") in ("Succeeded", "Failed"):
         return None
-    app = _requests(_list(spec.get("containers")))
-    init = _requests(_list(spec.get("initContainers")))
-    # an init container runs before the others: the pod needs the larger of the two
-    wanted = {k: max(app.get(k, 0), init.get(k, 0)) for k in {*app, *init}}
+    wanted = _requests(_list(spec.get("containers")))
+    init = _requests(_list(spec.get("initContainers"))) if spec.get("initContainers") else {}
+    if init:  # an init container runs before the others: the pod needs the larger of the two
+        wanted = {k: max(wanted.get(k, 0), init.get(k, 0)) for k in {*wanted, *init}}
     whole = _count(wanted.get(GPU)) + _count(wanted.get(GPU_SHARED))
     mig = tuple(sorted((k[len(MIG_PREFIX):], _count(v)) for k, v in wanted.items()
                        if k.startswith(MIG_PREFIX) and _PROFILE.fullmatch(k[len(MIG_PREFIX):])
@@ -315,20 +364,22 @@ def pod_record(obj: Mapping[str, Any]) -> KubePod | None:
             *(_str(_map(c).get("resourceClaimName"))
               for c in _list(status.get("resourceClaimStatuses"))))
         if name))
-    annotations = {k: v for k, v in _map(meta.get("annotations")).items() if isinstance(v, str)}
+    annotated = _map(meta.get("annotations"))
     fraction: float | None = None
     cores = _count(wanted.get(HAMI_CORES))
+    kai = annotated.get(KAI_FRACTION)
     if whole and 0 < cores < 100:
         fraction = cores / 100
-    elif annotations.get(KAI_FRACTION):
+    elif isinstance(kai, str) and kai:
         try:
-            value = float(annotations[KAI_FRACTION][:20])
+            value = float(kai[:20])
         except ValueError:
             value = 0.0
         if 0 < value < 1:
             fraction, whole = value, max(whole, 1)
     if not whole and not mig and not claims:
-        return None
+        return None  # most pods of a cluster: nothing more is read of them
+    annotations = {k: v for k, v in annotated.items() if isinstance(v, str)}
     labels = _map(meta.get("labels"))
     selector = _map(spec.get("nodeSelector"))
     product = _product(_str(selector.get("nvidia.com/gpu.product")))[0]
@@ -689,9 +740,9 @@ class KubernetesAllocationSource:
                         max_page_bytes=c.max_page_bytes)
         self._session = aiohttp.ClientSession()
         informers: list[Informer[Any]] = [
-            Informer(self._session, endpoint, NODES,
-                     lambda obj: node_record(obj, c.pool_label), limits, "nodes"),
-            Informer(self._session, endpoint, PODS, pod_record, limits, "pods"),
+            Informer(self._session, endpoint, NODES, lambda obj: node_record(obj, c.pool_label),
+                     limits, "nodes", NodeShape),
+            Informer(self._session, endpoint, PODS, pod_record, limits, "pods", PodShape),
         ]
         if c.resource_claims:
             informers.append(Informer(self._session, endpoint, CLAIMS, claim_record, limits,
@@ -706,6 +757,8 @@ class KubernetesAllocationSource:
         async with self._start_lock:
             if self._informers is None:
                 await self._start()
+        from exporter.sources.kube_informer import paused_gc
+
         informers = self._informers.informers
         if not await self._informers.synced(self.config.sync_timeout):
             waiting = [i for i in informers if not i.synced.is_set()]
@@ -719,10 +772,11 @@ class KubernetesAllocationSource:
             by_name = {i.name: i for i in informers}
             claims = by_name.get("resourceclaims")
             slices = by_name.get("resourceslices")
-            snapshot, unplaced = to_snapshot(
-                self.clock(), by_name["nodes"].store.values(), by_name["pods"].store.values(),
-                claims.store if claims is not None else {},
-                slices.store.values() if slices is not None else (), self.catalogue)
+            with paused_gc():  # a synchronous burst of allocation (kube_informer says why)
+                snapshot, unplaced = to_snapshot(
+                    self.clock(), by_name["nodes"].store.values(),
+                    by_name["pods"].store.values(), claims.store if claims is not None else {},
+                    slices.store.values() if slices is not None else (), self.catalogue)
             if unplaced:
                 self._parse_errors += unplaced
                 log.warning("GPU requests beyond what their nodes have",

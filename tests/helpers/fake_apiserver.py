@@ -162,6 +162,7 @@ class FakeApiserver:
 
     async def start(self) -> None:
         app = web.Application()
+        app.router.add_post("/fake/churn", self._churn)
         app.router.add_get("/{path:.*}", self._handle)
         # a client that goes away cancels its watch handler, as it ends a real apiserver watch
         self._runner = web.AppRunner(app, shutdown_timeout=0.5, handle_signals=False,
@@ -184,6 +185,18 @@ class FakeApiserver:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def _churn(self, request: web.Request) -> web.Response:
+        """Test-only: change ``n`` pods (their checkpoint annotation), ``n`` MODIFIED events;
+        how the bench makes watch events in a fake running in another process."""
+        count = min(int(request.query.get("n", "1")), 100_000)
+        pods = list(self.objects.get(PODS, {}).values())
+        for n in range(count):
+            obj = json.loads(pods[n % len(pods)].raw)
+            obj["metadata"].setdefault("annotations", {})[
+                "gpufleet.io/last-checkpoint"] = str(1_764_547_200 + self.version)
+            self._put(PODS, "MODIFIED", obj)
+        return web.Response(text=str(self.version))
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.path == "/readyz":  # public on a real apiserver too (system:public-info-viewer)
