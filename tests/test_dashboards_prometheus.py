@@ -166,6 +166,18 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
                     failures.append(f"{where}: {error}\n    {expr}")
                 elif not result and not may_be_empty:
                     failures.append(f"{where}: no data\n    {expr}")
+    # annotation queries (issue 20's load changes) are PromQL too; empty until a pool's
+    # load changes regime, which 30 s of the simulated fleet need not show
+    annotated = 0
+    for module, board in boards:
+        values = _variables(prom, board, now)
+        for annotation in board["annotations"]["list"]:
+            expr, _, error = _run(prom, {"expr": annotation["expr"]}, values, now)
+            annotated += 1
+            if error:
+                failures.append(f"{module.FILE} / annotation {annotation['name']}: {error}\n"
+                                f"    {expr}")
+    assert annotated >= 1
     assert ran >= 50, f"only {ran} queries ran"
     assert not failures, "\n".join(failures)
     # the XID shows as what it is: one GPU in the fleet count, code 79 on its node's panel
