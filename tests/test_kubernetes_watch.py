@@ -15,7 +15,7 @@ import time
 import aiohttp
 import pytest
 
-from exporter.sources.kube_informer import Endpoint, Informer, Limits
+from exporter.sources.kube_informer import Decoder, Endpoint, Informer, Limits
 from tests.helpers.fake_apiserver import PODS, FakeApiserver
 
 TOKEN = "t0ken"
@@ -251,3 +251,48 @@ async def test_a_list_over_max_objects_fails_with_the_reason(fake, informer_for)
     informer.start()
     await until("refused", lambda: "max_objects" in informer.error)
     assert not informer.synced.is_set() and informer.store == {}
+
+
+async def test_a_page_of_many_chunks_is_read_whole(informer_for):
+    server = FakeApiserver(token=TOKEN)
+    padding = "x" * 2000  # ~2 MB a page: many TCP reads, which must all be joined
+    for i in range(2000):
+        server.add(pod(f"big-{i:04d}", padding))
+    await server.start()
+    try:
+        informer = informer_for(server, page_size=1000)
+        informer.start()
+        await until("listed", informer.synced.is_set)
+        assert len(informer.store) == 2000 and informer.stats.pages == 2
+        limited = informer_for(server, page_size=1000, max_page_bytes=1024 * 1024)
+        limited.start()
+        await until("refused", lambda: "max_page_bytes" in limited.error)
+    finally:
+        await server.kill()
+
+
+async def test_an_object_of_an_unexpected_shape_is_read_whole_not_dropped(informer_for):
+    """The decoder keeps only the fields of a shape; an object that does not fit it (here
+    ``spec.containers`` a string) is decoded again in full and judged by the transform."""
+    from exporter.sources.kubernetes import PodShape
+
+    server = FakeApiserver(token=TOKEN)
+    odd = pod("odd", "1")
+    odd["spec"] = {"containers": "not a list"}
+    server.load([pod("plain", "2"), odd])
+    await server.start()
+    try:
+        seen: list[object] = []
+
+        def keep(obj):
+            seen.append(obj["spec"].get("containers"))
+            return label(obj)
+
+        informer = informer_for(server, transform=keep)
+        informer.decoder = Decoder(PodShape)
+        informer.start()
+        await until("listed", informer.synced.is_set)
+        assert informer.store == {"ns/plain": "2", "ns/odd": "1"}
+        assert "not a list" in seen
+    finally:
+        await server.kill()
