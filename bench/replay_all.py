@@ -273,7 +273,30 @@ def render(runs: dict[tuple[str, str, int], dict[str, Any]]) -> str:
         theirs = reference_ranking(w, ours)
         lines.append(f"| {w} | {' > '.join(ours)} | {' > '.join(theirs)} | "
                      f"{'yes' if ours == theirs else 'no'} |")
+    for policy in [p for p in policies if p not in REFERENCE_POLICIES and p != "tiered"]:
+        lines += gains(runs, table, workloads, policy)
     return "\n".join(lines) + "\n"
+
+
+def gains(runs: dict[tuple[str, str, int], dict[str, Any]], table: dict[tuple[str, str], dict[str, float]],
+          workloads: Sequence[str], policy: str) -> list[str]:
+    """``policy``'s median allocation at 130% against our fgd's and the reference's FGD, and on
+    how many seeds it beat our fgd on the same pod order."""
+    lines = ["", f"| workload | `{policy}` at 130% | our `fgd` | gain | reference FGD | gain over it "
+             f"| seeds where `{policy}` > `fgd` |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for w in workloads:
+        mine, base = table.get((w, policy)), table.get((w, "fgd"))
+        if mine is None or base is None:
+            continue
+        ref = reference(REFERENCE_ALLOC_130, w, "fgd")
+        seeds = sorted(s for (ww, p, s) in runs if ww == w and p == policy and (w, "fgd", s) in runs)
+        wins = sum(runs[(w, policy, s)]["alloc_pct"][-1] > runs[(w, "fgd", s)]["alloc_pct"][-1] + 1e-9
+                   for s in seeds)
+        over_ref = "" if ref is None else f"{mine['alloc130'] - ref:+.2f}"
+        lines.append(f"| {w} | {mine['alloc130']:.2f} | {base['alloc130']:.2f} | "
+                     f"{mine['alloc130'] - base['alloc130']:+.2f} | {'' if ref is None else f'{ref:.2f}'} | "
+                     f"{over_ref} | {wins}/{len(seeds)} |")
+    return lines
 
 
 def parse_list(text: str | None, default: Sequence[str], known: Sequence[str] | None, what: str) -> list[str]:
