@@ -6,6 +6,8 @@ import re
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.alerting import load_rules
 from exporter.alerting.rules import generate
@@ -186,3 +188,33 @@ def test_the_promtool_statistics_equal_window_stats():
         for name, value in (("mean", stats.mean), ("stddev", stats.stddev), ("p95_", stats.p95)):
             key = pattern.format(name)
             assert expected[key] == pytest.approx(value, rel=1e-14, abs=1e-15), key
+
+
+_ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-10, 10_000), st.floats(allow_nan=True),
+    st.text(max_size=12), st.sampled_from(["5m", "1h", "24h", "30%", "0.95", "1ms", "cpu"]),
+    st.lists(st.one_of(st.integers(), st.text(max_size=4), st.sampled_from(["1h", "2h"])),
+             max_size=6),
+    st.dictionaries(st.sampled_from(["cpu", "memory", "io", "gpu", "x"]),
+                    st.one_of(st.floats(allow_nan=True), st.text(max_size=4)), max_size=4),
+)
+
+
+@settings(max_examples=150, deadline=None)  # each example that loads renders the rules
+@given(path=st.sampled_from([
+    ("load_statistics",), ("load_statistics", "windows"), ("load_statistics", "quantile"),
+    ("pressure",), ("pressure", "rate_window"), ("pressure", "weights"), ("pressure", "caps"),
+    ("pressure", "weights", "cpu"), ("pressure", "caps", "io")]), value=_ANY_VALUE)
+def test_any_bad_value_in_the_sections_is_a_threshold_error_never_a_crash(path, value):
+    raw = yaml.safe_load(TABLE.read_text())
+    target = raw
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    try:
+        t = parse_thresholds(yaml.safe_dump(raw), "t.yaml")
+    except ThresholdError as exc:
+        assert str(exc).startswith("t.yaml: ") and "\n" not in str(exc)
+    else:  # a table that loads also generates its rules
+        assert [f.name for f in generate(t)] == ["gpufleet-alerts.yaml",
+                                                 "gpufleet-recording.yaml"]
