@@ -402,3 +402,36 @@ def test_serve_shows_each_pods_gpus_pending_demand_and_fragmentation_per_pool(tm
              metrics.all("gpufleet_pool_fragmentation_index")}
     assert set(pools) == {"H100", "T4"}
     assert all(0 <= value <= 100 for value in pools.values())
+
+
+async def test_in_cluster_the_service_account_token_and_ca_reach_an_https_apiserver(tmp_path):
+    """In a pod: KUBERNETES_SERVICE_HOST/PORT, and the token and CA kubelet mounts; the
+    apiserver serves https with a certificate that CA signed (tests/helpers/tls.py)."""
+    import shutil
+    import ssl
+
+    from tests.helpers.tls import make_pki
+
+    pki = make_pki(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.cert, pki.key)
+    fake = FakeApiserver(token=TOKEN, ssl_context=context)
+    fake.load(read_objects(RECORDED))
+    await fake.start()
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text(TOKEN)
+    shutil.copy(pki.ca, account / "ca.crt")
+    source = build(KubernetesConfig(enabled=True, sync_timeout=Duration(5)), time.time,
+                   service_account=account,
+                   environ={"KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                            "KUBERNETES_SERVICE_PORT": str(fake.port)})
+    try:
+        reading = await source.read()
+    finally:
+        await source.close()
+        await fake.kill()
+    # the fake answers 401 to a wrong or missing token and the TLS handshake needs the CA:
+    # a full reading means both reached it
+    assert fake.url.startswith("https://")
+    assert len(reading.allocations) == 9 and len(reading.gpus) == 21

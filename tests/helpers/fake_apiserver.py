@@ -100,6 +100,7 @@ class FakeApiserver:
     _lists: dict[int, tuple[int, list[bytes]]] = field(default_factory=dict)
     _list_ids: Any = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
+    ssl_context: Any = None  # an ssl.SSLContext: serve https, as every real apiserver does
 
     # -- changing the cluster ----------------------------------------------------------
 
@@ -158,7 +159,7 @@ class FakeApiserver:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
         app = web.Application()
@@ -168,7 +169,8 @@ class FakeApiserver:
         self._runner = web.AppRunner(app, shutdown_timeout=0.5, handle_signals=False,
                                      handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True,
+                           ssl_context=self.ssl_context)
         await site.start()
         if self.port == 0:
             server = site._server
