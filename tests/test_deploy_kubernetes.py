@@ -18,21 +18,28 @@ real cluster.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import re
 import shutil
+import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 import pytest
 import yaml
 
 from exporter import config
+from exporter.sources.kubernetes import build
 from tests.helpers import REPO
+from tests.helpers.fake_apiserver import FakeApiserver, read_objects
+from tests.helpers.tls import Pki, make_pki
 
 K8S = REPO / "deploy" / "kubernetes"
 OVERLAYS = ["node", "cluster", "gpu-operator"]
@@ -286,18 +293,121 @@ def rbac_problems(objs: list[Obj]) -> list[str]:
     return out
 
 
+def api_calls(requests: list[str]) -> set[tuple[str, str, str]]:
+    """Each apiserver call as RBAC names it, (apiGroup, resource, verb): a GET on a
+    collection is ``list``, with ``watch=1`` ``watch``, on ``<resource>/<name>`` ``get``;
+    any other method is its own name, which no read-only role grants."""
+    calls = set()
+    for line in requests:
+        method, _, target = line.partition(" ")
+        parts = urlsplit(target)
+        segments = parts.path.strip("/").split("/")
+        # /api/v1/<resource>[/<name>] or /apis/<group>/<version>/<resource>[/<name>]
+        group, rest = ("", segments[2:]) if segments[0] == "api" else (segments[1], segments[3:])
+        if rest[:1] == ["namespaces"] and len(rest) > 2:
+            rest = rest[2:]
+        if method != "GET":
+            verb = method.lower()
+        elif len(rest) > 1:
+            verb = "get"
+        else:
+            verb = "watch" if parse_qs(parts.query).get("watch") in (["1"], ["true"]) else "list"
+        calls.add((group, rest[0], verb))
+    return calls
+
+
+def grants(role: Obj) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"] for v in rule["verbs"]}
+
+
+async def tls_proxy(upstream_port: int, pki: Pki) -> asyncio.Server:
+    """TLS in front of the fake apiserver (plain HTTP): in-cluster credentials always speak
+    https to KUBERNETES_SERVICE_HOST, checked against the service account's ca.crt."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.cert, pki.key)
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
+
+
+@pytest.mark.parametrize("overlay", ["cluster", "gpu-operator"])
+async def test_cluster_role_is_exactly_what_the_kubernetes_source_reads(overlay: str,
+                                                                       tmp_path: Path) -> None:
+    """The overlay's own config, in-cluster as the pod runs it (service account token and
+    CA, KUBERNETES_SERVICE_HOST/PORT), reads the recorded cluster from the fake apiserver
+    (tests/helpers/fake_apiserver.py) over TLS; every call it makes, its lists and then its
+    watches, must be granted, and nothing else may be: a config that stops reading
+    ResourceSlices, or a source that starts reading something new, fails here."""
+    objs = objects(overlay)
+    options = loaded_config(objs, "gpufleet-cluster", tmp_path).sources.kubernetes
+    assert (options.enabled, options.kubeconfig) == (True, "")  # in-cluster
+    pki = make_pki(tmp_path / "pki")
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("service-account-token")
+    shutil.copy(pki.ca, account / "ca.crt")
+    fake = FakeApiserver(token="service-account-token")
+    fake.load(read_objects(REPO / "tests" / "data" / "kubernetes"))
+    await fake.start()
+    proxy = await tls_proxy(fake.port, pki)
+    port = proxy.sockets[0].getsockname()[1]
+    source = build(options, time.time, service_account=account,
+                   environ={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)})
+    try:
+        reading = await source.read()
+        # the recorded cluster, read whole: its GPU nodes and the DRA-claimed GPU by UUID
+        assert sorted({g.node for g in reading.gpus}) == [
+            "gpu-node-1", "gpu-node-2", "s4124-0073", "t4-node-1"]
+        assert "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005" in {g.uuid for g in reading.gpus}
+        for _ in range(200):  # the watches open right after the lists; 10 s at most
+            if sum("watch=1" in r for r in fake.requests) == 4:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await source.close()
+        proxy.close()
+        await proxy.wait_closed()
+        await fake.kill()
+    (role,) = find(objs, "ClusterRole")
+    assert api_calls(fake.requests) == grants(role) == {
+        (group, resource, verb) for group, resource in (
+            ("", "nodes"), ("", "pods"), ("resource.k8s.io", "resourceclaims"),
+            ("resource.k8s.io", "resourceslices"))
+        for verb in ("list", "watch")}
+
+
+def test_api_calls_name_verbs_as_rbac_does() -> None:
+    assert api_calls([
+        "GET /api/v1/pods?limit=500",
+        "GET /api/v1/pods?watch=1&resourceVersion=7&allowWatchBookmarks=true",
+        "GET /api/v1/namespaces/ml/pods/trainer-0",
+        "GET /apis/resource.k8s.io/v1/namespaces/ml/resourceclaims?limit=500",
+        "POST /api/v1/namespaces/ml/pods/trainer-0/eviction",
+    ]) == {("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "get"),
+           ("resource.k8s.io", "resourceclaims", "list"), ("", "pods", "post")}
+
+
 def test_rbac_is_the_kubernetes_source_read_only() -> None:
-    """Issue 18: get/list/watch on nodes, pods and ResourceClaims, and nothing else."""
+    """Read-only, bound to cluster mode's service account only; node mode has no role."""
     objs = objects("cluster")
     assert rbac_problems(objs) == []
-    (role,) = find(objs, "ClusterRole")
-    assert sorted((g, r, tuple(sorted(rule["verbs"])))
-                  for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]) == [
-        ("", "nodes", ("get", "list", "watch")),
-        ("", "pods", ("get", "list", "watch")),
-        ("resource.k8s.io", "resourceclaims", ("get", "list", "watch")),
-    ]
     (binding,) = find(objs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "gpufleet-kubernetes-source"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpufleet-cluster",
                                     "namespace": "gpufleet"}]
     assert find(objects("node"), "ClusterRole") == find(objects("node"), "Role") == []
