@@ -312,9 +312,11 @@ def test_the_compaction_defaults_come_from_the_threshold_table(tmp_path):
     table = _package_copy(tmp_path) / "thresholds.yaml"
     row = "    metric: pool_fragmentation_index\n    op: \">\"\n"
     text = table.read_text()
-    assert text.count(row) == 1 and text.count("warning: {threshold: 50, for: 15m}") == 1
-    table.write_text(text.replace("warning: {threshold: 50, for: 15m}",
-                                  "warning: {threshold: 65, for: 15m}"))
+    assert text.count(row) == 1
+    # that row's level (the cluster index row, GpuFleetFragmentationHigh, has its own)
+    level = text.index("warning: {threshold: 50, for: 15m}", text.index(row))
+    table.write_text(text[:level] + "warning: {threshold: 65, for: 15m}"
+                     + text[level + len("warning: {threshold: 50, for: 15m}"):])
     (tmp_path / "c.yaml").write_text("analysis:\n  compaction_threshold: 70\n")
     done = _python(tmp_path, "-c", "from exporter.config import Config, load; "
                    "c = Config(); f = load('c.yaml'); "
