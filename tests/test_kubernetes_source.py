@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.collect import Collector
 from exporter.options import Duration
@@ -435,3 +437,31 @@ async def test_in_cluster_the_service_account_token_and_ca_reach_an_https_apiser
     # a full reading means both reached it
     assert fake.url.startswith("https://")
     assert len(reading.allocations) == 9 and len(reading.gpus) == 21
+
+
+# the keys the record functions look for, so generated objects reach their deeper branches
+KEYS = ("metadata", "spec", "status", "name", "namespace", "labels", "annotations",
+        "ownerReferences", "controller", "kind", "containers", "initContainers", "resources",
+        "limits", "requests", "nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "cpu", "nodeName",
+        "priority", "resourceClaims", "resourceClaimName", "phase", "startTime", "capacity",
+        "allocatable", "conditions", "type", "devices", "requests", "exactly", "count",
+        "deviceClassName", "allocation", "results", "device", "driver", "pool", "attributes",
+        "uuid", "string", "int", "gpu-fraction", "nvidia.com/gpu.product",
+        "nvidia.com/gpu.count", "nvidia.com/gpu.replicas", "pod-template-hash")
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
+    | st.text(max_size=30),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=8), children, max_size=6),
+    max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON)
+def test_no_object_makes_a_record_function_raise(obj):
+    """Whatever JSON the apiserver (or something in its place) sends, each record function
+    returns a record or None: an exception would stop the informer's whole kind."""
+    from exporter.sources.kubernetes import claim_record, slice_record
+
+    for record in (pod_record, node_record, claim_record, slice_record):
+        record(obj if isinstance(obj, dict) else {"metadata": obj, "spec": obj, "status": obj})

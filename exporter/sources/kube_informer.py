@@ -274,7 +274,13 @@ class Informer(Generic[T]):
                 return
             except asyncio.CancelledError:
                 raise
-            except (ApiError, aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            except Exception as exc:  # anything uncaught would end the task for good
+                # an ApiError, a connection error, a timeout, JSON that does not parse, or a
+                # bug a strange object found in the transform: the informer must keep going
+                if not isinstance(exc, ApiError | aiohttp.ClientError | TimeoutError | OSError
+                                  | ValueError):
+                    log.error("kubernetes informer error", extra={
+                        "source": "kubernetes", "err": f"{self.path}: {exc!r}"[:400]})
                 self._fail(exc)
                 # jitter: many exporters restarted with one apiserver should not retry in step
                 await asyncio.sleep(backoff * (0.5 + self._random.random() / 2))
