@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # thresholds.py imports this module inside parse_thresholds
-    from exporter.alerting.thresholds import AlertRow, _Reader
+    from exporter.alerting.table_reader import _Reader
 
 # The recorded series the pressure rows compare (METRICS in thresholds.py names them too;
 # tests/test_load_rules.py checks the two agree).
@@ -114,9 +114,10 @@ class Pressure:
         return total
 
 
-def parse_sections(r: _Reader, top: Mapping[str, Any], rows: tuple[AlertRow, ...]
+def parse_sections(r: _Reader, top: Mapping[str, Any], rows: tuple[tuple[str, str], ...]
                    ) -> tuple[LoadStatistics | None, Pressure | None]:
-    """Both sections, each ``None`` when the table has none (no rules are generated then).
+    """Both sections, each ``None`` when the table has none (no rules are generated then);
+    ``rows`` are the alert rows' (alert name, metric key).
 
     A row comparing a pressure series needs the ``pressure`` section: without it nothing
     records the series, and the alert would never fire.
@@ -125,10 +126,10 @@ def parse_sections(r: _Reader, top: Mapping[str, Any], rows: tuple[AlertRow, ...
                   if "load_statistics" in top else None)
     pressure = _pressure(r, top["pressure"]) if "pressure" in top else None
     if pressure is None:
-        for index, row in enumerate(rows):
-            if row.metric.key in PRESSURE_METRICS:
-                raise r.fail(f"alerts[{index}] ({row.alert}).metric",
-                             f"{row.metric.key} is recorded from the pressure section; "
+        for index, (alert, metric) in enumerate(rows):
+            if metric in PRESSURE_METRICS:
+                raise r.fail(f"alerts[{index}] ({alert}).metric",
+                             f"{metric} is recorded from the pressure section; "
                              "add one (weights, caps, rate_window)")
     return statistics, pressure
 

@@ -20,17 +20,15 @@ generated from a table that does not load.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporter.alerting.load_rules import parse_sections
+from exporter.alerting.table_reader import ThresholdError, _Reader
 from exporter.catalogue import Catalogue, default_catalogue
-from exporter.durations import HINT as DURATION_HINT
-from exporter.durations import parse_duration
-from exporter.errors import ConfigError, one_line
 from exporter.yamlfile import parse_mapping, read_text
 
 if TYPE_CHECKING:
@@ -42,10 +40,6 @@ CHECKOUT_TABLE = Path("rules") / "thresholds.yaml"  # what `gpufleet rules` read
 COMPACTION_METRIC = "pool_fragmentation_index"  # its row's level is the compaction threshold
 SEVERITIES = ("warning", "critical")  # in rising order; both share one alert name
 OPS = ("<", ">", ">=", "==")
-
-
-class ThresholdError(ConfigError):
-    """The threshold table is wrong; the message names the file, the row and the key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,56 +338,6 @@ class Thresholds:
                              "advisor.trigger) comes from it")
 
 
-class _Reader:
-    """Walks the YAML with the dotted key of each value, for one-line errors."""
-
-    def __init__(self, source: str):
-        self.source = source
-
-    def fail(self, where: str, message: str) -> ThresholdError:
-        return ThresholdError(one_line(f"{self.source}: {where}: {message}"))  # keys come from the file
-
-    def mapping(self, value: Any, where: str, allowed: tuple[str, ...],
-                required: tuple[str, ...] = ()) -> Mapping[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(where, f"must be a mapping, got {type(value).__name__}")
-        for key in value:
-            if key not in allowed:
-                raise self.fail(f"{where}.{key}", f"unknown key (allowed: {', '.join(allowed)})")
-        for key in required:
-            if key not in value:
-                raise self.fail(f"{where}.{key}", "required")
-        return value
-
-    def text(self, value: Any, where: str) -> str:
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(where, f"must be a non-empty string, got {value!r}")
-        return " ".join(value.split())
-
-    def number(self, value: Any, where: str, unit: str, percent_ok: bool,
-               bounds: tuple[float, float]) -> float:
-        if isinstance(value, str) and value.strip().endswith("%") and percent_ok:
-            try:
-                number = float(value.strip()[:-1]) / 100
-            except ValueError:
-                raise self.fail(where, f"must be a number or a percentage, got {value!r}") from None
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            number = float(value)
-        else:
-            shape = "a number or a percentage such as 30%" if percent_ok else "a number"
-            raise self.fail(where, f"must be {shape} ({unit}), got {value!r}")
-        low, high = bounds
-        if not low <= number <= high:
-            raise self.fail(where, f"must be between {low:g} and {high:g} ({unit}), got {value!r}")
-        return number
-
-    def duration(self, value: Any, where: str) -> float:
-        try:
-            return parse_duration(value)  # Prometheus' grammar: the rules hand it to Prometheus
-        except ValueError:
-            raise self.fail(where, f"must be {DURATION_HINT}, got {value!r}") from None
-
-
 _TOP_KEYS = ("exporter_jobs", "busy_utilization", "critical_xids", "alerts")
 _OPTIONAL_TOP_KEYS = ("runbook_base_url", "load_statistics", "pressure", "scaling")
 # Relative: it resolves where the alert is read beside this repository's docs (a checkout, the
@@ -438,10 +382,7 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
         if any(existing.alert == row.alert for existing in rows):
             raise r.fail(f"{where}.alert", f"{row.alert} appears twice; one row per alert name")
         rows.append(row)
-    # load_rules imports this module's types: imported here, after they exist
-    from exporter.alerting.load_rules import parse_sections
-
-    statistics, pressure = parse_sections(r, top, tuple(rows))
+    statistics, pressure = parse_sections(r, top, tuple((row.alert, row.metric.key) for row in rows))
     from exporter.load.table import parse_scaling
 
     scaling = parse_scaling(top["scaling"], r.fail) if "scaling" in top else None
