@@ -465,3 +465,30 @@ def test_no_object_makes_a_record_function_raise(obj):
 
     for record in (pod_record, node_record, claim_record, slice_record):
         record(obj if isinstance(obj, dict) else {"metadata": obj, "spec": obj, "status": obj})
+
+
+def test_a_dra_mig_device_holds_its_profiles_slices_of_its_gpu():
+    """A claim for a MIG device of the DRA driver (``gpu-0-mig-...``): with its ResourceSlice,
+    the profile's slices (3g: 3/7); without, one slice. Built in the driver's naming
+    (gpu-<index>-mig-<...>, attributes type mig, profile, parentUUID): no published
+    MIG ResourceSlice was found."""
+    from exporter.catalogue import default_catalogue
+    from exporter.sources.kubernetes import KubeClaim, slice_record, to_snapshot
+
+    node = node_record(next(o for o in read_objects(RECORDED)
+                            if o["metadata"]["name"] == "gpu-node-2"))
+    user = pod_record({"metadata": {"name": "mig-user", "namespace": "ns"},
+                       "spec": {"nodeName": "gpu-node-2",
+                                "resourceClaims": [{"name": "g", "resourceClaimName": "c"}]},
+                       "status": {"phase": "Running"}})
+    device = "gpu-2-mig-9-4-3"
+    claims = {"ns/c": KubeClaim("ns", "c", (("gpu.nvidia.com", "gpu-node-2", device),), 1)}
+    piece = slice_record({"spec": {"nodeName": "gpu-node-2", "driver": "gpu.nvidia.com",
+                                   "pool": {"name": "gpu-node-2"}, "devices": [
+        {"name": device, "attributes": {"type": {"string": "mig"},
+                                         "profile": {"string": "3g.40gb"},
+                                         "uuid": {"string": "MIG-0f709664-740c-52b0-ae79"}}}]}})
+    with_slice, _ = to_snapshot(0, [node], [user], claims, [piece], default_catalogue())
+    without, _ = to_snapshot(0, [node], [user], claims, [], default_catalogue())
+    assert with_slice.allocations[0].placements == (Placement("gpu-node-2", (2,), 3 / 7, 0.0),)
+    assert without.allocations[0].placements == (Placement("gpu-node-2", (2,), 1 / 7, 0.0),)

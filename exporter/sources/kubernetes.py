@@ -532,10 +532,13 @@ def to_snapshot(
     """The cluster as a snapshot, and how many GPU requests could not be laid out (a pod asking
     for more than its node has: the view is mid-change, or a count label is wrong)."""
     uuids: dict[tuple[str, int], str] = {}
+    profiles: dict[tuple[str, str], str] = {}  # (pool, DRA device name) -> its MIG profile
     for piece in slices:
-        for _, device in piece.devices:
+        for device_name, device in piece.devices:
             if device.uuid and not device.profile:
                 uuids[(piece.node or piece.pool, device.index)] = device.uuid
+            if device.profile:
+                profiles[(piece.pool, device_name)] = device.profile
     out_nodes: list[Node] = []
     out_gpus: list[Gpu] = []
     layouts: dict[str, _NodeLayout] = {}
@@ -574,7 +577,7 @@ def to_snapshot(
             claim = claims.get(f"{pod.namespace}/{claim_name}")
             if claim is None or at is None:
                 continue
-            for driver, _, device_name in claim.devices:
+            for driver, pool, device_name in claim.devices:
                 match = _DRA_DEVICE.fullmatch(device_name)
                 if driver not in GPU_DEVICE_CLASSES or match is None:
                     continue
@@ -582,7 +585,9 @@ def to_snapshot(
                 if index >= len(at.free):
                     unplaced += 1
                     continue
-                share = 1.0 if "-mig-" not in device_name else 1 / MIG_SLICES
+                # a MIG device: its profile's slices when its ResourceSlice says, else one
+                profile = profiles.get((pool, device_name), "")
+                share = 1.0 if "-mig-" not in device_name else _slices(profile) / MIG_SLICES
                 at.free[index] = max(0.0, at.free[index] - share)
                 at.whole_taken[index] = share >= 1.0
                 held.setdefault(key(pod), []).append((index, share))
