@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from exporter import config
+from exporter.sources import podresources
 from exporter.sources.kubernetes import build
 from tests.helpers import REPO
 from tests.helpers.fake_apiserver import FakeApiserver, read_objects
@@ -612,6 +613,8 @@ def test_node_daemonset(tmp_path: Path) -> None:
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["pod-resources"] == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources",
                                        "readOnly": True}
+    # the folder of the socket the PodResources client opens
+    assert str(Path(podresources.DEFAULT_SOCKET).parent) == mounts["pod-resources"]["mountPath"]
     cfg = loaded_config(objs, "gpufleet-node", tmp_path)
     assert (cfg.sources.nvml.enabled, cfg.sources.nvml.node, cfg.sources.sim.enabled,
             cfg.advisor.enabled) == (True, "@NODE_NAME@", False, False)
