@@ -35,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from exporter.alerting.thresholds import default_thresholds
 from exporter.cli import main as gpufleet
 from tests.helpers.alerting import WebhookReceiver, routed_config, start_alertmanager
 from tests.helpers.data import REPO
@@ -42,6 +43,10 @@ from tests.helpers.servers import start_exporter, start_prometheus, stop
 
 NODE_JOB = "gpufleet-nodes"
 HUMAN = ("pager", "tickets")
+# alerts about the whole cluster (GpuFleetFragmentationHigh): one ticket per cluster is their
+# grouping, as one per pool or account is the others'
+CLUSTER_WIDE = frozenset(row.alert for row in default_thresholds().alerts
+                         if row.metric.subject == "cluster")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +91,7 @@ class NoiseRun:
     page_alerts: Counter[str] = field(default_factory=Counter)  # alertname -> distinct alerts paged
     ticket_groups: set[str] = field(default_factory=set)  # Alertmanager group keys
     pager_groups: set[str] = field(default_factory=set)  # incidents: groups that paged
-    ticket_grouping: Counter[str] = field(default_factory=Counter)  # "pool"/"account"/other
+    ticket_grouping: Counter[str] = field(default_factory=Counter)  # "pool"/"account"/"cluster"/other
     largest_notification: int = 0  # most alerts one human notification carried
     firing_at_end: Counter[str] = field(default_factory=Counter)  # alertname -> firing
     pending_rules: dict[str, float] = field(default_factory=dict)  # alertname -> for (sim s)
@@ -227,7 +232,9 @@ def replay(workdir: Path, label: str, faults: tuple[Fault, ...], speed: float = 
             run.ticket_groups.add(note.payload.get("groupKey", ""))
             grouped = note.payload.get("groupLabels", {})
             run.ticket_grouping["pool" if "pool" in grouped
-                                else "account" if "account" in grouped else "other"] += 1
+                                else "account" if "account" in grouped
+                                else "cluster" if grouped.get("alertname") in CLUSTER_WIDE
+                                else "other"] += 1
         if note.receiver == "pager":
             if any(alert.get("status") == "firing" for alert in alerts):
                 run.pager_groups.add(note.payload.get("groupKey", ""))
