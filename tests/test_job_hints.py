@@ -69,3 +69,29 @@ def test_slurm_comments():
 def test_slurm_priority_is_the_qos_on_gpufleets_scale(qos, priority):
     assert slurm_priority(qos) == priority
     assert slurm_priority(qos, {"debug": 7}) == (7 if qos == "debug" else 0)
+
+
+def test_a_sites_qos_priorities_come_from_the_config_and_are_checked(tmp_path):
+    from exporter.config import Config, ConfigError, build
+    from exporter.sources import SourceStartupError
+    from exporter.sources.slurm import build as build_source
+
+    for name in ("squeue", "sinfo", "scontrol"):  # build() looks for the clients, runs none
+        (tmp_path / name).write_text("#!/bin/sh\nexit 1\n")
+        (tmp_path / name).chmod(0o755)
+
+    def slurm(qos_priorities):
+        data = {"sources": {"slurm": {"enabled": True, "bin_dir": str(tmp_path),
+                                      "qos_priorities": qos_priorities}}}
+        return build(Config, data).sources.slurm
+
+    source = build_source(slurm([{"qos": "urgent", "priority": 5000}, {"qos": "normal",
+                                                                     "priority": 100}]), float)
+    assert source._qos == {"urgent": 5000, "normal": 100}
+    assert build_source(slurm([]), float)._qos == {}  # every job 0: all movable
+    with pytest.raises(ConfigError, match=r"sources\.slurm\.qos_priorities\[0\]\.priority"):
+        slurm([{"qos": "high", "priority": -1}])
+    with pytest.raises(SourceStartupError, match=r"sources\.slurm\.qos_priorities: each qos may "
+                                                 r"be listed once"):
+        build_source(slurm([{"qos": "high", "priority": 1000}, {"qos": "high", "priority": 1}]),
+                     float)
