@@ -296,3 +296,18 @@ async def test_an_object_of_an_unexpected_shape_is_read_whole_not_dropped(inform
         assert "not a list" in seen
     finally:
         await server.kill()
+
+
+async def test_watches_that_end_at_once_are_reopened_with_backoff_not_in_a_busy_loop(
+        fake, informer_for):
+    """A proxy that ends every watch at once (here: timeoutSeconds 0 from the fake) must not
+    turn the informer into a loop of requests."""
+    informer = informer_for(fake, watch_timeout=0.0, backoff_max=0.4)
+    informer.start()
+    await until("listed", informer.synced.is_set)
+    await asyncio.sleep(2.0)
+    watches = sum("watch=1" in r for r in fake.requests)
+    # 0.1 s doubling to 0.4 s, jittered to half: at most 2 / 0.05 in 2 s; a busy loop
+    # makes hundreds
+    assert 3 <= watches <= 40
+    assert informer.healthy  # a short watch is not a failure of the apiserver

@@ -69,6 +69,7 @@ Transform = Callable[[Mapping[str, Any]], "T | None"]
 Authorization = Callable[[], Awaitable[str | None]]
 
 BACKOFF_INITIAL = 0.1  # seconds before the first retry; doubles up to backoff_max
+SHORT_WATCH = 1.0  # seconds: a watch that ends sooner with nothing in it counts as a failure
 
 
 @contextlib.contextmanager
@@ -255,18 +256,33 @@ class Informer(Generic[T]):
         """List, then watch, for ever (until cancelled)."""
         backoff = BACKOFF_INITIAL
         need_list = True
+        gone_in_a_row = 0
         while True:
+            pause = False
             try:
                 if need_list:
                     await self.relist()
                     need_list = False
+                gone_in_a_row = 0
+                started, events = time.monotonic(), self.stats.events + self.stats.bookmarks
                 await self.watch()
-                backoff = BACKOFF_INITIAL  # a watch that ran and ended (timeoutSeconds) is fine
+                # A watch that ran and ended (timeoutSeconds) is reopened at once. One that
+                # ended within a second with nothing in it (a proxy closing every stream)
+                # would make this loop a busy one: it waits as after a failure.
+                if time.monotonic() - started < SHORT_WATCH and \
+                        self.stats.events + self.stats.bookmarks == events:
+                    pause = True
+                else:
+                    backoff = BACKOFF_INITIAL
             except Gone as exc:
                 self.stats.gone += 1
                 log.info("kubernetes watch expired; listing again",
                          extra={"source": "kubernetes", "err": f"{self.path}: {exc}"})
-                need_list = True  # at once: the apiserver answered, it is not overloaded
+                need_list = True
+                # at once the first time (the apiserver answered, it is not overloaded); a
+                # second 410 in a row (a list whose pages keep expiring) waits
+                gone_in_a_row += 1
+                pause = gone_in_a_row > 1
             except NotServed as exc:
                 self._fail(exc)
                 self.not_served = True
@@ -282,6 +298,8 @@ class Informer(Generic[T]):
                     log.error("kubernetes informer error", extra={
                         "source": "kubernetes", "err": f"{self.path}: {exc!r}"[:400]})
                 self._fail(exc)
+                pause = True
+            if pause:
                 # jitter: many exporters restarted with one apiserver should not retry in step
                 await asyncio.sleep(backoff * (0.5 + self._random.random() / 2))
                 backoff = min(backoff * 2, self.limits.backoff_max)
