@@ -404,6 +404,10 @@ def test_serve_shows_each_pods_gpus_pending_demand_and_fragmentation_per_pool(tm
              metrics.all("gpufleet_pool_fragmentation_index")}
     assert set(pools) == {"H100", "T4"}
     assert all(0 <= value <= 100 for value in pools.values())
+    # what the index is computed from, exactly: H100 17 GPUs less 2 whole and 4/7 of MIG
+    # slices held; T4 4 GPUs less five 1/4 replicas
+    idle = {labels["pool"]: value for labels, value in metrics.all("gpufleet_pool_idle_gpus")}
+    assert idle == {"H100": round(17 - 2 - 4 / 7, 9), "T4": 2.75}
 
 
 async def test_in_cluster_the_service_account_token_and_ca_reach_an_https_apiserver(tmp_path):
