@@ -72,7 +72,9 @@ def planner(snapshot, report, scope, now):
 def service_with(deliverer: Deliverer, clock: Clock) -> AdvisorService:
     settings = DecisionSettings(trigger=50.0, clear_below=40.0, dwell_seconds=0,
                                 cooldown_seconds=1800)
-    service = AdvisorService(Advisor(planner, settings, clock=clock), None, deliverer,  # type: ignore[arg-type]
+    # of the analyzer, evaluate reads only its load tracker (issue 20's scaling): none here
+    analyzer = SimpleNamespace(load=None)
+    service = AdvisorService(Advisor(planner, settings, clock=clock), analyzer, deliverer,  # type: ignore[arg-type]
                              b"token", max_body_bytes=1024, clock=clock)
     # what the engine reads of a snapshot and its report: one fragmented cluster
     service.snapshot = FleetSnapshot(START)  # empty: the stub planner reads only its time
