@@ -496,3 +496,47 @@ def test_a_dra_mig_device_holds_its_profiles_slices_of_its_gpu():
     without, _ = to_snapshot(0, [node], [user], claims, [], default_catalogue())
     assert with_slice.allocations[0].placements == (Placement("gpu-node-2", (2,), 3 / 7, 0.0),)
     assert without.allocations[0].placements == (Placement("gpu-node-2", (2,), 1 / 7, 0.0),)
+
+
+async def test_a_kubeconfig_exec_plugin_is_run_again_once_its_token_expires(apiserver,
+                                                                           tmp_path):
+    """The credential plugins of EKS, GKE and AKS kubeconfigs: ``user.exec`` prints an
+    ExecCredential; one whose token has expired is run again before the next request."""
+    runs = tmp_path / "runs"
+    plugin = tmp_path / "credential"
+    plugin.write_text(f"""#!/bin/sh
+echo run >> {runs}
+echo '{{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+  "status": {{"token": "{TOKEN}", "expirationTimestamp": "2026-01-01T00:00:00Z"}}}}'
+""")
+    plugin.chmod(0o755)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: recorded, cluster: {{server: "{apiserver.url}"}}}}]
+users: [{{name: eks, user: {{exec: {{apiVersion: client.authentication.k8s.io/v1,
+  command: {plugin}, interactiveMode: Never}}}}}}]
+contexts: [{{name: recorded, context: {{cluster: recorded, user: eks}}}}]
+current-context: recorded
+""")
+    source = build(config(kubeconfig, backoff_max=Duration(0.2)), time.time)
+    try:
+        reading = await source.read()
+        for _ in range(200):
+            if all(i.stats.watches == 1 for i in source._informers.informers):
+                break
+            await asyncio.sleep(0.05)
+        first = len(runs.read_text().splitlines())
+        await apiserver.kill()  # every watch is reopened: each request asks for the token
+        await apiserver.start()
+        for _ in range(200):
+            if all(i.healthy and i.stats.watches >= 2 for i in source._informers.informers):
+                break
+            await asyncio.sleep(0.05)
+        watches = [i.stats.watches for i in source._informers.informers]
+        await source.read()
+    finally:
+        await source.close()
+    assert len(reading.allocations) == 9 and watches == [2, 2, 2]
+    # run for the lists and the first watches, then again for each reopened watch
+    assert len(runs.read_text().splitlines()) >= first + 3 > 3

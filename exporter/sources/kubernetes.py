@@ -702,9 +702,10 @@ class KubernetesAllocationSource:
         from exporter.sources.kube_informer import Endpoint
 
         configuration = Configuration()
+        loader: Any = None
         try:
             if self.config.kubeconfig:
-                await kube_config.load_kube_config(
+                loader = await kube_config.load_kube_config(
                     config_file=self.config.kubeconfig, context=self.config.context or None,
                     client_configuration=configuration, persist_config=False)
             else:
@@ -727,6 +728,16 @@ class KubernetesAllocationSource:
                     context.load_cert_chain(configuration.cert_file, configuration.key_file)
 
         async def authorization() -> str | None:
+            # An exec plugin's token expires (EKS: 15 min); the loader runs the plugin again
+            # once its expirationTimestamp has passed, else returns at once. (In a pod, the
+            # configuration's own hook re-reads the rotated service account token.)
+            if loader is not None and "exec" in (loader._user or {}):
+                try:
+                    await loader.load_from_exec_plugin()
+                except (kube_config.ConfigException, OSError, ValueError) as exc:
+                    raise KubernetesError(f"sources.kubernetes.kubeconfig: exec plugin: "
+                                          f"{str(exc)[:200]}") from None
+                configuration.api_key["BearerToken"] = loader.token
             value: str | None = await configuration.get_api_key_with_prefix("BearerToken")
             return value
 
