@@ -7,7 +7,7 @@ module so the conventions cannot drift apart:
 
 - Kubernetes pod annotations ``gpu-memory-required: 100Gi`` (the reference cluster's
   scheduler key) and ``gpufleet.io/last-checkpoint: 2026-12-01T00:00:00Z`` (or unix
-  seconds); the Kubernetes source, when it lands, calls :func:`from_annotations`.
+  seconds), which the kubernetes source reads with :func:`from_annotations`.
 - A Slurm job's ``Comment`` (``sbatch --comment``) holding the same keys as
   ``key=value`` pairs separated by ``;``, ``,`` or spaces, e.g.
   ``gpu-memory-required=100Gi;last-checkpoint=1764547200``; :func:`from_comment`.
