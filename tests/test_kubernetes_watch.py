@@ -311,3 +311,56 @@ async def test_watches_that_end_at_once_are_reopened_with_backoff_not_in_a_busy_
     # makes hundreds
     assert 3 <= watches <= 40
     assert informer.healthy  # a short watch is not a failure of the apiserver
+
+
+@pytest.mark.slow
+async def test_the_fake_speaks_what_kubectl_accepts(tmp_path):
+    """The fake is checked against a real client: kubectl (client-go) discovers the API,
+    lists in chunks with continue tokens, and follows the watch stream, as from a real
+    apiserver. kubectl sends no bearer token over plain http, so none is set here."""
+    from pathlib import Path
+
+    from tests.helpers import require_binary
+    from tests.helpers.fake_apiserver import read_objects, write_kubeconfig
+
+    kubectl = require_binary("kubectl")
+    server = FakeApiserver()
+    server.load(read_objects(Path(__file__).parent / "data" / "kubernetes"))
+    await server.start()
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url)
+    env = {"KUBECACHEDIR": str(tmp_path / "cache"), "HOME": str(tmp_path), "PATH": "/usr/bin"}
+
+    async def run(*args: str, timeout: float = 20.0) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            kubectl, "--kubeconfig", str(kubeconfig), *args, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        return out.decode()
+
+    try:
+        listed = await run("get", "pods", "-A", "--chunk-size=4", "-o",
+                           "jsonpath={range .items[*]}{.metadata.name}{'\\n'}{end}")
+        claims = await run("get", "resourceclaims", "-A", "-o", "name")
+        watch = await asyncio.create_subprocess_exec(
+            kubectl, "--kubeconfig", str(kubeconfig), "get", "pods", "-A", "--watch-only",
+            "-o", "jsonpath={.metadata.name} {.metadata.labels.step}{'\\n'}", env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        await until("kubectl watching", lambda: any("watch=true" in r or "watch=1" in r
+                                                   for r in server.requests))
+        changed = server.get(PODS, "mig-test/mig-3g-inference")
+        for step in ("1", "2", "3"):
+            changed["metadata"]["labels"]["step"] = step
+            server.add(changed)
+        assert watch.stdout is not None
+        lines = [(await asyncio.wait_for(watch.stdout.readline(), DEADLINE)).decode().strip()
+                 for _ in range(3)]
+        watch.kill()
+        await watch.wait()
+    finally:
+        await server.kill()
+    assert sorted(listed.split()) == sorted(key.split("/")[1] for key in server.objects[PODS])
+    assert [r for r in server.requests if "continue=" in r]  # chunked: 12 pods, 4 a page
+    assert claims.split() == ["resourceclaim.resource.k8s.io/gang-gpu-claim-0",
+                              "resourceclaim.resource.k8s.io/gang-gpu-claim-1",
+                              "resourceclaim.resource.k8s.io/isolated-gpu"]
+    assert lines == ["mig-3g-inference 1", "mig-3g-inference 2", "mig-3g-inference 3"]

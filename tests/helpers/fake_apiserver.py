@@ -57,6 +57,31 @@ LIST_KINDS = {NODES: ("v1", "NodeList"), PODS: ("v1", "PodList"),
               SLICES: ("resource.k8s.io/v1", "ResourceSliceList")}
 
 
+# Discovery, as kubectl (client-go) asks for it before it lists anything: which groups and
+# versions are served and which resources each has (kind, namespaced, verbs).
+def _resource(name: str, kind: str, namespaced: bool) -> dict[str, Any]:
+    return {"name": name, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
+            "verbs": ["get", "list", "watch"]}
+
+
+DISCOVERY: dict[str, dict[str, Any]] = {
+    "/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+        {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}]},
+    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [{
+        "name": "resource.k8s.io",
+        "versions": [{"groupVersion": "resource.k8s.io/v1", "version": "v1"}],
+        "preferredVersion": {"groupVersion": "resource.k8s.io/v1", "version": "v1"}}]},
+    "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+        _resource("nodes", "Node", False), _resource("pods", "Pod", True)]},
+    "/apis/resource.k8s.io/v1": {"kind": "APIResourceList",
+                                 "groupVersion": "resource.k8s.io/v1", "resources": [
+        _resource("resourceclaims", "ResourceClaim", True),
+        _resource("resourceslices", "ResourceSlice", False)]},
+    "/version": {"major": "1", "minor": "35", "gitVersion": "v1.35.0-fake",
+                 "platform": "linux/amd64"},
+}
+
+
 def key_of(obj: Mapping[str, Any]) -> str:
     meta = obj["metadata"]
     return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
@@ -208,6 +233,8 @@ class FakeApiserver:
                 request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.json_response(status(401, "Unauthorized", "Unauthorized"), status=401)
         path = request.path
+        if path in DISCOVERY:
+            return web.json_response(DISCOVERY[path])
         kind = path.rsplit("/", 1)[-1]
         if self.forbidden:
             return web.json_response(status(
