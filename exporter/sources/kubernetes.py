@@ -343,6 +343,22 @@ def _requests(containers: Iterable[Any]) -> dict[str, Any]:
     return total
 
 
+def _asks_for_gpus(spec: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
+    """A quick look before the full reading: any NVIDIA resource, a claim or a KAI fraction.
+    Three pods in five of the bench's cluster ask for none; this look costs them a third
+    of a full reading."""
+    if spec.get("resourceClaims") or _map(meta.get("annotations")).get(KAI_FRACTION):
+        return True
+    for key in ("containers", "initContainers"):
+        for container in _list(spec.get(key)):
+            resources = _map(_map(container).get("resources"))
+            for part in ("limits", "requests"):
+                for name in _map(resources.get(part)):
+                    if isinstance(name, str) and name.startswith("nvidia.com/"):
+                        return True
+    return False
+
+
 def pod_record(obj: Mapping[str, Any]) -> KubePod | None:
     """What the source keeps of a Pod; None for one that asks for no GPU or has finished."""
     meta = _map(obj.get("metadata"))
@@ -350,6 +366,8 @@ def pod_record(obj: Mapping[str, Any]) -> KubePod | None:
     status = _map(obj.get("status"))
     if status.get("phase") in ("Succeeded", "Failed"):
         return None
+    if not _asks_for_gpus(spec, meta):
+        return None  # most pods of a cluster: nothing more is read of them
     wanted = _requests(_list(spec.get("containers")))
     init = _requests(_list(spec.get("initContainers"))) if spec.get("initContainers") else {}
     if init:  # an init container runs before the others: the pod needs the larger of the two
