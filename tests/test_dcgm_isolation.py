@@ -48,8 +48,9 @@ def many_lines(count: int) -> bytes:
 
 @cache
 def many_gpus(count: int) -> bytes:
-    """A valid body that claims ``count`` GPUs, one line each."""
-    return "".join(f'DCGM_FI_DEV_GPU_TEMP{{gpu="{i}",UUID="GPU-{i}",Hostname="claims"}} 30\n'
+    """A valid body that claims ``count`` GPUs, one line each: distinct UUIDs, indices within
+    NVML's 0-63 (an index beyond it is no GPU: the sample is skipped before any cap)."""
+    return "".join(f'DCGM_FI_DEV_GPU_TEMP{{gpu="{i % 64}",UUID="GPU-{i}",Hostname="claims"}} 30\n'
                    for i in range(count)).encode()
 
 
