@@ -540,3 +540,29 @@ current-context: recorded
     assert len(reading.allocations) == 9 and watches == [2, 2, 2]
     # run for the lists and the first watches, then again for each reopened watch
     assert len(runs.read_text().splitlines()) >= first + 3 > 3
+
+
+def test_a_change_rebuilds_only_its_nodes_part_and_the_result_is_the_same():
+    from exporter.catalogue import default_catalogue
+    from exporter.sources.kubernetes import claim_record, slice_record, to_snapshot
+
+    objects = read_objects(RECORDED)
+    nodes = [r for r in (node_record(o) for o in objects if o["kind"] == "Node") if r]
+    pods = {o["metadata"]["name"]: pod_record(o) for o in objects if o["kind"] == "Pod"}
+    pods = {name: r for name, r in pods.items() if r}
+    claims = {f"{r.namespace}/{r.name}": r for r in (
+        claim_record(o) for o in objects if o["kind"] == "ResourceClaim") if r}
+    slices = [r for r in (slice_record(o) for o in objects if o["kind"] == "ResourceSlice") if r]
+    catalogue = default_catalogue()
+    memo: dict = {}
+    first, _ = to_snapshot(1.0, nodes, pods.values(), claims, slices, catalogue, memo)
+    before = {name: part for name, (_, part) in memo.items()}
+    # one pod on gpu-node-1 is replaced by a newer one of the same request
+    import dataclasses
+    pods["vllm-agg-0-vllmdecodeworker-s65j5"] = dataclasses.replace(
+        pods["vllm-agg-0-vllmdecodeworker-s65j5"], name="vllm-agg-0-vllmdecodeworker-x1x1x")
+    second, _ = to_snapshot(2.0, nodes, pods.values(), claims, slices, catalogue, memo)
+    rebuilt = sorted(name for name, (_, part) in memo.items() if part is not before[name])
+    assert rebuilt == ["gpu-node-1"]
+    fresh, _ = to_snapshot(2.0, nodes, pods.values(), claims, slices, catalogue)
+    assert second == fresh != first

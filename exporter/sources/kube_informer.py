@@ -145,7 +145,7 @@ class InformerStats:
 
 def object_key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
+    if not isinstance(meta, dict | Mapping):
         return ""
     name = meta.get("name")
     if not isinstance(name, str) or not name:
@@ -378,7 +378,7 @@ class Informer(Generic[T]):
                     raise ApiError(0, f"more than max_objects ({self.limits.max_objects}) "
                                       "objects")
                 for obj in page["items"]:
-                    if not isinstance(obj, Mapping):
+                    if not isinstance(obj, dict | Mapping):
                         continue
                     key = object_key(obj)
                     record = self.transform(obj) if key else None
