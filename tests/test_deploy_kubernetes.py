@@ -575,6 +575,8 @@ def test_cluster_deployment(overlay: str, tmp_path: Path) -> None:
     assert (deploy["spec"]["replicas"], deploy["spec"]["strategy"]) == (1, {"type": "Recreate"})
     spec = deploy["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "gpufleet-cluster"
+    # the Kubernetes source reads in-cluster with the service account's token
+    assert spec["automountServiceAccountToken"] is True
     (container,) = spec["containers"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
