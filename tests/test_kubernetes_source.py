@@ -253,6 +253,9 @@ async def test_a_forbidden_apiserver_marks_the_source_down_and_the_last_view_is_
         error = source._informers.informers[0].error
     finally:
         await collector.close()
+    # closed while its watches were failing and retrying: nothing of it is left running
+    assert [t for t in asyncio.all_tasks() if t.get_name().startswith("informer")] == []
+    assert source._session is None
     assert down.value("gpufleet_source_up", source="kubernetes") == 0
     info = down.all("gpufleet_gpu_allocation_info", pod="isolation-test")
     assert [(labels["node"], labels["gpu"]) for labels, _ in info] == [("gpu-node-1", "1")]
