@@ -70,6 +70,13 @@ def _table_compaction_threshold() -> float:
     return default_thresholds().compaction_threshold()
 
 
+def _table_checkpoint_interval() -> Duration:
+    """The default of ``advisor.checkpoint_interval``: half the threshold table's
+    GpuJobCheckpointStale level ("older than 2 x the interval"), so the alert and the cost
+    of a move read one number (:meth:`Thresholds.checkpoint_interval`)."""
+    return Duration(default_thresholds().checkpoint_interval())
+
+
 @dataclass(frozen=True)
 class ShapeConfig:
     cpus: float = _opt(0.0, help="CPU cores the task asks for on one node.", min=0)
@@ -166,9 +173,10 @@ class AdvisorConfig:
     high_priority: int = _opt(1000, help="Jobs at or above this priority are high-priority.")
     min_runtime: Duration = _opt(Duration(1800), help="Jobs younger than this are not disturbed yet.",
                                  min=0)
-    checkpoint_interval: Duration = _opt(Duration(900),
-                                         help="How often jobs checkpoint, for the cost of a move.",
-                                         exclusive_min=0)
+    checkpoint_interval: Duration = _opt(
+        help="How often jobs checkpoint, for the cost of a move; default: half the threshold "
+        "table's GpuJobCheckpointStale level (15 min).", factory=_table_checkpoint_interval,
+        exclusive_min=0)
     assume_checkpointing: bool = _opt(True, help="A job that states no last checkpoint is taken "
                                       "to checkpoint every checkpoint_interval (a move costs at "
                                       "most that much work); false: it never does (a move costs "
@@ -277,6 +285,12 @@ class Config:
         if dcgm is not None and dcgm.enabled and dcgm.timeout >= self.source_timeout:
             raise ConfigError(f"sources.dcgm.timeout: must be below source_timeout "
                               f"({dcgm.timeout:g}s >= {self.source_timeout:g}s)")
+        # the same for the first read of the apiserver's lists: cancelled by the collector
+        # first, it would fail every start on a cluster whose lists take longer
+        kube = getattr(self.sources, "kubernetes", None)
+        if kube is not None and kube.enabled and kube.sync_timeout >= self.source_timeout:
+            raise ConfigError(f"sources.kubernetes.sync_timeout: must be below source_timeout "
+                              f"({kube.sync_timeout:g}s >= {self.source_timeout:g}s)")
 
 
 def _type_name(tp: Any) -> str:

@@ -367,3 +367,12 @@ def test_a_dcgm_deadline_at_or_past_the_source_timeout_is_refused(tmp_path):
     assert build(Config, {"source_timeout": 4, "sources": {"dcgm": {
         "enabled": True, "timeout": 3.9}}}).sources.dcgm.timeout == 3.9
     assert build(Config, {"source_timeout": 2}).sources.dcgm.timeout == 3.0
+
+
+def test_a_kubernetes_first_sync_at_or_past_the_source_timeout_is_refused():
+    with pytest.raises(ConfigError, match=r"^sources.kubernetes.sync_timeout: must be below "
+                                          r"source_timeout \(8s >= 8s\)$"):
+        build(Config, {"source_timeout": 8, "sources": {"kubernetes": {"enabled": True}}})
+    assert build(Config, {"source_timeout": 8, "sources": {"kubernetes": {
+        "enabled": True, "sync_timeout": 7.5}}}).sources.kubernetes.sync_timeout == 7.5
+    assert build(Config, {"source_timeout": 2}).sources.kubernetes.sync_timeout == 8  # off: fine
