@@ -267,7 +267,11 @@ def test_alerts_share_one_name_per_condition_and_carry_the_mixin_annotations():
             for label in ("node", "gpu", "model", "pool"):
                 assert f"$labels.{label}" in rule["annotations"]["description"]
         if row.metric.subject == "job":
-            for label in ("exported_job", "account", "job_gpus"):
+            # a ticket for the job's owner is routed by account; the per-job utilization
+            # series also carries the job's GPU count
+            labels = ["exported_job", *(["account"] if row.owner == "job owner" else []),
+                      *(["job_gpus"] if row.metric.key == "job_utilization" else [])]
+            for label in labels:
                 assert f"$labels.{label}" in rule["annotations"]["description"]
         # the page label is the routing key: only a paging row's critical level pages
         assert rule["labels"]["page"] == (

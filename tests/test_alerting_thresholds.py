@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from exporter.alerting.thresholds import ThresholdError, load_thresholds, parse_thresholds
 from exporter.cli import main
+from exporter.config import AdvisorConfig
 from tests.helpers import REPO
 
 TABLE = REPO / "rules" / "thresholds.yaml"
@@ -46,12 +47,42 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
     assert [row.alert for row in t.alerts] == [
         "GpuJobUtilizationLow", "GpuMemoryHigh", "GpuTemperatureHigh", "GpuPowerHigh",
         "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuFleetFragmentationHigh",
-        "GpuLost", "GpuXidError",
+        "GpuJobCheckpointStale", "GpuJobNvlinkGenerationsMixed", "GpuLost", "GpuXidError",
         "GpuEccUncorrectable", "GpuRowRemapFailed", "GpuRowRemapPending", "GpuClocksThrottled",
         "GpuNvlinkErrors", "GpuNvlinkCrcErrors", "GpuSmActivityLow", "GpufleetSourceDown",
         "GpufleetSourceDownEverywhere", "GpufleetTargetDown", "GpufleetJobDown",
         "GpufleetAdvisorOutboxErrors", "NodeCpuPressure", "NodeMemoryPressure",
         "NodeDiskIoPressure", "NodePressureHigh"]
+
+
+def test_checkpoint_and_nvlink_rows_are_tickets_and_the_interval_is_half_the_threshold():
+    """Issue 17: "a training job's checkpoint is older than 2 x the interval"; the interval
+    advisor.checkpoint_interval defaults to is read from the row, not written twice."""
+    t = load_thresholds(TABLE)
+    stale = t.alert("GpuJobCheckpointStale")
+    assert (stale.metric.key, stale.op, stale.owner, stale.page, stale.metric.unit) == (
+        "job_checkpoint_age", ">", "job owner", False, "seconds")
+    assert [(lv.severity, lv.threshold, lv.for_seconds) for lv in stale.levels] == [
+        ("warning", 1800, 300)]
+    assert 'source="stated"' in stale.metric.expr  # an assumed age is never stale
+    assert t.checkpoint_interval() == 900
+    assert AdvisorConfig().checkpoint_interval == 900
+    mixed = t.alert("GpuJobNvlinkGenerationsMixed")
+    assert (mixed.metric.key, mixed.op, mixed.owner, mixed.page) == (
+        "job_nvlink_generations", ">", "platform team", False)
+    assert [(lv.severity, lv.threshold, lv.for_seconds) for lv in mixed.levels] == [
+        ("warning", 1, 600)]
+    # the interval follows the row; a table without it gives the reference cluster's 15 min
+    text = TABLE.read_text()
+    assert parse_thresholds(text.replace("{threshold: 30m, for: 5m}",
+                                         "{threshold: 20m, for: 5m}")).checkpoint_interval() == 600
+    assert parse_thresholds(text.replace("{threshold: 30m, for: 5m}",
+                                         "{threshold: 2400, for: 5m}")).checkpoint_interval() == 1200
+    start = text.index("  - alert: GpuJobCheckpointStale")
+    without = text[:start] + text[text.index("  - alert: GpuJobNvlinkGenerationsMixed"):]
+    assert parse_thresholds(without).checkpoint_interval() == 900
+    with pytest.raises(ThresholdError, match=r"GpuJobCheckpointStale\)\.warning\.threshold: must be"):
+        parse_thresholds(text.replace("{threshold: 30m, for: 5m}", "{threshold: 30 min, for: 5m}"))
 
 
 def test_the_paging_policy_pages_only_for_what_is_urgent_actionable_and_hurting_now():

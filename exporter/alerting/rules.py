@@ -133,6 +133,7 @@ _HUMANISED = {
     "index": '{{ $value | printf "%.0f" }}',
     "state": "{{ $value }}",
     "count": '{{ $value | printf "%.0f" }}',
+    "seconds": "{{ $value | humanizeDuration }}",
 }
 
 
@@ -154,6 +155,8 @@ def _threshold_text(value: float, unit: str) -> str:
         return f"{value:.10g} °C"
     if unit == "watts":
         return f"{value:.10g} W"
+    if unit == "seconds":
+        return format_duration(value)  # 30m, as the table writes it
     return f"{value:.10g}"
 
 

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 PACKAGED_TABLE = "thresholds.yaml"  # in exporter/: see default_thresholds
 CHECKOUT_TABLE = Path("rules") / "thresholds.yaml"  # what `gpufleet rules` reads in a checkout
 COMPACTION_METRIC = "pool_fragmentation_index"  # its row's level is the compaction threshold
+CHECKPOINT_METRIC = "job_checkpoint_age"  # its row's level is 2 x advisor.checkpoint_interval
+CHECKPOINT_INTERVALS_STALE = 2  # a checkpoint older than this many intervals is stale (issue 17)
+DEFAULT_CHECKPOINT_INTERVAL = 900.0  # the reference cluster's 15 min, for a table without the row
 SEVERITIES = ("warning", "critical")  # in rising order; both share one alert name
 OPS = ("<", ">", ">=", "==")
 
@@ -56,7 +59,7 @@ class MetricDef:
 
     key: str
     expr: str
-    unit: str  # ratio | celsius | watts | index | state | count
+    unit: str  # ratio | celsius | watts | index | state | count | seconds
     subject: str  # gpu | job | pool | cluster | source | target | advisor | node
     ops: tuple[str, ...]
     describe: str
@@ -86,6 +89,27 @@ METRICS: dict[str, MetricDef] = {
                   "`avg_over_time(job:gpufleet_gpu_idle:sum{cluster=%q,exported_job=%q}[1h])` "
                   "$labels.cluster $labels.exported_job | query }}"
                   '{{ . | first | value | printf "%.1f" }}{{ end }} GPU-hours idle in the last hour.'),
+        # Only a checkpoint the job states (a Slurm comment's last-checkpoint=, the pod
+        # annotation gpufleet.io/last-checkpoint) says the job is one that checkpoints, i.e.
+        # a training job: an `assumed` age restarts every advisor.checkpoint_interval by
+        # construction and can never be stale. Maxed by the job's constant labels, so a
+        # replaced or second exporter (its instance) does not restart the `for` clock.
+        MetricDef("job_checkpoint_age",
+                  "max by (cluster, exported_job, namespace, account) (\n"
+                  '  gpufleet_job_checkpoint_age_seconds{source="stated"}\n)',
+                  "seconds", "job", (">", ">="),
+                  "Job {{ $labels.exported_job }} (namespace {{ $labels.namespace }}, account "
+                  "{{ $labels.account }}) last checkpointed <VALUE> ago, <RELATION> <THRESHOLD> "
+                  "for <FOR>: that much work of each GPU it holds is not saved."),
+        # Multi-node jobs only (the family has no series for a single-node job); maxed by
+        # the job's constant labels for the same reason as above.
+        MetricDef("job_nvlink_generations",
+                  "max by (cluster, exported_job, namespace) (gpufleet_job_nvlink_generations)",
+                  "count", "job", (">", ">="),
+                  "Multi-node job {{ $labels.exported_job }} (namespace {{ $labels.namespace }}) "
+                  "runs on GPUs of <VALUE> NVLink generations for <FOR>: they do not "
+                  "interconnect (Blackwell's NVLink 5, Hopper's NVLink 4), so its traffic "
+                  "between them falls back to the network."),
         MetricDef("gpu_memory_used", "gpu:gpufleet_gpu_memory_used:ratio", "ratio", "gpu",
                   (">", ">="),
                   f"{_GPU} has <VALUE> of its memory in use, <RELATION> <THRESHOLD> for <FOR>."),
@@ -236,7 +260,8 @@ SCOPES: dict[str, str] = {
 
 # (min, max) accepted per unit; ratios may be written as percentages ("30%")
 _RANGES = {"ratio": (0.0, 1.0), "celsius": (0.0, 200.0), "watts": (0.0, 10_000.0),
-           "index": (0.0, 100.0), "state": (0.0, 1.0), "count": (0.0, 1e9)}
+           "index": (0.0, 100.0), "state": (0.0, 1.0), "count": (0.0, 1e9),
+           "seconds": (0.0, 366 * 86400.0)}
 _TDP_FRACTION_RANGE = (0.0, 1.5)
 
 _ALERT_NAME = re.compile(r"^[A-Z][A-Za-z0-9]*$")
@@ -336,6 +361,18 @@ class Thresholds:
         raise ThresholdError(f"{self.source}: no alert row compares {COMPACTION_METRIC}; the "
                              "compaction threshold (analysis.compaction_threshold, "
                              "advisor.trigger) comes from it")
+
+    def checkpoint_interval(self) -> float:
+        """How often jobs checkpoint, in seconds: the lowest level of the row comparing
+        ``job_checkpoint_age`` (GpuJobCheckpointStale, "older than 2 x the interval") divided
+        by :data:`CHECKPOINT_INTERVALS_STALE`, so that the alert and the advisor's cost of a
+        move (``advisor.checkpoint_interval``'s default) read one number. A table without
+        that row gives the reference cluster's 15 min.
+        """
+        for row in self.alerts:
+            if row.metric.key == CHECKPOINT_METRIC:
+                return row.levels[0].threshold / CHECKPOINT_INTERVALS_STALE
+        return DEFAULT_CHECKPOINT_INTERVAL
 
 
 _TOP_KEYS = ("exporter_jobs", "busy_utilization", "critical_xids", "alerts")
@@ -501,6 +538,12 @@ def _parse_row(r: _Reader, raw: Any, where: str, catalogue: Catalogue) -> AlertR
 def _threshold(r: _Reader, value: Any, where: str, metric: MetricDef) -> float:
     if metric.relative_to_tdp:
         return r.number(value, where, "fraction of the model's TDP", True, _TDP_FRACTION_RANGE)
+    if metric.unit == "seconds" and isinstance(value, str):  # 30m reads better than 1800
+        seconds = r.duration(value, where)
+        low, high = _RANGES["seconds"]
+        if not low <= seconds <= high:
+            raise r.fail(where, f"must be between {low:g} and {high:g} seconds, got {value!r}")
+        return seconds
     return r.number(value, where, metric.unit, metric.unit == "ratio", _RANGES[metric.unit])
 
 
@@ -571,6 +614,8 @@ def _labels(r: _Reader, raw: Any, where: str) -> tuple[tuple[str, str], ...]:
 
 
 __all__ = [
+    "CHECKPOINT_INTERVALS_STALE",
+    "CHECKPOINT_METRIC",
     "COMPACTION_METRIC",
     "METRICS",
     "OPS",
