@@ -11,9 +11,11 @@ prints it:
   eviction     one policy/v1 Eviction per move, with the destination as a node-affinity
                hint (each goes to its pod's eviction subresource; see docs/advisor.md).
 
-wait_until moves render no object: the next plan carries them. An expired plan is
-refused (--ignore-expiry renders it anyway, for review). What is read is bounded: at most
---max-bytes (16 MiB), within --timeout seconds (10), at most 1,000 moves.
+wait_until moves render no object: the next plan carries them. /v1/advice keeps the last
+plan until it expires, through the cooldown that follows it (stderr then says the plan is
+not new). An expired plan is refused (--ignore-expiry renders it anyway, for review).
+What is read is bounded: at most --max-bytes (16 MiB), within --timeout seconds (10), at
+most 1,000 moves.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import os
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -230,6 +233,8 @@ def _plan_json(body: bytes, source: str) -> dict[str, Any] | None:
             print(f"gpufleet: no plan: the advice's decision is {str(data.get('decision'))[:40]!r}"
                   + (f" ({why})" if why else ""), file=sys.stderr)
             return None
+        if data.get("decision") != "compact":  # a plan an earlier evaluation proposed
+            _say_carried(data)
         data = data["plan"]
         if not isinstance(data, dict):
             raise PlanError(f"{source}: plan: expected an object")
@@ -238,6 +243,20 @@ def _plan_json(body: bytes, source: str) -> dict[str, Any] | None:
         raise PlanError(f"{source}: {len(migrations)} migrations, over the limit of {MAX_MIGRATIONS}")
     _check_schema(data, source)
     return data
+
+
+def _say_carried(advice: dict[str, Any]) -> None:
+    """On stderr: the advice carries a plan that an earlier evaluation proposed (the advisor
+    keeps it in /v1/advice until it expires, through the cooldown): still in force, not new."""
+    proposed = advice.get("plan_proposed_at")
+    when = ""
+    if isinstance(proposed, int | float) and not isinstance(proposed, bool):
+        try:  # the advice is the sender's text: a year 10,000 must not raise
+            when = " at " + datetime.fromtimestamp(proposed, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        except (OverflowError, ValueError, OSError):
+            when = ""
+    print(f"gpufleet: the advice's decision is {str(advice.get('decision'))[:40]!r}; its plan was "
+          f"proposed by an earlier evaluation{when} and is still in force", file=sys.stderr)
 
 
 def _check_schema(data: dict[str, Any], source: str) -> None:

@@ -586,3 +586,57 @@ def test_the_what_if_time_limit_comes_from_api_what_if_timeout(tmp_path):
         assert service.api().what_if_timeout == 2.5
     finally:
         service.deliverer.outbox.close()
+
+
+async def test_v1_advice_serves_the_plan_through_its_cooldown_until_it_expires(aiohttp_client):
+    """The service's own wiring (AdvisorService.api: current=Advisor.current), the real
+    handler, and each answer valid against the served OpenAPI document's Advice."""
+    from types import SimpleNamespace
+
+    from aiohttp import web
+    from jsonschema import Draft202012Validator
+
+    from exporter.advisor import openapi
+    from exporter.advisor.api import add_routes
+    from exporter.snapshot import FleetSnapshot
+
+    def report(index: float) -> SimpleNamespace:  # what the advisor reads of an analysis
+        return SimpleNamespace(cluster=SimpleNamespace(index=index, allocated_ratio=0.97), pools=[])
+
+    clock = [START]
+    advisor = Advisor(stub_planner([]), DecisionSettings(dwell_seconds=0, cooldown_seconds=1800),
+                      clock=lambda: clock[0])
+    # the API's wiring only: no analyzer or deliverer is reached by GET /v1/advice
+    service = AdvisorService(advisor, None, None, TOKEN.encode(), 1024)  # type: ignore[arg-type]
+    app = web.Application()
+    add_routes(app, service.api())
+    client = await aiohttp_client(app)
+    doc = openapi.document()
+    advice_schema = Draft202012Validator({**doc["components"]["schemas"]["Advice"],
+                                          "components": doc["components"]})
+
+    async def served(at: float, index: float | None = None) -> dict:
+        clock[0] = at
+        if index is not None:
+            advisor.observe(FleetSnapshot(at), report(index))
+        resp = await client.get("/v1/advice")
+        body = await resp.json()
+        assert resp.status == 200
+        assert [e.message for e in advice_schema.iter_errors(body)] == []
+        return body
+
+    made = await served(START, 70)
+    plan_id = made["plan"]["plan_id"]
+    assert (made["decision"], made["plan_proposed_at"], made["plan"]["expires_at"]) == (
+        "compact", START, START + 900)
+    later = await served(START + 300, 70)
+    assert (later["decision"], later["plan"], later["plan_proposed_at"]) == (
+        "cooldown", made["plan"], START)
+    assert later["reasons"][-1] == (f"plan {plan_id} proposed 5 min ago stays valid until "
+                                    "09:08:20 UTC; this evaluation proposes no new one")
+    # no evaluation since, and the plan's expiry has passed: the answer drops it
+    gone = await served(START + 900)
+    assert (gone["decision"], gone["plan"], gone["plan_proposed_at"]) == ("cooldown", None, None)
+    assert gone["reasons"][-1] == f"plan {plan_id} expired at 09:08:20 UTC, after this evaluation"
+    after = await served(START + 960, 70)
+    assert (after["decision"], after["plan"], after["plan_proposed_at"]) == ("cooldown", None, None)

@@ -300,3 +300,45 @@ def test_memory_peaks_are_per_job_kept_over_snapshots_and_forgotten_when_the_job
                                         "shared": 2**30})
     assert [a.gpu_memory_need_bytes for a in raised.allocations] == [60 * 2**30, 10 * 2**30, None]
     assert with_measured_needs(snap, {}) is snap
+
+
+def test_the_plan_stays_in_the_advice_until_it_expires():
+    """Cooldown, and none once the index cleared, carry the last plan (the same one, marked by
+    plan_proposed_at and a reason) until its expires_at; from then on, no plan."""
+    planner = Planner()  # plans expire 900 s after they are made
+    advisor, clock = make(planner, dwell_seconds=0)
+    results = run(advisor, clock, [(0, 70), (60, 70), (600, 30), (899, 70), (900, 70), (1800, 70)])
+    assert [r["decision"] for r in results] == ["compact", "cooldown", "none", "cooldown",
+                                                "cooldown", "compact"]
+    first = results[0]["plan"]
+    assert first["expires_at"] == 900
+    assert [r["plan"] is first for r in results] == [True, True, True, True, False, False]
+    assert results[4]["plan"] is None
+    assert [r["plan_proposed_at"] for r in results] == [0, 0, 0, 0, None, 1800]
+    assert results[1]["reasons"] == [
+        "cluster index 70 > 50 for 1 min",
+        "last plan 1 min ago; cooldown until 00:30:00 UTC",
+        f"plan {first['plan_id']} proposed 1 min ago stays valid until 00:15:00 UTC; this "
+        "evaluation proposes no new one"]
+    assert results[2]["reasons"] == [
+        "cluster index 30 <= 50",
+        f"plan {first['plan_id']} proposed 10 min ago stays valid until 00:15:00 UTC; this "
+        "evaluation proposes no new one"]
+    assert results[4]["reasons"] == ["cluster index 70 > 50 for 1 s",
+                                     "last plan 15 min ago; cooldown until 00:30:00 UTC"]
+    assert planner.calls == 2  # carrying a plan never plans
+
+
+def test_a_plan_that_expires_between_evaluations_is_not_served():
+    advisor, clock = make(dwell_seconds=0)
+    (advice,) = run(advisor, clock, [(0, 70)])
+    clock[0] = 899
+    assert advisor.current() is advice
+    clock[0] = 900
+    served = advisor.current()
+    assert served is not None
+    assert (served["decision"], served["plan"], served["plan_proposed_at"]) == ("compact", None, None)
+    assert served["reasons"][-1] == (f"plan {advice['plan']['plan_id']} expired at 00:15:00 UTC, "
+                                     "after this evaluation")
+    assert advice["plan"]["expires_at"] == 900 and advisor.advice is advice  # kept as evaluated
+    assert Advisor(Planner()).current() is None  # nothing evaluated yet

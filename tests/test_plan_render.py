@@ -21,6 +21,7 @@ import copy
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -346,6 +347,24 @@ def test_plan_command_takes_a_saved_advice(tmp_path: Path) -> None:
         0, "", "gpufleet: no plan: the advice's decision is 'hold' (cooldown: 120 s left)\n")
 
 
+def test_plan_command_renders_a_plan_carried_through_the_cooldown(tmp_path: Path) -> None:
+    """/v1/advice keeps the last plan until it expires: rendered, and said not to be new."""
+    advice = {"decision": "cooldown", "scope": "pool:h100", "reasons": ["x"],
+              "plan": PLAN.to_json(), "plan_proposed_at": T0}
+    done = gpufleet("--from", saved(tmp_path, advice), "--ignore-expiry")
+    assert (done.returncode, json.loads(done.stdout), done.stderr) == (
+        0, PLAN.to_json(), "gpufleet: the advice's decision is 'cooldown'; its plan was proposed "
+                           "by an earlier evaluation at 2025-12-01T00:00:00Z and is still in force\n")
+    advice["plan_proposed_at"] = 1e300  # the sender's number: no date, no traceback
+    done = gpufleet("--from", saved(tmp_path, advice, "far.json"), "--ignore-expiry")
+    assert (done.returncode, done.stderr) == (
+        0, "gpufleet: the advice's decision is 'cooldown'; its plan was proposed by an earlier "
+           "evaluation and is still in force\n")
+    done = gpufleet("--from", saved(tmp_path, advice, "far.json"))  # expired: still refused
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        1, f"gpufleet: plan {PID} expired (--ignore-expiry renders it for review)")
+
+
 def test_plan_command_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     path = saved(tmp_path, PLAN.to_json())
     done = gpufleet("--from", path, "--format", "koordinator")  # the plan expired in 2025
@@ -474,7 +493,7 @@ sources:
 @pytest.mark.slow
 def test_a_real_exporters_plan_renders_valid_objects(exporter_factory: Any, tmp_path: Path) -> None:
     """The simulated fleet's fragmented H100 pool, planned by a real exporter (POST /v1/plan
-    on its own /v1/snapshot: /v1/advice carries a plan only in the evaluation that made it),
+    on its own /v1/snapshot, whose answer the test keeps whole),
     rendered by the command in every format, each object checked by its schema."""
     from tests.helpers.servers import http_get
 
@@ -507,3 +526,26 @@ def test_a_real_exporters_plan_renders_valid_objects(exporter_factory: Any, tmp_
 
     done = gpufleet("--from", path)
     assert (done.returncode, json.loads(done.stdout)) == (0, advice["plan"])
+
+
+@pytest.mark.slow
+def test_a_real_exporters_advice_keeps_its_plan_through_the_cooldown(exporter_factory: Any) -> None:
+    """`gpufleet plan --from URL` against a real exporter, evaluations after the one that made
+    the plan (a snapshot a second, cooldown 30 min): the same plan, said not to be new."""
+    from tests.helpers.servers import http_get
+
+    exporter = exporter_factory(config=REAL_CONFIG, env={"GPUFLEET_ADVISOR_TOKEN": "t0ken"})
+    advice: dict[str, Any] = {}
+    for _ in range(600):  # up to 60 s: the first plan, then an evaluation after it
+        advice = json.loads(http_get(f"{exporter.url}/v1/advice"))
+        if advice.get("plan") and advice["evaluated_at"] > advice["plan_proposed_at"]:
+            break
+        time.sleep(0.1)
+    assert advice["decision"] == "cooldown", advice["reasons"]
+    plan = advice["plan"]
+    assert plan["expires_at"] > advice["evaluated_at"]
+    done = gpufleet("--from", exporter.url)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == plan  # the same plan: no evaluation in cooldown makes one
+    assert done.stderr.startswith("gpufleet: the advice's decision is 'cooldown'; its plan was "
+                                  "proposed by an earlier evaluation at ")

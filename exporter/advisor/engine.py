@@ -16,6 +16,13 @@ A plan that would leave its scope above the trigger is still proposed (part of
 the way is better than none) but says so in its reasons, with the index it
 reaches, so no receiver takes it for the whole cure.
 
+A proposed plan stays in the advice until its ``expires_at``: the evaluations after it
+(cooldown, hold, or none once the index has cleared) carry it as ``plan`` with
+``plan_proposed_at`` older than ``evaluated_at``, so ``GET /v1/advice`` (and ``gpufleet
+plan``) always shows the plan a scheduler may still act on, while ``decision`` says what
+this evaluation decided. Only a ``compact`` decision is a new plan, delivered by webhook;
+an expired plan is never served, even between evaluations (:meth:`Advisor.current`).
+
 Besides compaction, every evaluation lists three kinds of waste it never acts on:
 jobs holding GPUs they barely use (``reclaim``: below the threshold table's
 ``GpuJobUtilizationLow`` critical level for its duration, costliest models
@@ -228,6 +235,10 @@ class Advisor:
     memory_peak: dict[str, float] = field(default_factory=dict)
     advice: dict[str, Any] | None = None
     plan: CompactionPlan | None = None
+    # the last proposed plan as delivered (its JSON, reasons included) and when it was proposed:
+    # later advice carries it until it expires
+    plan_json: dict[str, Any] | None = None
+    plan_at: float | None = None
 
     def alert_firing(self, alerts: list[dict[str, Any]]) -> list[str]:
         """Alertmanager says these alerts fire: the compaction alert's scopes have served dwell.
@@ -271,11 +282,46 @@ class Advisor:
         self.memory_peak = memory_peaks(snapshot, self.memory_peak)
         measured = with_measured_needs(snapshot, self.memory_peak)
         advice = self._decide(measured, report, now, trigger)
+        self._carry_plan(advice, now)
         advice["reclaim"] = self._reclaim(snapshot, now)
         advice["right_sizing"] = right_sizing(snapshot, report, self.memory_peak, now)
         advice["nvlink_mixed"] = nvlink_mixed(snapshot)
         self.advice = advice
         return advice
+
+    def _carry_plan(self, advice: dict[str, Any], now: float) -> None:
+        """A new plan is marked as proposed now; without one, the last plan rides along
+        until it expires, with a reason that says it is not new. The same dict as the one
+        delivered: a receiver that polls sees the same plan_id, which it acts on once."""
+        if advice["plan"] is not None:
+            advice["plan_proposed_at"] = now
+            return
+        plan = self.plan_json
+        if plan is None or self.plan_at is None or plan["expires_at"] <= now:
+            self.plan_json = self.plan_at = None  # expired: never served again
+            advice["plan_proposed_at"] = None
+            return
+        advice["plan"] = plan
+        advice["plan_proposed_at"] = self.plan_at
+        advice["reasons"].append(
+            f"plan {plan['plan_id']} proposed {_minutes(now - self.plan_at)} ago stays valid until "
+            f"{time.strftime('%H:%M:%S', time.gmtime(plan['expires_at']))} UTC; this "
+            "evaluation proposes no new one")
+
+    def current(self) -> dict[str, Any] | None:
+        """The last advice as ``GET /v1/advice`` serves it: a plan that expired since that
+        evaluation is dropped (evaluations follow snapshots, seconds apart or, with a source
+        stuck, much longer), so no reader ever gets an expired plan."""
+        advice = self.advice
+        if advice is None:
+            return None
+        plan = advice.get("plan")
+        if plan is None or plan["expires_at"] > self.clock():
+            return advice
+        expired = time.strftime("%H:%M:%S", time.gmtime(plan["expires_at"]))
+        return {**advice, "plan": None, "plan_proposed_at": None,
+                "reasons": [*advice["reasons"], f"plan {plan['plan_id']} expired at {expired} "
+                            "UTC, after this evaluation"]}
 
     def _reclaim(self, snapshot: FleetSnapshot, now: float) -> list[dict[str, Any]]:
         """Jobs whose GPUs stayed below the idle threshold for its duration, costliest first.
@@ -364,7 +410,9 @@ class Advisor:
         reasons = [f"{why_due}; {describe_gain(plan)}", *([short] if short else []), *plan.reasons]
         plan_json = plan.to_json()
         plan_json["reasons"] = reasons
-        return {**base, "decision": "compact", "scope": scope, "reasons": reasons, "plan": plan_json}
+        self.plan_json, self.plan_at = plan_json, now
+        return {**base, "decision": "compact", "scope": scope, "reasons": list(reasons),
+                "plan": plan_json}
 
     def not_durable(self) -> None:
         """The plan just proposed could not be written to the outbox: take back its cooldown.

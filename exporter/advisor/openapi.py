@@ -33,7 +33,7 @@ PLAN_SCHEMA: dict[str, Any] = {
     "$id": "https://gpufleet.example/schemas/advisor-plan.json",
     "title": "gpufleet compaction plan",
     "description": "What the gpufleet advisor POSTs to a scheduler (and serves as advice.plan at "
-                   "GET /v1/advice). See docs/advisor.md.",
+                   "GET /v1/advice until it expires). See docs/advisor.md.",
     "type": "object",
     "required": ["plan_id", "scope", "snapshot_time", "expires_at", "decision", "reasons", "before",
                  "after", "nodes_freed", "migrations", "tier_misplacements", "fragmented_gpus_recovered"],
@@ -127,7 +127,13 @@ ADVICE_SCHEMA: dict[str, Any] = {
     "properties": {
         "decision": {"enum": _DECISIONS},
         "reasons": {"type": "array", "items": {"type": "string"}},
-        "plan": {"anyOf": [_ref("Plan"), {"type": "null"}]},
+        "plan": {"anyOf": [_ref("Plan"), {"type": "null"}],
+                 "description": "the plan in force: this evaluation's (decision compact) or, until "
+                                "its expires_at, the last one proposed (then plan_proposed_at is "
+                                "before evaluated_at and a reason says so); never an expired plan"},
+        "plan_proposed_at": {"type": ["number", "null"],
+                             "description": "unix time of the evaluation that proposed plan; null "
+                                            "without a plan"},
         "scope": {"type": "string"},
         "evaluated_at": {"type": "number"},
         "snapshot_time": {"type": "number"},

@@ -205,7 +205,7 @@ class AdvisorService:
     def api(self) -> AdvisorApi:
         if self._api is None:
             self._api = AdvisorApi(evaluate=self.evaluate, what_if=self.what_if,
-                                   current=lambda: self.advisor.advice, token=self.token,
+                                   current=self.advisor.current, token=self.token,
                                    max_body_bytes=self.max_body_bytes,
                                    what_if_timeout=self.what_if_timeout,
                                    on_alerts=self.advisor.alert_firing)
