@@ -15,7 +15,8 @@ deadlines and message-size limit all go through real gRPC. What it answers:
   ``NewAnnotatedID``), but these UUIDs are made up: no published kubelet output with MIG
   devices was found.
 
-No real kubelet runs here: the kubelet's side of the exchange is this server's.
+No real kubelet runs here: the kubelet's side of the exchange is this server's
+(tests/helpers/kubelet.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import os
 import re
 import tempfile
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -45,8 +45,8 @@ from exporter.sources.podresources import (
     physical_id,
 )
 from exporter.sources.podresources_v1 import api_pb2 as pb
-from exporter.sources.podresources_v1 import api_pb2_grpc
 from tests.helpers import REPO
+from tests.helpers.kubelet import Kubelet, start_kubelet
 from tests.test_source_isolation import FORBIDDEN, loaded
 
 H100_SAMPLE = REPO / "data" / "dcgm-samples" / "h100-8gpu-k8s-pod-labels.prom"
@@ -211,29 +211,6 @@ def test_importing_it_loads_nothing_downstream() -> None:
 # --- against a real grpcio server ------------------------------------------------------
 
 
-@dataclass
-class Kubelet(api_pb2_grpc.PodResourcesListerServicer):
-    """The kubelet's side: answers what it is given; ``stall`` holds every call until stopped."""
-
-    listed: pb.ListPodResourcesResponse = field(default_factory=pb.ListPodResourcesResponse)
-    allocatable: pb.AllocatableResourcesResponse | None = field(
-        default_factory=pb.AllocatableResourcesResponse)  # None: an old kubelet, UNIMPLEMENTED
-    stall: asyncio.Event | None = None
-    calls: list[str] = field(default_factory=list)
-
-    async def List(self, request: Any, context: Any) -> pb.ListPodResourcesResponse:
-        self.calls.append("List")
-        if self.stall is not None:
-            await self.stall.wait()
-        return self.listed
-
-    async def GetAllocatableResources(self, request: Any, context: Any) -> Any:
-        self.calls.append("GetAllocatableResources")
-        if self.allocatable is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
-        return self.allocatable
-
-
 @pytest.fixture
 def socket_dir() -> Iterator[str]:
     # a unix socket path is at most 107 bytes: pytest's tmp_path can be longer
@@ -247,11 +224,7 @@ async def serve(socket_dir: str) -> AsyncIterator[Any]:
 
     async def start(kubelet: Kubelet) -> str:
         path = os.path.join(socket_dir, "kubelet.sock")
-        server = grpc.aio.server()
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
-        server.add_insecure_port(f"unix://{path}")
-        await server.start()
-        servers.append(server)
+        servers.append(await start_kubelet(kubelet, path))
         return path
 
     yield start

@@ -11,7 +11,8 @@ The contract
     :class:`~exporter.snapshot.SourceStatus`; the framework does. A source that
     knows which job holds which GPU says so with ``role = "allocation"`` (the
     scheduler's view only: Slurm) or ``schedules = True`` (the simulator, dcgm's
-    pod labels): only such a process serves the scheduler's families (issue 15).
+    pod labels, nvml with the kubelet's PodResources): only such a process serves
+    the scheduler's families (issue 15).
 
 Who times, who isolates
     :mod:`exporter.collect` times every read with its own timer, bounds it by
@@ -149,7 +150,8 @@ SOURCES: dict[str, Registered] = {
     "sim": Registered("exporter.sources.sim", "exporter.sources.sim_options:SimSource",
                       "The simulated fleet."),
     "nvml": Registered("exporter.sources.nvml", "exporter.sources.nvml_options:NvmlSource",
-                       "GPUs of this machine, through NVML."),
+                       "GPUs of this machine, through NVML (with pod_resources: the "
+                       "kubelet's pods on them)."),
     "dcgm": Registered("exporter.sources.dcgm", "exporter.sources.dcgm_options:DcgmSource",
                        "dcgm-exporter endpoints."),
     "slurm": Registered("exporter.sources.slurm", "exporter.sources.slurm_options:SlurmSource",

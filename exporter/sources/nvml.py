@@ -71,6 +71,12 @@ just leaves the field absent.
 
 The ``pynvml`` module is a constructor parameter: tests pass a fake that
 raises pynvml's real error classes and returns its real structs.
+
+On a Kubernetes node, ``pod_resources`` adds the kubelet's PodResources API:
+each pod holding GPUs becomes an allocation on the GPUs it holds, by UUID, and
+the source then ``schedules`` (:mod:`exporter.sources.nvml_pods` says why this
+is an option here rather than a source of its own, and how each device id maps).
+The kubelet is the source's one target; its failure never touches the GPUs.
 """
 
 from __future__ import annotations
@@ -89,13 +95,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.snapshot import Gpu, GpuHealth, GpuPerformance, MigInstance, Node, XidCount
 from exporter.sources import Clock, SourceReading, SourceStartupError
 from exporter.sources.gpu_models import ModelInfo, ModelResolver, unknown_model
 from exporter.sources.lastgood import LastGood
 from exporter.sources.nvml_options import NvmlSource as NvmlConfig
+
+if TYPE_CHECKING:  # gRPC is imported only where sources.nvml.pod_resources is on
+    from exporter.sources.nvml_pods import MigDevice, PodGpus
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +196,7 @@ class DeviceReading:
     gpu: Gpu
     errors: tuple[CallError, ...]
     seconds: float  # cost of this GPU's NVML calls
+    mig_uuids: tuple[tuple[str, int], ...] = ()  # (MIG device UUID, GPU instance), pods only
 
 
 @dataclass
@@ -233,11 +243,19 @@ class NvmlGpuSource:
     name: str = "nvml"
     driver_version: str = ""
     export_serial: bool = False  # the `serial` label of gpu_info (sources.nvml.export_serial)
+    # the kubelet's PodResources (sources.nvml.pod_resources): who holds which GPU; None: off
+    pods: PodGpus | None = None
     devices: list[_Device] = field(default_factory=list)
     last_readings: dict[int, DeviceReading] = field(default_factory=dict)
     # per GPU index: its last good sample, served stale while its calls are wedged
     last_good: LastGood[int, Gpu] = field(default_factory=lambda: LastGood(_stale))
     _started: bool = False
+
+    @property
+    def schedules(self) -> bool:
+        """With the kubelet's PodResources it knows which pod holds which GPU (the source
+        contract): this process then serves the scheduler's families."""
+        return self.pods is not None
 
     # --- start and stop -----------------------------------------------------------------
 
@@ -366,6 +384,8 @@ class NvmlGpuSource:
         self._started = False
 
     async def close(self) -> None:
+        if self.pods is not None:
+            await self.pods.close()
         for device in self.devices:
             device.worker.stop()
         if self._started:
@@ -384,7 +404,15 @@ class NvmlGpuSource:
                 continue  # still wedged in a call from an earlier collection
             device.pending = device.worker.submit(self.read_device, device)
             submitted.append(device.pending)
-        await _await_all(submitted, self.call_timeout)
+        # the kubelet is asked beside the GPUs, so its deadline adds nothing to theirs
+        kubelet = None if self.pods is None else asyncio.ensure_future(self.pods.fetch())
+        try:
+            await _await_all(submitted, self.call_timeout)
+            if kubelet is not None:
+                await kubelet
+        finally:
+            if kubelet is not None and not kubelet.done():  # this read was cancelled
+                kubelet.cancel()
 
         now = self.clock()
         gpus, fresh = [], 0
@@ -418,7 +446,23 @@ class NvmlGpuSource:
         architecture = next((d.info.architecture for d in self.devices if d.info.model == model),
                             "unknown")
         node = Node(self.node, model, self.cpu_cores, self.pool, architecture, len(gpus))
-        return SourceReading((node,), tuple(gpus), error="" if fresh else "no GPU answered in time")
+        error = "" if fresh else "no GPU answered in time"
+        if self.pods is None:
+            return SourceReading((node,), tuple(gpus), error=error)
+        allocations, kubelet_status = self.pods.join(self.node, gpus, self._mig_devices())
+        return SourceReading((node,), tuple(gpus), allocations, targets=(kubelet_status,),
+                             error=error)
+
+    def _mig_devices(self) -> list[MigDevice]:
+        """The MIG devices of each GPU's last reading (a wedged GPU's: its last good one)."""
+        from exporter.sources.nvml_pods import MigDevice
+
+        found = []
+        for index, reading in self.last_readings.items():
+            profiles = {m.instance_id: m.profile for m in reading.gpu.mig}
+            found += [MigDevice(uuid, index, instance, profiles.get(instance, "unknown"))
+                      for uuid, instance in reading.mig_uuids]
+        return found
 
     def _identity(self, device: _Device) -> Gpu:
         return Gpu(self.node, device.index, device.uuid, device.info.model, self.pool,
@@ -454,7 +498,8 @@ class NvmlGpuSource:
         energy = calls.run("nvmlDeviceGetTotalEnergyConsumption",
                            nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
         tx, rx = self._nvlink(device, calls)
-        mig = self._mig_instances(device, calls) if mig_enabled else ()
+        mig_uuids: list[tuple[str, int]] | None = [] if self.pods is not None else None
+        mig = self._mig_instances(device, calls, mig_uuids) if mig_enabled else ()
         health = self._health(device, calls)
         performance = self._performance(device, calls, memory_bandwidth, mig_enabled)
 
@@ -478,7 +523,8 @@ class NvmlGpuSource:
                 performance=performance,
                 up=not any(not error.optional for error in calls.errors),
             )
-        return DeviceReading(gpu, tuple(calls.errors), time.perf_counter() - started)
+        return DeviceReading(gpu, tuple(calls.errors), time.perf_counter() - started,
+                             tuple(mig_uuids or ()))
 
     def _memory(self, device: _Device, calls: _Calls, handle: Any) -> Any:
         nvml = self.nvml
@@ -536,7 +582,10 @@ class NvmlGpuSource:
         return (totals.get(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX),
                 totals.get(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX))
 
-    def _mig_instances(self, device: _Device, calls: _Calls) -> tuple[MigInstance, ...]:
+    def _mig_instances(self, device: _Device, calls: _Calls,
+                       uuids: list[tuple[str, int]] | None = None) -> tuple[MigInstance, ...]:
+        """The GPU's MIG instances; with ``uuids``, also each MIG device's UUID (the kubelet
+        names MIG devices by it) and its GPU instance."""
         nvml, handle = self.nvml, device.handle
         slots = calls.run("nvmlDeviceGetMaxMigDeviceCount",
                           nvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
@@ -553,6 +602,10 @@ class NvmlGpuSource:
                 continue
             instance_id = calls.run("nvmlDeviceGetGpuInstanceId",
                                     nvml.nvmlDeviceGetGpuInstanceId, mig)
+            if uuids is not None and instance_id is not None:
+                uuid = calls.optional("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, mig)
+                if uuid:
+                    uuids.append((_text(uuid), int(instance_id)))
             if instance_id is None or instance_id in instances:
                 continue  # several compute instances share one GPU instance
             name = calls.run("nvmlDeviceGetName", nvml.nvmlDeviceGetName, mig)
@@ -934,6 +987,12 @@ def load_pynvml() -> ModuleType:
 def build(config: NvmlConfig, clock: Clock, nvml: Any = None) -> NvmlGpuSource:
     from exporter.sources.gpu_models import catalogue_resolver
 
+    pods = None
+    if config.pod_resources:
+        from exporter.sources import nvml_pods
+
+        pods = nvml_pods.build(config.pod_resources_socket, config.pod_resources_timeout,
+                               config.pod_resources_stale_for, clock)
     source = NvmlGpuSource(
         nvml=nvml if nvml is not None else load_pynvml(),
         node=config.node or socket.gethostname(),
@@ -942,6 +1001,7 @@ def build(config: NvmlConfig, clock: Clock, nvml: Any = None) -> NvmlGpuSource:
         export_serial=config.export_serial,
         resolve_model=catalogue_resolver(),
         clock=clock,
+        pods=pods,
     )
     source.start()
     return source

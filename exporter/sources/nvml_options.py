@@ -1,5 +1,5 @@
 """Options of the ``nvml`` source (``sources.nvml``), apart from :mod:`.nvml` so that reading
-the config does not import its worker threads and asyncio.
+the config does not import its worker threads and asyncio (nor gRPC, for ``pod_resources``).
 """
 
 from __future__ import annotations
@@ -7,6 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.options import Duration, opt
+
+# exporter.sources.podresources.DEFAULT_SOCKET, written out so that reading the config does not
+# import gRPC; tests/test_nvml_pods.py checks that the two agree
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 @dataclass(frozen=True)
@@ -21,4 +25,20 @@ class NvmlSource:
     export_serial: bool = opt(
         False, help="Export each GPU's board serial number as the `serial` label of "
         "gpufleet_gpu_info. Off by default: some sites treat serials as asset data.",
+    )
+    pod_resources: bool = opt(
+        False, help="Also read the kubelet's PodResources API (Kubernetes node mode): each pod "
+        "holding GPUs is served as an allocation on the GPUs it holds, by UUID.",
+    )
+    pod_resources_socket: str = opt(
+        POD_RESOURCES_SOCKET, help="The kubelet's PodResources socket (mounted read-only from the "
+        "node).",
+    )
+    pod_resources_timeout: Duration = opt(
+        Duration(2), help="Longest the kubelet's two calls may take each; keep it well below "
+        "source_timeout, or a slow kubelet costs the GPUs' read too.", exclusive_min=0, max=30,
+    )
+    pod_resources_stale_for: Duration = opt(
+        Duration(300), help="How long the kubelet's last answer is served while it does not "
+        "answer; then the pods' allocations are dropped.", min=0,
     )

@@ -8,7 +8,8 @@ from the source's worker threads to ``/metrics`` runs as in production.
 
 The fake is described by :data:`ENV`, a JSON object:
 
-- ``gpus``: a list of :class:`FakeGpu` keyword arguments (``uuid`` required);
+- ``gpus``: a list of :class:`FakeGpu` keyword arguments (``uuid`` required; ``mig``, a
+  list of :class:`FakeMig` keyword arguments);
 - ``xids``: ``[gpu, xid, after_seconds]`` triples. Each XID is injected through the
   fake's event set (:meth:`FakeNvml.inject_xid`) ``after_seconds`` after the source
   registered that GPU for XID events, as the driver would report it; a line on
@@ -26,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from tests.helpers.fake_pynvml import FakeGpu, FakeNvml
+from tests.helpers.fake_pynvml import FakeGpu, FakeMig, FakeNvml
 
 ENV = "GPUFLEET_FAKE_NVML"
 REGISTER_TIMEOUT = 60.0  # seconds the injector waits for the source to register a GPU
@@ -41,7 +42,9 @@ def parse_spec(text: str) -> tuple[list[FakeGpu], list[tuple[int, int, float]]]:
     raw_gpus = spec.get("gpus")
     if not isinstance(raw_gpus, list) or not 1 <= len(raw_gpus) <= MAX_GPUS:
         raise ValueError(f"{ENV}.gpus: must be a list of 1 to {MAX_GPUS} GPUs")
-    gpus = [FakeGpu(**g) for g in raw_gpus]
+    gpus = [FakeGpu(**{**g, "mig": [FakeMig(**m) for m in g["mig"]]})
+            if isinstance(g, dict) and isinstance(g.get("mig"), list)
+            else FakeGpu(**g) for g in raw_gpus]
     xids = []
     for index, item in enumerate(spec.get("xids", [])):
         if not (isinstance(item, list) and len(item) == 3
