@@ -38,6 +38,7 @@ import yaml
 from exporter import config
 from exporter.sources import podresources
 from exporter.sources.kubernetes import build
+from exporter.sources.nvml_options import NvmlSource
 from tests.helpers import REPO
 from tests.helpers.fake_apiserver import FakeApiserver, read_objects
 from tests.helpers.tls import Pki, make_pki
@@ -620,6 +621,13 @@ def test_node_daemonset(tmp_path: Path) -> None:
     cfg = loaded_config(objs, "gpufleet-node", tmp_path)
     assert (cfg.sources.nvml.enabled, cfg.sources.nvml.node, cfg.sources.sim.enabled,
             cfg.advisor.enabled) == (True, "@NODE_NAME@", False, False)
+    # node mode reads the kubelet's PodResources through the socket mounted above, which is
+    # the option's default and the client's
+    assert cfg.sources.nvml.pod_resources is True
+    assert (cfg.sources.nvml.pod_resources_socket == NvmlSource().pod_resources_socket
+            == podresources.DEFAULT_SOCKET)
+    assert str(Path(cfg.sources.nvml.pod_resources_socket).parent) == \
+        mounts["pod-resources"]["mountPath"]
 
 
 def test_node_name_substitution_runs() -> None:
