@@ -310,4 +310,11 @@ sources:
         str(i): 0.0 for i in range(8)}
     assert {lab["gpu"]: v for lab, v in exported.all("gpufleet_gpu_up", node=NODE)} == {
         str(i): 1.0 for i in range(8)}
+    # the reason, one line, where an operator reads the sources' errors
+    snapshot = json.loads(await asyncio.to_thread(http_get, f"{exporter.url}/v1/snapshot"))
+    assert [(s["source"], s["up"], s["error"]) for s in snapshot["sources"]] == [
+        ("nvml", True, ""),
+        ("nvml", False, f"kubelet PodResources socket {path}: No such file or directory (on a "
+                        "Kubernetes node, mount /var/lib/kubelet/pod-resources into the container)")]
+    assert snapshot["sources"][1]["target"] == f"unix://{path}"
 
