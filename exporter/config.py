@@ -291,6 +291,13 @@ class Config:
         if kube is not None and kube.enabled and kube.sync_timeout >= self.source_timeout:
             raise ConfigError(f"sources.kubernetes.sync_timeout: must be below source_timeout "
                               f"({kube.sync_timeout:g}s >= {self.source_timeout:g}s)")
+        # and for the kubelet's calls in node mode: cancelled with the read, they would take
+        # the GPUs' fresh values with them
+        nvml = getattr(self.sources, "nvml", None)
+        if (nvml is not None and nvml.enabled and nvml.pod_resources
+                and nvml.pod_resources_timeout >= self.source_timeout):
+            raise ConfigError(f"sources.nvml.pod_resources_timeout: must be below source_timeout "
+                              f"({nvml.pod_resources_timeout:g}s >= {self.source_timeout:g}s)")
 
 
 def _type_name(tp: Any) -> str:

@@ -26,7 +26,8 @@ import grpc
 import pytest
 
 from exporter.collect import Collector
-from exporter.config import Duration
+from exporter.config import Config, ConfigError, Duration
+from exporter.config import build as build_config
 from exporter.snapshot import Allocation, Gpu, Placement
 from exporter.sources.nvml import NvmlGpuSource, build
 from exporter.sources.nvml_options import POD_RESOURCES_SOCKET, NvmlSource
@@ -153,6 +154,20 @@ def test_slices_of_one_gpu_held_by_one_pod_add_up() -> None:
 def test_the_option_default_is_the_kubelets_socket() -> None:
     assert POD_RESOURCES_SOCKET == DEFAULT_SOCKET == NvmlSource().pod_resources_socket
     assert NvmlSource().pod_resources is False
+
+
+def test_a_kubelet_deadline_at_or_past_the_source_timeout_is_refused() -> None:
+    """The collector would cancel the whole read first, the GPUs' fresh values with it."""
+    with pytest.raises(ConfigError) as caught:
+        build_config(Config, {"source_timeout": 3, "sources": {"nvml": {
+            "enabled": True, "pod_resources": True, "pod_resources_timeout": "3s"}}})
+    assert str(caught.value) == ("sources.nvml.pod_resources_timeout: must be below "
+                                 "source_timeout (3s >= 3s)")
+    assert build_config(Config, {"source_timeout": 3, "sources": {"nvml": {
+        "enabled": True, "pod_resources": True}}}).sources.nvml.pod_resources_timeout == 2
+    # the kubelet not read: its deadline does not matter
+    assert build_config(Config, {"source_timeout": 1, "sources": {"nvml": {
+        "enabled": True}}}).sources.nvml.pod_resources_timeout == 2
 
 
 def test_the_nvml_source_imports_grpc_only_when_the_kubelet_is_read() -> None:
