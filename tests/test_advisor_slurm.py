@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import time
 from pathlib import Path
@@ -107,3 +108,54 @@ def test_a_comment_reaches_the_plan_through_real_slurm(slurm, fmt):
     again = plan_compaction(unstated, report, "pool:gpu-h100", LATER, SETTINGS)
     cost = {m.job: m.cost_gpu_seconds for m in again.migrations}[slurm.ids["stray"]]
     assert 0 <= cost < 900
+
+
+def test_a_stale_stated_checkpoint_fires_its_alert_through_prometheus(
+        slurm, exporter_factory, prometheus_factory, tmp_path, capsys):
+    """Real Slurm -> a real exporter (slurm source, advisor) -> Prometheus with the rules
+    generated from the committed table (every `for` x 0.01: 5m -> 3s): a job whose comment
+    says it checkpointed an hour ago fires GpuJobCheckpointStale; the module's other jobs do
+    not (one states a checkpoint in the future, so age 0; the rest state none: assumed)."""
+    from exporter.cli import main
+    from tests.helpers import REPO
+    from tests.helpers.alerting import prometheus_config
+    from tests.helpers.servers import free_port, http_get
+
+    stated = time.time() - 3600
+    stale = slurm.sbatch("-p", "gpu-h200", "-w", "gpu-001", "--gres=gpu:h200:1",
+                         f"--comment=last-checkpoint={stated:.0f}")
+    slurm.wait_states({stale: "RUNNING"})
+    rules = tmp_path / "rules"
+    assert main(["rules", "--out", str(rules), "--for-scale", "0.01",
+                 "--thresholds", str(REPO / "rules" / "thresholds.yaml")]) == 0
+    capsys.readouterr()
+    exporter = exporter_factory(config=f"""
+collect_interval: 1s
+sources:
+  sim: {{enabled: false}}
+  slurm: {{enabled: true, slurm_conf: {slurm.conf}}}
+advisor: {{outbox: {tmp_path / "outbox.sqlite"}}}
+""")
+    prom = prometheus_factory(prometheus_config(
+        exporter.port, free_port(),  # no Alertmanager: the alert's state is Prometheus' own
+        [str(rules / "gpufleet-recording.yaml"), str(rules / "gpufleet-alerts.yaml")]))
+    firing = prom.wait_for('ALERTS{alertname="GpuJobCheckpointStale",alertstate="firing"}',
+                           lambda result: result, timeout=60)
+    # this Slurm has no accounts: the job's account and namespace are empty, so Prometheus
+    # stores no such labels and the ticket groups per cluster instead of per account
+    assert [r["metric"] for r in firing] == [{
+        "__name__": "ALERTS", "alertname": "GpuJobCheckpointStale", "alertstate": "firing",
+        "severity": "warning", "page": "false", "exported_job": stale}]
+    (alert,) = [a for a in json.loads(http_get(f"{prom.url}/api/v1/alerts"))["data"]["alerts"]
+                if a["labels"]["alertname"] == "GpuJobCheckpointStale"]
+    assert alert["annotations"]["description"].startswith(
+        f"Job {stale} (namespace , account ) last checkpointed 1h ")
+    assert alert["annotations"]["runbook_url"] == "docs/runbooks.md#gpujobcheckpointstale"
+    (age,) = prom.query(f'gpufleet_job_checkpoint_age_seconds{{exported_job="{stale}"}}')
+    assert age["metric"]["source"] == "stated"
+    assert 3600 <= float(age["value"][1]) - (float(age["value"][0]) - time.time()) <= 3600 + 120
+    ages = {r["metric"]["exported_job"]: (r["metric"]["source"], float(r["value"][1]))
+            for r in prom.query("gpufleet_job_checkpoint_age_seconds")}
+    assert ages[slurm.ids["stray"]] == ("stated", 0.0)  # a checkpoint "in the future": age 0
+    assert {source for job, (source, _) in ages.items()
+            if job not in (stale, slurm.ids["stray"])} == {"assumed"}
