@@ -333,3 +333,19 @@ sources:
                         "Kubernetes node, mount /var/lib/kubelet/pod-resources into the container)")]
     assert snapshot["sources"][1]["target"] == f"unix://{path}"
 
+
+
+@pytest.mark.slow
+def test_the_bench_runs() -> None:
+    """bench/kubelet_pods.py, whose figures docs/sources.md quotes, still runs (3 reads)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    done = subprocess.run([sys.executable, "bench/kubelet_pods.py", "--reads", "3"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == [
+        "110 pods, 8 GPUs held", "5,000 pods x 20 replica ids (the caps)"]
+    assert "8 allocations;" in done.stdout and "5,000 allocations;" in done.stdout
