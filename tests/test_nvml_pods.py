@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -39,6 +41,7 @@ from exporter.sources.podresources import (
     parse_list,
 )
 from exporter.sources.podresources_v1 import api_pb2 as pb
+from tests.helpers import REPO
 from tests.helpers.exported import Exported
 from tests.helpers.fake_nvml_exporter import ENV
 from tests.helpers.fake_pynvml import GIB, FakeGpu, FakeMig, FakeNvml
@@ -338,11 +341,6 @@ sources:
 @pytest.mark.slow
 def test_the_bench_runs() -> None:
     """bench/kubelet_pods.py, whose figures docs/sources.md quotes, still runs (3 reads)."""
-    import subprocess
-    import sys
-
-    from tests.helpers import REPO
-
     done = subprocess.run([sys.executable, "bench/kubelet_pods.py", "--reads", "3"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
