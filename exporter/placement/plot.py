@@ -16,7 +16,7 @@ from exporter.placement.replay import Row
 
 # One colour per policy, the same in every figure; fgd stands out.
 COLOURS = {"fgd": "#d62728", "tiered": "#ff7f0e", "bestfit": "#1f77b4", "packing": "#2ca02c",
-           "dotprod": "#9467bd", "random": "#7f7f7f"}
+           "dotprod": "#9467bd", "random": "#7f7f7f", "lookahead": "#8c564b"}
 PANELS = (
     ("alloc_pct", "GPU allocation (% of GPUs)"),
     ("frag_pct", "Fragmented GPUs (% of GPUs)"),
