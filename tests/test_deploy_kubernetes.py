@@ -36,11 +36,14 @@ import pytest
 import yaml
 
 from exporter import config
+from exporter.serve_cmd import exposition_options
 from exporter.sources import podresources
-from exporter.sources.kubernetes import build
+from exporter.sources.kubernetes import KubernetesAllocationSource, build
+from exporter.sources.nvml import build as build_nvml
 from exporter.sources.nvml_options import NvmlSource
 from tests.helpers import REPO
 from tests.helpers.fake_apiserver import FakeApiserver, read_objects
+from tests.helpers.fake_pynvml import FakeGpu, FakeNvml
 from tests.helpers.tls import Pki, make_pki
 
 K8S = REPO / "deploy" / "kubernetes"
@@ -621,13 +624,31 @@ def test_node_daemonset(tmp_path: Path) -> None:
     cfg = loaded_config(objs, "gpufleet-node", tmp_path)
     assert (cfg.sources.nvml.enabled, cfg.sources.nvml.node, cfg.sources.sim.enabled,
             cfg.advisor.enabled) == (True, "@NODE_NAME@", False, False)
-    # node mode reads the kubelet's PodResources through the socket mounted above, which is
-    # the option's default and the client's
-    assert cfg.sources.nvml.pod_resources is True
+    # the kubelet's PodResources socket, as node.yaml names it, is inside the mount above, and
+    # is the option's default and the client's
     assert (cfg.sources.nvml.pod_resources_socket == NvmlSource().pod_resources_socket
             == podresources.DEFAULT_SOCKET)
     assert str(Path(cfg.sources.nvml.pod_resources_socket).parent) == \
         mounts["pod-resources"]["mountPath"]
+
+
+def test_one_producer_of_the_scheduler_families(tmp_path: Path) -> None:
+    """The node and cluster overlays are applied side by side (docs/deploy.md, path 2), so only
+    one may serve the scheduler's families (gpufleet_gpu_allocation_info, _allocated_ratio...):
+    cluster mode, whose Kubernetes source is an allocation source. The node DaemonSet's nvml
+    source, built from node.yaml on the fake pynvml, must then know no jobs: pod_resources off
+    (on, it would serve every allocation a second time)."""
+    node = loaded_config(objects("node"), "gpufleet-node", tmp_path)
+    cluster = loaded_config(objects("cluster"), "gpufleet-cluster", tmp_path)
+    assert node.sources.nvml.pod_resources is False
+    source = build_nvml(node.sources.nvml, lambda: 0.0,
+                        nvml=FakeNvml([FakeGpu("GPU-00000000-0000-0000-0000-000000000000")]))
+    try:
+        assert exposition_options(node, ["nvml"], [source]).reads_scheduler is False
+    finally:
+        asyncio.run(source.close())
+    assert cluster.sources.kubernetes.enabled is True
+    assert KubernetesAllocationSource.role == "allocation"
 
 
 def test_node_name_substitution_runs() -> None:
