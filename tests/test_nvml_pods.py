@@ -154,6 +154,19 @@ def test_slices_of_one_gpu_held_by_one_pod_add_up() -> None:
         alloc("lab", "notebook-a", (3,), 1.0), alloc("serving", "infer-0", (4,), 0.571429))
 
 
+def test_a_pod_name_kubernetes_would_refuse_is_not_served() -> None:
+    """Namespace and pod become label values: empty, over 253 characters or unprintable
+    (none of which a real kubelet sends) is left out with its devices, counted."""
+    listed = pb.ListPodResourcesResponse(pod_resources=[
+        pod("lab", "x" * 254, ("c", [devices("nvidia.com/gpu", H100_UUIDS[5])])),
+        pod("lab", "bad\nname", ("c", [devices("nvidia.com/gpu", H100_UUIDS[6])])),
+        pod("", "no-namespace", ("c", [devices("nvidia.com/gpu", H100_UUIDS[7])])),
+        pod("lab", "y" * 253, ("c", [devices("nvidia.com/gpu", H100_UUIDS[1])]))])
+    answer = NodeGpus(parse_list(listed), ())
+    assert join(NODE, nvml_gpus(), (), answer) == Joined(
+        (alloc("lab", "y" * 253, (1,), 1.0),), unknown=3)
+
+
 def test_the_option_default_is_the_kubelets_socket() -> None:
     assert POD_RESOURCES_SOCKET == DEFAULT_SOCKET == NvmlSource().pod_resources_socket
     assert NvmlSource().pod_resources is False

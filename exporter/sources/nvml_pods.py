@@ -35,7 +35,9 @@ What maps to what (:func:`join`)
       source, cluster mode), not the kubelet's.
     - A device id NVML does not know (a GPU not seen at start, a MIG UUID NVML did not
       give, a replica of a GPU not in the allocatable list) is left out and counted in
-      :attr:`Joined.unknown`, never placed on a guessed GPU.
+      :attr:`Joined.unknown`, never placed on a guessed GPU; so are the devices of a pod
+      whose namespace or name Kubernetes would not accept (empty, over 253 characters,
+      unprintable), since they become label values.
 
 Failure
     The kubelet is the nvml source's one target, ``unix://<socket>``. A missing socket, a
@@ -72,6 +74,12 @@ from exporter.sources.podresources import (
 
 log = logging.getLogger(__name__)
 
+MAX_NAME = 253  # longest name Kubernetes accepts (a DNS subdomain); a longer one is not a pod's
+
+
+def _name_ok(name: str) -> bool:
+    return 0 < len(name) <= MAX_NAME and name.isprintable()
+
 
 @dataclass(frozen=True, slots=True)
 class MigDevice:
@@ -101,6 +109,9 @@ def join(node: str, gpus: Iterable[Gpu], migs: Iterable[MigDevice], answer: Node
     held: dict[tuple[str, str], dict[int, float]] = {}  # (namespace, pod) -> index -> share
     unknown = 0
     for assignment in answer.assignments:
+        if not (_name_ok(assignment.namespace) and _name_ok(assignment.pod)):
+            unknown += len(assignment.device_ids)
+            continue
         shares = held.setdefault((assignment.namespace, assignment.pod), {})
         for device_id in assignment.device_ids:
             uuid = physical_id(device_id)
