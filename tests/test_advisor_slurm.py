@@ -149,7 +149,7 @@ advisor: {{outbox: {tmp_path / "outbox.sqlite"}}}
     (alert,) = [a for a in json.loads(http_get(f"{prom.url}/api/v1/alerts"))["data"]["alerts"]
                 if a["labels"]["alertname"] == "GpuJobCheckpointStale"]
     assert alert["annotations"]["description"].startswith(
-        f"Job {stale} (namespace , account ) last checkpointed 1h ")
+        f"Job {stale} last checkpointed 1h ")
     assert alert["annotations"]["runbook_url"] == "docs/runbooks.md#gpujobcheckpointstale"
     (age,) = prom.query(f'gpufleet_job_checkpoint_age_seconds{{exported_job="{stale}"}}')
     assert age["metric"]["source"] == "stated"

@@ -98,17 +98,20 @@ METRICS: dict[str, MetricDef] = {
                   "max by (cluster, exported_job, namespace, account) (\n"
                   '  gpufleet_job_checkpoint_age_seconds{source="stated"}\n)',
                   "seconds", "job", (">", ">="),
-                  "Job {{ $labels.exported_job }} (namespace {{ $labels.namespace }}, account "
-                  "{{ $labels.account }}) last checkpointed <VALUE> ago, <RELATION> <THRESHOLD> "
-                  "for <FOR>: that much work of each GPU it holds is not saved."),
+                  # a scheduler without accounts leaves the label empty (not stored): said only
+                  # when there is one
+                  "Job {{ $labels.exported_job }}{{ with $labels.account }} (account {{ . }})"
+                  "{{ end }} last checkpointed <VALUE> ago, <RELATION> <THRESHOLD> for <FOR>: "
+                  "that much work of each GPU it holds is not saved."),
         # Multi-node jobs only (the family has no series for a single-node job); maxed by
         # the job's constant labels for the same reason as above.
         MetricDef("job_nvlink_generations",
                   "max by (cluster, exported_job, namespace) (gpufleet_job_nvlink_generations)",
                   "count", "job", (">", ">="),
-                  "Multi-node job {{ $labels.exported_job }} (namespace {{ $labels.namespace }}) "
-                  "runs on GPUs of <VALUE> NVLink generations for <FOR>: they do not "
-                  "interconnect (Blackwell's NVLink 5, Hopper's NVLink 4), so its traffic "
+                  "Multi-node job {{ $labels.exported_job }}{{ with $labels.namespace }} "
+                  "(namespace {{ . }}){{ end }} runs on GPUs of <VALUE> NVLink generations for "
+                  "<FOR>: they do not interconnect (Blackwell's NVLink 5, Hopper's NVLink 4), "
+                  "so its traffic "
                   "between them falls back to the network."),
         MetricDef("gpu_memory_used", "gpu:gpufleet_gpu_memory_used:ratio", "ratio", "gpu",
                   (">", ">="),
