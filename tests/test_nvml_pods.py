@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -270,6 +271,28 @@ async def test_pods_on_their_gpus_then_the_kubelet_goes_away(kubelet: Any) -> No
         assert allocations_by_gpu(exported) == {}
         assert set(ratios(exported).values()) == {0.0}
         assert target_up(exported, path) == 0.0
+
+        # a dead kubelet's socket left behind (bound, not listening): gRPC fails to connect
+        with socket.socket(socket.AF_UNIX) as dead:
+            dead.bind(path)
+            now[0] += 5
+            snapshot = await collector.collect()
+            (error,) = [s.error for s in snapshot.sources if s.target]
+            assert error.startswith(f"kubelet PodResources List at {path}: UNAVAILABLE: ")
+        os.unlink(path)
+
+        # the kubelet restarts on the same socket: the next read finds it (a new channel,
+        # not gRPC's reconnection backoff) and serves its pods again
+        servicer.listed = pb.ListPodResourcesResponse(pod_resources=[
+            pod(*VLLM, ("main", [devices("nvidia.com/gpu", H100_UUIDS[7])]))])
+        restarted = await start_kubelet(servicer, path)
+        try:
+            now[0] += 5
+            exported = Exported.of(await collector.collect())
+            assert target_up(exported, path) == 1.0
+            assert allocations_by_gpu(exported) == {"7": [f"{VLLM[0]}/{VLLM[1]}"]}
+        finally:
+            await restarted.stop(grace=None)
     finally:
         await source.close()
 

@@ -183,6 +183,9 @@ class PodGpus:
                 log.warning("kubelet PodResources unreadable; serving its last answer",
                             extra={"err": error})
             self._error = error
+            # a new channel next time: gRPC's own reconnection backs off (up to 120 s), which
+            # would keep a restarted kubelet unread for minutes after it is back
+            await self.client.close()
         else:
             if self._error:
                 log.info("kubelet PodResources answers again", extra={"target": self.target})

@@ -196,6 +196,12 @@ class PodResourcesClient:
                     ("grpc.max_send_message_length", 1024),
                     # one answer per call: a retry would hide a kubelet that is down
                     ("grpc.enable_retries", 0),
+                    # a channel of its own connection: the global subchannel pool would keep
+                    # a failed connection's reconnect backoff (up to 120 s) across channels,
+                    # so a restarted kubelet would stay unread for minutes after it is back
+                    ("grpc.use_local_subchannel_pool", 1),
+                    # a local socket: retrying a connection within a second costs nothing
+                    ("grpc.max_reconnect_backoff_ms", 1000),
                 ],
             )
         return api_pb2_grpc.PodResourcesListerStub(self._channel)
