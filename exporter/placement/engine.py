@@ -410,8 +410,9 @@ def place_all(state: FleetState, tasks: Sequence[Task], policy: str, rng: np.ran
     """Place tasks one after another (arrivals only); the final state and how many fit nowhere."""
     placer = Placer(state, workload)
     failed = 0
-    for task in tasks:
-        found = placer.place(task, policy, rng)
+    for i, task in enumerate(tasks):
+        # lookahead knows the next task, as a scheduler with a queue of two would
+        found = placer.place(task, policy, rng, queued=tasks[i + 1] if i + 1 < len(tasks) else None)
         if found is None:
             failed += 1
         else:

@@ -29,6 +29,8 @@ simulator, ``pkg/simulator/plugin``):
   it fills a gap rather than opens a new node.
 - ``random``: any node it fits on, any GPU it fits on.
 - ``tiered`` is ``fgd`` on the models its tier allows (see :mod:`.tiers`).
+- ``lookahead`` is scored as ``fgd``; the placer then picks among fgd's best
+  few by the pod queued behind (:meth:`~exporter.placement.engine.Placer.place`).
 """
 
 from __future__ import annotations
