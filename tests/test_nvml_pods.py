@@ -155,6 +155,18 @@ def test_slices_of_one_gpu_held_by_one_pod_add_up() -> None:
         alloc("lab", "notebook-a", (3,), 1.0), alloc("serving", "infer-0", (4,), 0.571429))
 
 
+def test_a_time_sliced_mig_device() -> None:
+    """MIG and time-slicing together (the device plugin shares MIG devices too): replica 0 of
+    a 1g instance advertised twice is half of 1/7 of its GPU."""
+    listed = pb.ListPodResourcesResponse(pod_resources=[
+        pod("lab", "tiny", ("c", [devices("nvidia.com/mig-1g.10gb.shared", f"{MIG_1G}::0")]))])
+    allocatable = pb.AllocatableResourcesResponse(devices=[
+        devices("nvidia.com/mig-1g.10gb.shared", f"{MIG_1G}::0", f"{MIG_1G}::1")])
+    answer = NodeGpus(parse_list(listed), parse_allocatable(allocatable))
+    assert join(NODE, nvml_gpus(), NVML_MIGS, answer) == Joined(
+        (alloc("lab", "tiny", (4,), 0.071429),), unknown=0)
+
+
 def test_a_pod_name_kubernetes_would_refuse_is_not_served() -> None:
     """Namespace and pod become label values: empty, over 253 characters or unprintable
     (none of which a real kubelet sends) is left out with its devices, counted."""
