@@ -171,10 +171,10 @@ class PodGpus:
             # return_exceptions: one call failing must not leave the other running unawaited
             listed, devices = await asyncio.gather(self.client.list(), self.client.allocatable(),
                                                    return_exceptions=True)
-            for result in (listed, devices):
-                if isinstance(result, BaseException):
-                    raise result
-            assert not isinstance(listed, BaseException) and not isinstance(devices, BaseException)
+            if isinstance(listed, BaseException):
+                raise listed
+            if isinstance(devices, BaseException):
+                raise devices
             assignments, allocatable = listed, devices
         except Exception as exc:  # whatever the kubelet does, the GPUs' read goes on
             error = str(exc) if isinstance(exc, PodResourcesError) else one_line(
