@@ -71,8 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="runs at a time, one core each (default: the number of cores)")
     research = parser.add_argument_group("fgd's near-ties (research knobs; docs/replay.md)")
     research.add_argument("--fgd-tie", type=float, default=FGD_TIES.gpus, metavar="GPUS",
-                          help="fgd and tiered treat growths of F within GPUS + REL x |least growth| of "
-                          f"the least as near-ties (default {FGD_TIES.gpus:g})")
+                          help="fgd, tiered and lookahead treat growths of F within GPUS + REL x |least "
+                          f"growth| of the least as near-ties (default {FGD_TIES.gpus:g})")
     research.add_argument("--fgd-tie-rel", type=float, default=FGD_TIES.relative, metavar="REL",
                           help=f"the relative part of that band (default {FGD_TIES.relative:g})")
     research.add_argument("--fgd-second", choices=FGD_SECONDS, default=FGD_TIES.second,

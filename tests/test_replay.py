@@ -171,6 +171,7 @@ def test_replay_on_the_simulated_fleet(tmp_path, capsys):
     (["--arrive", "0"], "--arrive: must be in (0, 10]"),
     (["--sim"], "give either --nodes NODES.csv or --sim"),
     (["--fgd-tie", "2"], "--fgd-tie: must be in [0, 1]"),
+    (["--fgd-tie-rel", "-0.1"], "--fgd-tie-rel: must be in [0, 1]"),
 ])
 def test_usage_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
     nodes, pods = trace_subset(tmp_path, nodes=5, pods=20)
