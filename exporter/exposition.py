@@ -434,6 +434,9 @@ def render_families(families: Iterable[Family],
 GPU_SNAPSHOT_FAMILIES = (metrics.GPU_INFO, metrics.GPU_ALLOCATED_RATIO, metrics.GPU_ALLOCATION_INFO,
                          metrics.GPU_MIG_INSTANCE_INFO, metrics.GPU_MIG_MEMORY_TOTAL_BYTES,
                          metrics.GPU_MIG_MEMORY_USED_BYTES)
+# which of a block's inputs each of them reads (the block renderer's groups): the GPU's
+# identity and firmware, its holders, its MIG instances
+_SNAPSHOT_READS = (0, 1, 1, 2, 2, 2)
 
 
 def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
@@ -708,31 +711,41 @@ def _render_blocks(snapshot: FleetSnapshot, labels: LabelCache, extra: Iterable[
     # gpu_info, allocation and MIG, per chunk, rebuilt only where a GPU's inputs changed
     generation = _generations(snapshot)
     held = snapshot.gpu_allocations()
-    chunks: list[tuple[int, tuple[Gpu, ...], list[object], list[Samples]]] = []
+    chunks: list[tuple[int, tuple[Gpu, ...], list[str], tuple[list[object], ...], list[Samples]]] = []
     for start in range(0, max(len(gpus), 1), _CHUNK):
         part = gpus[start:start + _CHUNK]
-        # everything gpu_snapshot_samples reads: label text, node's generation, firmware, MIG,
-        # holders (Allocation objects compare by value)
-        inputs: list[object] = [(t, generation.get(g.node), g.driver_version, g.vbios_version, g.pci_bus_id,
-                   g.serial, g.mig, held.get((g.node, g.index)))
-                  for g, t in zip(part, texts[start:start + _CHUNK], strict=True)] if specs else []
-        chunks.append((start, part, inputs, []))
+        chunk_texts = texts[start:start + _CHUNK]
+        # what gpu_snapshot_samples reads, per group of families (_SNAPSHOT_READS): the
+        # label text and node's generation and firmware; the holders (Allocation objects
+        # compare by value); the MIG instances. A job that starts re-renders the allocation
+        # families of its GPUs' block, not their gpu_info.
+        inputs: tuple[list[object], ...] = (
+            [(t, generation.get(g.node), g.driver_version, g.vbios_version, g.pci_bus_id, g.serial)
+             for g, t in zip(part, chunk_texts, strict=True)],
+            [(t, held.get((g.node, g.index))) for g, t in zip(part, chunk_texts, strict=True)],
+            [(t, g.mig) for g, t in zip(part, chunk_texts, strict=True)],
+        ) if specs else ([], [], [])
+        chunks.append((start, part, chunk_texts, inputs, []))
     for k, spec in enumerate(GPU_SNAPSHOT_FAMILIES):
         if spec not in specs:
             continue
-        for start, part, inputs, built in chunks:
+        for start, part, chunk_texts, inputs, built in chunks:
 
-            def make_snapshot(part=part, built=built, k=k, spec=spec,
-                              start=start) -> tuple[str, int]:
+            def make_snapshot(part=part, built=built, k=k, spec=spec, start=start,
+                              chunk_texts=chunk_texts) -> tuple[str, int]:
                 if not built:  # the first family of this chunk to change builds them all
                     built.extend(gpu_snapshot_samples(part, generation, held))
+                if spec is metrics.GPU_ALLOCATED_RATIO:  # identity labels only: one per GPU
+                    head = _header(spec.name, spec.type, spec.help) if not start else ""
+                    lines = _value_lines(spec.name, chunk_texts, [v for _, v in built[k]], fmt)
+                    return head + "".join(lines), len(lines)
                 lines = render_families([spec.family(built[k])], options)
                 if start:
                     lines = lines[1:]  # the header once, in the first chunk
                     return "".join(lines), len(lines)
                 return "".join(lines), len(lines) - 1
 
-            add((spec.name, start), None, inputs, make_snapshot)
+            add((spec.name, start), None, inputs[_SNAPSHOT_READS[k]], make_snapshot)
 
     for family in [*fleet_families(snapshot), *extra]:
         if not options.serves_name(family.name):
