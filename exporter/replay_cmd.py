@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{openb.DEFAULT_TRACE}, built in; openb-<variant> is read from $GPUFLEET_DATA); "
                         "with --sim, only its pods are used")
     parser.add_argument("--policy", default=",".join(POLICIES), metavar="LIST",
-                        help="comma-separated placement policies (default: all six)")
+                        help="comma-separated placement policies (default: all of them)")
     parser.add_argument("--seeds", default="42", metavar="LIST",
                         help="comma-separated seeds, or a range such as 42-44 (default 42)")
     parser.add_argument("--arrive", type=float, default=1.3, metavar="X",
