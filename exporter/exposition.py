@@ -257,9 +257,10 @@ class ExpositionOptions:
     - ``scheduler``: the scheduler's view joined to the GPUs: ``gpu_allocated_ratio``,
       ``gpu_allocation_info``, ``allocation_*``, ``node_cpu_allocated_cores``, ``pending_*``.
       Served only where this process knows the jobs: it reads the scheduler (a source whose
-      role is ``allocation``: Slurm) or is one (the simulator; dcgm-exporter's pod labels),
-      whatever ``per_gpu`` says. NVML knows no jobs: its zeros beside cluster mode's Slurm
-      view would count every GPU idle. Read back from Prometheus they would be a copy.
+      role is ``allocation``: Slurm, Kubernetes) or is one (the simulator; dcgm-exporter's pod
+      labels; NVML with the kubelet's PodResources), whatever ``per_gpu`` says. Plain NVML
+      knows no jobs: its zeros beside cluster mode's Slurm view would count every GPU idle.
+      Read back from Prometheus they would be a copy.
     - ``fleet``: computed by this process over its whole snapshot, or about itself:
       fragmentation, pools, the advisor, source health, composition, build info. Always.
 
@@ -276,7 +277,7 @@ class ExpositionOptions:
         if producer == "node":
             return self.per_gpu
         if producer == "scheduler":
-            # only where jobs are known: an NVML node exporter knows none, and its zeros
+            # only where jobs are known: a plain NVML node exporter knows none, and its zeros
             # beside cluster mode's Slurm view would count every GPU as idle
             return self.reads_scheduler
         return True
