@@ -501,6 +501,24 @@ def test_a_dra_mig_device_holds_its_profiles_slices_of_its_gpu():
     assert without.allocations[0].placements == (Placement("gpu-node-2", (2,), 1 / 7, 0.0),)
 
 
+def test_a_slice_device_with_a_negative_index_is_no_gpu():
+    # index.int is the driver's word; -5 once raised IndexError on every read, holding the
+    # whole source down until the slice changed
+    from exporter.catalogue import default_catalogue
+    from exporter.sources.kubernetes import slice_record, to_snapshot
+
+    node = node_record(next(o for o in read_objects(RECORDED)
+                            if o["metadata"]["name"] == "gpu-node-2"))
+    piece = slice_record({"spec": {"nodeName": "gpu-node-2", "driver": "gpu.nvidia.com",
+                                   "pool": {"name": "gpu-node-2"}, "devices": [
+        {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "index": {"int": -5},
+                                         "uuid": {"string": "GPU-planted"}}}]}})
+    snapshot, _ = to_snapshot(0, [node], [], {}, [piece], default_catalogue())
+    without, _ = to_snapshot(0, [node], [], {}, [], default_catalogue())
+    assert "GPU-planted" not in {g.uuid for g in snapshot.gpus}
+    assert [g.uuid for g in snapshot.gpus] == [g.uuid for g in without.gpus]
+
+
 async def test_a_kubeconfig_exec_plugin_is_run_again_once_its_token_expires(apiserver,
                                                                            tmp_path):
     """The credential plugins of EKS, GKE and AKS kubeconfigs: ``user.exec`` prints an

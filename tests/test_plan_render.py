@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -183,6 +184,21 @@ def test_the_stream_parses_back_to_the_objects() -> None:
         assert text.count("\n---\n") == 3  # one per object
         assert [o for o in yaml.safe_load_all(text) if o is not None] == objects(docs)
         assert list(yaml.safe_load_all(text)).count(None) == 0  # no empty document
+
+
+def test_a_line_break_in_a_name_stays_inside_its_comment() -> None:
+    # the job name is the sender's text; with a raw line break it would end the comment and
+    # put a document of its own choosing into the stream kubectl applies
+    evil = dataclasses.replace(MIGRATE, job="vllm\n---\napiVersion: v1\nkind: Secret\n"
+                                            "metadata: {name: planted, namespace: default}")
+    plan = make_plan(evil)
+    for render in (render_koordinator, render_evictions):
+        docs = render(plan, NOW)
+        text = to_yaml(docs, ["header"])
+        assert [o for o in yaml.safe_load_all(text) if o is not None] == objects(docs)
+        assert text.count("\n---\n") == 1
+        assert "# order 1: migrate dynamo-workload/vllm-agg-0-vllmdecodeworker-s65j5 (vllm --- " \
+               "apiVersion: v1 kind: Secret " in text
 
 
 # --- refusals ----------------------------------------------------------------------------

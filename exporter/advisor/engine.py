@@ -303,10 +303,11 @@ class Advisor:
             return
         advice["plan"] = plan
         advice["plan_proposed_at"] = self.plan_at
-        advice["reasons"].append(
+        # a new list: a hold's reasons are kept (last_hold) and served again at its recheck
+        advice["reasons"] = [*advice["reasons"],
             f"plan {plan['plan_id']} proposed {_minutes(now - self.plan_at)} ago stays valid until "
             f"{time.strftime('%H:%M:%S', time.gmtime(plan['expires_at']))} UTC; this "
-            "evaluation proposes no new one")
+            "evaluation proposes no new one"]
 
     def current(self) -> dict[str, Any] | None:
         """The last advice as ``GET /v1/advice`` serves it: a plan that expired since that

@@ -276,13 +276,20 @@ def render_evictions(plan: CompactionPlan, now: float) -> list[Document]:
     return documents
 
 
+def _comment(line: str) -> str:
+    """One comment line. Comments carry names from the plan (jobs, scopes); a line break in
+    one would end the comment and put what follows (``---`` and an object of the sender's
+    choosing) into the stream ``kubectl apply`` reads, so every line break becomes a space."""
+    return "# " + " ".join(line.splitlines()) + "\n"
+
+
 def to_yaml(documents: Iterable[Document], header: Iterable[str] = ()) -> str:
     """A multi-document YAML stream for ``kubectl apply -f -``: each object's comments open
     its document; a move without an object is a comment between documents, never an empty
     document."""
-    parts = [f"# {line}\n" for line in header]
+    parts = [_comment(line) for line in header]
     for doc in documents:
-        comments = [f"# {line}\n" for line in doc.comments]
+        comments = [_comment(line) for line in doc.comments]
         if doc.obj is None:  # between documents: no empty document for kubectl to meet
             parts += comments
             continue

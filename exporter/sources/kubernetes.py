@@ -656,7 +656,7 @@ def to_snapshot(
     profiles: dict[str, dict[str, str]] = {}  # pool -> DRA device name -> its MIG profile
     for piece in slices:
         for device_name, device in piece.devices:
-            if device.uuid and not device.profile and device.index < 64:
+            if device.uuid and not device.profile and 0 <= device.index < 64:
                 row = uuids.setdefault(piece.node or piece.pool, [])
                 row.extend([""] * (device.index + 1 - len(row)))
                 row[device.index] = device.uuid
@@ -856,8 +856,10 @@ class KubernetesAllocationSource:
         informers = self._informers.informers
         if not await self._informers.synced(self.config.sync_timeout):
             waiting = [i for i in informers if not i.synced.is_set()]
+            # the lists may have ended as the wait did: then none is waiting
+            why = waiting[0].error if waiting else "the lists ended as the wait did"
             raise KubernetesError(f"no first list within sync_timeout "
-                                  f"({self.config.sync_timeout:g}s): {waiting[0].error}")
+                                  f"({self.config.sync_timeout:g}s): {why}")
         down = [i for i in informers if not i.healthy and not i.not_served]
         if down:
             raise KubernetesError(down[0].error)
