@@ -501,6 +501,31 @@ def test_a_dra_mig_device_holds_its_profiles_slices_of_its_gpu():
     assert without.allocations[0].placements == (Placement("gpu-node-2", (2,), 1 / 7, 0.0),)
 
 
+def test_with_a_pool_label_pending_demand_lands_in_its_products_pool():
+    # pools are the pool label's values then, not product names: a waiting pod that asks for
+    # H100s by product is demand on the pool the H100 nodes are in
+    import copy
+
+    from exporter.catalogue import default_catalogue
+    from exporter.sources.kubernetes import to_snapshot
+
+    nodes = []
+    for obj in read_objects(RECORDED):
+        if obj["kind"] == "Node":
+            obj = copy.deepcopy(obj)
+            h100 = obj["metadata"]["labels"].get("nvidia.com/gpu.product", "").startswith("NVIDIA-H100")
+            obj["metadata"]["labels"]["example.com/pool"] = "train" if h100 else "serve"
+            nodes.append(node_record(obj, "example.com/pool"))
+    waiting = pod_record({
+        "metadata": {"name": "w-0", "namespace": "ml", "creationTimestamp": "2026-03-10T03:41:05Z"},
+        "spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                 "containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+        "status": {"phase": "Pending"}})
+    snapshot, _ = to_snapshot(0, [n for n in nodes if n], [waiting], {}, [], default_catalogue())
+    assert {n.pool for n in snapshot.nodes} == {"train", "serve"}
+    assert [(r.pool, r.gpu_count) for r in snapshot.pending] == [("train", 2)]
+
+
 def test_a_slice_device_with_a_negative_index_is_no_gpu():
     # index.int is the driver's word; -5 once raised IndexError on every read, holding the
     # whole source down until the slice changed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -139,3 +140,14 @@ def test_predictive_mode_is_reactive_before_a_day_of_history():
     predictive = LoadTracker(window=4, table=ScalingTable(SETTINGS, mode="predictive"))
     daily(predictive, days=1, until_hour=20)
     assert predictive.advice()[0].forecast_peak is None
+
+
+def test_a_pool_the_fleet_no_longer_has_is_forgotten():
+    tracker = LoadTracker(window=4, table=ScalingTable(SETTINGS))
+    tracker.observe(snapshot(0, busy=4))
+    assert [a.pool for a in tracker.advice()] == ["a"]
+    gone = dataclasses.replace(snapshot(1, busy=0), nodes=(), gpus=(), allocations=())
+    tracker.observe(gone)
+    assert tracker.advice() == [] and tracker.pools == {}
+    tracker.observe(snapshot(2, busy=4))  # back: starts again
+    assert [(a.pool, a.changes) for a in tracker.advice()] == [("a", {"up": 0, "down": 0})]

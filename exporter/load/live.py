@@ -148,7 +148,12 @@ class LoadTracker:
             return
         self._seen = snapshot
         now = snapshot.taken_at
-        for pool, sample in pool_samples(snapshot).items():
+        samples = pool_samples(snapshot)
+        # a pool the fleet no longer has (no GPUs, no waiting job) is forgotten: its hint
+        # would be stale, and MAX_POOLS counts the pools there are, not every name ever seen
+        for gone in [pool for pool in self.pools if pool not in samples]:
+            del self.pools[gone]
+        for pool, sample in samples.items():
             state = self.pools.get(pool)
             if state is None:
                 if len(self.pools) >= MAX_POOLS:

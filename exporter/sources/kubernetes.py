@@ -709,7 +709,14 @@ def to_snapshot(
             priority=pod.priority, qos=pod.priority_class, account=pod.namespace,
             start_time=pod.start_time, last_checkpoint_time=pod.hints.last_checkpoint_time,
             gpu_memory_need_bytes=pod.hints.gpu_memory_need_bytes))
-    pending = _pending(waiting, claims, catalogue)
+    # a waiting pod names a product; its pool is the one its nodes are in (with pool_label
+    # set, pools are that label's values, not product names): a product whose nodes sit in
+    # several pools, or none, keeps its name
+    pools_of: dict[str, set[str]] = {}
+    for made in out_nodes:
+        pools_of.setdefault(made.model, set()).add(made.pool)
+    pool_of = {model: next(iter(pools)) for model, pools in pools_of.items() if len(pools) == 1}
+    pending = _pending(waiting, claims, catalogue, pool_of)
     snapshot = FleetSnapshot(taken_at, tuple(out_nodes), tuple(out_gpus),
                              tuple(sorted(allocations, key=lambda a: a.job)), pending)
     return snapshot, unplaced
@@ -722,7 +729,7 @@ def _claim_devices(claims: Mapping[str, KubeClaim], namespace: str,
 
 
 def _pending(waiting: Iterable[KubePod], claims: Mapping[str, KubeClaim],
-             catalogue: Catalogue) -> tuple[JobRequest, ...]:
+             catalogue: Catalogue, pool_of: Mapping[str, str] | None = None) -> tuple[JobRequest, ...]:
     """Unscheduled pods asking for GPUs, one request per job (a gang waits whole)."""
     jobs: dict[str, dict[str, Any]] = {}
     for pod in waiting:
@@ -745,7 +752,8 @@ def _pending(waiting: Iterable[KubePod], claims: Mapping[str, KubeClaim],
             job["submit"] = pod.created
     return tuple(
         JobRequest(job=name, gpu_count=math.ceil(j["gpus"]), gpu_share=j["share"], cpus=j["cpus"],
-                   node_count=j["pods"], models=models, pool=models[0] if models else "",
+                   node_count=j["pods"], models=models,
+                   pool=(pool_of or {}).get(models[0], models[0]) if models else "",
                    priority=j["priority"], submit_time=j["submit"])
         for name, j in sorted(jobs.items())
         # a nodeSelector on the product asks for that pool (pools are products by default)
