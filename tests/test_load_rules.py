@@ -180,7 +180,7 @@ def test_the_promtool_statistics_equal_window_stats():
     cluster_util_24h = [(0.25 + 0.25 + 0.5) / 3] * 31 + [(0.75 + 0.75 + 0.5) / 3] * 120
     cases = {
         "pool:gpufleet_gpu_utilization:avg_{}1h{{model=\"H100\", pool=\"gpu-h100\"}}": h100_util,
-        "pool:gpufleet_demand:ratio_{}1h{{model=\"H100\", pool=\"gpu-h100\"}}": h100_demand,
+        "pool:gpufleet_demand:ratio_{}1h{{pool=\"gpu-h100\"}}": h100_demand,
         "cluster:gpufleet_gpu_utilization:avg_{}24h{{}}": cluster_util_24h,
     }
     for pattern, values in cases.items():

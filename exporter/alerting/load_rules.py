@@ -59,10 +59,12 @@ _PENDING_BY_POOL = (
 )
 LOAD_INPUTS: tuple[tuple[str, str | None], ...] = (
     (POOL_UTILIZATION, None),  # RECORDING_GROUPS in rules.py records it
-    (POOL_CAPACITY, "count by (cluster, pool, model) (gpufleet_gpu_info)"),
-    # pending GPUs carry no model label: group_left copies them onto the pool's series
+    # per pool, not per (pool, model): pending GPUs carry no model, and a pool of two models
+    # (a pool label) would count its waiting jobs once per model; exporter/load/live.py's
+    # pool_samples, which the statistics are checked against, is per pool too
+    (POOL_CAPACITY, "count by (cluster, pool) (gpufleet_gpu_info)"),
     (POOL_DEMAND,
-     "(\n  pool:gpufleet_gpu_allocated:sum\n  + on (cluster, pool) group_left ()\n"
+     "(\n  sum by (cluster, pool) (pool:gpufleet_gpu_allocated:sum)\n  + on (cluster, pool)\n"
      + "\n".join("  " + line for line in _PENDING_BY_POOL.splitlines())
      + f"\n)\n/ {POOL_CAPACITY}"),
     (CLUSTER_UTILIZATION, "avg by (cluster) (gpufleet_gpu_utilization_ratio)"),
