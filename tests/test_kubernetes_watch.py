@@ -364,3 +364,25 @@ async def test_the_fake_speaks_what_kubectl_accepts(tmp_path):
                               "resourceclaim.resource.k8s.io/gang-gpu-claim-1",
                               "resourceclaim.resource.k8s.io/isolated-gpu"]
     assert lines == ["mig-3g-inference 1", "mig-3g-inference 2", "mig-3g-inference 3"]
+
+
+async def test_only_an_event_that_changes_a_kept_record_moves_the_revision(fake, informer_for):
+    # a node's heartbeat or a GPU-less pod's churn changes no record: a read then rebuilds
+    # nothing (the revision is what it compares)
+    import json
+
+    informer = informer_for(fake, transform=lambda obj: None if label(obj) == "-" else label(obj))
+
+    def event(kind: str, obj: dict) -> None:
+        informer.apply_line(json.dumps({"type": kind, "object": obj}).encode())
+
+    start = informer.revision
+    event("ADDED", pod("a", "1"))
+    event("MODIFIED", pod("a", "1"))  # the same record
+    event("ADDED", pod("b", "-"))  # not kept
+    event("DELETED", pod("b", "-"))  # was never kept
+    assert (informer.revision - start, informer.store) == (1, {"ns/a": "1"})
+    event("MODIFIED", pod("a", "2"))
+    event("MODIFIED", pod("a", "-"))  # no longer of interest: dropped
+    assert (informer.revision - start, informer.store) == (3, {})
+    assert informer.stats.events == 6

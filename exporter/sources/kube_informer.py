@@ -472,22 +472,28 @@ class Informer(Generic[T]):
             self.stats.bookmarks += 1
             return
         key = object_key(obj)
+        # most events change nothing kept: node heartbeats, pods without GPUs, a pod's
+        # status churn. Only a changed record moves the revision, so a read rebuilds the
+        # snapshot only when what it is made of changed (records compare by value).
+        changed = False
         if kind in ("ADDED", "MODIFIED"):
             record = self.transform(obj) if key else None
             if record is not None:
                 if key not in self.store and len(self.store) >= self.limits.max_objects:
                     raise ApiError(0, f"more than max_objects ({self.limits.max_objects}) "
                                       "objects")
+                changed = self.store.get(key) != record
                 self.store[key] = record
-            else:
-                self.store.pop(key, None)  # no longer of interest (a pod that finished)
+            else:  # no longer of interest (a pod that finished)
+                changed = self.store.pop(key, None) is not None
         elif kind == "DELETED":
-            self.store.pop(key, None)
+            changed = self.store.pop(key, None) is not None
         else:
             raise ValueError(f"unknown watch event type {str(kind)[:40]!r}")
         if version:
             self.resource_version = version
-        self.revision += 1
+        if changed:
+            self.revision += 1
         self.stats.events += 1
         self.stats.apply_seconds += time.perf_counter() - started
 
