@@ -612,3 +612,34 @@ def test_a_change_rebuilds_only_its_nodes_part_and_the_result_is_the_same():
     assert rebuilt == ["gpu-node-1"]
     fresh, _ = to_snapshot(2.0, nodes, pods.values(), claims, slices, catalogue)
     assert second == fresh != first
+
+
+async def test_a_pod_beyond_its_nodes_gpus_is_counted_once_not_at_every_rebuild(apiserver,
+                                                                              source_for):
+    def gpu_pod(name: str, gpus: int) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "ns", "uid": name},
+                "spec": {"nodeName": "gpu-node-1", "containers": [
+                    {"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+                "status": {"phase": "Running"}}
+
+    apiserver.add(gpu_pod("too-big", 99))  # the node has 8
+    source = source_for(apiserver)
+    first = (await source.read()).parse_errors
+    for i in range(3):  # unrelated changes (a job waiting): each read rebuilds, the stuck pod stays
+        waiting = gpu_pod(f"waiting-{i}", 1)
+        del waiting["spec"]["nodeName"]
+        waiting["status"]["phase"] = "Pending"
+        apiserver.add(waiting)
+        await until_revision_moves(source)
+        assert (await source.read()).parse_errors == first
+    assert first > 0
+
+
+async def until_revision_moves(source) -> None:
+    before = tuple(i.revision for i in source._informers.informers)
+    for _ in range(400):
+        if tuple(i.revision for i in source._informers.informers) != before:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("no watch event reached the informers")

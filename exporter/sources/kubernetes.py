@@ -776,6 +776,7 @@ class KubernetesAllocationSource:
     _reading: SourceReading | None = None
     _revisions: tuple[int, ...] = ()
     _parse_errors: int = 0
+    _unplaced: int = 0  # GPU requests the last rebuild could not lay out
     _start_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _parts: dict[str, Any] = field(default_factory=dict)  # to_snapshot's per-node memo
 
@@ -882,10 +883,13 @@ class KubernetesAllocationSource:
                     by_name["pods"].store.values(), claims.store if claims is not None else {},
                     slices.store.values() if slices is not None else (), self.catalogue,
                     self._parts)
-            if unplaced:
-                self._parse_errors += unplaced
+            # counted and logged as they appear: a pod stuck beyond its node's GPUs is laid
+            # out again by every rebuild, and would count again each time
+            if unplaced > self._unplaced:
+                self._parse_errors += unplaced - self._unplaced
                 log.warning("GPU requests beyond what their nodes have",
                             extra={"source": self.name, "err": f"{unplaced} not laid out"})
+            self._unplaced = unplaced
             self._reading = SourceReading.of(snapshot, parse_errors=self._parse_errors)
             self._revisions = revisions
         return self._reading
