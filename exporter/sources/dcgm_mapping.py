@@ -249,12 +249,16 @@ def first_label(labels: Mapping[str, str], names: tuple[str, ...]) -> str:
     return ""
 
 
+def mig_slices(profile: str) -> int:
+    """Compute slices a MIG profile holds ("2g.20gb" → 2, "1g.10gb+me" → 1); a profile not
+    of that form counts as the smallest, 1."""
+    match = _SLICES.match(profile)
+    return min(MIG_COMPUTE_SLICES, max(1, int(match.group(1)))) if match else 1
+
+
 def mig_share(profile: str) -> float:
     """Share of the whole GPU a MIG profile holds, from its compute slices ("2g.20gb" → 2/7)."""
-    match = _SLICES.match(profile)
-    if match is None:
-        return 1.0 / MIG_COMPUTE_SLICES
-    return min(1.0, int(match.group(1)) / MIG_COMPUTE_SLICES)
+    return mig_slices(profile) / MIG_COMPUTE_SLICES
 
 
 @dataclass

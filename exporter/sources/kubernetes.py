@@ -72,6 +72,8 @@ from exporter.snapshot import (
     Placement,
 )
 from exporter.sources import Clock, SourceReading, SourceStartupError, job_hints
+from exporter.sources.dcgm_mapping import MIG_COMPUTE_SLICES as MIG_SLICES
+from exporter.sources.dcgm_mapping import mig_slices as _slices
 from exporter.sources.kubernetes_options import KubernetesSource as KubernetesConfig
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,6 @@ GPU_SHARED = "nvidia.com/gpu.shared"  # time-slicing with renameByDefault
 MIG_PREFIX = "nvidia.com/mig-"
 HAMI_CORES = "nvidia.com/gpucores"  # HAMi: percent of each GPU's cores
 KAI_FRACTION = "gpu-fraction"  # KAI scheduler (run.ai) annotation: a fraction of one GPU
-MIG_SLICES = 7  # compute slices of an A100/H100/H200/B200; a profile "<g>g.<mem>" holds g
 GPU_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
 JOB_LABELS = ("jobset.sigs.k8s.io/jobset-name", "training.kubeflow.org/job-name",
               "batch.kubernetes.io/job-name", "job-name", "pod-group.scheduling.run.ai/name")
@@ -270,11 +271,6 @@ def _product(label: str) -> tuple[str, str]:
     product = label.removesuffix("-SHARED")
     product, _, profile = product.partition("-MIG-")
     return product, profile if _PROFILE.fullmatch(profile) else ""
-
-
-def _slices(profile: str) -> int:
-    match = _PROFILE.fullmatch(profile)
-    return int(match.group(1)) if match else 1
 
 
 def node_record(obj: Mapping[str, Any], pool_label: str = "") -> KubeNode | None:
