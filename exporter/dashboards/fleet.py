@@ -223,19 +223,20 @@ def _load_row(layout: p.Layout, levels: DashboardLevels) -> None:
     layout.add(p.timeseries(
         "Demand ratio by pool",
         p.targets(
-            (f"pool:gpufleet_demand:ratio{s}", "{{pool}}"),
-            (f"pool:gpufleet_demand:ratio_mean1h{s}", "{{pool}} mean 1h"),
-            (f"pool:gpufleet_demand:ratio_p95_1h{s}", "{{pool}} p95 1h"),
+            # demand is recorded per pool (waiting jobs name no model): no model matcher
+            (f"pool:gpufleet_demand:ratio{pools}", "{{pool}}"),
+            (f"pool:gpufleet_demand:ratio_mean1h{pools}", "{{pool}} mean 1h"),
+            (f"pool:gpufleet_demand:ratio_p95_1h{pools}", "{{pool}} p95 1h"),
         ),
         "percentunit", minimum=0,
         description="(allocated + pending GPUs) / GPUs: above 100% jobs wait. With its 1h "
                     "mean and p95 (recording rules from the table's load_statistics). "
                     "Purple marks: load changes the detector found.",
     ), 12, 8)
-    stats = (("utilization", "pool:gpufleet_gpu_utilization:avg"),
-             ("demand", "pool:gpufleet_demand:ratio"))
-    columns = [(f"{source}_{stat}{window}{s}", f"{name} {label} {window}")
-               for name, source in stats for window in ("1h", "24h")
+    stats = (("utilization", "pool:gpufleet_gpu_utilization:avg", s),
+             ("demand", "pool:gpufleet_demand:ratio", pools))  # per pool: no model label
+    columns = [(f"{source}_{stat}{window}{match}", f"{name} {label} {window}")
+               for name, source, match in stats for window in ("1h", "24h")
                for stat, label in (("mean", "mean"), ("stddev", "stddev"), ("p95_", "p95"))]
     layout.add(p.table(
         "Load statistics by pool",
