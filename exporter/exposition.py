@@ -438,6 +438,10 @@ GPU_SNAPSHOT_FAMILIES = (metrics.GPU_INFO, metrics.GPU_ALLOCATED_RATIO, metrics.
 # which of a block's inputs each of them reads (the block renderer's groups): the GPU's
 # identity and firmware, its holders, its MIG instances
 _SNAPSHOT_READS = (0, 1, 1, 2, 2, 2)
+# those whose text is kept per GPU, to be rebuilt per GPU: the holders and MIG instances change
+# every snapshot somewhere (33 MB at 108,800 GPUs); gpu_info's identity and firmware rarely
+# do, and its text would be 32 MB more
+_KEPT_PER_GPU = frozenset(k for k, reads in enumerate(_SNAPSHOT_READS) if reads != 0)
 
 
 def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
@@ -460,41 +464,48 @@ def gpu_snapshot_samples(
     held: dict[tuple[str, int], list[tuple[Allocation, float]]],
 ) -> tuple[Samples, Samples, Samples, Samples, Samples, Samples]:
     """The samples of :data:`GPU_SNAPSHOT_FAMILIES` for ``gpus``: identity, allocation, MIG."""
-    info: Samples = []
-    allocated: Samples = []
-    allocation_info: Samples = []
+    out: tuple[Samples, Samples, Samples, Samples, Samples, Samples] = ([], [], [], [], [], [])
+    for gpu in gpus:
+        for samples, of_gpu in zip(out, _gpu_snapshot_samples(gpu, generation, held), strict=True):
+            samples += of_gpu
+    return out
+
+
+def _gpu_snapshot_samples(
+    gpu: Gpu, generation: dict[str, str],
+    held: dict[tuple[str, int], list[tuple[Allocation, float]]],
+) -> tuple[Samples, Samples, Samples, Samples, Samples, Samples]:
+    """One GPU's samples of :data:`GPU_SNAPSHOT_FAMILIES`."""
+    ident = identity(gpu)
+    spec_labels: Labels = (("architecture", generation.get(gpu.node, "unknown")),
+                           ("driver_version", gpu.driver_version or ""),
+                           ("vbios_version", gpu.vbios_version or ""),
+                           ("pci_bus_id", gpu.pci_bus_id or ""))
+    if gpu.serial is not None:  # only where the site exports serials (off by default)
+        spec_labels = (*spec_labels, ("serial", gpu.serial))
+    holders = held.get(gpu.key, [])
+    allocation_info: Samples = [((
+        *ident,
+        ("job", alloc.job),
+        ("namespace", alloc.namespace),
+        ("pod", alloc.pod),
+        ("account", alloc.account),
+        ("job_gpus", str(alloc.gpu_count)),
+        ("priority", str(alloc.priority)),
+    ), 1.0) for alloc, _share in holders]
     mig_info: Samples = []
     mig_total: Samples = []
     mig_used: Samples = []
-    for gpu in gpus:
-        ident = identity(gpu)
-        spec_labels: Labels = (("architecture", generation.get(gpu.node, "unknown")),
-                               ("driver_version", gpu.driver_version or ""),
-                               ("vbios_version", gpu.vbios_version or ""),
-                               ("pci_bus_id", gpu.pci_bus_id or ""))
-        if gpu.serial is not None:  # only where the site exports serials (off by default)
-            spec_labels = (*spec_labels, ("serial", gpu.serial))
-        info.append(((*ident, *spec_labels), 1.0))
-        holders = held.get(gpu.key, [])
-        allocated.append((ident, min(1.0, round(sum(share for _, share in holders), 6))))
-        for alloc, _share in holders:
-            allocation_info.append(((
-                *ident,
-                ("job", alloc.job),
-                ("namespace", alloc.namespace),
-                ("pod", alloc.pod),
-                ("account", alloc.account),
-                ("job_gpus", str(alloc.gpu_count)),
-                ("priority", str(alloc.priority)),
-            ), 1.0))
-        for inst in gpu.mig:
-            mig_labels = (*ident, ("gpu_instance", str(inst.instance_id)), ("profile", inst.profile))
-            mig_info.append((mig_labels, 1.0))
-            if inst.memory_total_bytes is not None:
-                mig_total.append((mig_labels, float(inst.memory_total_bytes)))
-            if inst.memory_used_bytes is not None:
-                mig_used.append((mig_labels, float(inst.memory_used_bytes)))
-    return info, allocated, allocation_info, mig_info, mig_total, mig_used
+    for inst in gpu.mig:
+        mig_labels = (*ident, ("gpu_instance", str(inst.instance_id)), ("profile", inst.profile))
+        mig_info.append((mig_labels, 1.0))
+        if inst.memory_total_bytes is not None:
+            mig_total.append((mig_labels, float(inst.memory_total_bytes)))
+        if inst.memory_used_bytes is not None:
+            mig_used.append((mig_labels, float(inst.memory_used_bytes)))
+    return ([((*ident, *spec_labels), 1.0)],
+            [(ident, min(1.0, round(sum(share for _, share in holders), 6)))],
+            allocation_info, mig_info, mig_total, mig_used)
 
 
 def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
@@ -616,6 +627,11 @@ class _Block:
     member: bytes
     series: int
     size: int  # bytes of text
+    pieces: list[str] | None = None  # the text per GPU, where a block is rebuilt per GPU
+
+
+# what makes a block: its text and series, and (blocks rebuilt per GPU) the text per GPU
+_Made = tuple[str, int] | tuple[str, int, list[str]]
 
 
 class _GoFloats(dict[float, str]):
@@ -657,12 +673,13 @@ def _render_blocks(snapshot: FleetSnapshot, labels: LabelCache, extra: Iterable[
     next_blocks: dict[tuple[str, int], _Block] = {}
 
     def add(key: tuple[str, int], chunk_texts: object, values: object,
-            make: Callable[[], tuple[str, int]]) -> None:
+            make: Callable[[], _Made]) -> None:
         block = previous.get(key)
         if block is None or block.values != values or block.texts != chunk_texts:
-            text, series = make()
+            text, series, *pieces = make()
             data = text.encode()
-            block = _Block(chunk_texts, values, gzip_member(data, level), series, len(data))
+            block = _Block(chunk_texts, values, gzip_member(data, level), series, len(data),
+                           pieces[0] if pieces else None)
         next_blocks[key] = block
         blocks.append(block)
 
@@ -709,44 +726,56 @@ def _render_blocks(snapshot: FleetSnapshot, labels: LabelCache, extra: Iterable[
 
             add((name, start), chunk_texts, values, make)
 
-    # gpu_info, allocation and MIG, per chunk, rebuilt only where a GPU's inputs changed
+    # gpu_info, allocation and MIG, per chunk, rebuilt only where a GPU's inputs changed, and
+    # then only that GPU's lines: a job that starts changes the holders of a few hundred GPUs
+    # of 108,800, spread over most chunks
     generation = _generations(snapshot)
     held = snapshot.gpu_allocations()
-    chunks: list[tuple[int, tuple[Gpu, ...], list[str], tuple[list[object], ...], list[Samples]]] = []
+    chunks: list[tuple[int, tuple[Gpu, ...], list[str], tuple[list[object], ...],
+                       dict[int, tuple[Samples, ...]]]] = []
     for start in range(0, max(len(gpus), 1), _CHUNK):
         part = gpus[start:start + _CHUNK]
         chunk_texts = texts[start:start + _CHUNK]
-        # what gpu_snapshot_samples reads, per group of families (_SNAPSHOT_READS): the
+        # what _gpu_snapshot_samples reads, per group of families (_SNAPSHOT_READS): the
         # label text and node's generation and firmware; the holders (Allocation objects
         # compare by value); the MIG instances. A job that starts re-renders the allocation
-        # families of its GPUs' block, not their gpu_info.
+        # lines of its GPUs, not their gpu_info.
         inputs: tuple[list[object], ...] = (
             [(t, generation.get(g.node), g.driver_version, g.vbios_version, g.pci_bus_id, g.serial)
              for g, t in zip(part, chunk_texts, strict=True)],
             [(t, held.get((g.node, g.index))) for g, t in zip(part, chunk_texts, strict=True)],
             [(t, g.mig) for g, t in zip(part, chunk_texts, strict=True)],
         ) if specs else ([], [], [])
-        chunks.append((start, part, chunk_texts, inputs, []))
+        chunks.append((start, part, chunk_texts, inputs, {}))
     for k, spec in enumerate(GPU_SNAPSHOT_FAMILIES):
         if spec not in specs:
             continue
         for start, part, chunk_texts, inputs, built in chunks:
+            key = (spec.name, start)
+            reads = inputs[_SNAPSHOT_READS[k]]
 
-            def make_snapshot(part=part, built=built, k=k, spec=spec, start=start,
-                              chunk_texts=chunk_texts) -> tuple[str, int]:
-                if not built:  # the first family of this chunk to change builds them all
-                    built.extend(gpu_snapshot_samples(part, generation, held))
-                if spec is metrics.GPU_ALLOCATED_RATIO:  # identity labels only: one per GPU
-                    head = _header(spec.name, spec.type, spec.help) if not start else ""
-                    lines = _value_lines(spec.name, chunk_texts, [v for _, v in built[k]], fmt)
-                    return head + "".join(lines), len(lines)
-                lines = render_families([spec.family(built[k])], options)
-                if start:
-                    lines = lines[1:]  # the header once, in the first chunk
-                    return "".join(lines), len(lines)
-                return "".join(lines), len(lines) - 1
+            def make_snapshot(part=part, built=built, k=k, spec=spec, start=start, reads=reads,
+                              chunk_texts=chunk_texts, key=key) -> _Made:
+                # a GPU whose inputs equal last render's keeps its lines
+                old = previous.get(key)
+                old_reads = old.values if old is not None and isinstance(old.values, list) else []
+                kept = old.pieces if old is not None and len(old_reads) == len(reads) else None
+                pieces = []
+                for i, gpu in enumerate(part):
+                    if kept is not None and old_reads[i] == reads[i]:
+                        pieces.append(kept[i])
+                        continue
+                    samples = built.get(i)
+                    if samples is None:  # the first family of this GPU to change builds them all
+                        samples = built[i] = _gpu_snapshot_samples(gpu, generation, held)
+                    pieces.append(_snapshot_lines(spec, samples[k], chunk_texts[i], const, fmt))
+                body = "".join(pieces)
+                head = _header(spec.name, spec.type, spec.help) if not start else ""
+                if k in _KEPT_PER_GPU:
+                    return head + body, body.count("\n"), pieces
+                return head + body, body.count("\n")
 
-            add((spec.name, start), None, inputs[_SNAPSHOT_READS[k]], make_snapshot)
+            add(key, None, reads, make_snapshot)
 
     for family in [*fleet_families(snapshot), *extra]:
         if not options.serves_name(family.name):
@@ -780,6 +809,17 @@ def _part_block(family: GpuFamily | GpuLabelledFamily, chunk: Sequence[Gpu], chu
         return head + "".join(lines), len(lines)
 
     return make
+
+
+def _snapshot_lines(spec: FamilySpec, samples: Samples, text: str, const: Labels,
+                    fmt: _GoFloats) -> str:
+    """One GPU's lines of a :data:`GPU_SNAPSHOT_FAMILIES` family, as :func:`render_families`
+    writes them; ``gpu_allocated_ratio`` carries the identity labels only, whose text is
+    ``text``."""
+    if spec is metrics.GPU_ALLOCATED_RATIO:
+        return "".join(f"{spec.name}{text} {fmt[v]}\n" for _, v in samples)
+    return "".join(f"{spec.name}{label_text(labels, const)} {_go_float(float(v))}\n"
+                   for labels, v in samples)
 
 
 def _value_lines(name: str, texts: list[str], values: list[float | None], fmt: _GoFloats) -> list[str]:

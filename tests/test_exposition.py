@@ -246,6 +246,38 @@ def test_blocks_reused_from_the_last_snapshot_give_the_bytes_of_a_fresh_render()
             assert ("gpufleet_gpu_utilization_ratio", 0) not in reused
 
 
+def test_a_job_that_ends_rebuilds_the_allocation_lines_of_its_gpus_only():
+    """issue 14, Build 8: the allocation families are rebuilt per GPU inside a block. A job that
+    ends changes its GPUs' lines; every other GPU of the block keeps the very string it had,
+    and the body is still a fresh render's."""
+    sim = Simulation(SimSource(seed=5), start_time=START)
+    sim.advance(START + 1800)
+    snapshot = sim.snapshot()
+    labels = LabelCache()
+    render(snapshot, labels)
+    gone = next(a for a in snapshot.allocations if len(a.placements) == 1)
+    node, index = gone.placements[0].node, gone.placements[0].gpus[0]
+    where = [(g.node, g.index) for g in snapshot.gpus].index((node, index))
+    start, offset = where // 1024 * 1024, where % 1024
+    key = ("gpufleet_gpu_allocated_ratio", start)
+    before = labels.blocks[key]
+    info = labels.blocks[("gpufleet_gpu_info", start)]
+    assert before.pieces is not None and f'node="{node}"' in before.pieces[offset]
+    assert before.pieces[offset].endswith(" 1.0\n")  # the job holds the whole GPU
+    ended = dataclasses.replace(snapshot, allocations=tuple(
+        a for a in snapshot.allocations if a is not gone))
+    cached = render(ended, labels)
+    assert cached.text == render_text(ended, LabelCache())
+    assert cached.text == _generate_latest(ended)
+    after = labels.blocks[key]
+    assert after is not before  # the block was rebuilt ...
+    assert after.pieces is not None and after.pieces[offset].endswith(" 0.0\n")
+    changed = [i for i, (old, new) in enumerate(zip(before.pieces, after.pieces, strict=True))
+               if old is not new]
+    assert offset in changed and len(changed) == len(gone.placements[0].gpus)  # ... for its GPUs
+    assert labels.blocks[("gpufleet_gpu_info", start)] is info  # gpu_info reads no holder
+
+
 def test_every_per_gpu_series_carries_identity_labels():
     text = render_text(_snapshot()).decode()
     for line in text.splitlines():
