@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import math
+import random
+import struct
 import subprocess
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from exporter.exposition import (
     GPU_FAMILIES,
@@ -16,6 +20,7 @@ from exporter.exposition import (
     Family,
     GpuLabelledFamily,
     LabelCache,
+    go_texts,
     identity,
     render,
     render_text,
@@ -276,6 +281,26 @@ def test_a_job_that_ends_rebuilds_the_allocation_lines_of_its_gpus_only():
                if old is not new]
     assert offset in changed and len(changed) == len(gone.placements[0].gpus)  # ... for its GPUs
     assert labels.blocks[("gpufleet_gpu_info", start)] is info  # gpu_info reads no holder
+
+
+def test_go_texts_are_client_pythons_text_for_every_kind_of_value():
+    """go_texts formats a block's values in C (msgspec's shortest digits, ``e`` with a computed
+    precision for whole numbers); each text must be floatToGoString's, which generate_latest
+    writes: random bit patterns (subnormals, NaN, huge), every decade of both signs, whole
+    numbers with and without trailing zeros up to 2**53 and past it, and the edges."""
+    rng = random.Random(14)
+    bits = [struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0]
+            for _ in range(50_000)]
+    decades = [rng.choice((1, -1)) * rng.random() * 10.0 ** rng.randint(-9, 20)
+               for _ in range(50_000)]
+    whole = [float(rng.randrange(1, 10 ** rng.randint(1, 16)) * 10 ** rng.randint(0, 12))
+             for _ in range(50_000)]
+    counters = [rng.randrange(10 ** 6, 2 ** 53) for _ in range(10_000)]  # ints, as NVML gives
+    edges = [0.0, -0.0, 1.0, True, False, 1e-4, 9.999999999999999e-05, -1e-4, 999999.9999999999,
+             1e6, -1e6, 1000000.5, 1e6 - 0.5, 2.0 ** 53 - 1, 2.0 ** 53, 2.0 ** 53 + 2, 1e15, 1e16,
+             1.5e16, 5e-324, 1.7976931348623157e308, math.nan, math.inf, -math.inf, 3e9, 141e9]
+    for values in (bits, decades, whole, counters, edges, edges[:1], []):
+        assert go_texts(values) == [floatToGoString(v) for v in values]
 
 
 def test_every_per_gpu_series_carries_identity_labels():
