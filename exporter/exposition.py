@@ -31,9 +31,11 @@ import functools
 import gc
 import gzip
 import itertools
+import operator
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from types import ModuleType
 
 import msgspec
@@ -54,10 +56,12 @@ from exporter.snapshot import (
 
 @dataclass(frozen=True, slots=True)
 class GpuFamily:
-    """A per-GPU family of the catalogue and the value each GPU gives it (None: absent)."""
+    """A per-GPU family of the catalogue and the value each GPU gives it (None: absent; a bool
+    is 1 or 0). Where the value is an attribute, ``value`` is an ``attrgetter``: a render reads
+    a block's values with ``map`` in C, 108,800 GPUs a family every snapshot."""
 
     spec: FamilySpec
-    value: Callable[[Gpu], float | None]
+    value: Callable[[Gpu], float | bool | None]
     # "health" / "performance": the value is read from that immutable part of the GPU alone,
     # so a block whose GPUs hold the same parts as last time is reused without a call
     part: str | None = None
@@ -148,20 +152,20 @@ def _clock_events(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
 
 
 GPU_FAMILIES: tuple[GpuFamily | GpuLabelledFamily, ...] = (
-    GpuFamily(metrics.GPU_UP, lambda g: _bool(g.up)),
-    GpuFamily(metrics.GPU_STALE, lambda g: _bool(g.stale)),
-    GpuFamily(metrics.GPU_UTILIZATION_RATIO, lambda g: g.utilization_ratio),
-    GpuFamily(metrics.GPU_MEMORY_USED_BYTES, lambda g: g.memory_used_bytes),
-    GpuFamily(metrics.GPU_MEMORY_TOTAL_BYTES, lambda g: g.memory_total_bytes),
-    GpuFamily(metrics.GPU_TEMPERATURE_CELSIUS, lambda g: g.temperature_celsius),
-    GpuFamily(metrics.GPU_POWER_WATTS, lambda g: g.power_watts),
-    GpuFamily(metrics.GPU_POWER_LIMIT_WATTS, lambda g: g.power_limit_watts),
-    GpuFamily(metrics.GPU_ENERGY_JOULES_TOTAL, lambda g: g.energy_joules),
-    GpuFamily(metrics.GPU_NVLINK_TRANSMIT_BYTES_TOTAL, lambda g: g.nvlink_transmit_bytes),
-    GpuFamily(metrics.GPU_NVLINK_RECEIVE_BYTES_TOTAL, lambda g: g.nvlink_receive_bytes),
+    GpuFamily(metrics.GPU_UP, attrgetter("up")),  # a bool: 1.0 or 0.0
+    GpuFamily(metrics.GPU_STALE, attrgetter("stale")),
+    GpuFamily(metrics.GPU_UTILIZATION_RATIO, attrgetter("utilization_ratio")),
+    GpuFamily(metrics.GPU_MEMORY_USED_BYTES, attrgetter("memory_used_bytes")),
+    GpuFamily(metrics.GPU_MEMORY_TOTAL_BYTES, attrgetter("memory_total_bytes")),
+    GpuFamily(metrics.GPU_TEMPERATURE_CELSIUS, attrgetter("temperature_celsius")),
+    GpuFamily(metrics.GPU_POWER_WATTS, attrgetter("power_watts")),
+    GpuFamily(metrics.GPU_POWER_LIMIT_WATTS, attrgetter("power_limit_watts")),
+    GpuFamily(metrics.GPU_ENERGY_JOULES_TOTAL, attrgetter("energy_joules")),
+    GpuFamily(metrics.GPU_NVLINK_TRANSMIT_BYTES_TOTAL, attrgetter("nvlink_transmit_bytes")),
+    GpuFamily(metrics.GPU_NVLINK_RECEIVE_BYTES_TOTAL, attrgetter("nvlink_receive_bytes")),
     GpuFamily(metrics.GPU_NVLINK_CAPACITY_BYTES_PER_SECOND,
-              lambda g: g.nvlink_capacity_bytes_per_second),
-    GpuFamily(metrics.GPU_DCGM_NVLINK_BANDWIDTH_RAW, lambda g: g.dcgm_nvlink_bandwidth_raw),
+              attrgetter("nvlink_capacity_bytes_per_second")),
+    GpuFamily(metrics.GPU_DCGM_NVLINK_BANDWIDTH_RAW, attrgetter("dcgm_nvlink_bandwidth_raw")),
     # issue 16: performance
     GpuLabelledFamily(metrics.GPU_CLOCK_HERTZ, _clocks, part="performance"),
     GpuLabelledFamily(metrics.GPU_CLOCK_MAX_HERTZ, _max_clocks, part="performance"),
@@ -224,8 +228,9 @@ def _go_float(value: float) -> str:
 _INF = float("inf")
 
 _encode_json = msgspec.json.Encoder().encode
-_DIGITS = 10.0 ** np.arange(1, 17)  # a whole number below 10**k has at most k digits
-_TENS = [10 ** k for k in range(1, 16)]
+_DIGITS = 10.0 ** np.arange(1, 17)  # a whole number v >= 10 has searchsorted(v) + 1 digits
+_POWERS = 10.0 ** np.arange(0, 17)  # exact as doubles
+_EXPONENTS = [f"e+{k:02d}" for k in range(17)]
 
 
 def go_texts(values: Sequence[float]) -> list[str]:
@@ -235,33 +240,49 @@ def go_texts(values: Sequence[float]) -> list[str]:
     snapshot), and ``repr`` per value costs a Python call each. msgspec writes the shortest
     round-trip digits, as ``repr`` does, for a whole list at once; where ``repr`` writes
     positional notation (``1e-4 <= |v| < 1e16``) the two texts are the same, and Go's is
-    ``repr``'s below 1e6. A whole number from 1e6 to 2**53 (byte counters, capacities) has as
-    its shortest digits its own digits less trailing zeros, so ``e`` with that precision
-    gives Go's exponent form in C. Everything else (tiny, negative or fractional large values,
-    NaN, infinities) takes :func:`_go_float`. tests/test_exposition.py compares both on
-    random bit patterns and every decade.
+    ``repr``'s below 1e6. Whole numbers from 1e6 to 1e15 (byte counters, capacities) take
+    :func:`_exponent_texts`; the rest (tiny, negative or fractional large values, NaN,
+    infinities) :func:`_go_float`. tests/test_exposition.py compares all three with
+    client_python's on random bit patterns and every decade.
     """
     if not values:
         return []
     floats = np.array(values, dtype=np.float64)
-    texts = _encode_json(floats.tolist())[1:-1].decode().split(",")
     magnitude = np.abs(floats)
     plain = (magnitude < 1e6) & ((magnitude >= 1e-4) | (floats == 0))
     if plain.all():
-        return texts
-    odd = np.flatnonzero(~plain)
-    large = floats[odd]
-    whole = (large >= 1e6) & (large < 2.0 ** 53)
-    whole &= np.floor(np.where(whole, large, 0.0)) == np.where(whole, large, 0.0)
+        return _encode_json(floats.tolist())[1:-1].decode().split(",")
+    out = np.empty(len(floats), dtype=object)
+    if plain.any():
+        out[plain] = _encode_json(floats[plain].tolist())[1:-1].decode().split(",")
+    whole = ~plain & (floats >= 1e6) & (floats < 1e15)
+    candidates = np.where(whole, floats, 0.0)
+    whole &= np.floor(candidates) == candidates
     if whole.any():
-        numbers = large[whole].astype(np.int64)
-        trailing = sum((numbers % ten == 0).astype(np.int64) for ten in _TENS)
-        digits = np.searchsorted(_DIGITS, large[whole], side="right") + 1
-        for i, precision, value in zip(odd[whole].tolist(), (digits - trailing - 1).tolist(),
-                                       large[whole].tolist(), strict=True):
-            texts[i] = f"{value:.{precision}e}"
-    for i in odd[~whole].tolist():
-        texts[i] = _go_float(float(floats[i]))
+        out[whole] = _exponent_texts(floats[whole])
+    for i in np.flatnonzero(~plain & ~whole).tolist():
+        out[i] = _go_float(float(floats[i]))
+    return out.tolist()  # type: ignore[no-any-return]
+
+
+def _exponent_texts(numbers: np.ndarray) -> np.ndarray:
+    """Go's text of whole numbers from 1e6 to 1e15: the shortest digits as ``d.ddd`` and the
+    exponent. ``number / 10**exponent`` is the double nearest a decimal of at most 15 digits,
+    whose shortest text is that decimal (msgspec writes it); a one-digit mantissa is an
+    integer, as Go writes ``3e+09``, not ``3.0e+09``. One msgspec call per exponent: the
+    exponent is then pasted after every mantissa by ``str.replace``."""
+    exponent = np.searchsorted(_DIGITS, numbers, side="right")
+    mantissa = numbers / _POWERS[exponent]
+    units = mantissa == np.floor(mantissa)
+    digits = mantissa.astype(object)
+    if units.any():
+        digits[units] = mantissa[units].astype(np.int64).tolist()
+    texts = np.empty(len(numbers), dtype=object)
+    for k in np.unique(exponent).tolist():
+        at = exponent == k
+        suffix = _EXPONENTS[k]
+        body = _encode_json(digits[at].tolist())[1:-1].decode()
+        texts[at] = (body.replace(",", suffix + ",") + suffix).split(",")
     return texts
 
 
@@ -279,6 +300,9 @@ def label_text(labels: Labels, const: Labels = ()) -> str:
         return ""
     inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels))
     return "{" + inner + "}"
+
+
+_IDENTITY_KEY = attrgetter("node", "index", "uuid", "model", "pool")  # what identity() reads
 
 
 def identity(gpu: Gpu) -> Labels:
@@ -339,44 +363,35 @@ class LabelCache:
     text per GPU (GPUs rarely change identity) and the rendered blocks (:class:`_Block`)."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, int, str, str, str, Labels], str] = {}
+        # per cluster label: (node, index, uuid, model, pool) -> label text
+        self._cache: dict[Labels, dict[tuple[str, int, str, str, str], str]] = {}
         self.blocks: dict[tuple[str, int], _Block] = {}
+        # per chunk of GPUs (its first index), the label texts and (per part) the health or
+        # performance objects of the last render: what its blocks were made from
+        self.chunk_texts: dict[int, list[str]] = {}
+        self.parts: dict[tuple[str, int], list[object]] = {}
+        # per (group of GPU_SNAPSHOT_FAMILIES, chunk): the inputs of the last render
+        self.reads: dict[tuple[int, int], list[object]] = {}
 
     def get(self, gpu: Gpu, const: Labels = ()) -> str:
-        key = (gpu.node, gpu.index, gpu.uuid, gpu.model, gpu.pool, const)
-        text = self._cache.get(key)
-        if text is None:
-            text = label_text(identity(gpu), const)
-            self._cache[key] = text
-        return text
+        return self.texts([gpu], const)[0]
+
+    def texts(self, gpus: Sequence[Gpu], const: Labels = ()) -> list[str]:
+        """Each GPU's identity label text; the keys made and looked up in C (``map``), as a
+        render asks for all 108,800 every snapshot and misses only for new GPUs."""
+        cache = self._cache.setdefault(const, {})
+        keys = list(map(_IDENTITY_KEY, gpus))
+        texts = list(map(cache.get, keys))
+        if None in texts:
+            for i, text in enumerate(texts):
+                if text is None:
+                    texts[i] = cache[keys[i]] = label_text(identity(gpus[i]), const)
+        return texts  # type: ignore[return-value]
 
 
 def _header(name: str, kind: str, help_text: str) -> str:
     escaped = help_text.replace("\\", r"\\").replace("\n", r"\n")
     return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n"
-
-
-def render_gpu_families(gpus: Sequence[Gpu], labels: LabelCache,
-                        options: ExpositionOptions = ExpositionOptions()) -> list[str]:
-    out: list[str] = []
-    const = options.const_labels
-    served = [f for f in GPU_FAMILIES if options.serves(f.spec)]
-    label_texts = [labels.get(g, const) for g in gpus] if served else []
-    splits = _IdentitySplits(gpus, const)  # the labelled families' label text, built on first use
-    for gpu_family in served:
-        spec = gpu_family.spec
-        out.append(_header(spec.name, spec.type, spec.help))
-        if isinstance(gpu_family, GpuLabelledFamily):
-            out += _render_labelled(gpu_family, gpus, splits)
-            continue
-        prefix = spec.name
-        value_of = gpu_family.value
-        for gpu, text in zip(gpus, label_texts, strict=True):
-            value = value_of(gpu)
-            if value is None:
-                continue
-            out.append(f"{prefix}{text} {_go_float(float(value))}\n")
-    return out
 
 
 class _IdentitySplits:
@@ -708,17 +723,29 @@ def _render_blocks(snapshot: FleetSnapshot, labels: LabelCache, extra: Iterable[
     gpus = snapshot.gpus
     served = [f for f in GPU_FAMILIES if options.serves(f.spec)]
     specs = [spec for spec in GPU_SNAPSHOT_FAMILIES if options.serves(spec)]
-    texts = [labels.get(g, const) for g in gpus] if served or specs else []
+    texts = labels.texts(gpus, const) if served or specs else []
     fmt = _GoFloats()
     splits = _IdentitySplits(gpus, const)  # built on the first labelled chunk that changed
     previous = labels.blocks
     blocks: list[_Block] = []
     next_blocks: dict[tuple[str, int], _Block] = {}
 
+    # The GPUs of each block, and their label texts: where these equal the last render's, the
+    # last render's very list, so that each of the ~45 blocks of a chunk compares its texts
+    # (and, below, its health or performance parts) by identity, not element by element.
+    chunks: list[tuple[int, tuple[Gpu, ...], list[str]]] = []
+    for start in range(0, max(len(gpus), 1), _CHUNK):
+        chunk_texts = texts[start:start + _CHUNK]
+        last = labels.chunk_texts.get(start)
+        chunks.append((start, gpus[start:start + _CHUNK],
+                       last if last == chunk_texts and last is not None else chunk_texts))
+    labels.chunk_texts = {start: chunk_texts for start, _, chunk_texts in chunks}
+
     def add(key: tuple[str, int], chunk_texts: object, values: object,
             make: Callable[[], _Made]) -> None:
         block = previous.get(key)
-        if block is None or block.values != values or block.texts != chunk_texts:
+        if (block is None or (block.values is not values and block.values != values)
+                or (block.texts is not chunk_texts and block.texts != chunk_texts)):
             text, series, *pieces = make()
             data = text.encode()
             block = _Block(chunk_texts, values, gzip_member(data, level), series, len(data),
@@ -731,17 +758,18 @@ def _render_blocks(snapshot: FleetSnapshot, labels: LabelCache, extra: Iterable[
 
     def part_of(part: str, start: int, chunk: Sequence[Gpu]) -> list[object]:
         key = (part, start)
-        if key not in parts:
-            parts[key] = [getattr(g, part) for g in chunk]
-        return parts[key]
+        objects = parts.get(key)
+        if objects is None:
+            objects = list(map(attrgetter(part), chunk))
+            last = labels.parts.get(key)
+            parts[key] = objects = last if last == objects and last is not None else objects
+        return objects
 
     for gpu_family in served:
         spec = gpu_family.spec
         name = spec.name
         header = _header(name, spec.type, spec.help)
-        for start in range(0, max(len(gpus), 1), _CHUNK):
-            chunk = gpus[start:start + _CHUNK]
-            chunk_texts = texts[start:start + _CHUNK]
+        for start, chunk, chunk_texts in chunks:
             head = header if start == 0 else ""
             if gpu_family.part is not None:
                 # the block is a function of the part alone: unchanged objects (the same,
@@ -774,44 +802,59 @@ def _render_blocks(snapshot: FleetSnapshot, labels: LabelCache, extra: Iterable[
     # of 108,800, spread over most chunks
     generation = _generations(snapshot)
     held = snapshot.gpu_allocations()
-    chunks: list[tuple[int, tuple[Gpu, ...], list[str], tuple[list[object], ...],
-                       dict[int, tuple[Samples, ...]]]] = []
-    for start in range(0, max(len(gpus), 1), _CHUNK):
-        part = gpus[start:start + _CHUNK]
-        chunk_texts = texts[start:start + _CHUNK]
+    firmware = attrgetter("driver_version", "vbios_version", "pci_bus_id", "serial")
+    by_node, gpu_key, mig = attrgetter("node"), attrgetter("node", "index"), attrgetter("mig")
+    # per chunk: its GPUs, label texts, and per group of families the inputs with the indices
+    # of the GPUs whose inputs differ from the last render's (None: no last render to compare)
+    snapshot_chunks: list[tuple[int, tuple[Gpu, ...], list[str],
+                                list[tuple[list[object], list[int] | None]],
+                                dict[int, tuple[Samples, ...]]]] = []
+    reads_now: dict[tuple[int, int], list[object]] = {}
+    for start, part, chunk_texts in chunks:
         # what _gpu_snapshot_samples reads, per group of families (_SNAPSHOT_READS): the
         # label text and node's generation and firmware; the holders (Allocation objects
         # compare by value); the MIG instances. A job that starts re-renders the allocation
         # lines of its GPUs, not their gpu_info.
         inputs: tuple[list[object], ...] = (
-            [(t, generation.get(g.node), g.driver_version, g.vbios_version, g.pci_bus_id, g.serial)
-             for g, t in zip(part, chunk_texts, strict=True)],
-            [(t, held.get((g.node, g.index))) for g, t in zip(part, chunk_texts, strict=True)],
-            [(t, g.mig) for g, t in zip(part, chunk_texts, strict=True)],
+            list(zip(chunk_texts, map(generation.get, map(by_node, part)), map(firmware, part),
+                     strict=True)),
+            list(zip(chunk_texts, map(held.get, map(gpu_key, part)), strict=True)),
+            list(zip(chunk_texts, map(mig, part), strict=True)),
         ) if specs else ([], [], [])
-        chunks.append((start, part, chunk_texts, inputs, {}))
+        groups: list[tuple[list[object], list[int] | None]] = []
+        for group, group_reads in enumerate(inputs):
+            # compared once for all the group's families: holders and MIG instances are new
+            # objects each snapshot, and compare field by field in Python
+            last_reads = labels.reads.get((group, start))
+            changed = None
+            if last_reads is not None and len(last_reads) == len(group_reads):
+                changed = list(itertools.compress(itertools.count(),
+                                                  map(operator.ne, last_reads, group_reads)))
+                if not changed:
+                    group_reads = last_reads  # its blocks then compare by identity
+            reads_now[(group, start)] = group_reads
+            groups.append((group_reads, changed))
+        snapshot_chunks.append((start, part, chunk_texts, groups, {}))
     for k, spec in enumerate(GPU_SNAPSHOT_FAMILIES):
         if spec not in specs:
             continue
-        for start, part, chunk_texts, inputs, built in chunks:
+        for start, part, chunk_texts, groups, built in snapshot_chunks:
             key = (spec.name, start)
-            reads = inputs[_SNAPSHOT_READS[k]]
+            reads, changed = groups[_SNAPSHOT_READS[k]]
 
-            def make_snapshot(part=part, built=built, k=k, spec=spec, start=start, reads=reads,
-                              chunk_texts=chunk_texts, key=key) -> _Made:
-                # a GPU whose inputs equal last render's keeps its lines
+            def make_snapshot(part=part, built=built, k=k, spec=spec, start=start,
+                              changed=changed, chunk_texts=chunk_texts, key=key) -> _Made:
+                # the GPUs whose inputs equal the last render's keep their lines, where the
+                # block was made from that render's inputs
                 old = previous.get(key)
-                old_reads = old.values if old is not None and isinstance(old.values, list) else []
-                kept = old.pieces if old is not None and len(old_reads) == len(reads) else None
-                pieces = []
-                for i, gpu in enumerate(part):
-                    if kept is not None and old_reads[i] == reads[i]:
-                        pieces.append(kept[i])
-                        continue
+                kept = old.pieces if (old is not None and changed is not None and old.values
+                                      is labels.reads.get((_SNAPSHOT_READS[k], start))) else None
+                pieces = list(kept) if kept is not None else [""] * len(part)
+                for i in changed if kept is not None else range(len(part)):  # type: ignore[union-attr]
                     samples = built.get(i)
                     if samples is None:  # the first family of this GPU to change builds them all
-                        samples = built[i] = _gpu_snapshot_samples(gpu, generation, held)
-                    pieces.append(_snapshot_lines(spec, samples[k], chunk_texts[i], const, fmt))
+                        samples = built[i] = _gpu_snapshot_samples(part[i], generation, held)
+                    pieces[i] = _snapshot_lines(spec, samples[k], chunk_texts[i], const, fmt)
                 body = "".join(pieces)
                 head = _header(spec.name, spec.type, spec.help) if not start else ""
                 if k in _KEPT_PER_GPU:
@@ -833,6 +876,8 @@ def _render_blocks(snapshot: FleetSnapshot, labels: LabelCache, extra: Iterable[
         add((family.name, -1), const, family_samples, make_family)
 
     labels.blocks = next_blocks
+    labels.parts = parts
+    labels.reads = reads_now
     return (b"".join(block.member for block in blocks), sum(b.series for b in blocks),
             sum(b.size for b in blocks))
 
@@ -872,9 +917,13 @@ def _value_lines(name: str, texts: list[str], values: list[float | None]) -> tup
         texts = [t for t, _ in present]
         values = [v for _, v in present]
     numbers = go_texts(values)  # type: ignore[arg-type]
-    pieces = zip(itertools.repeat(name), texts, itertools.repeat(" "), numbers,
-                 itertools.repeat("\n"))
-    return "".join(itertools.chain.from_iterable(pieces)), len(numbers)
+    count = len(numbers)
+    pieces = [name] * (5 * count)  # name, labels, " ", value, "\n" per line: filled by slices
+    pieces[1::5] = texts
+    pieces[2::5] = [" "] * count
+    pieces[3::5] = numbers
+    pieces[4::5] = ["\n"] * count
+    return "".join(pieces), count
 
 
 @contextlib.contextmanager
