@@ -177,20 +177,15 @@ class _Refused(asyncio.Protocol):
 class _Guard(asyncio.Protocol):
     """One connection: aiohttp's ``RequestHandler`` behind a header timer.
 
-    The handler is made on the connection's first byte, not at its opening: a connection
-    that never sends one (an idle flood) costs a transport and this object, not aiohttp's
-    parser, timers and request task, so the accept loop drains a flood's queue faster and a
-    scraper's handshake finds room in the kernel's queue. Forwards every protocol call once
-    the handler is made; tracks whether a request is in progress (set by
+    Forwards every protocol call; tracks whether a request is in progress (set by
     :func:`request_limits`, which aiohttp reaches only once the headers are complete).
     """
 
-    __slots__ = ("_factory", "_gate", "_inner", "_timer", "in_request", "transport")
+    __slots__ = ("_gate", "_inner", "_timer", "in_request", "transport")
 
-    def __init__(self, gate: ConnectionGate, factory: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(self, gate: ConnectionGate, inner: asyncio.Protocol) -> None:
         self._gate = gate
-        self._factory = factory
-        self._inner: asyncio.Protocol | None = None
+        self._inner = inner
         self._timer: asyncio.TimerHandle | None = None
         self.in_request = False
         self.transport: asyncio.Transport | None = None
@@ -200,38 +195,26 @@ class _Guard(asyncio.Protocol):
         self.transport = transport
         self._gate.waiting[self] = None
         self._arm()  # the first request's headers are due from the opening on
+        self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._inner is None:
-            assert self.transport is not None
-            self._inner = self._factory()
-            self._inner.connection_made(self.transport)
         if not self.in_request and self._timer is None:
             self._arm()  # the first byte of a later request on a kept-alive connection
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        # before any byte: nothing to answer, the transport closes itself
-        return None if self._inner is None else self._inner.eof_received()
+        return self._inner.eof_received()
 
     def pause_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.pause_writing()
+        self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.resume_writing()
+        self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._gate.release(self)
-        if self._inner is not None:
-            self._inner.connection_lost(exc)
-
-    @property
-    def spoke(self) -> bool:
-        """Whether the client sent a byte (and aiohttp's handler was made)."""
-        return self._inner is not None
+        self._inner.connection_lost(exc)
 
     def request_started(self) -> None:
         self._disarm()
@@ -309,7 +292,7 @@ class ConnectionGate:
         if len(self.guards) >= self.max_connections and not self._evict():
             self.shed.note("refused", open=len(self.guards), limit=self.max_connections)
             return _Refused()
-        guard = _Guard(self, self._factory)
+        guard = _Guard(self, self._factory())
         self.guards.add(guard)
         context = self._tls() if self._tls is not None else None
         return guard if context is None else _TLSLayer(self, guard, context)
@@ -330,13 +313,6 @@ class ConnectionGate:
     def release(self, guard: _Guard) -> None:
         self.guards.discard(guard)
         self.waiting.pop(guard, None)
-
-    def close_silent(self) -> None:
-        """Close the connections that never sent a byte: aiohttp, which closes its own at
-        shutdown, never heard of them."""
-        for guard in list(self.guards):
-            if not guard.spoke and guard.transport is not None:
-                guard.transport.abort()
 
 
 class GuardedSite(web.BaseSite):
@@ -378,7 +354,6 @@ class GuardedSite(web.BaseSite):
     async def stop(self) -> None:
         if self.gate is not None:
             self.gate.shed.close()
-            self.gate.close_silent()
         await super().stop()
 
 
