@@ -7,8 +7,9 @@ neither connections nor requests. Four limits, each cheap:
 
 - :class:`ConnectionGate`, the listening socket's protocol factory, keeps at most
   ``web.max_connections`` open. A new connection beyond it closes the connection that
-  has waited longest without a request in progress (silent, half-sent headers, or
-  keep-alive idle), so a flood of idle sockets cannot lock a scraper out; if every
+  has waited longest without a request in progress, one that never finished a request
+  (silent, half-sent headers) before one kept alive after a request, so a flood of idle
+  sockets can neither lock a scraper out nor close the connection it reuses; if every
   connection is serving a request, the new one is closed at once. No 503 is written:
   that would cost a write per refused connection to a client that sends nothing.
 - A header timer per connection (:class:`_Guard`): complete request headers must arrive
@@ -18,8 +19,8 @@ neither connections nor requests. Four limits, each cheap:
   never sees a request whose headers do not end, hence a protocol wrapper.
 - ``keepalive_timeout``, aiohttp's own, for a connection idle between requests: 75 s by
   default, over Prometheus' default 1m scrape interval, so a scraper reuses its
-  connection (no TCP or TLS handshake per scrape). A shorter one buys no safety: idle
-  kept-alive connections are the first the gate closes for a new one.
+  connection (no TCP or TLS handshake per scrape). A shorter one buys no safety: the gate
+  closes idle kept-alive connections for a new one once no silent one is left.
 - A body deadline (``web.body_timeout``, in :func:`request_limits`): a request body must have
   arrived whole within it of the headers, else 408 and the connection closed. The header
   timer ends when the headers do, so a body sent a byte a second held a connection, an
@@ -220,11 +221,12 @@ class _Guard(asyncio.Protocol):
         self._disarm()
         self.in_request = True
         self._gate.waiting.pop(self, None)
+        self._gate.kept.pop(self, None)
 
     def request_done(self) -> None:
         self.in_request = False
         if self in self._gate.guards:
-            self._gate.waiting[self] = None  # longest-waiting last: evicted last
+            self._gate.kept[self] = None  # longest-waiting last: evicted last
 
     def _arm(self) -> None:
         self._timer = self._gate.loop.call_later(self._gate.header_timeout, self._expired)
@@ -284,8 +286,11 @@ class ConnectionGate:
         self.max_connections = max_connections
         self.header_timeout = header_timeout
         self.guards: set[_Guard] = set()
-        # connections with no request in progress, longest-waiting first (dicts keep order)
+        # connections with no request in progress, longest-waiting first (dicts keep order):
+        # those that never finished a request (silent, half-sent headers, a TLS handshake),
+        # and those kept alive after one (a scraper's: Prometheus reuses its connection)
         self.waiting: dict[_Guard, None] = {}
+        self.kept: dict[_Guard, None] = {}
         self.shed = shed
 
     def __call__(self) -> asyncio.BaseProtocol:
@@ -299,20 +304,27 @@ class ConnectionGate:
 
     def _evict(self) -> bool:
         """Close the longest-waiting connection with no request in progress and nothing left
-        to write (a response still draining is not cut off); False when there is none."""
-        for guard in self.waiting:
-            transport = guard.transport
-            if transport is not None and not transport.get_write_buffer_size():
-                del self.waiting[guard]
-                self.guards.discard(guard)  # its slot is free now; connection_lost follows
-                transport.abort()
-                self.shed.note("evicted", open=len(self.guards), limit=self.max_connections)
-                return True
+        to write (a response still draining is not cut off); False when there is none.
+
+        One that never finished a request goes before one kept alive after a request: a
+        flood of silent sockets, which the attacker reopens as fast as they are closed, then
+        never closes a scraper's kept-alive connection, and the scraper never has to queue
+        for a new one behind the flood's handshakes (docs/reliability.md, row 2)."""
+        for waiting in (self.waiting, self.kept):
+            for guard in waiting:
+                transport = guard.transport
+                if transport is not None and not transport.get_write_buffer_size():
+                    del waiting[guard]
+                    self.guards.discard(guard)  # its slot is free now; connection_lost follows
+                    transport.abort()
+                    self.shed.note("evicted", open=len(self.guards), limit=self.max_connections)
+                    return True
         return False
 
     def release(self, guard: _Guard) -> None:
         self.guards.discard(guard)
         self.waiting.pop(guard, None)
+        self.kept.pop(guard, None)
 
 
 class GuardedSite(web.BaseSite):

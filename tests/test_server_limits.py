@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import re
 import resource
 import shutil
 import socket
@@ -114,6 +115,55 @@ async def test_idle_flood_leaves_metrics_served_and_logs_once(caplog):
     lines = shed_lines(caplog)
     assert 1 <= len(lines) <= 2
     assert sum(getattr(r, "evicted", 0) for r in lines) >= 40
+
+
+async def test_a_flood_of_silent_connections_never_closes_a_kept_alive_scraper():
+    """Prometheus reuses its connection between scrapes. A flood of silent sockets over the
+    limit is shed silent-first, so the scraper's idle kept-alive connection stays open and
+    its next scrape never queues behind the flood's handshakes (docs/reliability.md, row 2);
+    it was the longest-waiting idle connection, and closed first."""
+    async with serving(WebConfig(max_connections=20)) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+        async def scrape() -> bytes:
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), SLACK)
+            length = re.search(rb"Content-Length: (\d+)", head, re.I)
+            assert length is not None, head
+            await asyncio.wait_for(reader.readexactly(int(length.group(1))), SLACK)
+            return head
+
+        try:
+            assert (await scrape()).startswith(b"HTTP/1.1 200")
+            idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(60)]
+            try:
+                await asyncio.sleep(0.2)
+                assert (await scrape()).startswith(b"HTTP/1.1 200")  # on the same connection
+                assert sum([await closed_within(r, 0.5) for r, _ in idle]) >= 40
+            finally:
+                for _, w in idle:
+                    w.close()
+        finally:
+            writer.close()
+
+
+async def test_only_kept_alive_connections_left_the_longest_idle_is_closed_for_a_new_one():
+    """With no silent connection to shed, a new connection still gets a slot: the kept-alive
+    connection idle longest is closed."""
+    async with serving(WebConfig(max_connections=3)) as port:
+        kept = []
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /-/healthy HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert (await reader.readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")
+            kept.append((reader, writer))
+            await asyncio.sleep(0.05)
+        try:
+            assert (await get(port, "/-/healthy"))[0] == 200
+            assert await closed_within(kept[0][0], SLACK)  # the longest idle
+        finally:
+            for _, w in kept:
+                w.close()
 
 
 async def test_full_gate_refuses_new_connections_at_once():
