@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,15 +95,6 @@ class NodeGpus:
             key = (a.namespace, a.pod, a.container)
             held[key] = held.get(key, ()) + a.device_ids
         return held
-
-    def by_pod(self) -> dict[tuple[str, str], tuple[str, ...]]:
-        """(namespace, pod) -> the physical GPUs or MIG devices it holds, each once, sorted.
-
-        Two time-sliced replicas of one GPU (``GPU-x::0``, ``GPU-x::3``) are one GPU here."""
-        held: dict[tuple[str, str], set[str]] = {}
-        for a in self.assignments:
-            held.setdefault((a.namespace, a.pod), set()).update(map(physical_id, a.device_ids))
-        return {key: tuple(sorted(ids)) for key, ids in held.items()}
 
 
 def is_gpu_resource(name: str) -> bool:
@@ -249,16 +239,6 @@ class PodResourcesClient:
             await channel.close()
 
 
-def join_pods(held: Mapping[tuple[str, str], Iterable[str]],
-              uuids: Iterable[str]) -> dict[tuple[str, str], tuple[str, ...]]:
-    """Each pod's devices that ``uuids`` (telemetry's GPUs on this node) knows, sorted.
-
-    A device the kubelet names but telemetry does not see (a GPU that fell off the bus, a
-    MIG device dcgm-exporter does not list) is left out rather than invented."""
-    known = set(uuids)
-    return {pod: tuple(sorted(d for d in set(devices) if d in known)) for pod, devices in held.items()}
-
-
 __all__ = ["DEFAULT_SOCKET", "Assignment", "Device", "Limits", "NodeGpus", "PodResourcesClient",
-           "PodResourcesError", "is_gpu_resource", "join_pods", "parse_allocatable", "parse_list",
+           "PodResourcesError", "is_gpu_resource", "parse_allocatable", "parse_list",
            "physical_id"]
