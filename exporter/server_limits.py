@@ -8,8 +8,9 @@ neither connections nor requests. Four limits, each cheap:
 - :class:`ConnectionGate`, the listening socket's protocol factory, keeps at most
   ``web.max_connections`` open. A new connection beyond it closes the connection that
   has waited longest without a request in progress, one that never finished a request
-  (silent, half-sent headers) before one kept alive after a request, so a flood of idle
-  sockets can neither lock a scraper out nor close the connection it reuses; if every
+  (silent, half-sent headers) before one kept alive after a request, so a flood of silent
+  sockets can neither lock a scraper out nor close the connection it reuses (a flood that
+  finishes one request per socket ranks with the scraper: docs/reliability.md); if every
   connection is serving a request, the new one is closed at once. No 503 is written:
   that would cost a write per refused connection to a client that sends nothing.
 - A header timer per connection (:class:`_Guard`): complete request headers must arrive
