@@ -433,10 +433,12 @@ class _SplitsChunk(_IdentitySplits):
 
 
 def _render_labelled(family: GpuLabelledFamily, gpus: Sequence[Gpu],
-                     splits: _IdentitySplits) -> list[str]:
-    """A labelled per-GPU family. Each GPU's text around the extra label values is built once
-    from ``splits``; the values are gpufleet's own words and numbers (reasons, causes, XID
-    codes), never text read from a source, so they need no escaping."""
+                     splits: _IdentitySplits) -> tuple[str, int]:
+    """A labelled per-GPU family: its text and series count. Each GPU's text around the extra
+    label values is built once from ``splits``, the values are formatted together
+    (:func:`go_texts`) and the lines joined in one call. The extra values are gpufleet's own
+    words and numbers (reasons, causes, XID codes), never text read from a source, so they
+    need no escaping."""
     spec = family.spec
     extra = spec.labels[len(metrics.IDENTITY):]
     names = splits.names
@@ -444,36 +446,43 @@ def _render_labelled(family: GpuLabelledFamily, gpus: Sequence[Gpu],
     placed = sorted((bisect.bisect(names, label), label, i) for i, label in enumerate(extra))
     bounds = [0, *(p for p, _, _ in placed), len(names)]
     segments = [splits.joined(a, b) for a, b in itertools.pairwise(bounds)]
-    slots = [f'{label}="\x00"' for _, label, _ in placed]  # \x00: where a value goes
+    labels = [label for _, label, _ in placed]
     order = [i for _, _, i in placed]
-    out: list[str] = []
-    for g, gpu in enumerate(gpus):
-        samples = family.samples(gpu)
+    prefixes: list[str] = []
+    values: list[float] = []
+    for g, samples in enumerate(map(family.samples, gpus)):
         if not samples:
             continue
-        tokens = [segments[0][g]]
-        for k, slot in enumerate(slots):
-            tokens += (slot, segments[k + 1][g])
         # pieces[k] precedes the k-th extra value (sorted order); the last closes the braces
-        pieces = f"{spec.name}{{{','.join(t for t in tokens if t)}}} ".split("\x00")
-        if len(pieces) != len(order) + 1:  # a NUL inside an identity value: the slow way
-            ident = identity(gpu)
-            for values, value in samples:
-                labels = (*ident, *zip(extra, values, strict=True))
-                out.append(f"{spec.name}{label_text(labels, splits.const)} "
-                           f"{_go_float(float(value))}\n")
-            continue
+        pieces = []
+        text, first = spec.name + "{", True
+        for k, label in enumerate(labels):
+            segment = segments[k][g]
+            if segment:
+                text += segment if first else "," + segment
+                first = False
+            text += f'{label}="' if first else f',{label}="'
+            pieces.append(text)
+            text, first = '"', False
+        segment = segments[-1][g]
+        pieces.append(f'{text},{segment}}} ' if segment else f"{text}}} ")
         if len(order) == 1:
             head, tail = pieces
-            for values, value in samples:
-                out.append(f"{head}{values[0]}{tail}{_go_float(float(value))}\n")
+            for extra_values, value in samples:
+                prefixes.append(f"{head}{extra_values[0]}{tail}")
+                values.append(value)
             continue
-        for values, value in samples:
-            text = pieces[0]
+        for extra_values, value in samples:
+            line = pieces[0]
             for k, i in enumerate(order):
-                text += values[i] + pieces[k + 1]
-            out.append(f"{text}{_go_float(float(value))}\n")
-    return out
+                line += extra_values[i] + pieces[k + 1]
+            prefixes.append(line)
+            values.append(value)
+    count = len(values)
+    lines: list[str] = ["\n"] * (3 * count)  # prefix, value, "\n" per line: filled by slices
+    lines[0::3] = prefixes
+    lines[1::3] = go_texts(values)
+    return "".join(lines), count
 
 
 def render_families(families: Iterable[Family],
@@ -783,8 +792,8 @@ def _render_blocks(snapshot: FleetSnapshot, labels: LabelCache, extra: Iterable[
                 def make_labelled(chunk=chunk, head=head, family=gpu_family,
                                   start=start) -> tuple[str, int]:
                     view = _SplitsChunk(splits, start, start + len(chunk))
-                    lines = _render_labelled(family, chunk, view)
-                    return head + "".join(lines), len(lines)
+                    text, series = _render_labelled(family, chunk, view)
+                    return head + text, series
 
                 add((name, start), chunk_texts, samples, make_labelled)
                 continue
@@ -890,8 +899,8 @@ def _part_block(family: GpuFamily | GpuLabelledFamily, chunk: Sequence[Gpu], chu
     def make() -> tuple[str, int]:
         if isinstance(family, GpuLabelledFamily):
             view = _SplitsChunk(splits, start, start + len(chunk))
-            lines = _render_labelled(family, chunk, view)
-            return head + "".join(lines), len(lines)
+            text, series = _render_labelled(family, chunk, view)
+            return head + text, series
         text, series = _value_lines(family.spec.name, chunk_texts, list(map(family.value, chunk)))
         return head + text, series
 

@@ -283,6 +283,24 @@ def test_a_job_that_ends_rebuilds_the_allocation_lines_of_its_gpus_only():
     assert labels.blocks[("gpufleet_gpu_info", start)] is info  # gpu_info reads no holder
 
 
+def test_labelled_families_escape_hostile_identity_values_as_generate_latest_does():
+    """The labelled families paste each GPU's identity text around their extra labels. Node,
+    pool and UUID text comes from sources: quotes, backslashes, line breaks, a NUL and text
+    that looks like a label pair must come out as client_python writes them, with the
+    cluster label first or not at all."""
+    snapshot = _snapshot()
+    hostile = ['a"b', "c\\d", "e\nf", "g\x00h", 'x,uuid="y', "", "{}"]
+    gpus = [dataclasses.replace(g, node=hostile[i % len(hostile)] + g.node,
+                                pool=hostile[(i + 3) % len(hostile)],
+                                uuid=g.uuid + hostile[(i + 5) % len(hostile)])
+            if i % 97 < len(hostile) else g for i, g in enumerate(snapshot.gpus)]
+    odd = dataclasses.replace(snapshot, gpus=tuple(gpus))
+    for options in (NODE_MODE, ExpositionOptions(cluster='k"\x00'), ExpositionOptions(cluster="zz")):
+        text = render_text(odd, LabelCache(), options=options)
+        assert text == _generate_latest(odd, options=options)
+        assert b'gpufleet_gpu_ecc_errors_total{counter="' in text or options.cluster
+
+
 def test_go_texts_are_client_pythons_text_for_every_kind_of_value():
     """go_texts formats a block's values in C (msgspec's shortest digits, ``e`` with a computed
     precision for whole numbers); each text must be floatToGoString's, which generate_latest
