@@ -373,9 +373,6 @@ class LabelCache:
         # per (group of GPU_SNAPSHOT_FAMILIES, chunk): the inputs of the last render
         self.reads: dict[tuple[int, int], list[object]] = {}
 
-    def get(self, gpu: Gpu, const: Labels = ()) -> str:
-        return self.texts([gpu], const)[0]
-
     def texts(self, gpus: Sequence[Gpu], const: Labels = ()) -> list[str]:
         """Each GPU's identity label text; the keys made and looked up in C (``map``), as a
         render asks for all 108,800 every snapshot and misses only for new GPUs."""
