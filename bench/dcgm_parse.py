@@ -23,8 +23,8 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from exporter.sources.dcgm_mapping import build_fleet  # noqa: E402
-from exporter.sources.exposition_parser import parse_text  # noqa: E402
+from exporter.sources.dcgm.exposition_parser import parse_text  # noqa: E402
+from exporter.sources.dcgm.fields import build_fleet  # noqa: E402
 from exporter.sources.gpu_models import catalogue_resolver  # noqa: E402
 from tests.helpers import data_dir  # noqa: E402  (the repository's data/, or $GPUFLEET_DATA)
 

@@ -3,7 +3,7 @@
 A grpcio server speaking the kubelet's v1 proto (tests/helpers/kubelet.py) answers for an
 8-GPU node at the kubelet's default of 110 pods (8 holding one GPU each, 102 holding none,
 as the kubelet lists every pod), and at the client's caps (5,000 pods, 20 device ids each:
-100,000 ids). For each, the nvml source's kubelet side (exporter/sources/nvml_pods.py)
+100,000 ids). For each, the nvml source's kubelet side (exporter/sources/nvml/pods.py)
 fetches both answers ``--reads`` times and joins them to the node's GPUs; printed: the
 median and worst fetch (wall) and join (CPU) times. Nothing is asserted: the figures go in
 docs/sources.md ("The kubelet's PodResources API") with this command line.
@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.snapshot import Gpu
-from exporter.sources.nvml_pods import PodGpus, build
-from exporter.sources.podresources_v1 import api_pb2 as pb
+from exporter.sources.nvml.podresources_v1 import api_pb2 as pb
+from exporter.sources.nvml.pods import PodGpus, build
 from tests.helpers.kubelet import Kubelet, start_kubelet
 
 NODE = "gpu-node-1"

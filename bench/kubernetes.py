@@ -46,8 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from exporter.options import Duration  # noqa: E402
-from exporter.sources.kubernetes import build  # noqa: E402
-from exporter.sources.kubernetes_options import KubernetesSource  # noqa: E402
+from exporter.sources.kubernetes.options import KubernetesSource  # noqa: E402
+from exporter.sources.kubernetes.source import build  # noqa: E402
 from tests.helpers.fake_apiserver import NODES, PODS, read_objects, write_kubeconfig  # noqa: E402
 
 RECORDED = REPO / "tests" / "data" / "kubernetes"

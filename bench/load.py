@@ -30,10 +30,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from exporter.cli.load import settings_for  # noqa: E402
 from exporter.load.replay import PredictiveSettings, replay_pool, replay_series  # noqa: E402
 from exporter.load.scaling import ScalingSettings  # noqa: E402
 from exporter.load.series import read_capacity, read_series  # noqa: E402
-from exporter.load_cmd import settings_for  # noqa: E402
 
 DATA = REPO / "data" / "alibaba-spot-gpu-v2026"
 SERIES = DATA / "hourly_concurrency_top_models.csv"

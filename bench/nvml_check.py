@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.snapshot import Gpu
 from exporter.sources import SourceStartupError
 from exporter.sources.gpu_models import ModelResolver, unknown_model
-from exporter.sources.nvml import NvmlGpuSource
+from exporter.sources.nvml.source import NvmlGpuSource
 
 METRICS = (  # (Gpu field, unit) in the order printed
     ("utilization_ratio", "ratio"),

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pynvml
 from nvml_check import CountingNvml
 
-from exporter.sources.nvml import NvmlGpuSource
+from exporter.sources.nvml.source import NvmlGpuSource
 from tests.helpers.fake_pynvml import FakeGpu, FakeNvml
 
 MAX_GPUS = 64

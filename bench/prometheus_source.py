@@ -43,8 +43,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import exporter.sources.prometheus as prometheus_module  # noqa: E402
-from exporter.sources.prometheus import (  # noqa: E402
+import exporter.sources.prometheus.source as prometheus_module  # noqa: E402
+from exporter.sources.prometheus.options import PrometheusSource  # noqa: E402
+from exporter.sources.prometheus.source import (  # noqa: E402
     ALLOCATION_FAMILIES,
     GPU_VALUES,
     MIG_FAMILIES,
@@ -53,7 +54,6 @@ from exporter.sources.prometheus import (  # noqa: E402
     build,
     build_snapshot,
 )
-from exporter.sources.prometheus_options import PrometheusSource  # noqa: E402
 
 
 def free_port() -> int:

@@ -143,7 +143,7 @@ def render_times(scale: int, renders: int = 3, health: bool = True) -> dict[str,
 
     from exporter.exposition import LabelCache, render
     from exporter.simulation.fleet import Simulation
-    from exporter.sources.sim_options import SimSource
+    from exporter.sources.sim.options import SimSource
 
     start = 1_760_000_000.0
     sim = Simulation(SimSource(scale=scale, health=health), start_time=start)

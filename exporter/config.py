@@ -193,7 +193,7 @@ class AdvisorConfig:
 
 @dataclass(frozen=True)
 class WebConfig:
-    """Connection limits of the HTTP server (exporter/server_limits.py says why each exists)."""
+    """Connection limits of the HTTP server (exporter/web/connection_gate.py says why each exists)."""
 
     max_connections: int = _opt(
         1000, help="Open connections at most, lowered to (ulimit -n - 256) / 2. A new one "

@@ -20,13 +20,13 @@ from exporter.advisor.engine import Advisor, DecisionSettings
 from exporter.advisor.outbox import Outbox
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
 from exporter.advisor.service import AdvisorService, install, load_receivers, load_token
-from exporter.analysis.families import LiveAnalyzer
+from exporter.analysis.live import LiveAnalyzer
 from exporter.collect import Collector
 from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ReceiverConfig
-from exporter.server import ServingState, make_app
 from exporter.snapshot import to_json
-from exporter.sources.sim import build as sim_source
-from exporter.sources.sim_options import SimSource
+from exporter.sources.sim.options import SimSource
+from exporter.sources.sim.source import build as sim_source
+from exporter.web.server import ServingState, make_app
 
 START = 1_760_000_000.0
 TOKEN = "t0ken-for-tests"
@@ -575,8 +575,8 @@ def test_a_what_if_on_any_accepted_snapshot_answers_strict_json(what_if_service,
 
 
 def test_the_what_if_time_limit_comes_from_api_what_if_timeout(tmp_path):
+    from exporter.cli.serve import assemble
     from exporter.config import build
-    from exporter.serve_cmd import assemble
 
     config = build(Config, {"api": {"what_if_timeout": "2500ms"},
                             "advisor": {"outbox": str(tmp_path / "outbox.sqlite")}})

@@ -260,7 +260,7 @@ async def test_post_alerts_tells_the_advisor_before_it_evaluates(aiohttp_client,
     from exporter.advisor.outbox import Outbox
     from exporter.advisor.service import AdvisorService
     from exporter.advisor.webhook import Deliverer
-    from exporter.analysis.families import LiveAnalyzer
+    from exporter.analysis.live import LiveAnalyzer
     from exporter.config import AnalysisConfig
     from tests.test_advisor_api import alertmanager_payload, auth, light_client
 

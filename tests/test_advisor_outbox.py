@@ -18,7 +18,7 @@ from exporter.advisor.outbox import Outbox
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
 from exporter.advisor.service import AdvisorService, build_service
 from exporter.advisor.webhook import DELIVERY_HEADER, IDEMPOTENCY_HEADER, Deliverer, Receiver
-from exporter.analysis.families import LiveAnalyzer
+from exporter.analysis.live import LiveAnalyzer
 from exporter.config import AdvisorConfig, AnalysisConfig
 from exporter.options import Duration
 from exporter.snapshot import FleetSnapshot

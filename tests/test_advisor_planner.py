@@ -23,10 +23,10 @@ from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import Shape, Workload
-from exporter.catalogue import GB, default_catalogue
+from exporter.gpu_catalogue import GB, default_catalogue
 from exporter.placement.task import Task
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, MigInstance, Node, Placement
-from exporter.sources.slurm_parse import node_threads, parse_sinfo_json, parse_squeue_json, to_snapshot
+from exporter.sources.slurm.parse import node_threads, parse_sinfo_json, parse_squeue_json, to_snapshot
 
 NOW = 1_760_000_000.0
 SCHEMA = json.loads((Path(__file__).parent.parent / "docs" / "advisor-plan.schema.json").read_text())

@@ -18,9 +18,9 @@ from exporter.advisor.engine import Advisor, DecisionSettings
 from exporter.advisor.openapi import ADVICE_SCHEMA, document
 from exporter.advisor.planner import PlanSettings, plan_compaction
 from exporter.advisor.service import build_service
-from exporter.analysis.families import LiveAnalyzer
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
+from exporter.analysis.live import LiveAnalyzer
 from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import Shape, Workload
 from exporter.config import AdvisorConfig, AnalysisConfig
@@ -28,7 +28,7 @@ from exporter.placement.tiers import tier_models
 from exporter.simulation.fleet import Simulation
 from exporter.simulation.jobs import JOB_KINDS, scenario_start
 from exporter.snapshot import JobRequest
-from exporter.sources.sim_options import Scenario, SimSource
+from exporter.sources.sim.options import Scenario, SimSource
 
 START = 1_760_000_000.0
 WORKLOAD = Workload((Shape(8, 1.0, 8), Shape(4, 1.0, 1)), (0.5, 0.5))

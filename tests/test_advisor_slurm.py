@@ -33,8 +33,8 @@ from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import Shape, Workload
 from exporter.config import AdvisorConfig
 from exporter.snapshot import FleetSnapshot
-from exporter.sources.slurm import build
-from exporter.sources.slurm_options import SlurmSource as SlurmConfig
+from exporter.sources.slurm.options import SlurmSource as SlurmConfig
+from exporter.sources.slurm.source import build
 from tests.helpers import require_binary
 from tests.helpers.slurm_cluster import BINARIES, SlurmCluster
 

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from exporter.analysis.families import LiveAnalyzer, report_families
+from exporter.analysis.live import LiveAnalyzer, report_families
 from exporter.config import AnalysisConfig, ConfigError, ShapeConfig, build
 from exporter.exposition import render_families
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import FleetSnapshot
-from exporter.sources.sim_options import Scenario, SimSource
+from exporter.sources.sim.options import Scenario, SimSource
 from tests.helpers import http_get, openb_csv
 
 START = 1_000_000_000.0

@@ -11,7 +11,7 @@ import pytest
 from exporter.cli import main
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import to_json
-from exporter.sources.sim_options import Scenario, SimSource
+from exporter.sources.sim.options import Scenario, SimSource
 from tests.helpers import REPO, openb_csv
 
 NODES = str(openb_csv("openb_node_list_gpu_node"))

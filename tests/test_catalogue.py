@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from exporter.alerting.thresholds import load_thresholds
-from exporter.catalogue import GB, default_catalogue, parse_catalogue
+from exporter.gpu_catalogue import GB, default_catalogue, parse_catalogue
 from exporter.placement.tiers import tier_models
 from exporter.sources.gpu_models import catalogue_resolver
 
@@ -75,7 +75,7 @@ def test_find_resolves_like_get_and_returns_none_for_unknown_names_without_a_war
     for name in ("H100", "NVIDIA H100 80GB HBM3", "A100-80GB MIG", "V100M32"):
         assert c.find(name) is c.get(name)
     assert c.find("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
-    with caplog.at_level("WARNING", logger="exporter.catalogue"):
+    with caplog.at_level("WARNING", logger="exporter.gpu_catalogue"):
         assert c.find("G2") is None and c.find("FindOnlyGPU") is None and c.find("") is None
     assert caplog.records == []
 

@@ -7,8 +7,8 @@ from aiohttp import web
 from exporter.collect import Collector
 from exporter.config import Duration
 from exporter.sources import SourceReading, TargetStatus
-from exporter.sources.dcgm import DcgmExporterSource
-from exporter.sources.dcgm_options import DcgmSource as DcgmConfig
+from exporter.sources.dcgm.options import DcgmSource as DcgmConfig
+from exporter.sources.dcgm.source import DcgmExporterSource
 from tests.helpers import data_dir
 from tests.helpers.exported import Exported
 

@@ -159,8 +159,8 @@ async def test_without_an_allocation_source_sources_are_merged_as_before():
 async def test_simulated_fleet_as_the_allocation_source_joined_with_telemetry():
     """Issue 9: the allocation side may be the simulated fleet, the telemetry side anything."""
     from exporter.collect import Collector
-    from exporter.sources.sim import build as sim_source
-    from exporter.sources.sim_options import SimSource
+    from exporter.sources.sim.options import SimSource
+    from exporter.sources.sim.source import build as sim_source
 
     now = 1_760_000_000.0
     scheduler = sim_source(SimSource(seed=1, role="allocation"), lambda: now)

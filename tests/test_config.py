@@ -253,7 +253,7 @@ def test_durations_take_the_config_forms_and_name_the_key():
 
 
 def test_flags_override_the_file(tmp_path):
-    from exporter.serve_cmd import add_arguments, effective_config
+    from exporter.cli.serve import add_arguments, effective_config
 
     path = tmp_path / "c.yaml"
     path.write_text("listen: 127.0.0.1:1111\nsources:\n  sim:\n    seed: 1\n")

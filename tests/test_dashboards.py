@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.catalogue import default_catalogue
 from exporter.dashboards import DASHBOARDS, render
 from exporter.dashboards.levels import CRITICAL, OK, WARNING, Steps, load_levels, steps_for
+from exporter.gpu_catalogue import default_catalogue
 from tests.helpers import REPO
 
 OUT = REPO / "dashboards"

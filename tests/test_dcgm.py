@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from exporter.collect import Collector
 from exporter.config import Duration
 from exporter.sources import SourceStartupError
-from exporter.sources.dcgm import DcgmExporterSource, Target, build, parse_body, target_from
-from exporter.sources.dcgm_mapping import build_fleet, is_blank
-from exporter.sources.dcgm_options import DcgmSource as DcgmConfig
-from exporter.sources.exposition_parser import parse_text
+from exporter.sources.dcgm.exposition_parser import parse_text
+from exporter.sources.dcgm.fields import build_fleet, is_blank
+from exporter.sources.dcgm.options import DcgmSource as DcgmConfig
+from exporter.sources.dcgm.source import DcgmExporterSource, Target, build, parse_body, target_from
 from exporter.sources.gpu_models import catalogue_resolver
 from tests.helpers import data_dir, free_port
 from tests.helpers.exported import Exported

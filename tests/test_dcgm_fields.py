@@ -1,7 +1,7 @@
 """Every DCGM field is mapped or deliberately dropped, and each new family reads right off dcgm.
 
 The mapping is ``GPU_FIELDS``/``MIG_FIELDS``/``MAPPED_LABELS`` in
-``exporter/sources/dcgm_mapping.py``; the dropped list, with reasons, is the table under
+``exporter/sources/dcgm/fields.py``; the dropped list, with reasons, is the table under
 "Fields the dcgm source drops" in ``docs/sources.md``. The real samples in
 ``data/dcgm-samples`` and dcgm-exporter's counters files are checked against both.
 """
@@ -14,9 +14,9 @@ import re
 import pytest
 
 from exporter.snapshot import CLOCK_EVENT_REASONS
-from exporter.sources.dcgm import Target, parse_body
-from exporter.sources.dcgm_mapping import GPU_FIELDS, MAPPED_LABELS, MIG_FIELDS, MIG_ID_LABEL
-from exporter.sources.exposition_parser import parse_text
+from exporter.sources.dcgm.exposition_parser import parse_text
+from exporter.sources.dcgm.fields import GPU_FIELDS, MAPPED_LABELS, MIG_FIELDS, MIG_ID_LABEL
+from exporter.sources.dcgm.source import Target, parse_body
 from exporter.sources.gpu_models import catalogue_resolver
 from tests.helpers import REPO, data_dir
 from tests.test_dcgm import read_samples  # noqa: F401  (the fixture)

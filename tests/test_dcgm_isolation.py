@@ -22,8 +22,8 @@ from aiohttp import web
 from exporter.collect import Collector
 from exporter.config import Duration
 from exporter.snapshot import to_json
-from exporter.sources.dcgm import DcgmExporterSource, target_from
-from exporter.sources.dcgm_options import DcgmSource as DcgmConfig
+from exporter.sources.dcgm.options import DcgmSource as DcgmConfig
+from exporter.sources.dcgm.source import DcgmExporterSource, target_from
 from tests.helpers import data_dir, free_port
 from tests.helpers.exported import Exported
 
@@ -192,7 +192,7 @@ async def test_one_endpoint_listed_by_address_and_by_name_is_one_target(aiohttp_
     by_name = f"http://localhost:{port}/metrics"
     source = DcgmExporterSource(config(by_ip, by_name), Clock())
     collector = Collector([source], timeout_seconds=10, clock=source.clock)
-    caplog.set_level(logging.INFO, logger="exporter.sources.dcgm")
+    caplog.set_level(logging.INFO, logger="exporter.sources.dcgm.source")
     try:
         first = Exported.of(await collector.collect())
         second = Exported.of(await collector.collect())
@@ -249,8 +249,8 @@ def test_a_rejected_target_is_named_without_its_password():
 
 
 def test_mig_instances_and_pods_per_gpu_are_capped_only_for_a_scraped_body():
-    from exporter.sources.dcgm import BodyParser, Target
-    from exporter.sources.dcgm_mapping import OverCap, build_fleet
+    from exporter.sources.dcgm.fields import OverCap, build_fleet
+    from exporter.sources.dcgm.source import BodyParser, Target
     from exporter.sources.gpu_models import catalogue_resolver
 
     gpu = 'gpu="0",UUID="GPU-m",Hostname="n1"'
@@ -266,7 +266,7 @@ def test_mig_instances_and_pods_per_gpu_are_capped_only_for_a_scraped_body():
         fits = BodyParser(Target("u", "", "n1"), catalogue_resolver(), max_gpus=64)
         fits.feed("\n".join(body.splitlines()[:-1]).encode())
         assert len(fits.finish()[0].gpus) == 1
-        from exporter.sources.exposition_parser import parse_text
+        from exporter.sources.dcgm.exposition_parser import parse_text
         assert len(build_fleet(parse_text(body).samples).gpus) == 1
 
 

@@ -36,11 +36,11 @@ import pytest
 import yaml
 
 from exporter import config
-from exporter.serve_cmd import exposition_options
-from exporter.sources import podresources
-from exporter.sources.kubernetes import KubernetesAllocationSource, build
-from exporter.sources.nvml import build as build_nvml
-from exporter.sources.nvml_options import NvmlSource
+from exporter.cli.serve import exposition_options
+from exporter.sources.kubernetes.source import KubernetesAllocationSource, build
+from exporter.sources.nvml import podresources
+from exporter.sources.nvml.options import NvmlSource
+from exporter.sources.nvml.source import build as build_nvml
 from tests.helpers import REPO
 from tests.helpers.fake_apiserver import FakeApiserver, read_objects
 from tests.helpers.fake_pynvml import FakeGpu, FakeNvml

@@ -17,7 +17,7 @@ from exporter.exposition import render_text
 from exporter.metrics import CATALOGUE
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import JobRequest, SourceStatus, UnmatchedGpus, XidCount
-from exporter.sources.sim_options import SimSource
+from exporter.sources.sim.options import SimSource
 from tests.helpers.golden_metrics import GOLDEN
 from tests.helpers.metrics_doc import DOC, generate
 

@@ -28,7 +28,7 @@ SOURCES.update(eval("{{" + {entry!r} + "}}", {{"Registered": Registered}}))
 
 from exporter.config import ConfigError, describe, load
 from exporter.exposition import render_text
-from exporter.serve_cmd import assemble, enabled_sources
+from exporter.cli.serve import assemble, enabled_sources
 
 out = {{"help": [line for line in describe() if "jsonfile" in line]}}
 try:

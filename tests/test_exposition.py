@@ -29,7 +29,7 @@ from exporter.exposition import (
 from exporter.metrics import CATALOGUE, IDENTITY
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import Gpu, GpuHealth, GpuPerformance, MigInstance, XidCount
-from exporter.sources.sim_options import Scenario, SimSource
+from exporter.sources.sim.options import Scenario, SimSource
 from tests.helpers import http_get, require_binary
 
 START = 1_760_000_000.0
@@ -359,9 +359,9 @@ def test_labels_never_collide_with_prometheus_target_labels_and_agree_across_fam
 
 
 def test_per_gpu_auto_is_off_only_with_the_prometheus_source_and_the_config_can_force_it():
+    from exporter.cli.serve import exposition_options
     from exporter.config import Config as ConfigClass
     from exporter.config import ConfigError, build
-    from exporter.serve_cmd import exposition_options
 
     class Slurm:
         role = "allocation"
@@ -387,7 +387,7 @@ def test_per_gpu_auto_is_off_only_with_the_prometheus_source_and_the_config_can_
     assert options({"exposition": {"per_gpu": True}}, ["prometheus"]).per_gpu is True
     assert options({"exposition": {"per_gpu": False}}, ["sim"]).per_gpu is False
     assert options({"cluster": "prod"}, ["sim"]).cluster == "prod"
-    from exporter.sources.sim import SimulatedFleetSource
+    from exporter.sources.sim.source import SimulatedFleetSource
     assert SimulatedFleetSource.schedules is True
     for data, message in (
         ({"exposition": {"per_gpu": "yes"}},

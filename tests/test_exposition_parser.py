@@ -7,7 +7,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.sources.exposition_parser import parse_text
+from exporter.sources.dcgm.exposition_parser import parse_text
 from tests.helpers import data_dir
 
 SAMPLES = sorted((data_dir() / "dcgm-samples").glob("*.prom"))

@@ -43,7 +43,6 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from exporter import config as config_module
-from exporter import webconfig
 from exporter.advisor import bounds
 from exporter.advisor.api import _dumps
 from exporter.advisor.engine import Advisor, DecisionSettings
@@ -52,15 +51,15 @@ from exporter.advisor.outbox import Outbox
 from exporter.advisor.planner import plan_compaction
 from exporter.advisor.service import AdvisorService, plan_settings
 from exporter.advisor.webhook import Deliverer
-from exporter.analysis.families import LiveAnalyzer
+from exporter.analysis.live import LiveAnalyzer
 from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ShapeConfig
 from exporter.options import Duration
-from exporter.sources import dcgm_mapping
-from exporter.sources.dcgm import BodyParser, Target, parse_body, parse_targets_file
-from exporter.sources.dcgm_mapping import OverCap
-from exporter.sources.exposition_parser import parse_text
+from exporter.sources.dcgm import fields as dcgm_fields
+from exporter.sources.dcgm.exposition_parser import parse_text
+from exporter.sources.dcgm.fields import OverCap
+from exporter.sources.dcgm.source import BodyParser, Target, parse_body, parse_targets_file
 from exporter.sources.gpu_models import unknown_model
-from exporter.sources.slurm_parse import (
+from exporter.sources.slurm.parse import (
     MAX_EXPANDED,
     MAX_GRES_GPUS,
     SlurmJob,
@@ -74,6 +73,7 @@ from exporter.sources.slurm_parse import (
     parse_squeue_json,
     parse_tres_gpus,
 )
+from exporter.web import webconfig
 from exporter.yamlfile import parse_mapping
 
 # -- hostile scalars, shared by every fuzzer -------------------------------------------------
@@ -233,13 +233,13 @@ def test_basic_auth_headers(header):
 
 # -- exposition text and dcgm bodies ---------------------------------------------------------
 
-DCGM_NAMES = st.sampled_from([*dcgm_mapping.GPU_FIELDS, "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_XID_ERRORS",
+DCGM_NAMES = st.sampled_from([*dcgm_fields.GPU_FIELDS, "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_XID_ERRORS",
                               "node_cpu_seconds_total", "x", "DCGM_"])
-LABEL_NAMES = st.sampled_from([*dcgm_mapping.UUID_LABELS, *dcgm_mapping.INDEX_LABELS,
-                               *dcgm_mapping.NODE_LABELS, *dcgm_mapping.MODEL_LABELS,
-                               *dcgm_mapping.PCI_LABELS, *dcgm_mapping.NAMESPACE_LABELS,
-                               *dcgm_mapping.POD_LABELS, dcgm_mapping.MIG_ID_LABEL,
-                               dcgm_mapping.MIG_PROFILE_LABEL, "container", "le", "0bad"])
+LABEL_NAMES = st.sampled_from([*dcgm_fields.UUID_LABELS, *dcgm_fields.INDEX_LABELS,
+                               *dcgm_fields.NODE_LABELS, *dcgm_fields.MODEL_LABELS,
+                               *dcgm_fields.PCI_LABELS, *dcgm_fields.NAMESPACE_LABELS,
+                               *dcgm_fields.POD_LABELS, dcgm_fields.MIG_ID_LABEL,
+                               dcgm_fields.MIG_PROFILE_LABEL, "container", "le", "0bad"])
 LABEL_VALUES = st.one_of(st.sampled_from(["0", "1", "7", "63", "64", "-1", "GPU-a", "GPU-b", "n1",
                                           "1g.10gb", "7g.80gb", "99999999999999999999", "1e3", "٣",
                                           'q"uote', "back\\slash", "new\nline", ""]), st.text(max_size=8))
@@ -301,7 +301,7 @@ def test_dcgm_bodies_map_or_hit_a_cap(text, encoding):
         for value in (gpu.utilization_ratio, gpu.temperature_celsius, gpu.power_watts,
                       gpu.memory_used_bytes, gpu.memory_total_bytes, gpu.energy_joules):
             assert value is None or math.isfinite(value), gpu
-        assert len(gpu.mig) <= dcgm_mapping.MAX_MIG_INSTANCES
+        assert len(gpu.mig) <= dcgm_fields.MAX_MIG_INSTANCES
     for node in fleet.nodes:
         assert 0 <= node.gpu_count <= bounds.MAX_GPUS_PER_NODE, node
 

@@ -107,5 +107,5 @@ def test_no_import_cycle_anywhere_in_exporter():
     simulator inside build(), and the simulator reads the source's options from their own
     module, not from the source."""
     graph = package_graph(REPO / "exporter")
-    assert len(graph) > 60 and "exporter.simulation.fleet" in graph["exporter.sources.sim"]
+    assert len(graph) > 60 and "exporter.simulation.fleet" in graph["exporter.sources.sim.source"]
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph) or ())}"

@@ -74,7 +74,7 @@ def test_slurm_priority_is_the_qos_on_gpufleets_scale(qos, priority):
 def test_a_sites_qos_priorities_come_from_the_config_and_are_checked(tmp_path):
     from exporter.config import Config, ConfigError, build
     from exporter.sources import SourceStartupError
-    from exporter.sources.slurm import build as build_source
+    from exporter.sources.slurm.source import build as build_source
 
     for name in ("squeue", "sinfo", "scontrol"):  # build() looks for the clients, runs none
         (tmp_path / name).write_text("#!/bin/sh\nexit 1\n")

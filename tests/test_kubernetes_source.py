@@ -25,9 +25,10 @@ from exporter.collect import Collector
 from exporter.options import Duration
 from exporter.snapshot import Allocation, FleetSnapshot, JobRequest, Placement
 from exporter.sources import SourceStartupError
-from exporter.sources.dcgm import build as build_dcgm
-from exporter.sources.dcgm_options import DcgmSource as DcgmConfig
-from exporter.sources.kubernetes import (
+from exporter.sources.dcgm.options import DcgmSource as DcgmConfig
+from exporter.sources.dcgm.source import build as build_dcgm
+from exporter.sources.kubernetes.options import KubernetesSource as KubernetesConfig
+from exporter.sources.kubernetes.source import (
     CLAIMS,
     KubernetesAllocationSource,
     KubernetesError,
@@ -35,7 +36,6 @@ from exporter.sources.kubernetes import (
     node_record,
     pod_record,
 )
-from exporter.sources.kubernetes_options import KubernetesSource as KubernetesConfig
 from tests.helpers import REPO, data_dir, free_port, http_get, start_exporter, stop, wait_http, wait_until
 from tests.helpers.exported import Exported
 from tests.helpers.fake_apiserver import FakeApiserver, read_objects, write_kubeconfig
@@ -468,7 +468,7 @@ JSON = st.recursive(
 def test_no_object_makes_a_record_function_raise(obj):
     """Whatever JSON the apiserver (or something in its place) sends, each record function
     returns a record or None: an exception would stop the informer's whole kind."""
-    from exporter.sources.kubernetes import claim_record, slice_record
+    from exporter.sources.kubernetes.source import claim_record, slice_record
 
     for record in (pod_record, node_record, claim_record, slice_record):
         record(obj if isinstance(obj, dict) else {"metadata": obj, "spec": obj, "status": obj})
@@ -479,8 +479,8 @@ def test_a_dra_mig_device_holds_its_profiles_slices_of_its_gpu():
     the profile's slices (3g: 3/7); without, one slice. Built in the driver's naming
     (gpu-<index>-mig-<...>, attributes type mig, profile, parentUUID): no published
     MIG ResourceSlice was found."""
-    from exporter.catalogue import default_catalogue
-    from exporter.sources.kubernetes import KubeClaim, slice_record, to_snapshot
+    from exporter.gpu_catalogue import default_catalogue
+    from exporter.sources.kubernetes.source import KubeClaim, slice_record, to_snapshot
 
     node = node_record(next(o for o in read_objects(RECORDED)
                             if o["metadata"]["name"] == "gpu-node-2"))
@@ -506,8 +506,8 @@ def test_with_a_pool_label_pending_demand_lands_in_its_products_pool():
     # H100s by product is demand on the pool the H100 nodes are in
     import copy
 
-    from exporter.catalogue import default_catalogue
-    from exporter.sources.kubernetes import to_snapshot
+    from exporter.gpu_catalogue import default_catalogue
+    from exporter.sources.kubernetes.source import to_snapshot
 
     nodes = []
     for obj in read_objects(RECORDED):
@@ -529,8 +529,8 @@ def test_with_a_pool_label_pending_demand_lands_in_its_products_pool():
 def test_a_slice_device_with_a_negative_index_is_no_gpu():
     # index.int is the driver's word; -5 once raised IndexError on every read, holding the
     # whole source down until the slice changed
-    from exporter.catalogue import default_catalogue
-    from exporter.sources.kubernetes import slice_record, to_snapshot
+    from exporter.gpu_catalogue import default_catalogue
+    from exporter.sources.kubernetes.source import slice_record, to_snapshot
 
     node = node_record(next(o for o in read_objects(RECORDED)
                             if o["metadata"]["name"] == "gpu-node-2"))
@@ -589,8 +589,8 @@ current-context: recorded
 
 
 def test_a_change_rebuilds_only_its_nodes_part_and_the_result_is_the_same():
-    from exporter.catalogue import default_catalogue
-    from exporter.sources.kubernetes import claim_record, slice_record, to_snapshot
+    from exporter.gpu_catalogue import default_catalogue
+    from exporter.sources.kubernetes.source import claim_record, slice_record, to_snapshot
 
     objects = read_objects(RECORDED)
     nodes = [r for r in (node_record(o) for o in objects if o["kind"] == "Node") if r]

@@ -15,7 +15,7 @@ import time
 import aiohttp
 import pytest
 
-from exporter.sources.kube_informer import Decoder, Endpoint, Informer, Limits
+from exporter.sources.kubernetes.informer import Decoder, Endpoint, Informer, Limits
 from tests.helpers.fake_apiserver import PODS, FakeApiserver
 
 TOKEN = "t0ken"
@@ -274,7 +274,7 @@ async def test_a_page_of_many_chunks_is_read_whole(informer_for):
 async def test_an_object_of_an_unexpected_shape_is_read_whole_not_dropped(informer_for):
     """The decoder keeps only the fields of a shape; an object that does not fit it (here
     ``spec.containers`` a string) is decoded again in full and judged by the transform."""
-    from exporter.sources.kubernetes import PodShape
+    from exporter.sources.kubernetes.source import PodShape
 
     server = FakeApiserver(token=TOKEN)
     odd = pod("odd", "1")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from exporter.alerting import load_rules
+from exporter.alerting import pool_load_rules
 from exporter.cli import main
 from exporter.load.stats import window_stats
 from tests.helpers import REPO
@@ -62,29 +62,29 @@ def test_recorded_statistics_equal_window_stats_of_the_same_samples(
             {"targets": [f"127.0.0.1:{exporter.port}"]}]}],
     }))
     longest = f"{max(WINDOWS)}s"
-    last = load_rules.statistic_names(
-        load_rules.LoadStatistics(tuple(float(w) for w in WINDOWS), 0.95),
-        load_rules.CLUSTER_DEMAND, float(max(WINDOWS)))["quantile"]
+    last = pool_load_rules.statistic_names(
+        pool_load_rules.LoadStatistics(tuple(float(w) for w in WINDOWS), 0.95),
+        pool_load_rules.CLUSTER_DEMAND, float(max(WINDOWS)))["quantile"]
 
     def full_windows():
         # the longest window full of the input's samples, one a second (the first ones
         # came later); at a time between evaluations the window holds one fewer
-        result = prom.query(f"count_over_time({load_rules.POOL_UTILIZATION}[{longest}])")
+        result = prom.query(f"count_over_time({pool_load_rules.POOL_UTILIZATION}[{longest}])")
         return result if result and min(float(r["value"][1]) for r in result) >= max(WINDOWS) \
             else None
     wait_until(f"{longest} of recorded pool series", full_windows, timeout=60, interval=1)
     [series] = wait_until("the statistics", lambda: prom.query(f"{last}[3s]"), timeout=10)
     at = float(series["values"][-1][0])  # one evaluation: every statistic below is of it
 
-    statistics = load_rules.LoadStatistics(tuple(float(w) for w in WINDOWS), 0.95)
+    statistics = pool_load_rules.LoadStatistics(tuple(float(w) for w in WINDOWS), 0.95)
     compared = varied = 0
     gap = 0.0
     for window in WINDOWS:
-        for source in load_rules.STATISTIC_SOURCES:
+        for source in pool_load_rules.STATISTIC_SOURCES:
             samples = {_key(s["metric"]): [float(v) for _, v in s["values"]]
                        for s in prom.query(f"{source}[{window}s]", at)}
             assert samples, source
-            names = load_rules.statistic_names(statistics, source, float(window))
+            names = pool_load_rules.statistic_names(statistics, source, float(window))
             recorded = {}
             for stat, name in names.items():
                 for s in prom.query(name, at):

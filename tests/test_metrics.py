@@ -13,8 +13,8 @@ import pytest
 
 from exporter import metrics
 from exporter.metrics import CATALOGUE, FamilySpec
-from exporter.sources.prometheus import build_queries
-from exporter.sources.prometheus_options import PrometheusSource as PrometheusConfig
+from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
+from exporter.sources.prometheus.source import build_queries
 from tests.helpers import REPO
 
 BASE_UNITS = ("bytes_per_second", "bytes", "seconds", "celsius", "watts", "joules", "ratio", "hertz")
@@ -106,7 +106,7 @@ def test_recording_rule_outputs_are_documented():
 
 def test_converted_modules_write_no_family_name_themselves():
     """Exposition, analysis, advisor and the prometheus source take every name from the catalogue."""
-    for path in ("exporter/exposition.py", "exporter/analysis/families.py",
-                 "exporter/advisor/service.py", "exporter/sources/prometheus.py"):
+    for path in ("exporter/exposition.py", "exporter/analysis/live.py",
+                 "exporter/advisor/service.py", "exporter/sources/prometheus/source.py"):
         literals = re.findall(r"""["']gpufleet_[a-z0-9_]*""", (REPO / path).read_text())
         assert not literals, (path, literals)

@@ -23,7 +23,7 @@ import yaml
 
 from exporter import metrics
 from exporter.cli import main
-from exporter.sources.sim_options import SimSource
+from exporter.sources.sim.options import SimSource
 from tests.helpers import REPO
 from tests.test_dashboards_prometheus import _boards, _content, _reload, _run, _variables
 

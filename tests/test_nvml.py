@@ -19,10 +19,10 @@ import pytest
 
 from exporter.collect import Collector
 from exporter.config import Config, Duration
-from exporter.server import STATE, make_app
 from exporter.sources import SourceStartupError
-from exporter.sources.nvml import NvmlGpuSource, build, mig_profile
-from exporter.sources.nvml_options import NvmlSource
+from exporter.sources.nvml.options import NvmlSource
+from exporter.sources.nvml.source import NvmlGpuSource, build, mig_profile
+from exporter.web.server import STATE, make_app
 from tests.helpers import REPO
 from tests.helpers.exported import Exported
 from tests.helpers.fake_pynvml import FAKE_FUNCTIONS, GIB, FakeGpu, FakeMig, FakeNvml

@@ -1,4 +1,4 @@
-"""exporter/sources/nvml_pods.py: node mode on Kubernetes, the kubelet's PodResources joined to NVML.
+"""exporter/sources/nvml/pods.py: node mode on Kubernetes, the kubelet's PodResources joined to NVML.
 
 The node is the real H100 node of data/dcgm-samples/h100-8gpu-k8s-pod-labels.prom
 (``gpu-node-1``, its 8 GPU UUIDs in index order, and the vLLM worker on GPU 0 as
@@ -32,16 +32,16 @@ from exporter.collect import Collector
 from exporter.config import Config, ConfigError, Duration
 from exporter.config import build as build_config
 from exporter.snapshot import Allocation, Gpu, Placement
-from exporter.sources.nvml import NvmlGpuSource, build
-from exporter.sources.nvml_options import POD_RESOURCES_SOCKET, NvmlSource
-from exporter.sources.nvml_pods import Joined, MigDevice, join
-from exporter.sources.podresources import (
+from exporter.sources.nvml.options import POD_RESOURCES_SOCKET, NvmlSource
+from exporter.sources.nvml.podresources import (
     DEFAULT_SOCKET,
     NodeGpus,
     parse_allocatable,
     parse_list,
 )
-from exporter.sources.podresources_v1 import api_pb2 as pb
+from exporter.sources.nvml.podresources_v1 import api_pb2 as pb
+from exporter.sources.nvml.pods import Joined, MigDevice, join
+from exporter.sources.nvml.source import NvmlGpuSource, build
 from tests.helpers import REPO
 from tests.helpers.exported import Exported
 from tests.helpers.fake_nvml_exporter import ENV
@@ -200,7 +200,7 @@ def test_a_kubelet_deadline_at_or_past_the_source_timeout_is_refused() -> None:
 
 
 def test_the_nvml_source_imports_grpc_only_when_the_kubelet_is_read() -> None:
-    assert loaded("exporter.sources.nvml", ("grpc", "exporter.sources.nvml_pods")) == []
+    assert loaded("exporter.sources.nvml.source", ("grpc", "exporter.sources.nvml.pods")) == []
 
 
 # --- the nvml source on the fake pynvml, with a real grpcio kubelet --------------------------

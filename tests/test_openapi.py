@@ -208,7 +208,7 @@ async def test_the_web_configs_answers_are_documented(aiohttp_client, tmp_path):
 
 
 def test_every_operation_with_a_body_documents_the_body_deadline():
-    # web.body_timeout's 408 (exporter/server_limits.py) answers before any handler
+    # web.body_timeout's 408 (exporter/web/connection_gate.py) answers before any handler
     with_body = {(method, path) for path, item in DOC["paths"].items()
                  for method, operation in item.items() if "requestBody" in operation}
     assert with_body == {("post", "/v1/plan"), ("post", "/v1/alerts")}

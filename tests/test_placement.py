@@ -9,7 +9,7 @@ from exporter.analysis import fgd
 from exporter.analysis.index import evaluate, scorer, totals
 from exporter.analysis.state import build, from_snapshot
 from exporter.analysis.workload import Shape, Workload
-from exporter.catalogue import GB
+from exporter.gpu_catalogue import GB
 from exporter.placement.engine import Placer, place_all
 from exporter.placement.policies import FgdTies
 from exporter.placement.task import Task

@@ -8,7 +8,7 @@ import pytest
 from exporter.config import ConfigError, build
 from exporter.placement import POLICIES
 from exporter.simulation.fleet import Simulation
-from exporter.sources.sim_options import SimSource
+from exporter.sources.sim.options import SimSource
 
 START = 1_760_000_000.0
 

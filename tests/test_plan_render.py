@@ -1,4 +1,4 @@
-"""exporter/advisor/kube_render.py and ``gpufleet plan`` (exporter/plan_cmd.py).
+"""exporter/advisor/kube_render.py and ``gpufleet plan`` (exporter/cli/plan.py).
 
 Each move type is rendered in both formats and compared whole. The objects are checked
 by real schemas:

@@ -1,4 +1,4 @@
-"""exporter/sources/podresources.py against a real grpcio server speaking the kubelet's v1 proto.
+"""exporter/sources/nvml/podresources.py against a real grpcio server speaking the kubelet's v1 proto.
 
 The server is in-process, on a unix socket in a temporary directory, and implements
 ``v1.PodResourcesLister`` from the vendored proto, so the client's requests, method paths,
@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 import pytest
 
-from exporter.sources.podresources import (
+from exporter.sources.nvml.podresources import (
     Assignment,
     Device,
     Limits,
@@ -43,7 +43,7 @@ from exporter.sources.podresources import (
     parse_list,
     physical_id,
 )
-from exporter.sources.podresources_v1 import api_pb2 as pb
+from exporter.sources.nvml.podresources_v1 import api_pb2 as pb
 from tests.helpers import REPO
 from tests.helpers.kubelet import Kubelet, start_kubelet
 from tests.test_source_isolation import FORBIDDEN, loaded
@@ -195,7 +195,7 @@ def test_node_views() -> None:
 
 
 def test_importing_it_loads_nothing_downstream() -> None:
-    assert loaded("exporter.sources.podresources", FORBIDDEN) == []
+    assert loaded("exporter.sources.nvml.podresources", FORBIDDEN) == []
 
 
 # --- against a real grpcio server ------------------------------------------------------

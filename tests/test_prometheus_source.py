@@ -16,7 +16,8 @@ import pytest
 
 from exporter.snapshot import FleetSnapshot, from_json
 from exporter.sources import SourceReading, SourceStartupError, TargetStatus
-from exporter.sources.prometheus import (
+from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
+from exporter.sources.prometheus.source import (
     PrometheusQueryError,
     _Result,
     auth_headers,
@@ -24,7 +25,6 @@ from exporter.sources.prometheus import (
     build_queries,
     build_snapshot,
 )
-from exporter.sources.prometheus_options import PrometheusSource as PrometheusConfig
 from tests.helpers import free_port, http_get, require_binary, stop, wait_until
 
 # -- queries and decoding, on literals ----------------------------------------------------------
@@ -124,8 +124,8 @@ def test_failed_required_query_fails_the_read_optional_ones_are_partial():
 
 
 def test_dcgm_queries_are_per_field_too():
-    from exporter.sources.dcgm_mapping import GPU_FIELDS
-    from exporter.sources.prometheus import build_dcgm_queries
+    from exporter.sources.dcgm.fields import GPU_FIELDS
+    from exporter.sources.prometheus.source import build_dcgm_queries
 
     queries = build_dcgm_queries(PrometheusConfig(metrics="dcgm", selector='job="dcgm"'))
     assert len(queries) == len(GPU_FIELDS) + 2 == 53  # a field each, MIG instances, targets
@@ -134,7 +134,7 @@ def test_dcgm_queries_are_per_field_too():
 
 
 def test_decoding_pauses_cycle_collection_and_always_restores_it():
-    from exporter.sources.prometheus import _no_cycle_collection
+    from exporter.sources.prometheus.source import _no_cycle_collection
 
     assert gc.isenabled()
     with _no_cycle_collection():
@@ -351,7 +351,7 @@ sources:
 
 def test_lost_nodes_keep_their_last_reading_stale_until_lost_after():
     from exporter.snapshot import Allocation, Gpu, Node, Placement
-    from exporter.sources.prometheus import PrometheusFleetSource, carry_over
+    from exporter.sources.prometheus.source import PrometheusFleetSource, carry_over
 
     def reading(nodes: list[str]) -> FleetSnapshot:
         return FleetSnapshot(
@@ -388,8 +388,8 @@ def test_dcgm_metrics_through_prometheus_equal_the_dcgm_source(tmp_path, prometh
     """Real dcgm-exporter output (data/dcgm-samples) scraped by a real Prometheus:
     read back with ``metrics: dcgm``, it maps exactly as the dcgm source reading the same
     endpoints directly: same GPUs, units, MIG instances and pod allocations."""
-    from exporter.sources.dcgm import build as build_dcgm
-    from exporter.sources.dcgm_options import DcgmSource
+    from exporter.sources.dcgm.options import DcgmSource
+    from exporter.sources.dcgm.source import build as build_dcgm
     from tests.helpers import data_dir, wait_http
 
     servers, urls = [], []

@@ -18,10 +18,10 @@ from exporter.analysis.fgd import compile_workload, node_fragmentation
 from exporter.analysis.state import build
 from exporter.analysis.workload import Shape, Workload, from_tasks
 from exporter.cli import main
+from exporter.cli.replay import ProgressBar, parse_seeds
 from exporter.placement.replay import COLUMNS, Setup, arrivals, replay, replay_many
 from exporter.placement.task import Task
 from exporter.policy_names import POLICIES
-from exporter.replay_cmd import ProgressBar, parse_seeds
 from tests.helpers import REPO, data_dir, openb_csv
 
 TRACE = data_dir() / "alibaba-gpu-v2023" / "csv"

@@ -47,7 +47,7 @@ def test_sim_source_config_file_and_seed_flag(exporter_factory):
 
 
 def test_the_start_line_names_the_address_bound_not_a_guess():
-    from exporter.serve_cmd import metrics_url
+    from exporter.cli.serve import metrics_url
 
     assert metrics_url(("127.0.0.1", 9874)) == "http://127.0.0.1:9874/metrics"
     assert metrics_url(("0.0.0.0", 9874)) == "http://0.0.0.0:9874/metrics (every IPv4 interface)"

@@ -11,11 +11,11 @@ import pytest
 
 from exporter.collect import Collector
 from exporter.config import Config
-from exporter.server import STATE, make_app, snapshot_bodies
 from exporter.snapshot import from_json
 from exporter.sources import NoData, SourceReading
-from exporter.sources.sim import build as sim_source
-from exporter.sources.sim_options import SimSource
+from exporter.sources.sim.options import SimSource
+from exporter.sources.sim.source import build as sim_source
+from exporter.web.server import STATE, make_app, snapshot_bodies
 
 START = 1_760_000_000.0
 

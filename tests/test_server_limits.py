@@ -1,6 +1,6 @@
 """Connection limits of the served app: idle floods, slow-loris, keep-alive, requests in flight.
 
-Each test runs the real listening path (:func:`exporter.server.start`: the gate in front of
+Each test runs the real listening path (:func:`exporter.web.server.start`: the gate in front of
 aiohttp's protocol) on 127.0.0.1 with small limits, and talks to it over raw sockets, so
 what is measured is what a hostile client sees. Timing bounds are generous (seconds of
 slack): these tests prove that a connection is closed, not how fast.
@@ -25,16 +25,16 @@ from aiohttp import web
 
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
-from exporter.server import STATE, make_app, start
-from exporter.server_limits import (
+from exporter.sources.sim.options import SimSource
+from exporter.sources.sim.source import build as sim_source
+from exporter.web.connection_gate import (
     WRITE_CHUNK,
     accept_error_handler,
     effective_max_connections,
     listen_backlog,
     shed_log,
 )
-from exporter.sources.sim import build as sim_source
-from exporter.sources.sim_options import SimSource
+from exporter.web.server import STATE, make_app, start
 from tests.helpers.servers import closed_within
 
 START = 1_760_000_000.0

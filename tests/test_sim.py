@@ -7,12 +7,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from exporter.catalogue import default_catalogue
 from exporter.config import ConfigError
+from exporter.gpu_catalogue import default_catalogue
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import CLOCK_EVENT_REASONS, GpuHealth, XidCount
-from exporter.sources.sim import build as sim_source
-from exporter.sources.sim_options import Scenario, SimSource
+from exporter.sources.sim.options import Scenario, SimSource
+from exporter.sources.sim.source import build as sim_source
 from tests.helpers import http_get
 from tests.helpers.exported import Exported
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from exporter.simulation.fleet import Simulation
-from exporter.sources.sim_options import SimPool, SimSource
+from exporter.sources.sim.options import SimPool, SimSource
 
 
 def test_slices_have_disjoint_node_and_job_names():

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sources.slurm import SlurmAllocationSource, SlurmCommandError, run_command
-from exporter.sources.slurm_options import SlurmSource as SlurmConfig
+from exporter.sources.slurm.options import SlurmSource as SlurmConfig
+from exporter.sources.slurm.source import SlurmAllocationSource, SlurmCommandError, run_command
 
 
 @contextlib.contextmanager

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from exporter.catalogue import default_catalogue
+from exporter.gpu_catalogue import default_catalogue
 from exporter.snapshot import JobRequest, Placement
-from exporter.sources.slurm_parse import (
+from exporter.sources.slurm.parse import (
     Gres,
     SlurmParseError,
     count_cpu_ids,

@@ -20,8 +20,8 @@ import pytest
 
 from exporter.snapshot import JobRequest
 from exporter.sources import SourceReading
-from exporter.sources.slurm import SlurmAllocationSource, SlurmCommandError, build
-from exporter.sources.slurm_options import SlurmSource as SlurmConfig
+from exporter.sources.slurm.options import SlurmSource as SlurmConfig
+from exporter.sources.slurm.source import SlurmAllocationSource, SlurmCommandError, build
 from tests.helpers import http_get, require_binary
 from tests.helpers.slurm_cluster import BINARIES, SlurmCluster
 

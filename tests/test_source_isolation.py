@@ -19,26 +19,26 @@ from tests.helpers import REPO
 SOURCE_MODULES = (
     "exporter.sources",
     "exporter.sources.lastgood",
-    "exporter.sources.sim",
-    "exporter.sources.nvml",
-    "exporter.sources.dcgm",
-    "exporter.sources.slurm",
-    "exporter.sources.prometheus",
-    "exporter.sources.dcgm_mapping",
-    "exporter.sources.exposition_parser",
+    "exporter.sources.sim.source",
+    "exporter.sources.nvml.source",
+    "exporter.sources.dcgm.source",
+    "exporter.sources.slurm.source",
+    "exporter.sources.prometheus.source",
+    "exporter.sources.dcgm.fields",
+    "exporter.sources.dcgm.exposition_parser",
     "exporter.sources.gpu_models",
-    "exporter.sources.slurm_parse",
-    "exporter.sources.nvml_options",
-    "exporter.sources.dcgm_options",
-    "exporter.sources.slurm_options",
-    "exporter.sources.sim_options",
-    "exporter.sources.prometheus_options",
+    "exporter.sources.slurm.parse",
+    "exporter.sources.nvml.options",
+    "exporter.sources.dcgm.options",
+    "exporter.sources.slurm.options",
+    "exporter.sources.sim.options",
+    "exporter.sources.prometheus.options",
     "exporter.options",
 )
 
 # downstream of the snapshot; and the simulator, which the sim source is handed by its
 # build() rather than importing it (the simulator places jobs with exporter.placement)
-FORBIDDEN = ("exporter.analysis", "exporter.placement", "exporter.exposition", "exporter.server",
+FORBIDDEN = ("exporter.analysis", "exporter.placement", "exporter.exposition", "exporter.web.server",
              "exporter.advisor", "exporter.simulation")
 
 PROBE = """
@@ -70,8 +70,8 @@ def test_reading_the_config_imports_no_source_machinery():
 def test_building_the_sim_source_hands_it_the_simulator():
     """The other half of the bargain: the factory wires the simulator in."""
     from exporter.simulation.fleet import Simulation
-    from exporter.sources.sim import build
-    from exporter.sources.sim_options import SimSource
+    from exporter.sources.sim.options import SimSource
+    from exporter.sources.sim.source import build
 
     source = build(SimSource(), lambda: 0.0)
     assert source.simulate is Simulation

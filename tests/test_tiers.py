@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.catalogue import GB
+from exporter.gpu_catalogue import GB
 from exporter.placement.tiers import TierFit, tier_fit, tier_models
 
 REFERENCE = ("A100-80GB", "H100", "H200", "B200")

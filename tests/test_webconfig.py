@@ -1,4 +1,4 @@
-"""exporter/webconfig.py: the exporter-toolkit web config file, its TLS context, basic auth
+"""exporter/web/webconfig.py: the exporter-toolkit web config file, its TLS context, basic auth
 with its cache, and reloading; and the server's middleware that applies them, in-process."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
 from exporter.errors import ConfigError
-from exporter.server import PROTECTION, Protection, make_app, start
-from exporter.sources.sim import build as sim_source
-from exporter.sources.sim_options import SimSource
-from exporter.webconfig import (
+from exporter.sources.sim.options import SimSource
+from exporter.sources.sim.source import build as sim_source
+from exporter.web.server import PROTECTION, Protection, make_app, start
+from exporter.web.webconfig import (
     CIPHER_SUITES,
     MAX_FILE_BYTES,
     Authenticator,
@@ -416,7 +416,7 @@ def test_reload_takes_a_good_file_and_keeps_the_last_good_one(tmp_path, caplog):
     assert live.poll()
     assert live.current.users == {b"bob": second.encode()}
     assert live.reloads == 1
-    caplog.set_level(logging.ERROR, logger="exporter.webconfig")
+    caplog.set_level(logging.ERROR, logger="exporter.web.webconfig")
     path.write_text("basic_auth_users:\n  bob: plaintext\n")
     assert not live.poll()
     assert not live.poll()
@@ -443,7 +443,7 @@ def test_reload_sees_a_renewed_certificate_and_refuses_turning_tls_off(tmp_path,
     first.key.write_bytes(renewed.key.read_bytes())
     assert live.poll()
     assert live.ssl_context() is not before
-    caplog.set_level(logging.ERROR, logger="exporter.webconfig")
+    caplog.set_level(logging.ERROR, logger="exporter.web.webconfig")
     path.write_text("")
     assert not live.poll()
     assert live.tls

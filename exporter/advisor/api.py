@@ -115,7 +115,7 @@ def _authorized(api: AdvisorApi, request: web.Request) -> str | None:
 
 def bearer_problem(token_source: Token, request: web.Request) -> str | None:
     """The bearer check of every POST, and of GET /v1/* under ``api.require_token_for_reads``
-    (exporter/server.py): None when authorized, else the reason for a 401."""
+    (exporter/web/server.py): None when authorized, else the reason for a 401."""
     token = token_source() if callable(token_source) else token_source
     if not token:  # an empty token would match a blank bearer
         return ("the advisor has no usable token (set GPUFLEET_ADVISOR_TOKEN or "

@@ -52,7 +52,7 @@ from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import right_sizing
 from exporter.alerting.thresholds import default_thresholds
 from exporter.analysis.index import Report
-from exporter.catalogue import default_catalogue
+from exporter.gpu_catalogue import default_catalogue
 from exporter.snapshot import Allocation, FleetSnapshot
 
 IDLE_ROW = "GpuJobUtilizationLow"  # the threshold table's row that says "consider reclaiming"

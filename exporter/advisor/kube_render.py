@@ -1,6 +1,6 @@
 """A plan as Kubernetes objects: Koordinator ``PodMigrationJob``s or ``policy/v1`` Evictions.
 
-``gpufleet plan`` (:mod:`exporter.plan_cmd`) prints what this renders. Pure functions: a
+``gpufleet plan`` (:mod:`exporter.cli.plan`) prints what this renders. Pure functions: a
 plan and the time in, YAML documents out.
 
 Koordinator (``--format koordinator``), one ``PodMigrationJob`` per move, cluster-scoped,

@@ -13,8 +13,8 @@ OpenAPI 3.1 takes JSON Schema 2020-12 as it is, so these schemas go in
 unchanged; only the plan's ``$defs`` move under ``components`` (tools resolve
 ``#/components/...`` against the document, not against the plan's ``$id``).
 Error bodies are ``{"error": reason}``; the concurrency limit's 503
-(:mod:`exporter.server_limits`) and the web config's 401, 403 and 429
-(:mod:`exporter.webconfig`) answer before any handler, in plain text.
+(:mod:`exporter.web.connection_gate`) and the web config's 401, 403 and 429
+(:mod:`exporter.web.webconfig`) answer before any handler, in plain text.
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ _UNAUTHORIZED: dict[str, Any] = {
     "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
     "content": {"application/json": {"schema": _ref("Error")}},
 }
-# the web config file (exporter/webconfig.py) answers before the handler, in plain text
+# the web config file (exporter/web/webconfig.py) answers before the handler, in plain text
 _BASIC_TEXT = "the web config's basic_auth_users and no or a wrong password (text/plain)"
 _READ_UNAUTHORIZED = {**_UNAUTHORIZED,
                       "description": "api.require_token_for_reads is on and the bearer token is "
@@ -255,7 +255,7 @@ _WEB_CONFIG = {
 }
 _RETRY = {"Retry-After": {"schema": {"type": "string"}, "description": "seconds"}}
 _TOO_LARGE = _error("body over advisor.max_body_bytes (by Content-Length, or while read)")
-# exporter/server_limits.py answers it before the handler, for any request with a body
+# exporter/web/connection_gate.py answers it before the handler, for any request with a body
 _BODY_LATE = {"description": "web.body_timeout: the body had not arrived whole in time of the "
                              "headers; the connection is closed (text/plain)",
               "content": dict(_TEXT)}

@@ -45,7 +45,7 @@ from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Predictio
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.index import Report, scorer, totals
 from exporter.analysis.state import FleetState
-from exporter.catalogue import GB, default_catalogue
+from exporter.gpu_catalogue import GB, default_catalogue
 from exporter.placement.engine import Placement, Placer
 from exporter.placement.policies import FgdTies
 from exporter.placement.task import Task

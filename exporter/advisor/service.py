@@ -28,9 +28,9 @@ from exporter.advisor.outbox import Outbox
 from exporter.advisor.planner import PlanSettings, last_checkpoint, plan_compaction
 from exporter.advisor.webhook import Deliverer, Receiver
 from exporter.aio import complete
-from exporter.analysis.families import LiveAnalyzer
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import Report, evaluate
+from exporter.analysis.live import LiveAnalyzer
 from exporter.analysis.state import from_snapshot
 from exporter.config import AdvisorConfig, ConfigError
 from exporter.metrics import Family

@@ -3,6 +3,6 @@
 :mod:`exporter.alerting.thresholds` loads and validates ``rules/thresholds.yaml``
 (the only place a threshold is written); :mod:`exporter.alerting.rules` turns it
 into Prometheus alerting and recording rules and the Kubernetes
-``PrometheusRule`` object. ``gpufleet rules`` (:mod:`exporter.rules_cmd`) writes
+``PrometheusRule`` object. ``gpufleet rules`` (:mod:`exporter.cli.rules`) writes
 them.
 """

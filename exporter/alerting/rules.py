@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from exporter.alerting import load_rules
+from exporter.alerting import pool_load_rules
 from exporter.alerting.thresholds import AlertRow, Level, Thresholds
 from exporter.durations import format_duration
 
@@ -292,14 +292,14 @@ def alert_groups(thresholds: Thresholds, for_scale: float = 1.0) -> list[dict[st
 
 def recording_groups(thresholds: Thresholds | None = None) -> list[dict[str, Any]]:
     """The fixed groups, plus what the table's load_statistics and pressure sections
-    generate (exporter/alerting/load_rules.py) when ``thresholds`` is given."""
+    generate (exporter/alerting/pool_load_rules.py) when ``thresholds`` is given."""
     static = [
         {"name": name, "rules": [{"record": r.record, "expr": r.expr} for r in recordings]}
         for name, recordings in RECORDING_GROUPS
     ]
     if thresholds is None:
         return static
-    return load_rules.recording_groups(thresholds.load_statistics, thresholds.pressure, static)
+    return pool_load_rules.recording_groups(thresholds.load_statistics, thresholds.pressure, static)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -26,13 +26,13 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter.alerting.load_rules import parse_sections
+from exporter.alerting.pool_load_rules import parse_sections
 from exporter.alerting.table_reader import ThresholdError, _Reader
-from exporter.catalogue import Catalogue, default_catalogue
+from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.yamlfile import parse_mapping, read_text
 
 if TYPE_CHECKING:
-    from exporter.alerting.load_rules import LoadStatistics, Pressure
+    from exporter.alerting.pool_load_rules import LoadStatistics, Pressure
     from exporter.load.table import ScalingTable
 
 PACKAGED_TABLE = "thresholds.yaml"  # in exporter/: see default_thresholds
@@ -230,7 +230,7 @@ METRICS: dict[str, MetricDef] = {
                   "and has kept failing for <FOR>: plans that cannot be written wait in memory, "
                   "with no cooldown."),
         # Node pressure (issue 20): series recorded from node_exporter's by the `pressure`
-        # section's rules (exporter/alerting/load_rules.py). One row per resource holds its
+        # section's rules (exporter/alerting/pool_load_rules.py). One row per resource holds its
         # bands: warning is the medium band, critical the high one.
         MetricDef("node_cpu_busy", "instance:gpufleet_node_cpu_busy:ratio", "ratio", "node",
                   (">", ">="),
@@ -340,7 +340,7 @@ class Thresholds:
     busy_utilization: float  # a GPU above this utilization counts as busy (NVLink rule)
     critical_xids: tuple[tuple[int, str], ...]  # (XID, what it means) that page
     alerts: tuple[AlertRow, ...]
-    # issue 20, exporter/alerting/load_rules.py; None: the table has no such section
+    # issue 20, exporter/alerting/pool_load_rules.py; None: the table has no such section
     load_statistics: LoadStatistics | None = None
     pressure: Pressure | None = None
     scaling: ScalingTable | None = None  # issue 20, exporter/load/table.py

@@ -5,8 +5,8 @@ from __future__ import annotations
 from exporter.analysis import openb
 from exporter.analysis.index import IndexSettings
 from exporter.analysis.workload import Shape, ShapeWindow, Workload, from_tasks, from_weighted
-from exporter.catalogue import Catalogue, default_catalogue
 from exporter.config import AnalysisConfig, ConfigError
+from exporter.gpu_catalogue import Catalogue, default_catalogue
 
 
 def index_settings(config: AnalysisConfig) -> IndexSettings:

@@ -21,7 +21,7 @@ import numpy as np
 from exporter.analysis import fgd
 from exporter.analysis.fgd import FRAGMENT_REASONS, REASONS, CompiledWorkload
 from exporter.analysis.state import FleetState
-from exporter.catalogue import Catalogue, default_catalogue
+from exporter.gpu_catalogue import Catalogue, default_catalogue
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from typing import TextIO
 
 from exporter.analysis.state import FleetState, build
 from exporter.analysis.workload import Shape
-from exporter.catalogue import Catalogue, default_catalogue
+from exporter.gpu_catalogue import Catalogue, default_catalogue
 
 log = logging.getLogger(__name__)
 

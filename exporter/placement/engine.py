@@ -35,7 +35,7 @@ from exporter.analysis.fgd import (
 )
 from exporter.analysis.state import EPS, FleetState, build
 from exporter.analysis.workload import Shape, Workload, from_weighted
-from exporter.catalogue import Catalogue, default_catalogue
+from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.placement import policies
 from exporter.placement.task import Ask, Task
 from exporter.placement.tiers import tier_models

@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exporter.catalogue import GB, Catalogue, default_catalogue
+from exporter.gpu_catalogue import GB, Catalogue, default_catalogue
 
 
 @dataclass(frozen=True, slots=True)

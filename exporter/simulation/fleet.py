@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from exporter.catalogue import GB, Catalogue, default_catalogue
+from exporter.gpu_catalogue import GB, Catalogue, default_catalogue
 from exporter.placement.engine import Placer
 from exporter.placement.task import Task
 from exporter.placement.tiers import REFERENCE_TIERS, tier_of
@@ -59,7 +59,7 @@ from exporter.snapshot import (
     Placement,
     XidCount,
 )
-from exporter.sources.sim_options import SimSource
+from exporter.sources.sim.options import SimSource
 
 MIG_SLICES = 7  # A100 80GB in 7 x 1g.10gb
 CHECKPOINT_INTERVAL = 900.0  # the reference cluster checkpoints every 15 min

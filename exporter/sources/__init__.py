@@ -43,7 +43,7 @@ NoData
     :class:`SourceStartupError` from its ``build`` instead, naming the fix.
 
 Imports
-    A source may import :mod:`exporter.snapshot`, :mod:`exporter.catalogue`,
+    A source may import :mod:`exporter.snapshot`, :mod:`exporter.gpu_catalogue`,
     :mod:`exporter.options`, :mod:`exporter.metrics` (family names only), leaves
     such as :mod:`exporter.aio`, :mod:`exporter.yamlfile` and
     :mod:`exporter.policy_names`, other modules of this package, and its own
@@ -147,20 +147,20 @@ class Registered:
 # imported only when their source is enabled, so a missing optional dependency of one
 # cannot break the others; the config reads only the options modules.
 SOURCES: dict[str, Registered] = {
-    "sim": Registered("exporter.sources.sim", "exporter.sources.sim_options:SimSource",
+    "sim": Registered("exporter.sources.sim.source", "exporter.sources.sim.options:SimSource",
                       "The simulated fleet."),
-    "nvml": Registered("exporter.sources.nvml", "exporter.sources.nvml_options:NvmlSource",
+    "nvml": Registered("exporter.sources.nvml.source", "exporter.sources.nvml.options:NvmlSource",
                        "GPUs of this machine, through NVML (with pod_resources: the "
                        "kubelet's pods on them)."),
-    "dcgm": Registered("exporter.sources.dcgm", "exporter.sources.dcgm_options:DcgmSource",
+    "dcgm": Registered("exporter.sources.dcgm.source", "exporter.sources.dcgm.options:DcgmSource",
                        "dcgm-exporter endpoints."),
-    "slurm": Registered("exporter.sources.slurm", "exporter.sources.slurm_options:SlurmSource",
+    "slurm": Registered("exporter.sources.slurm.source", "exporter.sources.slurm.options:SlurmSource",
                         "Slurm: inventory, allocations, demand."),
-    "kubernetes": Registered("exporter.sources.kubernetes",
-                             "exporter.sources.kubernetes_options:KubernetesSource",
+    "kubernetes": Registered("exporter.sources.kubernetes.source",
+                             "exporter.sources.kubernetes.options:KubernetesSource",
                              "Kubernetes: GPU nodes, pods, MIG, time-slicing and DRA claims."),
-    "prometheus": Registered("exporter.sources.prometheus",
-                             "exporter.sources.prometheus_options:PrometheusSource",
+    "prometheus": Registered("exporter.sources.prometheus.source",
+                             "exporter.sources.prometheus.options:PrometheusSource",
                              "A Prometheus that scrapes the fleet's exporters."),
 }
 

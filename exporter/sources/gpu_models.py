@@ -31,7 +31,7 @@ def unknown_model(name: str) -> ModelInfo:
 
 def catalogue_resolver() -> ModelResolver:
     """Resolve product names through the GPU catalogue (``exporter/gpu_catalogue.yaml``)."""
-    from exporter.catalogue import default_catalogue
+    from exporter.gpu_catalogue import default_catalogue
 
     catalogue = default_catalogue()
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from exporter.exposition import Family, render_text
 from exporter.snapshot import FleetSnapshot
-from exporter.sources.exposition_parser import parse_text
+from exporter.sources.dcgm.exposition_parser import parse_text
 
 
 class Exported:

@@ -3,7 +3,7 @@
 ``python -m tests.helpers.fake_nvml_exporter serve ...`` takes ``gpufleet serve``'s
 arguments. Before the exporter starts, it puts a :class:`FakeNvml` where ``import
 pynvml`` finds it (``sys.modules``), which is how the NVML source loads the library
-(``exporter.sources.nvml.load_pynvml``): no exporter code is patched, and everything
+(``exporter.sources.nvml.source.load_pynvml``): no exporter code is patched, and everything
 from the source's worker threads to ``/metrics`` runs as in production.
 
 The fake is described by :data:`ENV`, a JSON object:

@@ -19,10 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from exporter.cli.serve import assemble, enabled_sources
 from exporter.config import Config, load
 from exporter.exposition import LabelCache
-from exporter.serve_cmd import assemble, enabled_sources
-from exporter.server import collect_and_render
+from exporter.web.server import collect_and_render
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "metrics.txt"
 CLOCK = 1_760_000_000.0  # 2025-10-09T08:53:20Z

@@ -1,6 +1,6 @@
 """A kubelet's PodResources side, served by a real grpcio server on a unix socket.
 
-``v1.PodResourcesLister`` from the vendored proto (exporter/sources/podresources_v1), so a
+``v1.PodResourcesLister`` from the vendored proto (exporter/sources/nvml/podresources_v1), so a
 client's requests, method paths, deadlines and message-size limit all go through real gRPC.
 No real kubelet runs in the tests: this server's answers stand for its side. Used by
 tests/test_podresources.py (the client) and tests/test_nvml_pods.py (node mode end to end).
@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from exporter.sources.podresources_v1 import api_pb2 as pb
-from exporter.sources.podresources_v1 import api_pb2_grpc
+from exporter.sources.nvml.podresources_v1 import api_pb2 as pb
+from exporter.sources.nvml.podresources_v1 import api_pb2_grpc
 
 
 @dataclass

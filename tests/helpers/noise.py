@@ -71,7 +71,7 @@ FAULTS: tuple[Fault, ...] = (
 
 def known_faults() -> tuple[Fault, ...]:
     """FAULTS plus the ones whose scenario the simulator has (``xid``, issue 16)."""
-    from exporter.sources.sim_options import SCENARIO_KINDS
+    from exporter.sources.sim.options import SCENARIO_KINDS
 
     extra = []
     if "xid" in SCENARIO_KINDS:

@@ -4,8 +4,8 @@ The NVIDIA GPU Operator runs dcgm-exporter on every GPU node; with
 ``--kubernetes`` it labels each GPU with the pod holding it, which the
 fragmentation analyzer needs. This source scrapes one or many ``/metrics``
 endpoints concurrently (aiohttp, at most ``max_concurrency`` at once), parses
-the text with the fast line parser (:mod:`exporter.sources.exposition_parser`)
-and maps it with :mod:`exporter.sources.dcgm_mapping`.
+the text with the fast line parser (:mod:`exporter.sources.dcgm.exposition_parser`)
+and maps it with :mod:`exporter.sources.dcgm.fields`.
 
 Targets come from ``sources.dcgm.targets`` and from ``targets_file``, a
 Prometheus ``file_sd``-style JSON or YAML list of ``{targets: [...], labels:
@@ -56,9 +56,9 @@ import aiohttp
 
 from exporter.snapshot import Allocation, Gpu, Node
 from exporter.sources import Clock, NoData, SourceReading, SourceStartupError, TargetStatus
-from exporter.sources.dcgm_mapping import DcgmFleet, DcgmFleetBuilder, OverCap, RateIntegrator
-from exporter.sources.dcgm_options import DcgmSource as DcgmConfig
-from exporter.sources.exposition_parser import parse_text
+from exporter.sources.dcgm.exposition_parser import parse_text
+from exporter.sources.dcgm.fields import DcgmFleet, DcgmFleetBuilder, OverCap, RateIntegrator
+from exporter.sources.dcgm.options import DcgmSource as DcgmConfig
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
 from exporter.sources.lastgood import LastGood
 

@@ -3,7 +3,7 @@
 Built for scraping dcgm-exporter: it returns ``(name, labels, value)`` samples
 and a count of lines it had to skip, and never raises on bad input. ``# HELP``
 and ``# TYPE`` lines are skipped on purpose: dcgm-exporter's types are not to
-be trusted (see :mod:`exporter.sources.dcgm_mapping`), and a line parser does
+be trusted (see :mod:`exporter.sources.dcgm.fields`), and a line parser does
 not care in which order families come.
 
 Why not ``prometheus_client.parser``: it builds family objects, validates

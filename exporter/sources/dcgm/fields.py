@@ -57,7 +57,6 @@ are dropped, so the value is absent rather than absurd.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
@@ -72,6 +71,7 @@ from exporter.snapshot import (
     Placement,
 )
 from exporter.sources.gpu_models import ModelResolver, unknown_model
+from exporter.sources.mig import mig_share
 
 MIB = 1024 * 1024
 HZ_PER_MHZ = 1_000_000
@@ -219,11 +219,6 @@ MAPPED_LABELS = frozenset((*NODE_LABELS, *UUID_LABELS, *INDEX_LABELS, *MODEL_LAB
 # hostile and would become a gpufleet_gpu_info label on every scrape, so it is dropped.
 MAX_VERSION_CHARS = 64
 
-# A100/H100/H200/B200 have 7 compute slices; a "3g.40gb" instance holds 3/7 of
-# the GPU. (The A30 has 4; its shares come out low, which we accept over guessing.)
-MIG_COMPUTE_SLICES = 7
-_SLICES = re.compile(r"^(\d+)g\.")
-
 # Caps a scraped target is held to (DcgmFleetBuilder(capped=True)); a body beyond one is
 # refused whole, not truncated. A MIG GPU holds at most 7 GPU instances (seven 1g profiles
 # on A100/H100/H200/B200; MIG instances keep their GPU's UUID, so they do not count as
@@ -247,18 +242,6 @@ def first_label(labels: Mapping[str, str], names: tuple[str, ...]) -> str:
         if value:
             return value
     return ""
-
-
-def mig_slices(profile: str) -> int:
-    """Compute slices a MIG profile holds ("2g.20gb" → 2, "1g.10gb+me" → 1); a profile not
-    of that form counts as the smallest, 1."""
-    match = _SLICES.match(profile)
-    return min(MIG_COMPUTE_SLICES, max(1, int(match.group(1)))) if match else 1
-
-
-def mig_share(profile: str) -> float:
-    """Share of the whole GPU a MIG profile holds, from its compute slices ("2g.20gb" → 2/7)."""
-    return mig_slices(profile) / MIG_COMPUTE_SLICES
 
 
 @dataclass

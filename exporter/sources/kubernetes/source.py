@@ -1,7 +1,7 @@
 """The ``kubernetes`` source: who holds which GPU, from the apiserver (issue 18).
 
 Its ``role`` is ``allocation``, like Slurm: it is the scheduler's view. It keeps
-informers (:mod:`exporter.sources.kube_informer`: list, then watch; never polls) on
+informers (:mod:`exporter.sources.kubernetes.informer`: list, then watch; never polls) on
 
 - **nodes**: GPU Feature Discovery's labels (``nvidia.com/gpu.product``, ``.count``,
   ``.memory``, ``.replicas``, ``nvidia.com/mig.strategy``, ``nvidia.com/mig-<profile>
@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-from exporter.catalogue import Catalogue, default_catalogue
+from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.snapshot import (
     Allocation,
     FleetSnapshot,
@@ -72,9 +72,9 @@ from exporter.snapshot import (
     Placement,
 )
 from exporter.sources import Clock, SourceReading, SourceStartupError, job_hints
-from exporter.sources.dcgm_mapping import MIG_COMPUTE_SLICES as MIG_SLICES
-from exporter.sources.dcgm_mapping import mig_slices as _slices
-from exporter.sources.kubernetes_options import KubernetesSource as KubernetesConfig
+from exporter.sources.kubernetes.options import KubernetesSource as KubernetesConfig
+from exporter.sources.mig import MIG_COMPUTE_SLICES as MIG_SLICES
+from exporter.sources.mig import mig_slices as _slices
 
 log = logging.getLogger(__name__)
 
@@ -782,7 +782,7 @@ class KubernetesAllocationSource:
         from kubernetes_asyncio import config as kube_config
         from kubernetes_asyncio.client import Configuration
 
-        from exporter.sources.kube_informer import Endpoint
+        from exporter.sources.kubernetes.informer import Endpoint
 
         configuration = Configuration()
         loader: Any = None
@@ -829,7 +829,7 @@ class KubernetesAllocationSource:
     async def _start(self) -> None:
         import aiohttp
 
-        from exporter.sources.kube_informer import Informer, InformerSet, Limits
+        from exporter.sources.kubernetes.informer import Informer, InformerSet, Limits
 
         endpoint = await self._endpoint()
         c = self.config
@@ -856,7 +856,7 @@ class KubernetesAllocationSource:
         async with self._start_lock:
             if self._informers is None:
                 await self._start()
-        from exporter.sources.kube_informer import paused_gc
+        from exporter.sources.kubernetes.informer import paused_gc
 
         informers = self._informers.informers
         if not await self._informers.synced(self.config.sync_timeout):

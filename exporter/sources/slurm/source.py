@@ -4,7 +4,7 @@ It runs Slurm's own clients as async subprocesses, each bounded by
 ``command_timeout``: ``squeue --json`` and ``sinfo --json`` (Slurm 21.08 and
 later), or ``scontrol show job -d -o`` and ``scontrol show node -d -o`` where
 JSON is missing (``format: auto`` switches once, on the first sign that the
-JSON output is unsupported). Parsing lives in :mod:`exporter.sources.slurm_parse`.
+JSON output is unsupported). Parsing lives in :mod:`exporter.sources.slurm.parse`.
 
 Its ``role`` is ``allocation``: it is the scheduler's view (which job holds which
 GPU index on which node, with how many CPUs). Enabled with a telemetry source,
@@ -31,10 +31,10 @@ from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from exporter.aio import complete
-from exporter.catalogue import Catalogue, default_catalogue
+from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.sources import Clock, SourceReading, SourceStartupError
-from exporter.sources.slurm_options import SlurmSource as SlurmConfig
-from exporter.sources.slurm_parse import (
+from exporter.sources.slurm.options import SlurmSource as SlurmConfig
+from exporter.sources.slurm.parse import (
     SlurmJob,
     SlurmNode,
     SlurmParseError,

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.catalogue import Catalogue
 from exporter.errors import one_line
+from exporter.gpu_catalogue import Catalogue
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, Placement
 from exporter.sources import job_hints
 

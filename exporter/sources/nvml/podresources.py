@@ -39,7 +39,7 @@ from typing import Any
 import grpc
 
 from exporter.errors import one_line
-from exporter.sources.podresources_v1 import api_pb2, api_pb2_grpc
+from exporter.sources.nvml.podresources_v1 import api_pb2, api_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 GPU_RESOURCE = "nvidia.com/gpu"

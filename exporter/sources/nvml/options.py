@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from exporter.options import Duration, opt
 
-# exporter.sources.podresources.DEFAULT_SOCKET, written out so that reading the config does not
+# exporter.sources.nvml.podresources.DEFAULT_SOCKET, written out so that reading the config does not
 # import gRPC; tests/test_nvml_pods.py checks that the two agree
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 

@@ -4,7 +4,7 @@ So gpufleet runs anywhere without a GPU. The fleet itself, its job mix and its
 telemetry are :mod:`exporter.simulation`; this module only advances it to the
 clock's simulated time (``speed`` x wall time since the first read) on every
 read and returns what it holds. Its options (``sources.sim``) are declared
-in :mod:`exporter.sources.sim_options`, and the simulator takes them as they are.
+in :mod:`exporter.sources.sim.options`, and the simulator takes them as they are.
 
 The simulator places jobs with the placement engine, and a source never imports
 placement (nor numpy: a source module must stay cheap to import). So this
@@ -22,7 +22,7 @@ from typing import Protocol
 
 from exporter.snapshot import FleetSnapshot, Gpu
 from exporter.sources import Clock, SourceReading
-from exporter.sources.sim_options import SimSource
+from exporter.sources.sim.options import SimSource
 
 
 class FleetModel(Protocol):

@@ -42,7 +42,7 @@ object is judged by the source's own defensive reading, never dropped by the dec
 The HTTP client is aiohttp. ``kubernetes_asyncio`` would decode each object into
 its generated model classes, 0.17 ms for a minimal pod measured here (several
 times that for a real one), which alone would spend the 5 s budget for 50,000
-pods; it is used only to load credentials (:mod:`exporter.sources.kubernetes`).
+pods; it is used only to load credentials (:mod:`exporter.sources.kubernetes.source`).
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ raises pynvml's real error classes and returns its real structs.
 
 On a Kubernetes node, ``pod_resources`` adds the kubelet's PodResources API:
 each pod holding GPUs becomes an allocation on the GPUs it holds, by UUID, and
-the source then ``schedules`` (:mod:`exporter.sources.nvml_pods` says why this
+the source then ``schedules`` (:mod:`exporter.sources.nvml.pods` says why this
 is an option here rather than a source of its own, and how each device id maps).
 The kubelet is the source's one target; its failure never touches the GPUs.
 """
@@ -101,10 +101,10 @@ from exporter.snapshot import Gpu, GpuHealth, GpuPerformance, MigInstance, Node,
 from exporter.sources import Clock, SourceReading, SourceStartupError
 from exporter.sources.gpu_models import ModelInfo, ModelResolver, unknown_model
 from exporter.sources.lastgood import LastGood
-from exporter.sources.nvml_options import NvmlSource as NvmlConfig
+from exporter.sources.nvml.options import NvmlSource as NvmlConfig
 
 if TYPE_CHECKING:  # gRPC is imported only where sources.nvml.pod_resources is on
-    from exporter.sources.nvml_pods import MigDevice, PodGpus
+    from exporter.sources.nvml.pods import MigDevice, PodGpus
 
 log = logging.getLogger(__name__)
 
@@ -455,7 +455,7 @@ class NvmlGpuSource:
 
     def _mig_devices(self) -> list[MigDevice]:
         """The MIG devices of each GPU's last reading (a wedged GPU's: its last good one)."""
-        from exporter.sources.nvml_pods import MigDevice
+        from exporter.sources.nvml.pods import MigDevice
 
         found = []
         for index, reading in self.last_readings.items():
@@ -989,10 +989,10 @@ def build(config: NvmlConfig, clock: Clock, nvml: Any = None) -> NvmlGpuSource:
 
     pods = None
     if config.pod_resources:
-        from exporter.sources import nvml_pods
+        from exporter.sources.nvml import pods as kubelet_pods
 
-        pods = nvml_pods.build(config.pod_resources_socket, config.pod_resources_timeout,
-                               config.pod_resources_stale_for, clock)
+        pods = kubelet_pods.build(config.pod_resources_socket, config.pod_resources_timeout,
+                                  config.pod_resources_stale_for, clock)
     source = NvmlGpuSource(
         nvml=nvml if nvml is not None else load_pynvml(),
         node=config.node or socket.gethostname(),

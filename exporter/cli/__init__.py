@@ -20,13 +20,13 @@ log = logging.getLogger("gpufleet")
 
 # name -> (module, one-line help). Modules are imported when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("exporter.serve_cmd", "Serve /metrics for the fleet (simulated by default)."),
-    "analyze": ("exporter.analyze_cmd", "Measure fragmentation of a snapshot or the openb trace."),
-    "rules": ("exporter.rules_cmd", "Generate Prometheus rules from rules/thresholds.yaml."),
-    "dashboards": ("exporter.dashboards_cmd", "Generate the Grafana dashboards into dashboards/."),
-    "replay": ("exporter.replay_cmd", "Replay a pod trace by each placement policy: CSV and PNG."),
-    "load": ("exporter.load_cmd", "Replay hourly pool demand by each scaling policy: CSV and PNG."),
-    "plan": ("exporter.plan_cmd", "The advisor's plan as JSON, PodMigrationJobs or Evictions."),
+    "serve": ("exporter.cli.serve", "Serve /metrics for the fleet (simulated by default)."),
+    "analyze": ("exporter.cli.analyze", "Measure fragmentation of a snapshot or the openb trace."),
+    "rules": ("exporter.cli.rules", "Generate Prometheus rules from rules/thresholds.yaml."),
+    "dashboards": ("exporter.cli.dashboards", "Generate the Grafana dashboards into dashboards/."),
+    "replay": ("exporter.cli.replay", "Replay a pod trace by each placement policy: CSV and PNG."),
+    "load": ("exporter.cli.load", "Replay hourly pool demand by each scaling policy: CSV and PNG."),
+    "plan": ("exporter.cli.plan", "The advisor's plan as JSON, PodMigrationJobs or Evictions."),
 }
 
 

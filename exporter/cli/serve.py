@@ -18,9 +18,9 @@ from exporter import logs
 from exporter.collect import Collector
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
 from exporter.exposition import ExpositionOptions
-from exporter.server import Protection, ServingState, make_app, parse_listen, serve
 from exporter.sources import SOURCES, Clock, SourceStartupError, build_source
-from exporter.webconfig import LiveWebConfig
+from exporter.web.server import Protection, ServingState, make_app, parse_listen, serve
+from exporter.web.webconfig import LiveWebConfig
 
 if TYPE_CHECKING:
     from exporter.advisor.service import AdvisorService
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         install(app, advisor)
     else:  # the snapshot is still served: say so at /v1/openapi.json
         from exporter.advisor.api import openapi_handler
-        from exporter.server import OPENAPI_PATH
+        from exporter.web.server import OPENAPI_PATH
 
         app.router.add_get(OPENAPI_PATH, openapi_handler(advisor=False))
     try:
@@ -200,7 +200,7 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     state = ServingState(exposition=exposition_options(config, names, sources))
     advisor = None
     if config.analysis.enabled:
-        from exporter.analysis.families import LiveAnalyzer
+        from exporter.analysis.live import LiveAnalyzer
 
         analyzer = LiveAnalyzer.from_config(config.analysis)
         state.family_providers.append(analyzer.families)

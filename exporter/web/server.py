@@ -7,7 +7,7 @@ of the current rendering, so a scrape costs the same for 100 GPUs or 100k.
 ``/v1/snapshot`` is the same for its JSON: encoded (and gzipped) once per snapshot,
 by the first request that asks, in a worker thread that the others wait on.
 
-With a web config file (exporter/webconfig.py), :func:`protect` is the middleware
+With a web config file (exporter/web/webconfig.py), :func:`protect` is the middleware
 in front of every handler: basic auth, and the advisor's bearer token for GET
 ``/v1/*`` under ``api.require_token_for_reads``. A route that takes the bearer
 token (the advisor's POSTs, and GET ``/v1/*`` when reads need it) is not also
@@ -40,7 +40,8 @@ from exporter.collect import Collector
 from exporter.config import Config, WebConfig
 from exporter.errors import quoted
 from exporter.exposition import CONTENT_TYPE, ExpositionOptions, Family, LabelCache, Rendered, render
-from exporter.server_limits import (
+from exporter.snapshot import FleetSnapshot, to_json
+from exporter.web.connection_gate import (
     GuardedSite,
     IntervalLog,
     accept_error_handler,
@@ -49,8 +50,7 @@ from exporter.server_limits import (
     shed_log,
     write_large,
 )
-from exporter.snapshot import FleetSnapshot, to_json
-from exporter.webconfig import Busy, LiveWebConfig, san_allowed
+from exporter.web.webconfig import Busy, LiveWebConfig, san_allowed
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +343,7 @@ def make_app(config: Config, collector: Collector, state: ServingState | None = 
 async def start(app: web.Application, sock: socket.socket, limits: WebConfig,
                 handle_signals: bool = False, shed: IntervalLog | None = None) -> web.AppRunner:
     """Serve ``app`` on the listening ``sock`` behind the connection limits
-    (exporter/server_limits.py), over TLS when its web config file says so;
+    (exporter/web/connection_gate.py), over TLS when its web config file says so;
     ``runner.cleanup()`` stops it."""
     max_connections = effective_max_connections(limits.max_connections)
     if max_connections < limits.max_connections:

@@ -20,7 +20,7 @@ nodes lives in this process; a restart forgets them.
 
 With ``metrics: dcgm`` it reads dcgm-exporter's families instead, one raw query
 per DCGM field, through the dcgm source's own mapping
-(:mod:`exporter.sources.dcgm_mapping`): the same unit fixes (MiB, percent, mJ,
+(:mod:`exporter.sources.dcgm.fields`): the same unit fixes (MiB, percent, mJ,
 NVLink rates integrated into byte counters), MIG instances, and allocations from
 the ``pod``/``namespace`` labels of ``--kubernetes``.
 
@@ -68,7 +68,7 @@ from exporter.snapshot import (
     Placement,
 )
 from exporter.sources import Clock, SourceReading, SourceStartupError, TargetStatus
-from exporter.sources.dcgm_mapping import (
+from exporter.sources.dcgm.fields import (
     GPU_FIELDS,
     MIG_ID_LABEL,
     NODE_LABELS,
@@ -78,7 +78,7 @@ from exporter.sources.dcgm_mapping import (
 )
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
 from exporter.sources.lastgood import LastGood
-from exporter.sources.prometheus_options import PrometheusSource as PrometheusConfig
+from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
 
 log = logging.getLogger(__name__)
 
@@ -395,7 +395,7 @@ def build_dcgm_snapshot(
     taken_at: float, results: Mapping[str, _Result], integrator: RateIntegrator,
     resolve_model: ModelResolver,
 ) -> tuple[FleetSnapshot, tuple[TargetStatus, ...], int]:
-    """The same mapping and unit fixes as the dcgm source (:mod:`.dcgm_mapping`), fed by
+    """The same mapping and unit fixes as the dcgm source (:mod:`exporter.sources.dcgm.fields`), fed by
     Prometheus instead of a scrape. A series without ``Hostname`` is named after its
     target's host, as the dcgm source does; a ``pool`` label, if the scrape adds one,
     sets the GPU's pool."""

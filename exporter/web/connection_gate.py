@@ -32,7 +32,7 @@ neither connections nor requests. Four limits, each cheap:
   so a slow reader of a large /metrics (2.5 MB at 1,088 GPUs) holds its slot as it
   does in Go.
 
-Over TLS (a web config file, exporter/webconfig.py), :class:`_TLSLayer` sits between
+Over TLS (a web config file, exporter/web/webconfig.py), :class:`_TLSLayer` sits between
 the socket and the guard, made per connection with the context current at that moment:
 a handshake counts against the same limits (evictable, bounded by the header timeout,
 its slot freed when it fails), and a reloaded certificate reaches new connections only.
@@ -246,7 +246,7 @@ class _Guard(asyncio.Protocol):
 
 class _TLSLayer(sslproto.SSLProtocol):
     """TLS between the socket and a :class:`_Guard`, made per connection with the context
-    of that moment, so that a reloaded web config (exporter/webconfig.py) reaches new
+    of that moment, so that a reloaded web config (exporter/web/webconfig.py) reaches new
     connections whole (certificate, versions, ciphers, client auth) and open ones keep
     theirs; asyncio's ``create_server(ssl=...)`` fixes one context for the server's life.
 

@@ -2,7 +2,7 @@
 
 On a Kubernetes node the NVIDIA device plugin chooses the GPUs of each pod, and only the
 kubelet remembers the choice; it says it on its PodResources socket
-(:mod:`exporter.sources.podresources`). With ``sources.nvml.pod_resources`` on, the nvml
+(:mod:`exporter.sources.nvml.podresources`). With ``sources.nvml.pod_resources`` on, the nvml
 source reads that socket at each collection and serves every pod holding GPUs here as an
 :class:`~exporter.snapshot.Allocation` on the exact GPUs, so ``gpufleet_gpu_allocation_info``
 and the other scheduler families are served in node mode, as dcgm-exporter's ``pod`` labels
@@ -61,9 +61,9 @@ from dataclasses import dataclass
 from exporter.errors import one_line
 from exporter.snapshot import Allocation, Gpu, Placement
 from exporter.sources import Clock, TargetStatus
-from exporter.sources.dcgm_mapping import mig_share
 from exporter.sources.lastgood import LastGood
-from exporter.sources.podresources import (
+from exporter.sources.mig import mig_share
+from exporter.sources.nvml.podresources import (
     REPLICA_SEPARATOR,
     Limits,
     NodeGpus,

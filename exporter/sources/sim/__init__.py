@@ -1,0 +1,1 @@
+"""The sim source: the simulated fleet (source.py), options in options.py."""
