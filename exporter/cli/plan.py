@@ -32,13 +32,8 @@ from urllib.parse import urlsplit
 
 from exporter import logs
 from exporter.advisor import bounds
-from exporter.advisor.kube_render import (
-    RenderError,
-    plan_from_json,
-    render_evictions,
-    render_koordinator,
-    to_yaml,
-)
+from exporter.advisor.kube_render import RenderError, render_evictions, render_koordinator, to_yaml
+from exporter.advisor.wire import PlanFormatError, plan_from_json, plan_json
 from exporter.config import DEFAULT_PORT
 from exporter.errors import UsageError, one_line
 
@@ -99,13 +94,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(data: dict[str, Any], fmt: str, now: float | None) -> str:
-    """The output for a checked plan; ``now`` None renders an expired plan too."""
+    """The output for a checked plan; ``now`` None renders an expired plan too. The plan is
+    read into its typed form (which checks its id) and every format is written from that."""
     try:
         plan = plan_from_json(data)
         if fmt == "json":
             if now is not None and plan.expires_at <= now:
                 raise RenderError(f"plan {plan.plan_id} expired")
-            return json.dumps(data, indent=2) + "\n"
+            return json.dumps(plan_json(plan), indent=2) + "\n"
         renderer = render_koordinator if fmt == "koordinator" else render_evictions
         when = plan.snapshot_time if now is None else now
         if now is None:  # review mode: the TTL as if rendered when the plan was made
@@ -113,7 +109,7 @@ def render(data: dict[str, Any], fmt: str, now: float | None) -> str:
         header = [f"gpufleet plan {plan.plan_id} ({plan.scope}): {len(plan.migrations)} moves, "
                   f"fragmented GPUs {plan.before.fragmented_gpus:g} -> {plan.after.fragmented_gpus:g}"]
         return to_yaml(renderer(plan, when), header)
-    except RenderError as exc:
+    except PlanFormatError as exc:  # RenderError too
         message = str(exc)
         if "expired" in message:
             message += " (--ignore-expiry renders it for review)"
