@@ -27,10 +27,8 @@ class ScopeStatus:
 
 
 @dataclass(frozen=True, slots=True)
-class Reclaim:
-    """A job whose GPUs stayed below the idle threshold for its duration; never acted on."""
-
-    ACTION = "reclaim"
+class HeldGpus:
+    """A job's GPUs in a pool: what every entry of the waste lists starts with."""
 
     job: str
     namespace: str
@@ -38,6 +36,14 @@ class Reclaim:
     pool: str
     model: str
     gpus: float  # GPUs held, a shared GPU counting its share
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim(HeldGpus):
+    """A job whose GPUs stayed below the idle threshold for its duration; never acted on."""
+
+    ACTION = "reclaim"
+
     utilization_ratio: float
     idle_since: float
     gpu_hours_wasted: float
@@ -45,17 +51,11 @@ class Reclaim:
 
 
 @dataclass(frozen=True, slots=True)
-class RightSizing:
+class RightSizing(HeldGpus):
     """A job on a higher memory tier than its need, in a pool under pressure; never moved."""
 
     ACTION = "right_size"
 
-    job: str
-    namespace: str
-    account: str
-    pool: str
-    model: str
-    gpus: float
     declared_need_gb: float
     measured_peak_gb: float | None  # None: no whole GPU of the job was measured
     suitable_models: tuple[str, ...]

@@ -11,7 +11,8 @@ constant time; a blank one never matches. Errors are JSON ``{"error": reason}``:
 any work), 401 for a missing or wrong token, 413 for a body over the limit, 503
 with ``Retry-After`` while a what-if runs or when one passed its time limit.
 Replies are strict JSON: NaN and infinities are refused on input and never
-written. A handler never lets an exception reach aiohttp's 500 page: the server
+written. The handlers get typed advice and write it with :mod:`wire`, here and nowhere
+before. A handler never lets an exception reach aiohttp's 500 page: the server
 keeps serving.
 """
 

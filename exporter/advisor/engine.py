@@ -1,13 +1,18 @@
 """When compaction pays: hysteresis, dwell, cooldown and a gain-per-disruption gate.
 
-Every evaluation yields *advice*: a decision with its reasons in words, and a
-plan when one is proposed. Compaction is recommended for a scope (the cluster
-or one pool) once its index has stayed above ``trigger`` for ``dwell``; the
-recommendation clears only when the index falls below ``clear_below``, so an
-index hovering around the trigger doesn't flap. A cooldown separates plans,
-and a plan is proposed only if it recovers enough fragmented GPUs, and frees
-enough whole nodes, per migration: moving jobs costs work, and a plan that
-moves ten jobs to recover one GPU is worse than no plan.
+Every evaluation yields *advice* (:class:`~exporter.advisor.advice.Advice`): a decision
+with its reasons in words, and a plan when one is proposed. The engine decides and never
+plans: an evaluation is :meth:`Advisor.assess` (may a plan be proposed, and for which
+scope?), the planner run by the caller (:func:`exporter.advisor.advise.advise`), then
+:meth:`Advisor.decide` (is that plan worth its disruption?).
+
+Compaction is recommended for a scope (the cluster or one pool) once its index
+has stayed above ``trigger`` for ``dwell``; the recommendation clears only when
+the index falls below ``clear_below``, so an index hovering around the trigger
+doesn't flap. A cooldown separates plans, and a plan is proposed only if it
+recovers enough fragmented GPUs, and frees enough whole nodes, per migration:
+moving jobs costs work, and a plan that moves ten jobs to recover one GPU is
+worse than no plan.
 
 Alertmanager's fragmentation alert has already waited its own ``for`` (15 min
 in the table) before it reaches ``POST /v1/alerts``: a firing alert for a

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from exporter.advisor.advice import Advice, NvlinkMixed, Reclaim, RightSizing, WhatIf
+from exporter.advisor.advice import Advice, HeldGpus, NvlinkMixed, Reclaim, RightSizing, WhatIf
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction, TierMisplacement
 
 JSON = dict[str, Any]
@@ -68,16 +68,18 @@ def plan_body(plan: CompactionPlan) -> bytes:
     return json.dumps(plan_json(plan), sort_keys=True).encode()
 
 
+def _held(h: HeldGpus) -> JSON:
+    return {"job": h.job, "namespace": h.namespace, "account": h.account, "pool": h.pool,
+            "model": h.model, "gpus": h.gpus}
+
+
 def reclaim_json(r: Reclaim) -> JSON:
-    return {"job": r.job, "namespace": r.namespace, "account": r.account, "pool": r.pool,
-            "model": r.model, "gpus": r.gpus, "utilization_ratio": r.utilization_ratio,
-            "idle_since": r.idle_since, "gpu_hours_wasted": r.gpu_hours_wasted,
-            "action": Reclaim.ACTION, "reason": r.reason}
+    return {**_held(r), "utilization_ratio": r.utilization_ratio, "idle_since": r.idle_since,
+            "gpu_hours_wasted": r.gpu_hours_wasted, "action": Reclaim.ACTION, "reason": r.reason}
 
 
 def right_sizing_json(r: RightSizing) -> JSON:
-    return {"job": r.job, "namespace": r.namespace, "account": r.account, "pool": r.pool,
-            "model": r.model, "gpus": r.gpus, "declared_need_gb": r.declared_need_gb,
+    return {**_held(r), "declared_need_gb": r.declared_need_gb,
             "measured_peak_gb": r.measured_peak_gb, "suitable_models": list(r.suitable_models),
             "gpu_hours_held": r.gpu_hours_held, "action": RightSizing.ACTION, "reason": r.reason}
 
