@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import pytest
+
 from exporter.advisor.advise import advise, what_if
 from exporter.advisor.engine import (
     Advisor,
@@ -368,3 +370,49 @@ def test_a_plan_that_expires_between_evaluations_is_not_served():
                                   "after this evaluation")
     assert advice.plan.expires_at == 900 and engine.advice is advice  # kept as evaluated
     assert Advisor().current() is None  # nothing evaluated yet
+
+
+def test_the_engine_decides_and_the_planner_plans_in_one_direction():
+    """Neither reaches the other's job: the planner imports no engine (nor the evaluation
+    that runs both), the engine never names the planner's function, and only advise.py
+    runs the two."""
+    from tests.helpers import REPO
+    from tests.test_imports import package_graph
+
+    graph = package_graph(REPO / "exporter")
+
+    def reaches(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    advisor = "exporter.advisor."
+    assert not reaches(advisor + "planner") & {advisor + "engine", advisor + "advise"}
+    assert advisor + "advise" not in reaches(advisor + "engine")
+    assert "plan_compaction" not in (REPO / "exporter" / "advisor" / "engine.py").read_text()
+    callers = sorted(p.name for p in (REPO / "exporter" / "advisor").glob("*.py")
+                     if "plan_compaction" in p.read_text())
+    assert callers == ["advise.py", "planner.py", "service.py"]  # service: settings only
+
+
+def test_an_assessment_that_asks_for_a_plan_is_decided_only_with_one():
+    planner = Planner()
+    advisor, clock = make(planner, dwell_seconds=0)
+    assessment = advisor.engine.assess(FleetSnapshot(0), report(70))
+    assert (assessment.plan_scope, assessment.decision, assessment.reasons) == (
+        "cluster", "compact", ("cluster index 70 > 50 for 0 s",))
+    with pytest.raises(ValueError) as caught:
+        advisor.engine.decide(assessment)
+    assert str(caught.value) == "the assessment of cluster needs its plan"
+    advice = advisor.engine.decide(assessment, planner(assessment.measured, report(70), "cluster", 0))
+    assert advice.decision == "compact" and advice.plan is not None and planner.calls == 1
+    # in cooldown the engine asks for nothing: advise never calls the planner
+    clock[0] = 60
+    later = advisor.engine.assess(FleetSnapshot(60), report(70))
+    assert (later.plan_scope, later.decision) == (None, "cooldown")
+    assert advisor.observe(FleetSnapshot(60), report(70))["decision"] == "cooldown"
+    assert planner.calls == 1
