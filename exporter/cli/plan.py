@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 from exporter import logs
 from exporter.advisor import bounds
 from exporter.advisor.kube_render import RenderError, render_evictions, render_koordinator, to_yaml
-from exporter.advisor.wire import PlanFormatError, plan_from_json, plan_json
+from exporter.advisor.wire import PlanFormatError, plan_from_json
 from exporter.config import DEFAULT_PORT
 from exporter.errors import UsageError, one_line
 
@@ -95,13 +95,14 @@ def run(args: argparse.Namespace) -> int:
 
 def render(data: dict[str, Any], fmt: str, now: float | None) -> str:
     """The output for a checked plan; ``now`` None renders an expired plan too. The plan is
-    read into its typed form (which checks its id) and every format is written from that."""
+    read into its typed form (which checks its id); the YAML formats are written from that,
+    and ``json`` prints the plan as read, so a field a newer advisor adds is not dropped."""
     try:
         plan = plan_from_json(data)
         if fmt == "json":
             if now is not None and plan.expires_at <= now:
                 raise RenderError(f"plan {plan.plan_id} expired")
-            return json.dumps(plan_json(plan), indent=2) + "\n"
+            return json.dumps(data, indent=2) + "\n"
         renderer = render_koordinator if fmt == "koordinator" else render_evictions
         when = plan.snapshot_time if now is None else now
         if now is None:  # review mode: the TTL as if rendered when the plan was made
