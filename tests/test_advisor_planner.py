@@ -386,7 +386,7 @@ def test_applied_plans_are_valid_and_match_the_prediction(snapshot):
 
 
 def test_assume_checkpointing_sets_the_interval_the_planner_and_metric_use():
-    from exporter.advisor.service import decision_settings, plan_settings
+    from exporter.advisor.advise import decision_settings, plan_settings
     from exporter.config import AdvisorConfig
     from exporter.options import Duration
 

@@ -44,12 +44,13 @@ from jsonschema import Draft202012Validator
 
 from exporter import config as config_module
 from exporter.advisor import bounds
+from exporter.advisor.advise import plan_settings
 from exporter.advisor.api import _dumps
 from exporter.advisor.engine import Advisor, DecisionSettings
 from exporter.advisor.openapi import ADVICE_SCHEMA, document
 from exporter.advisor.outbox import Outbox
 from exporter.advisor.planner import plan_compaction
-from exporter.advisor.service import AdvisorService, plan_settings
+from exporter.advisor.service import AdvisorService
 from exporter.advisor.webhook import Deliverer
 from exporter.advisor.wire import what_if_json
 from exporter.analysis.live import LiveAnalyzer

@@ -6,20 +6,26 @@ the other. :func:`advise` runs the engine's first half (:meth:`Advisor.assess`),
 when that asks for a plan, and the engine's second half (:meth:`Advisor.decide`). The
 service (:mod:`service`) calls it on every snapshot and then delivers what it returns; a
 simulation calls it in a loop with simulated snapshots and an :class:`Advisor` whose
-``clock`` is the simulated one.
+``clock`` is the simulated one, built from the ``advisor`` config section as ``gpufleet
+serve`` builds it: ``Advisor(decision_settings(config), clock=...)`` and
+``planner_for(config)``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.advisor.advice import Advice, WhatIf
-from exporter.advisor.engine import Advisor
+from exporter.advisor.engine import Advisor, DecisionSettings
 from exporter.advisor.plan import CompactionPlan
-from exporter.advisor.planner import plan_compaction
+from exporter.advisor.planner import PlanSettings, plan_compaction
 from exporter.analysis.index import Report
 from exporter.snapshot import FleetSnapshot
+
+if TYPE_CHECKING:  # annotations only: building an advisor needs no config module loaded
+    from exporter.config import AdvisorConfig
 
 # (snapshot, report, scope, now) -> plan; scope is "cluster" or "pool:<name>". The planner
 # with its settings: functools.partial(plan_compaction, settings=PlanSettings(...))
@@ -57,3 +63,31 @@ def what_if(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
     scope = advisor.what_if_scope(report)
     proposed = None if scope is None else plan(snapshot, report, scope, now)
     return advisor.what_if(snapshot, report, now, proposed)
+
+
+def decision_settings(config: AdvisorConfig) -> DecisionSettings:
+    """The engine's settings from the ``advisor`` config section."""
+    return DecisionSettings(
+        trigger=config.trigger, clear_below=config.clear_below, dwell_seconds=config.dwell,
+        cooldown_seconds=config.cooldown,
+        min_recovered_per_migration=config.min_recovered_per_migration,
+        min_nodes_freed_per_migration=config.min_nodes_freed_per_migration,
+        hold_recheck_seconds=config.hold_recheck,
+        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
+    )
+
+
+def plan_settings(config: AdvisorConfig) -> PlanSettings:
+    """The planner's settings from the ``advisor`` config section."""
+    return PlanSettings(
+        max_migrations=config.max_migrations, max_per_node=config.max_migrations_per_node,
+        max_per_namespace=config.max_migrations_per_namespace,
+        move_high_priority=config.move_high_priority, high_priority=config.high_priority,
+        min_runtime_seconds=config.min_runtime, ttl_seconds=config.plan_ttl,
+        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
+    )
+
+
+def planner_for(config: AdvisorConfig) -> PlanFunction:
+    """The planner with the ``advisor`` section's settings: what :func:`advise` is given."""
+    return functools.partial(plan_compaction, settings=plan_settings(config))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import time
@@ -22,11 +21,11 @@ from aiohttp import web
 
 from exporter import metrics
 from exporter.advisor.advice import Advice, WhatIf
-from exporter.advisor.advise import PlanFunction, advise, what_if
+from exporter.advisor.advise import PlanFunction, advise, decision_settings, planner_for, what_if
 from exporter.advisor.api import AdvisorApi, add_routes
-from exporter.advisor.engine import Advisor, DecisionSettings, nvlink_generations
+from exporter.advisor.engine import Advisor, nvlink_generations
 from exporter.advisor.outbox import Outbox
-from exporter.advisor.planner import PlanSettings, last_checkpoint, plan_compaction
+from exporter.advisor.planner import last_checkpoint, plan_compaction
 from exporter.advisor.webhook import Deliverer, Receiver
 from exporter.aio import complete
 from exporter.analysis.fgd import compile_workload
@@ -117,17 +116,6 @@ def load_receivers(config: AdvisorConfig, environ=os.environ) -> tuple[Receiver,
     return tuple(receivers)
 
 
-def decision_settings(config: AdvisorConfig) -> DecisionSettings:
-    return DecisionSettings(
-        trigger=config.trigger, clear_below=config.clear_below, dwell_seconds=config.dwell,
-        cooldown_seconds=config.cooldown,
-        min_recovered_per_migration=config.min_recovered_per_migration,
-        min_nodes_freed_per_migration=config.min_nodes_freed_per_migration,
-        hold_recheck_seconds=config.hold_recheck,
-        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
-    )
-
-
 @dataclass
 class AdvisorService:
     advisor: Advisor
@@ -137,7 +125,7 @@ class AdvisorService:
     max_body_bytes: int
     what_if_timeout: float = 10.0  # api.what_if_timeout
     clock: Callable[[], float] = time.time
-    # the planner with its settings (plan_settings(config)); the engine never calls it
+    # the planner with its settings (advise.planner_for(config)); the engine never calls it
     planner: PlanFunction = plan_compaction
     snapshot: FleetSnapshot | None = None
     report: Report | None = None
@@ -310,16 +298,6 @@ class AdvisorService:
             self.deliverer.outbox.close()
 
 
-def plan_settings(config: AdvisorConfig) -> PlanSettings:
-    return PlanSettings(
-        max_migrations=config.max_migrations, max_per_node=config.max_migrations_per_node,
-        max_per_namespace=config.max_migrations_per_namespace,
-        move_high_priority=config.move_high_priority, high_priority=config.high_priority,
-        min_runtime_seconds=config.min_runtime, ttl_seconds=config.plan_ttl,
-        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
-    )
-
-
 def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFunction | None = None,
                   environ=os.environ, what_if_timeout: float = 10.0) -> AdvisorService:
     """The advisor of ``gpufleet serve``; ``what_if_timeout`` is ``api.what_if_timeout``."""
@@ -335,7 +313,7 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFu
     deliverer = Deliverer(outbox, receivers, base_delay=config.retry_initial,
                           max_delay=config.retry_max, retention=config.outbox_retention)
     if planner is None:
-        planner = functools.partial(plan_compaction, settings=plan_settings(config))
+        planner = planner_for(config)
     return AdvisorService(Advisor(decision_settings(config)), analyzer, deliverer, token,
                           config.max_body_bytes, what_if_timeout, planner=planner)
 
