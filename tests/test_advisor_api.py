@@ -15,11 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exporter.advisor.advice import WhatIf
+from exporter.advisor.advise import advise
 from exporter.advisor.api import validate_alertmanager
 from exporter.advisor.engine import Advisor, DecisionSettings
 from exporter.advisor.outbox import Outbox
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
 from exporter.advisor.service import AdvisorService, install, load_receivers, load_token
+from exporter.advisor.wire import what_if_json
 from exporter.analysis.live import LiveAnalyzer
 from exporter.collect import Collector
 from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ReceiverConfig
@@ -30,6 +33,7 @@ from exporter.web.server import ServingState, make_app
 
 START = 1_760_000_000.0
 TOKEN = "t0ken-for-tests"
+NO_WHAT_IF = WhatIf(START, START, {}, "none", ("stub",))  # a stub what-if's answer
 
 
 def alertmanager_payload(status="firing", group="{}:{alertname=\"GpuClusterFragmentationHigh\"}"):
@@ -69,9 +73,9 @@ async def advisor_client(aiohttp_client, tmp_path):
     settings = DecisionSettings(trigger=0.0, clear_below=-1.0, dwell_seconds=0, cooldown_seconds=0)
     from exporter.advisor.webhook import Deliverer
 
-    service = AdvisorService(Advisor(stub_planner(calls), settings, clock=lambda: START), analyzer,
+    service = AdvisorService(Advisor(settings, clock=lambda: START), analyzer,
                              Deliverer(Outbox(tmp_path / "o.sqlite"), ()), TOKEN.encode(),
-                             max_body_bytes=64 * 1024 * 1024)
+                             max_body_bytes=64 * 1024 * 1024, planner=stub_planner(calls))
     state.family_providers.append(service.families)
     state.snapshot_listeners.append(service.on_snapshot)
     app = make_app(config, Collector([sim], 10, clock=lambda: START), state)
@@ -144,7 +148,7 @@ async def test_alertmanager_firing_triggers_one_evaluation_and_dedupes(advisor_c
             break
         await asyncio.sleep(0.02)
     assert service.evaluations == before + 1
-    assert service.advisor.advice["trigger"] == "alertmanager: GpuClusterFragmentationHigh firing"
+    assert service.advisor.advice.trigger == "alertmanager: GpuClusterFragmentationHigh firing"
     again = await advisor_client.post("/v1/alerts", json=alertmanager_payload(), headers=auth())
     assert (await again.json()) == {"accepted": True, "duplicate": True, "evaluation": "none"}
     resolved = await advisor_client.post("/v1/alerts", json=alertmanager_payload("resolved"),
@@ -233,9 +237,9 @@ async def test_shutdown_lets_a_scheduled_evaluation_queue_its_plan_before_the_ou
     receiver = Receiver("sched", f"http://127.0.0.1:{free_port()}/plan", b"k", timeout=1)
     settings = DecisionSettings(trigger=0.0, clear_below=-1.0, dwell_seconds=0, cooldown_seconds=0)
     analyzer = LiveAnalyzer.from_config(AnalysisConfig())
-    service = AdvisorService(Advisor(planner, settings, clock=lambda: START), analyzer,
+    service = AdvisorService(Advisor(settings, clock=lambda: START), analyzer,
                              Deliverer(Outbox(path), (receiver,)), TOKEN.encode(),
-                             max_body_bytes=1024 * 1024)
+                             max_body_bytes=1024 * 1024, planner=planner)
     state = ServingState()
     state.family_providers.extend([analyzer.families, service.families])
     state.snapshot_listeners.append(service.on_snapshot)
@@ -364,7 +368,7 @@ async def light_client(aiohttp_client, *, token: bytes | None = TOKEN.encode(), 
         return None
 
     api = AdvisorApi(evaluate=evaluate or no_evaluation,
-                     what_if=what_if or (lambda snapshot: {"what_if": True}),
+                     what_if=what_if or (lambda snapshot: NO_WHAT_IF),
                      current=lambda: None, token=token, max_body_bytes=1024 * 1024, **settings)
     app = web.Application()
     add_routes(app, api)
@@ -476,7 +480,7 @@ async def test_one_what_if_at_a_time_and_503_when_busy(aiohttp_client):
     def what_if(snapshot):
         entered.set()
         release.wait(30)
-        return {"what_if": True}
+        return NO_WHAT_IF
 
     client = await light_client(aiohttp_client, what_if=what_if)
     first = asyncio.create_task(client.post("/v1/plan", data=snapshot_body(), headers=auth()))
@@ -498,7 +502,7 @@ async def test_a_what_if_past_its_time_limit_gets_503_and_holds_the_slot(aiohttp
 
     def what_if(snapshot):
         release.wait(30)
-        return {"what_if": True}
+        return NO_WHAT_IF
 
     client = await light_client(aiohttp_client, what_if=what_if, what_if_timeout=0.05)
     try:
@@ -557,8 +561,9 @@ def what_if_service(tmp_path_factory):
     settings = DecisionSettings(trigger=0.0, clear_below=-1.0, dwell_seconds=0, cooldown_seconds=0)
     planner = functools.partial(plan_compaction, settings=PlanSettings())
     outbox = Outbox(tmp_path_factory.mktemp("outbox") / "o.sqlite")
-    service = AdvisorService(Advisor(planner, settings, clock=lambda: START), analyzer,
-                             Deliverer(outbox, ()), TOKEN.encode(), max_body_bytes=1 << 20)
+    service = AdvisorService(Advisor(settings, clock=lambda: START), analyzer,
+                             Deliverer(outbox, ()), TOKEN.encode(), max_body_bytes=1 << 20,
+                             planner=planner)
     yield service
     outbox.close()
 
@@ -570,7 +575,7 @@ def test_a_what_if_on_any_accepted_snapshot_answers_strict_json(what_if_service,
     from exporter.advisor import bounds
 
     snapshot = bounds.snapshot_from_body(json.dumps(payload).encode())
-    advice = what_if_service.what_if(snapshot)
+    advice = what_if_json(what_if_service.what_if(snapshot))
     json.dumps(advice, allow_nan=False)
 
 
@@ -604,8 +609,7 @@ async def test_v1_advice_serves_the_plan_through_its_cooldown_until_it_expires(a
         return SimpleNamespace(cluster=SimpleNamespace(index=index, allocated_ratio=0.97), pools=[])
 
     clock = [START]
-    advisor = Advisor(stub_planner([]), DecisionSettings(dwell_seconds=0, cooldown_seconds=1800),
-                      clock=lambda: clock[0])
+    advisor = Advisor(DecisionSettings(dwell_seconds=0, cooldown_seconds=1800), clock=lambda: clock[0])
     # the API's wiring only: no analyzer or deliverer is reached by GET /v1/advice
     service = AdvisorService(advisor, None, None, TOKEN.encode(), 1024)  # type: ignore[arg-type]
     app = web.Application()
@@ -618,7 +622,7 @@ async def test_v1_advice_serves_the_plan_through_its_cooldown_until_it_expires(a
     async def served(at: float, index: float | None = None) -> dict:
         clock[0] = at
         if index is not None:
-            advisor.observe(FleetSnapshot(at), report(index))
+            advise(advisor, FleetSnapshot(at), report(index), stub_planner([]))
         resp = await client.get("/v1/advice")
         body = await resp.json()
         assert resp.status == 200

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from types import SimpleNamespace
 
+import pytest
+
+from exporter.advisor.advise import advise, what_if
 from exporter.advisor.engine import (
     Advisor,
     DecisionSettings,
@@ -13,6 +17,7 @@ from exporter.advisor.engine import (
     with_measured_needs,
 )
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
+from exporter.advisor.wire import advice_json, what_if_json
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, Placement
 
 
@@ -41,20 +46,38 @@ class Planner:
                               {"gpu-h100": self.freed} if self.freed else {}, moves(self.migrations))
 
 
-def run(advisor: Advisor, clock: list[float], timeline: list[tuple[float, float]]):
+@dataclass
+class Evaluated:
+    """The engine and a stub planner, evaluated as the service evaluates (advise.advise);
+    ``observe`` and ``what_if`` answer in the wire form a reader of /v1/advice gets."""
+
+    engine: Advisor
+    planner: Planner
+
+    def advise(self, snapshot, rep, trigger="snapshot"):
+        return advise(self.engine, snapshot, rep, self.planner, trigger)
+
+    def observe(self, snapshot, rep, trigger="snapshot"):
+        return advice_json(self.advise(snapshot, rep, trigger))
+
+    def what_if(self, snapshot, rep):
+        return what_if_json(what_if(self.engine, snapshot, rep, self.planner))
+
+
+def run(advisor: Evaluated, clock: list[float], timeline: list[tuple[float, float]], typed=False):
     out = []
     for t, index in timeline:
         clock[0] = t
-        out.append(advisor.observe(FleetSnapshot(t), report(index)))
+        evaluate = advisor.advise if typed else advisor.observe
+        out.append(evaluate(FleetSnapshot(t), report(index)))
     return out
 
 
 def make(planner=None, **settings):
     clock = [0.0]
     base = {"dwell_seconds": 600.0, "cooldown_seconds": 1800.0}
-    advisor = Advisor(planner or Planner(), DecisionSettings(**{**base, **settings}),
-                      clock=lambda: clock[0])
-    return advisor, clock
+    advisor = Advisor(DecisionSettings(**{**base, **settings}), clock=lambda: clock[0])
+    return Evaluated(advisor, planner or Planner()), clock
 
 
 def test_dwell_must_pass_before_compaction_is_recommended():
@@ -124,7 +147,8 @@ def test_what_if_changes_no_state():
     advisor, _clock = make()
     result = advisor.what_if(FleetSnapshot(0), report(70))
     assert result["decision"] == "compact" and result["what_if"] is True
-    assert advisor.scopes == {} and advisor.last_plan_at is None and advisor.advice is None
+    assert advisor.engine.scopes == {} and advisor.engine.last_plan_at is None \
+        and advisor.engine.advice is None
 
 
 def test_a_hold_is_not_replanned_on_every_snapshot_but_an_alert_replans():
@@ -154,7 +178,7 @@ def test_a_firing_fragmentation_alert_counts_as_dwell_served():
               {"status": "firing", "labels": {"alertname": "GpuClusterFragmentationHigh",
                                                "pool": "no-such-pool"}},
               {"status": "firing", "labels": {"alertname": "GpuLost", "pool": "gpu-a100"}}]
-    assert advisor.alert_firing(alerts) == ["pool:gpu-h100"]
+    assert advisor.engine.alert_firing(alerts) == ["pool:gpu-h100"]
     clock[0] = 20
     result = advisor.observe(FleetSnapshot(20), report(30, {"gpu-h100": 72}),
                              trigger="alertmanager: GpuClusterFragmentationHigh firing")
@@ -166,7 +190,7 @@ def test_a_firing_fragmentation_alert_counts_as_dwell_served():
     run(advisor, clock, [(3000, 30)])
     clock[0] = 3010
     advisor.observe(FleetSnapshot(3010), report(30, {"gpu-h100": 10}))
-    assert advisor.alert_served == {}
+    assert advisor.engine.alert_served == {}
 
 
 def test_the_cluster_index_alert_serves_the_cluster_scopes_dwell():
@@ -177,7 +201,7 @@ def test_the_cluster_index_alert_serves_the_cluster_scopes_dwell():
     # its pool label, if a relabelling added one, does not make it a pool's
     alerts = [{"status": "firing", "labels": {"alertname": "GpuFleetFragmentationHigh",
                                                "pool": "gpu-h100"}}]
-    assert advisor.alert_firing(alerts) == ["cluster"]
+    assert advisor.engine.alert_firing(alerts) == ["cluster"]
     clock[0] = 20
     result = advisor.observe(FleetSnapshot(20), report(63),
                              trigger="alertmanager: GpuFleetFragmentationHigh firing")
@@ -240,7 +264,7 @@ def test_held_but_idle_gpus_are_listed_for_reclaiming_costliest_first():
     # at 10% (the threshold) a job is not idle; a job that ends is forgotten
     clock[0] = 7400.0
     advisor.observe(_fleet(7400.0, {**idle, "b1": 0.1}), report(30))
-    assert set(advisor.idle_since) == {"job-h1", "job-a1"}
+    assert set(advisor.engine.idle_since) == {"job-h1", "job-a1"}
 
 
 def test_multi_node_jobs_over_nvlink_generations_are_flagged():
@@ -273,9 +297,9 @@ async def test_post_alerts_tells_the_advisor_before_it_evaluates(aiohttp_client,
     assert [[a["labels"]["pool"] for a in alerts] for alerts in seen] == [["gpu-h100"]]
     # and gpufleet serve's service wires it to the advisor
     advisor, _clock = make()
-    service = AdvisorService(advisor, LiveAnalyzer.from_config(AnalysisConfig()),
+    service = AdvisorService(advisor.engine, LiveAnalyzer.from_config(AnalysisConfig()),
                              Deliverer(Outbox(tmp_path / "o.sqlite"), ()), b"t", max_body_bytes=1024)
-    assert service.api().on_alerts == advisor.alert_firing
+    assert service.api().on_alerts == advisor.engine.alert_firing
 
 
 def test_memory_peaks_are_per_job_kept_over_snapshots_and_forgotten_when_the_job_ends():
@@ -307,38 +331,88 @@ def test_the_plan_stays_in_the_advice_until_it_expires():
     plan_proposed_at and a reason) until its expires_at; from then on, no plan."""
     planner = Planner()  # plans expire 900 s after they are made
     advisor, clock = make(planner, dwell_seconds=0)
-    results = run(advisor, clock, [(0, 70), (60, 70), (600, 30), (899, 70), (900, 70), (1800, 70)])
-    assert [r["decision"] for r in results] == ["compact", "cooldown", "none", "cooldown",
-                                                "cooldown", "compact"]
-    first = results[0]["plan"]
-    assert first["expires_at"] == 900
-    assert [r["plan"] is first for r in results] == [True, True, True, True, False, False]
-    assert results[4]["plan"] is None
-    assert [r["plan_proposed_at"] for r in results] == [0, 0, 0, 0, None, 1800]
-    assert results[1]["reasons"] == [
+    results = run(advisor, clock, [(0, 70), (60, 70), (600, 30), (899, 70), (900, 70), (1800, 70)],
+                  typed=True)
+    assert [r.decision for r in results] == ["compact", "cooldown", "none", "cooldown",
+                                             "cooldown", "compact"]
+    first = results[0].plan
+    assert first.expires_at == 900
+    assert [r.plan is first for r in results] == [True, True, True, True, False, False]
+    assert results[4].plan is None
+    assert [r.plan_proposed_at for r in results] == [0, 0, 0, 0, None, 1800]
+    assert list(results[1].reasons) == [
         "cluster index 70 > 50 for 1 min",
         "last plan 1 min ago; cooldown until 00:30:00 UTC",
-        f"plan {first['plan_id']} proposed 1 min ago stays valid until 00:15:00 UTC; this "
+        f"plan {first.plan_id} proposed 1 min ago stays valid until 00:15:00 UTC; this "
         "evaluation proposes no new one"]
-    assert results[2]["reasons"] == [
+    assert list(results[2].reasons) == [
         "cluster index 30 <= 50",
-        f"plan {first['plan_id']} proposed 10 min ago stays valid until 00:15:00 UTC; this "
+        f"plan {first.plan_id} proposed 10 min ago stays valid until 00:15:00 UTC; this "
         "evaluation proposes no new one"]
-    assert results[4]["reasons"] == ["cluster index 70 > 50 for 1 s",
-                                     "last plan 15 min ago; cooldown until 00:30:00 UTC"]
+    assert list(results[4].reasons) == ["cluster index 70 > 50 for 1 s",
+                                        "last plan 15 min ago; cooldown until 00:30:00 UTC"]
+    # and so the wire: the plan carried is the plan proposed, byte for byte
+    assert advice_json(results[3])["plan"] == advice_json(results[0])["plan"]
     assert planner.calls == 2  # carrying a plan never plans
 
 
 def test_a_plan_that_expires_between_evaluations_is_not_served():
     advisor, clock = make(dwell_seconds=0)
-    (advice,) = run(advisor, clock, [(0, 70)])
+    (advice,) = run(advisor, clock, [(0, 70)], typed=True)
+    engine = advisor.engine
     clock[0] = 899
-    assert advisor.current() is advice
+    assert engine.current() is advice
     clock[0] = 900
-    served = advisor.current()
+    served = engine.current()
     assert served is not None
-    assert (served["decision"], served["plan"], served["plan_proposed_at"]) == ("compact", None, None)
-    assert served["reasons"][-1] == (f"plan {advice['plan']['plan_id']} expired at 00:15:00 UTC, "
-                                     "after this evaluation")
-    assert advice["plan"]["expires_at"] == 900 and advisor.advice is advice  # kept as evaluated
-    assert Advisor(Planner()).current() is None  # nothing evaluated yet
+    assert (served.decision, served.plan, served.plan_proposed_at) == ("compact", None, None)
+    assert served.reasons[-1] == (f"plan {advice.plan.plan_id} expired at 00:15:00 UTC, "
+                                  "after this evaluation")
+    assert advice.plan.expires_at == 900 and engine.advice is advice  # kept as evaluated
+    assert Advisor().current() is None  # nothing evaluated yet
+
+
+def test_the_engine_decides_and_the_planner_plans_in_one_direction():
+    """Neither reaches the other's job: the planner imports no engine (nor the evaluation
+    that runs both), the engine never names the planner's function, and only advise.py
+    runs the two."""
+    from tests.helpers import REPO
+    from tests.test_imports import package_graph
+
+    graph = package_graph(REPO / "exporter")
+
+    def reaches(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    advisor = "exporter.advisor."
+    assert not reaches(advisor + "planner") & {advisor + "engine", advisor + "advise"}
+    assert advisor + "advise" not in reaches(advisor + "engine")
+    assert "plan_compaction" not in (REPO / "exporter" / "advisor" / "engine.py").read_text()
+    callers = sorted(p.name for p in (REPO / "exporter" / "advisor").glob("*.py")
+                     if "plan_compaction" in p.read_text())
+    assert callers == ["advise.py", "planner.py", "service.py"]  # service: settings only
+
+
+def test_an_assessment_that_asks_for_a_plan_is_decided_only_with_one():
+    planner = Planner()
+    advisor, clock = make(planner, dwell_seconds=0)
+    assessment = advisor.engine.assess(FleetSnapshot(0), report(70))
+    assert (assessment.plan_scope, assessment.decision, assessment.reasons) == (
+        "cluster", "compact", ("cluster index 70 > 50 for 0 s",))
+    with pytest.raises(ValueError) as caught:
+        advisor.engine.decide(assessment)
+    assert str(caught.value) == "the assessment of cluster needs its plan"
+    advice = advisor.engine.decide(assessment, planner(assessment.measured, report(70), "cluster", 0))
+    assert advice.decision == "compact" and advice.plan is not None and planner.calls == 1
+    # in cooldown the engine asks for nothing: advise never calls the planner
+    clock[0] = 60
+    later = advisor.engine.assess(FleetSnapshot(60), report(70))
+    assert (later.plan_scope, later.decision) == (None, "cooldown")
+    assert advisor.observe(FleetSnapshot(60), report(70))["decision"] == "cooldown"
+    assert planner.calls == 1

@@ -18,6 +18,7 @@ from exporter.advisor.outbox import Outbox
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
 from exporter.advisor.service import AdvisorService, build_service
 from exporter.advisor.webhook import DELIVERY_HEADER, IDEMPOTENCY_HEADER, Deliverer, Receiver
+from exporter.advisor.wire import plan_json
 from exporter.analysis.live import LiveAnalyzer
 from exporter.config import AdvisorConfig, AnalysisConfig
 from exporter.options import Duration
@@ -74,8 +75,8 @@ def service_with(deliverer: Deliverer, clock: Clock) -> AdvisorService:
                                 cooldown_seconds=1800)
     # of the analyzer, evaluate reads only its load tracker (issue 20's scaling): none here
     analyzer = SimpleNamespace(load=None)
-    service = AdvisorService(Advisor(planner, settings, clock=clock), analyzer, deliverer,  # type: ignore[arg-type]
-                             b"token", max_body_bytes=1024, clock=clock)
+    service = AdvisorService(Advisor(settings, clock=clock), analyzer, deliverer,  # type: ignore[arg-type]
+                             b"token", max_body_bytes=1024, clock=clock, planner=planner)
     # what the engine reads of a snapshot and its report: one fragmented cluster
     service.snapshot = FleetSnapshot(START)  # empty: the stub planner reads only its time
     service.report = SimpleNamespace(  # type: ignore[assignment]
@@ -109,8 +110,8 @@ async def test_a_full_disk_keeps_the_plan_holds_the_cooldown_and_delivers_once_s
 
     conn.full = True
     advice = await service.evaluate("snapshot")
-    assert advice is not None and advice["decision"] == "compact"
-    plan_id = advice["plan"]["plan_id"]
+    assert advice is not None and advice.decision == "compact"
+    plan_id = advice.plan.plan_id
     assert outbox.status_of("slurm", plan_id) is None  # nothing written...
     assert deliverer.unwritten_plans() == 1  # ...but kept, not dropped
     assert outbox.errors["insert"] == 1
@@ -121,9 +122,9 @@ async def test_a_full_disk_keeps_the_plan_holds_the_cooldown_and_delivers_once_s
 
     clock.now += 60  # the next snapshot, the disk still full: the plan is proposed again
     advice = await service.evaluate("snapshot")
-    assert advice is not None and advice["decision"] == "compact"
-    assert advice["plan"]["plan_id"] == plan_id  # the same plan (the same moves)
-    newer = advice["plan"]
+    assert advice is not None and advice.decision == "compact"
+    assert advice.plan.plan_id == plan_id  # the same plan (the same moves)
+    newer = advice.plan
     assert deliverer.unwritten_plans() == 1  # the newer copy replaced the older one
     assert outbox.errors["insert"] == 3  # the retry of the kept plan, then the new one
 
@@ -132,12 +133,12 @@ async def test_a_full_disk_keeps_the_plan_holds_the_cooldown_and_delivers_once_s
     assert deliverer.unwritten_plans() == 0
     assert len(scheduler.accepted) == 1 and scheduler.bad_signatures == 0
     assert scheduler.accepted[0]["plan_id"] == plan_id
-    assert scheduler.accepted[0] == newer  # the newer copy
+    assert scheduler.accepted[0] == plan_json(newer)  # the newer copy
     assert outbox.status_of("slurm", plan_id) == ("delivered", 1, "")
 
     clock.now += 60  # now that the plan is durable, the cooldown runs
     advice = await service.evaluate("snapshot")
-    assert advice is not None and advice["decision"] == "cooldown"
+    assert advice is not None and advice.decision == "cooldown"
     assert service.advisor.last_plan_at is not None
     assert len(scheduler.accepted) == 1
 
@@ -155,7 +156,7 @@ async def test_space_returning_before_the_next_evaluation_writes_the_plan_then(t
     clock.now += 60
     advice = await service.evaluate("snapshot")
     # the kept plan is written first, which starts the cooldown: no second plan
-    assert advice is not None and advice["decision"] == "cooldown"
+    assert advice is not None and advice.decision == "cooldown"
     assert deliverer.unwritten_plans() == 0
     assert outbox.pending_count() == 1
     assert service.advisor.last_plan_at == START + 60
@@ -291,6 +292,6 @@ async def test_shutdown_gives_a_kept_plan_a_last_write(tmp_path):
         await lifecycle.__anext__()  # the app's cleanup
     reopened = Outbox(path)
     try:
-        assert reopened.status_of("slurm", advice["plan"]["plan_id"])[0] == "pending"
+        assert reopened.status_of("slurm", advice.plan.plan_id)[0] == "pending"
     finally:
         reopened.close()

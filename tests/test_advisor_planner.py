@@ -12,13 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.advisor.engine import nvlink_generations
-from exporter.advisor.planner import (
-    PlanSettings,
-    apply_plan,
-    candidates,
-    plan_compaction,
-    right_sizing,
-)
+from exporter.advisor.planner import PlanSettings, apply_plan, candidates, plan_compaction
+from exporter.advisor.right_sizing import right_sizing
+from exporter.advisor.wire import plan_json, right_sizing_json
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.state import from_snapshot
@@ -74,7 +70,7 @@ def test_frees_a_whole_node_by_moving_two_small_jobs():
     assert result.nodes_freed == {"gpu-h100": 1}
     assert result.after.fragmented_gpus < result.before.fragmented_gpus
     assert all(m.action == "checkpoint_then_migrate" for m in result.migrations)
-    jsonschema.validate(result.to_json(), SCHEMA)
+    jsonschema.validate(plan_json(result), SCHEMA)
 
 
 def test_a_candidate_is_re_placed_as_its_part_on_its_tiers_models():
@@ -193,10 +189,10 @@ def test_right_sizing_lists_jobs_whose_declared_and_measured_need_fit_a_lower_ti
             job("thrifty", "a1", (0,), need_gb=30)]  # already on the lowest tier it fits
     peaks = {"small": 28 * GB, "used-more": 100 * GB, "silent": 10 * GB}
     calm = fleet(spec, jobs)  # gpu-h200 is half allocated, nothing waits: no pressure
-    assert right_sizing(calm, report_of(calm), peaks, NOW) == []
+    assert right_sizing(calm, report_of(calm), peaks, NOW) == ()
     waiting = dataclasses.replace(calm, pending=(JobRequest("big", 8, pool="gpu-h200"),))
     (entry,) = right_sizing(waiting, report_of(waiting), peaks, NOW)
-    assert entry == {
+    assert right_sizing_json(entry) == {
         "job": "small", "namespace": "team", "account": "", "pool": "gpu-h200", "model": "H200",
         "gpus": 2.0, "declared_need_gb": 30.0, "measured_peak_gb": 28.0,
         "suitable_models": ["H100"], "gpu_hours_held": 4.0, "action": "right_size",
@@ -206,9 +202,9 @@ def test_right_sizing_lists_jobs_whose_declared_and_measured_need_fit_a_lower_ti
     # not measured (no telemetry): the declared need alone, and it says so; "used-more" is
     # listed too then, as nothing shows it uses more than it declares
     unmeasured = right_sizing(waiting, report_of(waiting), {}, NOW)
-    assert [(e["job"], e["measured_peak_gb"], e["gpu_hours_held"]) for e in unmeasured] == \
+    assert [(e.job, e.measured_peak_gb, e.gpu_hours_held) for e in unmeasured] == \
         [("small", None, 4.0), ("used-more", None, 2.0)]
-    assert "(declared 30, not measured)" in unmeasured[0]["reason"]
+    assert "(declared 30, not measured)" in unmeasured[0].reason
 
 
 def test_multi_node_jobs_are_never_split_or_moved():
@@ -361,9 +357,9 @@ def expected_models(need: int, fleet_models: set[str]) -> set[str]:
 def test_applied_plans_are_valid_and_match_the_prediction(snapshot):
     result = plan(snapshot)
     assert result.after.fragmented_gpus <= result.before.fragmented_gpus + 1e-9
-    data = result.to_json()
+    data = plan_json(result)
     jsonschema.validate(data, SCHEMA) if result.migrations else None
-    after = apply_plan(snapshot, data)
+    after = apply_plan(snapshot, result)
     held, cpus = after.held()
     assert all(v <= 1.0 + 1e-9 for v in held.values()), "a GPU over-allocated"
     assert all(used <= n.cpu_cores + 1e-9 for n in after.nodes for used in [cpus.get(n.name, 0)])
@@ -390,7 +386,7 @@ def test_applied_plans_are_valid_and_match_the_prediction(snapshot):
 
 
 def test_assume_checkpointing_sets_the_interval_the_planner_and_metric_use():
-    from exporter.advisor.service import decision_settings, plan_settings
+    from exporter.advisor.advise import decision_settings, plan_settings
     from exporter.config import AdvisorConfig
     from exporter.options import Duration
 

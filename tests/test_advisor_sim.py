@@ -14,10 +14,12 @@ import json
 import pytest
 from jsonschema import Draft202012Validator
 
+from exporter.advisor.advise import advise
 from exporter.advisor.engine import Advisor, DecisionSettings
 from exporter.advisor.openapi import ADVICE_SCHEMA, document
 from exporter.advisor.planner import PlanSettings, plan_compaction
 from exporter.advisor.service import build_service
+from exporter.advisor.wire import advice_json
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.live import LiveAnalyzer
@@ -73,14 +75,14 @@ def test_reclaim_and_right_sizing_lists_on_the_simulator():
     sim = Simulation(SimSource(seed=42, scenarios=(
         Scenario(kind="idle_allocated", node="gpu-100"),)), START)
     clock = [START]
-    advisor = Advisor(lambda *a: None, DecisionSettings(trigger=101, clear_below=100),  # type: ignore[arg-type]
-                      clock=lambda: clock[0])
+    # a trigger no index reaches: the planner is never asked
+    advisor = Advisor(DecisionSettings(trigger=101, clear_below=100), clock=lambda: clock[0])
     advice = {}
     for step in range(0, 3 * 3600 + 1, 600):  # three simulated hours, a snapshot every 10 min
         clock[0] = START + step
         sim.advance(clock[0])
         snapshot = sim.snapshot()
-        advice = advisor.observe(snapshot, report_of(snapshot))
+        advice = advice_json(advise(advisor, snapshot, report_of(snapshot)))
     reclaim = advice["reclaim"]
     assert reclaim, "the idle_allocated node's job is listed"
     schema = Draft202012Validator({**ADVICE_SCHEMA, "components": document()["components"]})
@@ -108,15 +110,15 @@ def test_right_sizing_on_the_simulator_when_inference_fills_the_b200_pool(tmp_pa
         Scenario(kind="fragmented_pool", pool="gpu-b200"),
         Scenario(kind="idle_allocated", node="gpu-100"))), START)
     clock = [START]
-    advisor = Advisor(lambda *a: None, DecisionSettings(trigger=101, clear_below=100),  # type: ignore[arg-type]
-                      clock=lambda: clock[0])
+    # a trigger no index reaches: the planner is never asked
+    advisor = Advisor(DecisionSettings(trigger=101, clear_below=100), clock=lambda: clock[0])
     waiting = (JobRequest("train-waiting", 16, node_count=2, models=("B200",), pool="gpu-b200"),)
     advice: dict = {}
     for step in range(0, 3 * 3600 + 1, 600):
         clock[0] = START + step
         sim.advance(clock[0])
         snapshot = dataclasses.replace(sim.snapshot(), pending=waiting)
-        advice = advisor.observe(snapshot, report_of(snapshot))
+        advice = advice_json(advise(advisor, snapshot, report_of(snapshot)))
     schema = Draft202012Validator({**ADVICE_SCHEMA, "components": document()["components"]})
     assert [e.message for e in schema.iter_errors(json.loads(json.dumps(advice)))] == []
     sized = advice["right_sizing"]
@@ -152,7 +154,7 @@ def test_right_sizing_on_the_simulator_when_inference_fills_the_b200_pool(tmp_pa
         advisor.memory_peak["scatter-000602"] > sized[0]["declared_need_gb"] * 1e9
     # without the waiting job the B200 pool is 84% allocated: no pressure, no list
     calm = sim.snapshot()
-    assert advisor.observe(calm, report_of(calm))["right_sizing"] == []
+    assert advice_json(advise(advisor, calm, report_of(calm)))["right_sizing"] == []
 
 
 def test_scenario_jobs_started_at_staggered_times_in_the_past():

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from exporter.advisor.advise import plan_settings
 from exporter.advisor.planner import PlanSettings, plan_compaction
-from exporter.advisor.service import plan_settings
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.state import from_snapshot

@@ -44,13 +44,15 @@ from jsonschema import Draft202012Validator
 
 from exporter import config as config_module
 from exporter.advisor import bounds
+from exporter.advisor.advise import plan_settings
 from exporter.advisor.api import _dumps
 from exporter.advisor.engine import Advisor, DecisionSettings
 from exporter.advisor.openapi import ADVICE_SCHEMA, document
 from exporter.advisor.outbox import Outbox
 from exporter.advisor.planner import plan_compaction
-from exporter.advisor.service import AdvisorService, plan_settings
+from exporter.advisor.service import AdvisorService
 from exporter.advisor.webhook import Deliverer
+from exporter.advisor.wire import what_if_json
 from exporter.analysis.live import LiveAnalyzer
 from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ShapeConfig
 from exporter.options import Duration
@@ -567,17 +569,19 @@ _SNAPSHOT = Draft202012Validator(bounds.snapshot_schema())
 
 @pytest.fixture(scope="module")
 def what_if():
-    """The live server's what-if (AdvisorService.what_if), with the real planner, a trigger of
+    """The live server's what-if (AdvisorService.what_if, in the wire form POST /v1/plan
+    answers), with the real planner, a trigger of
     0 so every fragmented snapshot is planned, and an outbox in memory (a what-if never
     writes it). The target workload is fixed (8-, 4- and 1-GPU tasks): the live window
     starts empty, and against no workload every index is 0 and nothing is planned."""
     settings_ = DecisionSettings(trigger=0.0, clear_below=-1.0, dwell_seconds=0, cooldown_seconds=0)
     planner = functools.partial(plan_compaction, settings=plan_settings(AdvisorConfig()))
     shapes = (ShapeConfig(cpus=8, gpus=8), ShapeConfig(cpus=4, gpus=4), ShapeConfig(cpus=1, gpus=1))
-    service = AdvisorService(Advisor(planner, settings_, clock=lambda: 1.76e9),
+    service = AdvisorService(Advisor(settings_, clock=lambda: 1.76e9),
                              LiveAnalyzer.from_config(AnalysisConfig(workload="shapes", shapes=shapes)),
-                             Deliverer(Outbox(":memory:"), ()), b"token", max_body_bytes=1 << 20)
-    return service.what_if
+                             Deliverer(Outbox(":memory:"), ()), b"token", max_body_bytes=1 << 20,
+                             planner=planner)
+    return lambda snapshot: what_if_json(service.what_if(snapshot))
 
 
 @settings(max_examples=400)

@@ -32,14 +32,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from exporter.advisor.kube_render import (
-    RenderError,
-    plan_from_json,
-    render_evictions,
-    render_koordinator,
-    to_yaml,
-)
+from exporter.advisor.kube_render import RenderError, render_evictions, render_koordinator, to_yaml
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
+from exporter.advisor.wire import PlanFormatError, plan_from_json, plan_json
 from tests.helpers import REPO
 from tests.test_deploy_kubernetes import KUBERNETES_VERSION, strict
 
@@ -227,18 +222,18 @@ def test_names_kubernetes_would_refuse(field: str, value: Any, message: str) -> 
 
 
 def test_plan_from_json_round_trips_and_checks_the_id() -> None:
-    data = PLAN.to_json()
+    data = plan_json(PLAN)
     assert plan_from_json(data) == PLAN
     edited = copy.deepcopy(data)
     edited["migrations"][1]["to"]["node"] = "gpu-node-9"
-    with pytest.raises(RenderError) as caught:
+    with pytest.raises(PlanFormatError) as caught:
         plan_from_json(edited)
     assert str(caught.value).startswith(f"plan_id {PID} does not match the plan's content (plan-")
     shuffled = copy.deepcopy(data)
     shuffled["migrations"].reverse()  # order, not position, decides
     assert plan_from_json(shuffled) == PLAN
     shuffled["migrations"][0]["order"] = 1
-    with pytest.raises(RenderError) as caught:
+    with pytest.raises(PlanFormatError) as caught:
         plan_from_json(shuffled)
     assert str(caught.value) == "migrations: orders must be 1..4, each once"
 
@@ -339,7 +334,7 @@ def saved(tmp_path: Path, data: Any, name: str = "plan.json") -> str:
 
 
 def test_plan_command_renders_a_saved_plan(tmp_path: Path) -> None:
-    path = saved(tmp_path, PLAN.to_json())
+    path = saved(tmp_path, plan_json(PLAN))
     done = gpufleet("--from", path, "--format", "koordinator", "--ignore-expiry")
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.startswith(f"# gpufleet plan {PID} (pool:h100): 4 moves, "
@@ -348,12 +343,12 @@ def test_plan_command_renders_a_saved_plan(tmp_path: Path) -> None:
     jobs = [o for o in yaml.safe_load_all(done.stdout) if o]
     assert [j["spec"]["ttl"] for j in jobs] == ["300s"] * 3
     assert [pmj_errors(j) for j in jobs] == [[], [], []]
-    done = gpufleet("--from", "-", "--format", "json", "--ignore-expiry", stdin=json.dumps(PLAN.to_json()))
-    assert (done.returncode, json.loads(done.stdout)) == (0, PLAN.to_json())
+    done = gpufleet("--from", "-", "--format", "json", "--ignore-expiry", stdin=json.dumps(plan_json(PLAN)))
+    assert (done.returncode, json.loads(done.stdout)) == (0, plan_json(PLAN))
 
 
 def test_plan_command_takes_a_saved_advice(tmp_path: Path) -> None:
-    advice = {"decision": "compact", "scope": "pool:h100", "reasons": ["x"], "plan": PLAN.to_json()}
+    advice = {"decision": "compact", "scope": "pool:h100", "reasons": ["x"], "plan": plan_json(PLAN)}
     done = gpufleet("--from", saved(tmp_path, advice), "--format", "eviction", "--ignore-expiry")
     assert done.returncode == 0
     assert [o["kind"] for o in yaml.safe_load_all(done.stdout) if o] == ["Eviction"] * 3
@@ -366,10 +361,10 @@ def test_plan_command_takes_a_saved_advice(tmp_path: Path) -> None:
 def test_plan_command_renders_a_plan_carried_through_the_cooldown(tmp_path: Path) -> None:
     """/v1/advice keeps the last plan until it expires: rendered, and said not to be new."""
     advice = {"decision": "cooldown", "scope": "pool:h100", "reasons": ["x"],
-              "plan": PLAN.to_json(), "plan_proposed_at": T0}
+              "plan": plan_json(PLAN), "plan_proposed_at": T0}
     done = gpufleet("--from", saved(tmp_path, advice), "--ignore-expiry")
     assert (done.returncode, json.loads(done.stdout), done.stderr) == (
-        0, PLAN.to_json(), "gpufleet: the advice's decision is 'cooldown'; its plan was proposed "
+        0, plan_json(PLAN), "gpufleet: the advice's decision is 'cooldown'; its plan was proposed "
                            "by an earlier evaluation at 2025-12-01T00:00:00Z and is still in force\n")
     advice["plan_proposed_at"] = 1e300  # the sender's number: no date, no traceback
     done = gpufleet("--from", saved(tmp_path, advice, "far.json"), "--ignore-expiry")
@@ -382,23 +377,23 @@ def test_plan_command_renders_a_plan_carried_through_the_cooldown(tmp_path: Path
 
 
 def test_plan_command_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
-    path = saved(tmp_path, PLAN.to_json())
+    path = saved(tmp_path, plan_json(PLAN))
     done = gpufleet("--from", path, "--format", "koordinator")  # the plan expired in 2025
     assert (done.returncode, done.stdout, done.stderr) == (
         1, "", f"gpufleet: plan {PID} expired at 2025-12-01T00:05:00Z "
                "(--ignore-expiry renders it for review)\n")
-    bad = PLAN.to_json()
+    bad = plan_json(PLAN)
     bad["migrations"][0]["gpu_share"] = 2
     done = gpufleet("--from", saved(tmp_path, bad, "bad.json"), "--ignore-expiry")
     assert (done.returncode, done.stderr) == (
         1, f"gpufleet: {tmp_path}/bad.json: not a valid plan: migrations[0].gpu_share: "
            "2 is greater than the maximum of 1\n")
-    edited = PLAN.to_json()
+    edited = plan_json(PLAN)
     edited["migrations"][0]["to"]["node"] = "gpu-node-9"
     done = gpufleet("--from", saved(tmp_path, edited, "edited.json"), "--ignore-expiry")
     assert done.returncode == 1
     assert done.stderr.startswith(f"gpufleet: plan_id {PID} does not match the plan's content")
-    many = PLAN.to_json()
+    many = plan_json(PLAN)
     many["migrations"] = many["migrations"] * 251
     done = gpufleet("--from", saved(tmp_path, many, "many.json"))
     assert (done.returncode, done.stderr) == (
@@ -443,7 +438,7 @@ async def plan_from_url(*args: str) -> tuple[int, str, str]:
 async def test_plan_command_reads_v1_advice(aiohttp_server: Any, tmp_path: Path) -> None:
     seen: list[str | None] = []
     release = asyncio.Event()
-    advice = {"decision": "compact", "scope": "pool:h100", "reasons": ["x"], "plan": PLAN.to_json()}
+    advice = {"decision": "compact", "scope": "pool:h100", "reasons": ["x"], "plan": plan_json(PLAN)}
 
     async def get_advice(request: web.Request) -> web.StreamResponse:
         seen.append(request.headers.get("Authorization"))

@@ -1,5 +1,7 @@
 """The rebalancing advisor: decides when compaction pays, plans verified moves, tells the scheduler.
 
-``outbox`` and ``webhook`` carry plans to schedulers durably; ``api`` serves
-the advisor's HTTP endpoints on the exporter's aiohttp server.
+``engine`` decides and ``planner`` plans, neither calling the other; ``advise`` runs one
+evaluation of both on a snapshot and returns typed advice (``advice``, ``plan``). ``wire``
+writes that as JSON where it leaves: ``api`` serves the advisor's HTTP endpoints on the
+exporter's aiohttp server, and ``outbox`` and ``webhook`` carry plans to schedulers durably.
 """

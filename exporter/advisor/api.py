@@ -11,7 +11,8 @@ constant time; a blank one never matches. Errors are JSON ``{"error": reason}``:
 any work), 401 for a missing or wrong token, 413 for a body over the limit, 503
 with ``Retry-After`` while a what-if runs or when one passed its time limit.
 Replies are strict JSON: NaN and infinities are refused on input and never
-written. A handler never lets an exception reach aiohttp's 500 page: the server
+written. The handlers get typed advice and write it with :mod:`wire`, here and nowhere
+before. A handler never lets an exception reach aiohttp's 500 page: the server
 keeps serving.
 """
 
@@ -31,11 +32,12 @@ from typing import Any
 from aiohttp import web
 
 from exporter.advisor import bounds, openapi
+from exporter.advisor.advice import Advice, WhatIf
+from exporter.advisor.wire import advice_json, what_if_json
 from exporter.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
 
-Advice = dict[str, Any]
 # the bearer token: bytes, or a callable that reads it again (advisor.token_file, rotated)
 Token = bytes | Callable[[], bytes | None] | None
 
@@ -48,7 +50,7 @@ class AdvisorApi:
     """State the handlers share. ``evaluate`` and ``what_if`` come from the advisor engine."""
 
     evaluate: Callable[[str], Coroutine[Any, Any, Advice | None]]  # reason -> new advice
-    what_if: Callable[[FleetSnapshot], Advice]
+    what_if: Callable[[FleetSnapshot], WhatIf]
     current: Callable[[], Advice | None]
     token: Token
     max_body_bytes: int
@@ -165,16 +167,16 @@ async def get_advice(request: web.Request) -> web.Response:
     advice = request.app[ADVISOR_API].current()
     if advice is None:
         return _json({"decision": "none", "reasons": ["no snapshot evaluated yet"]})
-    return _json(advice)
+    return _json(advice_json(advice))
 
 
-def _plan(what_if: Callable[[FleetSnapshot], Advice], body: bytes) -> tuple[int, bytes]:
+def _plan(what_if: Callable[[FleetSnapshot], WhatIf], body: bytes) -> tuple[int, bytes]:
     """In the worker thread: the body checked against the schema first, then the what-if."""
     try:
         snapshot = bounds.snapshot_from_body(body)
     except bounds.Invalid as exc:
         return 400, _dumps({"error": str(exc)}).encode()
-    return 200, _dumps(what_if(snapshot)).encode()
+    return 200, _dumps(what_if_json(what_if(snapshot))).encode()
 
 
 @_guarded

@@ -1,13 +1,18 @@
 """When compaction pays: hysteresis, dwell, cooldown and a gain-per-disruption gate.
 
-Every evaluation yields *advice*: a decision with its reasons in words, and a
-plan when one is proposed. Compaction is recommended for a scope (the cluster
-or one pool) once its index has stayed above ``trigger`` for ``dwell``; the
-recommendation clears only when the index falls below ``clear_below``, so an
-index hovering around the trigger doesn't flap. A cooldown separates plans,
-and a plan is proposed only if it recovers enough fragmented GPUs, and frees
-enough whole nodes, per migration: moving jobs costs work, and a plan that
-moves ten jobs to recover one GPU is worse than no plan.
+Every evaluation yields *advice* (:class:`~exporter.advisor.advice.Advice`): a decision
+with its reasons in words, and a plan when one is proposed. The engine decides and never
+plans: an evaluation is :meth:`Advisor.assess` (may a plan be proposed, and for which
+scope?), the planner run by the caller (:func:`exporter.advisor.advise.advise`), then
+:meth:`Advisor.decide` (is that plan worth its disruption?).
+
+Compaction is recommended for a scope (the cluster or one pool) once its index
+has stayed above ``trigger`` for ``dwell``; the recommendation clears only when
+the index falls below ``clear_below``, so an index hovering around the trigger
+doesn't flap. A cooldown separates plans, and a plan is proposed only if it
+recovers enough fragmented GPUs, and frees enough whole nodes, per migration:
+moving jobs costs work, and a plan that moves ten jobs to recover one GPU is
+worse than no plan.
 
 Alertmanager's fragmentation alert has already waited its own ``for`` (15 min
 in the table) before it reaches ``POST /v1/alerts``: a firing alert for a
@@ -44,10 +49,11 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.advisor.advice import Advice, Decision, NvlinkMixed, Reclaim, ScopeStatus, WhatIf
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import right_sizing
 from exporter.alerting.thresholds import default_thresholds
@@ -58,10 +64,6 @@ from exporter.snapshot import Allocation, FleetSnapshot
 IDLE_ROW = "GpuJobUtilizationLow"  # the threshold table's row that says "consider reclaiming"
 
 log = logging.getLogger(__name__)
-
-# (snapshot, report, scope, now) -> plan; scope is "cluster" or "pool:<name>"
-Planner = Callable[[FleetSnapshot, Report, str, float], CompactionPlan]
-
 
 @dataclass(frozen=True, slots=True)
 class DecisionSettings:
@@ -115,16 +117,16 @@ def nvlink_generations(snapshot: FleetSnapshot) -> list[tuple[Allocation, list[i
     return out
 
 
-def nvlink_mixed(snapshot: FleetSnapshot) -> list[dict[str, Any]]:
+def nvlink_mixed(snapshot: FleetSnapshot) -> tuple[NvlinkMixed, ...]:
     """Multi-node jobs whose nodes have GPUs of more than one NVLink generation."""
     out = []
     for alloc, generations in nvlink_generations(snapshot):
         if len(generations) > 1:
-            out.append({"job": alloc.job, "namespace": alloc.namespace,
-                        "nodes": list(alloc.nodes), "nvlink_generations": generations,
-                        "reason": f"one job over NVLink generations {generations}: "
-                                  "they do not interconnect, so its traffic falls back to the network"})
-    return sorted(out, key=lambda r: r["job"])
+            out.append(NvlinkMixed(
+                alloc.job, alloc.namespace, tuple(alloc.nodes), tuple(generations),
+                f"one job over NVLink generations {generations}: "
+                "they do not interconnect, so its traffic falls back to the network"))
+    return tuple(sorted(out, key=lambda r: r.job))
 
 
 def memory_peaks(snapshot: FleetSnapshot, previous: dict[str, float]) -> dict[str, float]:
@@ -218,27 +220,54 @@ def describe_gain(plan: CompactionPlan) -> str:
             f"with {moves} migration{'s' if moves != 1 else ''}")
 
 
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """An evaluation between its two halves (:meth:`Advisor.assess`, :meth:`Advisor.decide`).
+
+    The scopes are updated and either the decision is taken (``plan_scope`` None:
+    none, cooldown, or a hold rechecked too soon) or it waits for a plan for
+    ``plan_scope``, made on ``measured`` (the snapshot with memory needs raised to the
+    measured peaks) at ``now``. The engine never calls the planner itself.
+    """
+
+    snapshot: FleetSnapshot  # as observed: the waste lists read it
+    measured: FleetSnapshot  # what a plan is made on
+    report: Report
+    now: float
+    trigger: str
+    scopes: Mapping[str, ScopeStatus]  # the state this evaluation saw, for the advice
+    decision: Decision  # "compact" while a plan is awaited: the gate may still hold it
+    scope: str | None
+    reasons: tuple[str, ...]  # with a plan awaited, only why the scope is due
+    plan_scope: str | None = None
+
+
 @dataclass
 class Advisor:
-    planner: Planner
+    """The decision's state over evaluations: dwell, hysteresis, cooldown, holds, idle clocks.
+
+    One evaluation is :meth:`assess`, then (when it asks for one) a plan, then :meth:`decide`;
+    :func:`exporter.advisor.advise.advise` runs the three. Only the clock tells time, so a
+    simulated clock drives it as well as the wall's.
+    """
+
     settings: DecisionSettings = field(default_factory=DecisionSettings)
     clock: Callable[[], float] = time.time
     scopes: dict[str, ScopeState] = field(default_factory=dict)
     last_plan_at: float | None = None  # the cooldown runs from here
     _cooldown_before: float | None = None  # last_plan_at before the latest proposal
-    last_hold: tuple[float, str, list[str]] | None = None  # when, scope, reasons
+    last_hold: tuple[float, str, tuple[str, ...]] | None = None  # when, scope, reasons
     alert_served: dict[str, float] = field(default_factory=dict)  # scope -> when its alert fired
     # job -> since when its GPUs have been below the idle threshold; rebuilt from each
     # snapshot's jobs, so a job that ends (or gets busy) is forgotten at once
     idle_since: dict[str, float] = field(default_factory=dict)
     # job -> peak GPU memory used per GPU (bytes) over its life; rebuilt the same way
     memory_peak: dict[str, float] = field(default_factory=dict)
-    advice: dict[str, Any] | None = None
-    plan: CompactionPlan | None = None
-    # the last proposed plan as delivered (its JSON, reasons included) and when it was proposed:
-    # later advice carries it until it expires
-    plan_json: dict[str, Any] | None = None
-    plan_at: float | None = None
+    advice: Advice | None = None
+    plan: CompactionPlan | None = None  # the last plan proposed, as delivered (for /metrics)
+    # the plan later advice carries until it expires, and when it was proposed
+    carried: CompactionPlan | None = None
+    carried_at: float | None = None
 
     def alert_firing(self, alerts: list[dict[str, Any]]) -> list[str]:
         """Alertmanager says these alerts fire: the compaction alert's scopes have served dwell.
@@ -263,8 +292,9 @@ class Advisor:
                 taken.append(scope)
         return taken
 
-    def observe(self, snapshot: FleetSnapshot, report: Report, trigger: str = "snapshot") -> dict[str, Any]:
-        """Update the per-scope state with this report and decide. Called on every snapshot."""
+    def assess(self, snapshot: FleetSnapshot, report: Report, trigger: str = "snapshot") -> Assessment:
+        """The first half of an evaluation: update the per-scope state with this report and
+        say whether a plan is wanted (``plan_scope``). Called on every snapshot."""
         now = self.clock()
         s = self.settings
         for scope, index in scope_indices(report).items():
@@ -281,50 +311,112 @@ class Advisor:
                 self.alert_served.pop(scope, None)
         self.memory_peak = memory_peaks(snapshot, self.memory_peak)
         measured = with_measured_needs(snapshot, self.memory_peak)
-        advice = self._decide(measured, report, now, trigger)
-        self._carry_plan(advice, now)
-        advice["reclaim"] = self._reclaim(snapshot, now)
-        advice["right_sizing"] = right_sizing(snapshot, report, self.memory_peak, now)
-        advice["nvlink_mixed"] = nvlink_mixed(snapshot)
-        self.advice = advice
-        return advice
+        scopes = {k: ScopeStatus(round(st.index, 2), st.recommended, st.above_since)
+                  for k, st in sorted(self.scopes.items())}
 
-    def _carry_plan(self, advice: dict[str, Any], now: float) -> None:
-        """A new plan is marked as proposed now; without one, the last plan rides along
-        until it expires, with a reason that says it is not new. The same dict as the one
-        delivered: a receiver that polls sees the same plan_id, which it acts on once."""
-        if advice["plan"] is not None:
-            advice["plan_proposed_at"] = now
-            return
-        plan = self.plan_json
-        if plan is None or self.plan_at is None or plan["expires_at"] <= now:
-            self.plan_json = self.plan_at = None  # expired: never served again
-            advice["plan_proposed_at"] = None
-            return
-        advice["plan"] = plan
-        advice["plan_proposed_at"] = self.plan_at
-        # a new list: a hold's reasons are kept (last_hold) and served again at its recheck
-        advice["reasons"] = [*advice["reasons"],
-            f"plan {plan['plan_id']} proposed {_minutes(now - self.plan_at)} ago stays valid until "
-            f"{time.strftime('%H:%M:%S', time.gmtime(plan['expires_at']))} UTC; this "
-            "evaluation proposes no new one"]
+        def settled(decision: Decision, scope: str | None, reasons: list[str],
+                    plan_scope: str | None = None) -> Assessment:
+            return Assessment(snapshot, measured, report, now, trigger, scopes, decision, scope,
+                              tuple(reasons), plan_scope)
 
-    def current(self) -> dict[str, Any] | None:
+        due = [k for k, st in self.scopes.items() if st.recommended]
+        if not due:
+            reasons = []
+            for scope, st in sorted(self.scopes.items()):
+                if st.above_since is not None:
+                    reasons.append(f"{_scope_name(scope)} index {st.index:.0f} > {s.trigger:g} for "
+                                   f"{_minutes(now - st.above_since)}, dwell is {_minutes(s.dwell_seconds)}")
+            if not reasons:
+                reasons.append(f"cluster index {report.cluster.index:.0f} <= {s.trigger:g}")
+            return settled("none", None, reasons)
+        # the cluster first, else the pool with the highest index
+        scope = "cluster" if "cluster" in due else max(due, key=lambda k: self.scopes[k].index)
+        st = self.scopes[scope]
+        why_due = (f"{_scope_name(scope)} index {st.index:.0f} > {s.trigger:g} for "
+                   f"{_minutes(now - (now if st.above_since is None else st.above_since))}")
+        if scope in self.alert_served:
+            alert = s.cluster_alert if scope == "cluster" else s.compaction_alert
+            why_due += f" (Alertmanager's {alert} fired: its own 'for' served as dwell)"
+        if self.last_plan_at is not None and now - self.last_plan_at < s.cooldown_seconds:
+            until = self.last_plan_at + s.cooldown_seconds
+            return settled("cooldown", scope, [why_due, f"last plan {_minutes(now - self.last_plan_at)} "
+                           f"ago; cooldown until {time.strftime('%H:%M:%S', time.gmtime(until))} UTC"])
+        if (self.last_hold is not None and trigger == "snapshot" and self.last_hold[1] == scope
+                and now - self.last_hold[0] < s.hold_recheck_seconds):
+            return settled("hold", scope, [why_due, *self.last_hold[2][1:]])
+        return settled("compact", scope, [why_due], plan_scope=scope)
+
+    def decide(self, assessment: Assessment, plan: CompactionPlan | None = None,
+               scaling: tuple[dict[str, Any], ...] | None = None) -> Advice:
+        """The second half: judge ``plan`` (required when the assessment asked for one) by the
+        gain-per-disruption gate, carry the plan in force, list the waste, keep the advice.
+
+        ``scaling`` is added to the advice as it is (the load tracker's, issue 20).
+        """
+        a, s = assessment, self.settings
+        decision, reasons, proposed = a.decision, a.reasons, None
+        if a.plan_scope is not None:
+            if plan is None:
+                raise ValueError(f"the assessment of {a.plan_scope} needs its plan")
+            why_due = a.reasons[0]
+            refused = gate(plan, s)
+            if not plan.migrations:
+                allocated = a.report.cluster.allocated_ratio * 100
+                refused = f"index high but nothing worth moving: cluster {allocated:.0f}% allocated"
+            if refused is not None:
+                decision = "hold"
+                reasons = (why_due, refused, *(plan.reasons if not plan.migrations else ()))
+                self.last_hold = (a.now, a.plan_scope, reasons)
+            else:
+                self.last_hold = None
+                self._cooldown_before, self.last_plan_at = self.last_plan_at, a.now
+                short = shortfall(plan, s)
+                reasons = (f"{why_due}; {describe_gain(plan)}", *([short] if short else ()),
+                           *plan.reasons)
+                # the plan as delivered: the advice's reasons are its reasons
+                proposed = self.plan = self.carried = dataclasses.replace(plan, reasons=reasons)
+                self.carried_at = a.now
+        in_force, proposed_at, reasons = self._plan_in_force(proposed, reasons, a.now)
+        self.advice = Advice(
+            evaluated_at=a.now, snapshot_time=a.measured.taken_at, trigger=a.trigger,
+            scopes=a.scopes, decision=decision, reasons=reasons, scope=a.scope,
+            plan=in_force, plan_proposed_at=proposed_at,
+            reclaim=self._reclaim(a.snapshot, a.now),
+            right_sizing=right_sizing(a.snapshot, a.report, self.memory_peak, a.now),
+            nvlink_mixed=nvlink_mixed(a.snapshot), scaling=scaling)
+        return self.advice
+
+    def _plan_in_force(self, proposed: CompactionPlan | None, reasons: tuple[str, ...],
+                       now: float) -> tuple[CompactionPlan | None, float | None, tuple[str, ...]]:
+        """(plan, proposed at, reasons): a new plan is proposed now; without one, the last plan
+        rides along until it expires, with a reason that says it is not new. The same object
+        as the one delivered: a receiver that polls sees the same plan_id, which it acts on once."""
+        if proposed is not None:
+            return proposed, now, reasons
+        plan, at = self.carried, self.carried_at
+        if plan is None or at is None or plan.expires_at <= now:
+            self.carried = self.carried_at = None  # expired: never served again
+            return None, None, reasons
+        return plan, at, (*reasons,
+            f"plan {plan.plan_id} proposed {_minutes(now - at)} ago stays valid until "
+            f"{time.strftime('%H:%M:%S', time.gmtime(plan.expires_at))} UTC; this "
+            "evaluation proposes no new one")
+
+    def current(self) -> Advice | None:
         """The last advice as ``GET /v1/advice`` serves it: a plan that expired since that
         evaluation is dropped (evaluations follow snapshots, seconds apart or, with a source
         stuck, much longer), so no reader ever gets an expired plan."""
         advice = self.advice
         if advice is None:
             return None
-        plan = advice.get("plan")
-        if plan is None or plan["expires_at"] > self.clock():
+        plan = advice.plan
+        if plan is None or plan.expires_at > self.clock():
             return advice
-        expired = time.strftime("%H:%M:%S", time.gmtime(plan["expires_at"]))
-        return {**advice, "plan": None, "plan_proposed_at": None,
-                "reasons": [*advice["reasons"], f"plan {plan['plan_id']} expired at {expired} "
-                            "UTC, after this evaluation"]}
+        expired = time.strftime("%H:%M:%S", time.gmtime(plan.expires_at))
+        return dataclasses.replace(advice, plan=None, plan_proposed_at=None, reasons=(
+            *advice.reasons, f"plan {plan.plan_id} expired at {expired} UTC, after this evaluation"))
 
-    def _reclaim(self, snapshot: FleetSnapshot, now: float) -> list[dict[str, Any]]:
+    def _reclaim(self, snapshot: FleetSnapshot, now: float) -> tuple[Reclaim, ...]:
         """Jobs whose GPUs stayed below the idle threshold for its duration, costliest first.
 
         Idleness is counted from the first snapshot that saw it, so an exporter restart
@@ -336,7 +428,7 @@ class Advisor:
         nodes = snapshot.node_map()
         catalogue = default_catalogue()
         idle: dict[str, float] = {}
-        out: list[tuple[int, float, str, dict[str, Any]]] = []
+        out: list[tuple[int, float, str, Reclaim]] = []
         for alloc in snapshot.allocations:
             used = _job_utilization(alloc, utilization)
             if used is None or used >= below:
@@ -350,70 +442,16 @@ class Advisor:
             spec = catalogue.find(model)
             wasted = round(gpus * (now - since) / 3600, 3)
             rank = (spec.tier or 0) if spec else 0
-            out.append((-rank, -wasted, alloc.job, {
-                "job": alloc.job, "namespace": alloc.namespace, "account": alloc.account,
-                "pool": node.pool if node else "", "model": model, "gpus": gpus,
-                "utilization_ratio": round(used, 4), "idle_since": since,
-                "gpu_hours_wasted": wasted,
-                "action": "reclaim",
-                "reason": f"{gpus:g} {model} GPU{'s' if gpus != 1 else ''} under {below:.0%} busy "
-                          f"for {_minutes(now - since)} (threshold table {IDLE_ROW}): consider "
-                          "reclaiming them; never done automatically",
-            }))
+            out.append((-rank, -wasted, alloc.job, Reclaim(
+                job=alloc.job, namespace=alloc.namespace, account=alloc.account,
+                pool=node.pool if node else "", model=model, gpus=gpus,
+                utilization_ratio=round(used, 4), idle_since=since, gpu_hours_wasted=wasted,
+                reason=f"{gpus:g} {model} GPU{'s' if gpus != 1 else ''} under {below:.0%} busy "
+                       f"for {_minutes(now - since)} (threshold table {IDLE_ROW}): consider "
+                       "reclaiming them; never done automatically",
+            )))
         self.idle_since = idle
-        return [entry for *_, entry in sorted(out, key=lambda r: r[:3])]
-
-    def _decide(self, snapshot: FleetSnapshot, report: Report, now: float, trigger: str) -> dict[str, Any]:
-        s = self.settings
-        due = [k for k, st in self.scopes.items() if st.recommended]
-        base = {"evaluated_at": now, "snapshot_time": snapshot.taken_at, "trigger": trigger,
-                "scopes": {k: {"index": round(st.index, 2), "recommended": st.recommended,
-                               "above_since": st.above_since} for k, st in sorted(self.scopes.items())}}
-        if not due:
-            reasons = []
-            for scope, st in sorted(self.scopes.items()):
-                if st.above_since is not None:
-                    reasons.append(f"{_scope_name(scope)} index {st.index:.0f} > {s.trigger:g} for "
-                                   f"{_minutes(now - st.above_since)}, dwell is {_minutes(s.dwell_seconds)}")
-            if not reasons:
-                reasons.append(f"cluster index {report.cluster.index:.0f} <= {s.trigger:g}")
-            return {**base, "decision": "none", "reasons": reasons, "plan": None}
-        # the cluster first, else the pool with the highest index
-        scope = "cluster" if "cluster" in due else max(due, key=lambda k: self.scopes[k].index)
-        st = self.scopes[scope]
-        why_due = (f"{_scope_name(scope)} index {st.index:.0f} > {s.trigger:g} for "
-                   f"{_minutes(now - (now if st.above_since is None else st.above_since))}")
-        if scope in self.alert_served:
-            alert = s.cluster_alert if scope == "cluster" else s.compaction_alert
-            why_due += f" (Alertmanager's {alert} fired: its own 'for' served as dwell)"
-        if self.last_plan_at is not None and now - self.last_plan_at < s.cooldown_seconds:
-            until = self.last_plan_at + s.cooldown_seconds
-            return {**base, "decision": "cooldown", "scope": scope, "plan": None,
-                    "reasons": [why_due, f"last plan {_minutes(now - self.last_plan_at)} ago; "
-                                f"cooldown until {time.strftime('%H:%M:%S', time.gmtime(until))} UTC"]}
-        if (self.last_hold is not None and trigger == "snapshot" and self.last_hold[1] == scope
-                and now - self.last_hold[0] < s.hold_recheck_seconds):
-            return {**base, "decision": "hold", "scope": scope, "plan": None,
-                    "reasons": [why_due, *self.last_hold[2][1:]]}
-        plan = self.planner(snapshot, report, scope, now)
-        refused = gate(plan, s)
-        if not plan.migrations:
-            allocated = report.cluster.allocated_ratio * 100
-            refused = f"index high but nothing worth moving: cluster {allocated:.0f}% allocated"
-        if refused is not None:
-            reasons = [why_due, refused, *(plan.reasons if not plan.migrations else ())]
-            self.last_hold = (now, scope, reasons)
-            return {**base, "decision": "hold", "scope": scope, "plan": None, "reasons": reasons}
-        self.last_hold = None
-        self._cooldown_before, self.last_plan_at = self.last_plan_at, now
-        self.plan = plan
-        short = shortfall(plan, s)
-        reasons = [f"{why_due}; {describe_gain(plan)}", *([short] if short else []), *plan.reasons]
-        plan_json = plan.to_json()
-        plan_json["reasons"] = reasons
-        self.plan_json, self.plan_at = plan_json, now
-        return {**base, "decision": "compact", "scope": scope, "reasons": list(reasons),
-                "plan": plan_json}
+        return tuple(entry for *_, entry in sorted(out, key=lambda r: r[:3]))
 
     def not_durable(self) -> None:
         """The plan just proposed could not be written to the outbox: take back its cooldown.
@@ -428,23 +466,28 @@ class Advisor:
         """A proposed plan reached the outbox at ``at``: the cooldown runs from then."""
         self.last_plan_at = at
 
-    def what_if(self, snapshot: FleetSnapshot, report: Report) -> dict[str, Any]:
-        """The plan for this snapshot alone, ignoring dwell and cooldown, changing no state."""
-        now = self.clock()
-        indices = scope_indices(report)
-        above = {k: v for k, v in indices.items() if v > self.settings.trigger}
-        base = {"evaluated_at": now, "snapshot_time": snapshot.taken_at, "what_if": True,
-                "scopes": {k: {"index": round(v, 2)} for k, v in sorted(indices.items())}}
+    def what_if_scope(self, report: Report) -> str | None:
+        """The scope a what-if plans for: above the trigger, the cluster first, else the pool
+        with the highest index; None when none is. Dwell and cooldown do not count."""
+        above = {k: v for k, v in scope_indices(report).items() if v > self.settings.trigger}
         if not above:
-            return {**base, "decision": "none", "plan": None,
-                    "reasons": [f"cluster index {report.cluster.index:.0f} <= {self.settings.trigger:g}"]}
-        scope = "cluster" if "cluster" in above else max(above, key=above.__getitem__)
-        plan = self.planner(snapshot, report, scope, now)
+            return None
+        return "cluster" if "cluster" in above else max(above, key=above.__getitem__)
+
+    def what_if(self, snapshot: FleetSnapshot, report: Report, now: float,
+                plan: CompactionPlan | None) -> WhatIf:
+        """Judge ``plan`` (made for :meth:`what_if_scope`, None when that is None) for this
+        snapshot alone; changes no state."""
+        indices = scope_indices(report)
+        scopes = {k: round(v, 2) for k, v in sorted(indices.items())}
+        scope = self.what_if_scope(report)
+        if scope is None or plan is None:
+            return WhatIf(now, snapshot.taken_at, scopes, "none", (
+                f"cluster index {report.cluster.index:.0f} <= {self.settings.trigger:g}",))
         refused = gate(plan, self.settings) if plan.migrations else "nothing worth moving"
-        decision = "compact" if refused is None else "hold"
         reasons = [f"{_scope_name(scope)} index {indices[scope]:.0f} > {self.settings.trigger:g}",
                    describe_gain(plan) if refused is None else refused]
         if refused is None and (short := shortfall(plan, self.settings)):
             reasons.append(short)
-        return {**base, "decision": decision, "scope": scope, "reasons": reasons,
-                "plan": plan.to_json() if plan.migrations else None}
+        return WhatIf(now, snapshot.taken_at, scopes, "compact" if refused is None else "hold",
+                      tuple(reasons), scope, plan if plan.migrations else None)

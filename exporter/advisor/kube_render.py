@@ -1,7 +1,8 @@
 """A plan as Kubernetes objects: Koordinator ``PodMigrationJob``s or ``policy/v1`` Evictions.
 
 ``gpufleet plan`` (:mod:`exporter.cli.plan`) prints what this renders. Pure functions: a
-plan and the time in, YAML documents out.
+typed plan (:func:`exporter.advisor.wire.plan_from_json` reads one) and the time in, YAML
+documents out.
 
 Koordinator (``--format koordinator``), one ``PodMigrationJob`` per move, cluster-scoped,
 ``spec.mode: ReservationFirst``: Koordinator's migration controller first creates a
@@ -47,14 +48,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import yaml
 
-from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction, TierMisplacement
+from exporter.advisor.plan import CompactionPlan, Migration
+from exporter.advisor.wire import PlanFormatError
 
 PMJ_API_VERSION = "scheduling.koordinator.sh/v1alpha1"
 ANNOTATION = "gpufleet.io/"
@@ -75,7 +77,7 @@ DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-class RenderError(ValueError):
+class RenderError(PlanFormatError):
     """The plan cannot become valid Kubernetes objects; the message names the move and field."""
 
 
@@ -86,39 +88,6 @@ class Document:
 
     comments: tuple[str, ...]
     obj: dict[str, Any] | None
-
-
-# --- the plan from its JSON -------------------------------------------------------------
-
-
-def plan_from_json(data: Mapping[str, Any]) -> CompactionPlan:
-    """A plan as :meth:`CompactionPlan.to_json` wrote it (and the plan schema checked) back
-    as the dataclass. Its ``plan_id`` must be the hash of its content: an edited move
-    under the old id would be acted on as the plan that was reviewed."""
-    migrations = tuple(
-        Migration(job=m["job"], namespace=m["namespace"], pod=m["pod"],
-                  source=Endpoint(m["from"]["node"], tuple(m["from"]["gpus"])),
-                  destination=Endpoint(m["to"]["node"], tuple(m["to"]["gpus"])),
-                  action=m["action"], wait_until=m["wait_until"],
-                  cost_gpu_seconds=float(m["cost"]["gpu_seconds_since_checkpoint"]),
-                  gpu_share=float(m["gpu_share"]), cpus=float(m["cpus"]), reason=m["reason"])
-        for m in sorted(data["migrations"], key=lambda m: m["order"]))
-    plan = CompactionPlan(
-        scope=data["scope"], snapshot_time=float(data["snapshot_time"]),
-        expires_at=float(data["expires_at"]), decision=data["decision"],
-        reasons=tuple(data["reasons"]),
-        before=Prediction(**data["before"]), after=Prediction(**data["after"]),
-        nodes_freed=dict(data["nodes_freed"]), migrations=migrations,
-        tier_misplacements=tuple(TierMisplacement(**{**t, "suitable_models": tuple(t["suitable_models"])})
-                                 for t in data["tier_misplacements"]),
-        rejected_moves=int(data.get("rejected_moves", 0)))
-    orders = sorted(m["order"] for m in data["migrations"])
-    if orders != list(range(1, len(orders) + 1)):
-        raise RenderError(f"migrations: orders must be 1..{len(orders)}, each once")
-    if plan.plan_id != data["plan_id"]:
-        raise RenderError(f"plan_id {data['plan_id']} does not match the plan's content "
-                          f"({plan.plan_id}): the moves were edited")
-    return plan
 
 
 # --- checks and small helpers -----------------------------------------------------------
@@ -299,5 +268,5 @@ def to_yaml(documents: Iterable[Document], header: Iterable[str] = ()) -> str:
     return "".join(parts)
 
 
-__all__ = ["Document", "RenderError", "node_affinity", "plan_from_json", "render_evictions",
-           "render_koordinator", "to_yaml"]
+__all__ = ["Document", "RenderError", "node_affinity", "render_evictions", "render_koordinator",
+           "to_yaml"]

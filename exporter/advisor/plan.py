@@ -1,6 +1,7 @@
 """The plan format: what the advisor tells a scheduler. Documented in docs/advisor.md.
 
-A plan is plain data. Its id is a content hash of what it asks the scheduler
+A plan is plain data; :mod:`exporter.advisor.wire` writes it as JSON where it leaves
+the process, and reads it back. Its id is a content hash of what it asks the scheduler
 to do (the scope and the ordered migrations), so the same plan proposed twice
 has the same id, and the outbox and the receivers' Idempotency-Key handling
 make sure it is acted on once.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 ACTIONS = ("checkpoint_then_migrate", "migrate", "wait_until")
@@ -79,28 +80,7 @@ class CompactionPlan:
     def fragmented_gpus_recovered(self) -> float:
         return max(0.0, self.before.fragmented_gpus - self.after.fragmented_gpus)
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["plan_id"] = self.plan_id
-        data["fragmented_gpus_recovered"] = round(self.fragmented_gpus_recovered, 6)
-        data["migrations"] = [
-            {"order": i + 1, **_migration_json(m)} for i, m in enumerate(self.migrations)
-        ]
-        return json.loads(json.dumps(data))  # tuples become lists: exactly what a receiver sees
-
 
 def _migration_identity(m: Migration) -> dict[str, Any]:
     return {"job": m.job, "from": [m.source.node, list(m.source.gpus)],
             "to": [m.destination.node, list(m.destination.gpus)], "action": m.action}
-
-
-def _migration_json(m: Migration) -> dict[str, Any]:
-    return {
-        "job": m.job, "namespace": m.namespace, "pod": m.pod,
-        "from": {"node": m.source.node, "gpus": list(m.source.gpus)},
-        "to": {"node": m.destination.node, "gpus": list(m.destination.gpus)},
-        "gpu_share": m.gpu_share, "cpus": m.cpus,
-        "action": m.action, "wait_until": m.wait_until,
-        "cost": {"gpu_seconds_since_checkpoint": round(m.cost_gpu_seconds, 3)},
-        "reason": m.reason,
-    }

@@ -37,24 +37,26 @@ import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction, TierMisplacement
+from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
+from exporter.advisor.right_sizing import misplacements
+
+# re-exported for engine.py, whose import line stays as it is until the threshold-table
+# change beside it has merged; then the engine imports it from right_sizing directly
+from exporter.advisor.right_sizing import right_sizing as right_sizing
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.index import Report, scorer, totals
 from exporter.analysis.state import FleetState
-from exporter.gpu_catalogue import GB, default_catalogue
 from exporter.placement.engine import Placement, Placer
 from exporter.placement.policies import FgdTies
 from exporter.placement.task import Task
-from exporter.placement.tiers import tier_fit, tier_models
+from exporter.placement.tiers import tier_models
 from exporter.snapshot import Allocation, FleetSnapshot
 
 IMPROVEMENT = 1e-6  # GPUs of F(M) a kept evacuation must save, above float noise
 WHOLE_NODE_GPUS = 8  # "whole nodes freed" counts nodes an 8-GPU job could now start on
-PRESSURE = 0.9  # a tier whose pool is this allocated (or has pending demand) is under pressure
 EXACT_FGD = FgdTies(0.0, 0.0, "first")
 
 
@@ -326,109 +328,14 @@ def _migration(c: Candidate, destination: Placement, now: float, settings: PlanS
     )
 
 
-def misplacements(snapshot: FleetSnapshot, report: Report) -> tuple[TierMisplacement, ...]:
-    """Jobs on a tier their memory need does not call for.
-
-    Two kinds: a job on a *higher* tier than it needs, listed while that tier is under
-    pressure (it holds GPUs a larger job waits for); and a job on GPUs with *less*
-    memory than it states it needs, listed always (it runs out of memory, or its
-    stated need is wrong: either way someone should look).
-    """
-    state = report.state
-    catalogue = default_catalogue()
-    pressure = {p.name for p in report.pools if p.allocated_ratio >= PRESSURE}
-    pressure |= {r.pool for r in snapshot.pending if r.pool}
-    nodes = snapshot.node_map()
-    out = []
-    for alloc in snapshot.allocations:
-        need = alloc.gpu_memory_need_bytes
-        if not need or not alloc.placements:
-            continue
-        node = nodes.get(alloc.placements[0].node)
-        if node is None:
-            continue
-        fit = tier_fit(need, state.model_names, alloc.allowed_models)
-        suitable = fit.models
-        held = catalogue.find(node.model)
-        over = " (over the largest tier this fleet has)" if fit.over_capacity else ""
-        if held is not None and held.memory_bytes is not None and held.memory_bytes < need:
-            out.append(TierMisplacement(
-                alloc.job, alloc.namespace, node.name, node.model, round(need / GB, 1), suitable,
-                f"needs {need / GB:.0f} GB per GPU, more than {node.model}'s "
-                f"{held.memory_bytes / GB:.0f} GB; fits {'/'.join(suitable) or 'no model here'}"
-                f"{over}"))
-            continue
-        if node.pool not in pressure or not suitable or node.model in suitable:
-            continue
-        # a job on a lower tier that still holds its need is not misplaced, merely thrifty
-        if _rank(node.model) <= max(_rank(m) for m in suitable):
-            continue
-        out.append(TierMisplacement(
-            alloc.job, alloc.namespace, node.name, node.model, round(need / GB, 1), suitable,
-            f"needs {need / GB:.0f} GB per GPU, fits {'/'.join(suitable)}{over}, holds "
-            f"{node.model} in pool {node.pool} under pressure"))
-    return tuple(sorted(out, key=lambda m: m.job))
-
-
-def right_sizing(snapshot: FleetSnapshot, report: Report, peaks: dict[str, float],
-                 now: float) -> list[dict[str, Any]]:
-    """Jobs on a higher tier than their need, in a pool under pressure, with the GPU-hours held.
-
-    The need is the larger of what the job declares and the peak GPU memory it was
-    measured using (``peaks``, per GPU): a measured peak is a lower bound, so a job
-    that declares nothing is never listed on it alone, and a job that used more than
-    it declares is judged on what it used. Largest GPU-hours first; never acted on.
-    """
-    declaring = [a for a in snapshot.allocations if a.gpu_memory_need_bytes and a.placements]
-    if not declaring:
-        return []
-    state = report.state
-    pressure = {p.name for p in report.pools if p.allocated_ratio >= PRESSURE}
-    pressure |= {r.pool for r in snapshot.pending if r.pool}
-    nodes = snapshot.node_map()
-    out = []
-    for alloc in declaring:
-        declared = alloc.gpu_memory_need_bytes
-        assert declared  # declaring's filter
-        node = nodes.get(alloc.placements[0].node)
-        if node is None or node.pool not in pressure:
-            continue
-        measured = peaks.get(alloc.job)
-        need = max(declared, int(measured or 0))
-        suitable = tier_fit(need, state.model_names, alloc.allowed_models).models
-        if not suitable or node.model in suitable or _rank(node.model) <= max(_rank(m) for m in suitable):
-            continue
-        gpus = sum(len(p.gpus) * p.gpu_share for p in alloc.placements)
-        started = alloc.start_time if alloc.start_time is not None else now
-        held = round(gpus * max(0.0, now - started) / 3600, 3)
-        out.append({
-            "job": alloc.job, "namespace": alloc.namespace, "account": alloc.account,
-            "pool": node.pool, "model": node.model, "gpus": gpus,
-            "declared_need_gb": round(declared / GB, 1),
-            "measured_peak_gb": None if measured is None else round(measured / GB, 1),
-            "suitable_models": list(suitable), "gpu_hours_held": held,
-            "action": "right_size",
-            "reason": f"needs {need / GB:.0f} GB per GPU (declared {declared / GB:.0f}"
-                      + (f", measured peak {measured / GB:.0f}" if measured is not None else
-                         ", not measured") + f"), fits {'/'.join(suitable)}; holds {gpus:g} "
-                      f"{node.model} GPU{'s' if gpus != 1 else ''} in pool {node.pool} under "
-                      f"pressure ({held:g} GPU-hours so far); never moved automatically",
-        })
-    return sorted(out, key=lambda r: (-r["gpu_hours_held"], r["job"]))
-
-
-def _rank(model: str) -> int:
-    return default_catalogue().get(model).tier or 0
-
-
-def apply_plan(snapshot: FleetSnapshot, plan: dict) -> FleetSnapshot:
-    """The snapshot as it will be once every migration of ``plan`` (JSON form) is carried out."""
+def apply_plan(snapshot: FleetSnapshot, plan: CompactionPlan) -> FleetSnapshot:
+    """The snapshot as it will be once every migration of ``plan`` is carried out."""
     by_job = {a.job: a for a in snapshot.allocations}
-    for move in plan["migrations"]:
-        alloc = by_job[move["job"]]
+    for move in plan.migrations:
+        alloc = by_job[move.job]
         (part,) = alloc.placements
-        if part.node != move["from"]["node"] or list(part.gpus) != move["from"]["gpus"]:
-            raise ValueError(f"{move['job']} is not where the plan says it is")
-        moved = dataclasses.replace(part, node=move["to"]["node"], gpus=tuple(move["to"]["gpus"]))
+        if part.node != move.source.node or tuple(part.gpus) != tuple(move.source.gpus):
+            raise ValueError(f"{move.job} is not where the plan says it is")
+        moved = dataclasses.replace(part, node=move.destination.node, gpus=tuple(move.destination.gpus))
         by_job[alloc.job] = dataclasses.replace(alloc, placements=(moved,))
     return dataclasses.replace(snapshot, allocations=tuple(by_job[a.job] for a in snapshot.allocations))

@@ -1,31 +1,31 @@
 """The advisor inside ``gpufleet serve``: evaluates each snapshot, serves the API, delivers plans.
 
-Wiring only: the decision lives in :mod:`engine`, plans in :mod:`planner`,
-delivery in :mod:`webhook` and :mod:`outbox`, the HTTP handlers in :mod:`api`.
+Wiring only: one evaluation is :func:`advise.advise` (the decision lives in :mod:`engine`,
+plans in :mod:`planner`), delivery in :mod:`webhook` and :mod:`outbox`, the HTTP handlers in
+:mod:`api`. Advice stays typed here; :mod:`wire` writes it where it leaves (api, webhook).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import json
 import logging
 import os
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
 from exporter import metrics
+from exporter.advisor.advice import Advice, WhatIf
+from exporter.advisor.advise import PlanFunction, advise, decision_settings, planner_for, what_if
 from exporter.advisor.api import AdvisorApi, add_routes
-from exporter.advisor.engine import Advisor, DecisionSettings, Planner, nvlink_generations
+from exporter.advisor.engine import Advisor, nvlink_generations
 from exporter.advisor.outbox import Outbox
-from exporter.advisor.planner import PlanSettings, last_checkpoint, plan_compaction
+from exporter.advisor.planner import last_checkpoint, plan_compaction
 from exporter.advisor.webhook import Deliverer, Receiver
 from exporter.aio import complete
 from exporter.analysis.fgd import compile_workload
@@ -116,17 +116,6 @@ def load_receivers(config: AdvisorConfig, environ=os.environ) -> tuple[Receiver,
     return tuple(receivers)
 
 
-def decision_settings(config: AdvisorConfig) -> DecisionSettings:
-    return DecisionSettings(
-        trigger=config.trigger, clear_below=config.clear_below, dwell_seconds=config.dwell,
-        cooldown_seconds=config.cooldown,
-        min_recovered_per_migration=config.min_recovered_per_migration,
-        min_nodes_freed_per_migration=config.min_nodes_freed_per_migration,
-        hold_recheck_seconds=config.hold_recheck,
-        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
-    )
-
-
 @dataclass
 class AdvisorService:
     advisor: Advisor
@@ -136,6 +125,8 @@ class AdvisorService:
     max_body_bytes: int
     what_if_timeout: float = 10.0  # api.what_if_timeout
     clock: Callable[[], float] = time.time
+    # the planner with its settings (advise.planner_for(config)); the engine never calls it
+    planner: PlanFunction = plan_compaction
     snapshot: FleetSnapshot | None = None
     report: Report | None = None
     evaluations: int = 0
@@ -154,7 +145,7 @@ class AdvisorService:
         self.snapshot, self.report = snapshot, report
         await self.evaluate("snapshot")
 
-    async def evaluate(self, reason: str) -> dict[str, Any] | None:
+    async def evaluate(self, reason: str) -> Advice | None:
         if self.snapshot is None or self.report is None:
             return None
         async with self._lock:
@@ -170,17 +161,15 @@ class AdvisorService:
                 if not self.deliverer.unwritten_plans():
                     self._unwritten = False
                     self.advisor.durable(self.clock())
-            advice = await complete(asyncio.to_thread(self.advisor.observe, snapshot, report,
-                                                      reason))
-            if self.analyzer.load is not None:  # issue 20: the pools' scaling hints
-                advice["scaling"] = self.analyzer.load.advice_json()
+            # issue 20: the pools' scaling hints (the analyzer updated the load tracker)
+            scaling = None if self.analyzer.load is None else tuple(self.analyzer.load.advice_json())
+            advice = await complete(asyncio.to_thread(advise, self.advisor, snapshot, report,
+                                                      self.planner, reason, scaling))
             self.evaluations += 1
             self.evaluations_by_trigger[reason.split(":")[0]] += 1
-            plan = advice.get("plan")
-            if advice["decision"] == "compact" and plan is not None:
-                body = json.dumps(plan, sort_keys=True).encode()
-                queued = await complete(asyncio.to_thread(
-                    self.deliverer.enqueue, plan["plan_id"], body, plan["expires_at"]))
+            plan = advice.plan
+            if advice.decision == "compact" and plan is not None:
+                queued = await complete(asyncio.to_thread(self.deliverer.enqueue_plan, plan))
                 if self.deliverer.unwritten_plans():
                     # no cooldown for a plan nobody can receive: the next evaluations propose
                     # again (the newest plan replaces the kept one) until one is written
@@ -188,19 +177,19 @@ class AdvisorService:
                     self.advisor.not_durable()
                     log.warning("compaction plan proposed but the outbox cannot take it; kept in "
                                 "memory and retried, no cooldown until it is written",
-                                extra={"plan": plan["plan_id"]})
+                                extra={"plan": plan.plan_id})
                     return advice
                 log.info("compaction plan proposed", extra={
-                    "plan": plan["plan_id"], "migrations": len(plan["migrations"]),
-                    "queued": queued, "reasons": "; ".join(advice["reasons"])})
+                    "plan": plan.plan_id, "migrations": len(plan.migrations),
+                    "queued": queued, "reasons": "; ".join(advice.reasons)})
             return advice
 
-    def what_if(self, snapshot: FleetSnapshot) -> dict[str, Any]:
+    def what_if(self, snapshot: FleetSnapshot) -> WhatIf:
         """Analyse the posted snapshot against the live workload, without touching live state."""
         workload = self.analyzer.current_workload()
         state = from_snapshot(snapshot)
         report = evaluate(state, compile_workload(workload, state.model_names), self.analyzer.settings)
-        return self.advisor.what_if(snapshot, report)
+        return what_if(self.advisor, snapshot, report, self.planner)
 
     def api(self) -> AdvisorApi:
         if self._api is None:
@@ -212,7 +201,7 @@ class AdvisorService:
         return self._api
 
     def families(self, snapshot: FleetSnapshot) -> list[Family]:
-        advice = self.advisor.advice or {}
+        advice = self.advisor.advice
         plan = self.advisor.plan
         scopes = sorted(self.advisor.scopes.items())
         results = sorted(self.deliverer.results.items())
@@ -227,7 +216,7 @@ class AdvisorService:
                 [((("pool", p),), float(n))
                  for p, n in sorted((plan.nodes_freed if plan else {}).items())]),
             metrics.ADVISOR_DECISION_INFO.family(
-                [((("decision", advice.get("decision", "none")),), 1.0)]),
+                [((("decision", advice.decision if advice else "none"),), 1.0)]),
             metrics.ADVISOR_WEBHOOK_DELIVERIES_TOTAL.family(
                 [((("receiver", r), ("result", res)), float(n)) for (r, res), n in results]),
             metrics.ADVISOR_EVALUATIONS_TOTAL.family(
@@ -255,16 +244,17 @@ class AdvisorService:
                              max(0.0, snapshot.taken_at - last)))
         generations = [((("job", a.job), ("namespace", a.namespace)), float(len(g)))
                        for a, g in sorted(nvlink_generations(snapshot), key=lambda x: x[0].job)]
-        gpus: Counter[str] = Counter()
-        seconds: Counter[str] = Counter()
-        for entry in (self.advisor.advice or {}).get("reclaim", []):
-            gpus[entry["pool"]] += entry["gpus"]
-            seconds[entry["pool"]] += entry["gpu_hours_wasted"] * 3600
-        sized: Counter[str] = Counter()
-        held: Counter[str] = Counter()
-        for entry in (self.advisor.advice or {}).get("right_sizing", []):
-            sized[entry["pool"]] += entry["gpus"]
-            held[entry["pool"]] += entry["gpu_hours_held"] * 3600
+        gpus: defaultdict[str, float] = defaultdict(float)
+        seconds: defaultdict[str, float] = defaultdict(float)
+        advice = self.advisor.advice
+        for idle in advice.reclaim if advice else ():
+            gpus[idle.pool] += idle.gpus
+            seconds[idle.pool] += idle.gpu_hours_wasted * 3600
+        sized: defaultdict[str, float] = defaultdict(float)
+        held: defaultdict[str, float] = defaultdict(float)
+        for entry in advice.right_sizing if advice else ():
+            sized[entry.pool] += entry.gpus
+            held[entry.pool] += entry.gpu_hours_held * 3600
         owners = {a.job: a for a in snapshot.allocations}
         peaks = [((("job", job), ("namespace", owners[job].namespace),
                    ("account", owners[job].account)), peak)
@@ -308,17 +298,7 @@ class AdvisorService:
             self.deliverer.outbox.close()
 
 
-def plan_settings(config: AdvisorConfig) -> PlanSettings:
-    return PlanSettings(
-        max_migrations=config.max_migrations, max_per_node=config.max_migrations_per_node,
-        max_per_namespace=config.max_migrations_per_namespace,
-        move_high_priority=config.move_high_priority, high_priority=config.high_priority,
-        min_runtime_seconds=config.min_runtime, ttl_seconds=config.plan_ttl,
-        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
-    )
-
-
-def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: Planner | None = None,
+def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFunction | None = None,
                   environ=os.environ, what_if_timeout: float = 10.0) -> AdvisorService:
     """The advisor of ``gpufleet serve``; ``what_if_timeout`` is ``api.what_if_timeout``."""
     token = load_token(config, environ)
@@ -333,10 +313,9 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: Planne
     deliverer = Deliverer(outbox, receivers, base_delay=config.retry_initial,
                           max_delay=config.retry_max, retention=config.outbox_retention)
     if planner is None:
-        planner = functools.partial(plan_compaction, settings=plan_settings(config))
-    advisor = Advisor(planner, decision_settings(config))
-    return AdvisorService(advisor, analyzer, deliverer, token, config.max_body_bytes,
-                          what_if_timeout)
+        planner = planner_for(config)
+    return AdvisorService(Advisor(decision_settings(config)), analyzer, deliverer, token,
+                          config.max_body_bytes, what_if_timeout, planner=planner)
 
 
 def install(app: web.Application, service: AdvisorService) -> None:

@@ -43,6 +43,8 @@ import aiohttp
 
 from exporter import __version__
 from exporter.advisor.outbox import Delivery, Outbox
+from exporter.advisor.plan import CompactionPlan
+from exporter.advisor.wire import plan_body
 from exporter.aio import complete
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,11 @@ class Deliverer:
     _write_failures: int = 0
     _next_write_at: float = 0.0
     _next_prune_at: float = 0.0
+
+    def enqueue_plan(self, plan: CompactionPlan) -> int:
+        """Queue ``plan`` for every receiver as its JSON body (:func:`wire.plan_body`, the one
+        place a plan becomes the bytes the outbox keeps and the signature covers)."""
+        return self.enqueue(plan.plan_id, plan_body(plan), plan.expires_at)
 
     def enqueue(self, plan_id: str, body: bytes, expires_at: float | None) -> int:
         """Queue the plan for every receiver; returns how many new deliveries were queued.

@@ -32,13 +32,8 @@ from urllib.parse import urlsplit
 
 from exporter import logs
 from exporter.advisor import bounds
-from exporter.advisor.kube_render import (
-    RenderError,
-    plan_from_json,
-    render_evictions,
-    render_koordinator,
-    to_yaml,
-)
+from exporter.advisor.kube_render import RenderError, render_evictions, render_koordinator, to_yaml
+from exporter.advisor.wire import PlanFormatError, plan_from_json
 from exporter.config import DEFAULT_PORT
 from exporter.errors import UsageError, one_line
 
@@ -99,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(data: dict[str, Any], fmt: str, now: float | None) -> str:
-    """The output for a checked plan; ``now`` None renders an expired plan too."""
+    """The output for a checked plan; ``now`` None renders an expired plan too. The plan is
+    read into its typed form (which checks its id); the YAML formats are written from that,
+    and ``json`` prints the plan as read, so a field a newer advisor adds is not dropped."""
     try:
         plan = plan_from_json(data)
         if fmt == "json":
@@ -113,7 +110,7 @@ def render(data: dict[str, Any], fmt: str, now: float | None) -> str:
         header = [f"gpufleet plan {plan.plan_id} ({plan.scope}): {len(plan.migrations)} moves, "
                   f"fragmented GPUs {plan.before.fragmented_gpus:g} -> {plan.after.fragmented_gpus:g}"]
         return to_yaml(renderer(plan, when), header)
-    except RenderError as exc:
+    except PlanFormatError as exc:  # RenderError too
         message = str(exc)
         if "expired" in message:
             message += " (--ignore-expiry renders it for review)"

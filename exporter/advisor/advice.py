@@ -1,0 +1,117 @@
+"""What the advisor says, as typed values: advice, what-ifs and the lists of waste.
+
+Plain frozen dataclasses, built by :mod:`engine` and :mod:`right_sizing`, read by the
+service and its metrics. None of them knows JSON: :mod:`wire` writes them, once, where
+they leave the process (the HTTP API, the webhook body, ``gpufleet plan``), so the wire
+format is spelled in one place (docs/advisor.md, docs/advisor-plan.schema.json).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from exporter.advisor.plan import CompactionPlan
+
+Decision = Literal["none", "cooldown", "hold", "compact"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeStatus:
+    """One scope's state as an evaluation saw it ("cluster" or "pool:<name>")."""
+
+    index: float  # rounded to 2 places, as served
+    recommended: bool
+    above_since: float | None  # when the index last rose above the trigger
+
+
+@dataclass(frozen=True, slots=True)
+class HeldGpus:
+    """A job's GPUs in a pool: what every entry of the waste lists starts with."""
+
+    job: str
+    namespace: str
+    account: str
+    pool: str
+    model: str
+    gpus: float  # GPUs held, a shared GPU counting its share
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim(HeldGpus):
+    """A job whose GPUs stayed below the idle threshold for its duration; never acted on."""
+
+    ACTION = "reclaim"
+
+    utilization_ratio: float
+    idle_since: float
+    gpu_hours_wasted: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RightSizing(HeldGpus):
+    """A job on a higher memory tier than its need, in a pool under pressure; never moved."""
+
+    ACTION = "right_size"
+
+    declared_need_gb: float
+    measured_peak_gb: float | None  # None: no whole GPU of the job was measured
+    suitable_models: tuple[str, ...]
+    gpu_hours_held: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkMixed:
+    """A multi-node job over GPUs of more than one NVLink generation."""
+
+    job: str
+    namespace: str
+    nodes: tuple[str, ...]
+    nvlink_generations: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """One evaluation: the decision with its reasons, the plan in force, and the waste lists.
+
+    ``plan`` is this evaluation's new plan (``decision`` compact, ``plan_proposed_at`` ==
+    ``evaluated_at``) or, until it expires, the last one proposed (an older
+    ``plan_proposed_at``). ``scope`` is None when nothing is due (decision none).
+    """
+
+    evaluated_at: float
+    snapshot_time: float
+    trigger: str  # "snapshot", or the Alertmanager notification's alerts
+    scopes: Mapping[str, ScopeStatus]  # sorted by scope
+    decision: Decision
+    reasons: tuple[str, ...]
+    scope: str | None = None
+    plan: CompactionPlan | None = None
+    plan_proposed_at: float | None = None
+    reclaim: tuple[Reclaim, ...] = ()
+    right_sizing: tuple[RightSizing, ...] = ()
+    nvlink_mixed: tuple[NvlinkMixed, ...] = ()
+    # issue 20's scaling hints, already in their wire form (exporter/load/live.py,
+    # LoadTracker.advice_json); None where the load tracker is off
+    scaling: tuple[dict[str, Any], ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """``POST /v1/plan``'s answer: the plan for one snapshot, ignoring dwell and cooldown.
+
+    ``plan`` is the planner's plan whenever it has a move, even when the gate refuses it
+    (``decision`` hold), so a reader sees what was refused.
+    """
+
+    evaluated_at: float
+    snapshot_time: float
+    scopes: Mapping[str, float]  # scope -> index, rounded to 2 places
+    decision: Decision
+    reasons: tuple[str, ...]
+    scope: str | None = None
+    plan: CompactionPlan | None = None

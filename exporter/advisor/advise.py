@@ -1,0 +1,93 @@
+"""One evaluation of the advisor, engine and planner together: the entry point that takes a
+snapshot and returns typed advice, with no HTTP, outbox or webhook in it.
+
+The engine (:mod:`engine`) decides and the planner (:mod:`planner`) plans; neither calls
+the other. :func:`advise` runs the engine's first half (:meth:`Advisor.assess`), the planner
+when that asks for a plan, and the engine's second half (:meth:`Advisor.decide`). The
+service (:mod:`service`) calls it on every snapshot and then delivers what it returns; a
+simulation calls it in a loop with simulated snapshots and an :class:`Advisor` whose
+``clock`` is the simulated one, built from the ``advisor`` config section as ``gpufleet
+serve`` builds it: ``Advisor(decision_settings(config), clock=...)`` and
+``planner_for(config)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from exporter.advisor.advice import Advice, WhatIf
+from exporter.advisor.engine import Advisor, DecisionSettings
+from exporter.advisor.plan import CompactionPlan
+from exporter.advisor.planner import PlanSettings, plan_compaction
+from exporter.analysis.index import Report
+from exporter.snapshot import FleetSnapshot
+
+if TYPE_CHECKING:  # annotations only: building an advisor needs no config module loaded
+    from exporter.config import AdvisorConfig
+
+# (snapshot, report, scope, now) -> plan; scope is "cluster" or "pool:<name>". The planner
+# with its settings: functools.partial(plan_compaction, settings=PlanSettings(...))
+PlanFunction = Callable[[FleetSnapshot, Report, str, float], CompactionPlan]
+
+
+def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
+           plan: PlanFunction = plan_compaction, trigger: str = "snapshot",
+           scaling: tuple[dict[str, Any], ...] | None = None) -> Advice:
+    """Evaluate ``snapshot``: update ``advisor``'s state, plan when compaction is due, decide.
+
+    ``report`` is the snapshot's analysis (:func:`exporter.analysis.index.evaluate` of
+    :func:`exporter.analysis.state.from_snapshot`; the live server's analyzer makes it once
+    for the exposition and the advisor). Time is ``advisor.clock()``, read once: dwell,
+    cooldown, plan expiry and idle clocks all follow it, so a simulated clock gives a
+    simulated timeline. ``plan`` runs only when the engine asks for a plan, on the snapshot
+    with memory needs raised to the measured peaks. ``trigger`` says why ("snapshot", or
+    the Alertmanager notification's alerts); ``scaling`` is copied into the advice.
+
+    Returns the advice, also kept as ``advisor.advice``; a new plan is ``advice.plan`` with
+    ``advice.decision == "compact"``, for the caller to deliver (and then to tell the
+    advisor :meth:`~Advisor.durable` or :meth:`~Advisor.not_durable`).
+    """
+    assessment = advisor.assess(snapshot, report, trigger)
+    proposed = None
+    if assessment.plan_scope is not None:
+        proposed = plan(assessment.measured, report, assessment.plan_scope, assessment.now)
+    return advisor.decide(assessment, proposed, scaling)
+
+
+def what_if(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
+            plan: PlanFunction = plan_compaction) -> WhatIf:
+    """The plan for this snapshot alone, ignoring dwell and cooldown; changes no state."""
+    now = advisor.clock()
+    scope = advisor.what_if_scope(report)
+    proposed = None if scope is None else plan(snapshot, report, scope, now)
+    return advisor.what_if(snapshot, report, now, proposed)
+
+
+def decision_settings(config: AdvisorConfig) -> DecisionSettings:
+    """The engine's settings from the ``advisor`` config section."""
+    return DecisionSettings(
+        trigger=config.trigger, clear_below=config.clear_below, dwell_seconds=config.dwell,
+        cooldown_seconds=config.cooldown,
+        min_recovered_per_migration=config.min_recovered_per_migration,
+        min_nodes_freed_per_migration=config.min_nodes_freed_per_migration,
+        hold_recheck_seconds=config.hold_recheck,
+        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
+    )
+
+
+def plan_settings(config: AdvisorConfig) -> PlanSettings:
+    """The planner's settings from the ``advisor`` config section."""
+    return PlanSettings(
+        max_migrations=config.max_migrations, max_per_node=config.max_migrations_per_node,
+        max_per_namespace=config.max_migrations_per_namespace,
+        move_high_priority=config.move_high_priority, high_priority=config.high_priority,
+        min_runtime_seconds=config.min_runtime, ttl_seconds=config.plan_ttl,
+        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
+    )
+
+
+def planner_for(config: AdvisorConfig) -> PlanFunction:
+    """The planner with the ``advisor`` section's settings: what :func:`advise` is given."""
+    return functools.partial(plan_compaction, settings=plan_settings(config))
