@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from exporter.alerting.rules import RECORDING_GROUPS, generate, recording_groups
-from exporter.alerting.thresholds import SEVERITIES, load_thresholds
 from exporter.cli import main
 from exporter.durations import parse_duration
+from exporter.thresholds import SEVERITIES, load_thresholds
 from tests.helpers import REPO, require_binary
 
 RULES = REPO / "rules"

@@ -11,9 +11,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.alerting.thresholds import ThresholdError, load_thresholds, parse_thresholds
+from exporter.alerting.queries import QUERIES
 from exporter.cli import main
 from exporter.config import AdvisorConfig
+from exporter.thresholds import ThresholdError, load_thresholds, parse_thresholds
 from tests.helpers import REPO
 
 TABLE = REPO / "rules" / "thresholds.yaml"
@@ -64,7 +65,7 @@ def test_checkpoint_and_nvlink_rows_are_tickets_and_the_interval_is_half_the_thr
         "job_checkpoint_age", ">", "job owner", False, "seconds")
     assert [(lv.severity, lv.threshold, lv.for_seconds) for lv in stale.levels] == [
         ("warning", 1800, 300)]
-    assert 'source="stated"' in stale.metric.expr  # an assumed age is never stale
+    assert 'source="stated"' in QUERIES[stale.metric.key].expr  # an assumed age is never stale
     assert t.checkpoint_interval() == 900
     assert AdvisorConfig().checkpoint_interval == 900
     mixed = t.alert("GpuJobNvlinkGenerationsMixed")

@@ -148,6 +148,6 @@ def _any_of(table: Any, metric: str) -> Steps | None:
 
 def load_levels(path: str | Path) -> DashboardLevels:
     """Read ``rules/thresholds.yaml`` (or another table) into the dashboards' levels."""
-    from exporter.alerting.thresholds import load_thresholds
+    from exporter.thresholds import load_thresholds
 
     return levels_from_table(load_thresholds(path))

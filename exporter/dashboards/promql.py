@@ -19,7 +19,7 @@ clusters, whose node names may repeat.
 
 from __future__ import annotations
 
-from exporter.alerting.thresholds import SLOWDOWN_REASONS
+from exporter.alerting.queries import SLOWDOWN_REASONS
 
 # label -> template variable; multi-value variables expand to a regex alternation,
 # so every selector matches with =~

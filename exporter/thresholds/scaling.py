@@ -16,22 +16,23 @@
       pools:             # overrides per pool, any of the keys above but pools
         H800: {max_nodes: 876}
 
-Validated with the rest of the table (exporter/alerting/thresholds.py calls
-:func:`parse_scaling` with its own error factory, so a wrong value is a
-ThresholdError naming the dotted key). This module imports nothing of
-``exporter.alerting``, so the table's reader and the load package do not import
-each other.
+Validated with the rest of the table (:func:`exporter.thresholds.table.parse_thresholds`
+calls :func:`parse_scaling` with its reader's error factory, so a wrong value is a
+ThresholdError naming the dotted key). :class:`ScalingSettings` lives here, with the
+table, rather than in :mod:`exporter.load.scaling` which acts on it: the table package
+imports neither ``exporter.load`` nor ``exporter.alerting``, so both can read it
+without a package-level import cycle.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from exporter.durations import parse_duration
-from exporter.load.scaling import ScalingSettings
 
 MAX_POOLS = 1024
 MODES = ("reactive", "predictive")
@@ -44,6 +45,45 @@ _DURATIONS = {"cooldown_up": "cooldown_up_s", "cooldown_down": "cooldown_down_s"
 MAX_DURATION_S = 7 * 86400.0
 
 Fail = Callable[[str, str], Exception]  # (dotted key, message) -> the error to raise
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingSettings:
+    up: float = 0.8  # scale up above this demand ratio
+    down: float = 0.3  # scale down below it
+    target: float = 0.8  # the ratio a new size aims at: ceil(demand / (node_gpus * target))
+    min_nodes: int = 4
+    max_nodes: int = 32
+    node_gpus: int = 8  # GPUs one node adds
+    hysteresis: int = 2  # samples in a row out of the band before acting
+    cooldown_up_s: float = 3600.0  # since the last scale-up
+    cooldown_down_s: float = 3 * 3600.0  # since the last action of either kind
+    startup_s: float = 3600.0  # a node added now serves only this much later
+
+    def __post_init__(self) -> None:
+        if not 0 < self.down < self.up:
+            raise ValueError(f"need 0 < down < up, got down {self.down} and up {self.up}")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target must be in (0, 1], got {self.target}")
+        if not 0 <= self.min_nodes <= self.max_nodes:
+            raise ValueError(f"need 0 <= min_nodes <= max_nodes, got {self.min_nodes} and {self.max_nodes}")
+        if self.node_gpus < 1 or self.hysteresis < 1:
+            raise ValueError("node_gpus and hysteresis must be at least 1")
+        if min(self.cooldown_up_s, self.cooldown_down_s, self.startup_s) < 0:
+            raise ValueError("cooldowns and startup must not be negative")
+
+    def nodes_for(self, demand_gpus: float) -> int:
+        """Nodes that put ``demand_gpus`` at the target ratio, before the bounds."""
+        # 1e-9: 0.8 * 10 GPUs is 8.000000000000002 in floats, which must not round up to a node
+        return max(0, math.ceil(demand_gpus / (self.node_gpus * self.target) - 1e-9))
+
+    def clamp(self, nodes: int) -> tuple[int, str]:
+        """``nodes`` within the bounds, and the bound's name when it applied."""
+        if nodes > self.max_nodes:
+            return self.max_nodes, "max_nodes"
+        if nodes < self.min_nodes:
+            return self.min_nodes, "min_nodes"
+        return nodes, ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The threshold table's reader: walks the YAML with the dotted key of each value and fails
-with one line naming the file and the key. A leaf, so that each section's parser
-(thresholds.py's rows, load_rules.py's load and pressure sections) can use it without
-importing the other."""
+with one line naming the file and the key: the one validator of every section (table.py's
+rows, sections.py's load statistics and pressure, scaling.py's ``scaling:``), so each
+error has the same shape."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class ThresholdError(ConfigError):
     """The threshold table is wrong; the message names the file, the row and the key."""
 
 
-class _Reader:
+class Reader:
     """Walks the YAML with the dotted key of each value, for one-line errors."""
 
     def __init__(self, source: str):
