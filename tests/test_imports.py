@@ -8,6 +8,7 @@ counts: top-level ones, those inside functions, and those under
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.helpers import REPO
@@ -163,3 +164,41 @@ def test_no_import_cycle_between_packages():
     assert "exporter.simulation" in graph["exporter.sources"]
     assert not graph["exporter.thresholds"] & {"exporter.alerting", "exporter.load"}
     assert find_cycle(graph) is None, f"package import cycle: {' -> '.join(find_cycle(graph) or ())}"
+
+
+# A string that can serve as the threshold table's path: "thresholds.yaml",
+# "rules/thresholds.yaml", the "/thresholds.yaml" piece of an f-string. Prose that mentions
+# the file (a --help line, a docstring) is not a path and does not open it.
+TABLE_PATH = re.compile(r"[\w./\\-]*thresholds\.yaml")
+LOADER = "exporter/thresholds/table.py"
+
+
+def table_paths(source: str) -> list[int]:
+    """Lines of ``source`` where a string literal, docstrings aside, is a path to the table."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings and TABLE_PATH.fullmatch(node.value.strip())]
+
+
+def test_the_table_path_check_sees_opens_and_skips_prose():
+    source = ('"""Reads rules/thresholds.yaml."""\n'
+              'import yaml\n'
+              'def f(folder):\n'
+              '    """Opens thresholds.yaml."""\n'
+              '    yaml.safe_load(open("rules/thresholds.yaml"))\n'
+              '    HELP = "default: rules/thresholds.yaml here"\n'
+              '    return Path(folder) / "thresholds.yaml", f"{folder}/thresholds.yaml"\n')
+    assert table_paths(source) == [5, 7, 7]
+
+
+def test_only_the_table_loader_names_the_threshold_table_file():
+    """Issue 27: one loader. Any other module of exporter/ that spells the table's path
+    (to open it, to build it, to hand it to yaml) reads the table behind the loader's back."""
+    named = {str(path.relative_to(REPO)): lines for path in sorted((REPO / "exporter").rglob("*.py"))
+             if (lines := table_paths(path.read_text()))}
+    assert set(named) == {LOADER}, f"only {LOADER} may name the threshold table's file: {named}"
