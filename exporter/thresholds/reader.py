@@ -65,3 +65,14 @@ class Reader:
             return parse_duration(value)  # Prometheus' grammar: the rules hand it to Prometheus
         except ValueError:
             raise self.fail(where, f"must be {DURATION_HINT}, got {value!r}") from None
+
+    def share(self, value: Any, where: str) -> float:
+        """A ratio above 0 and at most 1 (a scaling band, a target)."""
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            raise self.fail(where, f"must be a ratio in (0, 1], got {value!r}")
+        return float(value)
+
+    def whole(self, value: Any, where: str, low: int, high: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self.fail(where, f"must be a whole number from {low} to {high:,}, got {value!r}")
+        return value

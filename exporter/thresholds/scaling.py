@@ -16,9 +16,9 @@
       pools:             # overrides per pool, any of the keys above but pools
         H800: {max_nodes: 876}
 
-Validated with the rest of the table (:func:`exporter.thresholds.table.parse_thresholds`
-calls :func:`parse_scaling` with its reader's error factory, so a wrong value is a
-ThresholdError naming the dotted key). :class:`ScalingSettings` lives here, with the
+Validated with the rest of the table, by the same :class:`~exporter.thresholds.reader.Reader`
+(:func:`exporter.thresholds.table.parse_thresholds` hands it to :func:`parse_scaling`), so a
+wrong value is a ThresholdError naming the dotted key. :class:`ScalingSettings` lives here, with the
 table, rather than in :mod:`exporter.load.scaling` which acts on it: the table package
 imports neither ``exporter.load`` nor ``exporter.alerting``, so both can read it
 without a package-level import cycle.
@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.durations import parse_duration
+from exporter.thresholds.reader import Reader
 
 MAX_POOLS = 1024
 MODES = ("reactive", "predictive")
@@ -43,8 +43,6 @@ _COUNTS = {"min_nodes": (0, 1_000_000), "max_nodes": (1, 1_000_000), "hysteresis
            "node_gpus": (1, 1024)}
 _DURATIONS = {"cooldown_up": "cooldown_up_s", "cooldown_down": "cooldown_down_s", "startup": "startup_s"}
 MAX_DURATION_S = 7 * 86400.0
-
-Fail = Callable[[str, str], Exception]  # (dotted key, message) -> the error to raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,59 +106,47 @@ class ScalingTable:
 DEFAULT = ScalingTable(ScalingSettings())
 
 
-def _values(raw: Any, where: str, fail: Fail, allowed: tuple[str, ...]) -> dict[str, Any]:
-    if not isinstance(raw, Mapping):
-        raise fail(where, f"must be a mapping, got {str(raw)[:60]!r}")
+def _values(r: Reader, raw: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key, value in raw.items():
+    for key, value in r.mapping(raw, where, allowed).items():
         at = f"{where}.{key}"
-        if key not in allowed:
-            raise fail(at, f"unknown key; allowed: {', '.join(allowed)}")
         if key in _RATIOS:
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-                raise fail(at, f"must be a ratio in (0, 1], got {value!r}")
-            out[key] = float(value)
+            out[key] = r.share(value, at)
         elif key in _COUNTS:
-            low, high = _COUNTS[key]
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise fail(at, f"must be a whole number from {low} to {high:,}, got {value!r}")
-            out[key] = value
+            out[key] = r.whole(value, at, *_COUNTS[key])
         elif key in _DURATIONS:
-            try:
-                seconds = parse_duration(value)
-            except ValueError:
-                raise fail(at, f"must be a duration such as 1h, got {value!r}") from None
+            seconds = r.duration(value, at)
             if seconds > MAX_DURATION_S:
-                raise fail(at, f"must be at most 7d, got {value!r}")
+                raise r.fail(at, f"must be at most 7d, got {value!r}")
             out[_DURATIONS[key]] = seconds
     return out
 
 
-def _settings(base: ScalingSettings, values: dict[str, Any], where: str, fail: Fail) -> ScalingSettings:
+def _settings(r: Reader, base: ScalingSettings, values: dict[str, Any], where: str) -> ScalingSettings:
     if "up" in values and "target" not in values:
         values = {**values, "target": values["up"]}  # the target follows up unless given
     try:
         return dataclasses.replace(base, **values)
     except ValueError as exc:
-        raise fail(where, str(exc)) from None
+        raise r.fail(where, str(exc)) from None
 
 
-def parse_scaling(raw: Any, fail: Fail) -> ScalingTable:
-    values = _values(raw, "scaling", fail, (*_KEYS, "pools", "mode"))
+def parse_scaling(r: Reader, raw: Any) -> ScalingTable:
+    values = _values(r, raw, "scaling", (*_KEYS, "pools", "mode"))
     mode = raw.get("mode", "reactive")
     if mode not in MODES:
-        raise fail("scaling.mode", f"must be one of {', '.join(MODES)}, got {str(mode)[:40]!r}")
+        raise r.fail("scaling.mode", f"must be one of {', '.join(MODES)}, got {str(mode)[:40]!r}")
     pools_raw = raw.get("pools")  # a mapping: _values checked it
-    default = _settings(ScalingSettings(), values, "scaling", fail)
+    default = _settings(r, ScalingSettings(), values, "scaling")
     pools: list[tuple[str, ScalingSettings, bool]] = []
     if pools_raw is not None:
         if not isinstance(pools_raw, Mapping) or len(pools_raw) > MAX_POOLS:
-            raise fail("scaling.pools", f"must be a mapping of at most {MAX_POOLS} pools to overrides")
+            raise r.fail("scaling.pools", f"must be a mapping of at most {MAX_POOLS} pools to overrides")
         for pool, override in pools_raw.items():
             where = f"scaling.pools.{pool}"
             if not isinstance(pool, str) or not pool.strip():
-                raise fail("scaling.pools", f"pool names must be strings, got {pool!r}")
-            override_values = _values(override, where, fail, _KEYS)
-            pools.append((pool, _settings(default, override_values, where, fail),
+                raise r.fail("scaling.pools", f"pool names must be strings, got {pool!r}")
+            override_values = _values(r, override, where, _KEYS)
+            pools.append((pool, _settings(r, default, override_values, where),
                           "node_gpus" in override_values or "node_gpus" in values))
     return ScalingTable(default, tuple(pools), "node_gpus" in values, mode)

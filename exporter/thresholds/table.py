@@ -264,7 +264,7 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
             raise r.fail(f"{where}.alert", f"{row.alert} appears twice; one row per alert name")
         rows.append(row)
     statistics, pressure = parse_sections(r, top, tuple((row.alert, row.metric.key) for row in rows))
-    scaling = parse_scaling(top["scaling"], r.fail) if "scaling" in top else None
+    scaling = parse_scaling(r, top["scaling"]) if "scaling" in top else None
     return Thresholds(Path(source).name, runbook_base_url, exporter_jobs, busy, xids, tuple(rows),
                       statistics, pressure, scaling)
 
