@@ -15,6 +15,7 @@ from exporter.cli import main
 from exporter.durations import parse_duration
 from exporter.thresholds import SEVERITIES, load_thresholds
 from tests.helpers import REPO, require_binary
+from tests.test_imports import string_literals
 
 RULES = REPO / "rules"
 TABLE = RULES / "thresholds.yaml"
@@ -411,17 +412,8 @@ _NAMES_HOME = "exporter/alerting/recorded.py"
 def _named_in_literals(path: Path) -> list[tuple[int, str]]:
     """(line, name) of every metric or recorded-series name a string literal of ``path``
     spells, docstrings aside (they explain, they build no query)."""
-    import ast
-
-    tree = ast.parse(path.read_text())
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-                  and node.body and isinstance(node.body[0], ast.Expr)
-                  and isinstance(node.body[0].value, ast.Constant)}
-    return [(node.lineno, name) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and id(node) not in docstrings
-            for name in _FAMILY.findall(node.value) + _RECORDED.findall(node.value)]
+    return [(node.lineno, name) for node in string_literals(path.read_text())
+            for name in _FAMILY.findall(str(node.value)) + _RECORDED.findall(str(node.value))]
 
 
 def test_promql_generators_spell_no_metric_name_by_hand():

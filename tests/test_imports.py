@@ -173,16 +173,22 @@ TABLE_PATH = re.compile(r"[\w./\\-]*thresholds\.yaml")
 LOADER = "exporter/thresholds/table.py"
 
 
-def table_paths(source: str) -> list[int]:
-    """Lines of ``source`` where a string literal, docstrings aside, is a path to the table."""
+def string_literals(source: str) -> list[ast.Constant]:
+    """Every string literal of ``source`` (f-strings' literal parts too), docstrings aside:
+    they explain, they neither open a file nor build a query."""
     tree = ast.parse(source)
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
                   and node.body and isinstance(node.body[0], ast.Expr)
                   and isinstance(node.body[0].value, ast.Constant)}
-    return [node.lineno for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and id(node) not in docstrings and TABLE_PATH.fullmatch(node.value.strip())]
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def table_paths(source: str) -> list[int]:
+    """Lines of ``source`` where a string literal, docstrings aside, is a path to the table."""
+    return [node.lineno for node in string_literals(source)
+            if TABLE_PATH.fullmatch(str(node.value).strip())]
 
 
 def test_the_table_path_check_sees_opens_and_skips_prose():
