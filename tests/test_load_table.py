@@ -1,4 +1,5 @@
-"""The ``scaling:`` section of rules/thresholds.yaml (exporter/load/table.py), through the table's loader."""
+"""The ``scaling:`` section of rules/thresholds.yaml (exporter/thresholds/scaling.py), read
+through the table's loader."""
 
 from __future__ import annotations
 
