@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from exporter.load.scaling import ScalingSettings
-from exporter.thresholds import ThresholdError, load_thresholds, parse_thresholds
+from exporter.thresholds import ScalingSettings, ThresholdError, load_thresholds, parse_thresholds
 from tests.helpers import REPO
 
 TABLE = (REPO / "rules" / "thresholds.yaml").read_text()

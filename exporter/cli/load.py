@@ -27,9 +27,8 @@ from exporter.durations import parse_duration
 from exporter.errors import UsageError
 from exporter.load.output import plot, write_csv
 from exporter.load.replay import POLICIES, PoolReplay, PredictiveSettings, replay_series
-from exporter.load.scaling import ScalingSettings
 from exporter.load.series import Capacity, read_capacity, read_series
-from exporter.thresholds import ScalingTable, command_table
+from exporter.thresholds import ScalingSettings, ScalingTable, command_table
 from exporter.thresholds.scaling import DEFAULT
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
