@@ -32,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.alerting.thresholds import load_thresholds  # noqa: E402
 from exporter.cli import main as gpufleet  # noqa: E402
+from exporter.thresholds import load_thresholds  # noqa: E402
 from tests.helpers import http_get, start_exporter, start_prometheus, stop  # noqa: E402
 from tests.helpers.alerting import (  # noqa: E402
     WebhookReceiver,

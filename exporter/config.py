@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from exporter.alerting.thresholds import default_thresholds
 from exporter.durations import HINT as DURATION_HINT
 from exporter.durations import parse_duration
 from exporter.errors import ConfigError, quoted
 from exporter.options import Duration
 from exporter.options import opt as _opt
 from exporter.sources import SOURCES
+from exporter.thresholds import load_thresholds
 from exporter.yamlfile import load_mapping
 
 DEFAULT_PORT = 9874  # 9400 is dcgm-exporter's and 9835 nvidia_gpu_exporter's
@@ -67,14 +67,14 @@ def _table_compaction_threshold() -> float:
     """The default of ``analysis.compaction_threshold`` and ``advisor.trigger``: the level of
     the threshold table's fragmentation row, so the analyzer, the advisor and the alert that
     routes to it act at one index (:meth:`Thresholds.compaction_threshold`)."""
-    return default_thresholds().compaction_threshold()
+    return load_thresholds().compaction_threshold()
 
 
 def _table_checkpoint_interval() -> Duration:
     """The default of ``advisor.checkpoint_interval``: half the threshold table's
     GpuJobCheckpointStale level ("older than 2 x the interval"), so the alert and the cost
     of a move read one number (:meth:`Thresholds.checkpoint_interval`)."""
-    return Duration(default_thresholds().checkpoint_interval())
+    return Duration(load_thresholds().checkpoint_interval())
 
 
 @dataclass(frozen=True)

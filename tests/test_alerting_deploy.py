@@ -94,7 +94,7 @@ def test_promtool_check_config_passes_on_the_example_prometheus_config():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 2 rule files found" in result.stdout
     config = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
-    from exporter.alerting.thresholds import load_thresholds
+    from exporter.thresholds import load_thresholds
 
     jobs = load_thresholds(REPO / "rules" / "thresholds.yaml").exporter_jobs
     assert [c["job_name"] for c in config["scrape_configs"]] == list(jobs)
@@ -103,7 +103,7 @@ def test_promtool_check_config_passes_on_the_example_prometheus_config():
 def test_gpufleet_job_names_agree_in_the_table_the_example_config_and_the_guide():
     """issue 15: GpufleetTargetDown watched up{job="gpufleet"} while docs/deploy.md names the
     jobs gpufleet-nodes and gpufleet-cluster, so its absent() branch always matched."""
-    from exporter.alerting.thresholds import load_thresholds
+    from exporter.thresholds import load_thresholds
 
     jobs = load_thresholds(REPO / "rules" / "thresholds.yaml").exporter_jobs
     assert jobs == ("gpufleet-nodes", "gpufleet-cluster")

@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from exporter.alerting.rules import RECORDING_GROUPS, generate, recording_groups
-from exporter.alerting.thresholds import SEVERITIES, load_thresholds
 from exporter.cli import main
 from exporter.durations import parse_duration
+from exporter.thresholds import SEVERITIES, load_thresholds
 from tests.helpers import REPO, require_binary
+from tests.test_imports import string_literals
 
 RULES = REPO / "rules"
 TABLE = RULES / "thresholds.yaml"
@@ -398,3 +399,52 @@ def test_prometheusrule_holds_the_same_groups_as_the_rule_files():
 def test_generation_is_in_memory_and_names_two_files():
     assert [f.name for f in generate(load_thresholds(TABLE))] == ["gpufleet-alerts.yaml",
                                                                   "gpufleet-recording.yaml"]
+
+
+# -- metric names come from the catalogue ---------------------------------------
+
+_FAMILY = re.compile(r"(?<![\w:])gpufleet_[a-z0-9_]+")  # a family: gpufleet_gpu_up
+_RECORDED = re.compile(r"\b[a-z_]+:gpufleet_[a-z0-9_]+:[a-z0-9_]+")  # pool:gpufleet_...:avg
+_PROMQL_PACKAGES = ("alerting", "dashboards", "load", "thresholds")
+_NAMES_HOME = "exporter/alerting/recorded.py"
+
+
+def _named_in_literals(path: Path) -> list[tuple[int, str]]:
+    """(line, name) of every metric or recorded-series name a string literal of ``path``
+    spells, docstrings aside (they explain, they build no query)."""
+    return [(node.lineno, name) for node in string_literals(path.read_text())
+            for name in _FAMILY.findall(str(node.value)) + _RECORDED.findall(str(node.value))]
+
+
+def test_promql_generators_spell_no_metric_name_by_hand():
+    """Issue 27: the alert and dashboard generators build PromQL from the catalogue
+    (``metrics.GPU_TEMPERATURE_CELSIUS.name``); the recorded series' names are constants
+    in one module, exporter/alerting/recorded.py, and a family's name appears nowhere."""
+    spelled = {str(path.relative_to(REPO)): found
+               for package in _PROMQL_PACKAGES
+               for path in sorted((REPO / "exporter" / package).rglob("*.py"))
+               if (found := _named_in_literals(path))}
+    home = spelled.pop(_NAMES_HOME)
+    assert spelled == {}, f"metric names spelled outside the catalogue and {_NAMES_HOME}: {spelled}"
+    assert home and all(_RECORDED.fullmatch(name) for _, name in home), home
+
+
+def test_every_name_the_generated_files_query_is_a_family_or_a_recorded_series():
+    """A typo in a name (or a family dropped from the catalogue) would leave a query that
+    matches nothing and an alert that never fires: every name in the generated rules and
+    dashboards is a catalogue family, a recorded series or one of its load statistics."""
+    from exporter import metrics
+    from exporter.alerting import recorded
+
+    families = {spec.name for spec in vars(metrics).values() if isinstance(spec, metrics.FamilySpec)}
+    series = {value for name, value in vars(recorded).items() if name.isupper()}
+    texts = [(RULES / name).read_text() for name in COMMITTED]
+    texts += [path.read_text() for path in sorted((REPO / "dashboards").glob("*.json"))]
+    used_families = {name for text in texts for name in _FAMILY.findall(text)}
+    used_series = {name for text in texts for name in _RECORDED.findall(text)}
+    assert {"gpufleet_gpu_temperature_celsius", "gpufleet_gpu_up"} <= used_families
+    assert used_families - families == set()
+    statistic = re.compile(r"_(mean|stddev|p\d+_)\d+[smh]$")  # pool:...:avg_mean1h
+    assert {name for name in used_series
+            if name not in series and statistic.sub("", name) not in series} == set()
+    assert recorded.POOL_IDLE in used_series and recorded.NODE_PRESSURE_SCORE in used_series

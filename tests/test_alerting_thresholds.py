@@ -11,9 +11,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.alerting.thresholds import ThresholdError, load_thresholds, parse_thresholds
+from exporter.alerting.queries import QUERIES
 from exporter.cli import main
 from exporter.config import AdvisorConfig
+from exporter.thresholds import ThresholdError, load_thresholds, parse_thresholds
 from tests.helpers import REPO
 
 TABLE = REPO / "rules" / "thresholds.yaml"
@@ -64,7 +65,7 @@ def test_checkpoint_and_nvlink_rows_are_tickets_and_the_interval_is_half_the_thr
         "job_checkpoint_age", ">", "job owner", False, "seconds")
     assert [(lv.severity, lv.threshold, lv.for_seconds) for lv in stale.levels] == [
         ("warning", 1800, 300)]
-    assert 'source="stated"' in stale.metric.expr  # an assumed age is never stale
+    assert 'source="stated"' in QUERIES[stale.metric.key].expr  # an assumed age is never stale
     assert t.checkpoint_interval() == 900
     assert AdvisorConfig().checkpoint_interval == 900
     mixed = t.alert("GpuJobNvlinkGenerationsMixed")
@@ -329,3 +330,24 @@ def test_exporter_jobs_is_a_list_of_plain_distinct_names(value, message):
     with pytest.raises(ThresholdError) as info:
         parse_thresholds(yaml.safe_dump(raw), "t.yaml")
     assert str(info.value) == f"t.yaml: {message}"
+
+
+def test_every_table_metric_has_its_promql_under_the_same_name():
+    """One name per concept: the table's vocabulary and alerting's PromQL share their keys,
+    and a per-model metric (power) has the enforced limit it falls back to."""
+    from exporter.thresholds import METRICS
+
+    assert list(QUERIES) == list(METRICS)
+    assert QUERIES["gpu_temperature"].expr == "gpufleet_gpu_temperature_celsius"
+    assert all(bool(QUERIES[key].cap) == metric.relative_to_tdp for key, metric in METRICS.items())
+
+
+def test_the_packaged_table_is_read_once_and_a_named_one_every_time(tmp_path):
+    """No path: the packaged table, cached for the process. A path is read on every call,
+    so a reload (issue 29's SIGHUP) sees the file as it is now."""
+    assert load_thresholds() is load_thresholds()
+    table = tmp_path / "thresholds.yaml"
+    table.write_text(TABLE.read_text())
+    first = load_thresholds(table)
+    table.write_text(TABLE.read_text().replace("busy_utilization: 50%", "busy_utilization: 25%", 1))
+    assert (first.busy_utilization, load_thresholds(table).busy_utilization) == (0.5, 0.25)

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.alerting.thresholds import load_thresholds
 from exporter.gpu_catalogue import GB, default_catalogue, parse_catalogue
 from exporter.placement.tiers import tier_models
 from exporter.sources.gpu_models import catalogue_resolver
+from exporter.thresholds import load_thresholds
 
 TABLE = Path(__file__).resolve().parent.parent / "rules" / "thresholds.yaml"
 

@@ -327,7 +327,7 @@ def test_the_compaction_defaults_come_from_the_threshold_table(tmp_path):
     assert "analysis.compaction_threshold = 65.0:" in helped.stdout
     assert "advisor.trigger = 65.0:" in helped.stdout
     # this checkout's own table, as installed: the same level the dashboards colour at
-    from exporter.alerting.thresholds import load_thresholds
+    from exporter.thresholds import load_thresholds
 
     level = load_thresholds(REPO / "rules" / "thresholds.yaml").compaction_threshold()
     assert (Config().analysis.compaction_threshold, Config().advisor.trigger) == (level, level)

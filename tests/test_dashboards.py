@@ -376,9 +376,9 @@ def test_steps_for_below_conditions_go_red_orange_green():
 
 
 def test_a_table_without_a_row_the_dashboards_draw_is_a_one_line_error():
-    from exporter.alerting.thresholds import parse_thresholds
     from exporter.config import ConfigError
     from exporter.dashboards.levels import levels_from_table
+    from exporter.thresholds import parse_thresholds
 
     text = THRESHOLDS.read_text()
     start = text.index("  - alert: GpuTemperatureHigh")

@@ -8,10 +8,9 @@ import json
 import pytest
 
 from exporter.load.live import LoadTracker, pool_samples
-from exporter.load.scaling import ScalingSettings
 from exporter.load.stats import window_stats
-from exporter.load.table import ScalingTable
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, Placement
+from exporter.thresholds import ScalingSettings, ScalingTable
 from tests.test_advisor_api import advisor_client as advisor_client  # the fixture, reused
 from tests.test_openapi import _check
 

@@ -7,7 +7,7 @@ import pytest
 
 from exporter.load.forecast import forecast_matrix
 from exporter.load.replay import run_scaler, static
-from exporter.load.scaling import ScalingSettings
+from exporter.thresholds import ScalingSettings
 
 
 def test_static_counts_unmet_idle_and_provisioned():

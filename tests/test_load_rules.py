@@ -9,10 +9,19 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.alerting import pool_load_rules
+from exporter.alerting import pool_load_rules, recorded
+from exporter.alerting.queries import QUERIES
 from exporter.alerting.rules import generate
-from exporter.alerting.thresholds import METRICS, ThresholdError, load_thresholds, parse_thresholds
 from exporter.load.stats import window_stats
+from exporter.thresholds import (
+    METRICS,
+    LoadStatistics,
+    Pressure,
+    ThresholdError,
+    load_thresholds,
+    parse_thresholds,
+)
+from exporter.thresholds.sections import PRESSURE_METRICS
 from tests.helpers import REPO
 
 TABLE = REPO / "rules" / "thresholds.yaml"
@@ -33,12 +42,12 @@ def _recording(text: str) -> dict[str, str]:
 
 def test_the_reference_table_has_the_issues_windows_weights_caps_and_bands():
     t = load_thresholds(TABLE)
-    assert t.load_statistics == pool_load_rules.LoadStatistics((3600.0, 86400.0), 0.95)
-    assert t.pressure == pool_load_rules.Pressure(
+    assert t.load_statistics == LoadStatistics((3600.0, 86400.0), 0.95)
+    assert t.pressure == Pressure(
         60.0, (("cpu", 0.4), ("memory", 0.35), ("io", 0.25)),
         (("cpu", 0.9), ("memory", 0.85), ("io", 0.7)))
     bands = {row.metric.key: [(lv.severity, lv.threshold) for lv in row.levels]
-             for row in t.alerts if row.metric.key in pool_load_rules.PRESSURE_METRICS}
+             for row in t.alerts if row.metric.key in PRESSURE_METRICS}
     assert bands == {
         "node_cpu_busy": [("warning", 0.6), ("critical", 0.8)],
         "node_memory_used": [("warning", 0.5), ("critical", 0.75)],
@@ -47,14 +56,15 @@ def test_the_reference_table_has_the_issues_windows_weights_caps_and_bands():
     }
     # tickets, never pages (docs/alerting.md's policy): nothing is broken, a node is slow
     assert all(not row.page and row.owner == "platform team"
-               for row in t.alerts if row.metric.key in pool_load_rules.PRESSURE_METRICS)
+               for row in t.alerts if row.metric.key in PRESSURE_METRICS)
 
 
 def test_the_metric_vocabulary_names_the_series_the_pressure_rules_record():
-    assert {key: METRICS[key].expr for key in pool_load_rules.PRESSURE_METRICS} == {
-        "node_cpu_busy": pool_load_rules.CPU_BUSY, "node_memory_used": pool_load_rules.MEMORY_USED,
-        "node_disk_io_busy": pool_load_rules.DISK_IO_BUSY,
-        "node_pressure_score": pool_load_rules.PRESSURE_SCORE}
+    assert {key: QUERIES[key].expr for key in PRESSURE_METRICS} == {
+        "node_cpu_busy": recorded.NODE_CPU_BUSY, "node_memory_used": recorded.NODE_MEMORY_USED,
+        "node_disk_io_busy": recorded.NODE_DISK_IO_BUSY,
+        "node_pressure_score": recorded.NODE_PRESSURE_SCORE}
+    assert all(METRICS[key].subject == "node" for key in PRESSURE_METRICS)
 
 
 def test_the_score_of_the_table_is_the_issues_formula():
@@ -75,11 +85,11 @@ def test_the_generated_recording_rules_read_the_table():
         "stddev_over_time(cluster:gpufleet_demand:ratio[24h])")
     assert rules["pool:gpufleet_demand:ratio_p95_24h"] == (
         "quantile_over_time(0.95, pool:gpufleet_demand:ratio[24h])")
-    assert rules[pool_load_rules.PRESSURE_SCORE].splitlines() == [
+    assert rules[recorded.NODE_PRESSURE_SCORE].splitlines() == [
         "0.4 * clamp_max(instance:gpufleet_node_cpu_busy:ratio / 0.9, 1)",
         "+ 0.35 * clamp_max(instance:gpufleet_node_memory_used:ratio / 0.85, 1)",
         "+ 0.25 * clamp_max(instance:gpufleet_node_disk_io_busy:ratio / 0.7, 1)"]
-    assert rules[pool_load_rules.CPU_BUSY] == (
+    assert rules[recorded.NODE_CPU_BUSY] == (
         '1 - avg without (cpu, mode) (rate(node_cpu_seconds_total{mode="idle"}[1m]))')
     stats = [name for name in rules if re.search(r":[a-z]+_(mean|stddev|p95_)\d+h$", name)]
     assert len(stats) == 2 * 2 * 2 * 3  # windows x (pool, cluster) x series x statistics
@@ -92,8 +102,8 @@ def test_the_generated_recording_rules_read_the_table():
         "quantile_over_time(0.9, pool:gpufleet_gpu_utilization:avg[30s])")
     assert "cluster:gpufleet_demand:ratio_mean6h" in changed
     assert not [name for name in changed if name.endswith(("1h", "24h"))]
-    assert "[10s]" in changed[pool_load_rules.DISK_IO_BUSY]
-    assert "instance:gpufleet_node_cpu_busy:ratio / 0.95" in changed[pool_load_rules.PRESSURE_SCORE]
+    assert "[10s]" in changed[recorded.NODE_DISK_IO_BUSY]
+    assert "instance:gpufleet_node_cpu_busy:ratio / 0.95" in changed[recorded.NODE_PRESSURE_SCORE]
 
 
 def test_the_statistics_follow_the_series_they_read_in_one_group():
@@ -106,7 +116,7 @@ def test_the_statistics_follow_the_series_they_read_in_one_group():
         first_use = min(i for i, r in enumerate(pool["rules"]) if f"{source}[" in r["expr"])
         assert order.index(source) < first_use
     pressure = next(g for g in groups if g["name"] == "gpufleet-node-pressure")
-    assert [r["record"] for r in pressure["rules"]][-1] == pool_load_rules.PRESSURE_SCORE
+    assert [r["record"] for r in pressure["rules"]][-1] == recorded.NODE_PRESSURE_SCORE
 
 
 def _without(*keys: str, rows: bool) -> str:
@@ -115,7 +125,7 @@ def _without(*keys: str, rows: bool) -> str:
         del table[key]
     if rows:
         table["alerts"] = [row for row in table["alerts"]
-                           if row["metric"] not in pool_load_rules.PRESSURE_METRICS]
+                           if row["metric"] not in PRESSURE_METRICS]
     return yaml.safe_dump(table, sort_keys=False)
 
 

@@ -14,8 +14,10 @@ import pytest
 import yaml
 
 from exporter.alerting import pool_load_rules
+from exporter.alerting import recorded as recorded_series
 from exporter.cli import main
 from exporter.load.stats import window_stats
+from exporter.thresholds import LoadStatistics
 from tests.helpers import REPO
 from tests.helpers.servers import wait_until
 
@@ -63,20 +65,20 @@ def test_recorded_statistics_equal_window_stats_of_the_same_samples(
     }))
     longest = f"{max(WINDOWS)}s"
     last = pool_load_rules.statistic_names(
-        pool_load_rules.LoadStatistics(tuple(float(w) for w in WINDOWS), 0.95),
-        pool_load_rules.CLUSTER_DEMAND, float(max(WINDOWS)))["quantile"]
+        LoadStatistics(tuple(float(w) for w in WINDOWS), 0.95),
+        recorded_series.CLUSTER_DEMAND, float(max(WINDOWS)))["quantile"]
 
     def full_windows():
         # the longest window full of the input's samples, one a second (the first ones
         # came later); at a time between evaluations the window holds one fewer
-        result = prom.query(f"count_over_time({pool_load_rules.POOL_UTILIZATION}[{longest}])")
+        result = prom.query(f"count_over_time({recorded_series.POOL_UTILIZATION}[{longest}])")
         return result if result and min(float(r["value"][1]) for r in result) >= max(WINDOWS) \
             else None
     wait_until(f"{longest} of recorded pool series", full_windows, timeout=60, interval=1)
     [series] = wait_until("the statistics", lambda: prom.query(f"{last}[3s]"), timeout=10)
     at = float(series["values"][-1][0])  # one evaluation: every statistic below is of it
 
-    statistics = pool_load_rules.LoadStatistics(tuple(float(w) for w in WINDOWS), 0.95)
+    statistics = LoadStatistics(tuple(float(w) for w in WINDOWS), 0.95)
     compared = varied = 0
     gap = 0.0
     for window in WINDOWS:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.load.scaling import Hint, Scaler, ScalingSettings
+from exporter.load.scaling import Hint, Scaler
+from exporter.thresholds import ScalingSettings
 
 H = 3600.0
 

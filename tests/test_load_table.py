@@ -1,12 +1,12 @@
-"""The ``scaling:`` section of rules/thresholds.yaml (exporter/load/table.py), through the table's loader."""
+"""The ``scaling:`` section of rules/thresholds.yaml (exporter/thresholds/scaling.py), read
+through the table's loader."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from exporter.alerting.thresholds import ThresholdError, default_thresholds, parse_thresholds
-from exporter.load.scaling import ScalingSettings
+from exporter.thresholds import ScalingSettings, ThresholdError, load_thresholds, parse_thresholds
 from tests.helpers import REPO
 
 TABLE = (REPO / "rules" / "thresholds.yaml").read_text()
@@ -19,7 +19,7 @@ def with_scaling(section) -> str:
 
 
 def test_the_shipped_section_is_the_reference_profile():
-    table = default_thresholds().scaling
+    table = load_thresholds().scaling
     assert table is not None
     assert table.default == ScalingSettings(up=0.8, down=0.3, target=0.8, min_nodes=4, max_nodes=32,
                                             node_gpus=8, hysteresis=2, cooldown_up_s=3600.0,
@@ -58,5 +58,5 @@ def test_bad_values_name_the_key(section, key, message):
 
 
 def test_mode():
-    assert default_thresholds().scaling.mode == "reactive"
+    assert load_thresholds().scaling.mode == "reactive"
     assert parse_thresholds(with_scaling({"mode": "predictive"})).scaling.mode == "predictive"

@@ -85,7 +85,7 @@ def test_installed_package_replays_and_analyzes_the_built_in_trace(tmp_path):
     # in the checkout), so the defaults it gives work outside a checkout
     table = site / "exporter" / "thresholds.yaml"
     assert not table.is_symlink() and table.read_text() == (REPO / "rules" / "thresholds.yaml").read_text()
-    from exporter.alerting.thresholds import load_thresholds
+    from exporter.thresholds import load_thresholds
 
     level = load_thresholds(REPO / "rules" / "thresholds.yaml").compaction_threshold()
     assert run("-c", "from exporter.config import Config; print(Config().advisor.trigger)") == f"{level}\n"

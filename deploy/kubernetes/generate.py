@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run as a script from a checkout, like `gpufleet rules`
 
 from exporter.alerting.rules import generate  # noqa: E402
-from exporter.alerting.thresholds import load_thresholds  # noqa: E402
 from exporter.generated import check_or_write  # noqa: E402
+from exporter.thresholds import load_thresholds  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DASHBOARDS = REPO / "dashboards"

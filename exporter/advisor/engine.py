@@ -56,10 +56,10 @@ from typing import Any
 from exporter.advisor.advice import Advice, Decision, NvlinkMixed, Reclaim, ScopeStatus, WhatIf
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import right_sizing
-from exporter.alerting.thresholds import default_thresholds
 from exporter.analysis.index import Report
 from exporter.gpu_catalogue import default_catalogue
 from exporter.snapshot import Allocation, FleetSnapshot
+from exporter.thresholds import load_thresholds
 
 IDLE_ROW = "GpuJobUtilizationLow"  # the threshold table's row that says "consider reclaiming"
 
@@ -88,7 +88,7 @@ class DecisionSettings:
 def idle_rule() -> tuple[float, float]:
     """(utilization ratio, seconds) below which a job's GPUs count as idle: the table's
     GpuJobUtilizationLow at its highest level (critical: 10% for 2 h), read, not written twice."""
-    level = default_thresholds().alert(IDLE_ROW).levels[-1]
+    level = load_thresholds().alert(IDLE_ROW).levels[-1]
     return level.threshold, level.for_seconds
 
 

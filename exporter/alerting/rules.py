@@ -20,7 +20,7 @@ Rules that get the semantics right rather than the syntax:
   follows it, not the severity.
 - power at the cap compares with ``>=``: the cap stops the draw from ever
   exceeding it; its levels are fractions of each GPU's own enforced limit
-  (``gpufleet_gpu_power_limit_watts``), except for models the table gives watts
+  (the power limit family), except for models the table gives watts
   (the reference cluster's H200 row), and a GPU that reports no limit falls back
   to the same fraction of its model's catalogue TDP.
 """
@@ -35,9 +35,11 @@ from typing import Any
 
 import yaml
 
-from exporter.alerting import pool_load_rules
-from exporter.alerting.thresholds import AlertRow, Level, Thresholds
+from exporter import metrics
+from exporter.alerting import pool_load_rules, recorded
+from exporter.alerting.queries import QUERIES
 from exporter.durations import format_duration
+from exporter.thresholds import AlertRow, Level, Thresholds
 
 FORMATS = ("prometheus", "prometheusrule")
 ALERTS_FILE = "gpufleet-alerts.yaml"
@@ -56,67 +58,65 @@ class Recording:
     expr: str
 
 
-# level:metric:operations (https://prometheus.io/docs/practices/rules/)
+_UTILIZATION = metrics.GPU_UTILIZATION_RATIO.name
+_ALLOCATED = metrics.GPU_ALLOCATED_RATIO.name
+_ALLOCATION_INFO = metrics.GPU_ALLOCATION_INFO.name
+_MEMORY_USED = metrics.GPU_MEMORY_USED_BYTES.name
+_MEMORY_TOTAL = metrics.GPU_MEMORY_TOTAL_BYTES.name
+
+# level:metric:operations (https://prometheus.io/docs/practices/rules/); the names are
+# exporter/alerting/recorded.py's
 RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
     ("gpufleet-gpu-recording", (
         Recording(
-            "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m",
-            "(\n  rate(gpufleet_gpu_nvlink_transmit_bytes_total[5m])\n"
-            "  + rate(gpufleet_gpu_nvlink_receive_bytes_total[5m])\n)\n"
-            "/ gpufleet_gpu_nvlink_capacity_bytes_per_second",
+            recorded.GPU_NVLINK_UTILIZATION,
+            f"(\n  rate({metrics.GPU_NVLINK_TRANSMIT_BYTES_TOTAL.name}[5m])\n"
+            f"  + rate({metrics.GPU_NVLINK_RECEIVE_BYTES_TOTAL.name}[5m])\n)\n"
+            f"/ {metrics.GPU_NVLINK_CAPACITY_BYTES_PER_SECOND.name}",
         ),
-        Recording(
-            "gpu:gpufleet_gpu_memory_used:ratio",
-            "gpufleet_gpu_memory_used_bytes / gpufleet_gpu_memory_total_bytes",
-        ),
+        Recording(recorded.GPU_MEMORY_USED, f"{_MEMORY_USED} / {_MEMORY_TOTAL}"),
     )),
     ("gpufleet-job-recording", (
         # Each GPU a job holds, with the job's labels: allocation_info is one series per
         # (job, GPU), utilization one per GPU, so group_left copies the GPU's value to
         # each job on it (time-sliced GPUs count every job's work together).
         Recording(
-            "job_gpu:gpufleet_gpu_utilization:ratio",
-            "gpufleet_gpu_allocation_info\n"
+            recorded.JOB_GPU_UTILIZATION,
+            f"{_ALLOCATION_INFO}\n"
             "* on (cluster, node, gpu) group_left\n"
-            "  gpufleet_gpu_utilization_ratio",
+            f"  {_UTILIZATION}",
         ),
         # Only what is constant for a job: a replaced pod must not restart an alert's clock.
         Recording(
-            "job:gpufleet_gpu_utilization:avg",
+            recorded.JOB_UTILIZATION,
             "avg by (cluster, exported_job, account, job_gpus) "
-            "(job_gpu:gpufleet_gpu_utilization:ratio)",
+            f"({recorded.JOB_GPU_UTILIZATION})",
         ),
         # Idle GPU-equivalents now; averaged over an hour, the GPU-hours idle in that hour.
         Recording(
-            "job:gpufleet_gpu_idle:sum",
+            recorded.JOB_IDLE,
             "sum by (cluster, exported_job, account) "
-            "(1 - job_gpu:gpufleet_gpu_utilization:ratio)",
+            f"(1 - {recorded.JOB_GPU_UTILIZATION})",
         ),
     )),
     ("gpufleet-pool-recording", (
+        Recording(recorded.POOL_UTILIZATION, f"avg by (cluster, pool, model) ({_UTILIZATION})"),
         Recording(
-            "pool:gpufleet_gpu_utilization:avg",
-            "avg by (cluster, pool, model) (gpufleet_gpu_utilization_ratio)",
+            recorded.POOL_MEMORY_USED,
+            f"sum by (cluster, pool, model) ({_MEMORY_USED})\n"
+            f"/ sum by (cluster, pool, model) ({_MEMORY_TOTAL})",
         ),
+        Recording(recorded.POOL_ALLOCATED, f"sum by (cluster, pool, model) ({_ALLOCATED})"),
         Recording(
-            "pool:gpufleet_gpu_memory_used:ratio",
-            "sum by (cluster, pool, model) (gpufleet_gpu_memory_used_bytes)\n"
-            "/ sum by (cluster, pool, model) (gpufleet_gpu_memory_total_bytes)",
-        ),
-        Recording(
-            "pool:gpufleet_gpu_allocated:sum",
-            "sum by (cluster, pool, model) (gpufleet_gpu_allocated_ratio)",
-        ),
-        Recording(
-            "pool:gpufleet_gpu_idle:count",
+            recorded.POOL_IDLE,
             # `== bool` keeps a 0 for pools with no idle GPU, where count() would drop them;
             # a lost GPU is not idle capacity. Matched on the GPU's place: the allocation may
             # come from cluster mode (Slurm) and gpu_up from the node's exporter. group_left:
             # a one-to-one match `on` keeps only those labels, losing the pool and model.
             "sum by (cluster, pool, model) (\n"
-            "  (gpufleet_gpu_allocated_ratio == bool 0)\n"
+            f"  ({_ALLOCATED} == bool 0)\n"
             "  * on (cluster, node, gpu) group_left ()\n"
-            "  gpufleet_gpu_up\n)",
+            f"  {metrics.GPU_UP.name}\n)",
         ),
     )),
 )
@@ -169,29 +169,29 @@ def _regex_alternatives(names: tuple[str, ...]) -> str:
 def _scoped(thresholds: Thresholds, row: AlertRow, comparison: str) -> str:
     """The comparison restricted to the GPUs the row's scope covers."""
     busy = _number(thresholds.busy_utilization)
-    busy_gpus = f"and {GPU_MATCH}\n  gpufleet_gpu_utilization_ratio > {busy}"
+    busy_gpus = f"and {GPU_MATCH}\n  {_UTILIZATION} > {busy}"
     if row.scope == "allocated":
-        return f"{comparison}\nand {GPU_MATCH}\n  gpufleet_gpu_allocated_ratio > 0"
+        return f"{comparison}\nand {GPU_MATCH}\n  {_ALLOCATED} > 0"
     if row.scope == "busy":
         return f"{comparison}\n{busy_gpus}"
     if row.scope == "power_capped_busy":
         # a GPU at its cap is normal; one whose clocks the cap held down half of the last
         # 5 min is slowed by it (GPUs without clock-event reasons never match)
         return (f"{comparison}\n{busy_gpus}\nand {GPU_MATCH}\n"
-                '  avg_over_time(gpufleet_gpu_clock_event_active{reason="sw_power_cap"}[5m])'
+                f'  avg_over_time({metrics.GPU_CLOCK_EVENT_ACTIVE.name}{{reason="sw_power_cap"}}[5m])'
                 " >= 0.5")
     if row.scope == "busy_multi_gpu":
         # job_gpus is the job's GPU count as a label; counting by GPU drops the job's
         # name and pod, so a replaced pod leaves the alert's clock running.
         return (f"{comparison}\n{busy_gpus}\n"
                 f"and {GPU_MATCH}\n"
-                '  count by (cluster, node, gpu) (gpufleet_gpu_allocation_info{job_gpus!~"0|1"})')
+                f'  count by (cluster, node, gpu) ({_ALLOCATION_INFO}{{job_gpus!~"0|1"}})')
     return comparison
 
 
 def _value_expr(thresholds: Thresholds, row: AlertRow) -> str:
     xids = "|".join(str(code) for code, _ in thresholds.critical_xids)
-    return (row.metric.expr
+    return (QUERIES[row.metric.key].expr
             .replace("{exporter_jobs}", _regex_alternatives(thresholds.exporter_jobs))
             .replace("{critical_xids}", xids))
 
@@ -201,7 +201,7 @@ def _absent_exprs(thresholds: Thresholds, row: AlertRow) -> list[str]:
     gone, and without the job label; per job, a job service discovery lost fires on its own.
     Of the plain selector, not of an aggregation around it: ``absent(up{job="x"})`` carries
     ``job="x"``, ``absent(max by (job) (...))`` carries nothing."""
-    found = re.search(r'[a-z_:]+\{job=~"\{exporter_jobs\}"\}', row.metric.expr)
+    found = re.search(r'[a-z_:]+\{job=~"\{exporter_jobs\}"\}', QUERIES[row.metric.key].expr)
     assert found, f"{row.metric.key}: absent_too needs a selector on {{exporter_jobs}}"
     return [found.group(0).replace('job=~"{exporter_jobs}"', f'job="{job}"')
             for job in thresholds.exporter_jobs]
@@ -217,7 +217,7 @@ def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
     (promtool's duplicate-rules lint).
     """
     for_text = format_duration(level.for_seconds * for_scale)
-    description = (row.metric.describe
+    description = (QUERIES[row.metric.key].describe
                    .replace("<VALUE>", _HUMANISED[row.metric.unit])
                    .replace("<RELATION>", _RELATION[row.op])
                    .replace("<THRESHOLD>", threshold_text)
@@ -239,12 +239,13 @@ def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
 
 def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float) -> list[dict[str, Any]]:
     value = _value_expr(thresholds, row)
+    query = QUERIES[row.metric.key]
     unit = row.metric.unit
     rules = []
     for level in row.levels:
         if not row.metric.relative_to_tdp:
             comparison = f"{value} {row.op} {_number(level.threshold)}"
-            if row.metric.absent_too:
+            if query.absent_too:
                 comparison = "\nor\n".join(
                     [comparison, *(f"absent({e})" for e in _absent_exprs(thresholds, row))])
             rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, comparison),
@@ -263,7 +264,7 @@ def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float) -> list[
         table = _regex_alternatives(tuple(m.model for m in row.models if m.from_table))
         selector = f'{value}{{model!~"{table}"}}' if table else value
         fraction = level.threshold
-        cap = row.metric.cap if fraction == 1 else f"{_number(fraction)} * {row.metric.cap}"
+        cap = query.cap if fraction == 1 else f"{_number(fraction)} * {query.cap}"
         rules.append(_alert_rule(
             thresholds, row, level, _scoped(thresholds, row, f"{selector} {row.op} {cap}"),
             f"{fraction * 100:.10g}% of its power limit", for_scale,
@@ -273,7 +274,7 @@ def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float) -> list[
             watts = model.threshold(level.severity)
             assert watts is not None
             comparison = (f'{value}{{model="{model.model}"}} {row.op} {_number(watts)}\n'
-                          f"unless {GPU_MATCH}\n  {row.metric.cap}")
+                          f"unless {GPU_MATCH}\n  {query.cap}")
             rules.append(_alert_rule(
                 thresholds, row, level, _scoped(thresholds, row, comparison),
                 f"{_threshold_text(watts, unit)} ({fraction * 100:.10g}% of its catalogue TDP: "

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from exporter.alerting.thresholds import CHECKOUT_TABLE, command_table
 from exporter.dashboards import render
 from exporter.dashboards.levels import levels_from_table
 from exporter.generated import check_or_write
+from exporter.thresholds import CHECKOUT_TABLE, command_table
 
 DEFAULT_OUT = "dashboards"
 

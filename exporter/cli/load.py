@@ -23,14 +23,13 @@ import time
 from pathlib import Path
 
 from exporter import logs
-from exporter.alerting.thresholds import command_table
 from exporter.durations import parse_duration
 from exporter.errors import UsageError
 from exporter.load.output import plot, write_csv
 from exporter.load.replay import POLICIES, PoolReplay, PredictiveSettings, replay_series
-from exporter.load.scaling import ScalingSettings
 from exporter.load.series import Capacity, read_capacity, read_series
-from exporter.load.table import DEFAULT, ScalingTable
+from exporter.thresholds import ScalingSettings, ScalingTable, command_table
+from exporter.thresholds.scaling import DEFAULT
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 EPILOG = """the rule: up, down, hysteresis and cooldowns from the threshold table's scaling: section

@@ -15,9 +15,9 @@ import re
 from pathlib import Path
 
 from exporter.alerting.rules import FORMATS, generate
-from exporter.alerting.thresholds import CHECKOUT_TABLE, command_table
 from exporter.errors import UsageError
 from exporter.generated import check_or_write
+from exporter.thresholds import CHECKOUT_TABLE, command_table
 
 DESCRIPTION = (
     "Generate Prometheus alerting and recording rules (or a Kubernetes PrometheusRule) "

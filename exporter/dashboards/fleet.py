@@ -10,13 +10,18 @@ from __future__ import annotations
 
 from grafanalib import core
 
+from exporter import metrics as m
+from exporter.alerting import recorded
+from exporter.alerting.pool_load_rules import statistic_name
 from exporter.dashboards import panels as p
 from exporter.dashboards import promql as q
 from exporter.dashboards.levels import DashboardLevels
+from exporter.thresholds.sections import range_name
 
 UID = "gpufleet-fleet"
 FILE = "gpufleet-fleet.json"
 TITLE = "gpufleet / Fleet overview"
+HOUR = 3600.0  # the load statistics' windows the panels show: 1h and 24h
 
 # Panels whose queries return series only while a gpufleet alert fires; empty is their normal.
 DATA_ONLY_WHEN_FIRING = ("Firing gpufleet alerts", "Firing alerts over time")
@@ -28,7 +33,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout = p.Layout()
 
     layout.row("Fleet now")
-    layout.add(p.stat("GPUs", p.targets((f"count(gpufleet_gpu_info{s})", "")), "none",
+    layout.add(p.stat("GPUs", p.targets((f"count({m.GPU_INFO.name}{s})", "")), "none",
                       description="GPUs in the selected pools and models."), 4, 4)
     for state, description in (
         ("allocated", "Answering GPUs that jobs hold, in part or in whole."),
@@ -38,14 +43,14 @@ def build(levels: DashboardLevels) -> core.Dashboard:
                           p.targets((q.gpus_in_state(state, s), "")), "none",
                           description=description), 4, 4)
     layout.add(p.stat("Lost GPUs", p.targets((q.gpus_in_state("lost", s), "")), "none",
-                      steps=levels.lost, color_mode="background",
-                      description="GPUs that stopped answering (gpufleet_gpu_up 0)."), 4, 4)
-    layout.add(p.stat("Stale GPUs", p.targets((f"sum(gpufleet_gpu_stale{s})", "")), "none",
-                      steps=levels.stale, color_mode="background",
+                      steps=levels.gpu_up, color_mode="background",
+                      description=f"GPUs that stopped answering ({m.GPU_UP.name} 0)."), 4, 4)
+    layout.add(p.stat("Stale GPUs", p.targets((f"sum({m.GPU_STALE.name}{s})", "")), "none",
+                      steps=levels.source_up, color_mode="background",
                       description="GPUs served from the last good reading because their source "
                                   "fails."), 4, 4)
     layout.add(p.stat("Pending GPUs",
-                      p.targets((f"sum(gpufleet_pending_gpus{pending}) or vector(0)", "")), "none",
+                      p.targets((f"sum({m.PENDING_GPUS.name}{pending}) or vector(0)", "")), "none",
                       description="GPUs asked for by jobs waiting to start."), 4, 4)
 
     layout.row("GPUs by model and state")
@@ -69,17 +74,17 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.row("Utilization and memory")
     layout.add(p.timeseries(
         "Utilization per pool",
-        p.targets((f"pool:gpufleet_gpu_utilization:avg{s}", "{{pool}} {{model}}")),
+        p.targets((f"{recorded.POOL_UTILIZATION}{s}", "{{pool}} {{model}}")),
         "percentunit", minimum=0, maximum=1,
         description="Mean fraction of time a kernel ran, over every GPU of the pool.",
     ), 12, 8)
     layout.add(p.timeseries(
         "Memory used",
         p.targets(
-            (f"pool:gpufleet_gpu_memory_used:ratio{s}", "{{pool}} {{model}}"),
+            (f"{recorded.POOL_MEMORY_USED}{s}", "{{pool}} {{model}}"),
             (f"max by (pool, model) ({q.memory_used_ratio(s)})", "{{pool}} {{model}} fullest GPU"),
         ),
-        "percentunit", steps=levels.memory, minimum=0, maximum=1,
+        "percentunit", steps=levels.gpu_memory_used, minimum=0, maximum=1,
         description=f"The pool's memory in use, and its fullest GPU. Lines: the GPU memory "
                     f"alert's levels from {levels.source}.",
     ), 12, 8)
@@ -88,10 +93,10 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.add(p.timeseries(
         "Power against limit",
         p.targets(
-            (f"sum by (pool, model) (gpufleet_gpu_power_watts{s}) "
-             f"/ sum by (pool, model) (gpufleet_gpu_power_limit_watts{s})", "{{pool}} {{model}}"),
-            (f"max by (pool, model) (gpufleet_gpu_power_watts{s} "
-             f"/ gpufleet_gpu_power_limit_watts{s})", "{{pool}} {{model}} highest GPU"),
+            (f"sum by (pool, model) ({m.GPU_POWER_WATTS.name}{s}) "
+             f"/ sum by (pool, model) ({m.GPU_POWER_LIMIT_WATTS.name}{s})", "{{pool}} {{model}}"),
+            (f"max by (pool, model) ({m.GPU_POWER_WATTS.name}{s} "
+             f"/ {m.GPU_POWER_LIMIT_WATTS.name}{s})", "{{pool}} {{model}} highest GPU"),
         ),
         "percentunit", minimum=0, maximum=1,
         description="Power draw as a share of the enforced limit (the cap), for the pool "
@@ -99,40 +104,40 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 12, 8)
     layout.add(p.bar_gauge(
         "Highest power draw by model",
-        p.targets((f"max by (model) (gpufleet_gpu_power_watts{s})", "{{model}}")),
+        p.targets((f"max by (model) ({m.GPU_POWER_WATTS.name}{s})", "{{model}}")),
         "watt",
-        overrides=[p.by_name_thresholds(model, steps) for model, steps in levels.power],
+        overrides=[p.by_name_thresholds(model, steps) for model, steps in levels.gpu_power],
         description=f"The highest-drawing GPU of each model, coloured by the power alert's "
                     f"levels for that model from {levels.source}.",
     ), 12, 8)
     layout.add(p.timeseries(
         "Temperature",
         p.targets(
-            (f"max by (pool, model) (gpufleet_gpu_temperature_celsius{s})",
+            (f"max by (pool, model) ({m.GPU_TEMPERATURE_CELSIUS.name}{s})",
              "{{pool}} {{model}} hottest"),
-            (f"avg by (pool, model) (gpufleet_gpu_temperature_celsius{s})",
+            (f"avg by (pool, model) ({m.GPU_TEMPERATURE_CELSIUS.name}{s})",
              "{{pool}} {{model}} mean"),
         ),
-        "celsius", steps=levels.temperature,
+        "celsius", steps=levels.gpu_temperature,
         description=f"Lines: the temperature alert's levels from {levels.source}.",
     ), 18, 8)
     layout.add(p.gauge("Hottest GPU",
-                       p.targets((f"max(gpufleet_gpu_temperature_celsius{s})", "")),
-                       "celsius", steps=levels.temperature, maximum=100), 6, 8)
+                       p.targets((f"max({m.GPU_TEMPERATURE_CELSIUS.name}{s})", "")),
+                       "celsius", steps=levels.gpu_temperature, maximum=100), 6, 8)
 
     layout.row("GPUs to look at")
     layout.add(p.table(
         "Top 10 hottest GPUs",
-        p.targets((f"topk(10, gpufleet_gpu_temperature_celsius{s})", ""), instant=True),
-        "celsius", steps=levels.temperature, hide=("uuid", "job"),
+        p.targets((f"topk(10, {m.GPU_TEMPERATURE_CELSIUS.name}{s})", ""), instant=True),
+        "celsius", steps=levels.gpu_temperature, hide=("uuid", "job"),
         rename={"Value": "temperature"}, order=("node", "gpu", "model", "pool", "Value"),
         sort_by="Value", color_column="Value",
     ), 12, 10)
     layout.add(p.table(
         "Top 10 most under-used allocated GPUs",
-        p.targets((f"bottomk(10, gpufleet_gpu_utilization_ratio{s} * on (cluster, node, gpu) group_right() "
+        p.targets((f"bottomk(10, {m.GPU_UTILIZATION_RATIO.name}{s} * on (cluster, node, gpu) group_right() "
                    f"{q.allocations(s)})", ""), instant=True),
-        "percentunit", steps=levels.utilization_low,
+        "percentunit", steps=levels.job_utilization,
         hide=("uuid", "job", "exported_job", "priority"),
         rename={"Value": "utilization", "job_name": "job", "job_gpus": "job GPUs"},
         order=("node", "gpu", "model", "pool", "job_name", "namespace", "pod", "job_gpus", "Value"),
@@ -146,8 +151,8 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.add(p.timeseries(
         "NVLink utilization of multi-GPU jobs per pool",
         p.targets((f"avg by (pool, model) ({q.nvlink_utilization(s)} and on (cluster, node, gpu) "
-                   f"gpufleet_gpu_allocation_info{multi})", "{{pool}} {{model}}")),
-        "percentunit", steps=levels.nvlink_low, minimum=0, maximum=1,
+                   f"{m.GPU_ALLOCATION_INFO.name}{multi})", "{{pool}} {{model}}")),
+        "percentunit", steps=levels.gpu_nvlink_utilization, minimum=0, maximum=1,
         description="Mean NVLink bandwidth in use on GPUs held by jobs with more than one GPU.",
     ), 12, 10)
     layout.add(p.table(
@@ -155,7 +160,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         p.targets((f"bottomk(10, avg by (job_name, namespace, job_gpus) ("
                    f"{q.nvlink_utilization(s)} * on (cluster, node, gpu) group_right() "
                    f"{q.allocations(multi)}))", ""), instant=True),
-        "percentunit", steps=levels.nvlink_low,
+        "percentunit", steps=levels.gpu_nvlink_utilization,
         rename={"Value": "NVLink utilization", "job_name": "job", "job_gpus": "job GPUs"},
         order=("job_name", "namespace", "job_gpus", "Value"),
         sort_by="Value", descending=False, color_column="Value",
@@ -203,7 +208,7 @@ LOAD_CHANGES = {
     "datasource": p.DATASOURCE,
     "enable": True,
     "iconColor": "purple",
-    "expr": "sum by (cluster, pool, direction) (increase(gpufleet_pool_load_change_total"
+    "expr": f"sum by (cluster, pool, direction) (increase({m.POOL_LOAD_CHANGE_TOTAL.name}"
             f"{q.selector(q.POOL)}[2m])) > 0",
     "step": "1m",
     "titleFormat": "Load change {{direction}}",
@@ -224,20 +229,21 @@ def _load_row(layout: p.Layout, levels: DashboardLevels) -> None:
         "Demand ratio by pool",
         p.targets(
             # demand is recorded per pool (waiting jobs name no model): no model matcher
-            (f"pool:gpufleet_demand:ratio{pools}", "{{pool}}"),
-            (f"pool:gpufleet_demand:ratio_mean1h{pools}", "{{pool}} mean 1h"),
-            (f"pool:gpufleet_demand:ratio_p95_1h{pools}", "{{pool}} p95 1h"),
+            (f"{recorded.POOL_DEMAND}{pools}", "{{pool}}"),
+            (f"{statistic_name(recorded.POOL_DEMAND, 'mean', HOUR)}{pools}", "{{pool}} mean 1h"),
+            (f"{statistic_name(recorded.POOL_DEMAND, 'p95', HOUR)}{pools}", "{{pool}} p95 1h"),
         ),
         "percentunit", minimum=0,
         description="(allocated + pending GPUs) / GPUs: above 100% jobs wait. With its 1h "
                     "mean and p95 (recording rules from the table's load_statistics). "
                     "Purple marks: load changes the detector found.",
     ), 12, 8)
-    stats = (("utilization", "pool:gpufleet_gpu_utilization:avg", s),
-             ("demand", "pool:gpufleet_demand:ratio", pools))  # per pool: no model label
-    columns = [(f"{source}_{stat}{window}{match}", f"{name} {label} {window}")
-               for name, source, match in stats for window in ("1h", "24h")
-               for stat, label in (("mean", "mean"), ("stddev", "stddev"), ("p95_", "p95"))]
+    stats = (("utilization", recorded.POOL_UTILIZATION, s),
+             ("demand", recorded.POOL_DEMAND, pools))  # per pool: no model label
+    columns = [(f"{statistic_name(source, stat, window)}{match}",
+                f"{name} {stat} {range_name(window)}")
+               for name, source, match in stats for window in (HOUR, 24 * HOUR)
+               for stat in ("mean", "stddev", "p95")]
     layout.add(p.table(
         "Load statistics by pool",
         p.targets(*((expr, "") for expr, _ in columns), instant=True),
@@ -252,8 +258,8 @@ def _load_row(layout: p.Layout, levels: DashboardLevels) -> None:
     layout.add(p.timeseries(
         "Recommended nodes by pool",
         p.targets(
-            (f"gpufleet_pool_recommended_nodes{pools}", "{{pool}} recommended"),
-            (f"count by (cluster, pool) (gpufleet_node_info{s})", "{{pool}} now"),
+            (f"{m.POOL_RECOMMENDED_NODES.name}{pools}", "{{pool}} recommended"),
+            (f"count by (cluster, pool) ({m.NODE_INFO.name}{s})", "{{pool}} now"),
         ),
         "none", minimum=0, step_after=True,
         description="The scaling hint (the table's scaling section) against the nodes the "
@@ -262,9 +268,9 @@ def _load_row(layout: p.Layout, levels: DashboardLevels) -> None:
     layout.add(p.timeseries(
         "Node pressure (top 10)",
         # `|`: node_exporter's series have a cluster label only where the scrape sets one
-        p.targets(('topk(10, instance:gpufleet_node_pressure:score{cluster=~"$cluster|"})',
+        p.targets((f'topk(10, {recorded.NODE_PRESSURE_SCORE}{{cluster=~"$cluster|"}})',
                    "{{instance}}")),
-        "percentunit", steps=levels.node_pressure, minimum=0, maximum=1,
+        "percentunit", steps=levels.node_pressure_score, minimum=0, maximum=1,
         description="0.4 min(cpu/0.9, 1) + 0.35 min(mem/0.85, 1) + 0.25 min(io/0.7, 1) from "
                     f"node_exporter, for every node it runs on. Line: NodePressureHigh's "
                     f"level from {levels.source}.",
@@ -281,22 +287,22 @@ def _health_row(layout: p.Layout, levels: DashboardLevels) -> None:
     for title, expr, steps, description in (
         ("GPUs with XID errors",
          f"count(count by (cluster, node, gpu) ({q.xid_events(s, '$__range')}))",
-         levels.xid, "GPUs that reported any XID in the time range (GpuXidError pages for the "
+         levels.gpu_xid_critical, "GPUs that reported any XID in the time range (GpuXidError pages for the "
                      "table's critical XIDs only)."),
         ("GPUs with uncorrectable ECC errors",
-         f"count(gpufleet_gpu_ecc_errors_total{dbe} > 0)", levels.ecc_uncorrectable,
+         f"count({m.GPU_ECC_ERRORS_TOTAL.name}{dbe} > 0)", levels.gpu_ecc_double_bit,
          "GPUs with a double-bit ECC error since their driver loaded (volatile count)."),
-        ("GPUs with a row remap pending", f"count(gpufleet_gpu_remapped_rows_pending{s} == 1)",
-         levels.remap_pending, "GPUs whose remapped rows wait for a GPU reset."),
-        ("GPUs with a row remap failed", f"count(gpufleet_gpu_remapped_rows_failure{s} == 1)",
-         levels.remap_failed, "GPUs with no spare memory rows left: to be replaced."),
-        ("GPUs throttled now", f"count({q.slowdown(q.FLEET)} == 1)", levels.throttled,
+        ("GPUs with a row remap pending", f"count({m.GPU_REMAPPED_ROWS_PENDING.name}{s} == 1)",
+         levels.gpu_remapped_rows_pending, "GPUs whose remapped rows wait for a GPU reset."),
+        ("GPUs with a row remap failed", f"count({m.GPU_REMAPPED_ROWS_FAILURE.name}{s} == 1)",
+         levels.gpu_remapped_rows_failure, "GPUs with no spare memory rows left: to be replaced."),
+        ("GPUs throttled now", f"count({q.slowdown(q.FLEET)} == 1)", levels.gpu_clock_slowdown,
          "GPUs whose clocks a thermal or power-brake slowdown holds down now, busy or not "
          "(GpuClocksThrottled waits for most of 10 min on a busy GPU)."),
         ("GPUs with NVLink errors",
-         f"count(max by (cluster, node, gpu) (increase(gpufleet_gpu_nvlink_errors_total{link}"
+         f"count(max by (cluster, node, gpu) (increase({m.GPU_NVLINK_ERRORS_TOTAL.name}{link}"
          "[$__range])) > 0)",
-         levels.nvlink_errors, "GPUs whose NVLink replayed or recovered in the time range."),
+         levels.gpu_nvlink_link_errors, "GPUs whose NVLink replayed or recovered in the time range."),
     ):
         layout.add(p.stat(title, p.targets((f"{expr} or vector(0)", "")), "none", steps=steps,
                           color_mode="background", graph=False,
@@ -307,9 +313,9 @@ def _health_row(layout: p.Layout, levels: DashboardLevels) -> None:
         "Health events",
         p.targets(
             (f"sum({q.xid_events(s, '$__rate_interval')}) or vector(0)", "XID"),
-            (f"sum by (type) (increase(gpufleet_gpu_ecc_errors_total{ecc}[$__rate_interval]))",
+            (f"sum by (type) (increase({m.GPU_ECC_ERRORS_TOTAL.name}{ecc}[$__rate_interval]))",
              "ECC {{type}}"),
-            (f"sum by (type) (increase(gpufleet_gpu_nvlink_errors_total{s}[$__rate_interval]))",
+            (f"sum by (type) (increase({m.GPU_NVLINK_ERRORS_TOTAL.name}{s}[$__rate_interval]))",
              "NVLink {{type}}"),
         ),
         "none", minimum=0,
@@ -318,7 +324,7 @@ def _health_row(layout: p.Layout, levels: DashboardLevels) -> None:
     ), 12, 8)
     layout.add(p.timeseries(
         "GPUs held down, by reason",
-        p.targets((f"sum by (reason) (gpufleet_gpu_clock_event_active{s})", "{{reason}}")),
+        p.targets((f"sum by (reason) ({m.GPU_CLOCK_EVENT_ACTIVE.name}{s})", "{{reason}}")),
         "none", minimum=0, step_after=True,
         description="GPUs whose clocks each clock-event reason holds down (a GPU may have "
                     "several). sw_power_cap is normal at the cap; hw_thermal, sw_thermal, "

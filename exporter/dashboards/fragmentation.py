@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from grafanalib import core
 
+from exporter import metrics as m
 from exporter.dashboards import panels as p
 from exporter.dashboards import promql as q
 from exporter.dashboards.levels import DashboardLevels
@@ -43,37 +44,37 @@ def build(levels: DashboardLevels) -> core.Dashboard:
 
     layout.row("Fragmentation now")
     layout.add(p.stat("Cluster fragmentation index",
-                      p.targets((f"gpufleet_cluster_fragmentation_index{c}", "")), "none",
-                      steps=levels.fragmentation, color_mode="background", minimum=0, maximum=100,
+                      p.targets((f"{m.CLUSTER_FRAGMENTATION_INDEX.name}{c}", "")), "none",
+                      steps=levels.pool_fragmentation_index, color_mode="background", minimum=0, maximum=100,
                       description=f"0-100; colours: the fragmentation alert's levels from "
                                   f"{levels.source}, where compaction starts."), 6, 5)
-    layout.add(p.stat("Fragmented GPUs", p.targets((f"gpufleet_cluster_fragmented_gpus{c}", "")),
+    layout.add(p.stat("Fragmented GPUs", p.targets((f"{m.CLUSTER_FRAGMENTED_GPUS.name}{c}", "")),
                       "none", description="Idle GPU capacity no job of the workload can use."),
                4, 5)
-    layout.add(p.stat("Idle GPUs", p.targets((f"gpufleet_cluster_idle_gpus{c}", "")), "none",
+    layout.add(p.stat("Idle GPUs", p.targets((f"{m.CLUSTER_IDLE_GPUS.name}{c}", "")), "none",
                       description="Idle GPU capacity in the cluster, in GPUs."), 4, 5)
     layout.add(p.stat("Fragmented share of idle",
-                      p.targets((f"gpufleet_cluster_fragmentation_ratio{c}", "")), "percentunit",
+                      p.targets((f"{m.CLUSTER_FRAGMENTATION_RATIO.name}{c}", "")), "percentunit",
                       minimum=0, maximum=1), 5, 5)
     layout.add(p.stat("Pending GPUs",
-                      p.targets((f"sum(gpufleet_pending_gpus{pools}) or vector(0)", "")), "none",
+                      p.targets((f"sum({m.PENDING_GPUS.name}{pools}) or vector(0)", "")), "none",
                       description="GPUs asked for by jobs waiting to start."), 5, 5)
 
     layout.row("Over time")
     layout.add(p.timeseries(
         "Fragmentation index",
-        p.targets((f"gpufleet_cluster_fragmentation_index{c}", "cluster"),
-                  (f"gpufleet_pool_fragmentation_index{s}", "{{pool}} {{model}}")),
-        "none", steps=levels.fragmentation, minimum=0, maximum=100,
+        p.targets((f"{m.CLUSTER_FRAGMENTATION_INDEX.name}{c}", "cluster"),
+                  (f"{m.POOL_FRAGMENTATION_INDEX.name}{s}", "{{pool}} {{model}}")),
+        "none", steps=levels.pool_fragmentation_index, minimum=0, maximum=100,
         description=f"0-100. Line: the compaction level, the fragmentation alert's level from "
                     f"{levels.source}.",
     ), 24, 9)
     layout.add(p.timeseries(
         "Idle against fragmented GPUs per pool",
         p.targets(
-            (f"sum by (pool) (gpufleet_pool_idle_gpus{s})", "{{pool}} idle"),
-            (f"sum by (pool) (gpufleet_pool_fragmented_gpus{s})", "{{pool}} fragmented"),
-            (q.zero_filled_by_pool(f"sum by (pool) (gpufleet_pending_gpus{pools})", pools),
+            (f"sum by (pool) ({m.POOL_IDLE_GPUS.name}{s})", "{{pool}} idle"),
+            (f"sum by (pool) ({m.POOL_FRAGMENTED_GPUS.name}{s})", "{{pool}} fragmented"),
+            (q.zero_filled_by_pool(f"sum by (pool) ({m.PENDING_GPUS.name}{pools})", pools),
              "{{pool}} pending"),
         ),
         "none", minimum=0,
@@ -82,14 +83,14 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 14, 9)
     layout.add(p.timeseries(
         "Fragmented GPUs by reason",
-        p.targets((f"gpufleet_cluster_fragmented_gpus_by_reason{c}", "{{reason}}")),
+        p.targets((f"{m.CLUSTER_FRAGMENTED_GPUS_BY_REASON.name}{c}", "{{reason}}")),
         "none", stack=True, fill=40, minimum=0,
     ), 10, 9)
 
     layout.row("Where")
     layout.add(p.stat(
         "Fragmented GPUs per node",
-        p.targets((f"gpufleet_node_fragmented_gpus{c} and on (cluster, node) gpufleet_node_info{s}",
+        p.targets((f"{m.NODE_FRAGMENTED_GPUS.name}{c} and on (cluster, node) {m.NODE_INFO.name}{s}",
                    "{{node}}")),
         "none", color_mode="background", graph=False, text_mode="value_and_name",
         continuous=HEAT, minimum=0,
@@ -97,7 +98,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 16, 12)
     layout.add(p.table(
         "Tier inversions",
-        p.targets((f"gpufleet_tier_inversion{c}", ""), instant=True), "none",
+        p.targets((f"{m.TIER_INVERSION.name}{c}", ""), instant=True), "none",
         hide=("job",), rename={"Value": "now"}, order=("upper", "lower", "Value"),
         sort_by="Value", color_column="Value", mappings=INVERSION_STATES,
         description="One row per pair of pools of different tiers: inverted while the "
@@ -106,20 +107,20 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 8, 12)
 
     layout.row("Target workload")
-    layout.add(p.stat("Task shapes", p.targets((f"gpufleet_fragmentation_workload_shapes{c}", "")),
+    layout.add(p.stat("Task shapes", p.targets((f"{m.FRAGMENTATION_WORKLOAD_SHAPES.name}{c}", "")),
                       "none", graph=False,
                       description="Task shapes (GPUs, share, CPUs, models) that fragmentation "
                                   "is measured against."), 6, 4)
     layout.add(p.stat("Tasks the shapes cover",
-                      p.targets((f"gpufleet_fragmentation_workload_coverage_ratio{c}", "")),
+                      p.targets((f"{m.FRAGMENTATION_WORKLOAD_COVERAGE_RATIO.name}{c}", "")),
                       "percentunit", graph=False, minimum=0, maximum=1), 6, 4)
     layout.add(p.stat("CPU-only weight",
-                      p.targets((f"gpufleet_fragmentation_workload_cpu_only_ratio{c}", "")),
+                      p.targets((f"{m.FRAGMENTATION_WORKLOAD_CPU_ONLY_RATIO.name}{c}", "")),
                       "percentunit", graph=False, minimum=0, maximum=1,
                       description="Weight of CPU-only tasks in the target workload."), 6, 4)
     layout.add(p.table(
         "Workload source",
-        p.targets((f"gpufleet_fragmentation_workload_info{c}", ""), instant=True), "none",
+        p.targets((f"{m.FRAGMENTATION_WORKLOAD_INFO.name}{c}", ""), instant=True), "none",
         hide=("Value", "job"), order=("source", "cpu_only"),
         description="window: live allocations over recent snapshots; trace: an openb pod "
                     "trace; shapes: listed in the config.",
@@ -128,32 +129,32 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.row("Rebalancing advisor")
     layout.add(p.table(
         "Advisor decision",
-        p.targets((f"gpufleet_advisor_decision_info{c}", ""), instant=True), "none",
+        p.targets((f"{m.ADVISOR_DECISION_INFO.name}{c}", ""), instant=True), "none",
         hide=("Value", "job", "instance"), order=("decision",),
         description="none: nothing due; cooldown: a plan went out recently; hold: due, but no "
                     "plan passes the gain gate; compact: a plan was proposed and sent.",
     ), 5, 8)
     layout.add(p.timeseries(
         "Compaction recommended",
-        p.targets((f"gpufleet_advisor_compaction_recommended{c}", "{{scope}}")),
+        p.targets((f"{m.ADVISOR_COMPACTION_RECOMMENDED.name}{c}", "{{scope}}")),
         "none", minimum=0, maximum=1,
         description="1 while the scope's index has stayed above the trigger for the dwell "
                     "time and not yet fallen below the clear level.",
     ), 7, 8)
     layout.add(p.timeseries(
         "Last plan",
-        p.targets((f"gpufleet_advisor_plan_migrations{c}", "migrations"),
-                  (f"gpufleet_advisor_plan_fragmented_gpus_recovered{c}", "fragmented GPUs recovered"),
-                  (f"sum(gpufleet_advisor_plan_nodes_freed{c}) or vector(0)", "whole nodes freed")),
+        p.targets((f"{m.ADVISOR_PLAN_MIGRATIONS.name}{c}", "migrations"),
+                  (f"{m.ADVISOR_PLAN_FRAGMENTED_GPUS_RECOVERED.name}{c}", "fragmented GPUs recovered"),
+                  (f"sum({m.ADVISOR_PLAN_NODES_FREED.name}{c}) or vector(0)", "whole nodes freed")),
         "none", minimum=0,
         description="The size of the last proposed plan and what it predicts it frees.",
     ), 6, 8)
     layout.add(p.timeseries(
         "Webhook deliveries",
         p.targets(
-            (f"sum by (result) (increase(gpufleet_advisor_webhook_deliveries_total{c}"
+            (f"sum by (result) (increase({m.ADVISOR_WEBHOOK_DELIVERIES_TOTAL.name}{c}"
              "[$__rate_interval])) or vector(0)", "{{result}}"),
-            (f"gpufleet_advisor_outbox_pending{c}", "pending in the outbox"),
+            (f"{m.ADVISOR_OUTBOX_PENDING.name}{c}", "pending in the outbox"),
         ),
         "none", minimum=0,
         description="Plan deliveries to the schedulers by result (delivered, retry, rejected, "

@@ -2,8 +2,8 @@
 
 A gauge that turns red must mean an alert fires (the node-mixin's 80/90
 gauge against 85/97 alerts is what we avoid), so no dashboard types a level:
-each one comes from a row of ``rules/thresholds.yaml``, loaded by the
-alerting package's :func:`~exporter.alerting.thresholds.load_thresholds`.
+each one comes from a row of ``rules/thresholds.yaml``, loaded by
+:func:`exporter.thresholds.load_thresholds`.
 Rows are found by the metric they compare (``gpu_temperature``...), not by
 alert name, so renaming an alert does not unhook a dashboard.
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.errors import ConfigError
+from exporter.thresholds import AlertRow, Thresholds, load_thresholds
 
 OK, WARNING, CRITICAL = "green", "orange", "red"
 _COLOUR = {"warning": WARNING, "critical": CRITICAL}
@@ -54,38 +55,42 @@ def steps_for(op: str, levels: dict[str, float]) -> Steps:
 
 @dataclass(frozen=True, slots=True)
 class DashboardLevels:
-    """Every level a dashboard shows, each from one row of the threshold table."""
+    """Every level a dashboard shows, each from one row of the threshold table.
+
+    A field is named by the metric its row compares (:data:`exporter.thresholds.METRICS`'s
+    key), the one name of the concept from the table through the alert to the panel.
+    """
 
     source: str  # the table's file name, for the dashboards' descriptions
-    temperature: Steps  # celsius
-    memory: Steps  # ratio of memory used
-    utilization_low: Steps  # ratio; red when a held GPU is barely used
-    power: tuple[tuple[str, Steps], ...]  # (GPU model, watts), catalogue order
-    nvlink_low: Steps | None  # ratio
-    fragmentation: Steps  # pool fragmentation index 0-100: the compaction threshold
-    lost: Steps  # count of lost GPUs: any is the GPU-lost alert's severity
-    stale: Steps  # count of stale GPUs: any is the source-down alert's first severity
+    gpu_temperature: Steps  # celsius
+    gpu_memory_used: Steps  # ratio of memory used
+    job_utilization: Steps  # ratio; red when a held GPU is barely used
+    gpu_power: tuple[tuple[str, Steps], ...]  # (GPU model, watts), catalogue order
+    gpu_nvlink_utilization: Steps | None  # ratio
+    pool_fragmentation_index: Steps  # 0-100: the compaction threshold
+    gpu_up: Steps  # count of lost GPUs: any is the GPU-lost alert's severity
+    source_up: Steps  # count of stale GPUs: any is the source-down alert's first severity
     alert_names: tuple[str, ...]  # every alert the table generates, for the firing panel
     # counts of GPUs in a health condition (issue 16): any is that alert's severity; None
     # where the table has no row for it (the panel is then drawn without colour)
-    xid: Steps | None = None
-    ecc_uncorrectable: Steps | None = None
-    remap_failed: Steps | None = None
-    remap_pending: Steps | None = None
-    throttled: Steps | None = None
+    gpu_xid_critical: Steps | None = None
+    gpu_ecc_double_bit: Steps | None = None
+    gpu_remapped_rows_failure: Steps | None = None
+    gpu_remapped_rows_pending: Steps | None = None
+    gpu_clock_slowdown: Steps | None = None
     # the node pressure score (issue 20): NodePressureHigh's level; None without the row
-    node_pressure: Steps | None = None
-    nvlink_errors: Steps | None = None
+    node_pressure_score: Steps | None = None
+    gpu_nvlink_link_errors: Steps | None = None
 
 
-def _row(table: Any, metric: str) -> Any:
+def _row(table: Thresholds, metric: str) -> AlertRow | None:
     for row in table.alerts:
         if row.metric.key == metric:
             return row
     return None
 
 
-def _required(table: Any, metric: str) -> Any:
+def _required(table: Thresholds, metric: str) -> AlertRow:
     row = _row(table, metric)
     if row is None:
         raise ConfigError(f"{table.source}: no alert row compares {metric}; the dashboards "
@@ -93,7 +98,7 @@ def _required(table: Any, metric: str) -> Any:
     return row
 
 
-def _row_steps(row: Any, model: str | None = None) -> Steps:
+def _row_steps(row: AlertRow, model: str | None = None) -> Steps:
     levels = {}
     for severity in row.severities:
         value = row.threshold(severity, model)
@@ -107,47 +112,41 @@ def _any_is(severity: str) -> Steps:
     return Steps(OK, ((1.0, _COLOUR[severity]),))
 
 
-def levels_from_table(table: Any) -> DashboardLevels:
-    """The dashboards' levels from a loaded threshold table
-    (:class:`exporter.alerting.thresholds.Thresholds`)."""
+def levels_from_table(table: Thresholds) -> DashboardLevels:
+    """The dashboards' levels from a loaded threshold table."""
     power = _required(table, "gpu_power")
-    nvlink = _row(table, "gpu_nvlink_utilization")
-    lost = _required(table, "gpu_up")
-    source = _required(table, "source_up")
     return DashboardLevels(
         source=table.source,
-        temperature=_row_steps(_required(table, "gpu_temperature")),
-        memory=_row_steps(_required(table, "gpu_memory_used")),
-        utilization_low=_row_steps(_required(table, "job_utilization")),
-        power=tuple((entry.model, _row_steps(power, entry.model)) for entry in power.models),
-        nvlink_low=_row_steps(nvlink) if nvlink is not None else None,
-        fragmentation=_row_steps(_required(table, "pool_fragmentation_index")),
-        lost=_any_is(lost.severities[-1]),
-        stale=_any_is(source.severities[0]),
+        gpu_temperature=_row_steps(_required(table, "gpu_temperature")),
+        gpu_memory_used=_row_steps(_required(table, "gpu_memory_used")),
+        job_utilization=_row_steps(_required(table, "job_utilization")),
+        gpu_power=tuple((entry.model, _row_steps(power, entry.model)) for entry in power.models),
+        gpu_nvlink_utilization=_optional_steps(table, "gpu_nvlink_utilization"),
+        pool_fragmentation_index=_row_steps(_required(table, "pool_fragmentation_index")),
+        gpu_up=_any_is(_required(table, "gpu_up").severities[-1]),
+        source_up=_any_is(_required(table, "source_up").severities[0]),
         alert_names=tuple(row.alert for row in table.alerts),
-        xid=_any_of(table, "gpu_xid_critical"),
-        ecc_uncorrectable=_any_of(table, "gpu_ecc_double_bit"),
-        remap_failed=_any_of(table, "gpu_remapped_rows_failure"),
-        remap_pending=_any_of(table, "gpu_remapped_rows_pending"),
-        throttled=_any_of(table, "gpu_clock_slowdown"),
-        nvlink_errors=_any_of(table, "gpu_nvlink_link_errors"),
-        node_pressure=_optional_steps(table, "node_pressure_score"),
+        gpu_xid_critical=_any_of(table, "gpu_xid_critical"),
+        gpu_ecc_double_bit=_any_of(table, "gpu_ecc_double_bit"),
+        gpu_remapped_rows_failure=_any_of(table, "gpu_remapped_rows_failure"),
+        gpu_remapped_rows_pending=_any_of(table, "gpu_remapped_rows_pending"),
+        gpu_clock_slowdown=_any_of(table, "gpu_clock_slowdown"),
+        gpu_nvlink_link_errors=_any_of(table, "gpu_nvlink_link_errors"),
+        node_pressure_score=_optional_steps(table, "node_pressure_score"),
     )
 
 
-def _optional_steps(table: Any, metric: str) -> Steps | None:
+def _optional_steps(table: Thresholds, metric: str) -> Steps | None:
     row = _row(table, metric)
     return _row_steps(row) if row is not None else None
 
 
-def _any_of(table: Any, metric: str) -> Steps | None:
+def _any_of(table: Thresholds, metric: str) -> Steps | None:
     """A count of GPUs in the condition ``metric``'s row alerts on: one is its top severity."""
     row = _row(table, metric)
     return _any_is(row.severities[-1]) if row is not None else None
 
 
-def load_levels(path: str | Path) -> DashboardLevels:
-    """Read ``rules/thresholds.yaml`` (or another table) into the dashboards' levels."""
-    from exporter.alerting.thresholds import load_thresholds
-
+def load_levels(path: str | Path | None = None) -> DashboardLevels:
+    """The dashboards' levels of the table at ``path`` (no path: the packaged one)."""
     return levels_from_table(load_thresholds(path))

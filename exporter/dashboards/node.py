@@ -12,6 +12,7 @@ import re
 
 from grafanalib import core
 
+from exporter import metrics as m
 from exporter.dashboards import panels as p
 from exporter.dashboards import promql as q
 from exporter.dashboards.levels import DashboardLevels
@@ -39,10 +40,10 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.add(p.table(
         "Nodes",
         p.targets(
-            (f"count by (node, pool, model) (gpufleet_gpu_info{n})", ""),
-            (f"sum by (node, pool, model) (gpufleet_gpu_allocated_ratio{n})", ""),
-            (f"sum by (node, pool, model) (gpufleet_node_cpu_cores{n})", ""),
-            (f"sum by (node, pool, model) (gpufleet_node_cpu_allocated_cores{n})", ""),
+            (f"count by (node, pool, model) ({m.GPU_INFO.name}{n})", ""),
+            (f"sum by (node, pool, model) ({m.GPU_ALLOCATED_RATIO.name}{n})", ""),
+            (f"sum by (node, pool, model) ({m.NODE_CPU_CORES.name}{n})", ""),
+            (f"sum by (node, pool, model) ({m.NODE_CPU_ALLOCATED_CORES.name}{n})", ""),
             instant=True,
         ),
         "none",
@@ -51,11 +52,11 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         sort_by="node", descending=False,
     ), 14, 6)
     layout.add(p.stat("MIG instances",
-                      p.targets((f"count(gpufleet_gpu_mig_instance_info{g}) or vector(0)", "")),
+                      p.targets((f"count({m.GPU_MIG_INSTANCE_INFO.name}{g}) or vector(0)", "")),
                       "none", graph=False,
                       description="MIG GPU instances on the selected GPUs."), 5, 6)
     layout.add(p.stat("Energy in the time range",
-                      p.targets((f"sum(increase(gpufleet_gpu_energy_joules_total{g}[$__range]))",
+                      p.targets((f"sum(increase({m.GPU_ENERGY_JOULES_TOTAL.name}{g}[$__range]))",
                                  "")),
                       "joule", graph=False,
                       description="Energy the selected GPUs consumed over the dashboard's "
@@ -69,13 +70,13 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         rename={"job_name": "job", "job_gpus": "job GPUs"},
         order=("node", "gpu", "job_name", "namespace", "pod", "job_gpus", "priority"),
         sort_by="gpu", descending=False,
-        description="From gpufleet_gpu_allocation_info; a GPU shared by several jobs has one "
+        description=f"From {m.GPU_ALLOCATION_INFO.name}; a GPU shared by several jobs has one "
                     "row per job, an idle GPU none.",
     ), 12, 9)
     layout.add(p.table(
         "MIG instances",
-        p.targets((f"gpufleet_gpu_mig_memory_used_bytes{g}", ""),
-                  (f"gpufleet_gpu_mig_memory_total_bytes{g}", ""), instant=True),
+        p.targets((f"{m.GPU_MIG_MEMORY_USED_BYTES.name}{g}", ""),
+                  (f"{m.GPU_MIG_MEMORY_TOTAL_BYTES.name}{g}", ""), instant=True),
         "bytes",
         hide=("uuid", "job", "model", "pool"),
         rename={"Value #A": "memory used", "Value #B": "memory total"},
@@ -85,7 +86,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 12, 9)
     layout.add(p.timeseries(
         "MIG instance memory used",
-        p.targets((f"gpufleet_gpu_mig_memory_used_bytes{g}",
+        p.targets((f"{m.GPU_MIG_MEMORY_USED_BYTES.name}{g}",
                    "{{node}}/{{gpu}} {{profile}} #{{gpu_instance}}")),
         "bytes", minimum=0,
         description="Empty unless the selected GPUs run in MIG mode.",
@@ -94,65 +95,65 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.row("GPU metrics")
     layout.add(p.timeseries(
         "Up and stale",
-        p.targets((f"gpufleet_gpu_up{g}", f"{GPU_LEGEND} up"),
-                  (f"gpufleet_gpu_stale{g}", f"{GPU_LEGEND} stale")),
+        p.targets((f"{m.GPU_UP.name}{g}", f"{GPU_LEGEND} up"),
+                  (f"{m.GPU_STALE.name}{g}", f"{GPU_LEGEND} stale")),
         "none", minimum=0, maximum=1, step_after=True, fill=0,
         description="up 1: the GPU answered its last read. stale 1: the values are the last "
                     "good reading because the source fails.",
     ), 12, 8)
-    layout.add(_per_gpu("Allocated share", f"gpufleet_gpu_allocated_ratio{g}", "percentunit",
+    layout.add(_per_gpu("Allocated share", f"{m.GPU_ALLOCATED_RATIO.name}{g}", "percentunit",
                         minimum=0, maximum=1, step_after=True,
                         description="Share of the GPU held by jobs."), 12, 8)
-    layout.add(_per_gpu("Utilization", f"gpufleet_gpu_utilization_ratio{g}", "percentunit",
+    layout.add(_per_gpu("Utilization", f"{m.GPU_UTILIZATION_RATIO.name}{g}", "percentunit",
                         minimum=0, maximum=1), 12, 8)
     layout.add(_per_gpu("Memory used ratio", q.memory_used_ratio(g), "percentunit",
-                        steps=levels.memory, minimum=0, maximum=1,
+                        steps=levels.gpu_memory_used, minimum=0, maximum=1,
                         description=f"Lines: the GPU memory alert's levels from "
                                     f"{levels.source}."), 12, 8)
     layout.add(p.timeseries(
         "Memory used and total",
-        p.targets((f"gpufleet_gpu_memory_used_bytes{g}", f"{GPU_LEGEND} used"),
-                  (f"gpufleet_gpu_memory_total_bytes{g}", f"{GPU_LEGEND} total")),
+        p.targets((f"{m.GPU_MEMORY_USED_BYTES.name}{g}", f"{GPU_LEGEND} used"),
+                  (f"{m.GPU_MEMORY_TOTAL_BYTES.name}{g}", f"{GPU_LEGEND} total")),
         "bytes", minimum=0,
     ), 12, 8)
-    layout.add(_per_gpu("Temperature", f"gpufleet_gpu_temperature_celsius{g}", "celsius",
-                        steps=levels.temperature,
+    layout.add(_per_gpu("Temperature", f"{m.GPU_TEMPERATURE_CELSIUS.name}{g}", "celsius",
+                        steps=levels.gpu_temperature,
                         description=f"Lines: the temperature alert's levels from "
                                     f"{levels.source}."), 12, 8)
     layout.add(p.timeseries(
         "Power against limit",
-        p.targets((f"gpufleet_gpu_power_watts{g}", f"{GPU_LEGEND} draw"),
-                  (f"gpufleet_gpu_power_limit_watts{g}", f"{GPU_LEGEND} limit")),
+        p.targets((f"{m.GPU_POWER_WATTS.name}{g}", f"{GPU_LEGEND} draw"),
+                  (f"{m.GPU_POWER_LIMIT_WATTS.name}{g}", f"{GPU_LEGEND} limit")),
         "watt", minimum=0,
     ), 12, 8)
     layout.add(p.bar_gauge(
         "Power draw now",
-        p.targets((f"gpufleet_gpu_power_watts{g}", "{{model}} " + GPU_LEGEND)),
+        p.targets((f"{m.GPU_POWER_WATTS.name}{g}", "{{model}} " + GPU_LEGEND)),
         "watt",
         overrides=[p.by_name_thresholds(f"^{re.escape(model)} ", steps, regex=True)
-                   for model, steps in levels.power],
+                   for model, steps in levels.gpu_power],
         description=f"Coloured by the power alert's levels for each GPU's model from "
                     f"{levels.source}.",
     ), 12, 8)
     layout.add(_per_gpu("Power from the energy counter",
-                        f"rate(gpufleet_gpu_energy_joules_total{g}[$__rate_interval])", "watt",
+                        f"rate({m.GPU_ENERGY_JOULES_TOTAL.name}{g}[$__rate_interval])", "watt",
                         minimum=0,
                         description="Mean power over each interval, from "
-                                    "gpufleet_gpu_energy_joules_total."), 12, 8)
+                                    f"{m.GPU_ENERGY_JOULES_TOTAL.name}."), 12, 8)
     layout.add(p.timeseries(
         "NVLink traffic against capacity",
         p.targets(
-            (f"rate(gpufleet_gpu_nvlink_transmit_bytes_total{g}[$__rate_interval])",
+            (f"rate({m.GPU_NVLINK_TRANSMIT_BYTES_TOTAL.name}{g}[$__rate_interval])",
              f"{GPU_LEGEND} transmit"),
-            (f"rate(gpufleet_gpu_nvlink_receive_bytes_total{g}[$__rate_interval])",
+            (f"rate({m.GPU_NVLINK_RECEIVE_BYTES_TOTAL.name}{g}[$__rate_interval])",
              f"{GPU_LEGEND} receive"),
-            (f"gpufleet_gpu_nvlink_capacity_bytes_per_second{g}", f"{GPU_LEGEND} capacity"),
+            (f"{m.GPU_NVLINK_CAPACITY_BYTES_PER_SECOND.name}{g}", f"{GPU_LEGEND} capacity"),
         ),
         "Bps", minimum=0,
         description="Capacity is both directions together, from the GPU catalogue.",
     ), 12, 8)
     layout.add(_per_gpu("NVLink utilization", q.nvlink_utilization(g), "percentunit",
-                        steps=levels.nvlink_low, minimum=0, maximum=1,
+                        steps=levels.gpu_nvlink_utilization, minimum=0, maximum=1,
                         description=f"Share of NVLink bandwidth in use over 5 min. Lines: the "
                                     f"NVLink alert's levels from {levels.source}; that alert "
                                     f"looks only at busy GPUs of multi-GPU jobs."),
@@ -167,9 +168,9 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         variables=[
             *p.pool_and_model_variables(),
             p.query_variable("node", "Node",
-                             f"label_values(gpufleet_gpu_info{q.selector(q.FLEET)}, node)",
+                             f"label_values({m.GPU_INFO.name}{q.selector(q.FLEET)}, node)",
                              include_all=False),
-            p.query_variable("gpu", "GPU", "label_values(gpufleet_gpu_info"
+            p.query_variable("gpu", "GPU", f"label_values({m.GPU_INFO.name}"
                              f"{q.selector((*q.CLUSTER, ('node', 'node')))}, gpu)"),
         ],
         links=[p.dashboard_link("Fleet overview", "gpufleet-fleet"),
@@ -190,18 +191,18 @@ def _health_row(layout: p.Layout) -> None:
         "XID errors", q.zero_filled_by_gpu(xids, g, "xid", "none"), "xid", "XID {{xid}}",
         description="XID events per interval, by code, from NVML's event set (a GPU's first "
                     "XID of a code included). XID none: no XID since the exporter started. "
-                    "The dcgm source relays only the last XID (gpufleet_gpu_last_xid), so "
+                    f"The dcgm source relays only the last XID ({m.GPU_LAST_XID.name}), so "
                     "this stays at none there. GpuXidError pages on the table's critical "
                     "XIDs."), 12, 8)
     ecc = q.selector(q.GPU, 'counter="volatile"')
     layout.add(_per_gpu_by(
         "ECC errors", f"sum by (cluster, node, gpu, type) "
-        f"(increase(gpufleet_gpu_ecc_errors_total{ecc}[$__rate_interval]))", "type", "{{type}}",
+        f"(increase({m.GPU_ECC_ERRORS_TOTAL.name}{ecc}[$__rate_interval]))", "type", "{{type}}",
         description="ECC errors per interval (volatile counters). single_bit: corrected; "
                     "double_bit: uncorrected, GpuEccUncorrectable pages."), 12, 8)
     layout.add(p.timeseries(
         "Remapped rows and retired pages",
-        p.targets((f"gpufleet_gpu_remapped_rows_total{g} or gpufleet_gpu_retired_pages_total{g}",
+        p.targets((f"{m.GPU_REMAPPED_ROWS_TOTAL.name}{g} or {m.GPU_RETIRED_PAGES_TOTAL.name}{g}",
                    f"{GPU_LEGEND} {{{{cause}}}}")),
         "none", minimum=0, step_after=True,
         description="Memory rows the GPU remapped (Ampere and later; cause correctable or "
@@ -209,14 +210,14 @@ def _health_row(layout: p.Layout) -> None:
                     "double_bit), over the GPU's life."), 12, 8)
     layout.add(p.timeseries(
         "Row remap pending or failed",
-        p.targets((f"gpufleet_gpu_remapped_rows_pending{g}", f"{GPU_LEGEND} pending"),
-                  (f"gpufleet_gpu_remapped_rows_failure{g}", f"{GPU_LEGEND} failed")),
+        p.targets((f"{m.GPU_REMAPPED_ROWS_PENDING.name}{g}", f"{GPU_LEGEND} pending"),
+                  (f"{m.GPU_REMAPPED_ROWS_FAILURE.name}{g}", f"{GPU_LEGEND} failed")),
         "none", minimum=0, maximum=1, step_after=True, fill=0,
         description="pending 1: a remap waits for a GPU reset (GpuRowRemapPending). failed 1: "
                     "no spare rows left, the GPU needs replacing (GpuRowRemapFailed)."), 12, 8)
     layout.add(p.timeseries(
         "Throttle reasons",
-        p.targets((f"gpufleet_gpu_clock_event_active{g}", f"{GPU_LEGEND} {{{{reason}}}}")),
+        p.targets((f"{m.GPU_CLOCK_EVENT_ACTIVE.name}{g}", f"{GPU_LEGEND} {{{{reason}}}}")),
         "none", minimum=0, maximum=1, step_after=True, fill=0,
         description="1 while the reason holds the GPU's clocks down. hw_thermal, sw_thermal, "
                     "hw_power_brake and hw_slowdown on a busy GPU for most of 10 min open "
@@ -224,7 +225,7 @@ def _health_row(layout: p.Layout) -> None:
                     "sync_boost follows another GPU of the group."), 12, 8)
     layout.add(_per_gpu_by(
         "NVLink errors", f"sum by (cluster, node, gpu, type) "
-        f"(increase(gpufleet_gpu_nvlink_errors_total{g}[$__rate_interval]))", "type", "{{type}}",
+        f"(increase({m.GPU_NVLINK_ERRORS_TOTAL.name}{g}[$__rate_interval]))", "type", "{{type}}",
         description="NVLink errors per interval, summed over the GPU's links. replay or "
                     "recovery: GpuNvlinkErrors; crc_flit and crc_data are corrected by replays "
                     "and open GpuNvlinkCrcErrors from 100 a second."), 12, 8)

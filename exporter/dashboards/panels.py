@@ -20,6 +20,7 @@ from typing import Any
 from grafanalib import core
 from grafanalib._gen import DashboardEncoder
 
+from exporter import metrics as m
 from exporter.dashboards.levels import OK, Steps
 
 # Every panel and query names the datasource through the `datasource` variable,
@@ -67,10 +68,10 @@ def pool_and_model_variables() -> list[core.Template]:
     "All" (``.*``, which also matches a missing label)."""
     return [
         datasource_variable(),
-        query_variable("cluster", "Cluster", "label_values(gpufleet_build_info, cluster)"),
-        query_variable("pool", "Pool", 'label_values(gpufleet_gpu_info{cluster=~"$cluster"}, pool)'),
+        query_variable("cluster", "Cluster", f"label_values({m.BUILD_INFO.name}, cluster)"),
+        query_variable("pool", "Pool", f'label_values({m.GPU_INFO.name}{{cluster=~"$cluster"}}, pool)'),
         query_variable("model", "Model",
-                       'label_values(gpufleet_gpu_info{cluster=~"$cluster",pool=~"$pool"}, model)'),
+                       f'label_values({m.GPU_INFO.name}{{cluster=~"$cluster",pool=~"$pool"}}, model)'),
     ]
 
 
@@ -236,7 +237,7 @@ def table(title: str, queries: list[core.Target], unit: str, *, description: str
             "matcher": {"id": "byName", "options": renames.get(color_column, color_column)},
             "properties": [{"id": "custom.cellOptions", "value": {"type": "color-background"}}],
         })
-    sort = [core.TableSortByField(displayName=renames.get(sort_by, sort_by), desc=descending)] \
+    sort = [core.TableSortByField(displayName=renames.get(sort_by, sort_by), desc=descending)]\
         if sort_by else []
     return core.Table(
         title=title, description=description, dataSource=DATASOURCE, targets=queries, unit=unit,

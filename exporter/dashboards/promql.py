@@ -19,7 +19,9 @@ clusters, whose node names may repeat.
 
 from __future__ import annotations
 
-from exporter.alerting.thresholds import SLOWDOWN_REASONS
+from exporter import metrics as m
+from exporter.alerting import recorded
+from exporter.alerting.queries import SLOWDOWN_REASONS
 
 # label -> template variable; multi-value variables expand to a regex alternation,
 # so every selector matches with =~
@@ -46,17 +48,17 @@ def allocations(sel: str) -> str:
     replaces it with ``exported_job`` when that exists, so the panels show the
     job's name under either scrape setting.
     """
-    inner = f'label_replace(gpufleet_gpu_allocation_info{sel}, "job_name", "$1", "job", "(.*)")'
+    inner = f'label_replace({m.GPU_ALLOCATION_INFO.name}{sel}, "job_name", "$1", "job", "(.*)")'
     return f'label_replace({inner}, "job_name", "$1", "exported_job", "(.+)")'
 
 
 def nvlink_utilization(sel: str) -> str:
     """Share of the GPU's NVLink bandwidth in use over 5 min, both directions together (0-1)."""
-    return f"gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m{sel}"
+    return f"{recorded.GPU_NVLINK_UTILIZATION}{sel}"
 
 
 def memory_used_ratio(sel: str) -> str:
-    return f"gpu:gpufleet_gpu_memory_used:ratio{sel}"
+    return f"{recorded.GPU_MEMORY_USED}{sel}"
 
 
 def gpus_in_state(state: str, sel: str, by: str = "") -> str:
@@ -67,13 +69,13 @@ def gpus_in_state(state: str, sel: str, by: str = "") -> str:
     """
     grouping = f" by ({by})" if by else ""
     if state == "lost":
-        return f"sum{grouping} (gpufleet_gpu_up{sel} == bool 0)"
+        return f"sum{grouping} ({m.GPU_UP.name}{sel} == bool 0)"
     if state == "idle":
-        return f"sum{grouping} (pool:gpufleet_gpu_idle:count{sel})"
+        return f"sum{grouping} ({recorded.POOL_IDLE}{sel})"
     if state == "allocated":
         # on (...) group_left: the allocation may come from another process than gpu_up
-        return (f"sum{grouping} ((gpufleet_gpu_allocated_ratio{sel} > bool 0) "
-                f"* on (cluster, node, gpu) group_left () gpufleet_gpu_up{sel})")
+        return (f"sum{grouping} (({m.GPU_ALLOCATED_RATIO.name}{sel} > bool 0) "
+                f"* on (cluster, node, gpu) group_left () {m.GPU_UP.name}{sel})")
     raise ValueError(f"unknown GPU state {state!r}")
 
 
@@ -90,14 +92,14 @@ def firing_alerts(names: tuple[str, ...]) -> str:
 def zero_filled_by_pool(expr: str, sel: str) -> str:
     """``expr`` (a sum by pool) with 0 for every pool it has no series for, so a pool
     with nothing pending shows 0 rather than a gap."""
-    return f"{expr} or sum by (pool) (0 * gpufleet_node_info{sel})"
+    return f"{expr} or sum by (pool) (0 * {m.NODE_INFO.name}{sel})"
 
 
 def xid_events(sel: str, window: str) -> str:
     """XID events per GPU and code over ``window``: the counter's increase, plus the
     series that appeared within it. A GPU's first XID of a code creates its series at 1,
     which increase() cannot see (no earlier sample); GpuXidError counts it the same way."""
-    counter = f"gpufleet_gpu_xid_errors_total{sel}"
+    counter = f"{m.GPU_XID_ERRORS_TOTAL.name}{sel}"
     return (f"(increase({counter}[{window}]) > 0 "
             f"or ({counter} unless {counter} offset {window}))")
 
@@ -105,7 +107,7 @@ def xid_events(sel: str, window: str) -> str:
 def zero_filled_by_gpu(expr: str, sel: str, label: str, value: str) -> str:
     """``expr`` (by cluster, node, gpu and ``label``) with a 0 for every answering GPU it has
     no series for, ``label`` set to ``value``: "none seen" draws as 0, not as "No data"."""
-    zero = f'label_replace(0 * gpufleet_gpu_up{sel}, "{label}", "{value}", "", "")'
+    zero = f'label_replace(0 * {m.GPU_UP.name}{sel}, "{label}", "{value}", "", "")'
     return f"{expr}\nor on (cluster, node, gpu) {zero}"
 
 
@@ -113,4 +115,4 @@ def slowdown(labels: tuple[tuple[str, str], ...]) -> str:
     """1 while a thermal or power-brake reason holds the GPU's clocks down (GpuClocksThrottled's
     reasons), per GPU; 0 while none does."""
     sel = selector(labels, f'reason=~"{SLOWDOWN_REASONS}"')
-    return f"max by (cluster, node, gpu) (gpufleet_gpu_clock_event_active{sel})"
+    return f"max by (cluster, node, gpu) ({m.GPU_CLOCK_EVENT_ACTIVE.name}{sel})"

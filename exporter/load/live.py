@@ -38,9 +38,10 @@ from exporter.load.changepoint import DIRECTIONS, Cusum
 from exporter.load.forecast import DAY, HourlyHistory
 from exporter.load.scaling import REASONS, Hint, Scaler
 from exporter.load.stats import WindowStats, window_stats
-from exporter.load.table import DEFAULT, ScalingTable
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
+from exporter.thresholds import ScalingTable, load_thresholds
+from exporter.thresholds.scaling import DEFAULT
 
 MAX_POOLS = 4096  # pools tracked at once; a snapshot with more is bounded upstream too
 
@@ -226,9 +227,7 @@ class LoadTracker:
     @classmethod
     def from_table(cls, window: int) -> LoadTracker:
         """A tracker with the packaged threshold table's ``scaling:`` settings."""
-        from exporter.alerting.thresholds import default_thresholds
-
-        return cls(window, default_thresholds().scaling or DEFAULT)
+        return cls(window, load_thresholds().scaling or DEFAULT)
 
     def advice_json(self) -> list[dict[str, Any]]:
         """/v1/advice's ``scaling``: per pool, the hint, the load statistics and the changes."""

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from exporter.load.forecast import forecast_matrix
-from exporter.load.scaling import Scaler, ScalingSettings
+from exporter.load.scaling import Scaler
+from exporter.thresholds import ScalingSettings
 
 POLICIES = ("static", "reactive", "predictive")
 HOUR = 3600.0

@@ -21,47 +21,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from exporter.thresholds.scaling import ScalingSettings
+
 # the reasons a hint gives, in the order the docs list them; a label value, so a closed set
 REASONS = ("hold", "up", "down", "min_nodes", "max_nodes")
-
-
-@dataclass(frozen=True, slots=True)
-class ScalingSettings:
-    up: float = 0.8  # scale up above this demand ratio
-    down: float = 0.3  # scale down below it
-    target: float = 0.8  # the ratio a new size aims at: ceil(demand / (node_gpus * target))
-    min_nodes: int = 4
-    max_nodes: int = 32
-    node_gpus: int = 8  # GPUs one node adds
-    hysteresis: int = 2  # samples in a row out of the band before acting
-    cooldown_up_s: float = 3600.0  # since the last scale-up
-    cooldown_down_s: float = 3 * 3600.0  # since the last action of either kind
-    startup_s: float = 3600.0  # a node added now serves only this much later
-
-    def __post_init__(self) -> None:
-        if not 0 < self.down < self.up:
-            raise ValueError(f"need 0 < down < up, got down {self.down} and up {self.up}")
-        if not 0 < self.target <= 1:
-            raise ValueError(f"target must be in (0, 1], got {self.target}")
-        if not 0 <= self.min_nodes <= self.max_nodes:
-            raise ValueError(f"need 0 <= min_nodes <= max_nodes, got {self.min_nodes} and {self.max_nodes}")
-        if self.node_gpus < 1 or self.hysteresis < 1:
-            raise ValueError("node_gpus and hysteresis must be at least 1")
-        if min(self.cooldown_up_s, self.cooldown_down_s, self.startup_s) < 0:
-            raise ValueError("cooldowns and startup must not be negative")
-
-    def nodes_for(self, demand_gpus: float) -> int:
-        """Nodes that put ``demand_gpus`` at the target ratio, before the bounds."""
-        # 1e-9: 0.8 * 10 GPUs is 8.000000000000002 in floats, which must not round up to a node
-        return max(0, math.ceil(demand_gpus / (self.node_gpus * self.target) - 1e-9))
-
-    def clamp(self, nodes: int) -> tuple[int, str]:
-        """``nodes`` within the bounds, and the bound's name when it applied."""
-        if nodes > self.max_nodes:
-            return self.max_nodes, "max_nodes"
-        if nodes < self.min_nodes:
-            return self.min_nodes, "min_nodes"
-        return nodes, ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from exporter.gpu_catalogue import GB, Catalogue, default_catalogue
 from exporter.placement.engine import Placer
 from exporter.placement.task import Task
 from exporter.placement.tiers import REFERENCE_TIERS, tier_of
+from exporter.simulation.config import FleetConfig
 from exporter.simulation.jobs import JOB_KINDS, JobKind, SimJob, relative_rates, scenario_start
 from exporter.snapshot import (
     Allocation,
@@ -59,7 +60,6 @@ from exporter.snapshot import (
     Placement,
     XidCount,
 )
-from exporter.sources.sim.options import SimSource
 
 MIG_SLICES = 7  # A100 80GB in 7 x 1g.10gb
 CHECKPOINT_INTERVAL = 900.0  # the reference cluster checkpoints every 15 min
@@ -99,7 +99,7 @@ class Fleet:
 class Simulation:
     """The whole simulated fleet. ``advance(now)`` moves it to simulated time ``now``."""
 
-    def __init__(self, config: SimSource, start_time: float, catalogue: Catalogue | None = None):
+    def __init__(self, config: FleetConfig, start_time: float, catalogue: Catalogue | None = None):
         self.config = config
         self.catalogue = catalogue or default_catalogue()
         self._tier_of_model: dict[str, int] = {}  # model -> the highest tier listing it

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import yaml
 
-from exporter.alerting.thresholds import default_thresholds
 from exporter.cli import main as gpufleet
+from exporter.thresholds import load_thresholds
 from tests.helpers.alerting import WebhookReceiver, routed_config, start_alertmanager
 from tests.helpers.data import REPO
 from tests.helpers.servers import start_exporter, start_prometheus, stop
@@ -45,7 +45,7 @@ NODE_JOB = "gpufleet-nodes"
 HUMAN = ("pager", "tickets")
 # alerts about the whole cluster (GpuFleetFragmentationHigh): one ticket per cluster is their
 # grouping, as one per pool or account is the others'
-CLUSTER_WIDE = frozenset(row.alert for row in default_thresholds().alerts
+CLUSTER_WIDE = frozenset(row.alert for row in load_thresholds().alerts
                          if row.metric.subject == "cluster")
 
 
@@ -132,7 +132,7 @@ def _rules(workdir: Path, speed: float) -> tuple[list[str], dict[str, float]]:
         rule_file = out / name
         rule_file.write_text(_scale_windows(rule_file.read_text(), 1 / speed))
         files.append(str(rule_file))
-    from exporter.alerting.thresholds import load_thresholds
+    from exporter.thresholds import load_thresholds
 
     waits = {}
     for row in load_thresholds(path).alerts:

@@ -1,7 +1,7 @@
 """The threshold table's reader: walks the YAML with the dotted key of each value and fails
-with one line naming the file and the key. A leaf, so that each section's parser
-(thresholds.py's rows, load_rules.py's load and pressure sections) can use it without
-importing the other."""
+with one line naming the file and the key: the one validator of every section (table.py's
+rows, sections.py's load statistics and pressure, scaling.py's ``scaling:``), so each
+error has the same shape."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class ThresholdError(ConfigError):
     """The threshold table is wrong; the message names the file, the row and the key."""
 
 
-class _Reader:
+class Reader:
     """Walks the YAML with the dotted key of each value, for one-line errors."""
 
     def __init__(self, source: str):
@@ -65,3 +65,14 @@ class _Reader:
             return parse_duration(value)  # Prometheus' grammar: the rules hand it to Prometheus
         except ValueError:
             raise self.fail(where, f"must be {DURATION_HINT}, got {value!r}") from None
+
+    def share(self, value: Any, where: str) -> float:
+        """A ratio above 0 and at most 1 (a scaling band, a target)."""
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            raise self.fail(where, f"must be a ratio in (0, 1], got {value!r}")
+        return float(value)
+
+    def whole(self, value: Any, where: str, low: int, high: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self.fail(where, f"must be a whole number from {low} to {high:,}, got {value!r}")
+        return value

@@ -1,12 +1,15 @@
 """The threshold table, ``rules/thresholds.yaml``: loaded once, validated strictly.
 
 The table is the only place a threshold, a ``for`` duration, a summary or an
-action is written. Alerting rules (:mod:`exporter.alerting.rules`) and
-dashboards read it through :func:`load_thresholds`, so a gauge that turns red
-means an alert fires.
+action is written, and :func:`load_thresholds` the only code that opens it
+(``tests/test_imports.py`` checks that no other module names the file). Alerting
+and recording rules, dashboards, the advisor, the config's defaults, scaling and
+``gpufleet load`` all read the typed :class:`Thresholds` it returns, so a gauge
+that turns red means an alert fires.
 
-Each row names a metric from :data:`METRICS` (the table's vocabulary: which
-PromQL value it compares, in which unit, about which object) and gives its
+Each row names a metric from :data:`METRICS` (the table's vocabulary: in which
+unit, about which object, compared how; the PromQL is alerting's,
+:mod:`exporter.alerting.queries`, under the same key) and gives its
 warning and critical levels. Power is per GPU model: the levels are fractions
 of each model's TDP from the GPU catalogue unless the row names the model in
 ``models`` with watts of its own.
@@ -24,18 +27,15 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from exporter.alerting.pool_load_rules import parse_sections
-from exporter.alerting.table_reader import ThresholdError, _Reader
 from exporter.gpu_catalogue import Catalogue, default_catalogue
+from exporter.thresholds.reader import Reader, ThresholdError
+from exporter.thresholds.scaling import ScalingTable, parse_scaling
+from exporter.thresholds.sections import LoadStatistics, Pressure, parse_sections
 from exporter.yamlfile import parse_mapping, read_text
 
-if TYPE_CHECKING:
-    from exporter.alerting.pool_load_rules import LoadStatistics, Pressure
-    from exporter.load.table import ScalingTable
-
-PACKAGED_TABLE = "thresholds.yaml"  # in exporter/: see default_thresholds
+PACKAGED_TABLE = "thresholds.yaml"  # in exporter/: see _packaged_table
 CHECKOUT_TABLE = Path("rules") / "thresholds.yaml"  # what `gpufleet rules` reads in a checkout
 COMPACTION_METRIC = "pool_fragmentation_index"  # its row's level is the compaction threshold
 CHECKPOINT_METRIC = "job_checkpoint_age"  # its row's level is 2 x advisor.checkpoint_interval
@@ -47,208 +47,49 @@ OPS = ("<", ">", ">=", "==")
 
 @dataclass(frozen=True, slots=True)
 class MetricDef:
-    """What a table row may compare: the PromQL value, its unit and the object it is about.
-
-    ``expr`` may contain ``{exporter_jobs}``, filled from the table (an alternation of
-    its job names; an ``absent_too`` row gets one ``absent()`` per job), and
-    ``{critical_xids}`` (an alternation of the table's ``critical_xids``). ``describe``
-    is the description annotation, with ``<VALUE>``, ``<RELATION>``,
-    ``<THRESHOLD>`` and ``<FOR>`` filled per rule; Prometheus templates
-    (``{{ $labels.gpu }}``) pass through untouched.
-    """
+    """What a table row may compare: its unit, the object it is about, the comparisons that
+    make sense for it. The key is the one name of the concept: alerting gives it its PromQL
+    (:data:`exporter.alerting.queries.QUERIES`), the dashboards their levels
+    (:class:`exporter.dashboards.levels.DashboardLevels` fields carry the same names)."""
 
     key: str
-    expr: str
     unit: str  # ratio | celsius | watts | index | state | count | seconds
     subject: str  # gpu | job | pool | cluster | source | target | advisor | node
     ops: tuple[str, ...]
-    describe: str
     relative_to_tdp: bool = False  # levels are fractions of each model's TDP
-    cap: str = ""  # relative metrics: the enforced limit, for models without a catalogue TDP
-    absent_too: bool = False  # also fires when the series is absent
 
-
-_GPU = "GPU {{ $labels.gpu }} on {{ $labels.node }} ({{ $labels.model }}, pool {{ $labels.pool }})"
-_POOL = "Pool {{ $labels.pool }} ({{ $labels.model }})"
-# Clock-event reasons that mean a hardware or thermal slowdown (not the power cap, which
-# is GpuPowerHigh's, nor sync boost, which follows another GPU).
-SLOWDOWN_REASONS = "hw_thermal|sw_thermal|hw_power_brake|hw_slowdown"  # the dashboards too
 
 METRICS: dict[str, MetricDef] = {
     m.key: m
     for m in (
-        MetricDef("gpu_utilization", "gpufleet_gpu_utilization_ratio", "ratio", "gpu", ("<", ">"),
-                  f"{_GPU} is held by a job but <VALUE> busy, <RELATION> <THRESHOLD> for <FOR>."),
-        # A job, not each of its GPUs: 8 idle GPUs of one job are one ticket for its owner.
-        # The recorded average is over the job's GPUs; `job_gpus` and `account` ride along
-        # (constant for a job), the pod does not, so a replaced pod keeps the `for` clock.
-        MetricDef("job_utilization", "job:gpufleet_gpu_utilization:avg", "ratio", "job", ("<",),
-                  "Job {{ $labels.exported_job }} (account {{ $labels.account }}) holds "
-                  "{{ $labels.job_gpus }} GPU(s) at <VALUE> average utilization, <RELATION> "
-                  "<THRESHOLD> for <FOR>: {{ with printf "
-                  "`avg_over_time(job:gpufleet_gpu_idle:sum{cluster=%q,exported_job=%q}[1h])` "
-                  "$labels.cluster $labels.exported_job | query }}"
-                  '{{ . | first | value | printf "%.1f" }}{{ end }} GPU-hours idle in the last hour.'),
-        # Only a checkpoint the job states (a Slurm comment's last-checkpoint=, the pod
-        # annotation gpufleet.io/last-checkpoint) says the job is one that checkpoints, i.e.
-        # a training job: an `assumed` age restarts every advisor.checkpoint_interval by
-        # construction and can never be stale. Maxed by the job's constant labels, so a
-        # replaced or second exporter (its instance) does not restart the `for` clock.
-        MetricDef("job_checkpoint_age",
-                  "max by (cluster, exported_job, namespace, account) (\n"
-                  '  gpufleet_job_checkpoint_age_seconds{source="stated"}\n)',
-                  "seconds", "job", (">", ">="),
-                  # a scheduler without accounts leaves the label empty (not stored): said only
-                  # when there is one
-                  "Job {{ $labels.exported_job }}{{ with $labels.account }} (account {{ . }})"
-                  "{{ end }} last checkpointed <VALUE> ago, <RELATION> <THRESHOLD> for <FOR>: "
-                  "that much work of each GPU it holds is not saved."),
-        # Multi-node jobs only (the family has no series for a single-node job); maxed by
-        # the job's constant labels for the same reason as above.
-        MetricDef("job_nvlink_generations",
-                  "max by (cluster, exported_job, namespace) (gpufleet_job_nvlink_generations)",
-                  "count", "job", (">", ">="),
-                  "Multi-node job {{ $labels.exported_job }}{{ with $labels.namespace }} "
-                  "(namespace {{ . }}){{ end }} runs on GPUs of <VALUE> NVLink generations for "
-                  "<FOR>: they do not interconnect (Blackwell's NVLink 5, Hopper's NVLink 4), "
-                  "so its traffic "
-                  "between them falls back to the network."),
-        MetricDef("gpu_memory_used", "gpu:gpufleet_gpu_memory_used:ratio", "ratio", "gpu",
-                  (">", ">="),
-                  f"{_GPU} has <VALUE> of its memory in use, <RELATION> <THRESHOLD> for <FOR>."),
-        MetricDef("gpu_temperature", "gpufleet_gpu_temperature_celsius", "celsius", "gpu",
-                  (">", ">="),
-                  f"{_GPU} is at <VALUE>, <RELATION> <THRESHOLD> for <FOR>."),
-        MetricDef("gpu_power", "gpufleet_gpu_power_watts", "watts", "gpu", (">", ">="),
-                  f"{_GPU} draws <VALUE>, <RELATION> <THRESHOLD> for <FOR>.",
-                  relative_to_tdp=True, cap="gpufleet_gpu_power_limit_watts"),
-        MetricDef("gpu_nvlink_utilization", "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m",
-                  "ratio", "gpu", ("<",),
-                  f"{_GPU} runs a multi-GPU job but uses <VALUE> of its NVLink bandwidth, "
-                  "<RELATION> <THRESHOLD> for <FOR>."),
-        MetricDef("pool_fragmentation_index", "gpufleet_pool_fragmentation_index", "index", "pool",
-                  (">", ">="),
-                  f"{_POOL} has a fragmentation index of <VALUE>, <RELATION> <THRESHOLD> "
-                  "for <FOR>: idle GPUs are scattered so that large jobs cannot start."),
-        MetricDef("cluster_fragmentation_index", "gpufleet_cluster_fragmentation_index", "index",
-                  "cluster", (">", ">="),
-                  "The cluster has a fragmentation index of <VALUE>, <RELATION> <THRESHOLD> for "
-                  "<FOR>: idle GPUs are scattered so that large jobs cannot start."),
-        MetricDef("gpu_up", "gpufleet_gpu_up", "state", "gpu", ("==",),
-                  f"{_GPU} has not answered for <FOR>: it is lost or every read of it fails."),
-        # XIDs are events: an increase over 10 min holds the alert for 10 min after one,
-        # long enough to be seen, short enough to resolve once the GPU is quiet again.
-        # A GPU's first XID of a code creates its series at 1, which increase() cannot see
-        # (no earlier sample): a series new in the last 10 min counts too, if the GPU's
-        # last XID is that recent (so a restarted Prometheus does not page on old ones).
-        # The increase is filtered first: `or` would keep its 0 over the new series' 1.
-        MetricDef("gpu_xid_critical",
-                  '(\n  increase(gpufleet_gpu_xid_errors_total{xid=~"{critical_xids}"}[10m]) > 0\n'
-                  '  or\n'
-                  '  (gpufleet_gpu_xid_errors_total{xid=~"{critical_xids}"}\n'
-                  '    unless gpufleet_gpu_xid_errors_total{xid=~"{critical_xids}"} offset 10m)\n'
-                  "  and on (cluster, node, gpu)\n"
-                  "    time() - gpufleet_gpu_last_xid_timestamp_seconds < 600\n)",
-                  "count", "gpu", (">",),
-                  f"{_GPU} reported XID {{{{ $labels.xid }}}} (<VALUE> in the last 10m, "
-                  "for <FOR>), an error that needs a human: see the runbook for what it means."),
-        MetricDef("gpu_ecc_double_bit",
-                  'increase(gpufleet_gpu_ecc_errors_total{type="double_bit",counter="volatile"}'
-                  "[10m])",
-                  "count", "gpu", (">",),
-                  f"{_GPU} had <VALUE> uncorrectable (double-bit) ECC error(s) in the last 10m: "
-                  "the data of the job on it may be corrupt."),
-        MetricDef("gpu_remapped_rows_failure", "gpufleet_gpu_remapped_rows_failure", "state",
-                  "gpu", ("==",),
-                  f"{_GPU} failed to remap a memory row (for <FOR>): it has run out of spare "
-                  "rows."),
-        MetricDef("gpu_remapped_rows_pending", "gpufleet_gpu_remapped_rows_pending", "state",
-                  "gpu", ("==",),
-                  f"{_GPU} has memory rows waiting to be remapped for <FOR>; the remap happens "
-                  "at the next GPU reset."),
-        # Hardware or thermal slowdown, one series per GPU: hw_slowdown is set together with
-        # hw_thermal or hw_power_brake (NVML's HW_SLOWDOWN covers both), so the reasons are
-        # folded with max, not summed. The share of the last 10 min each reason held the
-        # clocks down; the description names the reasons that did (a query, sorted).
-        MetricDef("gpu_clock_slowdown",
-                  "max without (reason) (\n"
-                  f"  avg_over_time(gpufleet_gpu_clock_event_active{{reason=~\"{SLOWDOWN_REASONS}\"}}"
-                  "[10m])\n)",
-                  "ratio", "gpu", (">", ">="),
-                  f"{_GPU} is busy but had its clocks held down <VALUE> of the last 10m "
-                  "(<RELATION> <THRESHOLD>, for <FOR>) by {{ range $i, $s := printf "
-                  "`avg_over_time(gpufleet_gpu_clock_event_active{cluster=%q,node=%q,gpu=%q,"
-                  f'reason=~"{SLOWDOWN_REASONS}"}}[10m]) > 0` '
-                  "$labels.cluster $labels.node $labels.gpu | query | sortByLabel `reason` }}"
-                  "{{ if $i }}, {{ end }}{{ $s.Labels.reason }}{{ end }}: the job runs slower."),
-        # NVLink counters summed over the GPU's links, by type. Replays and recoveries are
-        # link errors at any count (DCGM's health watch: DCGM_LIMIT_MAX_NVLINK_ERROR 1);
-        # CRC errors are corrected by a replay and matter only at 100 a second or more
-        # (DCGM_LIMIT_MAX_NVLINK_CRC_ERROR, "RM has informed us that CRC errors only matter
-        # at rates of 100+ per second"), so they have a row and a threshold of their own.
-        MetricDef("gpu_nvlink_link_errors",
-                  'increase(gpufleet_gpu_nvlink_errors_total{type=~"replay|recovery"}[10m])',
-                  "count", "gpu", (">", ">="),
-                  f"{_GPU} counted <VALUE> NVLink {{{{ $labels.type }}}} error(s) in the last "
-                  "10m (<RELATION> <THRESHOLD>, for <FOR>): a link retransmits or retrains."),
-        MetricDef("gpu_nvlink_crc_errors",
-                  'increase(gpufleet_gpu_nvlink_errors_total{type=~"crc_flit|crc_data"}[10m])',
-                  "count", "gpu", (">", ">="),
-                  f"{_GPU} counted <VALUE> NVLink {{{{ $labels.type }}}} CRC errors in the last "
-                  "10m, <RELATION> <THRESHOLD>, for <FOR>: a link is degrading."),
-        # SM activity is GPM's (Hopper and later) or DCGM's profiling field; GPUs without it
-        # have no series and never fire. Utilization counts time any kernel ran, so a job
-        # spinning on a lock or waiting on a peer reads busy while its SMs idle.
-        MetricDef("gpu_sm_active", "gpufleet_gpu_sm_active_ratio", "ratio", "gpu", ("<",),
-                  f"{_GPU} reads as busy, but its SMs were active <VALUE> of the time, "
-                  "<RELATION> <THRESHOLD> for <FOR>: its kernels run but do little work."),
-        MetricDef("source_up", "gpufleet_source_up", "state", "source", ("==",),
-                  "Source {{ $labels.source }}{{ with $labels.target }} (target {{ . }}){{ end }} "
-                  "on {{ $labels.instance }} has failed for <FOR>; its GPUs are served stale."),
-        # Fleet-wide: every exporter's instance of the source fails (the cluster mode's only
-        # Prometheus or Slurm reader, or NVML on every node): nothing is seen, so it pages.
-        MetricDef("fleet_source_up", 'max by (cluster, source) (gpufleet_source_up{target=""})',
-                  "state", "source", ("==",),
-                  "Source {{ $labels.source }} has failed on every gpufleet that runs it for "
-                  "<FOR>: the whole fleet is served stale."),
-        MetricDef("exporter_up", 'up{job=~"{exporter_jobs}"}', "state", "target", ("==",),
-                  "gpufleet target {{ $labels.instance }} of job {{ $labels.job }} has been "
-                  "down for <FOR>: its GPUs' metrics are not collected."),
-        # Every target of a job down, or the job gone from service discovery: the fleet
-        # (node mode) or its analysis (cluster mode) is blind, and no alert can fire.
-        MetricDef("exporter_job_up", 'max by (job) (up{job=~"{exporter_jobs}"})', "state",
-                  "target", ("==",),
-                  "No target of gpufleet job {{ $labels.job }} has answered for <FOR> (or the "
-                  "job has no target at all): no GPU metrics are collected.",
-                  absent_too=True),
-        # errors in the last 10 min, not a rate: "3 inserts failed" reads better than
-        # 0.005/s, and a row's `for` longer than the window makes one blip never fire
-        MetricDef("advisor_outbox_errors", "increase(gpufleet_advisor_outbox_errors_total[10m])",
-                  "count", "advisor", (">", ">="),
-                  "The advisor's outbox on {{ $labels.instance }} failed <VALUE> "
-                  "{{ $labels.operation }} operations in the last 10m (<RELATION> <THRESHOLD>) "
-                  "and has kept failing for <FOR>: plans that cannot be written wait in memory, "
-                  "with no cooldown."),
-        # Node pressure (issue 20): series recorded from node_exporter's by the `pressure`
-        # section's rules (exporter/alerting/pool_load_rules.py). One row per resource holds its
-        # bands: warning is the medium band, critical the high one.
-        MetricDef("node_cpu_busy", "instance:gpufleet_node_cpu_busy:ratio", "ratio", "node",
-                  (">", ">="),
-                  "Node {{ $labels.instance }} has its CPUs <VALUE> busy, <RELATION> "
-                  "<THRESHOLD> for <FOR>."),
-        MetricDef("node_memory_used", "instance:gpufleet_node_memory_used:ratio", "ratio",
-                  "node", (">", ">="),
-                  "Node {{ $labels.instance }} has <VALUE> of its memory in use (1 - "
-                  "MemAvailable/MemTotal), <RELATION> <THRESHOLD> for <FOR>."),
-        MetricDef("node_disk_io_busy", "instance:gpufleet_node_disk_io_busy:ratio", "ratio",
-                  "node", (">", ">="),
-                  "Node {{ $labels.instance }} has its busiest disk doing I/O <VALUE> of the "
-                  "time, <RELATION> <THRESHOLD> for <FOR>."),
-        MetricDef("node_pressure_score", "instance:gpufleet_node_pressure:score", "ratio",
-                  "node", (">", ">="),
-                  "Node {{ $labels.instance }} has a pressure score of <VALUE> of the "
-                  "maximum (CPU, memory and disk I/O, weighted against their caps), "
-                  "<RELATION> <THRESHOLD> for <FOR>."),
+        MetricDef("gpu_utilization", "ratio", "gpu", ("<", ">")),
+        MetricDef("job_utilization", "ratio", "job", ("<",)),
+        MetricDef("job_checkpoint_age", "seconds", "job", (">", ">=")),
+        MetricDef("job_nvlink_generations", "count", "job", (">", ">=")),
+        MetricDef("gpu_memory_used", "ratio", "gpu", (">", ">=")),
+        MetricDef("gpu_temperature", "celsius", "gpu", (">", ">=")),
+        MetricDef("gpu_power", "watts", "gpu", (">", ">="), relative_to_tdp=True),
+        MetricDef("gpu_nvlink_utilization", "ratio", "gpu", ("<",)),
+        MetricDef("pool_fragmentation_index", "index", "pool", (">", ">=")),
+        MetricDef("cluster_fragmentation_index", "index", "cluster", (">", ">=")),
+        MetricDef("gpu_up", "state", "gpu", ("==",)),
+        MetricDef("gpu_xid_critical", "count", "gpu", (">",)),
+        MetricDef("gpu_ecc_double_bit", "count", "gpu", (">",)),
+        MetricDef("gpu_remapped_rows_failure", "state", "gpu", ("==",)),
+        MetricDef("gpu_remapped_rows_pending", "state", "gpu", ("==",)),
+        MetricDef("gpu_clock_slowdown", "ratio", "gpu", (">", ">=")),
+        MetricDef("gpu_nvlink_link_errors", "count", "gpu", (">", ">=")),
+        MetricDef("gpu_nvlink_crc_errors", "count", "gpu", (">", ">=")),
+        MetricDef("gpu_sm_active", "ratio", "gpu", ("<",)),
+        MetricDef("source_up", "state", "source", ("==",)),
+        MetricDef("fleet_source_up", "state", "source", ("==",)),
+        MetricDef("exporter_up", "state", "target", ("==",)),
+        MetricDef("exporter_job_up", "state", "target", ("==",)),
+        MetricDef("advisor_outbox_errors", "count", "advisor", (">", ">=")),
+        MetricDef("node_cpu_busy", "ratio", "node", (">", ">=")),
+        MetricDef("node_memory_used", "ratio", "node", (">", ">=")),
+        MetricDef("node_disk_io_busy", "ratio", "node", (">", ">=")),
+        MetricDef("node_pressure_score", "ratio", "node", (">", ">=")),
     )
 }
 
@@ -340,10 +181,10 @@ class Thresholds:
     busy_utilization: float  # a GPU above this utilization counts as busy (NVLink rule)
     critical_xids: tuple[tuple[int, str], ...]  # (XID, what it means) that page
     alerts: tuple[AlertRow, ...]
-    # issue 20, exporter/alerting/pool_load_rules.py; None: the table has no such section
+    # issue 20, exporter/thresholds/sections.py; None: the table has no such section
     load_statistics: LoadStatistics | None = None
     pressure: Pressure | None = None
-    scaling: ScalingTable | None = None  # issue 20, exporter/load/table.py
+    scaling: ScalingTable | None = None  # issue 20, exporter/thresholds/scaling.py
 
     def alert(self, name: str) -> AlertRow:
         for row in self.alerts:
@@ -394,7 +235,7 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
                      catalogue: Catalogue | None = None) -> Thresholds:
     """Validate the table's text into :class:`Thresholds`; :class:`ThresholdError` if wrong."""
     catalogue = catalogue or default_catalogue()
-    r = _Reader(source)
+    r = Reader(source)
     raw = parse_mapping(text, source, ThresholdError)
     if isinstance(raw, dict) and "runbook_url" in raw:
         raise r.fail("runbook_url", "renamed runbook_base_url: the runbooks page your operators "
@@ -423,14 +264,12 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
             raise r.fail(f"{where}.alert", f"{row.alert} appears twice; one row per alert name")
         rows.append(row)
     statistics, pressure = parse_sections(r, top, tuple((row.alert, row.metric.key) for row in rows))
-    from exporter.load.table import parse_scaling
-
-    scaling = parse_scaling(top["scaling"], r.fail) if "scaling" in top else None
+    scaling = parse_scaling(r, top["scaling"]) if "scaling" in top else None
     return Thresholds(Path(source).name, runbook_base_url, exporter_jobs, busy, xids, tuple(rows),
                       statistics, pressure, scaling)
 
 
-def _xids(r: _Reader, value: Any) -> tuple[tuple[int, str], ...]:
+def _xids(r: Reader, value: Any) -> tuple[tuple[int, str], ...]:
     """XID codes that page, each with what it means (the runbook and the docs repeat it)."""
     if not isinstance(value, dict) or not value:
         raise r.fail("critical_xids", f"must be a mapping of XID numbers to what they mean, "
@@ -443,7 +282,7 @@ def _xids(r: _Reader, value: Any) -> tuple[tuple[int, str], ...]:
     return tuple(sorted(out))
 
 
-def _jobs(r: _Reader, value: Any) -> tuple[str, ...]:
+def _jobs(r: Reader, value: Any) -> tuple[str, ...]:
     """The scrape jobs GpufleetTargetDown watches, each a name PromQL quotes as it is."""
     if not isinstance(value, list) or not value:
         raise r.fail("exporter_jobs", f"must be a non-empty list of job names, got {value!r}")
@@ -459,25 +298,41 @@ def _jobs(r: _Reader, value: Any) -> tuple[str, ...]:
     return tuple(jobs)
 
 
-def load_thresholds(path: str | Path, catalogue: Catalogue | None = None) -> Thresholds:
-    """Read and validate the threshold table at ``path``."""
+def load_thresholds(path: str | Path | None = None,
+                    catalogue: Catalogue | None = None) -> Thresholds:
+    """Read and validate the threshold table at ``path``; without one, the table installed
+    with gpufleet (the defaults that come from it), read once per process.
+
+    The only function that opens a threshold table. A path (``--thresholds FILE``, a
+    reload) is read every call: only the packaged default is cached.
+    """
+    if path is None:
+        return _packaged_table() if catalogue is None else _read_packaged(catalogue)
+    return _read(path, catalogue)
+
+
+def _read(path: str | Path, catalogue: Catalogue | None) -> Thresholds:
     return parse_thresholds(read_text(path, "the threshold table", ThresholdError), str(path), catalogue)
 
 
+def _read_packaged(catalogue: Catalogue | None) -> Thresholds:
+    with resources.as_file(resources.files("exporter").joinpath(PACKAGED_TABLE)) as path:
+        return _read(path, catalogue)
+
+
 @cache
-def default_thresholds() -> Thresholds:
-    """The table installed with gpufleet, for defaults that come from it.
+def _packaged_table() -> Thresholds:
+    """The table installed with gpufleet.
 
     ``exporter/thresholds.yaml`` is package data and a link to ``rules/thresholds.yaml``,
     the one copy anyone edits: in a checkout it is that file, and ``pip install`` (wheel
     or sdist) copies its content, so an installed exporter has it without a checkout.
     Read once per process (about 15 ms with the GPU catalogue it checks against).
     """
-    with resources.as_file(resources.files("exporter").joinpath(PACKAGED_TABLE)) as path:
-        return load_thresholds(path)
+    return _read_packaged(None)
 
 
-def _parse_row(r: _Reader, raw: Any, where: str, catalogue: Catalogue) -> AlertRow:
+def _parse_row(r: Reader, raw: Any, where: str, catalogue: Catalogue) -> AlertRow:
     row = r.mapping(raw, where, _ROW_KEYS, required=("alert", "metric", "op", "summary", "action"))
     alert = r.text(row["alert"], f"{where}.alert")
     if not _ALERT_NAME.match(alert):
@@ -538,7 +393,7 @@ def _parse_row(r: _Reader, raw: Any, where: str, catalogue: Catalogue) -> AlertR
     )
 
 
-def _threshold(r: _Reader, value: Any, where: str, metric: MetricDef) -> float:
+def _threshold(r: Reader, value: Any, where: str, metric: MetricDef) -> float:
     if metric.relative_to_tdp:
         return r.number(value, where, "fraction of the model's TDP", True, _TDP_FRACTION_RANGE)
     if metric.unit == "seconds" and isinstance(value, str):  # 30m reads better than 1800
@@ -550,7 +405,7 @@ def _threshold(r: _Reader, value: Any, where: str, metric: MetricDef) -> float:
     return r.number(value, where, metric.unit, metric.unit == "ratio", _RANGES[metric.unit])
 
 
-def _check_order(r: _Reader, where: str, op: str, values: list[tuple[str, float]],
+def _check_order(r: Reader, where: str, op: str, values: list[tuple[str, float]],
                  what: str) -> None:
     """Critical must be the more extreme level: below warning for <, above it for > and >=."""
     found = dict(values)
@@ -565,7 +420,7 @@ def _check_order(r: _Reader, where: str, op: str, values: list[tuple[str, float]
                             f"({warning:g}) for {op}: warning and critical are in the wrong order")
 
 
-def _models(r: _Reader, raw: Any, where: str, metric: MetricDef, op: str,
+def _models(r: Reader, raw: Any, where: str, metric: MetricDef, op: str,
             levels: list[Level], catalogue: Catalogue) -> tuple[ModelThreshold, ...]:
     """Absolute per-model thresholds: the table's own, else fractions of the catalogue TDP."""
     if not metric.relative_to_tdp:
@@ -601,7 +456,7 @@ def _models(r: _Reader, raw: Any, where: str, metric: MetricDef, op: str,
     return tuple(out)
 
 
-def _labels(r: _Reader, raw: Any, where: str) -> tuple[tuple[str, str], ...]:
+def _labels(r: Reader, raw: Any, where: str) -> tuple[tuple[str, str], ...]:
     if not isinstance(raw, dict):
         raise r.fail(where, f"must be a mapping of label names to values, got {raw!r}")
     out = []
@@ -625,14 +480,12 @@ __all__ = [
     "OWNERS",
     "SCOPES",
     "SEVERITIES",
-    "SLOWDOWN_REASONS",
     "AlertRow",
     "Level",
     "MetricDef",
     "ModelThreshold",
     "ThresholdError",
     "Thresholds",
-    "default_thresholds",
     "load_thresholds",
     "parse_thresholds",
 ]
@@ -650,4 +503,4 @@ def command_table(given: str | None) -> tuple[Thresholds, Path | None]:
         return load_thresholds(given), Path(given).parent
     if CHECKOUT_TABLE.is_file():
         return load_thresholds(CHECKOUT_TABLE), CHECKOUT_TABLE.parent
-    return default_thresholds(), None
+    return load_thresholds(), None

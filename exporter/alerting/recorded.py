@@ -1,0 +1,35 @@
+"""The names of every series gpufleet's recording rules write, in one place.
+
+These are not catalogue families (:mod:`exporter.metrics` lists what the exporter
+exposes); Prometheus produces them from the rules in ``rules/gpufleet-recording.yaml``.
+Alert expressions (:mod:`exporter.alerting.queries`), the rules that record them
+(:mod:`exporter.alerting.rules`, :mod:`exporter.alerting.pool_load_rules`) and the
+dashboards (:mod:`exporter.dashboards`) all spell a recorded series through these
+constants, so a rename is one edit. Names follow ``level:metric:operations``
+(https://prometheus.io/docs/practices/rules/).
+"""
+
+from __future__ import annotations
+
+# per GPU
+GPU_NVLINK_UTILIZATION = "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m"
+GPU_MEMORY_USED = "gpu:gpufleet_gpu_memory_used:ratio"
+# per job, and per GPU a job holds
+JOB_GPU_UTILIZATION = "job_gpu:gpufleet_gpu_utilization:ratio"
+JOB_UTILIZATION = "job:gpufleet_gpu_utilization:avg"
+JOB_IDLE = "job:gpufleet_gpu_idle:sum"
+# per pool (and model)
+POOL_UTILIZATION = "pool:gpufleet_gpu_utilization:avg"
+POOL_MEMORY_USED = "pool:gpufleet_gpu_memory_used:ratio"
+POOL_ALLOCATED = "pool:gpufleet_gpu_allocated:sum"
+POOL_IDLE = "pool:gpufleet_gpu_idle:count"
+# the load statistics' inputs (issue 20); each gets its mean, stddev and quantile series
+POOL_DEMAND = "pool:gpufleet_demand:ratio"
+POOL_CAPACITY = "pool:gpufleet_gpu_capacity:count"
+CLUSTER_UTILIZATION = "cluster:gpufleet_gpu_utilization:avg"
+CLUSTER_DEMAND = "cluster:gpufleet_demand:ratio"
+# node pressure (issue 20), from node_exporter's series
+NODE_CPU_BUSY = "instance:gpufleet_node_cpu_busy:ratio"
+NODE_MEMORY_USED = "instance:gpufleet_node_memory_used:ratio"
+NODE_DISK_IO_BUSY = "instance:gpufleet_node_disk_io_busy:ratio"
+NODE_PRESSURE_SCORE = "instance:gpufleet_node_pressure:score"

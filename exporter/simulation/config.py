@@ -1,0 +1,73 @@
+"""What the simulator reads of its configuration, as protocols.
+
+The ``sim`` source's options (:class:`exporter.sources.sim.options.SimSource`, with its
+``SimPool`` and ``Scenario``) satisfy them; the simulator does not import them. The
+source builds the simulator (``exporter.sources.sim.source.build``), so the simulation
+package importing the sources package back would be a package-level cycle
+(``tests/test_imports.py`` checks there is none). mypy checks that the options fit
+where ``build`` hands them over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class PoolLayout(Protocol):
+    """One simulated pool: its nodes and what each holds."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def gpus_per_node(self) -> int: ...
+    @property
+    def cpu_cores(self) -> int: ...
+
+
+class ForcedCondition(Protocol):
+    """A scenario: a condition forced on a node, GPU or pool after ``start_after`` seconds."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def gpu(self) -> int: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def start_after(self) -> float: ...
+    @property
+    def value(self) -> float: ...
+
+
+class FleetConfig(Protocol):
+    """The simulated fleet's layout, job mix and scenarios."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def speed(self) -> float: ...
+    @property
+    def scale(self) -> int: ...
+    @property
+    def target_allocation(self) -> float: ...
+    @property
+    def mig_nodes(self) -> int: ...
+    @property
+    def pools(self) -> Sequence[PoolLayout]: ...
+    @property
+    def scenarios(self) -> Sequence[ForcedCondition]: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def job_prefix(self) -> str: ...
+    @property
+    def health(self) -> bool: ...
+
+    def node_names(self) -> Sequence[tuple[str, PoolLayout]]: ...

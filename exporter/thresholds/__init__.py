@@ -1,0 +1,48 @@
+"""The threshold table, ``rules/thresholds.yaml``, as one typed object.
+
+:func:`load_thresholds` is the one loader (no path: the packaged table, read once per
+process); it returns :class:`Thresholds`, whose rows and sections are frozen
+dataclasses. Everything that reads a threshold, a ``for`` or a scaling knob reads that
+object: the alerting and recording rules, the dashboards, the advisor, the config's
+defaults, the live scaling hint and ``gpufleet load``.
+
+A leaf package: it imports neither :mod:`exporter.alerting` nor :mod:`exporter.load`,
+so both can read the table without a package-level import cycle.
+"""
+
+from exporter.thresholds.reader import ThresholdError
+from exporter.thresholds.scaling import ScalingSettings, ScalingTable
+from exporter.thresholds.sections import RESOURCES, LoadStatistics, Pressure
+from exporter.thresholds.table import (
+    CHECKOUT_TABLE,
+    METRICS,
+    SEVERITIES,
+    AlertRow,
+    Level,
+    MetricDef,
+    ModelThreshold,
+    Thresholds,
+    command_table,
+    load_thresholds,
+    parse_thresholds,
+)
+
+__all__ = [
+    "CHECKOUT_TABLE",
+    "METRICS",
+    "RESOURCES",
+    "SEVERITIES",
+    "AlertRow",
+    "Level",
+    "LoadStatistics",
+    "MetricDef",
+    "ModelThreshold",
+    "Pressure",
+    "ScalingSettings",
+    "ScalingTable",
+    "ThresholdError",
+    "Thresholds",
+    "command_table",
+    "load_thresholds",
+    "parse_thresholds",
+]

@@ -1,0 +1,152 @@
+"""The ``scaling:`` section of rules/thresholds.yaml: the 0.8/0.3 rule's knobs, per pool.
+
+    scaling:
+      up: 0.8            # scale up above this demand ratio
+      down: 0.3          # scale down below it
+      target: 0.8        # the ratio a new size aims at (default: up)
+      min_nodes: 4
+      max_nodes: 32
+      hysteresis: 2      # samples in a row out of the band before acting
+      cooldown_up: 1h    # since the last scale-up
+      cooldown_down: 3h  # since the last action
+      startup: 1h        # a node ordered now serves this much later (the predictive horizon)
+      node_gpus: 8       # GPUs a node adds, where the fleet does not say
+      mode: reactive     # or predictive: the rule reads the forecast peak until a node started
+                         # now serves (the daily profile of the last 14 days plus the trend)
+      pools:             # overrides per pool, any of the keys above but pools
+        H800: {max_nodes: 876}
+
+Validated with the rest of the table, by the same :class:`~exporter.thresholds.reader.Reader`
+(:func:`exporter.thresholds.table.parse_thresholds` hands it to :func:`parse_scaling`), so a
+wrong value is a ThresholdError naming the dotted key. :class:`ScalingSettings` lives here, with the
+table, rather than in :mod:`exporter.load.scaling` which acts on it: the table package
+imports neither ``exporter.load`` nor ``exporter.alerting``, so both can read it
+without a package-level import cycle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.thresholds.reader import Reader
+
+MAX_POOLS = 1024
+MODES = ("reactive", "predictive")
+_KEYS = ("up", "down", "target", "min_nodes", "max_nodes", "hysteresis", "cooldown_up",
+         "cooldown_down", "startup", "node_gpus")
+_RATIOS = ("up", "down", "target")
+_COUNTS = {"min_nodes": (0, 1_000_000), "max_nodes": (1, 1_000_000), "hysteresis": (1, 100),
+           "node_gpus": (1, 1024)}
+_DURATIONS = {"cooldown_up": "cooldown_up_s", "cooldown_down": "cooldown_down_s", "startup": "startup_s"}
+MAX_DURATION_S = 7 * 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingSettings:
+    up: float = 0.8  # scale up above this demand ratio
+    down: float = 0.3  # scale down below it
+    target: float = 0.8  # the ratio a new size aims at: ceil(demand / (node_gpus * target))
+    min_nodes: int = 4
+    max_nodes: int = 32
+    node_gpus: int = 8  # GPUs one node adds
+    hysteresis: int = 2  # samples in a row out of the band before acting
+    cooldown_up_s: float = 3600.0  # since the last scale-up
+    cooldown_down_s: float = 3 * 3600.0  # since the last action of either kind
+    startup_s: float = 3600.0  # a node added now serves only this much later
+
+    def __post_init__(self) -> None:
+        if not 0 < self.down < self.up:
+            raise ValueError(f"need 0 < down < up, got down {self.down} and up {self.up}")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target must be in (0, 1], got {self.target}")
+        if not 0 <= self.min_nodes <= self.max_nodes:
+            raise ValueError(f"need 0 <= min_nodes <= max_nodes, got {self.min_nodes} and {self.max_nodes}")
+        if self.node_gpus < 1 or self.hysteresis < 1:
+            raise ValueError("node_gpus and hysteresis must be at least 1")
+        if min(self.cooldown_up_s, self.cooldown_down_s, self.startup_s) < 0:
+            raise ValueError("cooldowns and startup must not be negative")
+
+    def nodes_for(self, demand_gpus: float) -> int:
+        """Nodes that put ``demand_gpus`` at the target ratio, before the bounds."""
+        # 1e-9: 0.8 * 10 GPUs is 8.000000000000002 in floats, which must not round up to a node
+        return max(0, math.ceil(demand_gpus / (self.node_gpus * self.target) - 1e-9))
+
+    def clamp(self, nodes: int) -> tuple[int, str]:
+        """``nodes`` within the bounds, and the bound's name when it applied."""
+        if nodes > self.max_nodes:
+            return self.max_nodes, "max_nodes"
+        if nodes < self.min_nodes:
+            return self.min_nodes, "min_nodes"
+        return nodes, ""
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingTable:
+    default: ScalingSettings
+    # (pool, its settings, whether the table set node_gpus for it)
+    pools: tuple[tuple[str, ScalingSettings, bool], ...] = ()
+    node_gpus_given: bool = False  # the table set node_gpus (else the fleet's node size is used)
+    mode: str = "reactive"  # one of MODES
+
+    def for_pool(self, pool: str, node_gpus: int | None = None) -> ScalingSettings:
+        """The pool's settings; ``node_gpus`` (the fleet's node size) unless the table set one."""
+        settings, given = self.default, self.node_gpus_given
+        for name, pool_settings, pool_given in self.pools:
+            if name == pool:
+                settings, given = pool_settings, pool_given
+        if node_gpus is not None and node_gpus >= 1 and not given:
+            return dataclasses.replace(settings, node_gpus=node_gpus)
+        return settings
+
+
+DEFAULT = ScalingTable(ScalingSettings())
+
+
+def _values(r: Reader, raw: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in r.mapping(raw, where, allowed).items():
+        at = f"{where}.{key}"
+        if key in _RATIOS:
+            out[key] = r.share(value, at)
+        elif key in _COUNTS:
+            out[key] = r.whole(value, at, *_COUNTS[key])
+        elif key in _DURATIONS:
+            seconds = r.duration(value, at)
+            if seconds > MAX_DURATION_S:
+                raise r.fail(at, f"must be at most 7d, got {value!r}")
+            out[_DURATIONS[key]] = seconds
+    return out
+
+
+def _settings(r: Reader, base: ScalingSettings, values: dict[str, Any], where: str) -> ScalingSettings:
+    if "up" in values and "target" not in values:
+        values = {**values, "target": values["up"]}  # the target follows up unless given
+    try:
+        return dataclasses.replace(base, **values)
+    except ValueError as exc:
+        raise r.fail(where, str(exc)) from None
+
+
+def parse_scaling(r: Reader, raw: Any) -> ScalingTable:
+    values = _values(r, raw, "scaling", (*_KEYS, "pools", "mode"))
+    mode = raw.get("mode", "reactive")
+    if mode not in MODES:
+        raise r.fail("scaling.mode", f"must be one of {', '.join(MODES)}, got {str(mode)[:40]!r}")
+    pools_raw = raw.get("pools")  # a mapping: _values checked it
+    default = _settings(r, ScalingSettings(), values, "scaling")
+    pools: list[tuple[str, ScalingSettings, bool]] = []
+    if pools_raw is not None:
+        if not isinstance(pools_raw, Mapping) or len(pools_raw) > MAX_POOLS:
+            raise r.fail("scaling.pools", f"must be a mapping of at most {MAX_POOLS} pools to overrides")
+        for pool, override in pools_raw.items():
+            where = f"scaling.pools.{pool}"
+            if not isinstance(pool, str) or not pool.strip():
+                raise r.fail("scaling.pools", f"pool names must be strings, got {pool!r}")
+            override_values = _values(r, override, where, _KEYS)
+            pools.append((pool, _settings(r, default, override_values, where),
+                          "node_gpus" in override_values or "node_gpus" in values))
+    return ScalingTable(default, tuple(pools), "node_gpus" in values, mode)
