@@ -55,7 +55,7 @@ from typing import Any
 
 from exporter.advisor.advice import Advice, Decision, NvlinkMixed, Reclaim, ScopeStatus, WhatIf
 from exporter.advisor.plan import CompactionPlan
-from exporter.advisor.planner import right_sizing
+from exporter.advisor.right_sizing import right_sizing
 from exporter.analysis.index import Report
 from exporter.gpu_catalogue import default_catalogue
 from exporter.snapshot import Allocation, FleetSnapshot

@@ -42,10 +42,6 @@ import numpy as np
 
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
 from exporter.advisor.right_sizing import misplacements
-
-# re-exported for engine.py, whose import line stays as it is until the threshold-table
-# change beside it has merged; then the engine imports it from right_sizing directly
-from exporter.advisor.right_sizing import right_sizing as right_sizing
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.index import Report, scorer, totals
 from exporter.analysis.state import FleetState
