@@ -215,3 +215,91 @@ def test_a_failed_command_stops_the_one_run_beside_it(tmp_path):
         assert caught == []
     finally:
         _kill([pid] if pid else [])
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _wait_dead(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still alive 5 s on (SIGKILL lands at once, not synchronously)."""
+    deadline = time.monotonic() + 5
+    while any(not _dead(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if not _dead(p)]
+
+
+@pytest.mark.parametrize("escape", [
+    # the common site wrapper: timeout puts itself in a process group of its own
+    "timeout 60 sh -c 'echo $$ > {tmp}/escaped; exec sleep 60' &",
+    # a child that leaves the session: not in the group, and holding the pipe
+    "setsid sh -c 'echo $$ > {tmp}/escaped; exec sleep 60' &",
+])
+def test_a_slow_command_ends_at_its_deadline_with_what_escaped_its_group(tmp_path, escape):
+    """Issue 32, finding 1: killpg missed the escaped child, and waiting for the pipe it held
+    to close froze the read for 60 s, cancellation and all."""
+    argv = _script(tmp_path, escape.format(tmp=tmp_path) + "\nwait")
+    fds = _open_fds()
+    escaped: list[int] = []
+
+    async def run() -> None:
+        with pytest.raises(SlurmCommandError, match=r"no answer within 1s"):
+            await run_command(argv, 1.0, os.environ)
+
+    try:
+        with unraisable() as caught:
+            started = time.monotonic()
+            asyncio.run(run())
+            took = time.monotonic() - started
+            escaped = _pids(tmp_path / "escaped")
+        assert took < 5, f"the read took {took:.1f}s past a 1s deadline"
+        assert _wait_dead(escaped) == [], "the escaped child lives on"
+        assert _open_fds() == fds, "the read left file descriptors open"
+        assert caught == []
+    finally:
+        _kill(escaped)
+
+
+def test_a_cancelled_read_is_not_held_by_a_child_that_escaped_its_group(tmp_path):
+    """The collector's source_timeout cancels the read: the cancel ends it, not the pipe."""
+    argv = _script(tmp_path, f"setsid sh -c 'echo $$ > {tmp_path}/escaped; exec sleep 60' &\nwait")
+    escaped: list[int] = []
+
+    async def give_up() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(run_command(argv, 30, os.environ), 1.0)
+
+    try:
+        with unraisable() as caught:
+            started = time.monotonic()
+            asyncio.run(give_up())
+            took = time.monotonic() - started
+            escaped = _pids(tmp_path / "escaped")
+        assert took < 5, f"the cancel took {took:.1f}s"
+        assert _wait_dead(escaped) == []
+        assert caught == []
+    finally:
+        _kill(escaped)
+
+
+def test_a_command_that_answered_and_exited_is_not_slow_for_the_child_it_left(tmp_path):
+    """Issue 32, finding 12: the client printed its answer and exited 0, leaving a child that
+    holds stdout. The answer stands (it was "no answer within 5s"); the child and the fds go."""
+    argv = _script(tmp_path, f"echo answer\nsetsid sh -c 'echo $$ > {tmp_path}/escaped; "
+                             f"exec sleep 60' &\nwhile [ ! -s {tmp_path}/escaped ]; do sleep 0.01; "
+                             "done\nexit 0")
+    fds = _open_fds()
+    escaped: list[int] = []
+    try:
+        with unraisable() as caught:
+            started = time.monotonic()
+            out = asyncio.run(run_command(argv, 5.0, os.environ))
+            took = time.monotonic() - started
+        escaped = _pids(tmp_path / "escaped")
+        assert out == "answer\n"
+        assert took < 3
+        assert _wait_dead(escaped) == [], "the child the client left lives on"
+        assert _open_fds() == fds
+        assert caught == []
+    finally:
+        _kill(escaped)

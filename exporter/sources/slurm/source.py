@@ -24,7 +24,6 @@ import datetime as dt
 import logging
 import os
 import shutil
-import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from exporter.aio import complete
 from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.sources import Clock, SourceReading, SourceStartupError
+from exporter.sources.slurm import children
 from exporter.sources.slurm.options import SlurmSource as SlurmConfig
 from exporter.sources.slurm.parse import (
     SlurmJob,
@@ -67,18 +67,22 @@ Runner = Callable[[Sequence[str], float, Mapping[str, str]], Awaitable[str]]
 
 
 async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str]) -> str:
-    """Run one client; its stdout, or :class:`SlurmCommandError`.
+    """Run one client; its stdout, or :class:`SlurmCommandError`, by ``timeout`` at the latest.
 
     The child never outlives the call: one that is slow, or whose caller gives up
     on it (a cancellation, such as the collector's ``source_timeout``), is killed
-    and reaped before the call ends. Left running, it would outlive the read, and
-    its transport would try to close after the event loop had closed. It runs in
-    its own process group, killed whole: a wrapper script's children hold its
-    pipes too, and the child is reaped only once its pipes close.
+    before the call ends, with whatever it left behind (:mod:`.children`): its
+    process group, a ``timeout`` wrapper that moved to a group of its own, a
+    ``setsid`` child holding the pipe. The pipes are then closed from this end, so
+    the call never waits for a writer it could not kill. A client that answered
+    and exited, leaving a child that holds its stdout open, is not slow: its
+    answer stands, and the child is killed.
     """
     # The child runs before create_subprocess_exec returns (it still connects the pipes):
     # a cancellation then would lose the only handle on a live child. So the spawn is
     # completed whatever happens, and a child spawned for a cancelled call is killed too.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     spawning = asyncio.ensure_future(asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         stdin=asyncio.subprocess.DEVNULL, env=dict(env), start_new_session=True,
@@ -89,12 +93,12 @@ async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str
         raise SlurmCommandError(f"{argv[0]}: cannot run: {exc.strerror}") from None
     except asyncio.CancelledError:
         if not spawning.cancelled() and spawning.exception() is None:
-            await _kill_and_reap(spawning.result())
+            await _stop(spawning.result(), argv)
         raise
     try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
+        stdout, stderr = await _answer(proc, deadline, argv)
     except BaseException as exc:  # timed out, cancelled, or anything else: no child left behind
-        await _kill_and_reap(proc)
+        await _stop(proc, argv)
         if isinstance(exc, TimeoutError):
             raise SlurmCommandError(
                 f"{' '.join(argv[:3])}: no answer within {timeout:g}s (slurmctld down or slow?)"
@@ -109,12 +113,79 @@ async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str
     return stdout.decode(errors="replace")
 
 
-async def _kill_and_reap(proc: asyncio.subprocess.Process) -> None:
-    """Kill the child's whole process group, then reap it, even if cancelled again meanwhile."""
-    if proc.returncode is None:  # not reaped yet, so its group id is still its own
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    await complete(proc.wait())
+# How often the wait for the output looks whether the client has exited, and how long
+# its pipes may stay open after it did (output still in the pipe is read meanwhile)
+_EXIT_POLL_SECONDS = 0.05
+_HELD_PIPE_GRACE_SECONDS = 0.2
+# Longest wait for a SIGKILLed child to be reaped, its pipes closed from this end: only a
+# process stuck in the kernel (D state) takes longer, and the read does not wait for it
+_REAP_SECONDS = 1.0
+
+
+async def _answer(proc: asyncio.subprocess.Process, deadline: float,
+                  argv: Sequence[str]) -> tuple[bytes, bytes]:
+    """The client's stdout and stderr once it has exited; TimeoutError at ``deadline``.
+
+    ``communicate`` alone ends at end of file, which a child the client left may
+    hold off for ever; so the exit is watched too, and pipes still open after it
+    are closed here, once their holders are killed.
+    """
+    loop = asyncio.get_running_loop()
+    reading = asyncio.ensure_future(proc.communicate())
+    try:
+        exited_at: float | None = None
+        while not reading.done():
+            now = loop.time()
+            if now >= deadline:
+                raise TimeoutError
+            if exited_at is None and proc.returncode is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at >= _HELD_PIPE_GRACE_SECONDS:
+                escaped = await _stop(proc, argv)
+                log.warning("Slurm client exited, leaving processes that held its output "
+                            "open; killed them", extra={"command": " ".join(argv[:3]),
+                                                        "pids": ",".join(map(str, escaped))})
+                break
+            await asyncio.wait((reading,), timeout=min(_EXIT_POLL_SECONDS, deadline - now))
+        # closed pipes end communicate with what was read; bounded all the same
+        await asyncio.wait((reading,), timeout=_REAP_SECONDS)
+        if not reading.done():
+            raise TimeoutError
+        return reading.result()
+    finally:
+        if not reading.done():
+            reading.cancel()
+
+
+def _pipe_inodes(transport: asyncio.SubprocessTransport) -> list[int]:
+    inodes = []
+    for fd in (1, 2):
+        pipe = transport.get_pipe_transport(fd)
+        handle = pipe.get_extra_info("pipe") if pipe is not None else None
+        if handle is not None and not pipe.is_closing():  # type: ignore[union-attr]
+            with contextlib.suppress(OSError, ValueError):
+                inodes.append(os.fstat(handle.fileno()).st_ino)
+    return inodes
+
+
+async def _stop(proc: asyncio.subprocess.Process, argv: Sequence[str]) -> list[int]:
+    """Kill the child, its group and every escaped process; close the pipes; reap, bounded.
+
+    Even if cancelled again meanwhile. Returns the escaped PIDs killed.
+    """
+    # asyncio.subprocess.Process does not hand out its transport; closing the pipes from
+    # this end is the one way not to wait on a writer that lives on (not killable by us)
+    transport: asyncio.SubprocessTransport = proc._transport  # type: ignore[attr-defined]
+    # the /proc walk reads a file per process: a thread, not the event loop
+    escaped = await complete(asyncio.to_thread(
+        children.kill_all, proc.pid, _pipe_inodes(transport), proc.returncode is None))
+    transport.close()
+    try:
+        await complete(asyncio.wait_for(proc.wait(), _REAP_SECONDS))
+    except TimeoutError:
+        log.warning("Slurm client not reaped within %gs of SIGKILL; left to the child watcher",
+                    _REAP_SECONDS, extra={"command": " ".join(argv[:3]), "pid": proc.pid})
+    return escaped
 
 
 async def _together(*commands: Awaitable[str]) -> list[str]:
