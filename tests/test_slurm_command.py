@@ -303,3 +303,47 @@ def test_a_command_that_answered_and_exited_is_not_slow_for_the_child_it_left(tm
         assert caught == []
     finally:
         _kill(escaped)
+
+
+def test_parsing_runs_off_the_event_loop(monkeypatch):
+    """Issue 32, finding 10: 100 MB of scontrol output stalled scrapes for 7-12 s while it
+    parsed on the loop. A parse made slow (1 s) must leave the loop free meanwhile."""
+    from exporter.sources.slurm import source as slurm_source
+    samples = Path(__file__).parent.parent / "data" / "slurm-samples"
+    texts = {"job": (samples / "scontrol_show_job_d_o.txt").read_text(),
+             "node": (samples / "scontrol_show_node_d_o.txt").read_text()}
+    real = slurm_source.parse_scontrol_nodes
+
+    def slow_parse(*args, **kwargs):
+        time.sleep(1.0)  # holds whichever thread runs it
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(slurm_source, "parse_scontrol_nodes", slow_parse)
+
+    async def runner(argv, timeout, env) -> str:
+        return texts[argv[2]]
+
+    src = SlurmAllocationSource(SlurmConfig(enabled=True, format="text"), time.time,
+                                runner=runner)
+
+    async def read_while_ticking() -> tuple[float, int]:
+        gaps: list[float] = []
+        stop = asyncio.Event()
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        reading = await src.read()
+        stop.set()
+        await ticker
+        return max(gaps), len(reading.gpus)
+
+    longest, gpus = asyncio.run(read_while_ticking())
+    assert gpus > 0
+    assert longest < 0.5, f"the event loop stood still {longest:.2f}s while Slurm output parsed"

@@ -11,6 +11,9 @@ GPU index on which node, with how many CPUs). Enabled with a telemetry source,
 the collector joins the two (:mod:`exporter.compose`); alone, it serves the GPU
 inventory with allocations and no telemetry.
 
+Parsing runs in a worker thread, in time linear in the output: 100 MB of
+``scontrol`` output must not stall the scrapes the event loop serves.
+
 A failing or slow command fails the read. The collector then marks the source
 down and keeps serving the last good reading with every GPU stale; the next
 successful read replaces it.
@@ -256,14 +259,15 @@ class SlurmAllocationSource:
             self._run("squeue", "--json"), self._run("sinfo", "--json")
         )
         try:
-            nodes = parse_sinfo_json(nodes_text, self._skip)
+            nodes = await asyncio.to_thread(parse_sinfo_json, nodes_text, self._skip)
         except SlurmParseError as exc:
             if "no 'nodes'" not in str(exc):
                 raise
             # sinfo --json of 23.02+ groups nodes per partition; scontrol lists them plainly
-            nodes = parse_scontrol_nodes(await self._run("scontrol", "show", "node", "-d", "-o"),
-                                         self._skip)
-        jobs = parse_squeue_json(jobs_text, node_threads(nodes), self._skip)
+            text = await self._run("scontrol", "show", "node", "-d", "-o")
+            nodes = await asyncio.to_thread(parse_scontrol_nodes, text, self._skip)
+        jobs = await asyncio.to_thread(parse_squeue_json, jobs_text, node_threads(nodes),
+                                       self._skip)
         return nodes, jobs
 
     async def _read_text(self) -> tuple[list[SlurmNode], list[SlurmJob]]:
@@ -271,6 +275,9 @@ class SlurmAllocationSource:
             self._run("scontrol", "show", "job", "-d", "-o"),
             self._run("scontrol", "show", "node", "-d", "-o"),
         )
+        return await asyncio.to_thread(self._parse_text, nodes_text, jobs_text)
+
+    def _parse_text(self, nodes_text: str, jobs_text: str) -> tuple[list[SlurmNode], list[SlurmJob]]:
         return (parse_scontrol_nodes(nodes_text, self._skip),
                 parse_scontrol_jobs(jobs_text, self._tz, self._skip))
 
@@ -292,7 +299,8 @@ class SlurmAllocationSource:
         except SlurmParseError as exc:
             raise SlurmCommandError(str(exc)) from None
         now = self.clock()
-        snapshot = to_snapshot(now, nodes, jobs, self._models, self.catalogue, self._qos)
+        snapshot = await asyncio.to_thread(to_snapshot, now, nodes, jobs, self._models,
+                                           self.catalogue, self._qos)
         return SourceReading.of(snapshot, parse_errors=self._parse_errors)
 
     async def close(self) -> None:
