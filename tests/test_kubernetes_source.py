@@ -643,3 +643,30 @@ async def until_revision_moves(source) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("no watch event reached the informers")
+
+
+async def test_a_cluster_over_max_gpus_is_down_with_the_reason_and_served_stale(apiserver,
+                                                                                  source_for):
+    """Issue 32, finding 2: 20,000 nodes labelled with 64 GPUs each passed 4 GB while the
+    snapshot was built. The GPUs are summed first; over the cap nothing is built."""
+    import dataclasses
+
+    source = source_for(apiserver, backoff_max=Duration(0.2))
+    collector = Collector([source], timeout_seconds=10)
+    try:
+        good = await collector.collect()
+        gpus = len(good.gpus)
+        assert good.sources[0].up and gpus > 1
+        source.config = dataclasses.replace(source.config, max_gpus=gpus)
+        node = apiserver.get("/api/v1/nodes", "gpu-node-1")
+        node["status"]["capacity"]["nvidia.com/gpu"] = "64"  # one node grows past the cap
+        node["metadata"]["labels"].pop("nvidia.com/gpu.count", None)
+        apiserver.add(node)
+        await until_revision_moves(source)
+        down = await collector.collect()
+    finally:
+        await collector.close()
+    status = down.sources[0]
+    assert not status.up
+    assert "over sources.kubernetes.max_gpus" in status.error and f"({gpus})" in status.error
+    assert len(down.gpus) == gpus and all(g.stale for g in down.gpus)  # the last good view
