@@ -702,3 +702,16 @@ async def test_the_snapshot_is_built_off_the_event_loop(apiserver, source_for, m
     await ticker
     assert reading.gpus
     assert max(gaps) < 0.5, f"the event loop stood still {max(gaps):.2f}s during the build"
+
+
+async def test_objects_skipped_as_too_deep_count_as_parse_errors_once(apiserver, source_for):
+    """The informers drop an object nested too deep alone (tests/test_kubernetes_watch.py);
+    the source counts each in gpufleet_source_parse_errors_total, once."""
+    source = source_for(apiserver)
+    first = await source.read()
+    pods = next(i for i in source._informers.informers if i.name == "pods")
+    pods.stats.skipped += 2  # as two objects too deep to decode would
+    second = await source.read()
+    third = await source.read()
+    assert second.parse_errors == first.parse_errors + 2
+    assert third.parse_errors == second.parse_errors
