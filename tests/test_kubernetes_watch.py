@@ -401,6 +401,7 @@ class Scripted:
         self.hold = hold
         self.lists = 0
         self.watches = 0
+        self.url = ""
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if not request.query.get("watch"):
@@ -416,25 +417,20 @@ class Scripted:
 
 
 @pytest.fixture
-async def scripted(aiohttp_server):
-    session = aiohttp.ClientSession()
-    made: list[Informer] = []
+async def scripted(aiohttp_server, informer_for):
+    """Serve a Scripted apiserver; an informer of its pods (decoding with ``shape``)."""
 
     async def make(server: Scripted, shape=None, **limits) -> Informer:
         app = web.Application()
         app.router.add_get(PODS, server.handle)
         running = await aiohttp_server(app)
-        informer = Informer(session, Endpoint(str(running.make_url("")).rstrip("/")), PODS, label,
-                            Limits(**{"backoff_max": 0.4, **limits}))
+        server.url = str(running.make_url("")).rstrip("/")
+        informer = informer_for(server, **{"backoff_max": 0.4, **limits})
         if shape is not None:
             informer.decoder = Decoder(shape)
-        made.append(informer)
         return informer
 
-    yield make
-    for informer in made:
-        await informer.stop()
-    await session.close()
+    return make
 
 
 def _json(obj) -> bytes:

@@ -23,6 +23,7 @@ import pytest
 
 from exporter.sources.slurm.options import SlurmSource as SlurmConfig
 from exporter.sources.slurm.source import SlurmAllocationSource, SlurmCommandError, run_command
+from tests.helpers.stall import longest_stall
 
 
 @contextlib.contextmanager
@@ -221,6 +222,14 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def _timed(work) -> tuple[float, list[sys.UnraisableHookArgs]]:
+    """Seconds ``asyncio.run(work)`` took, and what reached sys.unraisablehook meanwhile."""
+    with unraisable() as caught:
+        started = time.monotonic()
+        asyncio.run(work)
+        return time.monotonic() - started, caught
+
+
 def _wait_dead(pids: list[int]) -> list[int]:
     """Those of ``pids`` still alive 5 s on (SIGKILL lands at once, not synchronously)."""
     deadline = time.monotonic() + 5
@@ -247,11 +256,8 @@ def test_a_slow_command_ends_at_its_deadline_with_what_escaped_its_group(tmp_pat
             await run_command(argv, 1.0, os.environ)
 
     try:
-        with unraisable() as caught:
-            started = time.monotonic()
-            asyncio.run(run())
-            took = time.monotonic() - started
-            escaped = _pids(tmp_path / "escaped")
+        took, caught = _timed(run())
+        escaped = _pids(tmp_path / "escaped")
         assert took < 5, f"the read took {took:.1f}s past a 1s deadline"
         assert _wait_dead(escaped) == [], "the escaped child lives on"
         assert _open_fds() == fds, "the read left file descriptors open"
@@ -270,11 +276,8 @@ def test_a_cancelled_read_is_not_held_by_a_child_that_escaped_its_group(tmp_path
             await asyncio.wait_for(run_command(argv, 30, os.environ), 1.0)
 
     try:
-        with unraisable() as caught:
-            started = time.monotonic()
-            asyncio.run(give_up())
-            took = time.monotonic() - started
-            escaped = _pids(tmp_path / "escaped")
+        took, caught = _timed(give_up())
+        escaped = _pids(tmp_path / "escaped")
         assert took < 5, f"the cancel took {took:.1f}s"
         assert _wait_dead(escaped) == []
         assert caught == []
@@ -326,24 +329,7 @@ def test_parsing_runs_off_the_event_loop(monkeypatch):
     src = SlurmAllocationSource(SlurmConfig(enabled=True, format="text"), time.time,
                                 runner=runner)
 
-    async def read_while_ticking() -> tuple[float, int]:
-        gaps: list[float] = []
-        stop = asyncio.Event()
-
-        async def tick() -> None:
-            last = time.monotonic()
-            while not stop.is_set():
-                await asyncio.sleep(0.01)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
-
-        ticker = asyncio.create_task(tick())
-        reading = await src.read()
-        stop.set()
-        await ticker
-        return max(gaps), len(reading.gpus)
-
-    longest, gpus = asyncio.run(read_while_ticking())
+    reading, longest = asyncio.run(longest_stall(src.read()))
+    gpus = len(reading.gpus)
     assert gpus > 0
     assert longest < 0.5, f"the event loop stood still {longest:.2f}s while Slurm output parsed"
