@@ -16,8 +16,10 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from exporter.sources.kubernetes.informer import Decoder, Endpoint, Informer, Limits
+from exporter.sources.kubernetes.informer import Decoder, Endpoint, Informer, Limits, split_list
 from tests.helpers.fake_apiserver import PODS, FakeApiserver
 
 TOKEN = "t0ken"
@@ -507,3 +509,27 @@ async def test_a_watch_event_nested_too_deep_is_skipped_and_the_watch_goes_on(sc
     assert informer.store == {"ns/p0": "1", "ns/p1": "after"}
     assert informer.stats.skipped == 1
     assert informer.stats.failures == 0 and informer.stats.watches == 1
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(), lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner,
+                                                                              max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=st.lists(_JSON_VALUES, max_size=6),
+       metadata=st.dictionaries(st.text(), _JSON_VALUES, max_size=3),
+       before=st.dictionaries(st.text().filter(lambda k: k not in ("items", "metadata")),
+                              _JSON_VALUES, max_size=2),
+       indent=st.sampled_from([None, 1]), items_first=st.booleans())
+def test_split_list_finds_each_item_and_the_metadata_of_any_list(items, metadata, before, indent,
+                                                                  items_first):
+    """The fallback for pages too deep to decode walks the JSON by hand: every item and the
+    metadata come back as they were, whatever strings (quotes, brackets, escapes) hold."""
+    fields = [("metadata", metadata), ("items", items)]
+    page = json.dumps({**before, **dict(fields[::-1] if items_first else fields)}, indent=indent)
+    raw_meta, raws = split_list(page.encode())
+    assert [json.loads(r) for r in raws] == items
+    assert json.loads(raw_meta) == metadata
