@@ -333,3 +333,30 @@ def test_parsing_runs_off_the_event_loop(monkeypatch):
     gpus = len(reading.gpus)
     assert gpus > 0
     assert longest < 0.5, f"the event loop stood still {longest:.2f}s while Slurm output parsed"
+
+
+def test_output_past_max_output_bytes_fails_the_read_before_it_is_all_in_memory(tmp_path,
+                                                                                  spawned):
+    """Build 2 of issue 32: 100 MB of scontrol output was read whole, then parsed."""
+    argv = _script(tmp_path, "exec yes 'NodeName=n1 word word word'")  # endless output
+    with unraisable() as caught, pytest.raises(
+            SlurmCommandError, match=r"output over max_output_bytes \(1048576 bytes\); not read"):
+        started = time.monotonic()
+        asyncio.run(run_command(argv, 30, os.environ, max_bytes=1024 * 1024))
+    assert time.monotonic() - started < 10
+    (child,) = spawned
+    assert _gone(child.pid)
+    assert caught == []
+    exact = _script(tmp_path, "head -c 1048576 /dev/zero")  # at the cap: read whole
+    assert len(asyncio.run(run_command(exact, 30, os.environ, max_bytes=1024 * 1024))) == 1048576
+
+
+def test_the_source_passes_its_max_output_bytes(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nhead -c 5000 /dev/zero\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    src = SlurmAllocationSource(SlurmConfig(enabled=True, format="text", bin_dir=str(bin_dir),
+                                            max_output_bytes=4096), time.time)
+    with pytest.raises(SlurmCommandError, match=r"over max_output_bytes \(4096 bytes\)"):
+        asyncio.run(src.read())

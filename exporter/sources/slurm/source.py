@@ -69,7 +69,14 @@ _NO_JSON_HINTS = ("unrecognized option", "invalid option", "serializer", "data_p
 Runner = Callable[[Sequence[str], float, Mapping[str, str]], Awaitable[str]]
 
 
-async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str]) -> str:
+# Most of a client's stdout read: 100 MB of scontrol output stalled scrapes for seconds,
+# and each byte is held three times over (bytes, text, records) under MemoryMax=1G.
+DEFAULT_MAX_OUTPUT_BYTES = SlurmConfig().max_output_bytes
+_MAX_STDERR_BYTES = 64 * 1024  # only its first line is ever shown
+
+
+async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str],
+                      max_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> str:
     """Run one client; its stdout, or :class:`SlurmCommandError`, by ``timeout`` at the latest.
 
     The child never outlives the call: one that is slow, or whose caller gives up
@@ -99,9 +106,13 @@ async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str
             await _stop(spawning.result(), argv)
         raise
     try:
-        stdout, stderr = await _answer(proc, deadline, argv)
+        stdout, stderr = await _answer(proc, deadline, argv, max_bytes)
     except BaseException as exc:  # timed out, cancelled, or anything else: no child left behind
         await _stop(proc, argv)
+        if isinstance(exc, _OverCap):
+            raise SlurmCommandError(
+                f"{' '.join(argv[:3])}: output over max_output_bytes ({max_bytes} bytes); "
+                "not read") from None
         if isinstance(exc, TimeoutError):
             raise SlurmCommandError(
                 f"{' '.join(argv[:3])}: no answer within {timeout:g}s (slurmctld down or slow?)"
@@ -125,8 +136,35 @@ _HELD_PIPE_GRACE_SECONDS = 0.2
 _REAP_SECONDS = 1.0
 
 
+class _OverCap(Exception):
+    """The client's stdout passed max_output_bytes."""
+
+
+async def _read_capped(stream: asyncio.StreamReader | None, cap: int, fail: bool) -> bytes:
+    """``stream`` to its end; past ``cap`` bytes, :class:`_OverCap` (``fail``) or the rest
+    read and dropped (stderr, drained so the client never blocks on it)."""
+    data = bytearray()
+    while stream is not None:
+        chunk = await stream.read(256 * 1024)
+        if not chunk:
+            break
+        if fail and len(data) + len(chunk) > cap:
+            raise _OverCap
+        data += chunk[:max(0, cap - len(data))]
+    return bytes(data)
+
+
+async def _communicate(proc: asyncio.subprocess.Process, max_bytes: int) -> tuple[bytes, bytes]:
+    """``proc.communicate()`` with stdout capped before it is all in memory."""
+    stdout, stderr = await asyncio.gather(_read_capped(proc.stdout, max_bytes, fail=True),
+                                          _read_capped(proc.stderr, _MAX_STDERR_BYTES,
+                                                       fail=False))
+    await proc.wait()
+    return stdout, stderr
+
+
 async def _answer(proc: asyncio.subprocess.Process, deadline: float,
-                  argv: Sequence[str]) -> tuple[bytes, bytes]:
+                  argv: Sequence[str], max_bytes: int) -> tuple[bytes, bytes]:
     """The client's stdout and stderr once it has exited; TimeoutError at ``deadline``.
 
     ``communicate`` alone ends at end of file, which a child the client left may
@@ -134,7 +172,7 @@ async def _answer(proc: asyncio.subprocess.Process, deadline: float,
     are closed here, once their holders are killed.
     """
     loop = asyncio.get_running_loop()
-    reading = asyncio.ensure_future(proc.communicate())
+    reading = asyncio.ensure_future(_communicate(proc, max_bytes))
     try:
         exited_at: float | None = None
         while not reading.done():
@@ -247,8 +285,11 @@ class SlurmAllocationSource:
         return [binary, *args]
 
     async def _run(self, command: str, *args: str) -> str:
-        return await self.runner(self._argv(command, *args), self.config.command_timeout,
-                                 self._env)
+        argv = self._argv(command, *args)
+        if self.runner is run_command:  # a test's runner takes no cap
+            return await run_command(argv, self.config.command_timeout, self._env,
+                                     self.config.max_output_bytes)
+        return await self.runner(argv, self.config.command_timeout, self._env)
 
     def _skip(self, message: str) -> None:
         self._parse_errors += 1
