@@ -27,6 +27,13 @@ Rows (``--only NAME``, repeatable), by defect of the issue:
   proposed again after the cooldown must reach it once the scheduler is up.
 - ``wrk`` (9): ``wrk -c1000 -d15s -t2 --latency`` against /metrics.
 
+Rows of issue 32, by its finding:
+
+- ``slurm-escape`` (1, 12): scontrol wrapped in ``timeout 60``, with a ``setsid`` child
+  holding the pipe, and answering then leaving such a child; no process or fd may be left.
+- ``slurm-words`` (10): scontrol answering one 2 MB field of words, /-/healthy timed meanwhile.
+- ``log-stall`` (3): stderr a pipe nobody reads, 2,000 malformed requests, then the probes.
+
 Usage: ``make bench-deps && .venv/bin/python bench/attack.py`` (about 3 minutes);
 ``--connections 500 --seconds 3 --collections 3 --wrk-connections 100 --wrk-seconds 3``
 for a quick run. Exit status 1 when a row misses its expectation.
@@ -1130,6 +1137,139 @@ def bad_configs(args: argparse.Namespace, tmp: Path) -> Row:
 
 # -- main ------------------------------------------------------------------------------------
 
+
+# -- issue 32: hostile Slurm clients, a stalled stderr -------------------------------------
+
+SLURM_SAMPLES = REPO / "data" / "slurm-samples"
+# each variant's stand-in scontrol; "answer" prints the recorded output for its argument.
+# The sleeps are told apart by their length, so what is left of each can be counted.
+SLURM_ESCAPES = {
+    "timeout-wrapper": "timeout 60 sleep 61",  # timeout moves into a process group of its own
+    "setsid-child": "setsid sleep 62 &\nwait",  # leaves the session, holds the pipe
+    "answered-and-left": f'cat "{SLURM_SAMPLES}/scontrol_show_$2_d_o.txt"\n'
+                         "setsid sleep 63 &\nsleep 0.1\nexit 0",
+}
+
+
+def sleeps_left(seconds: int) -> int:
+    """Processes ``sleep <seconds>`` still running (the variants' escaped children)."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == \
+                    f"sleep\0{seconds}\0".encode():
+                count += 1
+    return count
+
+
+def slurm_exporter(tmp: Path, scontrol: str, command_timeout: float = 2.0) -> Server:
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "scontrol"
+    script.write_text(f"#!/bin/sh\n{scontrol}\n")
+    script.chmod(0o755)
+    config = ("sources:\n  slurm:\n    enabled: true\n    format: text\n"
+              f"    bin_dir: {bin_dir}\n    command_timeout: {command_timeout:g}s\n")
+    return start_exporter(tmp, "--source", "slurm", config=config, timeout=60)
+
+
+def slurm_escape(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("slurm-escape", "scontrol as " + "; ".join(
+                  f"{name}: `{body.splitlines()[0]}`" for name, body in SLURM_ESCAPES.items())
+              + "; command_timeout 2 s, 12 s of collections each",
+              "each read ends by its deadline (duration under 3 s), down with the reason where "
+              "nothing answered, up where the client answered; no escaped process and no fd "
+              "left behind")
+    observed, ok = [], True
+    for n, (name, body) in enumerate(SLURM_ESCAPES.items()):
+        folder = tmp / name
+        folder.mkdir()
+        exporter = slurm_exporter(folder, body)
+        time.sleep(4)
+        fds_early = len(os.listdir(f"/proc/{exporter.proc.pid}/fd"))
+        time.sleep(8)
+        fds_late = len(os.listdir(f"/proc/{exporter.proc.pid}/fd"))
+        up = metric_sum(exporter.url, "gpufleet_source_up", source="slurm")
+        took = metric_sum(exporter.url, "gpufleet_collect_duration_seconds", source="slurm")
+        _, _, body_text = request(f"{exporter.url}/v1/snapshot", timeout=10)
+        errors = [s.get("error", "") for s in json.loads(body_text).get("sources", [])
+                  if s.get("source") == "slurm"]
+        stop(exporter.proc)
+        time.sleep(0.5)
+        left = sleeps_left(61 + n)
+        want_up = name == "answered-and-left"
+        met = took < 3 and (up == 1) == want_up and left == 0 and fds_late <= fds_early
+        ok = ok and met
+        row.figures[name] = {"up": up, "duration_s": took, "error": errors, "escaped_left": left,
+                             "fds": [fds_early, fds_late]}
+        observed.append(f"{name}: up {up:g}, read {took:.2f} s, error {errors[0] if errors else ''!r}"
+                        f", escaped left {left}, fds {fds_early} -> {fds_late}")
+    row.ok, row.observed = ok, "; ".join(observed)
+    return row
+
+
+def slurm_words(args: argparse.Namespace, tmp: Path) -> Row:
+    line = (SLURM_SAMPLES / "scontrol_show_node_d_o.txt").read_text().splitlines()[0]
+    words = tmp / "nodes.txt"
+    words.write_text(line.replace(" OS=Linux", " OS=Linux" + " word" * 300_000, 1) + "\n")
+    row = Row("slurm-words", "scontrol show node answering one node whose OS field is 300,000 "
+              "words (2 MB); /-/healthy timed every 0.1 s for 12 s",
+              "the read in well under a second; /-/healthy never waits on the parse")
+    exporter = slurm_exporter(tmp, 'if [ "$2" = node ]; then cat ' + f'"{words}"; else cat '
+                              f'"{SLURM_SAMPLES}/scontrol_show_job_d_o.txt"; fi',
+                              command_timeout=5)
+    slowest = 0.0
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline:
+        _, seconds, _ = request(f"{exporter.url}/-/healthy", timeout=10)
+        slowest = max(slowest, seconds)
+        time.sleep(0.1)
+    took = metric_sum(exporter.url, "gpufleet_collect_duration_seconds", source="slurm")
+    up = metric_sum(exporter.url, "gpufleet_source_up", source="slurm")
+    row.ok = up == 1 and took < 1 and slowest < 0.5
+    row.figures = {"duration_s": took, "healthy_slowest_s": slowest, "up": up}
+    row.observed = f"up {up:g}, read {took:.3f} s, slowest /-/healthy {ms(slowest)}"
+    return row
+
+
+def log_stall(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("log-stall", "stderr and stdout a pipe nobody reads; 2,000 malformed requests (20 s at most) "
+              "(one ERROR line each), then /-/healthy and /metrics",
+              "both answer within a second; the lines past the queue are dropped, not waited on")
+    port = free_port()
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    read_end, write_end = os.pipe()  # read_end is never read
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--listen",
+                             f"127.0.0.1:{port}", "--source", "sim"], cwd=tmp,
+                            stdout=write_end, stderr=write_end,
+                            env={**os.environ, "PYTHONPATH": path})
+    os.close(write_end)
+    _PROCS.append(proc)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: request(f"{url}/-/ready", timeout=2)[0] == 200, 60)
+        sent, answered, flood_ends = 0, 0, time.monotonic() + 20  # bounded: 20 s at most
+        while sent < 2000 and time.monotonic() < flood_ends:
+            sent += 1
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1) as s:
+                s.settimeout(1)
+                # aiohttp logs each at ERROR, about 250 bytes: 2,000 fill a pipe's 64 KB 8 times
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+                answered += bool(s.recv(100))
+        healthy, healthy_s, _ = request(f"{url}/-/healthy", timeout=20)
+        metrics, metrics_s, _ = request(f"{url}/metrics", timeout=20)
+    finally:
+        stop(proc)
+        os.close(read_end)
+    row.ok = healthy == 200 and metrics == 200 and healthy_s < 1 and metrics_s < 1 and \
+        answered == sent
+    row.figures = {"sent": sent, "answered": answered, "healthy": [healthy, healthy_s],
+                   "metrics": [metrics, metrics_s]}
+    row.observed = (f"{answered} of {sent} bad requests answered (400); /-/healthy {healthy} in "
+                    f"{ms(healthy_s)}, /metrics {metrics} in {ms(metrics_s)}")
+    return row
+
+
 ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "whatif-1e9": whatif_1e9,
     "idle-connections": idle_connections,
@@ -1143,6 +1283,9 @@ ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "full-disk": full_disk,
     "expired-plan": expired_plan,
     "wrk": wrk,
+    "slurm-escape": slurm_escape,
+    "slurm-words": slurm_words,
+    "log-stall": log_stall,
 }
 
 

@@ -43,6 +43,10 @@ class Collector:
     # last parse-error count per source, so the counter does not drop to 0 while a read fails
     _parse_errors: dict[str, int] = dataclasses.field(default_factory=dict)
     _last_unmatched: tuple[tuple[str, int], ...] = ()
+    # per source: a read cancelled at its deadline that has not ended yet. The next round
+    # does not start a second read beside it, and does not wait for it either
+    _abandoned: dict[str, tuple[asyncio.Task[SourceReading], float]] = dataclasses.field(
+        default_factory=dict)
 
     async def collect(self) -> FleetSnapshot:
         parts = await asyncio.gather(*(self._read_one(s) for s in self.sources))
@@ -68,7 +72,10 @@ class Collector:
         error = ""
         reading: SourceReading | None = None
         try:
-            reading = await asyncio.wait_for(source.read(), self.timeout_seconds)
+            reading = await self._bounded_read(source)
+        except _StillRunning as exc:
+            error = str(exc)
+            log.warning("source read still running", extra={"source": source.name, "err": error})
         except NoData as exc:
             error = f"no data: {exc}"
             log.debug("source returned no data", extra={"source": source.name, "err": str(exc)})
@@ -110,12 +117,52 @@ class Collector:
             return FleetSnapshot(now, sources=(status,))
         return _part(now, last, status)
 
+    async def _bounded_read(self, source: Source) -> SourceReading:
+        """``source.read()``, or TimeoutError at ``timeout_seconds``, whatever the read does.
+
+        ``asyncio.wait_for`` waits, after its deadline, for the cancelled read to end: a
+        read that swallows the cancellation, or takes its time to clean up (a child that
+        will not die), would hold the whole collection with it, and the snapshot would
+        silently age. So the read runs as a task of its own: at the deadline it is
+        cancelled and left to end on its own, and the source is down until it has.
+        """
+        previous = self._abandoned.pop(source.name, None)
+        if previous is not None and not previous[0].done():
+            self._abandoned[source.name] = previous
+            raise _StillRunning(
+                f"the read cancelled at its {self.timeout_seconds:g}s deadline "
+                f"{self.clock() - previous[1]:.0f}s ago has not ended")
+        task = asyncio.ensure_future(source.read())
+        try:
+            await asyncio.wait((task,), timeout=self.timeout_seconds)
+        except asyncio.CancelledError:  # the collection itself stops: so does the read
+            task.cancel()
+            raise
+        if task.done():
+            return task.result()
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        self._abandoned[source.name] = (task, self.clock())
+        raise TimeoutError
+
     async def close(self) -> None:
+        for task, _ in self._abandoned.values():
+            task.cancel()
         for source in self.sources:
             try:
                 await source.close()
             except Exception as exc:
                 log.warning("source close failed", extra={"source": source.name, "err": str(exc)})
+
+
+class _StillRunning(Exception):
+    """A source's earlier read, cancelled at its deadline, has not ended yet."""
+
+
+def _retrieve(task: asyncio.Task[SourceReading]) -> None:
+    """An abandoned read's outcome, taken so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _part(now: float, reading: SourceReading, status: SourceStatus) -> FleetSnapshot:

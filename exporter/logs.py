@@ -1,11 +1,30 @@
-"""One line per event, as logfmt or JSON. Never a secret: callers pass no tokens here."""
+"""One line per event, as logfmt or JSON. Never a secret: callers pass no tokens here.
+
+``serve`` logs through a bounded queue: each line is formatted where it is logged,
+then a writer thread writes it. Written from the event loop, a stderr nobody reads
+(a full pipe) blocked the loop on the first line past the pipe's buffer: 64 KB of
+ERROR lines made ``/-/healthy`` and ``/metrics`` time out for over 20 s. When the
+queue is full a line is dropped and counted (:func:`dropped_lines`), and the writer
+says how many once it catches up. The batch commands write directly: a line there
+is never worth more than the run, and they end right after.
+"""
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import logging.handlers
+import queue
 import sys
+import threading
 import time
+from typing import TextIO
+
+# lines waiting for the writer; about 3 MB of typical lines, dropped beyond
+QUEUE_LINES = 10_000
+# at exit, how long the lines still queued may take to be written (a stuck stderr: dropped)
+EXIT_FLUSH_SECONDS = 2.0
 
 # attributes every LogRecord has; anything else came in through ``extra=``
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -45,9 +64,111 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(_fields(record), default=str)
 
 
-def setup(level: str = "info", fmt: str = "logfmt") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
+_dropped = 0
+_dropped_lock = threading.Lock()
+
+
+def dropped_lines() -> int:
+    """Lines dropped so far because the queue was full (stderr slower than the logging)."""
+    return _dropped
+
+
+def _count_drop() -> None:
+    global _dropped
+    with _dropped_lock:
+        _dropped += 1
+
+
+class QueuedLines(logging.handlers.QueueHandler):
+    """Formats each record where it is logged and queues the line; never waits.
+
+    The line, not the record, is queued: the formatter needs ``extra`` fields and the
+    exception, which QueueHandler's own ``prepare`` strips.
+    """
+
+    def __init__(self, lines: queue.Queue[str | None]) -> None:
+        super().__init__(lines)
+
+    def prepare(self, record: logging.LogRecord) -> str:  # type: ignore[override]
+        return self.format(record)
+
+    def enqueue(self, record: logging.LogRecord | str) -> None:  # type: ignore[override]
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            _count_drop()
+
+
+class LineWriter:
+    """The thread that writes queued lines to ``stream``, and stops (flushing) at exit."""
+
+    def __init__(self, stream: TextIO, formatter: logging.Formatter,
+                 size: int = QUEUE_LINES) -> None:
+        self.lines: queue.Queue[str | None] = queue.Queue(size)
+        self.stream = stream
+        self.formatter = formatter
+        self._reported = _dropped
+        self._thread = threading.Thread(target=self._run, name="log writer", daemon=True)
+        self._thread.start()
+
+    def _write(self, line: str) -> None:
+        try:
+            self.stream.write(line + "\n")
+            if self.lines.empty():
+                self.stream.flush()
+        except (OSError, ValueError):  # a closed or broken stderr: nothing to tell it
+            pass
+
+    def _run(self) -> None:
+        while True:
+            line = self.lines.get()
+            if line is not None:
+                self._write(line)
+            if (line is None or self.lines.empty()) and _dropped != self._reported:
+                dropped, self._reported = _dropped - self._reported, _dropped
+                record = logging.LogRecord(__name__, logging.WARNING, __file__, 0,
+                                           "log lines dropped: stderr too slow", (), None)
+                record.dropped = dropped
+                self._write(self.formatter.format(record))
+            if line is None:
+                return
+
+    def stop(self, timeout: float = EXIT_FLUSH_SECONDS) -> None:
+        """Write what is queued, for ``timeout`` at most, then stop the thread."""
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive():
+            try:
+                self.lines.put(None, timeout=0.05)
+                break
+            except queue.Full:
+                if time.monotonic() > deadline:
+                    return
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+
+
+_writer: LineWriter | None = None
+
+
+def _stop_writer() -> None:
+    global _writer
+    writer, _writer = _writer, None
+    if writer is not None:
+        writer.stop()
+
+
+def setup(level: str = "info", fmt: str = "logfmt", queued: bool = False) -> None:
+    """Log to stderr at ``level``; ``queued`` (serve) through the writer thread."""
+    _stop_writer()
+    formatter = JsonFormatter() if fmt == "json" else LogfmtFormatter()
+    handler: logging.Handler
+    if queued:
+        global _writer
+        _writer = LineWriter(sys.stderr, formatter)
+        handler = QueuedLines(_writer.lines)
+        atexit.register(_stop_writer)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

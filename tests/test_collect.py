@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from aiohttp import web
 
 from exporter.collect import Collector
@@ -89,3 +92,51 @@ async def test_dcgm_with_every_target_down_keeps_its_last_success_time(aiohttp_s
     finally:
         await source.close()
     assert seen == [1_700_000_000.0, 1_700_000_000.0]
+
+
+class Swallowing:
+    """A read that ignores cancellation until released: a child that will not die, a
+    cleanup that waits on a pipe (issue 32, finding 1)."""
+
+    name = "stuck"
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.reads = 0
+
+    async def read(self) -> SourceReading:
+        self.reads += 1
+        while not self.release.is_set():
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                continue  # swallowed
+        return SourceReading()
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_read_that_swallows_its_cancellation_cannot_hold_the_collection():
+    stuck = Swallowing()
+    collector = Collector([stuck, Answering()], timeout_seconds=0.2, clock=Clock())
+    try:
+        started = time.monotonic()
+        done, _ = await asyncio.wait((asyncio.ensure_future(collector.collect()),), timeout=3)
+        assert done, "the collection waited on the cancelled read"
+        first = done.pop().result()
+        second = await asyncio.wait_for(collector.collect(), 3)
+        assert time.monotonic() - started < 2
+        by_name = {s.source: s for s in first.sources}
+        assert not by_name["stuck"].up and by_name["stuck"].error == "timed out after 0.2s"
+        assert by_name["fake"].up
+        # the stuck read still runs: the next round starts no second one, and says so
+        assert stuck.reads == 1
+        status = next(s for s in second.sources if s.source == "stuck")
+        assert not status.up and "has not ended" in status.error
+    finally:
+        stuck.release.set()
+    await asyncio.sleep(0.05)
+    third = await collector.collect()
+    assert stuck.reads == 2  # ended at last: read afresh
+    assert next(s for s in third.sources if s.source == "stuck").up

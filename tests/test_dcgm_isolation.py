@@ -290,3 +290,33 @@ async def test_a_body_over_the_byte_cap_or_with_an_endless_line_is_down(aiohttp_
     finally:
         await source.close()
     assert snapshot.sources[1].error == "over a cap: a line over 64 KiB"
+
+
+@pytest.mark.parametrize("body", ["h100", "l4"])
+async def test_one_node_reached_by_two_addresses_counts_its_gpus_once(aiohttp_server, body):
+    """Issue 32, finding 15: one dcgm-exporter reached by a host name and by an IP the
+    resolver does not tie together (here: two ports) was two targets, an 8-GPU node 16."""
+    text = (data_dir() / "dcgm-samples" / "h100-8gpu-k8s-pod-labels.prom").read_text() \
+        if body == "h100" else L4
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(text=text)
+
+    first, _ = await serve(aiohttp_server, handler)
+    _, port = await serve(aiohttp_server, handler)
+    second = f"http://localhost:{port}/metrics"
+    source = DcgmExporterSource(config(first, second), Clock())
+    collector = Collector([source], timeout_seconds=10, clock=source.clock)
+    try:
+        out = Exported.of(await collector.collect())
+        snapshot = await collector.collect()
+    finally:
+        await source.close()
+    gpus = 8 if body == "h100" else 1
+    assert len(out.all("gpufleet_gpu_up")) == gpus
+    assert len({g.uuid for g in snapshot.gpus}) == len(snapshot.gpus) == gpus
+    assert len(snapshot.nodes) == 1
+    assert out.value("gpufleet_source_up", source="dcgm", target=first) == 1
+    assert out.value("gpufleet_source_up", source="dcgm", target=second) == 1
+    held = [(p.node, i) for a in snapshot.allocations for p in a.placements for i in p.gpus]
+    assert len(held) == len(set(held))  # no GPU held twice by the same pod's copies

@@ -39,6 +39,7 @@ from exporter.sources.kubernetes.source import (
 from tests.helpers import REPO, data_dir, free_port, http_get, start_exporter, stop, wait_http, wait_until
 from tests.helpers.exported import Exported
 from tests.helpers.fake_apiserver import FakeApiserver, read_objects, write_kubeconfig
+from tests.helpers.stall import longest_stall
 
 RECORDED = Path(__file__).parent / "data" / "kubernetes"
 TOKEN = "recorded-cluster-token"
@@ -643,3 +644,61 @@ async def until_revision_moves(source) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("no watch event reached the informers")
+
+
+async def test_a_cluster_over_max_gpus_is_down_with_the_reason_and_served_stale(apiserver,
+                                                                                  source_for):
+    """Issue 32, finding 2: 20,000 nodes labelled with 64 GPUs each passed 4 GB while the
+    snapshot was built. The GPUs are summed first; over the cap nothing is built."""
+    import dataclasses
+
+    source = source_for(apiserver, backoff_max=Duration(0.2))
+    collector = Collector([source], timeout_seconds=10)
+    try:
+        good = await collector.collect()
+        gpus = len(good.gpus)
+        assert good.sources[0].up and gpus > 1
+        source.config = dataclasses.replace(source.config, max_gpus=gpus)
+        node = apiserver.get("/api/v1/nodes", "gpu-node-1")
+        node["status"]["capacity"]["nvidia.com/gpu"] = "64"  # one node grows past the cap
+        node["metadata"]["labels"].pop("nvidia.com/gpu.count", None)
+        apiserver.add(node)
+        await until_revision_moves(source)
+        down = await collector.collect()
+    finally:
+        await collector.close()
+    status = down.sources[0]
+    assert not status.up
+    assert "over sources.kubernetes.max_gpus" in status.error and f"({gpus})" in status.error
+    assert len(down.gpus) == gpus and all(g.stale for g in down.gpus)  # the last good view
+
+
+async def test_the_snapshot_is_built_off_the_event_loop(apiserver, source_for, monkeypatch):
+    """Issue 32, finding 10: 300,000 pods made one scrape take 9.7 s, the build on the loop.
+    A build made slow (1 s) must leave the loop free meanwhile."""
+    from exporter.sources.kubernetes import source as kube_source
+
+    real = kube_source.to_snapshot
+
+    def slow_build(*args, **kwargs):
+        time.sleep(1.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kube_source, "to_snapshot", slow_build)
+    source = source_for(apiserver)
+    reading, longest = await longest_stall(source.read())
+    assert reading.gpus
+    assert longest < 0.5, f"the event loop stood still {longest:.2f}s during the build"
+
+
+async def test_objects_skipped_as_too_deep_count_as_parse_errors_once(apiserver, source_for):
+    """The informers drop an object nested too deep alone (tests/test_kubernetes_watch.py);
+    the source counts each in gpufleet_source_parse_errors_total, once."""
+    source = source_for(apiserver)
+    first = await source.read()
+    pods = next(i for i in source._informers.informers if i.name == "pods")
+    pods.stats.skipped += 2  # as two objects too deep to decode would
+    second = await source.read()
+    third = await source.read()
+    assert second.parse_errors == first.parse_errors + 2
+    assert third.parse_errors == second.parse_errors

@@ -10,12 +10,16 @@ backoff without leaked tasks, the bounds, and no polling.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import aiohttp
 import pytest
+from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from exporter.sources.kubernetes.informer import Decoder, Endpoint, Informer, Limits
+from exporter.sources.kubernetes.informer import Decoder, Endpoint, Informer, Limits, split_list
 from tests.helpers.fake_apiserver import PODS, FakeApiserver
 
 TOKEN = "t0ken"
@@ -386,3 +390,146 @@ async def test_only_an_event_that_changes_a_kept_record_moves_the_revision(fake,
     event("MODIFIED", pod("a", "-"))  # no longer of interest: dropped
     assert (informer.revision - start, informer.store) == (3, {})
     assert informer.stats.events == 6
+
+
+class Scripted:
+    """A bare apiserver for what the fake cannot hold (JSON too deep for ``json``): a list
+    body and the lines of every watch, as bytes; each watch is held open ``hold`` seconds."""
+
+    def __init__(self, items: list[bytes], watch_lines: list[bytes], hold: float = 0.0) -> None:
+        self.body = (b'{"kind":"PodList","metadata":{"resourceVersion":"5"},"items":['
+                     + b",".join(items) + b"]}")
+        self.watch_lines = watch_lines
+        self.hold = hold
+        self.lists = 0
+        self.watches = 0
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if not request.query.get("watch"):
+            self.lists += 1
+            return web.Response(body=self.body, content_type="application/json")
+        self.watches += 1
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for line in self.watch_lines:
+            await response.write(line + b"\n")
+        await asyncio.sleep(self.hold)
+        return response
+
+
+@pytest.fixture
+async def scripted(aiohttp_server, informer_for):
+    """Serve a Scripted apiserver; an informer of its pods (decoding with ``shape``)."""
+
+    async def make(server: Scripted, shape=None, **limits) -> Informer:
+        app = web.Application()
+        app.router.add_get(PODS, server.handle)
+        running = await aiohttp_server(app)
+        server.url = str(running.make_url("")).rstrip("/")
+        informer = informer_for(server, **{"backoff_max": 0.4, **limits})
+        if shape is not None:
+            informer.decoder = Decoder(shape)
+        return informer
+
+    return make
+
+
+def _json(obj) -> bytes:
+    return json.dumps(obj).encode()
+
+
+GONE = {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                    "status": "Failure", "message": "too old resource version",
+                                    "reason": "Expired", "code": 410}}
+DEEP = b"[" * 3000 + b"]" * 3000  # Python's json and msgspec both stop at 1,000 levels
+
+
+def _deep_pod(name: str) -> bytes:
+    return (b'{"metadata":{"name":"' + name.encode() + b'","namespace":"ns","labels":'
+            b'{"value":"deep"},"annotations":{"a":' + DEEP + b'}},"spec":{},"status":{}}')
+
+
+async def test_a_410_on_every_watch_relists_at_most_once_per_backoff_step(scripted):
+    """Issue 32, finding 8: every successful relist reset the count of 410s in a row, so an
+    apiserver answering 410 to every watch got a relist per round trip (670 lists/s)."""
+    server = Scripted([_json(pod("p0", "1"))], [_json(GONE)])
+    informer = await scripted(server)
+    informer.start()
+    await until("listed", informer.synced.is_set)
+    await asyncio.sleep(2.0)
+    lists = informer.stats.lists
+    # at once, then 0.1 s doubling to 0.4 s, jittered to half: about 8 in 2 s
+    assert 3 <= lists <= 20, f"{lists} lists in 2 s"
+    assert informer.stats.gone >= lists - 1
+    assert informer.store == {"ns/p0": "1"}
+
+
+@pytest.mark.parametrize("status", [
+    {"kind": "Status", "apiVersion": "v1", "metadata": {}, "message": "too old", "code": 410},
+    {"kind": "Status", "metadata": {}, "message": "too old", "code": "410"},
+    {"kind": "Status", "metadata": {}, "reason": "Expired", "message": "too old"},
+])
+async def test_a_410_is_seen_whatever_the_status_shape(scripted, status):
+    """Issue 32, finding 16: without ``"status": "Failure"`` the Status fits the pods' shape,
+    and the shape's decoder dropped its code: the 410 was never seen, nor a relist made."""
+    from exporter.sources.kubernetes.source import PodShape
+
+    server = Scripted([_json(pod("p0", "1"))], [_json({"type": "ERROR", "object": status})])
+    informer = await scripted(server, shape=PodShape)
+    informer.start()
+    await until("listed again after the 410", lambda: informer.stats.lists >= 2)
+    assert informer.stats.gone >= 1
+
+
+@pytest.mark.parametrize("shaped", [False, True])
+async def test_an_object_nested_too_deep_is_skipped_and_counted_not_the_whole_list(
+        scripted, shaped):
+    """Issue 32, finding 16: one object nested 3,000 deep failed the whole list
+    (RecursionError), once a second for ever."""
+    from exporter.sources.kubernetes.source import PodShape
+
+    server = Scripted([_json(pod("p0", "1")), _deep_pod("deep"), _json(pod("p2", "2"))], [],
+                      hold=30)
+    informer = await scripted(server, shape=PodShape if shaped else None)
+    informer.start()
+    await until("listed", informer.synced.is_set)
+    assert informer.store == {"ns/p0": "1", "ns/p2": "2"}
+    assert informer.stats.skipped == 1
+    assert informer.healthy and informer.stats.failures == 0
+
+
+async def test_a_watch_event_nested_too_deep_is_skipped_and_the_watch_goes_on(scripted):
+    deep_event = b'{"type":"ADDED","object":' + _deep_pod("deep") + b"}"
+    after = _json({"type": "ADDED", "object": pod("p1", "after")})
+    server = Scripted([_json(pod("p0", "1"))], [deep_event, after], hold=30)
+    informer = await scripted(server)
+    informer.start()
+    await until("the event after the deep one", lambda: "ns/p1" in informer.store)
+    assert informer.store == {"ns/p0": "1", "ns/p1": "after"}
+    assert informer.stats.skipped == 1
+    assert informer.stats.failures == 0 and informer.stats.watches == 1
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(), lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner,
+                                                                              max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=st.lists(_JSON_VALUES, max_size=6),
+       metadata=st.dictionaries(st.text(), _JSON_VALUES, max_size=3),
+       before=st.dictionaries(st.text().filter(lambda k: k not in ("items", "metadata")),
+                              _JSON_VALUES, max_size=2),
+       indent=st.sampled_from([None, 1]), items_first=st.booleans())
+def test_split_list_finds_each_item_and_the_metadata_of_any_list(items, metadata, before, indent,
+                                                                  items_first):
+    """The fallback for pages too deep to decode walks the JSON by hand: every item and the
+    metadata come back as they were, whatever strings (quotes, brackets, escapes) hold."""
+    fields = [("metadata", metadata), ("items", items)]
+    page = json.dumps({**before, **dict(fields[::-1] if items_first else fields)}, indent=indent)
+    raw_meta, raws = split_list(page.encode())
+    assert [json.loads(r) for r in raws] == items
+    assert json.loads(raw_meta) == metadata

@@ -23,6 +23,7 @@ import pytest
 
 from exporter.sources.slurm.options import SlurmSource as SlurmConfig
 from exporter.sources.slurm.source import SlurmAllocationSource, SlurmCommandError, run_command
+from tests.helpers.stall import longest_stall
 
 
 @contextlib.contextmanager
@@ -215,3 +216,147 @@ def test_a_failed_command_stops_the_one_run_beside_it(tmp_path):
         assert caught == []
     finally:
         _kill([pid] if pid else [])
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _timed(work) -> tuple[float, list[sys.UnraisableHookArgs]]:
+    """Seconds ``asyncio.run(work)`` took, and what reached sys.unraisablehook meanwhile."""
+    with unraisable() as caught:
+        started = time.monotonic()
+        asyncio.run(work)
+        return time.monotonic() - started, caught
+
+
+def _wait_dead(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still alive 5 s on (SIGKILL lands at once, not synchronously)."""
+    deadline = time.monotonic() + 5
+    while any(not _dead(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if not _dead(p)]
+
+
+@pytest.mark.parametrize("escape", [
+    # the common site wrapper: timeout puts itself in a process group of its own
+    "timeout 60 sh -c 'echo $$ > {tmp}/escaped; exec sleep 60' &",
+    # a child that leaves the session: not in the group, and holding the pipe
+    "setsid sh -c 'echo $$ > {tmp}/escaped; exec sleep 60' &",
+])
+def test_a_slow_command_ends_at_its_deadline_with_what_escaped_its_group(tmp_path, escape):
+    """Issue 32, finding 1: killpg missed the escaped child, and waiting for the pipe it held
+    to close froze the read for 60 s, cancellation and all."""
+    argv = _script(tmp_path, escape.format(tmp=tmp_path) + "\nwait")
+    fds = _open_fds()
+    escaped: list[int] = []
+
+    async def run() -> None:
+        with pytest.raises(SlurmCommandError, match=r"no answer within 1s"):
+            await run_command(argv, 1.0, os.environ)
+
+    try:
+        took, caught = _timed(run())
+        escaped = _pids(tmp_path / "escaped")
+        assert took < 5, f"the read took {took:.1f}s past a 1s deadline"
+        assert _wait_dead(escaped) == [], "the escaped child lives on"
+        assert _open_fds() == fds, "the read left file descriptors open"
+        assert caught == []
+    finally:
+        _kill(escaped)
+
+
+def test_a_cancelled_read_is_not_held_by_a_child_that_escaped_its_group(tmp_path):
+    """The collector's source_timeout cancels the read: the cancel ends it, not the pipe."""
+    argv = _script(tmp_path, f"setsid sh -c 'echo $$ > {tmp_path}/escaped; exec sleep 60' &\nwait")
+    escaped: list[int] = []
+
+    async def give_up() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(run_command(argv, 30, os.environ), 1.0)
+
+    try:
+        took, caught = _timed(give_up())
+        escaped = _pids(tmp_path / "escaped")
+        assert took < 5, f"the cancel took {took:.1f}s"
+        assert _wait_dead(escaped) == []
+        assert caught == []
+    finally:
+        _kill(escaped)
+
+
+def test_a_command_that_answered_and_exited_is_not_slow_for_the_child_it_left(tmp_path):
+    """Issue 32, finding 12: the client printed its answer and exited 0, leaving a child that
+    holds stdout. The answer stands (it was "no answer within 5s"); the child and the fds go."""
+    argv = _script(tmp_path, f"echo answer\nsetsid sh -c 'echo $$ > {tmp_path}/escaped; "
+                             f"exec sleep 60' &\nwhile [ ! -s {tmp_path}/escaped ]; do sleep 0.01; "
+                             "done\nexit 0")
+    fds = _open_fds()
+    escaped: list[int] = []
+    try:
+        with unraisable() as caught:
+            started = time.monotonic()
+            out = asyncio.run(run_command(argv, 5.0, os.environ))
+            took = time.monotonic() - started
+        escaped = _pids(tmp_path / "escaped")
+        assert out == "answer\n"
+        assert took < 3
+        assert _wait_dead(escaped) == [], "the child the client left lives on"
+        assert _open_fds() == fds
+        assert caught == []
+    finally:
+        _kill(escaped)
+
+
+def test_parsing_runs_off_the_event_loop(monkeypatch):
+    """Issue 32, finding 10: 100 MB of scontrol output stalled scrapes for 7-12 s while it
+    parsed on the loop. A parse made slow (1 s) must leave the loop free meanwhile."""
+    from exporter.sources.slurm import source as slurm_source
+    samples = Path(__file__).parent.parent / "data" / "slurm-samples"
+    texts = {"job": (samples / "scontrol_show_job_d_o.txt").read_text(),
+             "node": (samples / "scontrol_show_node_d_o.txt").read_text()}
+    real = slurm_source.parse_scontrol_nodes
+
+    def slow_parse(*args, **kwargs):
+        time.sleep(1.0)  # holds whichever thread runs it
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(slurm_source, "parse_scontrol_nodes", slow_parse)
+
+    async def runner(argv, timeout, env) -> str:
+        return texts[argv[2]]
+
+    src = SlurmAllocationSource(SlurmConfig(enabled=True, format="text"), time.time,
+                                runner=runner)
+
+    reading, longest = asyncio.run(longest_stall(src.read()))
+    gpus = len(reading.gpus)
+    assert gpus > 0
+    assert longest < 0.5, f"the event loop stood still {longest:.2f}s while Slurm output parsed"
+
+
+def test_output_past_max_output_bytes_fails_the_read_before_it_is_all_in_memory(tmp_path,
+                                                                                  spawned):
+    """Build 2 of issue 32: 100 MB of scontrol output was read whole, then parsed."""
+    argv = _script(tmp_path, "exec yes 'NodeName=n1 word word word'")  # endless output
+    with unraisable() as caught, pytest.raises(
+            SlurmCommandError, match=r"output over max_output_bytes \(1048576 bytes\); not read"):
+        started = time.monotonic()
+        asyncio.run(run_command(argv, 30, os.environ, max_bytes=1024 * 1024))
+    assert time.monotonic() - started < 10
+    (child,) = spawned
+    assert _gone(child.pid)
+    assert caught == []
+    exact = _script(tmp_path, "head -c 1048576 /dev/zero")  # at the cap: read whole
+    assert len(asyncio.run(run_command(exact, 30, os.environ, max_bytes=1024 * 1024))) == 1048576
+
+
+def test_the_source_passes_its_max_output_bytes(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nhead -c 5000 /dev/zero\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    src = SlurmAllocationSource(SlurmConfig(enabled=True, format="text", bin_dir=str(bin_dir),
+                                            max_output_bytes=4096), time.time)
+    with pytest.raises(SlurmCommandError, match=r"over max_output_bytes \(4096 bytes\)"):
+        asyncio.run(src.read())

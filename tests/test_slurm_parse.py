@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import time
 
 import pytest
 
@@ -282,3 +283,18 @@ def test_a_jobs_comment_states_its_memory_need_and_last_checkpoint():
         assert by_job["4"].last_checkpoint_time == 1795961000.0
         assert by_job["4"].allowed_models == ("H100",)  # the GRES type limits, it states no need
         assert by_job["1"].gpu_memory_need_bytes is None and by_job["1"].last_checkpoint_time is None
+
+
+@pytest.mark.parametrize("multi_line", [False, True])
+def test_a_huge_field_of_words_parses_in_linear_time(multi_line):
+    """Issue 32, finding 10: each continuation word (or line) was appended to the value
+    string, copying it every time: a 400 KB field cost 1.2 s, 2 MB about 30 s."""
+    line = sample("scontrol_show_node_d_o.txt").splitlines()[0]
+    words = 300_000  # about 2 MB
+    sep = "\n   " if multi_line else " "
+    huge = line.replace(" OS=Linux", " OS=Linux" + sep.join([""] + ["word"] * words), 1)
+    started = time.perf_counter()
+    (node,) = parse_scontrol_nodes(huge)
+    took = time.perf_counter() - started
+    assert node.name == "gpu-001" and node.cpus == 64 and node.gres
+    assert took < 3, f"{took:.1f}s for a 2 MB field"

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         host, port = parse_listen(config.listen)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    logs.setup(config.log.level, config.log.format)
+    logs.setup(config.log.level, config.log.format, queued=True)
     names = enabled_sources(config)
     if not names:
         raise ConfigError("sources: no source is enabled (enable sources.sim, or pass --source)")

@@ -34,6 +34,10 @@ Hostile targets (issue 14) are bounded, because a worker thread cannot be killed
   - Targets are deduplicated by address: each host name is resolved (the loop's
     ``getaddrinfo``) when the target list is loaded, and a target whose
     (address, port, path) an earlier one has is merged into it, logged once.
+  - GPUs are deduplicated by UUID across targets too: an address the resolver does
+    not tie to another (a host name and the IP of a second interface, a proxy) can
+    still reach the same node. The first target listed keeps a GPU; later copies,
+    their placements and their node are dropped, logged once.
   - ``http://user:password@host`` authenticates with basic auth; the target is
     named without its userinfo everywhere (labels, logs, the snapshot, errors).
 """
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 import os
 import re
@@ -167,6 +172,7 @@ class ScrapeOutcome:
 class _TargetState:
     last_success: float | None = None
     down: bool = False  # logged as down: log again only when it comes back
+    duplicates: bool = False  # logged as serving another target's GPUs: log once while so
 
 
 class UnmappableBody(Exception):
@@ -444,6 +450,7 @@ class DcgmExporterSource:
         allocations: list[Allocation] = []
         statuses: list[TargetStatus] = []
         any_up = False
+        seen = _SeenGpus()
         for target, outcome in zip(targets, outcomes, strict=True):
             self._parse_errors += outcome.parse_errors
             state = self._states.setdefault(target.url, _TargetState())
@@ -456,9 +463,12 @@ class DcgmExporterSource:
                 if state.down:
                     log.info("dcgm target back", extra={"target": target.url})
                     state.down = False
-                gpus += fresh
-                nodes += outcome.fleet.nodes
-                allocations += outcome.fleet.allocations
+                part = seen.unseen(SourceReading(outcome.fleet.nodes, fresh,
+                                                 outcome.fleet.allocations))
+                self._log_duplicates(target, state, len(fresh) - len(part.gpus))
+                gpus += part.gpus
+                nodes += part.nodes
+                allocations += part.allocations
             else:
                 if not state.down:  # once per outage, not every collection
                     log.warning("dcgm target down",
@@ -466,6 +476,7 @@ class DcgmExporterSource:
                     state.down = True
                 last = self._last_good.recall(target.url, now)
                 if last is not None:
+                    last = seen.unseen(last)
                     gpus += last.gpus
                     nodes += last.nodes
                     allocations += last.allocations
@@ -480,6 +491,13 @@ class DcgmExporterSource:
                              parse_errors=self._parse_errors, targets=tuple(statuses),
                              error="" if any_up else "no target answered")
 
+    @staticmethod
+    def _log_duplicates(target: Target, state: _TargetState, dropped: int) -> None:
+        if dropped and not state.duplicates:  # once, while it lasts
+            log.info("dcgm target serves GPUs an earlier target has (same UUID); its copies "
+                     "are dropped", extra={"target": target.url, "gpus": dropped})
+        state.duplicates = bool(dropped)
+
     async def close(self) -> None:
         if self._own_session and self._session is not None:
             await self._session.close()
@@ -487,6 +505,50 @@ class DcgmExporterSource:
             # a chunk being parsed finishes in its thread (bounded); queued ones are dropped
             self._parse_pool.shutdown(wait=False, cancel_futures=True)
             self._parse_pool = None
+
+
+class _SeenGpus:
+    """GPUs by UUID across the targets of one read: the first target to show a GPU keeps it.
+
+    Targets are merged by address when their names resolve to one (``_unique``), but one
+    GPU node can be reached by two addresses the resolver does not tie together (a host
+    name and an IP of another interface, a proxy): an 8-GPU node counted as 16. A GPU is
+    one UUID whatever the address it was read from.
+    """
+
+    def __init__(self) -> None:
+        self._uuids: set[str] = set()
+        self._nodes: set[str] = set()
+
+    def unseen(self, part: SourceReading) -> SourceReading:
+        """``part`` less the GPUs seen before, their placements, and nodes already listed."""
+        copies = {(g.node, g.index) for g in part.gpus if g.uuid and g.uuid in self._uuids}
+        gpus = tuple(g for g in part.gpus if (g.node, g.index) not in copies)
+        self._uuids.update(g.uuid for g in gpus if g.uuid)
+        allocations = part.allocations
+        if copies:
+            allocations = tuple(a for a in (_without(a, copies) for a in part.allocations)
+                                if a.placements)
+        kept_nodes = {g.node for g in gpus}
+        nodes = tuple(n for n in part.nodes if n.name not in self._nodes and (
+            n.name in kept_nodes or not copies))
+        self._nodes.update(n.name for n in nodes)
+        return SourceReading(nodes, gpus, allocations)
+
+
+def _without(allocation: Allocation, copies: set[tuple[str, int]]) -> Allocation:
+    """``allocation`` less its placements on GPUs another target already serves."""
+    placements = []
+    for placement in allocation.placements:
+        gpus = tuple(i for i in placement.gpus if (placement.node, i) not in copies)
+        if gpus == placement.gpus:
+            placements.append(placement)
+        elif gpus:
+            placements.append(dataclasses.replace(placement, gpus=gpus))
+    if len(placements) == len(allocation.placements) and all(
+            p is q for p, q in zip(placements, allocation.placements, strict=True)):
+        return allocation
+    return dataclasses.replace(allocation, placements=tuple(placements))
 
 
 def _host_port(target: Target) -> tuple[str, int, str]:

@@ -53,6 +53,7 @@ import gc
 import json
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -139,6 +140,7 @@ class InformerStats:
     bookmarks: int = 0
     gone: int = 0  # 410s seen (each followed by a re-list)
     failures: int = 0  # broken lists and watches (each followed by a backoff)
+    skipped: int = 0  # objects, or watch events, nested too deep to decode: dropped alone
     apply_seconds: float = 0.0  # time spent applying watch events (parse, transform, store)
     last_watch_at: float | None = None  # monotonic time the last watch was accepted
 
@@ -176,7 +178,9 @@ class Decoder:
     def __init__(self, shape: Any = None) -> None:
         self._list: msgspec.json.Decoder[Any] | None = None
         self._event: msgspec.json.Decoder[Any] | None = None
+        self._item: msgspec.json.Decoder[Any] | None = None
         if shape is not None:
+            self._item = msgspec.json.Decoder(shape)
             self._list = msgspec.json.Decoder(
                 TypedDict("ObjectList", {"metadata": Any, "items": list[shape]},  # type: ignore[misc,operator]
                           total=False))
@@ -195,11 +199,95 @@ class Decoder:
                 raise ValueError(f"not JSON: {exc}") from None
         return json.loads(data)
 
-    def page(self, data: bytes | bytearray) -> Any:
-        return self._decode(self._list, data)
+    def page(self, data: bytes | bytearray) -> tuple[Any, int]:
+        """A list page, and how many of its objects were skipped as too deep to decode.
+
+        Both decoders recurse, and refuse JSON nested deeper than Python's recursion limit
+        (1,000): one such object (3,000 deep) made the whole list fail, every time. Then
+        the page is split into its objects without recursion, and each is decoded alone.
+        """
+        try:
+            return self._decode(self._list, data), 0
+        except RecursionError:
+            pass
+        metadata, raws = split_list(bytes(data))
+        items: list[Any] = []
+        skipped = 0
+        for raw in raws:
+            try:
+                items.append(self._decode(self._item, raw))
+            except RecursionError:
+                skipped += 1
+        try:
+            meta = json.loads(metadata)
+        except RecursionError:
+            raise ValueError("a list answer whose metadata is nested too deep") from None
+        return {"metadata": meta, "items": items}, skipped
 
     def event(self, data: bytes | bytearray) -> Any:
         return self._decode(self._event, data)
+
+
+# a JSON string (escapes and all), or one structural character: what split_list walks
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]')
+
+
+def split_list(data: bytes) -> tuple[bytes, list[bytes]]:
+    """A list answer's ``metadata`` and each of its ``items``, as raw JSON, without recursion.
+
+    Only for a page the decoders refused as too deep: it walks every structural token
+    in Python, so it is slower than they are, but its depth is a counter. Not a
+    validator: what it hands back is decoded afterwards, and fails there if bad.
+    """
+    depth = 0
+    key = b""
+    last_string = b""
+    value_start = 0
+    metadata = b"{}"
+    items: list[bytes] = []
+    item_start = -1  # inside the items array: where the current item began
+    for match in _JSON_TOKEN.finditer(data):
+        token = match.group()
+        first = token[:1]
+        if first == b'"':
+            last_string = token
+        elif first == b":":
+            if depth == 1:
+                key, value_start = last_string, match.end()
+        elif first in (b"[", b"{"):
+            depth += 1
+            if depth == 2 and first == b"[" and key == b'"items"':
+                item_start = match.end()
+        elif first in (b"]", b"}"):
+            if depth == 2 and item_start >= 0 and first == b"]":
+                item = data[item_start:match.start()].strip()
+                if item:
+                    items.append(item)
+                item_start = -1
+            depth -= 1
+            if depth == 0 and key == b'"metadata"':
+                metadata = data[value_start:match.start()]
+        elif first == b",":
+            if depth == 2 and item_start >= 0:
+                items.append(data[item_start:match.start()].strip())
+                item_start = match.end()
+            elif depth == 1:
+                if key == b'"metadata"':
+                    metadata = data[value_start:match.start()]
+                key = b""
+    return metadata, items
+
+
+def _is_gone(status: Mapping[str, Any]) -> bool:
+    """A watch ERROR's Status says 410 Gone: by its code (a number, or a number as text),
+    or by its reason where the code is missing. Whatever else the Status holds or lacks
+    (``"status": "Failure"``, ``kind``) does not matter."""
+    code = status.get("code")
+    if isinstance(code, str) and code.strip().isdigit():
+        code = int(code)
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code == 410
+    return status.get("reason") in ("Expired", "Gone")
 
 
 class Informer(Generic[T]):
@@ -256,14 +344,17 @@ class Informer(Generic[T]):
         """List, then watch, for ever (until cancelled)."""
         backoff = BACKOFF_INITIAL
         need_list = True
+        # 410s since the last watch that lived: a successful list does not reset it, or an
+        # apiserver answering 410 to every watch gets a list per round trip (670 lists/s)
         gone_in_a_row = 0
+        listed_at = time.monotonic()
         while True:
             pause = False
             try:
                 if need_list:
                     await self.relist()
                     need_list = False
-                gone_in_a_row = 0
+                    listed_at = time.monotonic()
                 started, events = time.monotonic(), self.stats.events + self.stats.bookmarks
                 await self.watch()
                 # A watch that ran and ended (timeoutSeconds) is reopened at once. One that
@@ -274,13 +365,20 @@ class Informer(Generic[T]):
                     pause = True
                 else:
                     backoff = BACKOFF_INITIAL
+                    gone_in_a_row = 0
             except Gone as exc:
                 self.stats.gone += 1
+                # a watch that lived at least one full backoff step before its 410 starts
+                # a new series: relists are then never closer than backoff_max
+                if time.monotonic() - listed_at >= max(SHORT_WATCH, self.limits.backoff_max):
+                    gone_in_a_row = 0
+                    backoff = BACKOFF_INITIAL
                 log.info("kubernetes watch expired; listing again",
                          extra={"source": "kubernetes", "err": f"{self.path}: {exc}"})
                 need_list = True
                 # at once the first time (the apiserver answered, it is not overloaded); a
-                # second 410 in a row (a list whose pages keep expiring) waits
+                # second 410 in a row (a list whose pages keep expiring, or every watch
+                # refused) waits a backoff step, doubling to backoff_max
                 gone_in_a_row += 1
                 pause = gone_in_a_row > 1
             except NotServed as exc:
@@ -368,8 +466,13 @@ class Informer(Generic[T]):
                 await self._raise_for(response)
                 body = await self._read_capped(response)
             with paused_gc():
-                page = self.decoder.page(body)
+                page, skipped = self.decoder.page(body)
                 del body
+                if skipped:
+                    self.stats.skipped += skipped
+                    log.warning("kubernetes objects skipped: nested too deep to decode",
+                                extra={"source": "kubernetes",
+                                       "err": f"{self.path}: {skipped} in one list page"})
                 if not isinstance(page, Mapping) or not isinstance(page.get("items"), list):
                     raise ValueError("a list answer without items")
                 self.stats.pages += 1
@@ -451,18 +554,32 @@ class Informer(Generic[T]):
         if len(line) > self.limits.max_event_bytes:
             raise ApiError(0, f"a watch event is over max_event_bytes "
                               f"({self.limits.max_event_bytes} bytes)")
-        event = self.decoder.event(line)
+        try:
+            event = self.decoder.event(line)
+        except RecursionError:
+            # one event nested too deep: dropped alone. Raising would reopen the watch from
+            # the same version and meet the same event again, about once a second
+            self.stats.skipped += 1
+            log.warning("kubernetes watch event skipped: nested too deep to decode",
+                        extra={"source": "kubernetes", "err": self.path})
+            return
         if not isinstance(event, Mapping):
             raise ValueError("a watch event that is not an object")
         kind = event.get("type")
-        obj = event.get("object")
+        if kind == "ERROR":
+            # a Status, read whole: the shape's decoder keeps only the fields of the kind
+            # watched, and a Status that happens to fit it (no "status": "Failure", which
+            # is not an object) would lose its code and message
+            with contextlib.suppress(ValueError, RecursionError):
+                event = json.loads(line)
+        obj = event.get("object") if isinstance(event, Mapping) else None
         if not isinstance(obj, Mapping):
             raise ValueError(f"a {kind} watch event without an object")
         if kind == "ERROR":
             code = obj.get("code")
             text = obj.get("message")
             message = text if isinstance(text, str) else ""
-            if code == 410:
+            if _is_gone(obj):
                 raise Gone(410, f"watch: {message[:300]}")
             raise ApiError(code if isinstance(code, int) else 0, f"watch error: {message[:300]}")
         version = _resource_version(obj)

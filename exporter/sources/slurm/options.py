@@ -47,6 +47,10 @@ class SlurmSource:
         Duration(5), help="Longest a Slurm command may run before the read fails.",
         exclusive_min=0,
     )
+    max_output_bytes: int = opt(
+        128 * 1024 * 1024, help="Most bytes one Slurm command may print; beyond it the read "
+        "fails before parsing and the last good view is served stale.", min=1024,
+    )
     bin_dir: str = opt("", help="Folder of squeue, sinfo and scontrol; empty: the PATH.")
     slurm_conf: str = opt("", help="SLURM_CONF for the commands; empty: inherited.")
     time_zone: str = opt(

@@ -11,6 +11,9 @@ GPU index on which node, with how many CPUs). Enabled with a telemetry source,
 the collector joins the two (:mod:`exporter.compose`); alone, it serves the GPU
 inventory with allocations and no telemetry.
 
+Parsing runs in a worker thread, in time linear in the output: 100 MB of
+``scontrol`` output must not stall the scrapes the event loop serves.
+
 A failing or slow command fails the read. The collector then marks the source
 down and keeps serving the last good reading with every GPU stale; the next
 successful read replaces it.
@@ -24,7 +27,6 @@ import datetime as dt
 import logging
 import os
 import shutil
-import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from exporter.aio import complete
 from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.sources import Clock, SourceReading, SourceStartupError
+from exporter.sources.slurm import children
 from exporter.sources.slurm.options import SlurmSource as SlurmConfig
 from exporter.sources.slurm.parse import (
     SlurmJob,
@@ -66,19 +69,30 @@ _NO_JSON_HINTS = ("unrecognized option", "invalid option", "serializer", "data_p
 Runner = Callable[[Sequence[str], float, Mapping[str, str]], Awaitable[str]]
 
 
-async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str]) -> str:
-    """Run one client; its stdout, or :class:`SlurmCommandError`.
+# Most of a client's stdout read: 100 MB of scontrol output stalled scrapes for seconds,
+# and each byte is held three times over (bytes, text, records) under MemoryMax=1G.
+DEFAULT_MAX_OUTPUT_BYTES = SlurmConfig().max_output_bytes
+_MAX_STDERR_BYTES = 64 * 1024  # only its first line is ever shown
+
+
+async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str],
+                      max_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> str:
+    """Run one client; its stdout, or :class:`SlurmCommandError`, by ``timeout`` at the latest.
 
     The child never outlives the call: one that is slow, or whose caller gives up
     on it (a cancellation, such as the collector's ``source_timeout``), is killed
-    and reaped before the call ends. Left running, it would outlive the read, and
-    its transport would try to close after the event loop had closed. It runs in
-    its own process group, killed whole: a wrapper script's children hold its
-    pipes too, and the child is reaped only once its pipes close.
+    before the call ends, with whatever it left behind (:mod:`.children`): its
+    process group, a ``timeout`` wrapper that moved to a group of its own, a
+    ``setsid`` child holding the pipe. The pipes are then closed from this end, so
+    the call never waits for a writer it could not kill. A client that answered
+    and exited, leaving a child that holds its stdout open, is not slow: its
+    answer stands, and the child is killed.
     """
     # The child runs before create_subprocess_exec returns (it still connects the pipes):
     # a cancellation then would lose the only handle on a live child. So the spawn is
     # completed whatever happens, and a child spawned for a cancelled call is killed too.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     spawning = asyncio.ensure_future(asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         stdin=asyncio.subprocess.DEVNULL, env=dict(env), start_new_session=True,
@@ -89,12 +103,16 @@ async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str
         raise SlurmCommandError(f"{argv[0]}: cannot run: {exc.strerror}") from None
     except asyncio.CancelledError:
         if not spawning.cancelled() and spawning.exception() is None:
-            await _kill_and_reap(spawning.result())
+            await _stop(spawning.result(), argv)
         raise
     try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
+        stdout, stderr = await _answer(proc, deadline, argv, max_bytes)
     except BaseException as exc:  # timed out, cancelled, or anything else: no child left behind
-        await _kill_and_reap(proc)
+        await _stop(proc, argv)
+        if isinstance(exc, _OverCap):
+            raise SlurmCommandError(
+                f"{' '.join(argv[:3])}: output over max_output_bytes ({max_bytes} bytes); "
+                "not read") from None
         if isinstance(exc, TimeoutError):
             raise SlurmCommandError(
                 f"{' '.join(argv[:3])}: no answer within {timeout:g}s (slurmctld down or slow?)"
@@ -109,12 +127,106 @@ async def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str
     return stdout.decode(errors="replace")
 
 
-async def _kill_and_reap(proc: asyncio.subprocess.Process) -> None:
-    """Kill the child's whole process group, then reap it, even if cancelled again meanwhile."""
-    if proc.returncode is None:  # not reaped yet, so its group id is still its own
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    await complete(proc.wait())
+# How often the wait for the output looks whether the client has exited, and how long
+# its pipes may stay open after it did (output still in the pipe is read meanwhile)
+_EXIT_POLL_SECONDS = 0.05
+_HELD_PIPE_GRACE_SECONDS = 0.2
+# Longest wait for a SIGKILLed child to be reaped, its pipes closed from this end: only a
+# process stuck in the kernel (D state) takes longer, and the read does not wait for it
+_REAP_SECONDS = 1.0
+
+
+class _OverCap(Exception):
+    """The client's stdout passed max_output_bytes."""
+
+
+async def _read_capped(stream: asyncio.StreamReader | None, cap: int, fail: bool) -> bytes:
+    """``stream`` to its end; past ``cap`` bytes, :class:`_OverCap` (``fail``) or the rest
+    read and dropped (stderr, drained so the client never blocks on it)."""
+    data = bytearray()
+    while stream is not None:
+        chunk = await stream.read(256 * 1024)
+        if not chunk:
+            break
+        if fail and len(data) + len(chunk) > cap:
+            raise _OverCap
+        data += chunk[:max(0, cap - len(data))]
+    return bytes(data)
+
+
+async def _communicate(proc: asyncio.subprocess.Process, max_bytes: int) -> tuple[bytes, bytes]:
+    """``proc.communicate()`` with stdout capped before it is all in memory."""
+    stdout, stderr = await asyncio.gather(_read_capped(proc.stdout, max_bytes, fail=True),
+                                          _read_capped(proc.stderr, _MAX_STDERR_BYTES,
+                                                       fail=False))
+    await proc.wait()
+    return stdout, stderr
+
+
+async def _answer(proc: asyncio.subprocess.Process, deadline: float,
+                  argv: Sequence[str], max_bytes: int) -> tuple[bytes, bytes]:
+    """The client's stdout and stderr once it has exited; TimeoutError at ``deadline``.
+
+    ``communicate`` alone ends at end of file, which a child the client left may
+    hold off for ever; so the exit is watched too, and pipes still open after it
+    are closed here, once their holders are killed.
+    """
+    loop = asyncio.get_running_loop()
+    reading = asyncio.ensure_future(_communicate(proc, max_bytes))
+    try:
+        exited_at: float | None = None
+        while not reading.done():
+            now = loop.time()
+            if now >= deadline:
+                raise TimeoutError
+            if exited_at is None and proc.returncode is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at >= _HELD_PIPE_GRACE_SECONDS:
+                escaped = await _stop(proc, argv)
+                log.warning("Slurm client exited, leaving processes that held its output "
+                            "open; killed them", extra={"command": " ".join(argv[:3]),
+                                                        "pids": ",".join(map(str, escaped))})
+                break
+            await asyncio.wait((reading,), timeout=min(_EXIT_POLL_SECONDS, deadline - now))
+        # closed pipes end communicate with what was read; bounded all the same
+        await asyncio.wait((reading,), timeout=_REAP_SECONDS)
+        if not reading.done():
+            raise TimeoutError
+        return reading.result()
+    finally:
+        if not reading.done():
+            reading.cancel()
+
+
+def _pipe_inodes(transport: asyncio.SubprocessTransport) -> list[int]:
+    inodes = []
+    for fd in (1, 2):
+        pipe = transport.get_pipe_transport(fd)
+        handle = pipe.get_extra_info("pipe") if pipe is not None else None
+        if handle is not None and not pipe.is_closing():  # type: ignore[union-attr]
+            with contextlib.suppress(OSError, ValueError):
+                inodes.append(os.fstat(handle.fileno()).st_ino)
+    return inodes
+
+
+async def _stop(proc: asyncio.subprocess.Process, argv: Sequence[str]) -> list[int]:
+    """Kill the child, its group and every escaped process; close the pipes; reap, bounded.
+
+    Even if cancelled again meanwhile. Returns the escaped PIDs killed.
+    """
+    # asyncio.subprocess.Process does not hand out its transport; closing the pipes from
+    # this end is the one way not to wait on a writer that lives on (not killable by us)
+    transport: asyncio.SubprocessTransport = proc._transport  # type: ignore[attr-defined]
+    # the /proc walk reads a file per process: a thread, not the event loop
+    escaped = await complete(asyncio.to_thread(
+        children.kill_all, proc.pid, _pipe_inodes(transport), proc.returncode is None))
+    transport.close()
+    try:
+        await complete(asyncio.wait_for(proc.wait(), _REAP_SECONDS))
+    except TimeoutError:
+        log.warning("Slurm client not reaped within %gs of SIGKILL; left to the child watcher",
+                    _REAP_SECONDS, extra={"command": " ".join(argv[:3]), "pid": proc.pid})
+    return escaped
 
 
 async def _together(*commands: Awaitable[str]) -> list[str]:
@@ -173,8 +285,11 @@ class SlurmAllocationSource:
         return [binary, *args]
 
     async def _run(self, command: str, *args: str) -> str:
-        return await self.runner(self._argv(command, *args), self.config.command_timeout,
-                                 self._env)
+        argv = self._argv(command, *args)
+        if self.runner is run_command:  # a test's runner takes no cap
+            return await run_command(argv, self.config.command_timeout, self._env,
+                                     self.config.max_output_bytes)
+        return await self.runner(argv, self.config.command_timeout, self._env)
 
     def _skip(self, message: str) -> None:
         self._parse_errors += 1
@@ -185,14 +300,15 @@ class SlurmAllocationSource:
             self._run("squeue", "--json"), self._run("sinfo", "--json")
         )
         try:
-            nodes = parse_sinfo_json(nodes_text, self._skip)
+            nodes = await asyncio.to_thread(parse_sinfo_json, nodes_text, self._skip)
         except SlurmParseError as exc:
             if "no 'nodes'" not in str(exc):
                 raise
             # sinfo --json of 23.02+ groups nodes per partition; scontrol lists them plainly
-            nodes = parse_scontrol_nodes(await self._run("scontrol", "show", "node", "-d", "-o"),
-                                         self._skip)
-        jobs = parse_squeue_json(jobs_text, node_threads(nodes), self._skip)
+            text = await self._run("scontrol", "show", "node", "-d", "-o")
+            nodes = await asyncio.to_thread(parse_scontrol_nodes, text, self._skip)
+        jobs = await asyncio.to_thread(parse_squeue_json, jobs_text, node_threads(nodes),
+                                       self._skip)
         return nodes, jobs
 
     async def _read_text(self) -> tuple[list[SlurmNode], list[SlurmJob]]:
@@ -200,6 +316,9 @@ class SlurmAllocationSource:
             self._run("scontrol", "show", "job", "-d", "-o"),
             self._run("scontrol", "show", "node", "-d", "-o"),
         )
+        return await asyncio.to_thread(self._parse_text, nodes_text, jobs_text)
+
+    def _parse_text(self, nodes_text: str, jobs_text: str) -> tuple[list[SlurmNode], list[SlurmJob]]:
         return (parse_scontrol_nodes(nodes_text, self._skip),
                 parse_scontrol_jobs(jobs_text, self._tz, self._skip))
 
@@ -221,7 +340,8 @@ class SlurmAllocationSource:
         except SlurmParseError as exc:
             raise SlurmCommandError(str(exc)) from None
         now = self.clock()
-        snapshot = to_snapshot(now, nodes, jobs, self._models, self.catalogue, self._qos)
+        snapshot = await asyncio.to_thread(to_snapshot, now, nodes, jobs, self._models,
+                                           self.catalogue, self._qos)
         return SourceReading.of(snapshot, parse_errors=self._parse_errors)
 
     async def close(self) -> None:
