@@ -77,7 +77,6 @@ import os
 import re
 import secrets
 import ssl
-import stat
 import tempfile
 import time
 from collections import OrderedDict
@@ -89,6 +88,8 @@ from typing import Any
 
 import bcrypt
 
+from exporter import bounded_file
+from exporter.bounded_file import Wording
 from exporter.errors import ConfigError, quoted
 from exporter.yamlfile import parse_mapping
 
@@ -456,20 +457,18 @@ def parse(text: str, source: str, folder: Path) -> WebFile:
     return WebFile(tls=tls, http2=http2, headers=headers, users=users, rate_limit=rate_limit)
 
 
+# exporter-toolkit's wording: the file that names it, the key, then the file
+_WORDING = Wording(
+    ConfigError, cannot_read="{source}: {key}: cannot read {path}: {reason}",
+    over_limit="{source}: {key}: {path} is over {limit:,} bytes",
+    grew_over_limit="{source}: {key}: {path} is over {limit:,} bytes",
+    not_regular="{source}: {key}: {path} is not a regular file")
+
+
 def read_bounded(path: str, key: str, source: str) -> bytes:
-    """A file of at most :data:`MAX_FILE_BYTES`; ConfigError naming ``key`` otherwise."""
-    try:
-        # O_NONBLOCK: a FIFO named here must not hang the start or the reload thread
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ConfigError(f"{source}: {key}: {path} is not a regular file")
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{source}: {key}: cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{source}: {key}: {path} is over {MAX_FILE_BYTES:,} bytes")
-    return data
+    """A regular file of at most :data:`MAX_FILE_BYTES`; ConfigError naming ``key`` otherwise
+    (a FIFO named here must not hang the start or the reload thread)."""
+    return bounded_file.read_bounded(path, MAX_FILE_BYTES, _WORDING, key=key, source=source)
 
 
 def load(path: str | Path, key: str = "web.config_file") -> WebFile:
