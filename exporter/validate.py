@@ -256,18 +256,17 @@ class Builder:
     def build(self, cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
         """``cls`` from ``data``, whose keys are ``prefix``'s children."""
         plan = self._plan(cls)
-        kwargs = {}
-        for key, value in data.items():
-            entry = plan.get(key)
-            if entry is None:
+        for key in data:  # every key first: a typo is named before any value is looked at
+            if key not in plan:
                 raise self._error(self._unknown.format(
                     where=join(prefix, key), name=repr(key)[:80], record=cls.__name__,
                     allowed=", ".join(plan)))
-            kwargs[key] = entry[0](value, join(prefix, key))
-        if len(kwargs) < len(plan):
-            for name, (_, required) in plan.items():
-                if required and name not in kwargs:
-                    raise self._error(f"{join(prefix, name)}: required")
+        kwargs = {}
+        for name, (convert, required) in plan.items():  # in the fields' order
+            if name in data:
+                kwargs[name] = convert(data[name], join(prefix, name))
+            elif required:
+                raise self._error(f"{join(prefix, name)}: required")
         built = cls(**kwargs)
         if self._run_checks and (check := getattr(built, "check", None)) is not None:
             check(prefix)
