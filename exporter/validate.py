@@ -17,9 +17,10 @@ reads it: ``nodes[3].gpu_count``, ``sources.sim.seed``):
   missing required one by name; each caller says how a leaf value is checked. The
   config and the snapshot's JSON form (:func:`exporter.snapshot.from_json`) are built so.
 
-Bounds come first, as everywhere: a check refuses a string, list or mapping by its
-size before it looks inside, and quotes at most 40 (JSON) or 80 (files) characters of a
-value, so a 16 MB value is never formatted whole.
+Bounds come first, as everywhere: a JSON check refuses a string or an array by its size
+before it looks inside (the YAML reader has bounded a file's aliases and depth before
+these run), and an error quotes at most 40 (JSON) or 80 (files) characters of a value,
+so a 16 MB value is never formatted whole.
 
 A leaf module, importing only :mod:`exporter.errors`: the snapshot, the config and the
 advisor all use it, and none of them imports another through it.
