@@ -247,10 +247,9 @@ class Builder:
         """Per field: how its value is converted, and whether it is required."""
         plan = self._plans.get(cls)
         if plan is None:
-            hints = typing.get_type_hints(cls)
+            hints, required = typing.get_type_hints(cls), required_fields(cls)
             plan = self._plans[cls] = {
-                f.name: (self.converter(hints[f.name], dict(f.metadata)),
-                         f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                f.name: (self.converter(hints[f.name], dict(f.metadata)), f.name in required)
                 for f in dataclasses.fields(cls)}
         return plan
 
