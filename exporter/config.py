@@ -16,20 +16,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from exporter.durations import HINT as DURATION_HINT
 from exporter.durations import parse_duration
 from exporter.errors import ConfigError, quoted
 from exporter.options import Duration
 from exporter.options import opt as _opt
 from exporter.sources import SOURCES
 from exporter.thresholds import load_thresholds
+from exporter.validate import Builder, one_of, text, true_or_false
 from exporter.yamlfile import load_mapping
 
 DEFAULT_PORT = 9874  # 9400 is dcgm-exporter's and 9835 nvidia_gpu_exporter's
@@ -300,41 +300,9 @@ class Config:
                               f"({nvml.pod_resources_timeout:g}s >= {self.source_timeout:g}s)")
 
 
-def _type_name(tp: Any) -> str:
-    if tp is Duration:
-        return DURATION_HINT
-    if tp is bool:
-        return "true or false"
-    if tp is int:
-        return "an integer"
-    if tp is float:
-        return "a number"
-    if tp is str:
-        return "a string"
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    if typing.get_origin(tp) is tuple:
-        return "a list"
-    return str(tp)
-
-
-def _convert(tp: Any, value: Any, key: str, meta: dict[str, Any]) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _convert(args[0], value, key, meta)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: must be {_type_name(tp)}, got {type(value).__name__}")
-        return build(tp, value, key)
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: must be {_type_name(tp)}, got {type(value).__name__}")
-        item_tp = typing.get_args(tp)[0]
-        item_meta = {"url": meta["url"]} if "url" in meta else {}  # each item is a URL
-        return tuple(_convert(item_tp, v, f"{key}[{i}]", item_meta) for i, v in enumerate(value))
+def _leaf(tp: Any, value: Any, key: str, meta: Mapping[str, Any]) -> Any:
+    """A value that is no record, list or optional (exporter.validate.Builder walks those):
+    checked as its type and the field's rules (exporter.options.opt) say."""
     if tp is Duration:
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}: must be a finite duration, got {quoted(value)}")
@@ -343,9 +311,7 @@ def _convert(tp: Any, value: Any, key: str, meta: dict[str, Any]) -> Any:
         except ValueError as exc:
             raise ConfigError(f"{key}: must be {exc}, got {quoted(value)}") from None
     elif tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: must be true or false, got {quoted(value)}")
-        result = value
+        result = true_or_false(value, key)
     elif tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key}: must be an integer, got {quoted(value)}")
@@ -359,9 +325,7 @@ def _convert(tp: Any, value: Any, key: str, meta: dict[str, Any]) -> Any:
     elif tp is str:
         if isinstance(value, bool) and meta.get("bool_as_text"):  # per_gpu: true | false | auto
             value = "true" if value else "false"
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: must be a string, got {quoted(value)}")
-        result = value
+        result = text(value, key)
     else:  # pragma: no cover - a schema bug, not a user error
         raise TypeError(f"unsupported config type {tp} at {key}")
     _check_range(result, key, meta)
@@ -370,9 +334,9 @@ def _convert(tp: Any, value: Any, key: str, meta: dict[str, Any]) -> Any:
     return result
 
 
-def _check_range(value: Any, key: str, meta: dict[str, Any]) -> None:
-    if "choices" in meta and value not in meta["choices"]:
-        raise ConfigError(f"{key}: must be one of {', '.join(meta['choices'])}, got {quoted(value)}")
+def _check_range(value: Any, key: str, meta: Mapping[str, Any]) -> None:
+    if "choices" in meta:
+        one_of(value, key, meta["choices"])
     if "min" in meta and value < meta["min"]:
         raise ConfigError(f"{key}: must be >= {meta['min']}, got {quoted(value)}")
     if "max" in meta and value > meta["max"]:
@@ -405,26 +369,13 @@ def _check_url(value: str, key: str, bare: bool) -> None:
 _USERINFO = re.compile(r"(://)[^/@]*@")
 
 
+_BUILDER = Builder(_leaf, ConfigError, run_checks=True)
+
+
 def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a YAML mapping, naming the dotted key of any error."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in fields:
-            where = f"{prefix}.{key}" if prefix else str(key)
-            raise ConfigError(f"{where}: unknown key (allowed: {', '.join(fields)})")
-    kwargs = {}
-    for name, f in fields.items():
-        key = f"{prefix}.{name}" if prefix else name
-        if name in data:
-            kwargs[name] = _convert(hints[name], data[name], key, dict(f.metadata))
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{key}: required")
-    built = cls(**kwargs)
-    check = getattr(built, "check", None)  # rules between fields, e.g. clear_below < trigger
-    if check is not None:
-        check(prefix)
-    return built
+    """Build dataclass ``cls`` from a YAML mapping, naming the dotted key of any error; a
+    built object's ``check(prefix)`` then checks the rules between its fields."""
+    return _BUILDER.build(cls, data, prefix)
 
 
 def load(path: str | Path | None) -> Config:

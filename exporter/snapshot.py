@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.validate import Builder
+
 
 @dataclass(frozen=True, slots=True)
 class Node:
@@ -257,40 +259,16 @@ def to_json(snapshot: FleetSnapshot) -> dict[str, Any]:
     return dataclasses.asdict(snapshot)
 
 
-def _build(cls: type, data: Mapping[str, Any], nested: Mapping[str, type]) -> Any:
-    kwargs = {}
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key, value in data.items():
-        if key not in names:
-            raise ValueError(f"{cls.__name__}: unknown field {key!r}")
-        if key in nested and isinstance(value, Mapping):  # one nested object (Gpu.health)
-            value = _build(nested[key], value, _NESTED.get(nested[key], {}))
-        elif key in nested and value is not None:
-            value = tuple(_build(nested[key], item, _NESTED.get(nested[key], {})) for item in value)
-        elif isinstance(value, list):
-            value = tuple(value)
-        kwargs[key] = value
-    return cls(**kwargs)
-
-
-_NESTED: dict[type, dict[str, type]] = {
-    FleetSnapshot: {
-        "nodes": Node,
-        "gpus": Gpu,
-        "allocations": Allocation,
-        "pending": JobRequest,
-        "sources": SourceStatus,
-        "unmatched": UnmatchedGpus,
-    },
-    Gpu: {"mig": MigInstance, "health": GpuHealth, "performance": GpuPerformance},
-    GpuHealth: {"xid_counts": XidCount},
-    Allocation: {"placements": Placement},
-}
+# The JSON form is trusted only as far as its shape: a POSTed body has passed the API's
+# limits first (exporter.advisor.bounds), a file given to analyze too; here an unknown
+# field is refused by name (a typo would otherwise vanish), the values are taken as they are.
+_FROM_JSON = Builder(lambda tp, value, key, meta: value, ValueError,
+                     unknown="{record}: unknown field {name} (at {where})")
 
 
 def from_json(data: Mapping[str, Any]) -> FleetSnapshot:
     """Rebuild a snapshot from :func:`to_json` output (``gpufleet analyze --snapshot``)."""
-    return _build(FleetSnapshot, data, _NESTED[FleetSnapshot])
+    return _FROM_JSON.build(FleetSnapshot, data)
 
 
 def merge(taken_at: float, parts: Iterable[FleetSnapshot]) -> FleetSnapshot:

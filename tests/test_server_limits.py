@@ -338,3 +338,16 @@ async def test_a_slow_drip_body_gets_408_and_its_slot_back():
         head, closed = await _post(port, "/echo?sleep=1.5", b"y" * 100)
         assert head.startswith(b"HTTP/1.1 200 ")
         assert not closed
+
+
+def test_no_private_asyncio_module_is_imported():
+    """The gate wraps TLS with loop.start_tls (public); asyncio's sslproto, selector and
+    base-loop modules are private and change between Python versions."""
+    import re
+    from pathlib import Path
+
+    private = re.compile(r"asyncio\.(sslproto|base_events|selector_events|proactor_events|"
+                         r"unix_events|transports\._)|from asyncio import .*\b(sslproto|base_events|"
+                         r"selector_events)\b")
+    found = [str(p) for p in Path("exporter").rglob("*.py") if private.search(p.read_text())]
+    assert found == []

@@ -39,3 +39,11 @@ def test_an_unknown_health_field_is_refused():
     data["gpus"][0]["health"]["ecc_triple_bit"] = 1
     with pytest.raises(ValueError, match="GpuHealth: unknown field 'ecc_triple_bit'"):
         from_json(data)
+
+
+def test_an_unknown_field_is_named_with_its_path():
+    data = to_json(FleetSnapshot(1.0, gpus=(Gpu("n", 0, "u", "m", "p"), Gpu("n", 1, "u", "m", "p"))))
+    data["gpus"][1]["temprature_celsius"] = 40
+    with pytest.raises(ValueError) as info:
+        from_json(data)
+    assert str(info.value) == "Gpu: unknown field 'temprature_celsius' (at gpus[1].temprature_celsius)"

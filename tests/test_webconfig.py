@@ -502,7 +502,7 @@ async def test_reads_need_the_bearer_token_and_skip_basic_auth(aiohttp_client, t
     assert openapi.status == 404  # not basic-auth refused: the route is the advisor's, absent here
 
 
-# --- TLS behind the connection limits (server_limits._TLSLayer), in-process ---------------
+# --- TLS behind the connection limits (connection_gate._TLSStart), in-process ---------------
 
 
 @contextlib.asynccontextmanager
@@ -570,6 +570,48 @@ async def test_connections_in_their_handshake_are_evicted_for_a_scraper(tmp_path
         finally:
             for _, writer in silent:
                 writer.close()
+        for _ in range(100):
+            if not gate.guards:
+                break
+            await asyncio.sleep(0.05)
+        assert gate.guards == set()
+
+
+def _request_in_the_handshakes_last_flight(port: int, pki: Pki) -> bytes:
+    """A TLS 1.3 client that sends its Finished and a request in one write, as a client may:
+    the server reads both at once, the request before start_tls has returned."""
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = context.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        while True:
+            try:
+                client.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outgoing.read())
+                incoming.write(sock.recv(65536))
+        client.write(b"GET /-/healthy HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        sock.sendall(outgoing.read())  # the Finished and the request, in one segment
+        answer = b""
+        while not answer.startswith(b"HTTP/1.1 ") or b"\r\n" not in answer:
+            try:
+                answer += client.read(65536)
+            except ssl.SSLWantReadError:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                incoming.write(data)
+        return answer
+
+
+async def test_a_request_sent_with_the_handshakes_finished_is_answered(tmp_path, pki):
+    """The first request can arrive in the handshake's last read: it must reach aiohttp
+    after its connection_made, not be lost or delivered before it (_TLSStart keeps it)."""
+    async with _tls_serving(tmp_path, pki, WebConfig()) as (port, gate):
+        answer = await asyncio.to_thread(_request_in_the_handshakes_last_flight, port, pki)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:80]
         for _ in range(100):
             if not gate.guards:
                 break

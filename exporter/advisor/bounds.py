@@ -21,12 +21,9 @@ written once, here.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
-import weakref
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,13 +43,28 @@ from exporter.snapshot import (
     XidCount,
     from_json,
 )
+from exporter.validate import (
+    MAX_STRING,
+    SCHEMAS,
+    Check,
+    Invalid,
+    array,
+    boolean,
+    described,
+    integer,
+    json_schema,
+    number,
+    optional,
+    record,
+    show,
+    string,
+)
 
 MAX_GPUS_PER_NODE = 64
 MAX_NODES = 100_000
 MAX_ALLOCATIONS = 1_000_000
 MAX_PLACEMENTS = 1_000_000  # over all allocations: each one is a row the planner reads
 MAX_PENDING = 1_000_000
-MAX_STRING = 1024
 MAX_TEXT = 4096
 MAX_DEPTH = 32  # a snapshot is 5 levels deep, an Alertmanager body 4
 MAX_INT_DIGITS = 20  # 2**64 has 20 digits; Python's own cap (4,300) raised a bare ValueError
@@ -61,18 +73,6 @@ MAX_CPUS = 1e6
 MAX_BYTES = 2 ** 60
 MAX_ALERTS = 100_000
 MAX_LABELS = 1024
-
-
-class Invalid(ValueError):
-    """A body the advisor refuses with 400; ``str()`` is the one-line reason."""
-
-
-def _show(value: Any) -> str:
-    """A value as an error quotes it: at most 40 characters, so a reason stays one short line."""
-    if isinstance(value, str):
-        value = value[:41]  # quote a 16 MB string by its start, not whole
-    text = json.dumps(value) if isinstance(value, str | int | float | bool | None) else type(value).__name__
-    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 # -- safe JSON --------------------------------------------------------------------------
@@ -145,101 +145,10 @@ def parse_json(body: bytes) -> Any:
 
 
 # -- checks: each takes the value and its path, and raises Invalid ------------------------
+# They live in exporter.validate, the one validator (the config and the snapshot's JSON form
+# use it too); imported here under the names this module and its callers have always used.
 
-Check = Callable[[Any, str], None]
-
-# The JSON Schema (2020-12) of each check, built on demand: record()'s field table can
-# gain entries after the record is made (Gpu.mig below), so it is read when asked for.
-# Weak keys: a check made for one call and dropped leaves nothing behind.
-_SCHEMAS: weakref.WeakKeyDictionary[Check, Callable[[], dict[str, Any]]] = weakref.WeakKeyDictionary()
-
-
-def _described(check: Check, schema: Callable[[], dict[str, Any]]) -> Check:
-    _SCHEMAS[check] = schema
-    return check
-
-
-def json_schema(check: Check) -> dict[str, Any]:
-    """What ``check`` accepts, as JSON Schema; what a schema cannot say (duplicate node
-    names, placements over all allocations, nesting, digits) only the check enforces."""
-    return _SCHEMAS[check]()
-
-
-def string(limit: int = MAX_STRING) -> Check:
-    def check(value: Any, path: str) -> None:
-        if not isinstance(value, str):
-            raise Invalid(f"{path}: must be a string, got {_show(value)}")
-        if len(value) > limit:
-            raise Invalid(f"{path}: a string of {len(value)} characters (at most {limit})")
-    return _described(check, lambda: {"type": "string", "maxLength": limit})
-
-
-def integer(low: int, high: int) -> Check:
-    def check(value: Any, path: str) -> None:
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            raise Invalid(f"{path}: must be an integer from {low} to {high}, got {_show(value)}")
-    return _described(check, lambda: {"type": "integer", "minimum": low, "maximum": high})
-
-
-def number(low: float, high: float, above: bool = False) -> Check:
-    """A number in [low, high], or in (low, high] when ``above``."""
-    span = f"above {low:g} and at most {high:g}" if above else f"from {low:g} to {high:g}"
-
-    def check(value: Any, path: str) -> None:
-        # ints too: JSON has one number type. The parser already refused NaN and infinities.
-        if (not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high
-                or (above and value == low)):
-            raise Invalid(f"{path}: must be a number {span}, got {_show(value)}")
-    return _described(check, lambda: {"type": "number", ("exclusiveMinimum" if above else "minimum"): low,
-                                       "maximum": high})
-
-
-def boolean(value: Any, path: str) -> None:
-    if not isinstance(value, bool):
-        raise Invalid(f"{path}: must be true or false, got {_show(value)}")
-
-
-_described(boolean, lambda: {"type": "boolean"})
-
-
-def optional(inner: Check) -> Check:
-    def check(value: Any, path: str) -> None:
-        if value is not None:
-            inner(value, path)
-    return _described(check, lambda: {"anyOf": [json_schema(inner), {"type": "null"}]})
-
-
-def array(item: Check, limit: int) -> Check:
-    def check(value: Any, path: str) -> None:
-        if not isinstance(value, list):
-            raise Invalid(f"{path}: must be an array, got {_show(value)}")
-        if len(value) > limit:
-            raise Invalid(f"{path}: {len(value)} items (at most {limit})")
-        for i, element in enumerate(value):
-            item(element, f"{path}[{i}]")
-    return _described(check, lambda: {"type": "array", "items": json_schema(item), "maxItems": limit})
-
-
-def record(cls: type, fields: dict[str, Check]) -> Check:
-    """An object holding ``cls``'s fields: those without a default are required, no others allowed."""
-    required = [f.name for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-
-    def check(value: Any, path: str) -> None:
-        prefix = f"{path}." if path else ""
-        if not isinstance(value, dict):
-            raise Invalid(f"{path or 'body'}: must be an object, got {_show(value)}")
-        for name in required:
-            if name not in value:
-                raise Invalid(f"{prefix}{name}: required")
-        for name, element in value.items():
-            rule = fields.get(name)
-            if rule is None:
-                raise Invalid(f"{prefix}{name[:40]}: unknown field of {cls.__name__}")
-            rule(element, prefix + name)
-    return _described(check, lambda: {
-        "type": "object", "title": cls.__name__, "required": required, "additionalProperties": False,
-        "properties": {name: json_schema(rule) for name, rule in fields.items()}})
+_show, _described, _SCHEMAS = show, described, SCHEMAS
 
 
 # -- the snapshot ---------------------------------------------------------------------------
@@ -463,3 +372,13 @@ def alertmanager_from_body(body: bytes) -> dict[str, Any]:
     payload = parse_json(body)
     check_alertmanager(payload)
     return payload
+
+
+__all__ = [  # the checks are exporter.validate's, importable from here as before
+    "MAX_ALERTS", "MAX_ALLOCATIONS", "MAX_BYTES", "MAX_CPUS", "MAX_DEPTH", "MAX_GPUS_PER_NODE",
+    "MAX_INT_DIGITS", "MAX_LABELS", "MAX_NODES", "MAX_PENDING", "MAX_PLACEMENTS", "MAX_STRING",
+    "MAX_TEXT", "MAX_TIME", "SNAPSHOT_FIELDS", "Check", "Invalid", "alertmanager_from_body",
+    "alertmanager_schema", "array", "boolean", "check_alertmanager", "check_snapshot", "integer",
+    "json_schema", "nesting_depth", "number", "optional", "parse_json", "record", "snapshot_from_body",
+    "snapshot_schema", "string",
+]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from exporter.analysis.fgd import FRAGMENT_REASONS, REASONS, compile_workload
 from exporter.analysis.index import Report, Scope, evaluate
 from exporter.analysis.state import FleetState, from_snapshot
 from exporter.analysis.workload import Workload, from_tasks, snapshot_shapes, typical
+from exporter.bounded_file import USAGE, read_bounded
 from exporter.config import AnalysisConfig, ConfigError, load
 from exporter.errors import UsageError, one_line
 from exporter.placement.engine import place_all
@@ -172,17 +172,7 @@ def _placed(nodes: list[openb.OpenbNode], pods: list[openb.OpenbPod], policy: st
 def _read_snapshot(path: Path, max_bytes: int):
     """The snapshot in ``path``, within /v1/plan's bounds: the size first (of a regular file
     before reading; of a pipe while reading, at most one byte past it), then the schema."""
-    try:
-        with path.open("rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            if size > max_bytes:
-                raise UsageError(f"{path}: {size} bytes, over the {max_bytes}-byte limit "
-                                 "(advisor.max_body_bytes)")
-            body = file.read(max_bytes + 1)
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(body) > max_bytes:
-        raise UsageError(f"{path}: over the {max_bytes}-byte limit (advisor.max_body_bytes)")
+    body = read_bounded(path, max_bytes, USAGE, setting="advisor.max_body_bytes")
     try:
         data = bounds.parse_json(body)
     except bounds.Invalid as exc:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -34,6 +33,7 @@ from exporter import logs
 from exporter.advisor import bounds
 from exporter.advisor.kube_render import RenderError, render_evictions, render_koordinator, to_yaml
 from exporter.advisor.wire import PlanFormatError, plan_from_json
+from exporter.bounded_file import USAGE, read_bounded
 from exporter.config import DEFAULT_PORT
 from exporter.errors import UsageError, one_line
 
@@ -131,22 +131,8 @@ def _read(args: argparse.Namespace) -> bytes:
 
 
 def _read_file(path: str, max_bytes: int) -> bytes:
-    """At most ``max_bytes`` of a file or stdin: the size first (a regular file), then while
-    reading (a pipe), one byte past the limit at most."""
-    try:
-        if path == "-":
-            body = sys.stdin.buffer.read(max_bytes + 1)
-        else:
-            with open(path, "rb") as file:
-                size = os.fstat(file.fileno()).st_size
-                if size > max_bytes:
-                    raise UsageError(f"{path}: {size} bytes, over the {max_bytes}-byte limit (--max-bytes)")
-                body = file.read(max_bytes + 1)
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(body) > max_bytes:
-        raise UsageError(f"{path}: over the {max_bytes}-byte limit (--max-bytes)")
-    return body
+    """At most ``max_bytes`` of a file or stdin (``-``)."""
+    return read_bounded(path, max_bytes, USAGE, dash_is_stdin=True, setting="--max-bytes")
 
 
 def _advice_url(source: str) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from exporter.bounded_file import Wording, read_bounded
 from exporter.errors import UsageError
 
 MAX_BYTES = 64 * 2**20  # the 184-day table is 0.3 MB
@@ -48,17 +49,12 @@ class Capacity:
     node_gpus: int  # GPUs one added node brings
 
 
+_WORDING = Wording(UsageError, over_limit="{path}: {size} bytes, more than the {limit} allowed",
+                   grew_over_limit="{path}: more than the {limit} bytes allowed")
+
+
 def _read(path: Path) -> str:
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise UsageError(f"{path}: {size} bytes, more than the {MAX_BYTES} allowed")
-        with path.open("rb") as f:
-            data = f.read(MAX_BYTES + 1)  # the file may grow between stat and read
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > MAX_BYTES:
-        raise UsageError(f"{path}: more than the {MAX_BYTES} bytes allowed")
+    data = read_bounded(path, MAX_BYTES, _WORDING)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -32,7 +32,7 @@ neither connections nor requests. Four limits, each cheap:
   so a slow reader of a large /metrics (2.5 MB at 1,088 GPUs) holds its slot as it
   does in Go.
 
-Over TLS (a web config file, exporter/web/webconfig.py), :class:`_TLSLayer` sits between
+Over TLS (a web config file, exporter/web/webconfig.py), :class:`_TLSStart` sits between
 the socket and the guard, made per connection with the context current at that moment:
 a handshake counts against the same limits (evictable, bounded by the header timeout,
 its slot freed when it fails), and a reloaded certificate reaches new connections only.
@@ -50,7 +50,6 @@ import errno
 import logging
 import resource
 import ssl
-from asyncio import sslproto
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -244,34 +243,81 @@ class _Guard(asyncio.Protocol):
             self.transport.abort()
 
 
-class _TLSLayer(sslproto.SSLProtocol):
+class _TLSStart(asyncio.Protocol):
     """TLS between the socket and a :class:`_Guard`, made per connection with the context
     of that moment, so that a reloaded web config (exporter/web/webconfig.py) reaches new
     connections whole (certificate, versions, ciphers, client auth) and open ones keep
     theirs; asyncio's ``create_server(ssl=...)`` fixes one context for the server's life.
 
-    The guard counts from the TCP opening: a connection in its handshake can be evicted
-    like an idle one, the handshake must end within the header timeout, and a failed
-    handshake, which never reaches the guard, still frees its slot.
+    The TCP connection is handed to ``loop.start_tls``, the public way to wrap one (this
+    class once subclassed ``SSLProtocol``, private to asyncio). The guard counts
+    from the TCP opening: a connection in its handshake can be evicted like an idle one,
+    the handshake must end within the header timeout, and a failed handshake, which never
+    reaches the guard, still frees its slot.
+
+    Until the guard takes over, this object is the TLS transport's protocol and keeps what
+    arrives: the handshake's last read can carry the first request (a TLS 1.3 client sends
+    it with its Finished), and asyncio delivers it before ``start_tls`` returns.
     """
 
+    __slots__ = ("_context", "_eof", "_gate", "_guard", "_kept", "_lost", "_wrapping")
+
     def __init__(self, gate: ConnectionGate, guard: _Guard, context: ssl.SSLContext) -> None:
-        # no waiter: it is for loop.create_server's accept, which we are not (typeshed
-        # wants a Future and an int timeout; asyncio takes None and a float)
-        super().__init__(gate.loop, guard, context, None, server_side=True,  # type: ignore[arg-type]
-                         ssl_handshake_timeout=gate.header_timeout)  # type: ignore[arg-type]
         self._gate = gate
         self._guard = guard
+        self._context = context
+        self._wrapping = False  # set once start_tls owns the socket's events
+        self._kept: list[bytes] = []
+        self._eof = False
+        self._lost: tuple[Exception | None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._guard.transport = transport  # replaced by the TLS transport after the handshake
         self._gate.waiting[self._guard] = None
-        super().connection_made(transport)
+        transport.pause_reading()  # no byte may reach this object before start_tls has the socket
+        task = self._gate.loop.create_task(self._handshake(transport))
+        self._gate.handshakes.add(task)  # held, or the loop may drop it mid-handshake
+        task.add_done_callback(self._gate.handshakes.discard)
 
-    def connection_lost(self, exc: BaseException | None) -> None:
-        super().connection_lost(exc)
-        self._gate.release(self._guard)
+    async def _handshake(self, transport: asyncio.Transport) -> None:
+        if transport.is_closing():  # evicted before the task ran
+            self._gate.release(self._guard)
+            return
+        self._wrapping = True
+        try:
+            tls = await self._gate.loop.start_tls(
+                transport, self, self._context, server_side=True,
+                ssl_handshake_timeout=self._gate.header_timeout)
+        except asyncio.CancelledError:  # the server stops
+            self._gate.release(self._guard)
+            raise
+        except Exception:  # refused, timed out, reset: start_tls closed the socket; not ours to log
+            tls = None
+        if tls is None:  # also when the socket was aborted mid-handshake (an eviction)
+            self._gate.release(self._guard)
+            return
+        tls.set_protocol(self._guard)
+        self._guard.connection_made(tls)
+        for data in self._kept:
+            self._guard.data_received(data)
+        if self._eof and not self._guard.eof_received():
+            tls.close()
+        if self._lost is not None:
+            self._guard.connection_lost(self._lost[0])
+
+    def data_received(self, data: bytes) -> None:
+        self._kept.append(data)
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        return True  # the guard decides, once it has the connection
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._wrapping:  # the TCP connection, lost before the handshake began
+            self._gate.release(self._guard)
+        else:
+            self._lost = (exc,)
 
 
 class ConnectionGate:
@@ -292,6 +338,7 @@ class ConnectionGate:
         # and those kept alive after one (a scraper's: Prometheus reuses its connection)
         self.waiting: dict[_Guard, None] = {}
         self.kept: dict[_Guard, None] = {}
+        self.handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
         self.shed = shed
 
     def __call__(self) -> asyncio.BaseProtocol:
@@ -301,7 +348,7 @@ class ConnectionGate:
         guard = _Guard(self, self._factory())
         self.guards.add(guard)
         context = self._tls() if self._tls is not None else None
-        return guard if context is None else _TLSLayer(self, guard, context)
+        return guard if context is None else _TLSStart(self, guard, context)
 
     def _evict(self) -> bool:
         """Close the longest-waiting connection with no request in progress and nothing left
@@ -367,6 +414,8 @@ class GuardedSite(web.BaseSite):
     async def stop(self) -> None:
         if self.gate is not None:
             self.gate.shed.close()
+            for task in self.gate.handshakes:
+                task.cancel()
         await super().stop()
 
 

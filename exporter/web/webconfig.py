@@ -77,7 +77,6 @@ import os
 import re
 import secrets
 import ssl
-import stat
 import tempfile
 import time
 from collections import OrderedDict
@@ -89,6 +88,8 @@ from typing import Any
 
 import bcrypt
 
+from exporter import bounded_file, validate
+from exporter.bounded_file import Wording
 from exporter.errors import ConfigError, quoted
 from exporter.yamlfile import parse_mapping
 
@@ -210,35 +211,10 @@ class WebFile:
 # --- parsing -------------------------------------------------------------------------
 
 
-def _mapping(value: Any, key: str, allowed: tuple[str, ...] | None) -> dict[str, Any]:
-    if value is None:  # "tls_server_config:" with nothing under it: the defaults
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key}: must be a mapping, got {quoted(value)}")
-    for k in value:
-        if not isinstance(k, str | int | float):  # a scalar key is text, as in yaml.v2
-            raise ConfigError(f"{key}: keys must be strings, got {quoted(k)}")
-        if allowed is not None and k not in allowed:
-            raise ConfigError(f"{key}.{k}: unknown key (allowed: {', '.join(allowed)})")
-    return {_string(k, key): v for k, v in value.items()}
-
-
 def _string(value: Any, key: str) -> str:
     # yaml.v2 (exporter-toolkit) takes any scalar as text for a string field: its own test
     # file has "X-XSS-Protection: 1". PyYAML has already read 1 as a number: written back
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return str(value)
-    if not isinstance(value, str):
-        raise ConfigError(f"{key}: must be a string, got {quoted(value)}")
-    return value
-
-
-def _bool(value: Any, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key}: must be true or false, got {quoted(value)}")
-    return value
+    return validate.text(value, key, scalars=True)
 
 
 def _strings(value: Any, key: str, limit: int = 100) -> tuple[str, ...]:
@@ -258,7 +234,7 @@ def _join(folder: Path, path: str) -> str:
 
 def _parse_tls(value: Any, folder: Path) -> TLSServerConfig:
     key = "tls_server_config"
-    data = _mapping(value, key, _TLS_KEYS)
+    data = validate.mapping(value, key, _TLS_KEYS)
     strings = {k: _string(data[k], f"{key}.{k}") for k in
                ("cert", "key", "client_ca", "cert_file", "key_file", "client_auth_type",
                 "client_ca_file", "min_version", "max_version") if data.get(k) is not None}
@@ -273,11 +249,7 @@ def _parse_tls(value: Any, folder: Path) -> TLSServerConfig:
                           f"{quoted(auth)}")
     versions = {}
     for k, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
-        version = strings.get(k, default)
-        if version not in TLS_VERSIONS:
-            raise ConfigError(f"{key}.{k}: must be one of {', '.join(TLS_VERSIONS)}, "
-                              f"got {quoted(version)}")
-        versions[k] = version
+        versions[k] = validate.one_of(strings.get(k, default), f"{key}.{k}", TLS_VERSIONS)
     if TLS_VERSIONS[versions["max_version"]] < ssl.TLSVersion.TLSv1_2:
         raise ConfigError(f"{key}.max_version: {versions['max_version']} cannot be honoured: "
                           "OpenSSL 3 refuses TLS 1.0 and 1.1 at its default security level")
@@ -310,7 +282,8 @@ def _parse_tls(value: Any, folder: Path) -> TLSServerConfig:
                               "VerifyClientCertIfGiven or RequireAndVerifyClientCert")
     prefer = True
     if data.get("prefer_server_cipher_suites") is not None:
-        prefer = _bool(data["prefer_server_cipher_suites"], f"{key}.prefer_server_cipher_suites")
+        prefer = validate.true_or_false(data["prefer_server_cipher_suites"],
+                                        f"{key}.prefer_server_cipher_suites")
     tls = TLSServerConfig(
         cert_file=_join(folder, strings.get("cert_file", "")),
         key_file=_join(folder, strings.get("key_file", "")),
@@ -336,18 +309,17 @@ def _parse_tls(value: Any, folder: Path) -> TLSServerConfig:
 
 def _parse_http(value: Any) -> tuple[bool, tuple[tuple[str, str], ...]]:
     key = "http_server_config"
-    data = _mapping(value, key, _HTTP_KEYS)
-    http2 = True if data.get("http2") is None else _bool(data["http2"], f"{key}.http2")
+    data = validate.mapping(value, key, _HTTP_KEYS)
+    http2 = True if data.get("http2") is None else validate.true_or_false(data["http2"], f"{key}.http2")
     headers = []
-    for name, text in _mapping(data.get("headers"), f"{key}.headers", None).items():
+    for name, text in validate.mapping(data.get("headers"), f"{key}.headers", None).items():
         where = f"{key}.headers.{name}"
         if name not in HEADERS:  # exact case, as Go's map lookup
             raise ConfigError(f"{where}: this header cannot be configured (allowed: "
                               f"{', '.join(HEADERS)})")
         text = _string(text, where)
-        allowed = HEADERS[name]
-        if allowed and text not in allowed:
-            raise ConfigError(f"{where}: must be one of {', '.join(allowed)}, got {quoted(text)}")
+        if HEADERS[name]:
+            validate.one_of(text, where, HEADERS[name])
         if any(c in text for c in "\r\n\0"):
             raise ConfigError(f"{where}: no line breaks or NUL in a header value")
         if text:  # exporter-toolkit: "Unset if blank"
@@ -357,7 +329,7 @@ def _parse_http(value: Any) -> tuple[bool, tuple[tuple[str, str], ...]]:
 
 def _parse_users(value: Any) -> tuple[tuple[bytes, bytes], ...]:
     key = "basic_auth_users"
-    data = _mapping(value, key, None)
+    data = validate.mapping(value, key, None)
     if len(data) > MAX_USERS:
         raise ConfigError(f"{key}: at most {MAX_USERS:,} users, got {len(data):,}")
     users = []
@@ -406,7 +378,7 @@ def _parse_rate_limit(value: Any) -> tuple[float, int] | None:
     ``rate.NewLimiter(rate.Every(interval), burst)``), 429 when empty; interval 0: off.
     As there, burst 0 with an interval refuses every request."""
     key = "rate_limit"
-    data = _mapping(value, key, ("interval", "burst"))
+    data = validate.mapping(value, key, ("interval", "burst"))
     interval = _go_duration(data.get("interval", 0), f"{key}.interval")
     burst = data.get("burst", 0)
     if isinstance(burst, bool) or not isinstance(burst, int) or not 0 <= burst <= MAX_BURST:
@@ -456,20 +428,18 @@ def parse(text: str, source: str, folder: Path) -> WebFile:
     return WebFile(tls=tls, http2=http2, headers=headers, users=users, rate_limit=rate_limit)
 
 
+# exporter-toolkit's wording: the file that names it, the key, then the file
+_WORDING = Wording(
+    ConfigError, cannot_read="{source}: {key}: cannot read {path}: {reason}",
+    over_limit="{source}: {key}: {path} is over {limit:,} bytes",
+    grew_over_limit="{source}: {key}: {path} is over {limit:,} bytes",
+    not_regular="{source}: {key}: {path} is not a regular file")
+
+
 def read_bounded(path: str, key: str, source: str) -> bytes:
-    """A file of at most :data:`MAX_FILE_BYTES`; ConfigError naming ``key`` otherwise."""
-    try:
-        # O_NONBLOCK: a FIFO named here must not hang the start or the reload thread
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ConfigError(f"{source}: {key}: {path} is not a regular file")
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{source}: {key}: cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{source}: {key}: {path} is over {MAX_FILE_BYTES:,} bytes")
-    return data
+    """A regular file of at most :data:`MAX_FILE_BYTES`; ConfigError naming ``key`` otherwise
+    (a FIFO named here must not hang the start or the reload thread)."""
+    return bounded_file.read_bounded(path, MAX_FILE_BYTES, _WORDING, key=key, source=source)
 
 
 def load(path: str | Path, key: str = "web.config_file") -> WebFile:

@@ -1,0 +1,304 @@
+"""The one way gpufleet checks input: a value and the key it sits at in, one line naming the key out.
+
+Three pieces, one shape (``check(value, key)``, the key dotted and indexed as a user
+reads it: ``nodes[3].gpu_count``, ``sources.sim.seed``):
+
+- **JSON checks** for the API's bodies (:mod:`exporter.advisor.bounds`): :func:`string`,
+  :func:`integer`, :func:`number`, :func:`boolean`, :func:`optional`, :func:`array` and
+  :func:`record` raise :class:`Invalid` and quote a value as JSON. Each also knows its
+  JSON Schema (:func:`json_schema`), made from the same numbers, for the OpenAPI
+  document: a limit is written once.
+- **File checks** for what a user writes in YAML (the config, the web config):
+  :func:`mapping`, :func:`text`, :func:`true_or_false`, :func:`one_of` raise
+  :class:`~exporter.errors.ConfigError` and quote a value as Python does
+  (:func:`~exporter.errors.quoted`), the wording node_exporter's users know.
+- **Records** (:class:`Builder`): a frozen dataclass built from a mapping by its fields'
+  types (nested records, tuples of them, optionals), refusing an unknown key and a
+  missing required one by name; each caller says how a leaf value is checked. The
+  config and the snapshot's JSON form (:func:`exporter.snapshot.from_json`) are built so.
+
+Bounds come first, as everywhere: a JSON check refuses a string or an array by its size
+before it looks inside (the YAML reader has bounded a file's aliases and depth before
+these run), and an error quotes at most 40 (JSON) or 80 (files) characters of a value,
+so a 16 MB value is never formatted whole.
+
+A leaf module, importing only :mod:`exporter.errors`: the snapshot, the config and the
+advisor all use it, and none of them imports another through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from exporter.errors import ConfigError, quoted
+
+# -- JSON checks (the API's bodies) --------------------------------------------------------
+
+MAX_STRING = 1024
+
+
+class Invalid(ValueError):
+    """A body the advisor refuses with 400; ``str()`` is the one-line reason."""
+
+
+def show(value: Any) -> str:
+    """A value as an error quotes it: at most 40 characters, so a reason stays one short line."""
+    if isinstance(value, str):
+        value = value[:41]  # quote a 16 MB string by its start, not whole
+    text = json.dumps(value) if isinstance(value, str | int | float | bool | None) else type(value).__name__
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+Check = Callable[[Any, str], None]
+
+# The JSON Schema (2020-12) of each check, built on demand: record()'s field table can
+# gain entries after the record is made (Gpu.mig in bounds), so it is read when asked for.
+# Weak keys: a check made for one call and dropped leaves nothing behind.
+SCHEMAS: weakref.WeakKeyDictionary[Check, Callable[[], dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
+def described(check: Check, schema: Callable[[], dict[str, Any]]) -> Check:
+    """``check``, registered with the JSON Schema that says what it accepts."""
+    SCHEMAS[check] = schema
+    return check
+
+
+def json_schema(check: Check) -> dict[str, Any]:
+    """What ``check`` accepts, as JSON Schema; what a schema cannot say (duplicate node
+    names, placements over all allocations, nesting, digits) only the check enforces."""
+    return SCHEMAS[check]()
+
+
+def string(limit: int = MAX_STRING) -> Check:
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, str):
+            raise Invalid(f"{path}: must be a string, got {show(value)}")
+        if len(value) > limit:
+            raise Invalid(f"{path}: a string of {len(value)} characters (at most {limit})")
+    return described(check, lambda: {"type": "string", "maxLength": limit})
+
+
+def integer(low: int, high: int) -> Check:
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise Invalid(f"{path}: must be an integer from {low} to {high}, got {show(value)}")
+    return described(check, lambda: {"type": "integer", "minimum": low, "maximum": high})
+
+
+def number(low: float, high: float, above: bool = False) -> Check:
+    """A number in [low, high], or in (low, high] when ``above``."""
+    span = f"above {low:g} and at most {high:g}" if above else f"from {low:g} to {high:g}"
+
+    def check(value: Any, path: str) -> None:
+        # ints too: JSON has one number type. The parser already refused NaN and infinities.
+        if (not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high
+                or (above and value == low)):
+            raise Invalid(f"{path}: must be a number {span}, got {show(value)}")
+    return described(check, lambda: {"type": "number", ("exclusiveMinimum" if above else "minimum"): low,
+                                      "maximum": high})
+
+
+def boolean(value: Any, path: str) -> None:
+    if not isinstance(value, bool):
+        raise Invalid(f"{path}: must be true or false, got {show(value)}")
+
+
+described(boolean, lambda: {"type": "boolean"})
+
+
+def optional(inner: Check) -> Check:
+    def check(value: Any, path: str) -> None:
+        if value is not None:
+            inner(value, path)
+    return described(check, lambda: {"anyOf": [json_schema(inner), {"type": "null"}]})
+
+
+def array(item: Check, limit: int) -> Check:
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, list):
+            raise Invalid(f"{path}: must be an array, got {show(value)}")
+        if len(value) > limit:
+            raise Invalid(f"{path}: {len(value)} items (at most {limit})")
+        for i, element in enumerate(value):
+            item(element, f"{path}[{i}]")
+    return described(check, lambda: {"type": "array", "items": json_schema(item), "maxItems": limit})
+
+
+def required_fields(cls: type) -> list[str]:
+    """The fields of dataclass ``cls`` without a default: a record must give each."""
+    return [f.name for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
+def record(cls: type, fields: dict[str, Check]) -> Check:
+    """An object holding ``cls``'s fields: those without a default are required, no others allowed."""
+    required = required_fields(cls)
+
+    def check(value: Any, path: str) -> None:
+        prefix = f"{path}." if path else ""
+        if not isinstance(value, dict):
+            raise Invalid(f"{path or 'body'}: must be an object, got {show(value)}")
+        for name in required:
+            if name not in value:
+                raise Invalid(f"{prefix}{name}: required")
+        for name, element in value.items():
+            rule = fields.get(name)
+            if rule is None:
+                raise Invalid(f"{prefix}{name[:40]}: unknown field of {cls.__name__}")
+            rule(element, prefix + name)
+    return described(check, lambda: {
+        "type": "object", "title": cls.__name__, "required": required, "additionalProperties": False,
+        "properties": {name: json_schema(rule) for name, rule in fields.items()}})
+
+
+# -- file checks (YAML a user wrote) ---------------------------------------------------------
+
+
+def join(prefix: str, key: object) -> str:
+    """The dotted key of ``key`` under ``prefix``."""
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def refuse_unknown(data: Mapping[Any, Any], allowed: Any, prefix: str) -> None:
+    """ConfigError naming the first key of ``data`` not in ``allowed``, and what is."""
+    for key in data:
+        if key not in allowed:
+            raise ConfigError(f"{join(prefix, key)}: unknown key (allowed: {', '.join(allowed)})")
+
+
+def mapping(value: Any, key: str, allowed: tuple[str, ...] | None) -> dict[str, Any]:
+    """A YAML mapping with text keys (only ``allowed`` ones, unless None); nothing under the
+    key (``tls_server_config:``) is an empty one. A scalar key is text, as yaml.v2 reads it."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: must be a mapping, got {quoted(value)}")
+    for k in value:
+        if not isinstance(k, str | int | float):
+            raise ConfigError(f"{key}: keys must be strings, got {quoted(k)}")
+    if allowed is not None:
+        refuse_unknown(value, allowed, key)
+    return {text(k, key, scalars=True): v for k, v in value.items()}
+
+
+def text(value: Any, key: str, scalars: bool = False) -> str:
+    """A string; with ``scalars``, a number or boolean is taken as the text YAML read it
+    from (yaml.v2, which exporter-toolkit uses, does so for a string field)."""
+    if scalars and isinstance(value, bool):
+        return "true" if value else "false"
+    if scalars and isinstance(value, int | float):
+        return str(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: must be a string, got {quoted(value)}")
+    return value
+
+
+def true_or_false(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: must be true or false, got {quoted(value)}")
+    return value
+
+
+def one_of(value: Any, key: str, choices: Any) -> Any:
+    """``value`` if it is one of ``choices`` (a tuple, or a mapping's keys)."""
+    if value not in choices:
+        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {quoted(value)}")
+    return value
+
+
+# -- records: dataclasses built from mappings -------------------------------------------------
+
+Leaf = Callable[[Any, Any, str, Mapping[str, Any]], Any]  # (type, value, key, field metadata)
+
+
+Convert = Callable[[Any, str], Any]  # (value, key) -> the field's value
+
+
+class Builder:
+    """Builds a dataclass from a mapping by its fields' types, naming the key of each fault.
+
+    A field whose type is a dataclass is built from a mapping under it; ``tuple[X, ...]``
+    from a list, each item as X; ``X | None`` takes None; anything else goes to ``leaf``,
+    which checks and converts it. ``unknown`` words an unknown key (``str.format`` with
+    ``where``, the key's path, ``name``, its repr, ``record``, the class's name, and
+    ``allowed``). With ``run_checks``, a built object's ``check(prefix)`` method runs last:
+    the rules between fields (``clear_below < trigger``).
+
+    Each field's conversion is worked out once per class from its type, so a snapshot of
+    100,000 GPUs costs a call per value, not a look at its type.
+    """
+
+    def __init__(self, leaf: Leaf, error: type[Exception],
+                 unknown: str = "{where}: unknown key (allowed: {allowed})",
+                 run_checks: bool = False) -> None:
+        self._leaf = leaf
+        self._error = error
+        self._unknown = unknown
+        self._run_checks = run_checks
+        self._plans: dict[type, dict[str, tuple[Convert, bool]]] = {}
+
+    def _plan(self, cls: type) -> dict[str, tuple[Convert, bool]]:
+        """Per field: how its value is converted, and whether it is required."""
+        plan = self._plans.get(cls)
+        if plan is None:
+            hints, required = typing.get_type_hints(cls), required_fields(cls)
+            plan = self._plans[cls] = {
+                f.name: (self.converter(hints[f.name], dict(f.metadata)), f.name in required)
+                for f in dataclasses.fields(cls)}
+        return plan
+
+    def build(self, cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+        """``cls`` from ``data``, whose keys are ``prefix``'s children."""
+        plan = self._plan(cls)
+        for key in data:  # every key first: a typo is named before any value is looked at
+            if key not in plan:
+                raise self._error(self._unknown.format(
+                    where=join(prefix, key), name=repr(key)[:80], record=cls.__name__,
+                    allowed=", ".join(plan)))
+        kwargs = {}
+        for name, (convert, required) in plan.items():  # in the fields' order
+            if name in data:
+                kwargs[name] = convert(data[name], join(prefix, name))
+            elif required:
+                raise self._error(f"{join(prefix, name)}: required")
+        built = cls(**kwargs)
+        if self._run_checks and (check := getattr(built, "check", None)) is not None:
+            check(prefix)
+        return built
+
+    def converter(self, tp: Any, meta: Mapping[str, Any]) -> Convert:
+        """How a value of type ``tp`` is checked and converted."""
+        origin = typing.get_origin(tp)
+        if origin in (typing.Union, types.UnionType):
+            inner = self.converter(next(a for a in typing.get_args(tp) if a is not type(None)), meta)
+            return lambda value, key: None if value is None else inner(value, key)
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            def nested(value: Any, key: str) -> Any:
+                if not isinstance(value, Mapping):
+                    raise self._error(f"{key}: must be a mapping, got {type(value).__name__}")
+                return self.build(tp, value, key)
+            return nested
+        if origin is tuple:
+            # each item of a list of URLs is a URL
+            item = self.converter(typing.get_args(tp)[0], {"url": meta["url"]} if "url" in meta else {})
+
+            def items(value: Any, key: str) -> tuple[Any, ...]:
+                if not isinstance(value, list | tuple):
+                    raise self._error(f"{key}: must be a list, got {type(value).__name__}")
+                return tuple(item(v, f"{key}[{i}]") for i, v in enumerate(value))
+            return items
+        leaf = self._leaf
+        return lambda value, key: leaf(tp, value, key, meta)
+
+
+__all__ = [
+    "SCHEMAS", "Builder", "Check", "Invalid", "array", "boolean", "described", "integer",
+    "join", "json_schema", "mapping", "number", "one_of", "optional", "record",
+    "refuse_unknown", "required_fields", "show", "string", "text", "true_or_false",
+]

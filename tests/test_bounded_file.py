@@ -1,0 +1,43 @@
+"""exporter/bounded_file.py: one reader for every file a user names, bounded before the work."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from exporter.bounded_file import USAGE, Wording, read_bounded
+from exporter.errors import ConfigError, UsageError
+
+
+def test_a_file_within_the_limit_is_read_whole(tmp_path):
+    path = tmp_path / "ok"
+    path.write_bytes(b"x" * 10)
+    assert read_bounded(path, 10, USAGE, setting="--max-bytes") == b"x" * 10
+
+
+def test_a_regular_file_over_the_limit_is_refused_by_its_size(tmp_path):
+    path = tmp_path / "big"
+    path.write_bytes(b"x" * 11)
+    with pytest.raises(UsageError) as info:
+        read_bounded(path, 10, USAGE, setting="--max-bytes")
+    assert str(info.value) == f"{path}: 11 bytes, over the 10-byte limit (--max-bytes)"
+
+
+def test_a_device_is_read_one_byte_past_the_limit_then_refused():
+    with pytest.raises(UsageError) as info:
+        read_bounded("/dev/zero", 1024, USAGE, setting="x")
+    assert str(info.value) == "/dev/zero: over the 1024-byte limit (x)"
+
+
+def test_the_callers_wording_and_error_class(tmp_path):
+    wording = Wording(ConfigError, cannot_read="{key}: cannot read {path}: {reason}",
+                      not_regular="{key}: {path} is not a regular file")
+    with pytest.raises(ConfigError) as info:
+        read_bounded(tmp_path / "nope", 10, wording, key="k")
+    assert str(info.value) == f"k: cannot read {tmp_path / 'nope'}: No such file or directory"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # no writer: a blocking open would hang here
+    with pytest.raises(ConfigError) as info:
+        read_bounded(fifo, 10, wording, key="k")
+    assert str(info.value) == f"k: {fifo} is not a regular file"
