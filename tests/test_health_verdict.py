@@ -5,19 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from exporter.health.verdict import HealthSettings, HealthTracker, Verdict
-from exporter.snapshot import FleetSnapshot, Gpu, GpuHealth, Node, XidCount
+from exporter.snapshot import Gpu, Node, XidCount
+from tests.helpers.health import T0, gpu, snap
 
-T0 = 1_764_547_200.0
 SETTINGS = HealthSettings(critical_xids=(48, 79), slowdown_reasons=("hw_thermal",))
-
-
-def gpu(node: str = "n1", index: int = 0, **health) -> Gpu:
-    return Gpu(node, index, f"GPU-{node}-{index}", "h100", "p", health=GpuHealth(**health))
-
-
-def snap(at: float, *gpus: Gpu) -> FleetSnapshot:
-    nodes = sorted({g.node for g in gpus})
-    return FleetSnapshot(at, tuple(Node(n, "h100", 64, "p", "hopper", 8) for n in nodes), gpus)
 
 
 def run(readings: list[tuple[float, Gpu]]) -> list[Verdict]:
