@@ -182,8 +182,8 @@ class Remediator:
         self._count_faults(health, now)
         events += self._replacements(health, now)
         events += self._resumes(health, now)
+        events += self._drains(health, now)  # before the resets: drain, then reset
         events += self._resets(health, snapshot, now)
-        events += self._drains(health, now)
         return events
 
     def _count_faults(self, health: FleetHealth, now: float) -> None:
