@@ -192,9 +192,8 @@ def _sum(*values: int | None) -> int | None:
 
 
 def _new_xids(health: GpuHealth, before: GpuHealth | None, now: float,
-              settings: HealthSettings) -> list[int]:
+              settings: HealthSettings, critical: frozenset[int]) -> list[int]:
     """Critical XIDs seen since ``before`` (or recently, without one)."""
-    critical = set(settings.critical_xids)
     codes: set[int] = set()
     before_counts = {x.xid: x.count for x in before.xid_counts} if before else {}
     for entry in health.xid_counts:
@@ -214,7 +213,8 @@ def _new_xids(health: GpuHealth, before: GpuHealth | None, now: float,
     return sorted(codes)
 
 
-def _signals(gpu: Gpu, state: _GpuState, now: float, settings: HealthSettings) -> list[_Signal]:
+def _signals(gpu: Gpu, state: _GpuState, now: float, settings: HealthSettings,
+             critical: frozenset[int], slowdown_mask: int) -> list[_Signal]:
     name = f"GPU {gpu.index}"
     if not gpu.up:
         return [_Signal("gpu_lost", Verdict.FAILING, f"{name} lost", settings.lost_for_seconds)]
@@ -227,8 +227,9 @@ def _signals(gpu: Gpu, state: _GpuState, now: float, settings: HealthSettings) -
         return []
     out: list[_Signal] = []
     before = state.previous
-    for code in _new_xids(health, before, now, settings):
-        out.append(_Signal("xid", Verdict.FAILING, f"XID {code} on {name}", 0.0))
+    if health.xid_counts or health.last_xid is not None:  # most GPUs never had one
+        out += [_Signal("xid", Verdict.FAILING, f"XID {code} on {name}", 0.0)
+                for code in _new_xids(health, before, now, settings, critical)]
     if before is not None and (
             _increase(health.ecc_double_bit_volatile, before.ecc_double_bit_volatile)
             or _increase(health.ecc_double_bit_aggregate, before.ecc_double_bit_aggregate)
@@ -254,7 +255,7 @@ def _signals(gpu: Gpu, state: _GpuState, now: float, settings: HealthSettings) -
         if pcie / elapsed > settings.pcie_replays_per_second:
             out.append(_Signal("pcie", Verdict.DEGRADED, f"PCIe replays on {name}", 0.0))
     reasons = health.clock_event_reasons
-    if reasons is not None and reasons & settings.slowdown_mask():
+    if reasons is not None and reasons & slowdown_mask:
         out.append(_Signal("thermal", Verdict.DEGRADED, f"clocks slowed down on {name}",
                            settings.thermal_for_seconds))
     return out
@@ -298,6 +299,8 @@ class HealthTracker:
         self.settings = settings or HealthSettings()
         self._gpus: dict[tuple[str, int], _GpuState] = {}
         self._nodes: dict[str, tuple[Verdict, float]] = {}
+        self._critical = frozenset(self.settings.critical_xids)
+        self._slowdown_mask = self.settings.slowdown_mask()
 
     def observe(self, snapshot: FleetSnapshot, now: float | None = None) -> FleetHealth:
         now = snapshot.taken_at if now is None else now
@@ -307,7 +310,8 @@ class HealthTracker:
         for gpu in snapshot.gpus:
             state = self._gpus.setdefault(gpu.key, _GpuState())
             before = state.verdict if state.seen else None
-            _step(state, _signals(gpu, state, now, self.settings), gpu, now, self.settings)
+            signals = _signals(gpu, state, now, self.settings, self._critical, self._slowdown_mask)
+            _step(state, signals, gpu, now, self.settings)
             if gpu.up and not gpu.stale and gpu.health is not None:
                 state.previous, state.previous_at = gpu.health, now
             if before != state.verdict:
