@@ -213,3 +213,18 @@ def test_events_round_trip_as_json_and_a_bad_one_names_the_key():
         decode_event('{"type": "drain", "node": "n1", "pool": "a", "at": 1}')
     with pytest.raises(ValueError, match="Invalid value 'format_disk'"):
         decode_event('{"type": "format_disk"}')
+
+
+def test_a_restarted_tracker_watches_a_drained_node_for_a_clean_window_before_resuming(tmp_path):
+    path = tmp_path / "remediation.json"
+    fleet = Fleet({"a": 4})
+    fleet.tick(0)
+    assert drains(fleet.xid(30, "a-1")) == ["a-1"]
+    save_state(fleet.remediator.state, path)
+    # hours later the advisor restarts: its new tracker sees no recent XID, so a-1 reads
+    # healthy at once; it has seen nothing yet, so the node stays drained for a clean window
+    restarted = Fleet({"a": 4}, state=load_state(path))
+    restarted.gpus = fleet.gpus
+    resumed = [(at, e) for at in range(7200, 9000, 30) for e in restarted.tick(at)
+               if isinstance(e, Resume)]
+    assert resumed == [(8100, Resume("a-1", "a", T0 + 30, T0 + 8100))]

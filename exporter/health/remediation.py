@@ -6,7 +6,8 @@ Four actions, typed so the outbox, the renderers and ``gpufleet act`` read one s
 - :class:`ResetGpu` a failing GPU once no job holds it (a reset clears what a critical XID,
   an uncorrectable ECC error or a pending remap leaves; not what needs service);
 - :class:`Resume` a node gpufleet drained, once its verdict is healthy again (the tracker's
-  clean window) and it has been drained for ``min_drain_seconds``;
+  clean window; after a restart, once the tracker has watched it that long) and it has been
+  drained for ``min_drain_seconds``;
 - :class:`Replace` a node with ``replace_after_faults`` faults in ``replace_window_seconds``.
 
 Budgets bound what gpufleet drains: at most ``max_drained_nodes`` of the fleet and
@@ -219,7 +220,8 @@ class Remediator:
         out: list[Event] = []
         for node, record in sorted(self.state.drained.items()):
             verdict = health.node(node)
-            if verdict is not None and verdict.verdict == Verdict.HEALTHY and \
+            # settled: a restarted tracker has watched the node for a clean window first
+            if verdict is not None and verdict.verdict == Verdict.HEALTHY and verdict.settled and \
                     now - record.at >= self.settings.min_drain_seconds:
                 del self.state.drained[node]
                 out.append(Resume(node, record.pool, record.at, now))

@@ -116,6 +116,9 @@ class GpuVerdict:
     since: float  # unix seconds the verdict took its level
     reasons: tuple[Reason, ...]  # of the verdict's level; kept while the verdict is held
     clean_since: float | None = None  # the clean window runs from here (a held verdict)
+    # watched for a clean window at least: a healthy verdict then means "clean that long",
+    # not "a tracker just (re)started and has seen nothing yet"
+    settled: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,7 @@ class NodeVerdict:
     since: float
     reasons: tuple[Reason, ...]  # its worst GPUs' reasons
     gpus: tuple[GpuVerdict, ...]
+    settled: bool = True  # every GPU settled (see GpuVerdict.settled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +181,7 @@ class _GpuState:
     previous: GpuHealth | None = None
     previous_at: float | None = None
     seen: bool = False
+    first_seen: float = 0.0
 
 
 def _increase(now: int | None, before: int | None) -> int:
@@ -275,7 +280,7 @@ def _step(state: _GpuState, signals: Iterable[_Signal], gpu: Gpu, now: float,
     raw = max((r.level for r in effective), key=lambda v: v.rank, default=Verdict.HEALTHY)
     at_raw = tuple(r for r in effective if r.level == raw)
     if not state.seen:
-        state.seen = True
+        state.seen, state.first_seen = True, now
         state.verdict, state.since, state.reasons = raw, now, at_raw
         return
     current = state.verdict
@@ -319,7 +324,8 @@ class HealthTracker:
                                               state.reasons))
             by_node.setdefault(gpu.node, []).append(GpuVerdict(
                 gpu.node, gpu.index, pools.get(gpu.node, gpu.pool), state.verdict, state.since,
-                state.reasons, state.clean_since))
+                state.reasons, state.clean_since,
+                now - state.first_seen >= self.settings.clean_window_seconds))
         names = sorted(set(pools) | set(by_node))
         nodes: list[NodeVerdict] = []
         for name in names:
@@ -337,7 +343,8 @@ class HealthTracker:
                 transitions.append(Transition(name, None, now, previous[0] if previous else None,
                                               verdict, reasons))
             self._nodes[name] = (verdict, since)
-            nodes.append(NodeVerdict(name, pool, verdict, since, reasons, gpus))
+            settled = bool(gpus) and all(g.settled for g in gpus)
+            nodes.append(NodeVerdict(name, pool, verdict, since, reasons, gpus, settled))
         return FleetHealth(now, tuple(nodes), tuple(transitions))
 
 
