@@ -258,3 +258,14 @@ def test_act_is_registered_and_its_help_is_fast():
                           capture_output=True, text=True, timeout=60, check=True, env=env)
     assert "--mode {observe,dry-run,act}" in done.stdout
     assert "exporter.health" not in done.stderr  # the work is imported when it runs
+
+
+async def test_a_missing_node_or_a_bad_name_fails_in_one_line_without_a_request(apiserver, tmp_path):
+    actor = Actor("kubernetes", "act", tmp_path / "audit.jsonl", io.StringIO(),
+                  KubernetesApi(apiserver.url))
+    record = await asyncio.to_thread(actor.handle, Drain("gpu-node-9", "a", "XID 79 on GPU 0", T0))
+    assert record["error"] == 'GET /api/v1/nodes/gpu-node-9: HTTP 404: nodes "gpu-node-9" not found'
+    apiserver.requests.clear()
+    record = await asyncio.to_thread(actor.handle, Drain("../pods", "a", "x", T0))
+    assert record["error"] == "node: '../pods' is not a node name (letters, digits, '.', '_', '-')"
+    assert apiserver.requests == []

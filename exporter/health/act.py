@@ -36,6 +36,7 @@ from exporter.health.render import (
     REASON_PREFIX,
     RenderError,
     kubernetes_patch,
+    node_name,
     slurm_argv,
     slurm_command_text,
 )
@@ -189,6 +190,7 @@ class Actor:
         api = self.api
         if api is None:
             raise ActError("--api-server is needed to read the node")
+        node_name(event.node)  # before it goes into a URL
         for attempt in range(self.max_conflict_retries + 1):
             node = api.get_node(event.node)
             patch = kubernetes_patch(event, node)

@@ -40,7 +40,8 @@ class RenderError(ValueError):
     """An event no scheduler command can be made from (a bad node name)."""
 
 
-def _node(name: str) -> str:
+def node_name(name: str) -> str:
+    """``name`` if it is a node name (it goes into a command line and a URL path)."""
     if not _NODE_NAME.fullmatch(name):
         raise RenderError(f"node: {name!r} is not a node name (letters, digits, '.', '_', '-')")
     return name
@@ -54,10 +55,10 @@ def slurm_reason(reason: str) -> str:
 def slurm_argv(event: Event) -> list[str] | None:
     """The ``scontrol`` arguments for ``event``; None: Slurm has no verb for it."""
     if isinstance(event, Drain):
-        return ["scontrol", "update", f"NodeName={_node(event.node)}", "State=DRAIN",
+        return ["scontrol", "update", f"NodeName={node_name(event.node)}", "State=DRAIN",
                 f"Reason={slurm_reason(event.reason)}"]
     if isinstance(event, Resume):
-        return ["scontrol", "update", f"NodeName={_node(event.node)}", "State=RESUME"]
+        return ["scontrol", "update", f"NodeName={node_name(event.node)}", "State=RESUME"]
     return None
 
 
@@ -86,7 +87,7 @@ def kubernetes_patch(event: Event, node: Mapping[str, Any]) -> dict[str, Any] | 
     asks for; None: Kubernetes has no verb for it."""
     if not isinstance(event, Drain | Resume):
         return None
-    if _node(event.node) != node.get("metadata", {}).get("name"):
+    if node_name(event.node) != node.get("metadata", {}).get("name"):
         raise RenderError(f"node: the event is for {event.node}, the node read is "
                           f"{node.get('metadata', {}).get('name')!r}")
     meta = node["metadata"]
@@ -109,5 +110,5 @@ def kubernetes_patch(event: Event, node: Mapping[str, Any]) -> dict[str, Any] | 
 
 
 __all__ = ["CORDONED_ANNOTATION", "MERGE_PATCH", "REASON_ANNOTATION", "REASON_PREFIX", "TAINT_KEY",
-           "RenderError", "kubernetes_patch", "slurm_argv", "slurm_command_text", "slurm_reason",
-           "taint_value"]
+           "RenderError", "kubernetes_patch", "node_name", "slurm_argv", "slurm_command_text",
+           "slurm_reason", "taint_value"]
