@@ -135,29 +135,34 @@ def test_slurm_act_runs_scontrol_once_even_when_replayed(tmp_path, fake_scontrol
             "--audit-log", str(audit)]
     assert main(args) == 0
     assert calls.read_text().splitlines() == [
-        "update NodeName=gpu-node-1 State=DRAIN Reason=gpufleet: XID 79 on GPU 3",
+        "show node -o gpu-node-1", "update NodeName=gpu-node-1 State=DRAIN Reason=gpufleet: XID 79 on GPU 3",
         "show node -o gpu-node-1", "update NodeName=gpu-node-1 State=RESUME"]
     assert main(args) == 0  # a restart replaying the same events
-    assert len(calls.read_text().splitlines()) == 3
+    assert len(calls.read_text().splitlines()) == 4
     assert [json.loads(line)["outcome"] for line in audit.read_text().splitlines()] == \
         ["done", "done", "skipped", "skipped"]
 
 
-def test_slurm_resume_leaves_a_node_an_operator_drained(tmp_path):
+def test_slurm_leaves_a_node_an_operator_drained(tmp_path):
     script = tmp_path / "scontrol"
     calls = tmp_path / "calls"
     script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
                       'echo "NodeName=gpu-node-1 State=IDLE+DRAIN Reason=bad fan [ops@now]"\n')
     script.chmod(0o755)
     actor = Actor("slurm", "act", tmp_path / "audit.jsonl", io.StringIO(), scontrol=str(script))
+    record = actor.handle(DRAIN)
+    assert (record["outcome"], record["detail"]) == \
+        ("skipped", "already drained by someone else: their reason kept")
     record = actor.handle(RESUME)
     assert (record["outcome"], record["detail"]) == ("skipped", "not drained by gpufleet: left as it is")
-    assert calls.read_text().splitlines() == ["show node -o gpu-node-1"]
+    assert calls.read_text().splitlines() == ["show node -o gpu-node-1"] * 2
 
 
 def test_a_failing_scontrol_is_one_line_and_exit_1(tmp_path, capsys):
     script = tmp_path / "scontrol"
-    script.write_text('#!/bin/sh\necho "slurm_update error: Invalid node name specified" >&2\nexit 1\n')
+    script.write_text('#!/bin/sh\n'
+                      'if [ "$1" = show ]; then echo "NodeName=gpu-node-1 State=IDLE"; exit 0; fi\n'
+                      'echo "slurm_update error: Invalid node name specified" >&2\nexit 1\n')
     script.chmod(0o755)
     assert main(["act", "--slurm", "--mode", "act", "--events", str(events_file(tmp_path, DRAIN)),
                  "--scontrol", str(script), "--audit-log", str(tmp_path / "a.jsonl")]) == 1

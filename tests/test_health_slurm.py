@@ -10,6 +10,7 @@ are wired in later (docs/health.md says what this proves and what not).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -98,3 +99,20 @@ def test_xid_drains_the_node_in_slurm_and_the_clean_window_resumes_it(slurm, tmp
     while slurm.run("sinfo", "-h", "-n", "gpu-003", "-o", "%t").strip() != "idle":
         assert time.monotonic() < deadline, show(slurm, "gpu-003")
         time.sleep(0.5)
+
+
+def test_a_node_an_operator_drained_is_left_as_it_is(slurm, tmp_path):
+    slurm.run("scontrol", "update", "NodeName=gpu-005", "State=DRAIN", "Reason=bad fan")
+    try:
+        drain = Drain("gpu-005", "gpu-h100", "XID 79 on GPU 0", T0)
+        resume = Resume("gpu-005", "gpu-h100", T0, T0 + 3600)
+        done = act(slurm, tmp_path, "act", [drain, resume])
+        assert (done.returncode, done.stderr) == (0, "")
+        shown = show(slurm, "gpu-005")
+        assert "+DRAIN " in shown and " Reason=bad fan [root@" in shown
+        audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+        assert [(r["type"], r["outcome"], r["detail"]) for r in audit] == [
+            ("drain", "skipped", "already drained by someone else: their reason kept"),
+            ("resume", "skipped", "not drained by gpufleet: left as it is")]
+    finally:
+        slurm.run("scontrol", "update", "NodeName=gpu-005", "State=RESUME")

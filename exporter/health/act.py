@@ -164,11 +164,16 @@ class Actor:
         if self.mode == "dry-run":
             print(text, file=self.out)
             return self._audit(event, "printed", command=text)
-        if "State=RESUME" in argv:
-            shown = self._run([self.scontrol, "show", "node", "-o", argv[2].split("=", 1)[1]])
-            if f"Reason={REASON_PREFIX}" not in shown:
-                return self._audit(event, "skipped", command=text,
-                                   detail="not drained by gpufleet: left as it is")
+        # an operator's drain is theirs: gpufleet neither overwrites its reason nor resumes it
+        shown = self._run([self.scontrol, "show", "node", "-o", event.node])
+        state = shown.partition(" State=")[2].partition(" ")[0]
+        ours = f" Reason={REASON_PREFIX}" in shown
+        if "State=RESUME" in argv and not ours:
+            return self._audit(event, "skipped", command=text,
+                               detail="not drained by gpufleet: left as it is")
+        if "State=DRAIN" in argv and "DRAIN" in state and not ours:
+            return self._audit(event, "skipped", command=text,
+                               detail="already drained by someone else: their reason kept")
         self._run([self.scontrol, *argv[1:]])
         return self._audit(event, "done", command=text)
 
