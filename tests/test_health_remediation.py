@@ -24,6 +24,7 @@ from exporter.health.remediation import (
     load_state,
     save_state,
 )
+from exporter.health.stragglers import StragglerSettings
 from exporter.health.verdict import HealthSettings, HealthTracker
 from exporter.snapshot import Allocation, Gpu
 from tests.helpers.health import T0, gpu, job, snap, xid_gpu
@@ -228,3 +229,17 @@ def test_a_restarted_tracker_watches_a_drained_node_for_a_clean_window_before_re
     resumed = [(at, e) for at in range(7200, 9000, 30) for e in restarted.tick(at)
                if isinstance(e, Resume)]
     assert resumed == [(8100, Resume("a-1", "a", T0 + 30, T0 + 8100))]
+
+
+def test_settings_out_of_bounds_name_their_key():
+    with pytest.raises(ValueError, match=r"^health.clean_window_seconds: must be at least 0, got -1$"):
+        HealthSettings(critical_xids=(79,), clean_window_seconds=-1)
+    with pytest.raises(ValueError, match=r"^health.lost_for_seconds: must be at least 0, got nan$"):
+        HealthSettings(critical_xids=(79,), lost_for_seconds=float("nan"))
+    with pytest.raises(ValueError,
+                       match=r"^remediation.max_drained_pool_ratio: must be from 0 to 1, got 1.5$"):
+        RemediationSettings(max_drained_pool_ratio=1.5)
+    with pytest.raises(ValueError, match=r"^remediation.replace_after_faults: must be at least 1, got 0$"):
+        RemediationSettings(replace_after_faults=0)
+    with pytest.raises(ValueError, match=r"^stragglers.min_job_gpus: must be at least 3, got 2$"):
+        StragglerSettings(min_job_gpus=2)

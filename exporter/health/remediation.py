@@ -32,6 +32,7 @@ from pathlib import Path
 
 import msgspec
 
+from exporter.health.settings import check_settings
 from exporter.health.verdict import FleetHealth, NodeVerdict, Reason, Verdict
 from exporter.snapshot import FleetSnapshot
 
@@ -119,6 +120,10 @@ class RemediationSettings:
     replace_window_seconds: float = 7 * 86400.0  # ... in this window
     # XIDs a reset does not clear (64: a remap failed, 92: memory failing): they need service
     service_xids: tuple[int, ...] = (64, 92)
+
+    def __post_init__(self) -> None:
+        check_settings("remediation", self, minimum={"replace_after_faults": 1},
+                       maximum={"max_drained_pool_ratio": 1.0})
 
 
 class DrainRecord(msgspec.Struct):

@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exporter.health.settings import check_settings
 from exporter.snapshot import FleetSnapshot, Gpu
 
 MAD_TO_SIGMA = 1.4826  # the MAD of normal data times this is its standard deviation
@@ -51,6 +52,9 @@ class StragglerSettings:
     mad_threshold: float = 3.5  # robust z-score (Iglewicz and Hoaglin's outlier cut)
     min_relative_deviation: float = 0.2  # and at least this far from the median, relatively
     metrics: tuple[str, ...] = tuple(METRICS)
+
+    def __post_init__(self) -> None:
+        check_settings("stragglers", self, minimum={"min_job_gpus": 3})
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from exporter.health.settings import check_settings
 from exporter.snapshot import CLOCK_EVENT_REASONS, FleetSnapshot, Gpu, GpuHealth
 
 
@@ -90,6 +91,9 @@ class HealthSettings:
     nvlink_link_errors_per_second: float = 0.0  # replays + recoveries: any (DCGM's limit is 1)
     nvlink_crc_errors_per_second: float = 100.0  # DCGM's health watch rate (GpuNvlinkCrcErrors)
     pcie_replays_per_second: float = 8 / 60  # DCGM's PCIe replay rate, 8 a minute
+
+    def __post_init__(self) -> None:
+        check_settings("health", self)
 
     def slowdown_mask(self) -> int:
         bits = dict(CLOCK_EVENT_REASONS)
