@@ -143,3 +143,10 @@ def test_default_settings_read_the_threshold_table():
     settings = HealthSettings()
     assert 79 in settings.critical_xids and 13 not in settings.critical_xids
     assert settings.slowdown_mask() == 0x08 | 0x20 | 0x40 | 0x80
+
+
+def test_a_gpu_whose_health_is_not_read_is_unknown_not_healthy():
+    unread = Gpu("n1", 0, "GPU-n1-0", "h100", "p")  # an allocation source alone: no counters
+    tracker = HealthTracker(SETTINGS)
+    node = tracker.observe(snap(T0, unread)).nodes[0]
+    assert (node.verdict, [r.text for r in node.reasons]) == (Verdict.UNKNOWN, ["GPU 0 health not read"])

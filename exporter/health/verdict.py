@@ -25,6 +25,7 @@ signal              level     raised when
 ``remap_pending``   degraded  a row remap or page retirement waits for a GPU reset, for
                               ``pending_for_seconds``
 ``stale``           unknown   the readings are the last good ones, for ``stale_for_seconds``
+``no_counters``     unknown   the source reads no health counters for the GPU
 ==================  ========  ===========================================================
 
 Hysteresis: a verdict rises at once to the highest level whose signal has held its time,
@@ -104,7 +105,8 @@ class HealthSettings:
 class Reason:
     """One signal behind a verdict, in words an operator (and a drain reason) can read."""
 
-    signal: str  # xid, ecc, remap_failure, gpu_lost, nvlink, pcie, thermal, remap_pending, stale
+    # xid, ecc, remap_failure, gpu_lost, nvlink, pcie, thermal, remap_pending, stale, no_counters
+    signal: str
     level: Verdict
     text: str  # e.g. "XID 79 on GPU 3"
     gpu: int | None
@@ -232,8 +234,8 @@ def _signals(gpu: Gpu, state: _GpuState, now: float, settings: HealthSettings,
         return [_Signal("stale", Verdict.UNKNOWN, f"{name} readings stale",
                         settings.stale_for_seconds)]
     health = gpu.health
-    if health is None:
-        return []
+    if health is None:  # the source reads no counters: "healthy" would be a guess
+        return [_Signal("no_counters", Verdict.UNKNOWN, f"{name} health not read", 0.0)]
     out: list[_Signal] = []
     before = state.previous
     if health.xid_counts or health.last_xid is not None:  # most GPUs never had one
