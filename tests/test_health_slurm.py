@@ -11,35 +11,27 @@ are wired in later (docs/health.md says what this proves and what not).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from exporter.health.remediation import Drain, Remediator, ResetGpu, Resume, encode_event
 from exporter.health.verdict import HealthTracker
-from tests.helpers import REPO, require_binary
+from tests.helpers import REPO
 from tests.helpers.health import T0, gpu, snap, xid_gpu
-from tests.helpers.slurm_cluster import BINARIES, H200_NODES, SlurmCluster
+from tests.helpers.slurm_cluster import H200_NODES, SlurmCluster, running_cluster
 
 pytestmark = pytest.mark.slow  # a real Slurm (slurmctld, slurmd, munge)
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory) -> SlurmCluster:
-    for binary in BINARIES:
-        require_binary(binary)
-    if os.geteuid() != 0:
-        pytest.fail("the Slurm fixture runs slurmd as root, as in CI; run the tests as root")
-    cluster = SlurmCluster(Path(tmp_path_factory.mktemp("slurm")))
-    try:
-        cluster.start()
+def slurm(tmp_path_factory) -> Iterator[SlurmCluster]:
+    with running_cluster(Path(tmp_path_factory.mktemp("slurm"))) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def show(slurm: SlurmCluster, node: str) -> str:
