@@ -274,3 +274,28 @@ async def test_a_missing_node_or_a_bad_name_fails_in_one_line_without_a_request(
     record = await asyncio.to_thread(actor.handle, Drain("../pods", "a", "x", T0))
     assert record["error"] == "node: '../pods' is not a node name (letters, digits, '.', '_', '-')"
     assert apiserver.requests == []
+
+
+@pytest.mark.slow
+async def test_the_fakes_patch_and_conflict_are_what_kubectl_accepts(apiserver, tmp_path):
+    """kubectl (client-go) sends gpufleet's drain patch to the fake as to a real apiserver;
+    sent again, its stale resourceVersion is refused with the Conflict kubectl reports."""
+    from tests.helpers.fake_apiserver import write_kubeconfig
+
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
+    patch = json.dumps(kubernetes_patch(DRAIN, apiserver.get(NODES, "gpu-node-1")))
+
+    def kubectl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    command = ("patch", "node", "gpu-node-1", "--type", "merge", "-p", patch)
+    first = await asyncio.to_thread(kubectl, *command)
+    assert (first.returncode, first.stdout) == (0, "node/gpu-node-1 patched\n")
+    again = await asyncio.to_thread(kubectl, *command)
+    assert again.returncode == 1
+    assert again.stderr.startswith('Error from server (Conflict): Operation cannot be fulfilled on '
+                                   'nodes "gpu-node-1": the object has been modified')
+    taints = await asyncio.to_thread(kubectl, "get", "node", "gpu-node-1", "-o", "jsonpath={.spec.taints}")
+    assert json.loads(taints.stdout) == [
+        {"effect": "NoSchedule", "key": TAINT_KEY, "value": "XID-79-on-GPU-3"}]
