@@ -126,6 +126,9 @@ class FakeApiserver:
     _list_ids: Any = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
     ssl_context: Any = None  # an ssl.SSLContext: serve https, as every real apiserver does
+    # PATCH of a node (a JSON merge patch): this many next patches find the node changed by
+    # another writer first (a label), so a patch guarded by resourceVersion gets 409
+    concurrent_writes: int = 0
 
     # -- changing the cluster ----------------------------------------------------------
 
@@ -189,6 +192,7 @@ class FakeApiserver:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_post("/fake/churn", self._churn)
+        app.router.add_patch(NODES + "/{name}", self._patch_node)
         app.router.add_get("/{path:.*}", self._handle)
         # a client that goes away cancels its watch handler, as it ends a real apiserver watch
         self._runner = web.AppRunner(app, shutdown_timeout=0.5, handle_signals=False,
@@ -236,6 +240,12 @@ class FakeApiserver:
         if path in DISCOVERY:
             return web.json_response(DISCOVERY[path])
         kind = path.rsplit("/", 1)[-1]
+        if path.startswith(NODES + "/") and not self.forbidden:  # GET one node
+            stored = self.objects.get(NODES, {}).get(kind)
+            if stored is None:
+                return web.json_response(status(404, "NotFound", f'nodes "{kind}" not found'),
+                                         status=404)
+            return web.Response(body=stored.raw, content_type="application/json")
         if self.forbidden:
             return web.json_response(status(
                 403, "Forbidden", f'{kind} is forbidden: User "system:serviceaccount:gpufleet:'
@@ -342,9 +352,53 @@ class FakeApiserver:
             self._live.pop(id(request), None)
         return response
 
+    async def _patch_node(self, request: web.Request) -> web.Response:
+        """A JSON merge patch (RFC 7386) of one node; a ``metadata.resourceVersion`` in it is
+        a precondition, as on a real apiserver (409 Conflict when the node moved on)."""
+        name = request.match_info["name"]
+        self.requests.append(f"PATCH {request.path_qs}")
+        if self.token is not None and \
+                request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response(status(401, "Unauthorized", "Unauthorized"), status=401)
+        if request.content_type != "application/merge-patch+json":
+            return web.json_response(status(415, "UnsupportedMediaType",
+                                            "the body of the request was in an unknown format - "
+                                            "accepted media types include: "
+                                            "application/merge-patch+json"), status=415)
+        if name not in self.objects.get(NODES, {}):
+            return web.json_response(status(404, "NotFound", f'nodes "{name}" not found'), status=404)
+        if self.concurrent_writes > 0:
+            self.concurrent_writes -= 1
+            other = self.get(NODES, name)
+            other["metadata"].setdefault("labels", {})["other-writer"] = str(self.version)
+            self.add(other)
+        patch = await request.json()
+        current = self.get(NODES, name)
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
+            return web.json_response(status(
+                409, "Conflict", f'Operation cannot be fulfilled on nodes "{name}": the object has '
+                "been modified; please apply your changes to the latest version and try again"),
+                status=409)
+        self.add(_merge(current, patch))
+        return web.Response(body=self.objects[NODES][name].raw, content_type="application/json")
+
     @staticmethod
     async def _send(response: web.StreamResponse, kind: str, raw: bytes) -> None:
         await response.write(b'{"type":"' + kind.encode() + b'","object":' + raw + b"}\n")
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge key by key, null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(out.get(key), value)
+    return out
 
 
 def write_kubeconfig(path: Path, url: str, token: str | None = None) -> Path:

@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -264,3 +265,22 @@ class SlurmCluster:
         for pid in self.marked_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def running_cluster(root: Path) -> Iterator[SlurmCluster]:
+    """A started cluster in ``root``, stopped on exit (the tests' module-scoped fixtures)."""
+    import pytest
+
+    from tests.helpers.servers import require_binary
+
+    for binary in BINARIES:
+        require_binary(binary)
+    if os.geteuid() != 0:
+        pytest.fail("the Slurm fixture runs slurmd as root, as in CI; run the tests as root")
+    cluster = SlurmCluster(root)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,96 @@
+"""``gpufleet act``: take remediation events (drain, resume, reset, replace, page) to Slurm or
+Kubernetes, staged and bounded.
+
+Events are JSON lines (--events FILE, or - for stdin, the default), as the advisor writes
+them. --mode observe (the default) logs what each would do; dry-run prints the exact
+scontrol command or node patch and changes nothing; act runs it. Slurm runs scontrol
+(SLURM_CONF finds the cluster); Kubernetes GETs the node and PATCHes it guarded by its
+resourceVersion, retrying on 409 Conflict. Every event is appended to the audit log
+(--audit-log, JSON lines); in act mode an event the log records as done is skipped, so a
+replay or a restart does not act twice. Budgets (how many nodes at once, the rate, never
+a pool's last healthy node) are the advisor's: it decides the events (docs/health.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from exporter.errors import UsageError
+
+DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
+EPILOG = """examples:
+  gpufleet act --slurm --mode dry-run --events events.jsonl
+  gpufleet act --kubernetes --mode act --api-server https://10.0.0.1:6443 \\
+      --token-file /var/run/secrets/kubernetes.io/serviceaccount/token \\
+      --ca-file /var/run/secrets/kubernetes.io/serviceaccount/ca.crt < events.jsonl"""
+MAX_TOKEN_BYTES = 64 * 1024  # a service account token is ~1 KB
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    backend = parser.add_mutually_exclusive_group(required=True)
+    backend.add_argument("--slurm", dest="backend", action="store_const", const="slurm",
+                         help="drain and resume nodes with scontrol")
+    backend.add_argument("--kubernetes", dest="backend", action="store_const", const="kubernetes",
+                         help="cordon and taint nodes through the apiserver")
+    parser.add_argument("--mode", choices=("observe", "dry-run", "act"), default="observe",
+                        help="observe: log only (default); dry-run: print the exact command or "
+                             "patch; act: run it")
+    parser.add_argument("--events", default="-", metavar="FILE",
+                        help="remediation events, one JSON object a line (- : stdin, default)")
+    parser.add_argument("--audit-log", default="gpufleet-act.jsonl", metavar="FILE",
+                        help="where every event and its outcome is appended (default "
+                             "gpufleet-act.jsonl)")
+    parser.add_argument("--scontrol", default="scontrol", help="the scontrol binary (Slurm)")
+    parser.add_argument("--api-server", metavar="URL", help="the apiserver (Kubernetes)")
+    parser.add_argument("--token-file", metavar="FILE", help="bearer token for the apiserver")
+    parser.add_argument("--ca-file", metavar="FILE", help="CA bundle for an https apiserver")
+    parser.add_argument("--max-conflict-retries", type=int, default=5,
+                        help="re-reads of a node that changed under a patch (409), default 5")
+
+
+def _token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            token = handle.read(MAX_TOKEN_BYTES + 1).decode("ascii").strip()
+    except OSError as exc:
+        raise UsageError(f"--token-file {path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--token-file {path}: not an ASCII token") from None
+    if not token or len(token) > MAX_TOKEN_BYTES or any(c.isspace() for c in token):
+        raise UsageError(f"--token-file {path}: must hold one token, without spaces")
+    return token
+
+
+def run(args: argparse.Namespace) -> int:
+    from exporter.health.act import Actor, KubernetesApi, read_events
+
+    if not 0 <= args.max_conflict_retries <= 100:
+        raise UsageError(f"--max-conflict-retries: must be 0..100, got {args.max_conflict_retries}")
+    if args.api_server and not args.api_server.startswith(("http://", "https://")):
+        raise UsageError(f"--api-server: must be an http(s) URL, got {args.api_server!r}")
+    if args.backend == "kubernetes" and args.mode != "observe" and not args.api_server:
+        raise UsageError(f"--api-server: needed with --kubernetes --mode {args.mode} "
+                         "(the node is read to build the patch)")
+    api = KubernetesApi(args.api_server, _token(args.token_file), args.ca_file) \
+        if args.api_server else None
+    actor = Actor(args.backend, args.mode, Path(args.audit_log), sys.stdout, api, args.scontrol,
+                  args.max_conflict_retries, notes=sys.stderr)
+    failed = 0
+    try:
+        source = sys.stdin if args.events == "-" else open(args.events)  # noqa: SIM115
+    except OSError as exc:
+        raise UsageError(f"--events {args.events}: cannot read: {exc.strerror}") from None
+    with source:
+        try:
+            for event in read_events(source):
+                record = actor.handle(event)
+                if record["outcome"] == "failed":
+                    failed += 1
+                    print(f"gpufleet act: {record['id']}: {record['error']}", file=sys.stderr)
+        except ValueError as exc:
+            raise UsageError(f"--events {args.events}: {exc}") from None
+    return 1 if failed else 0
