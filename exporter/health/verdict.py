@@ -63,14 +63,14 @@ _RANK = {Verdict.HEALTHY: 0, Verdict.UNKNOWN: 1, Verdict.DEGRADED: 2, Verdict.FA
 
 def _table_critical_xids() -> tuple[int, ...]:
     # the threshold table is the one place critical XIDs are listed (GpuXidError pages on them)
-    from exporter.alerting.thresholds import default_thresholds
+    from exporter.thresholds import load_thresholds
 
-    return tuple(code for code, _ in default_thresholds().critical_xids)
+    return tuple(code for code, _ in load_thresholds().critical_xids)
 
 
 def _table_slowdown_reasons() -> tuple[str, ...]:
     # the reasons GpuClocksThrottled and the dashboards count as a slowdown
-    from exporter.alerting.thresholds import SLOWDOWN_REASONS
+    from exporter.alerting.queries import SLOWDOWN_REASONS
 
     return tuple(SLOWDOWN_REASONS.split("|"))
 
