@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from exporter.analysis.options import AnalysisConfig, table_compaction_threshold
 from exporter.durations import parse_duration
 from exporter.errors import ConfigError, quoted
 from exporter.options import Duration
@@ -60,71 +61,11 @@ else:
     SourcesConfig = _sources_config()
 
 
-ANALYSIS_WORKLOADS = ("window", "trace", "shapes")
-
-
-def _table_compaction_threshold() -> float:
-    """The default of ``analysis.compaction_threshold`` and ``advisor.trigger``: the level of
-    the threshold table's fragmentation row, so the analyzer, the advisor and the alert that
-    routes to it act at one index (:meth:`Thresholds.compaction_threshold`)."""
-    return load_thresholds().compaction_threshold()
-
-
 def _table_checkpoint_interval() -> Duration:
     """The default of ``advisor.checkpoint_interval``: half the threshold table's
     GpuJobCheckpointStale level ("older than 2 x the interval"), so the alert and the cost
     of a move read one number (:meth:`Thresholds.checkpoint_interval`)."""
     return Duration(load_thresholds().checkpoint_interval())
-
-
-@dataclass(frozen=True)
-class ShapeConfig:
-    cpus: float = _opt(0.0, help="CPU cores the task asks for on one node.", min=0)
-    gpus: int = _opt(1, help="GPUs it asks for on one node; 0 is a CPU-only task.", min=0, max=64)
-    gpu_share: float = _opt(
-        1.0, help="Share of each of those GPUs: 1.0 a whole GPU, 0.5 half of one.", min=0, max=1
-    )
-    models: tuple[str, ...] = _opt((), help="GPU models (catalogue names) it may use; empty: any.")
-    weight: float = _opt(1.0, help="How often it occurs; weights are renormalised.", min=0)
-
-
-@dataclass(frozen=True)
-class TierPenaltyConfig:
-    penalty: float = _opt(30.0, help="Index points added per inverted pair of tiers.", min=0)
-    idle_at_most: float = _opt(
-        0.0, help="The higher tier counts as idle at or below this allocated share.", min=0, max=1
-    )
-    busy_above: float = _opt(
-        0.5, help="The lower tier counts as busy above this allocated share.", min=0, max=1
-    )
-
-
-@dataclass(frozen=True)
-class AnalysisConfig:
-    enabled: bool = _opt(True, help="Export the fragmentation analysis with every snapshot.")
-    workload: str = _opt(
-        "window", help="Target workload: shapes of live allocations over a window of snapshots, "
-        "an openb pod trace, or the shapes listed here.", choices=ANALYSIS_WORKLOADS,
-    )
-    window_snapshots: int = _opt(60, help="Snapshots the live workload window spans.", min=1)
-    trace: str = _opt("", help="openb pod CSV defining the workload (workload: trace).")
-    shapes: tuple[ShapeConfig, ...] = _opt((), help="Task shapes (workload: shapes).")
-    coverage: float = _opt(
-        0.95, help="Keep the most common shapes until they cover this share of tasks.",
-        exclusive_min=0, max=1,
-    )
-    include_cpu_only: bool = _opt(True, help="Count CPU-only tasks in the target workload.")
-    slack_nodes: float = _opt(
-        1.0, help="Slack S of the index, in GPUs of the widest node in the pool.", min=0
-    )
-    tier_penalty: TierPenaltyConfig = _opt(
-        help="Penalty when a higher GPU tier idles while a lower one is busy.",
-        factory=TierPenaltyConfig,
-    )
-    compaction_threshold: float = _opt(
-        help="Compaction is due when the cluster index exceeds this; default: the threshold "
-        "table's fragmentation level.", factory=_table_compaction_threshold, min=0, max=100,
-    )
 
 
 @dataclass(frozen=True)
@@ -151,7 +92,7 @@ class AdvisorConfig:
     retry_initial: Duration = _opt(Duration(1), help="First retry delay.", exclusive_min=0)
     retry_max: Duration = _opt(Duration(300), help="Longest retry delay.", exclusive_min=0)
     trigger: float = _opt(help="Index above which compaction is considered; default: the threshold "
-                          "table's fragmentation level.", factory=_table_compaction_threshold,
+                          "table's fragmentation level.", factory=table_compaction_threshold,
                           min=0, max=100)
     clear_below: float = _opt(40.0, help="Index below which the recommendation clears.",
                               min=0, max=100)

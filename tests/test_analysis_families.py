@@ -8,7 +8,8 @@ import time
 import pytest
 
 from exporter.analysis.live import LiveAnalyzer, report_families
-from exporter.config import AnalysisConfig, ConfigError, ShapeConfig, build
+from exporter.analysis.options import AnalysisConfig, ShapeConfig
+from exporter.config import ConfigError, build
 from exporter.exposition import render_families
 from exporter.simulation.fleet import Simulation
 from exporter.snapshot import FleetSnapshot

@@ -54,7 +54,8 @@ from exporter.advisor.service import AdvisorService
 from exporter.advisor.webhook import Deliverer
 from exporter.advisor.wire import what_if_json
 from exporter.analysis.live import LiveAnalyzer
-from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ShapeConfig
+from exporter.analysis.options import AnalysisConfig, ShapeConfig
+from exporter.config import AdvisorConfig, Config, ConfigError
 from exporter.options import Duration
 from exporter.sources.dcgm import fields as dcgm_fields
 from exporter.sources.dcgm.exposition_parser import parse_text

@@ -148,16 +148,14 @@ def test_no_import_cycle_between_packages():
     """The threshold table is its own leaf package (exporter.thresholds), read by alerting
     and load alike, so neither imports the other back; the simulator types what it reads of
     the sim source's options with protocols (exporter.simulation.config), so sources ->
-    simulation is the only direction."""
+    simulation is the only direction; the analysis declares its own options
+    (exporter.analysis.options), which the config assembles."""
     graph = packages(package_graph(REPO / "exporter"))
-    # One edge still closes a cycle: analysis/configure.py and analysis/live.py read
-    # exporter.config's AnalysisConfig, while config -> sources (the registry) -> simulation
-    # (the sim source builds it) -> placement -> analysis. It is exempted by name until
-    # analysis takes its settings without importing the config module (issue 27, item 5's
-    # config work); when the edge is gone this assertion says to drop the exemption.
-    exempt = ("exporter.analysis", "exporter.config")
-    assert exempt[1] in graph[exempt[0]], f"{' -> '.join(exempt)} is gone: drop the exemption"
-    graph[exempt[0]].discard(exempt[1])
+    # analysis reads its options from exporter/analysis/options.py, never the config module:
+    # config -> sources (the registry) -> simulation -> placement -> analysis would close
+    # a cycle through it
+    assert "exporter.config" not in graph["exporter.analysis"]
+    assert "exporter.analysis" in graph["exporter.config"]
     # the graph was read: the real edges are there
     assert {"exporter.thresholds", "exporter.metrics"} <= graph["exporter.alerting"]
     assert "exporter.thresholds" in graph["exporter.load"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from exporter.analysis import openb
 from exporter.analysis.index import IndexSettings
+from exporter.analysis.options import AnalysisConfig
 from exporter.analysis.workload import Shape, ShapeWindow, Workload, from_tasks, from_weighted
-from exporter.config import AnalysisConfig, ConfigError
+from exporter.errors import ConfigError
 from exporter.gpu_catalogue import Catalogue, default_catalogue
 
 

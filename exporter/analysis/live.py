@@ -16,9 +16,9 @@ from exporter import metrics
 from exporter.analysis import configure
 from exporter.analysis.fgd import FRAGMENT_REASONS, CompiledWorkload, compile_workload
 from exporter.analysis.index import IndexSettings, Report, evaluate
+from exporter.analysis.options import AnalysisConfig
 from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import ShapeWindow, Workload
-from exporter.config import AnalysisConfig
 from exporter.load.live import LoadTracker
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot

@@ -28,10 +28,11 @@ from exporter.advisor import bounds
 from exporter.analysis import configure, openb
 from exporter.analysis.fgd import FRAGMENT_REASONS, REASONS, compile_workload
 from exporter.analysis.index import Report, Scope, evaluate
+from exporter.analysis.options import AnalysisConfig
 from exporter.analysis.state import FleetState, from_snapshot
 from exporter.analysis.workload import Workload, from_tasks, snapshot_shapes, typical
 from exporter.bounded_file import USAGE, read_bounded
-from exporter.config import AnalysisConfig, ConfigError, load
+from exporter.config import ConfigError, load
 from exporter.errors import UsageError, one_line
 from exporter.placement.engine import place_all
 from exporter.placement.task import Task
