@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from types import ModuleType
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -44,21 +45,16 @@ from prometheus_client.utils import floatToGoString
 
 from exporter import __version__, metrics
 from exporter.metrics import Family, FamilySpec, Labels
-from exporter.snapshot import (
-    CLOCK_EVENT_REASONS,
-    Allocation,
-    FleetSnapshot,
-    Gpu,
-    GpuHealth,
-    GpuPerformance,
-)
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu
+
+Pairs = Sequence[tuple[tuple[str, ...], float]]  # a labelled family's (extra label values, value)
 
 
 @dataclass(frozen=True, slots=True)
 class GpuFamily:
-    """A per-GPU family of the catalogue and the value each GPU gives it (None: absent; a bool
-    is 1 or 0). Where the value is an attribute, ``value`` is an ``attrgetter``: a render reads
-    a block's values with ``map`` in C, 108,800 GPUs a family every snapshot."""
+    """A "gpu" family of the catalogue and the value each GPU gives it (None: absent; a bool
+    is 1 or 0). Where the value is a top-level field, ``value`` is an ``attrgetter``: a render
+    reads a block's values with ``map`` in C, 108,800 GPUs a family every snapshot."""
 
     spec: FamilySpec
     value: Callable[[Gpu], float | bool | None]
@@ -69,145 +65,76 @@ class GpuFamily:
 
 @dataclass(frozen=True, slots=True)
 class GpuLabelledFamily:
-    """A per-GPU family with labels beyond identity: each GPU gives (extra label values, value)
-    pairs, the values in the order ``spec.labels`` lists them after the identity labels."""
+    """A "gpu_labelled" family: each GPU gives (extra label values, value) pairs, the values in
+    the order ``spec.labels`` lists them after the identity labels."""
 
     spec: FamilySpec
-    samples: Callable[[Gpu], Sequence[tuple[tuple[str, ...], float]]]
+    samples: Callable[[Gpu], Pairs]
     part: str | None = None  # as GpuFamily.part
+
+
+def _field(path: str) -> Callable[[Gpu], Any]:
+    """The value at ``path`` (``FamilySpec.read``) of a GPU: None where its part is None."""
+    part, _, name = path.rpartition(".")
+    if not part:
+        return attrgetter(name)
+    of_gpu, of_part = attrgetter(part), attrgetter(name)
+
+    def value(gpu: Gpu) -> Any:
+        held = of_gpu(gpu)
+        return None if held is None else of_part(held)
+
+    return value
+
+
+def _series_samples(series: tuple[metrics.Series, ...]) -> Callable[[Gpu], Pairs]:
+    """Per GPU, the pairs of the series whose field is known: an unsupported counter has no
+    series, never 0. A series with a ``bit`` is 1 while that bit of its field is set."""
+    reads = [(s.labels, _field(s.path), s.bit) for s in series]
+
+    def samples(gpu: Gpu) -> Pairs:
+        out = []
+        for labels, value_of, bit in reads:
+            value = value_of(gpu)
+            if value is not None:
+                out.append((labels, (1.0 if value & bit else 0.0) if bit else value))
+        return out
+
+    return samples
+
+
+def _field_samples(read: metrics.FromField) -> Callable[[Gpu], Pairs]:
+    value_of, make = _field(read.path), read.samples
+
+    def samples(gpu: Gpu) -> Pairs:
+        value = value_of(gpu)
+        return [] if value is None else make(value)
+
+    return samples
+
+
+def gpu_family(spec: FamilySpec) -> GpuFamily | GpuLabelledFamily:
+    """The renderer's entry for a per-GPU family, made from its catalogue record alone."""
+    read = spec.read
+    if spec.kind == "gpu":
+        value = _field(read) if isinstance(read, str) else read
+        assert callable(value), spec.name
+        return GpuFamily(spec, value, spec.part)
+    if isinstance(read, tuple):
+        return GpuLabelledFamily(spec, _series_samples(read), spec.part)
+    if isinstance(read, metrics.FromField):
+        return GpuLabelledFamily(spec, _field_samples(read), spec.part)
+    assert callable(read), spec.name
+    return GpuLabelledFamily(spec, read, spec.part)
+
+
+# Every family each GPU gives its values directly, in catalogue order (the body's).
+GPU_FAMILIES: tuple[GpuFamily | GpuLabelledFamily, ...] = tuple(
+    gpu_family(spec) for spec in metrics.CATALOGUE.values() if spec.kind in ("gpu", "gpu_labelled"))
 
 
 def _bool(value: bool) -> float:
     return 1.0 if value else 0.0
-
-
-_NO_HEALTH = GpuHealth()
-_NO_PERFORMANCE = GpuPerformance()
-
-
-def _health(gpu: Gpu) -> GpuHealth:
-    return gpu.health or _NO_HEALTH
-
-
-def _perf(gpu: Gpu) -> GpuPerformance:
-    return gpu.performance or _NO_PERFORMANCE
-
-
-def _flag(value: bool | None) -> float | None:
-    return None if value is None else _bool(value)
-
-
-def _pairs(*pairs: tuple[tuple[str, ...], float | None]) -> list[tuple[tuple[str, ...], float]]:
-    """The pairs whose value is known: an unsupported counter has no series, never 0."""
-    return [(labels, value) for labels, value in pairs if value is not None]
-
-
-def _clocks(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
-    p = _perf(gpu)
-    return _pairs((("sm",), p.sm_clock_hertz), (("memory",), p.memory_clock_hertz),
-                  (("graphics",), p.graphics_clock_hertz))
-
-
-def _max_clocks(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
-    p = _perf(gpu)
-    return _pairs((("sm",), p.sm_clock_max_hertz), (("memory",), p.memory_clock_max_hertz),
-                  (("graphics",), p.graphics_clock_max_hertz))
-
-
-def _xids(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
-    return [((str(x.xid),), float(x.count)) for x in _health(gpu).xid_counts]
-
-
-def _ecc(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
-    h = _health(gpu)
-    return _pairs((("single_bit", "volatile"), h.ecc_single_bit_volatile),
-                  (("double_bit", "volatile"), h.ecc_double_bit_volatile),
-                  (("single_bit", "aggregate"), h.ecc_single_bit_aggregate),
-                  (("double_bit", "aggregate"), h.ecc_double_bit_aggregate))
-
-
-def _retired(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
-    h = _health(gpu)
-    return _pairs((("single_bit",), h.retired_pages_single_bit),
-                  (("double_bit",), h.retired_pages_double_bit))
-
-
-def _remapped(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
-    h = _health(gpu)
-    return _pairs((("correctable",), h.remapped_rows_correctable),
-                  (("uncorrectable",), h.remapped_rows_uncorrectable))
-
-
-def _nvlink_errors(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
-    h = _health(gpu)
-    return _pairs((("crc_flit",), h.nvlink_crc_flit_errors), (("crc_data",), h.nvlink_crc_data_errors),
-                  (("replay",), h.nvlink_replay_errors), (("recovery",), h.nvlink_recovery_errors))
-
-
-def _clock_events(gpu: Gpu) -> list[tuple[tuple[str, ...], float]]:
-    mask = _health(gpu).clock_event_reasons
-    if mask is None:
-        return []
-    return [((reason,), 1.0 if mask & bit else 0.0) for reason, bit in CLOCK_EVENT_REASONS]
-
-
-GPU_FAMILIES: tuple[GpuFamily | GpuLabelledFamily, ...] = (
-    GpuFamily(metrics.GPU_UP, attrgetter("up")),  # a bool: 1.0 or 0.0
-    GpuFamily(metrics.GPU_STALE, attrgetter("stale")),
-    GpuFamily(metrics.GPU_UTILIZATION_RATIO, attrgetter("utilization_ratio")),
-    GpuFamily(metrics.GPU_MEMORY_USED_BYTES, attrgetter("memory_used_bytes")),
-    GpuFamily(metrics.GPU_MEMORY_TOTAL_BYTES, attrgetter("memory_total_bytes")),
-    GpuFamily(metrics.GPU_TEMPERATURE_CELSIUS, attrgetter("temperature_celsius")),
-    GpuFamily(metrics.GPU_POWER_WATTS, attrgetter("power_watts")),
-    GpuFamily(metrics.GPU_POWER_LIMIT_WATTS, attrgetter("power_limit_watts")),
-    GpuFamily(metrics.GPU_ENERGY_JOULES_TOTAL, attrgetter("energy_joules")),
-    GpuFamily(metrics.GPU_NVLINK_TRANSMIT_BYTES_TOTAL, attrgetter("nvlink_transmit_bytes")),
-    GpuFamily(metrics.GPU_NVLINK_RECEIVE_BYTES_TOTAL, attrgetter("nvlink_receive_bytes")),
-    GpuFamily(metrics.GPU_NVLINK_CAPACITY_BYTES_PER_SECOND,
-              attrgetter("nvlink_capacity_bytes_per_second")),
-    GpuFamily(metrics.GPU_DCGM_NVLINK_BANDWIDTH_RAW, attrgetter("dcgm_nvlink_bandwidth_raw")),
-    # issue 16: performance
-    GpuLabelledFamily(metrics.GPU_CLOCK_HERTZ, _clocks, part="performance"),
-    GpuLabelledFamily(metrics.GPU_CLOCK_MAX_HERTZ, _max_clocks, part="performance"),
-    GpuFamily(metrics.GPU_MEMORY_TEMPERATURE_CELSIUS, lambda g: _perf(g).memory_temperature_celsius,
-              part="performance"),
-    GpuFamily(metrics.GPU_FAN_SPEED_RATIO, lambda g: _perf(g).fan_speed_ratio, part="performance"),
-    GpuFamily(metrics.GPU_PERFORMANCE_STATE, lambda g: _perf(g).performance_state, part="performance"),
-    GpuFamily(metrics.GPU_PCIE_LINK_GENERATION, lambda g: _perf(g).pcie_link_generation, part="performance"),
-    GpuFamily(metrics.GPU_PCIE_LINK_WIDTH, lambda g: _perf(g).pcie_link_width, part="performance"),
-    GpuFamily(metrics.GPU_PCIE_TRANSMIT_BYTES_PER_SECOND,
-              lambda g: _perf(g).pcie_transmit_bytes_per_second, part="performance"),
-    GpuFamily(metrics.GPU_PCIE_RECEIVE_BYTES_PER_SECOND,
-              lambda g: _perf(g).pcie_receive_bytes_per_second, part="performance"),
-    GpuFamily(metrics.GPU_ENCODER_UTILIZATION_RATIO, lambda g: _perf(g).encoder_utilization_ratio,
-              part="performance"),
-    GpuFamily(metrics.GPU_DECODER_UTILIZATION_RATIO, lambda g: _perf(g).decoder_utilization_ratio,
-              part="performance"),
-    GpuFamily(metrics.GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO,
-              lambda g: _perf(g).memory_bandwidth_utilization_ratio, part="performance"),
-    GpuFamily(metrics.GPU_GRAPHICS_ENGINE_ACTIVE_RATIO,
-              lambda g: _perf(g).graphics_engine_active_ratio, part="performance"),
-    GpuFamily(metrics.GPU_SM_ACTIVE_RATIO, lambda g: _perf(g).sm_active_ratio, part="performance"),
-    GpuFamily(metrics.GPU_SM_OCCUPANCY_RATIO, lambda g: _perf(g).sm_occupancy_ratio, part="performance"),
-    GpuFamily(metrics.GPU_TENSOR_ACTIVE_RATIO, lambda g: _perf(g).tensor_active_ratio, part="performance"),
-    GpuFamily(metrics.GPU_DRAM_ACTIVE_RATIO, lambda g: _perf(g).dram_active_ratio, part="performance"),
-    # issue 16: health
-    GpuLabelledFamily(metrics.GPU_XID_ERRORS_TOTAL, _xids, part="health"),
-    GpuFamily(metrics.GPU_LAST_XID, lambda g: _health(g).last_xid, part="health"),
-    GpuFamily(metrics.GPU_LAST_XID_TIMESTAMP_SECONDS, lambda g: _health(g).last_xid_time, part="health"),
-    GpuLabelledFamily(metrics.GPU_ECC_ERRORS_TOTAL, _ecc, part="health"),
-    GpuLabelledFamily(metrics.GPU_RETIRED_PAGES_TOTAL, _retired, part="health"),
-    GpuFamily(metrics.GPU_RETIRED_PAGES_PENDING, lambda g: _flag(_health(g).retired_pages_pending),
-              part="health"),
-    GpuLabelledFamily(metrics.GPU_REMAPPED_ROWS_TOTAL, _remapped, part="health"),
-    GpuFamily(metrics.GPU_REMAPPED_ROWS_PENDING, lambda g: _flag(_health(g).remapped_rows_pending),
-              part="health"),
-    GpuFamily(metrics.GPU_REMAPPED_ROWS_FAILURE, lambda g: _flag(_health(g).remapped_rows_failure),
-              part="health"),
-    GpuLabelledFamily(metrics.GPU_NVLINK_ERRORS_TOTAL, _nvlink_errors, part="health"),
-    GpuFamily(metrics.GPU_PCIE_REPLAY_ERRORS_TOTAL, lambda g: _health(g).pcie_replay_errors, part="health"),
-    GpuLabelledFamily(metrics.GPU_CLOCK_EVENT_ACTIVE, _clock_events, part="health"),
-)
 
 
 def _go_float(value: float) -> str:
