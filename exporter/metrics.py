@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Labels = tuple[tuple[str, str], ...]
+Pairs = Sequence[tuple[tuple[str, ...], float]]  # a GPU's (extra label values, value) of a labelled family
 
 # The identity labels every per-GPU series carries, in the order the docs list them.
 IDENTITY: tuple[str, ...] = ("node", "gpu", "uuid", "model", "pool")
@@ -90,7 +91,7 @@ class FromField:
     tuple of records: XID counts), or none while the field, or its part, is absent."""
 
     path: str  # as FamilySpec.read
-    samples: Callable[[Any], Sequence[tuple[tuple[str, ...], float]]]
+    samples: Callable[[Any], Pairs]
 
 
 # What a per-GPU family reads from each Gpu: a field's path ("utilization_ratio",
@@ -184,7 +185,7 @@ def _gpu(name: str, kind: Literal["gauge", "counter"], help_text: str, unit: str
                       family_kind, read, bound)
 
 
-def _xid_samples(xid_counts: Sequence[Any]) -> list[tuple[tuple[str, ...], float]]:
+def _xid_samples(xid_counts: Sequence[Any]) -> Pairs:
     return [((str(x.xid),), float(x.count)) for x in xid_counts]
 
 
@@ -678,4 +679,4 @@ CATALOGUE: dict[str, FamilySpec] = {
 }
 
 __all__ = ["CATALOGUE", "CLOCK_EVENT_REASONS", "IDENTITY", "Bound", "Family", "FamilySpec", "FromField",
-           "Labels", "Series"]
+           "Labels", "Pairs", "Series"]
