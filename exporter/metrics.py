@@ -1,12 +1,17 @@
-"""The metric catalogue: every family gpufleet exports, as data, and the only place a name is written.
+"""The metric catalogue: every family gpufleet exports, as data, one record per family.
 
 Each :class:`FamilySpec` gives a family's name, type, HELP text, unit and label
-names; the code that fills a family supplies only its samples, through
-``spec.family(samples)`` (as kube-state-metrics' ``FamilyGenerator``: name, help
-and type are data, only the value extraction is code). Exposition, the analyzer,
-the advisor and the ``prometheus`` source (which reads these families back) all
-take their names from here, and ``docs/metrics.md``'s tables are generated from
-it (``make generate-docs``).
+names, its kind, and for a per-GPU family the snapshot field its samples are read
+from (``read``) and the legal values of that field (``bound``). The code that fills
+any other family supplies only its samples, through ``spec.family(samples)`` (as
+kube-state-metrics' ``FamilyGenerator``: name, help and type are data, only the
+value extraction is code). Derived from these records, never written again: the
+renderer's per-GPU table (``exporter/exposition/families.py``), the ``prometheus``
+source's reverse map (``GPU_VALUES``), the snapshot bounds of ``POST /v1/plan``
+(``exporter/advisor/bounds.py``) and ``docs/metrics.md``'s tables (``make
+generate-docs``). PromQL written by code takes the name from here too
+(:meth:`FamilySpec.selector`). Adding a family is a snapshot field, one entry here,
+and the sources that fill it (docs/sources.md, "Adding a family").
 
 A leaf module: it imports nothing from ``exporter``, so any layer may use it,
 sources included.
