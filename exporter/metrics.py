@@ -93,7 +93,7 @@ class Series:
 @dataclass(frozen=True, slots=True)
 class FromField:
     """The samples of a "gpu_labelled" family that a function makes of one field's value (a
-    tuple of records: XID counts), or none while the field, or its part, is absent."""
+    tuple of records: XID counts), or none while the field, or its part, is absent or empty."""
 
     path: str  # as FamilySpec.read
     samples: Callable[[Any], Pairs]

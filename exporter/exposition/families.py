@@ -62,26 +62,62 @@ def _field(path: str) -> Callable[[Gpu], Any]:
 
 def _series_samples(series: tuple[metrics.Series, ...]) -> Callable[[Gpu], Pairs]:
     """Per GPU, the pairs of the series whose field is known: an unsupported counter has no
-    series, never 0. A series with a ``bit`` is 1 while that bit of its field is set."""
-    reads = [(s.labels, _field(s.path), s.bit) for s in series]
+    series, never 0. A series with a ``bit`` is 1 while that bit of its field is set.
 
-    def samples(gpu: Gpu) -> Pairs:
-        out = []
-        for labels, value_of, bit in reads:
-            value = value_of(gpu)
-            if value is not None:
-                out.append((labels, (1.0 if value & bit else 0.0) if bit else value))
-        return out
+    The fields of a family's series lie in one part of the GPU (or all at its top level):
+    the part is read once and its fields together, by one ``attrgetter`` in C, as a render
+    with health values calls this for every GPU of 8 families every snapshot."""
+    parts = {s.path.rpartition(".")[0] for s in series}
+    if len(parts) != 1:  # not in one part: each field on its own
+        reads = [(s.labels, _field(s.path), s.bit) for s in series]
 
-    return samples
+        def each(gpu: Gpu) -> Pairs:
+            pairs = [(labels, value_of(gpu), bit) for labels, value_of, bit in reads]
+            return [(labels, (1.0 if value & bit else 0.0) if bit else value)
+                    for labels, value, bit in pairs if value is not None]
+
+        return each
+    part = parts.pop()
+    of_gpu: Callable[[Gpu], Any] = attrgetter(part) if part else lambda gpu: gpu
+    names = [s.path.rpartition(".")[2] for s in series]
+    of_part = attrgetter(*names) if len(names) > 1 else lambda held: (getattr(held, names[0]),)
+    labels = [s.labels for s in series]
+    bits = [s.bit for s in series]
+
+    if any(bits):
+        def flags(gpu: Gpu) -> Pairs:
+            held = of_gpu(gpu)
+            if held is None:
+                return []
+            return [(label, (1.0 if value & bit else 0.0) if bit else value)
+                    for label, value, bit in zip(labels, of_part(held), bits, strict=True)
+                    if value is not None]
+
+        return flags
+
+    def values(gpu: Gpu) -> Pairs:
+        held = of_gpu(gpu)
+        if held is None:
+            return []
+        return [(label, value) for label, value in zip(labels, of_part(held), strict=True)
+                if value is not None]
+
+    return values
 
 
 def _field_samples(read: metrics.FromField) -> Callable[[Gpu], Pairs]:
-    value_of, make = _field(read.path), read.samples
+    """Per GPU, the pairs ``read.samples`` makes of the field's value; none while it is absent
+    or empty (no XID seen: most GPUs, without a call)."""
+    part, _, name = read.path.rpartition(".")
+    of_gpu: Callable[[Gpu], Any] = attrgetter(part) if part else lambda gpu: gpu
+    of_part, make = attrgetter(name), read.samples
 
     def samples(gpu: Gpu) -> Pairs:
-        value = value_of(gpu)
-        return [] if value is None else make(value)
+        held = of_gpu(gpu)
+        if held is None:
+            return []
+        value = of_part(held)
+        return make(value) if value else []
 
     return samples
 
