@@ -80,6 +80,7 @@ def _series_samples(series: tuple[metrics.Series, ...]) -> Callable[[Gpu], Pairs
     part = parts.pop()
     of_gpu: Callable[[Gpu], Any] = attrgetter(part) if part else lambda gpu: gpu
     names = [s.path.rpartition(".")[2] for s in series]
+    # a tuple of the fields' values, even for one field
     of_part = attrgetter(*names) if len(names) > 1 else lambda held: (getattr(held, names[0]),)
     labels = [s.labels for s in series]
     bits = [s.bit for s in series]
@@ -99,8 +100,10 @@ def _series_samples(series: tuple[metrics.Series, ...]) -> Callable[[Gpu], Pairs
         held = of_gpu(gpu)
         if held is None:
             return []
-        return [(label, value) for label, value in zip(labels, of_part(held), strict=True)
-                if value is not None]
+        read = of_part(held)
+        if None in read:  # some not reported: only those that are
+            return [(label, value) for label, value in zip(labels, read, strict=True) if value is not None]
+        return list(zip(labels, read, strict=True))  # all of them, paired in C
 
     return values
 
