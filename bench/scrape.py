@@ -23,6 +23,13 @@ changing value changes), text and gzip bodies as served; the plain text made on 
 and the RSS (and peak) of a ``gpufleet serve`` process after its first collection. With
 ``--no-health`` the simulator serves no issue-16 health and performance values (16 series
 per GPU, the fleet issue 14 measured: 1.6 M series at 108,800 GPUs).
+
+``--against DIR`` (issue 27) compares this checkout's renderer with another's (a worktree of
+the commit before, ``git worktree add --detach /tmp/render-before main``) in one run:
+``--rounds`` times, a ``--render-only`` measurement of each, alternating, each in its own
+interpreter importing that checkout's ``exporter`` (``--checkout``), with this same script.
+Besides wall time it reports each steady render's CPU time (``time.process_time``), which
+other processes on a busy machine inflate far less.
 """
 
 from __future__ import annotations
@@ -153,20 +160,25 @@ def render_times(scale: int, renders: int = 3, health: bool = True) -> dict[str,
     started = time.perf_counter()
     rendered = render(snapshot, labels)
     first_s = time.perf_counter() - started
-    steady = []
+    steady, steady_cpu = [], []
     for step in range(renders):
         sim.advance(start + 10 + 5 * step)
         snapshot = sim.snapshot()
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         rendered = render(snapshot, labels)
         steady.append(time.perf_counter() - started)
+        steady_cpu.append(time.process_time() - started_cpu)
     started = time.perf_counter()
     text = rendered.text
     text_s = time.perf_counter() - started
     series = sum(1 for line in text.split(b"\n") if line and not line.startswith(b"#"))
-    return {"gpus": len(snapshot.gpus), "series": series, "text_bytes": len(text),
+    import exporter.exposition
+
+    return {"renderer": exporter.exposition.__file__,  # the checkout measured (--checkout)
+            "gpus": len(snapshot.gpus), "series": series, "text_bytes": len(text),
             "gzip_bytes": len(rendered.gzipped), "render_first_s": first_s,
             "render_steady_s": statistics.median(steady), "render_steady_all_s": steady,
+            "render_steady_cpu_s": statistics.median(steady_cpu), "render_steady_cpu_all_s": steady_cpu,
             "plain_text_s": text_s,
             # the wrk report's columns: the steady render is the text and gzip bodies together
             "render_text_s": text_s, "render_gzip_s": statistics.median(steady)}
@@ -214,6 +226,46 @@ def render_only(sizes: list[int], renders: int, health: bool, rss: bool) -> list
               f"{r['render_steady_s']:.2f} | {r['plain_text_s']:.2f} | "
               f"{r.get('rss_mb', float('nan')):.0f} | {r.get('rss_peak_mb', float('nan')):.0f} |")
     return results
+
+
+def against(other: Path, sizes: str, renders: int, health: bool, rounds: int) -> dict[str, list[dict]]:
+    """``--render-only`` of ``other``'s renderer ("before") and this checkout's ("after"),
+    alternating for ``rounds``, each in a fresh interpreter running this script."""
+    import statistics
+
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(rounds):
+            for side, checkout in (("before", other), ("after", REPO)):
+                out = Path(tmp) / f"{side}-{round_}.json"
+                print(f"round {round_ + 1}/{rounds}: {side} ({checkout}) ...", file=sys.stderr, flush=True)
+                subprocess.run([sys.executable, __file__, "--render-only", "--sizes", sizes,
+                                "--renders", str(renders), "--no-rss", "--checkout", str(checkout),
+                                "--json", str(out), *([] if health else ["--no-health"])],
+                               check=True, stdout=subprocess.DEVNULL)
+                runs[side] += json.loads(out.read_text())
+                print(f"  rendered by {runs[side][-1]['renderer']}", file=sys.stderr)
+    print()
+    print("| GPUs | series | | steady render s, median per run | all steady, median | "
+          "steady CPU s, median per run | all steady CPU, median |")
+    print("|---:|---:|---|---|---:|---|---:|")
+    medians: dict[tuple[str, int], tuple[float, float]] = {}
+    for side in ("before", "after"):
+        for scale in sorted({r["scale"] for r in runs[side]}):
+            mine = [r for r in runs[side] if r["scale"] == scale]
+            wall = statistics.median(t for r in mine for t in r["render_steady_all_s"])
+            cpu = statistics.median(t for r in mine for t in r["render_steady_cpu_all_s"])
+            medians[(side, scale)] = (wall, cpu)
+            per_run = ", ".join(f"{r['render_steady_s']:.3f}" for r in mine)
+            per_run_cpu = ", ".join(f"{r['render_steady_cpu_s']:.3f}" for r in mine)
+            print(f"| {mine[0]['gpus']:,} | {mine[0]['series']:,} | {side} | {per_run} | {wall:.3f} | "
+                  f"{per_run_cpu} | {cpu:.3f} |")
+    for (side, scale), (wall, cpu) in medians.items():
+        if side == "after":
+            wall_before, cpu_before = medians[("before", scale)]
+            print(f"scale {scale}: after/before steady render {wall / wall_before:.3f}x wall, "
+                  f"{cpu / cpu_before:.3f}x CPU")
+    return runs
 
 
 def spawn(cmd: list[str], log: Path) -> subprocess.Popen:
@@ -320,6 +372,11 @@ def main() -> None:
     parser.add_argument("--no-health", action="store_true",
                         help="simulate no health and performance values (16 series per GPU)")
     parser.add_argument("--no-rss", action="store_true", help="skip the serving process's RSS")
+    parser.add_argument("--against", metavar="DIR", type=Path,
+                        help="compare render times with the checkout DIR (before) in one run")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of --against")
+    parser.add_argument("--checkout", metavar="DIR", type=Path,
+                        help="import exporter from the checkout DIR instead of this one")
     parser.add_argument("--serve-bare", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--serve-naive", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -328,6 +385,13 @@ def main() -> None:
         return
     if args.serve_naive:
         serve_naive(int(args.serve_naive[0]), args.serve_naive[1])
+        return
+    if args.checkout:
+        sys.path.insert(0, str(args.checkout.resolve()))
+    if args.against:
+        runs = against(args.against.resolve(), args.sizes, args.renders, not args.no_health, args.rounds)
+        if args.json:
+            Path(args.json).write_text(json.dumps(runs, indent=2))
         return
     if args.render_only:
         results = render_only([int(s) for s in args.sizes.split(",")], args.renders,

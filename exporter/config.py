@@ -180,7 +180,7 @@ class ApiConfig:
 
 @dataclass(frozen=True)
 class ExpositionConfig:
-    """Which families /metrics serves (exporter/exposition.py, ExpositionOptions)."""
+    """Which families /metrics serves (exporter/exposition/options.py, ExpositionOptions)."""
 
     per_gpu: str = _opt(
         "auto", help="Serve the per-GPU and per-node telemetry. auto: on, off when the "

@@ -1,12 +1,17 @@
-"""The metric catalogue: every family gpufleet exports, as data, and the only place a name is written.
+"""The metric catalogue: every family gpufleet exports, as data, one record per family.
 
 Each :class:`FamilySpec` gives a family's name, type, HELP text, unit and label
-names; the code that fills a family supplies only its samples, through
-``spec.family(samples)`` (as kube-state-metrics' ``FamilyGenerator``: name, help
-and type are data, only the value extraction is code). Exposition, the analyzer,
-the advisor and the ``prometheus`` source (which reads these families back) all
-take their names from here, and ``docs/metrics.md``'s tables are generated from
-it (``make generate-docs``).
+names, its kind, and for a per-GPU family the snapshot field its samples are read
+from (``read``) and the legal values of that field (``bound``). The code that fills
+any other family supplies only its samples, through ``spec.family(samples)`` (as
+kube-state-metrics' ``FamilyGenerator``: name, help and type are data, only the
+value extraction is code). Derived from these records, never written again: the
+renderer's per-GPU table (``exporter/exposition/families.py``), the ``prometheus``
+source's reverse map (``GPU_VALUES``), the snapshot bounds of ``POST /v1/plan``
+(``exporter/advisor/bounds.py``) and ``docs/metrics.md``'s tables (``make
+generate-docs``). PromQL written by code takes the name from here too
+(:meth:`FamilySpec.selector`). Adding a family is a snapshot field, one entry here,
+and the sources that fill it (docs/sources.md, "Adding a family").
 
 A leaf module: it imports nothing from ``exporter``, so any layer may use it,
 sources included.
@@ -17,14 +22,87 @@ against ``tests/golden/metrics.txt``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Labels = tuple[tuple[str, str], ...]
+Pairs = Sequence[tuple[tuple[str, ...], float]]  # a GPU's (extra label values, value) of a labelled family
 
 # The identity labels every per-GPU series carries, in the order the docs list them.
 IDENTITY: tuple[str, ...] = ("node", "gpu", "uuid", "model", "pool")
+
+# How a family's samples come from a snapshot (``FamilySpec.kind``):
+# - "gpu": one series per GPU, the identity labels only; ``read`` names the Gpu field;
+# - "gpu_labelled": per GPU with labels beyond identity; ``read`` is a tuple of :class:`Series`
+#   (one field each) or a function of the Gpu giving (extra label values, value) pairs;
+# - "gpu_joined": per GPU, joined with its node, its holders or its MIG instances
+#   (exposition.gpu_snapshot_samples builds them);
+# - "allocation": per (job, node) of the allocations;
+# - "fleet": computed over the whole snapshot (nodes, pending jobs, sources, build), or by the
+#   analyzer, the advisor and the load detector, which hand their samples to ``family()``.
+Kind = Literal["gpu", "gpu_labelled", "gpu_joined", "allocation", "fleet"]
+
+# Clock-event (throttle) reasons gpufleet exports (the ``reason`` values of
+# gpufleet_gpu_clock_event_active), with NVML's bit in the reason mask
+# (nvmlClocksEventReason* / nvmlClocksThrottleReason*; DCGM_FI_DEV_CLOCKS_EVENT_REASONS uses the
+# same bits). GpuIdle, application clocks and display clocks are left out: they are settings or
+# idleness, not a slowdown anyone pages on. exporter.snapshot re-exports it for the sources.
+CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
+    ("sw_power_cap", 0x04),
+    ("hw_slowdown", 0x08),
+    ("sync_boost", 0x10),
+    ("sw_thermal", 0x20),
+    ("hw_thermal", 0x40),
+    ("hw_power_brake", 0x80),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """The legal values of the snapshot field(s) a per-GPU family reads: what ``POST /v1/plan``
+    accepts there (exporter/advisor/bounds.py turns it into its check and JSON Schema)."""
+
+    type: Literal["number", "integer", "boolean"]
+    low: int | float = 0  # integers stay ints: 2**64 - 1 has no exact float
+    high: int | float = 0
+    optional: bool = True  # None (absent: the source could not read it) is legal
+
+
+# Bounds shared by many families. Generous: they stop a posted snapshot from being absurd
+# (a negative byte count, a ratio of 1e9), not a source from being slightly off.
+FLAG = Bound("boolean", optional=False)  # Gpu.up, Gpu.stale: always known
+OPTIONAL_FLAG = Bound("boolean")
+BYTES = Bound("integer", 0, 2 ** 60)
+RATE = Bound("number", 0, 1e15)  # watts, joules, bytes (counted or per second), hertz
+RATIO = Bound("number", 0, 1e3)  # 0-1, with room for a source that reports percent by mistake
+CELSIUS = Bound("number", -273.15, 1e4)
+COUNT = Bound("integer", 0, 2 ** 64 - 1)  # driver counters (64-bit) and NVML's reason mask
+UNIX_TIME = Bound("number", 0, 1e11)  # unix seconds, the year 5138
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One series of a "gpu_labelled" family that reads one snapshot field of each GPU."""
+
+    labels: tuple[str, ...]  # its extra label values, in the order ``spec.labels`` lists them
+    path: str  # the field, as FamilySpec.read: "performance.sm_clock_hertz"
+    bit: int = 0  # nonzero: the series is 1 while this bit of the field is set, else 0
+
+
+@dataclass(frozen=True, slots=True)
+class FromField:
+    """The samples of a "gpu_labelled" family that a function makes of one field's value (a
+    tuple of records: XID counts), or none while the field, or its part, is absent or empty."""
+
+    path: str  # as FamilySpec.read
+    samples: Callable[[Any], Pairs]
+
+
+# What a per-GPU family reads from each Gpu: a field's path ("utilization_ratio",
+# "performance.fan_speed_ratio", "health.last_xid": at most one part, the value absent when the
+# part is None), its Series, a FromField, or a function of the whole Gpu.
+Read = str | tuple[Series, ...] | FromField | Callable[[Any], Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +117,13 @@ class Family:
 
 @dataclass(frozen=True, slots=True)
 class FamilySpec:
-    """One family of the catalogue. ``family(samples)`` pairs it with this snapshot's values."""
+    """One family of the catalogue: everything about it but the code that fills a snapshot.
+
+    ``family(samples)`` pairs it with a snapshot's values. A per-GPU family ("gpu" or
+    "gpu_labelled") also says how its samples are read (``read``) and what its snapshot
+    fields may hold (``bound``); the renderer's table, the prometheus source's reverse map,
+    the bounds of ``POST /v1/plan`` and docs/metrics.md are all derived from these records.
+    """
 
     name: str  # full sample name, counters end in _total
     type: Literal["gauge", "counter"]  # _info families are gauges that are always 1
@@ -54,6 +138,9 @@ class FamilySpec:
     # process: analysis, advisor, its own health). "" is "node" for a family with the GPU
     # identity labels, else "fleet". exposition.ExpositionOptions.serves applies it.
     origin: Literal["", "node", "scheduler", "fleet"] = ""
+    kind: Kind = "fleet"
+    read: Read = None  # per-GPU kinds: what each GPU gives it (see Read)
+    bound: Bound | None = None  # the legal values of the fields ``read`` names
 
     @property
     def producer(self) -> Literal["node", "scheduler", "fleet"]:
@@ -61,188 +148,275 @@ class FamilySpec:
             return self.origin
         return "node" if self.labels[:len(IDENTITY)] == IDENTITY else "fleet"
 
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The snapshot fields (paths from the Gpu) ``read`` names; none for a function."""
+        if isinstance(self.read, str):
+            return (self.read,)
+        if isinstance(self.read, FromField):
+            return (self.read.path,)
+        if isinstance(self.read, tuple):
+            return tuple(dict.fromkeys(series.path for series in self.read))
+        return ()
+
+    @property
+    def part(self) -> str | None:
+        """The part of the Gpu ("health", "performance") every field of the family lies in, or
+        None (top-level fields, or a function): a renderer may reuse the family's text for GPUs
+        whose part is unchanged without reading a value."""
+        parts = {path.partition(".")[0] if "." in path else None for path in self.fields}
+        return parts.pop() if len(parts) == 1 else None
+
     def family(self, samples: Sequence[tuple[Labels, float]]) -> Family:
         return Family(self.name, self.type, self.help, samples)
+
+    def selector(self, *matchers: str, **equal: str) -> str:
+        """The PromQL selector of this family: ``selector(pool="a")`` is
+        ``gpufleet_..{pool="a"}``; ``matchers`` are written as given (``'pool=~"$pool"'``).
+        For the rule and dashboard generators, so that no PromQL spells a name by hand."""
+        inner = [*matchers, *(f'{k}="{v}"' for k, v in equal.items())]
+        return f"{self.name}{{{','.join(inner)}}}" if inner else self.name
 
 
 def _gpu(name: str, kind: Literal["gauge", "counter"], help_text: str, unit: str = "",
          extra: tuple[str, ...] = (), doc: str = "",
-         origin: Literal["", "node", "scheduler", "fleet"] = "") -> FamilySpec:
-    """A per-GPU family: the identity labels, then ``extra``."""
-    return FamilySpec(name, kind, help_text, (*IDENTITY, *extra), "gpu", unit, doc, origin)
+         origin: Literal["", "node", "scheduler", "fleet"] = "", *, read: Read = None,
+         bound: Bound | None = None, group: str = "gpu") -> FamilySpec:
+    """A per-GPU family: the identity labels, then ``extra``. With ``read`` its samples are read
+    from each GPU ("gpu" without ``extra``, else "gpu_labelled"); without, they are joined
+    from several parts of the snapshot ("gpu_joined")."""
+    family_kind: Kind = "gpu_joined" if read is None else "gpu_labelled" if extra else "gpu"
+    return FamilySpec(name, kind, help_text, (*IDENTITY, *extra), group, unit, doc, origin,
+                      family_kind, read, bound)
+
+
+def _xid_samples(xid_counts: Sequence[Any]) -> Pairs:
+    return [((str(x.xid),), float(x.count)) for x in xid_counts]
+
+
+def _clocks(field: str) -> tuple[Series, ...]:
+    """The series of each clock domain: performance.sm_<field> and so on."""
+    return tuple(Series((clock,), f"performance.{clock}_{field}") for clock in ("sm", "memory", "graphics"))
 
 
 # -- per GPU: values read from NVML, DCGM or the simulator ------------------------------------------
 GPU_UP = _gpu(
     "gpufleet_gpu_up", "gauge",
-    "1 if the GPU answered its last read, 0 if it is lost or every read failed.")
+    "1 if the GPU answered its last read, 0 if it is lost or every read failed.",
+    read="up", bound=FLAG)
 GPU_STALE = _gpu(
     "gpufleet_gpu_stale", "gauge",
-    "1 if the values served are the last good sample because the source failed.")
+    "1 if the values served are the last good sample because the source failed.",
+    read="stale", bound=FLAG)
 GPU_UTILIZATION_RATIO = _gpu(
     "gpufleet_gpu_utilization_ratio", "gauge",
-    "Fraction of time a kernel ran on the GPU (0-1).", "ratio")
+    "Fraction of time a kernel ran on the GPU (0-1).", "ratio",
+    read="utilization_ratio", bound=RATIO)
 GPU_MEMORY_USED_BYTES = _gpu(
     "gpufleet_gpu_memory_used_bytes", "gauge",
-    "GPU framebuffer memory in use, in bytes (reserved memory excluded).", "bytes")
+    "GPU framebuffer memory in use, in bytes (reserved memory excluded).", "bytes",
+    read="memory_used_bytes", bound=BYTES)
 GPU_MEMORY_TOTAL_BYTES = _gpu(
     "gpufleet_gpu_memory_total_bytes", "gauge",
-    "GPU framebuffer memory in total, in bytes.", "bytes")
+    "GPU framebuffer memory in total, in bytes.", "bytes",
+    read="memory_total_bytes", bound=BYTES)
 GPU_TEMPERATURE_CELSIUS = _gpu(
     "gpufleet_gpu_temperature_celsius", "gauge",
-    "GPU core temperature in degrees Celsius.", "celsius")
+    "GPU core temperature in degrees Celsius.", "celsius",
+    read="temperature_celsius", bound=CELSIUS)
 GPU_POWER_WATTS = _gpu(
     "gpufleet_gpu_power_watts", "gauge",
-    "GPU power draw in watts.", "watts")
+    "GPU power draw in watts.", "watts",
+    read="power_watts", bound=RATE)
 GPU_POWER_LIMIT_WATTS = _gpu(
     "gpufleet_gpu_power_limit_watts", "gauge",
-    "Enforced GPU power limit (cap) in watts.", "watts")
+    "Enforced GPU power limit (cap) in watts.", "watts",
+    read="power_limit_watts", bound=RATE)
 GPU_ENERGY_JOULES_TOTAL = _gpu(
     "gpufleet_gpu_energy_joules_total", "counter",
-    "Energy the GPU consumed since the driver loaded, in joules.", "joules")
+    "Energy the GPU consumed since the driver loaded, in joules.", "joules",
+    read="energy_joules", bound=RATE)
 GPU_NVLINK_TRANSMIT_BYTES_TOTAL = _gpu(
     "gpufleet_gpu_nvlink_transmit_bytes_total", "counter",
-    "Bytes the GPU sent over all its NVLink links.", "bytes")
+    "Bytes the GPU sent over all its NVLink links.", "bytes",
+    read="nvlink_transmit_bytes", bound=RATE)
 GPU_NVLINK_RECEIVE_BYTES_TOTAL = _gpu(
     "gpufleet_gpu_nvlink_receive_bytes_total", "counter",
-    "Bytes the GPU received over all its NVLink links.", "bytes")
+    "Bytes the GPU received over all its NVLink links.", "bytes",
+    read="nvlink_receive_bytes", bound=RATE)
 GPU_NVLINK_CAPACITY_BYTES_PER_SECOND = _gpu(
     "gpufleet_gpu_nvlink_capacity_bytes_per_second", "gauge",
     "NVLink bandwidth of the GPU, both directions together, from the GPU catalogue.",
-    "bytes_per_second", doc="Absent without NVLink.")
-GPU_DCGM_NVLINK_BANDWIDTH_RAW = FamilySpec(
+    "bytes_per_second", doc="Absent without NVLink.",
+    read="nvlink_capacity_bytes_per_second", bound=RATE)
+GPU_DCGM_NVLINK_BANDWIDTH_RAW = _gpu(
     "gpufleet_gpu_dcgm_nvlink_bandwidth_raw", "gauge",
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as reported: a rate of uncertain unit "
     "(see docs/sources.md); dcgm source only.",
-    IDENTITY, "dcgm",
     doc="Declared a counter by dcgm-exporter, it behaves as a rate of disputed unit "
-        "(KB/s or MiB/s); for comparison only, never summed into the NVLink byte counters.")
+        "(KB/s or MiB/s); for comparison only, never summed into the NVLink byte counters.",
+    read="dcgm_nvlink_bandwidth_raw", bound=RATE, group="dcgm")
 
 # -- per GPU: performance (issue 16, Build 2): NVML, DCGM or the simulator -------------------------
 _ABSENT = "Absent where the GPU or source does not report it."
 GPU_CLOCK_HERTZ = _gpu(
     "gpufleet_gpu_clock_hertz", "gauge",
     "Current GPU clock in hertz, by clock domain.", "hertz", extra=("clock",),
-    doc="`clock` is `sm`, `memory` or `graphics`; NVML and DCGM report MHz, converted.")
+    doc="`clock` is `sm`, `memory` or `graphics`; NVML and DCGM report MHz, converted.",
+    read=_clocks("clock_hertz"), bound=RATE)
 GPU_CLOCK_MAX_HERTZ = _gpu(
     "gpufleet_gpu_clock_max_hertz", "gauge",
     "Maximum GPU clock in hertz, by clock domain.", "hertz", extra=("clock",),
-    doc="`clock` as for `gpufleet_gpu_clock_hertz`.")
+    doc="`clock` as for `gpufleet_gpu_clock_hertz`.",
+    read=_clocks("clock_max_hertz"), bound=RATE)
 GPU_MEMORY_TEMPERATURE_CELSIUS = _gpu(
     "gpufleet_gpu_memory_temperature_celsius", "gauge",
-    "GPU memory (HBM) temperature in degrees Celsius.", "celsius", doc=_ABSENT)
+    "GPU memory (HBM) temperature in degrees Celsius.", "celsius", doc=_ABSENT,
+    read="performance.memory_temperature_celsius", bound=CELSIUS)
 GPU_FAN_SPEED_RATIO = _gpu(
     "gpufleet_gpu_fan_speed_ratio", "gauge",
     "GPU fan speed as a fraction of its maximum (0-1).", "ratio",
-    doc="Absent on passively cooled boards (most data-centre GPUs).")
+    doc="Absent on passively cooled boards (most data-centre GPUs).",
+    read="performance.fan_speed_ratio", bound=RATIO)
 GPU_PERFORMANCE_STATE = _gpu(
     "gpufleet_gpu_performance_state", "gauge",
-    "GPU performance state (P-state), 0 fastest to 15 slowest.")
+    "GPU performance state (P-state), 0 fastest to 15 slowest.",
+    read="performance.performance_state", bound=Bound("integer", 0, 32))
 GPU_PCIE_LINK_GENERATION = _gpu(
     "gpufleet_gpu_pcie_link_generation", "gauge",
-    "Current PCIe link generation of the GPU.")
+    "Current PCIe link generation of the GPU.",
+    read="performance.pcie_link_generation", bound=Bound("integer", 0, 64))
 GPU_PCIE_LINK_WIDTH = _gpu(
     "gpufleet_gpu_pcie_link_width", "gauge",
-    "Current PCIe link width of the GPU in lanes.")
+    "Current PCIe link width of the GPU in lanes.",
+    read="performance.pcie_link_width", bound=Bound("integer", 0, 1024))
 GPU_PCIE_TRANSMIT_BYTES_PER_SECOND = _gpu(
     "gpufleet_gpu_pcie_transmit_bytes_per_second", "gauge",
     "PCIe transmit throughput of the GPU in bytes per second.", "bytes_per_second",
-    doc="NVML samples it over 20 ms and reports KB/s, converted.")
+    doc="NVML samples it over 20 ms and reports KB/s, converted.",
+    read="performance.pcie_transmit_bytes_per_second", bound=RATE)
 GPU_PCIE_RECEIVE_BYTES_PER_SECOND = _gpu(
     "gpufleet_gpu_pcie_receive_bytes_per_second", "gauge",
     "PCIe receive throughput of the GPU in bytes per second.", "bytes_per_second",
-    doc="NVML samples it over 20 ms and reports KB/s, converted.")
+    doc="NVML samples it over 20 ms and reports KB/s, converted.",
+    read="performance.pcie_receive_bytes_per_second", bound=RATE)
 GPU_ENCODER_UTILIZATION_RATIO = _gpu(
     "gpufleet_gpu_encoder_utilization_ratio", "gauge",
-    "Fraction of time the video encoder was busy (0-1).", "ratio")
+    "Fraction of time the video encoder was busy (0-1).", "ratio",
+    read="performance.encoder_utilization_ratio", bound=RATIO)
 GPU_DECODER_UTILIZATION_RATIO = _gpu(
     "gpufleet_gpu_decoder_utilization_ratio", "gauge",
-    "Fraction of time the video decoder was busy (0-1).", "ratio")
+    "Fraction of time the video decoder was busy (0-1).", "ratio",
+    read="performance.decoder_utilization_ratio", bound=RATIO)
 GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO = _gpu(
     "gpufleet_gpu_memory_bandwidth_utilization_ratio", "gauge",
     "Fraction of time device memory was being read or written (0-1).", "ratio",
-    doc="NVML's `utilization.memory`, DCGM_FI_DEV_MEM_COPY_UTIL.")
+    doc="NVML's `utilization.memory`, DCGM_FI_DEV_MEM_COPY_UTIL.",
+    read="performance.memory_bandwidth_utilization_ratio", bound=RATIO)
 GPU_GRAPHICS_ENGINE_ACTIVE_RATIO = _gpu(
     "gpufleet_gpu_graphics_engine_active_ratio", "gauge",
     "Fraction of time the graphics or compute engine was active (0-1).", "ratio",
-    doc="GPM (Hopper and later) from NVML, DCGM_FI_PROF_GR_ENGINE_ACTIVE from dcgm. " + _ABSENT)
+    doc="GPM (Hopper and later) from NVML, DCGM_FI_PROF_GR_ENGINE_ACTIVE from dcgm. " + _ABSENT,
+    read="performance.graphics_engine_active_ratio", bound=RATIO)
 GPU_SM_ACTIVE_RATIO = _gpu(
     "gpufleet_gpu_sm_active_ratio", "gauge",
     "Fraction of SMs busy, averaged over time (0-1).", "ratio",
     doc="GPM SM_UTIL from NVML, DCGM_FI_PROF_SM_ACTIVE from dcgm. A job that spins idle "
-        "reads 1 on `gpufleet_gpu_utilization_ratio` but near 0 here. " + _ABSENT)
+        "reads 1 on `gpufleet_gpu_utilization_ratio` but near 0 here. " + _ABSENT,
+    read="performance.sm_active_ratio", bound=RATIO)
 GPU_SM_OCCUPANCY_RATIO = _gpu(
     "gpufleet_gpu_sm_occupancy_ratio", "gauge",
     "Resident warps over the SMs' maximum, averaged over time (0-1).", "ratio",
-    doc="GPM SM_OCCUPANCY from NVML, DCGM_FI_PROF_SM_OCCUPANCY from dcgm. " + _ABSENT)
+    doc="GPM SM_OCCUPANCY from NVML, DCGM_FI_PROF_SM_OCCUPANCY from dcgm. " + _ABSENT,
+    read="performance.sm_occupancy_ratio", bound=RATIO)
 GPU_TENSOR_ACTIVE_RATIO = _gpu(
     "gpufleet_gpu_tensor_active_ratio", "gauge",
     "Fraction of time any tensor pipe was active (0-1).", "ratio",
-    doc="GPM ANY_TENSOR_UTIL from NVML, DCGM_FI_PROF_PIPE_TENSOR_ACTIVE from dcgm. " + _ABSENT)
+    doc="GPM ANY_TENSOR_UTIL from NVML, DCGM_FI_PROF_PIPE_TENSOR_ACTIVE from dcgm. " + _ABSENT,
+    read="performance.tensor_active_ratio", bound=RATIO)
 GPU_DRAM_ACTIVE_RATIO = _gpu(
     "gpufleet_gpu_dram_active_ratio", "gauge",
     "Device memory bandwidth used over its maximum (0-1).", "ratio",
-    doc="GPM DRAM_BW_UTIL from NVML, DCGM_FI_PROF_DRAM_ACTIVE from dcgm. " + _ABSENT)
+    doc="GPM DRAM_BW_UTIL from NVML, DCGM_FI_PROF_DRAM_ACTIVE from dcgm. " + _ABSENT,
+    read="performance.dram_active_ratio", bound=RATIO)
 
 # -- per GPU: health (issue 16, Build 1) ------------------------------------------------------------
 def _health(name: str, kind: Literal["gauge", "counter"], help_text: str,
-            extra: tuple[str, ...] = (), doc: str = "") -> FamilySpec:
-    return FamilySpec(name, kind, help_text, (*IDENTITY, *extra), "health", "", doc)
+            extra: tuple[str, ...] = (), doc: str = "", *, read: Read,
+            bound: Bound | None = None) -> FamilySpec:
+    return _gpu(name, kind, help_text, extra=extra, doc=doc, read=read, bound=bound, group="health")
 
 
 GPU_XID_ERRORS_TOTAL = _health(
     "gpufleet_gpu_xid_errors_total", "counter",
     "XID error events seen on the GPU since the exporter started, by XID code.", ("xid",),
     doc="From NVML's event set (critical XIDs). A series appears at the first event of a code; "
-        "absent from the dcgm source, which relays only the last XID.")
+        "absent from the dcgm source, which relays only the last XID.",
+    read=FromField("health.xid_counts", _xid_samples))
 GPU_LAST_XID = _health(
     "gpufleet_gpu_last_xid", "gauge",
     "Code of the last XID error seen on the GPU.",
-    doc="Absent until an XID is seen.")
-GPU_LAST_XID_TIMESTAMP_SECONDS = FamilySpec(
+    doc="Absent until an XID is seen.",
+    read="health.last_xid", bound=Bound("integer", 0, 2 ** 31))
+GPU_LAST_XID_TIMESTAMP_SECONDS = _gpu(
     "gpufleet_gpu_last_xid_timestamp_seconds", "gauge",
-    "Unix time the last XID error was seen on the GPU.", IDENTITY, "health", "seconds",
-    doc="Absent until an XID is seen.")
+    "Unix time the last XID error was seen on the GPU.", "seconds",
+    doc="Absent until an XID is seen.", read="health.last_xid_time", bound=UNIX_TIME, group="health")
 GPU_ECC_ERRORS_TOTAL = _health(
     "gpufleet_gpu_ecc_errors_total", "counter",
     "ECC memory errors of the GPU, by type and counter.", ("type", "counter"),
     doc="`type` is `single_bit` (corrected) or `double_bit` (uncorrected); `counter` is "
-        "`volatile` (since the driver loaded) or `aggregate` (the GPU's life). Absent with ECC off.")
+        "`volatile` (since the driver loaded) or `aggregate` (the GPU's life). Absent with ECC off.",
+    read=tuple(Series((kind, counter), f"health.ecc_{kind}_{counter}")
+               for counter in ("volatile", "aggregate") for kind in ("single_bit", "double_bit")),
+    bound=COUNT)
 GPU_RETIRED_PAGES_TOTAL = _health(
     "gpufleet_gpu_retired_pages_total", "counter",
     "Framebuffer pages the GPU retired, by cause.", ("cause",),
     doc="`cause` is `single_bit` (repeated corrected errors) or `double_bit`. Pre-Ampere GPUs "
-        "only; Ampere and later remap rows instead.")
+        "only; Ampere and later remap rows instead.",
+    read=(Series(("single_bit",), "health.retired_pages_single_bit"),
+          Series(("double_bit",), "health.retired_pages_double_bit")), bound=COUNT)
 GPU_RETIRED_PAGES_PENDING = _health(
     "gpufleet_gpu_retired_pages_pending", "gauge",
     "1 while a page retirement waits for the next driver reload, else 0.",
-    doc="Pre-Ampere GPUs only.")
+    doc="Pre-Ampere GPUs only.",
+    read="health.retired_pages_pending", bound=OPTIONAL_FLAG)
 GPU_REMAPPED_ROWS_TOTAL = _health(
     "gpufleet_gpu_remapped_rows_total", "counter",
     "Memory rows the GPU remapped, by the error that caused it.", ("cause",),
-    doc="`cause` is `correctable` or `uncorrectable`. Ampere and later.")
+    doc="`cause` is `correctable` or `uncorrectable`. Ampere and later.",
+    read=(Series(("correctable",), "health.remapped_rows_correctable"),
+          Series(("uncorrectable",), "health.remapped_rows_uncorrectable")), bound=COUNT)
 GPU_REMAPPED_ROWS_PENDING = _health(
     "gpufleet_gpu_remapped_rows_pending", "gauge",
     "1 while a row remap waits for a GPU reset, else 0.",
-    doc="Ampere and later. Reset the GPU when it is idle.")
+    doc="Ampere and later. Reset the GPU when it is idle.",
+    read="health.remapped_rows_pending", bound=OPTIONAL_FLAG)
 GPU_REMAPPED_ROWS_FAILURE = _health(
     "gpufleet_gpu_remapped_rows_failure", "gauge",
     "1 if a row remap failed (no spare rows left), else 0.",
-    doc="Ampere and later. The GPU needs service.")
+    doc="Ampere and later. The GPU needs service.",
+    read="health.remapped_rows_failure", bound=OPTIONAL_FLAG)
 GPU_NVLINK_ERRORS_TOTAL = _health(
     "gpufleet_gpu_nvlink_errors_total", "counter",
     "NVLink errors of the GPU, summed over its links, by type.", ("type",),
     doc="`type` is `crc_flit`, `crc_data`, `replay` or `recovery`. Absent without NVLink. "
-        "Per-link series would multiply cardinality by up to 18 and are not exported.")
+        "Per-link series would multiply cardinality by up to 18 and are not exported.",
+    read=tuple(Series((kind,), f"health.nvlink_{kind}_errors")
+               for kind in ("crc_flit", "crc_data", "replay", "recovery")), bound=COUNT)
 GPU_PCIE_REPLAY_ERRORS_TOTAL = _health(
     "gpufleet_gpu_pcie_replay_errors_total", "counter",
-    "PCIe replays of the GPU (transmissions retried after a link error).")
+    "PCIe replays of the GPU (transmissions retried after a link error).",
+    read="health.pcie_replay_errors", bound=COUNT)
 GPU_CLOCK_EVENT_ACTIVE = _health(
     "gpufleet_gpu_clock_event_active", "gauge",
     "1 while the reason is holding the GPU's clocks down (throttling), else 0.", ("reason",),
     doc="`reason` is `sw_power_cap`, `hw_slowdown`, `hw_thermal`, `sw_thermal`, "
         "`hw_power_brake` or `sync_boost`: one series each whenever the GPU reports its "
-        "clock-event reason mask.")
+        "clock-event reason mask.",
+    read=tuple(Series((reason,), "health.clock_event_reasons", bit)
+               for reason, bit in CLOCK_EVENT_REASONS), bound=COUNT)
 
 # -- per GPU: identity, allocation and MIG ---------------------------------------------------------
 GPU_INFO = _gpu(
@@ -318,11 +492,11 @@ COMPOSE_UNMATCHED_GPUS = FamilySpec(
         "source are composed.")
 ALLOCATION_CPU_CORES = FamilySpec(
     "gpufleet_allocation_cpu_cores", "gauge",
-    "CPU cores the job holds on the node.", ("job", "node"), "cluster", origin="scheduler")
+    "CPU cores the job holds on the node.", ("job", "node"), "cluster", origin="scheduler", kind="allocation")
 ALLOCATION_GPU_SHARE_RATIO = FamilySpec(
     "gpufleet_allocation_gpu_share_ratio", "gauge",
     "Share of each of its GPUs on the node the job holds (0-1); 1 is whole GPUs.",
-    ("job", "node"), "cluster", "ratio", origin="scheduler")
+    ("job", "node"), "cluster", "ratio", origin="scheduler", kind="allocation")
 
 # -- the snapshot and the build (self-metrics) -----------------------------------------------------
 SNAPSHOT_TIMESTAMP_SECONDS = FamilySpec(
@@ -509,4 +683,5 @@ CATALOGUE: dict[str, FamilySpec] = {
     value.name: value for value in list(globals().values()) if isinstance(value, FamilySpec)
 }
 
-__all__ = ["CATALOGUE", "IDENTITY", "Family", "FamilySpec", "Labels"]
+__all__ = ["CATALOGUE", "CLOCK_EVENT_REASONS", "IDENTITY", "Bound", "Family", "FamilySpec", "FromField",
+           "Labels", "Pairs", "Series"]

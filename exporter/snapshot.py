@@ -16,6 +16,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The clock-event reasons gpufleet exports with their bits in NVML's mask, for the sources that
+# decode a mask: the catalogue's (the ``reason`` values of gpufleet_gpu_clock_event_active).
+from exporter.metrics import CLOCK_EVENT_REASONS as CLOCK_EVENT_REASONS
 from exporter.validate import Builder
 
 
@@ -35,20 +38,6 @@ class MigInstance:
     profile: str  # e.g. "1g.10gb"
     memory_total_bytes: int | None
     memory_used_bytes: int | None = None
-
-
-# Clock-event (throttle) reasons gpufleet exports, with NVML's bit in the reason mask
-# (nvmlClocksEventReason* / nvmlClocksThrottleReason*; DCGM_FI_DEV_CLOCKS_EVENT_REASONS uses the
-# same bits). GpuIdle, application clocks and display clocks are left out: they are settings or
-# idleness, not a slowdown anyone pages on.
-CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
-    ("sw_power_cap", 0x04),
-    ("hw_slowdown", 0x08),
-    ("sync_boost", 0x10),
-    ("sw_thermal", 0x20),
-    ("hw_thermal", 0x40),
-    ("hw_power_brake", 0x80),
-)
 
 
 @dataclass(frozen=True, slots=True)

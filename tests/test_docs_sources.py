@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 
-from tests.helpers import REPO
+from tests.helpers import REPO, family_example
 
 DOC = REPO / "docs" / "sources.md"
 
@@ -114,3 +114,53 @@ def test_the_example_source_runs_as_written(tmp_path):
     # an empty list is NoData: down, and nothing served
     assert out["empty"]["gpus"] == []
     assert out["empty"]["status"] == [["jsonfile", False, "no data: " + str(gpus) + " lists no GPU"]]
+
+
+FAMILY_RUN = r"""
+import asyncio, json, sys, types
+from exporter.sources import SOURCES, Registered
+
+module = types.ModuleType("exporter.sources.jsonfile")
+sys.modules[module.__name__] = module
+exec(compile({module!r}, "docs/sources.md", "exec"), module.__dict__)
+SOURCES.update(eval("{{" + {entry!r} + "}}", {{"Registered": Registered}}))
+
+from exporter.config import load
+from exporter.exposition import render_text
+from exporter.cli.serve import assemble, enabled_sources
+
+config = load({good!r})
+collector, _, _ = assemble(config, enabled_sources(config), clock=lambda: 1_760_000_000.0,
+                           timer=lambda: 0.0)
+
+async def main():
+    snapshot = await collector.collect()
+    await collector.close()
+    return render_text(snapshot).decode()
+
+print(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_the_example_family_is_filled_by_the_example_source(tmp_path):
+    """"Adding a family": the field, the catalogue entry and the source's line, as written,
+    and the reserved memory a JSON file lists is on /metrics."""
+    module, entry = example()
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(json.dumps([{"node": "n1", "index": 0, "model": "H100", "uuid": "GPU-0",
+                                 "reserved_bytes": 536870912}, {"node": "n1", "index": 1, "model": "H100"}]))
+    good = tmp_path / "good.yaml"
+    good.write_text(f"sources:\n  sim: {{enabled: false}}\n"
+                    f"  jsonfile: {{enabled: true, path: '{gpus}', pool: gpu-test}}\n"
+                    "analysis: {enabled: false}\n")
+    script = family_example.prelude() + FAMILY_RUN.format(
+        module=family_example.with_source_line(module), entry=entry, good=str(good))
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads(done.stdout)
+    name = family_example.FAMILY
+    assert (f'{name}{{gpu="0",model="H100",node="n1",pool="gpu-test",uuid="GPU-0"}} 5.36870912e+08\n'
+            in metrics)
+    assert f'{name}{{gpu="1",' not in metrics  # not listed: absent, never 0
+    assert f"# TYPE {name} gauge\n" in metrics

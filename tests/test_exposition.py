@@ -398,3 +398,17 @@ def test_per_gpu_auto_is_off_only_with_the_prometheus_source_and_the_config_can_
         with pytest.raises(ConfigError) as raised:
             build(ConfigClass, data)
         assert str(raised.value) == message
+
+
+def test_the_family_table_is_the_catalogues_per_gpu_families_in_its_order():
+    """GPU_FAMILIES is made from the catalogue's records; the joined families' samples are
+    written by hand (exposition/families.py), so a new one in the catalogue fails here."""
+    from exporter.exposition import GPU_SNAPSHOT_FAMILIES
+
+    assert [f.spec for f in GPU_FAMILIES] == [
+        s for s in CATALOGUE.values() if s.kind in ("gpu", "gpu_labelled")]
+    assert list(GPU_SNAPSHOT_FAMILIES) == [s for s in CATALOGUE.values() if s.kind == "gpu_joined"]
+    by_name = {f.spec.name: f for f in GPU_FAMILIES}
+    assert by_name["gpufleet_gpu_fan_speed_ratio"].part == "performance"
+    assert by_name["gpufleet_gpu_xid_errors_total"].part == "health"
+    assert by_name["gpufleet_gpu_utilization_ratio"].part is None

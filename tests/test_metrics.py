@@ -7,12 +7,14 @@ query that silently returns nothing; here it fails instead.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 
 import pytest
 
 from exporter import metrics
 from exporter.metrics import CATALOGUE, FamilySpec
+from exporter.snapshot import Gpu, GpuHealth, GpuPerformance
 from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
 from exporter.sources.prometheus.source import build_queries
 from tests.helpers import REPO
@@ -106,7 +108,33 @@ def test_recording_rule_outputs_are_documented():
 
 def test_converted_modules_write_no_family_name_themselves():
     """Exposition, analysis, advisor and the prometheus source take every name from the catalogue."""
-    for path in ("exporter/exposition.py", "exporter/analysis/live.py",
+    renderer = sorted(str(p.relative_to(REPO)) for p in (REPO / "exporter" / "exposition").glob("*.py"))
+    assert "exporter/exposition/families.py" in renderer
+    for path in (*renderer, "exporter/analysis/live.py",
                  "exporter/advisor/service.py", "exporter/sources/prometheus/source.py"):
         literals = re.findall(r"""["']gpufleet_[a-z0-9_]*""", (REPO / path).read_text())
         assert not literals, (path, literals)
+
+
+def test_every_per_gpu_family_reads_fields_the_snapshot_has():
+    """``read`` paths are checked here, not first by a render that reads None forever."""
+    parts = {"": Gpu, "health": GpuHealth, "performance": GpuPerformance}
+    read = [spec for spec in CATALOGUE.values() if spec.kind in ("gpu", "gpu_labelled")]
+    assert metrics.GPU_FAN_SPEED_RATIO in read and metrics.GPU_CLOCK_EVENT_ACTIVE in read
+    for spec in read:
+        assert spec.read is not None, spec.name
+        for path in spec.fields:
+            part, _, name = path.rpartition(".")
+            assert name in {f.name for f in dataclasses.fields(parts[part])}, (spec.name, path)
+        # a bound for every field it reads, but for a record array (bounded in bounds.py)
+        assert (spec.bound is None) == isinstance(spec.read, metrics.FromField), spec.name
+    assert metrics.GPU_FAN_SPEED_RATIO.part == "performance"
+    assert metrics.GPU_CLOCK_HERTZ.fields == (
+        "performance.sm_clock_hertz", "performance.memory_clock_hertz", "performance.graphics_clock_hertz")
+    assert metrics.GPU_UTILIZATION_RATIO.part is None
+
+
+def test_selector_writes_a_familys_promql():
+    assert metrics.GPU_TEMPERATURE_CELSIUS.selector() == "gpufleet_gpu_temperature_celsius"
+    assert metrics.GPU_CLOCK_EVENT_ACTIVE.selector('reason=~"hw_.*"', node="n1") == (
+        'gpufleet_gpu_clock_event_active{reason=~"hw_.*",node="n1"}')

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from exporter import metrics
 from exporter.snapshot import (
     Allocation,
     FleetSnapshot,
@@ -155,12 +156,34 @@ _show, _described, _SCHEMAS = show, described, SCHEMAS
 
 _TIME = number(0, MAX_TIME)
 _BYTES = optional(integer(0, MAX_BYTES))
-_RATE = optional(number(0, 1e15))
 _PRIORITY = integer(-(2 ** 63), 2 ** 63 - 1)
 _GPU_INDEX = integer(0, MAX_GPUS_PER_NODE - 1)
 _MODELS = array(string(), 1024)
 _SHARE = number(0, 1, above=True)  # a share of 0 holds nothing, and placement.Task refuses it
 
+
+def _bounded(bound: metrics.Bound) -> Check:
+    """The check of a catalogue family's snapshot field (``FamilySpec.bound``)."""
+    inner = (boolean if bound.type == "boolean"
+             else integer(int(bound.low), int(bound.high)) if bound.type == "integer"
+             else number(bound.low, bound.high))
+    return optional(inner) if bound.optional else inner
+
+
+def _family_fields() -> dict[str, dict[str, Check]]:
+    """Per part of a Gpu ("" the Gpu itself, "health", "performance"), the check of each field a
+    per-GPU family of the catalogue reads: a family and its snapshot field are bounded by their
+    one record (exporter/metrics.py)."""
+    fields: dict[str, dict[str, Check]] = {"": {}, "health": {}, "performance": {}}
+    for spec in metrics.CATALOGUE.values():
+        if spec.bound is not None:
+            for path in spec.fields:
+                part, _, name = path.rpartition(".")
+                fields[part][name] = _bounded(spec.bound)
+    return fields
+
+
+_FAMILY_FIELDS = _family_fields()
 SNAPSHOT_FIELDS: dict[type, dict[str, Check]] = {
     Node: {
         "name": string(), "model": string(), "cpu_cores": number(0, MAX_CPUS), "pool": string(),
@@ -170,44 +193,15 @@ SNAPSHOT_FIELDS: dict[type, dict[str, Check]] = {
         "instance_id": integer(0, 2 ** 31), "profile": string(), "memory_total_bytes": _BYTES,
         "memory_used_bytes": _BYTES,
     },
+    # identity and firmware here; the telemetry fields from the catalogue
     Gpu: {
         "node": string(), "index": _GPU_INDEX, "uuid": string(), "model": string(), "pool": string(),
-        "memory_total_bytes": _BYTES, "memory_used_bytes": _BYTES,
-        "utilization_ratio": optional(number(0, 1e3)),
-        "temperature_celsius": optional(number(-273.15, 1e4)),
-        "power_watts": _RATE, "power_limit_watts": _RATE, "energy_joules": _RATE,
-        "nvlink_transmit_bytes": _RATE, "nvlink_receive_bytes": _RATE,
-        "nvlink_capacity_bytes_per_second": _RATE, "up": boolean, "stale": boolean,
-        "pci_bus_id": optional(string()), "dcgm_nvlink_bandwidth_raw": _RATE,
-        "driver_version": optional(string()), "vbios_version": optional(string()),
-        "serial": optional(string()),
+        "pci_bus_id": optional(string()), "driver_version": optional(string()),
+        "vbios_version": optional(string()), "serial": optional(string()), **_FAMILY_FIELDS[""],
     },
     XidCount: {"xid": integer(0, 2 ** 31), "count": integer(0, 2 ** 63 - 1)},
-    # counters as the driver keeps them (64-bit), flags, and NVML's 64-bit reason mask
-    GpuHealth: {
-        "last_xid": optional(integer(0, 2 ** 31)), "last_xid_time": optional(_TIME),
-        **{name: optional(integer(0, 2 ** 64 - 1)) for name in (
-            "ecc_single_bit_volatile", "ecc_double_bit_volatile", "ecc_single_bit_aggregate",
-            "ecc_double_bit_aggregate", "retired_pages_single_bit", "retired_pages_double_bit",
-            "remapped_rows_correctable", "remapped_rows_uncorrectable", "nvlink_crc_flit_errors",
-            "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors",
-            "pcie_replay_errors", "clock_event_reasons")},
-        **{name: optional(boolean) for name in (
-            "retired_pages_pending", "remapped_rows_pending", "remapped_rows_failure")},
-    },
-    GpuPerformance: {
-        **{name: _RATE for name in (
-            "sm_clock_hertz", "memory_clock_hertz", "graphics_clock_hertz", "sm_clock_max_hertz",
-            "memory_clock_max_hertz", "graphics_clock_max_hertz", "pcie_transmit_bytes_per_second",
-            "pcie_receive_bytes_per_second")},
-        "memory_temperature_celsius": optional(number(-273.15, 1e4)),
-        "performance_state": optional(integer(0, 32)), "pcie_link_generation": optional(integer(0, 64)),
-        "pcie_link_width": optional(integer(0, 1024)),
-        **{name: optional(number(0, 1e3)) for name in (
-            "fan_speed_ratio", "encoder_utilization_ratio", "decoder_utilization_ratio",
-            "memory_bandwidth_utilization_ratio", "graphics_engine_active_ratio", "sm_active_ratio",
-            "sm_occupancy_ratio", "tensor_active_ratio", "dram_active_ratio")},
-    },
+    GpuHealth: _FAMILY_FIELDS["health"],
+    GpuPerformance: _FAMILY_FIELDS["performance"],
     Placement: {
         "node": string(), "gpus": array(_GPU_INDEX, MAX_GPUS_PER_NODE),
         "gpu_share": _SHARE, "cpus": number(0, MAX_CPUS),

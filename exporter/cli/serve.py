@@ -150,7 +150,7 @@ def exposition_options(config: Config, names: list[str], sources: list) -> Expos
     the ``prometheus`` source (cluster mode), on for node and relay sources (sim, nvml,
     dcgm). A source that reads the scheduler (role ``allocation``: Slurm) or is one (the
     simulator, ``schedules``) makes this process the producer of the scheduler's joins
-    (exporter/exposition.py, ExpositionOptions). NVML knows no jobs, unless it reads the
+    (exporter/exposition/options.py, ExpositionOptions). NVML knows no jobs, unless it reads the
     kubelet's PodResources (``pod_resources``: ``schedules`` then); dcgm knows them from
     dcgm-exporter's pod labels (``schedules`` too)."""
     setting = config.exposition.per_gpu

@@ -82,23 +82,18 @@ from exporter.sources.prometheus.options import PrometheusSource as PrometheusCo
 
 log = logging.getLogger(__name__)
 
-# Per-GPU value families and the Gpu field each fills. The names come from the catalogue
-# (exporter.metrics, a leaf module: sources may import it, never exposition); the
-# round-trip test through a real Prometheus checks the fields against what exposition writes.
+# The reverse map: per-GPU value family -> the Gpu field it fills and that field's type, for
+# every "gpu" family of the catalogue (exporter.metrics, a leaf module: sources may import it,
+# never exposition) that reads a top-level Gpu field. A family added to the catalogue is read
+# back with no edit here. The health and performance parts are not read back (yet): node-mode
+# exporters serve them, and cluster mode serves no per-GPU telemetry. The round-trip test
+# through a real Prometheus checks the fields against what exposition writes.
+_TYPES: dict[str, type] = {"boolean": bool, "integer": int, "number": float}
 GPU_VALUES: dict[str, tuple[str, type]] = {
-    metrics.GPU_UP.name: ("up", bool),
-    metrics.GPU_STALE.name: ("stale", bool),
-    metrics.GPU_UTILIZATION_RATIO.name: ("utilization_ratio", float),
-    metrics.GPU_MEMORY_USED_BYTES.name: ("memory_used_bytes", int),
-    metrics.GPU_MEMORY_TOTAL_BYTES.name: ("memory_total_bytes", int),
-    metrics.GPU_TEMPERATURE_CELSIUS.name: ("temperature_celsius", float),
-    metrics.GPU_POWER_WATTS.name: ("power_watts", float),
-    metrics.GPU_POWER_LIMIT_WATTS.name: ("power_limit_watts", float),
-    metrics.GPU_ENERGY_JOULES_TOTAL.name: ("energy_joules", float),
-    metrics.GPU_NVLINK_TRANSMIT_BYTES_TOTAL.name: ("nvlink_transmit_bytes", float),
-    metrics.GPU_NVLINK_RECEIVE_BYTES_TOTAL.name: ("nvlink_receive_bytes", float),
-    metrics.GPU_NVLINK_CAPACITY_BYTES_PER_SECOND.name: ("nvlink_capacity_bytes_per_second", float),
-    metrics.GPU_DCGM_NVLINK_BANDWIDTH_RAW.name: ("dcgm_nvlink_bandwidth_raw", float),
+    spec.name: (spec.read, _TYPES[spec.bound.type])
+    for spec in metrics.CATALOGUE.values()
+    if spec.kind == "gpu" and isinstance(spec.read, str) and "." not in spec.read
+    and spec.bound is not None
 }
 ALLOCATION_FAMILIES = (
     metrics.GPU_ALLOCATION_INFO.name,

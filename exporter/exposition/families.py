@@ -1,0 +1,313 @@
+"""The family table: every family /metrics serves, and how its samples are made from a snapshot.
+
+Names, types, HELP texts and, for the per-GPU families, the field each reads all come
+from the catalogue (:mod:`exporter.metrics`): :data:`GPU_FAMILIES` is made from those
+records alone (:func:`gpu_family`). The families joined from several parts of the snapshot
+(``gpu_info``, allocation, MIG: :data:`GPU_JOINED_FAMILIES`) and the fleet-level ones
+(:func:`fleet_families`) are built by the functions here. The identity labels every
+per-GPU series carries are added in one place (:func:`~exporter.exposition.lines.identity`).
+Job and pod metadata live only on ``gpufleet_gpu_allocation_info``, which keeps per-GPU
+cardinality bounded as jobs come and go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Literal
+
+from exporter import __version__, metrics
+from exporter.exposition.lines import identity
+from exporter.metrics import Family, FamilySpec, Labels, Pairs
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFamily:
+    """A "gpu" family of the catalogue and the value each GPU gives it (None: absent; a bool
+    is 1 or 0). Where the value is a top-level field, ``value`` is an ``attrgetter``: a render
+    reads a block's values with ``map`` in C, 108,800 GPUs a family every snapshot."""
+
+    spec: FamilySpec
+    value: Callable[[Gpu], float | bool | None]
+    # "health" / "performance": the value is read from that immutable part of the GPU alone,
+    # so a block whose GPUs hold the same parts as last time is reused without a call
+    part: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLabelledFamily:
+    """A "gpu_labelled" family: each GPU gives (extra label values, value) pairs, the values in
+    the order ``spec.labels`` lists them after the identity labels."""
+
+    spec: FamilySpec
+    samples: Callable[[Gpu], Pairs]
+    part: str | None = None  # as GpuFamily.part
+
+
+def _field(path: str) -> Callable[[Gpu], Any]:
+    """The value at ``path`` (``FamilySpec.read``) of a GPU: None where its part is None."""
+    part, _, name = path.rpartition(".")
+    if not part:
+        return attrgetter(name)
+    of_gpu, of_part = attrgetter(part), attrgetter(name)
+
+    def value(gpu: Gpu) -> Any:
+        held = of_gpu(gpu)
+        return None if held is None else of_part(held)
+
+    return value
+
+
+def _series_samples(series: tuple[metrics.Series, ...]) -> Callable[[Gpu], Pairs]:
+    """Per GPU, the pairs of the series whose field is known: an unsupported counter has no
+    series, never 0. A series with a ``bit`` is 1 while that bit of its field is set.
+
+    The fields of a family's series lie in one part of the GPU (or all at its top level):
+    the part is read once and its fields together, by one ``attrgetter`` in C, as a render
+    with health values calls this for every GPU of 8 families every snapshot."""
+    parts = {s.path.rpartition(".")[0] for s in series}
+    if len(parts) != 1:  # not in one part: each field on its own
+        reads = [(s.labels, _field(s.path), s.bit) for s in series]
+
+        def each(gpu: Gpu) -> Pairs:
+            pairs = [(labels, value_of(gpu), bit) for labels, value_of, bit in reads]
+            return [(labels, (1.0 if value & bit else 0.0) if bit else value)
+                    for labels, value, bit in pairs if value is not None]
+
+        return each
+    part = parts.pop()
+    of_gpu: Callable[[Gpu], Any] = attrgetter(part) if part else lambda gpu: gpu
+    names = [s.path.rpartition(".")[2] for s in series]
+    # a tuple of the fields' values, even for one field
+    of_part = attrgetter(*names) if len(names) > 1 else lambda held: (getattr(held, names[0]),)
+    labels = [s.labels for s in series]
+    bits = [s.bit for s in series]
+
+    if any(bits):
+        def flags(gpu: Gpu) -> Pairs:
+            held = of_gpu(gpu)
+            if held is None:
+                return []
+            return [(label, (1.0 if value & bit else 0.0) if bit else value)
+                    for label, value, bit in zip(labels, of_part(held), bits, strict=True)
+                    if value is not None]
+
+        return flags
+
+    def values(gpu: Gpu) -> Pairs:
+        held = of_gpu(gpu)
+        if held is None:
+            return []
+        read = of_part(held)
+        if None in read:  # some not reported: only those that are
+            return [(label, value) for label, value in zip(labels, read, strict=True) if value is not None]
+        return list(zip(labels, read, strict=True))  # all of them, paired in C
+
+    return values
+
+
+def _field_samples(read: metrics.FromField) -> Callable[[Gpu], Pairs]:
+    """Per GPU, the pairs ``read.samples`` makes of the field's value; none while it is absent
+    or empty (no XID seen: most GPUs, without a call)."""
+    part, _, name = read.path.rpartition(".")
+    of_gpu: Callable[[Gpu], Any] = attrgetter(part) if part else lambda gpu: gpu
+    of_part, make = attrgetter(name), read.samples
+
+    def samples(gpu: Gpu) -> Pairs:
+        held = of_gpu(gpu)
+        if held is None:
+            return []
+        value = of_part(held)
+        return make(value) if value else []
+
+    return samples
+
+
+def gpu_family(spec: FamilySpec) -> GpuFamily | GpuLabelledFamily:
+    """The renderer's entry for a per-GPU family, made from its catalogue record alone."""
+    read = spec.read
+    if spec.kind == "gpu":
+        value = _field(read) if isinstance(read, str) else read
+        assert callable(value), spec.name
+        return GpuFamily(spec, value, spec.part)
+    if isinstance(read, tuple):
+        return GpuLabelledFamily(spec, _series_samples(read), spec.part)
+    if isinstance(read, metrics.FromField):
+        return GpuLabelledFamily(spec, _field_samples(read), spec.part)
+    assert callable(read), spec.name
+    return GpuLabelledFamily(spec, read, spec.part)
+
+
+# Every family each GPU gives its values directly, in catalogue order (the body's).
+GPU_FAMILIES: tuple[GpuFamily | GpuLabelledFamily, ...] = tuple(
+    gpu_family(spec) for spec in metrics.CATALOGUE.values() if spec.kind in ("gpu", "gpu_labelled"))
+
+
+def _bool(value: bool) -> float:
+    return 1.0 if value else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class JoinedFamily:
+    """A "gpu_joined" family and what its samples of a GPU are made from: ``identity`` (the
+    GPU's label text, firmware and its node's generation), ``holders`` (the allocations
+    holding it) or ``mig`` (its MIG instances). The block renderer compares those inputs,
+    once per block for all the families that share them."""
+
+    spec: FamilySpec
+    inputs: Literal["identity", "holders", "mig"]
+
+    @property
+    def kept_per_gpu(self) -> bool:
+        """Whether its blocks keep each GPU's text, to remake only the GPUs whose inputs
+        changed: holders and MIG instances change every snapshot somewhere (33 MB at 108,800
+        GPUs); identity and firmware rarely do, and gpu_info's text would be 32 MB more."""
+        return self.inputs != "identity"
+
+
+# In the order gpu_snapshot_samples returns their samples, and the body's (the catalogue's).
+GPU_JOINED_FAMILIES: tuple[JoinedFamily, ...] = (
+    JoinedFamily(metrics.GPU_INFO, "identity"),
+    JoinedFamily(metrics.GPU_ALLOCATED_RATIO, "holders"),
+    JoinedFamily(metrics.GPU_ALLOCATION_INFO, "holders"),
+    JoinedFamily(metrics.GPU_MIG_INSTANCE_INFO, "mig"),
+    JoinedFamily(metrics.GPU_MIG_MEMORY_TOTAL_BYTES, "mig"),
+    JoinedFamily(metrics.GPU_MIG_MEMORY_USED_BYTES, "mig"),
+)
+GPU_SNAPSHOT_FAMILIES: tuple[FamilySpec, ...] = tuple(f.spec for f in GPU_JOINED_FAMILIES)
+
+
+def snapshot_families(snapshot: FleetSnapshot) -> list[Family]:
+    """Every family that is not a plain per-GPU value: info, allocation, node and self-metrics."""
+    samples = gpu_snapshot_samples(snapshot.gpus, generations(snapshot),
+                                   snapshot.gpu_allocations())
+    return [spec.family(s) for spec, s in zip(GPU_SNAPSHOT_FAMILIES, samples, strict=True)] + \
+        fleet_families(snapshot)
+
+
+def generations(snapshot: FleetSnapshot) -> dict[str, str]:
+    return {n.name: n.generation for n in snapshot.nodes}
+
+
+Samples = list[tuple[Labels, float]]
+
+
+def gpu_snapshot_samples(
+    gpus: Sequence[Gpu], generation: dict[str, str],
+    held: dict[tuple[str, int], list[tuple[Allocation, float]]],
+) -> tuple[Samples, Samples, Samples, Samples, Samples, Samples]:
+    """The samples of :data:`GPU_SNAPSHOT_FAMILIES` for ``gpus``: identity, allocation, MIG."""
+    out: tuple[Samples, Samples, Samples, Samples, Samples, Samples] = ([], [], [], [], [], [])
+    for gpu in gpus:
+        for samples, of_gpu in zip(out, gpu_joined_samples(gpu, generation, held), strict=True):
+            samples += of_gpu
+    return out
+
+
+def gpu_joined_samples(
+    gpu: Gpu, generation: dict[str, str],
+    held: dict[tuple[str, int], list[tuple[Allocation, float]]],
+) -> tuple[Samples, Samples, Samples, Samples, Samples, Samples]:
+    """One GPU's samples of :data:`GPU_SNAPSHOT_FAMILIES`."""
+    ident = identity(gpu)
+    spec_labels: Labels = (("architecture", generation.get(gpu.node, "unknown")),
+                           ("driver_version", gpu.driver_version or ""),
+                           ("vbios_version", gpu.vbios_version or ""),
+                           ("pci_bus_id", gpu.pci_bus_id or ""))
+    if gpu.serial is not None:  # only where the site exports serials (off by default)
+        spec_labels = (*spec_labels, ("serial", gpu.serial))
+    holders = held.get(gpu.key, [])
+    allocation_info: Samples = [((
+        *ident,
+        ("job", alloc.job),
+        ("namespace", alloc.namespace),
+        ("pod", alloc.pod),
+        ("account", alloc.account),
+        ("job_gpus", str(alloc.gpu_count)),
+        ("priority", str(alloc.priority)),
+    ), 1.0) for alloc, _share in holders]
+    mig_info: Samples = []
+    mig_total: Samples = []
+    mig_used: Samples = []
+    for inst in gpu.mig:
+        mig_labels = (*ident, ("gpu_instance", str(inst.instance_id)), ("profile", inst.profile))
+        mig_info.append((mig_labels, 1.0))
+        if inst.memory_total_bytes is not None:
+            mig_total.append((mig_labels, float(inst.memory_total_bytes)))
+        if inst.memory_used_bytes is not None:
+            mig_used.append((mig_labels, float(inst.memory_used_bytes)))
+    return ([((*ident, *spec_labels), 1.0)],
+            [(ident, min(1.0, round(sum(share for _, share in holders), 6)))],
+            allocation_info, mig_info, mig_total, mig_used)
+
+
+def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
+    """:func:`snapshot_families` after the per-GPU ones: nodes, pending, sources, build."""
+    _, cpu_used = snapshot.held()
+    node_info, node_cpus, node_cpus_alloc = [], [], []
+    for node in snapshot.nodes:
+        labels = (("node", node.name), ("pool", node.pool), ("model", node.model))
+        node_info.append(((*labels, ("architecture", node.generation),
+                           ("gpus", str(node.gpu_count))), 1.0))
+        node_cpus.append((labels, node.cpu_cores))
+        node_cpus_alloc.append((labels, cpu_used.get(node.name, 0.0)))
+
+    pending_jobs: dict[str, float] = {}
+    pending_gpus: dict[str, float] = {}
+    for request in snapshot.pending:
+        pending_jobs[request.pool] = pending_jobs.get(request.pool, 0) + 1
+        pending_gpus[request.pool] = (
+            pending_gpus.get(request.pool, 0) + request.gpu_count * request.gpu_share
+        )
+
+    up, duration, last_success, parse_errors = [], [], [], []
+    for status in snapshot.sources:
+        source_labels: tuple[tuple[str, str], ...] = (("source", status.source),)
+        if status.target:
+            source_labels = (*source_labels, ("target", status.target))
+        up.append((source_labels, _bool(status.up)))
+        if status.target:
+            continue
+        duration.append((source_labels, status.duration_seconds))
+        if status.last_success_time is not None:
+            last_success.append((source_labels, status.last_success_time))
+        parse_errors.append((source_labels, float(status.parse_errors)))
+
+    return [
+        metrics.NODE_INFO.family(node_info),
+        metrics.NODE_CPU_CORES.family(node_cpus),
+        metrics.NODE_CPU_ALLOCATED_CORES.family(node_cpus_alloc),
+        metrics.PENDING_JOBS.family([((("pool", p),), v) for p, v in sorted(pending_jobs.items())]),
+        metrics.PENDING_GPUS.family([((("pool", p),), v) for p, v in sorted(pending_gpus.items())]),
+        metrics.SOURCE_UP.family(up),
+        metrics.COLLECT_DURATION_SECONDS.family(duration),
+        metrics.LAST_COLLECT_SUCCESS_TIMESTAMP_SECONDS.family(last_success),
+        metrics.SOURCE_PARSE_ERRORS_TOTAL.family(parse_errors),
+        metrics.COMPOSE_UNMATCHED_GPUS.family(
+            [((("side", u.side),), float(u.count)) for u in snapshot.unmatched]),
+        *allocation_families(snapshot),
+        metrics.SNAPSHOT_TIMESTAMP_SECONDS.family([((), snapshot.taken_at)]),
+        metrics.BUILD_INFO.family([((("version", __version__),), 1.0)]),
+    ]
+
+
+def allocation_families(snapshot: FleetSnapshot) -> list[Family]:
+    """What each job holds on each node besides GPU indices: CPUs and the share of each GPU.
+
+    With ``gpufleet_gpu_allocation_info`` these let a reader of Prometheus (the
+    ``prometheus`` source in cluster mode) rebuild every placement exactly.
+    """
+    cpus: dict[Labels, float] = {}
+    shares: dict[Labels, float] = {}
+    for alloc in snapshot.allocations:
+        for part in alloc.placements:
+            # one series per (job, node) even if a source lists a node twice
+            labels = (("job", alloc.job), ("node", part.node))
+            cpus[labels] = cpus.get(labels, 0.0) + part.cpus
+            shares[labels] = max(shares.get(labels, 0.0), part.gpu_share)
+    return [
+        metrics.ALLOCATION_CPU_CORES.family(list(cpus.items())),
+        metrics.ALLOCATION_GPU_SHARE_RATIO.family(list(shares.items())),
+    ]
