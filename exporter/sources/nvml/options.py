@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter import metrics
 from exporter.options import Duration, opt
 
 # exporter.sources.nvml.podresources.DEFAULT_SOCKET, written out so that reading the config does not
@@ -24,7 +25,7 @@ class NvmlSource:
     pool: str = opt("", help="Pool (Slurm partition or node pool) of this machine's GPUs.")
     export_serial: bool = opt(
         False, help="Export each GPU's board serial number as the `serial` label of "
-        "gpufleet_gpu_info. Off by default: some sites treat serials as asset data.",
+        f"{metrics.GPU_INFO.name}. Off by default: some sites treat serials as asset data.",
     )
     pod_resources: bool = opt(
         False, help="Also read the kubelet's PodResources API (Kubernetes node mode): each pod "
