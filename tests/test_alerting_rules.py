@@ -286,32 +286,29 @@ def test_alerts_share_one_name_per_condition_and_carry_the_mixin_annotations():
 def test_rules_that_need_care_are_written_with_it():
     rules = {(r["alert"], r["labels"]["severity"], r["labels"].get("model")): r["expr"]
              for r in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text())}
-    # power at the cap: >=, never >, per model, and the enforced limit for unknown models
-    def first(key: tuple[str, str, str | None]) -> str:
-        return rules[key].splitlines()[0]
-    assert first(("GpuPowerHigh", "critical", "H200")) == 'gpufleet_gpu_power_watts{model="H200"} >= 700'
-    assert first(("GpuPowerHigh", "warning", "H200")) == 'gpufleet_gpu_power_watts{model="H200"} >= 650'
-    # every other GPU against its own enforced limit; H200 alone keeps the table's watts
-    assert first(("GpuPowerHigh", "critical", None)) == \
-        'gpufleet_gpu_power_watts{model!~"H200"} >= gpufleet_gpu_power_limit_watts'
-    assert first(("GpuPowerHigh", "warning", None)) == \
-        'gpufleet_gpu_power_watts{model!~"H200"} >= 0.93 * gpufleet_gpu_power_limit_watts'
-    # a GPU that reports no limit: the same fraction of its model's catalogue TDP
-    assert rules[("GpuPowerHigh", "critical", "H100")].splitlines()[:3] == [
-        'gpufleet_gpu_power_watts{model="H100"} >= 700', "unless on (cluster, node, gpu)",
-        "  gpufleet_gpu_power_limit_watts"]
-    assert first(("GpuPowerHigh", "warning", "H100-PCIe")) == \
-        'gpufleet_gpu_power_watts{model="H100-PCIe"} >= 325.5'
-    assert first(("GpuPowerHigh", "warning", "B200")) == 'gpufleet_gpu_power_watts{model="B200"} >= 930'
-    assert ("GpuPowerHigh", "warning", "GB200") not in rules  # no TDP, no limit: nothing to compare
+    # power at the cap: >=, never >, on power alone, one rule per severity: the table's
+    # watts for H200, a fraction of the recorded limit (enforced, else the TDP) elsewhere
+    assert rules[("GpuPowerHigh", "critical", None)].splitlines() == [
+        'gpufleet_gpu_power_watts{model="H200"} >= 700', "or",
+        'gpufleet_gpu_power_watts{model!~"H200"} >= gpu:gpufleet_gpu_power_limit:watts']
+    assert rules[("GpuPowerHigh", "warning", None)].splitlines() == [
+        'gpufleet_gpu_power_watts{model="H200"} >= 650', "or",
+        'gpufleet_gpu_power_watts{model!~"H200"}', "and",
+        '  gpufleet_gpu_power_watts{model!~"H200"} / gpu:gpufleet_gpu_power_limit:watts >= 0.93']
     # utilization per job, from the recorded average over the job's GPUs
     assert rules[("GpuJobUtilizationLow", "warning", None)] == "job:gpufleet_gpu_utilization:avg < 0.3"
-    # power only on busy GPUs the software power cap slows down
-    assert rules[("GpuPowerHigh", "warning", "H200")].splitlines() == [
-        'gpufleet_gpu_power_watts{model="H200"} >= 650',
-        "and on (cluster, node, gpu)", "  gpufleet_gpu_utilization_ratio > 0.5",
-        "and on (cluster, node, gpu)",
-        '  avg_over_time(gpufleet_gpu_clock_event_active{reason="sw_power_cap"}[5m]) >= 0.5']
+    # held back by the power cap: its own alert, only on busy GPUs with clock events
+    assert rules[("GpuPowerCapped", "warning", None)].splitlines() == [
+        'avg_over_time(gpufleet_gpu_clock_event_active{reason="sw_power_cap"}[5m]) >= 0.5',
+        "and on (cluster, node, gpu)", "  gpufleet_gpu_utilization_ratio > 0.5"]
+    # a driver lifetime counter alerts on growth, never on its first appearance (both engines)
+    assert rules[("GpuNvlinkErrors", "warning", None)].splitlines() == [
+        "(", '  gpufleet_gpu_nvlink_errors_total{type=~"replay|recovery"}',
+        '  - min_over_time(gpufleet_gpu_nvlink_errors_total{type=~"replay|recovery"}[10m])',
+        ") > 0"]
+    for name in ("GpuEccUncorrectable", "GpuNvlinkErrors", "GpuNvlinkCrcErrors"):
+        expr = next(e for (alert, _, _), e in rules.items() if alert == name)
+        assert "increase(" not in expr and "min_over_time(" in expr, name
     # NVLink only on busy GPUs of multi-GPU jobs, from the recorded rate
     nvlink = rules[("GpuNvlinkBandwidthLow", "warning", None)]
     assert nvlink.startswith("gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m < 0.5\n")
