@@ -27,7 +27,14 @@ import yaml
 
 from exporter.cli import main
 from tests.helpers import REPO, require_binary
-from tests.helpers.servers import free_port, http_get, stop, wait_http, wait_until
+from tests.helpers.servers import (
+    free_port,
+    http_get,
+    start_server,
+    stop,
+    wait_http,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -54,15 +61,7 @@ COUNTER_ALERTS = {"GpuNvlinkErrors", "GpuNvlinkCrcErrors", "GpuEccUncorrectable"
 
 
 def _start(name: str, workdir: Path, port: int, args: list[str]) -> subprocess.Popen:
-    log = workdir / f"{name}.log"
-    proc = subprocess.Popen([require_binary(name), *args], cwd=workdir,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", timeout=60, proc=proc)
-    except Exception:
-        stop(proc)
-        raise RuntimeError(f"{name} did not start: {log.read_text()[-3000:]}") from None
-    return proc
+    return start_server(name, workdir, port, [require_binary(name), *args], ready_path="/health")
 
 
 def _json(url: str) -> dict:
