@@ -465,7 +465,7 @@ def test_the_power_limit_records_the_tdp_fallback_per_model_until_the_exporter_e
     from exporter.gpu_catalogue import default_catalogue
     recording = rule_module.power_limit_recording()
     assert recording.expr.splitlines()[:3] == [
-        "gpufleet_gpu_power_limit_watts", "or on (cluster, node, gpu)", "("]
+        "gpufleet_gpu_power_limit_watts > 0", "or on (cluster, node, gpu)", "("]
     # every catalogue TDP is one branch, each model in exactly one
     tdps = {spec.tdp_watts for spec in default_catalogue().models if spec.tdp_watts}
     assert len(re.findall(r"\+ \d+", recording.expr)) == len(tdps)
@@ -475,7 +475,7 @@ def test_the_power_limit_records_the_tdp_fallback_per_model_until_the_exporter_e
                         type("Family", (), {"name": "gpufleet_gpu_power_limit_fallback_watts"}),
                         raising=False)
     assert rule_module.power_limit_recording().expr == (
-        "gpufleet_gpu_power_limit_watts\nor on (cluster, node, gpu)\n"
+        "gpufleet_gpu_power_limit_watts > 0\nor on (cluster, node, gpu)\n"
         "  gpufleet_gpu_power_limit_fallback_watts")
 
 

@@ -317,7 +317,8 @@ def power_limit_recording(catalogue: Catalogue | None = None) -> Recording:
     (models sharing a TDP share a branch; equality matchers, so each branch reads only its
     models' GPUs). Once the family exists this becomes ``limit or fallback``, a plain union.
     """
-    limit = metrics.GPU_POWER_LIMIT_WATTS.name
+    # a limit of 0 (a driver that cannot say) is no limit: power / 0 would fire on every GPU
+    limit = f"{metrics.GPU_POWER_LIMIT_WATTS.name} > 0"
     fallback = getattr(metrics, FALLBACK_FAMILY, None)
     if fallback is not None:
         return Recording(recorded.GPU_POWER_LIMIT,
