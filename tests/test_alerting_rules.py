@@ -130,12 +130,13 @@ def test_a_bad_label_is_a_usage_error(tmp_path, capsys, argv, message):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("option", ["--for-scale", "--time-scale"])
 @pytest.mark.parametrize("scale", ["0", "-1", "nan", "inf", "fast"])
-def test_for_scale_must_be_a_positive_number(scale, capsys):
+def test_for_scale_must_be_a_positive_number(option, scale, capsys):
     with pytest.raises(SystemExit) as info:
-        main(["rules", "--for-scale", scale, "--check"])
+        main(["rules", option, scale, "--check"])
     assert info.value.code == 2
-    assert "--for-scale: must be a positive number" in capsys.readouterr().err
+    assert f"{option}: must be a positive number" in capsys.readouterr().err
 
 
 # -- --for-scale --------------------------------------------------------------
