@@ -52,7 +52,17 @@ kube-deps:
 	@command -v kubectl >/dev/null || { echo "installing Debian's kubernetes-client"; \
 	  $(APT) update -q && $(APT) install -y -q --no-install-recommends kubernetes-client; }
 
-test: $(VENV)/.installed-test system-deps slurm-deps kube-deps stress-deps
+# Debian's victoria-metrics (1.79: victoria-metrics, vmagent, vmalert), when missing: the
+# VictoriaMetrics tests run the generated rules in a real vmalert (issue 29).
+.PHONY: vm-deps
+vm-deps:
+	@if ! command -v victoria-metrics >/dev/null || ! command -v vmagent >/dev/null \
+	    || ! command -v vmalert >/dev/null; then \
+	  echo "installing Debian's victoria-metrics"; \
+	  $(APT) update -q && $(APT) install -y -q --no-install-recommends victoria-metrics; \
+	fi
+
+test: $(VENV)/.installed-test system-deps slurm-deps kube-deps stress-deps vm-deps
 	$(BIN)/ruff check exporter tests bench deploy
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(PYTEST_ARGS)

@@ -130,12 +130,13 @@ def test_a_bad_label_is_a_usage_error(tmp_path, capsys, argv, message):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("option", ["--for-scale", "--time-scale"])
 @pytest.mark.parametrize("scale", ["0", "-1", "nan", "inf", "fast"])
-def test_for_scale_must_be_a_positive_number(scale, capsys):
+def test_for_scale_must_be_a_positive_number(option, scale, capsys):
     with pytest.raises(SystemExit) as info:
-        main(["rules", "--for-scale", scale, "--check"])
+        main(["rules", option, scale, "--check"])
     assert info.value.code == 2
-    assert "--for-scale: must be a positive number" in capsys.readouterr().err
+    assert f"{option}: must be a positive number" in capsys.readouterr().err
 
 
 # -- --for-scale --------------------------------------------------------------
@@ -286,32 +287,29 @@ def test_alerts_share_one_name_per_condition_and_carry_the_mixin_annotations():
 def test_rules_that_need_care_are_written_with_it():
     rules = {(r["alert"], r["labels"]["severity"], r["labels"].get("model")): r["expr"]
              for r in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text())}
-    # power at the cap: >=, never >, per model, and the enforced limit for unknown models
-    def first(key: tuple[str, str, str | None]) -> str:
-        return rules[key].splitlines()[0]
-    assert first(("GpuPowerHigh", "critical", "H200")) == 'gpufleet_gpu_power_watts{model="H200"} >= 700'
-    assert first(("GpuPowerHigh", "warning", "H200")) == 'gpufleet_gpu_power_watts{model="H200"} >= 650'
-    # every other GPU against its own enforced limit; H200 alone keeps the table's watts
-    assert first(("GpuPowerHigh", "critical", None)) == \
-        'gpufleet_gpu_power_watts{model!~"H200"} >= gpufleet_gpu_power_limit_watts'
-    assert first(("GpuPowerHigh", "warning", None)) == \
-        'gpufleet_gpu_power_watts{model!~"H200"} >= 0.93 * gpufleet_gpu_power_limit_watts'
-    # a GPU that reports no limit: the same fraction of its model's catalogue TDP
-    assert rules[("GpuPowerHigh", "critical", "H100")].splitlines()[:3] == [
-        'gpufleet_gpu_power_watts{model="H100"} >= 700', "unless on (cluster, node, gpu)",
-        "  gpufleet_gpu_power_limit_watts"]
-    assert first(("GpuPowerHigh", "warning", "H100-PCIe")) == \
-        'gpufleet_gpu_power_watts{model="H100-PCIe"} >= 325.5'
-    assert first(("GpuPowerHigh", "warning", "B200")) == 'gpufleet_gpu_power_watts{model="B200"} >= 930'
-    assert ("GpuPowerHigh", "warning", "GB200") not in rules  # no TDP, no limit: nothing to compare
+    # power at the cap: >=, never >, on power alone, one rule per severity: the table's
+    # watts for H200, a fraction of the recorded limit (enforced, else the TDP) elsewhere
+    assert rules[("GpuPowerHigh", "critical", None)].splitlines() == [
+        'gpufleet_gpu_power_watts{model="H200"} >= 700', "or",
+        'gpufleet_gpu_power_watts{model!~"H200"} >= gpu:gpufleet_gpu_power_limit:watts']
+    assert rules[("GpuPowerHigh", "warning", None)].splitlines() == [
+        'gpufleet_gpu_power_watts{model="H200"} >= 650', "or",
+        'gpufleet_gpu_power_watts{model!~"H200"}', "and",
+        '  gpufleet_gpu_power_watts{model!~"H200"} / gpu:gpufleet_gpu_power_limit:watts >= 0.93']
     # utilization per job, from the recorded average over the job's GPUs
     assert rules[("GpuJobUtilizationLow", "warning", None)] == "job:gpufleet_gpu_utilization:avg < 0.3"
-    # power only on busy GPUs the software power cap slows down
-    assert rules[("GpuPowerHigh", "warning", "H200")].splitlines() == [
-        'gpufleet_gpu_power_watts{model="H200"} >= 650',
-        "and on (cluster, node, gpu)", "  gpufleet_gpu_utilization_ratio > 0.5",
-        "and on (cluster, node, gpu)",
-        '  avg_over_time(gpufleet_gpu_clock_event_active{reason="sw_power_cap"}[5m]) >= 0.5']
+    # held back by the power cap: its own alert, only on busy GPUs with clock events
+    assert rules[("GpuPowerCapped", "warning", None)].splitlines() == [
+        'avg_over_time(gpufleet_gpu_clock_event_active{reason="sw_power_cap"}[5m]) >= 0.5',
+        "and on (cluster, node, gpu)", "  gpufleet_gpu_utilization_ratio > 0.5"]
+    # a driver lifetime counter alerts on growth, never on its first appearance (both engines)
+    assert rules[("GpuNvlinkErrors", "warning", None)].splitlines() == [
+        "(", '  gpufleet_gpu_nvlink_errors_total{type=~"replay|recovery"}',
+        '  - min_over_time(gpufleet_gpu_nvlink_errors_total{type=~"replay|recovery"}[10m])',
+        ") > 0"]
+    for name in ("GpuEccUncorrectable", "GpuNvlinkErrors", "GpuNvlinkCrcErrors"):
+        expr = next(e for (alert, _, _), e in rules.items() if alert == name)
+        assert "increase(" not in expr and "min_over_time(" in expr, name
     # NVLink only on busy GPUs of multi-GPU jobs, from the recorded rate
     nvlink = rules[("GpuNvlinkBandwidthLow", "warning", None)]
     assert nvlink.startswith("gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m < 0.5\n")
@@ -451,3 +449,94 @@ def test_every_name_the_generated_files_query_is_a_family_or_a_recorded_series()
     assert {name for name in used_series
             if name not in series and statistic.sub("", name) not in series} == set()
     assert recorded.POOL_IDLE in used_series and recorded.NODE_PRESSURE_SCORE in used_series
+
+
+# -- issue 29 -------------------------------------------------------------------
+
+
+def test_power_high_is_one_rule_per_severity_and_compares_power_alone():
+    rules = [r for r in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text())
+             if r["alert"] == "GpuPowerHigh"]
+    assert [r["labels"]["severity"] for r in rules] == ["warning", "critical"]
+    assert all("clock_event" not in r["expr"] and "utilization" not in r["expr"] for r in rules)
+    assert all("model" not in r["labels"] for r in rules)
+
+
+def test_the_power_limit_records_the_tdp_fallback_per_model_until_the_exporter_exports_it(
+        monkeypatch):
+    from exporter import metrics
+    from exporter.alerting import rules as rule_module
+    from exporter.gpu_catalogue import default_catalogue
+    recording = rule_module.power_limit_recording()
+    assert recording.expr.splitlines()[:3] == [
+        "gpufleet_gpu_power_limit_watts > 0", "or on (cluster, node, gpu)", "("]
+    # every catalogue TDP is one branch, each model in exactly one
+    tdps = {spec.tdp_watts for spec in default_catalogue().models if spec.tdp_watts}
+    assert len(re.findall(r"\+ \d+", recording.expr)) == len(tdps)
+    assert '0 * gpufleet_gpu_power_watts{model=~"B100|H200|H100"} + 700' in recording.expr
+    # once the catalogue has the fallback family, the recording is a plain union
+    monkeypatch.setattr(metrics, rule_module.FALLBACK_FAMILY,
+                        type("Family", (), {"name": "gpufleet_gpu_power_limit_fallback_watts"}),
+                        raising=False)
+    assert rule_module.power_limit_recording().expr == (
+        "gpufleet_gpu_power_limit_watts > 0\nor on (cluster, node, gpu)\n"
+        "  gpufleet_gpu_power_limit_fallback_watts")
+
+
+def test_time_scale_scales_for_windows_offsets_and_the_xid_window_together(tmp_path):
+    _generate_all(tmp_path, "--time-scale", "0.05")
+    scaled = (tmp_path / "gpufleet-alerts.yaml").read_text()
+    assert "(--time-scale)" in scaled.splitlines()[1]
+    fast = {(r["alert"], r["labels"]["severity"]): r for r in _alert_rules(scaled)}
+    slow = {(r["alert"], r["labels"]["severity"]): r
+            for r in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text())}
+    assert fast.keys() == slow.keys()
+    for key, rule in fast.items():
+        assert parse_duration(rule["for"]) == pytest.approx(
+            parse_duration(slow[key]["for"]) * 0.05, abs=0.001)
+    xid = fast[("GpuXidError", "critical")]["expr"]
+    assert "[30s]" in xid and "offset 30s" in xid and "< 30\n" in xid and "10m" not in xid
+    assert "[15s]" in fast[("GpuPowerCapped", "warning")]["expr"]  # [5m]
+    assert "[30s]" in fast[("GpuNvlinkErrors", "warning")]["expr"]  # [10m]
+    # the description's query template reads the same scaled window
+    assert "[3m]" in fast[("GpuJobUtilizationLow", "warning")]["annotations"]["description"]
+    recording = (tmp_path / "gpufleet-recording.yaml").read_text()
+    assert "[15s]" in recording and "[5m]" not in recording  # the NVLink rate
+    assert "[1h12m]" in recording  # the 24h load statistics
+    rule_files = [str(tmp_path / "gpufleet-alerts.yaml"), str(tmp_path / "gpufleet-recording.yaml")]
+    result = _promtool("check", "rules", *rule_files)
+    assert result.returncode == 0, result.stdout
+
+
+def test_runbook_url_is_absolute_once_the_site_sets_external_url_or_an_absolute_base():
+    text = TABLE.read_text()
+    assert "\nexternal_url:" not in text  # the shipped table leaves it to the site
+    served = load_thresholds(TABLE)
+    assert served.runbook_page == "docs/runbooks.md"
+    from exporter.thresholds import parse_thresholds
+    site = parse_thresholds(text + "\nexternal_url: http://gpufleet.example:9874/\n")
+    assert site.runbook_page == "http://gpufleet.example:9874/runbooks"
+    rules = _alert_rules(generate(site)[0].text)
+    assert {r["annotations"]["runbook_url"].split("#")[0] for r in rules} == {
+        "http://gpufleet.example:9874/runbooks"}
+    wiki = parse_thresholds(text.replace(
+        "runbook_base_url: docs/runbooks.md", "runbook_base_url: https://wiki.example.com/rb.md")
+        + "\nexternal_url: http://gpufleet.example:9874\n")
+    assert wiki.runbook_page == "https://wiki.example.com/rb.md"  # the site's own page wins
+    from exporter.thresholds import ThresholdError
+    with pytest.raises(ThresholdError, match=r"external_url: must be gpufleet's absolute http"):
+        parse_thresholds(text + "\nexternal_url: gpufleet.example:9874\n")
+
+
+def test_every_drain_reset_or_resume_runbook_gives_the_slurm_and_kubernetes_commands():
+    runbooks = (REPO / "docs" / "runbooks.md").read_text()
+    sections = re.split(r"^## ", runbooks, flags=re.M)[1:]
+    acting = [s for s in sections if re.search(r"\b(drain|reset|resume)", s, re.I)]
+    assert len(acting) >= 8
+    for section in acting:
+        name = section.split("\n", 1)[0]
+        for command in (f'scontrol update NodeName=<node> State=DRAIN Reason="{name}',
+                        "scontrol update NodeName=<node> State=RESUME", "kubectl cordon <node>",
+                        "kubectl drain <node>", "kubectl taint nodes <node> gpufleet.io/gpu-fault=",
+                        "kubectl uncordon <node>"):
+            assert command in section, f"{name}: no `{command}`"

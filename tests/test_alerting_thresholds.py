@@ -50,7 +50,7 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
         "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuFleetFragmentationHigh",
         "GpuJobCheckpointStale", "GpuJobNvlinkGenerationsMixed", "GpuLost", "GpuXidError",
         "GpuEccUncorrectable", "GpuRowRemapFailed", "GpuRowRemapPending", "GpuClocksThrottled",
-        "GpuNvlinkErrors", "GpuNvlinkCrcErrors", "GpuSmActivityLow", "GpufleetSourceDown",
+        "GpuPowerCapped", "GpuNvlinkErrors", "GpuNvlinkCrcErrors", "GpuSmActivityLow", "GpufleetSourceDown",
         "GpufleetSourceDownEverywhere", "GpufleetTargetDown", "GpufleetJobDown",
         "GpufleetAdvisorOutboxErrors", "NodeCpuPressure", "NodeMemoryPressure",
         "NodeDiskIoPressure", "NodePressureHigh"]
@@ -97,7 +97,10 @@ def test_the_paging_policy_pages_only_for_what_is_urgent_actionable_and_hurting_
     # a critical that does not page: the GPU runs on, it needs replacing, not waking someone
     assert t.alert("GpuRowRemapFailed").severities == ("critical",)
     assert not t.alert("GpuRowRemapFailed").page
-    assert t.alert("GpuPowerHigh").scope == "power_capped_busy"
+    # power alone, on every GPU; being held back by the cap is its own alert, on busy GPUs
+    assert t.alert("GpuPowerHigh").scope == "all"
+    assert (t.alert("GpuPowerCapped").scope, t.alert("GpuPowerCapped").severities) == (
+        "busy", ("warning",))
 
 
 def test_page_needs_a_critical_level_and_owner_one_of_the_known():

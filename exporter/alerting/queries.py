@@ -28,7 +28,7 @@ class AlertQuery:
 
     expr: str
     describe: str
-    cap: str = ""  # relative metrics: the enforced limit, for models without a catalogue TDP
+    cap: str = ""  # relative metrics: the per-GPU limit their fractions are of
     absent_too: bool = False  # also fires when the series is absent
 
 
@@ -39,6 +39,17 @@ _POOL = "Pool {{ $labels.pool }} ({{ $labels.model }})"
 SLOWDOWN_REASONS = "hw_thermal|sw_thermal|hw_power_brake|hw_slowdown"  # the dashboards too
 _XIDS = f'{m.GPU_XID_ERRORS_TOTAL.name}{{xid=~"{{critical_xids}}"}}'
 _UP = 'up{job=~"{exporter_jobs}"}'  # Prometheus' own series for each gpufleet target
+
+
+def _growth(selector: str) -> str:
+    """How much a driver lifetime counter grew in the last 10 min: now less the window's
+    lowest value. Not ``increase()``: on a series' first appearance Prometheus sees no
+    growth but VictoriaMetrics counts its first value as growth from 0, so a GPU first seen
+    with an old lifetime NVLink or ECC count would open a ticket or page on one engine
+    only. Now minus the minimum reads the same samples the same way on both: an old count
+    that does not grow is 0, a first error of a new series counts at once, and a counter
+    reset (a GPU reset zeroes the volatile ECC count) never reads as growth."""
+    return f"(\n  {selector}\n  - min_over_time({selector}[10m])\n)"
 
 QUERIES: dict[str, AlertQuery] = {
     "gpu_utilization": AlertQuery(
@@ -83,10 +94,21 @@ QUERIES: dict[str, AlertQuery] = {
     "gpu_temperature": AlertQuery(
         m.GPU_TEMPERATURE_CELSIUS.name,
         f"{_GPU} is at <VALUE>, <RELATION> <THRESHOLD> for <FOR>."),
+    # Power alone, on every source (dcgm-exporter's default counters report no clock
+    # events): compared with the recorded limit, the enforced one or the catalogue TDP
+    # where none is reported (exporter/alerting/rules.py records it).
     "gpu_power": AlertQuery(
         m.GPU_POWER_WATTS.name,
         f"{_GPU} draws <VALUE>, <RELATION> <THRESHOLD> for <FOR>.",
-        cap=m.GPU_POWER_LIMIT_WATTS.name),
+        cap=recorded.GPU_POWER_LIMIT),
+    # Held back by the power cap: the share of the last 5 min NVML's clock-event reason
+    # sw_power_cap held the clocks down. Its own row, so GpuPowerHigh fires on power alone
+    # and this one only where clock events exist (GPUs without them have no series).
+    "gpu_power_capped": AlertQuery(
+        f'avg_over_time({m.GPU_CLOCK_EVENT_ACTIVE.name}{{reason="sw_power_cap"}}[5m])',
+        f"{_GPU} is busy but had its clocks held down by the software power cap <VALUE> "
+        "of the last 5m (<RELATION> <THRESHOLD>, for <FOR>): the job runs slower than "
+        "the GPU could."),
     "gpu_nvlink_utilization": AlertQuery(
         recorded.GPU_NVLINK_UTILIZATION,
         f"{_GPU} runs a multi-GPU job but uses <VALUE> of its NVLink bandwidth, "
@@ -114,12 +136,11 @@ QUERIES: dict[str, AlertQuery] = {
         f"  ({_XIDS}\n"
         f"    unless {_XIDS} offset 10m)\n"
         "  and on (cluster, node, gpu)\n"
-        f"    time() - {m.GPU_LAST_XID_TIMESTAMP_SECONDS.name} < 600\n)",
+        f"    time() - {m.GPU_LAST_XID_TIMESTAMP_SECONDS.name} < {{event_window_seconds}}\n)",
         f"{_GPU} reported XID {{{{ $labels.xid }}}} (<VALUE> in the last 10m, "
         "for <FOR>), an error that needs a human: see the runbook for what it means."),
     "gpu_ecc_double_bit": AlertQuery(
-        f'increase({m.GPU_ECC_ERRORS_TOTAL.name}{{type="double_bit",counter="volatile"}}'
-        "[10m])",
+        _growth(f'{m.GPU_ECC_ERRORS_TOTAL.name}{{type="double_bit",counter="volatile"}}'),
         f"{_GPU} had <VALUE> uncorrectable (double-bit) ECC error(s) in the last 10m: "
         "the data of the job on it may be corrupt."),
     "gpu_remapped_rows_failure": AlertQuery(
@@ -150,11 +171,11 @@ QUERIES: dict[str, AlertQuery] = {
     # (DCGM_LIMIT_MAX_NVLINK_CRC_ERROR, "RM has informed us that CRC errors only matter
     # at rates of 100+ per second"), so they have a row and a threshold of their own.
     "gpu_nvlink_link_errors": AlertQuery(
-        f'increase({m.GPU_NVLINK_ERRORS_TOTAL.name}{{type=~"replay|recovery"}}[10m])',
+        _growth(f'{m.GPU_NVLINK_ERRORS_TOTAL.name}{{type=~"replay|recovery"}}'),
         f"{_GPU} counted <VALUE> NVLink {{{{ $labels.type }}}} error(s) in the last "
         "10m (<RELATION> <THRESHOLD>, for <FOR>): a link retransmits or retrains."),
     "gpu_nvlink_crc_errors": AlertQuery(
-        f'increase({m.GPU_NVLINK_ERRORS_TOTAL.name}{{type=~"crc_flit|crc_data"}}[10m])',
+        _growth(f'{m.GPU_NVLINK_ERRORS_TOTAL.name}{{type=~"crc_flit|crc_data"}}'),
         f"{_GPU} counted <VALUE> NVLink {{{{ $labels.type }}}} CRC errors in the last "
         "10m, <RELATION> <THRESHOLD>, for <FOR>: a link is degrading."),
     # SM activity is GPM's (Hopper and later) or DCGM's profiling field; GPUs without it

@@ -14,6 +14,8 @@ from __future__ import annotations
 # per GPU
 GPU_NVLINK_UTILIZATION = "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m"
 GPU_MEMORY_USED = "gpu:gpufleet_gpu_memory_used:ratio"
+# the enforced power limit, or the catalogue TDP where a GPU reports none
+GPU_POWER_LIMIT = "gpu:gpufleet_gpu_power_limit:watts"
 # per job, and per GPU a job holds
 JOB_GPU_UTILIZATION = "job_gpu:gpufleet_gpu_utilization:ratio"
 JOB_UTILIZATION = "job:gpufleet_gpu_utilization:avg"

@@ -19,10 +19,14 @@ Rules that get the semantics right rather than the syntax:
 - the ``page`` label says what pages (the table's ``page`` column): routing
   follows it, not the severity.
 - power at the cap compares with ``>=``: the cap stops the draw from ever
-  exceeding it; its levels are fractions of each GPU's own enforced limit
-  (the power limit family), except for models the table gives watts
-  (the reference cluster's H200 row), and a GPU that reports no limit falls back
-  to the same fraction of its model's catalogue TDP.
+  exceeding it. One rule per severity fires on power alone (no clock events needed,
+  so dcgm-exporter's default counters work): models the table gives watts (the
+  reference cluster's H200 row) against those, every other GPU against a fraction
+  of its recorded limit, the enforced one or, where a GPU reports none, its model's
+  catalogue TDP (:func:`power_limit_recording`). Being held back by the cap is its
+  own row (GpuPowerCapped), where clock events exist;
+- a driver lifetime counter (ECC, NVLink) alerts on its growth, never on its first
+  appearance, the same on Prometheus and VictoriaMetrics (queries.py's ``_growth``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ import yaml
 from exporter import metrics
 from exporter.alerting import pool_load_rules, recorded
 from exporter.alerting.queries import QUERIES
-from exporter.durations import format_duration
+from exporter.durations import format_duration, parse_duration
+from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.thresholds import AlertRow, Level, Thresholds
 
 FORMATS = ("prometheus", "prometheusrule")
@@ -170,16 +175,12 @@ def _scoped(thresholds: Thresholds, row: AlertRow, comparison: str) -> str:
     """The comparison restricted to the GPUs the row's scope covers."""
     busy = _number(thresholds.busy_utilization)
     busy_gpus = f"and {GPU_MATCH}\n  {_UTILIZATION} > {busy}"
+    if row.scope != "all" and "\nor\n" in comparison:  # `and` binds tighter than `or`
+        comparison = f"(\n{comparison}\n)"
     if row.scope == "allocated":
         return f"{comparison}\nand {GPU_MATCH}\n  {_ALLOCATED} > 0"
     if row.scope == "busy":
         return f"{comparison}\n{busy_gpus}"
-    if row.scope == "power_capped_busy":
-        # a GPU at its cap is normal; one whose clocks the cap held down half of the last
-        # 5 min is slowed by it (GPUs without clock-event reasons never match)
-        return (f"{comparison}\n{busy_gpus}\nand {GPU_MATCH}\n"
-                f'  avg_over_time({metrics.GPU_CLOCK_EVENT_ACTIVE.name}{{reason="sw_power_cap"}}[5m])'
-                " >= 0.5")
     if row.scope == "busy_multi_gpu":
         # job_gpus is the job's GPU count as a label; counting by GPU drops the job's
         # name and pod, so a replaced pod leaves the alert's clock running.
@@ -193,7 +194,29 @@ def _value_expr(thresholds: Thresholds, row: AlertRow) -> str:
     xids = "|".join(str(code) for code, _ in thresholds.critical_xids)
     return (QUERIES[row.metric.key].expr
             .replace("{exporter_jobs}", _regex_alternatives(thresholds.exporter_jobs))
-            .replace("{critical_xids}", xids))
+            .replace("{critical_xids}", xids)
+            .replace("{event_window_seconds}", _number(EVENT_WINDOW_SECONDS)))
+
+
+EVENT_WINDOW_SECONDS = 600.0  # XIDs: how recent a new series' last XID must be (the [10m])
+_TIME_LITERAL = re.compile(r"(\[|offset )((?:\d+(?:ms|[smhdwy]))+)")
+
+
+def scale_times(text: str, time_scale: float) -> str:
+    """Every range window (``[5m]``) and ``offset`` of a rule's PromQL (its expr, or a
+    description's query template), scaled by ``time_scale``; the XID window's seconds too.
+
+    With ``for`` scaled the same (``--time-scale``), a run in simulated time sees the
+    windows a real one would: a ``[5m]`` at speed 20 spans 5 simulated minutes, not 100.
+    """
+    if time_scale == 1:
+        return text
+
+    def scaled(match: re.Match[str]) -> str:
+        return match.group(1) + format_duration(parse_duration(match.group(2)) * time_scale)
+    out = _TIME_LITERAL.sub(scaled, text)
+    return out.replace(f"< {_number(EVENT_WINDOW_SECONDS)}\n",
+                       f"< {_number(EVENT_WINDOW_SECONDS * time_scale)}\n")
 
 
 def _absent_exprs(thresholds: Thresholds, row: AlertRow) -> list[str]:
@@ -208,14 +231,8 @@ def _absent_exprs(thresholds: Thresholds, row: AlertRow) -> list[str]:
 
 
 def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
-                threshold_text: str, for_scale: float,
-                model: str | None = None) -> dict[str, Any]:
-    """One alerting rule. Every alert of every severity is built here, and only here.
-
-    A per-model rule also sets ``model`` as a static label (the value its
-    selector already matches), so that no two rules share a name and label set
-    (promtool's duplicate-rules lint).
-    """
+                threshold_text: str, for_scale: float) -> dict[str, Any]:
+    """One alerting rule. Every alert of every severity is built here, and only here."""
     for_text = format_duration(level.for_seconds * for_scale)
     description = (QUERIES[row.metric.key].describe
                    .replace("<VALUE>", _HUMANISED[row.metric.unit])
@@ -228,11 +245,11 @@ def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
         "for": for_text,
         "labels": {"severity": level.severity,
                    "page": "true" if row.page and level.severity == "critical" else "false",
-                   **({"model": model} if model else {}), **dict(row.labels)},
+                   **dict(row.labels)},
         "annotations": {
             "summary": row.summary,
             "description": f"{description} {row.action}",
-            "runbook_url": f"{thresholds.runbook_base_url}#{row.runbook}",
+            "runbook_url": f"{thresholds.runbook_page}#{row.runbook}",
         },
     }
 
@@ -251,35 +268,77 @@ def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float) -> list[
             rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, comparison),
                                      _threshold_text(level.threshold, unit), for_scale))
             continue
-        # 1. models the table gives watts of their own (the reference cluster's H200 row)
-        for model in (m for m in row.models if m.from_table):
-            watts = model.threshold(level.severity)
-            assert watts is not None  # the loader gives every model every severity
-            comparison = f'{value}{{model="{model.model}"}} {row.op} {_number(watts)}'
-            rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, comparison),
-                                     _threshold_text(watts, unit), for_scale, model.model))
-        # 2. every other GPU against its own enforced limit, which is measured, not guessed:
-        # a PCIe or NVL part capped below its model's TDP reaches its level, and a B200
-        # whose site caps it below 1000 W warns near that cap, not at 930 W
-        table = _regex_alternatives(tuple(m.model for m in row.models if m.from_table))
-        selector = f'{value}{{model!~"{table}"}}' if table else value
-        fraction = level.threshold
-        cap = query.cap if fraction == 1 else f"{_number(fraction)} * {query.cap}"
-        rules.append(_alert_rule(
-            thresholds, row, level, _scoped(thresholds, row, f"{selector} {row.op} {cap}"),
-            f"{fraction * 100:.10g}% of its power limit", for_scale,
-        ))
-        # 3. a GPU that reports no limit: the same fraction of its model's catalogue TDP
-        for model in (m for m in row.models if not m.from_table):
-            watts = model.threshold(level.severity)
-            assert watts is not None
-            comparison = (f'{value}{{model="{model.model}"}} {row.op} {_number(watts)}\n'
-                          f"unless {GPU_MATCH}\n  {query.cap}")
-            rules.append(_alert_rule(
-                thresholds, row, level, _scoped(thresholds, row, comparison),
-                f"{_threshold_text(watts, unit)} ({fraction * 100:.10g}% of its catalogue TDP: "
-                "no power limit reported)", for_scale, model.model))
+        rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, _power_comparison(
+            row, level, value, query.cap)), _power_threshold_text(row, level), for_scale))
     return rules
+
+
+def _power_comparison(row: AlertRow, level: Level, value: str, limit: str) -> str:
+    """One severity of a per-model row as one expression: models the table gives watts
+    against those, every other GPU against the level's fraction of its recorded limit."""
+    table = tuple(m for m in row.models if m.from_table)
+    parts = []
+    for model in table:
+        watts = model.threshold(level.severity)
+        assert watts is not None  # the loader gives every model every severity
+        parts.append(f'{value}{{model="{model.model}"}} {row.op} {_number(watts)}')
+    names = _regex_alternatives(tuple(m.model for m in table))
+    selector = f'{value}{{model!~"{names}"}}' if names else value
+    if level.threshold == 1:
+        parts.append(f"{selector} {row.op} {limit}")
+    else:
+        # as a ratio, not `>= 0.93 * limit`: 0.93 * 700 is 651.0000000000001 in floating
+        # point, which 651 W never reaches; 651 / 700 rounds to exactly 0.93
+        parts.append(f"{selector}\nand\n  {selector} / {limit} {row.op} "
+                     f"{_number(level.threshold)}")
+    return "\nor\n".join(parts)
+
+
+def _power_threshold_text(row: AlertRow, level: Level) -> str:
+    """The level a GPU is compared with, said for its model (a Go template branch per model
+    the table gives watts), since one rule now covers every model."""
+    fraction = (f"{level.threshold * 100:.10g}% of its power limit (its catalogue TDP where "
+                "it reports none)")
+    table = [m for m in row.models if m.from_table]
+    if not table:
+        return fraction
+    branches = "".join(
+        f'{{{{ {"if" if i == 0 else "else if"} eq $labels.model "{m.model}" }}}}'
+        f"{_threshold_text(m.threshold(level.severity) or 0.0, row.metric.unit)}"
+        for i, m in enumerate(table))
+    return f"{branches}{{{{ else }}}}{fraction}{{{{ end }}}}"
+
+
+def power_limit_recording(catalogue: Catalogue | None = None) -> Recording:
+    """Each GPU's power limit: the enforced one it reports, else its model's catalogue TDP.
+
+    The exporter does not yet export the TDP fallback as a series of its own, so until the
+    catalogue has :data:`FALLBACK_FAMILY` the fallback is spelled here, one branch per TDP
+    (models sharing a TDP share a branch; equality matchers, so each branch reads only its
+    models' GPUs). Once the family exists this becomes ``limit or fallback``, a plain union.
+    """
+    # a limit of 0 (a driver that cannot say) is no limit: power / 0 would fire on every GPU
+    limit = f"{metrics.GPU_POWER_LIMIT_WATTS.name} > 0"
+    fallback = getattr(metrics, FALLBACK_FAMILY, None)
+    if fallback is not None:
+        return Recording(recorded.GPU_POWER_LIMIT,
+                         f"{limit}\nor on (cluster, node, gpu)\n  {fallback.name}")
+    by_tdp: dict[float, list[str]] = {}
+    for spec in (catalogue or default_catalogue()).models:
+        if spec.tdp_watts:
+            by_tdp.setdefault(spec.tdp_watts, []).append(spec.name)
+    power = metrics.GPU_POWER_WATTS.name
+    branches = [f'  0 * {power}{{model=~"{_regex_alternatives(tuple(names))}"}} + {_number(tdp)}'
+                for tdp, names in sorted(by_tdp.items())]
+    return Recording(recorded.GPU_POWER_LIMIT,
+                     f"{limit}\nor on (cluster, node, gpu)\n(\n"
+                     + "\n  or\n".join(branches) + "\n)")
+
+
+# The catalogue constant (exporter/metrics.py) of the per-GPU TDP fallback series, once the
+# exporter exports it: gpufleet_gpu_power_limit_fallback_watts, the catalogue TDP of each GPU
+# that reports no enforced limit (issue 29, Build 2).
+FALLBACK_FAMILY = "GPU_POWER_LIMIT_FALLBACK_WATTS"
 
 
 def alert_groups(thresholds: Thresholds, for_scale: float = 1.0) -> list[dict[str, Any]]:
@@ -291,11 +350,17 @@ def alert_groups(thresholds: Thresholds, for_scale: float = 1.0) -> list[dict[st
     return [{"name": name, "rules": rules} for name, rules in groups.items()]
 
 
+def _computed_recordings(group: str) -> tuple[Recording, ...]:
+    """Recordings built from the GPU catalogue rather than written out above."""
+    return (power_limit_recording(),) if group == "gpufleet-gpu-recording" else ()
+
+
 def recording_groups(thresholds: Thresholds | None = None) -> list[dict[str, Any]]:
     """The fixed groups, plus what the table's load_statistics and pressure sections
     generate (exporter/alerting/pool_load_rules.py) when ``thresholds`` is given."""
     static = [
-        {"name": name, "rules": [{"record": r.record, "expr": r.expr} for r in recordings]}
+        {"name": name, "rules": [{"record": r.record, "expr": r.expr} for r in
+                                 (*recordings, *_computed_recordings(name))]}
         for name, recordings in RECORDING_GROUPS
     ]
     if thresholds is None:
@@ -323,28 +388,51 @@ def _dump(data: Any) -> str:
                      default_flow_style=False)
 
 
-def _header(thresholds: Thresholds, for_scale: float) -> str:
+def _header(thresholds: Thresholds, for_scale: float, time_scale: float) -> str:
     lines = [f"# Generated by `gpufleet rules` from {thresholds.source}: edit that table and "
              "run `gpufleet rules`, never this file."]
     if for_scale != 1:
         lines.append(f"# Every `for` is scaled by {for_scale:g} (--for-scale): for tests only.")
+    if time_scale != 1:
+        lines.append(f"# Every `for`, range window and offset is scaled by {time_scale:g} "
+                     "(--time-scale): for simulated time only.")
     return "\n".join(lines) + "\n"
 
 
+def _scaled_windows(groups: list[dict[str, Any]], time_scale: float) -> list[dict[str, Any]]:
+    """The groups with every expr's and annotation's windows scaled (:func:`scale_times`)."""
+    if time_scale == 1:
+        return groups
+    return [{**group, "rules": [
+        {key: (scale_times(value, time_scale) if key == "expr" else
+               {k: scale_times(v, time_scale) for k, v in value.items()}
+               if key == "annotations" else value)
+         for key, value in rule.items()}
+        for rule in group["rules"]]} for group in groups]
+
+
+def _positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
 def generate(thresholds: Thresholds, fmt: str = "prometheus", for_scale: float = 1.0,
-             labels: Mapping[str, str] | None = None) -> list[GeneratedFile]:
+             labels: Mapping[str, str] | None = None,
+             time_scale: float = 1.0) -> list[GeneratedFile]:
     """The generated files for one format, as text; nothing is written here.
 
     ``labels`` go on the PrometheusRule object, after gpufleet's own (kube-prometheus-stack
-    selects rules by ``release: <its release name>``).
+    selects rules by ``release: <its release name>``). ``time_scale`` scales every ``for``,
+    range window and offset together, so that rules run in simulated time (a replay at
+    speed 20: 0.05) see what they would in real time; ``for_scale`` scales ``for`` alone.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
-    if not (math.isfinite(for_scale) and for_scale > 0):
-        raise ValueError(f"for_scale must be a positive number, got {for_scale!r}")
-    header = _header(thresholds, for_scale)
-    alerts = alert_groups(thresholds, for_scale)
-    recordings = recording_groups(thresholds)
+    _positive("for_scale", for_scale)
+    _positive("time_scale", time_scale)
+    header = _header(thresholds, for_scale, time_scale)
+    alerts = _scaled_windows(alert_groups(thresholds, for_scale * time_scale), time_scale)
+    recordings = _scaled_windows(recording_groups(thresholds), time_scale)
     if fmt == "prometheus":
         return [
             GeneratedFile(ALERTS_FILE, header + _dump({"groups": alerts})),
@@ -373,4 +461,5 @@ __all__ = [
     "alert_groups",
     "generate",
     "recording_groups",
+    "scale_times",
 ]

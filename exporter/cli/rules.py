@@ -72,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--for-scale", type=_scale, default=1.0, metavar="FACTOR",
                         help="multiply every `for` by FACTOR (e.g. 0.01), for end-to-end tests; "
                              "the header of each file says so")
+    parser.add_argument("--time-scale", type=_scale, default=1.0, metavar="FACTOR",
+                        help="multiply every `for`, range window ([5m]) and offset by FACTOR, "
+                             "for rules run in simulated time (a replay at speed 20: 0.05); "
+                             "scale Alertmanager's group_wait, group_interval and "
+                             "repeat_interval by the same FACTOR")
     parser.add_argument("--label", type=_label, action="append", default=[], metavar="KEY=VALUE",
                         help="a label on the PrometheusRule object, repeatable; e.g. "
                              "release=kube-prometheus-stack, which that chart's default "
@@ -90,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.label and args.format != "prometheusrule":
         raise UsageError("--label: only with --format prometheusrule (it labels the "
                          "PrometheusRule object; plain rule files have no object labels)")
-    files = generate(thresholds, args.format, args.for_scale, dict(args.label))
+    files = generate(thresholds, args.format, args.for_scale, dict(args.label),
+                     time_scale=args.time_scale)
     return check_or_write({f.name: f.text for f in files}, out, check=args.check,
                           what="rule files", command="gpufleet rules")

@@ -69,6 +69,7 @@ METRICS: dict[str, MetricDef] = {
         MetricDef("gpu_memory_used", "ratio", "gpu", (">", ">=")),
         MetricDef("gpu_temperature", "celsius", "gpu", (">", ">=")),
         MetricDef("gpu_power", "watts", "gpu", (">", ">="), relative_to_tdp=True),
+        MetricDef("gpu_power_capped", "ratio", "gpu", (">", ">=")),
         MetricDef("gpu_nvlink_utilization", "ratio", "gpu", ("<",)),
         MetricDef("pool_fragmentation_index", "index", "pool", (">", ">=")),
         MetricDef("cluster_fragmentation_index", "index", "cluster", (">", ">=")),
@@ -97,8 +98,6 @@ SCOPES: dict[str, str] = {
     "all": "every series of the metric",
     "allocated": "only GPUs held by a job (an idle, unallocated GPU is capacity, not waste)",
     "busy": "only busy GPUs (utilization above busy_utilization)",
-    "power_capped_busy": "only busy GPUs whose clocks the software power cap held down for at "
-                         "least half of the last 5 minutes (a GPU merely at its cap is normal)",
     "busy_multi_gpu": "only busy GPUs of jobs that hold more than one GPU",
 }
 
@@ -185,6 +184,22 @@ class Thresholds:
     load_statistics: LoadStatistics | None = None
     pressure: Pressure | None = None
     scaling: ScalingTable | None = None  # issue 20, exporter/thresholds/scaling.py
+    # gpufleet's own address as the pager's reader reaches it (http://gpufleet.example:9874);
+    # `gpufleet serve` serves the runbooks at <external_url>/runbooks
+    external_url: str | None = None
+
+    @property
+    def runbook_page(self) -> str:
+        """The runbooks page each alert's ``runbook_url`` points into (anchors appended).
+
+        A notification is read in a pager or a chat, far from any checkout, so the link
+        must be absolute once the site says where: ``runbook_base_url`` if it is an
+        absolute URL (a wiki), else ``external_url``'s ``/runbooks`` (served by gpufleet
+        itself), else the relative default, which resolves only beside these docs.
+        """
+        if _ABSOLUTE_URL.match(self.runbook_base_url) or self.external_url is None:
+            return self.runbook_base_url
+        return f"{self.external_url.rstrip('/')}/runbooks"
 
     def alert(self, name: str) -> AlertRow:
         for row in self.alerts:
@@ -220,10 +235,12 @@ class Thresholds:
 
 
 _TOP_KEYS = ("exporter_jobs", "busy_utilization", "critical_xids", "alerts")
-_OPTIONAL_TOP_KEYS = ("runbook_base_url", "load_statistics", "pressure", "scaling")
+_OPTIONAL_TOP_KEYS = ("runbook_base_url", "external_url", "load_statistics", "pressure",
+                      "scaling")
 # Relative: it resolves where the alert is read beside this repository's docs (a checkout, the
 # GitHub or GitLab page of a site's fork); a site sets its own wiki's page
 DEFAULT_RUNBOOK_BASE_URL = "docs/runbooks.md"
+_ABSOLUTE_URL = re.compile(r"^https?://[^/\s]+")
 _URL_TEXT = re.compile(r"[^\s#\"'<>{}|\\^`]+")  # one URL or path, without an #anchor or space
 _ROW_KEYS = ("alert", "metric", "op", "scope", "warning", "critical", "models", "labels",
              "summary", "action", "runbook", "owner", "page")
@@ -248,6 +265,13 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
     if not _URL_TEXT.fullmatch(runbook_base_url) or len(runbook_base_url) > 512:
         raise r.fail("runbook_base_url", f"must be one URL or path of at most 512 characters, "
                                          f"without spaces or quotes, got {runbook_base_url!r}")
+    external_url = None
+    if "external_url" in top:
+        external_url = r.text(top["external_url"], "external_url")
+        if not _ABSOLUTE_URL.match(external_url) or not _URL_TEXT.fullmatch(external_url) \
+                or len(external_url) > 512:
+            raise r.fail("external_url", "must be gpufleet's absolute http(s) URL as operators "
+                                         f"reach it, without an #anchor, got {external_url!r}")
     exporter_jobs = _jobs(r, top["exporter_jobs"])
     busy = r.number(top["busy_utilization"], "busy_utilization", "ratio", True, _RANGES["ratio"])
     xids = _xids(r, top["critical_xids"])
@@ -266,7 +290,7 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
     statistics, pressure = parse_sections(r, top, tuple((row.alert, row.metric.key) for row in rows))
     scaling = parse_scaling(r, top["scaling"]) if "scaling" in top else None
     return Thresholds(Path(source).name, runbook_base_url, exporter_jobs, busy, xids, tuple(rows),
-                      statistics, pressure, scaling)
+                      statistics, pressure, scaling, external_url)
 
 
 def _xids(r: Reader, value: Any) -> tuple[tuple[int, str], ...]:

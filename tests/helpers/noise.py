@@ -6,9 +6,9 @@ twin in the suite (tests/test_alert_noise.py). One run:
 - the exporter serves the simulated fleet at ``speed`` (60: a simulated hour per wall
   minute) with the given scenarios, collecting every ``interval`` seconds;
 - a real Prometheus scrapes it and evaluates the rules ``gpufleet rules`` generates
-  from the committed table, every ``interval`` seconds, with every ``for`` scaled by
-  1/speed (``--for-scale``) and every range window (``[5m]``) scaled the same way
-  here, so that both hold in simulated time;
+  from the committed table, every ``interval`` seconds, generated with
+  ``--time-scale 1/speed``: every ``for``, range window (``[5m]``) and offset scaled
+  together, so that the stock rules hold in simulated time;
 - a real Alertmanager runs the committed routing tree (deploy/alertmanager.yml) with
   every wait and interval scaled by 1/speed, and posts to an aiohttp receiver.
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import time
 import urllib.request
 from collections import Counter
@@ -107,15 +106,6 @@ class NoiseRun:
         return sum(self.notifications[r] for r in HUMAN)
 
 
-def _scale_windows(text: str, scale: float) -> str:
-    """Range windows ``[5m]`` of the generated rules, scaled into simulated time."""
-    from exporter.durations import parse_duration
-
-    def scaled(match: re.Match[str]) -> str:
-        return f"[{max(1, round(parse_duration(match.group(1)) * scale * 1000))}ms]"
-    return re.sub(r"\[(\d+[smhd])\]", scaled, text)
-
-
 def _rules(workdir: Path, speed: float) -> tuple[list[str], dict[str, float]]:
     """The committed table, cut to the node job, as rule files in simulated time; and each
     paging alert's ``for`` in simulated seconds."""
@@ -126,12 +116,9 @@ def _rules(workdir: Path, speed: float) -> tuple[list[str], dict[str, float]]:
     out = workdir / "rules"
     with contextlib.redirect_stdout(io.StringIO()):
         assert gpufleet(["rules", "--thresholds", str(path), "--out", str(out),
-                         "--for-scale", f"{1 / speed:.10g}"]) == 0
-    files = []
-    for name in ("gpufleet-recording.yaml", "gpufleet-alerts.yaml"):
-        rule_file = out / name
-        rule_file.write_text(_scale_windows(rule_file.read_text(), 1 / speed))
-        files.append(str(rule_file))
+                         "--time-scale", f"{1 / speed:.10g}"]) == 0
+    # --time-scale: every `for`, range window and offset in simulated time together
+    files = [str(out / name) for name in ("gpufleet-recording.yaml", "gpufleet-alerts.yaml")]
     from exporter.thresholds import load_thresholds
 
     waits = {}

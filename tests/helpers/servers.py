@@ -164,12 +164,14 @@ def start_node_exporter(workdir: Path) -> Server:
     return Server(proc, port, workdir, workdir / "node-exporter.log")
 
 
-def start_server(name: str, workdir: Path, port: int, cmd: list[str]) -> subprocess.Popen:
-    """Start a server whose log goes to ``workdir/<name>.log``; wait for its ``/-/ready``."""
+def start_server(name: str, workdir: Path, port: int, cmd: list[str],
+                 ready_path: str = "/-/ready") -> subprocess.Popen:
+    """Start a server whose log goes to ``workdir/<name>.log``; wait for its ``ready_path``
+    (VictoriaMetrics' servers answer ``/health``)."""
     log = workdir / f"{name}.log"
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=workdir)
     try:
-        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
+        wait_http(f"http://127.0.0.1:{port}{ready_path}", timeout=60, proc=proc)
     except Exception:
         stop(proc)
         raise RuntimeError(f"{name} did not start: {log.read_text()[-2000:]}") from None
