@@ -74,6 +74,7 @@ def test_the_hint_follows_a_fleet_that_changed_size():
     assert tracker.advice()[0].recommended_nodes == 4
     tracker.observe(snapshot(2, busy=16, pending=8))  # nobody acted: the hint stays
     assert tracker.advice()[0].recommended_nodes == 4
+    assert tracker.advice()[0].reason == "up"  # and so does its reason, beside scale_up
     tracker.observe(snapshot(3, busy=16, pending=0, nodes=3))  # someone added a node
     advice = tracker.advice()[0]
     assert (advice.nodes, advice.recommended_nodes) == (3, 3)
@@ -135,12 +136,14 @@ def test_predictive_mode_pre_warms_before_the_daily_peak():
     for tracker in (reactive, predictive):
         daily(tracker, days=3, until_hour=10)  # the third day up to 09:30
     [r], [p] = reactive.advice(), predictive.advice()
-    assert (r.recommended_nodes, r.reason, r.forecast_peak) == (1, "hold", None)
+    # 4 GPUs on 2 nodes is below the band: down to 1 node, which the fleet never did
+    assert (r.recommended_nodes, r.reason, r.forecast_peak) == (1, "down", None)
     # from 09:00 the last complete hour (08:00) read 4 GPUs, and the forecast covers 09:00 and
     # 10:00 (startup 1 h): the same hours moved +12 GPUs from 08:00 to 10:00 on both past days
     # (no trend: the daily means are equal), so the rule reads 4 + 12 = 16 GPUs and at 09:00
-    # asks for ceil(16 / (8 * 0.8)) = 3 nodes, ready by 10:00; at 09:30 it holds them
-    assert (p.forecast_peak, p.recommended_nodes, p.reason) == (16.0, 3, "hold")
+    # asks for ceil(16 / (8 * 0.8)) = 3 nodes, ready by 10:00; at 09:30 it holds them, and as
+    # the fleet still has 2 nodes the reason stays the scale-up's (issue 30)
+    assert (p.forecast_peak, p.recommended_nodes, p.reason) == (16.0, 3, "up")
     assert predictive.advice_json()[0]["forecast_peak_gpus"] == 16.0
 
 

@@ -31,6 +31,7 @@ pool has) is inside it: inside the band the hint is always hold at the current s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -206,7 +207,12 @@ class LoadTracker:
                 # inside the band at the size the pool has (issue 30): an earlier hint that
                 # nobody followed is moot, so the hint is that size again, not the old one
                 state.scaler.nodes = sample.nodes
-            state.hint = state.scaler.step(now, signal, sample.utilization, sample.memory_used)
+            hint = state.scaler.step(now, signal, sample.utilization, sample.memory_used)
+            if hint.reason == "hold" and hint.nodes != sample.nodes:
+                # a recommendation nobody followed yet: its reason is the action's, so the
+                # reason and the action agree (no "hold" beside a scale-up)
+                hint = dataclasses.replace(hint, reason=state.scaler.acted)
+            state.hint = hint
 
     def advice(self) -> list[PoolAdvice]:
         out = []

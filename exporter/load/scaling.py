@@ -47,6 +47,7 @@ class Scaler:
     _last_up: float = -math.inf
     _last_action: float = -math.inf
     reason: str = field(default="hold")
+    acted: str = "hold"  # the reason of the last change (what a recommendation nobody followed says)
 
     def idle(self, utilization: float | None, memory_used: float | None) -> bool:
         """The pool's GPUs do little: what they hold is no reason to add more (unknown: not idle)."""
@@ -89,7 +90,9 @@ class Scaler:
                 self._last_action = now
                 self._below = 0
         changed = self.nodes != before
-        if not changed:
+        if changed:
+            self.acted = self.reason
+        else:
             # holding at the current size: say so, or name the bound that keeps the rule
             # from acting (the size stays what it is, whichever side of the bound)
             if ratio > s.up and not idle and s.max_nodes is not None and self.nodes >= s.max_nodes:
