@@ -489,7 +489,7 @@ class DcgmExporterSource:
         self._integrator.forget_except(g.uuid for g in gpus if not g.stale)
         return SourceReading(tuple(nodes), tuple(gpus), tuple(allocations),
                              parse_errors=self._parse_errors, targets=tuple(statuses),
-                             error="" if any_up else "no target answered")
+                             error="" if any_up else _none_up(statuses))
 
     @staticmethod
     def _log_duplicates(target: Target, state: _TargetState, dropped: int) -> None:
@@ -556,6 +556,17 @@ def _host_port(target: Target) -> tuple[str, int, str]:
     parts = urlsplit(target.url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return parts.hostname or "", port, f"{parts.path}?{parts.query}"
+
+
+def _none_up(statuses: list[TargetStatus]) -> str:
+    """The source's reason when no target served a GPU: the first target's own (issue 30).
+
+    "no target answered" hid a target that answered 200 with no GPU in its body (a
+    dcgm-exporter whose DCGM lost the GPUs, a port that serves some other exporter).
+    """
+    first = statuses[0]
+    more = f" (and {len(statuses) - 1} more targets down)" if len(statuses) > 1 else ""
+    return f"no target served a GPU: {first.target}: {first.error}{more}"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -72,6 +72,7 @@ from exporter.snapshot import (
     Placement,
 )
 from exporter.sources import Clock, SourceReading, SourceStartupError, job_hints
+from exporter.sources.emptied import EmptiedFleet
 from exporter.sources.kubernetes.options import KubernetesSource as KubernetesConfig
 from exporter.sources.mig import MIG_COMPUTE_SLICES as MIG_SLICES
 from exporter.sources.mig import mig_slices as _slices
@@ -776,6 +777,9 @@ class KubernetesAllocationSource:
     _skipped: int = 0  # objects the informers dropped as too deep to decode, so far
     _start_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _parts: dict[str, Any] = field(default_factory=dict)  # to_snapshot's per-node memo
+    # issue 30: no GPU node after a list that had some is a down source, not an empty fleet
+    _emptied: EmptiedFleet = field(default_factory=lambda: EmptiedFleet(
+        "kubernetes", "the apiserver lists no node with a GPU"))
 
     async def _endpoint(self) -> Any:
         """The apiserver's URL, TLS and token, loaded by kubernetes_asyncio's own loaders
@@ -895,7 +899,7 @@ class KubernetesAllocationSource:
             self._unplaced = unplaced
             self._reading = SourceReading.of(snapshot, parse_errors=self._parse_errors)
             self._revisions = revisions
-        return self._reading
+        return self._emptied.check(self._reading)
 
     def _check_gpus(self, nodes: Sequence[KubeNode]) -> None:
         """Refuse a cluster over ``max_gpus`` before building anything of it.
