@@ -45,3 +45,4 @@ async def test_beside_a_good_target_only_the_empty_one_is_down(aiohttp_server):
     assert (status.up, status.error) == (True, "")
     assert [(t.target, t.up) for t in targets] == [(empty, False), (good, True)]
     assert snapshot.gpus
+

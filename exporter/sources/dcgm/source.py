@@ -254,7 +254,9 @@ class DcgmExporterSource:
         self._session = session
         self._own_session = session is None
         self._resolve_model = resolve_model or catalogue_resolver()
-        self._static = [target_from(t, config.pool) for t in config.targets]
+        self._static = [target_from(t, config.pool) for t in config.targets] + [
+            target_from(t, group.pool or config.pool)
+            for group in config.target_groups for t in group.targets]
         self._file_targets: list[Target] = []
         self._file_key: tuple[int, int] | None = None
         self._states: dict[str, _TargetState] = {}
@@ -579,10 +581,10 @@ def build(config: DcgmConfig, clock: Clock) -> DcgmExporterSource:
         source = DcgmExporterSource(config, clock)
     except ValueError as exc:
         raise SourceStartupError(f"sources.dcgm.targets: {exc}") from None
-    if not config.targets and not config.targets_file:
+    if not source._static and not config.targets_file:
         raise SourceStartupError(
             "sources.dcgm: no targets; set sources.dcgm.targets (host:port of each "
-            "dcgm-exporter) or sources.dcgm.targets_file in the config")
+            "dcgm-exporter), sources.dcgm.target_groups or sources.dcgm.targets_file in the config")
     if config.targets_file and not os.path.exists(config.targets_file):
         log.warning("targets file does not exist yet; it is read once it appears",
                     extra={"path": config.targets_file})
