@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
+from exporter.extras import missing
 from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.snapshot import (
     Allocation,
@@ -954,9 +955,8 @@ def build(config: KubernetesConfig, clock: Clock,
     try:
         import aiohttp  # noqa: F401
         import kubernetes_asyncio  # noqa: F401
-    except ImportError as exc:
-        raise SourceStartupError(f"sources.kubernetes: {exc.name} is not installed "
-                                 "(pip install kubernetes_asyncio)") from None
+    except ImportError:
+        raise SourceStartupError(missing("kubernetes_asyncio", "sources.kubernetes")) from None
     chosen = kubeconfig.choose(config, environ)  # kubectl's order: option, KUBECONFIG, ~/.kube
     if chosen.in_cluster:
         if not environ.get("KUBERNETES_SERVICE_HOST") or not environ.get("KUBERNETES_SERVICE_PORT"):
