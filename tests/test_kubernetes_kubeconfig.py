@@ -5,10 +5,9 @@ else in-cluster."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,10 +16,8 @@ from exporter.sources import SourceStartupError
 from exporter.sources.kubernetes.kubeconfig import choose
 from exporter.sources.kubernetes.options import KubernetesSource as KubernetesConfig
 from exporter.sources.kubernetes.source import build
-from tests.helpers import REPO, free_port, http_get, start_exporter, stop, wait_http, wait_until
-from tests.helpers.exported import Exported
 from tests.helpers.fake_apiserver import write_kubeconfig
-from tests.test_kubernetes_source import RECORDED, TOKEN, apiserver  # noqa: F401
+from tests.test_kubernetes_source import TOKEN, apiserver, serve_on_the_recorded_cluster  # noqa: F401
 
 DEAD = "http://127.0.0.1:9"  # the discard port: nothing answers
 
@@ -106,27 +103,11 @@ def test_bad_kubeconfig_lists_name_where_they_came_from(tmp_path):
 def test_serve_reads_a_merged_kubeconfig_list(tmp_path):
     """``KUBECONFIG=a:b gpufleet serve --source kubernetes``, the fake apiserver in its own
     process: the exporter reaches it through the merged files and serves the cluster."""
-    port = free_port()
-    log = tmp_path / "apiserver.log"
-    apiserver = subprocess.Popen(  # noqa: F811
-        [sys.executable, "-m", "tests.helpers.fake_apiserver", "--port", str(port),
-         "--token", TOKEN, str(RECORDED)],
-        cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/readyz", proc=apiserver)
-        a, b = split_kubeconfig(tmp_path, f"http://127.0.0.1:{port}")
-        exporter = start_exporter(tmp_path, "--source", "kubernetes",
-                                  env={"KUBECONFIG": f"{a}:{b}", "HOME": str(tmp_path)},
-                                  drop_env=("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"))
-        try:
-            def scraped() -> Exported | None:
-                text = http_get(f"{exporter.url}/metrics").decode()
-                return Exported(text) if "gpufleet_pool_fragmentation_index{" in text else None
+    def merged(url: str) -> dict[str, Any]:
+        a, b = split_kubeconfig(tmp_path, url)
+        return {"env": {"KUBECONFIG": f"{a}:{b}", "HOME": str(tmp_path)},
+                "drop_env": ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
 
-            metrics = wait_until("fragmentation on /metrics", scraped)
-        finally:
-            stop(exporter.proc)
-    finally:
-        stop(apiserver)
+    metrics = serve_on_the_recorded_cluster(tmp_path, merged)
     assert metrics.value("gpufleet_source_up", source="kubernetes") == 1
     assert len(metrics.all("gpufleet_gpu_info")) == 21
