@@ -2,8 +2,13 @@
 # gpufleet: the exporter, analyzer and advisor in one small image.
 #
 #   docker build -t REGISTRY/gpufleet:0.1.0 --build-arg REVISION="$(git rev-parse HEAD)" .
+#   docker build --target node -t REGISTRY/gpufleet-node:0.1.0 .
 #   docker build --target slurm -t REGISTRY/gpufleet-slurm:0.1.0 \
 #     --build-arg SLURM_PACKAGES="slurm-client=22.05.8-4+deb12u3 munge" .
+#
+# Two images (issue 30): `node` is `pip install .`, what node mode (NVML, the DaemonSet)
+# needs; the default, `full`, adds every extra (`.[all]`: the kubernetes source, the
+# kubelet's PodResources, the plots and the dashboard generator) for cluster mode.
 #
 # The base image is pinned by digest, so a rebuild gets the same Python and Debian until
 # the digest is changed on purpose. To update it:
@@ -14,7 +19,7 @@
 # above before the first build (docs/deploy.md, "The image").
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91
 
-FROM ${PYTHON_IMAGE} AS gpufleet
+FROM ${PYTHON_IMAGE} AS node
 
 ARG VERSION=0.1.0
 ARG REVISION=unknown
@@ -57,11 +62,21 @@ HEALTHCHECK --interval=30s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:9874/-/healthy', timeout=2).status == 200 else 1)"]
 ENTRYPOINT ["gpufleet", "serve"]
 
-# Optional: the image plus a site's Slurm client, for the slurm source in a container
+# The full image: node mode's plus every extra (pyproject.toml's [all]), for cluster mode.
+FROM node AS full
+USER 0
+WORKDIR /src
+# DL3013 (pin versions): this is the checkout's own package; pyproject.toml bounds its extras.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir '.[all]'
+USER 10001
+WORKDIR /var/lib/gpufleet
+
+# Optional: the full image plus a site's Slurm client, for the slurm source in a container
 # (`--target slurm`). The client must match the controller's Slurm version, so the
 # packages are a build argument (Debian 12 ships 22.05). At run time, mount the site's
 # /etc/slurm and munge's socket folder /run/munge (docs/deploy.md).
-FROM gpufleet AS slurm
+FROM full AS slurm
 ARG SLURM_PACKAGES="slurm-client munge"
 USER 0
 # DL3008 (pin apt versions): the versions are the build argument's to pin, as above.
@@ -71,6 +86,6 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 USER 10001
 
-# The default target (a plain `docker build .`): the image without Slurm. Listed last
+# The default target (a plain `docker build .`): the full image without Slurm. Listed last
 # because a build without --target builds the last stage; BuildKit skips `slurm` then.
-FROM gpufleet AS default
+FROM full AS default

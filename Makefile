@@ -20,7 +20,7 @@ $(VENV)/.installed-run: $(BIN)/python $(SRC)
 	touch $@
 
 $(VENV)/.installed-test: $(BIN)/python $(SRC)
-	$(BIN)/pip install --disable-pip-version-check -q '.[test]'
+	$(BIN)/pip install --disable-pip-version-check -q '.[all,test]'
 	touch $@ $(VENV)/.installed-run
 
 run: $(VENV)/.installed-run

@@ -60,6 +60,28 @@ class Catalogue:
     def names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.models)
 
+    def by_memory(self, total_bytes: float) -> GpuSpec | None:
+        """The model a framebuffer of ``total_bytes`` names, for a GPU that reports no product
+        name (dcgm-exporter 2.x has no ``modelName`` label); None unless one family fits.
+
+        The marketed size is GiB for some parts and decimal GB for others, less what the
+        driver keeps (an A100 40GB reports 40,536 MiB, 39.6 GiB; an L40S 48GB 46,068 MiB,
+        48.3 GB), so a model fits when either reading is within 5%. Sizes that several
+        families share (80 GB: A100-80GB and H100; 141-144 GB: H200 and GH200; 24 GB: L4
+        and A10) name none: a wrong model would be worse than "unknown". Of one family,
+        the family's own entry (A100 40GB SXM and PCIe are both "A100").
+        """
+
+        def near(value: float, marketed: float) -> bool:
+            return abs(value / marketed - 1) <= 0.05
+
+        fits = [m for m in self.models if m.memory_bytes and (
+            near(total_bytes / 2**30, m.memory_bytes / GB) or near(total_bytes, m.memory_bytes))]
+        families = {m.family for m in fits}
+        if len(families) != 1:
+            return None
+        return self.find(families.pop())
+
 
 def unknown_spec(name: str) -> GpuSpec:
     return GpuSpec(name, None, None, None, None, "unknown", None, None, known=False, family=name)

@@ -158,3 +158,31 @@ def test_variants_stay_in_their_models_placement_tier():
     assert tier_models(100 * GB, fleet) == ("NVIDIA H200 NVL",)
     assert tier_models(20 * GB, fleet) == ("NVIDIA A100-PCIE-40GB", "NVIDIA H100 PCIe")
     assert default_catalogue().get("G2").family == "G2"
+
+
+@pytest.mark.parametrize("mib, model", [
+    (40_536, "A100"),  # an A100 40GB (SXM or PCIe: one family)
+    (46_068, "L40S"),
+    (143_771, None),  # H200 or GH200-144GB
+    (81_559, None),  # A100-80GB or H100: two families, so no guess
+    (23_034, None),  # L4 or A10
+    (15_360, None),  # T4, V100 16GB or P100
+    (1_000, None),
+])
+def test_a_framebuffer_names_a_model_only_when_one_family_fits(mib, model):
+    spec = default_catalogue().by_memory(mib * 2**20)
+    assert (spec.name if spec else None) == model
+
+
+@pytest.mark.parametrize("sample, models", [
+    ("l4-1gpu-default-counters.prom", {"L4"}),
+    ("h100-8gpu-k8s-pod-labels.prom", {"H100"}),
+    ("a100-mig-docs.prom", {"A100"}),  # dcgm-exporter 2.x: no modelName label (issue 30)
+])
+def test_every_part_in_the_dcgm_samples_gets_its_model(sample, models):
+    from exporter.sources.dcgm.source import parse_body, target_from
+
+    body = (Path(__file__).parents[1] / "data" / "dcgm-samples" / sample).read_bytes()
+    fleet, _ = parse_body(body, target_from("http://node:9400/metrics", ""), catalogue_resolver())
+    assert fleet.gpus and {g.model for g in fleet.gpus} == models
+    assert {n.model for n in fleet.nodes} == models

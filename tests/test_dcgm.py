@@ -137,7 +137,8 @@ async def test_a100_mig_sample_yields_its_gpu_instances(read_samples):
     out = await read_samples(sample(A100_MIG))
     uuid = "GPU-34319582-d595-d1c7-d1d2-179bcfa61660"
     assert out.all("gpufleet_gpu_mig_instance_info") == [
-        ({"gpu": "0", "model": "unknown", "node": "ub20-a100-k8s", "pool": "", "uuid": uuid,
+        # no modelName label (dcgm-exporter 2.x): 40,535 MiB of framebuffer is an A100 40GB
+        ({"gpu": "0", "model": "A100", "node": "ub20-a100-k8s", "pool": "", "uuid": uuid,
           "gpu_instance": "13", "profile": "1g.5gb"}, 1.0)]
     # the MIG series have no framebuffer fields: instance memory is absent
     assert out.absent("gpufleet_gpu_mig_memory_total_bytes")

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -349,10 +350,10 @@ async def test_not_served_claims_path_is_asked_once(read):
     assert sum(CLAIMS in r for r in fake.requests) == 1  # a 404 is not retried
 
 
-@pytest.mark.slow
-def test_serve_shows_each_pods_gpus_pending_demand_and_fragmentation_per_pool(tmp_path):
-    """``gpufleet serve --source kubernetes`` (cluster mode, a kubeconfig) on the recorded
-    cluster, the fake apiserver in its own process: what /metrics shows."""
+def serve_on_the_recorded_cluster(tmp_path: Path, exporter_options: Any) -> Exported:
+    """``gpufleet serve --source kubernetes`` against the fake apiserver in its own process,
+    once /metrics shows fragmentation; ``exporter_options(url)`` gives start_exporter's
+    keyword arguments (config, env) for the apiserver at ``url``."""
     port = free_port()
     log = tmp_path / "apiserver.log"
     apiserver = subprocess.Popen(
@@ -361,20 +362,30 @@ def test_serve_shows_each_pods_gpus_pending_demand_and_fragmentation_per_pool(tm
         cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", proc=apiserver)
-        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}", TOKEN)
-        exporter = start_exporter(tmp_path, "--source", "kubernetes", config=(
-            f"sources:\n  kubernetes:\n    kubeconfig: {kubeconfig}\n"
-            "    resource_slices: true\n"))
+        exporter = start_exporter(tmp_path, "--source", "kubernetes",
+                                  **exporter_options(f"http://127.0.0.1:{port}"))
         try:
             def scraped() -> Exported | None:
                 text = http_get(f"{exporter.url}/metrics").decode()
                 return Exported(text) if "gpufleet_pool_fragmentation_index{" in text else None
 
-            metrics = wait_until("fragmentation on /metrics", scraped)
+            return wait_until("fragmentation on /metrics", scraped)
         finally:
             stop(exporter.proc)
     finally:
         stop(apiserver)
+
+
+@pytest.mark.slow
+def test_serve_shows_each_pods_gpus_pending_demand_and_fragmentation_per_pool(tmp_path):
+    """``gpufleet serve --source kubernetes`` (cluster mode, a kubeconfig) on the recorded
+    cluster, the fake apiserver in its own process: what /metrics shows."""
+    def config(url: str) -> dict[str, Any]:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url, TOKEN)
+        return {"config": f"sources:\n  kubernetes:\n    kubeconfig: {kubeconfig}\n"
+                          "    resource_slices: true\n"}
+
+    metrics = serve_on_the_recorded_cluster(tmp_path, config)
     assert metrics.value("gpufleet_source_up", source="kubernetes") == 1
 
     def gpus_of(pod: str) -> list[tuple[str, str, str]]:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 
 import pytest
 
+from exporter.analysis.live import LiveAnalyzer
+from exporter.collect import Collector
+from exporter.config import AnalysisConfig
 from exporter.load.live import LoadTracker, pool_samples
 from exporter.load.stats import window_stats
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, Placement
+from exporter.sources.sim.options import SimSource
+from exporter.sources.sim.source import build as sim_source
 from exporter.thresholds import ScalingSettings, ScalingTable
+from tests.test_advisor_api import START
 from tests.test_advisor_api import advisor_client as advisor_client  # the fixture, reused
 from tests.test_openapi import _check
 
@@ -67,6 +74,7 @@ def test_the_hint_follows_a_fleet_that_changed_size():
     assert tracker.advice()[0].recommended_nodes == 4
     tracker.observe(snapshot(2, busy=16, pending=8))  # nobody acted: the hint stays
     assert tracker.advice()[0].recommended_nodes == 4
+    assert tracker.advice()[0].reason == "up"  # and so does its reason, beside scale_up
     tracker.observe(snapshot(3, busy=16, pending=0, nodes=3))  # someone added a node
     advice = tracker.advice()[0]
     assert (advice.nodes, advice.recommended_nodes) == (3, 3)
@@ -96,17 +104,19 @@ def test_advice_json():
         "demand_ratio": 1.5, "demand_ratio_stats": {"mean": 1.5, "stddev": 0.0, "p95": 1.5},
         "utilization_stats": {"mean": 0.75, "stddev": 0.0, "p95": 0.75}, "window_samples": 4,
         "changes": {"up": 0, "down": 0}, "last_change": None, "mode": "reactive",
-        "forecast_peak_gpus": None}]
+        "forecast_peak_gpus": None, "utilization": 0.75, "memory_used_ratio": None, "idle": False}]
 
 
 async def test_the_advice_of_a_served_exporter_has_the_hints(advisor_client):
     advice = json.loads(await _check(advisor_client, "GET", "/v1/advice", 200))
     by_pool = {entry["pool"]: entry for entry in advice["scaling"]}
     assert sorted(by_pool) == ["gpu-a100", "gpu-b200", "gpu-h100", "gpu-h200"]
-    # the table's max_nodes (32) caps h100's 64 nodes, and h200 (32 nodes, busy) at 32
-    assert {p: (e["nodes"], e["recommended_nodes"], e["reason"]) for p, e in by_pool.items()} == {
-        "gpu-a100": (32, 32, "hold"), "gpu-b200": (8, 8, "hold"), "gpu-h100": (64, 32, "max_nodes"),
-        "gpu-h200": (32, 32, "max_nodes")}
+    # issue 30: every pool holds at its size; the table names no autoscaled pool, so the
+    # reference profile's 4-32 nodes bounds none of them (h100 has 64 nodes)
+    assert {p: (e["nodes"], e["recommended_nodes"], e["reason"], e["action"])
+            for p, e in by_pool.items()} == {
+        "gpu-a100": (32, 32, "hold", "hold"), "gpu-b200": (8, 8, "hold", "hold"),
+        "gpu-h100": (64, 64, "hold", "hold"), "gpu-h200": (32, 32, "hold", "hold")}
 
 
 def daily(tracker: LoadTracker, days: int, until_hour: int = 24) -> None:
@@ -126,12 +136,14 @@ def test_predictive_mode_pre_warms_before_the_daily_peak():
     for tracker in (reactive, predictive):
         daily(tracker, days=3, until_hour=10)  # the third day up to 09:30
     [r], [p] = reactive.advice(), predictive.advice()
-    assert (r.recommended_nodes, r.reason, r.forecast_peak) == (1, "hold", None)
+    # 4 GPUs on 2 nodes is below the band: down to 1 node, which the fleet never did
+    assert (r.recommended_nodes, r.reason, r.forecast_peak) == (1, "down", None)
     # from 09:00 the last complete hour (08:00) read 4 GPUs, and the forecast covers 09:00 and
     # 10:00 (startup 1 h): the same hours moved +12 GPUs from 08:00 to 10:00 on both past days
     # (no trend: the daily means are equal), so the rule reads 4 + 12 = 16 GPUs and at 09:00
-    # asks for ceil(16 / (8 * 0.8)) = 3 nodes, ready by 10:00; at 09:30 it holds them
-    assert (p.forecast_peak, p.recommended_nodes, p.reason) == (16.0, 3, "hold")
+    # asks for ceil(16 / (8 * 0.8)) = 3 nodes, ready by 10:00; at 09:30 it holds them, and as
+    # the fleet still has 2 nodes the reason stays the scale-up's (issue 30)
+    assert (p.forecast_peak, p.recommended_nodes, p.reason) == (16.0, 3, "up")
     assert predictive.advice_json()[0]["forecast_peak_gpus"] == 16.0
 
 
@@ -150,3 +162,62 @@ def test_a_pool_the_fleet_no_longer_has_is_forgotten():
     assert tracker.advice() == [] and tracker.pools == {}
     tracker.observe(snapshot(2, busy=4))  # back: starts again
     assert [(a.pool, a.changes) for a in tracker.advice()] == [("a", {"up": 0, "down": 0})]
+
+
+def test_the_default_fleet_inside_the_band_is_never_told_to_change_size():
+    """Issue 30: an hour of the default simulated fleet, a snapshot a minute, through the
+    load tracker ``serve`` wires (LiveAnalyzer.from_config, the packaged table): a pool whose
+    demand ratio is inside the band is recommended its current size at every snapshot."""
+    clock = [START]
+    collector = Collector([sim_source(SimSource(), lambda: clock[0])], 10, clock=lambda: clock[0])
+    tracker = LiveAnalyzer.from_config(AnalysisConfig()).load
+    assert tracker is not None
+    settings = tracker.table.default
+    inside = 0
+    for minute in range(60):
+        clock[0] = START + 60.0 * minute
+        tracker.observe(asyncio.run(collector.collect()))
+        for entry in tracker.advice_json():
+            ratio = entry["demand_ratio"]
+            if ratio is not None and settings.down <= ratio <= settings.up:
+                inside += 1
+                assert (entry["recommended_nodes"], entry["action"], entry["reason"]) == \
+                    (entry["nodes"], "hold", "hold"), (minute, entry)
+    assert inside >= 60 * 2  # the check saw in-band pools (h100 sits at 0.6-0.85)
+    h100 = {e["pool"]: e for e in tracker.advice_json()}["gpu-h100"]
+    assert h100["nodes"] == 64 and h100["recommended_nodes"] >= 64
+
+
+def test_an_allocated_yet_idle_pool_is_not_scaled_up():
+    tracker = LoadTracker(window=4, table=ScalingTable(SETTINGS))
+    for t in range(3):
+        tracker.observe(snapshot(60.0 * t, busy=16, pending=8, util=0.05))
+    [advice] = tracker.advice_json()
+    assert (advice["nodes"], advice["recommended_nodes"], advice["reason"], advice["idle"]) == \
+        (2, 2, "hold", True)
+    assert advice["utilization"] == 0.05
+    busy = LoadTracker(window=4, table=ScalingTable(SETTINGS))
+    for t in range(3):
+        busy.observe(snapshot(60.0 * t, busy=16, pending=8, util=0.9))
+    assert busy.advice_json()[0]["recommended_nodes"] == 4
+
+
+def test_memory_pressure_scales_an_idle_looking_pool_up():
+    tracker = LoadTracker(window=4, table=ScalingTable(SETTINGS))
+    for t in range(2):
+        snap = snapshot(60.0 * t, busy=16, pending=8, util=0.05)
+        full = tuple(dataclasses.replace(g, memory_total_bytes=80, memory_used_bytes=76) for g in snap.gpus)
+        tracker.observe(dataclasses.replace(snap, gpus=full))
+    [advice] = tracker.advice_json()
+    assert (advice["recommended_nodes"], advice["reason"], advice["idle"], advice["memory_used_ratio"]) == \
+        (4, "up", False, 0.95)
+
+
+def test_bounds_are_per_pool():
+    bounded = ScalingSettings(min_nodes=1, max_nodes=3, hysteresis=1, cooldown_up_s=0, cooldown_down_s=0)
+    table = ScalingTable(bounded, pools=(("a", bounded, False),))
+    named, unnamed = LoadTracker(window=4, table=table), LoadTracker(window=4, table=ScalingTable(bounded))
+    for tracker in (named, unnamed):
+        tracker.observe(snapshot(0, busy=16, pending=16))  # 32 GPUs: ceil(32 / 6.4) = 5 nodes
+    assert (named.advice()[0].recommended_nodes, named.advice()[0].reason) == (3, "max_nodes")
+    assert (unnamed.advice()[0].recommended_nodes, unnamed.advice()[0].reason) == (5, "up")

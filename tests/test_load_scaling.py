@@ -57,9 +57,43 @@ def test_up_cooldown():
     assert s.step(H, 200).nodes == 32
 
 
-def test_a_start_outside_the_bounds_is_clamped():
-    assert Scaler(settings(), 100).nodes == 32
-    assert Scaler(settings(), 0).reason == "min_nodes"
+def test_a_size_outside_the_bounds_holds_inside_the_band():
+    """Issue 30: the bounds clamp only a size the rule chose, never the current one."""
+    s = Scaler(settings(), 64)  # 512 GPUs, above max_nodes 32
+    assert s.nodes == 64
+    assert s.step(0, 400) == Hint(64, "hold", 400 / 512, False)
+    assert s.step(H, 400) == Hint(64, "hold", 400 / 512, False)
+    above = Scaler(settings(), 64)
+    above.step(0, 500)
+    assert above.step(H, 500) == Hint(64, "max_nodes", 500 / 512, False)  # no halving
+    below = Scaler(settings(), 2)  # under min_nodes 4, in the band
+    assert below.step(0, 8) == Hint(2, "hold", 0.5, False)
+    below.step(H, 1)
+    assert below.step(4 * H, 1) == Hint(2, "min_nodes", 1 / 16, False)
+
+
+def test_the_rule_chose_down_then_the_bound_clamps_it():
+    s = Scaler(settings(cooldown_down_s=0), 64)
+    s.step(0, 100)  # 100 / 512 < 0.3: the rule wants ceil(100 / 6.4) = 16 nodes
+    assert s.step(H, 100) == Hint(16, "down", 100 / 512, True)
+    big = Scaler(settings(cooldown_down_s=0), 128)
+    big.step(0, 300)  # 300 / 1024: the rule wants 47 nodes, the bound caps it at 32
+    assert big.step(H, 300) == Hint(32, "max_nodes", 300 / 1024, True)
+
+
+def test_an_idle_pool_above_the_band_holds():
+    s = Scaler(settings(hysteresis=1, cooldown_up_s=0), 10)
+    assert s.step(0, 90, utilization=0.1, memory_used=0.2) == Hint(10, "hold", 1.125, False, True)
+    assert s.step(1, 90, utilization=0.1, memory_used=0.9).reason == "up"  # memory-bound: busy
+    t = Scaler(settings(hysteresis=1, cooldown_up_s=0), 10)
+    assert t.step(0, 90, utilization=None).reason == "up"  # not read: demand decides
+    u = Scaler(settings(hysteresis=1, cooldown_up_s=0), 10)
+    assert u.step(0, 90, utilization=0.5).reason == "up"
+
+
+def test_no_max_nodes():
+    s = Scaler(settings(max_nodes=None, hysteresis=1), 30)
+    assert s.step(0, 1000) == Hint(157, "up", 1000 / 240, True)
 
 
 @pytest.mark.parametrize("kw, message", [

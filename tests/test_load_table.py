@@ -35,6 +35,17 @@ def test_pool_overrides_and_the_fleets_node_size():
     assert (h800.up, h800.max_nodes, h800.node_gpus) == (0.9, 876, 4)
     assert table.for_pool("a10", node_gpus=8).node_gpus == 1  # the table's word wins
     assert table.for_pool("other").node_gpus == 8
+    # issue 30: the bounds are the named pools' only; "other" is not autoscaled by the table
+    assert (table.for_pool("other").min_nodes, table.for_pool("other").max_nodes) == (0, None)
+    assert (table.for_pool("a10").min_nodes, table.for_pool("a10").max_nodes) == (4, 32)
+
+
+def test_the_shipped_table_bounds_no_pool_of_the_default_fleet():
+    table = load_thresholds().scaling
+    assert table is not None and table.pools == ()
+    h100 = table.for_pool("gpu-h100", node_gpus=8)
+    assert (h100.min_nodes, h100.max_nodes, h100.idle_utilization, h100.memory_pressure) == \
+        (0, None, 0.3, 0.85)
 
 
 @pytest.mark.parametrize("section, key, message", [

@@ -133,3 +133,61 @@ def test_no_test_or_bench_reaches_outside_the_repository():
             if needle in text:
                 offenders.append(f"{path.relative_to(REPO)}: {needle}")
     assert offenders == []
+
+
+def test_node_mode_installs_no_optional_package():
+    """issue 30, a lean node: the heavy parts only node mode does not need are extras."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"])
+    extras = project["optional-dependencies"]
+    for package in ("kubernetes_asyncio", "grpcio", "protobuf", "matplotlib", "grafanalib"):
+        assert package not in core, package
+    assert extras["cluster"] == ["kubernetes_asyncio>=36.1"]
+    assert extras["podresources"] == ["grpcio>=1.85.1", "protobuf>=7.35.1"]
+    assert extras["replay"] == ["matplotlib>=3.8"] and extras["dashboards"] == ["grafanalib>=0.7"]
+    assert extras["all"] == ["gpufleet[cluster,podresources,replay,dashboards]"]
+    from exporter.extras import EXTRA_OF
+
+    assert set(EXTRA_OF.values()) == set(extras) - {"all", "test", "bench"}
+
+
+def _one_line_naming(text: str, extra: str) -> None:
+    assert "\n" not in text.strip() and f"pip install 'gpufleet[{extra}]'" in text, text
+
+
+def test_a_missing_extra_is_one_line_naming_it(monkeypatch, tmp_path, capsys):
+    from exporter.cli import main
+    from exporter.extras import MissingExtra
+    from exporter.load import output
+    from exporter.placement import plot as replay_plot
+    from exporter.sources import SourceStartupError
+    from exporter.sources.kubernetes.options import KubernetesSource
+    from exporter.sources.kubernetes.source import build
+
+    for module in ("grafanalib", "matplotlib", "kubernetes_asyncio"):
+        monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+    assert main(["dashboards", "--out", str(tmp_path / "d")]) == 2
+    _one_line_naming(capsys.readouterr().err, "dashboards")
+    assert not (tmp_path / "d").exists()
+    for plot in (lambda: output.plot([], [], tmp_path / "p.png"),
+                 lambda: replay_plot.plot([], tmp_path / "p.png")):
+        with pytest.raises(MissingExtra) as caught:
+            plot()
+        _one_line_naming(str(caught.value), "replay")
+    with pytest.raises(SourceStartupError) as started:
+        build(KubernetesSource(enabled=True), lambda: 0.0, environ={})
+    _one_line_naming(str(started.value), "cluster")
+    assert str(started.value).startswith("sources.kubernetes needs kubernetes_asyncio")
+
+
+def test_pod_resources_without_grpc_is_one_line_naming_the_extra(monkeypatch):
+    from exporter.sources import SourceStartupError
+    from exporter.sources.nvml import source as nvml
+
+    monkeypatch.setitem(sys.modules, "exporter.sources.nvml.pods", None)
+    monkeypatch.setitem(sys.modules, "grpc", None)
+    with pytest.raises(SourceStartupError) as caught:
+        nvml.build(nvml.NvmlConfig(enabled=True, pod_resources=True), lambda: 0.0)
+    _one_line_naming(str(caught.value), "podresources")

@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from exporter.dashboards import render
-from exporter.dashboards.levels import levels_from_table
+from exporter.extras import require
 from exporter.generated import check_or_write
 from exporter.thresholds import CHECKOUT_TABLE, command_table
 
@@ -39,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("grafanalib", "gpufleet dashboards")  # gpufleet[dashboards]
+    from exporter.dashboards import render
+    from exporter.dashboards.levels import levels_from_table
+
     files = render(levels_from_table(command_table(args.thresholds)[0]))
     return check_or_write(files, Path(args.out), check=args.check, what="dashboards",
                           command=f"gpufleet dashboards --out {args.out}")

@@ -15,14 +15,18 @@
   bench/changepoints.py) on the demand ratio;
 - the scaling hint (:class:`~.scaling.Scaler`) on the demand in GPUs, with the
   threshold table's ``scaling:`` settings for the pool and the pool's node size
-  (the most common GPU count of its nodes). In ``mode: predictive`` the rule reads
-  the demand now plus the forecast rise over the hours until a node started now
-  serves (:class:`~.forecast.HourlyHistory`: hourly means of the last 14 days, the
-  forecast ``gpufleet load`` replays); until a day of history exists it is reactive.
+  (the most common GPU count of its nodes), and the pool's mean utilisation and memory
+  use beside it (an allocated yet idle pool holds rather than scaling up). In
+  ``mode: predictive`` the rule reads the demand now plus the forecast rise over the
+  hours until a node started now serves (:class:`~.forecast.HourlyHistory`: hourly
+  means of the last 14 days, the forecast ``gpufleet load`` replays); until a day of
+  history exists it is reactive.
 
 The hint starts from the pool's node count and follows it when the fleet's node
 count changes (someone acted, on the hint or not); otherwise it keeps its own
-recommendation, so an "up" that nobody followed stays up.
+recommendation, so an "up" that nobody followed stays up while the demand stays out
+of the band, and goes back to the pool's size once the demand (against the GPUs the
+pool has) is inside it: inside the band the hint is always hold at the current size.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class PoolSample:
     utilization: float | None  # mean over the GPUs that report one
     nodes: int
     node_gpus: int
+    memory_used: float | None = None  # mean used / total over the GPUs that report both
 
     @property
     def demand_gpus(self) -> float:
@@ -72,6 +77,8 @@ def pool_samples(snapshot: FleetSnapshot) -> dict[str, PoolSample]:
     capacity: Counter[str] = Counter(gpu.pool for gpu in gpus)
     util_sum: dict[str, float] = {}
     util_n: Counter[str] = Counter()
+    mem_sum: dict[str, float] = {}
+    mem_n: Counter[str] = Counter()
     pool_of: dict[tuple[str, int], str] = {}
     held, _ = snapshot.held()
     for gpu in gpus:
@@ -81,6 +88,10 @@ def pool_samples(snapshot: FleetSnapshot) -> dict[str, PoolSample]:
         if u is not None and math.isfinite(u):
             util_sum[gpu.pool] = util_sum.get(gpu.pool, 0.0) + u
             util_n[gpu.pool] += 1
+        used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
+        if used is not None and total:
+            mem_sum[gpu.pool] = mem_sum.get(gpu.pool, 0.0) + min(1.0, used / total)
+            mem_n[gpu.pool] += 1
     allocated: dict[str, float] = {}
     for key, share in held.items():
         pool = pool_of.get(key)
@@ -101,7 +112,8 @@ def pool_samples(snapshot: FleetSnapshot) -> dict[str, PoolSample]:
         out[pool] = PoolSample(
             float(capacity[pool]), round(allocated.get(pool, 0.0), 9), round(pending.get(pool, 0.0), 9),
             util_sum[pool] / util_n[pool] if util_n[pool] else None,
-            sum(counts.values()), node_gpus)
+            sum(counts.values()), node_gpus,
+            mem_sum[pool] / mem_n[pool] if mem_n[pool] else None)
     return out
 
 
@@ -134,6 +146,9 @@ class PoolAdvice:
     changes: dict[str, int]
     last_change: float | None
     forecast_peak: float | None = None
+    utilization_now: float | None = None  # the pool's mean utilisation now
+    memory_used_now: float | None = None  # the pool's mean memory use now
+    idle: bool = False  # above the band, but idle: held rather than scaled up
 
 
 @dataclass
@@ -164,8 +179,9 @@ class LoadTracker:
                                  deque(maxlen=self.window), nodes_seen=sample.nodes)
                 self.pools[pool] = state
             elif sample.nodes != state.nodes_seen:
-                # the fleet changed size: the hint starts again from what is there
-                state.scaler.nodes, _ = state.scaler.settings.clamp(sample.nodes)
+                # the fleet changed size: the hint starts again from what is there (not
+                # clamped: the bounds clamp only a size the rule chose)
+                state.scaler.nodes = sample.nodes
                 state.nodes_seen = sample.nodes
             state.sample = sample
             ratio = sample.demand_ratio
@@ -185,14 +201,17 @@ class LoadTracker:
                 rise = state.history.rise(horizon)
                 if rise is not None:  # before a day of history: reactive
                     signal = state.forecast_peak = max(0.0, sample.demand_gpus + rise)
-            hint = state.scaler.step(now, signal)
             bounds = state.scaler.settings
+            if (sample.capacity_gpus > 0 and bounds.down <= signal / sample.capacity_gpus <= bounds.up
+                    and state.scaler.nodes != sample.nodes):
+                # inside the band at the size the pool has (issue 30): an earlier hint that
+                # nobody followed is moot, so the hint is that size again, not the old one
+                state.scaler.nodes = sample.nodes
+            hint = state.scaler.step(now, signal, sample.utilization, sample.memory_used)
             if hint.reason == "hold" and hint.nodes != sample.nodes:
-                # the fleet is outside the table's bounds: the hint is the bound, say which
-                if sample.nodes > bounds.max_nodes:
-                    hint = dataclasses.replace(hint, reason="max_nodes")
-                elif sample.nodes < bounds.min_nodes:
-                    hint = dataclasses.replace(hint, reason="min_nodes")
+                # a recommendation nobody followed yet: its reason is the action's, so the
+                # reason and the action agree (no "hold" beside a scale-up)
+                hint = dataclasses.replace(hint, reason=state.scaler.acted)
             state.hint = hint
 
     def advice(self) -> list[PoolAdvice]:
@@ -205,7 +224,8 @@ class LoadTracker:
                 window_stats(state.ratio) if state.ratio else None,
                 window_stats(state.utilization) if state.utilization else None,
                 state.sample.nodes, state.hint.nodes, state.hint.reason, dict(state.changes),
-                state.last_change, state.forecast_peak))
+                state.last_change, state.forecast_peak, state.sample.utilization,
+                state.sample.memory_used, state.hint.idle))
         return out
 
     def families(self) -> list[Family]:
@@ -249,5 +269,9 @@ class LoadTracker:
                 "window_samples": self.window, "changes": a.changes, "last_change": a.last_change,
                 "mode": self.table.mode,
                 "forecast_peak_gpus": None if a.forecast_peak is None else round(a.forecast_peak, 6),
+                # issue 30: what the rule read beside demand, and whether it held an idle pool
+                "utilization": None if a.utilization_now is None else round(a.utilization_now, 6),
+                "memory_used_ratio": None if a.memory_used_now is None else round(a.memory_used_now, 6),
+                "idle": a.idle,
             })
         return out

@@ -38,8 +38,9 @@ def write_csv(pools: Sequence[PoolReplay], hours: Sequence[int], path: str | os.
 def plot(pools: Sequence[PoolReplay], hours: Sequence[int], path: str | os.PathLike[str],
          title: str = "") -> None:
     """Demand, each policy's ready capacity and the CUSUM change points, a panel per pool."""
-    import matplotlib
+    from exporter.extras import require
 
+    matplotlib = require("matplotlib", "the plot")  # gpufleet[replay]
     matplotlib.use("Agg")  # no display: write files only
     import matplotlib.pyplot as plt
 

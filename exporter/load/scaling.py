@@ -33,6 +33,7 @@ class Hint:
     reason: str  # one of REASONS
     ratio: float  # the demand ratio the decision read (demand / current nodes' GPUs)
     changed: bool  # the recommendation differs from the previous one
+    idle: bool = False  # above the band, but the pool's GPUs are idle: no scale-up
 
 
 @dataclass
@@ -46,19 +47,30 @@ class Scaler:
     _last_up: float = -math.inf
     _last_action: float = -math.inf
     reason: str = field(default="hold")
+    acted: str = "hold"  # the reason of the last change (what a recommendation nobody followed says)
 
-    def __post_init__(self) -> None:
-        self.nodes, bound = self.settings.clamp(self.nodes)
-        if bound:
-            self.reason = bound
+    def idle(self, utilization: float | None, memory_used: float | None) -> bool:
+        """The pool's GPUs do little: what they hold is no reason to add more (unknown: not idle)."""
+        s = self.settings
+        if utilization is None or utilization >= s.idle_utilization:
+            return False
+        return memory_used is None or memory_used < s.memory_pressure
 
-    def step(self, now: float, demand_gpus: float) -> Hint:
-        """Read one sample of demand (GPUs asked for) at ``now`` seconds and recommend a size."""
+    def step(self, now: float, demand_gpus: float, utilization: float | None = None,
+             memory_used: float | None = None) -> Hint:
+        """Read one sample of demand (GPUs asked for) at ``now`` seconds and recommend a size.
+
+        ``utilization`` and ``memory_used`` are the pool's mean ratios now (None: not read);
+        an idle pool above the band holds instead of scaling up.
+        """
         s = self.settings
         capacity = self.nodes * s.node_gpus
         # no nodes (min_nodes 0): any demand is above every threshold
         ratio = demand_gpus / capacity if capacity > 0 else (math.inf if demand_gpus > 0 else 0.0)
-        if ratio > s.up:
+        idle = ratio > s.up and self.idle(utilization, memory_used)
+        if idle:
+            self._above = self._below = 0  # the hysteresis counts busy samples only
+        elif ratio > s.up:
             self._above, self._below = self._above + 1, 0
         elif ratio < s.down:
             self._above, self._below = 0, self._below + 1
@@ -78,12 +90,15 @@ class Scaler:
                 self._last_action = now
                 self._below = 0
         changed = self.nodes != before
-        if not changed:
-            # holding: say so, or name the bound that keeps the rule from acting
-            if ratio > s.up and self.nodes >= s.max_nodes:
+        if changed:
+            self.acted = self.reason
+        else:
+            # holding at the current size: say so, or name the bound that keeps the rule
+            # from acting (the size stays what it is, whichever side of the bound)
+            if ratio > s.up and not idle and s.max_nodes is not None and self.nodes >= s.max_nodes:
                 self.reason = "max_nodes"
             elif ratio < s.down and self.nodes <= s.min_nodes:
                 self.reason = "min_nodes"
             else:
                 self.reason = "hold"
-        return Hint(self.nodes, self.reason, ratio, changed)
+        return Hint(self.nodes, self.reason, ratio, changed, idle)

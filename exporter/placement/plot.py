@@ -26,8 +26,9 @@ PANELS = (
 
 def plot(rows: Sequence[Row], path: str | os.PathLike[str], title: str = "") -> None:
     """Write the PNG. matplotlib is imported here, so the rest of gpufleet never pays for it."""
-    import matplotlib
+    from exporter.extras import require
 
+    matplotlib = require("matplotlib", "the plot")  # gpufleet[replay]
     matplotlib.use("Agg")  # no display: write files only
     import matplotlib.pyplot as plt
 

@@ -43,3 +43,18 @@ def catalogue_resolver() -> ModelResolver:
         return ModelInfo(spec.name, spec.architecture, spec.nvlink_bandwidth_bytes_per_second)
 
     return resolve
+
+
+def memory_model(total_bytes: float | None) -> str:
+    """The catalogue model a GPU's framebuffer size names, "" when none or several do.
+
+    For GPUs that report no product name: dcgm-exporter 2.x's series carry no
+    ``modelName`` label, and the older A100s still run it (issue 30). See
+    :meth:`exporter.gpu_catalogue.Catalogue.by_memory`.
+    """
+    if not total_bytes or total_bytes <= 0:
+        return ""
+    from exporter.gpu_catalogue import default_catalogue
+
+    spec = default_catalogue().by_memory(total_bytes)
+    return spec.name if spec is not None else ""

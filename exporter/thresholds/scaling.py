@@ -4,8 +4,10 @@
       up: 0.8            # scale up above this demand ratio
       down: 0.3          # scale down below it
       target: 0.8        # the ratio a new size aims at (default: up)
-      min_nodes: 4
-      max_nodes: 32
+      min_nodes: 4       # the bounds of each pool named under pools (unless it sets its own);
+      max_nodes: 32      # a pool not named there is not autoscaled: hints, but no bounds
+      idle_utilization: 0.3  # a pool below this mean utilisation ...
+      memory_pressure: 0.85  # ... and below this mean memory use is idle: no scale-up
       hysteresis: 2      # samples in a row out of the band before acting
       cooldown_up: 1h    # since the last scale-up
       cooldown_down: 3h  # since the last action
@@ -22,6 +24,11 @@ wrong value is a ThresholdError naming the dotted key. :class:`ScalingSettings` 
 table, rather than in :mod:`exporter.load.scaling` which acts on it: the table package
 imports neither ``exporter.load`` nor ``exporter.alerting``, so both can read it
 without a package-level import cycle.
+
+Bounds are per pool (issue 30): the reference profile's 4-32 nodes is the range of one
+autoscaling group, so a pool gets ``min_nodes``/``max_nodes`` only when ``pools`` names it;
+any other pool's hints are unbounded (0 to no maximum) rather than clamped to a range
+meant for another pool.
 """
 
 from __future__ import annotations
@@ -37,8 +44,8 @@ from exporter.thresholds.reader import Reader
 MAX_POOLS = 1024
 MODES = ("reactive", "predictive")
 _KEYS = ("up", "down", "target", "min_nodes", "max_nodes", "hysteresis", "cooldown_up",
-         "cooldown_down", "startup", "node_gpus")
-_RATIOS = ("up", "down", "target")
+         "cooldown_down", "startup", "node_gpus", "idle_utilization", "memory_pressure")
+_RATIOS = ("up", "down", "target", "idle_utilization", "memory_pressure")
 _COUNTS = {"min_nodes": (0, 1_000_000), "max_nodes": (1, 1_000_000), "hysteresis": (1, 100),
            "node_gpus": (1, 1024)}
 _DURATIONS = {"cooldown_up": "cooldown_up_s", "cooldown_down": "cooldown_down_s", "startup": "startup_s"}
@@ -50,20 +57,25 @@ class ScalingSettings:
     up: float = 0.8  # scale up above this demand ratio
     down: float = 0.3  # scale down below it
     target: float = 0.8  # the ratio a new size aims at: ceil(demand / (node_gpus * target))
-    min_nodes: int = 4
-    max_nodes: int = 32
+    min_nodes: int = 4  # the bounds clamp only a size the rule chose, never the current size
+    max_nodes: int | None = 32  # None: no upper bound (a pool the table does not name)
     node_gpus: int = 8  # GPUs one node adds
     hysteresis: int = 2  # samples in a row out of the band before acting
     cooldown_up_s: float = 3600.0  # since the last scale-up
     cooldown_down_s: float = 3 * 3600.0  # since the last action of either kind
     startup_s: float = 3600.0  # a node added now serves only this much later
+    # seed 001: GPUs all allocated yet idle are no reason to add nodes. A pool whose mean
+    # utilisation is below idle_utilization, and whose mean memory use is below
+    # memory_pressure (a memory-bound job runs at low SM utilisation), does not scale up.
+    idle_utilization: float = 0.3  # the table's GpuJobUtilizationLow warning
+    memory_pressure: float = 0.85  # the table's GpuMemoryHigh warning
 
     def __post_init__(self) -> None:
         if not 0 < self.down < self.up:
             raise ValueError(f"need 0 < down < up, got down {self.down} and up {self.up}")
         if not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
-        if not 0 <= self.min_nodes <= self.max_nodes:
+        if self.max_nodes is not None and not 0 <= self.min_nodes <= self.max_nodes:
             raise ValueError(f"need 0 <= min_nodes <= max_nodes, got {self.min_nodes} and {self.max_nodes}")
         if self.node_gpus < 1 or self.hysteresis < 1:
             raise ValueError("node_gpus and hysteresis must be at least 1")
@@ -77,7 +89,7 @@ class ScalingSettings:
 
     def clamp(self, nodes: int) -> tuple[int, str]:
         """``nodes`` within the bounds, and the bound's name when it applied."""
-        if nodes > self.max_nodes:
+        if self.max_nodes is not None and nodes > self.max_nodes:
             return self.max_nodes, "max_nodes"
         if nodes < self.min_nodes:
             return self.min_nodes, "min_nodes"
@@ -93,8 +105,13 @@ class ScalingTable:
     mode: str = "reactive"  # one of MODES
 
     def for_pool(self, pool: str, node_gpus: int | None = None) -> ScalingSettings:
-        """The pool's settings; ``node_gpus`` (the fleet's node size) unless the table set one."""
-        settings, given = self.default, self.node_gpus_given
+        """The pool's settings; ``node_gpus`` (the fleet's node size) unless the table set one.
+
+        A pool ``pools`` does not name gets the default rule without bounds: the bounds
+        are one autoscaling group's range, not every pool's.
+        """
+        settings = dataclasses.replace(self.default, min_nodes=0, max_nodes=None)
+        given = self.node_gpus_given
         for name, pool_settings, pool_given in self.pools:
             if name == pool:
                 settings, given = pool_settings, pool_given

@@ -70,7 +70,7 @@ from exporter.snapshot import (
     Node,
     Placement,
 )
-from exporter.sources.gpu_models import ModelResolver, unknown_model
+from exporter.sources.gpu_models import ModelResolver, memory_model, unknown_model
 from exporter.sources.mig import mig_share
 
 MIB = 1024 * 1024
@@ -384,8 +384,9 @@ class DcgmFleetBuilder:
         # (namespace, pod) -> node -> [(gpu index, share)]
         held: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = {}
         for values in sorted(self._gpus.values(), key=lambda g: (g.node, g.index)):
-            info = self.resolve_model(values.product)
             v = values.values
+            # no modelName label (dcgm-exporter 2.x): the framebuffer size, where it names one
+            info = self.resolve_model(values.product or memory_model(_memory_total(v)))
             health, performance = _sections(v)
             gpu = Gpu(
                 node=values.node,

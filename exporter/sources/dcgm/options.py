@@ -10,11 +10,26 @@ from exporter.options import Duration, opt
 
 
 @dataclass(frozen=True)
+class TargetGroup:
+    """Inline targets with their pool, as a targets file's ``{targets, labels: {pool}}`` group
+    (issue 30): an L4 node and an A100 node listed inline need not share one pool."""
+
+    targets: tuple[str, ...] = opt(
+        (), help="dcgm-exporter endpoints of the group, host:port or http://host:port/metrics.",
+        url="host:port",
+    )
+    pool: str = opt("", help="Pool of the group's GPUs; empty: sources.dcgm.pool.")
+
+
+@dataclass(frozen=True)
 class DcgmSource:
     enabled: bool = opt(False, help="Scrape dcgm-exporter endpoints across the cluster.")
     targets: tuple[str, ...] = opt(
         (), help="dcgm-exporter endpoints, host:port or http://host:port/metrics.",
         url="host:port",
+    )
+    target_groups: tuple[TargetGroup, ...] = opt(
+        (), help="Inline targets per pool: a list of {targets: [host:port, ...], pool: name}.",
     )
     targets_file: str = opt(
         "", help="Prometheus file_sd-style JSON or YAML file of targets (labels.pool sets the "
@@ -26,7 +41,8 @@ class DcgmSource:
         "within it; must be below source_timeout (checked at start).",
         exclusive_min=0,
     )
-    pool: str = opt("", help="Pool of targets that name none.")
+    pool: str = opt("", help="Pool of targets that name none (targets, and target_groups "
+                    "or targets file groups without a pool).")
     max_concurrency: int = opt(64, help="Targets scraped at once.", min=1)
     stale_for: Duration = opt(
         Duration(300), help="How long a down target's last reading is served, marked stale.",

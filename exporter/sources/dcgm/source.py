@@ -254,7 +254,9 @@ class DcgmExporterSource:
         self._session = session
         self._own_session = session is None
         self._resolve_model = resolve_model or catalogue_resolver()
-        self._static = [target_from(t, config.pool) for t in config.targets]
+        self._static = [target_from(t, config.pool) for t in config.targets] + [
+            target_from(t, group.pool or config.pool)
+            for group in config.target_groups for t in group.targets]
         self._file_targets: list[Target] = []
         self._file_key: tuple[int, int] | None = None
         self._states: dict[str, _TargetState] = {}
@@ -489,7 +491,7 @@ class DcgmExporterSource:
         self._integrator.forget_except(g.uuid for g in gpus if not g.stale)
         return SourceReading(tuple(nodes), tuple(gpus), tuple(allocations),
                              parse_errors=self._parse_errors, targets=tuple(statuses),
-                             error="" if any_up else "no target answered")
+                             error="" if any_up else _none_up(statuses))
 
     @staticmethod
     def _log_duplicates(target: Target, state: _TargetState, dropped: int) -> None:
@@ -558,6 +560,17 @@ def _host_port(target: Target) -> tuple[str, int, str]:
     return parts.hostname or "", port, f"{parts.path}?{parts.query}"
 
 
+def _none_up(statuses: list[TargetStatus]) -> str:
+    """The source's reason when no target served a GPU: the first target's own (issue 30).
+
+    "no target answered" hid a target that answered 200 with no GPU in its body (a
+    dcgm-exporter whose DCGM lost the GPUs, a port that serves some other exporter).
+    """
+    first = statuses[0]
+    more = f" (and {len(statuses) - 1} more targets down)" if len(statuses) > 1 else ""
+    return f"no target served a GPU: {first.target}: {first.error}{more}"
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -568,10 +581,10 @@ def build(config: DcgmConfig, clock: Clock) -> DcgmExporterSource:
         source = DcgmExporterSource(config, clock)
     except ValueError as exc:
         raise SourceStartupError(f"sources.dcgm.targets: {exc}") from None
-    if not config.targets and not config.targets_file:
+    if not source._static and not config.targets_file:
         raise SourceStartupError(
             "sources.dcgm: no targets; set sources.dcgm.targets (host:port of each "
-            "dcgm-exporter) or sources.dcgm.targets_file in the config")
+            "dcgm-exporter), sources.dcgm.target_groups or sources.dcgm.targets_file in the config")
     if config.targets_file and not os.path.exists(config.targets_file):
         log.warning("targets file does not exist yet; it is read once it appears",
                     extra={"path": config.targets_file})

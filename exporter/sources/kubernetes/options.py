@@ -15,7 +15,8 @@ class KubernetesSource:
     enabled: bool = opt(False, help="Read GPU nodes, pods and DRA claims from a Kubernetes "
                         "apiserver (list, then watch).")
     kubeconfig: str = opt(
-        "", help="kubeconfig file; empty: in-cluster (the pod's service account, "
+        "", help="kubeconfig file, overriding the rest; empty: as kubectl, KUBECONFIG (files "
+        "merged in order), else ~/.kube/config, else in-cluster (the pod's service account, "
         "KUBERNETES_SERVICE_HOST/PORT).",
     )
     context: str = opt("", help="kubeconfig context; empty: its current-context.")

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
+from exporter.extras import missing
 from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.snapshot import (
     Allocation,
@@ -72,6 +73,8 @@ from exporter.snapshot import (
     Placement,
 )
 from exporter.sources import Clock, SourceReading, SourceStartupError, job_hints
+from exporter.sources.emptied import EmptiedFleet
+from exporter.sources.kubernetes import kubeconfig
 from exporter.sources.kubernetes.options import KubernetesSource as KubernetesConfig
 from exporter.sources.mig import MIG_COMPUTE_SLICES as MIG_SLICES
 from exporter.sources.mig import mig_slices as _slices
@@ -97,10 +100,6 @@ MAX_LABEL = 253  # longest label value or name Kubernetes accepts; longer is not
 _PROFILE = re.compile(r"([1-7])g\.[0-9]+gb(?:\+[a-z]+)?")
 _DRA_DEVICE = re.compile(r"gpu-([0-9]{1,3})(?:-mig-.*)?")
 
-
-class _StartupError(SourceStartupError):
-    def __init__(self, message: str) -> None:
-        super().__init__(f"sources.kubernetes.kubeconfig: {message}")
 
 
 class KubernetesError(Exception):
@@ -767,6 +766,8 @@ class KubernetesAllocationSource:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     name: str = "kubernetes"
     role: str = "allocation"
+    # the kubeconfig files and context build() chose (kubeconfig.choose); None: choose at start
+    kubeconfig_choice: kubeconfig.KubeconfigChoice | None = None
     _informers: Any = None  # kube_informer.InformerSet once started
     _session: Any = None
     _reading: SourceReading | None = None
@@ -776,6 +777,9 @@ class KubernetesAllocationSource:
     _skipped: int = 0  # objects the informers dropped as too deep to decode, so far
     _start_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _parts: dict[str, Any] = field(default_factory=dict)  # to_snapshot's per-node memo
+    # issue 30: no GPU node after a list that had some is a down source, not an empty fleet
+    _emptied: EmptiedFleet = field(default_factory=lambda: EmptiedFleet(
+        "kubernetes", "the apiserver lists no node with a GPU"))
 
     async def _endpoint(self) -> Any:
         """The apiserver's URL, TLS and token, loaded by kubernetes_asyncio's own loaders
@@ -787,20 +791,35 @@ class KubernetesAllocationSource:
 
         configuration = Configuration()
         loader: Any = None
+        chosen = self.kubeconfig_choice
         try:
-            if self.config.kubeconfig:
-                loader = await kube_config.load_kube_config(
-                    config_file=self.config.kubeconfig, context=self.config.context or None,
-                    client_configuration=configuration, persist_config=False)
+            if chosen is None:
+                chosen = kubeconfig.choose(self.config, self.environ)
+            if not chosen.in_cluster:
+                # load_kube_config's own steps, with kubectl's context (the first file's
+                # current-context, where the merger would take the last one's)
+                from kubernetes_asyncio.config.kube_config import (
+                    ENV_KUBECONFIG_PATH_SEPARATOR,
+                    KubeConfigLoader,
+                    KubeConfigMerger,
+                )
+
+                merged = KubeConfigMerger(ENV_KUBECONFIG_PATH_SEPARATOR.join(chosen.files))
+                loader = KubeConfigLoader(config_dict=merged.config, config_base_path=None,
+                                          active_context=chosen.context)
+                await loader.load_and_set(configuration)
             else:
                 kube_config.load_incluster_config(
                     client_configuration=configuration,
                     token_filename=str(self.service_account / "token"),
                     cert_filename=str(self.service_account / "ca.crt"),
                     environ=self.environ)
-        except (kube_config.ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
-            key = "kubeconfig" if self.config.kubeconfig else "kubeconfig (in-cluster)"
-            raise KubernetesError(f"sources.kubernetes.{key}: {str(exc)[:300]}") from None
+        except (kube_config.ConfigException, OSError, ValueError, TypeError, KeyError,
+                SourceStartupError) as exc:
+            if isinstance(exc, SourceStartupError):
+                raise KubernetesError(str(exc)[:300]) from None
+            origin = chosen.origin if chosen is not None else kubeconfig.IN_CLUSTER.origin
+            raise KubernetesError(f"{origin}: {str(exc)[:300]}") from None
         context: Any = None
         host = str(configuration.host or "")
         if host.startswith("https"):
@@ -895,7 +914,7 @@ class KubernetesAllocationSource:
             self._unplaced = unplaced
             self._reading = SourceReading.of(snapshot, parse_errors=self._parse_errors)
             self._revisions = revisions
-        return self._reading
+        return self._emptied.check(self._reading)
 
     def _check_gpus(self, nodes: Sequence[KubeNode]) -> None:
         """Refuse a cluster over ``max_gpus`` before building anything of it.
@@ -929,27 +948,6 @@ class KubernetesAllocationSource:
             self._session = None
 
 
-def _check_kubeconfig(path: Path, context: str) -> None:
-    """The kubeconfig exists, is YAML and names the context: caught at start, named by key."""
-    from exporter.yamlfile import load_mapping
-
-    try:
-        if path.stat().st_size > 1024 * 1024:
-            raise SourceStartupError(f"sources.kubernetes.kubeconfig: {path} is over 1 MiB")
-    except OSError as exc:
-        raise SourceStartupError(
-            f"sources.kubernetes.kubeconfig: cannot read {path}: {exc.strerror}") from None
-    data = load_mapping(path, "the kubeconfig", _StartupError)
-    wanted = context or data.get("current-context")
-    names = [_map(c).get("name") for c in _list(data.get("contexts"))]
-    if not wanted:
-        raise SourceStartupError(f"sources.kubernetes.context: {path} has no current-context; "
-                                 "name one")
-    if wanted not in names:
-        raise SourceStartupError(f"sources.kubernetes.context: {wanted!r} is not a context of "
-                                 f"{path} (it has: {', '.join(map(str, names)) or 'none'})")
-
-
 def build(config: KubernetesConfig, clock: Clock,
           service_account: Path = SERVICE_ACCOUNT,
           environ: Mapping[str, str] | None = None) -> KubernetesAllocationSource:
@@ -957,20 +955,20 @@ def build(config: KubernetesConfig, clock: Clock,
     try:
         import aiohttp  # noqa: F401
         import kubernetes_asyncio  # noqa: F401
-    except ImportError as exc:
-        raise SourceStartupError(f"sources.kubernetes: {exc.name} is not installed "
-                                 "(pip install kubernetes_asyncio)") from None
-    if config.kubeconfig:
-        _check_kubeconfig(Path(config.kubeconfig), config.context)
-    elif not environ.get("KUBERNETES_SERVICE_HOST") or not environ.get("KUBERNETES_SERVICE_PORT"):
-        raise SourceStartupError(
-            "sources.kubernetes.kubeconfig: empty, and this is not a pod "
-            "(KUBERNETES_SERVICE_HOST/PORT unset): name a kubeconfig file")
-    elif not (service_account / "token").is_file():
-        raise SourceStartupError(
-            f"sources.kubernetes.kubeconfig: empty, and there is no service account token at "
-            f"{service_account / 'token'} (automountServiceAccountToken off?)")
+    except ImportError:
+        raise SourceStartupError(missing("kubernetes_asyncio", "sources.kubernetes")) from None
+    chosen = kubeconfig.choose(config, environ)  # kubectl's order: option, KUBECONFIG, ~/.kube
+    if chosen.in_cluster:
+        if not environ.get("KUBERNETES_SERVICE_HOST") or not environ.get("KUBERNETES_SERVICE_PORT"):
+            raise SourceStartupError(
+                "sources.kubernetes.kubeconfig: empty, and this is not a pod "
+                "(KUBERNETES_SERVICE_HOST/PORT unset): name a kubeconfig file (KUBECONFIG is "
+                "unset and there is no ~/.kube/config)")
+        if not (service_account / "token").is_file():
+            raise SourceStartupError(
+                f"sources.kubernetes.kubeconfig: empty, and there is no service account token at "
+                f"{service_account / 'token'} (automountServiceAccountToken off?)")
     if config.sync_timeout <= 0:
         raise SourceStartupError("sources.kubernetes.sync_timeout: must be above 0")
     return KubernetesAllocationSource(config, clock, service_account=service_account,
-                                      environ=environ)
+                                      environ=environ, kubeconfig_choice=chosen)

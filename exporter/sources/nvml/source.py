@@ -97,6 +97,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from exporter.extras import missing
 from exporter.snapshot import Gpu, GpuHealth, GpuPerformance, MigInstance, Node, XidCount
 from exporter.sources import Clock, SourceReading, SourceStartupError
 from exporter.sources.gpu_models import ModelInfo, ModelResolver, unknown_model
@@ -989,7 +990,11 @@ def build(config: NvmlConfig, clock: Clock, nvml: Any = None) -> NvmlGpuSource:
 
     pods = None
     if config.pod_resources:
-        from exporter.sources.nvml import pods as kubelet_pods
+        try:
+            from exporter.sources.nvml import pods as kubelet_pods
+        except ImportError as exc:  # grpcio or protobuf: gpufleet[podresources]
+            module = "google.protobuf" if "google" in str(exc.name) else "grpc"
+            raise SourceStartupError(missing(module, "sources.nvml.pod_resources")) from None
 
         pods = kubelet_pods.build(config.pod_resources_socket, config.pod_resources_timeout,
                                   config.pod_resources_stale_for, clock)

@@ -35,6 +35,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from exporter.aio import complete
 from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.sources import Clock, SourceReading, SourceStartupError
+from exporter.sources.emptied import EmptiedFleet
 from exporter.sources.slurm import children
 from exporter.sources.slurm.options import SlurmSource as SlurmConfig
 from exporter.sources.slurm.parse import (
@@ -279,6 +280,8 @@ class SlurmAllocationSource:
         if self.config.slurm_conf:
             env["SLURM_CONF"] = self.config.slurm_conf
         self._env = env
+        # issue 30: Slurm listing no GPU node after it listed some is a down source, not 0
+        self._emptied = EmptiedFleet(self.name, "Slurm listed no GPU node")
 
     def _argv(self, command: str, *args: str) -> list[str]:
         binary = str(Path(self.config.bin_dir) / command) if self.config.bin_dir else command
@@ -342,7 +345,7 @@ class SlurmAllocationSource:
         now = self.clock()
         snapshot = await asyncio.to_thread(to_snapshot, now, nodes, jobs, self._models,
                                            self.catalogue, self._qos)
-        return SourceReading.of(snapshot, parse_errors=self._parse_errors)
+        return self._emptied.check(SourceReading.of(snapshot, parse_errors=self._parse_errors))
 
     async def close(self) -> None:
         return None

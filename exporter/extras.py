@@ -1,0 +1,48 @@
+"""The optional parts of gpufleet and the pip extra each needs (issue 30, a lean node).
+
+``pip install gpufleet`` installs what node mode needs (NVML, the exposition, the
+analysis); the rest is an extra, installed where it is used:
+
+    gpufleet[cluster]       the kubernetes source's credentials (kubernetes_asyncio)
+    gpufleet[podresources]  the kubelet's PodResources API on a node (grpcio, protobuf)
+    gpufleet[replay]        the PNGs of ``gpufleet replay`` and ``gpufleet load`` (matplotlib)
+    gpufleet[dashboards]    ``gpufleet dashboards``, the Grafana generator (grafanalib)
+    gpufleet[all]           all of them
+
+A leaf module: the CLI, the sources and the plots call :func:`require` where they
+import the package, so a missing one is one line naming the extra, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from exporter.errors import UsageError
+
+# the extra that installs each optional top-level module
+EXTRA_OF = {
+    "kubernetes_asyncio": "cluster",
+    "grpc": "podresources",
+    "google.protobuf": "podresources",
+    "matplotlib": "replay",
+    "grafanalib": "dashboards",
+}
+
+
+class MissingExtra(UsageError):
+    """An optional package is not installed: the CLI prints the line and exits 2."""
+
+
+def missing(module: str, what: str) -> str:
+    """The one line a user sees: what needs the package and the install that adds it."""
+    return (f"{what} needs {module.split('.')[0]}, which is not installed: "
+            f"pip install 'gpufleet[{EXTRA_OF[module]}]'")
+
+
+def require(module: str, what: str) -> ModuleType:
+    """``import module``, or :class:`MissingExtra` naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtra(missing(module, what)) from None
