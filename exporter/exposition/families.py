@@ -12,6 +12,7 @@ cardinality bounded as jobs come and go.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -128,14 +129,35 @@ def _series_samples(series: tuple[metrics.Series, ...]) -> Callable[[Sequence[Gp
         return mixed
     of_fields = attrgetter(*(s.path.rpartition(".")[2] for s in series))
     values = _reader(part, of_fields if len(series) > 1 else lambda held: (of_fields(held),))
+    paired, unreported = _paired(labels), (None,) * len(series)
 
     def reported(gpus: Sequence[Gpu]) -> list[Pairs]:
-        # all of them paired in C; where some are not reported, only those that are
-        return [[] if row is None else list(zip(labels, row, strict=False)) if None not in row else
+        rows = values(gpus)
+        if None not in rows and None not in itertools.chain.from_iterable(rows):
+            return paired(rows)  # every GPU has the part and reports every field: most fleets
+        # a GPU that reports none of them (a counter its driver lacks) costs no zip
+        return [[] if row is None or row == unreported else
                 [(label, value) for label, value in zip(labels, row, strict=False) if value is not None]
-                for row in values(gpus)]
+                for row in rows]
 
     return reported
+
+
+def _paired(labels: list[tuple[str, ...]]) -> Callable[[list[tuple[Any, ...]]], list[Pairs]]:
+    """Each row of values paired with ``labels``, its series' label values. The catalogue's
+    families of fields have 2 to 4 series (retired pages, clocks, ECC): for those the pairs are
+    list displays, two and a half times as fast as a ``zip`` per GPU (its keyword alone costs
+    a dict), which made the health families 10% slower than the hand-written functions."""
+    if len(labels) == 2:
+        a, b = labels
+        return lambda rows: [[(a, x), (b, y)] for x, y in rows]
+    if len(labels) == 3:
+        a, b, c = labels
+        return lambda rows: [[(a, x), (b, y), (c, z)] for x, y, z in rows]
+    if len(labels) == 4:
+        a, b, c, d = labels
+        return lambda rows: [[(a, w), (b, x), (c, y), (d, z)] for w, x, y, z in rows]
+    return lambda rows: [list(zip(labels, row, strict=True)) for row in rows]
 
 
 def _field_samples(read: metrics.FromField) -> Callable[[Sequence[Gpu]], list[Pairs]]:
