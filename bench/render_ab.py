@@ -104,6 +104,10 @@ def main() -> None:
           f"{min(cpu['after']) / min(cpu['before']):.2f}x |")
     print(f"| CPU, sum of all | {sum(cpu['before']):.3f} s | {sum(cpu['after']):.3f} s | "
           f"{sum(cpu['after']) / sum(cpu['before']):.2f}x |")
+    # each snapshot's pair, rendered back to back: the least exposed to the load changing
+    ratios = [a / b for a, b in zip(cpu["after"], cpu["before"], strict=True)]
+    print(f"| after / before of each snapshot, median (min-max) | | | {statistics.median(ratios):.2f}x "
+          f"({min(ratios):.2f}-{max(ratios):.2f}) |")
 
 
 if __name__ == "__main__":
