@@ -29,7 +29,9 @@ the commit before, ``git worktree add --detach /tmp/render-before main``) in one
 ``--rounds`` times, a ``--render-only`` measurement of each, alternating, each in its own
 interpreter importing that checkout's ``exporter`` (``--checkout``), with this same script.
 Besides wall time it reports each steady render's CPU time (``time.process_time``), which
-other processes on a busy machine inflate far less.
+other processes on a busy machine inflate far less. Separate interpreters still differ by
+more than 5% on a loaded machine: ``bench/render_ab.py`` renders the same snapshots with both
+renderers in one process, alternately, which is the comparison to decide on.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ from exporter.exposition.lines import (
     value_lines,
 )
 from exporter.exposition.options import EVERY_FAMILY, ExpositionOptions
-from exporter.metrics import IDENTITY, Family, FamilySpec, Labels
+from exporter.metrics import IDENTITY, Family, FamilySpec, Labels, Pairs
 from exporter.snapshot import FleetSnapshot, Gpu
 
 CHUNK = 1024  # GPUs per block: 107 blocks per family at 108,800 GPUs
@@ -196,10 +196,11 @@ class ValueBlocks:
         spec = family.spec
         for chunk in chunks:
             if isinstance(family, GpuLabelledFamily):
-                body.add((spec.name, chunk.start), chunk.texts, list(map(family.samples, chunk.gpus)),
-                         _labelled_block(family, chunk, self.splits))
+                samples = family.samples_of(chunk.gpus)  # compared, and rendered if changed
+                body.add((spec.name, chunk.start), chunk.texts, samples,
+                         _labelled_block(family, chunk, self.splits, samples))
                 continue
-            values = list(map(family.value, chunk.gpus))
+            values = family.values(chunk.gpus)
 
             def make(chunk: Chunk = chunk, values: list[float | None] = values) -> Made:
                 text, series = value_lines(spec.name, chunk.texts, values)
@@ -240,7 +241,7 @@ class PartBlocks:
                 make = _labelled_block(family, chunk, self.splits)
             else:
                 def make(chunk: Chunk = chunk, family: GpuFamily = family) -> Made:
-                    text, series = value_lines(spec.name, chunk.texts, list(map(family.value, chunk.gpus)))
+                    text, series = value_lines(spec.name, chunk.texts, family.values(chunk.gpus))
                     return chunk.head(spec) + text, series
             body.add((spec.name, chunk.start), chunk.texts, self.objects(part, chunk), make)
 
@@ -248,12 +249,15 @@ class PartBlocks:
         cache.parts = self.now
 
 
-def _labelled_block(family: GpuLabelledFamily, chunk: Chunk, splits: IdentitySplits) -> Callable[[], Made]:
-    """What makes one chunk's block of a labelled family, called only when its inputs changed."""
+def _labelled_block(family: GpuLabelledFamily, chunk: Chunk, splits: IdentitySplits,
+                    samples: list[Pairs] | None = None) -> Callable[[], Made]:
+    """What makes one chunk's block of a labelled family, called only when its inputs changed;
+    from ``samples`` where they were read to be compared, else read now."""
 
     def make() -> Made:
         view = SplitsChunk(splits, chunk.start, chunk.start + len(chunk.gpus))
-        text, series = render_labelled(family.spec, family.samples, chunk.gpus, view)
+        text, series = render_labelled(
+            family.spec, family.samples_of(chunk.gpus) if samples is None else samples, view)
         return chunk.head(family.spec) + text, series
 
     return make

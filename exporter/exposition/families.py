@@ -12,6 +12,7 @@ cardinality bounded as jobs come and go.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -26,118 +27,160 @@ from exporter.snapshot import Allocation, FleetSnapshot, Gpu
 @dataclass(frozen=True, slots=True)
 class GpuFamily:
     """A "gpu" family of the catalogue and the value each GPU gives it (None: absent; a bool
-    is 1 or 0). Where the value is a top-level field, ``value`` is an ``attrgetter``: a render
-    reads a block's values with ``map`` in C, 108,800 GPUs a family every snapshot."""
+    is 1 or 0). ``values`` reads a block's GPUs in one call, in C where it can (``map`` of an
+    ``attrgetter``): a render reads 108,800 GPUs a family every snapshot. ``value`` is the
+    same read of one GPU."""
 
     spec: FamilySpec
-    value: Callable[[Gpu], float | bool | None]
+    values: Callable[[Sequence[Gpu]], list[float | bool | None]]
     # "health" / "performance": the value is read from that immutable part of the GPU alone,
     # so a block whose GPUs hold the same parts as last time is reused without a call
     part: str | None = None
+
+    def value(self, gpu: Gpu) -> float | bool | None:
+        return self.values((gpu,))[0]
 
 
 @dataclass(frozen=True, slots=True)
 class GpuLabelledFamily:
     """A "gpu_labelled" family: each GPU gives (extra label values, value) pairs, the values in
-    the order ``spec.labels`` lists them after the identity labels."""
+    the order ``spec.labels`` lists them after the identity labels. ``samples_of`` reads a
+    block's GPUs in one call (no Python call per GPU); ``samples`` is the same read of one."""
 
     spec: FamilySpec
-    samples: Callable[[Gpu], Pairs]
+    samples_of: Callable[[Sequence[Gpu]], list[Pairs]]
     part: str | None = None  # as GpuFamily.part
 
+    def samples(self, gpu: Gpu) -> Pairs:
+        return self.samples_of((gpu,))[0]
 
-def _field(path: str) -> Callable[[Gpu], Any]:
-    """The value at ``path`` (``FamilySpec.read``) of a GPU: None where its part is None."""
-    part, _, name = path.rpartition(".")
+
+Reader = Callable[[Sequence[Gpu]], list[Any]]
+
+
+def _reader(part: str, of_part: Callable[[Any], Any]) -> Reader:
+    """Per GPU of a block, ``of_part`` of its ``part`` ("" for the Gpu itself), None where the
+    part is None. Where every GPU has the part (all of them, or none, in a fleet) both reads
+    are ``map`` in C, with no Python call per GPU (docs/performance.md, issue 27: per-GPU
+    closures made a render with health values 6-9% slower than hand-written functions)."""
     if not part:
-        return attrgetter(name)
-    of_gpu, of_part = attrgetter(part), attrgetter(name)
+        return lambda gpus: list(map(of_part, gpus))
+    of_gpu = attrgetter(part)
 
-    def value(gpu: Gpu) -> Any:
-        held = of_gpu(gpu)
-        return None if held is None else of_part(held)
+    def read(gpus: Sequence[Gpu]) -> list[Any]:
+        held = list(map(of_gpu, gpus))
+        if all(held):  # no part is None (a part object is always true): both in C
+            return list(map(of_part, held))
+        return [None if h is None else of_part(h) for h in held]
 
-    return value
+    return read
 
 
-def _series_samples(series: tuple[metrics.Series, ...]) -> Callable[[Gpu], Pairs]:
+def _field(path: str) -> Reader:
+    """The value at ``path`` (``FamilySpec.read``) of each GPU: None where its part is None."""
+    part, _, name = path.rpartition(".")
+    return _reader(part, attrgetter(name))
+
+
+def _series_samples(series: tuple[metrics.Series, ...]) -> Callable[[Sequence[Gpu]], list[Pairs]]:
     """Per GPU, the pairs of the series whose field is known: an unsupported counter has no
     series, never 0. A series with a ``bit`` is 1 while that bit of its field is set.
 
-    The fields of a family's series lie in one part of the GPU (or all at its top level):
-    the part is read once and its fields together, by one ``attrgetter`` in C, as a render
-    with health values calls this for every GPU of 8 families every snapshot."""
+    Specialised by the series' shape, as a render with health values reads 8 such families
+    for every GPU every snapshot: fields in one part (or all at its top level) are read
+    together, by one ``attrgetter`` in C, and paired in C where all are reported; the bits of
+    one field (clock event reasons) are tested against that one value."""
     parts = {s.path.rpartition(".")[0] for s in series}
+    # per GPU, a row of one value per series, of the same length as these by construction:
+    # the zips below are not strict (one check fewer per GPU)
+    labels = [s.labels for s in series]
+    bits = [s.bit for s in series]
     if len(parts) != 1:  # not in one part: each field on its own
-        reads = [(s.labels, _field(s.path), s.bit) for s in series]
+        fields = [_field(s.path) for s in series]
 
-        def each(gpu: Gpu) -> Pairs:
-            pairs = [(labels, value_of(gpu), bit) for labels, value_of, bit in reads]
-            return [(labels, (1.0 if value & bit else 0.0) if bit else value)
-                    for labels, value, bit in pairs if value is not None]
+        def each(gpus: Sequence[Gpu]) -> list[Pairs]:
+            columns = [read(gpus) for read in fields]
+            return [[(label, (1.0 if value & bit else 0.0) if bit else value)
+                     for label, value, bit in zip(labels, row, bits, strict=False) if value is not None]
+                    for row in zip(*columns, strict=False)]
 
         return each
     part = parts.pop()
-    of_gpu: Callable[[Gpu], Any] = attrgetter(part) if part else lambda gpu: gpu
-    names = [s.path.rpartition(".")[2] for s in series]
-    # a tuple of the fields' values, even for one field
-    of_part = attrgetter(*names) if len(names) > 1 else lambda held: (getattr(held, names[0]),)
-    labels = [s.labels for s in series]
-    bits = [s.bit for s in series]
+    names = list(dict.fromkeys(s.path.rpartition(".")[2] for s in series))
+    if len(names) == 1 and all(bits):  # the bits of one field: each series one bit of it
+        masks = _reader(part, attrgetter(names[0]))
+        flags = list(zip(labels, bits, strict=True))
 
-    if any(bits):
-        def flags(gpu: Gpu) -> Pairs:
-            held = of_gpu(gpu)
-            if held is None:
-                return []
-            return [(label, (1.0 if value & bit else 0.0) if bit else value)
-                    for label, value, bit in zip(labels, of_part(held), bits, strict=True)
-                    if value is not None]
+        def bits_of(gpus: Sequence[Gpu]) -> list[Pairs]:
+            return [[] if mask is None else [(label, 1.0 if mask & bit else 0.0) for label, bit in flags]
+                    for mask in masks(gpus)]
 
-        return flags
+        return bits_of
+    if any(bits):  # bits and values mixed: each series' field of the tuple read
+        of_series = attrgetter(*(s.path.rpartition(".")[2] for s in series))
+        rows = _reader(part, of_series if len(series) > 1 else lambda held: (of_series(held),))
 
-    def values(gpu: Gpu) -> Pairs:
-        held = of_gpu(gpu)
-        if held is None:
-            return []
-        read = of_part(held)
-        if None in read:  # some not reported: only those that are
-            return [(label, value) for label, value in zip(labels, read, strict=True) if value is not None]
-        return list(zip(labels, read, strict=True))  # all of them, paired in C
+        def mixed(gpus: Sequence[Gpu]) -> list[Pairs]:
+            return [[] if row is None else
+                    [(label, (1.0 if value & bit else 0.0) if bit else value)
+                     for label, value, bit in zip(labels, row, bits, strict=False) if value is not None]
+                    for row in rows(gpus)]
 
-    return values
+        return mixed
+    of_fields = attrgetter(*(s.path.rpartition(".")[2] for s in series))
+    values = _reader(part, of_fields if len(series) > 1 else lambda held: (of_fields(held),))
+    paired, unreported = _paired(labels), (None,) * len(series)
+
+    def reported(gpus: Sequence[Gpu]) -> list[Pairs]:
+        rows = values(gpus)
+        if None not in rows and None not in itertools.chain.from_iterable(rows):
+            return paired(rows)  # every GPU has the part and reports every field: most fleets
+        # a GPU that reports none of them (a counter its driver lacks) costs no zip
+        return [[] if row is None or row == unreported else
+                [(label, value) for label, value in zip(labels, row, strict=False) if value is not None]
+                for row in rows]
+
+    return reported
 
 
-def _field_samples(read: metrics.FromField) -> Callable[[Gpu], Pairs]:
+def _paired(labels: list[tuple[str, ...]]) -> Callable[[list[tuple[Any, ...]]], list[Pairs]]:
+    """Each row of values paired with ``labels``, its series' label values. The catalogue's
+    families of fields have 2 to 4 series (retired pages, clocks, ECC): for those the pairs are
+    list displays, two and a half times as fast as a ``zip`` per GPU (its keyword alone costs
+    a dict), which made the health families 10% slower than the hand-written functions."""
+    if len(labels) == 2:
+        a, b = labels
+        return lambda rows: [[(a, x), (b, y)] for x, y in rows]
+    if len(labels) == 3:
+        a, b, c = labels
+        return lambda rows: [[(a, x), (b, y), (c, z)] for x, y, z in rows]
+    if len(labels) == 4:
+        a, b, c, d = labels
+        return lambda rows: [[(a, w), (b, x), (c, y), (d, z)] for w, x, y, z in rows]
+    return lambda rows: [list(zip(labels, row, strict=True)) for row in rows]
+
+
+def _field_samples(read: metrics.FromField) -> Callable[[Sequence[Gpu]], list[Pairs]]:
     """Per GPU, the pairs ``read.samples`` makes of the field's value; none while it is absent
     or empty (no XID seen: most GPUs, without a call)."""
-    part, _, name = read.path.rpartition(".")
-    of_gpu: Callable[[Gpu], Any] = attrgetter(part) if part else lambda gpu: gpu
-    of_part, make = attrgetter(name), read.samples
-
-    def samples(gpu: Gpu) -> Pairs:
-        held = of_gpu(gpu)
-        if held is None:
-            return []
-        value = of_part(held)
-        return make(value) if value else []
-
-    return samples
+    values, make = _field(read.path), read.samples
+    return lambda gpus: [make(value) if value else [] for value in values(gpus)]
 
 
 def gpu_family(spec: FamilySpec) -> GpuFamily | GpuLabelledFamily:
     """The renderer's entry for a per-GPU family, made from its catalogue record alone."""
     read = spec.read
     if spec.kind == "gpu":
-        value = _field(read) if isinstance(read, str) else read
-        assert callable(value), spec.name
-        return GpuFamily(spec, value, spec.part)
+        if isinstance(read, str):
+            return GpuFamily(spec, _field(read), spec.part)
+        assert callable(read), spec.name
+        return GpuFamily(spec, _reader("", read), spec.part)
     if isinstance(read, tuple):
         return GpuLabelledFamily(spec, _series_samples(read), spec.part)
     if isinstance(read, metrics.FromField):
         return GpuLabelledFamily(spec, _field_samples(read), spec.part)
     assert callable(read), spec.name
-    return GpuLabelledFamily(spec, read, spec.part)
+    return GpuLabelledFamily(spec, _reader("", read), spec.part)
 
 
 # Every family each GPU gives its values directly, in catalogue order (the body's).

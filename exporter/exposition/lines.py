@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
 
 from exporter import metrics
@@ -86,10 +86,10 @@ class SplitsChunk(IdentitySplits):
         return self.whole.joined(start, stop)[self.start:self.stop]
 
 
-def render_labelled(spec: FamilySpec, samples_of: Callable[[Gpu], Pairs], gpus: Sequence[Gpu],
+def render_labelled(spec: FamilySpec, samples_of_gpus: Sequence[Pairs],
                     splits: IdentitySplits) -> tuple[str, int]:
-    """A labelled per-GPU family (``samples_of`` gives each GPU's pairs): its text and series
-    count. Each GPU's text around the extra
+    """A labelled per-GPU family (``samples_of_gpus``: each GPU's pairs, those of ``splits``'
+    GPUs in order): its text and series count. Each GPU's text around the extra
     label values is built once from ``splits``, the values are formatted together
     (:func:`go_texts`) and the lines joined in one call. The extra values are gpufleet's own
     words and numbers (reasons, causes, XID codes), never text read from a source, so they
@@ -104,7 +104,7 @@ def render_labelled(spec: FamilySpec, samples_of: Callable[[Gpu], Pairs], gpus: 
     order = [i for _, _, i in placed]
     prefixes: list[str] = []
     values: list[float] = []
-    for g, samples in enumerate(map(samples_of, gpus)):
+    for g, samples in enumerate(samples_of_gpus):
         if not samples:
             continue
         # pieces[k] precedes the k-th extra value (sorted order); the last closes the braces
