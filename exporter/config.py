@@ -166,7 +166,7 @@ class WebConfig:
     shutdown_grace: Duration = _opt(
         Duration(10), help="On SIGTERM or SIGINT, new connections are refused and responses "
         "in flight get this long to finish before the process exits; the default is "
-        "Prometheus' default scrape_timeout, within systemd's and Kubernetes' stop timeouts.",
+        "Prometheus' default scrape_timeout, inside the shipped units' 30 s stop timeouts.",
         min=0,
     )
     stall_intervals: int = _opt(
