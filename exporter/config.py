@@ -161,7 +161,18 @@ class WebConfig:
     )
     config_file: str = _opt(
         "", help="node_exporter's web config file (TLS, basic auth, headers; exporter-toolkit "
-        "format), read again when it changes; --web.config.file wins.",
+        "format), read again when it changes or on SIGHUP; --web.config.file wins.",
+    )
+    shutdown_grace: Duration = _opt(
+        Duration(10), help="On SIGTERM or SIGINT, new connections are refused and responses "
+        "in flight get this long to finish before the process exits; the default is "
+        "Prometheus' default scrape_timeout, inside the shipped units' 30 s stop timeouts.",
+        min=0,
+    )
+    stall_intervals: int = _opt(
+        3, help="/-/ready answers 503 when the last collection finished more than this many "
+        "collect_intervals ago (never less than source_timeout plus one collect_interval, "
+        "the longest a collection may take by design).", min=1,
     )
 
 

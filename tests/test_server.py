@@ -15,7 +15,7 @@ from exporter.snapshot import from_json
 from exporter.sources import NoData, SourceReading
 from exporter.sources.sim.options import SimSource
 from exporter.sources.sim.source import build as sim_source
-from exporter.web.server import STATE, make_app, snapshot_bodies
+from exporter.web.server import CONFIG, STATE, make_app, snapshot_bodies, stall_limit
 
 START = 1_760_000_000.0
 
@@ -213,3 +213,42 @@ async def test_snapshot_encoded_once_per_snapshot_and_gzipped(aiohttp_client):
     assert "Content-Encoding" not in plain.headers
     assert gzip.decompress(bodies.pop()) == await plain.read()
     assert state.snapshot_body[1] is job  # the same encoding served every request
+
+
+async def test_ready_turns_503_while_collection_stalls_and_200_once_it_recovers(aiohttp_client):
+    # a collection that never ends (here a snapshot listener stuck on a lock, as the advisor's
+    # was under an alert flood): /metrics keeps serving the last bytes, so only /-/ready can say
+    app = _app(interval=0.1)
+    config = app[CONFIG]
+    app[CONFIG] = dataclasses.replace(config, web=dataclasses.replace(config.web, stall_intervals=3))
+    assert stall_limit(app[CONFIG]) == 0.6  # source_timeout 0.5 + one interval beats 3 x 0.1
+    unstuck = asyncio.Event()
+    unstuck.set()
+    app[STATE].snapshot_listeners.append(lambda snapshot: unstuck.wait())
+    client = await aiohttp_client(app)
+    await _wait_ready(client)
+    unstuck.clear()
+    stuck_at = asyncio.get_running_loop().time()
+    while True:
+        resp = await client.get("/-/ready")
+        if resp.status == 503:
+            break
+        assert resp.status == 200
+        assert asyncio.get_running_loop().time() - stuck_at < 10, "never turned 503"
+        await asyncio.sleep(0.05)
+    assert asyncio.get_running_loop().time() - stuck_at >= 0.6 - 0.1  # not before the limit
+    body = await resp.text()
+    assert body.startswith("gpufleet is not ready: collection stalled: the last one finished ")
+    assert "more than 0.6s (web.stall_intervals=3 x collect_interval=0.1s)" in body
+    assert (await client.get("/-/healthy")).status == 200  # alive: a restart would not help
+    assert (await client.get("/metrics")).status == 200  # the last snapshot still serves
+    unstuck.set()
+    await _wait_ready(client)
+    assert (await client.get("/-/ready")).status == 200
+
+
+def test_stall_limit_is_n_intervals_unless_a_timed_out_source_takes_longer():
+    config = Config(collect_interval=5, source_timeout=10)
+    assert config.web.stall_intervals == 3
+    assert stall_limit(config) == 15.0
+    assert stall_limit(dataclasses.replace(config, source_timeout=60)) == 65.0

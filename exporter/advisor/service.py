@@ -75,9 +75,9 @@ class TokenFile:
         # size and inode too: a rewrite within one mtime tick, or a rename over the file
         return (info.st_mtime_ns, info.st_size, info.st_ino)
 
-    def __call__(self) -> bytes | None:
+    def __call__(self, force: bool = False) -> bytes | None:
         stamp = self._stat()
-        if stamp != self._stamp:
+        if stamp != self._stamp or force:  # force: SIGHUP reads it again, changed or not
             self._stamp = stamp
             try:
                 self._token = _read_secret(self.path, self.KEY)

@@ -7,9 +7,11 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -90,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     logs.setup(config.log.level, config.log.format, queued=True)
+    # SIGHUP's default action kills the process; until serve() takes it over, the files are
+    # being read anyway. A handler, not SIG_IGN: an ignored signal stays ignored in children
+    signal.signal(signal.SIGHUP, _sighup_during_start)
     names = enabled_sources(config)
     if not names:
         raise ConfigError("sources: no source is enabled (enable sources.sim, or pass --source)")
@@ -101,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufleet: {exc}", file=sys.stderr)
         return 2
     guard = protection(config, advisor, live)
+    state.reloaders.extend(reloaders(guard))
     app = make_app(config, collector, state, guard)
     if advisor is not None:
         from exporter.advisor.service import install
@@ -125,6 +131,25 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(serve(app, sock, config.web))
     log.info("stopped")
     return 0
+
+
+def _sighup_during_start(signum: int, frame: object) -> None:
+    log.info("SIGHUP while starting: ignored, the files are being read now")
+
+
+def reloaders(guard: Protection) -> list[tuple[str, Callable[[], object]]]:
+    """What SIGHUP reads again (exporter/web/server.py, Reload): the web config file and the
+    advisor's token file. A token from the environment cannot change under a running process."""
+    from exporter.advisor.service import TokenFile  # imported by now: protection() read the token
+
+    found: list[tuple[str, Callable[[], object]]] = []
+    live = guard.web
+    if live is not None:
+        found.append(("web_config", lambda: "changed" if live.poll(force=True) else "unchanged"))
+    token = guard.read_token
+    if isinstance(token, TokenFile):  # the advisor's too: protection() hands over the same one
+        found.append(("token_file", lambda: "read" if token(force=True) else "refused"))
+    return found
 
 
 def metrics_url(address: tuple, scheme: str = "http") -> str:

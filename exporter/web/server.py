@@ -24,6 +24,7 @@ import gzip
 import json
 import logging
 import math
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -71,6 +72,13 @@ class ServingState:
     # (run CPU-heavy work with asyncio.to_thread: listeners run on the event loop)
     snapshot_listeners: list[Callable[[FleetSnapshot], object]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # time.monotonic() when the last collection finished (None: none yet); /-/ready compares
+    # it with the stall limit, so a collection that hangs is seen even while stale bytes serve.
+    # Monotonic: a wall clock stepped back must not read as a stall, nor forward hide one
+    collected_at: float | None = None
+    # what SIGHUP reads again: (name in the log line, a blocking call run in a thread that
+    # returns a short outcome for that line); serve and other parts append their own
+    reloaders: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
     # which families are served and the cluster label (serve_cmd.exposition_options)
     exposition: ExpositionOptions = field(default_factory=ExpositionOptions)
 
@@ -112,6 +120,7 @@ async def collect_once(app: web.Application, labels: LabelCache) -> None:
     rendered = await collect_and_render(collector, state, labels, config.gzip_level)
     state.current = rendered
     state.collections += 1
+    state.collected_at = time.monotonic()
     state.ready.set()
     log.debug("collected", extra={"gpus": len(rendered.snapshot.gpus), "series": rendered.series,
                                   "render_seconds": round(rendered.render_seconds, 4)})
@@ -175,9 +184,34 @@ async def healthy(request: web.Request) -> web.Response:
     return web.Response(text="gpufleet is healthy.\n")
 
 
+def stall_limit(config: Config) -> float:
+    """Seconds after the last finished collection at which collection counts as stalled:
+    ``web.stall_intervals`` collect intervals, but never less than ``source_timeout`` plus one
+    interval, since a collection whose source times out takes that long by design."""
+    interval = config.collect_interval
+    return max(config.web.stall_intervals * interval, config.source_timeout + interval)
+
+
+def stalled(state: ServingState, config: Config, now: float | None = None) -> str | None:
+    """Why collection counts as stalled, or None while it keeps up."""
+    if state.collected_at is None:
+        return None
+    age = (time.monotonic() if now is None else now) - state.collected_at
+    limit = stall_limit(config)
+    if age <= limit:
+        return None
+    return (f"collection stalled: the last one finished {age:.1f}s ago, more than {limit:g}s "
+            f"(web.stall_intervals={config.web.stall_intervals} x collect_interval="
+            f"{config.collect_interval:g}s); /metrics serves that snapshot")
+
+
 async def ready(request: web.Request) -> web.Response:
-    if request.app[STATE].current is None:
+    state = request.app[STATE]
+    if state.current is None:
         return web.Response(status=503, text="gpufleet is not ready: no snapshot yet.\n")
+    reason = stalled(state, request.app[CONFIG])
+    if reason is not None:
+        return web.Response(status=503, text=f"gpufleet is not ready: {reason}.\n")
     return web.Response(text="gpufleet is ready.\n")
 
 
@@ -351,7 +385,8 @@ async def start(app: web.Application, sock: socket.socket, limits: WebConfig,
         log.info("web.max_connections lowered to fit the open-file limit",
                     extra={"configured": limits.max_connections, "effective": max_connections})
     runner = web.AppRunner(app, handle_signals=handle_signals, access_log=None,
-                           keepalive_timeout=limits.keepalive_timeout)
+                           keepalive_timeout=limits.keepalive_timeout,
+                           shutdown_timeout=limits.shutdown_grace)
     await runner.setup()
     live = app[PROTECTION].web
     tls = live.ssl_context if live is not None and live.tls else None
@@ -359,20 +394,79 @@ async def start(app: web.Application, sock: socket.socket, limits: WebConfig,
     return runner
 
 
-async def serve(app: web.Application, sock: socket.socket, limits: WebConfig) -> None:
-    """``web.run_app`` with the connection limits: it takes no protocol factory of ours.
+class Reload:
+    """SIGHUP, as Prometheus and Alertmanager take it: read the files again now (the
+    ``reloaders`` of :class:`ServingState`), in a thread, with one log line of outcomes.
+    A SIGHUP during a reload runs one more after it, not one per signal."""
 
-    SIGINT and SIGTERM raise ``web.GracefulExit`` out of the loop, as in run_app.
+    def __init__(self, state: ServingState) -> None:
+        self.state = state
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def requested(self) -> None:
+        """The signal handler: on the loop, so it only schedules."""
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self._again = False
+            outcomes = await asyncio.to_thread(self.run_once)
+            log.info("reloaded on SIGHUP", extra=outcomes)
+            if not self._again:
+                return
+
+    def run_once(self) -> dict[str, object]:
+        outcomes: dict[str, object] = {}
+        for name, reload in self.state.reloaders:
+            try:
+                outcomes[name] = reload()
+            except Exception as exc:  # one broken reloader must not stop the others
+                log.exception("reload failed", extra={"what": name})
+                outcomes[name] = f"failed: {type(exc).__name__}"
+        return outcomes
+
+
+async def serve(app: web.Application, sock: socket.socket, limits: WebConfig) -> None:
+    """``web.run_app`` with the connection limits (it takes no protocol factory of ours),
+    and the signals as operators expect them.
+
+    SIGTERM or SIGINT: the listening socket closes, idle keep-alive connections close, and
+    responses in flight get ``web.shutdown_grace`` to finish (a slow scraper still gets the
+    whole body) before the collection stops; a second signal ends at once. SIGHUP: the
+    files are read again (:class:`Reload`), and the process lives.
     """
     loop = asyncio.get_running_loop()
     shed = shed_log(loop)  # one line per 10 s for shed connections and accept() errors
     loop.set_exception_handler(accept_error_handler(shed))
-    runner = await start(app, sock, limits, handle_signals=True, shed=shed)
+    runner = await start(app, sock, limits, shed=shed)
+    stopping = asyncio.Event()
+    reload = Reload(app[STATE])
+
+    def stop(signum: int) -> None:
+        if stopping.is_set():  # the operator insists: no more grace
+            log.warning("second stop signal: exiting now", extra={"signal": signal.Signals(signum).name})
+            raise web.GracefulExit()
+        stopping.set()
+        log.info("stopping: no new connections, responses in flight may finish",
+                 extra={"signal": signal.Signals(signum).name,
+                        "grace_seconds": limits.shutdown_grace})
+
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop, signum)
+    loop.add_signal_handler(signal.SIGHUP, reload.requested)
     try:
-        while True:
-            await asyncio.sleep(3600)
+        await stopping.wait()
     finally:
-        await runner.cleanup()
+        try:
+            await runner.cleanup()
+        finally:
+            for signum in handled:
+                loop.remove_signal_handler(signum)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

@@ -734,10 +734,11 @@ class LiveWebConfig:
         """The context a new connection gets: the current one."""
         return self.current.context
 
-    def poll(self) -> bool:
-        """Reload if a watched file changed; True when a new version was taken."""
+    def poll(self, force: bool = False) -> bool:
+        """Reload if a watched file changed, or at once when ``force`` (SIGHUP); True when
+        a new version was taken."""
         stamp = _stamp(self._paths)
-        if stamp == self._seen:
+        if stamp == self._seen and not force:
             return False
         self._seen = stamp
         try:
@@ -746,7 +747,7 @@ class LiveWebConfig:
                 raise ConfigError(f"{self.path}: tls_server_config: turning TLS "
                                   f"{'on' if loaded.context else 'off'} needs a restart")
         except ConfigError as exc:
-            if self._failed != stamp:  # one line per broken version, not one per second
+            if force or self._failed != stamp:  # one line per broken version, or per SIGHUP
                 self._failed = stamp
                 log.error(f"web config not reloaded, keeping the last good one: {exc}")
             return False
