@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("exporter.cli.replay", "Replay a pod trace by each placement policy: CSV and PNG."),
     "load": ("exporter.cli.load", "Replay hourly pool demand by each scaling policy: CSV and PNG."),
     "plan": ("exporter.cli.plan", "The advisor's plan as JSON, PodMigrationJobs or Evictions."),
+    "simulate": ("exporter.cli.simulate", "Replay the fleet over days per strategy: outcomes.csv and PNG."),
 }
 
 
