@@ -270,3 +270,27 @@ def test_the_cli_lists_the_strategies_the_package_has():
     from exporter.simulate.strategies import STRATEGIES
 
     assert STRATEGY_NAMES == STRATEGIES
+
+
+def test_the_advisors_snapshot_lists_every_running_job_as_it_runs_and_the_queue():
+    from exporter.simulate.advisor_loop import snapshot_of
+
+    sim = sim_of(tiny_fleet(nodes=3))
+    cluster = sim.cluster
+    small, gang = job(1, 1, 5000, share=0.5, high=True), job(2, 8, 5000, parts=1)
+    for j in (small, gang):
+        cluster.start(j, cluster.find(j), 0.0)
+    waiting = job(3, 8, 100, submit=5)
+    sim.scheduler.submit(waiting)
+    cache: dict = {}
+    snap = snapshot_of(sim, 1000.0, cache)
+    by_job = {a.job: a for a in snap.allocations}
+    assert set(by_job) == {"1", "2"}
+    assert by_job["1"].priority == 1000 and by_job["1"].placements[0].gpu_share == 0.5
+    assert by_job["1"].last_checkpoint_time == 900.0  # 15-min checkpoints since it started at 0
+    assert [p.job for p in snap.pending] == ["3"]
+    # a job that moved is listed where it is now, not where the cache saw it
+    cluster.move(small, cluster.find(small, exclude=[small.placements[0].node]), 1000.0)
+    moved = {a.job: a for a in snapshot_of(sim, 1100.0, cache).allocations}["1"]
+    assert moved.placements[0].node == small.placements[0].node_name
+    assert moved.last_checkpoint_time == 1120.0  # its run restarted after the restore

@@ -36,6 +36,7 @@ Two decision rules, selectable as strategies:
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,8 @@ class AdvisorStrategy:
     _last_unblock: float = -math.inf
     _now: float = 0.0
     decisions: dict[str, int] = field(default_factory=dict)
+    # job -> (its version and last checkpoint, its allocation): rebuilt only when either changed
+    _allocations: dict[int, tuple[tuple[int, float], Allocation]] = field(default_factory=dict, repr=False)
 
     def _setup(self) -> None:
         from exporter.advisor.engine import Advisor
@@ -96,7 +99,7 @@ class AdvisorStrategy:
             self._setup()
         self._now = now
         self._carry_out_waiting(sim, now)
-        snapshot = snapshot_of(sim, now)
+        snapshot = snapshot_of(sim, now, self._allocations)
         report = self._analyzer.analyze(snapshot)
         advice = self._advisor.observe(snapshot, report)
         decision = advice["decision"]
@@ -179,22 +182,35 @@ class AdvisorStrategy:
             sim.scheduler.disturbed()
 
 
-def snapshot_of(sim: Sim, now: float) -> FleetSnapshot:
-    """The simulated fleet as a source would report it: allocations and the pending queue."""
+def snapshot_of(sim: Sim, now: float,
+                cache: dict[int, tuple[tuple[int, float], Allocation]] | None = None) -> FleetSnapshot:
+    """The simulated fleet as a source would report it: allocations and the pending queue.
+
+    ``cache`` keeps each job's allocation while the job neither moved nor checkpointed, so a
+    snapshot of a thousand jobs costs a few allocations, not a thousand.
+    """
     fleet = sim.fleet
     interval = sim.cluster.cost.checkpoint
+    cache = {} if cache is None else cache
     allocations = []
     for job in sim.cluster.running.values():
-        allocations.append(Allocation(
-            job=str(job.id),
-            placements=tuple(Part(p.node_name, p.gpus, p.gpu_share if p.gpus else 1.0, p.cpus)
-                             for p in job.placements),
-            namespace=f"team-{job.id % NAMESPACES}", pod=f"job-{job.id}",
-            priority=1000 if job.high else 0, start_time=job.start,
-            last_checkpoint_time=job.last_checkpoint(now, interval), allowed_models=job.models))
+        key = (job.version, job.last_checkpoint(now, interval))
+        held = cache.get(job.id)
+        if held is None or held[0] != key:
+            held = (key, Allocation(
+                job=str(job.id),
+                placements=tuple(Part(p.node_name, p.gpus, p.gpu_share if p.gpus else 1.0, p.cpus)
+                                 for p in job.placements),
+                namespace=f"team-{job.id % NAMESPACES}", pod=f"job-{job.id}",
+                priority=1000 if job.high else 0, start_time=job.start,
+                last_checkpoint_time=key[1], allowed_models=job.models))
+            cache[job.id] = held
+        allocations.append(held[1])
+    for gone in [k for k in cache if k not in sim.cluster.running]:
+        del cache[gone]
     pending = tuple(JobRequest(str(j.id), j.gpus, j.share if j.gpus else 1.0, j.cpus, j.parts, j.models,
                                priority=1000 if j.high else 0, submit_time=j.submit)
-                    for j in sim.scheduler.queue.jobs()[:PENDING_LISTED])
+                    for j in itertools.islice(sim.scheduler.queue.ordered(), PENDING_LISTED))
     return FleetSnapshot(now, fleet.nodes, fleet.gpus, tuple(allocations), pending)
 
 
@@ -209,7 +225,7 @@ def lets_a_queued_job_start(sim: Sim, moves: list[_Move]) -> bool:
     index = {name: i for i, name in enumerate(placer.names)}
     blocked = []
     seen: set[tuple] = set()
-    for job in sim.scheduler.queue.jobs()[:PENDING_LISTED]:
+    for job in itertools.islice(sim.scheduler.queue.ordered(), PENDING_LISTED):
         if job.shape_key not in seen:
             seen.add(job.shape_key)
             if cluster.find(job) is None:
