@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -64,21 +63,32 @@ class _Move:
     expires: float
 
 
+DEMAND_CHECK = 60.0  # the revised rule looks at the queue's head this often (consolidation's cadence)
+
+
 @dataclass
 class AdvisorStrategy:
+    """The advisor evaluates every ``evaluate_every``; the revised rule also checks the queue's
+    blocked head every :data:`DEMAND_CHECK` (cheap: no snapshot unless a plan is possible)."""
+
     name: str = "advisor"
-    interval: float = 60.0
+    evaluate_every: float = 60.0
     revised: bool = True
+    interval: float = field(init=False)
+    _next_evaluation: float = 0.0
+    _tried: tuple[int, int] | None = field(default=None, repr=False)  # (head, releases) with no way
     _advisor: Any = field(default=None, repr=False)
     _analyzer: Any = field(default=None, repr=False)
     _plan_settings: Any = field(default=None, repr=False)
     _seen: set[str] = field(default_factory=set, repr=False)
     _waiting: list[_Move] = field(default_factory=list, repr=False)
-    _last_unblock: float = -math.inf
     _now: float = 0.0
     decisions: dict[str, int] = field(default_factory=dict)
     # job -> (its version and last checkpoint, its allocation): rebuilt only when either changed
     _allocations: dict[int, tuple[tuple[int, float], Allocation]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.interval = min(DEMAND_CHECK, self.evaluate_every) if self.revised else self.evaluate_every
 
     def _setup(self) -> None:
         from exporter.advisor.engine import Advisor
@@ -99,6 +109,11 @@ class AdvisorStrategy:
             self._setup()
         self._now = now
         self._carry_out_waiting(sim, now)
+        if now < self._next_evaluation:
+            if self.revised:
+                self._unblock_head(sim, now)
+            return
+        self._next_evaluation = now + self.evaluate_every
         snapshot = snapshot_of(sim, now, self._allocations)
         report = self._analyzer.analyze(snapshot)
         advice = self._advisor.observe(snapshot, report)
@@ -127,17 +142,16 @@ class AdvisorStrategy:
         head = sim.scheduler.blocked
         cluster = sim.cluster
         settings = self._plan_settings
-        cooldown = self._advisor.settings.cooldown_seconds
-        if head is None or head.placements or now - self._last_unblock < cooldown / 6:
-            return
+        if head is None or head.placements or self._tried == (head.id, cluster.releases):
+            return  # nothing blocked, or nothing changed since no plan was found for it
         if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
             return  # not enough idle GPUs in all: moving jobs cannot make room
         old_enough = {j.id for j in cluster.running.values()
                       if now - (j.start or now) >= settings.min_runtime_seconds}
         found = unblock(sim, head, settings.max_migrations, 16,
                         may_move=lambda j: j.id in old_enough, same_model=True)
-        self._last_unblock = now
         if found is None:
+            self._tried = (head.id, cluster.releases)
             return
         for job, destination in found:
             cluster.move(job, destination, now)
