@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from exporter.placement.engine import Placement
-from exporter.simulate.strategies import movable, unblock
+from exporter.simulate.strategies import HeadUnblocker, movable
 from exporter.snapshot import Allocation, FleetSnapshot, JobRequest
 from exporter.snapshot import Placement as Part
 
@@ -76,14 +77,14 @@ class AdvisorStrategy:
     revised: bool = True
     interval: float = field(init=False)
     _next_evaluation: float = 0.0
-    _tried: tuple[int, int] | None = field(default=None, repr=False)  # (head, releases) with no way
+    _unblocker: HeadUnblocker = field(default_factory=lambda: HeadUnblocker(same_model=True), repr=False)
     _advisor: Any = field(default=None, repr=False)
     _analyzer: Any = field(default=None, repr=False)
     _plan_settings: Any = field(default=None, repr=False)
     _seen: set[str] = field(default_factory=set, repr=False)
     _waiting: list[_Move] = field(default_factory=list, repr=False)
     _now: float = 0.0
-    decisions: dict[str, int] = field(default_factory=dict)
+    decisions: Counter[str] = field(default_factory=Counter)  # what each evaluation decided
     # job -> (its version and last checkpoint, its allocation): rebuilt only when either changed
     _allocations: dict[int, tuple[tuple[int, float], Allocation]] = field(default_factory=dict, repr=False)
 
@@ -101,6 +102,7 @@ class AdvisorStrategy:
         self._analyzer = LiveAnalyzer.from_config(config.analysis)
         self._analyzer.load = None  # the pools' scaling hints: no part of a decision, and costly
         self._plan_settings = plan_settings(config.advisor)
+        self._unblocker.max_moves = self._plan_settings.max_migrations
         planner = functools.partial(plan_compaction, settings=self._plan_settings)
         self._advisor = Advisor(planner, decision_settings(config.advisor), clock=lambda: self._now)
 
@@ -118,7 +120,7 @@ class AdvisorStrategy:
         report = self._analyzer.analyze(snapshot)
         advice = self._advisor.observe(snapshot, report)
         decision = advice["decision"]
-        self.decisions[decision] = self.decisions.get(decision, 0) + 1
+        self.decisions[decision] += 1
         plan = advice.get("plan")
         if decision == "compact" and plan is not None and plan["plan_id"] not in self._seen:
             self._seen.add(plan["plan_id"])
@@ -131,33 +133,16 @@ class AdvisorStrategy:
                 sim.plans += 1
                 self._carry_out_waiting(sim, now)
             else:
-                self.decisions["held: starts no queued job"] = self.decisions.get(
-                    "held: starts no queued job", 0) + 1
+                self.decisions["held: starts no queued job"] += 1
             return
         if self.revised:
             self._unblock_head(sim, now)
 
     def _unblock_head(self, sim: Sim, now: float) -> None:
         """The revised rule's own plan: the queue's head is blocked by fragments, not by capacity."""
-        head = sim.scheduler.blocked
-        cluster = sim.cluster
-        settings = self._plan_settings
-        if head is None or head.placements or self._tried == (head.id, cluster.releases):
-            return  # nothing blocked, or nothing changed since no plan was found for it
-        if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
-            return  # not enough idle GPUs in all: moving jobs cannot make room
-        old_enough = {j.id for j in cluster.running.values()
-                      if now - (j.start or now) >= settings.min_runtime_seconds}
-        found = unblock(sim, head, settings.max_migrations, 16,
-                        may_move=lambda j: j.id in old_enough, same_model=True)
-        if found is None:
-            self._tried = (head.id, cluster.releases)
-            return
-        for job, destination in found:
-            cluster.move(job, destination, now)
-        sim.scheduler.disturbed()
-        sim.plans += 1
-        self.decisions["compact: unblock the head"] = self.decisions.get("compact: unblock the head", 0) + 1
+        min_runtime = self._plan_settings.min_runtime_seconds
+        if self._unblocker(sim, now, lambda j: now - (j.start or now) >= min_runtime):
+            self.decisions["compact: unblock the head"] += 1
 
     def _carry_out_waiting(self, sim: Sim, now: float) -> None:
         cluster = sim.cluster

@@ -94,28 +94,42 @@ class Descheduler:
 
 
 @dataclass
-class Consolidate:
-    name: str = "consolidate"
-    interval: float = 60.0
+class HeadUnblocker:
+    """Moves jobs so the blocked head of the queue can start: the fewest verified moves
+    (:func:`unblock`). Tries again for the same head only once capacity has come back."""
+
     max_moves: int = 10  # the advisor's plan budget (advisor.max_migrations)
     candidates: int = 16  # nodes tried per part, the cheapest-looking first
+    same_model: bool = False
     _tried: tuple[int, int] | None = field(default=None, repr=False)  # (head, releases) that found nothing
 
-    def tick(self, sim: Sim, now: float) -> None:
+    def __call__(self, sim: Sim, now: float, may_move: Callable[[Job], bool] = movable) -> bool:
+        """Whether it moved jobs."""
         head = sim.scheduler.blocked
         cluster = sim.cluster
-        if head is None or head.placements or cluster.find(head) is not None:
-            return
-        if self._tried == (head.id, cluster.releases):
-            return  # nothing changed since the last attempt found no way
-        found = unblock(sim, head, self.max_moves, self.candidates)
+        if head is None or head.placements or self._tried == (head.id, cluster.releases):
+            return False  # nothing blocked, or nothing changed since no way was found for it
+        if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
+            return False  # too few idle GPUs in all: moving jobs cannot make room
+        found = unblock(sim, head, self.max_moves, self.candidates, may_move, self.same_model)
         if found is None:
             self._tried = (head.id, cluster.releases)
-            return
+            return False
         for job, destination in found:
             cluster.move(job, destination, now)
         sim.scheduler.disturbed()
         sim.plans += 1
+        return True
+
+
+@dataclass
+class Consolidate:
+    name: str = "consolidate"
+    interval: float = 60.0
+    unblocker: HeadUnblocker = field(default_factory=HeadUnblocker)
+
+    def tick(self, sim: Sim, now: float) -> None:
+        self.unblocker(sim, now)
 
 
 def unblock(sim: Sim, head: Job, max_moves: int, candidates: int,
@@ -246,4 +260,5 @@ def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task,
                 placer.apply(p)
 
 
-__all__ = ["STRATEGIES", "Consolidate", "Descheduler", "Nothing", "Strategy", "movable", "unblock"]
+__all__ = ["STRATEGIES", "Consolidate", "Descheduler", "HeadUnblocker", "Nothing", "Strategy", "movable",
+           "unblock"]
