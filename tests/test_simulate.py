@@ -309,3 +309,17 @@ def test_moving_for_the_blocked_head_cuts_whole_node_waiting_in_the_loop():
         assert moved.migrations > 0 and moved.plans > 0, name
         assert moved.gpu_hours_waited_whole_node < 0.7 * rows["none"].gpu_hours_waited_whole_node, name
         assert 0.0 < moved.migration_overhead_pct <= 5.0, name
+
+
+def test_the_command_writes_outcomes_and_the_timeline(tmp_path, capsys):
+    from exporter.cli import main
+
+    argv = ["simulate", "--days", "0.1", "--warmup-days", "0", "--load", "0.9", "--seeds", "1",
+            "--strategies", "none,descheduler", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    lines = (tmp_path / "outcomes.csv").read_text().splitlines()
+    assert lines[0].split(",")[:3] == ["strategy", "seed", "load"]
+    assert [line.split(",")[:3] for line in lines[1:]] == [["none", "1", "0.9000"],
+                                                           ["descheduler", "1", "0.9000"]]
+    assert (tmp_path / "timeline.png").stat().st_size > 10_000
+    assert "2 runs in" in capsys.readouterr().out

@@ -116,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
         advisor_interval=args.advisor_interval)
     started = time.monotonic()
 
+    finished = []
+
     def progress(o) -> None:  # type: ignore[no-untyped-def]
+        finished.append(o)
+        write_csv(finished, out / "outcomes.csv")  # a long sweep keeps what it has, run by run
         sys.stdout.write(f"  {o.strategy:16} seed {o.seed:<3} load {o.load:<4g} whole-node GPU-h waited "
                          f"{o.gpu_hours_waited_whole_node:9.1f}  overhead {o.migration_overhead_pct:5.2f}%  "
                          f"{o.wall_seconds:6.1f} s\n")
