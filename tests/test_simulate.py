@@ -323,3 +323,16 @@ def test_the_command_writes_outcomes_and_the_timeline(tmp_path, capsys):
                                                            ["descheduler", "1", "0.9000"]]
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
     assert "2 runs in" in capsys.readouterr().out
+
+
+def test_the_revised_rule_keeps_jobs_on_their_model_unless_told_otherwise():
+    from exporter.simulate.run import make_strategy
+
+    kept = make_strategy("advisor", RunSettings())
+    free = make_strategy("advisor", RunSettings(advisor_same_model=False))
+    assert kept._unblocker.same_model is True  # type: ignore[attr-defined]
+    assert free._unblocker.same_model is False  # type: ignore[attr-defined]
+    assert make_strategy("advisor-current", RunSettings()).interval == 60.0
+    assert make_strategy("advisor", RunSettings(advisor_interval=600.0)).interval == 60.0  # its demand check
+    with pytest.raises(ValueError, match="unknown strategy 'bogus'"):
+        make_strategy("bogus", RunSettings())

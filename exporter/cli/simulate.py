@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time to restore a checkpoint after a move (default 120)")
     parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
                         help="simulated seconds between the advisor's evaluations (default 60)")
+    parser.add_argument("--advisor-any-model", action="store_true",
+                        help="research knob: the revised rule's moves for the queue's head may change a "
+                        "job's GPU model (the planner keeps a job that states no memory need on its own)")
 
 
 def _loads(text: str) -> list[float]:
@@ -113,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     settings = RunSettings(
         timeline=TimelineSettings(args.days, args.warmup_days, loads[0], args.high_share, args.gang_share),
         policy=args.policy, mode=args.scheduler, cost=MoveCost(restore=args.restore),
-        advisor_interval=args.advisor_interval)
+        advisor_interval=args.advisor_interval, advisor_same_model=not args.advisor_any_model)
     started = time.monotonic()
 
     finished = []

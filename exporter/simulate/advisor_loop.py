@@ -91,6 +91,10 @@ class AdvisorStrategy:
     def __post_init__(self) -> None:
         self.interval = min(DEMAND_CHECK, self.evaluate_every) if self.revised else self.evaluate_every
 
+    def same_model(self, keep: bool) -> None:
+        """Whether the revised rule's moves for the queue's head keep a job on its GPU model."""
+        self._unblocker.same_model = keep
+
     def _setup(self) -> None:
         from exporter.advisor.engine import Advisor
         from exporter.advisor.planner import plan_compaction

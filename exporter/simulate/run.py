@@ -38,7 +38,10 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
     if name == "consolidate":
         return Consolidate(interval=settings.consolidate_interval)
     if name in ("advisor", "advisor-current"):
-        return AdvisorStrategy(name=name, evaluate_every=settings.advisor_interval, revised=name == "advisor")
+        strategy = AdvisorStrategy(name=name, evaluate_every=settings.advisor_interval,
+                                   revised=name == "advisor")
+        strategy.same_model(settings.advisor_same_model)
+        return strategy
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 
