@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from exporter.placement.engine import Placement
+from exporter.simulate.cluster import undo
 from exporter.simulate.strategies import HeadUnblocker, movable
 from exporter.snapshot import Allocation, FleetSnapshot, JobRequest
 from exporter.snapshot import Placement as Part
@@ -256,11 +257,7 @@ def lets_a_queued_job_start(sim: Sim, moves: list[_Move]) -> bool:
                     log.append(("apply", p))
         return any(cluster.find(waiting) is not None for waiting in blocked)
     finally:
-        for op, p in reversed(log):
-            if op == "apply":
-                placer.release(p)
-            else:
-                placer.apply(p)
+        undo(placer, log)
 
 
 __all__ = ["AdvisorStrategy", "lets_a_queued_job_start", "snapshot_of"]

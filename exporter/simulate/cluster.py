@@ -175,4 +175,15 @@ class Cluster:
                     and self.placer.cpu_free[placement.node] >= placement.cpus - 1e-9)
 
 
-__all__ = ["FGD_POLICIES", "Cluster", "MoveCost"]
+def undo(placer: Placer, log: list[tuple[str, Placement]]) -> None:
+    """Take back what a trial did to ``placer``: ``log`` lists ("apply" | "release", placement)
+    in the order done; they are reversed, last first, and the log emptied."""
+    for op, p in reversed(log):
+        if op == "apply":
+            placer.release(p)
+        else:
+            placer.apply(p)
+    log.clear()
+
+
+__all__ = ["FGD_POLICIES", "Cluster", "MoveCost", "undo"]

@@ -32,6 +32,7 @@ import numpy as np
 
 from exporter.placement.engine import Placement
 from exporter.placement.task import Task
+from exporter.simulate.cluster import undo
 from exporter.simulate.timeline import Job
 
 if TYPE_CHECKING:
@@ -151,14 +152,6 @@ def unblock(sim: Sim, head: Job, max_moves: int, candidates: int,
     moves: list[tuple[Job, list[Placement]]] = []
     taken: list[int] = []
 
-    def undo() -> None:
-        for op, p in reversed(log):
-            if op == "apply":
-                placer.release(p)
-            else:
-                placer.apply(p)
-        log.clear()
-
     try:
         for _ in range(head.parts):
             moved = {job.id for job, _ in moves}
@@ -184,7 +177,7 @@ def unblock(sim: Sim, head: Job, max_moves: int, candidates: int,
             taken.append(node)
         return moves
     finally:
-        undo()
+        undo(placer, log)
 
 
 Moves = list[tuple[Job, list[Placement]]]
@@ -253,11 +246,7 @@ def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task,
         part = placer.place(task, cluster.policy, exclude=only_here)
         return (plan, part) if part is not None else None
     finally:
-        for op, p in reversed(log):
-            if op == "apply":
-                placer.release(p)
-            else:
-                placer.apply(p)
+        undo(placer, log)
 
 
 __all__ = ["STRATEGIES", "Consolidate", "Descheduler", "HeadUnblocker", "Nothing", "Strategy", "movable",
