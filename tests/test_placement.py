@@ -356,3 +356,13 @@ def test_the_parts_of_a_multi_node_job_stay_on_one_nvlink_generation():
     placer.apply(second)
     assert placer.place(gang, "bestfit", nvlink_generation=5) is None  # no B200 left: nowhere
     assert placer.place(gang, "bestfit", nvlink_generation=3) is None  # no Ampere here
+
+
+def test_dotprod_scores_in_whole_points_as_the_reference_and_ties_go_to_the_first_node():
+    """y's product is a hair smaller (127 free cores against 128), but both score
+    int(100 * (1 - 0.1328 / 2)) = 93, so the first node wins, as in the reference simulator."""
+    state = build(["x", "y"], ["A"] * 2, ["p"] * 2, [128, 128], [128, 127], [[1] * 8, [1] * 8])
+    assert Placer(state).place(Task(cpus=1, gpus=1), "dotprod").node_name == "x"
+    # a product several points smaller still wins: y has 4 of its 8 GPUs free
+    state = build(["x", "y"], ["A"] * 2, ["p"] * 2, [128, 128], [128, 128], [[1] * 8, [1] * 4 + [0] * 4])
+    assert Placer(state).place(Task(cpus=1, gpus=1), "dotprod").node_name == "y"

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "load": ("exporter.cli.load", "Replay hourly pool demand by each scaling policy: CSV and PNG."),
     "plan": ("exporter.cli.plan", "The advisor's plan as JSON, PodMigrationJobs or Evictions."),
     "act": ("exporter.cli.act", "Drain, resume or taint nodes from remediation events (Slurm, Kubernetes)."),
+    "simulate": ("exporter.cli.simulate", "Replay the fleet over days per strategy: outcomes.csv and PNG."),
 }
 
 

@@ -1,0 +1,139 @@
+"""``gpufleet simulate``: the fleet over days, jobs arriving, queueing and leaving, per strategy.
+
+A discrete-event replay (docs/simulate.md): the Alibaba spot-GPU trace's hourly
+rhythm sets when jobs arrive, the openb pods what they ask for, --load how much
+(offered GPU-hours over the fleet's). The scheduler queues them (FIFO with
+backfill, or Kubernetes' per-pod retry) and places them with the placement
+engine; each strategy acts on the running fleet: nothing, a periodic
+descheduler (HighNodeUtilization), KAI-like consolidation for the queue's head,
+or the advisor in the loop (the serve's engine and planner, its plans carried
+out as a receiver would). Every strategy sees the same jobs for a seed.
+Writes DIR/outcomes.csv (a row per strategy, seed and load) and
+DIR/timeline.png (queued GPUs and the fragmentation index over time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from exporter.errors import UsageError
+
+DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
+STRATEGY_NAMES = ("none", "descheduler", "consolidate", "advisor", "advisor-current")  # simulate.strategies
+EPILOG = f"""strategies: {", ".join(STRATEGY_NAMES)}
+
+examples:
+  gpufleet simulate --days 14 --load 0.9,1.1,1.3 --seeds 1-5 --out out/
+  gpufleet simulate --fleet openb --days 2 --load 1.1 --strategies none,advisor --out out-openb/"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fleet", choices=("default", "openb"), default="default",
+                        help="default: the simulated reference fleet (1,088 GPUs); openb: the trace's "
+                        "1,213 nodes")
+    parser.add_argument("--days", type=float, default=14.0, help="measured days (default 14)")
+    parser.add_argument("--warmup-days", type=float, default=1.0,
+                        help="days simulated first and not measured, while the fleet fills (default 1)")
+    parser.add_argument("--load", default="1.1", metavar="LIST",
+                        help="offered GPU-hours over the fleet's GPU-hours, comma-separated (default 1.1)")
+    parser.add_argument("--seeds", default="1", metavar="LIST", help="seeds, e.g. 1,2 or 1-5 (default 1)")
+    parser.add_argument("--strategies", default="none,descheduler,consolidate,advisor", metavar="LIST",
+                        help="comma-separated (default none,descheduler,consolidate,advisor)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="folder for outcomes.csv and timeline.png")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="runs at a time, one core each")
+    parser.add_argument("--scheduler", choices=("fifo", "kube"), default="fifo",
+                        help="fifo: FIFO with backfill (Slurm); kube: per-pod retry (Kubernetes)")
+    parser.add_argument("--policy", default="bestfit",
+                        help="the scheduler's placement policy (default bestfit, as sources.sim)")
+    parser.add_argument("--high-share", type=float, default=0.3,
+                        help="share of jobs that are high-priority, the rest spot (default 0.3)")
+    parser.add_argument("--gang-share", type=float, default=0.3,
+                        help="share of 8-GPU jobs that are multi-node gangs of 2 or 4 nodes (default 0.3)")
+    parser.add_argument("--restore", type=float, default=120.0, metavar="SECONDS",
+                        help="time to restore a checkpoint after a move (default 120)")
+    parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
+                        help="simulated seconds between the advisor's evaluations (default 60)")
+    parser.add_argument("--advisor-any-model", action="store_true",
+                        help="research knob: the revised rule's moves for the queue's head may change a "
+                        "job's GPU model (the planner keeps a job that states no memory need on its own)")
+
+
+def _loads(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--load: expected numbers such as 0.9,1.1, got {text!r}") from None
+    if not loads or any(not 0 < x <= 10 for x in loads):
+        raise UsageError(f"--load: each must be in (0, 10], got {text!r}")
+    return loads
+
+
+def run(args: argparse.Namespace) -> int:
+    from exporter.cli.replay import parse_seeds
+    from exporter.policy_names import POLICIES
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in STRATEGY_NAMES]
+    if unknown or not strategies:
+        raise UsageError(f"--strategies: unknown {', '.join(unknown) or 'empty list'}; "
+                         f"choose from {', '.join(STRATEGY_NAMES)}")
+    if args.policy not in POLICIES or args.policy == "random":
+        raise UsageError(f"--policy: one of {', '.join(p for p in POLICIES if p != 'random')}")
+    if args.days <= 0 or args.warmup_days < 0:
+        raise UsageError("--days must be > 0 and --warmup-days >= 0")
+    for name in ("high_share", "gang_share"):
+        if not 0 <= getattr(args, name) <= 1:
+            raise UsageError(f"--{name.replace('_', '-')}: must be in [0, 1]")
+    if args.restore < 0 or args.advisor_interval <= 0:
+        raise UsageError("--restore must be >= 0 and --advisor-interval > 0")
+    if args.jobs < 1:
+        raise UsageError("--jobs: must be >= 1")
+    loads = _loads(args.load)
+    seeds = parse_seeds(args.seeds)
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: cannot create the folder: {exc.strerror}") from None
+
+    from exporter.simulate.cluster import MoveCost
+    from exporter.simulate.fleets import load_fleet
+    from exporter.simulate.outcomes import plot, write_csv
+    from exporter.simulate.run import RunSettings, simulate_many
+    from exporter.simulate.timeline import TimelineSettings, arrivals_path, read_arrivals
+
+    path = arrivals_path()
+    try:
+        series = read_arrivals(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"arrivals {path}: {exc} (set GPUFLEET_DATA to a folder holding "
+                         "alibaba-spot-gpu-v2026/hourly_summary.csv)") from None
+    fleet = load_fleet(args.fleet)
+    settings = RunSettings(
+        timeline=TimelineSettings(args.days, args.warmup_days, loads[0], args.high_share, args.gang_share),
+        policy=args.policy, mode=args.scheduler, cost=MoveCost(restore=args.restore),
+        advisor_interval=args.advisor_interval, advisor_same_model=not args.advisor_any_model)
+    started = time.monotonic()
+
+    finished = []
+
+    def progress(o) -> None:  # type: ignore[no-untyped-def]
+        finished.append(o)
+        write_csv(finished, out / "outcomes.csv")  # a long sweep keeps what it has, run by run
+        sys.stdout.write(f"  {o.strategy:16} seed {o.seed:<3} load {o.load:<4g} whole-node GPU-h waited "
+                         f"{o.gpu_hours_waited_whole_node:9.1f}  overhead {o.migration_overhead_pct:5.2f}%  "
+                         f"{o.wall_seconds:6.1f} s\n")
+        sys.stdout.flush()
+
+    outcomes = simulate_many(fleet, series, strategies, seeds, loads, settings, args.jobs, progress)
+    write_csv(outcomes, out / "outcomes.csv")
+    title = (f"{fleet.name} fleet ({fleet.capacity:,} GPUs), {args.days:g} days, "
+             f"seeds {args.seeds}, scheduler {args.scheduler}/{args.policy}")
+    plot(outcomes, out / "timeline.png", title)
+    sys.stdout.write(f"{len(outcomes)} runs in {time.monotonic() - started:.1f} s\n"
+                     f"wrote {out / 'outcomes.csv'} and {out / 'timeline.png'}\n")
+    return 0

@@ -1,0 +1,189 @@
+"""The running fleet: the placement engine's working copy and the jobs on it.
+
+Jobs are placed with :class:`~exporter.placement.engine.Placer`, the engine
+``gpufleet replay`` and the advisor's planner use. A gang (several parts) is
+placed part by part on the same GPU model (one NVLink domain; generations do not
+interconnect) and on distinct nodes; if any part finds no room, every part
+placed so far is given back: a gang starts whole or not at all.
+
+Moves and evictions cost what the job computed since its last checkpoint plus a
+restore time, in GPU-seconds (its GPUs x those seconds); the job redoes the lost
+work after the restore, so it also finishes later.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exporter.analysis.fgd import CompiledWorkload
+from exporter.analysis.state import FleetState
+from exporter.placement.engine import Placement, Placer
+from exporter.placement.task import Task
+from exporter.simulate.timeline import Job
+
+FGD_POLICIES = ("fgd", "tiered", "lookahead")
+
+
+@dataclass(frozen=True, slots=True)
+class MoveCost:
+    checkpoint: float = 900.0  # seconds between a job's checkpoints (the reference cluster: 15 min)
+    restore: float = 120.0  # seconds to restore a checkpoint on the new GPUs
+
+
+@dataclass
+class Cluster:
+    state: FleetState
+    policy: str = "bestfit"
+    workload: CompiledWorkload | None = None
+    cost: MoveCost = field(default_factory=MoveCost)
+    running: dict[int, Job] = field(default_factory=dict)
+    finishes: list[tuple[float, int, int]] = field(default_factory=list)  # (end, job id, version)
+    busy: float = 0.0  # GPUs held now, shares summed
+    releases: int = 0  # bumped whenever capacity comes back: what failed before may fit now
+    migrations: int = 0
+    lost_gpu_seconds: float = 0.0
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+
+    def __post_init__(self) -> None:
+        # the engine keeps F(M) current only when a policy needs it (fgd): it costs every change
+        self.placer = Placer(self.state, self.workload if self.policy in FGD_POLICIES else None)
+        self.capacity = float(self.state.gpu_count.sum())
+
+    # -- placing ----------------------------------------------------------------
+
+    def task(self, job: Job, models: tuple[str, ...] | None = None) -> Task:
+        return Task(job.cpus, job.gpus, job.share if job.gpus else 1.0,
+                    job.models if models is None else models)
+
+    def find(self, job: Job, exclude: Sequence[int] = (),
+             policy: str | None = None) -> list[Placement] | None:
+        """Where ``job`` would go now, every part, or None; the placer is left as it was."""
+        if not self.could_fit(job, exclude):
+            return None
+        placed = self._place_all(job, exclude, policy or self.policy)
+        if placed is not None:
+            for p in placed:
+                self.placer.release(p)
+        return placed
+
+    def could_fit(self, job: Job, exclude: Sequence[int] = ()) -> bool:
+        """A necessary condition, checked on the arrays in one go: enough nodes with room for a
+        part, whatever their model. Most tries in a busy fleet fail, and fail here, cheaply."""
+        placer = self.placer
+        room = placer.cpu_free >= job.cpus - 1e-9
+        if job.gpus:
+            need = 1.0 if job.share >= 1.0 - 1e-9 else job.share
+            room &= (placer.gpu_free >= need - 1e-9).sum(axis=1) >= job.gpus
+        if len(exclude):
+            room[list(exclude)] = False
+        return int(room.sum()) >= job.parts
+
+    def _place_all(self, job: Job, exclude: Sequence[int], policy: str) -> list[Placement] | None:
+        placer = self.placer
+        allowed = list(job.models) if job.models else list(placer.model_names)
+        rng = self.rng if policy == "random" else None
+        while allowed:
+            first = placer.place(self.task(job, tuple(allowed)), policy, rng, exclude=exclude)
+            if first is None:
+                return None
+            placer.apply(first)
+            parts = [first]
+            if job.parts == 1:
+                return parts
+            model = placer.model_names[placer.model[first.node]]
+            rest = self.task(job, (model,))
+            while len(parts) < job.parts:
+                found = placer.place(rest, policy, rng, exclude=[*exclude, *(p.node for p in parts)])
+                if found is None:
+                    break
+                placer.apply(found)
+                parts.append(found)
+            if len(parts) == job.parts:
+                return parts
+            for p in parts:  # a gang starts whole or not at all
+                placer.release(p)
+            allowed.remove(model)
+        return None
+
+    def fits_empty(self, job: Job) -> bool:
+        """Whether the job could ever start: it fits the empty fleet."""
+        empty = Cluster(self.state, "bestfit")
+        return empty.find(job) is not None
+
+    # -- running ----------------------------------------------------------------
+
+    def start(self, job: Job, placements: list[Placement], now: float, restore: float = 0.0) -> None:
+        """Hold ``placements`` for ``job``; it computes from ``now + restore``."""
+        for p in placements:
+            self.placer.apply(p)
+        job.placements = placements
+        if job.start is None:
+            job.start = now
+        job.resumed = now + restore
+        job.version += 1
+        self.running[job.id] = job
+        self.busy += job.demand
+        heapq.heappush(self.finishes, (job.end(), job.id, job.version))
+
+    def stop(self, job: Job) -> None:
+        """Give the job's GPUs back (it finished, or moves, or is evicted)."""
+        for p in job.placements:
+            self.placer.release(p)
+        job.placements = []
+        job.version += 1
+        del self.running[job.id]
+        self.busy -= job.demand
+        self.releases += 1
+
+    def interrupt(self, job: Job, now: float) -> float:
+        """Stop the job for a move or an eviction: keep what its checkpoints saved, count the rest
+        and the restore as lost. Returns the GPU-seconds lost."""
+        saved, since = job.progress(now, self.cost.checkpoint)
+        job.done = min(job.work, job.done + saved)
+        lost = (since + self.cost.restore) * job.demand
+        job.lost_gpu_seconds += lost
+        job.migrations += 1
+        self.lost_gpu_seconds += lost
+        self.migrations += 1
+        self.stop(job)
+        return lost
+
+    def move(self, job: Job, destination: list[Placement], now: float) -> None:
+        """Checkpoint-restart ``job`` on ``destination`` (verified free by the caller)."""
+        self.interrupt(job, now)
+        self.start(job, destination, now, self.cost.restore)
+
+    def due(self, until: float) -> list[Job]:
+        """Jobs whose run ends by ``until``, earliest first, skipping stale entries."""
+        out = []
+        while self.finishes and self.finishes[0][0] <= until:
+            _, job_id, version = heapq.heappop(self.finishes)
+            job = self.running.get(job_id)
+            if job is not None and job.version == version:
+                out.append(job)
+        return out
+
+    def free_placement(self, placement: Placement) -> bool:
+        """Whether ``placement`` fits the fleet now (a plan's destination, checked before acting)."""
+        row = self.placer.gpu_free[placement.node]
+        slots = list(placement.slots)
+        return bool((row[slots] >= placement.gpu_share - 1e-9).all()
+                    and self.placer.cpu_free[placement.node] >= placement.cpus - 1e-9)
+
+
+def undo(placer: Placer, log: list[tuple[str, Placement]]) -> None:
+    """Take back what a trial did to ``placer``: ``log`` lists ("apply" | "release", placement)
+    in the order done; they are reversed, last first, and the log emptied."""
+    for op, p in reversed(log):
+        if op == "apply":
+            placer.release(p)
+        else:
+            placer.apply(p)
+    log.clear()
+
+
+__all__ = ["FGD_POLICIES", "Cluster", "MoveCost", "undo"]

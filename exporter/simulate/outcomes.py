@@ -1,0 +1,170 @@
+"""What the jobs got, per run: waits, GPU-hours, migrations and their cost; the CSV and the figure.
+
+Only jobs submitted after the warm-up count, and only time after it. A job that
+never started by the end waits until the end (its wait is censored there, so
+waits at high load are lower bounds). Size classes: ``small`` a fraction of a GPU
+or one, ``mid`` 2-7 GPUs, ``node`` 8 GPUs on one node, ``multi_node`` a gang;
+``whole_node`` is 8 GPUs or more (``node`` and ``multi_node`` together).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+
+from exporter.simulate.timeline import Job
+
+CLASSES = ("small", "mid", "node", "multi_node")
+COLUMNS = (
+    "strategy", "seed", "load", "jobs", "jobs_started", "jobs_rejected", "gpu_hours_delivered",
+    "gpu_hours_waited", "wait_p50_s", "wait_p95_s", "wait_p95_s_whole_node",
+    "gpu_hours_waited_whole_node", "wait_p95_s_high", "gpu_hours_waited_high",
+    *(f"wait_p95_s_{c}" for c in CLASSES), *(f"gpu_hours_waited_{c}" for c in CLASSES),
+    "jobs_never_started_whole_node", "migrations", "migration_overhead_pct", "mean_allocation_pct",
+    "mean_fragmentation_index", "mean_queued_gpus", "plans", "moves_dropped", "wall_seconds",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The fleet at one instant, for the timeline figure."""
+
+    at: float  # seconds since the start of the measured window
+    queued_jobs: int
+    queued_gpus: float
+    allocation_pct: float
+    fragmentation_index: float
+
+
+@dataclass
+class Outcome:
+    strategy: str
+    seed: int
+    load: float
+    jobs: int = 0
+    jobs_started: int = 0
+    jobs_rejected: int = 0
+    gpu_hours_delivered: float = 0.0
+    gpu_hours_waited: float = 0.0
+    wait_p50_s: float = 0.0
+    wait_p95_s: float = 0.0
+    wait_p95_s_whole_node: float = 0.0
+    gpu_hours_waited_whole_node: float = 0.0
+    wait_p95_s_high: float = 0.0
+    gpu_hours_waited_high: float = 0.0
+    wait_p95_s_small: float = 0.0
+    wait_p95_s_mid: float = 0.0
+    wait_p95_s_node: float = 0.0
+    wait_p95_s_multi_node: float = 0.0
+    gpu_hours_waited_small: float = 0.0
+    gpu_hours_waited_mid: float = 0.0
+    gpu_hours_waited_node: float = 0.0
+    gpu_hours_waited_multi_node: float = 0.0
+    jobs_never_started_whole_node: int = 0
+    migrations: int = 0
+    migration_overhead_pct: float = 0.0
+    mean_allocation_pct: float = 0.0
+    mean_fragmentation_index: float = 0.0
+    mean_queued_gpus: float = 0.0
+    plans: int = 0  # plans a strategy carried out (the advisor's, consolidation's)
+    moves_dropped: int = 0  # planned moves not carried out: stale, expired, no longer free
+    wall_seconds: float = 0.0
+    samples: list[Sample] = field(default_factory=list, repr=False)
+
+    def row(self) -> dict[str, object]:
+        data = asdict(self)
+        data.pop("samples")
+        return data
+
+
+def _p(values: Sequence[float] | np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def job_outcomes(out: Outcome, jobs: Iterable[Job], rejected: Iterable[Job], since: float,
+                 until: float) -> None:
+    """Fill the per-job figures of ``out``: jobs submitted in [since, until)."""
+    refused = {j.id for j in rejected}
+    counted = [j for j in jobs if since <= j.submit < until]
+    out.jobs = len(counted)
+    out.jobs_rejected = sum(1 for j in counted if j.id in refused)
+    waiting = [j for j in counted if j.id not in refused]
+    waits = np.array([(j.start if j.start is not None and j.start < until else until) - j.submit
+                      for j in waiting])
+    demand = np.array([j.demand for j in waiting])
+    out.jobs_started = sum(1 for j in waiting if j.start is not None and j.start < until)
+    out.gpu_hours_waited = float((waits * demand).sum() / 3600)
+    out.wait_p50_s = _p(waits, 50)
+    out.wait_p95_s = _p(waits, 95)
+
+    def part(mask: np.ndarray) -> tuple[float, float]:
+        return _p(waits[mask], 95), float((waits[mask] * demand[mask]).sum() / 3600)
+
+    if len(waiting):
+        whole = np.array([j.whole_node for j in waiting])
+        out.wait_p95_s_whole_node, out.gpu_hours_waited_whole_node = part(whole)
+        out.wait_p95_s_high, out.gpu_hours_waited_high = part(np.array([j.high for j in waiting]))
+        classes = np.array([j.size_class for j in waiting])
+        for c in CLASSES:
+            p95, hours = part(classes == c)
+            setattr(out, f"wait_p95_s_{c}", p95)
+            setattr(out, f"gpu_hours_waited_{c}", hours)
+        out.jobs_never_started_whole_node = sum(1 for j in waiting if j.whole_node
+                                                and (j.start is None or j.start >= until))
+
+
+def write_csv(outcomes: Iterable[Outcome], path: str | os.PathLike[str]) -> None:
+    names = [f.name for f in fields(Outcome) if f.name != "samples"]
+    assert tuple(names) == COLUMNS, "COLUMNS and Outcome disagree"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(COLUMNS)
+        for o in outcomes:
+            row = o.row()
+            writer.writerow([_cell(row[c]) for c in COLUMNS])
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def plot(outcomes: Sequence[Outcome], path: str | os.PathLike[str], title: str) -> None:
+    """Queued GPUs and the fragmentation index over time, a line per strategy (mean over seeds),
+    a column per load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loads = sorted({o.load for o in outcomes})
+    strategies = list(dict.fromkeys(o.strategy for o in outcomes))
+    fig, axes = plt.subplots(2, len(loads), figsize=(5.5 * len(loads), 7), squeeze=False, sharex=True)
+    for col, load in enumerate(loads):
+        for strategy in strategies:
+            runs = [o for o in outcomes if o.load == load and o.strategy == strategy and o.samples]
+            if not runs:
+                continue
+            length = min(len(o.samples) for o in runs)
+            hours = np.array([s.at / 3600 for s in runs[0].samples[:length]])
+            queued = np.mean([[s.queued_gpus for s in o.samples[:length]] for o in runs], axis=0)
+            index = np.mean([[s.fragmentation_index for s in o.samples[:length]] for o in runs], axis=0)
+            axes[0][col].plot(hours / 24, queued, label=strategy, linewidth=1)
+            axes[1][col].plot(hours / 24, index, label=strategy, linewidth=1)
+        axes[0][col].set_title(f"load {load:g}")
+        axes[1][col].set_xlabel("day")
+    axes[0][0].set_ylabel("GPUs queued")
+    axes[1][0].set_ylabel("cluster fragmentation index")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["CLASSES", "COLUMNS", "Outcome", "Sample", "job_outcomes", "plot", "write_csv"]

@@ -1,0 +1,173 @@
+"""One run: a fleet, a seed's jobs, one strategy, from the first arrival to the horizon.
+
+The loop jumps from event to event: an arrival, a job's end, a strategy's tick,
+a sample for the figure. After the events of an instant the scheduler runs a
+pass; a strategy that moved jobs gets another pass at once. GPU-hours delivered
+are the integral of the GPUs held, so the allocation is exact, not sampled; the
+fragmentation index is sampled every ``sample_interval``.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+from exporter.analysis.fgd import CompiledWorkload, compile_workload
+from exporter.analysis.index import IndexSettings, evaluate
+from exporter.analysis.workload import from_tasks
+from exporter.simulate.advisor_loop import AdvisorStrategy
+from exporter.simulate.cluster import Cluster
+from exporter.simulate.fleets import SimFleet
+from exporter.simulate.outcomes import Outcome, Sample, job_outcomes
+from exporter.simulate.scheduler import Scheduler
+from exporter.simulate.sim import RunSettings, Sim
+from exporter.simulate.strategies import STRATEGIES, Consolidate, Descheduler, Nothing, Strategy
+from exporter.simulate.timeline import HourlyArrivals, Job, build
+
+
+def make_strategy(name: str, settings: RunSettings) -> Strategy:
+    """The strategy called ``name``, at the intervals of ``settings``."""
+    if name == "none":
+        return Nothing()
+    if name == "descheduler":
+        return Descheduler(interval=settings.descheduler_interval)
+    if name == "consolidate":
+        return Consolidate(interval=settings.consolidate_interval)
+    if name in ("advisor", "advisor-current"):
+        strategy = AdvisorStrategy(name=name, evaluate_every=settings.advisor_interval,
+                                   revised=name == "advisor")
+        strategy.same_model(settings.advisor_same_model)
+        return strategy
+    raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
+
+
+def target_workload(fleet: SimFleet, model_names: tuple[str, ...]) -> CompiledWorkload:
+    """The trace's typical workload (the shapes covering 95% of its pods), as ``replay`` uses."""
+    return compile_workload(from_tasks(fleet.shapes), model_names)
+
+
+def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: int,
+             settings: RunSettings | None = None, jobs: list[Job] | None = None) -> Outcome:
+    started = time.perf_counter()
+    settings = settings or RunSettings()
+    tl = settings.timeline
+    if jobs is None:
+        jobs = build(list(fleet.shapes), series, fleet.capacity, tl, seed)
+    state = fleet.empty_state()
+    workload = target_workload(fleet, state.model_names)
+    cluster = Cluster(state, settings.policy, workload, settings.cost)
+    scheduler = Scheduler(cluster, settings.mode, settings.backfill_depth)
+    sim = Sim(fleet, cluster, scheduler, settings, workload)
+    strategy = make_strategy(strategy_name, settings)
+    since, horizon = tl.measured_from, tl.horizon
+    out = Outcome(strategy_name, seed, tl.load)
+    index_settings = IndexSettings()
+    delivered = 0.0
+    queued_gpu_seconds = 0.0
+    lost_before = 0.0
+    migrations_before = plans_before = dropped_before = 0
+    indices: list[float] = []
+    now = 0.0
+    next_job = 0
+    next_tick = strategy.interval if math.isfinite(strategy.interval) else math.inf
+    next_sample = since
+    marked = False
+    while True:
+        upcoming = min(jobs[next_job].submit if next_job < len(jobs) else math.inf,
+                       cluster.finishes[0][0] if cluster.finishes else math.inf,
+                       next_tick, next_sample, horizon)
+        if upcoming > now:
+            span = max(0.0, min(upcoming, horizon) - max(now, since))
+            delivered += cluster.busy * span
+            queued_gpu_seconds += scheduler.queue.demand * span
+            now = upcoming
+        if not marked and now >= since:  # the warm-up ends: what strategies did so far is not counted
+            lost_before, migrations_before = cluster.lost_gpu_seconds, cluster.migrations
+            plans_before, dropped_before = sim.plans, sim.moves_dropped
+            marked = True
+        if now >= horizon:
+            break
+        for job in cluster.due(now):
+            cluster.stop(job)
+        while next_job < len(jobs) and jobs[next_job].submit <= now:
+            scheduler.submit(jobs[next_job])
+            next_job += 1
+        scheduler.run_pass(now)
+        if now >= next_tick:
+            before = (cluster.migrations, cluster.releases)
+            strategy.tick(sim, now)
+            next_tick = now + strategy.interval
+            if (cluster.migrations, cluster.releases) != before:
+                scheduler.run_pass(now)
+        if now >= next_sample:
+            report = evaluate(cluster.placer.state, workload, index_settings)
+            indices.append(report.cluster.index)
+            out.samples.append(Sample(now - since, scheduler.queue.size, scheduler.queue.demand,
+                                      100.0 * cluster.busy / cluster.capacity, report.cluster.index))
+            next_sample = now + settings.sample_interval
+    window = horizon - since
+    job_outcomes(out, jobs, scheduler.rejected, since, horizon)
+    out.gpu_hours_delivered = delivered / 3600
+    lost = cluster.lost_gpu_seconds - lost_before
+    out.migrations = int(cluster.migrations - migrations_before)
+    out.migration_overhead_pct = 100.0 * lost / delivered if delivered > 0 else 0.0
+    out.mean_allocation_pct = 100.0 * delivered / (cluster.capacity * window)
+    out.mean_fragmentation_index = sum(indices) / len(indices) if indices else 0.0
+    out.mean_queued_gpus = queued_gpu_seconds / window
+    out.plans = sim.plans - plans_before
+    out.moves_dropped = sim.moves_dropped - dropped_before
+    out.wall_seconds = time.perf_counter() - started
+    return out
+
+
+# -- several runs ---------------------------------------------------------------
+
+_SHARED: tuple[SimFleet, HourlyArrivals, RunSettings] | None = None
+
+
+def _init(fleet: SimFleet, series: HourlyArrivals, settings: RunSettings) -> None:
+    global _SHARED
+    _SHARED = (fleet, series, settings)
+
+
+def _one(strategy: str, seed: int, load: float) -> Outcome:
+    assert _SHARED is not None
+    fleet, series, settings = _SHARED
+    return simulate(fleet, series, strategy, seed, with_load(settings, load))
+
+
+def with_load(settings: RunSettings, load: float) -> RunSettings:
+    import dataclasses
+
+    return dataclasses.replace(settings, timeline=dataclasses.replace(settings.timeline, load=load))
+
+
+def simulate_many(fleet: SimFleet, series: HourlyArrivals, strategy_names: Sequence[str],
+                  seeds: Sequence[int], loads: Sequence[float], settings: RunSettings,
+                  jobs: int = 1, progress=None) -> list[Outcome]:  # type: ignore[no-untyped-def]
+    """Every (load, seed, strategy), ``jobs`` runs at a time; outcomes in that order."""
+    runs = [(s, seed, load) for load in loads for seed in seeds for s in strategy_names]
+    if jobs <= 1:
+        outcomes = []
+        for s, seed, load in runs:
+            outcomes.append(simulate(fleet, series, s, seed, with_load(settings, load)))
+            if progress is not None:
+                progress(outcomes[-1])
+        return outcomes
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(jobs, len(runs), os.cpu_count() or 1), mp_context=context,
+                             initializer=_init, initargs=(fleet, series, settings)) as pool:
+        futures = [pool.submit(_one, s, seed, load) for s, seed, load in runs]
+        outcomes = []
+        for future in futures:
+            outcomes.append(future.result())
+            if progress is not None:
+                progress(outcomes[-1])
+        return outcomes
+
+
+__all__ = ["RunSettings", "Sim", "make_strategy", "simulate", "simulate_many", "target_workload", "with_load"]

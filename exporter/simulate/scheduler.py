@@ -1,0 +1,264 @@
+"""The queue and the scheduler's passes: FIFO with backfill (as Slurm), or per-pod retry (as Kubernetes).
+
+Order: high-priority jobs before spot ones, then by submit time (an evicted job
+keeps its place: it was submitted when it was). A pass runs after every batch of
+events at one instant.
+
+- ``fifo`` (FIFO with EASY backfill, Slurm's ``sched/backfill`` in its simplest
+  form): jobs start in order while they fit. The first that does not is the
+  head; it gets a reservation: the nodes it could start on soonest and when (the
+  shadow time), computed from the running jobs' ends (their true durations:
+  every job's time limit is exact). Up to ``backfill_depth`` later jobs may
+  start out of order if they fit off the reserved nodes, or end by the shadow time.
+- ``kube`` (Kubernetes' scheduling queue): every pending pod is tried in order at
+  each pass; a pod that does not fit waits for the next cluster event (a release)
+  and never blocks the pods behind it, so large pods can starve behind small ones.
+
+A job that does not fit even the empty fleet is refused at submit (``rejected``).
+Each pass is cheap whatever the queue's length: jobs are grouped by what they ask
+for, and a group that failed since the last release of capacity is skipped whole.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exporter.analysis.state import EPS
+from exporter.simulate.cluster import Cluster
+from exporter.simulate.timeline import Job
+
+MODES = ("fifo", "kube")
+
+
+def order_key(job: Job) -> tuple[int, float, int]:
+    return (0 if job.high else 1, job.submit, job.id)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    job: int
+    shadow: float  # when the head could start at the latest, if nothing else changes
+    nodes: tuple[int, ...]  # where
+
+
+@dataclass
+class Queue:
+    groups: dict[tuple, list[tuple[tuple[int, float, int], Job]]] = field(default_factory=dict)
+    size: int = 0
+    demand: float = 0.0  # GPUs the queued jobs ask for
+    added: int = 0  # jobs ever added
+
+    def add(self, job: Job) -> None:
+        self.added += 1
+        bisect.insort(self.groups.setdefault(job.shape_key, []), (order_key(job), job),
+                      key=lambda entry: entry[0])
+        self.size += 1
+        self.demand += job.demand
+
+    def remove(self, job: Job) -> None:
+        group = self.groups[job.shape_key]
+        key = order_key(job)
+        at = bisect.bisect_left(group, key, key=lambda entry: entry[0])
+        if at >= len(group) or group[at][1] is not job:
+            raise ValueError(f"job {job.id} is not queued")
+        del group[at]
+        if not group:
+            del self.groups[job.shape_key]
+        self.size -= 1
+        self.demand -= job.demand
+
+    def ordered(self):  # type: ignore[no-untyped-def]
+        """Jobs in queue order, merged from the groups; ``send(False)`` skips the rest of a group."""
+        heap = [(g[0][0], k, 0) for k, g in self.groups.items()]
+        heapq.heapify(heap)
+        while heap:
+            _, k, i = heapq.heappop(heap)
+            group = self.groups[k]
+            skip = yield group[i][1]
+            if not skip and i + 1 < len(group):
+                heapq.heappush(heap, (group[i + 1][0], k, i + 1))
+
+    def jobs(self) -> list[Job]:
+        return [j for _, j in sorted((e for g in self.groups.values() for e in g), key=lambda e: e[0])]
+
+    def head(self) -> Job | None:
+        best = min((g[0] for g in self.groups.values()), default=None, key=lambda e: e[0])
+        return None if best is None else best[1]
+
+
+@dataclass
+class Scheduler:
+    cluster: Cluster
+    mode: str = "fifo"
+    backfill_depth: int = 100
+    queue: Queue = field(default_factory=Queue)
+    rejected: list[Job] = field(default_factory=list)
+    reservation: Reservation | None = None
+    blocked: Job | None = None  # the head after the last pass, if it could not start
+    _failed: dict[tuple, int] = field(default_factory=dict)  # shape -> releases when it fit nowhere
+    _fits_empty: dict[tuple, bool] = field(default_factory=dict)
+    # shape -> (releases, reservation) when it fit nowhere off the reserved nodes
+    _failed_off: dict[tuple, tuple[int, int]] = field(default_factory=dict)
+    _disturbed: int = 0  # moves and evictions so far: a reservation from before may be stale
+    _reserved_at: int = -1  # _disturbed when the reservation was made
+    _last_pass: tuple[int, int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown scheduler mode {self.mode!r}; one of {', '.join(MODES)}")
+        self._empty = Cluster(self.cluster.state, "bestfit")
+
+    def submit(self, job: Job) -> None:
+        key = job.shape_key
+        if key not in self._fits_empty:
+            self._fits_empty[key] = self._empty.find(job) is not None
+        if self._fits_empty[key]:
+            self.queue.add(job)
+        else:
+            self.rejected.append(job)
+
+    def requeue(self, job: Job) -> None:
+        """An evicted job waits again, in its old place."""
+        self.queue.add(job)
+        self._disturbed += 1
+
+    def disturbed(self) -> None:
+        """Running jobs moved: the head's reservation is recomputed at the next pass."""
+        self._disturbed += 1
+
+    def run_pass(self, now: float) -> list[Job]:
+        """Start what may start now; the jobs started."""
+        cluster = self.cluster
+        token = (cluster.releases, self.queue.added, self._disturbed)
+        if token == self._last_pass:
+            return []  # nothing came back, nothing arrived, nothing moved: what waited still waits
+        fifo = self.mode == "fifo"
+        started: list[Job] = []
+        head: Job | None = None
+        examined = 0
+        walk = self.queue.ordered()
+        job = next(walk, None)
+        while job is not None:
+            key = job.shape_key
+            skip = False
+            placed = None
+            if self._failed.get(key) == cluster.releases:
+                skip = True  # nothing came back since it fit nowhere: the whole group waits
+            elif head is None:
+                placed = cluster.find(job)
+                if placed is None:
+                    self._failed[key] = cluster.releases
+                    skip = True
+            else:
+                examined += 1
+                if examined > self.backfill_depth:
+                    break
+                placed = self._backfill(job, head, now)
+            if placed is not None:
+                cluster.start(job, placed, now)
+                started.append(job)
+            elif fifo and head is None:
+                head = job
+            try:
+                job = walk.send(skip)
+            except StopIteration:
+                job = None
+        for job in started:
+            self.queue.remove(job)
+        self._last_pass = (cluster.releases, self.queue.added, self._disturbed)
+        self.blocked = head if fifo else self.queue.head()
+        if head is None:
+            self.reservation = None
+        return started
+
+    def _backfill(self, job: Job, head: Job, now: float) -> list | None:
+        """A job behind the blocked head starts if it leaves the head's reservation alone."""
+        cluster = self.cluster
+        reservation = self._reserve(head, now)
+        key = job.shape_key
+        # it failed off these reserved nodes, and nothing came back since: it still does
+        token = (cluster.releases, id(reservation))
+        if self._failed_off.get(key) != token:
+            placed = cluster.find(job, exclude=reservation.nodes)
+            if placed is not None:
+                return placed
+            self._failed_off[key] = token
+        if now + (job.work - job.done) <= reservation.shadow:
+            placed = cluster.find(job)
+            if placed is None:
+                self._failed[key] = cluster.releases
+            return placed
+        return None
+
+    def _reserve(self, head: Job, now: float) -> Reservation:
+        held = self.reservation
+        if held is not None and held.job == head.id and self._disturbed == self._reserved_at:
+            return held
+        self.reservation = reserve(self.cluster, head, now)
+        self._reserved_at = self._disturbed
+        return self.reservation
+
+
+def reserve(cluster: Cluster, head: Job, now: float) -> Reservation:
+    """The nodes ``head`` could start on soonest, and when, if the running jobs end as planned.
+
+    Per node: its free GPUs and cores, plus what its jobs give back as they end,
+    earliest first, until the head's part fits. A gang needs ``parts`` such nodes of
+    one model: the latest of the model's ``parts`` soonest nodes, the best model.
+    """
+    placer = cluster.placer
+    ends: dict[int, list[tuple[float, float, tuple[int, ...], float]]] = {}
+    for job in cluster.running.values():
+        end = job.end()
+        for p in job.placements:
+            ends.setdefault(p.node, []).append((end, p.cpus, p.slots, p.gpu_share))
+    allowed = set(head.models) if head.models else None
+    by_model: dict[int, list[tuple[float, int]]] = {}
+    for node in range(len(placer.names)):
+        model = int(placer.model[node])
+        if allowed is not None and placer.model_names[model] not in allowed:
+            continue
+        if placer.gpu_count[node] < head.gpus or placer.cpu_total[node] < head.cpus - EPS:
+            continue
+        when = _fits_at(placer.gpu_free[node].copy(), float(placer.cpu_free[node]), head,
+                        sorted(ends.get(node, [])), now)
+        if math.isfinite(when):
+            by_model.setdefault(model, []).append((when, node))
+    best = Reservation(head.id, math.inf, ())
+    for times in by_model.values():
+        if len(times) < head.parts:
+            continue
+        times.sort()
+        chosen = times[: head.parts]
+        shadow = chosen[-1][0]
+        if shadow < best.shadow:
+            best = Reservation(head.id, shadow, tuple(n for _, n in chosen))
+    return best
+
+
+def _fits_at(row: np.ndarray, cpu: float, head: Job, ends: list, now: float) -> float:
+    """When ``head``'s part fits a node whose free shares are ``row``, as its jobs end."""
+    free = [float(x) for x in row]
+    need = 1.0 if head.share >= 1.0 - EPS else head.share
+
+    def fits() -> bool:
+        return cpu >= head.cpus - EPS and (
+            head.gpus == 0 or sum(1 for x in free if x >= need - EPS) >= head.gpus)
+
+    if fits():
+        return now
+    for end, cpus, slots, share in ends:
+        cpu += cpus
+        for s in slots:
+            free[s] += share
+        if fits():
+            return max(end, now)
+    return math.inf
+
+
+__all__ = ["MODES", "Queue", "Reservation", "Scheduler", "order_key", "reserve"]

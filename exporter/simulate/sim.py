@@ -1,0 +1,43 @@
+"""What a strategy acts on during a run, and the settings of a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from exporter.analysis.fgd import CompiledWorkload
+from exporter.simulate.cluster import Cluster, MoveCost
+from exporter.simulate.fleets import SimFleet
+from exporter.simulate.scheduler import Scheduler
+from exporter.simulate.timeline import TimelineSettings
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    timeline: TimelineSettings = field(default_factory=TimelineSettings)
+    policy: str = "bestfit"  # the scheduler's placement policy (sources.sim's default)
+    mode: str = "fifo"  # fifo (with backfill) or kube
+    backfill_depth: int = 100
+    cost: MoveCost = field(default_factory=MoveCost)
+    sample_interval: float = 600.0
+    advisor_interval: float = 60.0
+    descheduler_interval: float = 600.0
+    consolidate_interval: float = 60.0
+    # the revised advisor rule's moves for the queue's head keep each job on its GPU model, as
+    # the planner keeps a job that states no memory need; False: any model (a research knob)
+    advisor_same_model: bool = True
+
+
+@dataclass
+class Sim:
+    """What a strategy acts on: the fleet, the queue, the fleet's static description."""
+
+    fleet: SimFleet
+    cluster: Cluster
+    scheduler: Scheduler
+    settings: RunSettings
+    workload: CompiledWorkload
+    plans: int = 0
+    moves_dropped: int = 0
+
+
+__all__ = ["RunSettings", "Sim"]

@@ -1,0 +1,253 @@
+"""What acts on the running fleet besides the scheduler: the baselines and the advisor.
+
+Every strategy sees the same jobs and the same scheduler, and moves jobs only as
+a checkpoint-restart (:meth:`~exporter.simulate.cluster.Cluster.move`), at the
+same cost. None of them moves a gang or a high-priority job (the advisor's
+``move_high_priority`` default), so the comparison is of what each does with
+the same freedom.
+
+- ``none``: nothing moves.
+- ``descheduler``: the Kubernetes descheduler's HighNodeUtilization, run every
+  ``interval`` (10 min): pods on nodes whose GPUs are under ``threshold``
+  allocated (20%, the descheduler's documented example) are evicted, least
+  allocated nodes first, at most ``budget`` per run (the advisor's plan budget,
+  10); the scheduler re-places each at once with its own policy, off the node it
+  left, or it queues again (an eviction without a destination). As in
+  ``bench/advisor.py``.
+- ``consolidate``: KAI-Scheduler's consolidation, every ``interval`` (1 min):
+  for the job at the head of the queue, when it does not fit, the fewest moves
+  (at most ``max_moves``), each to a destination verified free, after which it
+  fits; nothing moves when no such set exists.
+- ``advisor`` and ``advisor-current``: :mod:`.advisor_loop`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from exporter.placement.engine import Placement
+from exporter.placement.task import Task
+from exporter.simulate.cluster import undo
+from exporter.simulate.timeline import Job
+
+if TYPE_CHECKING:
+    from exporter.simulate.sim import Sim
+
+STRATEGIES = ("none", "descheduler", "consolidate", "advisor", "advisor-current")
+
+
+class Strategy(Protocol):
+    name: str
+    interval: float
+
+    def tick(self, sim: Sim, now: float) -> None: ...
+
+
+def movable(job: Job) -> bool:
+    """Single-node, spot jobs: the only ones any strategy moves."""
+    return job.parts == 1 and not job.high and bool(job.placements)
+
+
+@dataclass
+class Nothing:
+    name: str = "none"
+    interval: float = math.inf
+
+    def tick(self, sim: Sim, now: float) -> None:
+        return None
+
+
+@dataclass
+class Descheduler:
+    name: str = "descheduler"
+    interval: float = 600.0
+    threshold: float = 0.2
+    budget: int = 10
+
+    def tick(self, sim: Sim, now: float) -> None:
+        cluster = sim.cluster
+        placer = cluster.placer
+        counts = placer.gpu_count.astype(float)
+        used = np.where(counts > 0, (counts - placer.gpu_free.sum(axis=1)) / np.maximum(counts, 1), 1.0)
+        on_node: dict[int, list[Job]] = {}
+        for job in cluster.running.values():
+            if movable(job) and job.gpus:
+                on_node.setdefault(job.placements[0].node, []).append(job)
+        under = sorted((n for n in on_node if used[n] < self.threshold), key=lambda n: (used[n], n))
+        evicted = 0
+        for node in under:
+            for job in sorted(on_node[node], key=lambda j: j.id):
+                if evicted >= self.budget:
+                    return
+                evicted += 1
+                cluster.interrupt(job, now)
+                sim.scheduler.disturbed()
+                destination = cluster.find(job, exclude=[node])
+                if destination is None:
+                    sim.scheduler.requeue(job)
+                else:
+                    cluster.start(job, destination, now, cluster.cost.restore)
+
+
+@dataclass
+class HeadUnblocker:
+    """Moves jobs so the blocked head of the queue can start: the fewest verified moves
+    (:func:`unblock`). Tries again for the same head only once capacity has come back."""
+
+    max_moves: int = 10  # the advisor's plan budget (advisor.max_migrations)
+    candidates: int = 16  # nodes tried per part, the cheapest-looking first
+    same_model: bool = False
+    _tried: tuple[int, int] | None = field(default=None, repr=False)  # (head, releases) that found nothing
+
+    def __call__(self, sim: Sim, now: float, may_move: Callable[[Job], bool] = movable) -> bool:
+        """Whether it moved jobs."""
+        head = sim.scheduler.blocked
+        cluster = sim.cluster
+        if head is None or head.placements or self._tried == (head.id, cluster.releases):
+            return False  # nothing blocked, or nothing changed since no way was found for it
+        if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
+            return False  # too few idle GPUs in all: moving jobs cannot make room
+        found = unblock(sim, head, self.max_moves, self.candidates, may_move, self.same_model)
+        if found is None:
+            self._tried = (head.id, cluster.releases)
+            return False
+        for job, destination in found:
+            cluster.move(job, destination, now)
+        sim.scheduler.disturbed()
+        sim.plans += 1
+        return True
+
+
+@dataclass
+class Consolidate:
+    name: str = "consolidate"
+    interval: float = 60.0
+    unblocker: HeadUnblocker = field(default_factory=HeadUnblocker)
+
+    def tick(self, sim: Sim, now: float) -> None:
+        self.unblocker(sim, now)
+
+
+def unblock(sim: Sim, head: Job, max_moves: int, candidates: int,
+            may_move: Callable[[Job], bool] = movable,
+            same_model: bool = False) -> list[tuple[Job, list[Placement]]] | None:
+    """The fewest moves, each to a verified destination, after which ``head`` fits; None if there
+    are none within ``max_moves``. The fleet is left as it was. ``may_move`` says which jobs
+    may move (always only :func:`movable` ones); ``same_model`` keeps each on its GPU model.
+
+    Per part of the head (one for a single-node job): of the nodes it may use, those
+    whose free GPUs plus their movable jobs' could hold it, fewest movable GPUs
+    needed first; on each, its movable jobs leave largest first until the part
+    fits, and each must find a destination off that node (placed by the scheduler's
+    policy, later moves seeing earlier ones). The node needing the fewest moves wins.
+    """
+    cluster = sim.cluster
+    placer = cluster.placer
+    log: list[tuple[str, Placement]] = []  # what was done to the placer, to undo
+    moves: list[tuple[Job, list[Placement]]] = []
+    taken: list[int] = []
+
+    try:
+        for _ in range(head.parts):
+            moved = {job.id for job, _ in moves}
+
+            def free_to_move(j: Job, moved: set[int] = moved) -> bool:
+                return movable(j) and may_move(j) and j.id not in moved
+
+            best = _cheapest_node(sim, head, taken, max_moves - len(moves), candidates, free_to_move,
+                                  same_model)
+            if best is None:
+                return None
+            node, plan, part = best
+            for job, destination in plan:
+                for p in job.placements:
+                    placer.release(p)
+                    log.append(("release", p))
+                for p in destination:
+                    placer.apply(p)
+                    log.append(("apply", p))
+            placer.apply(part)
+            log.append(("apply", part))
+            moves.extend(plan)
+            taken.append(node)
+        return moves
+    finally:
+        undo(placer, log)
+
+
+Moves = list[tuple[Job, list[Placement]]]
+
+
+def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidates: int,
+                   may_move: Callable[[Job], bool], same_model: bool) -> tuple[int, Moves, Placement] | None:
+    cluster = sim.cluster
+    placer = cluster.placer
+    model_ok = np.ones(len(placer.names), dtype=bool)
+    if head.models:
+        model_ok = np.isin(np.array(placer.model_names)[placer.model], head.models)
+    if taken and head.parts > 1:  # a gang's parts share a model
+        model_ok &= placer.model == placer.model[taken[0]]
+    movable_share = np.zeros(len(placer.names))
+    on_node: dict[int, list[Job]] = {}
+    for job in cluster.running.values():
+        if may_move(job):
+            node = job.placements[0].node
+            on_node.setdefault(node, []).append(job)
+            movable_share[node] += job.demand
+    free = placer.gpu_free.sum(axis=1)
+    need = head.gpus * head.share
+    ok = model_ok & (placer.gpu_count >= head.gpus) & (free + movable_share >= need - 1e-9)
+    ok[taken] = False
+    nodes = [int(n) for n in np.flatnonzero(ok) if int(n) in on_node]
+    nodes.sort(key=lambda n: (max(0.0, need - free[n]), n))
+    best: tuple[int, Moves, Placement] | None = None
+    part_task = cluster.task(head)
+    for node in nodes[:candidates]:
+        limit = budget if best is None else len(best[1]) - 1
+        if limit <= 0:
+            break
+        found = _evacuate_for(sim, node, on_node[node], limit, part_task, same_model)
+        if found is not None and (best is None or len(found[0]) < len(best[1])):
+            best = (node, found[0], found[1])
+    return best
+
+
+def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task,
+                  same_model: bool) -> tuple[list[tuple[Job, list[Placement]]], Placement] | None:
+    """Move ``node``'s jobs off it, largest first, until the head's part (``task``) fits there;
+    undone after."""
+    cluster = sim.cluster
+    placer = cluster.placer
+    only_here = [n for n in range(len(placer.names)) if n != node]  # the part must land on ``node``
+    log: list[tuple[str, Placement]] = []
+    plan: list[tuple[Job, list[Placement]]] = []
+    try:
+        for job in sorted(jobs, key=lambda j: (-j.demand, j.id)):
+            part = placer.place(task, cluster.policy, exclude=only_here)
+            if part is not None:
+                return plan, part
+            if len(plan) >= limit:
+                return None
+            for p in job.placements:
+                placer.release(p)
+                log.append(("release", p))
+            models = (placer.model_names[placer.model[node]],) if same_model else None
+            destination = placer.place(cluster.task(job, models), cluster.policy, exclude=[node])
+            if destination is None:
+                return None
+            placer.apply(destination)
+            log.append(("apply", destination))
+            plan.append((job, [destination]))
+        part = placer.place(task, cluster.policy, exclude=only_here)
+        return (plan, part) if part is not None else None
+    finally:
+        undo(placer, log)
+
+
+__all__ = ["STRATEGIES", "Consolidate", "Descheduler", "HeadUnblocker", "Nothing", "Strategy", "movable",
+           "unblock"]
