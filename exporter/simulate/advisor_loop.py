@@ -97,9 +97,9 @@ class AdvisorStrategy:
         self._unblocker.same_model = keep
 
     def _setup(self) -> None:
+        from exporter.advisor.advise import decision_settings, plan_settings
         from exporter.advisor.engine import Advisor
         from exporter.advisor.planner import plan_compaction
-        from exporter.advisor.service import decision_settings, plan_settings
         from exporter.analysis.live import LiveAnalyzer
         from exporter.config import load
 
@@ -108,8 +108,8 @@ class AdvisorStrategy:
         self._analyzer.load = None  # the pools' scaling hints: no part of a decision, and costly
         self._plan_settings = plan_settings(config.advisor)
         self._unblocker.max_moves = self._plan_settings.max_migrations
-        planner = functools.partial(plan_compaction, settings=self._plan_settings)
-        self._advisor = Advisor(planner, decision_settings(config.advisor), clock=lambda: self._now)
+        self._planner = functools.partial(plan_compaction, settings=self._plan_settings)
+        self._advisor = Advisor(decision_settings(config.advisor), clock=lambda: self._now)
 
     def tick(self, sim: Sim, now: float) -> None:
         if self._advisor is None:
@@ -123,16 +123,20 @@ class AdvisorStrategy:
         self._next_evaluation = now + self.evaluate_every
         snapshot = snapshot_of(sim, now, self._allocations)
         report = self._analyzer.analyze(snapshot)
-        advice = self._advisor.observe(snapshot, report)
-        decision = advice["decision"]
+        from exporter.advisor.advise import advise
+
+        advice = advise(self._advisor, snapshot, report, self._planner)
+        decision = advice.decision
         self.decisions[decision] += 1
-        plan = advice.get("plan")
-        if decision == "compact" and plan is not None and plan["plan_id"] not in self._seen:
-            self._seen.add(plan["plan_id"])
-            moves = [_Move(int(m["job"]), (m["from"]["node"], tuple(m["from"]["gpus"])),
-                           (m["to"]["node"], tuple(m["to"]["gpus"])), float(m["gpu_share"]),
-                           float(m["cpus"]), float(m["wait_until"] or now), float(plan["expires_at"]))
-                     for m in plan["migrations"]]
+        plan = advice.plan
+        if decision == "compact" and plan is not None and plan.plan_id not in self._seen:
+            self._seen.add(plan.plan_id)
+            # the receiver's side: a plan is delivered (durable) as soon as it is proposed
+            self._advisor.durable(now)
+            moves = [_Move(int(m.job), (m.source.node, m.source.gpus),
+                           (m.destination.node, m.destination.gpus), m.gpu_share, m.cpus,
+                           m.wait_until or now, plan.expires_at)
+                     for m in plan.migrations]
             if not self.revised or lets_a_queued_job_start(sim, moves):
                 self._waiting.extend(moves)
                 sim.plans += 1
