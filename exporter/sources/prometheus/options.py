@@ -38,6 +38,22 @@ class PrometheusSource:
     max_in_flight: int = opt(
         4, help="Queries sent at once; more costs Prometheus CPU, fewer leaves it idle.", min=1
     )
+    # Caps, checked before an answer is decoded (issue 32): past one, the read fails, the
+    # source is down with the reason and the last good view is served stale. Sized for
+    # the 108,800-GPU fleet docs/performance.md measures: its largest answers (identity,
+    # allocations) are ~30-45 MB and ~110k-330k series, and the decoded answers must fit,
+    # with the rest of the process, in the shipped unit's MemoryMax=1G.
+    max_answer_bytes: int = opt(
+        64 * 2 ** 20, help="Largest answer to one query, in bytes (after gzip); larger fails "
+        "the read.", min=1,
+    )
+    max_series: int = opt(
+        500_000, help="Most series one query may answer; more fails the read.", min=1,
+    )
+    max_gpus: int = opt(
+        150_000, help="Most GPUs (identity series) the fleet may list; more fails the read.",
+        min=1,
+    )
     bearer_token_file: str = opt("", help="File holding a bearer token (re-read every read).")
     bearer_token_env: str = opt("", help="Environment variable holding a bearer token.")
     basic_auth_username: str = opt("", help="Basic-auth user name.")
