@@ -442,3 +442,201 @@ scrape_configs:
     finally:
         for proc in servers:
             stop(proc)
+
+
+# -- no blind green, caps and partial data (issues 30 and 32), against a fake Prometheus ---------
+
+
+def _vector(series: list[dict]) -> bytes:
+    return json.dumps({"status": "success",
+                       "data": {"resultType": "vector", "result": series}}).encode()
+
+
+def _against_fake_prometheus(answer, config: dict, reads: int = 1) -> list:
+    """``reads`` collections by a Collector over a prometheus source, against an in-process
+    server whose ``answer(query, response_writer_factory)`` coroutine answers every query.
+    Returns the snapshots; the source's status is in each one's ``sources``."""
+    from aiohttp import web
+
+    from exporter.collect import Collector
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        return await answer(str(form["query"]), request)
+
+    async def go() -> list:
+        app = web.Application()
+        app.router.add_post("/api/v1/query", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        source = build(PrometheusConfig(url=f"http://127.0.0.1:{port}", **config), time.time)
+        collector = Collector([source], timeout_seconds=20)
+        try:
+            return [await collector.collect() for _ in range(reads)]
+        finally:
+            await source.close()
+            await runner.cleanup()
+
+    return asyncio.run(go())
+
+
+def _answer_with(identity: list[dict]):
+    from aiohttp import web
+
+    async def answer(query: str, request) -> web.StreamResponse:
+        return web.Response(body=_vector(identity if query.startswith("gpufleet_gpu_info")
+                                         else []), content_type="application/json")
+    return answer
+
+
+def test_a_selector_matching_no_series_is_down_with_the_reason(caplog):
+    caplog.set_level("WARNING", logger="exporter.sources.prometheus.source")
+    snapshots = _against_fake_prometheus(_answer_with([]), {"selector": 'job="gpufleet-nodez"'},
+                                         reads=2)
+    for snapshot in snapshots:
+        (status,) = snapshot.sources
+        assert not status.up
+        assert "no GPU series" in status.error and 'job="gpufleet-nodez"' in status.error
+        assert snapshot.gpus == ()
+    lines = [r for r in caplog.records if r.getMessage() == "prometheus lists no GPU"]
+    assert len(lines) == 1 and 'job="gpufleet-nodez"' in lines[0].err  # once per outage
+    # a backend that does list GPUs is up
+    (snapshot,) = _against_fake_prometheus(
+        _answer_with([_series("gpufleet_gpu_info", 1, **GPU)]), {})
+    assert snapshot.sources[0].up and snapshot.sources[0].error == ""
+    assert len(snapshot.gpus) == 1
+
+
+def test_an_answer_over_max_answer_bytes_is_cut_and_the_source_down():
+    from aiohttp import web
+
+    sent: dict[str, int] = {}
+
+    async def endless(query: str, request) -> web.StreamResponse:
+        # streamed with no Content-Length, as a huge answer is: only reading it shows its size
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(b'{"status":"success","data":{"resultType":"vector","result":[')
+        chunk = b'{"metric":{"node":"n","gpu":"0"},"value":[1,"1"]},' * 20_000  # ~1 MB
+        try:
+            for _ in range(64):
+                await resp.write(chunk)
+                sent[query] = sent.get(query, 0) + len(chunk)
+        except (ConnectionError, RuntimeError):
+            pass  # the reader hung up at its cap
+        return resp
+
+    (snapshot,) = _against_fake_prometheus(endless, {"max_answer_bytes": 2 * 2 ** 20})
+    (status,) = snapshot.sources
+    assert not status.up
+    assert "PrometheusAnswerOverCap" in status.error and "max_answer_bytes 2,097,152" in status.error
+    # every query was cut well before its 64 MB end: no answer was read whole
+    assert sent and max(sent.values()) < 32 * 2 ** 20
+
+
+@pytest.mark.parametrize(("config", "identity_series", "message"), [
+    ({"max_gpus": 2}, 3, "3 series, over max_gpus 2"),
+    ({"max_series": 2}, 3, "3 series, over max_series 2"),
+])
+def test_too_many_series_fail_the_read_before_decoding(config, identity_series, message):
+    identity = [_series("gpufleet_gpu_info", 1, **dict(GPU, node=f"n{i}"))
+                for i in range(identity_series)]
+    if "max_series" in config:  # identity within max_gpus; the targets query is the big one
+        from aiohttp import web
+
+        async def answer(query: str, request) -> web.StreamResponse:
+            many = query.startswith("up ")
+            body = _vector([_series("up", 1, instance=f"i{i}") for i in range(3)] if many
+                           else identity[:1] if query.startswith("gpufleet_gpu_info") else [])
+            return web.Response(body=body, content_type="application/json")
+        message = message.replace("3 series", "query targets: 3 series")
+    else:
+        answer = _answer_with(identity)
+    (snapshot,) = _against_fake_prometheus(answer, config)
+    (status,) = snapshot.sources
+    assert not status.up and message in status.error
+
+
+def test_the_last_good_view_is_served_stale_while_over_a_cap():
+    from aiohttp import web
+
+    from exporter.collect import Collector
+
+    grow = {"gpus": 1}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        identity = [_series("gpufleet_gpu_info", 1, **dict(GPU, node=f"n{i}"))
+                    for i in range(grow["gpus"])]
+        query = str(form["query"])
+        wanted = query.startswith(("gpufleet_gpu_info", "max by (node, gpu) (gpufleet_gpu_up{"))
+        body = _vector(identity if wanted else [])
+        return web.Response(body=body, content_type="application/json")
+
+    async def go() -> tuple[FleetSnapshot, FleetSnapshot]:
+        app = web.Application()
+        app.router.add_post("/api/v1/query", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        source = build(PrometheusConfig(url=f"http://127.0.0.1:{port}", max_gpus=2), time.time)
+        collector = Collector([source], timeout_seconds=20)
+        try:
+            good = await collector.collect()
+            grow["gpus"] = 3
+            return good, await collector.collect()
+        finally:
+            await source.close()
+            await runner.cleanup()
+
+    good, over = asyncio.run(go())
+    assert good.sources[0].up and [g.stale for g in good.gpus] == [False]
+    assert not over.sources[0].up and "over max_gpus 2" in over.sources[0].error
+    assert [(g.node, g.stale) for g in over.gpus] == [("n0", True)]  # the last good view, stale
+
+
+def test_one_bad_series_is_dropped_and_counted_the_rest_stands():
+    good = dict(GPU, node="good")
+    results = _results(
+        identity=[
+            _series("gpufleet_gpu_info", 1, **good),
+            _series("gpufleet_gpu_info", 1, **dict(GPU, node="abc", gpu="abc")),
+            _series("gpufleet_gpu_info", 1, **dict(GPU, node="huge", gpu="9" * 30)),
+            _series("gpufleet_gpu_info", 1, **dict(GPU, node="neg", gpu="-3")),
+        ],
+        old=[],
+        gpufleet_gpu_up=[_series("gpufleet_gpu_up", 1, **good)],
+        gpufleet_gpu_memory_total_bytes=[
+            _series("gpufleet_gpu_memory_total_bytes", "+Inf", **good)],
+        gpufleet_gpu_memory_used_bytes=[
+            _series("gpufleet_gpu_memory_used_bytes", -80e9, **good)],
+        gpufleet_gpu_power_watts=[_series("gpufleet_gpu_power_watts", "watts", **good)],
+        gpufleet_gpu_temperature_celsius=[{"metric": {"__name__": "x", **good}}],  # no value
+        gpufleet_gpu_utilization_ratio=[_series("gpufleet_gpu_utilization_ratio", 0.5, **good)],
+        nodes=[_series("gpufleet_node_info", 1, node="good", pool="p", model="H100", gpus="1"),
+               _series("gpufleet_node_info", 1, node="bad", pool="p", model="H100", gpus="-8"),
+               _series("gpufleet_node_cpu_cores", -128, node="bad")],
+        allocations=[_series("gpufleet_gpu_allocation_info", 1, **good, exported_job="j1"),
+                     _series("gpufleet_gpu_allocation_info", 1, **dict(good, gpu="x"),
+                             exported_job="j2"),
+                     _series("gpufleet_allocation_cpu_cores", "-Inf", node="good",
+                             exported_job="j1")],
+        mig=[_series("gpufleet_gpu_mig_instance_info", 1, **good, profile="1g.10gb"),
+             _series("gpufleet_gpu_mig_instance_info", 1, **good, gpu_instance="2",
+                     profile="1g.10gb")],
+        targets=[_series("up", 1, instance="a"), {"metric": {"instance": "b"}, "value": [1]}],
+    )
+    snapshot, targets, failed = build_snapshot(100.0, results)
+    (gpu,) = snapshot.gpus
+    assert (gpu.node, gpu.index, gpu.utilization_ratio) == ("good", 0, 0.5)
+    assert gpu.memory_total_bytes is None and gpu.memory_used_bytes is None
+    assert gpu.power_watts is None and gpu.temperature_celsius is None
+    assert [(m.instance_id, m.profile) for m in gpu.mig] == [(2, "1g.10gb")]
+    assert [(n.name, n.gpu_count, n.cpu_cores) for n in snapshot.nodes] == [("good", 1, 0.0)]
+    assert [(a.job, a.placements[0].cpus) for a in snapshot.allocations] == [("j1", 0.0)]
+    assert [t.target for t in targets] == ["a"]
+    # 3 identities, 4 values, the -8 GPUs and -128 CPUs, 2 allocations, 1 MIG, 1 target
+    assert failed == 13
