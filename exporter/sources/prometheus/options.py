@@ -40,15 +40,16 @@ class PrometheusSource:
     )
     # Caps, checked before an answer is decoded (issue 32): past one, the read fails, the
     # source is down with the reason and the last good view is served stale. Sized for
-    # the 108,800-GPU fleet docs/performance.md measures: its largest answers (identity,
-    # allocations) are ~30-45 MB and ~110k-330k series, and the decoded answers must fit,
-    # with the rest of the process, in the shipped unit's MemoryMax=1G.
+    # the 108,800-GPU fleet docs/performance.md claims: its largest answer (identity) is
+    # ~32 MB and 108,800 series, a read ~1.9 M series in all (18 queries of about one
+    # series per GPU). docs/reliability.md has the figures.
     max_answer_bytes: int = opt(
         64 * 2 ** 20, help="Largest answer to one query, in bytes (after gzip); larger fails "
         "the read.", min=1,
     )
     max_series: int = opt(
-        500_000, help="Most series one query may answer; more fails the read.", min=1,
+        2_000_000, help="Most series the answers of one read may hold together; more fails "
+        "the read.", min=1,
     )
     max_gpus: int = opt(
         150_000, help="Most GPUs (identity series) the fleet may list; more fails the read.",
