@@ -639,3 +639,44 @@ def test_one_bad_series_is_dropped_and_counted_the_rest_stands():
     assert [t.target for t in targets] == ["a"]
     # 3 identities, 4 values, the -8 GPUs and -128 CPUs, 2 allocations, 1 MIG, 1 target
     assert failed == 13
+
+
+@pytest.mark.slow
+def test_a_selector_matching_nothing_fires_gpufleet_source_down_in_a_real_prometheus(
+        tmp_path, exporter_factory, prometheus_factory, capsys):
+    """Issue 30's blind green, end to end: cluster mode with a selector that matches no
+    series serves source_up 0, and the shipped rule fires on it in a real Prometheus."""
+    import yaml
+
+    from exporter.cli import main
+    from tests.helpers import REPO
+    from tests.test_dashboards_prometheus import _reload
+
+    rules = tmp_path / "rules"
+    assert main(["rules", "--out", str(rules), "--for-scale", "0.01",
+                 "--thresholds", str(REPO / "rules" / "thresholds.yaml")]) == 0
+    capsys.readouterr()
+
+    def config(cluster_port: int | None) -> str:
+        scrape = [] if cluster_port is None else [{
+            "job_name": "gpufleet-cluster", "scrape_interval": "1s", "scrape_timeout": "1s",
+            "static_configs": [{"targets": [f"127.0.0.1:{cluster_port}"]}]}]
+        return yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(rules / "gpufleet-alerts.yaml")], "scrape_configs": scrape})
+
+    prom = prometheus_factory(config(None))
+    cluster = exporter_factory(config=f"""
+collect_interval: 1s
+advisor: {{enabled: false}}
+sources:
+  sim: {{enabled: false}}
+  prometheus: {{enabled: true, url: "{prom.url}", selector: 'job="gpufleet-nodez"'}}
+""")
+    (prom.workdir / "prometheus.yml").write_text(config(cluster.port))
+    _reload(prom)
+    up = prom.wait_for('gpufleet_source_up{source="prometheus"}', lambda r: bool(r), timeout=60)
+    assert [float(r["value"][1]) for r in up] == [0.0]
+    firing = prom.wait_for('ALERTS{alertname="GpufleetSourceDown",alertstate="firing"}',
+                           lambda r: bool(r), timeout=60)
+    assert {r["metric"]["source"] for r in firing} == {"prometheus"}
