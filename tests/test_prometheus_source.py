@@ -537,7 +537,8 @@ def test_an_answer_over_max_answer_bytes_is_cut_and_the_source_down():
 
 
 @pytest.mark.parametrize(("config", "identity_series", "message"), [
-    ({"max_gpus": 2}, 3, "3 series, over max_gpus 2"),
+    ({"max_gpus": 2}, 3, "query identity: 3 series, over max_gpus 2"),
+    ({"max_gpus": 2}, 2, "query gpufleet_gpu_power_watts: 4 series, over max_gpus 2"),
     ({"max_series": 3}, 3, "series, and the read over max_series 3"),  # 1 + 3 in all
 ])
 def test_too_many_series_fail_the_read_before_decoding(config, identity_series, message):
@@ -550,6 +551,14 @@ def test_too_many_series_fail_the_read_before_decoding(config, identity_series, 
             many = query.startswith("up ")
             body = _vector([_series("up", 1, instance=f"i{i}") for i in range(3)] if many
                            else identity[:1] if query.startswith("gpufleet_gpu_info") else [])
+            return web.Response(body=body, content_type="application/json")
+    elif identity_series == 2:  # a value family answering more series than GPUs
+        from aiohttp import web
+
+        async def answer(query: str, request) -> web.StreamResponse:
+            power = [_series("p", 1, node=f"n{i}", gpu="0") for i in range(4)]
+            body = _vector(identity if query.startswith("gpufleet_gpu_info") else
+                           power if "gpufleet_gpu_power_watts" in query else [])
             return web.Response(body=body, content_type="application/json")
     else:
         answer = _answer_with(identity)

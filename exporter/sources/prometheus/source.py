@@ -618,6 +618,7 @@ class PrometheusFleetSource:
         self._queries = build_dcgm_queries(self.config) if dcgm else build_queries(self.config)
         self._resolve_model = catalogue_resolver() if dcgm else None
         self._endpoint = self.config.url.rstrip("/") + "/api/v1/query"
+        self._per_gpu = set() if dcgm else {"identity", "old", *GPU_VALUES}
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -655,7 +656,9 @@ class PrometheusFleetSource:
         # counting them is a cheap, linear upper bound before anything is decoded
         series = body.count(b'"metric"')
         where = f"{_where(self.config.url)}: query {name}"
-        if name == "identity" and series > self.config.max_gpus:
+        # identity, old and the value families answer one series per GPU by construction
+        # (``max by (node, gpu)``): more than max_gpus is no fleet we can hold
+        if name in self._per_gpu and series > self.config.max_gpus:
             return _Result(name, None, f"{where}: {series:,} series, over max_gpus "
                            f"{self.config.max_gpus:,}", over_cap=True)
         if not budget.take(series):
