@@ -570,37 +570,21 @@ def test_too_many_series_fail_the_read_before_decoding(config, identity_series, 
 def test_the_last_good_view_is_served_stale_while_over_a_cap():
     from aiohttp import web
 
-    from exporter.collect import Collector
+    identity_reads = []
 
-    grow = {"gpus": 1}
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        form = await request.post()
-        identity = [_series("gpufleet_gpu_info", 1, **dict(GPU, node=f"n{i}"))
-                    for i in range(grow["gpus"])]
-        query = str(form["query"])
-        wanted = query.startswith(("gpufleet_gpu_info", "max by (node, gpu) (gpufleet_gpu_up{"))
-        body = _vector(identity if wanted else [])
+    async def grows(query: str, request) -> web.StreamResponse:
+        if query.startswith("gpufleet_gpu_info"):  # 1 GPU on the first read, 3 after
+            identity_reads.append(query)
+            count = 1 if len(identity_reads) == 1 else 3
+            body = _vector([_series("gpufleet_gpu_info", 1, **dict(GPU, node=f"n{i}"))
+                            for i in range(count)])
+        elif query.startswith("max by (node, gpu) (gpufleet_gpu_up{"):
+            body = _vector([_series("gpufleet_gpu_up", 1, **dict(GPU, node="n0"))])
+        else:
+            body = _vector([])
         return web.Response(body=body, content_type="application/json")
 
-    async def go() -> tuple[FleetSnapshot, FleetSnapshot]:
-        app = web.Application()
-        app.router.add_post("/api/v1/query", handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        source = build(PrometheusConfig(url=f"http://127.0.0.1:{port}", max_gpus=2), time.time)
-        collector = Collector([source], timeout_seconds=20)
-        try:
-            good = await collector.collect()
-            grow["gpus"] = 3
-            return good, await collector.collect()
-        finally:
-            await source.close()
-            await runner.cleanup()
-
-    good, over = asyncio.run(go())
+    good, over = _against_fake_prometheus(grows, {"max_gpus": 2}, reads=2)
     assert good.sources[0].up and [g.stale for g in good.gpus] == [False]
     assert not over.sources[0].up and "over max_gpus 2" in over.sources[0].error
     assert [(g.node, g.stale) for g in over.gpus] == [("n0", True)]  # the last good view, stale

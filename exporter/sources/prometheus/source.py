@@ -28,7 +28,15 @@ Failures: a query for identity, nodes or allocations that fails fails the read
 (the collector keeps the last good snapshot, stale). A failed query for values,
 MIG or targets leaves those fields absent and counts in
 ``gpufleet_source_parse_errors_total``: partial data, never made-up data. With
-DCGM metrics, the read fails only when no field query answers.
+DCGM metrics, the read fails only when no field query answers. One malformed series
+(a non-finite or out-of-bounds value, a GPU index that is no index, a MIG series
+without ``gpu_instance``) is dropped and counted there too; the rest stands.
+
+Caps (issue 32), checked before an answer is decoded: ``max_answer_bytes`` per
+answer, cut as it streams in; ``max_gpus`` per per-GPU query; ``max_series`` over
+the whole read. Past one the read fails, so the collector serves the last good view
+stale with the source down. An answer with no GPU at all (a selector matching
+nothing, a backend not filled yet) is a down source too, never a fleet of none.
 
 Labels: Prometheus renames an exporter's ``job`` and ``instance`` labels to
 ``exported_job``/``exported_instance`` unless the scrape sets ``honor_labels``;
