@@ -226,7 +226,9 @@ def test_basic_auth_against_a_secured_prometheus(tmp_path):
             return asyncio.run(go())
 
         snapshot = read(basic_auth_username="gpufleet", basic_auth_password_file=str(password))
-        assert snapshot.gpus == () and snapshot.error == ""
+        # authenticated and answered: an empty Prometheus lists no GPU, which is a down
+        # source with the reason (issue 30), not an up one with a fleet of none
+        assert snapshot.gpus == () and snapshot.error.startswith("no GPU series:")
         with pytest.raises(PrometheusQueryError, match="HTTP 401"):
             read()
         password.write_text("wrong")
