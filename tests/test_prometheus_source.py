@@ -226,7 +226,9 @@ def test_basic_auth_against_a_secured_prometheus(tmp_path):
             return asyncio.run(go())
 
         snapshot = read(basic_auth_username="gpufleet", basic_auth_password_file=str(password))
-        assert snapshot.gpus == () and snapshot.error == ""
+        # authenticated and answered: an empty Prometheus lists no GPU, which is a down
+        # source with the reason (issue 30), not an up one with a fleet of none
+        assert snapshot.gpus == () and snapshot.error.startswith("no GPU series:")
         with pytest.raises(PrometheusQueryError, match="HTTP 401"):
             read()
         password.write_text("wrong")
@@ -442,3 +444,234 @@ scrape_configs:
     finally:
         for proc in servers:
             stop(proc)
+
+
+# -- no blind green, caps and partial data (issues 30 and 32), against a fake Prometheus ---------
+
+
+def _vector(series: list[dict]) -> bytes:
+    return json.dumps({"status": "success",
+                       "data": {"resultType": "vector", "result": series}}).encode()
+
+
+def _against_fake_prometheus(answer, config: dict, reads: int = 1) -> list:
+    """``reads`` collections by a Collector over a prometheus source, against an in-process
+    server whose ``answer(query, response_writer_factory)`` coroutine answers every query.
+    Returns the snapshots; the source's status is in each one's ``sources``."""
+    from aiohttp import web
+
+    from exporter.collect import Collector
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        return await answer(str(form["query"]), request)
+
+    async def go() -> list:
+        app = web.Application()
+        app.router.add_post("/api/v1/query", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        source = build(PrometheusConfig(url=f"http://127.0.0.1:{port}", **config), time.time)
+        collector = Collector([source], timeout_seconds=20)
+        try:
+            return [await collector.collect() for _ in range(reads)]
+        finally:
+            await source.close()
+            await runner.cleanup()
+
+    return asyncio.run(go())
+
+
+def _answer_with(identity: list[dict]):
+    from aiohttp import web
+
+    async def answer(query: str, request) -> web.StreamResponse:
+        return web.Response(body=_vector(identity if query.startswith("gpufleet_gpu_info")
+                                         else []), content_type="application/json")
+    return answer
+
+
+def test_a_selector_matching_no_series_is_down_with_the_reason(caplog):
+    caplog.set_level("WARNING", logger="exporter.sources.prometheus.source")
+    snapshots = _against_fake_prometheus(_answer_with([]), {"selector": 'job="gpufleet-nodez"'},
+                                         reads=2)
+    for snapshot in snapshots:
+        (status,) = snapshot.sources
+        assert not status.up
+        assert "no GPU series" in status.error and 'job="gpufleet-nodez"' in status.error
+        assert snapshot.gpus == ()
+    lines = [r for r in caplog.records if r.getMessage() == "prometheus lists no GPU"]
+    assert len(lines) == 1 and 'job="gpufleet-nodez"' in lines[0].err  # once per outage
+    # a backend that does list GPUs is up
+    (snapshot,) = _against_fake_prometheus(
+        _answer_with([_series("gpufleet_gpu_info", 1, **GPU)]), {})
+    assert snapshot.sources[0].up and snapshot.sources[0].error == ""
+    assert len(snapshot.gpus) == 1
+
+
+def test_an_answer_over_max_answer_bytes_is_cut_and_the_source_down():
+    from aiohttp import web
+
+    sent: dict[str, int] = {}
+
+    async def endless(query: str, request) -> web.StreamResponse:
+        # streamed with no Content-Length, as a huge answer is: only reading it shows its size
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(b'{"status":"success","data":{"resultType":"vector","result":[')
+        chunk = b'{"metric":{"node":"n","gpu":"0"},"value":[1,"1"]},' * 20_000  # ~1 MB
+        try:
+            for _ in range(64):
+                await resp.write(chunk)
+                sent[query] = sent.get(query, 0) + len(chunk)
+        except (ConnectionError, RuntimeError):
+            pass  # the reader hung up at its cap
+        return resp
+
+    (snapshot,) = _against_fake_prometheus(endless, {"max_answer_bytes": 2 * 2 ** 20})
+    (status,) = snapshot.sources
+    assert not status.up
+    assert "PrometheusAnswerOverCap" in status.error and "max_answer_bytes 2,097,152" in status.error
+    # every query was cut well before its 64 MB end: no answer was read whole
+    assert sent and max(sent.values()) < 32 * 2 ** 20
+
+
+@pytest.mark.parametrize(("config", "identity_series", "message"), [
+    ({"max_gpus": 2}, 3, "query identity: 3 series, over max_gpus 2"),
+    ({"max_gpus": 2}, 2, "query gpufleet_gpu_power_watts: 4 series, over max_gpus 2"),
+    ({"max_series": 3}, 3, "series, and the read over max_series 3"),  # 1 + 3 in all
+])
+def test_too_many_series_fail_the_read_before_decoding(config, identity_series, message):
+    identity = [_series("gpufleet_gpu_info", 1, **dict(GPU, node=f"n{i}"))
+                for i in range(identity_series)]
+    if "max_series" in config:  # identity within max_gpus; the targets query is the big one
+        from aiohttp import web
+
+        async def answer(query: str, request) -> web.StreamResponse:
+            many = query.startswith("up ")
+            body = _vector([_series("up", 1, instance=f"i{i}") for i in range(3)] if many
+                           else identity[:1] if query.startswith("gpufleet_gpu_info") else [])
+            return web.Response(body=body, content_type="application/json")
+    elif identity_series == 2:  # a value family answering more series than GPUs
+        from aiohttp import web
+
+        async def answer(query: str, request) -> web.StreamResponse:
+            power = [_series("p", 1, node=f"n{i}", gpu="0") for i in range(4)]
+            body = _vector(identity if query.startswith("gpufleet_gpu_info") else
+                           power if "gpufleet_gpu_power_watts" in query else [])
+            return web.Response(body=body, content_type="application/json")
+    else:
+        answer = _answer_with(identity)
+    (snapshot,) = _against_fake_prometheus(answer, config)
+    (status,) = snapshot.sources
+    assert not status.up and message in status.error
+
+
+def test_the_last_good_view_is_served_stale_while_over_a_cap():
+    from aiohttp import web
+
+    identity_reads = []
+
+    async def grows(query: str, request) -> web.StreamResponse:
+        if query.startswith("gpufleet_gpu_info"):  # 1 GPU on the first read, 3 after
+            identity_reads.append(query)
+            count = 1 if len(identity_reads) == 1 else 3
+            body = _vector([_series("gpufleet_gpu_info", 1, **dict(GPU, node=f"n{i}"))
+                            for i in range(count)])
+        elif query.startswith("max by (node, gpu) (gpufleet_gpu_up{"):
+            body = _vector([_series("gpufleet_gpu_up", 1, **dict(GPU, node="n0"))])
+        else:
+            body = _vector([])
+        return web.Response(body=body, content_type="application/json")
+
+    good, over = _against_fake_prometheus(grows, {"max_gpus": 2}, reads=2)
+    assert good.sources[0].up and [g.stale for g in good.gpus] == [False]
+    assert not over.sources[0].up and "over max_gpus 2" in over.sources[0].error
+    assert [(g.node, g.stale) for g in over.gpus] == [("n0", True)]  # the last good view, stale
+
+
+def test_one_bad_series_is_dropped_and_counted_the_rest_stands():
+    good = dict(GPU, node="good")
+    results = _results(
+        identity=[
+            _series("gpufleet_gpu_info", 1, **good),
+            _series("gpufleet_gpu_info", 1, **dict(GPU, node="abc", gpu="abc")),
+            _series("gpufleet_gpu_info", 1, **dict(GPU, node="huge", gpu="9" * 30)),
+            _series("gpufleet_gpu_info", 1, **dict(GPU, node="neg", gpu="-3")),
+        ],
+        old=[],
+        gpufleet_gpu_up=[_series("gpufleet_gpu_up", 1, **good)],
+        gpufleet_gpu_memory_total_bytes=[
+            _series("gpufleet_gpu_memory_total_bytes", "+Inf", **good)],
+        gpufleet_gpu_memory_used_bytes=[
+            _series("gpufleet_gpu_memory_used_bytes", -80e9, **good)],
+        gpufleet_gpu_power_watts=[_series("gpufleet_gpu_power_watts", "watts", **good)],
+        gpufleet_gpu_temperature_celsius=[{"metric": {"__name__": "x", **good}}],  # no value
+        gpufleet_gpu_utilization_ratio=[_series("gpufleet_gpu_utilization_ratio", 0.5, **good)],
+        nodes=[_series("gpufleet_node_info", 1, node="good", pool="p", model="H100", gpus="1"),
+               _series("gpufleet_node_info", 1, node="bad", pool="p", model="H100", gpus="-8"),
+               _series("gpufleet_node_cpu_cores", -128, node="bad")],
+        allocations=[_series("gpufleet_gpu_allocation_info", 1, **good, exported_job="j1"),
+                     _series("gpufleet_gpu_allocation_info", 1, **dict(good, gpu="x"),
+                             exported_job="j2"),
+                     _series("gpufleet_allocation_cpu_cores", "-Inf", node="good",
+                             exported_job="j1")],
+        mig=[_series("gpufleet_gpu_mig_instance_info", 1, **good, profile="1g.10gb"),
+             _series("gpufleet_gpu_mig_instance_info", 1, **good, gpu_instance="2",
+                     profile="1g.10gb")],
+        targets=[_series("up", 1, instance="a"), {"metric": {"instance": "b"}, "value": [1]}],
+    )
+    snapshot, targets, failed = build_snapshot(100.0, results)
+    (gpu,) = snapshot.gpus
+    assert (gpu.node, gpu.index, gpu.utilization_ratio) == ("good", 0, 0.5)
+    assert gpu.memory_total_bytes is None and gpu.memory_used_bytes is None
+    assert gpu.power_watts is None and gpu.temperature_celsius is None
+    assert [(m.instance_id, m.profile) for m in gpu.mig] == [(2, "1g.10gb")]
+    assert [(n.name, n.gpu_count, n.cpu_cores) for n in snapshot.nodes] == [("good", 1, 0.0)]
+    assert [(a.job, a.placements[0].cpus) for a in snapshot.allocations] == [("j1", 0.0)]
+    assert [t.target for t in targets] == ["a"]
+    # 3 identities, 4 values, the -8 GPUs and -128 CPUs, 2 allocations, 1 MIG, 1 target
+    assert failed == 13
+
+
+@pytest.mark.slow
+def test_a_selector_matching_nothing_fires_gpufleet_source_down_in_a_real_prometheus(
+        tmp_path, exporter_factory, prometheus_factory, capsys):
+    """Issue 30's blind green, end to end: cluster mode with a selector that matches no
+    series serves source_up 0, and the shipped rule fires on it in a real Prometheus."""
+    import yaml
+
+    from exporter.cli import main
+    from tests.helpers import REPO
+    from tests.test_dashboards_prometheus import _reload
+
+    rules = tmp_path / "rules"
+    assert main(["rules", "--out", str(rules), "--for-scale", "0.01",
+                 "--thresholds", str(REPO / "rules" / "thresholds.yaml")]) == 0
+    capsys.readouterr()
+
+    def config(cluster_port: int | None) -> str:
+        scrape = [] if cluster_port is None else [{
+            "job_name": "gpufleet-cluster", "scrape_interval": "1s", "scrape_timeout": "1s",
+            "static_configs": [{"targets": [f"127.0.0.1:{cluster_port}"]}]}]
+        return yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(rules / "gpufleet-alerts.yaml")], "scrape_configs": scrape})
+
+    prom = prometheus_factory(config(None))
+    cluster = exporter_factory(config=f"""
+collect_interval: 1s
+advisor: {{enabled: false}}
+sources:
+  sim: {{enabled: false}}
+  prometheus: {{enabled: true, url: "{prom.url}", selector: 'job="gpufleet-nodez"'}}
+""")
+    (prom.workdir / "prometheus.yml").write_text(config(cluster.port))
+    _reload(prom)
+    up = prom.wait_for('gpufleet_source_up{source="prometheus"}', lambda r: bool(r), timeout=60)
+    assert [float(r["value"][1]) for r in up] == [0.0]
+    firing = prom.wait_for('ALERTS{alertname="GpufleetSourceDown",alertstate="firing"}',
+                           lambda r: bool(r), timeout=60)
+    assert {r["metric"]["source"] for r in firing} == {"prometheus"}

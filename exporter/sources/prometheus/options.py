@@ -38,6 +38,23 @@ class PrometheusSource:
     max_in_flight: int = opt(
         4, help="Queries sent at once; more costs Prometheus CPU, fewer leaves it idle.", min=1
     )
+    # Caps, checked before an answer is decoded (issue 32): past one, the read fails, the
+    # source is down with the reason and the last good view is served stale. Sized for
+    # the 108,800-GPU fleet docs/performance.md claims: its largest answer (identity) is
+    # ~32 MB and 108,800 series, a read ~1.9 M series in all (18 queries of about one
+    # series per GPU). docs/reliability.md has the figures.
+    max_answer_bytes: int = opt(
+        64 * 2 ** 20, help="Largest answer to one query, in bytes (after gzip); larger fails "
+        "the read.", min=1,
+    )
+    max_series: int = opt(
+        2_000_000, help="Most series the answers of one read may hold together; more fails "
+        "the read.", min=1,
+    )
+    max_gpus: int = opt(
+        150_000, help="Most GPUs (identity series) the fleet may list; more fails the read.",
+        min=1,
+    )
     bearer_token_file: str = opt("", help="File holding a bearer token (re-read every read).")
     bearer_token_env: str = opt("", help="Environment variable holding a bearer token.")
     basic_auth_username: str = opt("", help="Basic-auth user name.")

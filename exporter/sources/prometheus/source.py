@@ -28,7 +28,15 @@ Failures: a query for identity, nodes or allocations that fails fails the read
 (the collector keeps the last good snapshot, stale). A failed query for values,
 MIG or targets leaves those fields absent and counts in
 ``gpufleet_source_parse_errors_total``: partial data, never made-up data. With
-DCGM metrics, the read fails only when no field query answers.
+DCGM metrics, the read fails only when no field query answers. One malformed series
+(a non-finite or out-of-bounds value, a GPU index that is no index, a MIG series
+without ``gpu_instance``) is dropped and counted there too; the rest stands.
+
+Caps (issue 32), checked before an answer is decoded: ``max_answer_bytes`` per
+answer, cut as it streams in; ``max_gpus`` per per-GPU query; ``max_series`` over
+the whole read. Past one the read fails, so the collector serves the last good view
+stale with the source down. An answer with no GPU at all (a selector matching
+nothing, a backend not filled yet) is a down source too, never a fleet of none.
 
 Labels: Prometheus renames an exporter's ``job`` and ``instance`` labels to
 ``exported_job``/``exported_instance`` unless the scrape sets ``honor_labels``;
@@ -48,6 +56,7 @@ import dataclasses
 import gc
 import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -70,6 +79,7 @@ from exporter.snapshot import (
 from exporter.sources import Clock, SourceReading, SourceStartupError, TargetStatus
 from exporter.sources.dcgm.fields import (
     GPU_FIELDS,
+    MAX_GPU_INDEX,
     MIG_ID_LABEL,
     NODE_LABELS,
     DcgmFleetBuilder,
@@ -113,6 +123,62 @@ REQUIRED = ("identity", "nodes", "allocations")
 
 class PrometheusQueryError(Exception):
     """One query failed; the message names the query and why, never a credential."""
+
+
+class PrometheusAnswerOverCap(PrometheusQueryError):
+    """An answer is larger than a cap of ``sources.prometheus`` (bytes, series, GPUs): the
+    whole read fails, so the collector serves the last good view stale with the source
+    down, rather than the process running out of memory decoding it (issue 32)."""
+
+
+# What one malformed series raises while it is read: it is dropped and counted, the rest
+# of the read stands (issue 32, "partial data, as promised").
+_BAD_SERIES = (ValueError, KeyError, TypeError, IndexError, AttributeError)
+
+
+@dataclass
+class _Dropped:
+    """The series of one read that were dropped as malformed, and why the first one was."""
+
+    count: int = 0
+    first: str = ""
+
+    def add(self, query: str, exc: BaseException) -> None:
+        self.count += 1
+        if not self.first:
+            self.first = f"query {query}: {type(exc).__name__}: {exc}"[:300]
+
+
+@dataclass
+class _SeriesBudget:
+    """The series one read may still decode, across its answers: decoded JSON costs about
+    0.6-1.1 KB a series (measured at 108,800 GPUs), and every answer of a read is held
+    until the snapshot is built, so the total is what bounds memory, not one answer.
+    Decoders run in several threads, hence the lock."""
+
+    left: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, series: int) -> bool:
+        with self.lock:
+            self.left -= series
+            return self.left >= 0
+
+
+def _index(text: str) -> int:
+    """A GPU index label: an int in NVML's range, or ValueError (``abc``, ``-3``, ``10**30``)."""
+    index = int(text)
+    if not 0 <= index <= MAX_GPU_INDEX:
+        raise ValueError(f"GPU index {text[:24]!r} outside 0-{MAX_GPU_INDEX}")
+    return index
+
+
+def _amount(sample: Mapping[str, Any], high: float = math.inf) -> float | None:
+    """A size or count (bytes, CPUs, a share): finite, from 0 to ``high``; None for NaN."""
+    value = _value(sample)
+    if value is not None and not (math.isfinite(value) and 0 <= value <= high):
+        raise ValueError(f"value {value:g} outside 0-{high:g}")
+    return value
 
 
 def build_queries(config: PrometheusConfig) -> dict[str, str]:
@@ -198,6 +264,26 @@ class _Result:
     name: str
     series: list[dict[str, Any]] | None  # None: the query failed
     error: str = ""
+    over_cap: bool = False  # failed for a cap: the whole read fails
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
+    """The body of ``resp``, or PrometheusAnswerOverCap as soon as it passes ``limit`` bytes
+    (decompressed, so a gzip bomb is cut too): ``resp.read()`` would hold a 2 GB answer
+    whole before anyone looked at its size."""
+    if resp.content_length is not None and resp.content_length > limit and \
+            not resp.headers.get("Content-Encoding"):
+        raise PrometheusAnswerOverCap(
+            f"{what}: answer of {resp.content_length:,} bytes, over max_answer_bytes {limit:,}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(1 << 20):
+        size += len(chunk)
+        if size > limit:
+            raise PrometheusAnswerOverCap(
+                f"{what}: answer over max_answer_bytes {limit:,} (read stopped there)")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def build_snapshot(
@@ -218,29 +304,42 @@ def build_snapshot(
         result = results.get(name)
         return result is not None and result.series is not None
 
+    dropped = _Dropped()
     # identity: every GPU with a current series, keyed by its label strings so the
     # 100k+ value samples below cost one dict lookup each
     fields_of: dict[tuple[str, str], dict[str, Any]] = {}
     for sample in series("identity"):
-        labels = sample["metric"]
-        node, gpu = labels.get("node", ""), labels.get("gpu", "0")
-        fields_of[(node, gpu)] = {
-            "node": node, "index": int(gpu), "uuid": labels.get("uuid", ""),
-            "model": labels.get("model", ""), "pool": labels.get("pool", ""),
-        }
-    for family, (attr, kind) in GPU_VALUES.items():
-        for sample in series(family):
+        try:
             labels = sample["metric"]
-            fields = fields_of.get((labels.get("node", ""), labels.get("gpu", "0")))
-            value = _value(sample)
-            if fields is None or value is None:
-                continue
-            fields[attr] = bool(value) if kind is bool else kind(value)
+            node, gpu = labels.get("node", ""), labels.get("gpu", "0")
+            fields_of[(node, gpu)] = {
+                "node": node, "index": _index(gpu), "uuid": labels.get("uuid", ""),
+                "model": labels.get("model", ""), "pool": labels.get("pool", ""),
+            }
+        except _BAD_SERIES as exc:
+            dropped.add("identity", exc)
+    for family, (attr, kind) in GPU_VALUES.items():
+        bound = metrics.CATALOGUE[family].bound
+        assert bound is not None  # GPU_VALUES holds only bounded families
+        for sample in series(family):
+            try:
+                labels = sample["metric"]
+                fields = fields_of.get((labels.get("node", ""), labels.get("gpu", "0")))
+                value = _value(sample)
+                if fields is None or value is None:
+                    continue
+                # the catalogue's bound is the one record of a field's legal values:
+                # +Inf memory or -80 GB is no reading, and is dropped, not served
+                legal = value in (0.0, 1.0) if kind is bool else bound.low <= value <= bound.high
+                if not legal:
+                    raise ValueError(f"value {value:g} outside the bounds of {family}")
+                fields[attr] = bool(value) if kind is bool else kind(value)
+            except _BAD_SERIES as exc:
+                dropped.add(family, exc)
     # stale: the exporter said so, its newest sample is too old, or it has identity but
     # no current up sample (the series are going stale one family after another)
-    old = {(s["metric"].get("node", ""), s["metric"].get("gpu", "0")) for s in series("old")}
-    current = {(s["metric"].get("node", ""), s["metric"].get("gpu", "0"))
-               for s in series(metrics.GPU_UP.name)}
+    old = _keys(series("old"))
+    current = _keys(series(metrics.GPU_UP.name))
     presence_known = answered(metrics.GPU_UP.name)
     for key, fields in fields_of.items():
         if key in old or (presence_known and key not in current):
@@ -248,16 +347,21 @@ def build_snapshot(
 
     mig: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for sample in series("mig"):
-        labels = sample["metric"]
-        key = (labels.get("node", ""), labels.get("gpu", "0"))
-        instance = int(labels.get("gpu_instance", ""))
-        entry = mig.setdefault(key, {}).setdefault(
-            instance, {"profile": labels.get("profile", ""), "total": None, "used": None})
-        name, value = labels.get("__name__", ""), _value(sample)
-        if name == metrics.GPU_MIG_MEMORY_TOTAL_BYTES.name and value is not None:
-            entry["total"] = int(value)
-        elif name == metrics.GPU_MIG_MEMORY_USED_BYTES.name and value is not None:
-            entry["used"] = int(value)
+        try:
+            labels = sample["metric"]
+            key = (labels.get("node", ""), labels.get("gpu", "0"))
+            instance = int(labels.get("gpu_instance", ""))  # none: no instance to file it under
+            if instance < 0:
+                raise ValueError(f"gpu_instance {instance} is negative")
+            name, value = labels.get("__name__", ""), _amount(sample, metrics.BYTES.high)
+            entry = mig.setdefault(key, {}).setdefault(
+                instance, {"profile": labels.get("profile", ""), "total": None, "used": None})
+            if name == metrics.GPU_MIG_MEMORY_TOTAL_BYTES.name and value is not None:
+                entry["total"] = int(value)
+            elif name == metrics.GPU_MIG_MEMORY_USED_BYTES.name and value is not None:
+                entry["used"] = int(value)
+        except _BAD_SERIES as exc:
+            dropped.add("mig", exc)
     for key, instances in mig.items():
         if key in fields_of:
             fields_of[key]["mig"] = tuple(
@@ -265,58 +369,89 @@ def build_snapshot(
                 for i, e in sorted(instances.items()))
     gpus = tuple(sorted((Gpu(**fields) for fields in fields_of.values()), key=lambda g: g.key))
 
-    nodes_info: dict[str, dict[str, str]] = {}
+    nodes_info: dict[str, tuple[dict[str, str], int]] = {}  # name -> labels, GPU count
     cpu_cores: dict[str, float] = {}
     for sample in series("nodes"):
-        labels = sample["metric"]
-        if labels.get("__name__") == metrics.NODE_INFO.name:
-            nodes_info[labels.get("node", "")] = labels
-        else:
-            value = _value(sample)
-            if value is not None:
-                cpu_cores[labels.get("node", "")] = value
+        try:
+            labels = sample["metric"]
+            if labels.get("__name__") == metrics.NODE_INFO.name:
+                count = int(labels.get("gpus", "0"))
+                if not 0 <= count <= MAX_GPU_INDEX + 1:
+                    raise ValueError(f"gpus {count} outside 0-{MAX_GPU_INDEX + 1}")
+                nodes_info[labels.get("node", "")] = (labels, count)
+            else:
+                value = _amount(sample)
+                if value is not None:
+                    cpu_cores[labels.get("node", "")] = value
+        except _BAD_SERIES as exc:
+            dropped.add("nodes", exc)
     nodes = tuple(
         Node(name, labels.get("model", ""), cpu_cores.get(name, 0.0), labels.get("pool", ""),
-             labels.get("architecture", ""), int(labels.get("gpus", "0")))
-        for name, labels in sorted(nodes_info.items())
+             labels.get("architecture", ""), count)
+        for name, (labels, count) in sorted(nodes_info.items())
     )
 
-    allocations = _allocations(series("allocations"))
+    allocations = _allocations(series("allocations"), dropped)
     snapshot = FleetSnapshot(taken_at, nodes, gpus, allocations)
-    return snapshot, _targets(series("targets")), len(failed)
+    targets = _targets(series("targets"), dropped)
+    if dropped.count:
+        log.warning("prometheus series dropped as malformed; the rest of the read stands",
+                    extra={"source": "prometheus", "dropped": dropped.count,
+                           "err": dropped.first})
+    return snapshot, targets, len(failed) + dropped.count
 
 
-def _targets(samples: Sequence[Mapping[str, Any]]) -> tuple[TargetStatus, ...]:
+def _keys(samples: Sequence[Any]) -> set[tuple[str, str]]:
+    """The (node, gpu) labels of ``samples``; a malformed one names no GPU."""
+    return {(s["metric"].get("node", ""), s["metric"].get("gpu", "0")) for s in samples
+            if isinstance(s, dict) and isinstance(s.get("metric"), dict)}
+
+
+def _targets(samples: Sequence[Mapping[str, Any]], dropped: _Dropped | None = None,
+             ) -> tuple[TargetStatus, ...]:
     """Prometheus' ``up`` of each scrape target, by its ``instance`` label."""
-    return tuple(TargetStatus(s["metric"].get("instance", ""), up=_value(s) == 1.0)
-                 for s in sorted(samples, key=lambda s: s["metric"].get("instance", "")))
+    out = []
+    for sample in samples:
+        try:
+            out.append(TargetStatus(sample["metric"].get("instance", ""),
+                                    up=_value(sample) == 1.0))
+        except _BAD_SERIES as exc:
+            if dropped is not None:
+                dropped.add("targets", exc)
+    return tuple(sorted(out, key=lambda t: t.target))
 
 
-def _allocations(samples: Sequence[Mapping[str, Any]]) -> tuple[Allocation, ...]:
+def _allocations(samples: Sequence[Mapping[str, Any]], dropped: _Dropped,
+                 ) -> tuple[Allocation, ...]:
     gpus: dict[str, dict[str, list[int]]] = {}  # job -> node -> GPU indices
-    meta: dict[str, Mapping[str, str]] = {}
+    meta: dict[str, tuple[Mapping[str, str], int]] = {}  # job -> labels, priority
     cpus: dict[tuple[str, str], float] = {}
     shares: dict[tuple[str, str], float] = {}
     for sample in samples:
-        labels = sample["metric"]
-        name = labels.get("__name__", "")
-        job, node = _label(labels, "job"), labels.get("node", "")
-        if name == metrics.GPU_ALLOCATION_INFO.name:
-            gpus.setdefault(job, {}).setdefault(node, []).append(int(labels.get("gpu", "0")))
-            meta.setdefault(job, labels)
-            continue
-        value = _value(sample)
-        if value is None:
-            continue
-        if name == metrics.ALLOCATION_CPU_CORES.name:
-            cpus[(job, node)] = value
-        elif name == metrics.ALLOCATION_GPU_SHARE_RATIO.name:
-            shares[(job, node)] = value
+        try:
+            labels = sample["metric"]
+            name = labels.get("__name__", "")
+            job, node = _label(labels, "job"), labels.get("node", "")
+            if name == metrics.GPU_ALLOCATION_INFO.name:
+                index = _index(labels.get("gpu", "0"))
+                priority = int(labels.get("priority", "0") or 0)
+                gpus.setdefault(job, {}).setdefault(node, []).append(index)
+                meta.setdefault(job, (labels, priority))
+                continue
+            value = _amount(sample)
+            if value is None:
+                continue
+            if name == metrics.ALLOCATION_CPU_CORES.name:
+                cpus[(job, node)] = value
+            elif name == metrics.ALLOCATION_GPU_SHARE_RATIO.name:
+                shares[(job, node)] = value
+        except _BAD_SERIES as exc:
+            dropped.add("allocations", exc)
     for job, node in cpus:  # placements holding CPUs but no GPU
         gpus.setdefault(job, {}).setdefault(node, [])
     out = []
     for job in sorted(gpus):
-        labels = meta.get(job, {})
+        labels, priority = meta.get(job, ({}, 0))
         placements = tuple(
             Placement(node, tuple(sorted(indices)), shares.get((job, node), 1.0),
                       cpus.get((job, node), 0.0))
@@ -324,7 +459,7 @@ def _allocations(samples: Sequence[Mapping[str, Any]]) -> tuple[Allocation, ...]
         )
         out.append(Allocation(job, placements, namespace=labels.get("namespace", ""),
                               pod=labels.get("pod", ""), account=labels.get("account", ""),
-                              priority=int(labels.get("priority", "0") or 0)))
+                              priority=priority))
     return tuple(out)
 
 
@@ -410,7 +545,12 @@ def build_dcgm_snapshot(
             builder = builders.get(pool)
             if builder is None:
                 builder = builders[pool] = DcgmFleetBuilder(pool=pool, resolve_model=resolve_model)
-            builder.add(labels.get("__name__", name), labels, float(sample["value"][1]))
+            try:
+                value = float(sample["value"][1])
+            except _BAD_SERIES:
+                failed.append(_Result(name, None, "a series without a number"))  # counted
+                continue
+            builder.add(labels.get("__name__", name), labels, value)
     nodes: list[Node] = []
     gpus: list[Gpu] = []
     allocations: list[Allocation] = []
@@ -474,6 +614,7 @@ class PrometheusFleetSource:
     queries_made: int = 0  # for bench/prometheus_source.py
     _session: aiohttp.ClientSession | None = None
     _parse_errors: int = 0
+    _blind_since: str = ""  # the reason logged for the current no-GPU outage; "" when none
     # per node: its part of the last reading it answered in, served stale for lost_after
     _last_good: LastGood[str, SourceReading] = field(init=False)
     _queries: dict[str, str] = field(default_factory=dict)
@@ -485,6 +626,7 @@ class PrometheusFleetSource:
         self._queries = build_dcgm_queries(self.config) if dcgm else build_queries(self.config)
         self._resolve_model = catalogue_resolver() if dcgm else None
         self._endpoint = self.config.url.rstrip("/") + "/api/v1/query"
+        self._per_gpu = set() if dcgm else {"identity", "old", *GPU_VALUES}
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -500,7 +642,8 @@ class PrometheusFleetSource:
         where = _where(self.config.url)
         try:
             async with session.post(self._endpoint, data=form, headers=headers) as resp:
-                body = await resp.read()
+                body = await read_capped(resp, self.config.max_answer_bytes,
+                                         f"{where}: query {name}")
                 if resp.status in (401, 403):
                     raise PrometheusQueryError(
                         f"{where}: HTTP {resp.status} {resp.reason} (check the bearer token or "
@@ -516,7 +659,19 @@ class PrometheusFleetSource:
             raise PrometheusQueryError(f"{where}: query {name}: {type(exc).__name__}: {exc}") \
                 from None
 
-    def _decode(self, name: str, body: bytes) -> _Result:
+    def _decode(self, name: str, body: bytes, budget: _SeriesBudget) -> _Result:
+        # each series has one "metric" key (inside a string it would be escaped), so
+        # counting them is a cheap, linear upper bound before anything is decoded
+        series = body.count(b'"metric"')
+        where = f"{_where(self.config.url)}: query {name}"
+        # identity, old and the value families answer one series per GPU by construction
+        # (``max by (node, gpu)``): more than max_gpus is no fleet we can hold
+        if name in self._per_gpu and series > self.config.max_gpus:
+            return _Result(name, None, f"{where}: {series:,} series, over max_gpus "
+                           f"{self.config.max_gpus:,}", over_cap=True)
+        if not budget.take(series):
+            return _Result(name, None, f"{where}: {series:,} series, and the read over "
+                           f"max_series {self.config.max_series:,}", over_cap=True)
         try:
             with _no_cycle_collection():
                 payload = json.loads(body)
@@ -532,15 +687,17 @@ class PrometheusFleetSource:
         return _Result(name, data["result"])
 
     async def _fetch(self, name: str, expr: str, at: float, headers: dict[str, str],
-                     in_flight: asyncio.Semaphore) -> _Result:
+                     in_flight: asyncio.Semaphore, budget: _SeriesBudget) -> _Result:
         try:
             async with in_flight:
                 body = await self._query(name, expr, at, headers)
         except PrometheusQueryError as exc:
-            return _Result(name, None, str(exc))
+            return _Result(name, None, str(exc),
+                           over_cap=isinstance(exc, PrometheusAnswerOverCap))
         # decoding 10k+ series is CPU work: off the loop that serves /metrics, and
         # overlapping the queries Prometheus is still answering
-        return await asyncio.get_running_loop().run_in_executor(None, self._decode, name, body)
+        return await asyncio.get_running_loop().run_in_executor(None, self._decode, name, body,
+                                                          budget)
 
     async def read(self) -> SourceReading:
         at = self.clock()
@@ -551,10 +708,14 @@ class PrometheusFleetSource:
         # a few at a time: all 19 at once cost Prometheus ~15% more CPU (measured) for
         # no gain, while 4 keep it busy as we decode the answers already in
         in_flight = asyncio.Semaphore(self.config.max_in_flight)
+        budget = _SeriesBudget(self.config.max_series)
         answers = await asyncio.gather(
-            *(self._fetch(name, expr, at, headers, in_flight)
+            *(self._fetch(name, expr, at, headers, in_flight, budget)
               for name, expr in self._queries.items())
         )
+        for result in answers:
+            if result.over_cap:
+                raise PrometheusAnswerOverCap(result.error)
         results = {r.name: r for r in answers}
         for result in answers:
             if result.series is None and result.name not in REQUIRED:
@@ -564,8 +725,33 @@ class PrometheusFleetSource:
         loop = asyncio.get_running_loop()
         snapshot, targets, failed = await loop.run_in_executor(None, self._build, at, results)
         self._parse_errors += failed
+        if len(snapshot.gpus) > self.config.max_gpus:
+            raise PrometheusAnswerOverCap(
+                f"{_where(self.config.url)}: {len(snapshot.gpus):,} GPUs, over max_gpus "
+                f"{self.config.max_gpus:,}")
+        error = self._blind(bool(snapshot.gpus))
         snapshot = self._carry_over_lost_nodes(snapshot, at)
-        return SourceReading.of(snapshot, parse_errors=self._parse_errors, targets=targets)
+        return SourceReading.of(snapshot, parse_errors=self._parse_errors, targets=targets,
+                                error=error)
+
+    def _blind(self, has_gpus: bool) -> str:
+        """No blind green (issue 30): an answer that lists no GPU is a selector matching
+        nothing, or a backend with no series yet (a VictoriaMetrics still filling up),
+        far more often than a fleet of none. The source is then down, with the reason,
+        logged once per outage; the lost nodes' last good view is still served stale."""
+        if has_gpus:
+            if self._blind_since:
+                log.info("prometheus lists GPUs again", extra={"source": self.name})
+                self._blind_since = ""
+            return ""
+        what = "GPU field" if self.config.metrics == "dcgm" else "identity"
+        error = (f"no GPU series: the {what} queries matched no series at "
+                 f"{_where(self.config.url)} (check sources.prometheus.selector "
+                 f"{self.config.selector!r}, and that the exporters are scraped)")
+        if not self._blind_since:
+            log.warning("prometheus lists no GPU", extra={"source": self.name, "err": error})
+            self._blind_since = error
+        return error
 
     def _carry_over_lost_nodes(self, current: FleetSnapshot, at: float) -> FleetSnapshot:
         """``current`` plus, for each node with GPUs that stopped answering less than
