@@ -88,6 +88,7 @@ class Delivery:
     attempts: int
     expires_at: float | None
     proposal: int = 1
+    next_attempt_at: float = 0.0  # wall time, as written: for display, and once after a restart
 
     @property
     def idempotency_key(self) -> str:
@@ -170,6 +171,18 @@ class Outbox:
             " FROM deliveries WHERE status = 'pending' AND next_attempt_at <= ?"
             " ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall())
         return [Delivery(r[0], r[1], r[2], bytes(r[3]), r[4], r[5], r[6]) for r in rows]
+
+    def pending(self, limit: int = 1000) -> list[Delivery]:
+        """Every pending delivery, due or not: the deliverer keeps the schedule, on its monotonic clock."""
+        rows = self._run("select", lambda db: db.execute(
+            "SELECT delivery_id, receiver, plan_id, body, attempts, expires_at, proposal, next_attempt_at"
+            " FROM deliveries WHERE status = 'pending' ORDER BY next_attempt_at LIMIT ?",
+            (limit,)).fetchall())
+        return [Delivery(r[0], r[1], r[2], bytes(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
+
+    def finish(self, delivery_id: str, status: str, now: float, error: str | None = None) -> None:
+        """Record an outcome (delivered, rejected, expired): the one UPDATE that leaves ``pending``."""
+        self._finish(delivery_id, status, now, error)
 
     def next_due_at(self) -> float | None:
         row = self._run("select", lambda db: db.execute(

@@ -1,0 +1,132 @@
+"""Issue 32, findings 5, 6, 7 and 11: clocks, restarts, full disks and alert floods."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import aiohttp
+
+from exporter.advisor.outbox import Outbox
+from exporter.advisor.webhook import Deliverer, Receiver
+from tests.test_advisor_outbox import START, Clock
+from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
+
+
+class FailingUpdates(sqlite3.Connection):
+    """SQLite's answer to an UPDATE on a full disk, while ``full`` is set (INSERTs still fit)."""
+
+    full = False
+
+    def execute(self, sql, parameters=(), /):
+        if self.full and sql.lstrip().upper().startswith("UPDATE"):
+            raise sqlite3.OperationalError("database or disk is full")
+        return super().execute(sql, parameters)
+
+
+def failing_updates_outbox(path) -> tuple[Outbox, FailingUpdates]:
+    connections: list[FailingUpdates] = []
+
+    def connect(where: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(where, check_same_thread=False, isolation_level=None,
+                               factory=FailingUpdates)
+        connections.append(conn)
+        return conn
+
+    outbox = Outbox(path, connect=connect)
+    return outbox, connections[0]
+
+
+def _body(plan_id: str, expires_at: float) -> bytes:
+    return json.dumps({"plan_id": plan_id, "expires_at": expires_at}).encode()
+
+
+async def test_a_wall_clock_stepped_back_an_hour_neither_stalls_nor_forward_bursts(aiohttp_server, tmp_path):
+    scheduler = Scheduler(fail_first=1)
+    server = await aiohttp_server(scheduler.app())
+    wall, mono = Clock(START), Clock(1000.0)
+    receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
+    deliverer = Deliverer(Outbox(tmp_path / "outbox.sqlite"), (receiver,), base_delay=10,
+                          max_delay=10, clock=wall, monotonic=mono)
+    async with aiohttp.ClientSession() as session:
+        assert deliverer.enqueue("plan-a", _body("plan-a", START + 900), START + 900) == 1
+        await deliverer.deliver_due(session)
+        assert deliverer.results[("slurm", "retry")] == 1
+        next_due = deliverer.next_due()
+        assert next_due is not None and 1005.0 <= next_due <= 1010.0  # the backoff, monotonic
+
+        wall.now -= 3600  # the wall clock steps back an hour; the backoff passes
+        mono.now += 10
+        await deliverer.deliver_due(session)
+        assert deliverer.results[("slurm", "delivered")] == 1  # within its backoff, not an hour
+        assert len(scheduler.requests) == 2
+
+        # stepped forward an hour: a retry not yet due by the monotonic clock stays put
+        scheduler.fail_first = 3
+        far = START + 10 * 86400
+        assert deliverer.enqueue("plan-b", _body("plan-b", far), far) == 1
+        await deliverer.deliver_due(session)
+        assert len(scheduler.requests) == 3 and deliverer.results[("slurm", "retry")] == 2
+        wall.now += 2 * 3600
+        await deliverer.deliver_due(session)
+        assert len(scheduler.requests) == 3  # no burst
+        mono.now += 10
+        await deliverer.deliver_due(session)
+        assert len(scheduler.requests) == 4
+
+
+async def test_a_restart_reads_the_written_schedule_bounded_by_max_delay(aiohttp_server, tmp_path):
+    """A row written by a process whose wall clock ran an hour ahead is due within max_delay."""
+    scheduler = Scheduler()
+    server = await aiohttp_server(scheduler.app())
+    outbox = Outbox(tmp_path / "outbox.sqlite")
+    far = START + 10 * 86400
+    key = outbox.enqueue("slurm", "plan-a", _body("plan-a", far), START, far)
+    assert key is not None
+    outbox.retry_at(key, START + 3600 + 5, "HTTP 503")  # written under a clock an hour ahead
+    wall, mono = Clock(START), Clock(50.0)
+    receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
+    deliverer = Deliverer(outbox, (receiver,), base_delay=1, max_delay=30, clock=wall, monotonic=mono)
+    async with aiohttp.ClientSession() as session:
+        await deliverer.deliver_due(session)
+        assert scheduler.requests == [] and deliverer.next_due() == 80.0
+        mono.now += 30
+        await deliverer.deliver_due(session)
+    assert outbox.status_of("slurm", "plan-a") == ("delivered", 2, "HTTP 503")
+
+
+async def test_an_outcome_that_cannot_be_written_is_never_posted_again(aiohttp_server, tmp_path):
+    scheduler = Scheduler()
+    server = await aiohttp_server(scheduler.app())
+    outbox, conn = failing_updates_outbox(tmp_path / "outbox.sqlite")
+    receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
+    deliverer = Deliverer(outbox, (receiver,), base_delay=0.05, max_delay=0.4)
+    far = START + 10 * 86400
+    plan_id, body = "plan-a", _body("plan-a", far)
+    deliverer.enqueue(plan_id, body, None)
+    conn.full = True  # the disk fills after the row is in: the `delivered` UPDATE fails
+    await _run_until(deliverer, lambda: False, timeout=1.5)
+    assert len(scheduler.requests) == 1  # before the fix: a POST per round, 29 in 15 s
+    assert deliverer.held_outcomes() == 1
+    # the write is retried, backing off: 0.05 s doubling to 0.4 s gives about 6 tries in 1.5 s
+    assert 2 <= outbox.errors["update"] <= 10
+    conn.full = False
+    await _run_until(deliverer, lambda: deliverer.held_outcomes() == 0, timeout=3)
+    assert len(scheduler.requests) == 1
+    assert outbox.status_of("slurm", plan_id) == ("delivered", 1, "")
+    assert outbox.pending_count() == 0
+
+
+async def test_failures_whose_retry_cannot_be_written_still_back_off(aiohttp_server, tmp_path):
+    scheduler = Scheduler(fail_first=1000)
+    server = await aiohttp_server(scheduler.app())
+    outbox, conn = failing_updates_outbox(tmp_path / "outbox.sqlite")
+    receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
+    deliverer = Deliverer(outbox, (receiver,), base_delay=0.1, max_delay=1.0)
+    deliverer.enqueue("plan-a", _body("plan-a", START + 10 * 86400), None)
+    conn.full = True
+    await _run_until(deliverer, lambda: False, timeout=1.5)
+    # backoff 0.05-0.1, 0.1-0.2, 0.2-0.4, 0.4-0.8 s...: 6 POSTs at most in 1.5 s
+    # (before the fix: the failed UPDATE ended the round, and a retry came every 0.1 s)
+    assert 2 <= len(scheduler.requests) <= 6
+    assert outbox.errors["update"] == len(scheduler.requests)
