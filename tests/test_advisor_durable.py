@@ -130,3 +130,45 @@ async def test_failures_whose_retry_cannot_be_written_still_back_off(aiohttp_ser
     # (before the fix: the failed UPDATE ended the round, and a retry came every 0.1 s)
     assert 2 <= len(scheduler.requests) <= 6
     assert outbox.errors["update"] == len(scheduler.requests)
+
+
+async def test_an_alert_flood_queues_a_bounded_number_of_evaluations(aiohttp_client, caplog):
+    """500 notifications over 500 groups, while evaluations take 50 ms: merged, not queued."""
+    import asyncio
+    import logging
+
+    from aiohttp import web
+
+    from exporter.advisor.api import AdvisorApi, add_routes
+    from tests.test_advisor_api import alertmanager_payload
+
+    reasons: list[str] = []
+
+    async def evaluate(reason: str):
+        reasons.append(reason)
+        await asyncio.sleep(0.05)
+
+    api = AdvisorApi(evaluate=evaluate, what_if=lambda s: None, current=lambda: None,  # type: ignore[arg-type,return-value]
+                     token=b"t0ken", max_body_bytes=1 << 20)
+    app = web.Application()
+    add_routes(app, api)
+    client = await aiohttp_client(app)
+    headers = {"Authorization": "Bearer t0ken"}
+    caplog.set_level(logging.INFO, logger="exporter.advisor.api")
+
+    async def notify(i: int) -> int:
+        payload = alertmanager_payload(group=f"group-{i}")
+        payload["alerts"][0]["labels"]["alertname"] = f"Alert{i % 3}"
+        resp = await client.post("/v1/alerts", json=payload, headers=headers)
+        return resp.status
+
+    statuses = await asyncio.gather(*(notify(i) for i in range(500)))
+    await api.finish_evaluations()
+    assert statuses == [202] * 500
+    assert api.notifications["accepted"] == 500
+    # before the fix: 500 evaluations, one per notification
+    assert 1 <= len(reasons) <= 20
+    assert len(reasons) + api.merged == 500
+    assert any("Alert0, Alert1, Alert2" in r for r in reasons)  # merged names are all evaluated
+    lines = [r for r in caplog.records if r.getMessage() == "alertmanager notification accepted"]
+    assert len(lines) == 1  # rate-limited: one line per 10 s, the rest counted
