@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import sqlite3
+import subprocess
+import sys
 
 import aiohttp
+import pytest
+from aiohttp import web
 
+from exporter.advisor.api import AdvisorApi, add_routes
 from exporter.advisor.outbox import Outbox
 from exporter.advisor.webhook import Deliverer, Receiver
-from tests.test_advisor_outbox import START, Clock
+from exporter.snapshot import FleetSnapshot
+from tests.test_advisor_api import alertmanager_payload
+from tests.test_advisor_outbox import START, Clock, service_with
 from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
 
 
@@ -134,14 +144,6 @@ async def test_failures_whose_retry_cannot_be_written_still_back_off(aiohttp_ser
 
 async def test_an_alert_flood_queues_a_bounded_number_of_evaluations(aiohttp_client, caplog):
     """500 notifications over 500 groups, while evaluations take 50 ms: merged, not queued."""
-    import asyncio
-    import logging
-
-    from aiohttp import web
-
-    from exporter.advisor.api import AdvisorApi, add_routes
-    from tests.test_advisor_api import alertmanager_payload
-
     reasons: list[str] = []
 
     async def evaluate(reason: str):
@@ -172,3 +174,74 @@ async def test_an_alert_flood_queues_a_bounded_number_of_evaluations(aiohttp_cli
     assert any("Alert0, Alert1, Alert2" in r for r in reasons)  # merged names are all evaluated
     lines = [r for r in caplog.records if r.getMessage() == "alertmanager notification accepted"]
     assert len(lines) == 1  # rate-limited: one line per 10 s, the rest counted
+
+
+async def test_a_restart_inside_the_cooldown_proposes_no_new_plan(tmp_path):
+    path = tmp_path / "outbox.sqlite"
+    clock = Clock()
+    first = service_with(Deliverer(Outbox(path), ()), clock)
+    advice = await first.evaluate("snapshot")
+    assert advice is not None and advice.decision == "compact"
+    first.deliverer.outbox.close()
+
+    clock.now += 9.4  # the issue's restart: a second plan 9.4 s after the first
+    second = service_with(Deliverer(Outbox(path), ()), clock)
+    second.restore_state()
+    assert second.advisor.last_plan_at == START
+    again = await second.evaluate("snapshot")
+    assert again is not None and again.decision == "cooldown"
+    assert again.plan is not None and again.plan.plan_id == advice.plan.plan_id  # carried, as before
+    assert second.advisor.scopes["cluster"].recommended  # the dwell clock came back too
+    clock.now += 1800  # the cooldown ends: a plan again
+    later = await second.evaluate("snapshot")
+    assert later is not None and later.decision == "compact"
+    second.deliverer.outbox.close()
+
+
+def _corrupt_half_the_pages(path) -> None:
+    """Zero every other page of the file, the header page kept: it still opens."""
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    for start in range(page, len(data), 2 * page):
+        data[start:start + page] = bytes(min(page, len(data) - start))
+    path.write_bytes(bytes(data))
+
+
+def _filled_outbox(path) -> None:
+    outbox = Outbox(path)
+    for i in range(200):
+        outbox.enqueue("slurm", f"plan-{i}", b"x" * 2000, START, None)
+    outbox._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    outbox.close()
+
+
+def test_an_outbox_failing_its_integrity_check_is_refused_with_exit_2_and_one_line(tmp_path):
+    path = tmp_path / "outbox.sqlite"
+    _filled_outbox(path)
+    _corrupt_half_the_pages(path)
+    with pytest.raises(sqlite3.DatabaseError, match="integrity check failed"):
+        Outbox(path)
+    config = tmp_path / "gpufleet.yaml"
+    config.write_text(f"advisor: {{outbox: {path}}}\n")
+    done = subprocess.run([sys.executable, "-m", "exporter", "serve", "--config", str(config),
+                           "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.strip().splitlines() if not line.startswith("ts=")]
+    assert len(lines) == 1 and lines[0].startswith("gpufleet: advisor.outbox: cannot open")
+    assert "integrity check failed" in lines[0] or "malformed" in lines[0]
+
+
+def test_an_outbox_that_fails_later_keeps_the_advisor_families_and_counts_the_error(tmp_path):
+    path = tmp_path / "outbox.sqlite"
+    _filled_outbox(path)
+    service = service_with(Deliverer(Outbox(path), ()), Clock())
+    before = {f.name for f in service.families(FleetSnapshot(START))}
+    _corrupt_half_the_pages(path)  # under the running process
+    with contextlib.suppress(sqlite3.Error):  # drop the pages cached in this connection
+        service.deliverer.outbox._db.execute("PRAGMA shrink_memory")
+    families = {f.name: f for f in service.families(FleetSnapshot(START))}
+    assert set(families) == before  # before the fix: 17 families gone from /metrics
+    errors = {labels: value for labels, value in families["gpufleet_advisor_outbox_errors_total"].samples}
+    assert errors[(("operation", "select"),)] >= 1
+    assert families["gpufleet_advisor_outbox_pending"].samples[0][1] == 200  # the last count read
+    service.deliverer.outbox.close()
