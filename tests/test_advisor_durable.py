@@ -19,32 +19,13 @@ from exporter.advisor.outbox import Outbox
 from exporter.advisor.webhook import Deliverer, Receiver
 from exporter.snapshot import FleetSnapshot
 from tests.test_advisor_api import alertmanager_payload
-from tests.test_advisor_outbox import START, Clock, service_with
+from tests.test_advisor_outbox import START, Clock, FullDisk, full_disk_outbox, service_with
 from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
 
 
-class FailingUpdates(sqlite3.Connection):
-    """SQLite's answer to an UPDATE on a full disk, while ``full`` is set (INSERTs still fit)."""
-
-    full = False
-
-    def execute(self, sql, parameters=(), /):
-        if self.full and sql.lstrip().upper().startswith("UPDATE"):
-            raise sqlite3.OperationalError("database or disk is full")
-        return super().execute(sql, parameters)
-
-
-def failing_updates_outbox(path) -> tuple[Outbox, FailingUpdates]:
-    connections: list[FailingUpdates] = []
-
-    def connect(where: str) -> sqlite3.Connection:
-        conn = sqlite3.connect(where, check_same_thread=False, isolation_level=None,
-                               factory=FailingUpdates)
-        connections.append(conn)
-        return conn
-
-    outbox = Outbox(path, connect=connect)
-    return outbox, connections[0]
+def failing_updates_outbox(path) -> tuple[Outbox, FullDisk]:
+    """A disk that fills after the rows are in: INSERTs fit, every UPDATE fails."""
+    return full_disk_outbox(path, failing=("UPDATE",))
 
 
 def _body(plan_id: str, expires_at: float) -> bytes:
