@@ -41,21 +41,24 @@ class Clock:
 
 
 class FullDisk(sqlite3.Connection):
-    """SQLite's answer to an INSERT on a full disk, while ``full`` is set."""
+    """SQLite's answer to an INSERT (or the statements in ``failing``) on a full disk, while
+    ``full`` is set."""
 
     full = False
+    failing: tuple[str, ...] = ("INSERT",)
 
     def execute(self, sql, parameters=(), /):
-        if self.full and sql.lstrip().upper().startswith("INSERT"):
+        if self.full and sql.lstrip().upper().startswith(self.failing):
             raise sqlite3.OperationalError("database or disk is full")
         return super().execute(sql, parameters)
 
 
-def full_disk_outbox(path, clock=time.time) -> tuple[Outbox, FullDisk]:
+def full_disk_outbox(path, clock=time.time, failing=("INSERT",)) -> tuple[Outbox, FullDisk]:
     connections: list[FullDisk] = []
 
     def connect(where: str) -> sqlite3.Connection:
         conn = sqlite3.connect(where, check_same_thread=False, isolation_level=None, factory=FullDisk)
+        conn.failing = failing
         connections.append(conn)
         return conn
 

@@ -24,6 +24,7 @@ import hmac
 import json
 import logging
 import math
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -43,6 +44,14 @@ Token = bytes | Callable[[], bytes | None] | None
 
 # RFC 8259 has no NaN or Infinity: json.dumps' default wrote them, and clients choked
 _dumps = functools.partial(json.dumps, allow_nan=False)
+
+
+@dataclass
+class QueuedEvaluation:
+    """An evaluation that Alertmanager notifications wait on, not started yet."""
+
+    names: set[str]
+    groups: list[tuple[str, str]]
 
 
 @dataclass
@@ -66,7 +75,53 @@ class AdvisorApi:
     # told the firing alerts before their evaluation: a fragmentation alert has served dwell
     on_alerts: Callable[[list[dict[str, Any]]], Any] | None = None
 
+    # Issue 32, finding 11: one evaluation covers every scope, so at most one waits; the
+    # notifications that arrive meanwhile merge into it (their alert names, their groups).
+    # 500 notifications a second are then two evaluations at a time, not 500 on the lock.
+    _queued: QueuedEvaluation | None = None
+    _alert_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    merged: int = 0  # notifications merged into an evaluation already queued
+    # the info line per notification, at most one per LOG_EVERY; the ones between are counted
+    _logged_at: float = float("-inf")
+    _unlogged: int = 0
+
     MAX_GROUPS = 10_000  # dedupe memory is bounded; the oldest groups are forgotten first
+    LOG_EVERY = 10.0  # seconds between two "notification accepted" lines
+
+    def schedule(self, names: set[str], group: str, status: str) -> None:
+        """Queue an evaluation for these alerts, or merge them into the one already waiting."""
+        queued = self._queued
+        if queued is not None:
+            queued.names |= names
+            queued.groups.append((group, status))
+            self.merged += 1
+            return
+        queued = self._queued = QueuedEvaluation(set(names), [(group, status)])
+        task = asyncio.create_task(self._run_queued(queued))
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self.evaluated_all, queued))
+
+    async def _run_queued(self, queued: QueuedEvaluation) -> Advice | None:
+        async with self._alert_lock:  # one alert evaluation at a time; the next one waits, merging
+            if self._queued is queued:
+                self._queued = None  # started: a notification from now on queues the next one
+            return await self.evaluate(f"alertmanager: {', '.join(sorted(queued.names))} firing")
+
+    def evaluated_all(self, queued: QueuedEvaluation, task: asyncio.Task[Advice | None]) -> None:
+        if self._queued is queued:  # cancelled before it started
+            self._queued = None
+        for group, status in queued.groups:
+            self.evaluated(group, status, task)
+
+    def log_accepted(self, **fields: object) -> None:
+        """The info line for an accepted notification, at most one per ``LOG_EVERY`` seconds."""
+        now = time.monotonic()
+        if now - self._logged_at < self.LOG_EVERY:
+            self._unlogged += 1
+            return
+        log.info("alertmanager notification accepted",
+                 extra={**fields, "not_logged_since_last_line": self._unlogged})
+        self._logged_at, self._unlogged = now, 0
 
     async def finish_evaluations(self) -> None:
         """Wait for the evaluations /v1/alerts scheduled; at shutdown, before the outbox closes."""
@@ -80,10 +135,10 @@ class AdvisorApi:
 
     def evaluated(self, group: str, status: str, task: asyncio.Task[Advice | None]) -> None:
         """An evaluation that raised did not process its group: the next notification evaluates."""
-        self._tasks.discard(task)
         exc = None if task.cancelled() else task.exception()
-        if exc is not None:
+        if exc is not None and task in self._tasks:  # once per evaluation, not per merged group
             log.error("evaluation for an Alertmanager notification failed", exc_info=exc)
+        self._tasks.discard(task)
         if (task.cancelled() or exc is not None) and self.seen_groups.get(group) == status:
             del self.seen_groups[group]
 
@@ -231,20 +286,17 @@ async def post_alerts(request: web.Request) -> web.Response:
     if status == "resolved":
         reply = _json({"accepted": True, "duplicate": False, "evaluation": "none"})
     else:
-        names = sorted({a["labels"].get("alertname", "?") for a in payload["alerts"]})
+        names = {a["labels"].get("alertname", "?") for a in payload["alerts"]}
         if api.on_alerts is not None:
             api.on_alerts(payload["alerts"])
-        task = asyncio.create_task(api.evaluate(f"alertmanager: {', '.join(names)} firing"))
-        api._tasks.add(task)
-        task.add_done_callback(functools.partial(api.evaluated, group, status))
+        api.schedule(names, group, status)
         reply = _json({"accepted": True, "duplicate": False, "evaluation": "scheduled"}, 202)
     # remembered only now, once processed: a notification that failed before this line
     # (a 400, a 500) is not a duplicate when Alertmanager retries it
     api.notifications["accepted"] += 1
     api.remember(group, status)
-    log.info("alertmanager notification accepted", extra={
-        "group": group, "status": status, "alerts": len(payload["alerts"]),
-        "receiver": payload.get("receiver", "")})
+    api.log_accepted(group=group, status=status, alerts=len(payload["alerts"]),
+                     receiver=payload.get("receiver", ""))
     return reply
 
 

@@ -56,6 +56,7 @@ from typing import Any
 from exporter.advisor.advice import Advice, Decision, NvlinkMixed, Reclaim, ScopeStatus, WhatIf
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.right_sizing import right_sizing
+from exporter.advisor.wire import plan_from_json, plan_json
 from exporter.analysis.index import Report
 from exporter.gpu_catalogue import default_catalogue
 from exporter.snapshot import Allocation, FleetSnapshot
@@ -452,6 +453,30 @@ class Advisor:
             )))
         self.idle_since = idle
         return tuple(entry for *_, entry in sorted(out, key=lambda r: r[:3]))
+
+    def durable_state(self) -> dict[str, Any]:
+        """What a restart must not lose, as JSON: the cooldown, the plan in force, the dwell clocks.
+
+        Holds, alert stamps and the idle and peak clocks are rebuilt from the next
+        snapshots and alerts; a lost one errs on the side of waiting, never of a plan."""
+        carried = self.carried
+        return {
+            "last_plan_at": self.last_plan_at,
+            "carried": None if carried is None else plan_json(carried),
+            "carried_at": self.carried_at,
+            "scopes": {k: {"index": st.index, "above_since": st.above_since,
+                           "recommended": st.recommended} for k, st in sorted(self.scopes.items())},
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`durable_state` as an earlier process wrote it."""
+        self.last_plan_at = None if state.get("last_plan_at") is None else float(state["last_plan_at"])
+        if state.get("carried") is not None and state.get("carried_at") is not None:
+            self.plan = self.carried = plan_from_json(state["carried"])
+            self.carried_at = float(state["carried_at"])
+        self.scopes = {str(k): ScopeState(float(v["index"]), None if v["above_since"] is None
+                                          else float(v["above_since"]), bool(v["recommended"]))
+                       for k, v in (state.get("scopes") or {}).items()}
 
     def not_durable(self) -> None:
         """The plan just proposed could not be written to the outbox: take back its cooldown.

@@ -18,6 +18,11 @@ Every failed operation is counted in :attr:`Outbox.errors` by kind (insert,
 update, select, prune) before the error propagates: a full disk shows on
 ``/metrics``, not only in one log line.
 
+The advisor's own state (its cooldown, its last plan, its dwell clocks: issue 32,
+finding 6) is kept in the same file, table ``advisor_state``, so a restart inside the
+cooldown proposes no new plan. A file that fails ``PRAGMA integrity_check`` is refused
+when opened (``gpufleet serve`` exits 2 with one line), not served with holes.
+
 The methods are synchronous and quick (one small transaction each); the async
 delivery loop calls them through ``asyncio.to_thread``.
 """
@@ -56,7 +61,14 @@ CREATE TABLE IF NOT EXISTS deliveries (
 );
 CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (status, finished_at);
+CREATE TABLE IF NOT EXISTS advisor_state (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+INSERT OR IGNORE INTO advisor_state (key, value) VALUES ('advisor', 'null');
 """
+# the row is there from the start: a state write is one UPDATE of a row of the same size,
+# never an INSERT that grows the file
 
 # The first schema had UNIQUE (receiver, plan_id) and no proposal: a plan that expired
 # could never be sent again. SQLite cannot drop a table constraint, so the table is
@@ -88,6 +100,7 @@ class Delivery:
     attempts: int
     expires_at: float | None
     proposal: int = 1
+    next_attempt_at: float = 0.0  # wall time, as written: for display, and once after a restart
 
     @property
     def idempotency_key(self) -> str:
@@ -112,6 +125,16 @@ class Outbox:
         self._db = connect(self.path)
         self._lock = threading.Lock()
         with self._lock:
+            try:
+                problems = [r[0] for r in self._db.execute("PRAGMA integrity_check").fetchall()]
+            except sqlite3.Error:
+                self._db.close()
+                raise
+            if problems != ["ok"]:
+                self._db.close()
+                first = " ".join(str(problems[0] if problems else "?").split())  # one line
+                raise sqlite3.DatabaseError(f"integrity check failed ({len(problems)} problems, "
+                                            f"the first: {first})")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # a delivery row must survive power loss
             columns = [r[1] for r in self._db.execute("PRAGMA table_info(deliveries)").fetchall()]
@@ -171,6 +194,18 @@ class Outbox:
             " ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall())
         return [Delivery(r[0], r[1], r[2], bytes(r[3]), r[4], r[5], r[6]) for r in rows]
 
+    def pending(self, limit: int = 1000) -> list[Delivery]:
+        """Every pending delivery, due or not: the deliverer keeps the schedule, on its monotonic clock."""
+        rows = self._run("select", lambda db: db.execute(
+            "SELECT delivery_id, receiver, plan_id, body, attempts, expires_at, proposal, next_attempt_at"
+            " FROM deliveries WHERE status = 'pending' ORDER BY next_attempt_at LIMIT ?",
+            (limit,)).fetchall())
+        return [Delivery(r[0], r[1], r[2], bytes(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
+
+    def finish(self, delivery_id: str, status: str, now: float, error: str | None = None) -> None:
+        """Record an outcome (delivered, rejected, expired): the one UPDATE that leaves ``pending``."""
+        self._finish(delivery_id, status, now, error)
+
     def next_due_at(self) -> float | None:
         row = self._run("select", lambda db: db.execute(
             "SELECT MIN(next_attempt_at) FROM deliveries WHERE status = 'pending'").fetchone())
@@ -202,6 +237,17 @@ class Outbox:
         cursor = self._run("prune", lambda db: db.execute(
             "DELETE FROM deliveries WHERE status != 'pending' AND finished_at < ?", (before,)))
         return cursor.rowcount
+
+    def save_state(self, value: str) -> None:
+        """Keep the advisor's state (JSON text, ``Advisor.durable_state``)."""
+        self._run("update", lambda db: db.execute(
+            "UPDATE advisor_state SET value = ? WHERE key = 'advisor'", (value,)))
+
+    def load_state(self) -> str:
+        """The advisor's state as last saved; ``null`` (JSON) when none was."""
+        row = self._run("select", lambda db: db.execute(
+            "SELECT value FROM advisor_state WHERE key = 'advisor'").fetchone())
+        return "null" if row is None else str(row[0])
 
     def pending_count(self) -> int:
         row = self._run("select", lambda db: db.execute(

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import sqlite3
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -135,6 +137,8 @@ class AdvisorService:
     _api: AdvisorApi | None = None
     _closed: bool = False  # the outbox is closed: no more evaluations
     _unwritten: bool = False  # a proposed plan waits in memory for the outbox: no cooldown yet
+    _saved_state: str | None = None  # the advisor's state as last written to the outbox
+    _pending_seen: float = 0.0  # the outbox's pending count as last read, served if a read fails
 
     async def on_snapshot(self, snapshot: FleetSnapshot) -> None:
         """A ``ServingState.snapshot_listeners`` entry, run before the snapshot is rendered.
@@ -151,38 +155,72 @@ class AdvisorService:
         async with self._lock:
             if self._closed:
                 return None
-            snapshot, report = self.snapshot, self.report
-            # complete(): a cancelled evaluation holds the lock until its thread is done, so
-            # no other observe runs beside it and no enqueue lands after the outbox closed
-            if self._unwritten:
-                # the kept plan first (the deliverer may have written it already): once it is
-                # in the outbox, its cooldown starts, one evaluation late at most
-                await complete(asyncio.to_thread(self.deliverer.flush))
-                if not self.deliverer.unwritten_plans():
-                    self._unwritten = False
-                    self.advisor.durable(self.clock())
-            # issue 20: the pools' scaling hints (the analyzer updated the load tracker)
-            scaling = None if self.analyzer.load is None else tuple(self.analyzer.load.advice_json())
-            advice = await complete(asyncio.to_thread(advise, self.advisor, snapshot, report,
-                                                      self.planner, reason, scaling))
-            self.evaluations += 1
-            self.evaluations_by_trigger[reason.split(":")[0]] += 1
-            plan = advice.plan
-            if advice.decision == "compact" and plan is not None:
-                queued = await complete(asyncio.to_thread(self.deliverer.enqueue_plan, plan))
-                if self.deliverer.unwritten_plans():
-                    # no cooldown for a plan nobody can receive: the next evaluations propose
-                    # again (the newest plan replaces the kept one) until one is written
-                    self._unwritten = True
-                    self.advisor.not_durable()
-                    log.warning("compaction plan proposed but the outbox cannot take it; kept in "
-                                "memory and retried, no cooldown until it is written",
-                                extra={"plan": plan.plan_id})
-                    return advice
-                log.info("compaction plan proposed", extra={
-                    "plan": plan.plan_id, "migrations": len(plan.migrations),
-                    "queued": queued, "reasons": "; ".join(advice.reasons)})
+            advice = await self._evaluate(reason, self.snapshot, self.report)
+            await complete(asyncio.to_thread(self.save_state))
             return advice
+
+    def save_state(self) -> None:
+        """Write the advisor's durable state to the outbox when it changed (issue 32, finding 6).
+
+        A failed write is counted by the outbox and logged; the state in memory goes on, and
+        the next evaluation writes it again."""
+        state = json.dumps(self.advisor.durable_state(), sort_keys=True)
+        if state == self._saved_state:
+            return
+        try:
+            self.deliverer.outbox.save_state(state)
+        except sqlite3.Error as exc:
+            log.warning("cannot write the advisor's state to the outbox; a restart now would "
+                        "lose its cooldown", extra={"err": str(exc)})
+            return
+        self._saved_state = state
+
+    def restore_state(self) -> None:
+        """Take back the state an earlier process wrote; one that cannot be read is logged, and
+        the advisor starts afresh (it then waits its dwell again: no plan comes sooner)."""
+        try:
+            text = self.deliverer.outbox.load_state()
+            state = json.loads(text)
+            if state is not None:
+                self.advisor.restore(state)
+        except (sqlite3.Error, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("cannot read the advisor's state from the outbox; starting afresh",
+                        extra={"err": f"{type(exc).__name__}: {exc}"})
+            return
+        self._saved_state = text
+
+    async def _evaluate(self, reason: str, snapshot: FleetSnapshot, report: Report) -> Advice | None:
+        # complete(): a cancelled evaluation holds the lock until its thread is done, so
+        # no other observe runs beside it and no enqueue lands after the outbox closed
+        if self._unwritten:
+            # the kept plan first (the deliverer may have written it already): once it is
+            # in the outbox, its cooldown starts, one evaluation late at most
+            await complete(asyncio.to_thread(self.deliverer.flush))
+            if not self.deliverer.unwritten_plans():
+                self._unwritten = False
+                self.advisor.durable(self.clock())
+        # issue 20: the pools' scaling hints (the analyzer updated the load tracker)
+        scaling = None if self.analyzer.load is None else tuple(self.analyzer.load.advice_json())
+        advice = await complete(asyncio.to_thread(advise, self.advisor, snapshot, report,
+                                                  self.planner, reason, scaling))
+        self.evaluations += 1
+        self.evaluations_by_trigger[reason.split(":")[0]] += 1
+        plan = advice.plan
+        if advice.decision == "compact" and plan is not None:
+            queued = await complete(asyncio.to_thread(self.deliverer.enqueue_plan, plan))
+            if self.deliverer.unwritten_plans():
+                # no cooldown for a plan nobody can receive: the next evaluations propose
+                # again (the newest plan replaces the kept one) until one is written
+                self._unwritten = True
+                self.advisor.not_durable()
+                log.warning("compaction plan proposed but the outbox cannot take it; kept in "
+                            "memory and retried, no cooldown until it is written",
+                            extra={"plan": plan.plan_id})
+                return advice
+            log.info("compaction plan proposed", extra={
+                "plan": plan.plan_id, "migrations": len(plan.migrations),
+                "queued": queued, "reasons": "; ".join(advice.reasons)})
+        return advice
 
     def what_if(self, snapshot: FleetSnapshot) -> WhatIf:
         """Analyse the posted snapshot against the live workload, without touching live state."""
@@ -223,12 +261,20 @@ class AdvisorService:
                 [((("trigger", t),), float(n)) for t, n in sorted(self.evaluations_by_trigger.items())]),
             metrics.ADVISOR_ALERTMANAGER_NOTIFICATIONS_TOTAL.family(
                 [((("result", r),), float(n)) for r, n in sorted(self.api().notifications.items())]),
-            metrics.ADVISOR_OUTBOX_PENDING.family(
-                [((), float(self.deliverer.outbox.pending_count()))]),
+            metrics.ADVISOR_OUTBOX_PENDING.family([((), self._pending())]),
             metrics.ADVISOR_OUTBOX_ERRORS_TOTAL.family(
                 [((("operation", op),), float(n)) for op, n in sorted(self.deliverer.outbox.errors.items())]),
             *self.job_families(snapshot),
         ]
+
+    def _pending(self) -> float:
+        """The pending count; a failed read (counted in outbox_errors_total) serves the last one,
+        so a database that breaks while serving keeps every advisor family on /metrics."""
+        try:
+            self._pending_seen = float(self.deliverer.outbox.pending_count())
+        except sqlite3.Error as exc:
+            log.warning("cannot count the outbox's pending deliveries", extra={"err": str(exc)})
+        return self._pending_seen
 
     def job_families(self, snapshot: FleetSnapshot) -> list[Family]:
         """Checkpoint ages, memory peaks, NVLink generations, idle held GPUs and right-sizing
@@ -314,8 +360,10 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFu
                           max_delay=config.retry_max, retention=config.outbox_retention)
     if planner is None:
         planner = planner_for(config)
-    return AdvisorService(Advisor(decision_settings(config)), analyzer, deliverer, token,
-                          config.max_body_bytes, what_if_timeout, planner=planner)
+    service = AdvisorService(Advisor(decision_settings(config)), analyzer, deliverer, token,
+                             config.max_body_bytes, what_if_timeout, planner=planner)
+    service.restore_state()
+    return service
 
 
 def install(app: web.Application, service: AdvisorService) -> None:

@@ -20,12 +20,27 @@ backoff) and on every :meth:`Deliverer.enqueue`; :meth:`Deliverer.unwritten_plan
 tells the advisor whether its plan is durable yet. One per receiver because the
 advisor has one current plan: a newer one comes from a newer snapshot and
 supersedes the unwritten older one, which would move jobs by a stale picture.
+
+Time (issue 32, finding 5): the schedule runs on the monotonic clock. The outbox's
+``next_attempt_at`` is wall time, written for the record and read once, when a row is
+first seen (a new one is due at once; one left by an earlier process is due within
+``max_delay`` at most); from then on the deliverer's own monotonic due times decide. A
+wall clock stepped back an hour neither stalls deliveries for that hour nor, stepped
+forward, sends the retries early. Plan expiry stays wall time: it is the plan's own
+``expires_at``, on the wire.
+
+Outcomes (finding 7): a receiver's answer whose record the outbox cannot take (a full
+disk fails the ``delivered`` UPDATE) is held in memory with its outcome, and only the
+write is retried, with exponential backoff: the delivery is never POSTed again by this
+process (after a restart the row is pending and goes once more, with the same
+``Idempotency-Key``). A retry whose ``retry_at`` UPDATE fails keeps its backoff in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import email.utils
 import hashlib
 import hmac
@@ -102,7 +117,8 @@ class Deliverer:
     receivers: tuple[Receiver, ...]
     base_delay: float = 1.0
     max_delay: float = 300.0
-    clock: Callable[[], float] = time.time
+    clock: Callable[[], float] = time.time  # wall: the outbox's stamps and plan expiry
+    monotonic: Callable[[], float] = time.monotonic  # the schedule: retries, rewrites, prunes
     rng: random.Random = field(default_factory=random.Random)
     results: Counter = field(default_factory=Counter)  # (receiver, result) -> count
     retention: float = DEFAULT_RETENTION  # finished rows are pruned this long after they finished
@@ -113,8 +129,15 @@ class Deliverer:
     _unwritten: dict[str, deque[tuple[str, bytes, float | None]]] = field(default_factory=dict)
     _unwritten_lock: threading.Lock = field(default_factory=threading.Lock)
     _write_failures: int = 0
-    _next_write_at: float = 0.0
-    _next_prune_at: float = 0.0
+    _next_write_at: float = 0.0  # monotonic, as every _next_* and _due
+    _next_prune_at: float = float("-inf")
+    _due: dict[str, float] = field(default_factory=dict)  # delivery id -> when it is next tried
+    _attempts: dict[str, int] = field(default_factory=dict)  # attempts the outbox failed to record
+    # answers the outbox could not record: delivery id -> (status, wall time, error)
+    _outcomes: dict[str, tuple[str, float, str | None]] = field(default_factory=dict)
+    _outcome_failures: int = 0
+    _next_outcome_at: float = 0.0
+    pending_limit: int = 1000  # pending rows read per round: receivers x open plans, a handful
 
     def enqueue_plan(self, plan: CompactionPlan) -> int:
         """Queue ``plan`` for every receiver as its JSON body (:func:`wire.plan_body`, the one
@@ -157,7 +180,7 @@ class Deliverer:
                 except sqlite3.Error as exc:  # counted by the outbox; the plan stays in memory
                     delay = backoff(self._write_failures, self.base_delay, self.max_delay, self.rng)
                     self._write_failures += 1
-                    self._next_write_at = now + delay
+                    self._next_write_at = self.monotonic() + delay
                     log.warning("cannot write the plan to the outbox; kept in memory, will retry",
                                 extra={"receiver": receiver, "plan": plan_id, "err": str(exc),
                                        "retry_in_s": round(delay, 2)})
@@ -193,27 +216,33 @@ class Deliverer:
             while True:
                 self._wake.clear()
                 try:
-                    if self.unwritten_plans() and self.clock() >= self._next_write_at:
+                    if self.unwritten_plans() and self.monotonic() >= self._next_write_at:
                         await self._outbox(self.flush)
+                    await self.write_outcomes()
                     await self._prune()
                     await self.deliver_due(session)
-                    next_at = await self._outbox(self.outbox.next_due_at)
+                    next_at = self.next_due()
                 except Exception:  # a broken outbox row must not end deliveries for good
                     log.exception("delivery round failed")
-                    next_at = self.clock() + self.base_delay
+                    next_at = self.monotonic() + self.base_delay
                 if self.unwritten_plans():
                     next_at = min(self._next_write_at, next_at or self._next_write_at)
-                timeout = None if next_at is None else max(0.0, next_at - self.clock())
+                if self._outcomes:
+                    next_at = min(self._next_outcome_at, next_at or self._next_outcome_at)
+                timeout = None if next_at is None else max(0.0, next_at - self.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
 
+    def next_due(self) -> float | None:
+        """The monotonic time of the next attempt, of the deliveries seen; None when none waits."""
+        return min((at for d, at in self._due.items() if d not in self._outcomes), default=None)
+
     async def _prune(self) -> None:
-        now = self.clock()
-        if now < self._next_prune_at:
+        if self.monotonic() < self._next_prune_at:
             return
-        self._next_prune_at = now + PRUNE_EVERY  # a failed prune is retried in an hour too
+        self._next_prune_at = self.monotonic() + PRUNE_EVERY  # a failed prune is retried in an hour too
         try:
-            pruned = await self._outbox(self.outbox.prune, now - self.retention)
+            pruned = await self._outbox(self.outbox.prune, self.clock() - self.retention)
         except sqlite3.Error as exc:  # counted by the outbox; deliveries go on regardless
             log.warning("cannot prune the outbox; will retry", extra={"err": str(exc)})
             return
@@ -221,22 +250,84 @@ class Deliverer:
             log.info("pruned finished deliveries", extra={"rows": pruned})
 
     async def deliver_due(self, session: aiohttp.ClientSession) -> None:
-        due = await self._outbox(self.outbox.due, self.clock())
+        """Try every pending delivery that is due by the monotonic schedule, or has expired."""
+        pending = await self._outbox(self.outbox.pending, self.pending_limit)
         by_name = {r.name: r for r in self.receivers}
-        for delivery in due:
+        mono, wall = self.monotonic(), self.clock()
+        for delivery in pending:
+            key = delivery.delivery_id
+            if key in self._outcomes:  # answered already: only its record waits, never a POST
+                continue
+            if key not in self._due:
+                # first seen: due as written, but no later than max_delay from now, so a wall
+                # clock stepped since (or another process's) cannot hold it back for longer
+                self._due[key] = mono + min(max(0.0, delivery.next_attempt_at - wall), self.max_delay)
+            expired = delivery.expires_at is not None and wall >= delivery.expires_at
+            if self._due[key] > mono and not expired:
+                continue
+            attempts = max(delivery.attempts, self._attempts.get(key, 0))
+            delivery = dataclasses.replace(delivery, attempts=attempts)
             receiver = by_name.get(delivery.receiver)
             if receiver is None:  # receiver removed from the config: keep the row, say why
-                await self._outbox(self.outbox.retry_at, delivery.delivery_id,
-                                   self.clock() + self.max_delay, "receiver not configured")
+                self._due[key] = mono + self.max_delay
+                await self._record_retry(delivery, self.max_delay, "receiver not configured")
                 continue
             await self._attempt(session, receiver, delivery)
+        if len(pending) < self.pending_limit:  # the schedule of rows finished elsewhere goes
+            seen = {d.delivery_id for d in pending}
+            for gone in [k for k in self._due if k not in seen]:
+                self._due.pop(gone, None)
+                self._attempts.pop(gone, None)
+
+    async def _finish(self, delivery: Delivery, status: str, error: str | None = None) -> None:
+        """Record the outcome; one the outbox cannot take is held, and only its write retried."""
+        key, now = delivery.delivery_id, self.clock()
+        self._due.pop(key, None)
+        self._attempts.pop(key, None)
+        try:
+            await self._outbox(self.outbox.finish, key, status, now, error)
+        except sqlite3.Error as exc:  # counted by the outbox
+            self._outcomes[key] = (status, now, error)
+            self._outcome_failed(exc)
+
+    def _outcome_failed(self, exc: sqlite3.Error) -> None:
+        delay = backoff(self._outcome_failures, self.base_delay, self.max_delay, self.rng)
+        self._outcome_failures += 1
+        self._next_outcome_at = self.monotonic() + delay
+        log.warning("cannot record a delivery's outcome; held in memory, not sent again",
+                    extra={"outcomes": len(self._outcomes), "err": str(exc),
+                           "retry_in_s": round(delay, 2)})
+
+    async def write_outcomes(self) -> None:
+        """Write the outcomes held in memory, when their backoff allows."""
+        if not self._outcomes or self.monotonic() < self._next_outcome_at:
+            return
+        for key, (status, at, error) in list(self._outcomes.items()):
+            try:
+                await self._outbox(self.outbox.finish, key, status, at, error)
+            except sqlite3.Error as exc:
+                self._outcome_failed(exc)
+                return
+            del self._outcomes[key]
+        self._outcome_failures = 0
+
+    def held_outcomes(self) -> int:
+        """How many answered deliveries wait in memory for their outcome to be written."""
+        return len(self._outcomes)
+
+    async def _record_retry(self, delivery: Delivery, delay: float, error: str) -> None:
+        self._attempts[delivery.delivery_id] = delivery.attempts + 1
+        try:
+            await self._outbox(self.outbox.retry_at, delivery.delivery_id, self.clock() + delay, error)
+        except sqlite3.Error as exc:  # counted by the outbox; the schedule in memory holds
+            log.warning("cannot record a delivery's retry; its backoff is kept in memory",
+                        extra={"plan": delivery.plan_id, "err": str(exc)})
 
     async def _attempt(self, session: aiohttp.ClientSession, receiver: Receiver,
                        delivery: Delivery) -> None:
-        now = self.clock()
-        if delivery.expires_at is not None and now >= delivery.expires_at:
+        if delivery.expires_at is not None and self.clock() >= delivery.expires_at:
             self._count(receiver, "expired")
-            await self._outbox(self.outbox.expired, delivery.delivery_id, now)
+            await self._finish(delivery, "expired", "plan expired before delivery")
             return
         headers = {
             "Content-Type": "application/json",
@@ -257,15 +348,14 @@ class Deliverer:
             return
         if 200 <= status < 300:
             self._count(receiver, "delivered")
-            await self._outbox(self.outbox.delivered, delivery.delivery_id, self.clock())
+            await self._finish(delivery, "delivered")
             log.info("plan delivered", extra={"receiver": receiver.name, "plan": delivery.plan_id,
                                               "attempts": delivery.attempts + 1})
         elif status == 429 or status >= 500:
             await self._retry(receiver, delivery, f"HTTP {status}", retry_after)
         else:
             self._count(receiver, "rejected")
-            await self._outbox(self.outbox.rejected, delivery.delivery_id, self.clock(),
-                               f"HTTP {status}")
+            await self._finish(delivery, "rejected", f"HTTP {status}")
             log.warning("plan rejected by receiver", extra={"receiver": receiver.name,
                                                             "plan": delivery.plan_id, "status": status})
 
@@ -275,7 +365,8 @@ class Deliverer:
         if retry_after is not None:
             delay = max(delay, retry_after)
         self._count(receiver, "retry")
-        await self._outbox(self.outbox.retry_at, delivery.delivery_id, self.clock() + delay, error)
+        self._due[delivery.delivery_id] = self.monotonic() + delay
+        await self._record_retry(delivery, delay, error)
         log.warning("plan delivery failed; will retry", extra={
             "receiver": receiver.name, "plan": delivery.plan_id, "err": error,
             "attempt": delivery.attempts + 1, "retry_in_s": round(delay, 2)})
