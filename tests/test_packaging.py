@@ -186,6 +186,11 @@ def test_pod_resources_without_grpc_is_one_line_naming_the_extra(monkeypatch):
     from exporter.sources import SourceStartupError
     from exporter.sources.nvml import source as nvml
 
+    import exporter.sources.nvml as package
+
+    # a test before this one may have imported the module: `from package import pods` then
+    # finds the package's attribute without looking at sys.modules, so both go
+    monkeypatch.delattr(package, "pods", raising=False)
     monkeypatch.setitem(sys.modules, "exporter.sources.nvml.pods", None)
     monkeypatch.setitem(sys.modules, "grpc", None)
     with pytest.raises(SourceStartupError) as caught:
