@@ -183,10 +183,9 @@ def test_a_missing_extra_is_one_line_naming_it(monkeypatch, tmp_path, capsys):
 
 
 def test_pod_resources_without_grpc_is_one_line_naming_the_extra(monkeypatch):
+    import exporter.sources.nvml as package
     from exporter.sources import SourceStartupError
     from exporter.sources.nvml import source as nvml
-
-    import exporter.sources.nvml as package
 
     # a test before this one may have imported the module: `from package import pods` then
     # finds the package's attribute without looking at sys.modules, so both go
