@@ -221,12 +221,19 @@ async def _stop(proc: asyncio.subprocess.Process, argv: Sequence[str]) -> list[i
     # the /proc walk reads a file per process: a thread, not the event loop
     escaped = await complete(asyncio.to_thread(
         children.kill_all, proc.pid, _pipe_inodes(transport), proc.returncode is None))
-    transport.close()
+    # the pipes alone: transport.close() would also poll() the child, reaping it before
+    # asyncio's child watcher does, which then reports it "unknown" with returncode 255
+    for fd in (0, 1, 2):
+        pipe = transport.get_pipe_transport(fd)
+        if pipe is not None:
+            pipe.close()
     try:
         await complete(asyncio.wait_for(proc.wait(), _REAP_SECONDS))
     except TimeoutError:
         log.warning("Slurm client not reaped within %gs of SIGKILL; left to the child watcher",
                     _REAP_SECONDS, extra={"command": " ".join(argv[:3]), "pid": proc.pid})
+    else:
+        transport.close()  # the watcher has reaped it: close() no longer polls the child
     return escaped
 
 
