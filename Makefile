@@ -62,10 +62,15 @@ vm-deps:
 	  $(APT) update -q && $(APT) install -y -q --no-install-recommends victoria-metrics; \
 	fi
 
+# Two pytest workers (pytest-xdist): the tests that start real servers (marked slow) run
+# one at a time on one of them, in one xdist group (tests/conftest.py), and the CPU-bound
+# rest share both. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: $(VENV)/.installed-test system-deps slurm-deps kube-deps stress-deps vm-deps
 	$(BIN)/ruff check exporter tests bench deploy
 	$(BIN)/mypy
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests that start real servers (marked slow), under 60 s:
 # one pytest worker per core (pytest-xdist), since the fast tests are CPU-bound.

@@ -26,6 +26,16 @@ settings.register_profile("explore", derandomize=False, **_UNTIMED)
 settings.load_profile(os.environ.get("GPUFLEET_HYPOTHESIS", "repeatable"))
 
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``make test``'s two xdist workers (``--dist loadgroup``), the tests that start
+    real servers (marked slow) run one at a time on one worker, in one group, while the
+    other worker takes the CPU-bound tests: no two Prometheus-and-exporter tests share
+    the machine's two cores, whose timing waits were written for one at a time."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("servers"))
+
 @pytest.fixture
 def exporter_factory(tmp_path: Path) -> Iterator:
     started: list[Server] = []

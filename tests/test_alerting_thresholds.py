@@ -16,6 +16,7 @@ from exporter.cli import main
 from exporter.config import AdvisorConfig
 from exporter.thresholds import ThresholdError, load_thresholds, parse_thresholds
 from tests.helpers import REPO
+from tests.helpers.table_yaml import dump, table_mapping
 
 TABLE = REPO / "rules" / "thresholds.yaml"
 
@@ -308,7 +309,7 @@ _ANY_VALUE = st.one_of(
     ["alert", "metric", "op", "scope", "warning", "critical", "models", "labels", "summary",
      "action", "runbook", "threshold", "for"]), value=_ANY_VALUE)
 def test_any_bad_value_anywhere_is_a_threshold_error_never_a_crash(row, key, value):
-    raw = yaml.safe_load(TABLE.read_text())
+    raw = table_mapping(TABLE)
     target = raw["alerts"][row]
     if key in ("threshold", "for"):
         level = target.get("warning") or target["critical"]
@@ -316,7 +317,7 @@ def test_any_bad_value_anywhere_is_a_threshold_error_never_a_crash(row, key, val
     else:
         target[key] = value
     try:
-        parse_thresholds(yaml.safe_dump(raw), "t.yaml")
+        parse_thresholds(dump(raw), "t.yaml")
     except ThresholdError as exc:
         assert str(exc).startswith("t.yaml: ") and "\n" not in str(exc)
 

@@ -23,6 +23,7 @@ from exporter.thresholds import (
 )
 from exporter.thresholds.sections import PRESSURE_METRICS
 from tests.helpers import REPO
+from tests.helpers.table_yaml import dump, table_mapping
 
 TABLE = REPO / "rules" / "thresholds.yaml"
 
@@ -216,13 +217,13 @@ _ANY_VALUE = st.one_of(
     ("pressure",), ("pressure", "rate_window"), ("pressure", "weights"), ("pressure", "caps"),
     ("pressure", "weights", "cpu"), ("pressure", "caps", "io")]), value=_ANY_VALUE)
 def test_any_bad_value_in_the_sections_is_a_threshold_error_never_a_crash(path, value):
-    raw = yaml.safe_load(TABLE.read_text())
+    raw = table_mapping(TABLE)
     target = raw
     for key in path[:-1]:
         target = target[key]
     target[path[-1]] = value
     try:
-        t = parse_thresholds(yaml.safe_dump(raw), "t.yaml")
+        t = parse_thresholds(dump(raw), "t.yaml")
     except ThresholdError as exc:
         assert str(exc).startswith("t.yaml: ") and "\n" not in str(exc)
     else:  # a table that loads also generates its rules
