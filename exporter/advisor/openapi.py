@@ -445,7 +445,8 @@ def document(advisor: bool = True) -> dict[str, Any]:
 def _webhooks() -> dict[str, Any]:
     """What the advisor POSTs to each receiver: signed, retried from the outbox (docs/advisor.md)."""
     headers = {
-        "X-Gpufleet-Signature": {"required": True, "schema": {"type": "string", "pattern": "^sha256=[0-9a-f]{64}$"},
+        "X-Gpufleet-Signature": {"required": True,
+                                 "schema": {"type": "string", "pattern": "^sha256=[0-9a-f]{64}$"},
                                  "description": "HMAC-SHA256 of the body with the receiver's secret"},
         "X-Gpufleet-Delivery": {"required": True, "schema": {"type": "string"}},
         "Idempotency-Key": {"required": True, "schema": {"type": "string"},

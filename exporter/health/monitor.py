@@ -89,7 +89,7 @@ class HealthMonitor:
             if change.gpu is not None and change.after == Verdict.FAILING and change.reasons:
                 self.faults_total[(pools.get(change.node, ""), change.reasons[0].signal)] += 1
         for event in events:
-            self.events_total[type(event).__struct_config__.tag] += 1
+            self.events_total[str(type(event).__struct_config__.tag)] += 1
             self.recent.append(event)
         self._namespaces = {a.job: a.namespace for a in snapshot.allocations}
         self.latest = HealthView(health, events, stragglers)

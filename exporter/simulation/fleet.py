@@ -30,7 +30,9 @@ load up to the model's maximum, the power-cap reason is set at the cap and the
 thermal ones above ``THROTTLE_CELSIUS``, GPM activity (Hopper and Blackwell
 only, as NVML) follows utilisation, single-bit ECC errors are rare and grow,
 other error counters are small and fixed, so the default fleet pages no one;
-the ``xid`` scenario puts a named XID on a named GPU. They come from a second
+the ``xid`` scenario puts a named XID on a named GPU, and ``straggler`` (issue 31) keeps
+one GPU at a share of the pace of the job it runs (utilisation, then power, clocks and SM
+activity with it): a GPU of a multi-GPU job out of step with its peers. They come from a second
 generator seeded from ``seed``, so adding them changed no job or telemetry value.
 """
 
@@ -122,6 +124,7 @@ class Simulation:
         self.memory_used = np.zeros(g)
         self.lost = np.zeros(g, dtype=bool)
         self.overheat: dict[int, float] = {}
+        self.straggling: dict[int, float] = {}  # GPU -> the share of its job's pace it keeps
         self._scenarios_started: set[int] = set()
         by_model = {m: self.catalogue.get(m) for m in set(self.fleet.gpu_model)}  # 1 s at scale 100 per GPU
         specs = [by_model[m] for m in self.fleet.gpu_model]
@@ -396,6 +399,8 @@ class Simulation:
                 self._fragment_pool(scenario.pool)
             elif scenario.kind == "xid":
                 self._xid(self._gpu_at(scenario.node, scenario.gpu), int(scenario.value))
+            elif scenario.kind == "straggler":
+                self.straggling[self._gpu_at(scenario.node, scenario.gpu)] = scenario.value or 0.5
 
     def _xid(self, g: int, xid: int) -> None:
         """The driver reports an XID on GPU ``g``, as NVML's event set would."""
@@ -504,6 +509,10 @@ class Simulation:
                 nvlink[gpus] = np.maximum(nvlink[gpus], job.nvlink_level)
         noise = self.rng.normal(0.0, 0.02, g)
         util = np.clip(util + noise * (util > 0), 0.0, 1.0)
+        for gpu, share in self.straggling.items():
+            # issue 31: a GPU that lags its job's peers (thermal, a bad link, failing HBM);
+            # power, clocks and SM activity follow utilisation below
+            util[gpu] *= share
         idle_power = 0.1 * self.tdp
         power = idle_power + (self.tdp - idle_power) * util**0.9 + self.rng.normal(0, 3.0, g)
         power = np.clip(power, 0.05 * self.tdp, self.tdp)
