@@ -727,6 +727,17 @@ REMEDIATION_BUDGET_BLOCKED_NODES = FamilySpec(
     "Failing nodes not drained because the drain budget would be exceeded, by pool.",
     ("pool",), "remediation",
     doc="Above 0 the pool has paged (an XID storm, a driver bug, a power event?).")
+REMEDIATION_FAULT_TO_DRAIN_SECONDS_TOTAL = FamilySpec(
+    "gpufleet_remediation_fault_to_drain_seconds_total", "counter",
+    "Seconds from a node turning failing to gpufleet advising its drain, summed over the "
+    "drains, by pool.", ("pool",), "remediation", "seconds",
+    doc="Divided by the drains (gpufleet_remediation_events_total{action=\"drain\"}): the mean "
+        "time to drain; above 0 only when a budget held a drain back.")
+REMEDIATION_DRAIN_TO_RESUME_SECONDS_TOTAL = FamilySpec(
+    "gpufleet_remediation_drain_to_resume_seconds_total", "counter",
+    "Seconds nodes stayed drained by gpufleet before it advised their resume, summed over the "
+    "resumes, by pool.", ("pool",), "remediation", "seconds",
+    doc="Divided by the resumes: the mean time a drained node is out of service.")
 JOB_STRAGGLER_GPUS = FamilySpec(
     "gpufleet_job_straggler_gpus", "gauge",
     "GPUs of a multi-GPU job out of step with its peers (median and MAD) for the straggler "

@@ -114,7 +114,7 @@ def test_verdicts_are_families_and_advice_with_only_unhealthy_nodes_listed(tmp_p
     assert (health["nodes"]["failing"], health["gpus"]["healthy"]) == (1, 7)
     # all families are in service.families (what /metrics renders) after the advisor's
     names = [f.name for f in advisor.families(fleet(60, failing="a-3"))]
-    assert names[-10:] == [f.name for f in families]
+    assert names[-12:] == [f.name for f in families]
     advisor.deliverer.outbox.close()
 
 
@@ -130,3 +130,17 @@ def test_a_restarted_advisor_remembers_what_it_drained_and_does_not_drain_again(
     assert again.health.latest is not None and again.health.latest.events == ()
     assert again.deliverer.outbox.pending_count() == pending
     again.deliverer.outbox.close()
+
+
+def test_time_to_drain_and_to_resume_are_counted_per_pool():
+    monitor = HealthMonitor(HealthSettings(critical_xids=(79,)))
+    monitor.observe(fleet(0))
+    monitor.observe(fleet(30, failing="a-3"))
+    resumed = [e for at in range(330, 4000, 300) for e in monitor.observe(fleet(at)).events]
+    assert [type(e).__name__ for e in resumed] == ["Resume"]
+    totals = {f.name: dict(f.samples) for f in monitor.families()}
+    assert totals["gpufleet_remediation_fault_to_drain_seconds_total"] == {(("pool", "a"),): 0.0}
+    assert totals["gpufleet_remediation_drain_to_resume_seconds_total"] == {
+        (("pool", "a"),): resumed[0].at - (T0 + 30)}
+    assert resumed[0].at - (T0 + 30) >= 3600  # min_drain_seconds
+    assert totals["gpufleet_remediation_events_total"][(("action", "resume"),)] == 1.0

@@ -19,11 +19,13 @@ from typing import Any
 
 from exporter import metrics
 from exporter.health.remediation import (
+    Drain,
     Event,
     Page,
     RemediationSettings,
     RemediationState,
     Remediator,
+    Resume,
     encode_event,
     event_id,
 )
@@ -77,6 +79,8 @@ class HealthMonitor:
         self.latest: HealthView | None = None
         self.events_total: Counter[str] = Counter({t: 0 for t in EVENT_TYPES})
         self.faults_total: Counter[tuple[str, str]] = Counter()  # (pool, cause)
+        self.fault_to_drain: Counter[str] = Counter()  # pool -> seconds, summed over drains
+        self.drain_to_resume: Counter[str] = Counter()  # pool -> seconds, summed over resumes
         self.recent: deque[Event] = deque(maxlen=MAX_LISTED)
         self._namespaces: dict[str, str] = {}
 
@@ -91,6 +95,11 @@ class HealthMonitor:
         for event in events:
             self.events_total[str(type(event).__struct_config__.tag)] += 1
             self.recent.append(event)
+            if isinstance(event, Drain):
+                node = health.node(event.node)
+                self.fault_to_drain[event.pool] += max(0.0, event.at - node.since) if node else 0.0
+            elif isinstance(event, Resume):
+                self.drain_to_resume[event.pool] += max(0.0, event.at - event.drained_at)
         self._namespaces = {a.job: a.namespace for a in snapshot.allocations}
         self.latest = HealthView(health, events, stragglers)
         return self.latest
@@ -146,6 +155,11 @@ class HealthMonitor:
                 [((("pool", p),), float(drained[p])) for p in sorted(pools)]),
             metrics.REMEDIATION_BUDGET_BLOCKED_NODES.family(
                 [((("pool", p),), float(blocked[p])) for p in sorted(pools)]),
+            metrics.REMEDIATION_FAULT_TO_DRAIN_SECONDS_TOTAL.family(
+                [((("pool", p),), self.fault_to_drain[p]) for p in sorted(pools | set(self.fault_to_drain))]),
+            metrics.REMEDIATION_DRAIN_TO_RESUME_SECONDS_TOTAL.family(
+                [((("pool", p),), self.drain_to_resume[p])
+                 for p in sorted(pools | set(self.drain_to_resume))]),
             metrics.JOB_STRAGGLER_GPUS.family(
                 [((("job", job), ("namespace", self._namespaces.get(job, "")), ("account", account)),
                   float(n)) for (job, account), n in sorted(per_job.items())]),
