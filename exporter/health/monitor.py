@@ -13,7 +13,7 @@ lists at most :data:`MAX_LISTED` nodes and events, worst first, with the totals 
 from __future__ import annotations
 
 import json
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,8 +79,8 @@ class HealthMonitor:
         self.latest: HealthView | None = None
         self.events_total: Counter[str] = Counter({t: 0 for t in EVENT_TYPES})
         self.faults_total: Counter[tuple[str, str]] = Counter()  # (pool, cause)
-        self.fault_to_drain: Counter[str] = Counter()  # pool -> seconds, summed over drains
-        self.drain_to_resume: Counter[str] = Counter()  # pool -> seconds, summed over resumes
+        self.fault_to_drain: defaultdict[str, float] = defaultdict(float)  # pool -> s, over drains
+        self.drain_to_resume: defaultdict[str, float] = defaultdict(float)  # pool -> s, over resumes
         self.recent: deque[Event] = deque(maxlen=MAX_LISTED)
         self._namespaces: dict[str, str] = {}
 
@@ -156,9 +156,10 @@ class HealthMonitor:
             metrics.REMEDIATION_BUDGET_BLOCKED_NODES.family(
                 [((("pool", p),), float(blocked[p])) for p in sorted(pools)]),
             metrics.REMEDIATION_FAULT_TO_DRAIN_SECONDS_TOTAL.family(
-                [((("pool", p),), self.fault_to_drain[p]) for p in sorted(pools | set(self.fault_to_drain))]),
+                [((("pool", p),), self.fault_to_drain.get(p, 0.0))
+                 for p in sorted(pools | set(self.fault_to_drain))]),
             metrics.REMEDIATION_DRAIN_TO_RESUME_SECONDS_TOTAL.family(
-                [((("pool", p),), self.drain_to_resume[p])
+                [((("pool", p),), self.drain_to_resume.get(p, 0.0))
                  for p in sorted(pools | set(self.drain_to_resume))]),
             metrics.JOB_STRAGGLER_GPUS.family(
                 [((("job", job), ("namespace", self._namespaces.get(job, "")), ("account", account)),
