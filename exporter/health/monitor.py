@@ -126,6 +126,9 @@ class HealthMonitor:
                 if node.verdict == Verdict.FAILING and node.node not in state.drained \
                         and node.pool in state.storms:
                     blocked[node.pool] += 1
+            if node.verdict == Verdict.HEALTHY:  # every GPU healthy: most nodes, not walked
+                gpus[(node.pool, Verdict.HEALTHY)] += len(node.gpus)
+                continue
             for g in node.gpus:
                 gpus[(node.pool, g.verdict)] += 1
                 if g.verdict in LISTED:
@@ -175,6 +178,9 @@ class HealthMonitor:
         gpu_counts = {v.value: 0 for v in VERDICTS}
         for node in view.health.nodes:
             counts[node.verdict.value] += 1
+            if node.verdict == Verdict.HEALTHY:
+                gpu_counts["healthy"] += len(node.gpus)
+                continue
             for g in node.gpus:
                 gpu_counts[g.verdict.value] += 1
         unhealthy = sorted((n for n in view.health.nodes if n.verdict != Verdict.HEALTHY),
