@@ -144,3 +144,19 @@ def test_time_to_drain_and_to_resume_are_counted_per_pool():
         (("pool", "a"),): resumed[0].at - (T0 + 30)}
     assert resumed[0].at - (T0 + 30) >= 3600  # min_drain_seconds
     assert totals["gpufleet_remediation_events_total"][(("action", "resume"),)] == 1.0
+
+
+async def test_the_example_receiver_takes_a_remediation_event(aiohttp_client, capsys):
+    from deploy.examples.receiver import make_app
+    from exporter.advisor.webhook import sign
+    from exporter.health.monitor import event_body
+
+    client = await aiohttp_client(make_app(SECRET))
+    drain = Drain("a-3", "a", "XID 79 on GPU 0", T0)
+    body = event_body(drain)
+    headers = {"X-Gpufleet-Signature": sign(body, SECRET), EVENT_HEADER: "remediation",
+               IDEMPOTENCY_HEADER: "drain:a-3:1764547200000"}
+    answer = await client.post("/gpufleet/plan", data=body, headers=headers)
+    assert (answer.status, await answer.json()) == (200, {"status": "accepted",
+                                                          "event_id": "drain:a-3:1764547200000"})
+    assert capsys.readouterr().out == "drain:a-3:1764547200000: drain a-3: XID 79 on GPU 0\n"

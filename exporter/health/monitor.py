@@ -17,11 +17,12 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from exporter import metrics
 from exporter.health.remediation import (
     Drain,
     Event,
-    Page,
     RemediationSettings,
     RemediationState,
     Remediator,
@@ -106,7 +107,7 @@ class HealthMonitor:
 
     def state_json(self) -> str:
         """The remediator's state, for the outbox (what gpufleet drained survives a restart)."""
-        return json.dumps(json.loads(_encode_state(self.remediator.state)), sort_keys=True)
+        return json.dumps(json.loads(msgspec.json.encode(self.remediator.state)), sort_keys=True)
 
     def families(self) -> list[Family]:
         view = self.latest
@@ -201,10 +202,6 @@ class HealthMonitor:
                             "since": s.since} for s in stragglers[:MAX_LISTED]],
         }
 
-    def pages(self) -> list[Page]:
-        view = self.latest
-        return [e for e in view.events if isinstance(e, Page)] if view else []
-
 
 def _pool_of(view: HealthView | None, node: str) -> str:
     found = view.health.node(node) if view else None
@@ -218,16 +215,8 @@ def _node_json(node: NodeVerdict) -> dict[str, Any]:
                          "since": r.since} for r in node.reasons]}
 
 
-def _encode_state(state: RemediationState) -> bytes:
-    import msgspec
-
-    return msgspec.json.encode(state)
-
-
 def restore_state(text: str) -> RemediationState | None:
     """The state :meth:`HealthMonitor.state_json` wrote; None for JSON ``null`` (none kept)."""
-    import msgspec
-
     if text.strip() == "null":
         return None
     try:
