@@ -160,3 +160,21 @@ async def test_the_example_receiver_takes_a_remediation_event(aiohttp_client, ca
     assert (answer.status, await answer.json()) == (200, {"status": "accepted",
                                                           "event_id": "drain:a-3:1764547200000"})
     assert capsys.readouterr().out == "drain:a-3:1764547200000: drain a-3: XID 79 on GPU 0\n"
+
+
+def test_an_event_the_outbox_cannot_take_is_kept_beside_a_kept_plan_and_written_later(tmp_path):
+    from tests.test_advisor_outbox import full_disk_outbox
+
+    outbox, connection = full_disk_outbox(tmp_path / "outbox.sqlite")
+    deliverer = Deliverer(outbox, (Receiver("r", "http://127.0.0.1:9/", SECRET),))
+    connection.full = True
+    assert deliverer.enqueue("plan-abc", b'{"plan_id": "plan-abc"}', T0 + 900) == 0
+    for n in range(3):
+        assert deliverer.enqueue_event(f"drain:a-{n}:1", b"{}") == 0
+    assert (deliverer.unwritten_plans(), deliverer.unwritten()) == (1, 4)  # no event displaced it
+    connection.full = False
+    assert deliverer.flush() == 4
+    assert sorted(d.plan_id for d in outbox.pending()) == [
+        "drain:a-0:1", "drain:a-1:1", "drain:a-2:1", "plan-abc"]
+    assert deliverer.enqueue_event("drain:a-0:1", b"{}") == 0  # an event is queued once
+    outbox.close()
