@@ -677,6 +677,73 @@ POOL_RIGHT_SIZING_GPU_SECONDS = FamilySpec(
     "GPU-seconds the right-sizing candidates of a pool have held their GPUs so far "
     "(since each job started).", ("pool",), "advisor", "seconds")
 
+# -- health verdicts, remediation and stragglers (issue 31; exporter/health/) ------------------------
+# Few series at any scale: per-pool counts, and per node or GPU only the degraded and failing ones.
+HEALTH_NODES = FamilySpec(
+    "gpufleet_health_nodes", "gauge",
+    "Nodes by health verdict (healthy, unknown, degraded, failing), by pool.",
+    ("pool", "verdict"), "remediation",
+    doc="Every verdict of every pool, 0 included. A node's verdict is its worst GPU's; unknown: "
+        "stale readings or no health counters read (docs/health.md).")
+HEALTH_GPUS = FamilySpec(
+    "gpufleet_health_gpus", "gauge",
+    "GPUs by health verdict (healthy, unknown, degraded, failing), by pool.",
+    ("pool", "verdict"), "remediation",
+    doc="Every verdict of every pool, 0 included: healthy is the count of working GPUs.")
+NODE_HEALTH_VERDICT = FamilySpec(
+    "gpufleet_node_health_verdict", "gauge",
+    "1 for each node whose health verdict is degraded or failing.",
+    ("node", "pool", "verdict"), "remediation",
+    doc="Absent for healthy and unknown nodes (their counts are gpufleet_health_nodes), so the "
+        "family stays small on a large fleet.")
+GPU_HEALTH_VERDICT = FamilySpec(
+    "gpufleet_gpu_health_verdict", "gauge",
+    "1 for each GPU whose health verdict is degraded or failing, with the signal behind it.",
+    ("node", "gpu", "pool", "verdict", "signal"), "remediation",
+    doc="`signal`: xid, ecc, remap_failure, gpu_lost, nvlink, pcie, thermal, remap_pending (the "
+        "first reason of the verdict). Absent for healthy and unknown GPUs.")
+HEALTH_FAULTS_TOTAL = FamilySpec(
+    "gpufleet_health_faults_total", "counter",
+    "GPUs that turned failing, by pool and cause (the signal: xid, ecc, remap_failure, gpu_lost).",
+    ("pool", "cause"), "remediation",
+    doc="Interruptions by cause, counted since the exporter started.")
+NODE_FAULTS = FamilySpec(
+    "gpufleet_node_faults", "gauge",
+    "Times the node turned failing within the replacement window (7 days by default).",
+    ("node", "pool"), "remediation",
+    doc="Nodes with a fault in the window only. At `replace_after_faults` (3) the advisor advises "
+        "a replacement: the repeat offenders.")
+REMEDIATION_EVENTS_TOTAL = FamilySpec(
+    "gpufleet_remediation_events_total", "counter",
+    "Remediation events advised, by action (drain, reset_gpu, resume, replace, page).",
+    ("action",), "remediation",
+    doc="Each event is queued for the advisor's receivers; page: a pool with more failing nodes "
+        "than the drain budget, drained not at all.")
+REMEDIATION_DRAINED_NODES = FamilySpec(
+    "gpufleet_remediation_drained_nodes", "gauge",
+    "Nodes gpufleet advised draining and has not yet resumed, by pool.", ("pool",), "remediation")
+REMEDIATION_BUDGET_BLOCKED_NODES = FamilySpec(
+    "gpufleet_remediation_budget_blocked_nodes", "gauge",
+    "Failing nodes not drained because the drain budget would be exceeded, by pool.",
+    ("pool",), "remediation",
+    doc="Above 0 the pool has paged (an XID storm, a driver bug, a power event?).")
+REMEDIATION_FAULT_TO_DRAIN_SECONDS_TOTAL = FamilySpec(
+    "gpufleet_remediation_fault_to_drain_seconds_total", "counter",
+    "Seconds from a node turning failing to gpufleet advising its drain, summed over the "
+    "drains, by pool.", ("pool",), "remediation", "seconds",
+    doc="Divided by the drains (gpufleet_remediation_events_total{action=\"drain\"}): the mean "
+        "time to drain; above 0 only when a budget held a drain back.")
+REMEDIATION_DRAIN_TO_RESUME_SECONDS_TOTAL = FamilySpec(
+    "gpufleet_remediation_drain_to_resume_seconds_total", "counter",
+    "Seconds nodes stayed drained by gpufleet before it advised their resume, summed over the "
+    "resumes, by pool.", ("pool",), "remediation", "seconds",
+    doc="Divided by the resumes: the mean time a drained node is out of service.")
+JOB_STRAGGLER_GPUS = FamilySpec(
+    "gpufleet_job_straggler_gpus", "gauge",
+    "GPUs of a multi-GPU job out of step with its peers (median and MAD) for the straggler "
+    "duration.", ("job", "namespace", "account"), "remediation",
+    doc="Jobs with a straggler only; which GPU, node and metric is in /v1/advice's health.")
+
 # The table, keyed by name, in definition order (the order above): every FamilySpec of this
 # module, so a family declared above cannot be left out of it.
 CATALOGUE: dict[str, FamilySpec] = {

@@ -26,6 +26,7 @@ from exporter.advisor.wire import what_if_json
 from exporter.analysis.live import LiveAnalyzer
 from exporter.collect import Collector
 from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ReceiverConfig
+from exporter.health.monitor import HealthMonitor
 from exporter.snapshot import to_json
 from exporter.sources.sim.options import SimSource
 from exporter.sources.sim.source import build as sim_source
@@ -75,7 +76,8 @@ async def advisor_client(aiohttp_client, tmp_path):
 
     service = AdvisorService(Advisor(settings, clock=lambda: START), analyzer,
                              Deliverer(Outbox(tmp_path / "o.sqlite"), ()), TOKEN.encode(),
-                             max_body_bytes=64 * 1024 * 1024, planner=stub_planner(calls))
+                             max_body_bytes=64 * 1024 * 1024, planner=stub_planner(calls),
+                             health=HealthMonitor())  # issue 31: /v1/advice's health, checked too
     state.family_providers.append(service.families)
     state.snapshot_listeners.append(service.on_snapshot)
     app = make_app(config, Collector([sim], 10, clock=lambda: START), state)

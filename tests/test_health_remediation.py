@@ -92,6 +92,32 @@ def test_a_storm_arriving_node_by_node_drains_at_most_the_budget_and_pages_once(
     assert sorted(fleet.remediator.state.drained) == ["a-0", "a-1"]
 
 
+def test_an_xid_reaching_every_node_of_a_pool_drains_at_most_the_budget_pages_once_and_keeps_a_healthy_node():
+    """Must show (Budgets): XIDs arriving on every node of a pool, one node a tick, as a
+    driver bug or a rack power event spreads. At every tick gpufleet has drained at most the
+    pool's budget (25 % of 8) and left a healthy node in service; it pages once, for the
+    storm, and never again while it lasts."""
+    fleet = Fleet({"a": 8, "b": 8})
+    fleet.tick(0)
+    budget = 2
+    events: list[Event] = []
+    for n in range(8):
+        at = 30.0 * (n + 1)
+        events += fleet.xid(at, f"a-{n}")
+        drained = [node for node in fleet.remediator.state.drained if node.startswith("a-")]
+        healthy = [g.node for g in fleet.gpus.values()
+                   if g.pool == "a" and g.health.xid_counts == () and g.node not in drained]
+        assert len(drained) <= budget, (at, drained)
+        assert healthy or not [e for e in events if isinstance(e, Drain) and e.at == T0 + at], at
+    events += [e for at in range(270, 1800, 30) for e in fleet.tick(at)]
+    assert drains(events) == ["a-0", "a-1"]
+    [page] = pages(events)
+    assert (page.pool, page.nodes) == ("a", ("a-2",))  # the first node over the budget
+    assert sorted(fleet.remediator.state.drained) == ["a-0", "a-1"]
+    # pool b is untouched, and a's storm did not spend b's budget
+    assert drains(fleet.xid(1800, "b-0")) == ["b-0"]
+
+
 def test_never_drains_a_pool_out_of_healthy_nodes():
     # two nodes, a budget of both: draining the failing one leaves the healthy one in service
     fleet = Fleet({"a": 2}, RemediationSettings(max_drained_pool_ratio=1.0))

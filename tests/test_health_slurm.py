@@ -4,8 +4,9 @@ scontrol command and changes nothing; ``--mode act`` drains the node (``scontrol
 shows DRAIN with gpufleet's reason); after the fault clears, the clean window and the
 minimum drain time pass, the resume decision is acted on and the node is idle again.
 
-The snapshots are built here, not read through a fake pynvml or the advisor's outbox: those
-are wired in later (docs/health.md says what this proves and what not).
+The snapshots are built here, not read through a fake pynvml. The third test takes the
+events from where the advisor puts them: its service observes the snapshots and queues each
+event in the outbox, and the bodies the receiver would get are what ``gpufleet act`` runs.
 """
 
 from __future__ import annotations
@@ -91,6 +92,48 @@ def test_xid_drains_the_node_in_slurm_and_the_clean_window_resumes_it(slurm, tmp
     while slurm.run("sinfo", "-h", "-n", "gpu-003", "-o", "%t").strip() != "idle":
         assert time.monotonic() < deadline, show(slurm, "gpu-003")
         time.sleep(0.5)
+
+
+def test_the_advisors_outbox_bodies_drain_and_resume_the_node(slurm, tmp_path):
+    from exporter.advisor.webhook import Receiver
+    from tests.test_health_service import service
+
+    advisor = service(tmp_path / "outbox.sqlite", (Receiver("slurm", "http://127.0.0.1:9/", b"s"),))
+    outbox = advisor.deliverer.outbox
+
+    def bodies(path: Path) -> Path:
+        """What the receiver would get, one body a line: the outbox's pending rows, then done."""
+        pending = outbox.pending()
+        path.write_bytes(b"".join(d.body + b"\n" for d in pending))
+        for d in pending:
+            outbox.delivered(d.delivery_id, T0)
+        return path
+
+    def run(mode: str, path: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "exporter", "act", "--slurm", "--mode", mode,
+                               "--events", str(path), "--audit-log", str(tmp_path / "audit.jsonl")],
+                              env={**slurm.env, "PYTHONPATH": str(REPO)}, capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    def gpu_002(at: float, broken: bool = False):
+        gpus = [xid_gpu(n, i, T0 + 30, pool="gpu-h200") if broken and (n, i) == ("gpu-002", 3)
+                else gpu(n, i, "gpu-h200") for n in H200_NODES for i in range(8)]
+        return snap(T0 + at, *gpus)
+
+    advisor.observe_health(gpu_002(0))
+    advisor.observe_health(gpu_002(30, broken=True))
+    drained = run("act", bodies(tmp_path / "drain.jsonl"))
+    assert drained.returncode == 0, drained.stderr
+    shown = show(slurm, "gpu-002")
+    assert "+DRAIN " in shown and "Reason=gpufleet: XID 79 on GPU 3 [root@" in shown
+    for at in range(60, 4000, 60):
+        advisor.observe_health(gpu_002(at, broken=True))  # the same XID count: cleared
+    path = bodies(tmp_path / "resume.jsonl")
+    assert [json.loads(line)["type"] for line in path.read_text().splitlines()] == ["resume"]
+    resumed = run("act", path)
+    assert (resumed.returncode, resumed.stderr) == (0, "")
+    assert "DRAIN" not in show(slurm, "gpu-002").split(" State=", 1)[1].split(" ", 1)[0]
+    outbox.close()
 
 
 def test_a_node_an_operator_drained_is_left_as_it_is(slurm, tmp_path):

@@ -150,3 +150,30 @@ def test_a_gpu_whose_health_is_not_read_is_unknown_not_healthy():
     tracker = HealthTracker(SETTINGS)
     node = tracker.observe(snap(T0, unread)).nodes[0]
     assert (node.verdict, [r.text for r in node.reasons]) == (Verdict.UNKNOWN, ["GPU 0 health not read"])
+
+
+def test_an_unchanged_healthy_gpu_is_not_read_again_and_any_change_is(monkeypatch):
+    """The tracker's fast path (108,800 GPUs a snapshot): a healthy GPU whose signal fields
+    did not change keeps its verdict without its signals being read; a counter that rises,
+    a slowdown or a lost GPU goes through them."""
+    from exporter.health import verdict
+
+    calls: list[float] = []
+    real = verdict._signals
+    monkeypatch.setattr(verdict, "_signals", lambda g, state, now, *rest: calls.append(now)
+                        or real(g, state, now, *rest))
+    tracker = HealthTracker(SETTINGS)
+    quiet = gpu("n1", 0, ecc_double_bit_volatile=0, ecc_single_bit_volatile=1)
+    for at in (0, 30, 60, 1000):
+        tracker.observe(snap(T0 + at, replace(quiet, health=replace(
+            quiet.health, ecc_single_bit_volatile=int(at)))))  # a corrected error is no signal
+    assert calls == [T0]
+    node = tracker.observe(snap(T0 + 1030, quiet)).node("n1")
+    assert node is not None and node.settled and node.verdict == Verdict.HEALTHY
+    failing = tracker.observe(snap(T0 + 1060, gpu("n1", 0, ecc_double_bit_volatile=1))).node("n1")
+    assert failing is not None and failing.verdict == Verdict.FAILING
+    assert calls == [T0, T0 + 1060]
+    hot = gpu("n1", 1, clock_event_reasons=0x40)
+    tracker.observe(snap(T0 + 1090, hot))
+    tracker.observe(snap(T0 + 1120, hot))
+    assert calls[-2:] == [T0 + 1090, T0 + 1120]  # a slowdown is read every time (its `for`)

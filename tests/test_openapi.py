@@ -27,10 +27,12 @@ def test_the_document_is_valid_openapi_31():
     # the OpenAPI Initiative's 3.1 schema, as schemathesis ships it; it leaves the inner
     # schemas to their dialect, so each is checked as JSON Schema 2020-12 too
     assert sorted(e.message for e in Draft202012Validator(OPENAPI_31).iter_errors(DOC)) == []
-    schemas = [*DOC["components"]["schemas"].values(), *_inline_schemas(DOC["paths"])]
+    schemas = [*DOC["components"]["schemas"].values(), *_inline_schemas(DOC["paths"]),
+               *_inline_schemas(DOC["webhooks"])]
     for schema in schemas:
         Draft202012Validator.check_schema(schema)  # raises SchemaError naming the keyword
-    assert len(schemas) == 11 + 47  # the components, then every schema written in place
+    # the components, then every schema written in place (paths, then the two webhooks)
+    assert len(schemas) == 13 + 47 + 2 * 5
     assert DOC["openapi"] == "3.1.0"
 
 

@@ -1,4 +1,4 @@
-"""A minimal scheduler-side receiver for gpufleet advisor plans.
+"""A minimal scheduler-side receiver for gpufleet advisor plans and remediation events.
 
 Run: ``GPUFLEET_WEBHOOK_SECRET=... python receiver.py --port 8080`` and point
 ``advisor.receivers[].url`` at ``http://HOST:8080/gpufleet/plan``.
@@ -50,6 +50,12 @@ async def receive_plan(request: web.Request) -> web.Response:
     except json.JSONDecodeError:
         return web.json_response({"error": "body is not JSON"}, status=400)
     seen[plan_id] = plan
+    if request.headers.get("X-Gpufleet-Event") == "remediation":
+        # issue 31: drain, reset_gpu, resume, replace or page. Appended one a line to a file,
+        # the bodies are what `gpufleet act --slurm|--kubernetes --events FILE` carries out
+        print(f"{plan_id}: {plan.get('type')} {plan.get('node') or plan.get('pool')}: "
+              f"{plan.get('reason', '')}", flush=True)
+        return web.json_response({"status": "accepted", "event_id": plan_id})
     for move in plan.get("migrations", []):
         print(f"{plan_id}: {move['action']} {move['job']} {move['from']} -> {move['to']}", flush=True)
     return web.json_response({"status": "accepted", "plan_id": plan_id})

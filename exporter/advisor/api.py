@@ -1,6 +1,7 @@
 """The advisor's HTTP API on the exporter's aiohttp server.
 
-- ``GET /v1/advice``: the current decision and plan.
+- ``GET /v1/advice``: the current decision and plan, and the fleet's health (verdicts,
+  remediation, stragglers: issue 31).
 - ``POST /v1/plan``: what-if for the snapshot in the body; no side effects.
 - ``POST /v1/alerts``: Alertmanager's webhook (payload version 4). Deduplicated
   on (groupKey, status); ``firing`` triggers an evaluation, ``resolved`` is a no-op.
@@ -74,6 +75,8 @@ class AdvisorApi:
     _tasks: set[asyncio.Task[Advice | None]] = field(default_factory=set)
     # told the firing alerts before their evaluation: a fragmentation alert has served dwell
     on_alerts: Callable[[list[dict[str, Any]]], Any] | None = None
+    # issue 31: GET /v1/advice's "health" (exporter.health.monitor); None: not served
+    health: Callable[[], dict[str, Any] | None] | None = None
 
     # Issue 32, finding 11: one evaluation covers every scope, so at most one waits; the
     # notifications that arrive meanwhile merge into it (their alert names, their groups).
@@ -219,10 +222,15 @@ def _guarded(handler: Callable[[web.Request], Awaitable[web.Response]]):
 
 
 async def get_advice(request: web.Request) -> web.Response:
-    advice = request.app[ADVISOR_API].current()
+    api = request.app[ADVISOR_API]
+    advice = api.current()
     if advice is None:
         return _json({"decision": "none", "reasons": ["no snapshot evaluated yet"]})
-    return _json(advice_json(advice))
+    data = advice_json(advice)
+    health = api.health() if api.health is not None else None
+    if health is not None:
+        data["health"] = health
+    return _json(data)
 
 
 def _plan(what_if: Callable[[FleetSnapshot], WhatIf], body: bytes) -> tuple[int, bytes]:

@@ -192,6 +192,7 @@ ADVICE_SCHEMA: dict[str, Any] = {
                            "forecast_peak_gpus": {"type": ["number", "null"], "minimum": 0,
                                                   "description": "predictive mode: the demand the "
                                                   "rule read (null before a day of history)"}}}},
+        "health": {**_ref("Health"), "description": "issue 31: verdicts, remediation, stragglers"},
         "nvlink_mixed": {"type": "array", "description": "multi-node jobs over NVLink generations",
                          "items": {
             "type": "object", "required": ["job", "namespace", "nodes", "nvlink_generations", "reason"],
@@ -199,6 +200,83 @@ ADVICE_SCHEMA: dict[str, Any] = {
                            "nodes": {"type": "array", "items": {"type": "string"}},
                            "nvlink_generations": {"type": "array", "items": {"type": "integer"}},
                            "reason": {"type": "string"}}}},
+    },
+}
+
+_VERDICT_COUNTS = {"type": "object", "required": ["healthy", "unknown", "degraded", "failing"],
+                   "properties": {v: {"type": "integer", "minimum": 0}
+                                  for v in ("healthy", "unknown", "degraded", "failing")}}
+
+# Issue 31: a remediation event, as /v1/advice lists it and as the webhook POSTs it (the body
+# adds "event" and "schema_version"). Written by exporter/health/monitor.py's event_body.
+REMEDIATION_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object", "title": "RemediationEvent",
+    "description": "drain: take the node out of scheduling (reason given); reset_gpu: reset the GPU "
+                   "once idle; resume: put a node gpufleet drained back; replace: a node with "
+                   "`faults` faults in `window_seconds`; page: more failing nodes in `pool` than "
+                   "the drain budget, none drained (docs/health.md). `gpufleet act` carries out "
+                   "drain and resume on Slurm or Kubernetes.",
+    "required": ["type", "id", "pool", "at"],
+    "properties": {
+        "type": {"enum": ["drain", "reset_gpu", "resume", "replace", "page"]},
+        "id": {"type": "string", "pattern": "^[a-z_]+:[^:]+:[0-9]+$",
+               "description": "<type>:<node or pool>[/<gpu>]:<unix ms>, stable across restarts; "
+                              "the Idempotency-Key of its delivery"},
+        "event": {"const": "remediation", "description": "set on the webhook body"},
+        "schema_version": {"const": 1, "description": "set on the webhook body"},
+        "node": {"type": "string"}, "pool": {"type": "string"},
+        "gpu": {"type": "integer", "minimum": 0, "description": "reset_gpu"},
+        "reason": {"type": "string", "description": "drain, reset_gpu, page"},
+        "drained_at": {"type": "number", "description": "resume"},
+        "faults": {"type": "integer", "minimum": 1, "description": "replace"},
+        "window_seconds": {"type": "number", "description": "replace"},
+        "nodes": {"type": "array", "items": {"type": "string"}, "description": "page"},
+        "at": {"type": "number", "description": "unix time it was decided"},
+    },
+}
+
+HEALTH_SCHEMA: dict[str, Any] = {
+    "type": "object", "title": "Health",
+    "description": "GPU and node health verdicts, remediation and stragglers (docs/health.md); "
+                   "lists hold at most 100 entries, worst first",
+    "required": ["evaluated_at", "nodes", "gpus", "unhealthy_nodes", "drained", "remediation",
+                 "recent_remediation", "storms", "stragglers"],
+    "properties": {
+        "evaluated_at": {"type": "number"},
+        "nodes": _VERDICT_COUNTS, "gpus": _VERDICT_COUNTS,
+        "unhealthy_nodes": {"type": "array", "items": {
+            "type": "object", "required": ["node", "pool", "verdict", "since", "reasons"],
+            "properties": {
+                "node": {"type": "string"}, "pool": {"type": "string"},
+                "verdict": {"enum": ["unknown", "degraded", "failing"]},
+                "since": {"type": "number"},
+                "reasons": {"type": "array", "items": {
+                    "type": "object", "required": ["signal", "level", "text", "gpu", "since"],
+                    "properties": {"signal": {"type": "string"},
+                                   "level": {"enum": ["healthy", "unknown", "degraded", "failing"]},
+                                   "text": {"type": "string"},
+                                   "gpu": {"type": ["integer", "null"]},
+                                   "since": {"type": "number"}}}}}}},
+        "drained": {"type": "array", "description": "nodes gpufleet advised draining, not yet resumed",
+                    "items": {"type": "object", "required": ["node", "pool", "reason", "at"],
+                              "properties": {"node": {"type": "string"}, "pool": {"type": "string"},
+                                             "reason": {"type": "string"}, "at": {"type": "number"}}}},
+        "remediation": {"type": "array", "description": "the events of the last snapshot",
+                        "items": _ref("RemediationEvent")},
+        "recent_remediation": {"type": "array", "description": "the last 100 events, newest first",
+                               "items": _ref("RemediationEvent")},
+        "storms": {"type": "array", "description": "pools paged: failing nodes over the budget",
+                   "items": {"type": "object", "required": ["pool", "paged_at"],
+                             "properties": {"pool": {"type": "string"}, "paged_at": {"type": "number"}}}},
+        "stragglers": {"type": "array", "items": {
+            "type": "object",
+            "required": ["job", "user", "account", "node", "gpu", "metric", "value", "median", "since"],
+            "properties": {"job": {"type": "string"}, "user": {"type": "string"},
+                           "account": {"type": "string"}, "node": {"type": "string"},
+                           "gpu": {"type": "integer", "minimum": 0},
+                           "metric": {"enum": ["sm_active", "utilization", "power", "sm_clock"]},
+                           "value": {"type": "number"}, "median": {"type": "number"},
+                           "since": {"type": "number"}}}},
     },
 }
 
@@ -281,6 +359,8 @@ def document(advisor: bool = True) -> dict[str, Any]:
                                        "quantile_over_time(0.95) over the analyzer's window",
                         "properties": {k: {"type": "number"} for k in ("mean", "stddev", "p95")}},
         "AlertsReply": ALERTS_REPLY_SCHEMA,
+        "Health": HEALTH_SCHEMA,
+        "RemediationEvent": REMEDIATION_EVENT_SCHEMA,
         "Error": ERROR_SCHEMA,
         "Plan": plan,
         **{_PLAN_DEFS[name]: _rebased(schema) for name, schema in PLAN_SCHEMA["$defs"].items()},
@@ -352,6 +432,7 @@ def document(advisor: bool = True) -> dict[str, Any]:
                  "description": "The exporter's /v1 API: snapshot, advice, what-if and Alertmanager's "
                                 "webhook. See docs/advisor.md."},
         "paths": paths,
+        **({"webhooks": _webhooks()} if advisor else {}),
         "components": {
             "schemas": schemas,
             "securitySchemes": {"bearer": {
@@ -359,6 +440,34 @@ def document(advisor: bool = True) -> dict[str, Any]:
                 "description": "GPUFLEET_ADVISOR_TOKEN or advisor.token_file; every POST needs it"}},
         },
     })
+
+
+def _webhooks() -> dict[str, Any]:
+    """What the advisor POSTs to each receiver: signed, retried from the outbox (docs/advisor.md)."""
+    headers = {
+        "X-Gpufleet-Signature": {"required": True,
+                                 "schema": {"type": "string", "pattern": "^sha256=[0-9a-f]{64}$"},
+                                 "description": "HMAC-SHA256 of the body with the receiver's secret"},
+        "X-Gpufleet-Delivery": {"required": True, "schema": {"type": "string"}},
+        "Idempotency-Key": {"required": True, "schema": {"type": "string"},
+                            "description": "the plan id (plan-...[.n]) or the event id"},
+    }
+
+    def hook(event: str, schema: str, summary: str) -> dict[str, Any]:
+        params = [{"name": name, "in": "header", **spec} for name, spec in headers.items()]
+        params.append({"name": "X-Gpufleet-Event", "in": "header", "required": True,
+                       "schema": {"const": event}})
+        return {"post": {
+            "operationId": f"{event}Webhook", "summary": summary, "parameters": params,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(schema)}}},
+            "responses": {"2XX": {"description": "taken: the delivery is done"},
+                          "429": {"description": "retried, after Retry-After"},
+                          "4XX": {"description": "refused: not retried"},
+                          "5XX": {"description": "retried with backoff"}}}}
+
+    return {"plan": hook("plan", "Plan", "A compaction plan"),
+            "remediation": hook("remediation", "RemediationEvent",
+                                "A remediation event: drain, reset_gpu, resume, replace, page")}
 
 
 def main(argv: list[str] | None = None) -> int:

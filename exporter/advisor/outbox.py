@@ -20,8 +20,10 @@ update, select, prune) before the error propagates: a full disk shows on
 
 The advisor's own state (its cooldown, its last plan, its dwell clocks: issue 32,
 finding 6) is kept in the same file, table ``advisor_state``, so a restart inside the
-cooldown proposes no new plan. A file that fails ``PRAGMA integrity_check`` is refused
-when opened (``gpufleet serve`` exits 2 with one line), not served with holes.
+cooldown proposes no new plan; the remediator's (issue 31: what gpufleet drained, each node's
+faults) under the key ``remediation``, so a restart neither drains twice nor forgets a resume.
+A file that fails ``PRAGMA integrity_check`` is refused when opened (``gpufleet serve``
+exits 2 with one line), not served with holes.
 
 The methods are synchronous and quick (one small transaction each); the async
 delivery loop calls them through ``asyncio.to_thread``.
@@ -42,6 +44,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 OPERATIONS = ("insert", "update", "select", "prune")  # the kinds :attr:`Outbox.errors` counts
+STATE_KEYS = ("advisor", "remediation")  # the rows of advisor_state
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -66,6 +69,7 @@ CREATE TABLE IF NOT EXISTS advisor_state (
     value TEXT NOT NULL
 );
 INSERT OR IGNORE INTO advisor_state (key, value) VALUES ('advisor', 'null');
+INSERT OR IGNORE INTO advisor_state (key, value) VALUES ('remediation', 'null');
 """
 # the row is there from the start: a state write is one UPDATE of a row of the same size,
 # never an INSERT that grows the file
@@ -238,15 +242,18 @@ class Outbox:
             "DELETE FROM deliveries WHERE status != 'pending' AND finished_at < ?", (before,)))
         return cursor.rowcount
 
-    def save_state(self, value: str) -> None:
-        """Keep the advisor's state (JSON text, ``Advisor.durable_state``)."""
+    def save_state(self, value: str, key: str = "advisor") -> None:
+        """Keep a state (JSON text): ``advisor`` (``Advisor.durable_state``) or ``remediation``
+        (what gpufleet drained, its fault history: ``HealthMonitor.state_json``)."""
+        if key not in STATE_KEYS:
+            raise ValueError(f"outbox state: unknown key {key!r}")
         self._run("update", lambda db: db.execute(
-            "UPDATE advisor_state SET value = ? WHERE key = 'advisor'", (value,)))
+            "UPDATE advisor_state SET value = ? WHERE key = ?", (value, key)))
 
-    def load_state(self) -> str:
-        """The advisor's state as last saved; ``null`` (JSON) when none was."""
+    def load_state(self, key: str = "advisor") -> str:
+        """The state under ``key`` as last saved; ``null`` (JSON) when none was."""
         row = self._run("select", lambda db: db.execute(
-            "SELECT value FROM advisor_state WHERE key = 'advisor'").fetchone())
+            "SELECT value FROM advisor_state WHERE key = ?", (key,)).fetchone())
         return "null" if row is None else str(row[0])
 
     def pending_count(self) -> int:

@@ -35,6 +35,8 @@ from exporter.analysis.index import Report, evaluate
 from exporter.analysis.live import LiveAnalyzer
 from exporter.analysis.state import from_snapshot
 from exporter.config import AdvisorConfig, ConfigError
+from exporter.health.monitor import HealthMonitor, event_body, restore_state
+from exporter.health.remediation import event_id
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
 
@@ -139,6 +141,9 @@ class AdvisorService:
     _unwritten: bool = False  # a proposed plan waits in memory for the outbox: no cooldown yet
     _saved_state: str | None = None  # the advisor's state as last written to the outbox
     _pending_seen: float = 0.0  # the outbox's pending count as last read, served if a read fails
+    # issue 31: verdicts, remediation and stragglers on every snapshot; None: off
+    health: HealthMonitor | None = None
+    _saved_health: str | None = None  # the remediator's state as last written to the outbox
 
     async def on_snapshot(self, snapshot: FleetSnapshot) -> None:
         """A ``ServingState.snapshot_listeners`` entry, run before the snapshot is rendered.
@@ -147,7 +152,31 @@ class AdvisorService:
         """
         report = await asyncio.to_thread(self.analyzer.analyze, snapshot)
         self.snapshot, self.report = snapshot, report
+        if self.health is not None:
+            async with self._lock:
+                if not self._closed:
+                    await complete(asyncio.to_thread(self.observe_health, snapshot))
         await self.evaluate("snapshot")
+
+    def observe_health(self, snapshot: FleetSnapshot) -> None:
+        """Verdicts and remediation for ``snapshot`` (issue 31); each event is queued in the
+        outbox for every receiver, then the remediator's state is written beside it."""
+        if self.health is None:
+            return
+        view = self.health.observe(snapshot)
+        for event in view.events:
+            self.deliverer.enqueue_event(event_id(event), event_body(event))
+            log.warning("remediation advised", extra={"event": event_id(event)})
+        state = self.health.state_json()
+        if state == self._saved_health:
+            return
+        try:
+            self.deliverer.outbox.save_state(state, "remediation")
+        except sqlite3.Error as exc:
+            log.warning("cannot write the remediation state to the outbox; a restart now would "
+                        "forget what gpufleet drained", extra={"err": str(exc)})
+            return
+        self._saved_health = state
 
     async def evaluate(self, reason: str) -> Advice | None:
         if self.snapshot is None or self.report is None:
@@ -186,8 +215,21 @@ class AdvisorService:
         except (sqlite3.Error, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("cannot read the advisor's state from the outbox; starting afresh",
                         extra={"err": f"{type(exc).__name__}: {exc}"})
+        else:
+            self._saved_state = text
+        if self.health is None:
             return
-        self._saved_state = text
+        try:
+            health_text = self.deliverer.outbox.load_state("remediation")
+            remediation = restore_state(health_text)
+        except (sqlite3.Error, ValueError) as exc:
+            log.warning("cannot read the remediation state from the outbox; starting afresh "
+                        "(nodes gpufleet drained before are not resumed by it)",
+                        extra={"err": f"{type(exc).__name__}: {exc}"})
+            return
+        if remediation is not None:
+            self.health.remediator.state = remediation
+            self._saved_health = health_text
 
     async def _evaluate(self, reason: str, snapshot: FleetSnapshot, report: Report) -> Advice | None:
         # complete(): a cancelled evaluation holds the lock until its thread is done, so
@@ -235,7 +277,8 @@ class AdvisorService:
                                    current=self.advisor.current, token=self.token,
                                    max_body_bytes=self.max_body_bytes,
                                    what_if_timeout=self.what_if_timeout,
-                                   on_alerts=self.advisor.alert_firing)
+                                   on_alerts=self.advisor.alert_firing,
+                                   health=self.health.advice_json if self.health else None)
         return self._api
 
     def families(self, snapshot: FleetSnapshot) -> list[Family]:
@@ -265,6 +308,7 @@ class AdvisorService:
             metrics.ADVISOR_OUTBOX_ERRORS_TOTAL.family(
                 [((("operation", op),), float(n)) for op, n in sorted(self.deliverer.outbox.errors.items())]),
             *self.job_families(snapshot),
+            *(self.health.families() if self.health is not None else ()),
         ]
 
     def _pending(self) -> float:
@@ -361,7 +405,8 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFu
     if planner is None:
         planner = planner_for(config)
     service = AdvisorService(Advisor(decision_settings(config)), analyzer, deliverer, token,
-                             config.max_body_bytes, what_if_timeout, planner=planner)
+                             config.max_body_bytes, what_if_timeout, planner=planner,
+                             health=HealthMonitor())
     service.restore_state()
     return service
 

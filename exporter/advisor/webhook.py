@@ -2,7 +2,10 @@
 
 Each POST carries ``X-Gpufleet-Signature: sha256=<HMAC-SHA256 of the body>``,
 ``X-Gpufleet-Delivery: <delivery id>`` and ``Idempotency-Key: <plan id>`` (``<plan id>.<n>``
-for the n-th proposal of the same plan, n >= 2: see :class:`~exporter.advisor.outbox.Delivery`).
+for the n-th proposal of the same plan, n >= 2: see :class:`~exporter.advisor.outbox.Delivery`)
+and ``X-Gpufleet-Event: plan``, or ``remediation`` for a remediation event (issue 31: drain,
+reset_gpu, resume, replace, page; its id, e.g. ``drain:gpu-003:1764547230000``, is the
+Idempotency-Key and the outbox's key, so an event is delivered once).
 Timeouts, connection errors, 5xx and 429 are retried with exponential backoff
 and jitter (``Retry-After`` is honoured); any other 4xx is final, because the
 receiver told us the request itself is wrong and repeating it will not help.
@@ -67,6 +70,8 @@ log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Gpufleet-Signature"
 DELIVERY_HEADER = "X-Gpufleet-Delivery"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+EVENT_HEADER = "X-Gpufleet-Event"  # plan, or remediation (issue 31): what the body is
+PLAN, EVENT = "plan", "remediation"
 MAX_RETRY_AFTER = 3600.0  # a receiver asking for more than an hour is treated as asking for an hour
 DEFAULT_RETENTION = 7 * 86400.0  # finished outbox rows kept a week: long after any plan's expiry
 PRUNE_EVERY = 3600.0  # one DELETE an hour keeps the file small; retention is days
@@ -123,10 +128,13 @@ class Deliverer:
     results: Counter = field(default_factory=Counter)  # (receiver, result) -> count
     retention: float = DEFAULT_RETENTION  # finished rows are pruned this long after they finished
     unwritten_per_receiver: int = 1
+    unwritten_events_per_receiver: int = 1000  # remediation events: each is owed, none supersedes
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None  # run()'s, for wake() from worker threads
-    # plans the outbox could not take yet: receiver -> (plan id, body, expires at), oldest first
-    _unwritten: dict[str, deque[tuple[str, bytes, float | None]]] = field(default_factory=dict)
+    # what the outbox could not take yet: (receiver, plan | event) -> (id, body, expires at),
+    # oldest first
+    _unwritten: dict[tuple[str, str], deque[tuple[str, bytes, float | None]]] = \
+        field(default_factory=dict)
     _unwritten_lock: threading.Lock = field(default_factory=threading.Lock)
     _write_failures: int = 0
     _next_write_at: float = 0.0  # monotonic, as every _next_* and _due
@@ -144,17 +152,28 @@ class Deliverer:
         place a plan becomes the bytes the outbox keeps and the signature covers)."""
         return self.enqueue(plan.plan_id, plan_body(plan), plan.expires_at)
 
-    def enqueue(self, plan_id: str, body: bytes, expires_at: float | None) -> int:
-        """Queue the plan for every receiver; returns how many new deliveries were queued.
+    def enqueue_event(self, event_id: str, body: bytes) -> int:
+        """Queue a remediation event (issue 31) for every receiver. Its id is its outbox key:
+        the same event is queued once, and never expires (a drain is owed until delivered).
+        One the outbox cannot take is kept in memory beside the plan, up to
+        ``unwritten_events_per_receiver``, oldest dropped first (each dropped one logged)."""
+        return self.enqueue(event_id, body, None, kind=EVENT)
+
+    def enqueue(self, plan_id: str, body: bytes, expires_at: float | None, kind: str = PLAN) -> int:
+        """Queue the plan (or event) for every receiver; returns how many new deliveries were queued.
 
         Plans kept from a failed write go first. What the outbox cannot take now is
         kept (see the module's docstring); :meth:`unwritten_plans` says whether it was.
         """
+        limit = self.unwritten_per_receiver if kind == PLAN else self.unwritten_events_per_receiver
         with self._unwritten_lock:
             for r in self.receivers:
-                kept = self._unwritten.setdefault(r.name, deque(maxlen=self.unwritten_per_receiver))
+                kept = self._unwritten.setdefault((r.name, kind), deque(maxlen=limit))
                 for older in [k for k in kept if k[0] == plan_id]:  # the same plan: the newest copy
                     kept.remove(older)
+                if kind == EVENT and len(kept) == limit:
+                    log.error("remediation event dropped: the outbox cannot take events and "
+                              "the memory queue is full", extra={"receiver": r.name, "event": kept[0][0]})
                 kept.append((plan_id, body, expires_at))
             return self._write_unwritten()
 
@@ -166,12 +185,17 @@ class Deliverer:
     def unwritten_plans(self) -> int:
         """How many plans (over all receivers) wait in memory for the outbox to take them."""
         with self._unwritten_lock:
+            return sum(len(kept) for (_, kind), kept in self._unwritten.items() if kind == PLAN)
+
+    def unwritten(self) -> int:
+        """Plans and remediation events waiting in memory for the outbox."""
+        with self._unwritten_lock:
             return sum(len(kept) for kept in self._unwritten.values())
 
     def _write_unwritten(self) -> int:
         queued = 0
         now = self.clock()
-        for receiver, kept in self._unwritten.items():
+        for (receiver, _), kept in self._unwritten.items():
             while kept:
                 plan_id, body, expires_at = kept[0]
                 try:
@@ -216,7 +240,7 @@ class Deliverer:
             while True:
                 self._wake.clear()
                 try:
-                    if self.unwritten_plans() and self.monotonic() >= self._next_write_at:
+                    if self.unwritten() and self.monotonic() >= self._next_write_at:
                         await self._outbox(self.flush)
                     await self.write_outcomes()
                     await self._prune()
@@ -225,7 +249,7 @@ class Deliverer:
                 except Exception:  # a broken outbox row must not end deliveries for good
                     log.exception("delivery round failed")
                     next_at = self.monotonic() + self.base_delay
-                if self.unwritten_plans():
+                if self.unwritten():
                     next_at = min(self._next_write_at, next_at or self._next_write_at)
                 if self._outcomes:
                     next_at = min(self._next_outcome_at, next_at or self._next_outcome_at)
@@ -334,6 +358,7 @@ class Deliverer:
             SIGNATURE_HEADER: sign(delivery.body, receiver.secret),
             DELIVERY_HEADER: delivery.delivery_id,
             IDEMPOTENCY_HEADER: delivery.idempotency_key,
+            EVENT_HEADER: PLAN if delivery.plan_id.startswith("plan-") else EVENT,
         }
         retry_after: float | None = None
         try:

@@ -234,23 +234,29 @@ class Remediator:
 
     def _resets(self, health: FleetHealth, snapshot: FleetSnapshot | None,
                 now: float) -> list[Event]:
-        held = snapshot.gpu_allocations() if snapshot is not None else {}
+        held: dict | None = None  # read only when a GPU is a candidate: it walks every allocation
         out: list[Event] = []
         failing: set[str] = set()
         for node in health.nodes:
+            if node.verdict not in (Verdict.FAILING, Verdict.DEGRADED):
+                continue  # its worst GPU is neither failing nor waiting on a repair
             for gpu in node.gpus:
                 key = f"{gpu.node}/{gpu.gpu}"
                 pending = any(r.signal == "remap_pending" for r in gpu.reasons)
                 if gpu.verdict != Verdict.FAILING and not pending:
                     continue
                 failing.add(key)
-                if key in self.state.resets or (gpu.node, gpu.gpu) in held or \
-                        not _resettable(gpu.reasons, self.settings):
+                if key in self.state.resets or not _resettable(gpu.reasons, self.settings):
+                    continue
+                if held is None:
+                    held = snapshot.gpu_allocations() if snapshot is not None else {}
+                if (gpu.node, gpu.gpu) in held:
                     continue
                 self.state.resets.append(key)
                 out.append(ResetGpu(gpu.node, node.pool, gpu.gpu, _reason(gpu.reasons), now))
-        seen = {f"{g.node}/{g.gpu}" for n in health.nodes for g in n.gpus}
-        self.state.resets = sorted(k for k in self.state.resets if k in failing or k not in seen)
+        if self.state.resets:
+            seen = {f"{g.node}/{g.gpu}" for n in health.nodes for g in n.gpus}
+            self.state.resets = sorted(k for k in self.state.resets if k in failing or k not in seen)
         return out
 
     def _drains(self, health: FleetHealth, now: float) -> list[Event]:

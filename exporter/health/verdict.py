@@ -38,6 +38,7 @@ reading is unknown.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -188,6 +189,8 @@ class _GpuState:
     previous_at: float | None = None
     seen: bool = False
     first_seen: float = 0.0
+    quiet: tuple | None = None  # the signal fields of the last fresh reading (see _quiet_key)
+    cached: GpuVerdict | None = None  # the last verdict made, reused while nothing changes
 
 
 def _increase(now: int | None, before: int | None) -> int:
@@ -200,6 +203,23 @@ def _increase(now: int | None, before: int | None) -> int:
 def _sum(*values: int | None) -> int | None:
     known = [v for v in values if v is not None]
     return sum(known) if known else None
+
+
+def _quiet_key(health: GpuHealth, slowdown_mask: int) -> tuple | None:
+    """Every field a signal reads, or None when a level signal is raised by the reading itself
+    (a slowdown reason, a pending or failed remap). Two equal keys in a row raise nothing: no
+    counter rose (no ECC error, no link error rate, no new XID) and no level is set. The
+    tracker skips :func:`_signals` for a healthy GPU whose key did not change: at 108,800
+    GPUs that is most of them, every snapshot."""
+    reasons = health.clock_event_reasons
+    if (reasons is not None and reasons & slowdown_mask) or health.remapped_rows_failure \
+            or health.remapped_rows_pending or health.retired_pages_pending:
+        return None
+    return (health.xid_counts, health.last_xid, health.last_xid_time,
+            health.ecc_double_bit_volatile, health.ecc_double_bit_aggregate,
+            health.remapped_rows_uncorrectable, health.nvlink_replay_errors,
+            health.nvlink_recovery_errors, health.nvlink_crc_flit_errors,
+            health.nvlink_crc_data_errors, health.pcie_replay_errors)
 
 
 def _new_xids(health: GpuHealth, before: GpuHealth | None, now: float,
@@ -318,20 +338,36 @@ class HealthTracker:
         transitions: list[Transition] = []
         by_node: dict[str, list[GpuVerdict]] = {}
         pools = {n.name: n.pool for n in snapshot.nodes}
+        window = self.settings.clean_window_seconds
         for gpu in snapshot.gpus:
-            state = self._gpus.setdefault(gpu.key, _GpuState())
+            state = self._gpus.get(gpu.key)
+            if state is None:
+                state = self._gpus[gpu.key] = _GpuState()
+            pool = pools.get(gpu.node, gpu.pool)
+            fresh = gpu.up and not gpu.stale and gpu.health is not None
+            quiet = _quiet_key(gpu.health, self._slowdown_mask) if fresh and gpu.health else None
+            cached = state.cached
+            if quiet is not None and quiet == state.quiet and state.verdict == Verdict.HEALTHY \
+                    and not state.raised and cached is not None and cached.pool == pool:
+                # nothing changed on a healthy GPU: its verdict stands (see _quiet_key)
+                state.previous, state.previous_at = gpu.health, now
+                if not cached.settled and now - state.first_seen >= window:
+                    cached = state.cached = dataclasses.replace(cached, settled=True)
+                by_node.setdefault(gpu.node, []).append(cached)
+                continue
             before = state.verdict if state.seen else None
             signals = _signals(gpu, state, now, self.settings, self._critical, self._slowdown_mask)
             _step(state, signals, gpu, now, self.settings)
-            if gpu.up and not gpu.stale and gpu.health is not None:
+            state.quiet = quiet
+            if fresh:
                 state.previous, state.previous_at = gpu.health, now
             if before != state.verdict:
                 transitions.append(Transition(gpu.node, gpu.index, now, before, state.verdict,
                                               state.reasons))
-            by_node.setdefault(gpu.node, []).append(GpuVerdict(
-                gpu.node, gpu.index, pools.get(gpu.node, gpu.pool), state.verdict, state.since,
-                state.reasons, state.clean_since,
-                now - state.first_seen >= self.settings.clean_window_seconds))
+            state.cached = GpuVerdict(gpu.node, gpu.index, pool, state.verdict, state.since,
+                                      state.reasons, state.clean_since,
+                                      now - state.first_seen >= window)
+            by_node.setdefault(gpu.node, []).append(state.cached)
         names = sorted(set(pools) | set(by_node))
         nodes: list[NodeVerdict] = []
         for name in names:

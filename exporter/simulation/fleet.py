@@ -30,7 +30,9 @@ load up to the model's maximum, the power-cap reason is set at the cap and the
 thermal ones above ``THROTTLE_CELSIUS``, GPM activity (Hopper and Blackwell
 only, as NVML) follows utilisation, single-bit ECC errors are rare and grow,
 other error counters are small and fixed, so the default fleet pages no one;
-the ``xid`` scenario puts a named XID on a named GPU. They come from a second
+the ``xid`` scenario puts a named XID on a named GPU, and ``straggler`` (issue 31) keeps
+one GPU at a share of the pace of the job it runs (utilisation, then power, clocks and SM
+activity with it): a GPU of a multi-GPU job out of step with its peers. They come from a second
 generator seeded from ``seed``, so adding them changed no job or telemetry value.
 """
 
@@ -122,6 +124,7 @@ class Simulation:
         self.memory_used = np.zeros(g)
         self.lost = np.zeros(g, dtype=bool)
         self.overheat: dict[int, float] = {}
+        self.straggling: dict[int, float] = {}  # GPU -> the share of its job's pace it keeps
         self._scenarios_started: set[int] = set()
         by_model = {m: self.catalogue.get(m) for m in set(self.fleet.gpu_model)}  # 1 s at scale 100 per GPU
         specs = [by_model[m] for m in self.fleet.gpu_model]
@@ -396,6 +399,8 @@ class Simulation:
                 self._fragment_pool(scenario.pool)
             elif scenario.kind == "xid":
                 self._xid(self._gpu_at(scenario.node, scenario.gpu), int(scenario.value))
+            elif scenario.kind == "straggler":
+                self.straggling[self._gpu_at(scenario.node, scenario.gpu)] = scenario.value or 0.5
 
     def _xid(self, g: int, xid: int) -> None:
         """The driver reports an XID on GPU ``g``, as NVML's event set would."""
@@ -497,13 +502,21 @@ class Simulation:
         util = np.zeros(g)
         memory = np.full(g, 0.45 * GB)  # driver context of an idle GPU
         nvlink = np.zeros(g)
+        efficiency = self.sm_efficiency.copy()
         for job in self.jobs.values():
             for _, gpus, share, _ in job.placements:
                 util[gpus] += job.utilization * share
                 memory[gpus] += job.memory_bytes * (share if share < 1 else 1.0)
                 nvlink[gpus] = np.maximum(nvlink[gpus], job.nvlink_level)
+                if share >= 1:
+                    efficiency[gpus] = _job_efficiency(job.id, self.sm_efficiency[gpus])
+        self.job_efficiency = efficiency
         noise = self.rng.normal(0.0, 0.02, g)
         util = np.clip(util + noise * (util > 0), 0.0, 1.0)
+        for gpu, share in self.straggling.items():
+            # issue 31: a GPU that lags its job's peers (thermal, a bad link, failing HBM);
+            # power, clocks and SM activity follow utilisation below
+            util[gpu] *= share
         idle_power = 0.1 * self.tdp
         power = idle_power + (self.tdp - idle_power) * util**0.9 + self.rng.normal(0, 3.0, g)
         power = np.clip(power, 0.05 * self.tdp, self.tdp)
@@ -544,7 +557,7 @@ class Simulation:
         sm = np.where(capped | hot, 0.9 * sm, sm)
         self.sm_clock = np.round(sm / 15e6) * 15e6  # NVML's clock steps are 15 MHz
         self.memory_temperature = np.round(temperature + 3.0 + 4.0 * util, 1)
-        self.sm_active = np.round(util * self.sm_efficiency, 4)
+        self.sm_active = np.round(util * self.job_efficiency, 4)
         self.memory_bandwidth = np.round(np.clip(util * 0.6 + rng.normal(0, 0.01, g), 0, 1), 4)
         self.pcie_rx = np.round(util * 2.5e9 * rng.uniform(0.6, 1.0, g), -3)
         self.pcie_tx = np.round(util * 0.6e9 * rng.uniform(0.6, 1.0, g), -3)
@@ -698,6 +711,17 @@ class Simulation:
             last_checkpoint_time=checkpoint if kind.name == "train" and ran >= CHECKPOINT_INTERVAL else None,
             gpu_memory_need_bytes=int(job.memory_bytes),
         )
+
+
+def _job_efficiency(job: str, gpus: np.ndarray) -> np.ndarray:
+    """SM activity per unit of utilisation on the GPUs a job holds whole: the job's kernels'
+    (0.55 to 0.83, from a hash of its id: no draw from the generators, so no other value moves),
+    within 1.5 % from GPU to GPU. The GPUs of one data-parallel job run the same kernels and
+    read alike (issue 31: a per-GPU efficiency put one GPU of a 4-GPU job 27 % below its
+    peers, a straggler that was not one)."""
+    digest = int.from_bytes(hashlib.blake2b(job.encode(), digest_size=8).digest(), "big")
+    kernel = 0.55 + 0.28 * digest / 2 ** 64
+    return kernel * (1.0 + (gpus - 0.70) * 0.1)
 
 
 def _job_order(job: SimJob) -> str:

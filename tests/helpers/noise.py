@@ -69,12 +69,15 @@ FAULTS: tuple[Fault, ...] = (
 
 
 def known_faults() -> tuple[Fault, ...]:
-    """FAULTS plus the ones whose scenario the simulator has (``xid``, issue 16)."""
+    """FAULTS plus the ones whose scenario the simulator has (``xid``, issue 16; ``straggler``,
+    issue 31)."""
     from exporter.sources.sim.options import SCENARIO_KINDS
 
     extra = []
     if "xid" in SCENARIO_KINDS:
         extra.append(Fault("xid", "{kind: xid, node: gpu-098, gpu: 4, value: 79}", "GpuXidError"))
+    if "straggler" in SCENARIO_KINDS:  # issue 31: one GPU of a 16-GPU job at half pace pages no one
+        extra.append(Fault("straggler", "{kind: straggler, node: gpu-031, gpu: 5}", None))
     return FAULTS + tuple(extra)
 
 

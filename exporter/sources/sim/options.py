@@ -30,7 +30,7 @@ REFERENCE_POOLS = (
     SimPool("gpu-b200", "B200", 8, 8, 224),
 )
 
-SCENARIO_KINDS = ("overheat", "idle_allocated", "fragmented_pool", "gpu_lost", "xid")
+SCENARIO_KINDS = ("overheat", "idle_allocated", "fragmented_pool", "gpu_lost", "xid", "straggler")
 MAX_XID = 1023  # NVML's XID codes are below 200 today; a larger one is a typo
 
 # The reference layout is 1,088 GPUs; 100 copies (108,800 GPUs, 1.6 M series) is the largest
@@ -44,13 +44,14 @@ MAX_GPUS = MAX_SCALE * sum(p.nodes * p.gpus_per_node for p in REFERENCE_POOLS)
 @dataclass(frozen=True)
 class Scenario:
     kind: str = opt(help="What to force.", choices=SCENARIO_KINDS)
-    node: str = opt("", help="Node name (overheat, idle_allocated, gpu_lost, xid).")
+    node: str = opt("", help="Node name (overheat, idle_allocated, gpu_lost, xid, straggler).")
     gpu: int = opt(0, help="GPU index on that node.", min=0)
     pool: str = opt("", help="Pool name (fragmented_pool).")
     start_after: Duration = opt(Duration(0), help="Simulated time before it starts.", min=0)
     value: float = opt(
         0.0, help="Forced value: temperature in Celsius for overheat (0 means 90); the XID "
-        "code for xid (required, e.g. 79).", min=0
+        "code for xid (required, e.g. 79); for straggler the share of its peers' pace the GPU "
+        "keeps, 0..1 (0 means 0.5).", min=0
     )
 
 
@@ -131,6 +132,9 @@ class SimSource:
                     scenario.value == int(scenario.value) and 1 <= scenario.value <= MAX_XID):
                 raise ConfigError(f"{key}.value: the XID code, a whole number 1..{MAX_XID} "
                                   f"(e.g. 79, fallen off the bus), not {scenario.value:g}")
+            if scenario.kind == "straggler" and scenario.value > 1:
+                raise ConfigError(f"{key}.value: the share of its peers' pace the GPU keeps, "
+                                  f"0..1 (0 means 0.5), not {scenario.value:g}")
             pool = nodes.get(scenario.node)
             if pool is None:
                 raise ConfigError(f"{key}.node: no node {scenario.node or '(empty)'} in the "

@@ -1,0 +1,229 @@
+"""Health inside ``gpufleet serve`` (issue 31): the verdict tracker, the remediator and the
+straggler tracker fed every collected snapshot, and what leaves them.
+
+:meth:`HealthMonitor.observe` runs on each snapshot (the advisor's service calls it, in a
+worker thread); it returns the remediation events the outbox delivers. :meth:`families`
+are the ``/metrics`` families, :meth:`advice_json` the ``health`` part of ``/v1/advice``.
+
+At 108,800 GPUs the exposition must stay small, so every per-node and per-GPU family holds
+only the degraded and failing ones; healthy and unknown are per-pool counts. The advice
+lists at most :data:`MAX_LISTED` nodes and events, worst first, with the totals beside them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from exporter import metrics
+from exporter.health.remediation import (
+    Drain,
+    Event,
+    RemediationSettings,
+    RemediationState,
+    Remediator,
+    Resume,
+    encode_event,
+    event_id,
+)
+from exporter.health.stragglers import StragglerReport, StragglerSettings, StragglerTracker
+from exporter.health.verdict import FleetHealth, HealthSettings, HealthTracker, NodeVerdict, Verdict
+from exporter.metrics import Family
+from exporter.snapshot import FleetSnapshot
+
+EVENT_TYPES = ("drain", "reset_gpu", "resume", "replace", "page")
+VERDICTS = tuple(Verdict)  # healthy, unknown, degraded, failing
+LISTED = (Verdict.FAILING, Verdict.DEGRADED)  # the per-node and per-GPU series
+MAX_LISTED = 100  # nodes, events and stragglers in /v1/advice; the counts say how many in all
+EVENT_SCHEMA_VERSION = 1
+EVENT_KIND = "remediation"  # the webhook body's "event" (a plan's body has none)
+
+
+def event_body(event: Event) -> bytes:
+    """The webhook body of a remediation event (openapi ``RemediationEvent``): the event's
+    own fields and ``type``, its stable ``id``, ``event`` and ``schema_version``; sorted keys,
+    so its HMAC signature is stable. ``gpufleet act`` reads it as it reads an event line."""
+    data = json.loads(encode_event(event))
+    data.update({"event": EVENT_KIND, "schema_version": EVENT_SCHEMA_VERSION, "id": event_id(event)})
+    return json.dumps(data, sort_keys=True).encode()
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(encode_event(event))
+    data["id"] = event_id(event)
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class HealthView:
+    """What one snapshot gave: verdicts, the events decided on them, the stragglers."""
+
+    health: FleetHealth
+    events: tuple[Event, ...]
+    stragglers: StragglerReport
+
+
+class HealthMonitor:
+    """Feed it every snapshot, oldest first; read its families and advice after each."""
+
+    def __init__(self, health: HealthSettings | None = None,
+                 remediation: RemediationSettings | None = None,
+                 stragglers: StragglerSettings | None = None,
+                 state: RemediationState | None = None) -> None:
+        self.tracker = HealthTracker(health)
+        self.remediator = Remediator(remediation, state)
+        self.stragglers = StragglerTracker(stragglers)
+        self.latest: HealthView | None = None
+        self.events_total: Counter[str] = Counter({t: 0 for t in EVENT_TYPES})
+        self.faults_total: Counter[tuple[str, str]] = Counter()  # (pool, cause)
+        self.fault_to_drain: defaultdict[str, float] = defaultdict(float)  # pool -> s, over drains
+        self.drain_to_resume: defaultdict[str, float] = defaultdict(float)  # pool -> s, over resumes
+        self.recent: deque[Event] = deque(maxlen=MAX_LISTED)
+        self._namespaces: dict[str, str] = {}
+
+    def observe(self, snapshot: FleetSnapshot) -> HealthView:
+        health = self.tracker.observe(snapshot)
+        events = tuple(self.remediator.decide(health, snapshot))
+        stragglers = self.stragglers.observe(snapshot)
+        pools = {n.node: n.pool for n in health.nodes}
+        for change in health.transitions:
+            if change.gpu is not None and change.after == Verdict.FAILING and change.reasons:
+                self.faults_total[(pools.get(change.node, ""), change.reasons[0].signal)] += 1
+        for event in events:
+            self.events_total[str(type(event).__struct_config__.tag)] += 1
+            self.recent.append(event)
+            if isinstance(event, Drain):
+                node = health.node(event.node)
+                self.fault_to_drain[event.pool] += max(0.0, event.at - node.since) if node else 0.0
+            elif isinstance(event, Resume):
+                self.drain_to_resume[event.pool] += max(0.0, event.at - event.drained_at)
+        self._namespaces = {a.job: a.namespace for a in snapshot.allocations}
+        self.latest = HealthView(health, events, stragglers)
+        return self.latest
+
+    def state_json(self) -> str:
+        """The remediator's state, for the outbox (what gpufleet drained survives a restart)."""
+        return json.dumps(json.loads(msgspec.json.encode(self.remediator.state)), sort_keys=True)
+
+    def families(self) -> list[Family]:
+        view = self.latest
+        nodes: Counter[tuple[str, Verdict]] = Counter()
+        gpus: Counter[tuple[str, Verdict]] = Counter()
+        node_samples: list[tuple[metrics.Labels, float]] = []
+        gpu_samples: list[tuple[metrics.Labels, float]] = []
+        pools: set[str] = set()
+        blocked: Counter[str] = Counter()
+        state = self.remediator.state
+        for node in view.health.nodes if view else ():
+            pools.add(node.pool)
+            nodes[(node.pool, node.verdict)] += 1
+            if node.verdict in LISTED:
+                node_samples.append(((("node", node.node), ("pool", node.pool),
+                                      ("verdict", node.verdict.value)), 1.0))
+                if node.verdict == Verdict.FAILING and node.node not in state.drained \
+                        and node.pool in state.storms:
+                    blocked[node.pool] += 1
+            if node.verdict == Verdict.HEALTHY:  # every GPU healthy: most nodes, not walked
+                gpus[(node.pool, Verdict.HEALTHY)] += len(node.gpus)
+                continue
+            for g in node.gpus:
+                gpus[(node.pool, g.verdict)] += 1
+                if g.verdict in LISTED:
+                    signal = g.reasons[0].signal if g.reasons else ""
+                    gpu_samples.append(((("node", g.node), ("gpu", str(g.gpu)), ("pool", node.pool),
+                                         ("verdict", g.verdict.value), ("signal", signal)), 1.0))
+        drained = Counter(record.pool for record in state.drained.values())
+        pools |= set(drained)
+        per_job: Counter[tuple[str, str]] = Counter()
+        for s in view.stragglers.stragglers if view else ():
+            per_job[(s.job, s.account)] += 1
+        return [
+            metrics.HEALTH_NODES.family([((("pool", p), ("verdict", v.value)), float(nodes[(p, v)]))
+                                         for p in sorted(pools) for v in VERDICTS]),
+            metrics.HEALTH_GPUS.family([((("pool", p), ("verdict", v.value)), float(gpus[(p, v)]))
+                                        for p in sorted(pools) for v in VERDICTS]),
+            metrics.NODE_HEALTH_VERDICT.family(node_samples),
+            metrics.GPU_HEALTH_VERDICT.family(gpu_samples),
+            metrics.HEALTH_FAULTS_TOTAL.family(
+                [((("pool", p), ("cause", c)), float(n)) for (p, c), n in sorted(self.faults_total.items())]),
+            metrics.NODE_FAULTS.family(
+                [((("node", node), ("pool", _pool_of(view, node))), float(len(times)))
+                 for node, times in sorted(state.faults.items())]),
+            metrics.REMEDIATION_EVENTS_TOTAL.family(
+                [((("action", t),), float(self.events_total[t])) for t in EVENT_TYPES]),
+            metrics.REMEDIATION_DRAINED_NODES.family(
+                [((("pool", p),), float(drained[p])) for p in sorted(pools)]),
+            metrics.REMEDIATION_BUDGET_BLOCKED_NODES.family(
+                [((("pool", p),), float(blocked[p])) for p in sorted(pools)]),
+            metrics.REMEDIATION_FAULT_TO_DRAIN_SECONDS_TOTAL.family(
+                [((("pool", p),), self.fault_to_drain.get(p, 0.0))
+                 for p in sorted(pools | set(self.fault_to_drain))]),
+            metrics.REMEDIATION_DRAIN_TO_RESUME_SECONDS_TOTAL.family(
+                [((("pool", p),), self.drain_to_resume.get(p, 0.0))
+                 for p in sorted(pools | set(self.drain_to_resume))]),
+            metrics.JOB_STRAGGLER_GPUS.family(
+                [((("job", job), ("namespace", self._namespaces.get(job, "")), ("account", account)),
+                  float(n)) for (job, account), n in sorted(per_job.items())]),
+        ]
+
+    def advice_json(self) -> dict[str, Any] | None:
+        """``/v1/advice``'s ``health`` (openapi ``Health``); None before the first snapshot."""
+        view = self.latest
+        if view is None:
+            return None
+        counts = {v.value: 0 for v in VERDICTS}
+        gpu_counts = {v.value: 0 for v in VERDICTS}
+        for node in view.health.nodes:
+            counts[node.verdict.value] += 1
+            if node.verdict == Verdict.HEALTHY:
+                gpu_counts["healthy"] += len(node.gpus)
+                continue
+            for g in node.gpus:
+                gpu_counts[g.verdict.value] += 1
+        unhealthy = sorted((n for n in view.health.nodes if n.verdict != Verdict.HEALTHY),
+                           key=lambda n: (-n.verdict.rank, n.node))
+        stragglers = view.stragglers.stragglers
+        state = self.remediator.state
+        return {
+            "evaluated_at": view.health.taken_at,
+            "nodes": counts, "gpus": gpu_counts,
+            "unhealthy_nodes": [_node_json(n) for n in unhealthy[:MAX_LISTED]],
+            "drained": [{"node": node, "pool": r.pool, "reason": r.reason, "at": r.at}
+                        for node, r in sorted(state.drained.items())],
+            "remediation": [event_json(e) for e in view.events[:MAX_LISTED]],
+            "recent_remediation": [event_json(e) for e in reversed(self.recent)],
+            "storms": [{"pool": pool, "paged_at": at} for pool, at in sorted(state.storms.items())],
+            "stragglers": [{"job": s.job, "user": s.user, "account": s.account, "node": s.node,
+                            "gpu": s.gpu, "metric": s.metric, "value": s.value, "median": s.median,
+                            "since": s.since} for s in stragglers[:MAX_LISTED]],
+        }
+
+
+def _pool_of(view: HealthView | None, node: str) -> str:
+    found = view.health.node(node) if view else None
+    return found.pool if found else ""
+
+
+def _node_json(node: NodeVerdict) -> dict[str, Any]:
+    return {"node": node.node, "pool": node.pool, "verdict": node.verdict.value,
+            "since": node.since,
+            "reasons": [{"signal": r.signal, "level": r.level.value, "text": r.text, "gpu": r.gpu,
+                         "since": r.since} for r in node.reasons]}
+
+
+def restore_state(text: str) -> RemediationState | None:
+    """The state :meth:`HealthMonitor.state_json` wrote; None for JSON ``null`` (none kept)."""
+    if text.strip() == "null":
+        return None
+    try:
+        return msgspec.json.decode(text, type=RemediationState)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ValueError(f"remediation state: {exc}") from None
+
+
+__all__ = ["EVENT_KIND", "EVENT_SCHEMA_VERSION", "EVENT_TYPES", "HealthMonitor", "HealthView",
+           "event_body", "event_json", "restore_state"]

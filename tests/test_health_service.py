@@ -1,0 +1,180 @@
+"""Health wired into the advisor (issue 31): each snapshot's verdicts become families,
+/v1/advice's ``health`` and remediation events; the events go through the signed outbox to a
+receiver as ``X-Gpufleet-Event: remediation``, ``gpufleet act`` reads what it received, and
+what gpufleet drained survives a restart."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from exporter.advisor import openapi
+from exporter.advisor.engine import Advisor, DecisionSettings
+from exporter.advisor.outbox import Outbox
+from exporter.advisor.service import AdvisorService
+from exporter.advisor.webhook import EVENT_HEADER, IDEMPOTENCY_HEADER, Deliverer, Receiver
+from exporter.analysis.live import LiveAnalyzer
+from exporter.config import AnalysisConfig
+from exporter.health.act import Actor, read_events
+from exporter.health.monitor import HealthMonitor
+from exporter.health.remediation import Drain, ResetGpu
+from exporter.health.verdict import HealthSettings
+from exporter.metrics import Family
+from tests.helpers.health import T0, gpu, snap, xid_gpu
+from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
+
+NODES = [f"a-{n}" for n in range(8)]
+
+
+def service(path: Path, receivers: tuple[Receiver, ...] = ()) -> AdvisorService:
+    deliverer = Deliverer(Outbox(path), receivers, base_delay=0.01, max_delay=0.05)
+    built = AdvisorService(Advisor(DecisionSettings()), LiveAnalyzer.from_config(AnalysisConfig()),
+                           deliverer, None, 1024 * 1024,
+                           health=HealthMonitor(HealthSettings(critical_xids=(79,))))
+    built.restore_state()
+    return built
+
+
+def fleet(at: float, failing: str | None = None):
+    return snap(T0 + at, *(xid_gpu(n, 0, T0 + 30, pool="a") if n == failing else gpu(n, 0, "a")
+                           for n in NODES))
+
+
+def schema(name: str) -> Draft202012Validator:
+    document = openapi.document()
+    return Draft202012Validator({"$ref": f"#/components/schemas/{name}",
+                                 "components": document["components"]})
+
+
+def samples(families: list[Family], name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    [family] = [f for f in families if f.name == name]
+    return dict(family.samples)
+
+
+async def test_an_xid_reaches_the_receiver_as_a_signed_drain_that_act_reads(aiohttp_server, tmp_path):
+    scheduler = Scheduler()
+    server = await aiohttp_server(scheduler.app())
+    receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
+    advisor = service(tmp_path / "outbox.sqlite", (receiver,))
+    advisor.observe_health(fleet(0))
+    assert advisor.deliverer.outbox.pending_count() == 0  # healthy: nothing to say
+    advisor.observe_health(fleet(30, failing="a-3"))
+    outbox = advisor.deliverer.outbox
+    assert outbox.pending_count() == 2  # the drain and the reset advice
+    await _run_until(advisor.deliverer, lambda: outbox.pending_count() == 0)
+    assert scheduler.bad_signatures == 0
+    assert [h[EVENT_HEADER] for h, _ in scheduler.requests] == ["remediation"] * 2
+    bodies = [json.loads(body) for _, body in scheduler.requests]
+    for body in bodies:
+        assert sorted(schema("RemediationEvent").iter_errors(body), key=str) == []
+        assert (body["event"], body["schema_version"]) == ("remediation", 1)
+    assert {h[IDEMPOTENCY_HEADER] for h, _ in scheduler.requests} == {b["id"] for b in bodies}
+    events = list(read_events(body.decode() for _, body in scheduler.requests))
+    assert events == [Drain("a-3", "a", "XID 79 on GPU 0", T0 + 30),
+                      ResetGpu("a-3", "a", 0, "XID 79 on GPU 0", T0 + 30)]
+    out = io.StringIO()
+    actor = Actor("slurm", "dry-run", tmp_path / "audit.jsonl", out, notes=io.StringIO())
+    for event in events:
+        actor.handle(event)
+    assert out.getvalue() == 'scontrol update NodeName=a-3 State=DRAIN Reason="gpufleet: XID 79 on GPU 0"\n'
+    # the same failing snapshot again: the drain is not queued twice
+    advisor.observe_health(fleet(60, failing="a-3"))
+    assert outbox.pending_count() == 0
+    outbox.close()
+
+
+def test_verdicts_are_families_and_advice_with_only_unhealthy_nodes_listed(tmp_path):
+    advisor = service(tmp_path / "outbox.sqlite")
+    advisor.observe_health(fleet(0))
+    advisor.observe_health(fleet(30, failing="a-3"))
+    assert advisor.health is not None
+    families = advisor.health.families()
+    assert samples(families, "gpufleet_node_health_verdict") == {
+        (("node", "a-3"), ("pool", "a"), ("verdict", "failing")): 1.0}
+    assert samples(families, "gpufleet_gpu_health_verdict") == {
+        (("node", "a-3"), ("gpu", "0"), ("pool", "a"), ("verdict", "failing"), ("signal", "xid")): 1.0}
+    nodes = samples(families, "gpufleet_health_nodes")
+    assert (nodes[(("pool", "a"), ("verdict", "healthy"))],
+            nodes[(("pool", "a"), ("verdict", "failing"))]) == (7.0, 1.0)
+    assert samples(families, "gpufleet_remediation_events_total")[(("action", "drain"),)] == 1.0
+    assert samples(families, "gpufleet_remediation_drained_nodes") == {(("pool", "a"),): 1.0}
+    assert samples(families, "gpufleet_health_faults_total") == {(("pool", "a"), ("cause", "xid")): 1.0}
+    assert samples(families, "gpufleet_node_faults") == {(("node", "a-3"), ("pool", "a")): 1.0}
+    health: dict[str, Any] | None = advisor.health.advice_json()
+    assert health is not None
+    assert sorted(schema("Health").iter_errors(health), key=str) == []
+    assert [n["node"] for n in health["unhealthy_nodes"]] == ["a-3"]
+    assert health["unhealthy_nodes"][0]["reasons"][0]["text"] == "XID 79 on GPU 0"
+    assert [d["node"] for d in health["drained"]] == ["a-3"]
+    assert [e["type"] for e in health["remediation"]] == ["drain", "reset_gpu"]
+    assert (health["nodes"]["failing"], health["gpus"]["healthy"]) == (1, 7)
+    # all families are in service.families (what /metrics renders) after the advisor's
+    names = [f.name for f in advisor.families(fleet(60, failing="a-3"))]
+    assert names[-12:] == [f.name for f in families]
+    advisor.deliverer.outbox.close()
+
+
+def test_a_restarted_advisor_remembers_what_it_drained_and_does_not_drain_again(tmp_path):
+    first = service(tmp_path / "outbox.sqlite", (Receiver("r", "http://127.0.0.1:9/", b"s"),))
+    first.observe_health(fleet(0))
+    first.observe_health(fleet(30, failing="a-3"))
+    first.deliverer.outbox.close()
+    again = service(tmp_path / "outbox.sqlite", (Receiver("r", "http://127.0.0.1:9/", b"s"),))
+    assert again.health is not None and list(again.health.remediator.state.drained) == ["a-3"]
+    pending = again.deliverer.outbox.pending_count()
+    again.observe_health(fleet(60, failing="a-3"))  # a new tracker: the recent XID still fails it
+    assert again.health.latest is not None and again.health.latest.events == ()
+    assert again.deliverer.outbox.pending_count() == pending
+    again.deliverer.outbox.close()
+
+
+def test_time_to_drain_and_to_resume_are_counted_per_pool():
+    monitor = HealthMonitor(HealthSettings(critical_xids=(79,)))
+    monitor.observe(fleet(0))
+    monitor.observe(fleet(30, failing="a-3"))
+    resumed = [e for at in range(330, 4000, 300) for e in monitor.observe(fleet(at)).events]
+    assert [type(e).__name__ for e in resumed] == ["Resume"]
+    totals = {f.name: dict(f.samples) for f in monitor.families()}
+    assert totals["gpufleet_remediation_fault_to_drain_seconds_total"] == {(("pool", "a"),): 0.0}
+    assert totals["gpufleet_remediation_drain_to_resume_seconds_total"] == {
+        (("pool", "a"),): resumed[0].at - (T0 + 30)}
+    assert resumed[0].at - (T0 + 30) >= 3600  # min_drain_seconds
+    assert totals["gpufleet_remediation_events_total"][(("action", "resume"),)] == 1.0
+
+
+async def test_the_example_receiver_takes_a_remediation_event(aiohttp_client, capsys):
+    from deploy.examples.receiver import make_app
+    from exporter.advisor.webhook import sign
+    from exporter.health.monitor import event_body
+
+    client = await aiohttp_client(make_app(SECRET))
+    drain = Drain("a-3", "a", "XID 79 on GPU 0", T0)
+    body = event_body(drain)
+    headers = {"X-Gpufleet-Signature": sign(body, SECRET), EVENT_HEADER: "remediation",
+               IDEMPOTENCY_HEADER: "drain:a-3:1764547200000"}
+    answer = await client.post("/gpufleet/plan", data=body, headers=headers)
+    assert (answer.status, await answer.json()) == (200, {"status": "accepted",
+                                                          "event_id": "drain:a-3:1764547200000"})
+    assert capsys.readouterr().out == "drain:a-3:1764547200000: drain a-3: XID 79 on GPU 0\n"
+
+
+def test_an_event_the_outbox_cannot_take_is_kept_beside_a_kept_plan_and_written_later(tmp_path):
+    from tests.test_advisor_outbox import full_disk_outbox
+
+    outbox, connection = full_disk_outbox(tmp_path / "outbox.sqlite")
+    deliverer = Deliverer(outbox, (Receiver("r", "http://127.0.0.1:9/", SECRET),))
+    connection.full = True
+    assert deliverer.enqueue("plan-abc", b'{"plan_id": "plan-abc"}', T0 + 900) == 0
+    for n in range(3):
+        assert deliverer.enqueue_event(f"drain:a-{n}:1", b"{}") == 0
+    assert (deliverer.unwritten_plans(), deliverer.unwritten()) == (1, 4)  # no event displaced it
+    connection.full = False
+    assert deliverer.flush() == 4
+    assert sorted(d.plan_id for d in outbox.pending()) == [
+        "drain:a-0:1", "drain:a-1:1", "drain:a-2:1", "plan-abc"]
+    assert deliverer.enqueue_event("drain:a-0:1", b"{}") == 0  # an event is queued once
+    outbox.close()
