@@ -33,6 +33,11 @@ Rows of issue 32, by its finding:
   holding the pipe, and answering then leaving such a child; no process or fd may be left.
 - ``slurm-words`` (10): scontrol answering one 2 MB field of words, /-/healthy timed meanwhile.
 - ``log-stall`` (3): stderr a pipe nobody reads, 2,000 malformed requests, then the probes.
+- ``prometheus-2gb`` (2): every query answered with 2 GB of series, no Content-Length;
+  the exporter's peak RSS, its probes and the source's reason.
+- ``kube-20k`` (2): 20,000 nodes x 64 GPUs from the tests' fake apiserver; the same.
+- ``label-churn`` (9): 1,000 snapshots, one node replaced by a new machine in each, through
+  serve's pipeline in one process; RSS and the label cache's size along the way.
 
 Usage: ``make bench-deps && .venv/bin/python bench/attack.py`` (about 3 minutes);
 ``--connections 500 --seconds 3 --collections 3 --wrk-connections 100 --wrk-seconds 3``
@@ -1270,6 +1275,247 @@ def log_stall(args: argparse.Namespace, tmp: Path) -> Row:
     return row
 
 
+
+# -- issue 32, finding 9: identity churn -------------------------------------------------------
+
+CHURN_MARKS = (100, 250, 500, 750, 1000)
+
+
+def churn_child(snapshots: int, outbox: str) -> None:
+    """In this process: serve's pipeline as ``assemble`` wires it (the analyzer, the advisor,
+    the family providers, one LabelCache) fed ``snapshots`` snapshots of the simulated
+    1,088-GPU fleet, one node replaced by a new machine in each (new name, new GPU UUIDs, its
+    jobs renamed: an autoscaled fleet); prints JSON: VmRSS and the label cache's size at
+    each of ``CHURN_MARKS``."""
+    import dataclasses
+
+    from exporter.cli.serve import assemble
+    from exporter.config import Config, build
+    from exporter.exposition import LabelCache
+    from exporter.simulation.fleet import Simulation
+    from exporter.sources.sim.options import SimSource
+    from exporter.web.server import _render_all
+
+    start = 1_760_000_000.0
+    sim = Simulation(SimSource(), start_time=start)
+    sim.advance(start + 600)
+    base = sim.snapshot()
+    config = build(Config, {"advisor": {"outbox": outbox}})
+    _, state, advisor = assemble(config, ["sim"])
+    labels = LabelCache()
+    names = [n.name for n in base.nodes]
+    nodes, gpus, allocations = list(base.nodes), list(base.gpus), list(base.allocations)
+    marks: dict[int, dict[str, float]] = {}
+
+    async def run() -> None:
+        for step in range(1, snapshots + 1):
+            k = step % len(names)
+            old, new = nodes[k].name, f"{names[k]}-{step}"
+            nodes[k] = dataclasses.replace(nodes[k], name=new)
+            for i, gpu in enumerate(gpus):
+                if gpu.node == old:
+                    gpus[i] = dataclasses.replace(gpu, node=new, uuid=f"GPU-{new}-{gpu.index}")
+            for i, alloc in enumerate(allocations):
+                if any(p.node == old for p in alloc.placements):
+                    allocations[i] = dataclasses.replace(
+                        alloc, job=f"{alloc.job}-{step}", placements=tuple(
+                            dataclasses.replace(p, node=new) if p.node == old else p
+                            for p in alloc.placements))
+            snapshot = dataclasses.replace(base, taken_at=start + 600 + 5 * step, nodes=tuple(nodes),
+                                           gpus=tuple(gpus), allocations=tuple(allocations))
+            for listener in state.snapshot_listeners:
+                result = listener(snapshot)
+                if asyncio.iscoroutine(result):
+                    await result
+            _render_all(snapshot, state, labels, 5)
+            if step in CHURN_MARKS or step == snapshots:
+                sizes = labels.sizes() if hasattr(labels, "sizes") else {
+                    "label_texts": sum(map(len, labels._cache.values()))}  # the tree before the fix
+                marks[step] = {"rss_mb": rss_mb(os.getpid()) or 0.0, **sizes}
+
+    asyncio.run(run())
+    if advisor is not None:
+        advisor.deliverer.outbox.close()
+    print(json.dumps({"gpus": len(base.gpus), "nodes": len(names), "marks": marks}))
+
+
+def label_churn(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("label-churn", f"{args.churn_snapshots:,} snapshots of the simulated 1,088-GPU fleet "
+              "through serve's pipeline (analyzer, advisor, render), one node replaced by a new "
+              "machine each time (new name, GPU UUIDs and job names)",
+              "the label cache holds the current fleet's texts only; RSS flat after the first "
+              "hundred snapshots (within 10 MB)")
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--churn-child",
+                          str(args.churn_snapshots), str(tmp / "outbox.sqlite")],
+                         capture_output=True, text=True, timeout=1200, cwd=tmp, check=False)
+    if out.returncode != 0:
+        row.ok, row.observed = False, f"child failed: {out.stderr[-400:]}"
+        return row
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    marks = {int(k): v for k, v in result["marks"].items()}
+    first, last = marks[min(marks)], marks[max(marks)]
+    growth = last["rss_mb"] - first["rss_mb"]
+    row.ok = last["label_texts"] <= result["gpus"] and growth < 10
+    row.figures = {**result, "seconds": time.monotonic() - started}
+    row.observed = (f"{time.monotonic() - started:.0f} s; " + "; ".join(
+        f"after {step}: RSS {m['rss_mb']:.1f} MB, {m['label_texts']:,.0f} label texts"
+        for step, m in sorted(marks.items())) + f"; growth {growth:+.1f} MB")
+    return row
+
+
+
+# -- issue 32, finding 2: upstreams that would run the exporter out of memory ------------------
+
+PROMETHEUS_ANSWER_BYTES = 2 * 1024 ** 3  # what every query is answered: 2 GB of valid series
+
+
+def serve_prometheus(port: int, log_path: str) -> None:
+    """A Prometheus API answering every query with 2 GB of valid vector series, streamed
+    without Content-Length (run as a subprocess); logs how much of each answer was taken."""
+    from aiohttp import web
+
+    chunk = b'{"metric":{"node":"n","gpu":"0","uuid":"GPU-x"},"value":[1,"1"]},' * 16_000  # ~1 MB
+    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - the process's lifetime
+
+    async def query(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        sent = 0
+        try:
+            await response.write(b'{"status":"success","data":{"resultType":"vector","result":[')
+            while sent < PROMETHEUS_ANSWER_BYTES:
+                await response.write(chunk)
+                sent += len(chunk)
+            await response.write(b'{"metric":{},"value":[1,"1"]}]}}')
+        except (ConnectionError, RuntimeError):
+            pass  # the reader hung up at its cap
+        log.write(f"{sent}\n")
+        return response
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/api/v1/query", query)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def start_helper(tmp: Path, name: str, argv: list[str], url: str, timeout: float = 120) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    log = tmp / f"{name}.log"
+    proc = subprocess.Popen([sys.executable, __file__, *argv], cwd=tmp, env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    _PROCS.append(proc)
+    deadline = time.monotonic() + timeout
+    while request(url, timeout=2)[0] is None:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"{name} did not start: " + log.read_text()[-2000:])
+        time.sleep(0.3)
+
+
+def watch_memory(exporter: Server, seconds: float, source: str) -> dict[str, Any]:
+    """Poll the exporter's RSS for ``seconds`` while probing /-/healthy and /metrics once a
+    second; then its source's status from /v1/snapshot."""
+    probes: list[tuple[int | None, float, int | None, float]] = []
+    with RssPoller(exporter.proc.pid) as poller:
+        ends = time.monotonic() + seconds
+        while time.monotonic() < ends:
+            healthy, healthy_s, _ = request(f"{exporter.url}/-/healthy", timeout=10)
+            metrics, metrics_s, _ = request(f"{exporter.url}/metrics", timeout=10)
+            probes.append((healthy, healthy_s, metrics, metrics_s))
+            time.sleep(1)
+    up = metric_sum(exporter.url, "gpufleet_source_up", source=source)
+    _, _, body = request(f"{exporter.url}/v1/snapshot", timeout=10)
+    errors = [s.get("error", "") for s in json.loads(body).get("sources", []) if s.get("source") == source]
+    return {"peak_rss_mb": poller.peak, "after_rss_mb": rss_mb(exporter.proc.pid), "up": up,
+            "error": errors[0] if errors else "", "probes": len(probes),
+            "healthy_ok": sum(p[0] == 200 for p in probes),
+            "metrics_ok": sum(p[2] == 200 for p in probes),
+            "slowest_probe_s": max((max(p[1], p[3]) for p in probes), default=0.0)}
+
+
+def prometheus_2gb(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("prometheus-2gb", "--source prometheus against a Prometheus API answering each of "
+              "its queries with 2 GB of valid series, streamed without Content-Length; 30 s of "
+              "collections (5 s apart), /-/healthy and /metrics probed each second",
+              "RSS under 1 GB (the shipped MemoryMax=1G) throughout; every probe answered; "
+              "source_up 0 with the reason (max_answer_bytes)")
+    port = free_port()
+    start_helper(tmp, "prometheus", ["--serve-prometheus", str(port), str(tmp / "taken.log")],
+                 f"http://127.0.0.1:{port}/-/none")
+    exporter = start_exporter(tmp, "--source", "prometheus", config=(
+        f"sources:\n  prometheus:\n    enabled: true\n    url: http://127.0.0.1:{port}\n"), timeout=60)
+    seen = watch_memory(exporter, args.memory_seconds, "prometheus")
+    taken = [int(line) for line in (tmp / "taken.log").read_text().split()]
+    seen["answers_cut"] = len(taken)
+    seen["largest_taken_mb"] = max(taken, default=0) / 1e6
+    row.figures = seen
+    row.ok = (seen["peak_rss_mb"] < 1000 and seen["up"] == 0 and "max_answer_bytes" in seen["error"]
+              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"])
+    row.observed = (f"peak RSS {seen['peak_rss_mb']:.0f} MB (after {seen['after_rss_mb'] or 0:.0f}); "
+                    f"{seen['answers_cut']} answers cut, the largest after "
+                    f"{seen['largest_taken_mb']:.0f} MB sent; probes {seen['healthy_ok']}/"
+                    f"{seen['metrics_ok']} of {seen['probes']} answered, slowest "
+                    f"{ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}")
+    return row
+
+
+def serve_kube(port: int, nodes: int, gpus: int) -> None:
+    """The tests' fake apiserver holding ``nodes`` nodes of ``gpus`` GPUs each and no pods
+    (run as a subprocess)."""
+    from bench.kubernetes import generated_cluster
+    from tests.helpers.fake_apiserver import NODES, FakeApiserver
+
+    fake = FakeApiserver(port=port)
+    for path, raws in generated_cluster(nodes, 0):
+        if path != NODES:
+            continue
+        grown = []
+        for raw in raws:
+            node = json.loads(raw)
+            node["status"]["capacity"]["nvidia.com/gpu"] = str(gpus)
+            node["status"].get("allocatable", {})["nvidia.com/gpu"] = str(gpus)
+            node["metadata"]["labels"]["nvidia.com/gpu.count"] = str(gpus)
+            grown.append(json.dumps(node, separators=(",", ":")).encode())
+        fake.load_quietly(path, grown)
+
+    async def main() -> None:
+        await fake.start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def kube_20k(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.helpers.fake_apiserver import write_kubeconfig
+
+    nodes, gpus = args.kube_nodes, 64
+    row = Row("kube-20k", f"--source kubernetes against an apiserver (the tests' fake) listing "
+              f"{nodes:,} nodes labelled with {gpus} GPUs each ({nodes * gpus:,} GPUs); "
+              f"{args.memory_seconds:g} s of collections, /-/healthy and /metrics probed each second",
+              "RSS under 1 GB throughout; every probe answered; source_up 0 with the reason "
+              "(sources.kubernetes.max_gpus)")
+    port = free_port()
+    start_helper(tmp, "apiserver", ["--serve-kube", str(port), str(nodes), str(gpus)],
+                 f"http://127.0.0.1:{port}/version", timeout=300)
+    kubeconfig = write_kubeconfig(tmp / "kubeconfig", f"http://127.0.0.1:{port}")
+    exporter = start_exporter(tmp, "--source", "kubernetes", config=(
+        f"sources:\n  kubernetes:\n    enabled: true\n    kubeconfig: {kubeconfig}\n"), timeout=90)
+    seen = watch_memory(exporter, args.memory_seconds, "kubernetes")
+    row.figures = seen
+    row.ok = (seen["peak_rss_mb"] < 1000 and seen["up"] == 0 and "max_gpus" in seen["error"]
+              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"])
+    row.observed = (f"peak RSS {seen['peak_rss_mb']:.0f} MB (after {seen['after_rss_mb'] or 0:.0f}); "
+                    f"probes {seen['healthy_ok']}/{seen['metrics_ok']} of {seen['probes']} answered, "
+                    f"slowest {ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}")
+    return row
+
+
 ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "whatif-1e9": whatif_1e9,
     "idle-connections": idle_connections,
@@ -1286,6 +1532,9 @@ ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "slurm-escape": slurm_escape,
     "slurm-words": slurm_words,
     "log-stall": log_stall,
+    "label-churn": label_churn,
+    "prometheus-2gb": prometheus_2gb,
+    "kube-20k": kube_20k,
 }
 
 
@@ -1311,12 +1560,29 @@ def main() -> None:
     parser.add_argument("--collections", type=int, default=10, help="dcgm-hostile: collections")
     parser.add_argument("--repeat", type=int, default=10, help="whatif-1e9: requests per variant")
     parser.add_argument("--json", metavar="FILE", help="also write the raw figures here")
+    parser.add_argument("--churn-snapshots", type=int, default=1000,
+                        help="label-churn: snapshots fed")
+    parser.add_argument("--churn-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-seconds", type=float, default=30.0,
+                        help="prometheus-2gb, kube-20k: how long to watch")
+    parser.add_argument("--kube-nodes", type=int, default=20_000, help="kube-20k: nodes")
+    parser.add_argument("--serve-prometheus", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-kube", nargs=3, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-dcgm", help=argparse.SUPPRESS)
     parser.add_argument("--scrape", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--keep-alive", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.scrape:
         scrape_every_second(args.scrape[0], float(args.scrape[1]), args.keep_alive)
+        return
+    if args.serve_prometheus:
+        serve_prometheus(int(args.serve_prometheus[0]), args.serve_prometheus[1])
+        return
+    if args.serve_kube:
+        serve_kube(*args.serve_kube)
+        return
+    if args.churn_child:
+        churn_child(int(args.churn_child[0]), args.churn_child[1])
         return
     if args.serve_dcgm:
         serve_dcgm(json.loads(args.serve_dcgm))

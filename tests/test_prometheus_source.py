@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import gc
 import json
@@ -536,6 +537,53 @@ def test_an_answer_over_max_answer_bytes_is_cut_and_the_source_down():
     assert "PrometheusAnswerOverCap" in status.error and "max_answer_bytes 2,097,152" in status.error
     # every query was cut well before its 64 MB end: no answer was read whole
     assert sent and max(sent.values()) < 32 * 2 ** 20
+
+
+def test_an_answer_whose_content_length_is_over_max_answer_bytes_is_refused_unread():
+    """Issue 32, finding 2: a declared length over the cap fails the query at its headers,
+    before a byte of the body is waited for (the server here sends 1 KB of a declared 10 MB
+    and then stalls for 1.5 s: read, the query would wait that long, then fail otherwise)."""
+    from aiohttp import web
+
+    async def declared(query: str, request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json",
+                                           "Content-Length": str(10 * 2 ** 20)})
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await resp.write(b" " * 1024)
+            await asyncio.sleep(1.5)
+        return resp
+
+    (snapshot,) = _against_fake_prometheus(declared, {"max_answer_bytes": 2 ** 20})
+    (status,) = snapshot.sources
+    assert not status.up
+    assert "answer of 10,485,760 bytes, over max_answer_bytes 1,048,576" in status.error
+    assert status.duration_seconds < 1.0
+
+
+def test_the_first_answer_over_a_cap_ends_the_read_without_waiting_for_the_others():
+    """Issue 32, finding 2 (re-run by bench/attack.py's prometheus-2gb): with every query
+    cut only at its own cap the read outlived source_timeout, and the source was down as
+    "timed out" rather than with the cap. Here one query is over the cap at once and the
+    others answer after 1.5 s: the read ends before them, with the reason."""
+    from aiohttp import web
+
+    async def answer(query: str, request) -> web.StreamResponse:
+        if not query.startswith("gpufleet_gpu_info"):
+            await asyncio.sleep(1.5)
+            return web.Response(body=_vector([]), content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            for _ in range(4):
+                await resp.write(b" " * 2 ** 20)
+        return resp
+
+    (snapshot,) = _against_fake_prometheus(answer, {"max_answer_bytes": 2 ** 20})
+    (status,) = snapshot.sources
+    assert not status.up
+    assert "query identity: answer over max_answer_bytes 1,048,576" in status.error
+    assert status.duration_seconds < 1.0
 
 
 @pytest.mark.parametrize(("config", "identity_series", "message"), [
