@@ -7,6 +7,12 @@ ERROR lines made ``/-/healthy`` and ``/metrics`` time out for over 20 s. When th
 queue is full a line is dropped and counted (:func:`dropped_lines`), and the writer
 says how many once it catches up. The batch commands write directly: a line there
 is never worth more than the run, and they end right after.
+
+``serve`` also rate-limits what the sources log (:class:`PerSourceLimit`): an upstream
+that fails the same way over and over (a watch broken every few milliseconds, a Slurm
+answer of a million bad records, 19 Prometheus queries each with a warning) logs one
+line per interval and per source, the next one saying how many were not logged, as
+the connection gate's lines do.
 """
 
 from __future__ import annotations
@@ -19,12 +25,18 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 # lines waiting for the writer; about 3 MB of typical lines, dropped beyond
 QUEUE_LINES = 10_000
 # at exit, how long the lines still queued may take to be written (a stuck stderr: dropped)
 EXIT_FLUSH_SECONDS = 2.0
+
+# a source's same line (logger, message, source, target, GPU) at most once per this
+SOURCE_LINE_INTERVAL = 10.0
+# keys remembered at most; past it those older than the interval are forgotten
+SOURCE_LINE_KEYS = 4096
 
 # attributes every LogRecord has; anything else came in through ``extra=``
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -77,6 +89,45 @@ def _count_drop() -> None:
     global _dropped
     with _dropped_lock:
         _dropped += 1
+
+
+class PerSourceLimit(logging.Filter):
+    """At most one line per ``interval`` seconds for each (logger, message, source, target,
+    GPU) of the loggers under ``prefix`` (the sources); the line after a quiet spell carries
+    ``not_logged_since_last_line``, the count of those held back. Other loggers pass. The
+    message is the template (``record.msg``), so the values in ``extra`` (an error's text)
+    do not make every line a new key."""
+
+    def __init__(self, interval: float = SOURCE_LINE_INTERVAL, prefix: str = "exporter.sources.",
+                 clock: Callable[[], float] = time.monotonic, keys: int = SOURCE_LINE_KEYS) -> None:
+        super().__init__()
+        self.interval, self.prefix, self.clock, self.keys = interval, prefix, clock, keys
+        self._seen: dict[tuple[object, ...], list[float]] = {}  # key -> [logged at, held back]
+        self._lock = threading.Lock()
+        self.held_back = 0  # lines not logged, in all
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefix):
+            return True
+        key = (record.name, record.msg, getattr(record, "source", None),
+               getattr(record, "target", None), getattr(record, "gpu", None))
+        now = self.clock()
+        with self._lock:
+            entry = self._seen.get(key)
+            if entry is not None and now - entry[0] < self.interval:
+                entry[1] += 1
+                self.held_back += 1
+                return False
+            if entry is None and len(self._seen) >= self.keys:
+                self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.interval}
+                if len(self._seen) >= self.keys:  # all recent: a flood of keys, held back too
+                    self.held_back += 1
+                    return False
+            held = int(entry[1]) if entry is not None else 0
+            self._seen[key] = [now, 0]
+        if held:
+            record.not_logged_since_last_line = held
+        return True
 
 
 class QueuedLines(logging.handlers.QueueHandler):
@@ -157,7 +208,8 @@ def _stop_writer() -> None:
 
 
 def setup(level: str = "info", fmt: str = "logfmt", queued: bool = False) -> None:
-    """Log to stderr at ``level``; ``queued`` (serve) through the writer thread."""
+    """Log to stderr at ``level``; ``queued`` (serve) through the writer thread, the sources'
+    lines rate-limited (:class:`PerSourceLimit`)."""
     _stop_writer()
     formatter = JsonFormatter() if fmt == "json" else LogfmtFormatter()
     handler: logging.Handler
@@ -165,6 +217,7 @@ def setup(level: str = "info", fmt: str = "logfmt", queued: bool = False) -> Non
         global _writer
         _writer = LineWriter(sys.stderr, formatter)
         handler = QueuedLines(_writer.lines)
+        handler.addFilter(PerSourceLimit())
         atexit.register(_stop_writer)
     else:
         handler = logging.StreamHandler(sys.stderr)

@@ -277,13 +277,18 @@ async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> by
             f"{what}: answer of {resp.content_length:,} bytes, over max_answer_bytes {limit:,}")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in resp.content.iter_chunked(1 << 20):
-        size += len(chunk)
-        if size > limit:
-            raise PrometheusAnswerOverCap(
-                f"{what}: answer over max_answer_bytes {limit:,} (read stopped there)")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        async for chunk in resp.content.iter_chunked(1 << 20):
+            size += len(chunk)
+            if size > limit:
+                raise PrometheusAnswerOverCap(
+                    f"{what}: answer over max_answer_bytes {limit:,} (read stopped there)")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        # an exception's traceback (a cut answer, a read cancelled with the others) keeps this
+        # frame, and with it what was read, for as long as someone holds the exception
+        chunks.clear()
 
 
 def build_snapshot(
@@ -720,6 +725,7 @@ class PrometheusFleetSource:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            tasks.clear()  # the raised error's traceback holds this frame: not the answers too
 
     async def read(self) -> SourceReading:
         at = self.clock()
