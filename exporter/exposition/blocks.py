@@ -140,7 +140,7 @@ class LabelCache:
                 if text is None:
                     texts[i] = cache[keys[i]] = label_text(identity(gpus[i]), const)
         if len(cache) > len(keys):  # identities the snapshot no longer holds
-            self._cache[const] = dict(zip(keys, texts, strict=True))
+            self._cache[const] = dict(zip(keys, texts, strict=True))  # type: ignore[arg-type]
         return texts  # type: ignore[return-value]
 
     def sizes(self) -> dict[str, int]:
