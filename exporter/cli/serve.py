@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufleet: {exc}", file=sys.stderr)
         return 2
     guard = protection(config, advisor, live)
-    state.reloaders.extend(reloaders(guard))
+    state.reloaders.extend(reloaders(guard, advisor, config))
     app = make_app(config, collector, state, guard)
     if advisor is not None:
         from exporter.advisor.service import install
@@ -137,9 +137,11 @@ def _sighup_during_start(signum: int, frame: object) -> None:
     log.info("SIGHUP while starting: ignored, the files are being read now")
 
 
-def reloaders(guard: Protection) -> list[tuple[str, Callable[[], object]]]:
-    """What SIGHUP reads again (exporter/web/server.py, Reload): the web config file and the
-    advisor's token file. A token from the environment cannot change under a running process."""
+def reloaders(guard: Protection, advisor: AdvisorService | None = None,
+              config: Config | None = None) -> list[tuple[str, Callable[[], object]]]:
+    """What SIGHUP reads again (exporter/web/server.py, Reload): the web config file, the
+    advisor's token file and its receivers' HMAC ``secret_file``s. A token or secret from the
+    environment cannot change under a running process."""
     from exporter.advisor.service import TokenFile  # imported by now: protection() read the token
 
     found: list[tuple[str, Callable[[], object]]] = []
@@ -149,6 +151,12 @@ def reloaders(guard: Protection) -> list[tuple[str, Callable[[], object]]]:
     token = guard.read_token
     if isinstance(token, TokenFile):  # the advisor's too: protection() hands over the same one
         found.append(("token_file", lambda: "read" if token(force=True) else "refused"))
+    if advisor is not None and config is not None and any(
+            r.secret_file for r in config.advisor.receivers):
+        from exporter.advisor.service import reload_secret_files
+
+        deliverer, settings = advisor.deliverer, config.advisor
+        found.append(("receiver_secrets", lambda: reload_secret_files(settings, deliverer)))
     return found
 
 
