@@ -85,6 +85,16 @@ def dropped_lines() -> int:
     return _dropped
 
 
+def not_written() -> dict[str, int]:
+    """What ``gpufleet_log_lines_dropped_total`` serves: the lines the installed queued
+    logging (serve's) has not written, by reason, since :func:`setup` installed it; 0 when
+    none is installed (the batch commands, the golden exposition)."""
+    if _writer is None:
+        return {"queue_full": 0, "rate_limited": 0}
+    return {"queue_full": _dropped - _writer.started_with,
+            "rate_limited": _limit.held_back if _limit is not None else 0}
+
+
 def _count_drop() -> None:
     global _dropped
     with _dropped_lock:
@@ -158,7 +168,7 @@ class LineWriter:
         self.lines: queue.Queue[str | None] = queue.Queue(size)
         self.stream = stream
         self.formatter = formatter
-        self._reported = _dropped
+        self._reported = self.started_with = _dropped
         self._thread = threading.Thread(target=self._run, name="log writer", daemon=True)
         self._thread.start()
 
@@ -198,11 +208,12 @@ class LineWriter:
 
 
 _writer: LineWriter | None = None
+_limit: PerSourceLimit | None = None
 
 
 def _stop_writer() -> None:
-    global _writer
-    writer, _writer = _writer, None
+    global _writer, _limit
+    writer, _writer, _limit = _writer, None, None
     if writer is not None:
         writer.stop()
 
@@ -214,10 +225,11 @@ def setup(level: str = "info", fmt: str = "logfmt", queued: bool = False) -> Non
     formatter = JsonFormatter() if fmt == "json" else LogfmtFormatter()
     handler: logging.Handler
     if queued:
-        global _writer
+        global _writer, _limit
         _writer = LineWriter(sys.stderr, formatter)
         handler = QueuedLines(_writer.lines)
-        handler.addFilter(PerSourceLimit())
+        _limit = PerSourceLimit()
+        handler.addFilter(_limit)
         atexit.register(_stop_writer)
     else:
         handler = logging.StreamHandler(sys.stderr)

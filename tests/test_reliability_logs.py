@@ -75,3 +75,30 @@ def test_serve_logging_limits_a_source_flood_written_to_stderr(monkeypatch):
     lines = stream.getvalue().splitlines()
     assert sum('msg="slurm record skipped"' in line for line in lines) == 1
     assert sum('msg="source read failed"' in line for line in lines) == 1
+
+
+def test_the_lines_not_written_are_served_by_reason_while_serve_logs(monkeypatch):
+    """gpufleet_log_lines_dropped_total: the queue's drops and the rate limit's held-back
+    lines of the installed queued logging; 0 without it (the golden exposition's)."""
+    from exporter.cli.serve import log_families
+
+    def served() -> dict[str, float]:
+        (family,) = log_families(None)
+        assert family.name == "gpufleet_log_lines_dropped_total"
+        return {dict(labels)["reason"]: value for labels, value in family.samples}
+
+    assert served() == {"queue_full": 0.0, "rate_limited": 0.0}
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        logs.setup("info", "logfmt", queued=True)
+        for _ in range(30):
+            logging.getLogger(WATCH).warning("kubernetes watch broken; retrying",
+                                             extra={"source": "kubernetes"})
+        assert served() == {"queue_full": 0.0, "rate_limited": 29.0}
+    finally:
+        logs._stop_writer()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    assert served() == {"queue_full": 0.0, "rate_limited": 0.0}

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from exporter import logs
+from exporter import logs, metrics
 from exporter.collect import Collector
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
 from exporter.exposition import ExpositionOptions
+from exporter.metrics import Family
 from exporter.sources import SOURCES, Clock, SourceStartupError, build_source
 from exporter.web.server import Protection, ServingState, make_app, parse_listen, serve
 from exporter.web.webconfig import LiveWebConfig
@@ -246,4 +247,11 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
             state.family_providers.append(advisor.families)
     elif config.advisor.enabled:
         log.warning("advisor disabled: it needs analysis.enabled")
+    state.family_providers.append(log_families)
     return collector, state, advisor
+
+
+def log_families(snapshot: object) -> list[Family]:
+    """A ``ServingState.family_providers`` entry: the log lines not written (exporter/logs.py)."""
+    return [metrics.LOG_LINES_DROPPED_TOTAL.family([
+        ((("reason", reason),), float(count)) for reason, count in logs.not_written().items()])]
