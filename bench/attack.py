@@ -36,6 +36,10 @@ Rows of issue 32, by its finding:
 - ``prometheus-2gb`` (2): every query answered with 2 GB of series, no Content-Length;
   the exporter's peak RSS, its probes and the source's reason.
 - ``kube-20k`` (2): 20,000 nodes x 64 GPUs from the tests' fake apiserver; the same.
+- ``sighup`` (4): 5 SIGHUPs with the token file rotated; the process lives and reloads.
+- ``restart-cooldown`` (6): a restart on the same outbox inside the cooldown: no second plan.
+- ``alert-flood`` (11): Alertmanager notifications over 10,000 groups for 10 s; the
+  snapshot's age, /-/ready and the info lines.
 - ``label-churn`` (9): 1,000 snapshots, one node replaced by a new machine in each, through
   serve's pipeline in one process; RSS and the label cache's size along the way.
 
@@ -1516,6 +1520,137 @@ def kube_20k(args: argparse.Namespace, tmp: Path) -> Row:
     return row
 
 
+
+# -- issue 32, findings 4, 6, 11: signals, restarts, alert floods ------------------------------
+
+def sighup(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("sighup", "5 SIGHUPs, 0.5 s apart, to a serving exporter with advisor.token_file; "
+              "the token file rotated before the third",
+              "the process lives and answers; each SIGHUP (or a burst of them) logs one "
+              "'reloaded on SIGHUP' line; the rotated token is taken, the old one refused")
+    token_file = tmp / "token"
+    token_file.write_text("first-token\n")
+    exporter = start_exporter(tmp, config=f"advisor:\n  token_file: {token_file}\n"
+                              f"  outbox: {tmp / 'outbox.sqlite'}\n")
+    for n in range(5):
+        if n == 2:
+            token_file.write_text("rotated-token\n")
+        os.kill(exporter.proc.pid, signal.SIGHUP)
+        time.sleep(0.5)
+    time.sleep(1.0)
+    alive = exporter.proc.poll() is None
+    healthy, _, _ = request(f"{exporter.url}/-/healthy", timeout=10)
+
+    def post(token: str) -> int | None:
+        return request(f"{exporter.url}/v1/alerts", data=alertmanager("GpuClusterFragmentationHigh", "g"),
+                       headers={"Authorization": f"Bearer {token}",
+                                "Content-Type": "application/json"}, timeout=20)[0]
+
+    new, old = post("rotated-token"), post("first-token")
+    lines = [line for line in log_lines(exporter) if "reloaded on SIGHUP" in line]
+    row.ok = alive and healthy == 200 and 1 <= len(lines) <= 5 and new in (200, 202) and old == 401
+    row.figures = {"alive": alive, "healthy": healthy, "reload_lines": lines, "new_token": new,
+                   "old_token": old}
+    row.observed = (f"alive {alive}, /-/healthy {healthy}; {len(lines)} 'reloaded on SIGHUP' "
+                    f"lines (last: {lines[-1][-60:] if lines else ''!r}); rotated token -> {new}, "
+                    f"old token -> {old}")
+    return row
+
+
+def restart_cooldown(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.test_advisor_e2e import SECRET, Scheduler
+
+    row = Row("restart-cooldown", "the fragmented-pool fleet (nearly frozen), cooldown 30 m; once "
+              "the first plan is delivered the exporter is stopped (SIGTERM) and started again "
+              "on the same outbox; 20 s watched after the restart",
+              "no second plan: the cooldown read back from the outbox (before: a second plan "
+              "9.4 s after the first)")
+    port = free_port()
+    scheduler = Scheduler(port).start()
+    env = {"GPUFLEET_ADVISOR_TOKEN": TOKEN, "GPUFLEET_WEBHOOK_SECRET": SECRET}
+    config = advisor_config(tmp / "outbox.sqlite", port, cooldown="30m")
+    (tmp / "one").mkdir()
+    (tmp / "two").mkdir()
+    try:
+        first = start_exporter(tmp / "one", config=config, env=env)
+        wait_for(lambda: scheduler.accepted, 60)
+        delivered_first = len(scheduler.accepted)
+        stop(first.proc)
+        restarted = time.monotonic()
+        second = start_exporter(tmp / "two", config=config, env=env)
+        up_after = time.monotonic() - restarted
+        time.sleep(20)
+        evaluations = metric_sum(second.url, "gpufleet_advisor_evaluations_total")
+        plans = [p.get("plan_id") for p in scheduler.accepted]
+        row.ok = delivered_first == 1 and len(plans) == 1 and scheduler.bad_signatures == 0
+        row.figures = {"plans": plans, "evaluations_after_restart": evaluations,
+                       "restart_ready_s": up_after}
+        row.observed = (f"first plan {plans[0] if plans else None} delivered; restarted (ready in "
+                        f"{up_after:.1f} s), {evaluations:g} evaluations in the next 20 s; "
+                        f"{len(plans)} plan(s) delivered in all")
+    finally:
+        scheduler.close()
+    return row
+
+
+def alert_flood(args: argparse.Namespace, tmp: Path) -> Row:
+    seconds, groups = 10.0, 10_000
+    row = Row("alert-flood", f"Alertmanager notifications to /v1/alerts as fast as 8 keep-alive "
+              f"clients send them for {seconds:g} s, over {groups:,} groups (collect_interval 5 s)",
+              "the snapshot never older than 2 intervals (10 s); /-/ready 200 throughout; "
+              "notification info lines rate-limited (before: the snapshot aged to 49 s, 7,000 "
+              "info lines)")
+    exporter = start_exporter(tmp, config=f"advisor:\n  outbox: {tmp / 'outbox.sqlite'}\n",
+                              env={"GPUFLEET_ADVISOR_TOKEN": TOKEN})
+    host, port = exporter.url.removeprefix("http://").split(":")
+    sent = [0] * 8
+    statuses: dict[int, int] = {}
+    ends = time.monotonic() + seconds
+
+    def client(k: int) -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        i = k
+        while time.monotonic() < ends:
+            body = alertmanager("GpuClusterFragmentationHigh", f"g{i % groups}")
+            i += 8
+            try:
+                conn.request("POST", "/v1/alerts", body, {"Authorization": f"Bearer {TOKEN}",
+                                                          "Content-Type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                statuses[resp.status] = statuses.get(resp.status, 0) + 1
+            except OSError:
+                conn.close()
+                conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            sent[k] += 1
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    ages, ready = [], []
+    for thread in threads:
+        thread.start()
+    while time.monotonic() < ends + 6:
+        _, _, body = request(f"{exporter.url}/v1/snapshot", headers={"Authorization": f"Bearer {TOKEN}"},
+                             timeout=10)
+        with contextlib.suppress(ValueError):
+            ages.append(time.time() - json.loads(body)["taken_at"])
+        ready.append(request(f"{exporter.url}/-/ready", timeout=10)[0])
+        time.sleep(1)
+    for thread in threads:
+        thread.join()
+    lines = [line for line in log_lines(exporter) if "alertmanager notification accepted" in line]
+    evaluations = metric_sum(exporter.url, "gpufleet_advisor_evaluations_total")
+    oldest = max(ages, default=float("inf"))
+    row.ok = oldest < 10 and all(r == 200 for r in ready) and len(lines) <= 5
+    row.figures = {"sent": sum(sent), "statuses": statuses, "oldest_snapshot_s": oldest,
+                   "ready": ready, "info_lines": len(lines), "evaluations": evaluations}
+    row.observed = (f"{sum(sent):,} notifications sent ({sum(sent) / seconds:.0f}/s; statuses "
+                    f"{statuses}); oldest snapshot seen {oldest:.1f} s; /-/ready "
+                    f"{sum(r == 200 for r in ready)} of {len(ready)} 200; {evaluations:g} "
+                    f"evaluations; {len(lines)} notification info lines")
+    return row
+
+
 ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "whatif-1e9": whatif_1e9,
     "idle-connections": idle_connections,
@@ -1535,6 +1670,9 @@ ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "label-churn": label_churn,
     "prometheus-2gb": prometheus_2gb,
     "kube-20k": kube_20k,
+    "sighup": sighup,
+    "restart-cooldown": restart_cooldown,
+    "alert-flood": alert_flood,
 }
 
 
