@@ -40,6 +40,7 @@ Rows of issue 32, by its finding:
 - ``restart-cooldown`` (6): a restart on the same outbox inside the cooldown: no second plan.
 - ``alert-flood`` (11): Alertmanager notifications over 10,000 groups for 10 s; the
   snapshot's age, /-/ready and the info lines.
+- ``prometheus-bad-series`` (13): 8 good GPUs beside each bad series of the finding.
 - ``label-churn`` (9): 1,000 snapshots, one node replaced by a new machine in each, through
   serve's pipeline in one process; RSS and the label cache's size along the way.
 
@@ -1651,6 +1652,99 @@ def alert_flood(args: argparse.Namespace, tmp: Path) -> Row:
     return row
 
 
+
+# -- issue 32, finding 13: one bad Prometheus series ------------------------------------------
+
+def bad_series_answers() -> dict[str, list[dict]]:
+    """Per query name of the prometheus source: 8 good GPUs on node good-1 beside each bad
+    series finding 13 lists (+Inf memory, gpu="abc", a MIG series without gpu_instance, a
+    value that is no number, no value, a huge GPU index, negative sizes and counts)."""
+    now = time.time()
+
+    def series(name: str, value: object, **labels: str) -> dict:
+        return {"metric": {"__name__": name, **labels}, "value": [now, str(value)]}
+
+    good = [{"node": "good-1", "gpu": str(i), "uuid": f"GPU-good-{i}", "model": "H100",
+             "pool": "p", "instance": "10.0.0.1:9874", "job": "gpufleet-nodes"} for i in range(8)]
+    bad = {"node": "bad-1", "uuid": "GPU-bad", "model": "H100", "pool": "p",
+           "instance": "10.0.0.2:9874", "job": "gpufleet-nodes"}
+    return {
+        "identity": [*(series("gpufleet_gpu_info", 1, **g) for g in good),
+                     series("gpufleet_gpu_info", 1, **bad, gpu="abc"),
+                     series("gpufleet_gpu_info", 1, **dict(bad, uuid="GPU-huge"), gpu="9" * 30)],
+        "gpufleet_gpu_up": [series("gpufleet_gpu_up", 1, **g) for g in good],
+        "gpufleet_gpu_memory_total_bytes": [
+            *(series("gpufleet_gpu_memory_total_bytes", 80e9, **g) for g in good[1:]),
+            series("gpufleet_gpu_memory_total_bytes", "+Inf", **good[0])],
+        "gpufleet_gpu_memory_used_bytes": [series("gpufleet_gpu_memory_used_bytes", -80e9, **good[1])],
+        "gpufleet_gpu_power_watts": [series("gpufleet_gpu_power_watts", "watts", **good[2])],
+        "gpufleet_gpu_temperature_celsius": [{"metric": {"__name__": "x", **good[3]}}],
+        "gpufleet_gpu_utilization_ratio": [series("gpufleet_gpu_utilization_ratio", 0.5, **g)
+                                           for g in good],
+        "nodes": [series("gpufleet_node_info", 1, node="good-1", pool="p", model="H100", gpus="8"),
+                  series("gpufleet_node_info", 1, node="bad-1", pool="p", model="H100", gpus="-8"),
+                  series("gpufleet_node_cpu_cores", -128, node="bad-1")],
+        "mig": [series("gpufleet_gpu_mig_instance_info", 1, **good[4], profile="1g.10gb")],
+        "targets": [series("up", 1, instance="10.0.0.1:9874", job="gpufleet-nodes")],
+    }
+
+
+def serve_bad_series(port: int) -> None:
+    """A Prometheus API answering the prometheus source's queries with bad_series_answers()
+    (run as a subprocess)."""
+    from aiohttp import web
+
+    from exporter.sources.prometheus.options import PrometheusSource
+    from exporter.sources.prometheus.source import build_queries
+
+    names = {expr: name for name, expr in build_queries(PrometheusSource(enabled=True)).items()}
+
+    async def query(request: web.Request) -> web.Response:
+        form = await request.post()
+        name = names.get(str(form.get("query", "")), "")
+        result = bad_series_answers().get(name, [])
+        return web.json_response({"status": "success",
+                                  "data": {"resultType": "vector", "result": result}})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/api/v1/query", query)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def prometheus_bad_series(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("prometheus-bad-series", "--source prometheus against a backend whose answers hold "
+              "8 good GPUs beside finding 13's bad series (+Inf memory, gpu=\"abc\", GPU index "
+              "10^30, a value that is no number, no value, memory -80 GB, gpus=\"-8\", -128 CPUs)",
+              "source_up 1, the 8 good GPUs served, each bad series dropped and counted in "
+              "gpufleet_source_parse_errors_total (before: the whole fleet stale)")
+    port = free_port()
+    start_helper(tmp, "prometheus", ["--serve-bad-series", str(port)],
+                 f"http://127.0.0.1:{port}/-/none")
+    exporter = start_exporter(tmp, "--source", "prometheus", config=(
+        f"sources:\n  prometheus:\n    enabled: true\n    url: http://127.0.0.1:{port}\n"), timeout=60)
+    time.sleep(2)
+    # cluster mode serves no per-GPU series (exposition.per_gpu auto): the snapshot has them
+    _, _, body = request(f"{exporter.url}/v1/snapshot", timeout=10)
+    snapshot = json.loads(body)
+    (status,) = [s for s in snapshot["sources"] if s["source"] == "prometheus" and not s.get("target")]
+    up, errors = status["up"], status.get("parse_errors", 0)
+    gpus = [g for g in snapshot["gpus"] if g["node"] == "good-1"]
+    stale = [g for g in snapshot["gpus"] if g.get("stale")]
+    nodes = sorted(n["name"] for n in snapshot["nodes"])
+    row.ok = up and len(gpus) == 8 and not stale and errors >= 8
+    row.figures = {"up": up, "parse_errors": errors, "good_gpus": len(gpus), "stale": len(stale),
+                   "nodes": nodes, "error": status.get("error", "")}
+    row.observed = (f"source_up {int(up)}; {len(gpus)} good GPUs served ({len(snapshot['gpus'])} "
+                    f"in all), {len(stale)} stale; parse errors {errors}; nodes {nodes}")
+    return row
+
+
 ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "whatif-1e9": whatif_1e9,
     "idle-connections": idle_connections,
@@ -1673,6 +1767,7 @@ ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "sighup": sighup,
     "restart-cooldown": restart_cooldown,
     "alert-flood": alert_flood,
+    "prometheus-bad-series": prometheus_bad_series,
 }
 
 
@@ -1706,6 +1801,7 @@ def main() -> None:
     parser.add_argument("--kube-nodes", type=int, default=20_000, help="kube-20k: nodes")
     parser.add_argument("--serve-prometheus", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--serve-kube", nargs=3, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-bad-series", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-dcgm", help=argparse.SUPPRESS)
     parser.add_argument("--scrape", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--keep-alive", action="store_true", help=argparse.SUPPRESS)
@@ -1715,6 +1811,9 @@ def main() -> None:
         return
     if args.serve_prometheus:
         serve_prometheus(int(args.serve_prometheus[0]), args.serve_prometheus[1])
+        return
+    if args.serve_bad_series:
+        serve_bad_series(args.serve_bad_series)
         return
     if args.serve_kube:
         serve_kube(*args.serve_kube)
