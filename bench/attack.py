@@ -44,7 +44,8 @@ Rows of issue 32, by its finding:
 - ``label-churn`` (9): 1,000 snapshots, one node replaced by a new machine in each, through
   serve's pipeline in one process; RSS and the label cache's size along the way.
 
-Usage: ``make bench-deps && .venv/bin/python bench/attack.py`` (about 3 minutes);
+Usage: ``make bench-deps && .venv/bin/python bench/attack.py`` (about 15 minutes, 7 of them
+``label-churn``: ``--churn-snapshots 200`` shortens it);
 ``--connections 500 --seconds 3 --collections 3 --wrk-connections 100 --wrk-seconds 3``
 for a quick run. Exit status 1 when a row misses its expectation.
 """
