@@ -8,11 +8,12 @@ queue is full a line is dropped and counted (:func:`dropped_lines`), and the wri
 says how many once it catches up. The batch commands write directly: a line there
 is never worth more than the run, and they end right after.
 
-``serve`` also rate-limits what the sources log (:class:`PerSourceLimit`): an upstream
-that fails the same way over and over (a watch broken every few milliseconds, a Slurm
-answer of a million bad records, 19 Prometheus queries each with a warning) logs one
-line per interval and per source, the next one saying how many were not logged, as
-the connection gate's lines do.
+``serve`` also rate-limits what the sources and aiohttp's server log
+(:class:`PerSourceLimit`): an upstream that fails the same way over and over (a watch
+broken every few milliseconds, a Slurm answer of a million bad records, 19 Prometheus
+queries each with a warning), or a flood of malformed requests, logs one line per
+interval and per source, the next one saying how many were not logged, as the
+connection gate's lines do.
 """
 
 from __future__ import annotations
@@ -101,23 +102,30 @@ def _count_drop() -> None:
         _dropped += 1
 
 
+# the loggers whose lines an upstream or a client can multiply: the sources', and aiohttp's
+# server, which logs each malformed request at ERROR ("Error handling request from %s":
+# 20,000 unauthenticated requests were 20,000 lines, 10.2 MB, in 10 s; issue 32, finding 17)
+LIMITED_LOGGERS = ("exporter.sources.", "aiohttp.server")
+
+
 class PerSourceLimit(logging.Filter):
     """At most one line per ``interval`` seconds for each (logger, message, source, target,
-    GPU) of the loggers under ``prefix`` (the sources); the line after a quiet spell carries
-    ``not_logged_since_last_line``, the count of those held back. Other loggers pass. The
-    message is the template (``record.msg``), so the values in ``extra`` (an error's text)
-    do not make every line a new key."""
+    GPU) of the loggers named by ``prefixes`` (the sources, aiohttp's server); the line after
+    a quiet spell carries ``not_logged_since_last_line``, the count of those held back. Other
+    loggers pass. The message is the template (``record.msg``), so the values in ``extra``
+    or the arguments (an error's text, a client's address) do not make every line a new key."""
 
-    def __init__(self, interval: float = SOURCE_LINE_INTERVAL, prefix: str = "exporter.sources.",
+    def __init__(self, interval: float = SOURCE_LINE_INTERVAL,
+                 prefixes: tuple[str, ...] = LIMITED_LOGGERS,
                  clock: Callable[[], float] = time.monotonic, keys: int = SOURCE_LINE_KEYS) -> None:
         super().__init__()
-        self.interval, self.prefix, self.clock, self.keys = interval, prefix, clock, keys
+        self.interval, self.prefixes, self.clock, self.keys = interval, prefixes, clock, keys
         self._seen: dict[tuple[object, ...], list[float]] = {}  # key -> [logged at, held back]
         self._lock = threading.Lock()
         self.held_back = 0  # lines not logged, in all
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith(self.prefix):
+        if not record.name.startswith(self.prefixes):
             return True
         key = (record.name, record.msg, getattr(record, "source", None),
                getattr(record, "target", None), getattr(record, "gpu", None))

@@ -102,3 +102,24 @@ def test_the_lines_not_written_are_served_by_reason_while_serve_logs(monkeypatch
         root.handlers[:] = handlers
         root.setLevel(level)
     assert served() == {"queue_full": 0.0, "rate_limited": 0.0}
+
+
+def test_a_flood_of_malformed_requests_logs_one_error_line(monkeypatch):
+    """Issue 32, finding 17: aiohttp logs each malformed request at ERROR ("Error handling
+    request from %s", the client's address an argument): 20,000 lines in 10 s before."""
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        logs.setup("info", "logfmt", queued=True)
+        server = logging.getLogger("aiohttp.server")
+        for i in range(20_000):
+            server.error("Error handling request from %s", f"10.0.{i // 256}.{i % 256}")
+        logs._stop_writer()
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    lines = stream.getvalue().splitlines()
+    assert sum('msg="Error handling request from 10.0.0.0"' in line for line in lines) == 1
+    assert len(lines) == 1
