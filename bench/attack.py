@@ -42,6 +42,8 @@ Rows of issue 32, by its finding:
   snapshot's age, /-/ready and the info lines.
 - ``prometheus-bad-series`` (13): 8 good GPUs beside each bad series of the finding.
 - ``malformed-flood`` (17): 8 clients sending malformed requests for 10 s; the log lines.
+- ``full-disk-outcome`` (7): the POST succeeds once the disk is full, its outcome cannot be
+  written: the POSTs counted (needs root for ``mount``).
 - ``label-churn`` (9): 1,000 snapshots, one node replaced by a new machine in each, through
   serve's pipeline in one process; RSS and the label cache's size along the way.
 
@@ -939,6 +941,58 @@ def full_disk(args: argparse.Namespace, tmp: Path) -> Row:
     return row
 
 
+
+def full_disk_outcome(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.test_advisor_e2e import SECRET, Scheduler
+
+    row = Row("full-disk-outcome", "the outbox on a 2 MB tmpfs, the scheduler down: the plan is "
+              "written, its POST fails and is retried (0.3-0.6 s); the tmpfs is then filled to "
+              "ENOSPC and the scheduler comes up, so the POST succeeds but its outcome cannot be "
+              "written; 15 s watched, then the filler deleted",
+              "one POST while the disk is full, not one per round (issue 32, finding 7: 29 "
+              "POSTs in 15 s); the outcome written once space returns, no POST more")
+    disk = tmp / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        row.observed = f"skipped: cannot mount a tmpfs ({mounted.stderr.strip()[:100]}); needs root"
+        return row
+    scheduler = Scheduler(free_port())
+    try:
+        exporter = start_exporter(tmp, config=advisor_config(disk / "outbox.sqlite", scheduler.port),
+                                  env={"GPUFLEET_ADVISOR_TOKEN": TOKEN,
+                                       "GPUFLEET_WEBHOOK_SECRET": SECRET})
+        pending = wait_for(lambda: metric_sum(exporter.url, "gpufleet_advisor_outbox_pending"), 60) or 0.0
+        time.sleep(1.0)  # a failed POST or two, their retry times written
+        filler = disk / "filler"
+        with filler.open("wb", buffering=0) as out, contextlib.suppress(OSError):
+            while True:
+                out.write(b"\0" * 4096)
+        scheduler.start()
+        time.sleep(15)
+        posts_full = len(scheduler.requests)
+        errors = metric_sum(exporter.url, "gpufleet_advisor_outbox_errors_total")
+        filler.unlink()
+        time.sleep(5)
+        posts_after = len(scheduler.requests)
+        delivered = metric_sum(exporter.url, "gpufleet_advisor_webhook_deliveries_total",
+                               result="delivered")
+        left = metric_sum(exporter.url, "gpufleet_advisor_outbox_pending")
+        row.figures = {"pending_before": pending, "posts_while_full": posts_full,
+                       "outbox_errors": errors, "posts_after": posts_after,
+                       "delivered": delivered, "pending_after": left}
+        row.ok = pending >= 1 and posts_full == 1 and posts_after == 1 and errors >= 1 and left == 0
+        row.observed = (f"pending {pending:g} before; disk full, scheduler up: {posts_full} POST(s) "
+                        f"in 15 s, outbox errors {errors:g}; space freed: {posts_after} POST(s) in "
+                        f"all, deliveries_total{{result=delivered}} {delivered:g}, pending {left:g}")
+    finally:
+        scheduler.close()
+        stop_all()
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    return row
+
+
 def expired_plan(args: argparse.Namespace, tmp: Path) -> Row:
     from tests.test_advisor_e2e import SECRET, Scheduler
 
@@ -1807,6 +1861,7 @@ ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "alert-flood": alert_flood,
     "prometheus-bad-series": prometheus_bad_series,
     "malformed-flood": malformed_flood,
+    "full-disk-outcome": full_disk_outcome,
 }
 
 
