@@ -44,6 +44,8 @@ Rows of issue 32, by its finding:
 - ``malformed-flood`` (17): 8 clients sending malformed requests for 10 s; the log lines.
 - ``full-disk-outcome`` (7): the POST succeeds once the disk is full, its outcome cannot be
   written: the POSTs counted (needs root for ``mount``).
+- ``clock-step`` (5): the exporter's wall clock stepped back 1 h (a sitecustomize moving
+  ``time.time``) while a delivery is retried; the delay once the scheduler is up.
 - ``label-churn`` (9): 1,000 snapshots, one node replaced by a new machine in each, through
   serve's pipeline in one process; RSS and the label cache's size along the way.
 
@@ -993,6 +995,76 @@ def full_disk_outcome(args: argparse.Namespace, tmp: Path) -> Row:
     return row
 
 
+
+CLOCK_SHIFT = """\
+# bench/attack.py's clock-step row: this process's wall clock (time.time) moved by the
+# seconds in the file $GPUFLEET_BENCH_CLOCK_OFFSET, as a stepped system clock moves it;
+# the monotonic clock is left alone, as a step leaves it
+import os
+import time
+
+_real, _path, _read = time.time, os.environ["GPUFLEET_BENCH_CLOCK_OFFSET"], [0.0, 0.0]
+
+
+def _stepped():
+    now = time.monotonic()
+    if now - _read[0] > 0.2:
+        try:
+            with open(_path) as f:
+                _read[1] = float(f.read() or 0)
+        except (OSError, ValueError):
+            pass
+        _read[0] = now
+    return _real() + _read[1]
+
+
+time.time = _stepped
+"""
+
+
+def clock_step(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.test_advisor_e2e import SECRET, Scheduler
+
+    row = Row("clock-step", "the scheduler down, the plan's POST failing and retried (0.3-0.6 s); "
+              "the exporter's wall clock then stepped back 1 h (time.time only, through a "
+              "sitecustomize) and the scheduler brought up",
+              "the next delivery within its backoff, seconds (issue 32, finding 5: about an "
+              "hour; the 15-min plan expired first)")
+    shim = tmp / "clockshift"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(CLOCK_SHIFT)
+    offset = tmp / "offset"
+    offset.write_text("0")
+    scheduler = Scheduler(free_port())
+    try:
+        exporter = start_exporter(tmp, config=advisor_config(tmp / "outbox.sqlite", scheduler.port),
+                                  env={"GPUFLEET_ADVISOR_TOKEN": TOKEN,
+                                       "GPUFLEET_WEBHOOK_SECRET": SECRET,
+                                       "GPUFLEET_BENCH_CLOCK_OFFSET": str(offset),
+                                       "PYTHONPATH": os.pathsep.join([str(REPO), str(shim)])})
+        pending = wait_for(lambda: metric_sum(exporter.url, "gpufleet_advisor_outbox_pending"), 60) or 0.0
+        time.sleep(1.0)  # failed POSTs, each retry written for a wall time ahead
+        offset.write_text("-3600")
+        # a snapshot taken after the step shows it (collections take seconds on a loaded machine)
+        stamp = wait_for(lambda: (v := metric_sum(exporter.url, "gpufleet_snapshot_timestamp_seconds"))
+                         < time.time() - 3000 and v, 60) or time.time()
+        scheduler.start()
+        up = time.monotonic()
+        wait_for(lambda: scheduler.accepted, 120)
+        took = time.monotonic() - up
+        plans = [p.get("plan_id") for p in scheduler.accepted]
+        stepped = time.time() - stamp > 3000  # the exporter's wall clock is an hour behind
+        row.ok = pending >= 1 and stepped and len(plans) == 1 and took < 5
+        row.figures = {"pending": pending, "stepped": stepped, "delivered_after_s": took,
+                       "plans": plans, "bad_signatures": scheduler.bad_signatures}
+        row.observed = (f"pending {pending:g}; the exporter's clock {time.time() - stamp:.0f} s "
+                        f"behind; scheduler up: {len(plans)} delivery {took:.1f} s later "
+                        f"({plans}), bad signatures {scheduler.bad_signatures}")
+    finally:
+        scheduler.close()
+    return row
+
+
 def expired_plan(args: argparse.Namespace, tmp: Path) -> Row:
     from tests.test_advisor_e2e import SECRET, Scheduler
 
@@ -1862,6 +1934,7 @@ ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "prometheus-bad-series": prometheus_bad_series,
     "malformed-flood": malformed_flood,
     "full-disk-outcome": full_disk_outcome,
+    "clock-step": clock_step,
 }
 
 
