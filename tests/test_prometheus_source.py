@@ -630,6 +630,46 @@ def test_a_read_cut_at_a_cap_keeps_nothing_of_the_answers_it_read():
     assert held[0] < 2.5 * 2 ** 20, f"{held[0] / 2 ** 20:.1f} MiB still held"
 
 
+def test_value_families_are_held_compact_and_read_as_the_series_were():
+    """Issue 32, Build 2 (docs/reliability.md's sizing): a read holds every answer decoded
+    until the snapshot is built, 604 bytes a value-family series as dicts, so 13 value
+    families at 108,800 GPUs were 0.85 GB. As (node, gpu, value) tuples, with the labels
+    interned, a series costs under 200 bytes; the snapshot built from them is the same, and a
+    malformed series is still dropped and counted."""
+    import tracemalloc
+
+    from exporter.sources.prometheus.source import compact
+
+    n = 10_000
+    body = json.dumps([{"metric": {"node": f"gpu-{i // 8:05d}", "gpu": str(i % 8)},
+                        "value": [1760000000.123, str(40.0 + i % 50)]} for i in range(n)])
+    gc.collect()
+    tracemalloc.start()
+    try:
+        held = compact(json.loads(body))
+        gc.collect()
+        size = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert size / n < 200, f"{size / n:.0f} bytes a series"
+    assert held[9] == ("gpu-00001", "1", "49.0")
+
+    good = dict(GPU, node="good")
+    temperature = [_series("gpufleet_gpu_temperature_celsius", 61.5, **good),
+                   {"metric": {"__name__": "x", **dict(GPU, node="good", gpu="1")}}]  # no value
+    identity = [_series("gpufleet_gpu_info", 1, **good),
+                _series("gpufleet_gpu_info", 1, **dict(good, gpu="1"))]
+    up = [_series("gpufleet_gpu_up", 1, **good), _series("gpufleet_gpu_up", 1, **dict(good, gpu="1"))]
+    built = [build_snapshot(100.0, _results(identity=identity, old=[], gpufleet_gpu_up=ups,
+                                           gpufleet_gpu_temperature_celsius=values))
+             for ups, values in ((up, temperature), (compact(up), compact(temperature)))]
+    assert built[0] == built[1]
+    snapshot, _, failed = built[1]
+    assert [(g.index, g.temperature_celsius, g.stale) for g in snapshot.gpus] == [
+        (0, 61.5, False), (1, None, False)]
+    assert failed == 1  # the series without a value, kept as it came and counted
+
+
 @pytest.mark.parametrize(("config", "identity_series", "message"), [
     ({"max_gpus": 2}, 3, "query identity: 3 series, over max_gpus 2"),
     ({"max_gpus": 2}, 2, "query gpufleet_gpu_power_watts: 4 series, over max_gpus 2"),

@@ -58,6 +58,7 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -259,10 +260,36 @@ def _value(sample: Mapping[str, Any]) -> float | None:
     return None if value != value else value  # NaN is absence, never a value
 
 
+# a value family's series once decoded: (node, gpu, the value's text)
+Compact = tuple[str, str, str]
+
+
+def compact(series: list[Any]) -> list[Any]:
+    """A value family's series as (node, gpu, value text), the labels interned: decoded,
+    each series is two dicts, a list and four strings, 604 bytes at 108,800 GPUs, and a read
+    holds every answer until the snapshot is built (13 value families: 0.85 GB of them
+    alone); as tuples about 120 bytes. A series that does not have that shape is kept as it
+    came, so that :func:`build_snapshot` drops and counts it as before."""
+    out: list[Any] = []
+    intern = sys.intern
+    for sample in series:
+        try:
+            labels = sample["metric"]
+            value = sample["value"][1]
+            node, gpu = labels.get("node", ""), labels.get("gpu", "0")
+            if type(value) is str and type(node) is str and type(gpu) is str:
+                out.append((intern(node), intern(gpu), value))
+                continue
+        except _BAD_SERIES:
+            pass
+        out.append(sample)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class _Result:
     name: str
-    series: list[dict[str, Any]] | None  # None: the query failed
+    series: list[Any] | None  # None: the query failed (value families: compact()'s tuples)
     error: str = ""
     over_cap: bool = False  # failed for a cap: the whole read fails
 
@@ -301,7 +328,7 @@ def build_snapshot(
         if result.name in REQUIRED:
             raise PrometheusQueryError(result.error)
 
-    def series(name: str) -> list[dict[str, Any]]:
+    def series(name: str) -> list[Any]:
         result = results.get(name)
         return result.series or [] if result is not None else []
 
@@ -328,9 +355,15 @@ def build_snapshot(
         assert bound is not None  # GPU_VALUES holds only bounded families
         for sample in series(family):
             try:
-                labels = sample["metric"]
-                fields = fields_of.get((labels.get("node", ""), labels.get("gpu", "0")))
-                value = _value(sample)
+                value: float | None
+                if type(sample) is tuple:  # compact(): (node, gpu, value text)
+                    fields = fields_of.get((sample[0], sample[1]))
+                    number = float(sample[2])
+                    value = None if number != number else number  # NaN: absence, as _value
+                else:
+                    labels = sample["metric"]
+                    fields = fields_of.get((labels.get("node", ""), labels.get("gpu", "0")))
+                    value = _value(sample)
                 if fields is None or value is None:
                     continue
                 # the catalogue's bound is the one record of a field's legal values:
@@ -407,9 +440,15 @@ def build_snapshot(
 
 
 def _keys(samples: Sequence[Any]) -> set[tuple[str, str]]:
-    """The (node, gpu) labels of ``samples``; a malformed one names no GPU."""
-    return {(s["metric"].get("node", ""), s["metric"].get("gpu", "0")) for s in samples
-            if isinstance(s, dict) and isinstance(s.get("metric"), dict)}
+    """The (node, gpu) labels of ``samples`` (series, or :func:`compact`'s tuples); a
+    malformed one names no GPU."""
+    keys = set()
+    for sample in samples:
+        if isinstance(sample, tuple):
+            keys.add((sample[0], sample[1]))
+        elif isinstance(sample, dict) and isinstance(labels := sample.get("metric"), dict):
+            keys.add((labels.get("node", ""), labels.get("gpu", "0")))
+    return keys
 
 
 def _targets(samples: Sequence[Mapping[str, Any]], dropped: _Dropped | None = None,
@@ -685,6 +724,8 @@ class PrometheusFleetSource:
                 raise ValueError(f"result type {data['resultType']}, expected vector")
         except (ValueError, KeyError, TypeError) as exc:
             return _Result(name, None, f"query {name}: unexpected answer: {exc}")
+        if name in GPU_VALUES and self._resolve_model is None:
+            data["result"] = compact(data["result"])
         for warning in payload.get("warnings") or []:
             # Thanos/Mimir: a store did not answer, so this family may be partial
             log.warning("prometheus answered with a warning",
