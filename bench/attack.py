@@ -33,8 +33,24 @@ Rows of issue 32, by its finding:
   holding the pipe, and answering then leaving such a child; no process or fd may be left.
 - ``slurm-words`` (10): scontrol answering one 2 MB field of words, /-/healthy timed meanwhile.
 - ``log-stall`` (3): stderr a pipe nobody reads, 2,000 malformed requests, then the probes.
+- ``prometheus-2gb`` (2): every query answered with 2 GB of series, no Content-Length;
+  the exporter's peak RSS, its probes and the source's reason.
+- ``kube-20k`` (2): 20,000 nodes x 64 GPUs from the tests' fake apiserver; the same.
+- ``sighup`` (4): 5 SIGHUPs with the token file rotated; the process lives and reloads.
+- ``restart-cooldown`` (6): a restart on the same outbox inside the cooldown: no second plan.
+- ``alert-flood`` (11): Alertmanager notifications over 10,000 groups for 10 s; the
+  snapshot's age, /-/ready and the info lines.
+- ``prometheus-bad-series`` (13): 8 good GPUs beside each bad series of the finding.
+- ``malformed-flood`` (17): 8 clients sending malformed requests for 10 s; the log lines.
+- ``full-disk-outcome`` (7): the POST succeeds once the disk is full, its outcome cannot be
+  written: the POSTs counted (needs root for ``mount``).
+- ``clock-step`` (5): the exporter's wall clock stepped back 1 h (a sitecustomize moving
+  ``time.time``) while a delivery is retried; the delay once the scheduler is up.
+- ``label-churn`` (9): 1,000 snapshots, one node replaced by a new machine in each, through
+  serve's pipeline in one process; RSS and the label cache's size along the way.
 
-Usage: ``make bench-deps && .venv/bin/python bench/attack.py`` (about 3 minutes);
+Usage: ``make bench-deps && .venv/bin/python bench/attack.py`` (about 15 minutes, 7 of them
+``label-churn``: ``--churn-snapshots 200`` shortens it);
 ``--connections 500 --seconds 3 --collections 3 --wrk-connections 100 --wrk-seconds 3``
 for a quick run. Exit status 1 when a row misses its expectation.
 """
@@ -927,6 +943,128 @@ def full_disk(args: argparse.Namespace, tmp: Path) -> Row:
     return row
 
 
+
+def full_disk_outcome(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.test_advisor_e2e import SECRET, Scheduler
+
+    row = Row("full-disk-outcome", "the outbox on a 2 MB tmpfs, the scheduler down: the plan is "
+              "written, its POST fails and is retried (0.3-0.6 s); the tmpfs is then filled to "
+              "ENOSPC and the scheduler comes up, so the POST succeeds but its outcome cannot be "
+              "written; 15 s watched, then the filler deleted",
+              "one POST while the disk is full, not one per round (issue 32, finding 7: 29 "
+              "POSTs in 15 s); the outcome written once space returns, no POST more")
+    disk = tmp / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        row.observed = f"skipped: cannot mount a tmpfs ({mounted.stderr.strip()[:100]}); needs root"
+        return row
+    scheduler = Scheduler(free_port())
+    try:
+        exporter = start_exporter(tmp, config=advisor_config(disk / "outbox.sqlite", scheduler.port),
+                                  env={"GPUFLEET_ADVISOR_TOKEN": TOKEN,
+                                       "GPUFLEET_WEBHOOK_SECRET": SECRET})
+        pending = wait_for(lambda: metric_sum(exporter.url, "gpufleet_advisor_outbox_pending"), 60) or 0.0
+        time.sleep(1.0)  # a failed POST or two, their retry times written
+        filler = disk / "filler"
+        with filler.open("wb", buffering=0) as out, contextlib.suppress(OSError):
+            while True:
+                out.write(b"\0" * 4096)
+        scheduler.start()
+        time.sleep(15)
+        posts_full = len(scheduler.requests)
+        errors = metric_sum(exporter.url, "gpufleet_advisor_outbox_errors_total")
+        filler.unlink()
+        time.sleep(5)
+        posts_after = len(scheduler.requests)
+        delivered = metric_sum(exporter.url, "gpufleet_advisor_webhook_deliveries_total",
+                               result="delivered")
+        left = metric_sum(exporter.url, "gpufleet_advisor_outbox_pending")
+        row.figures = {"pending_before": pending, "posts_while_full": posts_full,
+                       "outbox_errors": errors, "posts_after": posts_after,
+                       "delivered": delivered, "pending_after": left}
+        row.ok = pending >= 1 and posts_full == 1 and posts_after == 1 and errors >= 1 and left == 0
+        row.observed = (f"pending {pending:g} before; disk full, scheduler up: {posts_full} POST(s) "
+                        f"in 15 s, outbox errors {errors:g}; space freed: {posts_after} POST(s) in "
+                        f"all, deliveries_total{{result=delivered}} {delivered:g}, pending {left:g}")
+    finally:
+        scheduler.close()
+        stop_all()
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    return row
+
+
+
+CLOCK_SHIFT = """\
+# bench/attack.py's clock-step row: this process's wall clock (time.time) moved by the
+# seconds in the file $GPUFLEET_BENCH_CLOCK_OFFSET, as a stepped system clock moves it;
+# the monotonic clock is left alone, as a step leaves it
+import os
+import time
+
+_real, _path, _read = time.time, os.environ["GPUFLEET_BENCH_CLOCK_OFFSET"], [0.0, 0.0]
+
+
+def _stepped():
+    now = time.monotonic()
+    if now - _read[0] > 0.2:
+        try:
+            with open(_path) as f:
+                _read[1] = float(f.read() or 0)
+        except (OSError, ValueError):
+            pass
+        _read[0] = now
+    return _real() + _read[1]
+
+
+time.time = _stepped
+"""
+
+
+def clock_step(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.test_advisor_e2e import SECRET, Scheduler
+
+    row = Row("clock-step", "the scheduler down, the plan's POST failing and retried (0.3-0.6 s); "
+              "the exporter's wall clock then stepped back 1 h (time.time only, through a "
+              "sitecustomize) and the scheduler brought up",
+              "the next delivery within its backoff, seconds (issue 32, finding 5: about an "
+              "hour; the 15-min plan expired first)")
+    shim = tmp / "clockshift"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(CLOCK_SHIFT)
+    offset = tmp / "offset"
+    offset.write_text("0")
+    scheduler = Scheduler(free_port())
+    try:
+        exporter = start_exporter(tmp, config=advisor_config(tmp / "outbox.sqlite", scheduler.port),
+                                  env={"GPUFLEET_ADVISOR_TOKEN": TOKEN,
+                                       "GPUFLEET_WEBHOOK_SECRET": SECRET,
+                                       "GPUFLEET_BENCH_CLOCK_OFFSET": str(offset),
+                                       "PYTHONPATH": os.pathsep.join([str(REPO), str(shim)])})
+        pending = wait_for(lambda: metric_sum(exporter.url, "gpufleet_advisor_outbox_pending"), 60) or 0.0
+        time.sleep(1.0)  # failed POSTs, each retry written for a wall time ahead
+        offset.write_text("-3600")
+        # a snapshot taken after the step shows it (collections take seconds on a loaded machine)
+        stamp = wait_for(lambda: (v := metric_sum(exporter.url, "gpufleet_snapshot_timestamp_seconds"))
+                         < time.time() - 3000 and v, 60) or time.time()
+        scheduler.start()
+        up = time.monotonic()
+        wait_for(lambda: scheduler.accepted, 120)
+        took = time.monotonic() - up
+        plans = [p.get("plan_id") for p in scheduler.accepted]
+        stepped = time.time() - stamp > 3000  # the exporter's wall clock is an hour behind
+        row.ok = pending >= 1 and stepped and len(plans) == 1 and took < 5
+        row.figures = {"pending": pending, "stepped": stepped, "delivered_after_s": took,
+                       "plans": plans, "bad_signatures": scheduler.bad_signatures}
+        row.observed = (f"pending {pending:g}; the exporter's clock {time.time() - stamp:.0f} s "
+                        f"behind; scheduler up: {len(plans)} delivery {took:.1f} s later "
+                        f"({plans}), bad signatures {scheduler.bad_signatures}")
+    finally:
+        scheduler.close()
+    return row
+
+
 def expired_plan(args: argparse.Namespace, tmp: Path) -> Row:
     from tests.test_advisor_e2e import SECRET, Scheduler
 
@@ -1270,6 +1408,507 @@ def log_stall(args: argparse.Namespace, tmp: Path) -> Row:
     return row
 
 
+
+# -- issue 32, finding 9: identity churn -------------------------------------------------------
+
+CHURN_MARKS = (100, 250, 500, 750, 1000)
+
+
+def churn_child(snapshots: int, outbox: str) -> None:
+    """In this process: serve's pipeline as ``assemble`` wires it (the analyzer, the advisor,
+    the family providers, one LabelCache) fed ``snapshots`` snapshots of the simulated
+    1,088-GPU fleet, one node replaced by a new machine in each (new name, new GPU UUIDs, its
+    jobs renamed: an autoscaled fleet); prints JSON: VmRSS and the label cache's size at
+    each of ``CHURN_MARKS``."""
+    import dataclasses
+
+    from exporter.cli.serve import assemble
+    from exporter.config import Config, build
+    from exporter.exposition import LabelCache
+    from exporter.simulation.fleet import Simulation
+    from exporter.sources.sim.options import SimSource
+    from exporter.web.server import _render_all
+
+    start = 1_760_000_000.0
+    sim = Simulation(SimSource(), start_time=start)
+    sim.advance(start + 600)
+    base = sim.snapshot()
+    config = build(Config, {"advisor": {"outbox": outbox}})
+    _, state, advisor = assemble(config, ["sim"])
+    labels = LabelCache()
+    names = [n.name for n in base.nodes]
+    nodes, gpus, allocations = list(base.nodes), list(base.gpus), list(base.allocations)
+    marks: dict[int, dict[str, float]] = {}
+
+    async def run() -> None:
+        for step in range(1, snapshots + 1):
+            k = step % len(names)
+            old, new = nodes[k].name, f"{names[k]}-{step}"
+            nodes[k] = dataclasses.replace(nodes[k], name=new)
+            for i, gpu in enumerate(gpus):
+                if gpu.node == old:
+                    gpus[i] = dataclasses.replace(gpu, node=new, uuid=f"GPU-{new}-{gpu.index}")
+            for i, alloc in enumerate(allocations):
+                if any(p.node == old for p in alloc.placements):
+                    allocations[i] = dataclasses.replace(
+                        alloc, job=f"{alloc.job}-{step}", placements=tuple(
+                            dataclasses.replace(p, node=new) if p.node == old else p
+                            for p in alloc.placements))
+            snapshot = dataclasses.replace(base, taken_at=start + 600 + 5 * step, nodes=tuple(nodes),
+                                           gpus=tuple(gpus), allocations=tuple(allocations))
+            for listener in state.snapshot_listeners:
+                result = listener(snapshot)
+                if asyncio.iscoroutine(result):
+                    await result
+            _render_all(snapshot, state, labels, 5)
+            if step in CHURN_MARKS or step == snapshots:
+                sizes = labels.sizes() if hasattr(labels, "sizes") else {
+                    "label_texts": sum(map(len, labels._cache.values()))}  # the tree before the fix
+                marks[step] = {"rss_mb": rss_mb(os.getpid()) or 0.0, **sizes}
+
+    asyncio.run(run())
+    if advisor is not None:
+        advisor.deliverer.outbox.close()
+    print(json.dumps({"gpus": len(base.gpus), "nodes": len(names), "marks": marks}))
+
+
+def label_churn(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("label-churn", f"{args.churn_snapshots:,} snapshots of the simulated 1,088-GPU fleet "
+              "through serve's pipeline (analyzer, advisor, render), one node replaced by a new "
+              "machine each time (new name, GPU UUIDs and job names)",
+              "the label cache holds the current fleet's texts only; RSS flat after the first "
+              "hundred snapshots (within 10 MB)")
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--churn-child",
+                          str(args.churn_snapshots), str(tmp / "outbox.sqlite")],
+                         capture_output=True, text=True, timeout=1200, cwd=tmp, check=False)
+    if out.returncode != 0:
+        row.ok, row.observed = False, f"child failed: {out.stderr[-400:]}"
+        return row
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    marks = {int(k): v for k, v in result["marks"].items()}
+    first, last = marks[min(marks)], marks[max(marks)]
+    growth = last["rss_mb"] - first["rss_mb"]
+    row.ok = last["label_texts"] <= result["gpus"] and growth < 10
+    row.figures = {**result, "seconds": time.monotonic() - started}
+    row.observed = (f"{time.monotonic() - started:.0f} s; " + "; ".join(
+        f"after {step}: RSS {m['rss_mb']:.1f} MB, {m['label_texts']:,.0f} label texts"
+        for step, m in sorted(marks.items())) + f"; growth {growth:+.1f} MB")
+    return row
+
+
+
+# -- issue 32, finding 2: upstreams that would run the exporter out of memory ------------------
+
+PROMETHEUS_ANSWER_BYTES = 2 * 1024 ** 3  # what every query is answered: 2 GB of valid series
+
+
+def serve_prometheus(port: int, log_path: str) -> None:
+    """A Prometheus API answering every query with 2 GB of valid vector series, streamed
+    without Content-Length (run as a subprocess); logs how much of each answer was taken."""
+    from aiohttp import web
+
+    chunk = b'{"metric":{"node":"n","gpu":"0","uuid":"GPU-x"},"value":[1,"1"]},' * 16_000  # ~1 MB
+    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - the process's lifetime
+
+    async def query(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        sent = 0
+        try:
+            await response.write(b'{"status":"success","data":{"resultType":"vector","result":[')
+            while sent < PROMETHEUS_ANSWER_BYTES:
+                await response.write(chunk)
+                sent += len(chunk)
+            await response.write(b'{"metric":{},"value":[1,"1"]}]}}')
+        except (ConnectionError, RuntimeError):
+            pass  # the reader hung up at its cap
+        log.write(f"{sent}\n")
+        return response
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/api/v1/query", query)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def start_helper(tmp: Path, name: str, argv: list[str], url: str, timeout: float = 120) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    log = tmp / f"{name}.log"
+    proc = subprocess.Popen([sys.executable, __file__, *argv], cwd=tmp, env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    _PROCS.append(proc)
+    deadline = time.monotonic() + timeout
+    while request(url, timeout=2)[0] is None:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"{name} did not start: " + log.read_text()[-2000:])
+        time.sleep(0.3)
+
+
+def watch_memory(exporter: Server, seconds: float, source: str) -> dict[str, Any]:
+    """Poll the exporter's RSS for ``seconds`` while probing /-/healthy and /metrics once a
+    second; then its source's status from /v1/snapshot."""
+    probes: list[tuple[int | None, float, int | None, float]] = []
+    with RssPoller(exporter.proc.pid) as poller:
+        ends = time.monotonic() + seconds
+        while time.monotonic() < ends:
+            healthy, healthy_s, _ = request(f"{exporter.url}/-/healthy", timeout=10)
+            metrics, metrics_s, _ = request(f"{exporter.url}/metrics", timeout=10)
+            probes.append((healthy, healthy_s, metrics, metrics_s))
+            time.sleep(1)
+    up = metric_sum(exporter.url, "gpufleet_source_up", source=source)
+    _, _, body = request(f"{exporter.url}/v1/snapshot", timeout=10)
+    errors = [s.get("error", "") for s in json.loads(body).get("sources", []) if s.get("source") == source]
+    return {"peak_rss_mb": poller.peak, "after_rss_mb": rss_mb(exporter.proc.pid), "up": up,
+            "error": errors[0] if errors else "", "probes": len(probes),
+            "healthy_ok": sum(p[0] == 200 for p in probes),
+            "metrics_ok": sum(p[2] == 200 for p in probes),
+            "slowest_probe_s": max((max(p[1], p[3]) for p in probes), default=0.0)}
+
+
+def prometheus_2gb(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("prometheus-2gb", "--source prometheus against a Prometheus API answering each of "
+              "its queries with 2 GB of valid series, streamed without Content-Length; 30 s of "
+              "collections (5 s apart), /-/healthy and /metrics probed each second",
+              "RSS under 1 GB (the shipped MemoryMax=1G) throughout; every probe answered; "
+              "source_up 0 with the reason (max_answer_bytes)")
+    port = free_port()
+    start_helper(tmp, "prometheus", ["--serve-prometheus", str(port), str(tmp / "taken.log")],
+                 f"http://127.0.0.1:{port}/-/none")
+    exporter = start_exporter(tmp, "--source", "prometheus", config=(
+        f"sources:\n  prometheus:\n    enabled: true\n    url: http://127.0.0.1:{port}\n"), timeout=60)
+    seen = watch_memory(exporter, args.memory_seconds, "prometheus")
+    taken = [int(line) for line in (tmp / "taken.log").read_text().split()]
+    seen["answers_cut"] = len(taken)
+    seen["largest_taken_mb"] = max(taken, default=0) / 1e6
+    row.figures = seen
+    row.ok = (seen["peak_rss_mb"] < 1000 and seen["up"] == 0 and "max_answer_bytes" in seen["error"]
+              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"])
+    row.observed = (f"peak RSS {seen['peak_rss_mb']:.0f} MB (after {seen['after_rss_mb'] or 0:.0f}); "
+                    f"{seen['answers_cut']} answers cut, the largest after "
+                    f"{seen['largest_taken_mb']:.0f} MB sent; probes {seen['healthy_ok']}/"
+                    f"{seen['metrics_ok']} of {seen['probes']} answered, slowest "
+                    f"{ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}")
+    return row
+
+
+def serve_kube(port: int, nodes: int, gpus: int) -> None:
+    """The tests' fake apiserver holding ``nodes`` nodes of ``gpus`` GPUs each and no pods
+    (run as a subprocess)."""
+    from bench.kubernetes import generated_cluster
+    from tests.helpers.fake_apiserver import NODES, FakeApiserver
+
+    fake = FakeApiserver(port=port)
+    for path, raws in generated_cluster(nodes, 0):
+        if path != NODES:
+            continue
+        grown = []
+        for raw in raws:
+            node = json.loads(raw)
+            node["status"]["capacity"]["nvidia.com/gpu"] = str(gpus)
+            node["status"].get("allocatable", {})["nvidia.com/gpu"] = str(gpus)
+            node["metadata"]["labels"]["nvidia.com/gpu.count"] = str(gpus)
+            grown.append(json.dumps(node, separators=(",", ":")).encode())
+        fake.load_quietly(path, grown)
+
+    async def main() -> None:
+        await fake.start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def kube_20k(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.helpers.fake_apiserver import write_kubeconfig
+
+    nodes, gpus = args.kube_nodes, 64
+    row = Row("kube-20k", f"--source kubernetes against an apiserver (the tests' fake) listing "
+              f"{nodes:,} nodes labelled with {gpus} GPUs each ({nodes * gpus:,} GPUs); "
+              f"{args.memory_seconds:g} s of collections, /-/healthy and /metrics probed each second",
+              "RSS under 1 GB throughout; every probe answered; source_up 0 with the reason "
+              "(sources.kubernetes.max_gpus)")
+    port = free_port()
+    start_helper(tmp, "apiserver", ["--serve-kube", str(port), str(nodes), str(gpus)],
+                 f"http://127.0.0.1:{port}/version", timeout=300)
+    kubeconfig = write_kubeconfig(tmp / "kubeconfig", f"http://127.0.0.1:{port}")
+    exporter = start_exporter(tmp, "--source", "kubernetes", config=(
+        f"sources:\n  kubernetes:\n    enabled: true\n    kubeconfig: {kubeconfig}\n"), timeout=90)
+    seen = watch_memory(exporter, args.memory_seconds, "kubernetes")
+    row.figures = seen
+    row.ok = (seen["peak_rss_mb"] < 1000 and seen["up"] == 0 and "max_gpus" in seen["error"]
+              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"])
+    row.observed = (f"peak RSS {seen['peak_rss_mb']:.0f} MB (after {seen['after_rss_mb'] or 0:.0f}); "
+                    f"probes {seen['healthy_ok']}/{seen['metrics_ok']} of {seen['probes']} answered, "
+                    f"slowest {ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}")
+    return row
+
+
+
+# -- issue 32, findings 4, 6, 11: signals, restarts, alert floods ------------------------------
+
+def sighup(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("sighup", "5 SIGHUPs, 0.5 s apart, to a serving exporter with advisor.token_file; "
+              "the token file rotated before the third",
+              "the process lives and answers; each SIGHUP (or a burst of them) logs one "
+              "'reloaded on SIGHUP' line; the rotated token is taken, the old one refused")
+    token_file = tmp / "token"
+    token_file.write_text("first-token\n")
+    exporter = start_exporter(tmp, config=f"advisor:\n  token_file: {token_file}\n"
+                              f"  outbox: {tmp / 'outbox.sqlite'}\n")
+    for n in range(5):
+        if n == 2:
+            token_file.write_text("rotated-token\n")
+        os.kill(exporter.proc.pid, signal.SIGHUP)
+        time.sleep(0.5)
+    time.sleep(1.0)
+    alive = exporter.proc.poll() is None
+    healthy, _, _ = request(f"{exporter.url}/-/healthy", timeout=10)
+
+    def post(token: str) -> int | None:
+        return request(f"{exporter.url}/v1/alerts", data=alertmanager("GpuClusterFragmentationHigh", "g"),
+                       headers={"Authorization": f"Bearer {token}",
+                                "Content-Type": "application/json"}, timeout=20)[0]
+
+    new, old = post("rotated-token"), post("first-token")
+    lines = [line for line in log_lines(exporter) if "reloaded on SIGHUP" in line]
+    row.ok = alive and healthy == 200 and 1 <= len(lines) <= 5 and new in (200, 202) and old == 401
+    row.figures = {"alive": alive, "healthy": healthy, "reload_lines": lines, "new_token": new,
+                   "old_token": old}
+    row.observed = (f"alive {alive}, /-/healthy {healthy}; {len(lines)} 'reloaded on SIGHUP' "
+                    f"lines (last: {lines[-1][-60:] if lines else ''!r}); rotated token -> {new}, "
+                    f"old token -> {old}")
+    return row
+
+
+def restart_cooldown(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.test_advisor_e2e import SECRET, Scheduler
+
+    row = Row("restart-cooldown", "the fragmented-pool fleet (nearly frozen), cooldown 30 m; once "
+              "the first plan is delivered the exporter is stopped (SIGTERM) and started again "
+              "on the same outbox; 20 s watched after the restart",
+              "no second plan: the cooldown read back from the outbox (before: a second plan "
+              "9.4 s after the first)")
+    port = free_port()
+    scheduler = Scheduler(port).start()
+    env = {"GPUFLEET_ADVISOR_TOKEN": TOKEN, "GPUFLEET_WEBHOOK_SECRET": SECRET}
+    config = advisor_config(tmp / "outbox.sqlite", port, cooldown="30m")
+    (tmp / "one").mkdir()
+    (tmp / "two").mkdir()
+    try:
+        first = start_exporter(tmp / "one", config=config, env=env)
+        wait_for(lambda: scheduler.accepted, 60)
+        delivered_first = len(scheduler.accepted)
+        stop(first.proc)
+        restarted = time.monotonic()
+        second = start_exporter(tmp / "two", config=config, env=env)
+        up_after = time.monotonic() - restarted
+        time.sleep(20)
+        evaluations = metric_sum(second.url, "gpufleet_advisor_evaluations_total")
+        plans = [p.get("plan_id") for p in scheduler.accepted]
+        row.ok = delivered_first == 1 and len(plans) == 1 and scheduler.bad_signatures == 0
+        row.figures = {"plans": plans, "evaluations_after_restart": evaluations,
+                       "restart_ready_s": up_after}
+        row.observed = (f"first plan {plans[0] if plans else None} delivered; restarted (ready in "
+                        f"{up_after:.1f} s), {evaluations:g} evaluations in the next 20 s; "
+                        f"{len(plans)} plan(s) delivered in all")
+    finally:
+        scheduler.close()
+    return row
+
+
+def alert_flood(args: argparse.Namespace, tmp: Path) -> Row:
+    seconds, groups = 10.0, 10_000
+    row = Row("alert-flood", f"Alertmanager notifications to /v1/alerts as fast as 8 keep-alive "
+              f"clients send them for {seconds:g} s, over {groups:,} groups (collect_interval 5 s)",
+              "the snapshot never older than 2 intervals (10 s); /-/ready 200 throughout; "
+              "notification info lines rate-limited (before: the snapshot aged to 49 s, 7,000 "
+              "info lines)")
+    exporter = start_exporter(tmp, config=f"advisor:\n  outbox: {tmp / 'outbox.sqlite'}\n",
+                              env={"GPUFLEET_ADVISOR_TOKEN": TOKEN})
+    host, port = exporter.url.removeprefix("http://").split(":")
+    sent = [0] * 8
+    statuses: dict[int, int] = {}
+    ends = time.monotonic() + seconds
+
+    def client(k: int) -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        i = k
+        while time.monotonic() < ends:
+            body = alertmanager("GpuClusterFragmentationHigh", f"g{i % groups}")
+            i += 8
+            try:
+                conn.request("POST", "/v1/alerts", body, {"Authorization": f"Bearer {TOKEN}",
+                                                          "Content-Type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                statuses[resp.status] = statuses.get(resp.status, 0) + 1
+            except OSError:
+                conn.close()
+                conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            sent[k] += 1
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    ages, ready = [], []
+    for thread in threads:
+        thread.start()
+    while time.monotonic() < ends + 6:
+        _, _, body = request(f"{exporter.url}/v1/snapshot", headers={"Authorization": f"Bearer {TOKEN}"},
+                             timeout=10)
+        with contextlib.suppress(ValueError):
+            ages.append(time.time() - json.loads(body)["taken_at"])
+        ready.append(request(f"{exporter.url}/-/ready", timeout=10)[0])
+        time.sleep(1)
+    for thread in threads:
+        thread.join()
+    lines = [line for line in log_lines(exporter) if "alertmanager notification accepted" in line]
+    evaluations = metric_sum(exporter.url, "gpufleet_advisor_evaluations_total")
+    oldest = max(ages, default=float("inf"))
+    row.ok = oldest < 10 and all(r == 200 for r in ready) and len(lines) <= 5
+    row.figures = {"sent": sum(sent), "statuses": statuses, "oldest_snapshot_s": oldest,
+                   "ready": ready, "info_lines": len(lines), "evaluations": evaluations}
+    row.observed = (f"{sum(sent):,} notifications sent ({sum(sent) / seconds:.0f}/s; statuses "
+                    f"{statuses}); oldest snapshot seen {oldest:.1f} s; /-/ready "
+                    f"{sum(r == 200 for r in ready)} of {len(ready)} 200; {evaluations:g} "
+                    f"evaluations; {len(lines)} notification info lines")
+    return row
+
+
+
+# -- issue 32, finding 13: one bad Prometheus series ------------------------------------------
+
+def bad_series_answers() -> dict[str, list[dict]]:
+    """Per query name of the prometheus source: 8 good GPUs on node good-1 beside each bad
+    series finding 13 lists (+Inf memory, gpu="abc", a MIG series without gpu_instance, a
+    value that is no number, no value, a huge GPU index, negative sizes and counts)."""
+    now = time.time()
+
+    def series(name: str, value: object, **labels: str) -> dict:
+        return {"metric": {"__name__": name, **labels}, "value": [now, str(value)]}
+
+    good = [{"node": "good-1", "gpu": str(i), "uuid": f"GPU-good-{i}", "model": "H100",
+             "pool": "p", "instance": "10.0.0.1:9874", "job": "gpufleet-nodes"} for i in range(8)]
+    bad = {"node": "bad-1", "uuid": "GPU-bad", "model": "H100", "pool": "p",
+           "instance": "10.0.0.2:9874", "job": "gpufleet-nodes"}
+    return {
+        "identity": [*(series("gpufleet_gpu_info", 1, **g) for g in good),
+                     series("gpufleet_gpu_info", 1, **bad, gpu="abc"),
+                     series("gpufleet_gpu_info", 1, **dict(bad, uuid="GPU-huge"), gpu="9" * 30)],
+        "gpufleet_gpu_up": [series("gpufleet_gpu_up", 1, **g) for g in good],
+        "gpufleet_gpu_memory_total_bytes": [
+            *(series("gpufleet_gpu_memory_total_bytes", 80e9, **g) for g in good[1:]),
+            series("gpufleet_gpu_memory_total_bytes", "+Inf", **good[0])],
+        "gpufleet_gpu_memory_used_bytes": [series("gpufleet_gpu_memory_used_bytes", -80e9, **good[1])],
+        "gpufleet_gpu_power_watts": [series("gpufleet_gpu_power_watts", "watts", **good[2])],
+        "gpufleet_gpu_temperature_celsius": [{"metric": {"__name__": "x", **good[3]}}],
+        "gpufleet_gpu_utilization_ratio": [series("gpufleet_gpu_utilization_ratio", 0.5, **g)
+                                           for g in good],
+        "nodes": [series("gpufleet_node_info", 1, node="good-1", pool="p", model="H100", gpus="8"),
+                  series("gpufleet_node_info", 1, node="bad-1", pool="p", model="H100", gpus="-8"),
+                  series("gpufleet_node_cpu_cores", -128, node="bad-1")],
+        "mig": [series("gpufleet_gpu_mig_instance_info", 1, **good[4], profile="1g.10gb")],
+        "targets": [series("up", 1, instance="10.0.0.1:9874", job="gpufleet-nodes")],
+    }
+
+
+def serve_bad_series(port: int) -> None:
+    """A Prometheus API answering the prometheus source's queries with bad_series_answers()
+    (run as a subprocess)."""
+    from aiohttp import web
+
+    from exporter.sources.prometheus.options import PrometheusSource
+    from exporter.sources.prometheus.source import build_queries
+
+    names = {expr: name for name, expr in build_queries(PrometheusSource(enabled=True)).items()}
+
+    async def query(request: web.Request) -> web.Response:
+        form = await request.post()
+        name = names.get(str(form.get("query", "")), "")
+        result = bad_series_answers().get(name, [])
+        return web.json_response({"status": "success",
+                                  "data": {"resultType": "vector", "result": result}})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/api/v1/query", query)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def prometheus_bad_series(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("prometheus-bad-series", "--source prometheus against a backend whose answers hold "
+              "8 good GPUs beside finding 13's bad series (+Inf memory, gpu=\"abc\", GPU index "
+              "10^30, a value that is no number, no value, memory -80 GB, gpus=\"-8\", -128 CPUs)",
+              "source_up 1, the 8 good GPUs served, each bad series dropped and counted in "
+              "gpufleet_source_parse_errors_total (before: the whole fleet stale)")
+    port = free_port()
+    start_helper(tmp, "prometheus", ["--serve-bad-series", str(port)],
+                 f"http://127.0.0.1:{port}/-/none")
+    exporter = start_exporter(tmp, "--source", "prometheus", config=(
+        f"sources:\n  prometheus:\n    enabled: true\n    url: http://127.0.0.1:{port}\n"), timeout=60)
+    time.sleep(2)
+    # cluster mode serves no per-GPU series (exposition.per_gpu auto): the snapshot has them
+    _, _, body = request(f"{exporter.url}/v1/snapshot", timeout=10)
+    snapshot = json.loads(body)
+    (status,) = [s for s in snapshot["sources"] if s["source"] == "prometheus" and not s.get("target")]
+    up, errors = status["up"], status.get("parse_errors", 0)
+    gpus = [g for g in snapshot["gpus"] if g["node"] == "good-1"]
+    stale = [g for g in snapshot["gpus"] if g.get("stale")]
+    nodes = sorted(n["name"] for n in snapshot["nodes"])
+    row.ok = up and len(gpus) == 8 and not stale and errors >= 8
+    row.figures = {"up": up, "parse_errors": errors, "good_gpus": len(gpus), "stale": len(stale),
+                   "nodes": nodes, "error": status.get("error", "")}
+    row.observed = (f"source_up {int(up)}; {len(gpus)} good GPUs served ({len(snapshot['gpus'])} "
+                    f"in all), {len(stale)} stale; parse errors {errors}; nodes {nodes}")
+    return row
+
+
+
+def malformed_flood(args: argparse.Namespace, tmp: Path) -> Row:
+    seconds = 10.0
+    row = Row("malformed-flood", f"unauthenticated requests with a bad Content-Length (aiohttp "
+              f"logs each at ERROR) from 8 clients for {seconds:g} s, a fresh connection each",
+              "every one answered 400; at most one 'Error handling request' line per 10 s, "
+              "the next saying how many were not logged (before: 20,000 lines, 10.2 MB, in 10 s)")
+    exporter = start_exporter(tmp)
+    host, port = exporter.url.removeprefix("http://").split(":")
+    sent, answered = [0] * 8, [0] * 8
+    ends = time.monotonic() + seconds
+
+    def client(k: int) -> None:
+        while time.monotonic() < ends:
+            sent[k] += 1
+            with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 2) as s:
+                s.settimeout(2)
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+                answered[k] += b" 400 " in s.recv(100)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    time.sleep(1)
+    lines = [line for line in log_lines(exporter) if "Error handling request" in line]
+    size = exporter.log.stat().st_size
+    row.ok = sum(answered) == sum(sent) and 1 <= len(lines) <= 2
+    row.figures = {"sent": sum(sent), "answered": sum(answered), "error_lines": lines,
+                   "log_bytes": size}
+    row.observed = (f"{sum(answered):,} of {sum(sent):,} answered 400; {len(lines)} 'Error handling "
+                    f"request' line(s); the whole log {size:,} bytes")
+    return row
+
+
 ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "whatif-1e9": whatif_1e9,
     "idle-connections": idle_connections,
@@ -1286,6 +1925,16 @@ ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "slurm-escape": slurm_escape,
     "slurm-words": slurm_words,
     "log-stall": log_stall,
+    "label-churn": label_churn,
+    "prometheus-2gb": prometheus_2gb,
+    "kube-20k": kube_20k,
+    "sighup": sighup,
+    "restart-cooldown": restart_cooldown,
+    "alert-flood": alert_flood,
+    "prometheus-bad-series": prometheus_bad_series,
+    "malformed-flood": malformed_flood,
+    "full-disk-outcome": full_disk_outcome,
+    "clock-step": clock_step,
 }
 
 
@@ -1311,12 +1960,33 @@ def main() -> None:
     parser.add_argument("--collections", type=int, default=10, help="dcgm-hostile: collections")
     parser.add_argument("--repeat", type=int, default=10, help="whatif-1e9: requests per variant")
     parser.add_argument("--json", metavar="FILE", help="also write the raw figures here")
+    parser.add_argument("--churn-snapshots", type=int, default=1000,
+                        help="label-churn: snapshots fed")
+    parser.add_argument("--churn-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-seconds", type=float, default=30.0,
+                        help="prometheus-2gb, kube-20k: how long to watch")
+    parser.add_argument("--kube-nodes", type=int, default=20_000, help="kube-20k: nodes")
+    parser.add_argument("--serve-prometheus", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-kube", nargs=3, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-bad-series", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-dcgm", help=argparse.SUPPRESS)
     parser.add_argument("--scrape", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--keep-alive", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.scrape:
         scrape_every_second(args.scrape[0], float(args.scrape[1]), args.keep_alive)
+        return
+    if args.serve_prometheus:
+        serve_prometheus(int(args.serve_prometheus[0]), args.serve_prometheus[1])
+        return
+    if args.serve_bad_series:
+        serve_bad_series(args.serve_bad_series)
+        return
+    if args.serve_kube:
+        serve_kube(*args.serve_kube)
+        return
+    if args.churn_child:
+        churn_child(int(args.churn_child[0]), args.churn_child[1])
         return
     if args.serve_dcgm:
         serve_dcgm(json.loads(args.serve_dcgm))

@@ -7,6 +7,13 @@ ERROR lines made ``/-/healthy`` and ``/metrics`` time out for over 20 s. When th
 queue is full a line is dropped and counted (:func:`dropped_lines`), and the writer
 says how many once it catches up. The batch commands write directly: a line there
 is never worth more than the run, and they end right after.
+
+``serve`` also rate-limits what the sources and aiohttp's server log
+(:class:`PerSourceLimit`): an upstream that fails the same way over and over (a watch
+broken every few milliseconds, a Slurm answer of a million bad records, 19 Prometheus
+queries each with a warning), or a flood of malformed requests, logs one line per
+interval and per source, the next one saying how many were not logged, as the
+connection gate's lines do.
 """
 
 from __future__ import annotations
@@ -19,12 +26,18 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 # lines waiting for the writer; about 3 MB of typical lines, dropped beyond
 QUEUE_LINES = 10_000
 # at exit, how long the lines still queued may take to be written (a stuck stderr: dropped)
 EXIT_FLUSH_SECONDS = 2.0
+
+# a source's same line (logger, message, source, target, GPU) at most once per this
+SOURCE_LINE_INTERVAL = 10.0
+# keys remembered at most; past it those older than the interval are forgotten
+SOURCE_LINE_KEYS = 4096
 
 # attributes every LogRecord has; anything else came in through ``extra=``
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -73,10 +86,66 @@ def dropped_lines() -> int:
     return _dropped
 
 
+def not_written() -> dict[str, int]:
+    """What ``gpufleet_log_lines_dropped_total`` serves: the lines the installed queued
+    logging (serve's) has not written, by reason, since :func:`setup` installed it; 0 when
+    none is installed (the batch commands, the golden exposition)."""
+    if _writer is None:
+        return {"queue_full": 0, "rate_limited": 0}
+    return {"queue_full": _dropped - _writer.started_with,
+            "rate_limited": _limit.held_back if _limit is not None else 0}
+
+
 def _count_drop() -> None:
     global _dropped
     with _dropped_lock:
         _dropped += 1
+
+
+# the loggers whose lines an upstream or a client can multiply: the sources', and aiohttp's
+# server, which logs each malformed request at ERROR ("Error handling request from %s":
+# 20,000 unauthenticated requests were 20,000 lines, 10.2 MB, in 10 s; issue 32, finding 17)
+LIMITED_LOGGERS = ("exporter.sources.", "aiohttp.server")
+
+
+class PerSourceLimit(logging.Filter):
+    """At most one line per ``interval`` seconds for each (logger, message, source, target,
+    GPU) of the loggers named by ``prefixes`` (the sources, aiohttp's server); the line after
+    a quiet spell carries ``not_logged_since_last_line``, the count of those held back. Other
+    loggers pass. The message is the template (``record.msg``), so the values in ``extra``
+    or the arguments (an error's text, a client's address) do not make every line a new key."""
+
+    def __init__(self, interval: float = SOURCE_LINE_INTERVAL,
+                 prefixes: tuple[str, ...] = LIMITED_LOGGERS,
+                 clock: Callable[[], float] = time.monotonic, keys: int = SOURCE_LINE_KEYS) -> None:
+        super().__init__()
+        self.interval, self.prefixes, self.clock, self.keys = interval, prefixes, clock, keys
+        self._seen: dict[tuple[object, ...], list[float]] = {}  # key -> [logged at, held back]
+        self._lock = threading.Lock()
+        self.held_back = 0  # lines not logged, in all
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefixes):
+            return True
+        key = (record.name, record.msg, getattr(record, "source", None),
+               getattr(record, "target", None), getattr(record, "gpu", None))
+        now = self.clock()
+        with self._lock:
+            entry = self._seen.get(key)
+            if entry is not None and now - entry[0] < self.interval:
+                entry[1] += 1
+                self.held_back += 1
+                return False
+            if entry is None and len(self._seen) >= self.keys:
+                self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.interval}
+                if len(self._seen) >= self.keys:  # all recent: a flood of keys, held back too
+                    self.held_back += 1
+                    return False
+            held = int(entry[1]) if entry is not None else 0
+            self._seen[key] = [now, 0]
+        if held:
+            record.not_logged_since_last_line = held
+        return True
 
 
 class QueuedLines(logging.handlers.QueueHandler):
@@ -107,7 +176,7 @@ class LineWriter:
         self.lines: queue.Queue[str | None] = queue.Queue(size)
         self.stream = stream
         self.formatter = formatter
-        self._reported = _dropped
+        self._reported = self.started_with = _dropped
         self._thread = threading.Thread(target=self._run, name="log writer", daemon=True)
         self._thread.start()
 
@@ -147,24 +216,28 @@ class LineWriter:
 
 
 _writer: LineWriter | None = None
+_limit: PerSourceLimit | None = None
 
 
 def _stop_writer() -> None:
-    global _writer
-    writer, _writer = _writer, None
+    global _writer, _limit
+    writer, _writer, _limit = _writer, None, None
     if writer is not None:
         writer.stop()
 
 
 def setup(level: str = "info", fmt: str = "logfmt", queued: bool = False) -> None:
-    """Log to stderr at ``level``; ``queued`` (serve) through the writer thread."""
+    """Log to stderr at ``level``; ``queued`` (serve) through the writer thread, the sources'
+    lines rate-limited (:class:`PerSourceLimit`)."""
     _stop_writer()
     formatter = JsonFormatter() if fmt == "json" else LogfmtFormatter()
     handler: logging.Handler
     if queued:
-        global _writer
+        global _writer, _limit
         _writer = LineWriter(sys.stderr, formatter)
         handler = QueuedLines(_writer.lines)
+        _limit = PerSourceLimit()
+        handler.addFilter(_limit)
         atexit.register(_stop_writer)
     else:
         handler = logging.StreamHandler(sys.stderr)

@@ -743,6 +743,14 @@ JOB_STRAGGLER_GPUS = FamilySpec(
     "GPUs of a multi-GPU job out of step with its peers (median and MAD) for the straggler "
     "duration.", ("job", "namespace", "account"), "remediation",
     doc="Jobs with a straggler only; which GPU, node and metric is in /v1/advice's health.")
+# -- the process's own logging (issue 32, Build 3) ---------------------------------------------------
+LOG_LINES_DROPPED_TOTAL = FamilySpec(
+    "gpufleet_log_lines_dropped_total", "counter",
+    "Log lines not written, by reason: queue_full (stderr slower than the logging, the "
+    "bounded queue full) or rate_limited (a source's same line within its interval).",
+    ("reason",), "self",
+    doc="Both stay 0 in a quiet process; `rate_limited` grows while an upstream fails the "
+        "same way over and over (its line is logged once per 10 s with the count).")
 
 # The table, keyed by name, in definition order (the order above): every FamilySpec of this
 # module, so a family declared above cannot be left out of it.

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 from yaml.reader import ReaderError
 
+from exporter.bounded_file import Wording, read_bounded
 from exporter.errors import ConfigError, one_line
 
 _MERGE = "tag:yaml.org,2002:merge"  # "<<: *base" may repeat: it is no key of the mapping
@@ -40,15 +41,21 @@ _INT = "tag:yaml.org,2002:int"
 # Values aliases may add: a file_sd targets file sharing one labels mapping across 10,000
 # targets adds 30,000; the billion laughs passes it at its sixth level of nine.
 ALIAS_BUDGET = 100_000
+# bytes of any YAML file read: a config, a kubeconfig, a threshold table or a dcgm targets
+# file of 10,000 targets is well under 2 MB
+MAX_FILE_BYTES = 16 * 2 ** 20
 _KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false"}
 
 
-def read_text(path: str | Path, what: str, error: type[Exception] = ConfigError) -> str:
-    """The file's text; ``error`` naming the file if it cannot be read or is not UTF-8."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+def read_text(path: str | Path, what: str, error: type[Exception] = ConfigError,
+              limit: int = MAX_FILE_BYTES) -> str:
+    """The file's text; ``error`` naming the file if it cannot be read, is over ``limit``
+    bytes (``/dev/zero`` or a 10 GB log named by mistake: refused, not read whole; a regular
+    file by its size, before a byte is read) or is not UTF-8."""
+    wording = Wording(error, cannot_read="{path}: cannot read {what}: {reason}",
+                      over_limit="{path}: {size} bytes, over the {limit}-byte limit for {what}",
+                      grew_over_limit="{path}: over the {limit}-byte limit for {what}")
+    data = read_bounded(path, limit, wording, what=what)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -52,7 +52,7 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
         "GpuJobCheckpointStale", "GpuJobNvlinkGenerationsMixed", "GpuLost", "GpuXidError",
         "GpuEccUncorrectable", "GpuRowRemapFailed", "GpuRowRemapPending", "GpuClocksThrottled",
         "GpuPowerCapped", "GpuNvlinkErrors", "GpuNvlinkCrcErrors", "GpuSmActivityLow", "GpufleetSourceDown",
-        "GpufleetSourceDownEverywhere", "GpufleetTargetDown", "GpufleetJobDown",
+        "GpufleetSourceDownEverywhere", "GpufleetTargetDown", "GpufleetSnapshotStale", "GpufleetJobDown",
         "GpufleetAdvisorOutboxErrors", "NodeCpuPressure", "NodeMemoryPressure",
         "NodeDiskIoPressure", "NodePressureHigh"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import gc
 import json
@@ -454,10 +455,11 @@ def _vector(series: list[dict]) -> bytes:
                        "data": {"resultType": "vector", "result": series}}).encode()
 
 
-def _against_fake_prometheus(answer, config: dict, reads: int = 1) -> list:
+def _against_fake_prometheus(answer, config: dict, reads: int = 1, after=None) -> list:
     """``reads`` collections by a Collector over a prometheus source, against an in-process
     server whose ``answer(query, response_writer_factory)`` coroutine answers every query.
-    Returns the snapshots; the source's status is in each one's ``sources``."""
+    Returns the snapshots; the source's status is in each one's ``sources``. ``after(source,
+    collector)``, if given, is called once the reads are done, both still alive."""
     from aiohttp import web
 
     from exporter.collect import Collector
@@ -476,7 +478,10 @@ def _against_fake_prometheus(answer, config: dict, reads: int = 1) -> list:
         source = build(PrometheusConfig(url=f"http://127.0.0.1:{port}", **config), time.time)
         collector = Collector([source], timeout_seconds=20)
         try:
-            return [await collector.collect() for _ in range(reads)]
+            snapshots = [await collector.collect() for _ in range(reads)]
+            if after is not None:
+                after(source, collector)
+            return snapshots
         finally:
             await source.close()
             await runner.cleanup()
@@ -536,6 +541,133 @@ def test_an_answer_over_max_answer_bytes_is_cut_and_the_source_down():
     assert "PrometheusAnswerOverCap" in status.error and "max_answer_bytes 2,097,152" in status.error
     # every query was cut well before its 64 MB end: no answer was read whole
     assert sent and max(sent.values()) < 32 * 2 ** 20
+
+
+def test_an_answer_whose_content_length_is_over_max_answer_bytes_is_refused_unread():
+    """Issue 32, finding 2: a declared length over the cap fails the query at its headers,
+    before a byte of the body is waited for (the server here sends 1 KB of a declared 10 MB
+    and then stalls for 1.5 s: read, the query would wait that long, then fail otherwise)."""
+    from aiohttp import web
+
+    async def declared(query: str, request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json",
+                                           "Content-Length": str(10 * 2 ** 20)})
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await resp.write(b" " * 1024)
+            await asyncio.sleep(1.5)
+        return resp
+
+    (snapshot,) = _against_fake_prometheus(declared, {"max_answer_bytes": 2 ** 20})
+    (status,) = snapshot.sources
+    assert not status.up
+    assert "answer of 10,485,760 bytes, over max_answer_bytes 1,048,576" in status.error
+    assert status.duration_seconds < 1.0
+
+
+def test_the_first_answer_over_a_cap_ends_the_read_without_waiting_for_the_others():
+    """Issue 32, finding 2 (re-run by bench/attack.py's prometheus-2gb): with every query
+    cut only at its own cap the read outlived source_timeout, and the source was down as
+    "timed out" rather than with the cap. Here one query is over the cap at once and the
+    others answer after 1.5 s: the read ends before them, with the reason."""
+    from aiohttp import web
+
+    async def answer(query: str, request) -> web.StreamResponse:
+        if not query.startswith("gpufleet_gpu_info"):
+            await asyncio.sleep(1.5)
+            return web.Response(body=_vector([]), content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            for _ in range(4):
+                await resp.write(b" " * 2 ** 20)
+        return resp
+
+    (snapshot,) = _against_fake_prometheus(answer, {"max_answer_bytes": 2 ** 20})
+    (status,) = snapshot.sources
+    assert not status.up
+    assert "query identity: answer over max_answer_bytes 1,048,576" in status.error
+    assert status.duration_seconds < 1.0
+
+
+def test_a_read_cut_at_a_cap_keeps_nothing_of_the_answers_it_read():
+    """Issue 32, finding 2 (bench/attack.py prometheus-2gb): the errors of a read over a cap
+    (the cut query's, the cancelled ones') sit in reference cycles with their tracebacks,
+    whose frames held the chunks each query had read, until the cyclic collector ran (rarely:
+    the render and the decoders pause it): RSS stayed at 532-841 MB against 2 GB answers,
+    324 MB once the chunks are let go at once. Here every query streams past an 8 MiB cap,
+    the cyclic collector off as during a render; after the read nothing of the answers
+    is still allocated but the connections' buffers."""
+    import tracemalloc
+
+    from aiohttp import web
+
+    async def endless(query: str, request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        chunk = b" " * 2 ** 20
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            for _ in range(64):
+                await resp.write(chunk)
+        return resp
+
+    held: list[int] = []
+
+    def measure(source, collector) -> None:
+        held.append(tracemalloc.get_traced_memory()[0])
+
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        (snapshot,) = _against_fake_prometheus(endless, {"max_answer_bytes": 8 * 2 ** 20},
+                                               after=measure)
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert "max_answer_bytes 8,388,608" in snapshot.sources[0].error
+    # 1.3 MiB here (the connections' buffers); 4.3 MiB before, the cancelled queries' chunks
+    assert held[0] < 2.5 * 2 ** 20, f"{held[0] / 2 ** 20:.1f} MiB still held"
+
+
+def test_value_families_are_held_compact_and_read_as_the_series_were():
+    """Issue 32, Build 2 (docs/reliability.md's sizing): a read holds every answer decoded
+    until the snapshot is built, 604 bytes a value-family series as dicts, so 13 value
+    families at 108,800 GPUs were 0.85 GB. As (node, gpu, value) tuples, with the labels
+    interned, a series costs under 200 bytes; the snapshot built from them is the same, and a
+    malformed series is still dropped and counted."""
+    import tracemalloc
+
+    from exporter.sources.prometheus.source import compact
+
+    n = 10_000
+    body = json.dumps([{"metric": {"node": f"gpu-{i // 8:05d}", "gpu": str(i % 8)},
+                        "value": [1760000000.123, str(40.0 + i % 50)]} for i in range(n)])
+    gc.collect()
+    tracemalloc.start()
+    try:
+        held = compact(json.loads(body))
+        gc.collect()
+        size = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert size / n < 200, f"{size / n:.0f} bytes a series"
+    assert held[9] == ("gpu-00001", "1", "49.0")
+
+    good = dict(GPU, node="good")
+    temperature = [_series("gpufleet_gpu_temperature_celsius", 61.5, **good),
+                   {"metric": {"__name__": "x", **dict(GPU, node="good", gpu="1")}}]  # no value
+    identity = [_series("gpufleet_gpu_info", 1, **good),
+                _series("gpufleet_gpu_info", 1, **dict(good, gpu="1"))]
+    up = [_series("gpufleet_gpu_up", 1, **good), _series("gpufleet_gpu_up", 1, **dict(good, gpu="1"))]
+    built = [build_snapshot(100.0, _results(identity=identity, old=[], gpufleet_gpu_up=ups,
+                                           gpufleet_gpu_temperature_celsius=values))
+             for ups, values in ((up, temperature), (compact(up), compact(temperature)))]
+    assert built[0] == built[1]
+    snapshot, _, failed = built[1]
+    assert [(g.index, g.temperature_celsius, g.stale) for g in snapshot.gpus] == [
+        (0, 61.5, False), (1, None, False)]
+    assert failed == 1  # the series without a value, kept as it came and counted
 
 
 @pytest.mark.parametrize(("config", "identity_series", "message"), [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -118,6 +119,35 @@ def load_receivers(config: AdvisorConfig, environ=os.environ) -> tuple[Receiver,
             raise ConfigError(f"{key}: no HMAC secret: set {r.secret_env} or {key}.secret_file")
         receivers.append(Receiver(r.name, r.url, secret, r.timeout))
     return tuple(receivers)
+
+
+def reload_secret_files(config: AdvisorConfig, deliverer: Deliverer) -> str:
+    """SIGHUP (issue 32, Build 4): each receiver's ``secret_file`` read again, so a rotated
+    HMAC secret needs no restart. A file that cannot be read, or is blank, keeps that
+    receiver's last secret and says why (a delivery signed with no secret is worse than one
+    signed with the old). The new tuple replaces the deliverer's in one assignment, between
+    two of its rounds; a delivery in flight is signed with the secret it started with."""
+    if not any(r.secret_file for r in config.receivers):
+        return "none"
+    current = {r.name: r for r in deliverer.receivers}
+    fresh, kept = [], 0
+    for i, r in enumerate(config.receivers):
+        old = current.get(r.name)
+        if old is None:
+            continue
+        if not r.secret_file:
+            fresh.append(old)
+            continue
+        try:
+            secret = _read_secret(r.secret_file, f"advisor.receivers[{i}].secret_file")
+        except ConfigError as exc:
+            log.warning(f"receiver secret kept: {exc}", extra={"receiver": r.name})
+            fresh.append(old)
+            kept += 1
+            continue
+        fresh.append(dataclasses.replace(old, secret=secret))
+    deliverer.receivers = tuple(fresh)
+    return "read" if not kept else f"{kept} kept"
 
 
 @dataclass

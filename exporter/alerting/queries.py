@@ -206,6 +206,15 @@ QUERIES: dict[str, AlertQuery] = {
         "No target of gpufleet job {{ $labels.job }} has answered for <FOR> (or the "
         "job has no target at all): no GPU metrics are collected.",
         absent_too=True),
+    # The watchdog (issue 32, Build 1): the snapshot an exporter serves stops aging only
+    # when a collection finishes. /-/ready turns 503 past web.stall_intervals collect
+    # intervals (15 s by default), but nothing scrapes /-/ready; this reads the same
+    # stall from /metrics, which keeps serving the old snapshot.
+    "snapshot_age": AlertQuery(
+        f"time() - {m.SNAPSHOT_TIMESTAMP_SECONDS.name}",
+        "The snapshot gpufleet {{ $labels.instance }} serves is <VALUE> old, <RELATION> "
+        "<THRESHOLD>, and has been for <FOR>: its collection has stalled, and every GPU "
+        "value and alert of it is frozen."),
     # errors in the last 10 min, not a rate: "3 inserts failed" reads better than
     # 0.005/s, and a row's `for` longer than the window makes one blip never fire
     "advisor_outbox_errors": AlertQuery(

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from exporter import logs
+from exporter import logs, metrics
 from exporter.collect import Collector
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
 from exporter.exposition import ExpositionOptions
+from exporter.metrics import Family
 from exporter.sources import SOURCES, Clock, SourceStartupError, build_source
 from exporter.web.server import Protection, ServingState, make_app, parse_listen, serve
 from exporter.web.webconfig import LiveWebConfig
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufleet: {exc}", file=sys.stderr)
         return 2
     guard = protection(config, advisor, live)
-    state.reloaders.extend(reloaders(guard))
+    state.reloaders.extend(reloaders(guard, advisor, config))
     app = make_app(config, collector, state, guard)
     if advisor is not None:
         from exporter.advisor.service import install
@@ -137,9 +138,11 @@ def _sighup_during_start(signum: int, frame: object) -> None:
     log.info("SIGHUP while starting: ignored, the files are being read now")
 
 
-def reloaders(guard: Protection) -> list[tuple[str, Callable[[], object]]]:
-    """What SIGHUP reads again (exporter/web/server.py, Reload): the web config file and the
-    advisor's token file. A token from the environment cannot change under a running process."""
+def reloaders(guard: Protection, advisor: AdvisorService | None = None,
+              config: Config | None = None) -> list[tuple[str, Callable[[], object]]]:
+    """What SIGHUP reads again (exporter/web/server.py, Reload): the web config file, the
+    advisor's token file and its receivers' HMAC ``secret_file``s. A token or secret from the
+    environment cannot change under a running process."""
     from exporter.advisor.service import TokenFile  # imported by now: protection() read the token
 
     found: list[tuple[str, Callable[[], object]]] = []
@@ -149,6 +152,12 @@ def reloaders(guard: Protection) -> list[tuple[str, Callable[[], object]]]:
     token = guard.read_token
     if isinstance(token, TokenFile):  # the advisor's too: protection() hands over the same one
         found.append(("token_file", lambda: "read" if token(force=True) else "refused"))
+    if advisor is not None and config is not None and any(
+            r.secret_file for r in config.advisor.receivers):
+        from exporter.advisor.service import reload_secret_files
+
+        deliverer, settings = advisor.deliverer, config.advisor
+        found.append(("receiver_secrets", lambda: reload_secret_files(settings, deliverer)))
     return found
 
 
@@ -238,4 +247,11 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
             state.family_providers.append(advisor.families)
     elif config.advisor.enabled:
         log.warning("advisor disabled: it needs analysis.enabled")
+    state.family_providers.append(log_families)
     return collector, state, advisor
+
+
+def log_families(snapshot: object) -> list[Family]:
+    """A ``ServingState.family_providers`` entry: the log lines not written (exporter/logs.py)."""
+    return [metrics.LOG_LINES_DROPPED_TOTAL.family([
+        ((("reason", reason),), float(count)) for reason, count in logs.not_written().items()])]

@@ -123,15 +123,31 @@ class LabelCache:
 
     def texts(self, gpus: Sequence[Gpu], const: Labels = ()) -> list[str]:
         """Each GPU's identity label text; the keys made and looked up in C (``map``), as a
-        render asks for all 108,800 every snapshot and misses only for new GPUs."""
-        cache = self._cache.setdefault(const, {})
+        render asks for all 108,800 every snapshot and misses only for new GPUs.
+
+        The cache is pruned to this snapshot's GPUs (issue 32, finding 9): under node-name
+        churn (an autoscaled fleet) each new identity added a text for ever, +462 MB/h. The
+        check is a length comparison; the cache is rebuilt only when it holds an identity
+        the snapshot has not (a GPU gone, renamed or moved), from the texts just looked up."""
+        cache = self._cache.get(const)
+        if cache is None:
+            cache = {}
+            self._cache = {const: cache}  # one cluster label at a time: the last one's texts go
         keys = list(map(IDENTITY_KEY, gpus))
         texts = list(map(cache.get, keys))
         if None in texts:
             for i, text in enumerate(texts):
                 if text is None:
                     texts[i] = cache[keys[i]] = label_text(identity(gpus[i]), const)
+        if len(cache) > len(keys):  # identities the snapshot no longer holds
+            self._cache[const] = dict(zip(keys, texts, strict=True))  # type: ignore[arg-type]
         return texts  # type: ignore[return-value]
+
+    def sizes(self) -> dict[str, int]:
+        """How many entries each per-identity store holds (for the churn test and bench)."""
+        return {"label_texts": sum(map(len, self._cache.values())), "blocks": len(self.blocks),
+                "chunk_texts": len(self.chunk_texts), "parts": len(self.parts),
+                "reads": len(self.reads)}
 
 
 @dataclass(frozen=True, slots=True)

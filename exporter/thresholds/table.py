@@ -86,6 +86,7 @@ METRICS: dict[str, MetricDef] = {
         MetricDef("fleet_source_up", "state", "source", ("==",)),
         MetricDef("exporter_up", "state", "target", ("==",)),
         MetricDef("exporter_job_up", "state", "target", ("==",)),
+        MetricDef("snapshot_age", "seconds", "target", (">", ">=")),
         MetricDef("advisor_outbox_errors", "count", "advisor", (">", ">=")),
         MetricDef("node_cpu_busy", "ratio", "node", (">", ">=")),
         MetricDef("node_memory_used", "ratio", "node", (">", ">=")),
