@@ -26,6 +26,9 @@ from exporter.web.webconfig import LiveWebConfig
 
 if TYPE_CHECKING:
     from exporter.advisor.service import AdvisorService
+    from exporter.analysis.live import LiveAnalyzer
+    from exporter.thresholds import Thresholds
+    from exporter.thresholds.live import LiveThresholds
 
 log = logging.getLogger("gpufleet")
 
@@ -42,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, metavar="N", help="seed of the simulated fleet")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", choices=("logfmt", "json"))
+    parser.add_argument("--thresholds", metavar="FILE",
+                        help="the threshold table whose levels the advisor and the analysis "
+                        "default to, read again on SIGHUP and when it changes (default "
+                        "thresholds_file, else the table installed with gpufleet)")
     parser.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
                         help="node_exporter's web config file: TLS, basic auth, headers "
                         "(exporter-toolkit format; default web.config_file)")
@@ -56,6 +63,8 @@ def effective_config(args: argparse.Namespace) -> Config:
         except ValueError as exc:
             raise ConfigError(f"--{exc}") from None
         config = dataclasses.replace(config, listen=args.listen)
+    if getattr(args, "thresholds", None):
+        config = dataclasses.replace(config, thresholds_file=args.thresholds)
     if getattr(args, "web_config_file", None):
         config = dataclasses.replace(
             config, web=dataclasses.replace(config.web, config_file=args.web_config_file))
@@ -220,6 +229,9 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     ``clock`` (wall time) and ``timer`` (durations) are parameters so that the golden
     exposition (tests/golden/) renders the same bytes on every run.
     """
+    from exporter.thresholds.live import LiveThresholds
+
+    table = LiveThresholds(config.thresholds_file or None, clock)  # a bad one stops the start
     sources = [build_source(n, getattr(config.sources, n), clock) for n in names]
     collector = Collector(sources, config.source_timeout, clock=clock, timer=timer)
     state = ServingState(exposition=exposition_options(config, names, sources))
@@ -227,15 +239,57 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     if config.analysis.enabled:
         from exporter.analysis.live import LiveAnalyzer
 
-        analyzer = LiveAnalyzer.from_config(config.analysis)
+        analyzer = LiveAnalyzer.from_config(config.analysis, table.current)
         state.family_providers.append(analyzer.families)
         if config.advisor.enabled:
             from exporter.advisor.service import build_service
 
             advisor = build_service(config.advisor, analyzer,
-                                    what_if_timeout=config.api.what_if_timeout)
+                                    what_if_timeout=config.api.what_if_timeout,
+                                    table=table.current)
             state.snapshot_listeners.append(advisor.on_snapshot)
             state.family_providers.append(advisor.families)
+        follow_table(table, config, analyzer, advisor)
     elif config.advisor.enabled:
         log.warning("advisor disabled: it needs analysis.enabled")
+    # first: the analysis and the advisor judge each snapshot by the table on disk then
+    state.snapshot_listeners.insert(0, table.on_snapshot)
+    state.family_providers.append(table.families)
+    state.reloaders.append(("thresholds", lambda: table.poll(force=True)))
     return collector, state, advisor
+
+
+def follow_table(table: LiveThresholds, config: Config, analyzer: LiveAnalyzer,
+                 advisor: AdvisorService | None) -> None:
+    """What a reloaded threshold table changes: the analysis' compaction threshold, and the
+    advisor's trigger, clear bound and checkpoint interval (the planner's too), where the
+    config leaves them at their defaults (exporter/thresholds/defaults.py). The advisor's
+    state (dwell, cooldown, plan in force, idle clocks) and the analyzer's window stay: only
+    settings are replaced. A clear bound set in the config at or above the new trigger
+    refuses the table (advise.decision_settings), and the old one stays."""
+    from exporter.analysis.configure import index_settings
+
+    def analysis(new: Thresholds) -> Callable[[], None]:
+        settings = index_settings(config.analysis, new)
+
+        def commit() -> None:
+            analyzer.settings = settings
+        return commit
+
+    table.follow("analysis", analysis)
+    if advisor is None:
+        return
+    from exporter.advisor.advise import decision_settings, planner_for
+
+    service = advisor
+
+    def engine(new: Thresholds) -> Callable[[], None]:
+        settings = decision_settings(config.advisor, new)  # ConfigError: refused
+        planner = planner_for(config.advisor, new)
+
+        def commit() -> None:
+            service.advisor.settings = settings
+            service.planner = planner
+        return commit
+
+    table.follow("advisor", engine)
