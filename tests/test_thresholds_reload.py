@@ -217,3 +217,31 @@ def test_a_trigger_set_in_the_config_stays_and_its_clear_bound_follows_it():
     with pytest.raises(ConfigError, match=r"^advisor.clear_below: must be below advisor.trigger "
                                           r"\(40 >= 40\)$"):
         build(Config, {"advisor": {"trigger": 40, "clear_below": 40}})
+
+
+@pytest.mark.slow
+def test_a_real_serve_reloads_its_table_on_sighup_and_serves_the_runbooks(exporter_factory, tmp_path):
+    """The process as operators run it: `serve --thresholds FILE`; SIGHUP with a broken FILE
+    keeps the process and the last good table, and /metrics says the reload failed."""
+    import signal
+    import time
+
+    from tests.helpers.servers import http_get, wait_until
+
+    table = table_at(tmp_path / "thresholds.yaml", 40)
+    served = exporter_factory("--thresholds", str(table), config="advisor: {enabled: false}\n")
+    assert b'id="gpupowerhigh"' in http_get(f"{served.url}/runbooks")
+
+    def reload_successful() -> bytes:
+        body = http_get(f"{served.url}/metrics", timeout=30)
+        return next(line for line in body.splitlines()
+                    if line.startswith(b"gpufleet_config_last_reload_successful "))
+
+    assert reload_successful() == b"gpufleet_config_last_reload_successful 1.0"
+    table.write_text("alerts: [\n")
+    served.proc.send_signal(signal.SIGHUP)
+    wait_until("the failed reload", lambda: reload_successful().endswith(b" 0.0"), timeout=30,
+               interval=0.5)
+    time.sleep(0.5)
+    assert served.proc.poll() is None
+    assert "threshold table not reloaded, keeping the last good one" in served.log.read_text()

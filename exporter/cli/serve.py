@@ -117,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
     guard = protection(config, advisor, live)
     state.reloaders.extend(reloaders(guard))
     app = make_app(config, collector, state, guard)
+    from exporter.web import runbooks
+
+    runbooks.add_route(app)  # the alerts' runbook_url under external_url (issue 29)
     if advisor is not None:
         from exporter.advisor.service import install
 
