@@ -245,3 +245,34 @@ def test_a_real_serve_reloads_its_table_on_sighup_and_serves_the_runbooks(export
     time.sleep(0.5)
     assert served.proc.poll() is None
     assert "threshold table not reloaded, keeping the last good one" in served.log.read_text()
+
+
+async def test_a_reload_moves_the_reclaim_rule_and_the_scaling_settings_and_keeps_their_state(tmp_path):
+    """Beyond the trigger: the advisor's reclaim rule (GpuJobUtilizationLow) and the pools'
+    scaling settings follow the table too; a pool's scaler keeps its recommendation."""
+    table = table_at(tmp_path / "thresholds.yaml", 50)
+    config = serve_config(SHIPPED["cluster"], table, tmp_path)
+    _, state, service = serve.assemble(config, ["sim"])
+    assert service is not None
+    try:
+        assert service.advisor.settings.idle == (0.1, 7200)
+        load = service.analyzer.load
+        assert load is not None and load.table.default.up == 0.8
+        from exporter.sources.sim.options import SimSource
+        from exporter.sources.sim.source import build as sim_source
+
+        reading = await sim_source(SimSource(seed=1), lambda: START).read()
+        load.observe(FleetSnapshot(START, reading.nodes, reading.gpus, reading.allocations,
+                                   reading.pending))
+        pool, kept = next(iter(load.pools.items()))
+        recommended = kept.scaler.nodes
+        text = table.read_text().replace("critical: {threshold: 10%, for: 2h}",
+                                         "critical: {threshold: 5%, for: 3h}")
+        table.write_text(text.replace("  up: 0.8\n", "  up: 0.9\n", 1))
+        assert Reload(state).run_once()["thresholds"] == "changed"
+        assert service.advisor.settings.idle == (0.05, 10800)
+        assert load.table.default.up == 0.9
+        assert load.pools[pool] is kept and kept.scaler.settings.up == 0.9
+        assert kept.scaler.nodes == recommended
+    finally:
+        service.deliverer.outbox.close()

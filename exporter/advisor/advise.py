@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from exporter.advisor.advice import Advice, WhatIf
-from exporter.advisor.engine import Advisor, DecisionSettings
+from exporter.advisor.engine import Advisor, DecisionSettings, idle_rule
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import PlanSettings, plan_compaction
 from exporter.analysis.index import Report
@@ -97,6 +97,7 @@ def decision_settings(config: AdvisorConfig, table: Thresholds | None = None) ->
         min_nodes_freed_per_migration=config.min_nodes_freed_per_migration,
         hold_recheck_seconds=config.hold_recheck,
         checkpoint_interval_seconds=_checkpoint_interval(config, table),
+        idle=None if table is None else idle_rule(table),
     )
 
 

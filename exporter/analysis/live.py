@@ -85,7 +85,7 @@ class LiveAnalyzer:
         fixed = configure.fixed_workload(config)
         window = configure.shape_window(config) if fixed is None else None
         return cls(configure.index_settings(config, table), window, fixed,
-                   load=LoadTracker.from_table(config.window_snapshots))
+                   load=LoadTracker.from_table(config.window_snapshots, table))
 
     def analyze(self, snapshot: FleetSnapshot) -> Report:
         if self.window is not None:

@@ -264,19 +264,24 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
 
 def follow_table(table: LiveThresholds, config: Config, analyzer: LiveAnalyzer,
                  advisor: AdvisorService | None) -> None:
-    """What a reloaded threshold table changes: the analysis' compaction threshold, and the
-    advisor's trigger, clear bound and checkpoint interval (the planner's too), where the
-    config leaves them at their defaults (exporter/thresholds/defaults.py). The advisor's
-    state (dwell, cooldown, plan in force, idle clocks) and the analyzer's window stay: only
-    settings are replaced. A clear bound set in the config at or above the new trigger
-    refuses the table (advise.decision_settings), and the old one stays."""
+    """What a reloaded threshold table changes: the analysis' compaction threshold and the
+    pools' scaling settings, and the advisor's trigger, clear bound and checkpoint interval
+    (the planner's too), where the config leaves them at their defaults
+    (exporter/thresholds/defaults.py), and its reclaim rule (GpuJobUtilizationLow). The
+    advisor's state (dwell, cooldown, plan in force, idle clocks), the analyzer's window and
+    the scalers' state stay: only settings are replaced. A clear bound set in the config at or
+    above the new trigger refuses the table (advise.decision_settings), and the old one stays."""
     from exporter.analysis.configure import index_settings
+    from exporter.thresholds.scaling import DEFAULT as DEFAULT_SCALING
 
     def analysis(new: Thresholds) -> Callable[[], None]:
         settings = index_settings(config.analysis, new)
+        scaling = new.scaling or DEFAULT_SCALING
 
         def commit() -> None:
             analyzer.settings = settings
+            if analyzer.load is not None:
+                analyzer.load.retable(scaling)
         return commit
 
     table.follow("analysis", analysis)

@@ -77,7 +77,7 @@ class LiveThresholds:
         try:
             table = load_thresholds(self.path)
             commits = [follower(table) for _, follower in self._followers]
-        except ConfigError as exc:  # ThresholdError is one; a follower's refusal too
+        except (ConfigError, KeyError, ValueError) as exc:  # ThresholdError is a ConfigError
             self.successful = False
             if force or self._failed != stamp:  # one line per broken version, or per SIGHUP
                 log.error(f"threshold table not reloaded, keeping the last good one: {exc}")
