@@ -42,6 +42,8 @@ COPY pyproject.toml README.md ./
 COPY exporter ./exporter
 # exporter/thresholds.yaml links to the threshold table; pip copies its content in
 COPY rules/thresholds.yaml ./rules/thresholds.yaml
+# and exporter/runbooks.md to the runbooks that serve shows at /runbooks
+COPY docs/runbooks.md ./docs/runbooks.md
 # The generated rules and dashboards, to copy out of the image (docker cp, an init
 # container); `gpufleet rules --out DIR` and `gpufleet dashboards --out DIR` regenerate them
 # from the installed table.

@@ -17,7 +17,7 @@ each page-worthy scenario alone (exactly one page, in time); every scenario toge
 docs/performance.md ("Alert noise (issue 15)").
 
 Usage: ``.venv/bin/python bench/alert_noise.py [--speed 60] [--hours 2] [--alone-hours 0.75]
-[--default-only]``
+[--interval 1] [--no-health] [--default-only]``
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ def main() -> int:
                         help="simulated hours per single-scenario run")
     parser.add_argument("--interval", type=float, default=1.0,
                         help="scrape, evaluation and collection interval, wall seconds")
+    parser.add_argument("--no-health", action="store_true",
+                        help="without the simulator's health and performance values (a third "
+                        "of the series), for a machine that cannot scrape them every interval")
     parser.add_argument("--default-only", action="store_true",
                         help="only the default fleet's run (the budget), not the scenarios")
     args = parser.parse_args()
@@ -78,7 +81,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpufleet-noise-") as tmp:
         base = Path(tmp)
         run = replay(base / "default", "default fleet", (), args.speed, args.hours,
-                     START_AFTER, args.interval)
+                     START_AFTER, args.interval, health=not args.no_health)
         _report(run, args.interval)
         verdicts.append(("default fleet: 0 pages, <= 10 notifications",
                          run.pages == 0 and run.human_notifications <= 10))
@@ -86,7 +89,7 @@ def main() -> int:
             if fault.pages is None:
                 continue
             run = replay(base / fault.name, f"{fault.name} alone", (fault,), args.speed,
-                         args.alone_hours, START_AFTER, args.interval)
+                         args.alone_hours, START_AFTER, args.interval, health=not args.no_health)
             in_time = _report(run, args.interval)
             verdicts.append((f"{fault.name} alone: exactly one page ({fault.pages}), in time",
                              run.pages == 1 and set(run.paged) == {fault.pages}
@@ -94,7 +97,7 @@ def main() -> int:
         if args.default_only:
             return _verdicts(verdicts, started)
         run = replay(base / "all", "every scenario together", faults, args.speed, args.hours,
-                     START_AFTER, args.interval)
+                     START_AFTER, args.interval, health=not args.no_health)
         _report(run, args.interval)  # latencies shown; the bound is the single-fault runs'
         expected = {f.pages for f in faults if f.pages}
         verdicts.append((f"together: one page per page-worthy fault ({len(expected)})",

@@ -9,7 +9,14 @@ renamed ``before:<group>`` so both load side by side. Every interval it reads ea
 largest over the run, and the rules that cost the most. Goal: every group within 1 s at
 a 30 s interval.
 
-Usage: ``.venv/bin/python bench/rule_eval_cost.py --before DIR [--scale 10] [--minutes 4]``
+``--frozen``: scrape the exporter once, stop it, and serve those bytes to Prometheus from
+this process (a thread; no rendering), so that on a small machine the exporter's own CPU
+(a render of the whole fleet every interval) does not compete with the rule evaluation it
+is measured beside. The values then do not change; a rule's cost is the series and
+samples it reads, which stay the same.
+
+Usage: ``.venv/bin/python bench/rule_eval_cost.py --before DIR [--scale 10] [--minutes 4]
+[--frozen]``
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
@@ -43,6 +52,11 @@ def main() -> int:
     parser.add_argument("--scale", type=int, default=10)
     parser.add_argument("--minutes", type=float, default=4.0)
     parser.add_argument("--interval", default="30s")
+    parser.add_argument("--frozen", action="store_true",
+                        help="serve one scrape's bytes from this process, the exporter stopped")
+    parser.add_argument("--only-after", action="store_true",
+                        help="load only this checkout's rules (no before: groups), so that the "
+                        "after figures are not shared with the baseline's cost")
     args = parser.parse_args()
     seconds = float(args.interval.rstrip("s"))
     with tempfile.TemporaryDirectory(prefix="gpufleet-ruleeval-") as tmp:
@@ -53,14 +67,24 @@ def main() -> int:
         (base / "before-alerts.yaml").write_text(yaml.safe_dump(before, sort_keys=False))
         exporter = start_exporter(base, config=f"collect_interval: {args.interval}\n"
                                   f"sources:\n  sim:\n    scale: {args.scale}\n", timeout=300)
+        port, frozen = exporter.port, None
+        if args.frozen:
+            body = http_get(f"{exporter.url}/metrics", timeout=120)
+            stop(exporter.proc)
+            frozen = serve_bytes(body)
+            port = frozen.server_address[1]
+            lines = body.count(b"\n")
+            print(f"frozen: {len(body):,} bytes, {lines:,} lines", flush=True)
         rule_files = [str(REPO / "rules" / "gpufleet-recording.yaml"),
-                      str(REPO / "rules" / "gpufleet-alerts.yaml"), str(base / "before-alerts.yaml")]
+                      str(REPO / "rules" / "gpufleet-alerts.yaml")]
+        if not args.only_after:
+            rule_files.append(str(base / "before-alerts.yaml"))
         config = {
             "global": {"scrape_interval": args.interval, "evaluation_interval": args.interval},
             "rule_files": rule_files,
             "scrape_configs": [{"job_name": "gpufleet-nodes", "scrape_interval": args.interval,
                                 "scrape_timeout": args.interval,
-                                "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}],
+                                "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
         }
         prom = start_prometheus(base / "prometheus", yaml.safe_dump(config))
         try:
@@ -92,7 +116,28 @@ def main() -> int:
         finally:
             stop(prom.proc)
             stop(exporter.proc)
+            if frozen is not None:
+                frozen.shutdown()
     return 0
+
+
+def serve_bytes(body: bytes) -> ThreadingHTTPServer:
+    """``body`` as /metrics on a free local port, in a thread, until ``shutdown()``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 if __name__ == "__main__":

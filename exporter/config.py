@@ -30,6 +30,13 @@ from exporter.options import Duration
 from exporter.options import opt as _opt
 from exporter.sources import SOURCES
 from exporter.thresholds import load_thresholds
+from exporter.thresholds.defaults import (
+    CLEAR_HYSTERESIS,
+    DurationFromTable,
+    FromTable,
+    clear_below_for,
+    follows_table,
+)
 from exporter.validate import Builder, one_of, text, true_or_false
 from exporter.yamlfile import load_mapping
 
@@ -64,8 +71,16 @@ else:
 def _table_checkpoint_interval() -> Duration:
     """The default of ``advisor.checkpoint_interval``: half the threshold table's
     GpuJobCheckpointStale level ("older than 2 x the interval"), so the alert and the cost
-    of a move read one number (:meth:`Thresholds.checkpoint_interval`)."""
-    return Duration(load_thresholds().checkpoint_interval())
+    of a move read one number (:meth:`Thresholds.checkpoint_interval`). Marked as a default
+    (exporter/thresholds/defaults.py): ``serve`` reads it from ``thresholds_file`` instead."""
+    return DurationFromTable(load_thresholds().checkpoint_interval())
+
+
+def _table_clear_below() -> float:
+    """The default of ``advisor.clear_below``: below the trigger by the hysteresis
+    (:func:`clear_below_for`), recomputed from whichever trigger is in force, so a table at
+    any legal level never makes the default clear bound meet the trigger."""
+    return FromTable(clear_below_for(table_compaction_threshold()))
 
 
 @dataclass(frozen=True)
@@ -92,9 +107,11 @@ class AdvisorConfig:
     retry_initial: Duration = _opt(Duration(1), help="First retry delay.", exclusive_min=0)
     retry_max: Duration = _opt(Duration(300), help="Longest retry delay.", exclusive_min=0)
     trigger: float = _opt(help="Index above which compaction is considered; default: the threshold "
-                          "table's fragmentation level.", factory=table_compaction_threshold,
-                          min=0, max=100)
-    clear_below: float = _opt(40.0, help="Index below which the recommendation clears.",
+                          "table's fragmentation level (thresholds_file), followed when it is "
+                          "reloaded.", factory=table_compaction_threshold, min=0, max=100)
+    clear_below: float = _opt(help="Index below which the recommendation clears; default: "
+                              f"the trigger less {CLEAR_HYSTERESIS:g} points (at most half "
+                              "the trigger), following it.", factory=_table_clear_below,
                               min=0, max=100)
     dwell: Duration = _opt(Duration(600), help="How long the index must stay above trigger.", min=0)
     cooldown: Duration = _opt(Duration(1800), help="Least time between two plans.", min=0)
@@ -116,7 +133,8 @@ class AdvisorConfig:
                                  min=0)
     checkpoint_interval: Duration = _opt(
         help="How often jobs checkpoint, for the cost of a move; default: half the threshold "
-        "table's GpuJobCheckpointStale level (15 min).", factory=_table_checkpoint_interval,
+        "table's GpuJobCheckpointStale level (15 min in the shipped table; thresholds_file).",
+        factory=_table_checkpoint_interval,
         exclusive_min=0)
     assume_checkpointing: bool = _opt(True, help="A job that states no last checkpoint is taken "
                                       "to checkpoint every checkpoint_interval (a move costs at "
@@ -124,7 +142,10 @@ class AdvisorConfig:
                                       "its whole runtime).")
 
     def check(self, prefix: str) -> None:
-        if self.clear_below >= self.trigger:
+        # only a clear bound set by hand can meet the trigger: the default follows it. One
+        # set against the table's trigger is checked again with the table serve runs on
+        # (advise.decision_settings)
+        if not follows_table(self.clear_below) and self.clear_below >= self.trigger:
             raise ConfigError(f"{prefix}.clear_below: must be below {prefix}.trigger "
                               f"({self.clear_below:g} >= {self.trigger:g})")
         names = [r.name for r in self.receivers]
@@ -206,6 +227,12 @@ MAX_CLUSTER_CHARS = 128
 @dataclass(frozen=True)
 class Config:
     listen: str = _opt(DEFAULT_LISTEN, help="HOST:PORT to serve on.")
+    thresholds_file: str = _opt(
+        "", help="The threshold table (rules/thresholds.yaml's format) whose levels the "
+        "advisor and the analysis default to; read again on SIGHUP and when it changes (a "
+        "table that fails to load keeps the last good one); empty: the table installed with "
+        "gpufleet. --thresholds wins.",
+    )
     cluster: str = _opt("", help="Value of a `cluster` label on every series served, so one "
                         "Prometheus (or Thanos) can hold several clusters; empty: no label.")
     collect_interval: Duration = _opt(

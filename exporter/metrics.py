@@ -751,6 +751,18 @@ LOG_LINES_DROPPED_TOTAL = FamilySpec(
     ("reason",), "self",
     doc="Both stay 0 in a quiet process; `rate_limited` grows while an upstream fails the "
         "same way over and over (its line is logged once per 10 s with the count).")
+# -- the threshold table's reloads (issue 29, exporter/thresholds/live.py) -------------------------
+CONFIG_LAST_RELOAD_SUCCESSFUL = FamilySpec(
+    "gpufleet_config_last_reload_successful", "gauge",
+    "1 if the last reload of the threshold table succeeded, 0 if it failed and the last good "
+    "table stays in force.", (), "self",
+    doc="Prometheus' own convention (`prometheus_config_last_reload_successful`). The table is "
+        "`--thresholds FILE` or `thresholds_file`, read again on SIGHUP and when it changes; "
+        "always 1 with the table installed with gpufleet.")
+CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS = FamilySpec(
+    "gpufleet_config_last_reload_success_timestamp_seconds", "gauge",
+    "Unix time of the last successful load of the threshold table (the start, or a reload).",
+    (), "self", "seconds")
 
 # The table, keyed by name, in definition order (the order above): every FamilySpec of this
 # module, so a family declared above cannot be left out of it.

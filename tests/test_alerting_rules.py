@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -77,6 +78,22 @@ def test_check_names_the_stale_files_exits_1_and_writes_nothing(tmp_path, capsys
     assert main(["rules", "--thresholds", str(TABLE), "--out", str(out), "--check"]) == 1
     assert "gpufleet-recording.yaml" in capsys.readouterr().err
     assert not (out / "gpufleet-recording.yaml").exists()
+
+
+def test_check_on_drift_names_the_command_that_fixes_it_with_the_same_flags(tmp_path, capsys):
+    """issue 29: a stale PrometheusRule was answered "run `gpufleet rules`", which writes the
+    plain rule files and leaves the PrometheusRule stale."""
+    out = tmp_path / "out dir"
+    flags = ["--thresholds", str(TABLE), "--out", str(out), "--format", "prometheusrule",
+             "--time-scale", "0.05", "--label", "release=kps"]
+    capsys.readouterr()
+    assert main(["rules", *flags, "--check"]) == 1
+    err = capsys.readouterr().err
+    fix = shlex.join(["gpufleet", "rules", *flags])
+    assert f"(run `{fix}` and commit the result)" in err
+    # the named command, run, makes the check pass
+    assert main(["rules", *shlex.split(fix)[2:]]) == 0
+    assert main(["rules", *flags, "--check"]) == 0
 
 
 def test_default_output_is_beside_the_table(tmp_path, capsys):

@@ -85,6 +85,9 @@ def test_installed_package_replays_and_analyzes_the_built_in_trace(tmp_path):
     # in the checkout), so the defaults it gives work outside a checkout
     table = site / "exporter" / "thresholds.yaml"
     assert not table.is_symlink() and table.read_text() == (REPO / "rules" / "thresholds.yaml").read_text()
+    # and the runbooks serve shows at /runbooks (issue 29), copied the same way
+    runbooks = site / "exporter" / "runbooks.md"
+    assert not runbooks.is_symlink() and runbooks.read_text() == (REPO / "docs" / "runbooks.md").read_text()
     from exporter.thresholds import load_thresholds
 
     level = load_thresholds(REPO / "rules" / "thresholds.yaml").compaction_threshold()

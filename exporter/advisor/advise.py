@@ -18,14 +18,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from exporter.advisor.advice import Advice, WhatIf
-from exporter.advisor.engine import Advisor, DecisionSettings
+from exporter.advisor.engine import Advisor, DecisionSettings, idle_rule
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import PlanSettings, plan_compaction
 from exporter.analysis.index import Report
+from exporter.errors import ConfigError
 from exporter.snapshot import FleetSnapshot
+from exporter.thresholds.defaults import clear_below_for, follows_table
 
 if TYPE_CHECKING:  # annotations only: building an advisor needs no config module loaded
     from exporter.config import AdvisorConfig
+    from exporter.thresholds import Thresholds
 
 # (snapshot, report, scope, now) -> plan; scope is "cluster" or "pool:<name>". The planner
 # with its settings: functools.partial(plan_compaction, settings=PlanSettings(...))
@@ -65,29 +68,59 @@ def what_if(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
     return advisor.what_if(snapshot, report, now, proposed)
 
 
-def decision_settings(config: AdvisorConfig) -> DecisionSettings:
-    """The engine's settings from the ``advisor`` config section."""
+def decision_settings(config: AdvisorConfig, table: Thresholds | None = None) -> DecisionSettings:
+    """The engine's settings from the ``advisor`` config section.
+
+    ``table`` is the threshold table in force (``serve --thresholds FILE``, and each reload
+    of it): the trigger, the clear bound and the checkpoint interval that the config leaves
+    at their defaults are read from it (exporter/thresholds/defaults.py); a value set in the
+    config stays. Without one, the defaults the config was built with (the installed table).
+    A clear bound set in the config at or above the table's trigger is a one-line
+    ConfigError: at the start it stops it, at a reload the old table stays.
+    """
+    trigger = config.trigger
+    if table is not None and follows_table(trigger):
+        trigger = table.compaction_threshold()
+    clear_below = config.clear_below
+    if follows_table(clear_below):
+        clear_below = clear_below_for(trigger)
+    elif clear_below >= trigger:
+        where = f", the fragmentation level of {table.source}" if follows_table(config.trigger) \
+            and table is not None else ""
+        raise ConfigError(f"advisor.clear_below: must be below advisor.trigger "
+                          f"({clear_below:g} >= {trigger:g}{where}); lower it, or remove it to "
+                          "follow the trigger")
     return DecisionSettings(
-        trigger=config.trigger, clear_below=config.clear_below, dwell_seconds=config.dwell,
+        trigger=trigger, clear_below=clear_below, dwell_seconds=config.dwell,
         cooldown_seconds=config.cooldown,
         min_recovered_per_migration=config.min_recovered_per_migration,
         min_nodes_freed_per_migration=config.min_nodes_freed_per_migration,
         hold_recheck_seconds=config.hold_recheck,
-        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
+        checkpoint_interval_seconds=_checkpoint_interval(config, table),
+        idle=None if table is None else idle_rule(table),
     )
 
 
-def plan_settings(config: AdvisorConfig) -> PlanSettings:
-    """The planner's settings from the ``advisor`` config section."""
+def _checkpoint_interval(config: AdvisorConfig, table: Thresholds | None) -> float:
+    if not config.assume_checkpointing:
+        return 0.0
+    if table is not None and follows_table(config.checkpoint_interval):
+        return table.checkpoint_interval()
+    return float(config.checkpoint_interval)
+
+
+def plan_settings(config: AdvisorConfig, table: Thresholds | None = None) -> PlanSettings:
+    """The planner's settings from the ``advisor`` config section (``table``: as
+    :func:`decision_settings`)."""
     return PlanSettings(
         max_migrations=config.max_migrations, max_per_node=config.max_migrations_per_node,
         max_per_namespace=config.max_migrations_per_namespace,
         move_high_priority=config.move_high_priority, high_priority=config.high_priority,
         min_runtime_seconds=config.min_runtime, ttl_seconds=config.plan_ttl,
-        checkpoint_interval_seconds=config.checkpoint_interval if config.assume_checkpointing else 0.0,
+        checkpoint_interval_seconds=_checkpoint_interval(config, table),
     )
 
 
-def planner_for(config: AdvisorConfig) -> PlanFunction:
+def planner_for(config: AdvisorConfig, table: Thresholds | None = None) -> PlanFunction:
     """The planner with the ``advisor`` section's settings: what :func:`advise` is given."""
-    return functools.partial(plan_compaction, settings=plan_settings(config))
+    return functools.partial(plan_compaction, settings=plan_settings(config, table))

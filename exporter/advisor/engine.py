@@ -60,7 +60,7 @@ from exporter.advisor.wire import plan_from_json, plan_json
 from exporter.analysis.index import Report
 from exporter.gpu_catalogue import default_catalogue
 from exporter.snapshot import Allocation, FleetSnapshot
-from exporter.thresholds import load_thresholds
+from exporter.thresholds import Thresholds, load_thresholds
 
 IDLE_ROW = "GpuJobUtilizationLow"  # the threshold table's row that says "consider reclaiming"
 
@@ -83,12 +83,23 @@ class DecisionSettings:
     cluster_alert: str = "GpuFleetFragmentationHigh"
     # jobs stating no checkpoint do one this often (gpufleet_job_checkpoint_age_seconds); 0: never
     checkpoint_interval_seconds: float = 900.0
+    # (utilization ratio, seconds) below which a job's GPUs count as idle: the threshold
+    # table's GpuJobUtilizationLow at its highest level; None: the packaged table's (idle_rule)
+    idle: tuple[float, float] | None = None
+
+
+def idle_rule(table: Thresholds | None = None) -> tuple[float, float]:
+    """(utilization ratio, seconds) below which a job's GPUs count as idle: the table's
+    GpuJobUtilizationLow at its highest level (critical: 10% for 2 h), read, not written twice.
+    ``table``: the one ``serve`` runs on; else, or when it has no such row, the packaged one."""
+    if table is None or not any(row.alert == IDLE_ROW for row in table.alerts):
+        return _packaged_idle_rule()
+    level = table.alert(IDLE_ROW).levels[-1]
+    return level.threshold, level.for_seconds
 
 
 @functools.cache
-def idle_rule() -> tuple[float, float]:
-    """(utilization ratio, seconds) below which a job's GPUs count as idle: the table's
-    GpuJobUtilizationLow at its highest level (critical: 10% for 2 h), read, not written twice."""
+def _packaged_idle_rule() -> tuple[float, float]:
     level = load_thresholds().alert(IDLE_ROW).levels[-1]
     return level.threshold, level.for_seconds
 
@@ -423,7 +434,7 @@ class Advisor:
         Idleness is counted from the first snapshot that saw it, so an exporter restart
         starts the clock again: the GPU-hours are a lower bound. Never acted on.
         """
-        below, duration = idle_rule()
+        below, duration = self.settings.idle or idle_rule()
         utilization = {g.key: g.utilization_ratio for g in snapshot.gpus
                        if g.up and g.utilization_ratio is not None}
         nodes = snapshot.node_map()

@@ -40,6 +40,7 @@ from exporter.health.monitor import HealthMonitor, event_body, restore_state
 from exporter.health.remediation import event_id
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
+from exporter.thresholds import Thresholds
 
 log = logging.getLogger(__name__)
 
@@ -419,8 +420,11 @@ class AdvisorService:
 
 
 def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFunction | None = None,
-                  environ=os.environ, what_if_timeout: float = 10.0) -> AdvisorService:
-    """The advisor of ``gpufleet serve``; ``what_if_timeout`` is ``api.what_if_timeout``."""
+                  environ=os.environ, what_if_timeout: float = 10.0,
+                  table: Thresholds | None = None) -> AdvisorService:
+    """The advisor of ``gpufleet serve``; ``what_if_timeout`` is ``api.what_if_timeout``;
+    ``table`` the threshold table in force (advise.decision_settings)."""
+    settings = decision_settings(config, table)  # a clear bound at the table's trigger: first
     token = load_token(config, environ)
     if token is None:
         log.warning("advisor POST endpoints refuse every request: no token configured "
@@ -433,8 +437,8 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFu
     deliverer = Deliverer(outbox, receivers, base_delay=config.retry_initial,
                           max_delay=config.retry_max, retention=config.outbox_retention)
     if planner is None:
-        planner = planner_for(config)
-    service = AdvisorService(Advisor(decision_settings(config)), analyzer, deliverer, token,
+        planner = planner_for(config, table)
+    service = AdvisorService(Advisor(settings), analyzer, deliverer, token,
                              config.max_body_bytes, what_if_timeout, planner=planner,
                              health=HealthMonitor())
     service.restore_state()

@@ -341,12 +341,27 @@ def power_limit_recording(catalogue: Catalogue | None = None) -> Recording:
 FALLBACK_FAMILY = "GPU_POWER_LIMIT_FALLBACK_WATTS"
 
 
+_RANGE = re.compile(r"\[[0-9]")  # a range selector, [5m]: the rule reads every sample of a window
+
+
+def _group_of(row: AlertRow, rules: list[dict[str, Any]]) -> str:
+    """The group of a row's rules: one per kind of object, and the per-GPU rules in three,
+    which Prometheus evaluates side by side (issue 29, Build 4: a group reading every GPU
+    took longest): comparisons of the latest sample (gpufleet-gpu), the lifetime counters
+    over a window (gpufleet-gpu-errors) and the averages over a window
+    (gpufleet-gpu-activity). Which a row is follows from its generated expression."""
+    name = _GROUP_OF_SUBJECT[row.metric.subject]
+    if name != "gpufleet-gpu" or not any(_RANGE.search(rule["expr"]) for rule in rules):
+        return name
+    return "gpufleet-gpu-errors" if row.metric.unit == "count" else "gpufleet-gpu-activity"
+
+
 def alert_groups(thresholds: Thresholds, for_scale: float = 1.0) -> list[dict[str, Any]]:
-    """Alerting rule groups, one per kind of object, in the table's order."""
+    """Alerting rule groups (:func:`_group_of`), in the table's order."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in thresholds.alerts:
-        name = _GROUP_OF_SUBJECT[row.metric.subject]
-        groups.setdefault(name, []).extend(_row_rules(thresholds, row, for_scale))
+        rules = _row_rules(thresholds, row, for_scale)
+        groups.setdefault(_group_of(row, rules), []).extend(rules)
     return [{"name": name, "rules": rules} for name, rules in groups.items()]
 
 

@@ -8,16 +8,24 @@ from exporter.analysis.options import AnalysisConfig
 from exporter.analysis.workload import Shape, ShapeWindow, Workload, from_tasks, from_weighted
 from exporter.errors import ConfigError
 from exporter.gpu_catalogue import Catalogue, default_catalogue
+from exporter.thresholds import Thresholds
+from exporter.thresholds.defaults import follows_table
 
 
-def index_settings(config: AnalysisConfig) -> IndexSettings:
+def index_settings(config: AnalysisConfig, table: Thresholds | None = None) -> IndexSettings:
+    """The index settings of the ``analysis`` section; ``compaction_threshold`` left at its
+    default is read from ``table`` when given (the table ``serve`` runs on, and each reload
+    of it: exporter/thresholds/defaults.py)."""
     tiers = config.tier_penalty
+    threshold = config.compaction_threshold
+    if table is not None and follows_table(threshold):
+        threshold = table.compaction_threshold()
     return IndexSettings(
         slack_nodes=config.slack_nodes,
         tier_penalty=tiers.penalty,
         idle_at_most=tiers.idle_at_most,
         busy_above=tiers.busy_above,
-        compaction_threshold=config.compaction_threshold,
+        compaction_threshold=threshold,
     )
 
 

@@ -22,6 +22,7 @@ from exporter.analysis.workload import ShapeWindow, Workload
 from exporter.load.live import LoadTracker
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
+from exporter.thresholds import Thresholds
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,12 @@ class LiveAnalyzer:
     load: LoadTracker | None = None
 
     @classmethod
-    def from_config(cls, config: AnalysisConfig) -> LiveAnalyzer:
+    def from_config(cls, config: AnalysisConfig, table: Thresholds | None = None) -> LiveAnalyzer:
+        """``table``: the threshold table in force (configure.index_settings)."""
         fixed = configure.fixed_workload(config)
         window = configure.shape_window(config) if fixed is None else None
-        return cls(configure.index_settings(config), window, fixed,
-                   load=LoadTracker.from_table(config.window_snapshots))
+        return cls(configure.index_settings(config, table), window, fixed,
+                   load=LoadTracker.from_table(config.window_snapshots, table))
 
     def analyze(self, snapshot: FleetSnapshot) -> Report:
         if self.window is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from exporter.options import opt as _opt
 from exporter.thresholds import load_thresholds
+from exporter.thresholds.defaults import FromTable
 
 ANALYSIS_WORKLOADS = ("window", "trace", "shapes")
 
@@ -17,8 +18,9 @@ ANALYSIS_WORKLOADS = ("window", "trace", "shapes")
 def table_compaction_threshold() -> float:
     """The default of ``analysis.compaction_threshold`` and ``advisor.trigger``: the level of
     the threshold table's fragmentation row, so the analyzer, the advisor and the alert that
-    routes to it act at one index (:meth:`Thresholds.compaction_threshold`)."""
-    return load_thresholds().compaction_threshold()
+    routes to it act at one index (:meth:`Thresholds.compaction_threshold`). Marked as a
+    default (exporter/thresholds/defaults.py), so ``serve`` follows its ``thresholds_file``."""
+    return FromTable(load_thresholds().compaction_threshold())
 
 
 @dataclass(frozen=True)
@@ -67,5 +69,6 @@ class AnalysisConfig:
     )
     compaction_threshold: float = _opt(
         help="Compaction is due when the cluster index exceeds this; default: the threshold "
-        "table's fragmentation level.", factory=table_compaction_threshold, min=0, max=100,
+        "table's fragmentation level (thresholds_file), followed when it is reloaded.",
+        factory=table_compaction_threshold, min=0, max=100,
     )

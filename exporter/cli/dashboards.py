@@ -9,6 +9,7 @@ exits 1 naming the files that are missing or differ, for CI and reviewers.
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from exporter.extras import require
@@ -44,4 +45,12 @@ def run(args: argparse.Namespace) -> int:
 
     files = render(levels_from_table(command_table(args.thresholds)[0]))
     return check_or_write(files, Path(args.out), check=args.check, what="dashboards",
-                          command=f"gpufleet dashboards --out {args.out}")
+                          command=fix_command(args))
+
+
+def fix_command(args: argparse.Namespace) -> str:
+    """The command that rewrites what ``--check`` found stale: the same table and folder."""
+    words = ["gpufleet", "dashboards", "--out", str(args.out)]
+    if args.thresholds is not None:
+        words += ["--thresholds", args.thresholds]
+    return shlex.join(words)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import shlex
 from pathlib import Path
 
 from exporter.alerting.rules import FORMATS, generate
@@ -98,4 +99,29 @@ def run(args: argparse.Namespace) -> int:
     files = generate(thresholds, args.format, args.for_scale, dict(args.label),
                      time_scale=args.time_scale)
     return check_or_write({f.name: f.text for f in files}, out, check=args.check,
-                          what="rule files", command="gpufleet rules")
+                          what="rule files", command=fix_command(args))
+
+
+def fix_command(args: argparse.Namespace) -> str:
+    """The command that rewrites what ``--check`` found stale: this one, with the same
+    table, folder, format, scales and labels, without ``--check`` (issue 29: "run `gpufleet
+    rules`" alone would write the plain rule files, not the PrometheusRule that drifted).
+
+    >>> fix_command(argparse.Namespace(thresholds=None, out="rules", format="prometheusrule",
+    ...     for_scale=1.0, time_scale=1.0, label=[("release", "kps")], check=True))
+    'gpufleet rules --out rules --format prometheusrule --label release=kps'
+    """
+    words = ["gpufleet", "rules"]
+    if args.thresholds is not None:
+        words += ["--thresholds", args.thresholds]
+    if args.out:
+        words += ["--out", args.out]
+    if args.format != "prometheus":
+        words += ["--format", args.format]
+    if args.for_scale != 1.0:
+        words += ["--for-scale", f"{args.for_scale:g}"]
+    if args.time_scale != 1.0:
+        words += ["--time-scale", f"{args.time_scale:g}"]
+    for key, value in args.label:
+        words += ["--label", f"{key}={value}"]
+    return shlex.join(words)

@@ -27,6 +27,9 @@ from exporter.web.webconfig import LiveWebConfig
 
 if TYPE_CHECKING:
     from exporter.advisor.service import AdvisorService
+    from exporter.analysis.live import LiveAnalyzer
+    from exporter.thresholds import Thresholds
+    from exporter.thresholds.live import LiveThresholds
 
 log = logging.getLogger("gpufleet")
 
@@ -43,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, metavar="N", help="seed of the simulated fleet")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", choices=("logfmt", "json"))
+    parser.add_argument("--thresholds", metavar="FILE",
+                        help="the threshold table whose levels the advisor and the analysis "
+                        "default to, read again on SIGHUP and when it changes (default "
+                        "thresholds_file, else the table installed with gpufleet)")
     parser.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
                         help="node_exporter's web config file: TLS, basic auth, headers "
                         "(exporter-toolkit format; default web.config_file)")
@@ -57,6 +64,8 @@ def effective_config(args: argparse.Namespace) -> Config:
         except ValueError as exc:
             raise ConfigError(f"--{exc}") from None
         config = dataclasses.replace(config, listen=args.listen)
+    if getattr(args, "thresholds", None):
+        config = dataclasses.replace(config, thresholds_file=args.thresholds)
     if getattr(args, "web_config_file", None):
         config = dataclasses.replace(
             config, web=dataclasses.replace(config.web, config_file=args.web_config_file))
@@ -109,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
     guard = protection(config, advisor, live)
     state.reloaders.extend(reloaders(guard, advisor, config))
     app = make_app(config, collector, state, guard)
+    from exporter.web import runbooks
+
+    runbooks.add_route(app)  # the alerts' runbook_url under external_url (issue 29)
     if advisor is not None:
         from exporter.advisor.service import install
 
@@ -229,6 +241,9 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     ``clock`` (wall time) and ``timer`` (durations) are parameters so that the golden
     exposition (tests/golden/) renders the same bytes on every run.
     """
+    from exporter.thresholds.live import LiveThresholds
+
+    table = LiveThresholds(config.thresholds_file or None, clock)  # a bad one stops the start
     sources = [build_source(n, getattr(config.sources, n), clock) for n in names]
     collector = Collector(sources, config.source_timeout, clock=clock, timer=timer)
     state = ServingState(exposition=exposition_options(config, names, sources))
@@ -236,19 +251,66 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     if config.analysis.enabled:
         from exporter.analysis.live import LiveAnalyzer
 
-        analyzer = LiveAnalyzer.from_config(config.analysis)
+        analyzer = LiveAnalyzer.from_config(config.analysis, table.current)
         state.family_providers.append(analyzer.families)
         if config.advisor.enabled:
             from exporter.advisor.service import build_service
 
             advisor = build_service(config.advisor, analyzer,
-                                    what_if_timeout=config.api.what_if_timeout)
+                                    what_if_timeout=config.api.what_if_timeout,
+                                    table=table.current)
             state.snapshot_listeners.append(advisor.on_snapshot)
             state.family_providers.append(advisor.families)
+        follow_table(table, config, analyzer, advisor)
     elif config.advisor.enabled:
         log.warning("advisor disabled: it needs analysis.enabled")
     state.family_providers.append(log_families)
+    # first: the analysis and the advisor judge each snapshot by the table on disk then
+    state.snapshot_listeners.insert(0, table.on_snapshot)
+    state.family_providers.append(table.families)
+    state.reloaders.append(("thresholds", lambda: table.poll(force=True)))
     return collector, state, advisor
+
+
+def follow_table(table: LiveThresholds, config: Config, analyzer: LiveAnalyzer,
+                 advisor: AdvisorService | None) -> None:
+    """What a reloaded threshold table changes: the analysis' compaction threshold and the
+    pools' scaling settings, and the advisor's trigger, clear bound and checkpoint interval
+    (the planner's too), where the config leaves them at their defaults
+    (exporter/thresholds/defaults.py), and its reclaim rule (GpuJobUtilizationLow). The
+    advisor's state (dwell, cooldown, plan in force, idle clocks), the analyzer's window and
+    the scalers' state stay: only settings are replaced. A clear bound set in the config at or
+    above the new trigger refuses the table (advise.decision_settings), and the old one stays."""
+    from exporter.analysis.configure import index_settings
+    from exporter.thresholds.scaling import DEFAULT as DEFAULT_SCALING
+
+    def analysis(new: Thresholds) -> Callable[[], None]:
+        settings = index_settings(config.analysis, new)
+        scaling = new.scaling or DEFAULT_SCALING
+
+        def commit() -> None:
+            analyzer.settings = settings
+            if analyzer.load is not None:
+                analyzer.load.retable(scaling)
+        return commit
+
+    table.follow("analysis", analysis)
+    if advisor is None:
+        return
+    from exporter.advisor.advise import decision_settings, planner_for
+
+    service = advisor
+
+    def engine(new: Thresholds) -> Callable[[], None]:
+        settings = decision_settings(config.advisor, new)  # ConfigError: refused
+        planner = planner_for(config.advisor, new)
+
+        def commit() -> None:
+            service.advisor.settings = settings
+            service.planner = planner
+        return commit
+
+    table.follow("advisor", engine)
 
 
 def log_families(snapshot: object) -> list[Family]:

@@ -44,7 +44,7 @@ from exporter.load.scaling import REASONS, Hint, Scaler
 from exporter.load.stats import WindowStats, window_stats
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
-from exporter.thresholds import ScalingTable, load_thresholds
+from exporter.thresholds import ScalingTable, Thresholds, load_thresholds
 from exporter.thresholds.scaling import DEFAULT
 
 MAX_POOLS = 4096  # pools tracked at once; a snapshot with more is bounded upstream too
@@ -245,9 +245,19 @@ class LoadTracker:
         ]
 
     @classmethod
-    def from_table(cls, window: int) -> LoadTracker:
-        """A tracker with the packaged threshold table's ``scaling:`` settings."""
-        return cls(window, load_thresholds().scaling or DEFAULT)
+    def from_table(cls, window: int, table: Thresholds | None = None) -> LoadTracker:
+        """A tracker with the ``scaling:`` settings of ``table`` (the one ``serve`` runs on),
+        else of the packaged threshold table."""
+        return cls(window, (table or load_thresholds()).scaling or DEFAULT)
+
+    def retable(self, table: ScalingTable) -> None:
+        """A reloaded threshold table's ``scaling:``: new pools and every known pool's scaler
+        take its settings; what the scalers hold (the recommendation, the hysteresis counts,
+        the cooldown clocks) and the load windows stay."""
+        self.table = table
+        for pool, state in self.pools.items():
+            node_gpus = state.sample.node_gpus if state.sample is not None else None
+            state.scaler.settings = table.for_pool(pool, node_gpus or None)
 
     def advice_json(self) -> list[dict[str, Any]]:
         """/v1/advice's ``scaling``: per pool, the hint, the load statistics and the changes."""
