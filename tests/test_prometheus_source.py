@@ -602,10 +602,14 @@ def test_a_read_cut_at_a_cap_keeps_nothing_of_the_answers_it_read():
 
     from aiohttp import web
 
+    # one chunk for every handler, made before tracing starts: the fake server's handlers
+    # still writing when the read is cut (more of them on a loaded machine) hold no memory of
+    # their own that the measure would count
+    chunk = b" " * 2 ** 20
+
     async def endless(query: str, request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         await resp.prepare(request)
-        chunk = b" " * 2 ** 20
         with contextlib.suppress(ConnectionError, RuntimeError):
             for _ in range(64):
                 await resp.write(chunk)
@@ -626,7 +630,8 @@ def test_a_read_cut_at_a_cap_keeps_nothing_of_the_answers_it_read():
         tracemalloc.stop()
         gc.enable()
     assert "max_answer_bytes 8,388,608" in snapshot.sources[0].error
-    # 1.3 MiB here (the connections' buffers); 4.3 MiB before, the cancelled queries' chunks
+    # 0.26 MiB here; on the merged tree the same without the fix (chunks.clear, tasks.clear):
+    # the bound stays as a ceiling, but no longer tells the fix apart
     assert held[0] < 2.5 * 2 ** 20, f"{held[0] / 2 ** 20:.1f} MiB still held"
 
 
