@@ -32,6 +32,7 @@ LAUNCHER = r"""
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("fake_pynvml", sys.argv[1])
 fake = importlib.util.module_from_spec(spec)
+sys.modules["fake_pynvml"] = fake  # its dataclasses look their module up there
 spec.loader.exec_module(fake)
 gpus = [fake.FakeGpu(uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000",
                      pci_bus_id=f"00000000:{0x18 + i:02X}:00.0", utilization=40, memory_used=2**34)

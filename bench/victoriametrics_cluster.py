@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -139,11 +140,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", type=int, default=100, help="copies of the 1,088-GPU layout")
     parser.add_argument("--reads", type=int, default=3, help="collections by cluster mode")
-    parser.add_argument("--scrape-interval", default="30s", help="vmagent's scrape interval")
+    parser.add_argument("--scrape-interval", default="60s", help="vmagent's scrape interval")
+    parser.add_argument("--health", action="store_true",
+                        help="the simulator's health and performance values too (5.7 M series "
+                        "at scale 100 instead of 1.6 M)")
     parser.add_argument("--query-timeout", default="30s",
                         help="sources.prometheus.query_timeout of the reader")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so that `finally` stops the servers
     binaries = {name: shutil.which(name) for name in ("victoria-metrics", "vmagent")}
     if None in binaries.values():
         print("victoria-metrics and vmagent are needed; `make vm-deps` installs them",
@@ -154,12 +159,14 @@ def main() -> int:
     exporter_port, vm_port, agent_port = free_port(), free_port(), free_port()
     vm = f"http://127.0.0.1:{vm_port}"
     (work / "gpufleet.yaml").write_text(
-        f"collect_interval: 1h\nadvisor: {{enabled: false}}\nsources:\n  sim: {{scale: {args.scale}}}\n")
+        "collect_interval: 1h\nadvisor: {enabled: false}\nsources:\n"
+        f"  sim: {{scale: {args.scale}, health: {str(args.health).lower()}}}\n")
     (work / "vmagent.yml").write_text(textwrap.dedent(f"""\
         scrape_configs:
           - job_name: {JOB}
             scrape_interval: {args.scrape_interval}
             scrape_timeout: {args.scrape_interval}
+            # the default honor_labels: false, as docs/deploy.md says
             static_configs: [{{targets: ["127.0.0.1:{exporter_port}"]}}]
         """))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
