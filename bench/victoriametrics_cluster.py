@@ -37,6 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 JOB = "gpufleet-nodes"
+VM_QUERY_DURATION, VM_QUEUE_DURATION = "300s", "120s"
 
 # the reader, in its own interpreter so that its RSS is cluster mode's alone
 READER = r"""
@@ -48,6 +49,15 @@ from exporter.exposition import LabelCache
 from exporter.web.server import collect_and_render
 
 url, selector, reads, query_timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+vm_pid = int(sys.argv[5])
+
+def cpu(pid=None):
+    import os, resource
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 answers = {}
 shipped = source_module.PrometheusFleetSource._query
 
@@ -58,7 +68,7 @@ async def counted(self, name, expr, at, headers):
 
 source_module.PrometheusFleetSource._query = counted
 config = build(Config, {
-    "collect_interval": "1h", "source_timeout": "120s",
+    "collect_interval": "1h", "source_timeout": "600s",
     "advisor": {"enabled": False},
     "sources": {"sim": {"enabled": False},
                 "prometheus": {"enabled": True, "url": url, "selector": selector,
@@ -76,12 +86,15 @@ async def main():
     labels = LabelCache()
     for _ in range(reads):
         answers.clear()
+        ours, theirs = cpu(), cpu(vm_pid)
         started = time.perf_counter()
         rendered = await collect_and_render(collector, state, labels, 1)
         total = time.perf_counter() - started
+        ours, theirs = cpu() - ours, cpu(vm_pid) - theirs
         snapshot = rendered.snapshot
         prom = [s for s in snapshot.sources if s.source == "prometheus"][0]
         runs.append({"read_s": prom.duration_seconds, "collect_analyse_render_s": total,
+                     "cpu_s_ours": ours, "cpu_s_victoria_metrics": theirs,
                      "queries": len(answers), "answer_bytes": sum(answers.values()),
                      "largest_answer": max(answers.items(), key=lambda kv: kv[1]),
                      "gpus": len(snapshot.gpus), "nodes": len(snapshot.nodes),
@@ -144,7 +157,7 @@ def main() -> int:
     parser.add_argument("--health", action="store_true",
                         help="the simulator's health and performance values too (5.7 M series "
                         "at scale 100 instead of 1.6 M)")
-    parser.add_argument("--query-timeout", default="30s",
+    parser.add_argument("--query-timeout", default="120s",
                         help="sources.prometheus.query_timeout of the reader")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
@@ -179,7 +192,10 @@ def main() -> int:
             stdout=subprocess.DEVNULL, stderr=(work / "exporter.log").open("w"))
         procs["victoria-metrics"] = subprocess.Popen(
             [binaries["victoria-metrics"], f"-storageDataPath={work / 'vm'}",
-             f"-httpListenAddr=127.0.0.1:{vm_port}", "-retentionPeriod=1d"],
+             f"-httpListenAddr=127.0.0.1:{vm_port}", "-retentionPeriod=1d",
+             # the defaults (30 s, 10 s) refuse the 108,800-series answers on 2 busy cores
+             f"-search.maxQueryDuration={VM_QUERY_DURATION}",
+             f"-search.maxQueueDuration={VM_QUEUE_DURATION}"],
             stdout=subprocess.DEVNULL, stderr=(work / "victoria-metrics.log").open("w"))
         exporter_ready = wait_for(lambda: urllib.request.urlopen(
             f"http://127.0.0.1:{exporter_port}/-/ready", timeout=10).status == 200, 1800,
@@ -208,7 +224,8 @@ def main() -> int:
         scraped = int(float(series[0]["value"][1])) if series else None
         load_before = os.getloadavg()
         reader = subprocess.run(
-            [sys.executable, "-c", READER, vm, f'job="{JOB}"', str(args.reads), args.query_timeout],
+            [sys.executable, "-c", READER, vm, f'job="{JOB}"', str(args.reads), args.query_timeout,
+             str(procs["victoria-metrics"].pid)],
             cwd=work, env=env, capture_output=True, text=True, timeout=3600)
         if reader.returncode != 0:
             print(reader.stderr[-4000:], file=sys.stderr)
@@ -225,13 +242,15 @@ def main() -> int:
         runs = result["runs"]
         worst_read = max(r["read_s"] for r in runs)
         worst_queries = max(r["queries"] for r in runs)
-        index_gap = max(abs(r["cluster_index"] - node_index) for r in runs)
+        good = [r for r in runs if r["up"] and r["gpus"] == gpus_expected]
+        index_gap = max((abs(r["cluster_index"] - node_index) for r in good), default=float("nan"))
         complete = all(r["gpus"] == gpus_expected and r["up"] for r in runs)
         print(f"collection: worst {worst_read:.2f} s, {worst_queries} queries "
               f"(goal <= 10 s, <= 20): {'met' if worst_read <= 10 and worst_queries <= 20 else 'NOT met'}")
         print(f"RSS: peak {result['vm_hwm_mb']:.0f} MiB (goal <= 1 GB): "
               f"{'met' if result['vm_hwm_mb'] <= 1024 else 'NOT met'}")
-        print(f"cluster index: {index_gap:.3f} from node mode's {node_index:.3f} (goal <= 0.5): "
+        print(f"cluster index: {index_gap:.3f} from node mode's {node_index:.3f} over {len(good)} "
+              "complete reads (goal <= 0.5): "
               f"{'met' if index_gap <= 0.5 else 'NOT met'}")
         print(f"every GPU read, source up: {complete}")
         return 0
