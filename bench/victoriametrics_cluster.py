@@ -139,6 +139,11 @@ def wait_for(check, timeout: float, what: str, every: float = 5.0) -> float:
     raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) of a process in MiB."""
     values = {}
@@ -159,6 +164,9 @@ def main() -> int:
                         "at scale 100 instead of 1.6 M)")
     parser.add_argument("--query-timeout", default="120s",
                         help="sources.prometheus.query_timeout of the reader")
+    parser.add_argument("--idle", type=float, default=120.0,
+                        help="seconds VictoriaMetrics' CPU is measured with no query, before the "
+                        "reads: what ingesting vmagent's scrapes costs it")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so that `finally` stops the servers
@@ -222,6 +230,10 @@ def main() -> int:
             vm, f'gpufleet_cluster_fragmentation_index{{job="{JOB}"}}')[0]["value"][1])
         series = instant(vm, f'sum(scrape_samples_scraped{{job="{JOB}"}})')
         scraped = int(float(series[0]["value"][1])) if series else None
+        vm_pid = procs["victoria-metrics"].pid
+        idle_cpu = cpu_seconds(vm_pid)
+        time.sleep(args.idle)
+        ingest_per_s = (cpu_seconds(vm_pid) - idle_cpu) / args.idle if args.idle else None
         load_before = os.getloadavg()
         reader = subprocess.run(
             [sys.executable, "-c", READER, vm, f'job="{JOB}"', str(args.reads), args.query_timeout,
@@ -235,6 +247,7 @@ def main() -> int:
         others = {name: rss_mb(p.pid) for name, p in procs.items()}
         print(json.dumps({
             "gpus_expected": gpus_expected, "samples_per_scrape": scraped,
+            "victoria_metrics_cpu_s_per_s_without_queries": ingest_per_s,
             "node_mode_cluster_index": node_index, "reader": result,
             "rss_mb_other_processes (VmRSS, VmHWM)": others,
             "load_average_before_after": [round(load_before[0], 1), round(load_after[0], 1)],
