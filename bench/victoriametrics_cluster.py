@@ -226,8 +226,14 @@ def main() -> int:
         filled = wait_for(all_gpus, 1800, "VictoriaMetrics answering for every GPU", every=10)
         print(f"VictoriaMetrics answers for all {gpus_expected:,} GPUs {filled:.0f} s after "
               "vmagent started", flush=True)
-        node_index = float(instant(
-            vm, f'gpufleet_cluster_fragmentation_index{{job="{JOB}"}}')[0]["value"][1])
+        node_answer: list[dict] = []
+
+        def node_index_answered() -> bool:  # a busy VictoriaMetrics may answer it late
+            node_answer[:] = instant(vm, f'gpufleet_cluster_fragmentation_index{{job="{JOB}"}}')
+            return bool(node_answer)
+
+        wait_for(node_index_answered, 600, "node mode's cluster index", every=10)
+        node_index = float(node_answer[0]["value"][1])
         series = instant(vm, f'sum(scrape_samples_scraped{{job="{JOB}"}})')
         scraped = int(float(series[0]["value"][1])) if series else None
         vm_pid = procs["victoria-metrics"].pid
