@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -14,22 +13,22 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from aiohttp import web
-
-from exporter import logs, metrics
-from exporter.collect import Collector
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
-from exporter.exposition import ExpositionOptions
-from exporter.metrics import Family
 from exporter.sources import SOURCES, Clock, SourceStartupError, build_source
-from exporter.web.server import Protection, ServingState, make_app, parse_listen, serve
-from exporter.web.webconfig import LiveWebConfig
 
+# `serve --help` needs only the option declarations above (exporter.config, the sources'
+# registry): the server, aiohttp and the exposition (numpy) are imported where they run,
+# which keeps --help from paying for them (docs/performance.md, "A lean node")
 if TYPE_CHECKING:
     from exporter.advisor.service import AdvisorService
     from exporter.analysis.live import LiveAnalyzer
+    from exporter.collect import Collector
+    from exporter.exposition import ExpositionOptions
+    from exporter.metrics import Family
     from exporter.thresholds import Thresholds
     from exporter.thresholds.live import LiveThresholds
+    from exporter.web.server import Protection, ServingState
+    from exporter.web.webconfig import LiveWebConfig
 
 log = logging.getLogger("gpufleet")
 
@@ -57,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def effective_config(args: argparse.Namespace) -> Config:
     """The config file with command-line flags applied on top."""
+    from exporter.web.server import parse_listen
+
     config = load(args.config)
     if args.listen:
         try:
@@ -96,6 +97,14 @@ def enabled_sources(config: Config) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from aiohttp import web
+
+    from exporter import logs
+    from exporter.web.server import make_app, parse_listen, serve
+    from exporter.web.webconfig import LiveWebConfig
+
     config = effective_config(args)
     try:
         host, port = parse_listen(config.listen)
@@ -199,6 +208,8 @@ def exposition_options(config: Config, names: list[str], sources: list) -> Expos
     (exporter/exposition/options.py, ExpositionOptions). NVML knows no jobs, unless it reads the
     kubelet's PodResources (``pod_resources``: ``schedules`` then); dcgm knows them from
     dcgm-exporter's pod labels (``schedules`` too)."""
+    from exporter.exposition import ExpositionOptions
+
     setting = config.exposition.per_gpu
     per_gpu = "prometheus" not in names if setting == "auto" else setting == "true"
     reads_scheduler = any(getattr(s, "role", "full") == "allocation"
@@ -212,6 +223,8 @@ def protection(config: Config, advisor: AdvisorService | None,
     """The web config file (``--web.config.file`` or ``web.config_file``, loaded) and whether
     GET /v1/* needs the advisor's token: by default when the file is set, because then the
     operator has asked for the endpoints to be protected."""
+    from exporter.web.server import Protection
+
     reads = config.api.require_token_for_reads
     if reads is None:
         reads = live is not None
@@ -241,7 +254,9 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     ``clock`` (wall time) and ``timer`` (durations) are parameters so that the golden
     exposition (tests/golden/) renders the same bytes on every run.
     """
+    from exporter.collect import Collector
     from exporter.thresholds.live import LiveThresholds
+    from exporter.web.server import ServingState
 
     table = LiveThresholds(config.thresholds_file or None, clock)  # a bad one stops the start
     sources = [build_source(n, getattr(config.sources, n), clock) for n in names]
@@ -315,5 +330,7 @@ def follow_table(table: LiveThresholds, config: Config, analyzer: LiveAnalyzer,
 
 def log_families(snapshot: object) -> list[Family]:
     """A ``ServingState.family_providers`` entry: the log lines not written (exporter/logs.py)."""
+    from exporter import logs, metrics
+
     return [metrics.LOG_LINES_DROPPED_TOTAL.family([
         ((("reason", reason),), float(count)) for reason, count in logs.not_written().items()])]

@@ -34,7 +34,6 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from exporter import __version__
 from exporter.advisor.api import Token, bearer_problem
 from exporter.aio import complete
 from exporter.collect import Collector
@@ -42,6 +41,7 @@ from exporter.config import Config, WebConfig
 from exporter.errors import quoted
 from exporter.exposition import CONTENT_TYPE, ExpositionOptions, Family, LabelCache, Rendered, render
 from exporter.snapshot import FleetSnapshot, to_json
+from exporter.web import landing
 from exporter.web.connection_gate import (
     GuardedSite,
     IntervalLog,
@@ -340,13 +340,11 @@ async def _watch_web_config(app: web.Application) -> AsyncIterator[None]:
 
 
 async def index(request: web.Request) -> web.Response:
-    body = (
-        "<html><head><title>gpufleet</title></head><body><h1>gpufleet "
-        f"{__version__}</h1><ul><li><a href='/metrics'>/metrics</a></li>"
-        "<li><a href='/v1/snapshot'>/v1/snapshot</a></li>"
-        "<li><a href='/-/healthy'>/-/healthy</a></li><li><a href='/-/ready'>/-/ready</a></li>"
-        "</ul></body></html>"
-    )
+    """The landing page (exporter/web/landing.py): endpoints, version, sources, advice, runbooks."""
+    rendered = request.app[STATE].current
+    sources = rendered.snapshot.sources if rendered is not None else None
+    show_errors = not request.app[PROTECTION].reads_need_token
+    body = landing.render(request.app, sources, show_errors, landing.packaged_runbook_page())
     return web.Response(text=body, content_type="text/html")
 
 

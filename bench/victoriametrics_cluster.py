@@ -1,0 +1,291 @@
+"""Cluster mode at 108,800 GPUs on VictoriaMetrics (issue 30, Build 6).
+
+Setup, all on loopback: one node-mode ``gpufleet serve`` holding the simulated fleet at
+``--scale`` (100: 108,800 GPUs on 13,600 nodes, ~1.6 M series), scraped by ``vmagent``
+into a single-node ``victoria-metrics`` (Debian's 1.79: the binaries ``make test``
+installs). Once VictoriaMetrics answers for every GPU, a fresh interpreter runs what a
+cluster-mode ``gpufleet serve --source prometheus`` runs (``serve.assemble``: the
+prometheus source, the collector, the analysis) against VictoriaMetrics' Prometheus API
+``--reads`` times, and reports per collection the source's read time and queries, the
+collection with the analysis and the /metrics render, the answers' bytes, and its own
+peak RSS (``VmHWM``). The cluster index it computes is compared with the one the node-mode
+exporter computed itself (its ``gpufleet_cluster_fragmentation_index``, read back from
+VictoriaMetrics).
+
+Goals: collection <= 10 s with <= 20 queries; RSS <= 1 GB; the cluster index within
+0.5 of node mode's own.
+
+Usage: ``nice -n 10 .venv/bin/python bench/victoriametrics_cluster.py [--scale 100] [--reads 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+JOB = "gpufleet-nodes"
+VM_QUERY_DURATION, VM_QUEUE_DURATION = "300s", "120s"
+
+# the reader, in its own interpreter so that its RSS is cluster mode's alone
+READER = r"""
+import asyncio, json, sys, time
+import exporter.sources.prometheus.source as source_module
+from exporter.cli.serve import assemble
+from exporter.config import build, Config
+from exporter.exposition import LabelCache
+from exporter.web.server import collect_and_render
+
+url, selector, reads, query_timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+vm_pid = int(sys.argv[5])
+
+def cpu(pid=None):
+    import os, resource
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+answers = {}
+shipped = source_module.PrometheusFleetSource._query
+
+async def counted(self, name, expr, at, headers):
+    body = await shipped(self, name, expr, at, headers)
+    answers[name] = len(body)
+    return body
+
+source_module.PrometheusFleetSource._query = counted
+config = build(Config, {
+    "collect_interval": "1h", "source_timeout": "600s",
+    "advisor": {"enabled": False},
+    "sources": {"sim": {"enabled": False},
+                "prometheus": {"enabled": True, "url": url, "selector": selector,
+                               "query_timeout": query_timeout}}})
+collector, state, _ = assemble(config, ["prometheus"])
+analyzer = state.family_providers[0].__self__
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+
+async def main():
+    runs = []
+    labels = LabelCache()
+    for _ in range(reads):
+        answers.clear()
+        ours, theirs = cpu(), cpu(vm_pid)
+        started = time.perf_counter()
+        rendered = await collect_and_render(collector, state, labels, 1)
+        total = time.perf_counter() - started
+        ours, theirs = cpu() - ours, cpu(vm_pid) - theirs
+        snapshot = rendered.snapshot
+        prom = [s for s in snapshot.sources if s.source == "prometheus"][0]
+        runs.append({"read_s": prom.duration_seconds, "collect_analyse_render_s": total,
+                     "cpu_s_ours": ours, "cpu_s_victoria_metrics": theirs,
+                     "queries": len(answers), "answer_bytes": sum(answers.values()),
+                     "largest_answer": max(answers.items(), key=lambda kv: kv[1]),
+                     "gpus": len(snapshot.gpus), "nodes": len(snapshot.nodes),
+                     "allocations": len(snapshot.allocations),
+                     "stale_gpus": sum(g.stale for g in snapshot.gpus),
+                     "up": prom.up, "error": prom.error,
+                     "cluster_index": analyzer.latest.cluster.index if analyzer.latest else None,
+                     "metrics_series": rendered.series, "metrics_bytes": rendered.text_bytes,
+                     "render_s": rendered.render_seconds})
+    await collector.close()
+    print(json.dumps({"runs": runs, "vm_hwm_mb": status("VmHWM"), "vm_rss_mb": status("VmRSS")}))
+
+asyncio.run(main())
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, timeout: float = 60) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def instant(base: str, expr: str) -> list[dict]:
+    query = urllib.parse.urlencode({"query": expr})
+    return get_json(f"{base}/api/v1/query?{query}")["data"]["result"]
+
+
+def wait_for(check, timeout: float, what: str, every: float = 5.0) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            if check():
+                return time.monotonic() - started
+        except OSError:
+            pass
+        time.sleep(every)
+    raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MiB."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values.get("VmRSS", 0.0), values.get("VmHWM", 0.0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", type=int, default=100, help="copies of the 1,088-GPU layout")
+    parser.add_argument("--reads", type=int, default=3, help="collections by cluster mode")
+    parser.add_argument("--scrape-interval", default="60s", help="vmagent's scrape interval")
+    parser.add_argument("--health", action="store_true",
+                        help="the simulator's health and performance values too (5.7 M series "
+                        "at scale 100 instead of 1.6 M)")
+    parser.add_argument("--query-timeout", default="120s",
+                        help="sources.prometheus.query_timeout of the reader")
+    parser.add_argument("--idle", type=float, default=120.0,
+                        help="seconds VictoriaMetrics' CPU is measured with no query, before the "
+                        "reads: what ingesting vmagent's scrapes costs it")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so that `finally` stops the servers
+    binaries = {name: shutil.which(name) for name in ("victoria-metrics", "vmagent")}
+    if None in binaries.values():
+        print("victoria-metrics and vmagent are needed; `make vm-deps` installs them",
+              file=sys.stderr)
+        return 2
+    gpus_expected = 1088 * args.scale
+    work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-vm-"))
+    exporter_port, vm_port, agent_port = free_port(), free_port(), free_port()
+    vm = f"http://127.0.0.1:{vm_port}"
+    (work / "gpufleet.yaml").write_text(
+        "collect_interval: 1h\nadvisor: {enabled: false}\nsources:\n"
+        f"  sim: {{scale: {args.scale}, health: {str(args.health).lower()}}}\n")
+    (work / "vmagent.yml").write_text(textwrap.dedent(f"""\
+        scrape_configs:
+          - job_name: {JOB}
+            scrape_interval: {args.scrape_interval}
+            scrape_timeout: {args.scrape_interval}
+            # the default honor_labels: false, as docs/deploy.md says
+            static_configs: [{{targets: ["127.0.0.1:{exporter_port}"]}}]
+        """))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs: dict[str, subprocess.Popen] = {}
+    t0 = time.monotonic()
+    try:
+        procs["exporter"] = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{exporter_port}",
+             "--config", str(work / "gpufleet.yaml")], cwd=work, env=env,
+            stdout=subprocess.DEVNULL, stderr=(work / "exporter.log").open("w"))
+        procs["victoria-metrics"] = subprocess.Popen(
+            [binaries["victoria-metrics"], f"-storageDataPath={work / 'vm'}",
+             f"-httpListenAddr=127.0.0.1:{vm_port}", "-retentionPeriod=1d",
+             # the defaults (30 s, 10 s) refuse the 108,800-series answers on 2 busy cores
+             f"-search.maxQueryDuration={VM_QUERY_DURATION}",
+             f"-search.maxQueueDuration={VM_QUEUE_DURATION}"],
+            stdout=subprocess.DEVNULL, stderr=(work / "victoria-metrics.log").open("w"))
+        exporter_ready = wait_for(lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{exporter_port}/-/ready", timeout=10).status == 200, 1800,
+            "the node-mode exporter ready")
+        print(f"node-mode exporter ready after {exporter_ready:.0f} s", flush=True)
+        procs["vmagent"] = subprocess.Popen(
+            [binaries["vmagent"], f"-promscrape.config={work / 'vmagent.yml'}",
+             f"-remoteWrite.url={vm}/api/v1/write", f"-httpListenAddr=127.0.0.1:{agent_port}",
+             f"-remoteWrite.tmpDataPath={work / 'vmagent-data'}",
+             "-promscrape.maxScrapeSize=1GB", "-promscrape.streamParse=true"],
+            stdout=subprocess.DEVNULL, stderr=(work / "vmagent.log").open("w"))
+
+        def all_gpus() -> bool:
+            result = instant(vm, f'count(gpufleet_gpu_info{{job="{JOB}"}})')
+            have = int(float(result[0]["value"][1])) if result else 0
+            print(f"  {time.monotonic() - t0:5.0f} s: VictoriaMetrics answers for {have:,} GPUs",
+                  flush=True)
+            return have == gpus_expected
+
+        filled = wait_for(all_gpus, 1800, "VictoriaMetrics answering for every GPU", every=10)
+        print(f"VictoriaMetrics answers for all {gpus_expected:,} GPUs {filled:.0f} s after "
+              "vmagent started", flush=True)
+        node_answer: list[dict] = []
+
+        def node_index_answered() -> bool:  # a busy VictoriaMetrics may answer it late
+            node_answer[:] = instant(vm, f'gpufleet_cluster_fragmentation_index{{job="{JOB}"}}')
+            return bool(node_answer)
+
+        wait_for(node_index_answered, 600, "node mode's cluster index", every=10)
+        node_index = float(node_answer[0]["value"][1])
+        series = instant(vm, f'sum(scrape_samples_scraped{{job="{JOB}"}})')
+        scraped = int(float(series[0]["value"][1])) if series else None
+        vm_pid = procs["victoria-metrics"].pid
+        idle_cpu = cpu_seconds(vm_pid)
+        time.sleep(args.idle)
+        ingest_per_s = (cpu_seconds(vm_pid) - idle_cpu) / args.idle if args.idle else None
+        load_before = os.getloadavg()
+        reader = subprocess.run(
+            [sys.executable, "-c", READER, vm, f'job="{JOB}"', str(args.reads), args.query_timeout,
+             str(procs["victoria-metrics"].pid)],
+            cwd=work, env=env, capture_output=True, text=True, timeout=3600)
+        if reader.returncode != 0:
+            print(reader.stderr[-4000:], file=sys.stderr)
+            return 1
+        result = json.loads(reader.stdout.strip().splitlines()[-1])
+        load_after = os.getloadavg()
+        others = {name: rss_mb(p.pid) for name, p in procs.items()}
+        print(json.dumps({
+            "gpus_expected": gpus_expected, "samples_per_scrape": scraped,
+            "victoria_metrics_cpu_s_per_s_without_queries": ingest_per_s,
+            "node_mode_cluster_index": node_index, "reader": result,
+            "rss_mb_other_processes (VmRSS, VmHWM)": others,
+            "load_average_before_after": [round(load_before[0], 1), round(load_after[0], 1)],
+            "cpus": os.cpu_count()}, indent=1))
+        runs = result["runs"]
+        worst_read = max(r["read_s"] for r in runs)
+        worst_queries = max(r["queries"] for r in runs)
+        good = [r for r in runs if r["up"] and r["gpus"] == gpus_expected]
+        index_gap = max((abs(r["cluster_index"] - node_index) for r in good), default=float("nan"))
+        complete = all(r["gpus"] == gpus_expected and r["up"] for r in runs)
+        print(f"collection: worst {worst_read:.2f} s, {worst_queries} queries "
+              f"(goal <= 10 s, <= 20): {'met' if worst_read <= 10 and worst_queries <= 20 else 'NOT met'}")
+        print(f"RSS: peak {result['vm_hwm_mb']:.0f} MiB (goal <= 1 GB): "
+              f"{'met' if result['vm_hwm_mb'] <= 1024 else 'NOT met'}")
+        print(f"cluster index: {index_gap:.3f} from node mode's {node_index:.3f} over {len(good)} "
+              "complete reads (goal <= 0.5): "
+              f"{'met' if index_gap <= 0.5 else 'NOT met'}")
+        print(f"every GPU read, source up: {complete}")
+        return 0
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if args.keep:
+            print(f"work folder kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
