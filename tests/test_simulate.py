@@ -325,14 +325,25 @@ def test_the_command_writes_outcomes_and_the_timeline(tmp_path, capsys):
     assert "2 runs in" in capsys.readouterr().out
 
 
-def test_the_revised_rule_keeps_jobs_on_their_model_unless_told_otherwise():
+def test_the_advisor_strategies_are_the_engines_two_rules_and_the_knob_reaches_the_snapshot():
+    from exporter.simulate.advisor_loop import snapshot_of
     from exporter.simulate.run import make_strategy
 
-    kept = make_strategy("advisor", RunSettings())
+    revised, current = make_strategy("advisor", RunSettings()), make_strategy("advisor-current", RunSettings())
     free = make_strategy("advisor", RunSettings(advisor_same_model=False))
-    assert kept._unblocker.same_model is True  # type: ignore[attr-defined]
-    assert free._unblocker.same_model is False  # type: ignore[attr-defined]
-    assert make_strategy("advisor-current", RunSettings()).interval == 60.0
-    assert make_strategy("advisor", RunSettings(advisor_interval=600.0)).interval == 60.0  # its demand check
+    for strategy in (revised, current, free):
+        strategy._setup()  # type: ignore[attr-defined]
+    assert revised._advisor.settings.require_pending is True  # type: ignore[attr-defined]
+    assert current._advisor.settings.require_pending is False  # type: ignore[attr-defined]
+    assert (revised.any_model, free.any_model) == (False, True)  # type: ignore[attr-defined]
+    sim = sim_of(tiny_fleet(nodes=2, models=("H100", "A100")))
+    j = job(1, 1, 5000)
+    sim.cluster.start(j, sim.cluster.find(j), 0.0)
+    kept, moved = snapshot_of(sim, 100.0), snapshot_of(sim, 100.0, any_model=True)
+    assert kept.allocations[0].gpu_memory_need_bytes is None and {n.pool for n in kept.nodes} == {
+        "pool-H100", "pool-A100"}
+    assert moved.allocations[0].gpu_memory_need_bytes == 1 << 30 and {n.pool for n in moved.nodes} == {"fleet"}
+    assert [s.source for s in kept.sources] == ["simulate"]  # the queue is listed: empty means none
+    assert make_strategy("advisor", RunSettings(advisor_interval=600.0)).interval == 60.0  # the tick
     with pytest.raises(ValueError, match="unknown strategy 'bogus'"):
         make_strategy("bogus", RunSettings())
