@@ -329,7 +329,8 @@ def test_the_advisor_strategies_are_the_engines_two_rules_and_the_knob_reaches_t
     from exporter.simulate.advisor_loop import snapshot_of
     from exporter.simulate.run import make_strategy
 
-    revised, current = make_strategy("advisor", RunSettings()), make_strategy("advisor-current", RunSettings())
+    revised = make_strategy("advisor", RunSettings())
+    current = make_strategy("advisor-current", RunSettings())
     free = make_strategy("advisor", RunSettings(advisor_same_model=False))
     for strategy in (revised, current, free):
         strategy._setup()  # type: ignore[attr-defined]
@@ -342,7 +343,8 @@ def test_the_advisor_strategies_are_the_engines_two_rules_and_the_knob_reaches_t
     kept, moved = snapshot_of(sim, 100.0), snapshot_of(sim, 100.0, any_model=True)
     assert kept.allocations[0].gpu_memory_need_bytes is None and {n.pool for n in kept.nodes} == {
         "pool-H100", "pool-A100"}
-    assert moved.allocations[0].gpu_memory_need_bytes == 1 << 30 and {n.pool for n in moved.nodes} == {"fleet"}
+    assert moved.allocations[0].gpu_memory_need_bytes == 1 << 30
+    assert {n.pool for n in moved.nodes} == {"fleet"}
     assert [s.source for s in kept.sources] == ["simulate"]  # the queue is listed: empty means none
     assert make_strategy("advisor", RunSettings(advisor_interval=600.0)).interval == 60.0  # the tick
     with pytest.raises(ValueError, match="unknown strategy 'bogus'"):
