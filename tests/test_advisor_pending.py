@@ -143,3 +143,77 @@ def test_a_blocked_pending_job_gets_its_plan_whatever_the_index_and_the_dwell():
     current = Advisor(DecisionSettings(dwell_seconds=3600.0, trigger=99.0, clear_below=98.0,
                                        require_pending=False), clock=lambda: NOW)
     assert advise(current, snapshot, report_of(snapshot), Planner()).decision == "none"
+
+
+# -- tier inversion: an alert on it starts no plan, and the advice names the remedy ----------
+
+
+def default_fleet_inverted() -> FleetSnapshot:
+    """The default fleet (sources.sim's reference layout, no MIG) with its H200 pool idle
+    beside busy H100 and A100 pools, all jobs whole nodes: two inverted pairs, nothing
+    fragmented."""
+    from exporter.gpu_catalogue import default_catalogue
+    from exporter.sources.sim.options import SimSource
+
+    catalogue = default_catalogue()
+    nodes = tuple(Node(name, catalogue.get(pool.model).name, float(pool.cpu_cores), pool.name,
+                       catalogue.get(pool.model).architecture, pool.gpus_per_node)
+                  for name, pool in SimSource(mig_nodes=0).node_names())
+    gpus = tuple(Gpu(n.name, i, f"GPU-{n.name}-{i}", n.model, n.pool)
+                 for n in nodes for i in range(n.gpu_count))
+    busy = {"gpu-h100": 55, "gpu-a100": 20, "gpu-b200": 4, "gpu-h200": 0}  # nodes with a job
+    jobs, seen = [], dict.fromkeys(busy, 0)
+    for n in nodes:
+        if seen[n.pool] < busy[n.pool]:
+            seen[n.pool] += 1
+            jobs.append(Allocation(f"train-{n.name}", (Placement(n.name, tuple(range(8)), 1.0, 32.0),),
+                                   namespace="team", pod=f"train-{n.name}-0", priority=10,
+                                   start_time=NOW - 7200, last_checkpoint_time=NOW - 300))
+    return FleetSnapshot(NOW, nodes, gpus, tuple(jobs), (), SLURM)
+
+
+class CountingPlanner(Planner):
+    calls = 0
+
+    def __call__(self, *args):  # type: ignore[no-untyped-def]
+        type(self).calls += 1
+        return super().__call__(*args)
+
+
+def test_the_default_fleets_tier_inversion_starts_no_plan_and_names_its_remedy():
+    from exporter.advisor.advise import decision_settings
+    from exporter.analysis.live import LiveAnalyzer
+    from exporter.config import load
+
+    config = load(None)
+    snapshot = default_fleet_inverted()
+    rep = LiveAnalyzer.from_config(config.analysis).analyze(snapshot)
+    assert {(i.upper, i.lower) for i in rep.inversions if i.inverted} == {
+        ("gpu-h200", "gpu-h100"), ("gpu-h200", "gpu-a100")}
+    assert rep.cluster.index >= 60 and rep.cluster.fragmented_gpus < 1  # the penalty, not fragments
+    clock = [NOW]
+    for require_pending in (True, False):
+        clock[0] = NOW
+        engine = Advisor(DecisionSettings(**{**vars_of(decision_settings(config.advisor)),
+                                             "require_pending": require_pending}), clock=lambda: clock[0])
+        planner = CountingPlanner()
+        CountingPlanner.calls = 0
+        advise(engine, snapshot, rep, planner)
+        # Alertmanager's GpuFleetFragmentationHigh fires on the index: it serves no dwell here
+        engine.alert_firing([{"labels": {"alertname": "GpuFleetFragmentationHigh"}, "status": "firing"}])
+        answers = []
+        for step in range(0, 3600, 300):  # an hour of evaluations, the alert's and the snapshots'
+            clock[0] = NOW + step
+            trigger = "alertmanager" if step == 0 else "snapshot"
+            answers.append(advise(engine, snapshot, rep, planner, trigger))
+        assert {a.decision for a in answers} == {"none"} and CountingPlanner.calls == 0
+        remedy = [r for r in answers[-1].reasons if "tier inversion" in r]
+        assert remedy and "gpu-h200 idle while gpu-h100 is 86% allocated" in remedy[0]
+        assert "steer the next jobs that fit gpu-h200 there" in remedy[0]
+        assert answers[-1].scopes["cluster"].index == round(rep.cluster.index, 2)  # shown as measured
+
+
+def vars_of(settings: DecisionSettings) -> dict:
+    import dataclasses
+
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}

@@ -212,6 +212,28 @@ def scope_indices(report: Report) -> dict[str, float]:
     return indices
 
 
+def inversion_penalties(report: Report) -> dict[str, float]:
+    """Each scope's tier-inversion penalty (points of its index): what no compaction recovers."""
+    penalties = {"cluster": float(getattr(report.cluster, "penalty", 0.0))}
+    for pool in report.pools:
+        penalties[f"pool:{pool.name}"] = float(getattr(pool, "penalty", 0.0))
+    return {k: v for k, v in penalties.items() if v > 0}
+
+
+def inversion_remedy(report: Report, scope: str, index: float, penalty: float) -> str:
+    """What to do about a scope whose index is high from tier inversion, in words: moves
+    within a tier recover none of it; the next jobs that fit the idle tier should go there."""
+    pairs = [i for i in getattr(report, "inversions", ()) if i.inverted
+             and (scope == "cluster" or scope == f"pool:{i.upper}")]
+    said = "; ".join(f"{i.upper} idle while {i.lower} is {i.lower_allocated:.0%} allocated" for i in pairs)
+    uppers = ", ".join(dict.fromkeys(i.upper for i in pairs)) or "the idle tier"
+    return (f"{_scope_name(scope)} index {index:.0f} includes {penalty:.0f} points of tier inversion"
+            f"{f' ({said})' if said else ''}, {index - penalty:.0f} without: compaction recovers "
+            f"none of it, so it is no reason to compact; remedy: steer the next jobs that fit "
+            f"{uppers} there (every job a lower tier holds fits a higher tier's memory), "
+            "gpufleet_tier_inversion says while it lasts")
+
+
 def gate(plan: CompactionPlan, settings: DecisionSettings) -> str | None:
     """None when the plan is worth its disruption, else why not."""
     moves = len(plan.migrations)
@@ -349,9 +371,13 @@ class Advisor:
         say whether a plan is wanted (``plan_scope``). Called on every snapshot."""
         now = self.clock()
         s = self.settings
+        penalties = inversion_penalties(report)
         for scope, index in scope_indices(report).items():
             state = self.scopes.setdefault(scope, ScopeState())
             state.index = index
+            # a tier-inversion penalty is no fragmentation: compaction is judged on the rest, so
+            # an alert on an inversion (GpuFleetFragmentationHigh) serves no dwell and starts no plan
+            index -= penalties.get(scope, 0.0)
             if index > s.trigger:
                 if state.above_since is None:
                     state.above_since = now
@@ -380,6 +406,10 @@ class Advisor:
                 if st.above_since is not None:
                     reasons.append(f"{_scope_name(scope)} index {st.index:.0f} > {s.trigger:g} for "
                                    f"{_minutes(now - st.above_since)}, dwell is {_minutes(s.dwell_seconds)}")
+            for scope, penalty in sorted(penalties.items()):
+                index = self.scopes[scope].index
+                if index > s.trigger:
+                    reasons.append(inversion_remedy(report, scope, index, penalty))
             if not reasons:
                 reasons.append(f"cluster index {report.cluster.index:.0f} <= {s.trigger:g}")
             return settled("none", None, reasons)
