@@ -25,12 +25,15 @@ Two decision rules, both the engine's, selectable as strategies:
 - ``advisor-current``: the index rule alone (``require_pending=False``), as
   ``serve`` ran it before issue 28.
 
-Speed: an evaluation (snapshot, analysis, engine, planner) costs tens of
-milliseconds on the default fleet, so a tick evaluates only when what the advisor
-reads changed since the last evaluation (a job started, ended or moved, or the
-queue's head changed), or once ``evaluate_every`` has passed (the engine's dwell
-and hold clocks run on), or while a plan's moves wait. The same snapshot would give
-the same advice, except for the clocks that the cadence keeps.
+Speed: an evaluation (snapshot, analysis, engine, planner) costs about 25 ms of
+CPU on the default fleet, so the advisor is evaluated every ``evaluate_every``
+(its cadence: the index, dwell and hold clocks), and, for the revised rule, between
+two of those at a tick only when it could plan for a waiting job that it could not
+plan for at the last evaluation: a job is queued, the queue's head asks no more GPUs
+than are idle (the engine's own first test, :meth:`~exporter.advisor.engine.Advisor._pending_head`,
+done here on the simulator's counters so no snapshot is built for nothing), and
+the head or the fleet's free capacity changed since (a job ended or moved). A
+plan's waiting moves are looked at every tick.
 """
 
 from __future__ import annotations
@@ -111,21 +114,25 @@ class AdvisorStrategy:
         settings = dataclasses.replace(decision_settings(config.advisor), require_pending=self.revised)
         self._advisor = Advisor(settings, clock=lambda: self._now)
 
-    def _key(self, sim: Sim) -> tuple[Any, ...]:
-        """What the advisor reads, in brief: the fleet's jobs (started, ended, moved) and the
-        queue's head."""
+    def _key(self, sim: Sim) -> tuple[Any, ...] | None:
+        """None when the revised rule has no waiting job to plan for (none queued, or the head
+        asks more GPUs than are idle: only capacity lets it start); else the head and the
+        counters of capacity coming back, which a new chance to plan for it changes."""
         cluster = sim.cluster
         head = next(iter(sim.scheduler.queue.ordered()), None)
-        return (cluster.releases, cluster.migrations, len(cluster.running), None if head is None else head.id)
+        if head is None or head.demand > cluster.capacity - cluster.busy + 1e-9:
+            return None
+        return (head.id, cluster.releases, cluster.migrations)
 
     def tick(self, sim: Sim, now: float) -> None:
         if self._advisor is None:
             self._setup()
         self._now = now
         self._carry_out_waiting(sim, now)
-        key = self._key(sim)
-        if now < self._next_evaluation and key == self._seen_key and not self._waiting:
-            return  # nothing it reads changed: the same advice
+        if now < self._next_evaluation:
+            key = self._key(sim) if self.revised else None
+            if key is None or key == self._seen_key:
+                return  # between evaluations, and no new chance to plan for a waiting job
         self._next_evaluation = now + self.evaluate_every
         self.evaluations += 1
         snapshot = snapshot_of(sim, now, self._allocations, self.any_model)
@@ -146,7 +153,7 @@ class AdvisorStrategy:
                 for m in plan.migrations)
             sim.plans += 1
             self._carry_out_waiting(sim, now)
-        self._seen_key = self._key(sim)
+        self._seen_key = self._key(sim) if self.revised else None
 
     def _carry_out_waiting(self, sim: Sim, now: float) -> None:
         cluster = sim.cluster
