@@ -349,3 +349,26 @@ def test_the_advisor_strategies_are_the_engines_two_rules_and_the_knob_reaches_t
     assert make_strategy("advisor", RunSettings(advisor_interval=600.0)).interval == 60.0  # the tick
     with pytest.raises(ValueError, match="unknown strategy 'bogus'"):
         make_strategy("bogus", RunSettings())
+
+
+def test_the_advisors_analysis_from_the_placer_is_the_serves_from_the_snapshot():
+    from exporter.analysis.live import LiveAnalyzer
+    from exporter.analysis.state import from_snapshot
+    from exporter.config import load
+    from exporter.simulate.advisor_loop import AdvisorStrategy, snapshot_of
+
+    sim = sim_of(tiny_fleet(nodes=3, models=("H100", "A100")))
+    cluster = sim.cluster
+    for j in (job(1, 1, 5000, share=0.5), job(2, 4, 5000), job(3, 0, 5000, cpus=3), job(4, 2, 100, cpus=5)):
+        cluster.start(j, cluster.find(j), 0.0)
+    snapshot = snapshot_of(sim, 100.0)
+    strategy = AdvisorStrategy()
+    strategy._setup()
+    ours = strategy._analyze(sim, snapshot)
+    serves = LiveAnalyzer.from_config(load(None).analysis).analyze(snapshot)
+    rebuilt = from_snapshot(snapshot)
+    for name in ("names", "model_names", "pool_names"):
+        assert getattr(ours.state, name) == getattr(rebuilt, name)
+    for name in ("model", "pool", "cpu_total", "cpu_free", "gpu_free", "gpu_count"):
+        assert np.array_equal(getattr(ours.state, name), getattr(rebuilt, name)), name
+    assert ours.cluster == serves.cluster and ours.pools == serves.pools

@@ -158,6 +158,8 @@ def memory_peaks(snapshot: FleetSnapshot, previous: dict[str, float]) -> dict[st
     used = {g.key: g.memory_used_bytes for g in snapshot.gpus
             if g.up and not g.mig and g.memory_used_bytes is not None}
     out: dict[str, float] = {}
+    if not used and not previous:
+        return out  # nothing measured, now or before (a scheduler's view alone)
     for alloc in snapshot.allocations:
         values = [float(used[(p.node, gpu)]) for p in alloc.placements if p.gpu_share >= 1.0
                   for gpu in p.gpus if (p.node, gpu) in used]
@@ -172,6 +174,8 @@ def memory_peaks(snapshot: FleetSnapshot, previous: dict[str, float]) -> dict[st
 def with_measured_needs(snapshot: FleetSnapshot, peaks: dict[str, float]) -> FleetSnapshot:
     """The snapshot with each declared memory need raised to the job's measured peak where
     that is higher; a job that declares none keeps none (a peak is a lower bound)."""
+    if not peaks:
+        return snapshot
     changed = False
     allocations = []
     for alloc in snapshot.allocations:
@@ -572,6 +576,9 @@ class Advisor:
         below, duration = idle_rule()
         utilization = {g.key: g.utilization_ratio for g in snapshot.gpus
                        if g.up and g.utilization_ratio is not None}
+        if not utilization:  # no telemetry: no job is seen idle, and every idle clock stops
+            self.idle_since = {}
+            return ()
         nodes = snapshot.node_map()
         catalogue = default_catalogue()
         idle: dict[str, float] = {}
