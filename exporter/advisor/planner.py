@@ -85,14 +85,24 @@ class Candidate:
     checkpointed: bool  # it checkpoints (stated, or assumed from the interval)
 
 
-def _slots(state: FleetState, node: int, gpus: Sequence[int]) -> tuple[int, ...] | None:
-    row = state.gpu_index[node] if state.gpu_index is not None else np.arange(state.gpu_free.shape[1])
+def _slots(state: FleetState, node: int, gpus: Sequence[int],
+           rows: dict[int, dict[int, int]] | None = None) -> tuple[int, ...] | None:
+    """The ``gpu_free`` slots of a job's GPUs on ``node``; None if one is down (not listed).
+    ``rows`` keeps each node's GPU -> slot map over one call of :func:`candidates`."""
+    slot_of = None if rows is None else rows.get(node)
+    if slot_of is None:
+        row = state.gpu_index[node] if state.gpu_index is not None else np.arange(state.gpu_free.shape[1])
+        slot_of = {}
+        for index, gpu in enumerate(row.tolist()):
+            slot_of.setdefault(int(gpu), index)
+        if rows is not None:
+            rows[node] = slot_of
     found = []
     for gpu in gpus:
-        where = np.flatnonzero(row == gpu)
-        if len(where) == 0:  # the job sits on a GPU that is down: not ours to move
+        where = slot_of.get(int(gpu))
+        if where is None:  # the job sits on a GPU that is down: not ours to move
             return None
-        found.append(int(where[0]))
+        found.append(where)
     return tuple(found)
 
 
@@ -128,14 +138,38 @@ def mig_nodes(snapshot: FleetSnapshot) -> set[str]:
     return {g.node for g in snapshot.gpus if g.mig}
 
 
+_LAST_CANDIDATES: list[tuple[FleetSnapshot, FleetState, float, PlanSettings,
+                             dict[int, list[Candidate]], list[Allocation]]] = []
+
+
 def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
                settings: PlanSettings, deferred: list[Allocation] | None = None
                ) -> dict[int, list[Candidate]]:
     """Movable jobs per node index, cheapest first.
 
     A job that could only move after the plan expires goes to ``deferred`` instead.
+    The last answer is kept: both planning modes of one evaluation (the same snapshot and
+    state objects, time and settings) ask for it, and it costs a pass over every job.
+    Callers must not change the lists.
     """
+    if _LAST_CANDIDATES:
+        snap, st, at, settled, by, later = _LAST_CANDIDATES[0]
+        if snap is snapshot and st is state and at == now and settled == settings:
+            if deferred is not None:
+                deferred.extend(later)
+            return by
+    later_all: list[Allocation] = []
+    by_node = _candidates(snapshot, state, now, settings, later_all)
+    _LAST_CANDIDATES[:] = [(snapshot, state, now, settings, by_node, later_all)]
+    if deferred is not None:
+        deferred.extend(later_all)
+    return by_node
+
+
+def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
+                settings: PlanSettings, deferred: list[Allocation]) -> dict[int, list[Candidate]]:
     by_node: dict[int, list[Candidate]] = {}
+    rows: dict[int, dict[int, int]] = {}
     index = {name: i for i, name in enumerate(state.names)}
     mig = mig_nodes(snapshot)
     expires = now + settings.ttl_seconds
@@ -150,7 +184,7 @@ def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
             continue  # CPU-only jobs fragment no GPU
         if part.node in mig:
             continue  # it holds MIG slices, which the placer does not model
-        slots = _slots(state, node, part.gpus)
+        slots = _slots(state, node, part.gpus, rows)
         if slots is None:
             continue
         if not 0 < part.gpu_share <= 1 or part.cpus > state.cpu_total[node]:
@@ -164,8 +198,7 @@ def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
         started = alloc.start_time if alloc.start_time is not None else now
         if max(0.0, now - started) < settings.min_runtime_seconds \
                 and started + settings.min_runtime_seconds > expires:
-            if deferred is not None:
-                deferred.append(alloc)
+            deferred.append(alloc)
             continue
         checkpoint = last_checkpoint(alloc, now, settings.checkpoint_interval_seconds)
         since = started if checkpoint is None else max(started, checkpoint)
