@@ -64,6 +64,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter import metrics
 from exporter.advisor.advice import Advice, Decision, NvlinkMixed, Reclaim, ScopeStatus, WhatIf
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.right_sizing import right_sizing
@@ -235,7 +236,7 @@ def inversion_remedy(report: Report, scope: str, index: float, penalty: float) -
             f"{f' ({said})' if said else ''}, {index - penalty:.0f} without: compaction recovers "
             f"none of it, so it is no reason to compact; remedy: steer the next jobs that fit "
             f"{uppers} there (every job a lower tier holds fits a higher tier's memory), "
-            "gpufleet_tier_inversion says while it lasts")
+            f"{metrics.TIER_INVERSION.name} says while it lasts")
 
 
 def gate(plan: CompactionPlan, settings: DecisionSettings) -> str | None:
