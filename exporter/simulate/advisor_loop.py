@@ -114,13 +114,7 @@ class AdvisorStrategy:
         self._analyzer = LiveAnalyzer.from_config(config.analysis)
         self._analyzer.load = None  # the pools' scaling hints: no part of a decision, and costly
         self._planner = Planner(plan_settings(config.advisor))
-        settings = decision_settings(config.advisor)
-        # a held plan is rechecked at the cadence: the evaluations between two cadence points
-        # stand for the snapshots serve sees between its own, and re-planning compaction at each
-        # (a second or so of CPU on a busy fleet) is what made a 14-day run take ten minutes
-        settings = dataclasses.replace(settings, require_pending=self.revised,
-                                       hold_recheck_seconds=max(settings.hold_recheck_seconds,
-                                                                self.evaluate_every))
+        settings = dataclasses.replace(decision_settings(config.advisor), require_pending=self.revised)
         self._advisor = Advisor(settings, clock=lambda: self._now)
 
     def _key(self, sim: Sim) -> tuple[Any, ...] | None:
