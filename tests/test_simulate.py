@@ -325,14 +325,50 @@ def test_the_command_writes_outcomes_and_the_timeline(tmp_path, capsys):
     assert "2 runs in" in capsys.readouterr().out
 
 
-def test_the_revised_rule_keeps_jobs_on_their_model_unless_told_otherwise():
+def test_the_advisor_strategies_are_the_engines_two_rules_and_the_knob_reaches_the_snapshot():
+    from exporter.simulate.advisor_loop import snapshot_of
     from exporter.simulate.run import make_strategy
 
-    kept = make_strategy("advisor", RunSettings())
+    revised = make_strategy("advisor", RunSettings())
+    current = make_strategy("advisor-current", RunSettings())
     free = make_strategy("advisor", RunSettings(advisor_same_model=False))
-    assert kept._unblocker.same_model is True  # type: ignore[attr-defined]
-    assert free._unblocker.same_model is False  # type: ignore[attr-defined]
-    assert make_strategy("advisor-current", RunSettings()).interval == 60.0
-    assert make_strategy("advisor", RunSettings(advisor_interval=600.0)).interval == 60.0  # its demand check
+    for strategy in (revised, current, free):
+        strategy._setup()  # type: ignore[attr-defined]
+    assert revised._advisor.settings.require_pending is True  # type: ignore[attr-defined]
+    assert current._advisor.settings.require_pending is False  # type: ignore[attr-defined]
+    assert (revised.any_model, free.any_model) == (False, True)  # type: ignore[attr-defined]
+    sim = sim_of(tiny_fleet(nodes=2, models=("H100", "A100")))
+    j = job(1, 1, 5000)
+    sim.cluster.start(j, sim.cluster.find(j), 0.0)
+    kept, moved = snapshot_of(sim, 100.0), snapshot_of(sim, 100.0, any_model=True)
+    assert kept.allocations[0].gpu_memory_need_bytes is None and {n.pool for n in kept.nodes} == {
+        "pool-H100", "pool-A100"}
+    assert moved.allocations[0].gpu_memory_need_bytes == 1 << 30
+    assert {n.pool for n in moved.nodes} == {"fleet"}
+    assert [s.source for s in kept.sources] == ["simulate"]  # the queue is listed: empty means none
+    assert make_strategy("advisor", RunSettings(advisor_interval=600.0)).interval == 60.0  # the tick
     with pytest.raises(ValueError, match="unknown strategy 'bogus'"):
         make_strategy("bogus", RunSettings())
+
+
+def test_the_advisors_analysis_from_the_placer_is_the_serves_from_the_snapshot():
+    from exporter.analysis.live import LiveAnalyzer
+    from exporter.analysis.state import from_snapshot
+    from exporter.config import load
+    from exporter.simulate.advisor_loop import AdvisorStrategy, snapshot_of
+
+    sim = sim_of(tiny_fleet(nodes=3, models=("H100", "A100")))
+    cluster = sim.cluster
+    for j in (job(1, 1, 5000, share=0.5), job(2, 4, 5000), job(3, 0, 5000, cpus=3), job(4, 2, 100, cpus=5)):
+        cluster.start(j, cluster.find(j), 0.0)
+    snapshot = snapshot_of(sim, 100.0)
+    strategy = AdvisorStrategy()
+    strategy._setup()
+    ours = strategy._analyze(sim, snapshot)
+    serves = LiveAnalyzer.from_config(load(None).analysis).analyze(snapshot)
+    rebuilt = from_snapshot(snapshot)
+    for name in ("names", "model_names", "pool_names"):
+        assert getattr(ours.state, name) == getattr(rebuilt, name)
+    for name in ("model", "pool", "cpu_total", "cpu_free", "gpu_free", "gpu_count"):
+        assert np.array_equal(getattr(ours.state, name), getattr(rebuilt, name)), name
+    assert ours.cluster == serves.cluster and ours.pools == serves.pools

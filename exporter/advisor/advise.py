@@ -13,17 +13,17 @@ serve`` builds it: ``Advisor(decision_settings(config), clock=...)`` and
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from exporter.advisor.advice import Advice, WhatIf
 from exporter.advisor.engine import Advisor, DecisionSettings, idle_rule
 from exporter.advisor.plan import CompactionPlan
-from exporter.advisor.planner import PlanSettings, plan_compaction
+from exporter.advisor.planner import PlanSettings, plan_compaction, plan_for_pending
 from exporter.analysis.index import Report
 from exporter.errors import ConfigError
-from exporter.snapshot import FleetSnapshot
+from exporter.snapshot import FleetSnapshot, JobRequest
 from exporter.thresholds.defaults import clear_below_for, follows_table
 
 if TYPE_CHECKING:  # annotations only: building an advisor needs no config module loaded
@@ -33,11 +33,14 @@ if TYPE_CHECKING:  # annotations only: building an advisor needs no config modul
 # (snapshot, report, scope, now) -> plan; scope is "cluster" or "pool:<name>". The planner
 # with its settings: functools.partial(plan_compaction, settings=PlanSettings(...))
 PlanFunction = Callable[[FleetSnapshot, Report, str, float], CompactionPlan]
+# (snapshot, report, pending job, now) -> the plan that lets it start, or None
+PendingPlanFunction = Callable[[FleetSnapshot, Report, JobRequest, float], "CompactionPlan | None"]
 
 
 def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
            plan: PlanFunction = plan_compaction, trigger: str = "snapshot",
-           scaling: tuple[dict[str, Any], ...] | None = None) -> Advice:
+           scaling: tuple[dict[str, Any], ...] | None = None,
+           plan_pending: PendingPlanFunction | None = None) -> Advice:
     """Evaluate ``snapshot``: update ``advisor``'s state, plan when compaction is due, decide.
 
     ``report`` is the snapshot's analysis (:func:`exporter.analysis.index.evaluate` of
@@ -51,12 +54,22 @@ def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
     Returns the advice, also kept as ``advisor.advice``; a new plan is ``advice.plan`` with
     ``advice.decision == "compact"``, for the caller to deliver (and then to tell the
     advisor :meth:`~Advisor.durable` or :meth:`~Advisor.not_durable`).
+
+    When the engine names a pending job to plan for (the revised rule), ``plan_pending``
+    plans for it first (default: ``plan``'s own ``for_pending`` when it is a
+    :class:`Planner`, else :func:`plan_for_pending` with default settings); a plan for it
+    that pays is proposed, and then no compaction is planned.
     """
     assessment = advisor.assess(snapshot, report, trigger)
+    pending_plan = None
+    if assessment.pending_job is not None:
+        if plan_pending is None:
+            plan_pending = getattr(plan, "for_pending", plan_for_pending)
+        pending_plan = plan_pending(assessment.measured, report, assessment.pending_job, assessment.now)
     proposed = None
-    if assessment.plan_scope is not None:
+    if assessment.plan_scope is not None and not advisor.pending_pays(assessment, pending_plan):
         proposed = plan(assessment.measured, report, assessment.plan_scope, assessment.now)
-    return advisor.decide(assessment, proposed, scaling)
+    return advisor.decide(assessment, proposed, scaling, pending_plan)
 
 
 def what_if(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
@@ -121,6 +134,21 @@ def plan_settings(config: AdvisorConfig, table: Thresholds | None = None) -> Pla
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Planner:
+    """Both planning modes with one set of settings: called, :func:`plan_compaction` for a
+    scope; :meth:`for_pending`, :func:`plan_for_pending` for a pending job."""
+
+    settings: PlanSettings = field(default_factory=PlanSettings)
+
+    def __call__(self, snapshot: FleetSnapshot, report: Report, scope: str, now: float) -> CompactionPlan:
+        return plan_compaction(snapshot, report, scope, now, self.settings)
+
+    def for_pending(self, snapshot: FleetSnapshot, report: Report, job: JobRequest,
+                    now: float) -> CompactionPlan | None:
+        return plan_for_pending(snapshot, report, job, now, self.settings)
+
+
 def planner_for(config: AdvisorConfig, table: Thresholds | None = None) -> PlanFunction:
     """The planner with the ``advisor`` section's settings: what :func:`advise` is given."""
-    return functools.partial(plan_compaction, settings=plan_settings(config, table))
+    return Planner(plan_settings(config, table))

@@ -28,6 +28,17 @@ plan``) always shows the plan a scheduler may still act on, while ``decision`` s
 this evaluation decided. Only a ``compact`` decision is a new plan, delivered by webhook;
 an expired plan is never served, even between evaluations (:meth:`Advisor.current`).
 
+What pays is a move that lets a waiting job start (``gpufleet simulate``, docs/simulate.md:
+the index rule alone cut whole-node waiting by 4% where consolidation for the queue's head
+cut 63%). So, with ``require_pending`` (the default), where the snapshot says what waits
+(:func:`queue_known`): a compaction plan that lets no pending job start is held ("starts
+no pending job"); and when the first pending job asking GPUs would fit in the fleet's idle
+GPUs in all but fits nowhere, the planner's :func:`~exporter.advisor.planner.plan_for_pending`
+plans the fewest moves after which it starts, proposed as ``compact`` whatever the index
+and the dwell (a waiting job is the evidence) if it passes :func:`pending_gate` (the job's
+GPUs per migration). Its plan says what it gains in the outcome's units: ``lets_start`` and
+``gpu_hours_waiting_saved``.
+
 Besides compaction, every evaluation lists three kinds of waste it never acts on:
 jobs holding GPUs they barely use (``reclaim``: below the threshold table's
 ``GpuJobUtilizationLow`` critical level for its duration, costliest models
@@ -53,16 +64,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter import metrics
 from exporter.advisor.advice import Advice, Decision, NvlinkMixed, Reclaim, ScopeStatus, WhatIf
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.right_sizing import right_sizing
 from exporter.advisor.wire import plan_from_json, plan_json
 from exporter.analysis.index import Report
 from exporter.gpu_catalogue import default_catalogue
-from exporter.snapshot import Allocation, FleetSnapshot
+from exporter.snapshot import Allocation, FleetSnapshot, JobRequest
 from exporter.thresholds import Thresholds, load_thresholds
 
 IDLE_ROW = "GpuJobUtilizationLow"  # the threshold table's row that says "consider reclaiming"
+# sources that list the scheduler's pending jobs (an empty list from them: nothing waits);
+# "simulate" is gpufleet simulate's fleet
+QUEUE_SOURCES = frozenset({"slurm", "kubernetes", "simulate"})
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +101,10 @@ class DecisionSettings:
     # (utilization ratio, seconds) below which a job's GPUs count as idle: the threshold
     # table's GpuJobUtilizationLow at its highest level; None: the packaged table's (idle_rule)
     idle: tuple[float, float] | None = None
+    # the revised rule (docs/simulate.md): where the queue is known (queue_known), a compaction
+    # plan must let a pending job start; and a pending job blocked by fragments, not capacity,
+    # gets a plan of its own (planner.plan_for_pending). False: the index rule alone
+    require_pending: bool = True
 
 
 def idle_rule(table: Thresholds | None = None) -> tuple[float, float]:
@@ -151,6 +170,8 @@ def memory_peaks(snapshot: FleetSnapshot, previous: dict[str, float]) -> dict[st
     used = {g.key: g.memory_used_bytes for g in snapshot.gpus
             if g.up and not g.mig and g.memory_used_bytes is not None}
     out: dict[str, float] = {}
+    if not used and not previous:
+        return out  # nothing measured, now or before (a scheduler's view alone)
     for alloc in snapshot.allocations:
         values = [float(used[(p.node, gpu)]) for p in alloc.placements if p.gpu_share >= 1.0
                   for gpu in p.gpus if (p.node, gpu) in used]
@@ -165,6 +186,8 @@ def memory_peaks(snapshot: FleetSnapshot, previous: dict[str, float]) -> dict[st
 def with_measured_needs(snapshot: FleetSnapshot, peaks: dict[str, float]) -> FleetSnapshot:
     """The snapshot with each declared memory need raised to the job's measured peak where
     that is higher; a job that declares none keeps none (a peak is a lower bound)."""
+    if not peaks:
+        return snapshot
     changed = False
     allocations = []
     for alloc in snapshot.allocations:
@@ -174,6 +197,13 @@ def with_measured_needs(snapshot: FleetSnapshot, peaks: dict[str, float]) -> Fle
             changed = True
         allocations.append(alloc)
     return dataclasses.replace(snapshot, allocations=tuple(allocations)) if changed else snapshot
+
+
+def queue_known(snapshot: FleetSnapshot) -> bool:
+    """Whether the snapshot says what waits: it lists pending jobs, or a source that lists
+    them (:data:`QUEUE_SOURCES`) is up. Without one (GPU telemetry alone) nothing says no job
+    waits, so the revised rule cannot hold a plan for starting none: the index rule stands."""
+    return bool(snapshot.pending) or any(st.up and st.source in QUEUE_SOURCES for st in snapshot.sources)
 
 
 @dataclass
@@ -196,6 +226,28 @@ def scope_indices(report: Report) -> dict[str, float]:
     for pool in report.pools:
         indices[f"pool:{pool.name}"] = pool.index
     return indices
+
+
+def inversion_penalties(report: Report) -> dict[str, float]:
+    """Each scope's tier-inversion penalty (points of its index): what no compaction recovers."""
+    penalties = {"cluster": float(getattr(report.cluster, "penalty", 0.0))}
+    for pool in report.pools:
+        penalties[f"pool:{pool.name}"] = float(getattr(pool, "penalty", 0.0))
+    return {k: v for k, v in penalties.items() if v > 0}
+
+
+def inversion_remedy(report: Report, scope: str, index: float, penalty: float) -> str:
+    """What to do about a scope whose index is high from tier inversion, in words: moves
+    within a tier recover none of it; the next jobs that fit the idle tier should go there."""
+    pairs = [i for i in getattr(report, "inversions", ()) if i.inverted
+             and (scope == "cluster" or scope == f"pool:{i.upper}")]
+    said = "; ".join(f"{i.upper} idle while {i.lower} is {i.lower_allocated:.0%} allocated" for i in pairs)
+    uppers = ", ".join(dict.fromkeys(i.upper for i in pairs)) or "the idle tier"
+    return (f"{_scope_name(scope)} index {index:.0f} includes {penalty:.0f} points of tier inversion"
+            f"{f' ({said})' if said else ''}, {index - penalty:.0f} without: compaction recovers "
+            f"none of it, so it is no reason to compact; remedy: steer the next jobs that fit "
+            f"{uppers} there (every job a lower tier holds fits a higher tier's memory), "
+            f"{metrics.TIER_INVERSION.name} says while it lasts")
 
 
 def gate(plan: CompactionPlan, settings: DecisionSettings) -> str | None:
@@ -221,6 +273,25 @@ def shortfall(plan: CompactionPlan, settings: DecisionSettings) -> str | None:
     return (f"partial plan: {_scope_name(plan.scope)} index {plan.before.index:.1f} -> "
             f"{plan.after.index:.1f}, still above the trigger {settings.trigger:g} within the "
             f"migration budget; the recommendation stays, and another plan may follow the cooldown")
+
+
+def pending_gate(plan: CompactionPlan, job: JobRequest, settings: DecisionSettings) -> str | None:
+    """None when a plan for a pending job is worth its disruption: the gain per migration is
+    the job's GPUs (what it lets run), held to the same ``min_recovered_per_migration``."""
+    moves = len(plan.migrations)
+    gpus = job.gpu_count * job.gpu_share
+    if moves and gpus / moves < settings.min_recovered_per_migration:
+        return (f"plan lets pending job {job.job} ({gpus:g} GPUs) start with {moves} migrations "
+                f"({gpus / moves:.2f} GPUs per migration < {settings.min_recovered_per_migration:g})")
+    return None
+
+
+def describe_start(plan: CompactionPlan) -> str:
+    """The plan's gain in the outcome's units: jobs it lets start, waiting it saves."""
+    jobs = list(plan.lets_start)
+    shown = ", ".join(jobs[:5]) + (f" and {len(jobs) - 5} more" if len(jobs) > 5 else "")
+    return (f"lets {len(jobs)} pending job{'s' if len(jobs) != 1 else ''} start ({shown}); "
+            f"expected to save {plan.gpu_hours_waiting_saved:g} GPU-hours of waiting")
 
 
 def describe_gain(plan: CompactionPlan) -> str:
@@ -252,6 +323,10 @@ class Assessment:
     scope: str | None
     reasons: tuple[str, ...]  # with a plan awaited, only why the scope is due
     plan_scope: str | None = None
+    # the revised rule: the pending job to plan for (its GPUs are idle, in fragments), and the
+    # fleet's free GPUs as a key, to remember a miss
+    pending_job: JobRequest | None = None
+    free_key: int = 0
 
 
 @dataclass
@@ -280,6 +355,9 @@ class Advisor:
     # the plan later advice carries until it expires, and when it was proposed
     carried: CompactionPlan | None = None
     carried_at: float | None = None
+    # (job, free GPUs key, when): no plan let that job start; not asked again while the fleet's
+    # free GPUs are the same, for the dwell (the jobs' ages, hence what may move, change slowly)
+    pending_miss: tuple[str, int, float] | None = None
 
     def alert_firing(self, alerts: list[dict[str, Any]]) -> list[str]:
         """Alertmanager says these alerts fire: the compaction alert's scopes have served dwell.
@@ -309,9 +387,13 @@ class Advisor:
         say whether a plan is wanted (``plan_scope``). Called on every snapshot."""
         now = self.clock()
         s = self.settings
+        penalties = inversion_penalties(report)
         for scope, index in scope_indices(report).items():
             state = self.scopes.setdefault(scope, ScopeState())
             state.index = index
+            # a tier-inversion penalty is no fragmentation: compaction is judged on the rest, so
+            # an alert on an inversion (GpuFleetFragmentationHigh) serves no dwell and starts no plan
+            index -= penalties.get(scope, 0.0)
             if index > s.trigger:
                 if state.above_since is None:
                     state.above_since = now
@@ -326,10 +408,12 @@ class Advisor:
         scopes = {k: ScopeStatus(round(st.index, 2), st.recommended, st.above_since)
                   for k, st in sorted(self.scopes.items())}
 
+        pending_job, free_key = self._pending_head(snapshot, report, now) if s.require_pending else (None, 0)
+
         def settled(decision: Decision, scope: str | None, reasons: list[str],
                     plan_scope: str | None = None) -> Assessment:
             return Assessment(snapshot, measured, report, now, trigger, scopes, decision, scope,
-                              tuple(reasons), plan_scope)
+                              tuple(reasons), plan_scope, pending_job, free_key)
 
         due = [k for k, st in self.scopes.items() if st.recommended]
         if not due:
@@ -338,6 +422,10 @@ class Advisor:
                 if st.above_since is not None:
                     reasons.append(f"{_scope_name(scope)} index {st.index:.0f} > {s.trigger:g} for "
                                    f"{_minutes(now - st.above_since)}, dwell is {_minutes(s.dwell_seconds)}")
+            for scope, penalty in sorted(penalties.items()):
+                index = self.scopes[scope].index
+                if index > s.trigger:
+                    reasons.append(inversion_remedy(report, scope, index, penalty))
             if not reasons:
                 reasons.append(f"cluster index {report.cluster.index:.0f} <= {s.trigger:g}")
             return settled("none", None, reasons)
@@ -356,17 +444,71 @@ class Advisor:
         if (self.last_hold is not None and trigger == "snapshot" and self.last_hold[1] == scope
                 and now - self.last_hold[0] < s.hold_recheck_seconds):
             return settled("hold", scope, [why_due, *self.last_hold[2][1:]])
+        if s.require_pending and queue_known(snapshot) and not any(j.gpu_count > 0 for j in snapshot.pending):
+            return settled("hold", scope, [why_due, "starts no pending job: none is pending "
+                                           "(compaction pays only when it lets a waiting job start)"])
         return settled("compact", scope, [why_due], plan_scope=scope)
 
-    def decide(self, assessment: Assessment, plan: CompactionPlan | None = None,
-               scaling: tuple[dict[str, Any], ...] | None = None) -> Advice:
-        """The second half: judge ``plan`` (required when the assessment asked for one) by the
-        gain-per-disruption gate, carry the plan in force, list the waste, keep the advice.
+    def _pending_head(self, snapshot: FleetSnapshot, report: Report, now: float
+                      ) -> tuple[JobRequest | None, int]:
+        """The pending job to plan for, and the free GPUs' key: the first one asking GPUs, in
+        the source's order (the scheduler's queue), when the fleet has idle GPUs enough for it
+        in all (fewer: only capacity lets it start, no move), no plan in force already lets it
+        start, and no plan was missed for it on the same free GPUs within the dwell."""
+        job = next((j for j in snapshot.pending if j.gpu_count > 0), None)
+        if job is None or job.gpu_count * job.gpu_share > report.cluster.idle_gpus + 1e-9:
+            return None, 0
+        carried = self.carried
+        if carried is not None and carried.expires_at > now and job.job in carried.lets_start:
+            return None, 0
+        key = hash(report.state.gpu_free.tobytes())
+        miss = self.pending_miss
+        if miss is not None and miss[:2] == (job.job, key) and now - miss[2] < self.settings.dwell_seconds:
+            return None, 0
+        return job, key
 
-        ``scaling`` is added to the advice as it is (the load tracker's, issue 20).
+    def pending_pays(self, assessment: Assessment, plan: CompactionPlan | None) -> bool:
+        """Whether ``plan`` (for ``assessment.pending_job``) is proposed: it moves jobs and
+        passes :func:`pending_gate`. :func:`~exporter.advisor.advise.advise` then plans no
+        compaction."""
+        job = assessment.pending_job
+        return (job is not None and plan is not None and bool(plan.migrations)
+                and pending_gate(plan, job, self.settings) is None)
+
+    def decide(self, assessment: Assessment, plan: CompactionPlan | None = None,
+               scaling: tuple[dict[str, Any], ...] | None = None,
+               pending_plan: CompactionPlan | None = None) -> Advice:
+        """The second half: judge ``plan`` (required when the assessment asked for one, unless
+        ``pending_plan`` is proposed) by the gain-per-disruption gate, carry the plan in force,
+        list the waste, keep the advice.
+
+        ``pending_plan`` is the planner's for ``assessment.pending_job`` (None: none found);
+        when it pays (:meth:`pending_pays`) it is the plan proposed. ``scaling`` is added to
+        the advice as it is (the load tracker's, issue 20).
         """
         a, s = assessment, self.settings
         decision, reasons, proposed = a.decision, a.reasons, None
+        note: tuple[str, ...] = ()
+        if a.pending_job is not None:
+            job = a.pending_job
+            if self.pending_pays(a, pending_plan):
+                assert pending_plan is not None
+                self.last_hold = self.pending_miss = None
+                self._cooldown_before, self.last_plan_at = self.last_plan_at, a.now
+                idle = a.report.cluster.idle_gpus
+                decision, reasons = "compact", (
+                    f"pending job {job.job} waits for {job.gpu_count * job.gpu_share:g} GPUs while "
+                    f"{idle:.0f} are idle, in fragments; {describe_start(pending_plan)}",
+                    *pending_plan.reasons)
+                proposed = self.plan = self.carried = dataclasses.replace(
+                    pending_plan, reasons=reasons)
+                self.carried_at = a.now
+                in_force, proposed_at, reasons = self._plan_in_force(proposed, reasons, a.now)
+                return self._advise(a, "compact", "cluster", reasons, in_force, proposed_at, scaling)
+            self.pending_miss = (job.job, a.free_key, a.now)
+            refused = pending_gate(pending_plan, job, s) if pending_plan is not None else None
+            note = (refused or f"pending job {job.job} ({job.gpu_count * job.gpu_share:g} GPUs) waits: "
+                    "no plan of allowed moves lets it start",)
         if a.plan_scope is not None:
             if plan is None:
                 raise ValueError(f"the assessment of {a.plan_scope} needs its plan")
@@ -375,6 +517,9 @@ class Advisor:
             if not plan.migrations:
                 allocated = a.report.cluster.allocated_ratio * 100
                 refused = f"index high but nothing worth moving: cluster {allocated:.0f}% allocated"
+            elif refused is None and s.require_pending and queue_known(a.snapshot) and not plan.lets_start:
+                refused = (f"plan starts no pending job (of {len(a.snapshot.pending)} pending): "
+                           "compaction pays only when it lets a waiting job start")
             if refused is not None:
                 decision = "hold"
                 reasons = (why_due, refused, *(plan.reasons if not plan.migrations else ()))
@@ -383,15 +528,21 @@ class Advisor:
                 self.last_hold = None
                 self._cooldown_before, self.last_plan_at = self.last_plan_at, a.now
                 short = shortfall(plan, s)
-                reasons = (f"{why_due}; {describe_gain(plan)}", *([short] if short else ()),
+                starting = (describe_start(plan),) if plan.lets_start else ()
+                reasons = (f"{why_due}; {describe_gain(plan)}", *starting, *([short] if short else ()),
                            *plan.reasons)
                 # the plan as delivered: the advice's reasons are its reasons
                 proposed = self.plan = self.carried = dataclasses.replace(plan, reasons=reasons)
                 self.carried_at = a.now
-        in_force, proposed_at, reasons = self._plan_in_force(proposed, reasons, a.now)
+        in_force, proposed_at, reasons = self._plan_in_force(proposed, (*reasons, *note), a.now)
+        return self._advise(a, decision, a.scope, reasons, in_force, proposed_at, scaling)
+
+    def _advise(self, a: Assessment, decision: Decision, scope: str | None, reasons: tuple[str, ...],
+                in_force: CompactionPlan | None, proposed_at: float | None,
+                scaling: tuple[dict[str, Any], ...] | None) -> Advice:
         self.advice = Advice(
             evaluated_at=a.now, snapshot_time=a.measured.taken_at, trigger=a.trigger,
-            scopes=a.scopes, decision=decision, reasons=reasons, scope=a.scope,
+            scopes=a.scopes, decision=decision, reasons=reasons, scope=scope,
             plan=in_force, plan_proposed_at=proposed_at,
             reclaim=self._reclaim(a.snapshot, a.now),
             right_sizing=right_sizing(a.snapshot, a.report, self.memory_peak, a.now),
@@ -437,6 +588,9 @@ class Advisor:
         below, duration = self.settings.idle or idle_rule()
         utilization = {g.key: g.utilization_ratio for g in snapshot.gpus
                        if g.up and g.utilization_ratio is not None}
+        if not utilization:  # no telemetry: no job is seen idle, and every idle clock stops
+            self.idle_since = {}
+            return ()
         nodes = snapshot.node_map()
         catalogue = default_catalogue()
         idle: dict[str, float] = {}

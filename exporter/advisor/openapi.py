@@ -55,6 +55,13 @@ PLAN_SCHEMA: dict[str, Any] = {
         "rejected_moves": {"type": "integer", "minimum": 0},
         "migrations": {"type": "array", "items": {"$ref": "#/$defs/migration"}},
         "tier_misplacements": {"type": "array", "items": {"$ref": "#/$defs/misplacement"}},
+        "lets_start": {"type": "array", "items": {"type": "string"},
+                       "description": "Pending jobs the plan lets start, together (those listed first "
+                                      "first): the gain in jobs."},
+        "gpu_hours_waiting_saved": {"type": "number", "minimum": 0,
+                                    "description": "GPU-hours of waiting the plan is expected to save: "
+                                                   "each job it lets start, its GPUs times the wait so "
+                                                   "far (taken as the wait to come; no forecast)."},
     },
     "$defs": {
         "prediction": {

@@ -68,6 +68,10 @@ class CompactionPlan:
     migrations: tuple[Migration, ...] = ()
     tier_misplacements: tuple[TierMisplacement, ...] = ()
     rejected_moves: int = 0  # candidate moves dropped: no destination, or F(M) would not drop
+    # the pending jobs the plan lets start (together, in the source's order), and the GPU-hours
+    # of waiting that saves, expected (planner.waiting_saved): the gain in the outcome's units
+    lets_start: tuple[str, ...] = ()
+    gpu_hours_waiting_saved: float = 0.0
 
     @property
     def plan_id(self) -> str:

@@ -34,8 +34,9 @@ that interval since it started; otherwise its whole runtime.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,10 +50,12 @@ from exporter.placement.engine import Placement, Placer
 from exporter.placement.policies import FgdTies
 from exporter.placement.task import Task
 from exporter.placement.tiers import tier_models
-from exporter.snapshot import Allocation, FleetSnapshot
+from exporter.snapshot import Allocation, FleetSnapshot, JobRequest
 
 IMPROVEMENT = 1e-6  # GPUs of F(M) a kept evacuation must save, above float noise
 WHOLE_NODE_GPUS = 8  # "whole nodes freed" counts nodes an 8-GPU job could now start on
+PENDING_CHECKED = 200  # pending jobs a plan is checked against (in the source's order), each shape once
+PENDING_NODES_TRIED = 16  # nodes tried per part of a pending job, the fewest GPUs to free first
 EXACT_FGD = FgdTies(0.0, 0.0, "first")
 
 
@@ -82,14 +85,24 @@ class Candidate:
     checkpointed: bool  # it checkpoints (stated, or assumed from the interval)
 
 
-def _slots(state: FleetState, node: int, gpus: Sequence[int]) -> tuple[int, ...] | None:
-    row = state.gpu_index[node] if state.gpu_index is not None else np.arange(state.gpu_free.shape[1])
+def _slots(state: FleetState, node: int, gpus: Sequence[int],
+           rows: dict[int, dict[int, int]] | None = None) -> tuple[int, ...] | None:
+    """The ``gpu_free`` slots of a job's GPUs on ``node``; None if one is down (not listed).
+    ``rows`` keeps each node's GPU -> slot map over one call of :func:`candidates`."""
+    slot_of = None if rows is None else rows.get(node)
+    if slot_of is None:
+        row = state.gpu_index[node] if state.gpu_index is not None else np.arange(state.gpu_free.shape[1])
+        slot_of = {}
+        for index, gpu in enumerate(row.tolist()):
+            slot_of.setdefault(int(gpu), index)
+        if rows is not None:
+            rows[node] = slot_of
     found = []
     for gpu in gpus:
-        where = np.flatnonzero(row == gpu)
-        if len(where) == 0:  # the job sits on a GPU that is down: not ours to move
+        where = slot_of.get(int(gpu))
+        if where is None:  # the job sits on a GPU that is down: not ours to move
             return None
-        found.append(int(where[0]))
+        found.append(where)
     return tuple(found)
 
 
@@ -125,14 +138,38 @@ def mig_nodes(snapshot: FleetSnapshot) -> set[str]:
     return {g.node for g in snapshot.gpus if g.mig}
 
 
+_LAST_CANDIDATES: list[tuple[FleetSnapshot, FleetState, float, PlanSettings,
+                             dict[int, list[Candidate]], list[Allocation]]] = []
+
+
 def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
                settings: PlanSettings, deferred: list[Allocation] | None = None
                ) -> dict[int, list[Candidate]]:
     """Movable jobs per node index, cheapest first.
 
     A job that could only move after the plan expires goes to ``deferred`` instead.
+    The last answer is kept: both planning modes of one evaluation (the same snapshot and
+    state objects, time and settings) ask for it, and it costs a pass over every job.
+    Callers must not change the lists.
     """
+    if _LAST_CANDIDATES:
+        snap, st, at, settled, by, later = _LAST_CANDIDATES[0]
+        if snap is snapshot and st is state and at == now and settled == settings:
+            if deferred is not None:
+                deferred.extend(later)
+            return by
+    later_all: list[Allocation] = []
+    by_node = _candidates(snapshot, state, now, settings, later_all)
+    _LAST_CANDIDATES[:] = [(snapshot, state, now, settings, by_node, later_all)]
+    if deferred is not None:
+        deferred.extend(later_all)
+    return by_node
+
+
+def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
+                settings: PlanSettings, deferred: list[Allocation]) -> dict[int, list[Candidate]]:
     by_node: dict[int, list[Candidate]] = {}
+    rows: dict[int, dict[int, int]] = {}
     index = {name: i for i, name in enumerate(state.names)}
     mig = mig_nodes(snapshot)
     expires = now + settings.ttl_seconds
@@ -147,7 +184,7 @@ def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
             continue  # CPU-only jobs fragment no GPU
         if part.node in mig:
             continue  # it holds MIG slices, which the placer does not model
-        slots = _slots(state, node, part.gpus)
+        slots = _slots(state, node, part.gpus, rows)
         if slots is None:
             continue
         if not 0 < part.gpu_share <= 1 or part.cpus > state.cpu_total[node]:
@@ -161,8 +198,7 @@ def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
         started = alloc.start_time if alloc.start_time is not None else now
         if max(0.0, now - started) < settings.min_runtime_seconds \
                 and started + settings.min_runtime_seconds > expires:
-            if deferred is not None:
-                deferred.append(alloc)
+            deferred.append(alloc)
             continue
         checkpoint = last_checkpoint(alloc, now, settings.checkpoint_interval_seconds)
         since = started if checkpoint is None else max(started, checkpoint)
@@ -238,6 +274,7 @@ def plan_compaction(snapshot: FleetSnapshot, report: Report, scope: str, now: fl
               for p in np.unique(state.pool)}
     order = source_order(placer.node_fragmented, movable, in_scope)
     whole_before = _whole_free(placer, np.arange(len(state.names)))
+    blocked = blocked_pending(placer, state, snapshot.pending, is_mig)
 
     kept: list[tuple[Candidate, Placement]] = []
     per_node: Counter[int] = Counter()
@@ -287,6 +324,7 @@ def plan_compaction(snapshot: FleetSnapshot, report: Report, scope: str, now: fl
     for n in np.flatnonzero(whole_after & ~whole_before & in_scope):
         freed[state.pool_names[int(state.pool[n])]] += 1
     migrations = tuple(_migration(c, d, now, settings) for c, d in kept)
+    started = starts(placer, blocked) if kept else ()
     sources = sorted({c.current.node_name for c, _ in kept})
     reasons = [f"evacuates {', '.join(sources) or 'no node'}; {rejected} candidate moves dropped "
                "(no destination, or F(M) would not drop)"]
@@ -299,7 +337,277 @@ def plan_compaction(snapshot: FleetSnapshot, report: Report, scope: str, now: fl
         decision="compact", reasons=tuple(reasons), before=before, after=after,
         nodes_freed=dict(sorted(freed.items())), migrations=migrations,
         tier_misplacements=misplacements(snapshot, report), rejected_moves=rejected,
+        lets_start=tuple(j.job for j in started),
+        gpu_hours_waiting_saved=waiting_saved(started, now),
     )
+
+
+# -- planning for a pending job ---------------------------------------------------------
+#
+# What pays is a move that lets a waiting job start (docs/simulate.md, "The decision rule,
+# revised"): a compaction plan is judged by the pending jobs it lets start, and a pending job
+# blocked by fragments, not capacity, gets a plan of its own.
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A pending job as the placer sees it: ``parts`` tasks alike, on ``excluded`` nodes never."""
+
+    job: JobRequest
+    task: Task
+    parts: int
+    excluded: list[int]  # node indices barred to it: other pools, other models, MIG mode
+
+
+def pending_task(job: JobRequest) -> tuple[Task, int] | None:
+    """(one node's part, how many parts) of a pending job; None for one asking no GPU.
+
+    Sources state a job's GPUs and CPUs in all (Slurm's ``gpu_count`` is per node times
+    nodes); a part asks its share of each, whole GPUs rounded up.
+    """
+    parts = max(1, int(job.node_count))
+    if job.gpu_count <= 0 or not 0 < job.gpu_share <= 1:
+        return None
+    gpus = math.ceil(job.gpu_count / parts)
+    return Task(max(0.0, job.cpus) / parts, gpus, job.gpu_share, tuple(job.models)), parts
+
+
+def _pending(state: FleetState, job: JobRequest, is_mig: np.ndarray) -> _Pending | None:
+    made = pending_task(job)
+    if made is None:
+        return None
+    task, parts = made
+    allowed = ~is_mig & (state.gpu_count >= task.gpus)
+    if task.models:
+        allowed &= np.isin(np.array(state.model_names, dtype=object)[state.model], task.models)
+    if job.pool and job.pool in state.pool_names:
+        allowed &= state.pool == state.pool_names.index(job.pool)
+    return _Pending(job, task, parts, np.flatnonzero(~allowed).tolist())
+
+
+def _undo(placer: Placer, log: list[tuple[bool, Placement]]) -> None:
+    """Take back, last first, what was applied (True) and released (False)."""
+    for applied, p in reversed(log):
+        if applied:
+            placer.release(p)
+        else:
+            placer.apply(p)
+    log.clear()
+
+
+def _place_parts(placer: Placer, p: _Pending, log: list[tuple[bool, Placement]]) -> bool:
+    """Place every part of ``p`` (applied, logged), a gang's parts on one model, one per node;
+    False, with what it placed taken back, when one part finds no room."""
+    mark = len(log)
+    excluded = list(p.excluded)
+    for _ in range(p.parts):
+        part = placer.place(p.task, "bestfit", exclude=excluded)
+        if part is None:
+            _undo_to(placer, log, mark)
+            return False
+        placer.apply(part)
+        log.append((True, part))
+        if p.parts > 1:
+            if len(excluded) == len(p.excluded):  # the first part: the others go to its model
+                excluded.extend(np.flatnonzero(placer.model != placer.model[part.node]).tolist())
+            excluded.append(part.node)
+    return True
+
+
+def _undo_to(placer: Placer, log: list[tuple[bool, Placement]], mark: int) -> None:
+    tail = log[mark:]
+    del log[mark:]
+    _undo(placer, tail)
+
+
+def blocked_pending(placer: Placer, state: FleetState, pending: Iterable[JobRequest],
+                    is_mig: np.ndarray) -> list[_Pending]:
+    """The first :data:`PENDING_CHECKED` pending jobs (each shape once) that fit nowhere now."""
+    out: list[_Pending] = []
+    seen: set[tuple] = set()
+    log: list[tuple[bool, Placement]] = []
+    for count, job in enumerate(pending):
+        if count >= PENDING_CHECKED:
+            break
+        key = (job.gpu_count, job.gpu_share, job.cpus, job.node_count, tuple(job.models), job.pool)
+        if key in seen:
+            continue
+        seen.add(key)
+        p = _pending(state, job, is_mig)
+        if p is None:
+            continue
+        if _place_parts(placer, p, log):
+            _undo(placer, log)
+        else:
+            out.append(p)
+    return out
+
+
+def starts(placer: Placer, blocked: Sequence[_Pending]) -> tuple[JobRequest, ...]:
+    """Which of ``blocked`` could start on the placer as it is now, together: each placed in
+    turn, in the pending order, so no two count on the same GPUs; all taken back after."""
+    log: list[tuple[bool, Placement]] = []
+    started = []
+    try:
+        for p in blocked:
+            if _place_parts(placer, p, log):
+                started.append(p.job)
+    finally:
+        _undo(placer, log)
+    return tuple(started)
+
+
+def waiting_saved(started: Sequence[JobRequest], now: float) -> float:
+    """GPU-hours of waiting a plan is expected to save: each job it lets start, its GPUs times
+    the wait to come, estimated as the wait so far (no forecast of when room would free up
+    without the plan; a job that has waited t is taken to wait about t more). 0 without a
+    submit time."""
+    hours = 0.0
+    for job in started:
+        if job.submit_time is not None:
+            hours += job.gpu_count * job.gpu_share * max(0.0, now - job.submit_time) / 3600
+    return round(hours, 3)
+
+
+def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, now: float,
+                     settings: PlanSettings = PlanSettings()) -> CompactionPlan | None:
+    """The fewest moves, each to a verified destination, after which pending ``job`` starts;
+    None when it fits already, or no such moves exist within ``max_migrations``.
+
+    Per part of the job (one for a single-node job; a gang's parts on one model): of the
+    nodes it may use, those whose free GPUs plus their movable jobs' could hold it, the
+    fewest GPUs to free first (:data:`PENDING_NODES_TRIED` of them); on each, its movable
+    jobs leave largest first until the part fits, each to a destination off that node
+    placed by ``fgd`` on the working copy (later moves see earlier ones). The node needing
+    the fewest moves wins. The movable jobs are :func:`candidates`', under its constraints
+    (tier or own model, pool, MIG, priority), and only those past ``min_runtime`` (a plan
+    for a waiting job does not wait); the namespace budget holds, the per-node one does
+    not (emptying a node is this plan's purpose).
+    """
+    state, cw = report.state, report.workload
+    placer = Placer(state, cw, fgd_ties=EXACT_FGD)
+    mig = mig_nodes(snapshot)
+    is_mig = np.array([name in mig for name in state.names], dtype=bool)
+    target = _pending(state, job, is_mig)
+    if target is None:
+        return None
+    log: list[tuple[bool, Placement]] = []
+    if _place_parts(placer, target, log):
+        _undo(placer, log)
+        return None  # it fits now: the scheduler will start it
+    barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist() for p in np.unique(state.pool)}
+    movable = {n: [c for c in cs if c.age >= settings.min_runtime_seconds]
+               for n, cs in candidates(snapshot, state, now, settings).items()}
+    kept: list[tuple[Candidate, Placement]] = []
+    per_namespace: Counter[str] = Counter()
+    try:
+        excluded = list(target.excluded)
+        for _ in range(target.parts):
+            best = _cheapest_node(placer, target, excluded, movable, settings, kept, per_namespace,
+                                  {n: barred[int(state.pool[n])] for n in movable})
+            if best is None:
+                return None
+            node, moves, part = best
+            for c, destination in moves:
+                placer.release(c.current)
+                log.append((False, c.current))
+                placer.apply(destination)
+                log.append((True, destination))
+                kept.append((c, destination))
+                per_namespace[c.alloc.namespace] += 1
+            placer.apply(part)
+            log.append((True, part))
+            if target.parts > 1 and len(excluded) == len(target.excluded):
+                excluded.extend(np.flatnonzero(placer.model != placer.model[node]).tolist())
+            excluded.append(node)
+    finally:
+        _undo(placer, log)
+    before = _prediction(report, "cluster", state, cw)
+    for c, destination in kept:  # the fleet once the moves are made, the job not yet started
+        placer.release(c.current)
+        log.append((False, c.current))
+        placer.apply(destination)
+        log.append((True, destination))
+    try:
+        after = _prediction(report, "cluster", placer.state, cw)
+        blocked = blocked_pending(Placer(state, None), state, snapshot.pending, is_mig)
+        started = starts(placer, [target, *(b for b in blocked if b.job.job != job.job)])
+    finally:
+        _undo(placer, log)
+    if not started or started[0] is not job:
+        return None  # the moves as placed leave it no room after all (never expected)
+    migrations = tuple(_migration(c, d, now, settings) for c, d in kept)
+    waited = "" if job.submit_time is None else f", waiting {max(0.0, now - job.submit_time) / 60:.0f} min"
+    reasons = (f"lets pending job {job.job} start ({job.gpu_count * job.gpu_share:g} GPUs"
+               f"{'' if target.parts == 1 else f' on {target.parts} nodes'}{waited}): "
+               f"{len(migrations)} move{'s' if len(migrations) != 1 else ''} free "
+               f"{', '.join(sorted({c.current.node_name for c, _ in kept}))} for it",)
+    return CompactionPlan(
+        scope="cluster", snapshot_time=snapshot.taken_at, expires_at=now + settings.ttl_seconds,
+        decision="compact", reasons=reasons, before=before, after=after, migrations=migrations,
+        lets_start=tuple(s.job for s in started), gpu_hours_waiting_saved=waiting_saved(started, now))
+
+
+def _cheapest_node(placer: Placer, target: _Pending, excluded: list[int],
+                   movable: dict[int, list[Candidate]], settings: PlanSettings,
+                   kept: list[tuple[Candidate, Placement]], per_namespace: Counter[str],
+                   barred: dict[int, list[int]]
+                   ) -> tuple[int, list[tuple[Candidate, Placement]], Placement] | None:
+    """The node of the part that needs the fewest moves; ``barred`` the nodes each node's jobs
+    may not move to (other pools, MIG)."""
+    moved = {c.alloc.job for c, _ in kept}
+    budget = settings.max_migrations - len(kept)
+    need = target.task.gpu_demand
+    free = placer.gpu_free.sum(axis=1)
+    ok = np.ones(len(placer.names), dtype=bool)
+    ok[excluded] = False
+    nodes = []
+    for n in np.flatnonzero(ok):
+        jobs = [c for c in movable.get(int(n), ()) if c.alloc.job not in moved]
+        if jobs and free[n] + sum(c.task.gpu_demand for c in jobs) >= need - 1e-9:
+            nodes.append((max(0.0, need - free[n]), int(n), jobs))
+    nodes.sort(key=lambda t: (t[0], t[1]))
+    best: tuple[int, list[tuple[Candidate, Placement]], Placement] | None = None
+    for _, node, jobs in nodes[:PENDING_NODES_TRIED]:
+        limit = budget if best is None else len(best[1]) - 1
+        if limit <= 0:
+            break
+        found = _evacuate_for(placer, node, jobs, limit, target.task, settings, per_namespace, barred[node])
+        if found is not None and (best is None or len(found[0]) < len(best[1])):
+            best = (node, found[0], found[1])
+    return best
+
+
+def _evacuate_for(placer: Placer, node: int, jobs: list[Candidate], limit: int, task: Task,
+                  settings: PlanSettings, per_namespace: Counter[str], barred: list[int]
+                  ) -> tuple[list[tuple[Candidate, Placement]], Placement] | None:
+    """Move ``node``'s jobs off it, largest first, until ``task`` fits there; taken back after."""
+    others = [n for n in range(len(placer.names)) if n != node]
+    log: list[tuple[bool, Placement]] = []
+    plan: list[tuple[Candidate, Placement]] = []
+    spent: Counter[str] = Counter()
+    try:
+        for c in sorted(jobs, key=lambda c: (-c.task.gpu_demand, c.cost, c.alloc.job)):
+            part = placer.place(task, "bestfit", exclude=others)
+            if part is not None:
+                return plan, part
+            if len(plan) >= limit:
+                return None
+            if per_namespace[c.alloc.namespace] + spent[c.alloc.namespace] >= settings.max_per_namespace:
+                continue
+            placer.release(c.current)
+            log.append((False, c.current))
+            destination = placer.place(c.task, "fgd", exclude=[*barred, node])
+            if destination is None:
+                return None
+            placer.apply(destination)
+            log.append((True, destination))
+            plan.append((c, destination))
+            spent[c.alloc.namespace] += 1
+        part = placer.place(task, "bestfit", exclude=others)
+        return (plan, part) if part is not None else None
+    finally:
+        _undo(placer, log)
 
 
 def _prediction(report: Report, scope: str, state: FleetState, cw: CompiledWorkload) -> Prediction:

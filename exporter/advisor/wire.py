@@ -60,6 +60,8 @@ def plan_json(plan: CompactionPlan) -> JSON:
         "rejected_moves": plan.rejected_moves,
         "plan_id": plan.plan_id,
         "fragmented_gpus_recovered": round(plan.fragmented_gpus_recovered, 6),
+        "lets_start": list(plan.lets_start),
+        "gpu_hours_waiting_saved": plan.gpu_hours_waiting_saved,
     }
 
 
@@ -150,7 +152,9 @@ def plan_from_json(data: Mapping[str, Any]) -> CompactionPlan:
         nodes_freed=dict(data["nodes_freed"]), migrations=migrations,
         tier_misplacements=tuple(TierMisplacement(**{**t, "suitable_models": tuple(t["suitable_models"])})
                                  for t in data["tier_misplacements"]),
-        rejected_moves=int(data.get("rejected_moves", 0)))
+        rejected_moves=int(data.get("rejected_moves", 0)),
+        lets_start=tuple(str(j) for j in data.get("lets_start", ())),
+        gpu_hours_waiting_saved=float(data.get("gpu_hours_waiting_saved", 0.0)))
     orders = sorted(m["order"] for m in data["migrations"])
     if orders != list(range(1, len(orders) + 1)):
         raise PlanFormatError(f"migrations: orders must be 1..{len(orders)}, each once")

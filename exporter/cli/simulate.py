@@ -58,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
                         help="simulated seconds between the advisor's evaluations (default 60)")
     parser.add_argument("--advisor-any-model", action="store_true",
-                        help="research knob: the revised rule's moves for the queue's head may change a "
-                        "job's GPU model (the planner keeps a job that states no memory need on its own)")
+                        help="research knob: the advisor's jobs state a memory need every model meets and "
+                        "its nodes are one pool, so its planner may move a job to another GPU model (it "
+                        "keeps a job that states no memory need on its own, and in its pool)")
 
 
 def _loads(text: str) -> list[float]:

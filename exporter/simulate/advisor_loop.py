@@ -1,50 +1,53 @@
 """The advisor in the loop: every call into :mod:`exporter.advisor` goes through this module.
 
-The advisor's API is being retyped (typed advice structs); keeping every call
-here means one module to adapt. What it does, every ``interval`` of simulated
-time (the advisor's evaluations follow snapshots; see docs/simulate.md for why
-not every 5 s collect interval):
+What it does at each tick (every ``interval`` of simulated time):
 
 1. builds a :class:`~exporter.snapshot.FleetSnapshot` of the simulated fleet:
    its nodes and GPUs, an allocation per running job (its checkpoint stated,
    high-priority jobs at the planner's ``high_priority``), the queue as
-   ``pending``;
+   ``pending``, and a source ``simulate`` that lists the queue (so an empty one
+   says that nothing waits);
 2. measures it with the serve's :class:`~exporter.analysis.live.LiveAnalyzer`
    (the default config's analysis settings) and asks the serve's
-   :class:`~exporter.advisor.engine.Advisor` (the default config's decision and
-   plan settings, the planner ``plan_compaction``, the clock simulated);
+   :class:`~exporter.advisor.engine.Advisor` through
+   :func:`~exporter.advisor.advise.advise` (the default config's decision and
+   plan settings, the planner both modes, the clock simulated);
 3. carries out a new plan as a receiver would: each move in order, only if the
    job still sits where the plan says and the destination GPUs are still free;
    ``wait_until`` moves wait (checked every interval) and are dropped when the
    plan expires first; a dropped move is counted, never forced.
 
-Two decision rules, selectable as strategies:
+Two decision rules, both the engine's, selectable as strategies:
 
-- ``advisor-current``: the advisor's own rule, as ``serve`` runs it (index above the
-  trigger for the dwell, cooldown, at least 0.5 fragmented GPUs recovered per move).
-- ``advisor`` (revised, issue 28): compaction pays when it lets a queued job start,
-  so act only then. A plan the advisor proposes is carried out only if, applied to
-  the fleet, it lets a queued job start that could not before; otherwise it is held.
-  And when the head of the queue is blocked while the fleet has the room for it in
-  fragments, the rule plans for that job: the fewest verified moves after which it
-  starts, under the planner's constraints (jobs older than ``min_runtime``, not
-  high-priority, single-node, at most ``max_migrations``, the job's own GPU model;
-  the cooldown). This part is not yet in :mod:`exporter.advisor`: docs/simulate.md
-  says what must move into the engine and the planner to make it the advisor's own.
+- ``advisor``: the revised rule (``DecisionSettings.require_pending``, the
+  default): a compaction plan must let a pending job start, and a pending job
+  blocked by fragments gets :func:`~exporter.advisor.planner.plan_for_pending`'s plan.
+- ``advisor-current``: the index rule alone (``require_pending=False``), as
+  ``serve`` ran it before issue 28.
+
+Speed: an evaluation (snapshot, analysis, engine, planner) costs about 25 ms of
+CPU on the default fleet, so the advisor is evaluated every ``evaluate_every``
+(its cadence: the index, dwell and hold clocks), and, for the revised rule, between
+two of those at a tick only when it could plan for a waiting job that it could not
+plan for at the last evaluation: a job is queued, the queue's head asks no more GPUs
+than are idle (the engine's own first test, :meth:`~exporter.advisor.engine.Advisor._pending_head`,
+done here on the simulator's counters so no snapshot is built for nothing), and
+the head or the fleet's free capacity changed since (a job ended or moved). A
+plan's waiting moves are looked at every tick.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from exporter.analysis.fgd import CompiledWorkload, compile_workload
+from exporter.analysis.index import Report, evaluate
 from exporter.placement.engine import Placement
-from exporter.simulate.cluster import undo
-from exporter.simulate.strategies import HeadUnblocker, movable
-from exporter.snapshot import Allocation, FleetSnapshot, JobRequest
+from exporter.snapshot import Allocation, FleetSnapshot, JobRequest, SourceStatus
 from exporter.snapshot import Placement as Part
 
 if TYPE_CHECKING:
@@ -52,6 +55,8 @@ if TYPE_CHECKING:
 
 PENDING_LISTED = 200  # queued jobs put in a snapshot's pending list (a scheduler's pending view)
 NAMESPACES = 20  # jobs spread over this many namespaces (the planner budgets moves per namespace)
+TICK = 60.0  # how often the loop looks whether anything the advisor reads changed
+ANY_MODEL_NEED = 1 << 30  # --advisor-any-model: each job states a 1 GiB memory need
 
 
 @dataclass
@@ -65,51 +70,62 @@ class _Move:
     expires: float
 
 
-DEMAND_CHECK = 60.0  # the revised rule looks at the queue's head this often (consolidation's cadence)
-
-
 @dataclass
 class AdvisorStrategy:
-    """The advisor evaluates every ``evaluate_every``; the revised rule also checks the queue's
-    blocked head every :data:`DEMAND_CHECK` (cheap: no snapshot unless a plan is possible)."""
+    """The advisor, looked at every :data:`TICK` (or ``evaluate_every``, when shorter) and
+    evaluated when what it reads changed or ``evaluate_every`` passed."""
 
     name: str = "advisor"
     evaluate_every: float = 60.0
     revised: bool = True
+    # a research knob: jobs state a memory need every model meets and the nodes are one pool,
+    # so the planner may move a job to another model (it keeps one stating no need on its own)
+    any_model: bool = False
     interval: float = field(init=False)
     _next_evaluation: float = 0.0
-    _unblocker: HeadUnblocker = field(default_factory=lambda: HeadUnblocker(same_model=True), repr=False)
+    _seen_key: tuple[Any, ...] | None = None
     _advisor: Any = field(default=None, repr=False)
     _analyzer: Any = field(default=None, repr=False)
-    _plan_settings: Any = field(default=None, repr=False)
+    _planner: Any = field(default=None, repr=False)
+    _compiled: CompiledWorkload | None = field(default=None, repr=False)
     _seen: set[str] = field(default_factory=set, repr=False)
     _waiting: list[_Move] = field(default_factory=list, repr=False)
     _now: float = 0.0
     decisions: Counter[str] = field(default_factory=Counter)  # what each evaluation decided
+    evaluations: int = 0
     # job -> (its version and last checkpoint, its allocation): rebuilt only when either changed
     _allocations: dict[int, tuple[tuple[int, float], Allocation]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self.interval = min(DEMAND_CHECK, self.evaluate_every) if self.revised else self.evaluate_every
+        self.interval = min(TICK, self.evaluate_every)
 
     def same_model(self, keep: bool) -> None:
-        """Whether the revised rule's moves for the queue's head keep a job on its GPU model."""
-        self._unblocker.same_model = keep
+        """Whether the planner keeps each job on its GPU model (the default) or may move it to
+        another (:attr:`any_model`)."""
+        self.any_model = not keep
 
     def _setup(self) -> None:
-        from exporter.advisor.advise import decision_settings, plan_settings
+        from exporter.advisor.advise import Planner, decision_settings, plan_settings
         from exporter.advisor.engine import Advisor
-        from exporter.advisor.planner import plan_compaction
         from exporter.analysis.live import LiveAnalyzer
         from exporter.config import load
 
         config = load(None)
         self._analyzer = LiveAnalyzer.from_config(config.analysis)
         self._analyzer.load = None  # the pools' scaling hints: no part of a decision, and costly
-        self._plan_settings = plan_settings(config.advisor)
-        self._unblocker.max_moves = self._plan_settings.max_migrations
-        self._planner = functools.partial(plan_compaction, settings=self._plan_settings)
-        self._advisor = Advisor(decision_settings(config.advisor), clock=lambda: self._now)
+        self._planner = Planner(plan_settings(config.advisor))
+        settings = dataclasses.replace(decision_settings(config.advisor), require_pending=self.revised)
+        self._advisor = Advisor(settings, clock=lambda: self._now)
+
+    def _key(self, sim: Sim) -> tuple[Any, ...] | None:
+        """None when the revised rule has no waiting job to plan for (none queued, or the head
+        asks more GPUs than are idle: only capacity lets it start); else the head and the
+        counters of capacity coming back, which a new chance to plan for it changes."""
+        cluster = sim.cluster
+        head = next(iter(sim.scheduler.queue.ordered()), None)
+        if head is None or head.demand > cluster.capacity - cluster.busy + 1e-9:
+            return None
+        return (head.id, cluster.releases, cluster.migrations)
 
     def tick(self, sim: Sim, now: float) -> None:
         if self._advisor is None:
@@ -117,12 +133,13 @@ class AdvisorStrategy:
         self._now = now
         self._carry_out_waiting(sim, now)
         if now < self._next_evaluation:
-            if self.revised:
-                self._unblock_head(sim, now)
-            return
+            key = self._key(sim) if self.revised else None
+            if key is None or key == self._seen_key:
+                return  # between evaluations, and no new chance to plan for a waiting job
         self._next_evaluation = now + self.evaluate_every
-        snapshot = snapshot_of(sim, now, self._allocations)
-        report = self._analyzer.analyze(snapshot)
+        self.evaluations += 1
+        snapshot = snapshot_of(sim, now, self._allocations, self.any_model)
+        report = self._analyze(sim, snapshot)
         from exporter.advisor.advise import advise
 
         advice = advise(self._advisor, snapshot, report, self._planner)
@@ -133,25 +150,33 @@ class AdvisorStrategy:
             self._seen.add(plan.plan_id)
             # the receiver's side: a plan is delivered (durable) as soon as it is proposed
             self._advisor.durable(now)
-            moves = [_Move(int(m.job), (m.source.node, m.source.gpus),
-                           (m.destination.node, m.destination.gpus), m.gpu_share, m.cpus,
-                           m.wait_until or now, plan.expires_at)
-                     for m in plan.migrations]
-            if not self.revised or lets_a_queued_job_start(sim, moves):
-                self._waiting.extend(moves)
-                sim.plans += 1
-                self._carry_out_waiting(sim, now)
-            else:
-                self.decisions["held: starts no queued job"] += 1
-            return
-        if self.revised:
-            self._unblock_head(sim, now)
+            self._waiting.extend(
+                _Move(int(m.job), (m.source.node, m.source.gpus), (m.destination.node, m.destination.gpus),
+                      m.gpu_share, m.cpus, m.wait_until or now, plan.expires_at)
+                for m in plan.migrations)
+            sim.plans += 1
+            self._carry_out_waiting(sim, now)
+        self._seen_key = self._key(sim) if self.revised else None
 
-    def _unblock_head(self, sim: Sim, now: float) -> None:
-        """The revised rule's own plan: the queue's head is blocked by fragments, not by capacity."""
-        min_runtime = self._plan_settings.min_runtime_seconds
-        if self._unblocker(sim, now, lambda j: now - (j.start or now) >= min_runtime):
-            self.decisions["compact: unblock the head"] += 1
+    def _analyze(self, sim: Sim, snapshot: FleetSnapshot) -> Report:
+        """The serve's analysis of ``snapshot`` (:meth:`LiveAnalyzer.analyze`: its live workload
+        window observes the snapshot), the fleet's state taken from the scheduler's placer,
+        which holds what ``from_snapshot(snapshot)`` would rebuild (a test checks they agree):
+        a third of an evaluation saved. With ``any_model`` the snapshot's pools differ, so it
+        is rebuilt."""
+        analyzer = self._analyzer
+        if self.any_model:
+            return cast("Report", analyzer.analyze(snapshot))
+        if analyzer.window is not None:
+            analyzer.window.observe(snapshot)
+            workload = analyzer.window.workload()
+        else:
+            workload = analyzer.fixed
+        state = sim.cluster.placer.state
+        compiled = self._compiled
+        if compiled is None or compiled.workload != workload:
+            compiled = self._compiled = compile_workload(workload, state.model_names)
+        return evaluate(state, compiled, analyzer.settings)
 
     def _carry_out_waiting(self, sim: Sim, now: float) -> None:
         cluster = sim.cluster
@@ -190,12 +215,18 @@ class AdvisorStrategy:
             sim.scheduler.disturbed()
 
 
+SOURCE = (SourceStatus("simulate", True, 0.0, None),)  # the queue is listed: none pending is none
+
+
 def snapshot_of(sim: Sim, now: float,
-                cache: dict[int, tuple[tuple[int, float], Allocation]] | None = None) -> FleetSnapshot:
-    """The simulated fleet as a source would report it: allocations and the pending queue.
+                cache: dict[int, tuple[tuple[int, float], Allocation]] | None = None,
+                any_model: bool = False) -> FleetSnapshot:
+    """The simulated fleet as a source would report it: allocations and the pending queue
+    (each job's GPUs and CPUs in all, as Slurm states them).
 
     ``cache`` keeps each job's allocation while the job neither moved nor checkpointed, so a
-    snapshot of a thousand jobs costs a few allocations, not a thousand.
+    snapshot of a thousand jobs costs a few allocations, not a thousand. ``any_model``: see
+    :attr:`AdvisorStrategy.any_model`.
     """
     fleet = sim.fleet
     interval = sim.cluster.cost.checkpoint
@@ -211,57 +242,20 @@ def snapshot_of(sim: Sim, now: float,
                                  for p in job.placements),
                 namespace=f"team-{job.id % NAMESPACES}", pod=f"job-{job.id}",
                 priority=1000 if job.high else 0, start_time=job.start,
-                last_checkpoint_time=key[1], allowed_models=job.models))
+                last_checkpoint_time=key[1], allowed_models=job.models,
+                gpu_memory_need_bytes=ANY_MODEL_NEED if any_model else None))
             cache[job.id] = held
         allocations.append(held[1])
     for gone in [k for k in cache if k not in sim.cluster.running]:
         del cache[gone]
-    pending = tuple(JobRequest(str(j.id), j.gpus, j.share if j.gpus else 1.0, j.cpus, j.parts, j.models,
-                               priority=1000 if j.high else 0, submit_time=j.submit)
+    pending = tuple(JobRequest(str(j.id), j.gpus * j.parts, j.share if j.gpus else 1.0, j.cpus * j.parts,
+                               j.parts, j.models, priority=1000 if j.high else 0, submit_time=j.submit)
                     for j in itertools.islice(sim.scheduler.queue.ordered(), PENDING_LISTED))
-    return FleetSnapshot(now, fleet.nodes, fleet.gpus, tuple(allocations), pending)
+    nodes, gpus = fleet.nodes, fleet.gpus
+    if any_model:
+        nodes = tuple(dataclasses.replace(n, pool="fleet") for n in nodes)
+        gpus = tuple(dataclasses.replace(g, pool="fleet") for g in gpus)
+    return FleetSnapshot(now, nodes, gpus, tuple(allocations), pending, SOURCE)
 
 
-def lets_a_queued_job_start(sim: Sim, moves: list[_Move]) -> bool:
-    """Whether carrying out ``moves`` (those that can start now) lets a blocked queued job start.
-
-    Applied to the placer and undone: the queued jobs tried are the first
-    ``PENDING_LISTED`` in queue order, each shape once.
-    """
-    cluster = sim.cluster
-    placer = cluster.placer
-    index = {name: i for i, name in enumerate(placer.names)}
-    blocked = []
-    seen: set[tuple] = set()
-    for job in itertools.islice(sim.scheduler.queue.ordered(), PENDING_LISTED):
-        if job.shape_key not in seen:
-            seen.add(job.shape_key)
-            if cluster.find(job) is None:
-                blocked.append(job)
-    if not blocked:
-        return False
-    log: list[tuple[str, Placement]] = []
-    try:
-        for move in moves:
-            mover = cluster.running.get(move.job)
-            if mover is None or not movable(mover):
-                continue
-            node = index[move.destination[0]]
-            destination = Placement(node, move.destination[0], move.destination[1], move.destination[1],
-                                    move.share if move.destination[1] else 0.0, move.cpus)
-            for p in mover.placements:
-                placer.release(p)
-                log.append(("release", p))
-            if cluster.free_placement(destination):
-                placer.apply(destination)
-                log.append(("apply", destination))
-            else:  # a receiver would drop this move: the job stays
-                for p in mover.placements:
-                    placer.apply(p)
-                    log.append(("apply", p))
-        return any(cluster.find(waiting) is not None for waiting in blocked)
-    finally:
-        undo(placer, log)
-
-
-__all__ = ["AdvisorStrategy", "lets_a_queued_job_start", "snapshot_of"]
+__all__ = ["AdvisorStrategy", "snapshot_of"]

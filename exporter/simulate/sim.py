@@ -22,8 +22,8 @@ class RunSettings:
     advisor_interval: float = 60.0
     descheduler_interval: float = 600.0
     consolidate_interval: float = 60.0
-    # the revised advisor rule's moves for the queue's head keep each job on its GPU model, as
-    # the planner keeps a job that states no memory need; False: any model (a research knob)
+    # the advisor's planner keeps each job on its GPU model, as it keeps a job that states no
+    # memory need; False: any model (a research knob: AdvisorStrategy.any_model)
     advisor_same_model: bool = True
 
 

@@ -1,0 +1,219 @@
+"""The revised rule (issue 28): compaction pays when it lets a pending job start.
+
+The planner's second mode (``plan_for_pending``) and the engine reading ``snapshot.pending``:
+a compaction plan that starts no pending job is held, a pending job blocked by fragments
+gets a plan of its own, and ``require_pending=False`` keeps the index rule alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+
+from exporter.advisor.advise import Planner, advise
+from exporter.advisor.engine import Advisor, DecisionSettings
+from exporter.advisor.planner import PlanSettings, plan_for_pending
+from exporter.advisor.wire import advice_json, plan_from_json, plan_json
+from exporter.analysis.fgd import compile_workload
+from exporter.analysis.index import IndexSettings, evaluate
+from exporter.analysis.state import from_snapshot
+from exporter.analysis.workload import Shape, Workload
+from exporter.gpu_catalogue import GB
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, Placement, SourceStatus
+
+NOW = 1_760_000_000.0
+SCHEMA = json.loads((Path(__file__).parent.parent / "docs" / "advisor-plan.schema.json").read_text())
+WORKLOAD = Workload((Shape(8, 1.0, 8), Shape(4, 1.0, 1)), (0.9, 0.1))
+SLURM = (SourceStatus("slurm", True, 0.1, NOW),)
+
+
+def alloc(name: str, node: str, gpus: tuple[int, ...], age: float = 7200, priority: int = 10) -> Allocation:
+    return Allocation(job=name, placements=(Placement(node, gpus, 1.0, 4.0 * len(gpus)),),
+                      namespace="team", pod=f"{name}-0", priority=priority, start_time=NOW - age,
+                      last_checkpoint_time=NOW - 300, gpu_memory_need_bytes=int(30 * GB))
+
+
+def fragmented(pending: tuple[JobRequest, ...] = (), age: float = 7200,
+               sources: tuple[SourceStatus, ...] = SLURM) -> FleetSnapshot:
+    """Three H100 nodes: h1 holds two stray one-GPU jobs (6 GPUs free), h2 a high-priority
+    six-GPU job (2 free, and it stays), h3 one stray job (7 free): 15 GPUs idle, no node has 8."""
+    spec = {"h1": "H100", "h2": "H100", "h3": "H100"}
+    nodes = tuple(Node(n, m, 128, "gpu-h100", "hopper", 8) for n, m in spec.items())
+    gpus = tuple(Gpu(n, i, f"GPU-{n}-{i}", m, "gpu-h100") for n, m in spec.items() for i in range(8))
+    jobs = (alloc("small-a", "h1", (0,), age), alloc("small-b", "h1", (5,), age),
+            alloc("big", "h2", (0, 1, 2, 3, 4, 5), priority=1000), alloc("small-c", "h3", (3,), age))
+    return FleetSnapshot(NOW, nodes, gpus, jobs, pending, sources)
+
+
+def report_of(snapshot: FleetSnapshot):
+    state = from_snapshot(snapshot)
+    return evaluate(state, compile_workload(WORKLOAD, state.model_names), IndexSettings())
+
+
+WHOLE = JobRequest("train-1", 8, 1.0, 32.0, 1, (), "gpu-h100", 0, NOW - 2 * 3600)
+
+
+def test_plan_for_pending_frees_a_node_for_the_blocked_job_and_states_its_gain():
+    snapshot = fragmented((WHOLE,))
+    plan = plan_for_pending(snapshot, report_of(snapshot), WHOLE, NOW)
+    assert plan is not None
+    # the fewest moves: h3 needs one (h1 two; h2's job is high-priority and stays)
+    assert [(m.job, m.source.node) for m in plan.migrations] == [("small-c", "h3")]
+    assert plan.migrations[0].destination.node in ("h1", "h2")
+    assert plan.lets_start == ("train-1",)
+    assert plan.gpu_hours_waiting_saved == 16.0  # 8 GPUs x the 2 h waited so far
+    data = plan_json(plan)
+    jsonschema.validate(data, SCHEMA)
+    assert (data["lets_start"], data["gpu_hours_waiting_saved"]) == (["train-1"], 16.0)
+    back = plan_from_json(data)
+    assert (back.lets_start, back.gpu_hours_waiting_saved) == (("train-1",), 16.0)
+
+
+def test_plan_for_pending_is_none_when_the_job_fits_or_no_allowed_move_makes_room():
+    snapshot = fragmented((WHOLE,))
+    fits = JobRequest("two", 2, 1.0, 8.0)
+    assert plan_for_pending(snapshot, report_of(snapshot), fits, NOW) is None
+    young = fragmented((WHOLE,), age=600)  # under min_runtime: a plan for a waiting job does not wait
+    assert plan_for_pending(young, report_of(young), WHOLE, NOW) is None
+    assert plan_for_pending(snapshot, report_of(snapshot), WHOLE, NOW, PlanSettings(max_migrations=0)) is None
+    # a two-node job of 7 GPUs a node: h3 holds one part as it is, h1 the other after one move
+    gang = JobRequest("gang", 14, 1.0, 56.0, 2, (), "", 0, NOW - 3600)
+    two = plan_for_pending(snapshot, report_of(snapshot), gang, NOW)
+    assert two is not None and [m.source.node for m in two.migrations] == ["h1"]
+    assert two.lets_start == ("gang",) and two.gpu_hours_waiting_saved == 14.0
+    # 16 GPUs on two nodes: 15 are idle, so no moves can make room
+    too_big = JobRequest("too-big", 16, 1.0, 64.0, 2, (), "", 0, NOW - 3600)
+    assert plan_for_pending(snapshot, report_of(snapshot), too_big, NOW) is None
+
+
+def advisor(**settings) -> Advisor:
+    return Advisor(DecisionSettings(dwell_seconds=0.0, **settings), clock=lambda: NOW)
+
+
+def test_a_compaction_plan_that_starts_no_pending_job_is_held():
+    # the queue is known (Slurm is up) and empty: compaction is held before any planning
+    snapshot = fragmented()
+    rep = report_of(snapshot)
+    assert rep.cluster.index > 50
+    held = advise(advisor(), snapshot, rep, Planner())
+    assert held.decision == "hold" and held.plan is None
+    assert any("starts no pending job" in r for r in held.reasons)
+    # a pending job no plan lets start (it asks for B200s): the compaction plan is held
+    b200 = JobRequest("b200-job", 4, 1.0, 16.0, 1, ("B200",), "", 0, NOW - 600)
+    snapshot = fragmented((b200,))
+    held = advise(advisor(), snapshot, report_of(snapshot), Planner())
+    assert held.decision == "hold" and held.plan is None
+    assert any(r.startswith("plan starts no pending job (of 1 pending)") for r in held.reasons)
+    assert any("b200-job" in r and "no plan" in r for r in held.reasons)
+
+
+def test_require_pending_false_keeps_the_index_rule():
+    for snapshot in (fragmented(), fragmented((JobRequest("b200-job", 4, 1.0, 16.0, 1, ("B200",)),))):
+        advice = advise(advisor(require_pending=False), snapshot, report_of(snapshot), Planner())
+        assert advice.decision == "compact" and advice.plan is not None
+        assert advice.plan.lets_start == ()
+
+
+def test_without_a_queue_source_the_index_rule_stands():
+    # GPU telemetry alone says nothing of what waits: no hold for starting none
+    snapshot = fragmented(sources=())
+    advice = advise(advisor(), snapshot, report_of(snapshot), Planner())
+    assert advice.decision == "compact"
+
+
+def test_a_blocked_pending_job_gets_its_plan_whatever_the_index_and_the_dwell():
+    snapshot = fragmented((WHOLE,))
+    strict = DecisionSettings(dwell_seconds=3600.0, trigger=99.0, clear_below=98.0)
+    engine = Advisor(strict, clock=lambda: NOW)
+    advice = advise(engine, snapshot, report_of(snapshot), Planner())
+    assert advice.decision == "compact" and advice.scope == "cluster"
+    assert advice.plan is not None and advice.plan.lets_start == ("train-1",)
+    assert advice.reasons[0].startswith(
+        "pending job train-1 waits for 8 GPUs while 15 are idle, in fragments;")
+    assert "expected to save 16 GPU-hours of waiting" in advice.reasons[0]
+    served = advice_json(advice)["plan"]
+    assert served["lets_start"] == ["train-1"] and served["gpu_hours_waiting_saved"] == 16.0
+    # the plan in force already lets it start: the next evaluation plans nothing new
+    again = advise(engine, snapshot, report_of(snapshot), Planner())
+    assert again.decision != "compact" and again.plan is not None
+    assert again.plan.plan_id == advice.plan.plan_id
+    # the index rule alone would not act here
+    current = Advisor(DecisionSettings(dwell_seconds=3600.0, trigger=99.0, clear_below=98.0,
+                                       require_pending=False), clock=lambda: NOW)
+    assert advise(current, snapshot, report_of(snapshot), Planner()).decision == "none"
+
+
+# -- tier inversion: an alert on it starts no plan, and the advice names the remedy ----------
+
+
+def default_fleet_inverted() -> FleetSnapshot:
+    """The default fleet (sources.sim's reference layout, no MIG) with its H200 pool idle
+    beside busy H100 and A100 pools, all jobs whole nodes: two inverted pairs, nothing
+    fragmented."""
+    from exporter.gpu_catalogue import default_catalogue
+    from exporter.sources.sim.options import SimSource
+
+    catalogue = default_catalogue()
+    nodes = tuple(Node(name, catalogue.get(pool.model).name, float(pool.cpu_cores), pool.name,
+                       catalogue.get(pool.model).architecture, pool.gpus_per_node)
+                  for name, pool in SimSource(mig_nodes=0).node_names())
+    gpus = tuple(Gpu(n.name, i, f"GPU-{n.name}-{i}", n.model, n.pool)
+                 for n in nodes for i in range(n.gpu_count))
+    busy = {"gpu-h100": 55, "gpu-a100": 20, "gpu-b200": 4, "gpu-h200": 0}  # nodes with a job
+    jobs, seen = [], dict.fromkeys(busy, 0)
+    for n in nodes:
+        if seen[n.pool] < busy[n.pool]:
+            seen[n.pool] += 1
+            jobs.append(Allocation(f"train-{n.name}", (Placement(n.name, tuple(range(8)), 1.0, 32.0),),
+                                   namespace="team", pod=f"train-{n.name}-0", priority=10,
+                                   start_time=NOW - 7200, last_checkpoint_time=NOW - 300))
+    return FleetSnapshot(NOW, nodes, gpus, tuple(jobs), (), SLURM)
+
+
+class CountingPlanner(Planner):
+    calls = 0
+
+    def __call__(self, *args):  # type: ignore[no-untyped-def]
+        type(self).calls += 1
+        return super().__call__(*args)
+
+
+def test_the_default_fleets_tier_inversion_starts_no_plan_and_names_its_remedy():
+    from exporter.advisor.advise import decision_settings
+    from exporter.analysis.live import LiveAnalyzer
+    from exporter.config import load
+
+    config = load(None)
+    snapshot = default_fleet_inverted()
+    rep = LiveAnalyzer.from_config(config.analysis).analyze(snapshot)
+    assert {(i.upper, i.lower) for i in rep.inversions if i.inverted} == {
+        ("gpu-h200", "gpu-h100"), ("gpu-h200", "gpu-a100")}
+    assert rep.cluster.index >= 60 and rep.cluster.fragmented_gpus < 1  # the penalty, not fragments
+    clock = [NOW]
+    for require_pending in (True, False):
+        clock[0] = NOW
+        engine = Advisor(DecisionSettings(**{**vars_of(decision_settings(config.advisor)),
+                                             "require_pending": require_pending}), clock=lambda: clock[0])
+        planner = CountingPlanner()
+        CountingPlanner.calls = 0
+        advise(engine, snapshot, rep, planner)
+        # Alertmanager's GpuFleetFragmentationHigh fires on the index: it serves no dwell here
+        engine.alert_firing([{"labels": {"alertname": "GpuFleetFragmentationHigh"}, "status": "firing"}])
+        answers = []
+        for step in range(0, 3600, 300):  # an hour of evaluations, the alert's and the snapshots'
+            clock[0] = NOW + step
+            trigger = "alertmanager" if step == 0 else "snapshot"
+            answers.append(advise(engine, snapshot, rep, planner, trigger))
+        assert {a.decision for a in answers} == {"none"} and CountingPlanner.calls == 0
+        remedy = [r for r in answers[-1].reasons if "tier inversion" in r]
+        assert remedy and "gpu-h200 idle while gpu-h100 is 86% allocated" in remedy[0]
+        assert "steer the next jobs that fit gpu-h200 there" in remedy[0]
+        assert answers[-1].scopes["cluster"].index == round(rep.cluster.index, 2)  # shown as measured
+
+
+def vars_of(settings: DecisionSettings) -> dict:
+    import dataclasses
+
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
