@@ -62,15 +62,17 @@ vm-deps:
 	  $(APT) update -q && $(APT) install -y -q --no-install-recommends victoria-metrics; \
 	fi
 
-# Two pytest workers (pytest-xdist): the tests that start real servers (marked slow) run
-# one at a time on one of them, in one xdist group (tests/conftest.py), and the CPU-bound
-# rest share both. TEST_WORKERS=0 runs the suite in one process.
+# Two pytest workers (pytest-xdist), each test file on one of them (--dist loadfile: a module's
+# tests share its fixtures and run in order), then the tests marked `alone` in one process:
+# their waits (Alertmanager's inhibition, a 3 s source deadline, every dashboard query) were
+# written for an otherwise idle machine. TEST_WORKERS=0 runs the first part in one process too.
 TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed-test system-deps slurm-deps kube-deps stress-deps vm-deps
 	$(BIN)/ruff check exporter tests bench deploy
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m alone $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests that start real servers (marked slow), under 60 s:
 # one pytest worker per core (pytest-xdist), since the fast tests are CPU-bound.

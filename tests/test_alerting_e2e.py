@@ -23,6 +23,10 @@ from tests.helpers.alerting import (
     start_alertmanager,
 )
 
+# run alone, after the rest (make test): Prometheus' and Alertmanager's timing
+# (inhibition, every `for` scaled to seconds)
+pytestmark = pytest.mark.alone
+
 FOR_SCALE = "0.01"  # 2 min -> 1.2 s, 5 min -> 3 s, 15 min -> 9 s
 DEADLINE = 60.0
 HOT = {"node": "gpu-001", "gpu": "3", "model": "H200", "pool": "gpu-h200"}

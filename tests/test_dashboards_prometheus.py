@@ -26,6 +26,9 @@ from exporter.dashboards import DASHBOARDS
 from tests.helpers import REPO, http_get
 from tests.helpers.servers import start_node_exporter, stop
 
+# run alone, after the rest (make test): every dashboard query over 30 s of 1 s scrapes
+pytestmark = pytest.mark.alone
+
 DATA_SECONDS = 30
 XID_CONFIG = """
 cluster: dashboards

@@ -27,6 +27,9 @@ from exporter.sources.dcgm.source import DcgmExporterSource, target_from
 from tests.helpers import data_dir, free_port
 from tests.helpers.exported import Exported
 
+# run alone, after the rest (make test): a 3 s source deadline against hostile targets
+pytestmark = pytest.mark.alone
+
 L4 = (data_dir() / "dcgm-samples" / "l4-1gpu-default-counters.prom").read_text()
 L4_NODE = "i-030791dc5a37cd257"
 

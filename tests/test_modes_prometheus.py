@@ -27,7 +27,8 @@ from exporter.sources.sim.options import SimSource
 from tests.helpers import REPO
 from tests.test_dashboards_prometheus import _boards, _content, _reload, _run, _variables
 
-pytestmark = pytest.mark.slow  # two exporters and a real Prometheus
+# run alone, after the rest (make test): two exporters and every dashboard query over 1,088 GPUs
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 FOR_SCALE = "0.01"  # GpuLost's 5m -> 3 s
 LOST = {"node": "gpu-004", "gpu": "1"}

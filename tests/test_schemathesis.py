@@ -34,7 +34,9 @@ from schemathesis.checks import (
 from exporter.advisor import openapi
 from tests.helpers.servers import Server, http_get, start_exporter, stop
 
-pytestmark = pytest.mark.slow
+# run alone, after the rest (make test): its last tests read what its runs recorded
+# in this process, and xdist would run one of the per-operation tests sharing a node id
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 TOKEN = "schemathesis-token"
 EXAMPLES = 40  # per operation and generation mode: bounded, and minutes at most on 2 cores
