@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from exporter import logs
 from tests.helpers.servers import Prometheus, Server, start_exporter, start_prometheus, stop
 
 # Property tests draw the same examples on every run (derandomize), so a run can't pass
@@ -26,6 +27,16 @@ settings.register_profile("explore", derandomize=False, **_UNTIMED)
 settings.load_profile(os.environ.get("GPUFLEET_HYPOTHESIS", "repeatable"))
 
 
+
+
+@pytest.fixture(autouse=True)
+def _no_log_writer_left() -> Iterator[None]:
+    """A test that runs ``serve`` in this process (``main(["serve", ...])``) installs its queued
+    log writer, and one that stops early leaves it: the next test in the same xdist worker
+    then served its rate-limited count (the golden exposition read 99, not 0). Stopped after
+    each test, as serve's exit does."""
+    yield
+    logs._stop_writer()
 
 @pytest.fixture
 def exporter_factory(tmp_path: Path) -> Iterator:
