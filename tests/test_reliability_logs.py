@@ -3,12 +3,29 @@ the count of the lines held back (exporter/logs.py, PerSourceLimit)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import sys
+from collections.abc import Iterator
 
 from exporter import logs
 from exporter.logs import PerSourceLimit
+
+
+@contextlib.contextmanager
+def _queued_logging() -> Iterator[None]:
+    """serve's logging (queued, rate-limited) for the block; the root logger as it was after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        logs.setup("info", "logfmt", queued=True)
+        yield
+    finally:
+        logs._stop_writer()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
 
 WATCH = "exporter.sources.kubernetes.informer"
 
@@ -59,19 +76,12 @@ def test_the_keys_remembered_are_bounded():
 def test_serve_logging_limits_a_source_flood_written_to_stderr(monkeypatch):
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        logs.setup("info", "logfmt", queued=True)
+    with _queued_logging():
         log = logging.getLogger("exporter.sources.slurm.source")
         for i in range(2000):  # one bad record after another in one read
             log.warning("slurm record skipped", extra={"source": "slurm", "err": f"record {i}"})
         logging.getLogger("exporter.collect").warning("source read failed",
                                                       extra={"source": "slurm"})
-        logs._stop_writer()
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
     lines = stream.getvalue().splitlines()
     assert sum('msg="slurm record skipped"' in line for line in lines) == 1
     assert sum('msg="source read failed"' in line for line in lines) == 1
@@ -89,18 +99,11 @@ def test_the_lines_not_written_are_served_by_reason_while_serve_logs(monkeypatch
 
     assert served() == {"queue_full": 0.0, "rate_limited": 0.0}
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        logs.setup("info", "logfmt", queued=True)
+    with _queued_logging():
         for _ in range(30):
             logging.getLogger(WATCH).warning("kubernetes watch broken; retrying",
                                              extra={"source": "kubernetes"})
         assert served() == {"queue_full": 0.0, "rate_limited": 29.0}
-    finally:
-        logs._stop_writer()
-        root.handlers[:] = handlers
-        root.setLevel(level)
     assert served() == {"queue_full": 0.0, "rate_limited": 0.0}
 
 
@@ -109,17 +112,10 @@ def test_a_flood_of_malformed_requests_logs_one_error_line(monkeypatch):
     request from %s", the client's address an argument): 20,000 lines in 10 s before."""
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        logs.setup("info", "logfmt", queued=True)
+    with _queued_logging():
         server = logging.getLogger("aiohttp.server")
         for i in range(20_000):
             server.error("Error handling request from %s", f"10.0.{i // 256}.{i % 256}")
-        logs._stop_writer()
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
     lines = stream.getvalue().splitlines()
     assert sum('msg="Error handling request from 10.0.0.0"' in line for line in lines) == 1
     assert len(lines) == 1
