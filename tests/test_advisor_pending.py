@@ -217,3 +217,44 @@ def vars_of(settings: DecisionSettings) -> dict:
     import dataclasses
 
     return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+
+
+def test_a_job_stating_no_memory_need_moves_only_to_a_model_with_as_much_memory_per_gpu():
+    from exporter.advisor.planner import destination_models
+
+    fleet = ("A100", "A100-80GB", "H100", "H200", "B200", "Mystery-GPU")
+    free = Allocation(job="j", placements=(Placement("n", (0,), 1.0, 4.0),))
+    # the A100-80GB and the H100 both hold 80 GB: each may go to the other, and up
+    assert destination_models(free, "H100", fleet) == ("H100", "A100-80GB", "H200", "B200")
+    assert destination_models(free, "H200", fleet) == ("H200", "B200")
+    assert destination_models(free, "B200", fleet) == ("B200",)
+    # an unknown model's memory is unknown: a job on one stays, and none goes to one
+    assert destination_models(free, "Mystery-GPU", fleet) == ("Mystery-GPU",)
+    # its own allowed list still bounds it, and a job off its list goes nowhere
+    listed = Allocation(job="j", placements=free.placements, allowed_models=("H100", "A100", "B200"))
+    assert destination_models(listed, "H100", fleet) == ("H100", "B200")
+    assert destination_models(listed, "H200", fleet) == ("B200",)
+
+
+def test_a_pending_job_in_a_mixed_partition_gets_moves_to_larger_models_only():
+    """One Slurm partition of two H100 nodes, an A100 (40 GB) and an H200 (141 GB), each with
+    one GPU free but h2, which holds one stray one-GPU job (no memory need stated) beside 7
+    free GPUs. The one move that lets an 8-GPU H100 job start sends it to the H200's free
+    GPU, never the A100's (less memory than it holds now), although the A100 is listed first
+    and its GPU is as free; under the rule before, it could go nowhere (h1 is full)."""
+    spec = {"h1": "H100", "h2": "H100", "small": "A100", "big": "H200"}
+    nodes = tuple(Node(n, m, 128, "gpu", "hopper", 8) for n, m in spec.items())
+    gpus = tuple(Gpu(n, i, f"GPU-{n}-{i}", m, "gpu") for n, m in spec.items() for i in range(8))
+
+    def stray(name: str, node: str, gpus: tuple[int, ...]) -> Allocation:
+        return Allocation(job=name, placements=(Placement(node, gpus, 1.0, 4.0 * len(gpus)),),
+                          namespace="team", pod=f"{name}-0", priority=10, start_time=NOW - 7200,
+                          last_checkpoint_time=NOW - 300)
+
+    jobs = (stray("full", "h1", tuple(range(8))), stray("one", "h2", (0,)),
+            stray("seven-a100", "small", tuple(range(7))), stray("seven-h200", "big", tuple(range(7))))
+    want = JobRequest("train", 8, 1.0, 32.0, 1, ("H100",), "gpu", 0, NOW - 3600)
+    snapshot = FleetSnapshot(NOW, nodes, gpus, jobs, (want,), SLURM)
+    plan = plan_for_pending(snapshot, report_of(snapshot), want, NOW)
+    assert plan is not None and plan.lets_start == ("train",)
+    assert [(m.job, m.source.node, m.destination.node) for m in plan.migrations] == [("one", "h2", "big")]

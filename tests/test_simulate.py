@@ -331,27 +331,28 @@ def test_the_advisor_strategies_are_the_engines_two_rules_and_the_knob_reaches_t
 
     revised = make_strategy("advisor", RunSettings())
     current = make_strategy("advisor-current", RunSettings())
-    free = make_strategy("advisor", RunSettings(advisor_same_model=False))
-    for strategy in (revised, current, free):
+    by_model = make_strategy("advisor", RunSettings(advisor_one_partition=False))
+    for strategy in (revised, current, by_model):
         strategy._setup()  # type: ignore[attr-defined]
     assert revised._advisor.settings.require_pending is True  # type: ignore[attr-defined]
     assert current._advisor.settings.require_pending is False  # type: ignore[attr-defined]
-    assert (revised.any_model, free.any_model) == (False, True)  # type: ignore[attr-defined]
+    assert (revised.one_partition, by_model.one_partition) == (True, False)  # type: ignore[attr-defined]
     sim = sim_of(tiny_fleet(nodes=2, models=("H100", "A100")))
     j = job(1, 1, 5000)
     sim.cluster.start(j, sim.cluster.find(j), 0.0)
-    kept, moved = snapshot_of(sim, 100.0), snapshot_of(sim, 100.0, any_model=True)
-    assert kept.allocations[0].gpu_memory_need_bytes is None and {n.pool for n in kept.nodes} == {
-        "pool-H100", "pool-A100"}
-    assert moved.allocations[0].gpu_memory_need_bytes == 1 << 30
-    assert {n.pool for n in moved.nodes} == {"fleet"}
-    assert [s.source for s in kept.sources] == ["simulate"]  # the queue is listed: empty means none
+    one, pools = snapshot_of(sim, 100.0), snapshot_of(sim, 100.0, one_partition=False)
+    # the scheduler places any job on any model: the snapshot says so, one partition of both
+    assert {n.pool for n in one.nodes} == {g.pool for g in one.gpus} == {"simulated"}
+    assert {n.pool for n in pools.nodes} == {"pool-H100", "pool-A100"}
+    assert one.allocations[0].gpu_memory_need_bytes is None  # openb states none
+    assert [s.source for s in one.sources] == ["simulate"]  # the queue is listed: empty means none
     assert make_strategy("advisor", RunSettings(advisor_interval=600.0)).interval == 60.0  # the tick
     with pytest.raises(ValueError, match="unknown strategy 'bogus'"):
         make_strategy("bogus", RunSettings())
 
 
-def test_the_advisors_analysis_from_the_placer_is_the_serves_from_the_snapshot():
+@pytest.mark.parametrize("one_partition", [True, False])
+def test_the_advisors_analysis_from_the_placer_is_the_serves_from_the_snapshot(one_partition: bool):
     from exporter.analysis.live import LiveAnalyzer
     from exporter.analysis.state import from_snapshot
     from exporter.config import load
@@ -361,8 +362,8 @@ def test_the_advisors_analysis_from_the_placer_is_the_serves_from_the_snapshot()
     cluster = sim.cluster
     for j in (job(1, 1, 5000, share=0.5), job(2, 4, 5000), job(3, 0, 5000, cpus=3), job(4, 2, 100, cpus=5)):
         cluster.start(j, cluster.find(j), 0.0)
-    snapshot = snapshot_of(sim, 100.0)
-    strategy = AdvisorStrategy()
+    snapshot = snapshot_of(sim, 100.0, one_partition=one_partition)
+    strategy = AdvisorStrategy(one_partition=one_partition)
     strategy._setup()
     ours = strategy._analyze(sim, snapshot)
     serves = LiveAnalyzer.from_config(load(None).analysis).analyze(snapshot)

@@ -13,7 +13,8 @@ to: nothing is evicted without a place to go.
 
 Constraints are never broken: a job only goes to a GPU model its memory need
 allows (the reference cluster's tiers) and that its own allowed-model list
-permits; a job that states no memory need stays on its current model; a job
+permits; a job that states no memory need goes only to a model with at least
+the memory per GPU of its current one (:func:`destination_models`); a job
 stays in its pool (a Slurm partition or node pool is where it was admitted)
 and never goes to, or comes from, a MIG-mode GPU (a whole or shared GPU is not
 a MIG slice); multi-node jobs are never moved, so never split and never spread
@@ -34,6 +35,7 @@ that interval since it started; otherwise its whole runtime.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -46,6 +48,7 @@ from exporter.advisor.right_sizing import misplacements
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.index import Report, scorer, totals
 from exporter.analysis.state import FleetState
+from exporter.gpu_catalogue import default_catalogue
 from exporter.placement.engine import Placement, Placer
 from exporter.placement.policies import FgdTies
 from exporter.placement.task import Task
@@ -109,14 +112,28 @@ def _slots(state: FleetState, node: int, gpus: Sequence[int],
 def destination_models(alloc: Allocation, current_model: str, fleet_models: Sequence[str]) -> tuple[str, ...]:
     """The models a job may move to: its tier's (by memory need) within its own allowed list.
 
-    Without a stated memory need nothing says another model is safe, so the job
-    stays on its current one.
+    Without a stated memory need, the models with at least as much memory per GPU as the
+    one it runs on (within its allowed list): whatever it holds now fits there. The
+    planner keeps every job in its pool besides, so this only widens anything in a pool
+    of several models (a Slurm partition of mixed GPUs), where a job not pinned to a
+    model is one the scheduler itself could have started on any of them. A model whose
+    memory the catalogue does not know is taken as no larger than any: the job stays.
     """
     if alloc.gpu_memory_need_bytes:
         return tier_models(alloc.gpu_memory_need_bytes, fleet_models, alloc.allowed_models)
-    if alloc.allowed_models:
-        return tuple(m for m in alloc.allowed_models if m == current_model) or ()
-    return (current_model,)
+    allowed = set(alloc.allowed_models) if alloc.allowed_models else None
+    held = _memory_per_gpu(current_model)
+    models = [current_model] if allowed is None or current_model in allowed else []
+    if held:
+        models += [m for m in fleet_models if m != current_model and (allowed is None or m in allowed)
+                   and _memory_per_gpu(m) >= held]
+    return tuple(models)
+
+
+@functools.lru_cache(maxsize=256)
+def _memory_per_gpu(model: str) -> int:
+    """The catalogue's memory per GPU of ``model`` in bytes; 0 when unknown."""
+    return default_catalogue().get(model).memory_bytes or 0
 
 
 def last_checkpoint(alloc: Allocation, now: float, interval: float) -> float | None:

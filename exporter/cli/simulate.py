@@ -57,10 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time to restore a checkpoint after a move (default 120)")
     parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
                         help="simulated seconds between the advisor's evaluations (default 60)")
-    parser.add_argument("--advisor-any-model", action="store_true",
-                        help="research knob: the advisor's jobs state a memory need every model meets and "
-                        "its nodes are one pool, so its planner may move a job to another GPU model (it "
-                        "keeps a job that states no memory need on its own, and in its pool)")
+    parser.add_argument("--advisor-pools-by-model", action="store_true",
+                        help="the advisor's snapshot lists a pool per GPU model, as serve's simulated "
+                        "fleet does, so its planner keeps each job on its model; by default it lists "
+                        "the one partition the simulated scheduler places every job in")
 
 
 def _loads(text: str) -> list[float]:
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     settings = RunSettings(
         timeline=TimelineSettings(args.days, args.warmup_days, loads[0], args.high_share, args.gang_share),
         policy=args.policy, mode=args.scheduler, cost=MoveCost(restore=args.restore),
-        advisor_interval=args.advisor_interval, advisor_same_model=not args.advisor_any_model)
+        advisor_interval=args.advisor_interval, advisor_one_partition=not args.advisor_pools_by_model)
     started = time.monotonic()
 
     finished = []

@@ -39,15 +39,20 @@ plan's waiting moves are looked at every tick.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from exporter.analysis.fgd import CompiledWorkload, compile_workload
 from exporter.analysis.index import Report, evaluate
+from exporter.analysis.state import FleetState
 from exporter.placement.engine import Placement
-from exporter.snapshot import Allocation, FleetSnapshot, JobRequest, SourceStatus
+from exporter.simulate.fleets import SimFleet
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, SourceStatus
 from exporter.snapshot import Placement as Part
 
 if TYPE_CHECKING:
@@ -56,7 +61,7 @@ if TYPE_CHECKING:
 PENDING_LISTED = 200  # queued jobs put in a snapshot's pending list (a scheduler's pending view)
 NAMESPACES = 20  # jobs spread over this many namespaces (the planner budgets moves per namespace)
 TICK = 60.0  # how often the loop looks whether anything the advisor reads changed
-ANY_MODEL_NEED = 1 << 30  # --advisor-any-model: each job states a 1 GiB memory need
+PARTITION = "simulated"  # the one partition the simulated scheduler places every job in
 
 
 @dataclass
@@ -78,9 +83,11 @@ class AdvisorStrategy:
     name: str = "advisor"
     evaluate_every: float = 60.0
     revised: bool = True
-    # a research knob: jobs state a memory need every model meets and the nodes are one pool,
-    # so the planner may move a job to another model (it keeps one stating no need on its own)
-    any_model: bool = False
+    # the snapshot lists the nodes as the simulated scheduler uses them, one partition of mixed
+    # models (any job may start on any model), so the planner may move a job to another model
+    # with as much memory per GPU; False: each model its own pool, as serve's simulated fleet
+    # lists them (the planner keeps every job on its model: the rule before 2026-12-05)
+    one_partition: bool = True
     interval: float = field(init=False)
     _next_evaluation: float = 0.0
     _seen_key: tuple[Any, ...] | None = None
@@ -99,10 +106,10 @@ class AdvisorStrategy:
     def __post_init__(self) -> None:
         self.interval = min(TICK, self.evaluate_every)
 
-    def same_model(self, keep: bool) -> None:
-        """Whether the planner keeps each job on its GPU model (the default) or may move it to
-        another (:attr:`any_model`)."""
-        self.any_model = not keep
+    def pools(self, one_partition: bool) -> None:
+        """Whether the snapshot lists one partition (the default) or a pool per model
+        (:attr:`one_partition`)."""
+        self.one_partition = one_partition
 
     def _setup(self) -> None:
         from exporter.advisor.advise import Planner, decision_settings, plan_settings
@@ -138,7 +145,7 @@ class AdvisorStrategy:
                 return  # between evaluations, and no new chance to plan for a waiting job
         self._next_evaluation = now + self.evaluate_every
         self.evaluations += 1
-        snapshot = snapshot_of(sim, now, self._allocations, self.any_model)
+        snapshot = snapshot_of(sim, now, self._allocations, self.one_partition)
         report = self._analyze(sim, snapshot)
         from exporter.advisor.advise import advise
 
@@ -162,17 +169,17 @@ class AdvisorStrategy:
         """The serve's analysis of ``snapshot`` (:meth:`LiveAnalyzer.analyze`: its live workload
         window observes the snapshot), the fleet's state taken from the scheduler's placer,
         which holds what ``from_snapshot(snapshot)`` would rebuild (a test checks they agree):
-        a third of an evaluation saved. With ``any_model`` the snapshot's pools differ, so it
-        is rebuilt."""
+        a third of an evaluation saved. With :attr:`one_partition` the placer's pools (a pool
+        per model, what the outcomes' index measures) are read as the snapshot's one."""
         analyzer = self._analyzer
-        if self.any_model:
-            return cast("Report", analyzer.analyze(snapshot))
         if analyzer.window is not None:
             analyzer.window.observe(snapshot)
             workload = analyzer.window.workload()
         else:
             workload = analyzer.fixed
         state = sim.cluster.placer.state
+        if self.one_partition:
+            state = one_partition(state)
         compiled = self._compiled
         if compiled is None or compiled.workload != workload:
             compiled = self._compiled = compile_workload(workload, state.model_names)
@@ -218,15 +225,27 @@ class AdvisorStrategy:
 SOURCE = (SourceStatus("simulate", True, 0.0, None),)  # the queue is listed: none pending is none
 
 
+def one_partition(state: FleetState) -> FleetState:
+    """``state`` with every node in the one partition :data:`PARTITION` (its arrays shared)."""
+    return dataclasses.replace(state, pool_names=(PARTITION,),
+                               pool=np.zeros(len(state.names), dtype=state.pool.dtype))
+
+
+@functools.lru_cache(maxsize=4)
+def _partitioned(fleet: SimFleet) -> tuple[tuple[Node, ...], tuple[Gpu, ...]]:
+    return (tuple(dataclasses.replace(n, pool=PARTITION) for n in fleet.nodes),
+            tuple(dataclasses.replace(g, pool=PARTITION) for g in fleet.gpus))
+
+
 def snapshot_of(sim: Sim, now: float,
                 cache: dict[int, tuple[tuple[int, float], Allocation]] | None = None,
-                any_model: bool = False) -> FleetSnapshot:
+                one_partition: bool = True) -> FleetSnapshot:
     """The simulated fleet as a source would report it: allocations and the pending queue
     (each job's GPUs and CPUs in all, as Slurm states them).
 
     ``cache`` keeps each job's allocation while the job neither moved nor checkpointed, so a
-    snapshot of a thousand jobs costs a few allocations, not a thousand. ``any_model``: see
-    :attr:`AdvisorStrategy.any_model`.
+    snapshot of a thousand jobs costs a few allocations, not a thousand. ``one_partition``:
+    see :attr:`AdvisorStrategy.one_partition`.
     """
     fleet = sim.fleet
     interval = sim.cluster.cost.checkpoint
@@ -242,8 +261,7 @@ def snapshot_of(sim: Sim, now: float,
                                  for p in job.placements),
                 namespace=f"team-{job.id % NAMESPACES}", pod=f"job-{job.id}",
                 priority=1000 if job.high else 0, start_time=job.start,
-                last_checkpoint_time=key[1], allowed_models=job.models,
-                gpu_memory_need_bytes=ANY_MODEL_NEED if any_model else None))
+                last_checkpoint_time=key[1], allowed_models=job.models))
             cache[job.id] = held
         allocations.append(held[1])
     for gone in [k for k in cache if k not in sim.cluster.running]:
@@ -251,10 +269,7 @@ def snapshot_of(sim: Sim, now: float,
     pending = tuple(JobRequest(str(j.id), j.gpus * j.parts, j.share if j.gpus else 1.0, j.cpus * j.parts,
                                j.parts, j.models, priority=1000 if j.high else 0, submit_time=j.submit)
                     for j in itertools.islice(sim.scheduler.queue.ordered(), PENDING_LISTED))
-    nodes, gpus = fleet.nodes, fleet.gpus
-    if any_model:
-        nodes = tuple(dataclasses.replace(n, pool="fleet") for n in nodes)
-        gpus = tuple(dataclasses.replace(g, pool="fleet") for g in gpus)
+    nodes, gpus = _partitioned(fleet) if one_partition else (fleet.nodes, fleet.gpus)
     return FleetSnapshot(now, nodes, gpus, tuple(allocations), pending, SOURCE)
 
 

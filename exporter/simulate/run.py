@@ -40,7 +40,7 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
     if name in ("advisor", "advisor-current"):
         strategy = AdvisorStrategy(name=name, evaluate_every=settings.advisor_interval,
                                    revised=name == "advisor")
-        strategy.same_model(settings.advisor_same_model)
+        strategy.pools(settings.advisor_one_partition)
         return strategy
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 

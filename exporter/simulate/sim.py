@@ -22,9 +22,9 @@ class RunSettings:
     advisor_interval: float = 60.0
     descheduler_interval: float = 600.0
     consolidate_interval: float = 60.0
-    # the advisor's planner keeps each job on its GPU model, as it keeps a job that states no
-    # memory need; False: any model (a research knob: AdvisorStrategy.any_model)
-    advisor_same_model: bool = True
+    # the advisor's snapshot lists the nodes as one partition, as the simulated scheduler uses
+    # them; False: a pool per model (AdvisorStrategy.one_partition)
+    advisor_one_partition: bool = True
 
 
 @dataclass
