@@ -130,6 +130,14 @@ def destination_models(alloc: Allocation, current_model: str, fleet_models: Sequ
     return tuple(models)
 
 
+@functools.lru_cache(maxsize=4096)
+def _destinations(need: int | None, allowed: tuple[str, ...], current_model: str,
+                  fleet_models: tuple[str, ...]) -> tuple[str, ...]:
+    """:func:`destination_models` by value: a fleet's thousand jobs have a few dozen keys."""
+    return destination_models(Allocation(job="", placements=(), allowed_models=allowed,
+                                         gpu_memory_need_bytes=need), current_model, fleet_models)
+
+
 @functools.lru_cache(maxsize=256)
 def _memory_per_gpu(model: str) -> int:
     """The catalogue's memory per GPU of ``model`` in bytes; 0 when unknown."""
@@ -209,7 +217,8 @@ def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
             # capacity, could not put it back after trying a move ("no longer fits")
             continue
         current_model = state.model_names[int(state.model[node])]
-        models = destination_models(alloc, current_model, state.model_names)
+        models = _destinations(alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models), current_model,
+                               state.model_names)
         if not models:
             continue
         started = alloc.start_time if alloc.start_time is not None else now
@@ -222,7 +231,8 @@ def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
         gpus = len(part.gpus) * part.gpu_share
         cost = gpus * max(0.0, now - since)
         current = Placement(node, part.node, slots, tuple(part.gpus), part.gpu_share, part.cpus)
-        task = dataclasses.replace(Task.from_allocation(alloc, part), models=models)
+        # Task.from_allocation's task with the models narrowed (built once, not replaced)
+        task = Task(part.cpus, len(part.gpus), part.gpu_share, models, alloc.gpu_memory_need_bytes)
         by_node.setdefault(node, []).append(
             Candidate(alloc, node, current, task, cost, max(0.0, now - started),
                       checkpoint is not None))

@@ -19,6 +19,8 @@ on the workload so reports and metrics can say which was used.
 
 from __future__ import annotations
 
+import functools
+
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -148,13 +150,21 @@ def from_weighted(shapes: Iterable[tuple[Shape, float]], *, include_cpu_only: bo
 
 def snapshot_shapes(snapshot: FleetSnapshot) -> Counter[Shape]:
     """The shape of every allocation's part on each node (FGD measures per node)."""
-    counts: Counter[Shape] = Counter()
+    raw: Counter[tuple[float, float, int, tuple[str, ...]]] = Counter()
     for alloc in snapshot.allocations:
         for part in alloc.placements:
             gpus = len(part.gpus)
-            shape = Shape(part.cpus, part.gpu_share if gpus else 0.0, gpus, alloc.allowed_models)
-            counts[shape.canonical()] += 1
+            raw[(part.cpus, part.gpu_share if gpus else 0.0, gpus, tuple(alloc.allowed_models))] += 1
+    # a fleet of a thousand jobs has a few dozen distinct parts: each made canonical once
+    counts: Counter[Shape] = Counter()
+    for key, n in raw.items():
+        counts[_canonical(*key)] += n
     return counts
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical(cpus: float, gpu_share: float, gpus: int, models: tuple[str, ...]) -> Shape:
+    return Shape(cpus, gpu_share, gpus, models).canonical()
 
 
 @dataclass
