@@ -20,7 +20,6 @@ on the workload so reports and metrics can say which was used.
 from __future__ import annotations
 
 import functools
-
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
