@@ -93,6 +93,32 @@ class ReceiverConfig:
     timeout: Duration = _opt(Duration(10), help="Per-request timeout.", exclusive_min=0)
 
 
+def _health_default(name: str) -> Duration:
+    """The default of an ``advisor.health`` duration: the field's default in the health
+    dataclasses (exporter/health), so code and config hold one number."""
+    from exporter.health.remediation import RemediationSettings
+    from exporter.health.verdict import HealthSettings
+
+    for cls in (HealthSettings, RemediationSettings):
+        if (f := cls.__dataclass_fields__.get(name)) is not None:
+            return Duration(f.default)
+    raise KeyError(name)  # pragma: no cover - a schema bug, not a user error
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """The durations of health remediation a site tunes (docs/health.md); the other
+    settings are the dataclasses' defaults until they become rows of the threshold table."""
+
+    clean_window: Duration = _opt(
+        help="A failing or degraded GPU's verdict falls only after this long without its "
+        "signal (a resume waits for it).",
+        factory=lambda: _health_default("clean_window_seconds"), min=0)
+    min_drain: Duration = _opt(
+        help="A node gpufleet drained stays drained at least this long, so a flapping GPU "
+        "does not cycle it.", factory=lambda: _health_default("min_drain_seconds"), min=0)
+
+
 @dataclass(frozen=True)
 class AdvisorConfig:
     enabled: bool = _opt(True, help="Run the rebalancing advisor (needs analysis.enabled).")
@@ -140,6 +166,8 @@ class AdvisorConfig:
                                       "to checkpoint every checkpoint_interval (a move costs at "
                                       "most that much work); false: it never does (a move costs "
                                       "its whole runtime).")
+    health: HealthConfig = _opt(help="GPU health verdicts and remediation (docs/health.md).",
+                                factory=HealthConfig)
 
     def check(self, prefix: str) -> None:
         # only a clear bound set by hand can meet the trigger: the default follows it. One

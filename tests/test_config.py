@@ -40,6 +40,7 @@ def _serve(tmp_path, config_text: str, *args: str) -> subprocess.CompletedProces
         ("collect_interval: .nan\n", "collect_interval", "must be a finite duration"),
         ("source_timeout: .inf\n", "source_timeout", "must be a finite duration"),
         ("advisor:\n  dwell: -1s\n", "advisor.dwell", "must be >= 0"),
+        ("advisor:\n  health:\n    min_drain: -1m\n", "advisor.health.min_drain", "must be >= 0"),
         ("sources:\n  sim:\n    scale: 1000000\n", "sources.sim.scale", "must be <= 100"),
         # issue 15: a scenario naming a node or pool the simulated fleet lacks started "ready"
         ("sources:\n  sim:\n    scenarios:\n      - {kind: overheat, node: gpu-999}\n",

@@ -178,3 +178,22 @@ def test_an_event_the_outbox_cannot_take_is_kept_beside_a_kept_plan_and_written_
         "drain:a-0:1", "drain:a-1:1", "drain:a-2:1", "plan-abc"]
     assert deliverer.enqueue_event("drain:a-0:1", b"{}") == 0  # an event is queued once
     outbox.close()
+
+
+def test_serves_config_sets_the_clean_window_and_the_minimum_drain(tmp_path):
+    from exporter.advisor.service import build_service
+    from exporter.config import Config, build
+    from exporter.health.remediation import RemediationSettings
+
+    default = build(Config, {"advisor": {"outbox": str(tmp_path / "a.sqlite")}}).advisor
+    # one number each: the config's default is the dataclass's
+    assert (default.health.clean_window, default.health.min_drain) == (
+        HealthSettings.__dataclass_fields__["clean_window_seconds"].default,
+        RemediationSettings.__dataclass_fields__["min_drain_seconds"].default) == (900, 3600)
+    config = build(Config, {"advisor": {"outbox": str(tmp_path / "b.sqlite"),
+                                        "health": {"clean_window": "2s", "min_drain": "1m30s"}}})
+    built = build_service(config.advisor, LiveAnalyzer.from_config(config.analysis), environ={})
+    assert built.health is not None
+    assert built.health.tracker.settings.clean_window_seconds == 2.0
+    assert built.health.remediator.settings.min_drain_seconds == 90.0
+    built.deliverer.outbox.close()

@@ -37,7 +37,8 @@ from exporter.analysis.live import LiveAnalyzer
 from exporter.analysis.state import from_snapshot
 from exporter.config import AdvisorConfig, ConfigError
 from exporter.health.monitor import HealthMonitor, event_body, restore_state
-from exporter.health.remediation import event_id
+from exporter.health.remediation import RemediationSettings, event_id
+from exporter.health.verdict import HealthSettings
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
 from exporter.thresholds import Thresholds
@@ -440,7 +441,9 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFu
         planner = planner_for(config, table)
     service = AdvisorService(Advisor(settings), analyzer, deliverer, token,
                              config.max_body_bytes, what_if_timeout, planner=planner,
-                             health=HealthMonitor())
+                             health=HealthMonitor(
+                                 HealthSettings(clean_window_seconds=float(config.health.clean_window)),
+                                 RemediationSettings(min_drain_seconds=float(config.health.min_drain))))
     service.restore_state()
     return service
 
