@@ -4,9 +4,11 @@ scontrol command and changes nothing; ``--mode act`` drains the node (``scontrol
 shows DRAIN with gpufleet's reason); after the fault clears, the clean window and the
 minimum drain time pass, the resume decision is acted on and the node is idle again.
 
-The snapshots are built here, not read through a fake pynvml. The third test takes the
-events from where the advisor puts them: its service observes the snapshots and queues each
-event in the outbox, and the bodies the receiver would get are what ``gpufleet act`` runs.
+The first tests build their snapshots; the second takes the events from where the advisor
+puts them: its service observes the snapshots and queues each event in the outbox, and the
+bodies the receiver would get are what ``gpufleet act`` runs. The last runs the whole path:
+fake dcgm-exporter targets read by a real ``gpufleet serve``, whose webhook reaches a real
+receiver, whose bodies ``gpufleet act`` runs against the cluster.
 """
 
 from __future__ import annotations
