@@ -99,10 +99,9 @@ def _health_default(name: str) -> Duration:
     from exporter.health.remediation import RemediationSettings
     from exporter.health.verdict import HealthSettings
 
-    for cls in (HealthSettings, RemediationSettings):
-        if (f := cls.__dataclass_fields__.get(name)) is not None:
-            return Duration(f.default)
-    raise KeyError(name)  # pragma: no cover - a schema bug, not a user error
+    # an instance's value: the default, or what a default factory (the table, one day) makes
+    settings = HealthSettings() if name in HealthSettings.__dataclass_fields__ else RemediationSettings()
+    return Duration(getattr(settings, name))
 
 
 @dataclass(frozen=True)

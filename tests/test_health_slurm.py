@@ -184,6 +184,14 @@ def dcgm_body(node: str, xid_on_gpu: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plan_slurm(url: str) -> tuple[int, str]:
+    """``gpufleet plan --format slurm`` on a running gpufleet: its status and stdout."""
+    done = subprocess.run([sys.executable, "-m", "exporter", "plan", "--from", url, "--format", "slurm"],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=60, check=False)
+    return done.returncode, done.stdout
+
+
 def publish(root: Path, node: str, body: str) -> None:
     """Replace what the node's target serves in one rename: a read never sees half a body."""
     (root / node).mkdir(exist_ok=True)
@@ -253,9 +261,11 @@ advisor:
         received = tmp_path / "received.jsonl"  # what a receiver appends, one body a line
         received.write_bytes(b"".join(body + b"\n" for _, body in scheduler.requests))
 
+        command = f'scontrol update NodeName={X} State=DRAIN Reason="gpufleet: XID 79 on GPU 3"\n'
+        # gpufleet plan reads the same from serve's /v1/advice
+        assert plan_slurm(exporter.url) == (0, command)
         dry = act_on(slurm, tmp_path, "dry-run", received)
-        assert (dry.returncode, dry.stdout) == (
-            0, f'scontrol update NodeName={X} State=DRAIN Reason="gpufleet: XID 79 on GPU 3"\n')
+        assert (dry.returncode, dry.stdout) == (0, command)
         assert dry.stderr.startswith("gpufleet act: advice, no command: ") and '"reset_gpu"' in dry.stderr
         assert "DRAIN" not in show(slurm, X) and "Reason=" not in show(slurm, X)
 
@@ -275,6 +285,7 @@ advisor:
                           "pool": "gpu-h100", "schema_version": 1, "type": "resume"}
         assert resume["at"] - at >= MIN_DRAIN
         assert "+DRAIN " in show(slurm, X)  # only act changes Slurm
+        assert plan_slurm(exporter.url) == (0, f"scontrol update NodeName={X} State=RESUME\n")
         received.write_bytes(b"".join(body + b"\n" for _, body in scheduler.requests))
 
         # every body received so far, again: the drain the audit log records as done is

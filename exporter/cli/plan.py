@@ -1,4 +1,5 @@
-"""``gpufleet plan``: the advisor's current plan, as JSON or as Kubernetes objects to apply.
+"""``gpufleet plan``: the advisor's current plan, as JSON or as Kubernetes objects to apply;
+or its remediation, as scontrol commands or node patches.
 
 Reads the plan from a running gpufleet (``GET /v1/advice``, the default) or from a saved
 file (a plan, or a saved ``/v1/advice`` answer; ``-`` is stdin), checks it against the
@@ -9,7 +10,16 @@ prints it:
   koordinator  one Koordinator PodMigrationJob per move, reservation first
                (kubectl apply -f -);
   eviction     one policy/v1 Eviction per move, with the destination as a node-affinity
-               hint (each goes to its pod's eviction subresource; see docs/advisor.md).
+               hint (each goes to its pod's eviction subresource; see docs/advisor.md);
+  slurm        the remediation in the advice's health (docs/health.md): each node's latest
+               drain or resume as its scontrol command, one a line; resets, replacements
+               and pages, which have no command, on stderr;
+  kubernetes   the same as node merge patches (cordon and taint, or their removal), one JSON
+               object a line, each built from the node as --api-server answers it (read,
+               never written) and guarded by its resourceVersion.
+
+gpufleet act runs the same commands and patches, with its checks (an operator's drain is
+left alone) and its audit log; plan only prints them.
 
 wait_until moves render no object: the next plan carries them. /v1/advice keeps the last
 plan until it expires, through the cooldown that follows it (stderr then says the plan is
@@ -26,7 +36,7 @@ import json
 import sys
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from exporter import logs
@@ -37,20 +47,28 @@ from exporter.bounded_file import USAGE, read_bounded
 from exporter.config import DEFAULT_PORT
 from exporter.errors import UsageError, one_line
 
+if TYPE_CHECKING:
+    from exporter.health.remediation import Event
+
 DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else ""
 EPILOG = f"""examples:
   gpufleet plan --format koordinator | kubectl apply -f -
   gpufleet plan --from https://gpufleet.example:{DEFAULT_PORT} --token-file /var/run/secrets/token
   curl -s localhost:{DEFAULT_PORT}/v1/advice > advice.json
-  gpufleet plan --from advice.json --format eviction"""
+  gpufleet plan --from advice.json --format eviction
+  gpufleet plan --format slurm
+  gpufleet plan --format kubernetes --api-server https://10.0.0.1:6443 \\
+      --api-token-file /var/run/secrets/kubernetes.io/serviceaccount/token"""
 
-FORMATS = ("json", "koordinator", "eviction")
+REMEDIATION_FORMATS = ("slurm", "kubernetes")
+FORMATS = ("json", "koordinator", "eviction", *REMEDIATION_FORMATS)
 DEFAULT_FROM = f"http://localhost:{DEFAULT_PORT}/v1/advice"
 MAX_BYTES = 16 * 1024 * 1024  # advisor.max_body_bytes' default: what /v1/plan takes
 # advisor.max_migrations defaults to 10 a plan; 1,000 renders in about 3 s (checking the
 # schema and writing YAML take 1-1.5 ms a move), 10,000 took 27 s
 MAX_MIGRATIONS = 1_000
 MAX_TOKEN_BYTES = 64 * 1024  # a service account token is ~1 KB
+MAX_EVENTS = 1_000  # the advice lists at most 100 (health.monitor.MAX_LISTED)
 
 
 class PlanError(Exception):
@@ -72,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"largest answer or file read (default {MAX_BYTES})")
     parser.add_argument("--ignore-expiry", action="store_true",
                         help="render a plan past its expires_at (to review it, not to apply it)")
+    parser.add_argument("--api-server", metavar="URL",
+                        help="the Kubernetes apiserver each node is read from (--format kubernetes)")
+    parser.add_argument("--api-token-file", metavar="FILE", help="bearer token for the apiserver")
+    parser.add_argument("--api-ca-file", metavar="FILE", help="CA bundle for an https apiserver")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout: must be in (0, 600] seconds, got {args.timeout:g}")
     if not 0 < args.max_bytes <= 1024 * 1024 * 1024:
         raise UsageError(f"--max-bytes: must be from 1 to 1 GiB, got {args.max_bytes}")
+    if args.format in REMEDIATION_FORMATS:
+        return _remediation(args)
+    if args.api_server or args.api_token_file or args.api_ca_file:
+        raise UsageError("--api-server, --api-token-file, --api-ca-file: only with --format kubernetes")
     try:
         body = _read(args)
         data = _plan_json(body, args.source)
@@ -115,6 +141,105 @@ def render(data: dict[str, Any], fmt: str, now: float | None) -> str:
         if "expired" in message:
             message += " (--ignore-expiry renders it for review)"
         raise PlanError(message) from None
+
+
+# --- remediation ------------------------------------------------------------------------
+
+
+def _remediation(args: argparse.Namespace) -> int:
+    from exporter.health.act import Actor, KubernetesApi
+
+    api = None
+    if args.format == "kubernetes":
+        if not args.api_server:
+            raise UsageError("--api-server: needed with --format kubernetes (each node is read, "
+                             "never written, to build its patch)")
+        if not args.api_server.startswith(("http://", "https://")):
+            raise UsageError(f"--api-server: must be an http(s) URL, got {args.api_server!r}")
+        api = KubernetesApi(args.api_server, _token(args.api_token_file), args.api_ca_file,
+                            timeout=args.timeout)
+    elif args.api_server or args.api_token_file or args.api_ca_file:
+        raise UsageError("--api-server, --api-token-file, --api-ca-file: only with --format kubernetes")
+    try:
+        events = _remediation_events(_read(args), args.source)
+    except PlanError as exc:
+        print(f"gpufleet: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    # dry-run: the exact command, or the patch from the node as read; nothing is changed
+    actor = Actor(args.format, "dry-run", None, sys.stdout, api, notes=sys.stderr,
+                  prog="gpufleet plan")
+    failed = 0
+    for event in events:
+        record = actor.handle(event)
+        if record["outcome"] == "failed":
+            failed += 1
+            print(f"gpufleet: {record['id']}: {one_line(record['error'])}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _remediation_events(body: bytes, source: str) -> list[Event]:
+    """The events of a ``/v1/advice`` answer worth rendering now (:func:`current`); none,
+    said on stderr, when the advice has no health or gpufleet decided nothing lately."""
+    from exporter.health.remediation import decode_event
+
+    try:
+        data = bounds.parse_json(body)
+    except bounds.Invalid as exc:
+        reason = str(exc).removeprefix("body is not valid JSON: ").removeprefix("body: ")
+        raise PlanError(f"{source}: not JSON: {reason}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{source}: expected a JSON object (/v1/advice's answer)")
+    if "plan_id" in data:
+        raise PlanError(f"{source}: a plan, not /v1/advice's answer: remediation is in the "
+                        "advice's health")
+    if isinstance(data.get("error"), str):
+        raise PlanError(f"{source}: an error answer, not an advice: {data['error'][:300]}")
+    health = data.get("health")
+    if health is None:
+        print("gpufleet: no remediation: the advice has no health (the advisor has evaluated "
+              "no snapshot yet)", file=sys.stderr)
+        return []
+    recent = health.get("recent_remediation") if isinstance(health, dict) else None
+    if not isinstance(recent, list):
+        raise PlanError(f"{source}: health.recent_remediation: expected a list")
+    if len(recent) > MAX_EVENTS:
+        raise PlanError(f"{source}: health.recent_remediation: {len(recent)} events, over the "
+                        f"limit of {MAX_EVENTS}")
+    events: list[Event] = []
+    for i, item in enumerate(reversed(recent)):  # the advice lists the newest first
+        try:
+            events.append(decode_event(json.dumps(item)))
+        except ValueError as exc:
+            where = f"health.recent_remediation[{len(recent) - 1 - i}]"
+            raise PlanError(f"{source}: {where}: {exc}") from None
+    chosen = current(events)
+    if not chosen:
+        print("gpufleet: no remediation: gpufleet decided no drain, resume or other action lately",
+              file=sys.stderr)
+    return chosen
+
+
+def current(events: list[Event]) -> list[Event]:
+    """Of ``events`` (oldest first), each node's latest drain or resume, and the advice
+    (resets, replacements, pages) decided since it, in their order. An older drain that a
+    resume undid is left out: printed again, and run, it would take a repaired node out of
+    service; an older resume too, so a node drained again is not resumed by mistake."""
+    from exporter.health.remediation import Drain, Page, Resume
+
+    latest: dict[str, Drain | Resume] = {}
+    for event in events:
+        if isinstance(event, Drain | Resume):
+            latest[event.node] = event
+    chosen: list[Event] = []
+    for event in events:
+        if isinstance(event, Page):
+            chosen.append(event)
+        elif isinstance(event, Drain | Resume):
+            if latest[event.node] is event:
+                chosen.append(event)
+        elif event.node not in latest or event.at >= latest[event.node].at:
+            chosen.append(event)
+    return chosen
 
 
 # --- reading ----------------------------------------------------------------------------
@@ -254,4 +379,4 @@ def _check_schema(data: dict[str, Any], source: str) -> None:
         raise PlanError(f"{source}: not a valid plan: {where.lstrip('.') or '(top)'}: {message}")
 
 
-__all__ = ["FORMATS", "PlanError", "add_arguments", "render", "run"]
+__all__ = ["FORMATS", "REMEDIATION_FORMATS", "PlanError", "add_arguments", "current", "render", "run"]

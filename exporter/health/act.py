@@ -103,7 +103,7 @@ def _status_message(body: bytes) -> str:
 class Actor:
     backend: str  # slurm | kubernetes
     mode: str  # observe | dry-run | act
-    audit_path: Path
+    audit_path: Path | None  # None: no audit log (``gpufleet plan`` only prints)
     out: TextIO  # where dry-run prints the command or patch, and nothing else
     api: KubernetesApi | None = None
     scontrol: str = "scontrol"
@@ -111,13 +111,14 @@ class Actor:
     clock: Callable[[], float] = time.time
     env: dict[str, str] | None = None  # scontrol's environment (SLURM_CONF); None: inherited
     notes: TextIO = sys.stderr  # pages and advice without a command, for the operator
+    prog: str = "gpufleet act"  # names the command in the notes
 
     def __post_init__(self) -> None:
         self.done = self._done_ids()
 
     def _done_ids(self) -> set[str]:
         done: set[str] = set()
-        if not self.audit_path.exists():
+        if self.audit_path is None or not self.audit_path.exists():
             return done
         for line in self.audit_path.read_text().splitlines():
             try:
@@ -132,8 +133,9 @@ class Actor:
         record = {"time": self.clock(), "id": event_id(event), "type": type(event).__struct_config__.tag,
                   "backend": self.backend, "mode": self.mode, "outcome": outcome, **detail,
                   "event": json.loads(_encode(event))}
-        with self.audit_path.open("a") as log:
-            log.write(json.dumps(record, separators=(",", ":")) + "\n")
+        if self.audit_path is not None:
+            with self.audit_path.open("a") as log:
+                log.write(json.dumps(record, separators=(",", ":")) + "\n")
         return record
 
     def handle(self, event: Event) -> dict[str, Any]:
@@ -142,7 +144,7 @@ class Actor:
         if self.mode == "act" and ident in self.done:
             return self._audit(event, "skipped", detail="already done (audit log)")
         if isinstance(event, Page):
-            print(f"gpufleet act: page for pool {event.pool}: {event.reason} "
+            print(f"{self.prog}: page for pool {event.pool}: {event.reason} "
                   f"({', '.join(event.nodes)})", file=self.notes)
             return self._audit(event, "advice", detail="a page: not acting on the pool")
         try:
@@ -156,7 +158,7 @@ class Actor:
     def _slurm(self, event: Action) -> dict[str, Any]:
         argv = slurm_argv(event)
         if argv is None:
-            print(f"gpufleet act: advice, no command: {_encode(event)}", file=self.notes)
+            print(f"{self.prog}: advice, no command: {_encode(event)}", file=self.notes)
             return self._audit(event, "advice")
         text = slurm_command_text(argv)
         if self.mode == "observe":
@@ -200,7 +202,7 @@ class Actor:
             node = api.get_node(event.node)
             patch = kubernetes_patch(event, node)
             if patch is None:
-                print(f"gpufleet act: advice, no patch: {_encode(event)}", file=self.notes)
+                print(f"{self.prog}: advice, no patch: {_encode(event)}", file=self.notes)
                 return self._audit(event, "advice")
             if self.mode == "dry-run":
                 print(json.dumps(patch, sort_keys=True), file=self.out)
