@@ -92,21 +92,30 @@ def advisor(**settings) -> Advisor:
     return Advisor(DecisionSettings(dwell_seconds=0.0, **settings), clock=lambda: NOW)
 
 
-def test_a_compaction_plan_that_starts_no_pending_job_is_held():
+def test_with_the_queue_known_the_index_plans_nothing_and_the_head_decides():
+    def no_compaction(*args):  # the index's planner must not even be asked
+        raise AssertionError("plan_compaction called with the queue known")
+
     # the queue is known (Slurm is up) and empty: compaction is held before any planning
     snapshot = fragmented()
     rep = report_of(snapshot)
     assert rep.cluster.index > 50
-    held = advise(advisor(), snapshot, rep, Planner())
+    held = advise(advisor(), snapshot, rep, no_compaction)
     assert held.decision == "hold" and held.plan is None
     assert any("starts no pending job" in r for r in held.reasons)
-    # a pending job no plan lets start (it asks for B200s): the compaction plan is held
+    # a pending job no move lets start (it asks for B200s): still no index plan, where
+    # before 2026-12-05 a compaction plan was made and held for starting none
     b200 = JobRequest("b200-job", 4, 1.0, 16.0, 1, ("B200",), "", 0, NOW - 600)
     snapshot = fragmented((b200,))
-    held = advise(advisor(), snapshot, report_of(snapshot), Planner())
+    held = advise(advisor(), snapshot, report_of(snapshot), no_compaction)
     assert held.decision == "hold" and held.plan is None
-    assert any(r.startswith("plan starts no pending job (of 1 pending)") for r in held.reasons)
+    assert any(r.startswith("the index plans nothing while the queue is known") for r in held.reasons)
     assert any("b200-job" in r and "no plan" in r for r in held.reasons)
+    # the head blocked by fragments: its own plan, and still no index plan
+    snapshot = fragmented((WHOLE,))
+    planned = advise(advisor(), snapshot, report_of(snapshot), no_compaction, plan_pending=Planner().for_pending)
+    assert planned.decision == "compact" and planned.plan is not None
+    assert planned.plan.lets_start == ("train-1",)
 
 
 def test_require_pending_false_keeps_the_index_rule():
@@ -258,3 +267,28 @@ def test_a_pending_job_in_a_mixed_partition_gets_moves_to_larger_models_only():
     plan = plan_for_pending(snapshot, report_of(snapshot), want, NOW)
     assert plan is not None and plan.lets_start == ("train",)
     assert [(m.job, m.source.node, m.destination.node) for m in plan.migrations] == [("one", "h2", "big")]
+
+
+def test_a_cpu_only_job_holding_the_cpus_a_pending_job_needs_is_moved_for_it():
+    """h1 has its 8 GPUs free but a CPU-only job holds 100 of its 128 CPUs; h2 is busy with 4
+    one-GPU jobs and has CPUs to spare. An 8-GPU job asking 64 CPUs fits nowhere; the one move
+    is the CPU-only job, to h2 (it asks no GPU: its endpoints list none). Before 2026-12-05
+    the planner never moved a CPU-only job: its plan moved h2's four GPU jobs instead."""
+    spec = {"h1": "H100", "h2": "H100"}
+    nodes = tuple(Node(n, m, 128, "gpu-h100", "hopper", 8) for n, m in spec.items())
+    gpus = tuple(Gpu(n, i, f"GPU-{n}-{i}", m, "gpu-h100") for n, m in spec.items() for i in range(8))
+    cpu_job = Allocation(job="etl", placements=(Placement("h1", (), 1.0, 100.0),), namespace="data",
+                         pod="etl-0", start_time=NOW - 7200, last_checkpoint_time=NOW - 300)
+    jobs = (cpu_job, *(alloc(f"one-{i}", "h2", (i,)) for i in range(4)))
+    want = JobRequest("train", 8, 1.0, 64.0, 1, (), "gpu-h100", 0, NOW - 1800)
+    snapshot = FleetSnapshot(NOW, nodes, gpus, jobs, (want,), SLURM)
+    plan = plan_for_pending(snapshot, report_of(snapshot), want, NOW)
+    assert plan is not None and plan.lets_start == ("train",)
+    (move,) = plan.migrations
+    assert (move.job, move.source.node, move.source.gpus, move.destination.node, move.destination.gpus) == (
+        "etl", "h1", (), "h2", ())
+    assert move.cost_gpu_seconds == 0.0 and move.gpu_share == 1.0 and move.cpus == 100.0
+    jsonschema.validate(plan_json(plan), SCHEMA)
+    from exporter.advisor.kube_render import _resources
+
+    assert _resources(move) == {"requests": {"cpu": "100"}, "limits": {}}  # no GPU asked for

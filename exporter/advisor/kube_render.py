@@ -141,7 +141,9 @@ def _annotations(plan: CompactionPlan, plan_id: str, order: int, m: Migration) -
 
 def _resources(m: Migration) -> dict[str, Any]:
     gpus = len(m.destination.gpus)
-    if m.gpu_share >= 1.0:
+    if not gpus:
+        extended = {}  # a CPU-only job: no GPU resource to ask for
+    elif m.gpu_share >= 1.0:
         extended = {GPU_RESOURCE: str(gpus)}
     else:
         percent = str(max(1, round(100 * m.gpu_share)) * gpus)

@@ -71,9 +71,10 @@ PLAN_SCHEMA: dict[str, Any] = {
         },
         "endpoint": {
             "type": "object", "required": ["node", "gpus"],
+            # no GPU for a CPU-only job, which a plan for a pending GPU job may move off a
+            # node whose CPUs that job needs (since schema v1's 2026-12-05 revision)
             "properties": {"node": {"type": "string"},
-                           "gpus": {"type": "array", "items": {"type": "integer", "minimum": 0},
-                                    "minItems": 1}},
+                           "gpus": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
         },
         "migration": {
             "type": "object",

@@ -164,7 +164,7 @@ def mig_nodes(snapshot: FleetSnapshot) -> set[str]:
 
 
 _LAST_CANDIDATES: list[tuple[FleetSnapshot, FleetState, float, PlanSettings,
-                             dict[int, list[Candidate]], list[Allocation]]] = []
+                             dict[int, list[Candidate]], list[Allocation], dict[int, list[Candidate]]]] = []
 
 
 def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
@@ -177,22 +177,40 @@ def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
     state objects, time and settings) ask for it, and it costs a pass over every job.
     Callers must not change the lists.
     """
-    if _LAST_CANDIDATES:
-        snap, st, at, settled, by, later = _LAST_CANDIDATES[0]
-        if snap is snapshot and st is state and at == now and settled == settings:
-            if deferred is not None:
-                deferred.extend(later)
-            return by
-    later_all: list[Allocation] = []
-    by_node = _candidates(snapshot, state, now, settings, later_all)
-    _LAST_CANDIDATES[:] = [(snapshot, state, now, settings, by_node, later_all)]
+    by_node, later_all, _ = _all_candidates(snapshot, state, now, settings)
     if deferred is not None:
         deferred.extend(later_all)
     return by_node
 
 
-def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
-                settings: PlanSettings, deferred: list[Allocation]) -> dict[int, list[Candidate]]:
+def cpu_only_candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
+                        settings: PlanSettings) -> dict[int, list[Candidate]]:
+    """Movable CPU-only jobs per node index, as :func:`candidates` (kept with its answer).
+
+    They fragment no GPU, so compaction leaves them; but one on a GPU node holds CPUs a
+    GPU job needs there, and a plan for a pending job may have to move it (in the
+    simulated fleet, consolidation's plans for gangs did, and no plan without it existed).
+    """
+    return _all_candidates(snapshot, state, now, settings)[2]
+
+
+def _all_candidates(snapshot: FleetSnapshot, state: FleetState, now: float, settings: PlanSettings
+                    ) -> tuple[dict[int, list[Candidate]], list[Allocation], dict[int, list[Candidate]]]:
+    if _LAST_CANDIDATES:
+        snap, st, at, settled, by, later, cpu_only = _LAST_CANDIDATES[0]
+        if snap is snapshot and st is state and at == now and settled == settings:
+            return by, later, cpu_only
+    later_all: list[Allocation] = []
+    cpu_by_node: dict[int, list[Candidate]] = {}
+    by_node = _candidates(snapshot, state, now, settings, later_all, cpu_by_node)
+    _LAST_CANDIDATES[:] = [(snapshot, state, now, settings, by_node, later_all, cpu_by_node)]
+    return by_node, later_all, cpu_by_node
+
+
+def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float, settings: PlanSettings,
+                deferred: list[Allocation], cpu_by_node: dict[int, list[Candidate]]
+                ) -> dict[int, list[Candidate]]:
+    """The jobs holding GPUs, per node; CPU-only ones go to ``cpu_by_node``."""
     by_node: dict[int, list[Candidate]] = {}
     rows: dict[int, dict[int, int]] = {}
     index = {name: i for i, name in enumerate(state.names)}
@@ -205,14 +223,15 @@ def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
             continue
         part = alloc.placements[0]
         node = index.get(part.node)
-        if node is None or not part.gpus:
-            continue  # CPU-only jobs fragment no GPU
+        if node is None:
+            continue
         if part.node in mig:
             continue  # it holds MIG slices, which the placer does not model
         slots = _slots(state, node, part.gpus, rows)
         if slots is None:
             continue
-        if not 0 < part.gpu_share <= 1 or part.cpus > state.cpu_total[node]:
+        share = part.gpu_share if part.gpus else 1.0  # a CPU-only job's share says nothing
+        if not 0 < share <= 1 or part.cpus > state.cpu_total[node]:
             # it holds more than its node has: the placer, which clamps at the node's
             # capacity, could not put it back after trying a move ("no longer fits")
             continue
@@ -230,13 +249,13 @@ def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
         since = started if checkpoint is None else max(started, checkpoint)
         gpus = len(part.gpus) * part.gpu_share
         cost = gpus * max(0.0, now - since)
-        current = Placement(node, part.node, slots, tuple(part.gpus), part.gpu_share, part.cpus)
+        current = Placement(node, part.node, slots, tuple(part.gpus), share if part.gpus else 0.0, part.cpus)
         # Task.from_allocation's task with the models narrowed (built once, not replaced)
-        task = Task(part.cpus, len(part.gpus), part.gpu_share, models, alloc.gpu_memory_need_bytes)
-        by_node.setdefault(node, []).append(
+        task = Task(part.cpus, len(part.gpus), share, models if part.gpus else (), alloc.gpu_memory_need_bytes)
+        (by_node if part.gpus else cpu_by_node).setdefault(node, []).append(
             Candidate(alloc, node, current, task, cost, max(0.0, now - started),
                       checkpoint is not None))
-    for jobs in by_node.values():
+    for jobs in (*by_node.values(), *cpu_by_node.values()):
         jobs.sort(key=lambda c: (c.cost, c.alloc.job))
     return by_node
 
@@ -523,8 +542,11 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
         _undo(placer, log)
         return None  # it fits now: the scheduler will start it
     barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist() for p in np.unique(state.pool)}
-    movable = {n: [c for c in cs if c.age >= settings.min_runtime_seconds]
-               for n, cs in candidates(snapshot, state, now, settings).items()}
+    movable: dict[int, list[Candidate]] = {}
+    for found in (candidates(snapshot, state, now, settings),
+                  cpu_only_candidates(snapshot, state, now, settings)):
+        for n, cs in found.items():
+            movable.setdefault(n, []).extend(c for c in cs if c.age >= settings.min_runtime_seconds)
     kept: list[tuple[Candidate, Placement]] = []
     per_namespace: Counter[str] = Counter()
     try:
@@ -608,13 +630,20 @@ def _cheapest_node(placer: Placer, target: _Pending, excluded: list[int],
 def _evacuate_for(placer: Placer, node: int, jobs: list[Candidate], limit: int, task: Task,
                   settings: PlanSettings, per_namespace: Counter[str], barred: list[int]
                   ) -> tuple[list[tuple[Candidate, Placement]], Placement] | None:
-    """Move ``node``'s jobs off it, largest first, until ``task`` fits there; taken back after."""
+    """Move ``node``'s jobs off it, largest first, until ``task`` fits there; taken back after.
+
+    Largest by GPUs while the node has too few GPUs free for the task (CPU-only jobs last),
+    else by CPUs (its GPUs are free: CPUs are what it lacks)."""
     others = [n for n in range(len(placer.names)) if n != node]
     log: list[tuple[bool, Placement]] = []
     plan: list[tuple[Candidate, Placement]] = []
     spent: Counter[str] = Counter()
+    if placer.gpu_free[node].sum() < task.gpu_demand - 1e-9:
+        order = sorted(jobs, key=lambda c: (-c.task.gpu_demand, -c.task.cpus, c.cost, c.alloc.job))
+    else:
+        order = sorted(jobs, key=lambda c: (-c.task.cpus, c.cost, c.alloc.job))
     try:
-        for c in sorted(jobs, key=lambda c: (-c.task.gpu_demand, c.cost, c.alloc.job)):
+        for c in order:
             part = placer.place(task, "bestfit", exclude=others)
             if part is not None:
                 return plan, part
@@ -649,13 +678,15 @@ def _prediction(report: Report, scope: str, state: FleetState, cw: CompiledWorkl
 def _migration(c: Candidate, destination: Placement, now: float, settings: PlanSettings) -> Migration:
     action, wait_until = _action(c, now, settings)
     why = (f"frees {c.current.node_name} GPUs {list(c.current.gpus)} for larger jobs; "
-           f"{destination.node_name} GPUs {list(destination.gpus)} verified free")
+           f"{destination.node_name} GPUs {list(destination.gpus)} verified free") if c.current.gpus else (
+        f"frees {c.current.cpus:g} CPUs on {c.current.node_name} for a GPU job; "
+        f"{destination.node_name} has them free")
     return Migration(
         job=c.alloc.job, namespace=c.alloc.namespace, pod=c.alloc.pod,
         source=Endpoint(c.current.node_name, c.current.gpus),
         destination=Endpoint(destination.node_name, destination.gpus),
         action=action, wait_until=wait_until, cost_gpu_seconds=round(c.cost, 3),
-        gpu_share=c.current.gpu_share, cpus=c.current.cpus, reason=why,
+        gpu_share=c.current.gpu_share if c.current.gpus else 1.0, cpus=c.current.cpus, reason=why,
     )
 
 
