@@ -113,7 +113,8 @@ def test_with_the_queue_known_the_index_plans_nothing_and_the_head_decides():
     assert any("b200-job" in r and "no plan" in r for r in held.reasons)
     # the head blocked by fragments: its own plan, and still no index plan
     snapshot = fragmented((WHOLE,))
-    planned = advise(advisor(), snapshot, report_of(snapshot), no_compaction, plan_pending=Planner().for_pending)
+    planned = advise(advisor(), snapshot, report_of(snapshot), no_compaction,
+                     plan_pending=Planner().for_pending)
     assert planned.decision == "compact" and planned.plan is not None
     assert planned.plan.lets_start == ("train-1",)
 

@@ -251,7 +251,8 @@ def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float, settings
         cost = gpus * max(0.0, now - since)
         current = Placement(node, part.node, slots, tuple(part.gpus), share if part.gpus else 0.0, part.cpus)
         # Task.from_allocation's task with the models narrowed (built once, not replaced)
-        task = Task(part.cpus, len(part.gpus), share, models if part.gpus else (), alloc.gpu_memory_need_bytes)
+        task = Task(part.cpus, len(part.gpus), share, models if part.gpus else (),
+                    alloc.gpu_memory_need_bytes)
         (by_node if part.gpus else cpu_by_node).setdefault(node, []).append(
             Candidate(alloc, node, current, task, cost, max(0.0, now - started),
                       checkpoint is not None))
