@@ -96,6 +96,8 @@ TOKEN = "attack-bench-token"
 
 # every process this bench starts, stopped in main()'s finally whatever happened
 _PROCS: list[subprocess.Popen] = []
+# every cgroup it made (--memory-max), removed once its processes are stopped
+_CGROUPS: list[MemoryCgroup] = []
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -103,6 +105,8 @@ _PROCS: list[subprocess.Popen] = []
 def stop_all() -> None:
     while _PROCS:
         stop(_PROCS.pop())
+    while _CGROUPS:
+        _CGROUPS.pop().remove()
 
 
 def rss_mb(pid: int) -> float | None:
@@ -150,6 +154,109 @@ class RssPoller:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class MemoryCgroup:
+    """A child memory cgroup with a hard limit, as the shipped unit's ``MemoryMax=1G`` makes
+    one: cgroup v2's ``memory.max`` where the unified hierarchy has the memory controller,
+    else cgroup v1's ``memory.limit_in_bytes`` (what systemd writes for ``MemoryMax=`` on a
+    v1 host). Needs root. ``start`` puts a process in it from its first instruction: this
+    process joins the cgroup for the fork only (so the child is born inside and every page
+    it touches is charged there), then goes back."""
+
+    def __init__(self, limit: int, name: str) -> None:
+        self.limit = limit
+        unified = Path("/sys/fs/cgroup")
+        own = Path("/proc/self/cgroup").read_text().splitlines()
+        if "memory" in (unified / "cgroup.controllers").read_text(errors="replace").split() \
+                if (unified / "cgroup.controllers").exists() else False:
+            self.v2 = True
+            parent = unified / next(line.split(":", 2)[2] for line in own
+                                    if line.startswith("0::")).lstrip("/")
+        else:
+            self.v2 = False
+            parent = Path("/sys/fs/cgroup/memory") / next(
+                line.split(":", 2)[2] for line in own
+                if "memory" in line.split(":", 2)[1].split(",")).lstrip("/")
+        self.home = parent / "cgroup.procs"
+        self.path = parent / f"gpufleet-bench-{name}-{os.getpid()}"
+        self.path.mkdir()
+        (self.path / ("memory.max" if self.v2 else "memory.limit_in_bytes")).write_text(str(limit))
+        if self.v2:
+            # no swap to hide in, as on the machine measured (no swap configured)
+            with contextlib.suppress(OSError):
+                (self.path / "memory.swap.max").write_text("0")
+
+    def start(self, start: Callable[[], Server]) -> Server:
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        try:
+            return start()
+        finally:
+            self.home.write_text(str(os.getpid()))
+
+    def read(self) -> dict[str, object]:
+        """The limit, the peak charged, and the OOM kills (0 is the claim)."""
+        def value(name: str) -> str:
+            return (self.path / name).read_text().strip()
+        if self.v2:
+            events = dict(line.split() for line in value("memory.events").splitlines())
+            peak = int(value("memory.peak")) if (self.path / "memory.peak").exists() else None
+            return {"cgroup": "v2", "memory.max": int(value("memory.max")), "memory.peak": peak,
+                    "oom": int(events.get("oom", 0)), "oom_kill": int(events.get("oom_kill", 0)),
+                    "max_events": int(events.get("max", 0))}
+        oom = dict(line.split() for line in value("memory.oom_control").splitlines())
+        return {"cgroup": "v1", "memory.limit_in_bytes": int(value("memory.limit_in_bytes")),
+                "memory.max_usage_in_bytes": int(value("memory.max_usage_in_bytes")),
+                "memory.failcnt": int(value("memory.failcnt")),
+                "oom_kill": int(oom.get("oom_kill", 0)), "under_oom": int(oom.get("under_oom", 0))}
+
+    def remove(self) -> None:
+        # the processes in it are stopped by then (stop_all); rmdir fails while one lives
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def parse_bytes(text: str) -> int:
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+    match = re.fullmatch(r"(\d+)([KMG]?)", text.strip().upper())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 1G, 512M)")
+    return int(match[1]) * units[match[2]]
+
+
+def cgroup_summary(seen: dict[str, Any]) -> str:
+    cg = seen.get("cgroup")
+    if not isinstance(cg, dict):
+        return ""
+    if cg["cgroup"] == "v2":
+        return (f"; cgroup v2 memory.max {cg['memory.max'] / 2**30:g} GiB: memory.peak "
+                f"{(cg['memory.peak'] or 0) / 1e6:.0f} MB, oom_kill {cg['oom_kill']}, "
+                f"max events {cg['max_events']}")
+    return (f"; cgroup v1 memory.limit_in_bytes {cg['memory.limit_in_bytes'] / 2**30:g} GiB: "
+            f"max_usage_in_bytes {cg['memory.max_usage_in_bytes'] / 1e6:.0f} MB, failcnt "
+            f"{cg['memory.failcnt']}, oom_kill {cg['oom_kill']}")
+
+
+def start_limited(args: argparse.Namespace, tmp: Path, *argv: str,
+                  **kwargs: Any) -> tuple[Server, MemoryCgroup | None]:
+    """``start_exporter``, inside a ``--memory-max`` cgroup when one is asked for."""
+    if not args.memory_max:
+        return start_exporter(tmp, *argv, **kwargs), None
+    cgroup = MemoryCgroup(args.memory_max, tmp.name)
+    _CGROUPS.append(cgroup)
+    timeout = kwargs.pop("timeout", 60.0)
+    # born inside; this process leaves before it waits for /-/ready, so nothing of its own
+    # is charged there
+    exporter = cgroup.start(lambda: start_exporter(tmp, *argv, ready=False, **kwargs))
+    try:
+        helpers.wait_http(f"{exporter.url}/-/ready", timeout=timeout, proc=exporter.proc)
+    except Exception:
+        raise RuntimeError(f"exporter did not start: {exporter.log.read_text()[-2000:]}") from None
+    return exporter, cgroup
 
 
 def start_exporter(tmp: Path, *args: str, timeout: float = 60.0, **kwargs) -> Server:
@@ -1551,9 +1658,11 @@ def start_helper(tmp: Path, name: str, argv: list[str], url: str, timeout: float
         time.sleep(0.3)
 
 
-def watch_memory(exporter: Server, seconds: float, source: str) -> dict[str, Any]:
+def watch_memory(exporter: Server, seconds: float, source: str,
+                 cgroup: MemoryCgroup | None = None) -> dict[str, Any]:
     """Poll the exporter's RSS for ``seconds`` while probing /-/healthy and /metrics once a
-    second; then its source's status from /v1/snapshot."""
+    second; then its source's status from /v1/snapshot, and the cgroup's peak and OOM kills
+    when it runs in one (``--memory-max``)."""
     probes: list[tuple[int | None, float, int | None, float]] = []
     with RssPoller(exporter.proc.pid) as poller:
         ends = time.monotonic() + seconds
@@ -1566,6 +1675,7 @@ def watch_memory(exporter: Server, seconds: float, source: str) -> dict[str, Any
     _, _, body = request(f"{exporter.url}/v1/snapshot", timeout=10)
     errors = [s.get("error", "") for s in json.loads(body).get("sources", []) if s.get("source") == source]
     return {"peak_rss_mb": poller.peak, "after_rss_mb": rss_mb(exporter.proc.pid), "up": up,
+            "alive": exporter.proc.poll() is None, "cgroup": cgroup.read() if cgroup else None,
             "error": errors[0] if errors else "", "probes": len(probes),
             "healthy_ok": sum(p[0] == 200 for p in probes),
             "metrics_ok": sum(p[2] == 200 for p in probes),
@@ -1581,20 +1691,22 @@ def prometheus_2gb(args: argparse.Namespace, tmp: Path) -> Row:
     port = free_port()
     start_helper(tmp, "prometheus", ["--serve-prometheus", str(port), str(tmp / "taken.log")],
                  f"http://127.0.0.1:{port}/-/none")
-    exporter = start_exporter(tmp, "--source", "prometheus", config=(
+    exporter, cgroup = start_limited(args, tmp, "--source", "prometheus", config=(
         f"sources:\n  prometheus:\n    enabled: true\n    url: http://127.0.0.1:{port}\n"), timeout=60)
-    seen = watch_memory(exporter, args.memory_seconds, "prometheus")
+    seen = watch_memory(exporter, args.memory_seconds, "prometheus", cgroup)
     taken = [int(line) for line in (tmp / "taken.log").read_text().split()]
     seen["answers_cut"] = len(taken)
     seen["largest_taken_mb"] = max(taken, default=0) / 1e6
     row.figures = seen
     row.ok = (seen["peak_rss_mb"] < 1000 and seen["up"] == 0 and "max_answer_bytes" in seen["error"]
-              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"])
+              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"] and seen["alive"]
+              and (seen["cgroup"] is None or seen["cgroup"]["oom_kill"] == 0))
     row.observed = (f"peak RSS {seen['peak_rss_mb']:.0f} MB (after {seen['after_rss_mb'] or 0:.0f}); "
                     f"{seen['answers_cut']} answers cut, the largest after "
                     f"{seen['largest_taken_mb']:.0f} MB sent; probes {seen['healthy_ok']}/"
                     f"{seen['metrics_ok']} of {seen['probes']} answered, slowest "
-                    f"{ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}")
+                    f"{ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}"
+                    + cgroup_summary(seen))
     return row
 
 
@@ -1637,15 +1749,17 @@ def kube_20k(args: argparse.Namespace, tmp: Path) -> Row:
     start_helper(tmp, "apiserver", ["--serve-kube", str(port), str(nodes), str(gpus)],
                  f"http://127.0.0.1:{port}/version", timeout=300)
     kubeconfig = write_kubeconfig(tmp / "kubeconfig", f"http://127.0.0.1:{port}")
-    exporter = start_exporter(tmp, "--source", "kubernetes", config=(
+    exporter, cgroup = start_limited(args, tmp, "--source", "kubernetes", config=(
         f"sources:\n  kubernetes:\n    enabled: true\n    kubeconfig: {kubeconfig}\n"), timeout=90)
-    seen = watch_memory(exporter, args.memory_seconds, "kubernetes")
+    seen = watch_memory(exporter, args.memory_seconds, "kubernetes", cgroup)
     row.figures = seen
     row.ok = (seen["peak_rss_mb"] < 1000 and seen["up"] == 0 and "max_gpus" in seen["error"]
-              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"])
+              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"] and seen["alive"]
+              and (seen["cgroup"] is None or seen["cgroup"]["oom_kill"] == 0))
     row.observed = (f"peak RSS {seen['peak_rss_mb']:.0f} MB (after {seen['after_rss_mb'] or 0:.0f}); "
                     f"probes {seen['healthy_ok']}/{seen['metrics_ok']} of {seen['probes']} answered, "
-                    f"slowest {ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}")
+                    f"slowest {ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}"
+                    + cgroup_summary(seen))
     return row
 
 
@@ -1966,6 +2080,9 @@ def main() -> None:
     parser.add_argument("--memory-seconds", type=float, default=30.0,
                         help="prometheus-2gb, kube-20k: how long to watch")
     parser.add_argument("--kube-nodes", type=int, default=20_000, help="kube-20k: nodes")
+    parser.add_argument("--memory-max", type=parse_bytes, default=None, metavar="BYTES",
+                        help="prometheus-2gb, kube-20k: run the exporter in a memory cgroup "
+                        "limited to this (1G: the shipped unit's MemoryMax); needs root")
     parser.add_argument("--serve-prometheus", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--serve-kube", nargs=3, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-bad-series", type=int, help=argparse.SUPPRESS)
