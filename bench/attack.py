@@ -1764,6 +1764,82 @@ def kube_20k(args: argparse.Namespace, tmp: Path) -> Row:
 
 
 
+def serve_kube_pods(port: int, nodes: int, pods: int) -> None:
+    """The tests' fake apiserver holding ``bench/kubernetes.py``'s cluster of ``nodes`` 8-GPU
+    nodes and ``pods`` pods (run as a subprocess). The pods are stored as their JSON only:
+    the fake serves lists and watches from it, and 300,000 pods as dicts would take GBs."""
+    import re as re_
+
+    from bench.kubernetes import generated_cluster
+    from tests.helpers.fake_apiserver import PODS, FakeApiserver, Stored
+
+    fake = FakeApiserver(port=port)
+    name_re = re_.compile(rb'"name":"(worker-\d+)"')
+    namespace_re = re_.compile(rb'"namespace":"([^"]+)"')
+    for path, raws in generated_cluster(nodes, pods):
+        if path != PODS:
+            fake.load_quietly(path, raws)
+            continue
+        fake.version += 1
+        store = fake.objects.setdefault(path, {})
+        for raw in raws:
+            name, namespace = name_re.search(raw), namespace_re.search(raw)
+            assert name and namespace
+            store[f"{namespace[1].decode()}/{name[1].decode()}"] = Stored({}, raw)
+
+    async def main() -> None:
+        await fake.start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def kube_pods(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.helpers.fake_apiserver import write_kubeconfig
+
+    nodes, pods = 1000, args.kube_pods
+    row = Row("kube-300k-pods", f"--source kubernetes against an apiserver (the tests' fake) "
+              f"holding {nodes:,} nodes of 8 GPUs and {pods:,} pods (~3.5 KB each, as recorded; "
+              f"{pods // 500:,} list pages); /metrics and /-/healthy probed every 0.5 s from the "
+              f"start for {args.kube_pods_seconds:g} s",
+              "the source up with the pods read; no scrape waits on the list's decoding or the "
+              "snapshot's build (the slowest /metrics well under a second)")
+    port = free_port()
+    start_helper(tmp, "apiserver", ["--serve-kube-pods", str(port), str(nodes), str(pods)],
+                 f"http://127.0.0.1:{port}/version", timeout=600)
+    kubeconfig = write_kubeconfig(tmp / "kubeconfig", f"http://127.0.0.1:{port}")
+    exporter = start_exporter(tmp, "--source", "kubernetes", config=(
+        f"sources:\n  kubernetes:\n    enabled: true\n    kubeconfig: {kubeconfig}\n"),
+        ready=False)
+    helpers.wait_http(f"{exporter.url}/-/healthy", timeout=60, proc=exporter.proc)
+    slowest = {"metrics": 0.0, "healthy": 0.0}
+    probes, failed, up_after = 0, 0, None
+    started = time.monotonic()
+    with RssPoller(exporter.proc.pid) as poller:
+        while time.monotonic() - started < args.kube_pods_seconds:
+            for name, path in (("metrics", "/metrics"), ("healthy", "/-/healthy")):
+                status, seconds, body = request(f"{exporter.url}{path}", timeout=30)
+                slowest[name] = max(slowest[name], seconds)
+                failed += status not in (200, 503)  # 503: /metrics before the first snapshot
+                if name == "metrics" and up_after is None and re.search(
+                        rb'^gpufleet_source_up\{[^}]*source="kubernetes"[^}]*\} 1', body, re.M):
+                    up_after = time.monotonic() - started
+            probes += 1
+            time.sleep(0.5)
+    took = metric_sum(exporter.url, "gpufleet_collect_duration_seconds", source="kubernetes")
+    up = metric_sum(exporter.url, "gpufleet_source_up", source="kubernetes")
+    row.figures = {"probes": probes, "failed": failed, "slowest_metrics_s": slowest["metrics"],
+                   "slowest_healthy_s": slowest["healthy"], "up": up, "up_after_s": up_after,
+                   "read_s": took, "peak_rss_mb": poller.peak}
+    row.ok = up == 1 and failed == 0 and slowest["metrics"] < 1 and slowest["healthy"] < 1
+    first_up = f"first up after {up_after:.1f} s" if up_after is not None else "never up"
+    row.observed = (f"source_up {up:g} ({first_up}), "
+                    f"last read {took:.2f} s; {probes} probes of each, {failed} failed; slowest "
+                    f"/metrics {ms(slowest['metrics'])}, /-/healthy {ms(slowest['healthy'])}; "
+                    f"peak RSS {poller.peak:.0f} MB")
+    return row
+
+
 # -- issue 32, findings 4, 6, 11: signals, restarts, alert floods ------------------------------
 
 def sighup(args: argparse.Namespace, tmp: Path) -> Row:
@@ -2023,6 +2099,209 @@ def malformed_flood(args: argparse.Namespace, tmp: Path) -> Row:
     return row
 
 
+
+# -- issue 32, findings 8, 14, 15, 16, 18: the rows its first bench lacked -------------------
+
+class ThreadedApiserver:
+    """A tests' fake apiserver served from a thread of this process, so the bench can count
+    the requests it got (``fake.requests``); ``gone`` answers every watch with that ERROR
+    event instead (finding 8's storm, with finding 16's Status shape)."""
+
+    def __init__(self, fake: Any) -> None:
+        self.fake = fake
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> ThreadedApiserver:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.fake.start(), self.loop).result(30)
+        return self
+
+    def lists(self) -> int:
+        return sum("watch=1" not in r for r in list(self.fake.requests))
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.fake.kill(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+def kube_410_storm(args: argparse.Namespace, tmp: Path) -> Row:
+    from aiohttp import web
+
+    from tests.helpers.fake_apiserver import NODES, PODS, FakeApiserver, write_kubeconfig
+
+    # a Status without "status": "Failure", as finding 16's: the pods' shape decoder kept
+    # none of its fields, the 410 was never seen
+    gone = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "message": "too old resource version", "reason": "Expired", "code": 410}
+
+    class Gone(FakeApiserver):
+        async def _watch(self, request: web.Request, path: str) -> web.StreamResponse:
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            return response
+
+    row = Row("kube-410-storm", "--source kubernetes against an apiserver answering every watch "
+              "(nodes and pods) with an ERROR 410 whose Status lacks \"status\": \"Failure\"; "
+              "30 s counted",
+              "the 410 seen (relists happen), at most one relist per backoff step per informer "
+              "(0.1 s doubling to backoff_max 30 s: about 10 lists each in 30 s; before: 20,196)")
+    fake = Gone(port=free_port())
+    with contextlib.suppress(Exception):
+        fake.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {}},
+                  "status": {"capacity": {}, "allocatable": {}}}, NODES)
+    with ThreadedApiserver(fake) as server:
+        kubeconfig = write_kubeconfig(tmp / "kubeconfig", f"http://127.0.0.1:{fake.port}")
+        exporter = start_exporter(tmp, "--source", "kubernetes", config=(
+            f"sources:\n  kubernetes:\n    enabled: true\n    kubeconfig: {kubeconfig}\n"),
+            ready=False)
+        helpers.wait_http(f"{exporter.url}/-/healthy", timeout=60, proc=exporter.proc)
+        start = server.lists()
+        time.sleep(30)
+        lists = server.lists() - start
+        by_path = {p: sum(r.startswith(f"GET {p}?") and "watch=1" not in r
+                          for r in list(fake.requests)) for p in (NODES, PODS)}
+        up = metric_sum(exporter.url, "gpufleet_source_up", source="kubernetes")
+    row.figures = {"lists_in_30s": lists, "lists_by_path": by_path, "up": up}
+    row.ok = 2 <= lists <= 40
+    row.observed = (f"{lists} lists in 30 s ({', '.join(f'{p}: {n}' for p, n in by_path.items())} "
+                    f"in all); source_up {up:g}")
+    return row
+
+
+def kube_deep(args: argparse.Namespace, tmp: Path) -> Row:
+    from bench.kubernetes import generated_cluster
+    from tests.helpers.fake_apiserver import PODS, FakeApiserver, Stored, write_kubeconfig
+
+    row = Row("kube-deep", "--source kubernetes against the tests' fake apiserver: 10 nodes, "
+              "100 pods, and one more pod with a field nested 3,000 deep; 10 s",
+              "source_up 1, the 100 pods read, the deep pod alone skipped and counted in "
+              "gpufleet_source_parse_errors_total (before: the whole list failed, once a second)")
+    fake = FakeApiserver(port=free_port())
+    for path, raws in generated_cluster(10, 100):
+        fake.load_quietly(path, raws)
+    deep = (b'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"deep","namespace":"ns",'
+            b'"resourceVersion":"1"},"spec":{"x":' + b"[" * 3000 + b"]" * 3000 + b"}}")
+    fake.objects[PODS]["ns/deep"] = Stored({}, deep)
+    with ThreadedApiserver(fake):
+        kubeconfig = write_kubeconfig(tmp / "kubeconfig", f"http://127.0.0.1:{fake.port}")
+        exporter = start_exporter(tmp, "--source", "kubernetes", config=(
+            f"sources:\n  kubernetes:\n    enabled: true\n    kubeconfig: {kubeconfig}\n"),
+            timeout=60)
+        time.sleep(10)
+        up = metric_sum(exporter.url, "gpufleet_source_up", source="kubernetes")
+        errors = metric_sum(exporter.url, "gpufleet_source_parse_errors_total", source="kubernetes")
+        _, _, body = request(f"{exporter.url}/v1/snapshot", timeout=10)
+        lines = [line for line in log_lines(exporter) if "nested too deep" in line]
+    jobs = len(json.loads(body).get("jobs", []))
+    row.figures = {"up": up, "parse_errors": errors, "jobs": jobs, "log_lines": len(lines)}
+    row.ok = up == 1 and errors == 1 and jobs > 0
+    row.observed = (f"source_up {up:g}; parse_errors {errors:g}; {jobs} jobs in the snapshot; "
+                    f"{len(lines)} 'nested too deep' log line(s)")
+    return row
+
+
+def dcgm_two_addresses(args: argparse.Namespace, tmp: Path) -> Row:
+    ports = [free_port(), free_port()]
+    row = Row("dcgm-two-addresses", "--source dcgm with one H100 node's dcgm-exporter reached by two "
+              f"addresses the resolver does not tie (ports {ports[0]} and {ports[1]}, the same "
+              "answer)", "its 8 GPUs once (before: 16 gpu_up series, 76 duplicates)")
+    start_dcgm_targets(tmp, {"good": ports})
+    config = "sources:\n  dcgm:\n    enabled: true\n    targets:\n" + "".join(
+        f"      - http://127.0.0.1:{p}/metrics\n" for p in ports)
+    exporter = start_exporter(tmp, "--source", "dcgm", config=config, timeout=60)
+    time.sleep(6)
+    _, _, metrics = request(f"{exporter.url}/metrics", timeout=10)
+    node = re.search(r'Hostname="([^"]+)"', GOOD_DCGM_BODY.read_text()).group(1)
+    up = [line for line in metric_lines(metrics.decode(), "gpufleet_gpu_up") if f'node="{node}"' in line]
+    lines = [line for line in log_lines(exporter) if "UUID" in line or "duplicate" in line.lower()]
+    row.figures = {"gpu_up_series": len(up), "log_lines": lines[:3]}
+    row.ok = len(up) == 8
+    row.observed = f"{len(up)} gpu_up series for node {node}; {len(lines)} log line(s) on the duplicates"
+    return row
+
+
+def corrupt_outbox(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("corrupt-outbox", "the advisor's outbox written by one exporter, then every other "
+              "4 KiB page after the first zeroed; a new exporter started on it",
+              "exit 2 with one line naming advisor.outbox (before: ready, 17 advisor and job "
+              "families missing from /metrics)")
+    outbox = tmp / "outbox.sqlite"
+    config = advisor_config(outbox, free_port())
+    env = {"GPUFLEET_ADVISOR_TOKEN": TOKEN}
+    (tmp / "one").mkdir()
+    (tmp / "two").mkdir()
+    first = start_exporter(tmp / "one", config=config, env=env)
+    time.sleep(3)
+    stop(first.proc)
+    size = outbox.stat().st_size
+    with outbox.open("r+b") as db:
+        for page in range(1, size // 4096, 2):
+            db.seek(page * 4096)
+            db.write(bytes(4096))
+    second = start_exporter(tmp / "two", config=config, env=env, ready=False)
+    try:
+        rc = second.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    lines = [line for line in log_lines(second) if line.strip()]
+    row.figures = {"outbox_bytes": size, "rc": rc, "lines": lines[:5]}
+    row.ok = rc == 2 and len(lines) == 1 and "advisor.outbox" in lines[0]
+    first_line = lines[0][:160] if lines else ""
+    row.observed = f"{size:,}-byte outbox; exit {rc}, {len(lines)} line(s): {first_line!r}"
+    return row
+
+
+def sigterm_drain(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("sigterm-drain", "a client reading /metrics (the simulated 1,088 GPUs, identity "
+              "encoding) at about 1 MB/s; SIGTERM after its first MB; then a new connection",
+              "the client gets every byte (Content-Length); the new connection refused; exit 0 "
+              "(before: exit in 0.16 s, 3.9 of 8.97 MB)")
+    exporter = start_exporter(tmp, "--source", "sim", timeout=60)
+    sock = socket.create_connection(("127.0.0.1", exporter.port), 10)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: identity\r\n"
+                 b"Connection: close\r\n\r\n")
+    sock.settimeout(30)
+    data = bytearray()
+    signalled_at = None
+    refused = None
+    started = time.monotonic()
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if signalled_at is None and len(data) > 1_000_000:
+            exporter.proc.send_signal(signal.SIGTERM)
+            signalled_at = time.monotonic()
+            time.sleep(0.3)
+            try:
+                socket.create_connection(("127.0.0.1", exporter.port), 2).close()
+                refused = False
+            except OSError:
+                refused = True
+        time.sleep(len(chunk) / 1_000_000)  # about 1 MB/s
+    sock.close()
+    try:
+        rc = exporter.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        rc = None
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    match = re.search(rb"content-length: *(\d+)", head, re.I)
+    declared = int(match[1]) if match else None
+    row.figures = {"declared": declared, "received": len(body), "refused": refused, "rc": rc,
+                   "read_s": time.monotonic() - started}
+    row.ok = declared is not None and len(body) == declared and refused is True and rc == 0
+    row.observed = (f"{len(body) / 1e6:.2f} of {(declared or 0) / 1e6:.2f} MB received, "
+                    f"{time.monotonic() - started:.1f} s; a new connection "
+                    f"{'refused' if refused else 'accepted'}; exit {rc}")
+    return row
+
+
 ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "whatif-1e9": whatif_1e9,
     "idle-connections": idle_connections,
@@ -2042,6 +2321,12 @@ ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "label-churn": label_churn,
     "prometheus-2gb": prometheus_2gb,
     "kube-20k": kube_20k,
+    "kube-300k-pods": kube_pods,
+    "kube-410-storm": kube_410_storm,
+    "kube-deep": kube_deep,
+    "dcgm-two-addresses": dcgm_two_addresses,
+    "corrupt-outbox": corrupt_outbox,
+    "sigterm-drain": sigterm_drain,
     "sighup": sighup,
     "restart-cooldown": restart_cooldown,
     "alert-flood": alert_flood,
@@ -2085,6 +2370,10 @@ def main() -> None:
                         "limited to this (1G: the shipped unit's MemoryMax); needs root")
     parser.add_argument("--serve-prometheus", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--serve-kube", nargs=3, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-kube-pods", nargs=3, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--kube-pods", type=int, default=300_000, help="kube-300k-pods: pods")
+    parser.add_argument("--kube-pods-seconds", type=float, default=90.0,
+                        help="kube-300k-pods: how long to probe")
     parser.add_argument("--serve-bad-series", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-dcgm", help=argparse.SUPPRESS)
     parser.add_argument("--scrape", nargs=2, help=argparse.SUPPRESS)
@@ -2101,6 +2390,9 @@ def main() -> None:
         return
     if args.serve_kube:
         serve_kube(*args.serve_kube)
+        return
+    if args.serve_kube_pods:
+        serve_kube_pods(*args.serve_kube_pods)
         return
     if args.churn_child:
         churn_child(int(args.churn_child[0]), args.churn_child[1])
