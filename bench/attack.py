@@ -48,6 +48,18 @@ Rows of issue 32, by its finding:
   ``time.time``) while a delivery is retried; the delay once the scheduler is up.
 - ``label-churn`` (9): 1,000 snapshots, one node replaced by a new machine in each, through
   serve's pipeline in one process; RSS and the label cache's size along the way.
+- ``kube-300k-pods`` (10): 300,000 pods (600 list pages) from the tests' fake apiserver;
+  the slowest /metrics and /-/healthy while they are listed and built.
+- ``kube-410-storm`` (8, 16): every watch answered with an ERROR 410 whose Status lacks
+  ``"status": "Failure"``; the lists counted for 30 s.
+- ``kube-deep`` (16): one pod nested 3,000 deep among 100; the rest read, it counted.
+- ``dcgm-two-addresses`` (15): one dcgm-exporter reached by two ports; its GPUs once.
+- ``corrupt-outbox`` (14): every other page of the outbox zeroed; exit 2 with one line.
+- ``sigterm-drain`` (18): SIGTERM during a 1 MB/s scrape; every byte still delivered.
+
+``--memory-max 1G`` (root) runs ``prometheus-2gb`` and ``kube-20k``'s exporter in a memory
+cgroup of that limit, as the shipped unit's ``MemoryMax=1G``, and reports its charged peak
+and OOM kills beside the RSS.
 
 Usage: ``make bench-deps && .venv/bin/python bench/attack.py`` (about 15 minutes, 7 of them
 ``label-churn``: ``--churn-snapshots 200`` shortens it);
