@@ -48,6 +48,18 @@ Rows of issue 32, by its finding:
   ``time.time``) while a delivery is retried; the delay once the scheduler is up.
 - ``label-churn`` (9): 1,000 snapshots, one node replaced by a new machine in each, through
   serve's pipeline in one process; RSS and the label cache's size along the way.
+- ``kube-300k-pods`` (10): 300,000 pods (600 list pages) from the tests' fake apiserver;
+  the slowest /metrics and /-/healthy while they are listed and built.
+- ``kube-410-storm`` (8, 16): every watch answered with an ERROR 410 whose Status lacks
+  ``"status": "Failure"``; the lists counted for 30 s.
+- ``kube-deep`` (16): one pod nested 3,000 deep among 100; the rest read, it counted.
+- ``dcgm-two-addresses`` (15): one dcgm-exporter reached by two ports; its GPUs once.
+- ``corrupt-outbox`` (14): every other page of the outbox zeroed; exit 2 with one line.
+- ``sigterm-drain`` (18): SIGTERM during a 1 MB/s scrape; every byte still delivered.
+
+``--memory-max 1G`` (root) runs ``prometheus-2gb`` and ``kube-20k``'s exporter in a memory
+cgroup of that limit, as the shipped unit's ``MemoryMax=1G``, and reports its charged peak
+and OOM kills beside the RSS.
 
 Usage: ``make bench-deps && .venv/bin/python bench/attack.py`` (about 15 minutes, 7 of them
 ``label-churn``: ``--churn-snapshots 200`` shortens it);
@@ -96,6 +108,8 @@ TOKEN = "attack-bench-token"
 
 # every process this bench starts, stopped in main()'s finally whatever happened
 _PROCS: list[subprocess.Popen] = []
+# every cgroup it made (--memory-max), removed once its processes are stopped
+_CGROUPS: list[MemoryCgroup] = []
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -103,6 +117,8 @@ _PROCS: list[subprocess.Popen] = []
 def stop_all() -> None:
     while _PROCS:
         stop(_PROCS.pop())
+    while _CGROUPS:
+        _CGROUPS.pop().remove()
 
 
 def rss_mb(pid: int) -> float | None:
@@ -150,6 +166,109 @@ class RssPoller:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class MemoryCgroup:
+    """A child memory cgroup with a hard limit, as the shipped unit's ``MemoryMax=1G`` makes
+    one: cgroup v2's ``memory.max`` where the unified hierarchy has the memory controller,
+    else cgroup v1's ``memory.limit_in_bytes`` (what systemd writes for ``MemoryMax=`` on a
+    v1 host). Needs root. ``start`` puts a process in it from its first instruction: this
+    process joins the cgroup for the fork only (so the child is born inside and every page
+    it touches is charged there), then goes back."""
+
+    def __init__(self, limit: int, name: str) -> None:
+        self.limit = limit
+        unified = Path("/sys/fs/cgroup")
+        own = Path("/proc/self/cgroup").read_text().splitlines()
+        if "memory" in (unified / "cgroup.controllers").read_text(errors="replace").split() \
+                if (unified / "cgroup.controllers").exists() else False:
+            self.v2 = True
+            parent = unified / next(line.split(":", 2)[2] for line in own
+                                    if line.startswith("0::")).lstrip("/")
+        else:
+            self.v2 = False
+            parent = Path("/sys/fs/cgroup/memory") / next(
+                line.split(":", 2)[2] for line in own
+                if "memory" in line.split(":", 2)[1].split(",")).lstrip("/")
+        self.home = parent / "cgroup.procs"
+        self.path = parent / f"gpufleet-bench-{name}-{os.getpid()}"
+        self.path.mkdir()
+        (self.path / ("memory.max" if self.v2 else "memory.limit_in_bytes")).write_text(str(limit))
+        if self.v2:
+            # no swap to hide in, as on the machine measured (no swap configured)
+            with contextlib.suppress(OSError):
+                (self.path / "memory.swap.max").write_text("0")
+
+    def start(self, start: Callable[[], Server]) -> Server:
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        try:
+            return start()
+        finally:
+            self.home.write_text(str(os.getpid()))
+
+    def read(self) -> dict[str, object]:
+        """The limit, the peak charged, and the OOM kills (0 is the claim)."""
+        def value(name: str) -> str:
+            return (self.path / name).read_text().strip()
+        if self.v2:
+            events = dict(line.split() for line in value("memory.events").splitlines())
+            peak = int(value("memory.peak")) if (self.path / "memory.peak").exists() else None
+            return {"cgroup": "v2", "memory.max": int(value("memory.max")), "memory.peak": peak,
+                    "oom": int(events.get("oom", 0)), "oom_kill": int(events.get("oom_kill", 0)),
+                    "max_events": int(events.get("max", 0))}
+        oom = dict(line.split() for line in value("memory.oom_control").splitlines())
+        return {"cgroup": "v1", "memory.limit_in_bytes": int(value("memory.limit_in_bytes")),
+                "memory.max_usage_in_bytes": int(value("memory.max_usage_in_bytes")),
+                "memory.failcnt": int(value("memory.failcnt")),
+                "oom_kill": int(oom.get("oom_kill", 0)), "under_oom": int(oom.get("under_oom", 0))}
+
+    def remove(self) -> None:
+        # the processes in it are stopped by then (stop_all); rmdir fails while one lives
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def parse_bytes(text: str) -> int:
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+    match = re.fullmatch(r"(\d+)([KMG]?)", text.strip().upper())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 1G, 512M)")
+    return int(match[1]) * units[match[2]]
+
+
+def cgroup_summary(seen: dict[str, Any]) -> str:
+    cg = seen.get("cgroup")
+    if not isinstance(cg, dict):
+        return ""
+    if cg["cgroup"] == "v2":
+        return (f"; cgroup v2 memory.max {cg['memory.max'] / 2**30:g} GiB: memory.peak "
+                f"{(cg['memory.peak'] or 0) / 1e6:.0f} MB, oom_kill {cg['oom_kill']}, "
+                f"max events {cg['max_events']}")
+    return (f"; cgroup v1 memory.limit_in_bytes {cg['memory.limit_in_bytes'] / 2**30:g} GiB: "
+            f"max_usage_in_bytes {cg['memory.max_usage_in_bytes'] / 1e6:.0f} MB, failcnt "
+            f"{cg['memory.failcnt']}, oom_kill {cg['oom_kill']}")
+
+
+def start_limited(args: argparse.Namespace, tmp: Path, *argv: str,
+                  **kwargs: Any) -> tuple[Server, MemoryCgroup | None]:
+    """``start_exporter``, inside a ``--memory-max`` cgroup when one is asked for."""
+    if not args.memory_max:
+        return start_exporter(tmp, *argv, **kwargs), None
+    cgroup = MemoryCgroup(args.memory_max, tmp.name)
+    _CGROUPS.append(cgroup)
+    timeout = kwargs.pop("timeout", 60.0)
+    # born inside; this process leaves before it waits for /-/ready, so nothing of its own
+    # is charged there
+    exporter = cgroup.start(lambda: start_exporter(tmp, *argv, ready=False, **kwargs))
+    try:
+        helpers.wait_http(f"{exporter.url}/-/ready", timeout=timeout, proc=exporter.proc)
+    except Exception:
+        raise RuntimeError(f"exporter did not start: {exporter.log.read_text()[-2000:]}") from None
+    return exporter, cgroup
 
 
 def start_exporter(tmp: Path, *args: str, timeout: float = 60.0, **kwargs) -> Server:
@@ -1551,9 +1670,11 @@ def start_helper(tmp: Path, name: str, argv: list[str], url: str, timeout: float
         time.sleep(0.3)
 
 
-def watch_memory(exporter: Server, seconds: float, source: str) -> dict[str, Any]:
+def watch_memory(exporter: Server, seconds: float, source: str,
+                 cgroup: MemoryCgroup | None = None) -> dict[str, Any]:
     """Poll the exporter's RSS for ``seconds`` while probing /-/healthy and /metrics once a
-    second; then its source's status from /v1/snapshot."""
+    second; then its source's status from /v1/snapshot, and the cgroup's peak and OOM kills
+    when it runs in one (``--memory-max``)."""
     probes: list[tuple[int | None, float, int | None, float]] = []
     with RssPoller(exporter.proc.pid) as poller:
         ends = time.monotonic() + seconds
@@ -1566,6 +1687,7 @@ def watch_memory(exporter: Server, seconds: float, source: str) -> dict[str, Any
     _, _, body = request(f"{exporter.url}/v1/snapshot", timeout=10)
     errors = [s.get("error", "") for s in json.loads(body).get("sources", []) if s.get("source") == source]
     return {"peak_rss_mb": poller.peak, "after_rss_mb": rss_mb(exporter.proc.pid), "up": up,
+            "alive": exporter.proc.poll() is None, "cgroup": cgroup.read() if cgroup else None,
             "error": errors[0] if errors else "", "probes": len(probes),
             "healthy_ok": sum(p[0] == 200 for p in probes),
             "metrics_ok": sum(p[2] == 200 for p in probes),
@@ -1581,20 +1703,22 @@ def prometheus_2gb(args: argparse.Namespace, tmp: Path) -> Row:
     port = free_port()
     start_helper(tmp, "prometheus", ["--serve-prometheus", str(port), str(tmp / "taken.log")],
                  f"http://127.0.0.1:{port}/-/none")
-    exporter = start_exporter(tmp, "--source", "prometheus", config=(
+    exporter, cgroup = start_limited(args, tmp, "--source", "prometheus", config=(
         f"sources:\n  prometheus:\n    enabled: true\n    url: http://127.0.0.1:{port}\n"), timeout=60)
-    seen = watch_memory(exporter, args.memory_seconds, "prometheus")
+    seen = watch_memory(exporter, args.memory_seconds, "prometheus", cgroup)
     taken = [int(line) for line in (tmp / "taken.log").read_text().split()]
     seen["answers_cut"] = len(taken)
     seen["largest_taken_mb"] = max(taken, default=0) / 1e6
     row.figures = seen
     row.ok = (seen["peak_rss_mb"] < 1000 and seen["up"] == 0 and "max_answer_bytes" in seen["error"]
-              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"])
+              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"] and seen["alive"]
+              and (seen["cgroup"] is None or seen["cgroup"]["oom_kill"] == 0))
     row.observed = (f"peak RSS {seen['peak_rss_mb']:.0f} MB (after {seen['after_rss_mb'] or 0:.0f}); "
                     f"{seen['answers_cut']} answers cut, the largest after "
                     f"{seen['largest_taken_mb']:.0f} MB sent; probes {seen['healthy_ok']}/"
                     f"{seen['metrics_ok']} of {seen['probes']} answered, slowest "
-                    f"{ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}")
+                    f"{ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}"
+                    + cgroup_summary(seen))
     return row
 
 
@@ -1637,17 +1761,95 @@ def kube_20k(args: argparse.Namespace, tmp: Path) -> Row:
     start_helper(tmp, "apiserver", ["--serve-kube", str(port), str(nodes), str(gpus)],
                  f"http://127.0.0.1:{port}/version", timeout=300)
     kubeconfig = write_kubeconfig(tmp / "kubeconfig", f"http://127.0.0.1:{port}")
-    exporter = start_exporter(tmp, "--source", "kubernetes", config=(
+    exporter, cgroup = start_limited(args, tmp, "--source", "kubernetes", config=(
         f"sources:\n  kubernetes:\n    enabled: true\n    kubeconfig: {kubeconfig}\n"), timeout=90)
-    seen = watch_memory(exporter, args.memory_seconds, "kubernetes")
+    seen = watch_memory(exporter, args.memory_seconds, "kubernetes", cgroup)
     row.figures = seen
     row.ok = (seen["peak_rss_mb"] < 1000 and seen["up"] == 0 and "max_gpus" in seen["error"]
-              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"])
+              and seen["healthy_ok"] == seen["metrics_ok"] == seen["probes"] and seen["alive"]
+              and (seen["cgroup"] is None or seen["cgroup"]["oom_kill"] == 0))
     row.observed = (f"peak RSS {seen['peak_rss_mb']:.0f} MB (after {seen['after_rss_mb'] or 0:.0f}); "
                     f"probes {seen['healthy_ok']}/{seen['metrics_ok']} of {seen['probes']} answered, "
-                    f"slowest {ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}")
+                    f"slowest {ms(seen['slowest_probe_s'])}; source_up {seen['up']:g}: {seen['error']!r}"
+                    + cgroup_summary(seen))
     return row
 
+
+
+def serve_kube_pods(port: int, nodes: int, pods: int) -> None:
+    """The tests' fake apiserver holding ``bench/kubernetes.py``'s cluster of ``nodes`` 8-GPU
+    nodes and ``pods`` pods (run as a subprocess). The pods are stored as their JSON only:
+    the fake serves lists and watches from it, and 300,000 pods as dicts would take GBs."""
+    import re as re_
+
+    from bench.kubernetes import generated_cluster
+    from tests.helpers.fake_apiserver import PODS, FakeApiserver, Stored
+
+    fake = FakeApiserver(port=port)
+    name_re = re_.compile(rb'"name":"(worker-\d+)"')
+    namespace_re = re_.compile(rb'"namespace":"([^"]+)"')
+    for path, raws in generated_cluster(nodes, pods):
+        if path != PODS:
+            fake.load_quietly(path, raws)
+            continue
+        fake.version += 1
+        store = fake.objects.setdefault(path, {})
+        for raw in raws:
+            name, namespace = name_re.search(raw), namespace_re.search(raw)
+            assert name and namespace
+            store[f"{namespace[1].decode()}/{name[1].decode()}"] = Stored({}, raw)
+
+    async def main() -> None:
+        await fake.start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def kube_pods(args: argparse.Namespace, tmp: Path) -> Row:
+    from tests.helpers.fake_apiserver import write_kubeconfig
+
+    nodes, pods = 1000, args.kube_pods
+    row = Row("kube-300k-pods", f"--source kubernetes against an apiserver (the tests' fake) "
+              f"holding {nodes:,} nodes of 8 GPUs and {pods:,} pods (~3.5 KB each, as recorded; "
+              f"{pods // 500:,} list pages); /metrics and /-/healthy probed every 0.5 s from the "
+              f"start for {args.kube_pods_seconds:g} s",
+              "the source up with the pods read; no scrape waits on the list's decoding or the "
+              "snapshot's build (the slowest /metrics well under a second)")
+    port = free_port()
+    start_helper(tmp, "apiserver", ["--serve-kube-pods", str(port), str(nodes), str(pods)],
+                 f"http://127.0.0.1:{port}/version", timeout=600)
+    kubeconfig = write_kubeconfig(tmp / "kubeconfig", f"http://127.0.0.1:{port}")
+    exporter = start_exporter(tmp, "--source", "kubernetes", config=(
+        f"sources:\n  kubernetes:\n    enabled: true\n    kubeconfig: {kubeconfig}\n"),
+        ready=False)
+    helpers.wait_http(f"{exporter.url}/-/healthy", timeout=60, proc=exporter.proc)
+    slowest = {"metrics": 0.0, "healthy": 0.0}
+    probes, failed, up_after = 0, 0, None
+    started = time.monotonic()
+    with RssPoller(exporter.proc.pid) as poller:
+        while time.monotonic() - started < args.kube_pods_seconds:
+            for name, path in (("metrics", "/metrics"), ("healthy", "/-/healthy")):
+                status, seconds, body = request(f"{exporter.url}{path}", timeout=30)
+                slowest[name] = max(slowest[name], seconds)
+                failed += status not in (200, 503)  # 503: /metrics before the first snapshot
+                if name == "metrics" and up_after is None and re.search(
+                        rb'^gpufleet_source_up\{[^}]*source="kubernetes"[^}]*\} 1', body, re.M):
+                    up_after = time.monotonic() - started
+            probes += 1
+            time.sleep(0.5)
+    took = metric_sum(exporter.url, "gpufleet_collect_duration_seconds", source="kubernetes")
+    up = metric_sum(exporter.url, "gpufleet_source_up", source="kubernetes")
+    row.figures = {"probes": probes, "failed": failed, "slowest_metrics_s": slowest["metrics"],
+                   "slowest_healthy_s": slowest["healthy"], "up": up, "up_after_s": up_after,
+                   "read_s": took, "peak_rss_mb": poller.peak}
+    row.ok = up == 1 and failed == 0 and slowest["metrics"] < 1 and slowest["healthy"] < 1
+    first_up = f"first up after {up_after:.1f} s" if up_after is not None else "never up"
+    row.observed = (f"source_up {up:g} ({first_up}), "
+                    f"last read {took:.2f} s; {probes} probes of each, {failed} failed; slowest "
+                    f"/metrics {ms(slowest['metrics'])}, /-/healthy {ms(slowest['healthy'])}; "
+                    f"peak RSS {poller.peak:.0f} MB")
+    return row
 
 
 # -- issue 32, findings 4, 6, 11: signals, restarts, alert floods ------------------------------
@@ -1909,6 +2111,215 @@ def malformed_flood(args: argparse.Namespace, tmp: Path) -> Row:
     return row
 
 
+
+# -- issue 32, findings 8, 14, 15, 16, 18: the rows its first bench lacked -------------------
+
+class ThreadedApiserver:
+    """A tests' fake apiserver served from a thread of this process, so the bench can count
+    the requests it got (``fake.requests``); ``gone`` answers every watch with that ERROR
+    event instead (finding 8's storm, with finding 16's Status shape)."""
+
+    def __init__(self, fake: Any) -> None:
+        self.fake = fake
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> ThreadedApiserver:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.fake.start(), self.loop).result(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.fake.kill(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+def kube_410_storm(args: argparse.Namespace, tmp: Path) -> Row:
+    from aiohttp import web
+
+    from tests.helpers.fake_apiserver import NODES, PODS, FakeApiserver, write_kubeconfig
+
+    # a Status without "status": "Failure", as finding 16's: the pods' shape decoder kept
+    # none of its fields, the 410 was never seen
+    gone = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "message": "too old resource version", "reason": "Expired", "code": 410}
+
+    class Gone(FakeApiserver):
+        async def _watch(self, request: web.Request, path: str) -> web.StreamResponse:
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            return response
+
+    row = Row("kube-410-storm", "--source kubernetes against an apiserver answering every watch "
+              "(nodes and pods) with an ERROR 410 whose Status lacks \"status\": \"Failure\"; "
+              "30 s counted",
+              "the 410 seen (relists happen), at most one relist per backoff step per informer "
+              "(0.1 s doubling to backoff_max, 1 s, each wait jittered to 0.5-1 x the step: "
+              "about 40 lists each in 30 s, never over 60; before: 20,196 in 30 s)")
+    fake = Gone(port=free_port())
+    with contextlib.suppress(Exception):
+        fake.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {}},
+                  "status": {"capacity": {}, "allocatable": {}}}, NODES)
+    with ThreadedApiserver(fake):
+        kubeconfig = write_kubeconfig(tmp / "kubeconfig", f"http://127.0.0.1:{fake.port}")
+        exporter = start_exporter(tmp, "--source", "kubernetes", config=(
+            f"sources:\n  kubernetes:\n    enabled: true\n    kubeconfig: {kubeconfig}\n"),
+            ready=False)
+        helpers.wait_http(f"{exporter.url}/-/healthy", timeout=60, proc=exporter.proc)
+        def by_path() -> dict[str, int]:
+            return {p: sum(r.startswith(f"GET {p}?") and "watch=1" not in r
+                           for r in list(fake.requests)) for p in (NODES, PODS)}
+        start = by_path()
+        time.sleep(30)
+        lists = {p: n - start[p] for p, n in by_path().items()}
+        up = metric_sum(exporter.url, "gpufleet_source_up", source="kubernetes")
+    row.figures = {"lists_in_30s": lists, "up": up}
+    # one relist per backoff step, the step jittered to 0.5-1 x itself and capped at
+    # backoff_max (1 s, the default): about 40 per informer in 30 s, never over 60
+    row.ok = all(2 <= n <= 60 for n in lists.values())
+    row.observed = (f"lists in 30 s: {', '.join(f'{p} {n}' for p, n in lists.items())}; "
+                    f"source_up {up:g}")
+    return row
+
+
+def kube_deep(args: argparse.Namespace, tmp: Path) -> Row:
+    from bench.kubernetes import generated_cluster
+    from tests.helpers.fake_apiserver import PODS, FakeApiserver, Stored, write_kubeconfig
+
+    row = Row("kube-deep", "--source kubernetes against the tests' fake apiserver: 10 nodes, "
+              "100 pods (40 of them GPU pods), and one more pod with a field nested 3,000 deep; "
+              "10 s", "source_up 1, the 40 GPU pods read, the deep pod alone skipped and counted in "
+              "gpufleet_source_parse_errors_total (before: the whole list failed, once a second)")
+    fake = FakeApiserver(port=free_port())
+    for path, raws in generated_cluster(10, 100):
+        fake.load_quietly(path, raws)
+    deep = (b'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"deep","namespace":"ns",'
+            b'"resourceVersion":"1"},"spec":{"x":' + b"[" * 3000 + b"]" * 3000 + b"}}")
+    fake.objects[PODS]["ns/deep"] = Stored({}, deep)
+    with ThreadedApiserver(fake):
+        kubeconfig = write_kubeconfig(tmp / "kubeconfig", f"http://127.0.0.1:{fake.port}")
+        exporter = start_exporter(tmp, "--source", "kubernetes", config=(
+            f"sources:\n  kubernetes:\n    enabled: true\n    kubeconfig: {kubeconfig}\n"),
+            timeout=60)
+        time.sleep(10)
+        up = metric_sum(exporter.url, "gpufleet_source_up", source="kubernetes")
+        errors = metric_sum(exporter.url, "gpufleet_source_parse_errors_total", source="kubernetes")
+        _, _, body = request(f"{exporter.url}/v1/snapshot", timeout=10)
+        lines = [line for line in log_lines(exporter) if "nested too deep" in line]
+    snapshot = json.loads(body)
+    # the 100 pods are 40 GPU pods (4 a node) and 60 CPU-only ones, which are dropped
+    jobs = len(snapshot.get("allocations", [])) + len(snapshot.get("pending", []))
+    row.figures = {"up": up, "parse_errors": errors, "gpu_pods": jobs, "log_lines": len(lines)}
+    row.ok = up == 1 and errors == 1 and jobs == 40
+    row.observed = (f"source_up {up:g}; parse_errors {errors:g}; {jobs} GPU pods of 40 in the "
+                    "snapshot (allocations and pending); "
+                    f"{len(lines)} 'nested too deep' log line(s)")
+    return row
+
+
+def dcgm_two_addresses(args: argparse.Namespace, tmp: Path) -> Row:
+    ports = [free_port(), free_port()]
+    row = Row("dcgm-two-addresses", "--source dcgm with one H100 node's dcgm-exporter reached by two "
+              f"addresses the resolver does not tie (ports {ports[0]} and {ports[1]}, the same "
+              "answer)", "its 8 GPUs once (before: 16 gpu_up series, 76 duplicates)")
+    start_dcgm_targets(tmp, {"good": ports})
+    config = "sources:\n  dcgm:\n    enabled: true\n    targets:\n" + "".join(
+        f"      - http://127.0.0.1:{p}/metrics\n" for p in ports)
+    exporter = start_exporter(tmp, "--source", "dcgm", config=config, timeout=60)
+    time.sleep(6)
+    _, _, metrics = request(f"{exporter.url}/metrics", timeout=10)
+    node = re.search(r'Hostname="([^"]+)"', GOOD_DCGM_BODY.read_text()).group(1)
+    up = [line for line in metric_lines(metrics.decode(), "gpufleet_gpu_up") if f'node="{node}"' in line]
+    lines = [line for line in log_lines(exporter) if "UUID" in line or "duplicate" in line.lower()]
+    row.figures = {"gpu_up_series": len(up), "log_lines": lines[:3]}
+    row.ok = len(up) == 8
+    row.observed = f"{len(up)} gpu_up series for node {node}; {len(lines)} log line(s) on the duplicates"
+    return row
+
+
+def corrupt_outbox(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("corrupt-outbox", "the advisor's outbox written by one exporter, then every other "
+              "4 KiB page after the first zeroed; a new exporter started on it",
+              "exit 2 with one line naming advisor.outbox (before: ready, 17 advisor and job "
+              "families missing from /metrics)")
+    outbox = tmp / "outbox.sqlite"
+    config = advisor_config(outbox, free_port())
+    from tests.test_advisor_e2e import SECRET
+
+    env = {"GPUFLEET_ADVISOR_TOKEN": TOKEN, "GPUFLEET_WEBHOOK_SECRET": SECRET}
+    (tmp / "one").mkdir()
+    (tmp / "two").mkdir()
+    first = start_exporter(tmp / "one", config=config, env=env)
+    time.sleep(3)
+    stop(first.proc)
+    size = outbox.stat().st_size
+    with outbox.open("r+b") as db:
+        for page in range(1, size // 4096, 2):
+            db.seek(page * 4096)
+            db.write(bytes(4096))
+    second = start_exporter(tmp / "two", config=config, env=env, ready=False)
+    try:
+        rc = second.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    lines = [line for line in log_lines(second) if line.strip()]
+    row.figures = {"outbox_bytes": size, "rc": rc, "lines": lines[:5]}
+    row.ok = rc == 2 and len(lines) == 1 and "advisor.outbox" in lines[0]
+    first_line = lines[0][:160] if lines else ""
+    row.observed = f"{size:,}-byte outbox; exit {rc}, {len(lines)} line(s): {first_line!r}"
+    return row
+
+
+def sigterm_drain(args: argparse.Namespace, tmp: Path) -> Row:
+    row = Row("sigterm-drain", "a client reading /metrics (the simulated 1,088 GPUs, identity "
+              "encoding) at about 1 MB/s; SIGTERM after its first MB; then a new connection",
+              "the client gets every byte (Content-Length); the new connection refused; exit 0 "
+              "(before: exit in 0.16 s, 3.9 of 8.97 MB)")
+    exporter = start_exporter(tmp, "--source", "sim", timeout=60)
+    sock = socket.create_connection(("127.0.0.1", exporter.port), 10)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: identity\r\n"
+                 b"Connection: close\r\n\r\n")
+    sock.settimeout(30)
+    data = bytearray()
+    signalled_at = None
+    refused = None
+    started = time.monotonic()
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if signalled_at is None and len(data) > 1_000_000:
+            exporter.proc.send_signal(signal.SIGTERM)
+            signalled_at = time.monotonic()
+            time.sleep(0.3)
+            try:
+                socket.create_connection(("127.0.0.1", exporter.port), 2).close()
+                refused = False
+            except OSError:
+                refused = True
+        time.sleep(len(chunk) / 1_000_000)  # about 1 MB/s
+    sock.close()
+    try:
+        rc = exporter.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        rc = None
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    match = re.search(rb"content-length: *(\d+)", head, re.I)
+    declared = int(match[1]) if match else None
+    row.figures = {"declared": declared, "received": len(body), "refused": refused, "rc": rc,
+                   "read_s": time.monotonic() - started}
+    row.ok = declared is not None and len(body) == declared and refused is True and rc == 0
+    row.observed = (f"{len(body) / 1e6:.2f} of {(declared or 0) / 1e6:.2f} MB received, "
+                    f"{time.monotonic() - started:.1f} s; a new connection "
+                    f"{'refused' if refused else 'accepted'}; exit {rc}")
+    return row
+
+
 ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "whatif-1e9": whatif_1e9,
     "idle-connections": idle_connections,
@@ -1928,6 +2339,12 @@ ATTACKS: dict[str, Callable[[argparse.Namespace, Path], Row]] = {
     "label-churn": label_churn,
     "prometheus-2gb": prometheus_2gb,
     "kube-20k": kube_20k,
+    "kube-300k-pods": kube_pods,
+    "kube-410-storm": kube_410_storm,
+    "kube-deep": kube_deep,
+    "dcgm-two-addresses": dcgm_two_addresses,
+    "corrupt-outbox": corrupt_outbox,
+    "sigterm-drain": sigterm_drain,
     "sighup": sighup,
     "restart-cooldown": restart_cooldown,
     "alert-flood": alert_flood,
@@ -1966,8 +2383,15 @@ def main() -> None:
     parser.add_argument("--memory-seconds", type=float, default=30.0,
                         help="prometheus-2gb, kube-20k: how long to watch")
     parser.add_argument("--kube-nodes", type=int, default=20_000, help="kube-20k: nodes")
+    parser.add_argument("--memory-max", type=parse_bytes, default=None, metavar="BYTES",
+                        help="prometheus-2gb, kube-20k: run the exporter in a memory cgroup "
+                        "limited to this (1G: the shipped unit's MemoryMax); needs root")
     parser.add_argument("--serve-prometheus", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--serve-kube", nargs=3, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-kube-pods", nargs=3, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--kube-pods", type=int, default=300_000, help="kube-300k-pods: pods")
+    parser.add_argument("--kube-pods-seconds", type=float, default=90.0,
+                        help="kube-300k-pods: how long to probe")
     parser.add_argument("--serve-bad-series", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-dcgm", help=argparse.SUPPRESS)
     parser.add_argument("--scrape", nargs=2, help=argparse.SUPPRESS)
@@ -1984,6 +2408,9 @@ def main() -> None:
         return
     if args.serve_kube:
         serve_kube(*args.serve_kube)
+        return
+    if args.serve_kube_pods:
+        serve_kube_pods(*args.serve_kube_pods)
         return
     if args.churn_child:
         churn_child(int(args.churn_child[0]), args.churn_child[1])

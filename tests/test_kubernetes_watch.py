@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import aiohttp
@@ -255,6 +256,36 @@ async def test_a_list_over_max_objects_fails_with_the_reason(fake, informer_for)
     informer.start()
     await until("refused", lambda: "max_objects" in informer.error)
     assert not informer.synced.is_set() and informer.store == {}
+
+
+async def test_list_pages_are_decoded_and_transformed_off_the_event_loop(fake, informer_for):
+    """Issue 32, finding 10: 300,000 pods are 600 list pages, each decoded and made into
+    records on the loop (about 14 ms a page) between a scrape and its answer. Each object's
+    transform here waits for a task on the loop to run: on the loop it never can, and the
+    wait runs out (2 s, then False); in a worker thread the loop runs and it returns True."""
+    loop_thread = threading.get_ident()
+    loop_ran = threading.Event()
+    calls: list[tuple[bool, bool]] = []  # (on the loop's thread, the loop ran meanwhile)
+
+    def transform(obj):
+        loop_ran.clear()
+        calls.append((threading.get_ident() == loop_thread, loop_ran.wait(timeout=2)))
+        return label(obj)
+
+    async def ticker() -> None:
+        while True:
+            loop_ran.set()
+            await asyncio.sleep(0.01)
+
+    tick = asyncio.create_task(ticker())
+    try:
+        informer = informer_for(fake, transform=transform)
+        informer.start()
+        await until("listed", informer.synced.is_set)
+    finally:
+        tick.cancel()
+    assert informer.store == store_of(fake)
+    assert calls == [(False, True)] * 7  # 7 pods in 3 pages, none on the loop
 
 
 async def test_a_page_of_many_chunks_is_read_whole(informer_for):
