@@ -145,6 +145,11 @@ class AdvisorConfig:
         0.5, help="Gate: fragmented GPUs a plan must recover per migration.", min=0)
     min_nodes_freed_per_migration: float = _opt(
         0.0, help="Gate: whole nodes a plan must free per migration.", min=0)
+    require_pending: bool = _opt(
+        True, help="Where the snapshot says what waits (pending jobs listed, or a Slurm or "
+        "Kubernetes source up), plan only for the job at the queue's head that fragments "
+        "block, never for the index (the revised rule, docs/simulate.md); false: the index "
+        "rule alone, compaction once the index stays above trigger, whether or not a job waits.")
     hold_recheck: Duration = _opt(Duration(60), help="After a hold (nothing worth moving), how "
                                   "long snapshots wait before planning again; alerts re-plan at once.",
                                   min=0)

@@ -293,3 +293,42 @@ def test_a_cpu_only_job_holding_the_cpus_a_pending_job_needs_is_moved_for_it():
     from exporter.advisor.kube_render import _resources
 
     assert _resources(move) == {"requests": {"cpu": "100"}, "limits": {}}  # no GPU asked for
+
+
+# -- advisor.require_pending: the config key that selects the rule -----------------------------
+
+
+def engine_from(data: dict) -> Advisor:
+    """The engine as ``serve`` builds it from an ``advisor`` config section (no dwell, so one
+    evaluation of a high index is due)."""
+    from exporter.advisor.advise import decision_settings
+    from exporter.config import Config, build
+
+    config = build(Config, {"advisor": {"dwell": "0s", **data}})
+    return Advisor(decision_settings(config.advisor), clock=lambda: NOW)
+
+
+def test_the_require_pending_key_selects_the_rule_in_the_engine():
+    snapshot = fragmented()  # Slurm up, nobody pending, the index above the trigger
+    rep = report_of(snapshot)
+    assert rep.cluster.index > 50
+    # false: the index rule alone, a compaction plan that starts nobody is proposed
+    current = advise(engine_from({"require_pending": False}), snapshot, rep, Planner())
+    assert current.decision == "compact" and current.plan is not None
+    assert current.plan.lets_start == () and current.plan.migrations
+    # true, and left out (the default): held before any planning
+    for data in ({"require_pending": True}, {}):
+        held = advise(engine_from(data), snapshot, rep, Planner())
+        assert held.decision == "hold" and held.plan is None
+        assert any(r.startswith("starts no pending job: none is pending") for r in held.reasons)
+
+
+def test_a_bad_require_pending_is_one_line():
+    import pytest
+
+    from exporter.config import Config, ConfigError, build
+
+    for bad, shown in (("no", "'no'"), (0, "0"), (None, "None")):
+        with pytest.raises(ConfigError) as info:
+            build(Config, {"advisor": {"require_pending": bad}})
+        assert str(info.value) == f"advisor.require_pending: must be true or false, got {shown}"

@@ -203,6 +203,25 @@ def test_a_clear_bound_set_at_the_tables_trigger_is_one_line_at_start_and_refuse
         service.deliverer.outbox.close()
 
 
+def test_require_pending_set_in_the_config_survives_a_reload_on_sighup(tmp_path):
+    """advisor.require_pending is read from the config at start, as dwell and cooldown are; a
+    reload of the table (SIGHUP, or the file changing) rebuilds the engine's settings from
+    the config and the new table, and must not put the default rule back."""
+    table = table_at(tmp_path / "thresholds.yaml", 50)
+    (tmp_path / "c.yaml").write_text(
+        f"advisor: {{require_pending: false, dwell: 7m, outbox: {tmp_path / 'o.sqlite'}}}\n")
+    _, state, service = serve.assemble(serve_config(tmp_path / "c.yaml", table, tmp_path), ["sim"])
+    assert service is not None
+    try:
+        assert service.advisor.settings.require_pending is False
+        table_at(table, 40)
+        assert Reload(state).run_once()["thresholds"] == "changed"
+        settings = service.advisor.settings
+        assert (settings.trigger, settings.require_pending, settings.dwell_seconds) == (40, False, 420)
+    finally:
+        service.deliverer.outbox.close()
+
+
 def test_a_trigger_set_in_the_config_stays_and_its_clear_bound_follows_it():
     """`advisor: {trigger: 40}` alone no longer exits 2: the default clear bound follows the
     trigger in force; a table's level never replaces a trigger set by hand."""

@@ -109,6 +109,7 @@ def decision_settings(config: AdvisorConfig, table: Thresholds | None = None) ->
         min_recovered_per_migration=config.min_recovered_per_migration,
         min_nodes_freed_per_migration=config.min_nodes_freed_per_migration,
         hold_recheck_seconds=config.hold_recheck,
+        require_pending=config.require_pending,
         checkpoint_interval_seconds=_checkpoint_interval(config, table),
         idle=None if table is None else idle_rule(table),
     )
