@@ -511,6 +511,12 @@ CLUSTER_FRAGMENTATION_INDEX = FamilySpec(
     "FGD fragmentation index of the cluster, 0-100: 100 * fragmented / (idle + one "
     "node of slack), plus tier-inversion penalties.",
     (), "fragmentation")
+CLUSTER_TIER_INVERSION_PENALTY = FamilySpec(
+    "gpufleet_cluster_tier_inversion_penalty", "gauge",
+    "Points of the cluster fragmentation index that are tier-inversion penalties, which no "
+    "compaction recovers: the index less this is what the advisor and "
+    "GpuFleetFragmentationHigh judge.",
+    (), "fragmentation")
 CLUSTER_FRAGMENTED_GPUS = FamilySpec(
     "gpufleet_cluster_fragmented_gpus", "gauge",
     "Idle GPUs (in GPU shares) the target workload cannot use, weighted by how often "

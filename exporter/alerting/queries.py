@@ -117,10 +117,19 @@ QUERIES: dict[str, AlertQuery] = {
         m.POOL_FRAGMENTATION_INDEX.name,
         f"{_POOL} has a fragmentation index of <VALUE>, <RELATION> <THRESHOLD> "
         "for <FOR>: idle GPUs are scattered so that large jobs cannot start."),
+    # Less the tier-inversion penalty, as the advisor judges it (docs/simulate.md, "Tier
+    # inversion"): an idle higher tier beside a busy lower one is no fragmentation, no
+    # compaction recovers it, and the advisor answers `none` to it; it must not page the
+    # advisor. Plain one-to-one matching: both series come from the same target with the
+    # same labels (Prometheus and VictoriaMetrics alike). A target that does not export the
+    # penalty yet (rules upgraded before the exporter) counts it as 0, so the alert keeps
+    # firing on the index there instead of never firing.
     "cluster_fragmentation_index": AlertQuery(
-        m.CLUSTER_FRAGMENTATION_INDEX.name,
-        "The cluster has a fragmentation index of <VALUE>, <RELATION> <THRESHOLD> for "
-        "<FOR>: idle GPUs are scattered so that large jobs cannot start."),
+        f"{m.CLUSTER_FRAGMENTATION_INDEX.name} - ({m.CLUSTER_TIER_INVERSION_PENALTY.name} or "
+        f"{m.CLUSTER_FRAGMENTATION_INDEX.name} * 0)",
+        "The cluster has a fragmentation index of <VALUE> without its tier-inversion "
+        "penalties, <RELATION> <THRESHOLD> for <FOR>: idle GPUs are scattered so that large "
+        "jobs cannot start."),
     "gpu_up": AlertQuery(
         m.GPU_UP.name,
         f"{_GPU} has not answered for <FOR>: it is lost or every read of it fails."),

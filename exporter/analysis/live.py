@@ -38,6 +38,7 @@ def report_families(report: Report) -> list[Family]:
     pool_labels = [(("model", p.model), ("pool", p.name)) for p in report.pools]
     return [
         metrics.CLUSTER_FRAGMENTATION_INDEX.family([((), _value(cluster.index))]),
+        metrics.CLUSTER_TIER_INVERSION_PENALTY.family([((), _value(cluster.penalty))]),
         metrics.CLUSTER_FRAGMENTED_GPUS.family([((), _value(cluster.fragmented_gpus))]),
         metrics.CLUSTER_IDLE_GPUS.family([((), _value(cluster.idle_gpus))]),
         metrics.CLUSTER_FRAGMENTATION_RATIO.family([((), _value(cluster.fragmentation_ratio))]),
