@@ -332,3 +332,19 @@ def test_a_bad_require_pending_is_one_line():
         with pytest.raises(ConfigError) as info:
             build(Config, {"advisor": {"require_pending": bad}})
         assert str(info.value) == f"advisor.require_pending: must be true or false, got {shown}"
+
+
+def test_the_default_fleets_inversion_is_exported_as_penalty_so_the_alert_leaves_it_out():
+    """GpuFleetFragmentationHigh compares gpufleet_cluster_fragmentation_index less
+    gpufleet_cluster_tier_inversion_penalty (rules/tests/gpu_fleet_fragmentation_high.yaml):
+    on the default fleet's inversion the exporter serves an index of 60 or more, almost all
+    of it penalty, so the difference the alert reads stays far under its level of 50."""
+    from exporter.analysis.live import LiveAnalyzer, report_families
+    from exporter.config import load
+
+    rep = LiveAnalyzer.from_config(load(None).analysis).analyze(default_fleet_inverted())
+    served = {f.name: f.samples[0][1] for f in report_families(rep) if f.samples and not f.samples[0][0]}
+    index = served["gpufleet_cluster_fragmentation_index"]
+    penalty = served["gpufleet_cluster_tier_inversion_penalty"]
+    assert index >= 60 and penalty == 60.0
+    assert index - penalty < 1
