@@ -542,6 +542,12 @@ POOL_FRAGMENTATION_INDEX = FamilySpec(
     "FGD fragmentation index of the pool, 0-100, plus tier-inversion penalties when "
     "the pool is an idle higher tier.",
     ("pool", "model"), "fragmentation")
+POOL_TIER_INVERSION_PENALTY = FamilySpec(
+    "gpufleet_pool_tier_inversion_penalty", "gauge",
+    "Points of the pool's fragmentation index that are tier-inversion penalties (an idle "
+    "higher tier), which no compaction recovers: the index less this is what the advisor "
+    "and GpuClusterFragmentationHigh judge.",
+    ("pool", "model"), "fragmentation")
 POOL_FRAGMENTED_GPUS = FamilySpec(
     "gpufleet_pool_fragmented_gpus", "gauge",
     "Idle GPUs of the pool the target workload cannot use (FGD).",

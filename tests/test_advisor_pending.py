@@ -336,7 +336,8 @@ def test_a_bad_require_pending_is_one_line():
 
 def test_the_default_fleets_inversion_is_exported_as_penalty_so_the_alert_leaves_it_out():
     """GpuFleetFragmentationHigh compares gpufleet_cluster_fragmentation_index less
-    gpufleet_cluster_tier_inversion_penalty (rules/tests/gpu_fleet_fragmentation_high.yaml):
+    gpufleet_cluster_tier_inversion_penalty (rules/tests/gpu_fleet_fragmentation_high.yaml),
+    GpuClusterFragmentationHigh each pool's index less its own penalty:
     on the default fleet's inversion the exporter serves an index of 60 or more, almost all
     of it penalty, so the difference the alert reads stays far under its level of 50."""
     from exporter.analysis.live import LiveAnalyzer, report_families
@@ -348,3 +349,9 @@ def test_the_default_fleets_inversion_is_exported_as_penalty_so_the_alert_leaves
     penalty = served["gpufleet_cluster_tier_inversion_penalty"]
     assert index >= 60 and penalty == 60.0
     assert index - penalty < 1
+    # GpuClusterFragmentationHigh likewise, per pool: the idle H200 pool carries the penalty
+    pools = {dict(labels)["pool"]: value for f in report_families(rep)
+             if f.name == "gpufleet_pool_tier_inversion_penalty" for labels, value in f.samples}
+    assert pools == {"gpu-h200": 60.0, "gpu-h100": 0.0, "gpu-a100": 0.0, "gpu-b200": 0.0}
+    h200 = next(p for p in rep.pools if p.name == "gpu-h200")
+    assert h200.index >= 60 and h200.index - pools["gpu-h200"] < 1

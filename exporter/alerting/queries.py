@@ -113,10 +113,13 @@ QUERIES: dict[str, AlertQuery] = {
         recorded.GPU_NVLINK_UTILIZATION,
         f"{_GPU} runs a multi-GPU job but uses <VALUE> of its NVLink bandwidth, "
         "<RELATION> <THRESHOLD> for <FOR>."),
+    # Less the pool's tier-inversion penalty, as the cluster's below (the reasons there).
     "pool_fragmentation_index": AlertQuery(
-        m.POOL_FRAGMENTATION_INDEX.name,
-        f"{_POOL} has a fragmentation index of <VALUE>, <RELATION> <THRESHOLD> "
-        "for <FOR>: idle GPUs are scattered so that large jobs cannot start."),
+        f"{m.POOL_FRAGMENTATION_INDEX.name} - ({m.POOL_TIER_INVERSION_PENALTY.name} or "
+        f"{m.POOL_FRAGMENTATION_INDEX.name} * 0)",
+        f"{_POOL} has a fragmentation index of <VALUE> without its tier-inversion penalties, "
+        "<RELATION> <THRESHOLD> for <FOR>: idle GPUs are scattered so that large jobs cannot "
+        "start."),
     # Less the tier-inversion penalty, as the advisor judges it (docs/simulate.md, "Tier
     # inversion"): an idle higher tier beside a busy lower one is no fragmentation, no
     # compaction recovers it, and the advisor answers `none` to it; it must not page the

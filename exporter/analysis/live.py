@@ -46,6 +46,8 @@ def report_families(report: Report) -> list[Family]:
             [((("reason", r),), _value(cluster.breakdown.get(r, 0.0))) for r in FRAGMENT_REASONS]),
         metrics.POOL_FRAGMENTATION_INDEX.family(
             [(labels, _value(p.index)) for labels, p in zip(pool_labels, report.pools, strict=True)]),
+        metrics.POOL_TIER_INVERSION_PENALTY.family(
+            [(labels, _value(p.penalty)) for labels, p in zip(pool_labels, report.pools, strict=True)]),
         metrics.POOL_FRAGMENTED_GPUS.family(
             [(labels, _value(p.fragmented_gpus))
              for labels, p in zip(pool_labels, report.pools, strict=True)]),
