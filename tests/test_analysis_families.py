@@ -23,6 +23,7 @@ FAMILIES = {
     "gpufleet_cluster_fragmented_gpus_by_reason", "gpufleet_pool_fragmentation_index",
     "gpufleet_pool_fragmented_gpus", "gpufleet_pool_idle_gpus", "gpufleet_node_fragmented_gpus",
     "gpufleet_tier_inversion", "gpufleet_fragmentation_workload_shapes",
+    "gpufleet_cluster_tier_inversion_penalty", "gpufleet_pool_tier_inversion_penalty",
     "gpufleet_fragmentation_workload_coverage_ratio",
     "gpufleet_fragmentation_workload_cpu_only_ratio", "gpufleet_fragmentation_workload_info",
     # pool load (issue 20): the analyzer's LoadTracker
