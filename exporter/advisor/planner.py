@@ -119,23 +119,23 @@ def destination_models(alloc: Allocation, current_model: str, fleet_models: Sequ
     model is one the scheduler itself could have started on any of them. A model whose
     memory the catalogue does not know is taken as no larger than any: the job stays.
     """
-    if alloc.gpu_memory_need_bytes:
-        return tier_models(alloc.gpu_memory_need_bytes, fleet_models, alloc.allowed_models)
-    allowed = set(alloc.allowed_models) if alloc.allowed_models else None
+    return _destinations(alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models), current_model,
+                         tuple(fleet_models))
+
+
+@functools.lru_cache(maxsize=4096)
+def _destinations(need: int | None, allowed_models: tuple[str, ...], current_model: str,
+                  fleet_models: tuple[str, ...]) -> tuple[str, ...]:
+    """:func:`destination_models` by value, kept: a fleet's thousand jobs have a few dozen keys."""
+    if need:
+        return tier_models(need, fleet_models, allowed_models)
+    allowed = set(allowed_models) if allowed_models else None
     held = _memory_per_gpu(current_model)
     models = [current_model] if allowed is None or current_model in allowed else []
     if held:
         models += [m for m in fleet_models if m != current_model and (allowed is None or m in allowed)
                    and _memory_per_gpu(m) >= held]
     return tuple(models)
-
-
-@functools.lru_cache(maxsize=4096)
-def _destinations(need: int | None, allowed: tuple[str, ...], current_model: str,
-                  fleet_models: tuple[str, ...]) -> tuple[str, ...]:
-    """:func:`destination_models` by value: a fleet's thousand jobs have a few dozen keys."""
-    return destination_models(Allocation(job="", placements=(), allowed_models=allowed,
-                                         gpu_memory_need_bytes=need), current_model, fleet_models)
 
 
 @functools.lru_cache(maxsize=256)
