@@ -108,6 +108,10 @@ def test_node_and_cluster_mode_under_one_prometheus_give_one_copy_of_each_series
                   timeout=60)
     prom.wait_for('ALERTS{alertname="GpuLost",alertstate="firing"}', lambda r: bool(r),
                   timeout=60)
+    # the cluster-mode process's first reads can come before the reloaded Prometheus answers the
+    # node series ("prometheus lists no GPU"), and a scrape of that down state may be the last one
+    prom.wait_for('gpufleet_source_up{job="gpufleet-cluster",source="prometheus",target=""} == 1',
+                  lambda r: bool(r), timeout=60)
     time.sleep(5)  # both targets scraped several times over, the rules evaluated after them
 
     # the cluster-mode process is up and reads the whole fleet from Prometheus
