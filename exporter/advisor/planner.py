@@ -207,38 +207,95 @@ def _all_candidates(snapshot: FleetSnapshot, state: FleetState, now: float, sett
     return by_node, later_all, cpu_by_node
 
 
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """What of a candidate depends on the job and the fleet's layout only, not on the time."""
+
+    node: int
+    current: Placement
+    task: Task
+    gpus: float  # GPUs it holds, times its share: the cost's rate
+    holds_gpus: bool
+
+
+class _Layout:
+    """Each job's :class:`_Where` (or None: never movable) over calls on one fleet layout.
+
+    The simulated fleet asks for candidates every evaluation while most of its jobs stay
+    put; this keeps, per allocation object, the part of :func:`_candidates`' work that only
+    the job and the layout decide, and drops the jobs gone. A new layout (another node
+    list, GPU slots, CPUs, models, MIG nodes or priority rule) starts it over.
+    """
+
+    def __init__(self) -> None:
+        self.key: tuple[object, ...] = ()
+        self.arrays: tuple[np.ndarray, ...] = ()
+        self.kept: dict[int, tuple[Allocation, _Where | None]] = {}
+
+    def start(self, state: FleetState, mig: set[str], settings: PlanSettings) -> None:
+        key = (state.names, state.model_names, frozenset(mig), settings.high_priority,
+               settings.move_high_priority)
+        arrays = (state.cpu_total, state.model,
+                  state.gpu_index if state.gpu_index is not None else np.empty(0))
+        if key != self.key or not all(a.shape == b.shape and np.array_equal(a, b)
+                                      for a, b in zip(arrays, self.arrays, strict=True)):
+            self.key, self.arrays, self.kept = key, tuple(a.copy() for a in arrays), {}
+
+
+_LAYOUT = _Layout()
+
+
+def _where(alloc: Allocation, state: FleetState, index: dict[str, int], mig: set[str],
+           settings: PlanSettings, rows: dict[int, dict[int, int]]) -> _Where | None:
+    """The job's node, placement and re-placement task; None when the planner never moves it."""
+    if len(alloc.placements) != 1:
+        return None  # multi-node: never split, and not moved whole by this planner
+    if alloc.priority >= settings.high_priority and not settings.move_high_priority:
+        return None
+    part = alloc.placements[0]
+    node = index.get(part.node)
+    if node is None or part.node in mig:
+        return None  # not in the fleet, or it holds MIG slices, which the placer does not model
+    slots = _slots(state, node, part.gpus, rows)
+    if slots is None:
+        return None
+    share = part.gpu_share if part.gpus else 1.0  # a CPU-only job's share says nothing
+    if not 0 < share <= 1 or part.cpus > state.cpu_total[node]:
+        # it holds more than its node has: the placer, which clamps at the node's
+        # capacity, could not put it back after trying a move ("no longer fits")
+        return None
+    current_model = state.model_names[int(state.model[node])]
+    models = _destinations(alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models), current_model,
+                           state.model_names)
+    if not models:
+        return None
+    current = Placement(node, part.node, slots, tuple(part.gpus), share if part.gpus else 0.0, part.cpus)
+    # Task.from_allocation's task with the models narrowed (built once, not replaced)
+    task = Task(part.cpus, len(part.gpus), share, models if part.gpus else (), alloc.gpu_memory_need_bytes)
+    return _Where(node, current, task, len(part.gpus) * part.gpu_share, bool(part.gpus))
+
+
 def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float, settings: PlanSettings,
                 deferred: list[Allocation], cpu_by_node: dict[int, list[Candidate]]
                 ) -> dict[int, list[Candidate]]:
     """The jobs holding GPUs, per node; CPU-only ones go to ``cpu_by_node``."""
     by_node: dict[int, list[Candidate]] = {}
     rows: dict[int, dict[int, int]] = {}
-    index = {name: i for i, name in enumerate(state.names)}
+    index: dict[str, int] | None = None
     mig = mig_nodes(snapshot)
+    _LAYOUT.start(state, mig, settings)
+    kept, now_kept = _LAYOUT.kept, {}
     expires = now + settings.ttl_seconds
     for alloc in snapshot.allocations:
-        if len(alloc.placements) != 1:
-            continue  # multi-node: never split, and not moved whole by this planner
-        if alloc.priority >= settings.high_priority and not settings.move_high_priority:
-            continue
-        part = alloc.placements[0]
-        node = index.get(part.node)
-        if node is None:
-            continue
-        if part.node in mig:
-            continue  # it holds MIG slices, which the placer does not model
-        slots = _slots(state, node, part.gpus, rows)
-        if slots is None:
-            continue
-        share = part.gpu_share if part.gpus else 1.0  # a CPU-only job's share says nothing
-        if not 0 < share <= 1 or part.cpus > state.cpu_total[node]:
-            # it holds more than its node has: the placer, which clamps at the node's
-            # capacity, could not put it back after trying a move ("no longer fits")
-            continue
-        current_model = state.model_names[int(state.model[node])]
-        models = _destinations(alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models), current_model,
-                               state.model_names)
-        if not models:
+        found = kept.get(id(alloc))
+        if found is not None and found[0] is alloc:
+            where = found[1]
+        else:
+            if index is None:
+                index = {name: i for i, name in enumerate(state.names)}
+            where = _where(alloc, state, index, mig, settings, rows)
+        now_kept[id(alloc)] = (alloc, where)
+        if where is None:
             continue
         started = alloc.start_time if alloc.start_time is not None else now
         if max(0.0, now - started) < settings.min_runtime_seconds \
@@ -247,15 +304,10 @@ def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float, settings
             continue
         checkpoint = last_checkpoint(alloc, now, settings.checkpoint_interval_seconds)
         since = started if checkpoint is None else max(started, checkpoint)
-        gpus = len(part.gpus) * part.gpu_share
-        cost = gpus * max(0.0, now - since)
-        current = Placement(node, part.node, slots, tuple(part.gpus), share if part.gpus else 0.0, part.cpus)
-        # Task.from_allocation's task with the models narrowed (built once, not replaced)
-        task = Task(part.cpus, len(part.gpus), share, models if part.gpus else (),
-                    alloc.gpu_memory_need_bytes)
-        (by_node if part.gpus else cpu_by_node).setdefault(node, []).append(
-            Candidate(alloc, node, current, task, cost, max(0.0, now - started),
-                      checkpoint is not None))
+        (by_node if where.holds_gpus else cpu_by_node).setdefault(where.node, []).append(
+            Candidate(alloc, where.node, where.current, where.task, where.gpus * max(0.0, now - since),
+                      max(0.0, now - started), checkpoint is not None))
+    _LAYOUT.kept = now_kept
     for jobs in (*by_node.values(), *cpu_by_node.values()):
         jobs.sort(key=lambda c: (c.cost, c.alloc.job))
     return by_node

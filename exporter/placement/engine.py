@@ -222,8 +222,10 @@ class Placer:
         if self.memory_free is not None and task.host_memory_bytes > 0:
             # memory only filters, so the remembered scores stay valid: mask them per task
             key = np.where(self.memory_free[nodes] >= task.host_memory_bytes - 0.5, key, np.inf)
-        if len(exclude):
-            key = np.where(np.isin(nodes, np.asarray(exclude, dtype=np.intp)), np.inf, key)
+        if len(exclude):  # a mask over the fleet: np.isin sorts both sides on every call
+            barred = np.zeros(len(self.names), dtype=bool)
+            barred[np.asarray(exclude, dtype=np.intp)] = True
+            key = np.where(barred[nodes], np.inf, key)
         return nodes, key, entry, ask
 
     def _view(self) -> policies.NodeView:
