@@ -36,7 +36,7 @@ _GPU = "GPU {{ $labels.gpu }} on {{ $labels.node }} ({{ $labels.model }}, pool {
 _POOL = "Pool {{ $labels.pool }} ({{ $labels.model }})"
 # Clock-event reasons that mean a hardware or thermal slowdown (not the power cap, which
 # is GpuPowerHigh's, nor sync boost, which follows another GPU).
-SLOWDOWN_REASONS = "hw_thermal|sw_thermal|hw_power_brake|hw_slowdown"  # the dashboards too
+SLOWDOWN_REASONS = m.SLOWDOWN_REASONS  # the dashboards and the health verdicts too
 _XIDS = f'{m.GPU_XID_ERRORS_TOTAL.name}{{xid=~"{{critical_xids}}"}}'
 _UP = 'up{job=~"{exporter_jobs}"}'  # Prometheus' own series for each gpufleet target
 
