@@ -67,6 +67,7 @@ METRICS: dict[str, MetricDef] = {
         MetricDef("job_utilization", "ratio", "job", ("<",)),
         MetricDef("job_checkpoint_age", "seconds", "job", (">", ">=")),
         MetricDef("job_nvlink_generations", "count", "job", (">", ">=")),
+        MetricDef("job_straggler_gpus", "count", "job", (">", ">=")),
         MetricDef("gpu_memory_used", "ratio", "gpu", (">", ">=")),
         MetricDef("gpu_temperature", "celsius", "gpu", (">", ">=")),
         MetricDef("gpu_power", "watts", "gpu", (">", ">="), relative_to_tdp=True),
