@@ -94,28 +94,31 @@ class ReceiverConfig:
 
 
 def _health_default(name: str) -> Duration:
-    """The default of an ``advisor.health`` duration: the field's default in the health
-    dataclasses (exporter/health), so code and config hold one number."""
-    from exporter.health.remediation import RemediationSettings
-    from exporter.health.verdict import HealthSettings
-
-    # an instance's value: the default, or what a default factory (the table, one day) makes
-    settings = HealthSettings() if name in HealthSettings.__dataclass_fields__ else RemediationSettings()
-    return Duration(getattr(settings, name))
+    """The default of an ``advisor.health`` duration: the threshold table's row of the same
+    name (``health.verdicts.clean_window``, ``health.remediation.min_drain``), so code, table
+    and config hold one number. Marked as a default (exporter/thresholds/defaults.py):
+    ``serve`` reads it from ``thresholds_file`` instead, and again on each reload."""
+    health = load_thresholds().health
+    assert health is not None  # the installed table has every health row
+    part = health.verdicts if name == "clean_window_seconds" else health.remediation
+    return DurationFromTable(getattr(part, name))
 
 
 @dataclass(frozen=True)
 class HealthConfig:
-    """The durations of health remediation a site tunes (docs/health.md); the other
-    settings are the dataclasses' defaults until they become rows of the threshold table."""
+    """The two durations of health remediation a site may set here (docs/health.md); each
+    overrides the threshold table's row of the same name, which every other setting is."""
 
     clean_window: Duration = _opt(
         help="A failing or degraded GPU's verdict falls only after this long without its "
-        "signal (a resume waits for it).",
+        "signal (a resume waits for it); default: the threshold table's "
+        "health.verdicts.clean_window (thresholds_file), followed when it is reloaded.",
         factory=lambda: _health_default("clean_window_seconds"), min=0)
     min_drain: Duration = _opt(
         help="A node gpufleet drained stays drained at least this long, so a flapping GPU "
-        "does not cycle it.", factory=lambda: _health_default("min_drain_seconds"), min=0)
+        "does not cycle it; default: the threshold table's health.remediation.min_drain, "
+        "followed when it is reloaded.", factory=lambda: _health_default("min_drain_seconds"),
+        min=0)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,9 @@ CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
     ("hw_thermal", 0x40),
     ("hw_power_brake", 0x80),
 )
+# the reasons counted as a slowdown (thermal or power brake): GpuClocksThrottled, the dashboards
+# and the health verdicts' thermal signal
+SLOWDOWN_REASONS = "hw_thermal|sw_thermal|hw_power_brake|hw_slowdown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -782,5 +785,5 @@ CATALOGUE: dict[str, FamilySpec] = {
     value.name: value for value in list(globals().values()) if isinstance(value, FamilySpec)
 }
 
-__all__ = ["CATALOGUE", "CLOCK_EVENT_REASONS", "IDENTITY", "Bound", "Family", "FamilySpec", "FromField",
-           "Labels", "Pairs", "Series"]
+__all__ = ["CATALOGUE", "CLOCK_EVENT_REASONS", "IDENTITY", "SLOWDOWN_REASONS", "Bound", "Family",
+           "FamilySpec", "FromField", "Labels", "Pairs", "Series"]

@@ -380,7 +380,7 @@ def test_recording_rules_follow_level_metric_operations():
     assert set(recorded) > {r.record for _, group in RECORDING_GROUPS for r in group}
     for name in recorded:
         level, metric, operations = name.split(":")
-        assert level in ("gpu", "job_gpu", "job", "pool", "cluster", "instance")
+        assert level in ("gpu", "job_gpu", "job", "pool", "cluster", "instance", "node")
         assert metric.startswith("gpufleet_")
         assert operations
     assert set(recorded) >= {

@@ -49,7 +49,7 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
     assert [row.alert for row in t.alerts] == [
         "GpuJobUtilizationLow", "GpuMemoryHigh", "GpuTemperatureHigh", "GpuPowerHigh",
         "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuFleetFragmentationHigh",
-        "GpuJobCheckpointStale", "GpuJobNvlinkGenerationsMixed", "GpuLost", "GpuXidError",
+        "GpuJobCheckpointStale", "GpuJobNvlinkGenerationsMixed", "GpuJobStraggler", "GpuLost", "GpuXidError",
         "GpuEccUncorrectable", "GpuRowRemapFailed", "GpuRowRemapPending", "GpuClocksThrottled",
         "GpuPowerCapped", "GpuNvlinkErrors", "GpuNvlinkCrcErrors", "GpuSmActivityLow", "GpufleetSourceDown",
         "GpufleetSourceDownEverywhere", "GpufleetTargetDown", "GpufleetSnapshotStale", "GpufleetJobDown",

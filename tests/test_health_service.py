@@ -184,12 +184,16 @@ def test_serves_config_sets_the_clean_window_and_the_minimum_drain(tmp_path):
     from exporter.advisor.service import build_service
     from exporter.config import Config, build
     from exporter.health.remediation import RemediationSettings
+    from exporter.thresholds import load_thresholds
 
     default = build(Config, {"advisor": {"outbox": str(tmp_path / "a.sqlite")}}).advisor
-    # one number each: the config's default is the dataclass's
+    # one number each: the config's default is the threshold table's row, which is the
+    # settings' default too
+    table = load_thresholds().health
+    assert table is not None
     assert (default.health.clean_window, default.health.min_drain) == (
-        HealthSettings.__dataclass_fields__["clean_window_seconds"].default,
-        RemediationSettings.__dataclass_fields__["min_drain_seconds"].default) == (900, 3600)
+        table.verdicts.clean_window_seconds, table.remediation.min_drain_seconds) == (
+        HealthSettings().clean_window_seconds, RemediationSettings().min_drain_seconds) == (900, 3600)
     config = build(Config, {"advisor": {"outbox": str(tmp_path / "b.sqlite"),
                                         "health": {"clean_window": "2s", "min_drain": "1m30s"}}})
     built = build_service(config.advisor, LiveAnalyzer.from_config(config.analysis), environ={})

@@ -24,7 +24,14 @@ from aiohttp import web
 
 from exporter import metrics
 from exporter.advisor.advice import Advice, WhatIf
-from exporter.advisor.advise import PlanFunction, advise, decision_settings, planner_for, what_if
+from exporter.advisor.advise import (
+    PlanFunction,
+    advise,
+    decision_settings,
+    health_settings,
+    planner_for,
+    what_if,
+)
 from exporter.advisor.api import AdvisorApi, add_routes
 from exporter.advisor.engine import Advisor, nvlink_generations
 from exporter.advisor.outbox import Outbox
@@ -37,8 +44,7 @@ from exporter.analysis.live import LiveAnalyzer
 from exporter.analysis.state import from_snapshot
 from exporter.config import AdvisorConfig, ConfigError
 from exporter.health.monitor import HealthMonitor, event_body, restore_state
-from exporter.health.remediation import RemediationSettings, event_id
-from exporter.health.verdict import HealthSettings
+from exporter.health.remediation import event_id
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
 from exporter.thresholds import Thresholds
@@ -439,11 +445,11 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFu
                           max_delay=config.retry_max, retention=config.outbox_retention)
     if planner is None:
         planner = planner_for(config, table)
+    health = health_settings(config, table)  # the table's health section, the config's overrides
     service = AdvisorService(Advisor(settings), analyzer, deliverer, token,
                              config.max_body_bytes, what_if_timeout, planner=planner,
-                             health=HealthMonitor(
-                                 HealthSettings(clean_window_seconds=float(config.health.clean_window)),
-                                 RemediationSettings(min_drain_seconds=float(config.health.min_drain))))
+                             health=HealthMonitor(health.verdicts, health.remediation,
+                                                  health.stragglers))
     service.restore_state()
     return service
 

@@ -36,7 +36,7 @@ _GPU = "GPU {{ $labels.gpu }} on {{ $labels.node }} ({{ $labels.model }}, pool {
 _POOL = "Pool {{ $labels.pool }} ({{ $labels.model }})"
 # Clock-event reasons that mean a hardware or thermal slowdown (not the power cap, which
 # is GpuPowerHigh's, nor sync boost, which follows another GPU).
-SLOWDOWN_REASONS = "hw_thermal|sw_thermal|hw_power_brake|hw_slowdown"  # the dashboards too
+SLOWDOWN_REASONS = m.SLOWDOWN_REASONS  # the dashboards and the health verdicts too
 _XIDS = f'{m.GPU_XID_ERRORS_TOTAL.name}{{xid=~"{{critical_xids}}"}}'
 _UP = 'up{job=~"{exporter_jobs}"}'  # Prometheus' own series for each gpufleet target
 
@@ -88,6 +88,16 @@ QUERIES: dict[str, AlertQuery] = {
         "<FOR>: they do not interconnect (Blackwell's NVLink 5, Hopper's NVLink 4), "
         "so its traffic "
         "between them falls back to the network."),
+    # Only jobs with a straggler have the series, and only once a GPU has been outside its
+    # peers for the table's health.stragglers.for (issue 31): the series is the verdict, the
+    # alert's `for` only waits out one collection. Maxed by the job's constant labels, as
+    # above, so a second cluster-mode exporter does not restart the clock.
+    "job_straggler_gpus": AlertQuery(
+        f"max by (cluster, exported_job, namespace, account) ({m.JOB_STRAGGLER_GPUS.name})",
+        "Job {{ $labels.exported_job }}{{ with $labels.namespace }} (namespace {{ . }})"
+        "{{ end }}{{ with $labels.account }} (account {{ . }}){{ end }} has <VALUE> GPU(s) "
+        "out of step with its peers (<RELATION> <THRESHOLD>, for <FOR>): the whole job runs "
+        "at its slowest GPU's pace."),
     "gpu_memory_used": AlertQuery(
         recorded.GPU_MEMORY_USED,
         f"{_GPU} has <VALUE> of its memory in use, <RELATION> <THRESHOLD> for <FOR>."),

@@ -35,3 +35,10 @@ NODE_CPU_BUSY = "instance:gpufleet_node_cpu_busy:ratio"
 NODE_MEMORY_USED = "instance:gpufleet_node_memory_used:ratio"
 NODE_DISK_IO_BUSY = "instance:gpufleet_node_disk_io_busy:ratio"
 NODE_PRESSURE_SCORE = "instance:gpufleet_node_pressure:score"
+# fleet reliability (issue 31), from the health families; exporter/alerting/rules.py
+CLUSTER_FAULTS_7D = "cluster:gpufleet_health_faults:increase7d"  # interruptions by cause
+CLUSTER_FAULTS_30D = "cluster:gpufleet_health_faults:increase30d"
+NODE_TIME_BETWEEN_FAULTS = "node:gpufleet_node_time_between_faults:seconds"
+NODE_REPEAT_OFFENDER = "node:gpufleet_node_faults:repeat_offender"
+CLUSTER_FAULT_TO_DRAIN = "cluster:gpufleet_remediation_fault_to_drain_seconds:mean7d"
+CLUSTER_DRAIN_TO_RESUME = "cluster:gpufleet_remediation_drain_to_resume_seconds:mean7d"

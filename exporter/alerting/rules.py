@@ -45,6 +45,7 @@ from exporter.alerting.queries import QUERIES
 from exporter.durations import format_duration, parse_duration
 from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.thresholds import AlertRow, Level, Thresholds
+from exporter.thresholds.health import HealthTable
 
 FORMATS = ("prometheus", "prometheusrule")
 ALERTS_FILE = "gpufleet-alerts.yaml"
@@ -370,9 +371,54 @@ def _computed_recordings(group: str) -> tuple[Recording, ...]:
     return (power_limit_recording(),) if group == "gpufleet-gpu-recording" else ()
 
 
+def _increase_per_pool(family: str, keep: str, window: str, by: str, selector: str = "") -> str:
+    """``increase()`` of a health counter over ``window``, summed ``by`` across pools. Two
+    cluster-mode exporters count the same faults and drains: the larger of their counts
+    (max by the counter's own labels, ``keep``), never their sum."""
+    return f"sum by ({by}) (\n  max by ({keep}) (increase({family}{selector}[{window}]))\n)"
+
+
+def health_recordings(health: HealthTable) -> tuple[Recording, ...]:
+    """Fleet reliability (issue 31, Build 5) from the health families (docs/health.md):
+    interruptions by cause over 7 and 30 days, each node's mean time between faults and the
+    repeat offenders (at the table's ``health.remediation.replace_after_faults`` faults in its
+    ``replace_window``, the node faults' window), and the mean times from fault to drain and
+    from drain to resume over 7 days. Plain PromQL, the same on Prometheus and VictoriaMetrics."""
+    faults = metrics.HEALTH_FAULTS_TOTAL.name
+    node_faults = f"max by (cluster, node, pool) ({metrics.NODE_FAULTS.name})"
+    events = metrics.REMEDIATION_EVENTS_TOTAL.name
+    window = _number(health.remediation.replace_window_seconds)
+    replace_at = _number(health.remediation.replace_after_faults)
+
+    def mean_per_event(seconds_total: str, action: str) -> str:
+        # the seconds are per pool, the events are not: one mean for the cluster, of the
+        # events of the 7 days (none in them: no series, rather than 0/0)
+        count = _increase_per_pool(events, "cluster, action", "7d", "cluster", f'{{action="{action}"}}')
+        return (f"{_increase_per_pool(seconds_total, 'cluster, pool', '7d', 'cluster')}\n/\n"
+                f"(\n{count}\n> 0\n)")
+
+    return (
+        Recording(recorded.CLUSTER_FAULTS_7D,
+                  _increase_per_pool(faults, "cluster, pool, cause", "7d", "cluster, cause")),
+        Recording(recorded.CLUSTER_FAULTS_30D,
+                  _increase_per_pool(faults, "cluster, pool, cause", "30d", "cluster, cause")),
+        # the node's faults counted over the window: its mean time between them
+        Recording(recorded.NODE_TIME_BETWEEN_FAULTS, f"{window} / ({node_faults} > 0)"),
+        Recording(recorded.NODE_REPEAT_OFFENDER, f"{node_faults} >= {replace_at}"),
+        Recording(recorded.CLUSTER_FAULT_TO_DRAIN, mean_per_event(
+            metrics.REMEDIATION_FAULT_TO_DRAIN_SECONDS_TOTAL.name, "drain")),
+        Recording(recorded.CLUSTER_DRAIN_TO_RESUME, mean_per_event(
+            metrics.REMEDIATION_DRAIN_TO_RESUME_SECONDS_TOTAL.name, "resume")),
+    )
+
+
+HEALTH_RECORDING_GROUP = "gpufleet-health-recording"
+
+
 def recording_groups(thresholds: Thresholds | None = None) -> list[dict[str, Any]]:
     """The fixed groups, plus what the table's load_statistics and pressure sections
-    generate (exporter/alerting/pool_load_rules.py) when ``thresholds`` is given."""
+    generate (exporter/alerting/pool_load_rules.py) and the health reliability group
+    (:func:`health_recordings`) when ``thresholds`` is given."""
     static = [
         {"name": name, "rules": [{"record": r.record, "expr": r.expr} for r in
                                  (*recordings, *_computed_recordings(name))]}
@@ -380,7 +426,11 @@ def recording_groups(thresholds: Thresholds | None = None) -> list[dict[str, Any
     ]
     if thresholds is None:
         return static
-    return pool_load_rules.recording_groups(thresholds.load_statistics, thresholds.pressure, static)
+    groups = pool_load_rules.recording_groups(thresholds.load_statistics, thresholds.pressure, static)
+    if thresholds.health is not None:
+        groups.append({"name": HEALTH_RECORDING_GROUP, "rules": [
+            {"record": r.record, "expr": r.expr} for r in health_recordings(thresholds.health)]})
+    return groups
 
 
 class _Dumper(yaml.SafeDumper):

@@ -292,7 +292,9 @@ def follow_table(table: LiveThresholds, config: Config, analyzer: LiveAnalyzer,
     """What a reloaded threshold table changes: the analysis' compaction threshold and the
     pools' scaling settings, and the advisor's trigger, clear bound and checkpoint interval
     (the planner's too), where the config leaves them at their defaults
-    (exporter/thresholds/defaults.py), and its reclaim rule (GpuJobUtilizationLow). The
+    (exporter/thresholds/defaults.py), and its reclaim rule (GpuJobUtilizationLow), and the
+    health monitor's settings (the table's ``health`` section, less advisor.health's overrides:
+    its verdicts, drains and straggler clocks stay). The
     advisor's state (dwell, cooldown, plan in force, idle clocks), the analyzer's window and
     the scalers' state stay: only settings are replaced. A clear bound set in the config at or
     above the new trigger refuses the table (advise.decision_settings), and the old one stays."""
@@ -312,17 +314,20 @@ def follow_table(table: LiveThresholds, config: Config, analyzer: LiveAnalyzer,
     table.follow("analysis", analysis)
     if advisor is None:
         return
-    from exporter.advisor.advise import decision_settings, planner_for
+    from exporter.advisor.advise import decision_settings, health_settings, planner_for
 
     service = advisor
 
     def engine(new: Thresholds) -> Callable[[], None]:
         settings = decision_settings(config.advisor, new)  # ConfigError: refused
         planner = planner_for(config.advisor, new)
+        health = health_settings(config.advisor, new)
 
         def commit() -> None:
             service.advisor.settings = settings
             service.planner = planner
+            if service.health is not None:
+                service.health.retable(health.verdicts, health.remediation, health.stragglers)
         return commit
 
     table.follow("advisor", engine)

@@ -85,6 +85,14 @@ class HealthMonitor:
         self.recent: deque[Event] = deque(maxlen=MAX_LISTED)
         self._namespaces: dict[str, str] = {}
 
+    def retable(self, health: HealthSettings, remediation: RemediationSettings,
+                stragglers: StragglerSettings) -> None:
+        """New settings (a reloaded threshold table): the verdicts, what gpufleet drained and
+        each straggler's clock stay; only the settings change."""
+        self.tracker.retable(health)
+        self.remediator.settings = remediation
+        self.stragglers.settings = stragglers
+
     def observe(self, snapshot: FleetSnapshot) -> HealthView:
         health = self.tracker.observe(snapshot)
         events = tuple(self.remediator.decide(health, snapshot))

@@ -27,14 +27,15 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
-from exporter.health.settings import check_settings
 from exporter.health.verdict import FleetHealth, NodeVerdict, Reason, Verdict
 from exporter.snapshot import FleetSnapshot
+from exporter.thresholds.health import (
+    RemediationSettings as RemediationSettings,  # the table's health.remediation
+)
 
 MAX_REASON_CHARS = 200  # Slurm keeps the reason whole; a node with 8 failing GPUs stays legible
 
@@ -104,26 +105,6 @@ def decode_event(line: str | bytes) -> Event:
 
 def encode_event(event: Event) -> bytes:
     return msgspec.json.encode(event)
-
-
-@dataclass(frozen=True, slots=True)
-class RemediationSettings:
-    """Every count, share and duration of remediation (to become rows of rules/thresholds.yaml)."""
-
-    max_drained_nodes: int = 4  # drained by gpufleet at once, in the whole fleet
-    max_drained_pool_ratio: float = 0.25  # of a pool's nodes at once (at least one node)
-    min_healthy_nodes: int = 1  # a pool keeps this many healthy nodes in service
-    max_drains_per_window: int = 6  # the rate limit ...
-    drain_window_seconds: float = 3600.0  # ... over this window
-    min_drain_seconds: float = 3600.0  # a flapping GPU does not cycle its node
-    replace_after_faults: int = 3  # faults (a node turning failing) ...
-    replace_window_seconds: float = 7 * 86400.0  # ... in this window
-    # XIDs a reset does not clear (64: a remap failed, 92: memory failing): they need service
-    service_xids: tuple[int, ...] = (64, 92)
-
-    def __post_init__(self) -> None:
-        check_settings("remediation", self, minimum={"replace_after_faults": 1},
-                       maximum={"max_drained_pool_ratio": 1.0})
 
 
 class DrainRecord(msgspec.Struct):

@@ -21,8 +21,9 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exporter.health.settings import check_settings
 from exporter.snapshot import FleetSnapshot, Gpu
+from exporter.thresholds.health import STRAGGLER_METRICS
+from exporter.thresholds.health import StragglerSettings as StragglerSettings  # the table's health.stragglers
 
 MAD_TO_SIGMA = 1.4826  # the MAD of normal data times this is its standard deviation
 
@@ -41,20 +42,7 @@ METRICS: dict[str, Callable[[Gpu], float | None]] = {
     "power": lambda g: g.power_watts,
     "sm_clock": _sm_clock,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class StragglerSettings:
-    """Every count and duration of straggler detection (to become rows of rules/thresholds.yaml)."""
-
-    min_job_gpus: int = 4  # fewer peers give no robust median
-    straggler_for_seconds: float = 600.0  # outside its peers this long without a break
-    mad_threshold: float = 3.5  # robust z-score (Iglewicz and Hoaglin's outlier cut)
-    min_relative_deviation: float = 0.2  # and at least this far from the median, relatively
-    metrics: tuple[str, ...] = tuple(METRICS)
-
-    def __post_init__(self) -> None:
-        check_settings("stragglers", self, minimum={"min_job_gpus": 3})
+assert tuple(METRICS) == STRAGGLER_METRICS  # the names the table's health.stragglers.metrics takes
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,8 +43,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from exporter.health.settings import check_settings
-from exporter.snapshot import CLOCK_EVENT_REASONS, FleetSnapshot, Gpu, GpuHealth
+from exporter.snapshot import FleetSnapshot, Gpu, GpuHealth
+from exporter.thresholds.health import HealthSettings as HealthSettings  # the table's health.verdicts
 
 
 class Verdict(StrEnum):
@@ -60,46 +60,6 @@ class Verdict(StrEnum):
 
 
 _RANK = {Verdict.HEALTHY: 0, Verdict.UNKNOWN: 1, Verdict.DEGRADED: 2, Verdict.FAILING: 3}
-
-
-def _table_critical_xids() -> tuple[int, ...]:
-    # the threshold table is the one place critical XIDs are listed (GpuXidError pages on them)
-    from exporter.thresholds import load_thresholds
-
-    return tuple(code for code, _ in load_thresholds().critical_xids)
-
-
-def _table_slowdown_reasons() -> tuple[str, ...]:
-    # the reasons GpuClocksThrottled and the dashboards count as a slowdown
-    from exporter.alerting.queries import SLOWDOWN_REASONS
-
-    return tuple(SLOWDOWN_REASONS.split("|"))
-
-
-@dataclass(frozen=True, slots=True)
-class HealthSettings:
-    """Every duration and rate of the verdicts (to become rows of rules/thresholds.yaml)."""
-
-    critical_xids: tuple[int, ...] = field(default_factory=_table_critical_xids)
-    slowdown_reasons: tuple[str, ...] = field(default_factory=_table_slowdown_reasons)
-    # a critical XID already counted when the tracker starts is an event only this recent
-    # (GpuXidError's 10 min): an exporter restart must not fail GPUs on yesterday's XIDs
-    xid_recent_seconds: float = 600.0
-    lost_for_seconds: float = 300.0  # GpuLost's `for`: one failed read is not a lost GPU
-    stale_for_seconds: float = 300.0  # GpufleetSourceDown's `for`
-    thermal_for_seconds: float = 300.0  # GpuClocksThrottled's `for`
-    pending_for_seconds: float = 900.0  # GpuRowRemapPending's `for`
-    clean_window_seconds: float = 900.0  # without any signal of its level before a verdict falls
-    nvlink_link_errors_per_second: float = 0.0  # replays + recoveries: any (DCGM's limit is 1)
-    nvlink_crc_errors_per_second: float = 100.0  # DCGM's health watch rate (GpuNvlinkCrcErrors)
-    pcie_replays_per_second: float = 8 / 60  # DCGM's PCIe replay rate, 8 a minute
-
-    def __post_init__(self) -> None:
-        check_settings("health", self)
-
-    def slowdown_mask(self) -> int:
-        bits = dict(CLOCK_EVENT_REASONS)
-        return sum(bits[name] for name in self.slowdown_reasons if name in bits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,8 +290,13 @@ class HealthTracker:
         self.settings = settings or HealthSettings()
         self._gpus: dict[tuple[str, int], _GpuState] = {}
         self._nodes: dict[str, tuple[Verdict, float]] = {}
-        self._critical = frozenset(self.settings.critical_xids)
-        self._slowdown_mask = self.settings.slowdown_mask()
+        self.retable(self.settings)
+
+    def retable(self, settings: HealthSettings) -> None:
+        """New settings (a reloaded threshold table); every GPU's state and clock stays."""
+        self.settings = settings
+        self._critical = frozenset(settings.critical_xids)
+        self._slowdown_mask = settings.slowdown_mask()
 
     def observe(self, snapshot: FleetSnapshot, now: float | None = None) -> FleetHealth:
         now = snapshot.taken_at if now is None else now

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.gpu_catalogue import Catalogue, default_catalogue
+from exporter.thresholds.health import HealthTable, parse_health, provide_installed
 from exporter.thresholds.reader import Reader, ThresholdError
 from exporter.thresholds.scaling import ScalingTable, parse_scaling
 from exporter.thresholds.sections import LoadStatistics, Pressure, parse_sections
@@ -66,6 +67,7 @@ METRICS: dict[str, MetricDef] = {
         MetricDef("job_utilization", "ratio", "job", ("<",)),
         MetricDef("job_checkpoint_age", "seconds", "job", (">", ">=")),
         MetricDef("job_nvlink_generations", "count", "job", (">", ">=")),
+        MetricDef("job_straggler_gpus", "count", "job", (">", ">=")),
         MetricDef("gpu_memory_used", "ratio", "gpu", (">", ">=")),
         MetricDef("gpu_temperature", "celsius", "gpu", (">", ">=")),
         MetricDef("gpu_power", "watts", "gpu", (">", ">="), relative_to_tdp=True),
@@ -188,6 +190,9 @@ class Thresholds:
     # gpufleet's own address as the pager's reader reaches it (http://gpufleet.example:9874);
     # `gpufleet serve` serves the runbooks at <external_url>/runbooks
     external_url: str | None = None
+    # issue 31, exporter/thresholds/health.py: every setting of the health verdicts,
+    # remediation and stragglers (a table without the section has the installed table's)
+    health: HealthTable | None = None
 
     @property
     def runbook_page(self) -> str:
@@ -237,7 +242,7 @@ class Thresholds:
 
 _TOP_KEYS = ("exporter_jobs", "busy_utilization", "critical_xids", "alerts")
 _OPTIONAL_TOP_KEYS = ("runbook_base_url", "external_url", "load_statistics", "pressure",
-                      "scaling")
+                      "scaling", "health")
 # Relative: it resolves where the alert is read beside this repository's docs (a checkout, the
 # GitHub or GitLab page of a site's fork); a site sets its own wiki's page
 DEFAULT_RUNBOOK_BASE_URL = "docs/runbooks.md"
@@ -250,8 +255,12 @@ _LEVEL_KEYS = ("threshold", "for")
 
 
 def parse_thresholds(text: str, source: str = "thresholds.yaml",
-                     catalogue: Catalogue | None = None) -> Thresholds:
-    """Validate the table's text into :class:`Thresholds`; :class:`ThresholdError` if wrong."""
+                     catalogue: Catalogue | None = None, *, installed: bool = False) -> Thresholds:
+    """Validate the table's text into :class:`Thresholds`; :class:`ThresholdError` if wrong.
+
+    ``installed``: this is the table installed with gpufleet, whose ``health`` section holds
+    every default and so must name every key (another table's missing keys are read from it).
+    """
     catalogue = catalogue or default_catalogue()
     r = Reader(source)
     raw = parse_mapping(text, source, ThresholdError)
@@ -290,8 +299,24 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
         rows.append(row)
     statistics, pressure = parse_sections(r, top, tuple((row.alert, row.metric.key) for row in rows))
     scaling = parse_scaling(r, top["scaling"]) if "scaling" in top else None
+    health = parse_health(r, top.get("health"), tuple(code for code, _ in xids),
+                          None if installed else _installed_health)
     return Thresholds(Path(source).name, runbook_base_url, exporter_jobs, busy, xids, tuple(rows),
-                      statistics, pressure, scaling, external_url)
+                      statistics, pressure, scaling, external_url, health)
+
+
+def _installed_health() -> HealthTable:
+    health = load_thresholds().health
+    assert health is not None  # parse_thresholds always sets it
+    return health
+
+
+def _installed_xids() -> tuple[int, ...]:
+    return tuple(code for code, _ in load_thresholds().critical_xids)
+
+
+# the health settings' defaults are the installed table's rows (exporter/thresholds/health.py)
+provide_installed(_installed_health, _installed_xids)
 
 
 def _xids(r: Reader, value: Any) -> tuple[tuple[int, str], ...]:
@@ -336,13 +361,14 @@ def load_thresholds(path: str | Path | None = None,
     return _read(path, catalogue)
 
 
-def _read(path: str | Path, catalogue: Catalogue | None) -> Thresholds:
-    return parse_thresholds(read_text(path, "the threshold table", ThresholdError), str(path), catalogue)
+def _read(path: str | Path, catalogue: Catalogue | None, installed: bool = False) -> Thresholds:
+    return parse_thresholds(read_text(path, "the threshold table", ThresholdError), str(path),
+                            catalogue, installed=installed)
 
 
 def _read_packaged(catalogue: Catalogue | None) -> Thresholds:
     with resources.as_file(resources.files("exporter").joinpath(PACKAGED_TABLE)) as path:
-        return _read(path, catalogue)
+        return _read(path, catalogue, installed=True)
 
 
 @cache
