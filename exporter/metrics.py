@@ -721,7 +721,9 @@ HEALTH_FAULTS_TOTAL = FamilySpec(
     "gpufleet_health_faults_total", "counter",
     "GPUs that turned failing, by pool and cause (the signal: xid, ecc, remap_failure, gpu_lost).",
     ("pool", "cause"), "remediation",
-    doc="Interruptions by cause, counted since the exporter started.")
+    doc="Interruptions by cause, counted since the exporter started. Every pool and cause has a "
+        "series from the first collection, 0 until its first fault, so increase() counts that "
+        "fault (a series born at 1 would not be).")
 NODE_FAULTS = FamilySpec(
     "gpufleet_node_faults", "gauge",
     "Times the node turned failing within the replacement window (7 days by default).",
@@ -733,7 +735,8 @@ REMEDIATION_EVENTS_TOTAL = FamilySpec(
     "Remediation events advised, by action (drain, reset_gpu, resume, replace, page).",
     ("action",), "remediation",
     doc="Each event is queued for the advisor's receivers; page: a pool with more failing nodes "
-        "than the drain budget, drained not at all.")
+        "than the drain budget, drained not at all. Every action has a series from the first "
+        "collection, 0 until its first event.")
 REMEDIATION_DRAINED_NODES = FamilySpec(
     "gpufleet_remediation_drained_nodes", "gauge",
     "Nodes gpufleet advised draining and has not yet resumed, by pool.", ("pool",), "remediation")

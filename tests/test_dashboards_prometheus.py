@@ -30,13 +30,20 @@ from tests.helpers.servers import start_node_exporter, stop
 pytestmark = pytest.mark.alone
 
 DATA_SECONDS = 30
+# The XID fails GPU 0 of gpu-001: the advisor drains the node; with a 1 s clean window and
+# minimum drain it resumes it about two collections later (issue 31): the verdict,
+# remediation and reliability panels then show a real fault, drain and resume, the mean
+# times from fault to drain and from drain to resume included (no value without them).
 XID_CONFIG = """
 cluster: dashboards
 sources:
   sim:
     scenarios:
       - {kind: xid, node: gpu-001, gpu: 0, value: 79, start_after: 15s}
+advisor:
+  health: {clean_window: 1s, min_drain: 1s}
 """
+DRAIN_TO_RESUME = "cluster:gpufleet_remediation_drain_to_resume_seconds:mean7d"
 RECORDING = REPO / "rules" / "gpufleet-recording.yaml"
 STEP = "2s"
 # What Grafana would put for its own variables on a 30 s range of 1 s scrapes
@@ -147,6 +154,8 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
     prom = prometheus_factory(_prometheus_config(exporter.port, [RECORDING], node.port))
     prom.wait_for("count(gpufleet_gpu_info)", lambda r: bool(r), timeout=60)
     time.sleep(DATA_SECONDS + 1)  # at least 30 s of 1 s scrapes behind every range query
+    # gpu-001 resumed (about 10 s after the XID, at 5 s collections): normally already so
+    prom.wait_for(DRAIN_TO_RESUME, lambda r: bool(r), timeout=60)
     now = time.time()
 
     boards = _boards()
@@ -189,6 +198,21 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
             if r["metric"]["xid"] == "79"} == {("gpu-001", "0")}
     assert max(float(v) for r in results[("XID errors", "A")] if r["metric"]["xid"] == "79"
                for _, v in r["values"]) == 1
+    # issue 31: the XID as a verdict, a fault, a drain and a resume. The fault counters start
+    # at 0, so Prometheus' increase() counts this first XID (a series born at 1 would not)
+    assert {r["metric"]["verdict"] for r in results[("GPUs by verdict", "A")]} == {
+        "healthy", "unknown", "degraded", "failing"}
+    assert {r["metric"]["cause"]: r["value"][1] for r in results[("Interruptions by cause", "B")]
+            } == {"xid": "1", "ecc": "0", "remap_failure": "0", "gpu_lost": "0"}
+    assert [(r["metric"]["node"], r["value"][1])
+            for r in results[("Shortest mean time between faults (10 nodes)", "A")]] == [
+        ("gpu-001", "604800")]
+    # drained at the collection that saw the XID: 0 s from fault to drain
+    assert [r["values"][-1][1] for r in results[("Mean time from fault to drain (7 days)", "A")]
+            ] == ["0"]
+    [resumed] = results[("Mean time from drain to resume (7 days)", "A")]
+    assert 1 <= float(resumed["values"][-1][1]) <= 30  # at least min_drain, about 2 collections
+    assert [r["values"][-1][1] for r in results[("Nodes drained by gpufleet", "A")]] == ["0"]
 
     # The documented exceptions really are "empty until an alert fires": fire one of the
     # table's alerts (a rule that always holds) and they must show it.

@@ -44,7 +44,6 @@ NO_SERIES_ON_THE_DEFAULT_FLEET = {
     "gpufleet_pool_load_last_change_timestamp_seconds": "one collection: no load change detected yet",
     "gpufleet_node_health_verdict": "every node of the default fleet is healthy (only others have series)",
     "gpufleet_gpu_health_verdict": "every GPU of the default fleet is healthy (only others have series)",
-    "gpufleet_health_faults_total": "no GPU of the default fleet turns failing",
     "gpufleet_node_faults": "no node of the default fleet has a fault",
     "gpufleet_job_straggler_gpus": "one collection: no GPU has been out of step for 10 min",
 }

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonschema import Draft202012Validator
 
 from exporter.advisor import openapi
@@ -22,8 +24,9 @@ from exporter.config import AnalysisConfig
 from exporter.health.act import Actor, read_events
 from exporter.health.monitor import HealthMonitor
 from exporter.health.remediation import Drain, ResetGpu
-from exporter.health.verdict import HealthSettings
+from exporter.health.verdict import FAILING_SIGNALS, HealthSettings
 from exporter.metrics import Family
+from tests.helpers import REPO, require_binary
 from tests.helpers.health import T0, gpu, snap, xid_gpu
 from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
 
@@ -102,7 +105,8 @@ def test_verdicts_are_families_and_advice_with_only_unhealthy_nodes_listed(tmp_p
             nodes[(("pool", "a"), ("verdict", "failing"))]) == (7.0, 1.0)
     assert samples(families, "gpufleet_remediation_events_total")[(("action", "drain"),)] == 1.0
     assert samples(families, "gpufleet_remediation_drained_nodes") == {(("pool", "a"),): 1.0}
-    assert samples(families, "gpufleet_health_faults_total") == {(("pool", "a"), ("cause", "xid")): 1.0}
+    assert samples(families, "gpufleet_health_faults_total") == {
+        (("pool", "a"), ("cause", c)): 1.0 if c == "xid" else 0.0 for c in FAILING_SIGNALS}
     assert samples(families, "gpufleet_node_faults") == {(("node", "a-3"), ("pool", "a")): 1.0}
     health: dict[str, Any] | None = advisor.health.advice_json()
     assert health is not None
@@ -144,6 +148,60 @@ def test_time_to_drain_and_to_resume_are_counted_per_pool():
         (("pool", "a"),): resumed[0].at - (T0 + 30)}
     assert resumed[0].at - (T0 + 30) >= 3600  # min_drain_seconds
     assert totals["gpufleet_remediation_events_total"][(("action", "resume"),)] == 1.0
+
+
+def test_fault_and_event_counters_start_at_zero_so_increase_counts_the_first_one(tmp_path):
+    """Every (pool, cause) and every action is exported at 0 from the first collection, so
+    Prometheus' increase() (which never counts a series' first sample) counts the first fault
+    after an exporter start. The monitor's own values, one collection a minute, go through the
+    committed recording rules in promtool; the same XID series born at 1 (the old exposition)
+    counts nothing."""
+    monitor = HealthMonitor(HealthSettings(critical_xids=(79,)))
+    collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[float]] = {}
+    for minute in range(4):  # healthy, then a-3's XID 79 (at T0 + 30) from the second on
+        monitor.observe(fleet(60 * minute, failing="a-3" if minute else None))
+        for family in monitor.families():
+            if family.name in ("gpufleet_health_faults_total", "gpufleet_remediation_events_total"):
+                for labels, value in family.samples:
+                    collected.setdefault((family.name, labels), []).append(value)
+    first = {key: values[0] for key, values in collected.items()}
+    assert first == {**{("gpufleet_health_faults_total", (("pool", "a"), ("cause", c))): 0.0
+                        for c in FAILING_SIGNALS},
+                     **{("gpufleet_remediation_events_total", (("action", t),)): 0.0
+                        for t in ("drain", "reset_gpu", "resume", "replace", "page")}}
+    xid = collected[("gpufleet_health_faults_total", (("pool", "a"), ("cause", "xid")))]
+    assert xid == [0.0, 1.0, 1.0, 1.0]
+
+    def series(name: str, labels: tuple[tuple[str, str], ...]) -> str:
+        inner = ",".join(f'{k}="{v}"' for k, v in (("cluster", "c1"), *labels))
+        return f"{name}{{{inner}}}"
+
+    def case(name: str, inputs: list[dict[str, str]], expected: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"name": name, "interval": "1m", "input_series": inputs, "promql_expr_test": [
+            {"expr": "cluster:gpufleet_health_faults:increase7d", "eval_time": "3m",
+             "exp_samples": expected},
+            {"expr": 'sum(increase(gpufleet_remediation_events_total{action="drain"}[7d]))',
+             "eval_time": "3m", "exp_samples": [{"labels": "{}", "value": 1}]}]}
+
+    inputs = [{"series": series(name, labels), "values": " ".join(f"{v:g}" for v in values)}
+              for (name, labels), values in sorted(collected.items())]
+    drains = [i for i in inputs if 'action="drain"' in i["series"]]
+    born_at_one = [{"series": series("gpufleet_health_faults_total", (("pool", "a"), ("cause", "xid"))),
+                    "values": "_ 1 1 1"}]
+    tests = {"rule_files": [str(REPO / "rules" / "gpufleet-recording.yaml")],
+             "evaluation_interval": "1m",
+             "tests": [
+                 case("zero-initialised: the first XID counts", inputs,
+                      [{"labels": f'cluster:gpufleet_health_faults:increase7d{{cluster="c1",cause="{c}"}}',
+                        "value": 1 if c == "xid" else 0} for c in FAILING_SIGNALS]),
+                 case("born at its first fault: not counted", born_at_one + drains,
+                      [{"labels": 'cluster:gpufleet_health_faults:increase7d{cluster="c1",cause="xid"}',
+                        "value": 0}])]}
+    path = tmp_path / "first_fault.yaml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = subprocess.run([require_binary("promtool"), "test", "rules", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    assert result.returncode == 0, result.stdout
 
 
 async def test_the_example_receiver_takes_a_remediation_event(aiohttp_client, capsys):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import replace
 
-from exporter.health.verdict import HealthSettings, HealthTracker, Verdict
+from exporter.health import verdict as verdict_module
+from exporter.health.verdict import FAILING_SIGNALS, HealthSettings, HealthTracker, Verdict
 from exporter.snapshot import Gpu, Node, XidCount
 from tests.helpers.health import T0, gpu, snap
 
@@ -177,3 +180,11 @@ def test_an_unchanged_healthy_gpu_is_not_read_again_and_any_change_is(monkeypatc
     tracker.observe(snap(T0 + 1090, hot))
     tracker.observe(snap(T0 + 1120, hot))
     assert calls[-2:] == [T0 + 1090, T0 + 1120]  # a slowdown is read every time (its `for`)
+
+
+def test_failing_signals_are_exactly_those_that_raise_a_failing_verdict():
+    """FAILING_SIGNALS are the causes gpufleet_health_faults_total is exported for at 0 from
+    the first collection: every signal the tracker raises at the failing level, no other."""
+    source = inspect.getsource(verdict_module._signals)
+    raised = set(re.findall(r'_Signal\("(\w+)", Verdict\.FAILING', source))
+    assert raised == set(FAILING_SIGNALS) == {"xid", "ecc", "remap_failure", "gpu_lost"}

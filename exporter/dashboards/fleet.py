@@ -167,6 +167,8 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 12, 10)
 
     _health_row(layout, levels)
+    _verdict_row(layout, levels)
+    _reliability_row(layout)
     _load_row(layout, levels)
 
     layout.row("Alerts")
@@ -189,7 +191,8 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     board = p.dashboard(
         uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,
         description="GPU fleet by pool and model: states, utilization, memory, power, "
-                    "temperature, NVLink, health, load and alerts.",
+                    "temperature, NVLink, health, verdicts and remediation, reliability, load "
+                    "and alerts.",
         variables=p.pool_and_model_variables(),
         links=[p.dashboard_link("Node drill-down", "gpufleet-node"),
                p.dashboard_link("Fragmentation", "gpufleet-fragmentation")],
@@ -330,3 +333,125 @@ def _health_row(layout: p.Layout, levels: DashboardLevels) -> None:
                     "several). sw_power_cap is normal at the cap; hw_thermal, sw_thermal, "
                     "hw_power_brake and hw_slowdown are slowdowns (GpuClocksThrottled).",
     ), 12, 8)
+
+
+def _verdict_row(layout: p.Layout, levels: DashboardLevels) -> None:
+    """Issue 31, Build 1: the advisor's health verdicts, what remediation did and the jobs
+    with a straggler (docs/health.md). The families come from the cluster-mode process's
+    advisor; two such exporters serve the same counts, so each is the larger of theirs
+    (``max by`` its own labels), as the reliability rules take it, never their sum. The
+    per-pool families have a series for every pool from the first collection (0 included),
+    the counts of things that may be none are ``or vector(0)``: every panel has a value on
+    a healthy fleet."""
+    pools = q.selector(q.POOL)
+    cluster = q.selector(q.CLUSTER)
+    layout.row("GPU health verdicts and remediation")
+    layout.add(p.stat(
+        "GPUs by verdict",
+        p.targets((f"sum by (verdict) (max by (cluster, pool, verdict) "
+                   f"({m.HEALTH_GPUS.name}{pools}))", "{{verdict}}")),
+        "none", graph=False, text_mode="value_and_name",
+        description="GPUs by the advisor's health verdict: healthy (the working GPUs), "
+                    "unknown (stale readings, no health counters), degraded (slower or a "
+                    "repair pending), failing (a critical XID, an uncorrectable ECC error, a "
+                    "failed row remap, lost). Not filtered by model: verdicts are per pool.",
+    ), 8, 4)
+    for title, family, steps, description in (
+        ("Nodes drained by gpufleet", m.REMEDIATION_DRAINED_NODES, None,
+         "Nodes gpufleet advised draining and has not yet resumed."),
+        ("Budget-blocked nodes", m.REMEDIATION_BUDGET_BLOCKED_NODES, None,
+         "Failing nodes a drain budget kept in service: their pool paged instead (an XID "
+         "storm, a driver bug, a power event?)."),
+    ):
+        layout.add(p.stat(title, p.targets((f"sum(max by (cluster, pool) ({family.name}{pools})) "
+                                            "or vector(0)", "")),
+                          "none", steps=steps, graph=False, description=description), 4, 4)
+    # the exporter's `job` label arrives as exported_job (honor_labels: false) or stays job
+    layout.add(p.stat(
+        "Jobs with a straggler",
+        p.targets((f"count(max by (cluster, exported_job, job, namespace, account) "
+                   f"({m.JOB_STRAGGLER_GPUS.name}{cluster})) or vector(0)", "")),
+        "none", steps=levels.job_straggler_gpus, color_mode="background", graph=False,
+        description="Multi-GPU jobs with a GPU out of step with its peers for the straggler "
+                    "duration (GpuJobStraggler tickets their owner; the GPU is in "
+                    "/v1/advice's health.stragglers). Every job of the cluster: jobs carry "
+                    "no pool.",
+    ), 8, 4)
+    verdicts = ("healthy", "unknown", "degraded", "failing")
+    nodes = {v: m.HEALTH_NODES.name + q.selector(q.POOL, f'verdict="{v}"') for v in verdicts}
+    layout.add(p.table(
+        "Nodes by verdict per pool",
+        p.targets(*((f"sum by (pool) (max by (cluster, pool) ({nodes[v]}))", v) for v in verdicts),
+                  instant=True),
+        "none", rename={f"Value #{chr(ord('A') + i)}": v for i, v in enumerate(verdicts)},
+        order=("pool", *verdicts), sort_by="pool", descending=False,
+        description="A node's verdict is its worst GPU's; a node with no GPU reading is "
+                    "unknown.",
+    ), 12, 8)
+    layout.add(p.stat(
+        "Remediation events by action",
+        p.targets((f"round(sum by (action) (max by (cluster, action) "
+                   f"(increase({m.REMEDIATION_EVENTS_TOTAL.name}{cluster}[$__range]))))",
+                   "{{action}}")),
+        "none", graph=False, text_mode="value_and_name",
+        description="Events the advisor decided in the time range, by action: drain, "
+                    "reset_gpu, resume, replace (advice), page (a pool over the drain budget). "
+                    "Every action of the cluster: events carry no pool.",
+    ), 12, 8)
+
+
+def _reliability_row(layout: p.Layout) -> None:
+    """Issue 31, Build 5: the fleet reliability recording rules (rules/gpufleet-recording.yaml,
+    group gpufleet-health-recording; docs/metrics.md, "Fleet reliability").
+
+    The two mean times have no value until gpufleet drained (resumed) a node in 7 days: a mean
+    over no event is no number, and 0 would read "remediated at once". They show the
+    recorded series as it is, with "none in 7 days" where it has no value, rather than a
+    fake 0 or a total standing in for the mean: the simplest honest panel.
+    tests/test_dashboards_prometheus.py's fleet drains and resumes a node (its XID, a short
+    clean window and minimum drain), so both panels are proven against real data there, no
+    exception needed; rules/tests/health_reliability.yaml pins the rules' values."""
+    pools = q.selector(q.POOL)
+    cluster = q.selector(q.CLUSTER)
+    layout.row("Reliability")
+    layout.add(p.stat(
+        "Repeat offenders",
+        p.targets((f"count({recorded.NODE_REPEAT_OFFENDER}{pools}) or vector(0)", "")),
+        "none", graph=False,
+        description="Nodes with the threshold table's health.remediation.replace_after_faults "
+                    "faults or more in its replace_window (3 in 7 days): the advisor advises "
+                    "replacing them.",
+    ), 8, 4)
+    for title, series, none, description in (
+        ("Mean time from fault to drain (7 days)", recorded.CLUSTER_FAULT_TO_DRAIN,
+         "no drain in 7 days",
+         "From a node turning failing to gpufleet advising its drain, over the drains of the "
+         "last 7 days; above 0 only when a budget held a drain back."),
+        ("Mean time from drain to resume (7 days)", recorded.CLUSTER_DRAIN_TO_RESUME,
+         "no resume in 7 days",
+         "How long a node gpufleet drained stayed out of service, over the resumes of the last "
+         "7 days."),
+    ):
+        layout.add(p.stat(title, p.targets((f"{series}{cluster}", "{{cluster}}")), "s",
+                          graph=False, no_value=none,
+                          description=f"{description} Per cluster: the events carry no pool."),
+                   8, 4)
+    windows = (("7 days", recorded.CLUSTER_FAULTS_7D), ("30 days", recorded.CLUSTER_FAULTS_30D))
+    layout.add(p.table(
+        "Interruptions by cause",
+        p.targets(*((f"round(sum by (cause) ({series}{cluster}))", title)
+                    for title, series in windows), instant=True),
+        "none", rename={f"Value #{chr(ord('A') + i)}": title for i, (title, _) in enumerate(windows)},
+        order=("cause", *(title for title, _ in windows)), sort_by="30 days",
+        description="GPUs that turned failing, by cause (xid, ecc, remap_failure, gpu_lost), "
+                    "over 7 and 30 days (Prometheus keeps 15 days by default: 30 days is what "
+                    "it keeps). Per cluster, not filtered by pool.",
+    ), 10, 8)
+    layout.add(p.table(
+        "Shortest mean time between faults (10 nodes)",
+        p.targets((f"bottomk(10, {recorded.NODE_TIME_BETWEEN_FAULTS}{pools})", ""), instant=True),
+        "s", rename={"Value": "mean time between faults"}, order=("node", "pool", "Value"),
+        sort_by="Value", descending=False,
+        description="The replace window (7 days) over the node's faults in it, for the nodes "
+                    "with a fault; empty while no node had one.",
+    ), 14, 8)

@@ -81,6 +81,8 @@ class DashboardLevels:
     # the node pressure score (issue 20): NodePressureHigh's level; None without the row
     node_pressure_score: Steps | None = None
     gpu_nvlink_link_errors: Steps | None = None
+    # jobs with a straggler (issue 31): GpuJobStraggler's severity; None without the row
+    job_straggler_gpus: Steps | None = None
 
 
 def _row(table: Thresholds, metric: str) -> AlertRow | None:
@@ -133,6 +135,7 @@ def levels_from_table(table: Thresholds) -> DashboardLevels:
         gpu_clock_slowdown=_any_of(table, "gpu_clock_slowdown"),
         gpu_nvlink_link_errors=_any_of(table, "gpu_nvlink_link_errors"),
         node_pressure_score=_optional_steps(table, "node_pressure_score"),
+        job_straggler_gpus=_any_of(table, "job_straggler_gpus"),
     )
 
 

@@ -31,7 +31,14 @@ from exporter.health.remediation import (
     event_id,
 )
 from exporter.health.stragglers import StragglerReport, StragglerSettings, StragglerTracker
-from exporter.health.verdict import FleetHealth, HealthSettings, HealthTracker, NodeVerdict, Verdict
+from exporter.health.verdict import (
+    FAILING_SIGNALS,
+    FleetHealth,
+    HealthSettings,
+    HealthTracker,
+    NodeVerdict,
+    Verdict,
+)
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
 
@@ -78,6 +85,7 @@ class HealthMonitor:
         self.remediator = Remediator(remediation, state)
         self.stragglers = StragglerTracker(stragglers)
         self.latest: HealthView | None = None
+        # every action and every (pool, cause) is exported at 0 before its first event or fault
         self.events_total: Counter[str] = Counter({t: 0 for t in EVENT_TYPES})
         self.faults_total: Counter[tuple[str, str]] = Counter()  # (pool, cause)
         self.fault_to_drain: defaultdict[str, float] = defaultdict(float)  # pool -> s, over drains
@@ -156,8 +164,12 @@ class HealthMonitor:
                                         for p in sorted(pools) for v in VERDICTS]),
             metrics.NODE_HEALTH_VERDICT.family(node_samples),
             metrics.GPU_HEALTH_VERDICT.family(gpu_samples),
+            # every (pool, cause) from the first collection, at 0 until its first fault: a
+            # counter series born at 1 is a fault Prometheus' increase() never counts
             metrics.HEALTH_FAULTS_TOTAL.family(
-                [((("pool", p), ("cause", c)), float(n)) for (p, c), n in sorted(self.faults_total.items())]),
+                [((("pool", p), ("cause", c)), float(self.faults_total[(p, c)]))
+                 for p, c in sorted({(p, c) for p in pools for c in FAILING_SIGNALS}
+                                    | set(self.faults_total))]),
             metrics.NODE_FAULTS.family(
                 [((("node", node), ("pool", _pool_of(view, node))), float(len(times)))
                  for node, times in sorted(state.faults.items())]),

@@ -61,6 +61,11 @@ class Verdict(StrEnum):
 
 _RANK = {Verdict.HEALTHY: 0, Verdict.UNKNOWN: 1, Verdict.DEGRADED: 2, Verdict.FAILING: 3}
 
+# The signals that turn a GPU failing, the causes a fault is counted by
+# (gpufleet_health_faults_total's ``cause``); tests/test_health_verdict.py pins this list
+# against the signals _signals raises.
+FAILING_SIGNALS = ("xid", "ecc", "remap_failure", "gpu_lost")
+
 
 @dataclass(frozen=True, slots=True)
 class Reason:
@@ -355,5 +360,5 @@ class HealthTracker:
         return FleetHealth(now, tuple(nodes), tuple(transitions))
 
 
-__all__ = ["FleetHealth", "GpuVerdict", "HealthSettings", "HealthTracker", "NodeVerdict", "Reason",
-           "Transition", "Verdict"]
+__all__ = ["FAILING_SIGNALS", "FleetHealth", "GpuVerdict", "HealthSettings", "HealthTracker",
+           "NodeVerdict", "Reason", "Transition", "Verdict"]
