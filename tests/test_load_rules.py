@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from exporter.alerting import pool_load_rules, recorded
 from exporter.alerting.queries import QUERIES
-from exporter.alerting.rules import generate
+from exporter.alerting.rules import HEALTH_RECORDING_GROUP, generate
 from exporter.load.stats import window_stats
 from exporter.thresholds import (
     METRICS,
@@ -34,11 +34,12 @@ def _table(old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-def _recording(text: str) -> dict[str, str]:
+def _recording(text: str, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every recording rule the table generates, but those of the groups in ``leave_out``."""
     t = parse_thresholds(text)
     files = {f.name: f.text for f in generate(t)}
     return {r["record"]: r["expr"] for g in yaml.safe_load(files["gpufleet-recording.yaml"])["groups"]
-            for r in g["rules"]}
+            if g["name"] not in leave_out for r in g["rules"]}
 
 
 def test_the_reference_table_has_the_issues_windows_weights_caps_and_bands():
@@ -134,7 +135,10 @@ def test_without_the_sections_no_load_or_pressure_rules_are_generated():
     cut = _without("load_statistics", "pressure", rows=True)
     t = parse_thresholds(cut)
     assert (t.load_statistics, t.pressure) == (None, None)
-    rules = _recording(cut)
+    # the health section's reliability rules (issue 31) are cluster-level too, and stay
+    assert HEALTH_RECORDING_GROUP in {g["name"] for g in yaml.safe_load(
+        {f.name: f.text for f in generate(t)}["gpufleet-recording.yaml"])["groups"]}
+    rules = _recording(cut, leave_out=(HEALTH_RECORDING_GROUP,))
     assert not [name for name in rules if name.startswith(("instance:", "cluster:"))]
     assert "pool:gpufleet_gpu_utilization:avg" in rules
 
