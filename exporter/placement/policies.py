@@ -21,7 +21,9 @@ simulator, ``pkg/simulator/plugin``):
 - ``packing``: GPUs already shared first (the fuller the better), then a node
   already in use (the fewer fresh GPUs the better), then an empty node (the
   fewer GPUs the better) (``gpu_packing_score.go``). A CPU-only task has no
-  GPU to pack: any node that fits, at random, as the reference does.
+  GPU to pack: every node that fits scores the same, so it goes to the first in
+  node order. The reference gives it to its first too, but its node order is a
+  seeded random one (docs/replay.md, "packing and dotprod, line by line").
 - ``dotprod``: the dot product of the node's free vector and the task's
   request, both normalised by the largest node (Tetris' alignment score). The
   smallest product wins, as in the reference's ``dot_product_score.go``: the
