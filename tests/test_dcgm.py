@@ -296,6 +296,10 @@ async def _truncating_server() -> tuple[asyncio.Server, str]:
     return server, f"http://127.0.0.1:{port}/metrics"
 
 
+GOOD_TARGET_DEADLINE = 2.0
+SLOW_TARGET_SECONDS = 3 * GOOD_TARGET_DEADLINE
+
+
 async def _bad_target(kind: str, aiohttp_server) -> tuple[str, asyncio.Server | None]:
     if kind == "refused":
         return f"http://127.0.0.1:{free_port()}/metrics", None
@@ -307,7 +311,7 @@ async def _bad_target(kind: str, aiohttp_server) -> tuple[str, asyncio.Server | 
         if kind == "http500":
             return web.Response(status=500, text="internal error\n")
         if kind == "slow":  # a good body, but too late: only the per-target timeout fails it
-            await asyncio.sleep(5)
+            await asyncio.sleep(SLOW_TARGET_SECONDS)
             return web.Response(text=sample(A100_MIG))
         return web.Response(body=bytes(random.Random(1).getrandbits(8) for _ in range(4000))
                             + b"\nDCGM_FI_DEV_GPU_TEMP{gpu=\"0\" 12\n}}{{ nonsense 1 2 3\n")
@@ -319,7 +323,10 @@ async def test_one_bad_target_of_three_leaves_the_others(kind, aiohttp_server):
     good_h100 = await serve(aiohttp_server, text_handler(sample(H100)))
     good_l4 = await serve(aiohttp_server, text_handler(sample(L4)))
     bad, raw_server = await _bad_target(kind, aiohttp_server)
-    source = DcgmExporterSource(config(good_h100, bad, good_l4, timeout=0.5), Clock())
+    # the deadline leaves the good targets room on a loaded CI machine (at 0.5 s all
+    # three once timed out there); only the slow target, far beyond it, must miss it
+    source = DcgmExporterSource(config(good_h100, bad, good_l4, timeout=GOOD_TARGET_DEADLINE),
+                                Clock())
     try:
         out = await collect(source)
     finally:
