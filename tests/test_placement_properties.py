@@ -144,3 +144,20 @@ def test_lookahead_leaves_the_two_tasks_no_more_fragmented_than_fgd(state, workl
     assert two_steps(ahead) <= two_steps(first) + 1e-9
     # without a queued task it is fgd
     assert Placer(state, workload).place(task, "lookahead") == first
+
+
+@settings(max_examples=200, deadline=None)
+@given(clusters(), workloads(), tasks(), st.sampled_from([p for p in POLICIES if p != "random"]),
+       st.integers(0, 4))
+def test_place_on_one_node_is_place_with_every_other_node_excluded(state, workload, task, policy, node):
+    """The advisor asks node by node whether a job fits there (place_on); the answer must be the
+    whole placer's with the rest of the fleet excluded, including after the placer's memo of
+    scores has seen other placements."""
+    node %= len(state.names)
+    others = [n for n in range(len(state.names)) if n != node]
+    placer = Placer(state, workload)
+    assert placer.place_on(task, node, policy) == placer.place(task, policy, exclude=others)
+    moved = placer.place(task, policy)  # a change elsewhere: the memo and the arrays move on
+    if moved is not None:
+        placer.apply(moved)
+    assert placer.place_on(task, node, policy) == placer.place(task, policy, exclude=others)

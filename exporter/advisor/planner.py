@@ -216,21 +216,34 @@ class _Where:
     task: Task
     gpus: float  # GPUs it holds, times its share: the cost's rate
     holds_gpus: bool
+    demand: float  # task.gpu_demand, kept: the pending planner sums it over every job
+
+    def candidate(self, alloc: Allocation, now: float, settings: PlanSettings) -> Candidate:
+        """The job as a :class:`Candidate` at ``now``: its cost is the work since its last
+        checkpoint, times the GPUs it holds."""
+        started = alloc.start_time if alloc.start_time is not None else now
+        checkpoint = last_checkpoint(alloc, now, settings.checkpoint_interval_seconds)
+        since = started if checkpoint is None else max(started, checkpoint)
+        return Candidate(alloc, self.node, self.current, self.task, self.gpus * max(0.0, now - since),
+                         max(0.0, now - started), checkpoint is not None)
 
 
 class _Layout:
     """Each job's :class:`_Where` (or None: never movable) over calls on one fleet layout.
 
     The simulated fleet asks for candidates every evaluation while most of its jobs stay
-    put; this keeps, per allocation object, the part of :func:`_candidates`' work that only
-    the job and the layout decide, and drops the jobs gone. A new layout (another node
-    list, GPU slots, CPUs, models, MIG nodes or priority rule) starts it over.
+    put; this keeps, per job, the part of :func:`_candidates`' work that only the job and
+    the layout decide, and drops the jobs gone. It is kept while the job's allocation is
+    the same object, or one with the same placements, priority, allowed models and memory
+    need (what :func:`_where` reads): a source that reports a new checkpoint time builds a
+    new allocation for a job that has not moved. A new layout (another node list, GPU
+    slots, CPUs, models, MIG nodes or priority rule) starts it over.
     """
 
     def __init__(self) -> None:
         self.key: tuple[object, ...] = ()
         self.arrays: tuple[np.ndarray, ...] = ()
-        self.kept: dict[int, tuple[Allocation, _Where | None]] = {}
+        self.kept: dict[str, tuple[Allocation, _Where | None]] = {}
 
     def start(self, state: FleetState, mig: set[str], settings: PlanSettings) -> None:
         key = (state.names, state.model_names, frozenset(mig), settings.high_priority,
@@ -272,7 +285,38 @@ def _where(alloc: Allocation, state: FleetState, index: dict[str, int], mig: set
     current = Placement(node, part.node, slots, tuple(part.gpus), share if part.gpus else 0.0, part.cpus)
     # Task.from_allocation's task with the models narrowed (built once, not replaced)
     task = Task(part.cpus, len(part.gpus), share, models if part.gpus else (), alloc.gpu_memory_need_bytes)
-    return _Where(node, current, task, len(part.gpus) * part.gpu_share, bool(part.gpus))
+    return _Where(node, current, task, len(part.gpus) * part.gpu_share, bool(part.gpus), task.gpu_demand)
+
+
+def _same_layout(kept: Allocation, alloc: Allocation) -> bool:
+    """Whether :func:`_where` would answer the same for ``alloc`` as for ``kept``."""
+    return kept is alloc or (kept.placements == alloc.placements and kept.priority == alloc.priority
+                             and kept.allowed_models == alloc.allowed_models
+                             and kept.gpu_memory_need_bytes == alloc.gpu_memory_need_bytes)
+
+
+def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSettings
+                  ) -> list[tuple[Allocation, _Where]]:
+    """Every job the planner may move, with its :class:`_Where`, in the snapshot's order."""
+    rows: dict[int, dict[int, int]] = {}
+    index: dict[str, int] | None = None
+    mig = mig_nodes(snapshot)
+    _LAYOUT.start(state, mig, settings)
+    kept, now_kept = _LAYOUT.kept, {}
+    out = []
+    for alloc in snapshot.allocations:
+        found = kept.get(alloc.job)
+        if found is not None and (found[0] is alloc or _same_layout(found[0], alloc)):
+            where = found[1]
+        else:
+            if index is None:
+                index = {name: i for i, name in enumerate(state.names)}
+            where = _where(alloc, state, index, mig, settings, rows)
+        now_kept[alloc.job] = (alloc, where)
+        if where is not None:
+            out.append((alloc, where))
+    _LAYOUT.kept = now_kept
+    return out
 
 
 def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float, settings: PlanSettings,
@@ -280,34 +324,15 @@ def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float, settings
                 ) -> dict[int, list[Candidate]]:
     """The jobs holding GPUs, per node; CPU-only ones go to ``cpu_by_node``."""
     by_node: dict[int, list[Candidate]] = {}
-    rows: dict[int, dict[int, int]] = {}
-    index: dict[str, int] | None = None
-    mig = mig_nodes(snapshot)
-    _LAYOUT.start(state, mig, settings)
-    kept, now_kept = _LAYOUT.kept, {}
     expires = now + settings.ttl_seconds
-    for alloc in snapshot.allocations:
-        found = kept.get(id(alloc))
-        if found is not None and found[0] is alloc:
-            where = found[1]
-        else:
-            if index is None:
-                index = {name: i for i, name in enumerate(state.names)}
-            where = _where(alloc, state, index, mig, settings, rows)
-        now_kept[id(alloc)] = (alloc, where)
-        if where is None:
-            continue
+    for alloc, where in _movable_jobs(snapshot, state, settings):
         started = alloc.start_time if alloc.start_time is not None else now
         if max(0.0, now - started) < settings.min_runtime_seconds \
                 and started + settings.min_runtime_seconds > expires:
             deferred.append(alloc)
             continue
-        checkpoint = last_checkpoint(alloc, now, settings.checkpoint_interval_seconds)
-        since = started if checkpoint is None else max(started, checkpoint)
         (by_node if where.holds_gpus else cpu_by_node).setdefault(where.node, []).append(
-            Candidate(alloc, where.node, where.current, where.task, where.gpus * max(0.0, now - since),
-                      max(0.0, now - started), checkpoint is not None))
-    _LAYOUT.kept = now_kept
+            where.candidate(alloc, now, settings))
     for jobs in (*by_node.values(), *cpu_by_node.values()):
         jobs.sort(key=lambda c: (c.cost, c.alloc.job))
     return by_node
@@ -595,17 +620,19 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
         _undo(placer, log)
         return None  # it fits now: the scheduler will start it
     barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist() for p in np.unique(state.pool)}
-    movable: dict[int, list[Candidate]] = {}
-    for found in (candidates(snapshot, state, now, settings),
-                  cpu_only_candidates(snapshot, state, now, settings)):
-        for n, cs in found.items():
-            movable.setdefault(n, []).extend(c for c in cs if c.age >= settings.min_runtime_seconds)
+    # candidates()'s and cpu_only_candidates()' jobs past min_runtime, per node; each becomes
+    # a Candidate (its cost at ``now``) only on a node tried: most nodes are not
+    movable: dict[int, list[tuple[Allocation, _Where]]] = {}
+    for alloc, where in _movable_jobs(snapshot, state, settings):
+        began = alloc.start_time if alloc.start_time is not None else now
+        if max(0.0, now - began) >= settings.min_runtime_seconds:
+            movable.setdefault(where.node, []).append((alloc, where))
     kept: list[tuple[Candidate, Placement]] = []
     per_namespace: Counter[str] = Counter()
     try:
         excluded = list(target.excluded)
         for _ in range(target.parts):
-            best = _cheapest_node(placer, target, excluded, movable, settings, kept, per_namespace,
+            best = _cheapest_node(placer, target, excluded, movable, now, settings, kept, per_namespace,
                                   {n: barred[int(state.pool[n])] for n in movable})
             if best is None:
                 return None
@@ -651,9 +678,9 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
 
 
 def _cheapest_node(placer: Placer, target: _Pending, excluded: list[int],
-                   movable: dict[int, list[Candidate]], settings: PlanSettings,
-                   kept: list[tuple[Candidate, Placement]], per_namespace: Counter[str],
-                   barred: dict[int, list[int]]
+                   movable: dict[int, list[tuple[Allocation, _Where]]], now: float,
+                   settings: PlanSettings, kept: list[tuple[Candidate, Placement]],
+                   per_namespace: Counter[str], barred: dict[int, list[int]]
                    ) -> tuple[int, list[tuple[Candidate, Placement]], Placement] | None:
     """The node of the part that needs the fewest moves; ``barred`` the nodes each node's jobs
     may not move to (other pools, MIG)."""
@@ -664,17 +691,20 @@ def _cheapest_node(placer: Placer, target: _Pending, excluded: list[int],
     ok = np.ones(len(placer.names), dtype=bool)
     ok[excluded] = False
     nodes = []
-    for n in np.flatnonzero(ok):
-        jobs = [c for c in movable.get(int(n), ()) if c.alloc.job not in moved]
-        if jobs and free[n] + sum(c.task.gpu_demand for c in jobs) >= need - 1e-9:
-            nodes.append((max(0.0, need - free[n]), int(n), jobs))
+    for n, pairs in movable.items():
+        if not ok[n]:
+            continue
+        jobs = [(alloc, where) for alloc, where in pairs if alloc.job not in moved]
+        if jobs and free[n] + sum(where.demand for _, where in jobs) >= need - 1e-9:
+            nodes.append((max(0.0, need - free[n]), n, jobs))
     nodes.sort(key=lambda t: (t[0], t[1]))
     best: tuple[int, list[tuple[Candidate, Placement]], Placement] | None = None
     for _, node, jobs in nodes[:PENDING_NODES_TRIED]:
         limit = budget if best is None else len(best[1]) - 1
         if limit <= 0:
             break
-        found = _evacuate_for(placer, node, jobs, limit, target.task, settings, per_namespace, barred[node])
+        found = _evacuate_for(placer, node, [where.candidate(alloc, now, settings) for alloc, where in jobs],
+                              limit, target.task, settings, per_namespace, barred[node])
         if found is not None and (best is None or len(found[0]) < len(best[1])):
             best = (node, found[0], found[1])
     return best
@@ -687,7 +717,6 @@ def _evacuate_for(placer: Placer, node: int, jobs: list[Candidate], limit: int, 
 
     Largest by GPUs while the node has too few GPUs free for the task (CPU-only jobs last),
     else by CPUs (its GPUs are free: CPUs are what it lacks)."""
-    others = [n for n in range(len(placer.names)) if n != node]
     log: list[tuple[bool, Placement]] = []
     plan: list[tuple[Candidate, Placement]] = []
     spent: Counter[str] = Counter()
@@ -697,7 +726,7 @@ def _evacuate_for(placer: Placer, node: int, jobs: list[Candidate], limit: int, 
         order = sorted(jobs, key=lambda c: (-c.task.cpus, c.cost, c.alloc.job))
     try:
         for c in order:
-            part = placer.place(task, "bestfit", exclude=others)
+            part = placer.place_on(task, node, "bestfit")
             if part is not None:
                 return plan, part
             if len(plan) >= limit:
@@ -713,7 +742,7 @@ def _evacuate_for(placer: Placer, node: int, jobs: list[Candidate], limit: int, 
             log.append((True, destination))
             plan.append((c, destination))
             spent[c.alloc.namespace] += 1
-        part = placer.place(task, "bestfit", exclude=others)
+        part = placer.place_on(task, node, "bestfit")
         return (plan, part) if part is not None else None
     finally:
         _undo(placer, log)

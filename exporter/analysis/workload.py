@@ -149,11 +149,10 @@ def from_weighted(shapes: Iterable[tuple[Shape, float]], *, include_cpu_only: bo
 
 def snapshot_shapes(snapshot: FleetSnapshot) -> Counter[Shape]:
     """The shape of every allocation's part on each node (FGD measures per node)."""
-    raw: Counter[tuple[float, float, int, tuple[str, ...]]] = Counter()
-    for alloc in snapshot.allocations:
-        for part in alloc.placements:
-            gpus = len(part.gpus)
-            raw[(part.cpus, part.gpu_share if gpus else 0.0, gpus, tuple(alloc.allowed_models))] += 1
+    # counted by Counter's C loop: this runs over every job at every collection
+    raw: Counter[tuple[float, float, int, tuple[str, ...]]] = Counter(
+        (part.cpus, part.gpu_share if part.gpus else 0.0, len(part.gpus), tuple(alloc.allowed_models))
+        for alloc in snapshot.allocations for part in alloc.placements)
     # a fleet of a thousand jobs has a few dozen distinct parts: each made canonical once
     counts: Counter[Shape] = Counter()
     for key, n in raw.items():

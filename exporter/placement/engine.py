@@ -190,6 +190,31 @@ class Placer:
         memory = task.host_memory_bytes if self.memory_free is not None else 0.0
         return self._placement(node, slots, ask, memory)
 
+    def place_on(self, task: Task, node: int, policy: str) -> Placement | None:
+        """Where ``task`` goes on ``node`` under ``policy``, or None when it does not fit there:
+        what :meth:`place` answers with every other node excluded, from ``node``'s score alone
+        (the advisor asks this node by node, as jobs leave one; scoring the fleet for it cost
+        a fleet's evaluation per new task shape). Not for ``random``."""
+        if policy not in POLICIES or policy == "random":
+            raise ValueError(f"place_on takes a deterministic placement policy, not {policy!r}")
+        scoring = "fgd" if policy in ("tiered", "lookahead") else policy
+        if scoring == "fgd" and self.workload is None:
+            raise ValueError(f"the {policy} policy needs a target workload to measure fragmentation")
+        nodes, _ = self._nodes_for(task, policy)
+        at = int(np.searchsorted(nodes, node))  # nodes is sorted (flatnonzero)
+        if at >= len(nodes) or nodes[at] != node:
+            return None  # its model is not one the task may use
+        if (self.memory_free is not None and task.host_memory_bytes > 0
+                and self.memory_free[node] < task.host_memory_bytes - 0.5):
+            return None
+        ask = Ask.of(task)
+        choice = policies.evaluate(scoring, self._view(), nodes[at:at + 1], ask)
+        if not np.isfinite(choice.key[0]):
+            return None
+        slots = self._slots(node, ask, policy, int(choice.slot[0]), None)
+        memory = task.host_memory_bytes if self.memory_free is not None else 0.0
+        return self._placement(node, slots, ask, memory)
+
     def _scores(self, task: Task, policy: str, exclude: Sequence[int] = (),
                 nvlink_generation: int | None = None) -> tuple[np.ndarray, np.ndarray, _Entry, Ask] | None:
         """The nodes ``task`` may use, each one's score now (inf: not there), the cache entry, the ask."""

@@ -223,12 +223,11 @@ def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task,
     undone after."""
     cluster = sim.cluster
     placer = cluster.placer
-    only_here = [n for n in range(len(placer.names)) if n != node]  # the part must land on ``node``
     log: list[tuple[str, Placement]] = []
     plan: list[tuple[Job, list[Placement]]] = []
     try:
         for job in sorted(jobs, key=lambda j: (-j.demand, j.id)):
-            part = placer.place(task, cluster.policy, exclude=only_here)
+            part = placer.place_on(task, node, cluster.policy)  # the part must land on ``node``
             if part is not None:
                 return plan, part
             if len(plan) >= limit:
@@ -243,7 +242,7 @@ def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task,
             placer.apply(destination)
             log.append(("apply", destination))
             plan.append((job, [destination]))
-        part = placer.place(task, cluster.policy, exclude=only_here)
+        part = placer.place_on(task, node, cluster.policy)
         return (plan, part) if part is not None else None
     finally:
         undo(placer, log)
