@@ -258,6 +258,30 @@ class _Layout:
 _LAYOUT = _Layout()
 
 
+class _KeptPlacer:
+    """The pending planner's working copy, kept from one call to the next on one fleet layout,
+    workload and tie rule, synced to each call's state (:meth:`Placer.sync`): the simulated
+    advisor plans every minute on a fleet that changed on a few nodes, and a new placer
+    scored every node again for each job shape it placed."""
+
+    def __init__(self) -> None:
+        self.placer: Placer | None = None
+
+    def get(self, state: FleetState, cw: CompiledWorkload) -> Placer:
+        placer = self.placer
+        if placer is not None and placer.workload is cw:
+            try:
+                placer.sync(state)
+                return placer
+            except ValueError:
+                pass  # another layout: start over
+        self.placer = placer = Placer(state, cw, fgd_ties=EXACT_FGD)
+        return placer
+
+
+_KEPT_PLACER = _KeptPlacer()
+
+
 def _where(alloc: Allocation, state: FleetState, index: dict[str, int], mig: set[str],
            settings: PlanSettings, rows: dict[int, dict[int, int]]) -> _Where | None:
     """The job's node, placement and re-placement task; None when the planner never moves it."""
@@ -609,7 +633,7 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
     not (emptying a node is this plan's purpose).
     """
     state, cw = report.state, report.workload
-    placer = Placer(state, cw, fgd_ties=EXACT_FGD)
+    placer = _KEPT_PLACER.get(state, cw)
     mig = mig_nodes(snapshot)
     is_mig = np.array([name in mig for name in state.names], dtype=bool)
     target = _pending(state, job, is_mig)

@@ -359,6 +359,35 @@ class Placer:
         self.cpu_free[node] = max(0.0, float(cpu_free))
         self._changed(node)
 
+    def sync(self, state: FleetState) -> None:
+        """Take over ``state``'s free CPUs and GPUs, a fleet of this placer's layout: only the
+        nodes that differ are re-measured and have their remembered scores dropped, so a
+        placer kept from one snapshot to the next places as a new one would, without scoring
+        every node again for each task shape (the simulated advisor plans every minute)."""
+        t = self._template
+        same_index = (state.gpu_index is None and t.gpu_index is None) or (
+            state.gpu_index is not None and t.gpu_index is not None
+            and np.array_equal(state.gpu_index, t.gpu_index))
+        if (state.names != t.names or state.model_names != t.model_names or state.pool_names != t.pool_names
+                or state.gpu_free.shape != self.gpu_free.shape or not same_index
+                or not all(np.array_equal(a, b) for a, b in (
+                    (state.model, t.model), (state.pool, t.pool), (state.cpu_total, t.cpu_total),
+                    (state.gpu_count, t.gpu_count)))):
+            raise ValueError("sync takes a state of the placer's own layout; build a new placer")
+        changed = np.flatnonzero((self.cpu_free != state.cpu_free)
+                                 | (self.gpu_free != state.gpu_free).any(axis=1))
+        self._template = state
+        if not len(changed):
+            return
+        self.cpu_free[changed] = state.cpu_free[changed]
+        self.gpu_free[changed] = state.gpu_free[changed]
+        self._clock += 1
+        self.version[changed] = self._clock
+        if self.workload is not None:
+            assert self.node_fragmented is not None
+            self.node_fragmented[changed] = rows_fragmentation(
+                self.cpu_free[changed], self.gpu_free[changed], self.model[changed], self.workload)
+
     def _changed(self, node: int) -> None:
         self._clock += 1
         self.version[node] = self._clock
