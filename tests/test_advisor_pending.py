@@ -7,6 +7,7 @@ gets a plan of its own, and ``require_pending=False`` keeps the index rule alone
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -355,3 +356,34 @@ def test_the_default_fleets_inversion_is_exported_as_penalty_so_the_alert_leaves
     assert pools == {"gpu-h200": 60.0, "gpu-h100": 0.0, "gpu-a100": 0.0, "gpu-b200": 0.0}
     h200 = next(p for p in rep.pools if p.name == "gpu-h200")
     assert h200.index >= 60 and h200.index - pools["gpu-h200"] < 1
+
+
+def test_the_planners_kept_state_serves_one_thread_and_another_gets_its_own():
+    """The pending planner keeps its working copy of the fleet and each job's layout between
+    calls; a second thread planning meanwhile (a what-if past its limit runs on) must neither
+    use nor disturb them, and must get the same plan."""
+    from exporter.advisor import planner
+
+    snapshot = fragmented((WHOLE,))
+    report = report_of(snapshot)
+    alone = plan_for_pending(snapshot, report, WHOLE, NOW)
+    kept = planner._KEPT_PLACER.placer
+    assert kept is not None and alone is not None
+    # a plan applies and releases moves on its placer (each bumps the node's version) and
+    # replaces the layout's per-job dict: the kept ones must see neither
+    versions, layout = kept.version.copy(), planner._LAYOUT.kept
+    with planner._KEPT_PLACER.lock, planner._LAYOUT_LOCK:  # another thread is planning
+        beside = plan_for_pending(snapshot, report, WHOLE, NOW)
+    assert beside == alone
+    assert planner._KEPT_PLACER.placer is kept and (kept.version == versions).all()
+    assert planner._LAYOUT.kept is layout
+    again = plan_for_pending(snapshot, report, WHOLE, NOW)  # the lock free: the kept ones again
+    assert again == alone
+    assert (kept.version != versions).any() and planner._LAYOUT.kept is not layout
+    # and a fleet of another layout gets a placer of its own layout, not the kept one
+    other = dataclasses.replace(snapshot, nodes=snapshot.nodes[:2],
+                                gpus=tuple(g for g in snapshot.gpus if g.node != "h3"),
+                                allocations=snapshot.allocations[:3])
+    plan_for_pending(other, report_of(other), WHOLE, NOW)
+    assert planner._KEPT_PLACER.placer is not kept
+    assert planner._KEPT_PLACER.placer.names == ("h1", "h2")

@@ -34,11 +34,13 @@ that interval since it started; otherwise its whole runtime.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
+import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -266,8 +268,21 @@ class _KeptPlacer:
 
     def __init__(self) -> None:
         self.placer: Placer | None = None
+        self.lock = threading.Lock()
 
-    def get(self, state: FleetState, cw: CompiledWorkload) -> Placer:
+    @contextlib.contextmanager
+    def borrow(self, state: FleetState, cw: CompiledWorkload) -> Iterator[Placer]:
+        """The kept placer synced to ``state``, or, while another thread plans with it (a
+        what-if past its time limit runs on), a new one of this call's own."""
+        if not self.lock.acquire(blocking=False):
+            yield Placer(state, cw, fgd_ties=EXACT_FGD)
+            return
+        try:
+            yield self._get(state, cw)
+        finally:
+            self.lock.release()
+
+    def _get(self, state: FleetState, cw: CompiledWorkload) -> Placer:
         placer = self.placer
         if placer is not None and placer.workload is cw:
             try:
@@ -319,14 +334,28 @@ def _same_layout(kept: Allocation, alloc: Allocation) -> bool:
                              and kept.gpu_memory_need_bytes == alloc.gpu_memory_need_bytes)
 
 
+_LAYOUT_LOCK = threading.Lock()
+
+
 def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSettings
                   ) -> list[tuple[Allocation, _Where]]:
     """Every job the planner may move, with its :class:`_Where`, in the snapshot's order."""
+    if _LAYOUT_LOCK.acquire(blocking=False):
+        try:
+            return _movable_with(_LAYOUT, snapshot, state, settings)
+        finally:
+            _LAYOUT_LOCK.release()
+    # another thread uses the kept layout (a what-if on a posted fleet, say): keep nothing
+    return _movable_with(_Layout(), snapshot, state, settings)
+
+
+def _movable_with(layout: _Layout, snapshot: FleetSnapshot, state: FleetState, settings: PlanSettings
+                  ) -> list[tuple[Allocation, _Where]]:
     rows: dict[int, dict[int, int]] = {}
     index: dict[str, int] | None = None
     mig = mig_nodes(snapshot)
-    _LAYOUT.start(state, mig, settings)
-    kept, now_kept = _LAYOUT.kept, {}
+    layout.start(state, mig, settings)
+    kept, now_kept = layout.kept, {}
     out = []
     for alloc in snapshot.allocations:
         found = kept.get(alloc.job)
@@ -339,7 +368,7 @@ def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSett
         now_kept[alloc.job] = (alloc, where)
         if where is not None:
             out.append((alloc, where))
-    _LAYOUT.kept = now_kept
+    layout.kept = now_kept
     return out
 
 
@@ -632,8 +661,13 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
     for a waiting job does not wait); the namespace budget holds, the per-node one does
     not (emptying a node is this plan's purpose).
     """
+    with _KEPT_PLACER.borrow(report.state, report.workload) as placer:
+        return _plan_for_pending(placer, snapshot, report, job, now, settings)
+
+
+def _plan_for_pending(placer: Placer, snapshot: FleetSnapshot, report: Report, job: JobRequest,
+                      now: float, settings: PlanSettings) -> CompactionPlan | None:
     state, cw = report.state, report.workload
-    placer = _KEPT_PLACER.get(state, cw)
     mig = mig_nodes(snapshot)
     is_mig = np.array([name in mig for name in state.names], dtype=bool)
     target = _pending(state, job, is_mig)
