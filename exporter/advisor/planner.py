@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import heapq
 import math
 import threading
 from collections import Counter
@@ -49,7 +50,7 @@ from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Predictio
 from exporter.advisor.right_sizing import misplacements
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.index import Report, scorer, totals
-from exporter.analysis.state import FleetState
+from exporter.analysis.state import EPS, FleetState
 from exporter.gpu_catalogue import default_catalogue
 from exporter.placement.engine import Placement, Placer
 from exporter.placement.policies import FgdTies
@@ -757,10 +758,17 @@ def _cheapest_node(placer: Placer, target: _Pending, excluded: list[int],
             nodes.append((max(0.0, need - free[n]), n, jobs))
     nodes.sort(key=lambda t: (t[0], t[1]))
     best: tuple[int, list[tuple[Candidate, Placement]], Placement] | None = None
+    # the part fits only where its GPUs' free shares add up to its demand, less EPS each
+    short = need - target.task.gpus * EPS - 1e-6
     for _, node, jobs in nodes[:PENDING_NODES_TRIED]:
         limit = budget if best is None else len(best[1]) - 1
         if limit <= 0:
             break
+        # ``limit`` moves free at most the ``limit`` largest demands: when even those leave it
+        # short, _evacuate_for would move them all and find no room (the same None, sooner;
+        # on the simulated fleet 2 of 5 evacuations, half their time)
+        if free[node] + sum(heapq.nlargest(limit, (where.demand for _, where in jobs))) < short:
+            continue
         found = _evacuate_for(placer, node, [where.candidate(alloc, now, settings) for alloc, where in jobs],
                               limit, target.task, settings, per_namespace, barred[node])
         if found is not None and (best is None or len(found[0]) < len(best[1])):
