@@ -376,6 +376,41 @@ def test_the_advisors_analysis_from_the_placer_is_the_serves_from_the_snapshot(o
     assert ours.cluster == serves.cluster and ours.pools == serves.pools
 
 
+def test_the_shapes_kept_per_job_are_the_snapshots_shapes_in_the_same_order():
+    """The loop counts the live window's shapes from part keys kept with each job's allocation;
+    they must be snapshot_shapes' counts, in its order (typical() breaks ties by it), through
+    checkpoints, moves, ends and starts."""
+    from collections import Counter
+    from itertools import chain
+
+    from exporter.analysis.workload import shapes_of, snapshot_shapes
+    from exporter.simulate.advisor_loop import snapshot_of
+
+    sim = sim_of(tiny_fleet(nodes=3, models=("H100", "A100")))
+    cluster = sim.cluster
+    jobs = [job(1, 1, 5000, share=0.5), job(2, 4, 5000), job(3, 0, 5000, cpus=3), job(4, 2, 100, cpus=5),
+            job(5, 1, 5000, share=0.25)]
+    for j in jobs:
+        cluster.start(j, cluster.find(j), 0.0)
+    cache: dict = {}
+
+    def both(now: float) -> tuple[list, list]:
+        keys: list = []
+        snapshot = snapshot_of(sim, now, cache, part_keys_out=keys)
+        kept = shapes_of(Counter(chain.from_iterable(keys)))
+        return list(kept.items()), list(snapshot_shapes(snapshot).items())
+
+    kept, fresh = both(100.0)
+    assert kept == fresh and len(fresh) >= 4
+    assert both(1000.0)[0] == both(1000.0)[1]  # a checkpoint since: allocations rebuilt, keys kept
+    cluster.move(jobs[0], cluster.find(jobs[0], exclude=[jobs[0].placements[0].node]), 1000.0)
+    cluster.stop(jobs[1])  # it ended
+    late = job(6, 2, 5000)
+    cluster.start(late, cluster.find(late), 1300.0)
+    kept, fresh = both(1400.0)
+    assert kept == fresh
+
+
 def test_the_command_runs_the_openb_fleet_with_the_advisor(tmp_path, capsys):
     """The issue's `--fleet openb`: the trace's 1,213 nodes, the advisor in the loop, 43 minutes."""
     from exporter.cli import main

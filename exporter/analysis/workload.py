@@ -20,11 +20,12 @@ on the workload so reports and metrics can say which was used.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from exporter.snapshot import FleetSnapshot
+from exporter.snapshot import Allocation, FleetSnapshot
 
 DEFAULT_COVERAGE = 0.95
 
@@ -147,17 +148,35 @@ def from_weighted(shapes: Iterable[tuple[Shape, float]], *, include_cpu_only: bo
                     include_cpu_only, source, total)
 
 
-def snapshot_shapes(snapshot: FleetSnapshot) -> Counter[Shape]:
-    """The shape of every allocation's part on each node (FGD measures per node)."""
-    # counted by Counter's C loop: this runs over every job at every collection
-    raw: Counter[tuple[float, float, int, tuple[str, ...]]] = Counter(
-        (part.cpus, part.gpu_share if part.gpus else 0.0, len(part.gpus), tuple(alloc.allowed_models))
-        for alloc in snapshot.allocations for part in alloc.placements)
+PartKey = tuple[float, float, int, tuple[str, ...]]  # cpus, GPU share (0: none), GPUs, models
+
+
+def part_keys(alloc: Allocation) -> tuple[PartKey, ...]:
+    """Each of the allocation's parts as :func:`snapshot_shapes` counts it, before
+    :func:`shapes_of` makes it a canonical shape."""
+    models = tuple(alloc.allowed_models)
+    return tuple((part.cpus, part.gpu_share if part.gpus else 0.0, len(part.gpus), models)
+                 for part in alloc.placements)
+
+
+def shapes_of(raw: Counter[PartKey]) -> Counter[Shape]:
+    """Counted part keys as canonical shapes, in the order first counted (``typical`` breaks
+    ties by that order)."""
     # a fleet of a thousand jobs has a few dozen distinct parts: each made canonical once
     counts: Counter[Shape] = Counter()
     for key, n in raw.items():
         counts[_canonical(*key)] += n
     return counts
+
+
+def snapshot_shapes(snapshot: FleetSnapshot) -> Counter[Shape]:
+    """The shape of every allocation's part on each node (FGD measures per node).
+
+    A caller that keeps each allocation's :func:`part_keys` (the simulated advisor, whose
+    jobs mostly stay put) gets the same counts, in the same order, from
+    ``shapes_of(Counter(keys))``, the keys listed in the allocations' order."""
+    # counted by Counter's C loop: this runs over every job at every collection
+    return shapes_of(Counter(itertools.chain.from_iterable(part_keys(a) for a in snapshot.allocations)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -180,7 +199,10 @@ class ShapeWindow:
     _total: Counter[Shape] = field(default_factory=Counter)
 
     def observe(self, snapshot: FleetSnapshot) -> None:
-        counts = snapshot_shapes(snapshot)
+        self.observe_shapes(snapshot_shapes(snapshot))
+
+    def observe_shapes(self, counts: Counter[Shape]) -> None:
+        """:meth:`observe` of a snapshot whose :func:`snapshot_shapes` are ``counts``."""
         self._seen.append(counts)
         self._total.update(counts)
         while len(self._seen) > self.snapshots:

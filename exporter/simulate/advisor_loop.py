@@ -51,6 +51,7 @@ import numpy as np
 from exporter.analysis.fgd import CompiledWorkload, compile_workload
 from exporter.analysis.index import Report, evaluate
 from exporter.analysis.state import FleetState
+from exporter.analysis.workload import PartKey, Shape, part_keys, shapes_of
 from exporter.placement.engine import Placement
 from exporter.simulate.fleets import SimFleet
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, SourceStatus
@@ -101,8 +102,11 @@ class AdvisorStrategy:
     _now: float = 0.0
     decisions: Counter[str] = field(default_factory=Counter)  # what each evaluation decided
     evaluations: int = 0
-    # job -> (its version, its last checkpoint, its allocation): rebuilt only when either changed
-    _allocations: dict[int, tuple[int, float, Allocation]] = field(default_factory=dict, repr=False)
+    # job -> (its version, its last checkpoint, its allocation, its part keys): rebuilt only
+    # when the version or the checkpoint changed (the keys only with the version)
+    _allocations: dict[int, tuple[int, float, Allocation, tuple[PartKey, ...]]] = field(
+        default_factory=dict, repr=False)
+    _requests: dict[int, JobRequest] = field(default_factory=dict, repr=False)  # queued job -> request
 
     def __post_init__(self) -> None:
         self.interval = min(TICK, self.evaluate_every)
@@ -146,8 +150,9 @@ class AdvisorStrategy:
                 return  # between evaluations, and no new chance to plan for a waiting job
         self._next_evaluation = now + self.evaluate_every
         self.evaluations += 1
-        snapshot = snapshot_of(sim, now, self._allocations, self.one_partition)
-        report = self._analyze(sim, snapshot)
+        keys: list[tuple[PartKey, ...]] = []
+        snapshot = snapshot_of(sim, now, self._allocations, self.one_partition, self._requests, keys)
+        report = self._analyze(sim, snapshot, shapes_of(Counter(itertools.chain.from_iterable(keys))))
         from exporter.advisor.advise import advise
 
         advice = advise(self._advisor, snapshot, report, self._planner)
@@ -166,15 +171,20 @@ class AdvisorStrategy:
             self._carry_out_waiting(sim, now)
         self._seen_key = self._key(sim) if self.revised else None
 
-    def _analyze(self, sim: Sim, snapshot: FleetSnapshot) -> Report:
+    def _analyze(self, sim: Sim, snapshot: FleetSnapshot, shapes: Counter[Shape] | None = None) -> Report:
         """The serve's analysis of ``snapshot`` (:meth:`LiveAnalyzer.analyze`: its live workload
         window observes the snapshot), the fleet's state taken from the scheduler's placer,
         which holds what ``from_snapshot(snapshot)`` would rebuild (a test checks they agree):
         a third of an evaluation saved. With :attr:`one_partition` the placer's pools (a pool
-        per model, what the outcomes' index measures) are read as the snapshot's one."""
+        per model, what the outcomes' index measures) are read as the snapshot's one.
+        ``shapes``: the snapshot's :func:`~exporter.analysis.workload.snapshot_shapes`, when
+        the caller kept them (:func:`snapshot_of`'s ``part_keys``)."""
         analyzer = self._analyzer
         if analyzer.window is not None:
-            analyzer.window.observe(snapshot)
+            if shapes is None:
+                analyzer.window.observe(snapshot)
+            else:
+                analyzer.window.observe_shapes(shapes)
             workload = analyzer.window.workload()
         else:
             workload = analyzer.fixed
@@ -241,14 +251,18 @@ def _partitioned(fleet: SimFleet) -> tuple[tuple[Node, ...], tuple[Gpu, ...]]:
 
 
 def snapshot_of(sim: Sim, now: float,
-                cache: dict[int, tuple[int, float, Allocation]] | None = None,
-                one_partition: bool = True) -> FleetSnapshot:
+                cache: dict[int, tuple[int, float, Allocation, tuple[PartKey, ...]]] | None = None,
+                one_partition: bool = True,
+                requests: dict[int, JobRequest] | None = None,
+                part_keys_out: list[tuple[PartKey, ...]] | None = None) -> FleetSnapshot:
     """The simulated fleet as a source would report it: allocations and the pending queue
     (each job's GPUs and CPUs in all, as Slurm states them).
 
     ``cache`` keeps each job's allocation while the job neither moved nor checkpointed, so a
-    snapshot of a thousand jobs costs a few allocations, not a thousand. ``one_partition``:
-    see :attr:`AdvisorStrategy.one_partition`.
+    snapshot of a thousand jobs costs a few allocations, not a thousand; ``requests`` keeps
+    the listed queued jobs' requests the same way. ``part_keys_out`` is given each listed
+    allocation's :func:`~exporter.analysis.workload.part_keys`, in order (kept in ``cache``
+    with the allocation). ``one_partition``: see :attr:`AdvisorStrategy.one_partition`.
     """
     fleet = sim.fleet
     interval = sim.cluster.cost.checkpoint
@@ -263,6 +277,8 @@ def snapshot_of(sim: Sim, now: float,
         held = cache.get(job.id)
         if held is not None and held[0] == job.version and now < held[1] + within:
             allocations.append(held[2])
+            if part_keys_out is not None:
+                part_keys_out.append(held[3])
             continue
         # job.last_checkpoint(now, interval), inlined with the same arithmetic: this loop runs
         # over every running job at every evaluation (5,000 of them on openb)
@@ -275,24 +291,36 @@ def snapshot_of(sim: Sim, now: float,
             held = (job.version, checkpoint, Allocation(
                 job=last.job, placements=last.placements, namespace=last.namespace, pod=last.pod,
                 priority=last.priority, start_time=last.start_time, last_checkpoint_time=checkpoint,
-                allowed_models=last.allowed_models))
+                allowed_models=last.allowed_models), held[3])
             cache[job.id] = held
         elif held is None or held[0] != job.version:
-            held = (job.version, checkpoint, Allocation(
+            alloc = Allocation(
                 job=str(job.id),
                 placements=tuple(Part(p.node_name, p.gpus, p.gpu_share if p.gpus else 1.0, p.cpus)
                                  for p in job.placements),
                 namespace=f"team-{job.id % NAMESPACES}", pod=f"job-{job.id}",
                 priority=1000 if job.high else 0, start_time=job.start,
-                last_checkpoint_time=checkpoint, allowed_models=job.models))
+                last_checkpoint_time=checkpoint, allowed_models=job.models)
+            held = (job.version, checkpoint, alloc, part_keys(alloc))
             cache[job.id] = held
         allocations.append(held[2])
+        if part_keys_out is not None:
+            part_keys_out.append(held[3])
     if len(cache) > len(running):
         for gone in cache.keys() - running.keys():
             del cache[gone]
-    pending = tuple(JobRequest(str(j.id), j.gpus * j.parts, j.share if j.gpus else 1.0, j.cpus * j.parts,
-                               j.parts, j.models, priority=1000 if j.high else 0, submit_time=j.submit)
-                    for j in itertools.islice(sim.scheduler.queue.ordered(), PENDING_LISTED))
+    listed = {}
+    for j in itertools.islice(sim.scheduler.queue.ordered(), PENDING_LISTED):
+        # a queued job's request never changes (its fields are set once): built once
+        request = requests.get(j.id) if requests is not None else None
+        if request is None:
+            request = JobRequest(str(j.id), j.gpus * j.parts, j.share if j.gpus else 1.0, j.cpus * j.parts,
+                                 j.parts, j.models, priority=1000 if j.high else 0, submit_time=j.submit)
+        listed[j.id] = request
+    if requests is not None:
+        requests.clear()
+        requests.update(listed)
+    pending = tuple(listed.values())
     nodes, gpus = _partitioned(fleet) if one_partition else (fleet.nodes, fleet.gpus)
     return FleetSnapshot(now, nodes, gpus, tuple(allocations), pending, SOURCE)
 
