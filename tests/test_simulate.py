@@ -380,11 +380,8 @@ def test_the_shapes_kept_per_job_are_the_snapshots_shapes_in_the_same_order():
     """The loop counts the live window's shapes from part keys kept with each job's allocation;
     they must be snapshot_shapes' counts, in its order (typical() breaks ties by it), through
     checkpoints, moves, ends and starts."""
-    from collections import Counter
-    from itertools import chain
-
-    from exporter.analysis.workload import shapes_of, snapshot_shapes
-    from exporter.simulate.advisor_loop import snapshot_of
+    from exporter.analysis.workload import snapshot_shapes
+    from exporter.simulate.advisor_loop import PartCounts, snapshot_of
 
     sim = sim_of(tiny_fleet(nodes=3, models=("H100", "A100")))
     cluster = sim.cluster
@@ -393,12 +390,11 @@ def test_the_shapes_kept_per_job_are_the_snapshots_shapes_in_the_same_order():
     for j in jobs:
         cluster.start(j, cluster.find(j), 0.0)
     cache: dict = {}
+    parts = PartCounts()
 
     def both(now: float) -> tuple[list, list]:
-        keys: list = []
-        snapshot = snapshot_of(sim, now, cache, part_keys_out=keys)
-        kept = shapes_of(Counter(chain.from_iterable(keys)))
-        return list(kept.items()), list(snapshot_shapes(snapshot).items())
+        snapshot = snapshot_of(sim, now, cache, parts=parts)
+        return list(parts.shapes().items()), list(snapshot_shapes(snapshot).items())
 
     kept, fresh = both(100.0)
     assert kept == fresh and len(fresh) >= 4

@@ -102,10 +102,11 @@ class AdvisorStrategy:
     _now: float = 0.0
     decisions: Counter[str] = field(default_factory=Counter)  # what each evaluation decided
     evaluations: int = 0
-    # job -> (its version, its last checkpoint, its allocation, its part keys): rebuilt only
-    # when the version or the checkpoint changed (the keys only with the version)
-    _allocations: dict[int, tuple[int, float, Allocation, tuple[PartKey, ...]]] = field(
+    # job -> (its version, its last checkpoint, its allocation, its parts' ids in _parts):
+    # rebuilt only when the version or the checkpoint changed (the ids only with the version)
+    _allocations: dict[int, tuple[int, float, Allocation, tuple[int, ...] | None]] = field(
         default_factory=dict, repr=False)
+    _parts: PartCounts = field(default_factory=lambda: PartCounts(), repr=False)
     _requests: dict[int, JobRequest] = field(default_factory=dict, repr=False)  # queued job -> request
 
     def __post_init__(self) -> None:
@@ -150,9 +151,8 @@ class AdvisorStrategy:
                 return  # between evaluations, and no new chance to plan for a waiting job
         self._next_evaluation = now + self.evaluate_every
         self.evaluations += 1
-        keys: list[tuple[PartKey, ...]] = []
-        snapshot = snapshot_of(sim, now, self._allocations, self.one_partition, self._requests, keys)
-        report = self._analyze(sim, snapshot, shapes_of(Counter(itertools.chain.from_iterable(keys))))
+        snapshot = snapshot_of(sim, now, self._allocations, self.one_partition, self._requests, self._parts)
+        report = self._analyze(sim, snapshot, self._parts.shapes())
         from exporter.advisor.advise import advise
 
         advice = advise(self._advisor, snapshot, report, self._planner)
@@ -178,7 +178,7 @@ class AdvisorStrategy:
         a third of an evaluation saved. With :attr:`one_partition` the placer's pools (a pool
         per model, what the outcomes' index measures) are read as the snapshot's one.
         ``shapes``: the snapshot's :func:`~exporter.analysis.workload.snapshot_shapes`, when
-        the caller kept them (:func:`snapshot_of`'s ``part_keys``)."""
+        the caller kept them (:class:`PartCounts`)."""
         analyzer = self._analyzer
         if analyzer.window is not None:
             if shapes is None:
@@ -235,6 +235,37 @@ class AdvisorStrategy:
             sim.scheduler.disturbed()
 
 
+class PartCounts:
+    """The parts of a snapshot's allocations, to count its shapes without a pass over them.
+
+    Each distinct part key (:func:`~exporter.analysis.workload.part_keys`) is numbered once;
+    :func:`snapshot_of` keeps each job's numbers with its allocation and lists them here in
+    the allocations' order. Counting small ints instead of hashing each job's key tuple
+    again, then naming them back in the order first counted, gives ``snapshot_shapes``' own
+    counts in its own order (``typical`` breaks ties by it)."""
+
+    def __init__(self) -> None:
+        self.index: dict[PartKey, int] = {}
+        self.keys: list[PartKey] = []
+        self.listed: list[tuple[int, ...]] = []  # the last snapshot's, one per allocation
+
+    def ids(self, alloc: Allocation) -> tuple[int, ...]:
+        out = []
+        for key in part_keys(alloc):
+            number = self.index.get(key)
+            if number is None:
+                number = self.index[key] = len(self.keys)
+                self.keys.append(key)
+            out.append(number)
+        return tuple(out)
+
+    def shapes(self) -> Counter[Shape]:
+        """The listed allocations' :func:`~exporter.analysis.workload.snapshot_shapes`."""
+        keys = self.keys
+        counted = Counter(itertools.chain.from_iterable(self.listed))
+        return shapes_of(Counter({keys[number]: n for number, n in counted.items()}))
+
+
 SOURCE = (SourceStatus("simulate", True, 0.0, None),)  # the queue is listed: none pending is none
 
 
@@ -251,24 +282,26 @@ def _partitioned(fleet: SimFleet) -> tuple[tuple[Node, ...], tuple[Gpu, ...]]:
 
 
 def snapshot_of(sim: Sim, now: float,
-                cache: dict[int, tuple[int, float, Allocation, tuple[PartKey, ...]]] | None = None,
+                cache: dict[int, tuple[int, float, Allocation, tuple[int, ...] | None]] | None = None,
                 one_partition: bool = True,
                 requests: dict[int, JobRequest] | None = None,
-                part_keys_out: list[tuple[PartKey, ...]] | None = None) -> FleetSnapshot:
+                parts: PartCounts | None = None) -> FleetSnapshot:
     """The simulated fleet as a source would report it: allocations and the pending queue
     (each job's GPUs and CPUs in all, as Slurm states them).
 
     ``cache`` keeps each job's allocation while the job neither moved nor checkpointed, so a
     snapshot of a thousand jobs costs a few allocations, not a thousand; ``requests`` keeps
-    the listed queued jobs' requests the same way. ``part_keys_out`` is given each listed
-    allocation's :func:`~exporter.analysis.workload.part_keys`, in order (kept in ``cache``
-    with the allocation). ``one_partition``: see :attr:`AdvisorStrategy.one_partition`.
+    the listed queued jobs' requests the same way. ``parts`` is given each listed
+    allocation's parts, in order (their ids kept in ``cache`` with the allocation), to count
+    the snapshot's shapes from. ``one_partition``: see :attr:`AdvisorStrategy.one_partition`.
     """
     fleet = sim.fleet
     interval = sim.cluster.cost.checkpoint
     cache = {} if cache is None else cache
     running = sim.cluster.running
     allocations = []
+    if parts is not None:
+        parts.listed.clear()
     # a job's checkpoint is the same until the next is due: ``checkpoint + interval``, less a
     # millisecond, so float rounding near the boundary never keeps a stale one (time only
     # moves forward, and a restart bumps the version)
@@ -277,8 +310,8 @@ def snapshot_of(sim: Sim, now: float,
         held = cache.get(job.id)
         if held is not None and held[0] == job.version and now < held[1] + within:
             allocations.append(held[2])
-            if part_keys_out is not None:
-                part_keys_out.append(held[3])
+            if parts is not None:
+                parts.listed.append(held[3] if held[3] is not None else parts.ids(held[2]))
             continue
         # job.last_checkpoint(now, interval), inlined with the same arithmetic: this loop runs
         # over every running job at every evaluation (5,000 of them on openb)
@@ -301,11 +334,11 @@ def snapshot_of(sim: Sim, now: float,
                 namespace=f"team-{job.id % NAMESPACES}", pod=f"job-{job.id}",
                 priority=1000 if job.high else 0, start_time=job.start,
                 last_checkpoint_time=checkpoint, allowed_models=job.models)
-            held = (job.version, checkpoint, alloc, part_keys(alloc))
+            held = (job.version, checkpoint, alloc, None if parts is None else parts.ids(alloc))
             cache[job.id] = held
         allocations.append(held[2])
-        if part_keys_out is not None:
-            part_keys_out.append(held[3])
+        if parts is not None:
+            parts.listed.append(held[3] if held[3] is not None else parts.ids(held[2]))
     if len(cache) > len(running):
         for gone in cache.keys() - running.keys():
             del cache[gone]
@@ -325,4 +358,4 @@ def snapshot_of(sim: Sim, now: float,
     return FleetSnapshot(now, nodes, gpus, tuple(allocations), pending, SOURCE)
 
 
-__all__ = ["AdvisorStrategy", "snapshot_of"]
+__all__ = ["AdvisorStrategy", "PartCounts", "snapshot_of"]
