@@ -366,3 +366,16 @@ def test_dotprod_scores_in_whole_points_as_the_reference_and_ties_go_to_the_firs
     # a product several points smaller still wins: y has 4 of its 8 GPUs free
     state = build(["x", "y"], ["A"] * 2, ["p"] * 2, [128, 128], [128, 128], [[1] * 8, [1] * 4 + [0] * 4])
     assert Placer(state).place(Task(cpus=1, gpus=1), "dotprod").node_name == "y"
+
+
+def test_room_after_moves_bounds_what_an_evacuation_can_free():
+    from exporter.placement.engine import room_after_moves
+
+    whole8 = Task(4, 8, 1.0)
+    assert not room_after_moves(3.0, [2.0, 1.0, 0.5], 1, whole8)  # 3 + 2 < 8
+    assert not room_after_moves(3.0, [2.0, 1.0, 0.5], 3, whole8)  # 3 + 3.5 < 8, all of them
+    assert room_after_moves(6.0, [0.5, 2.0, 1.0], 1, whole8)  # the largest first: 6 + 2
+    assert not room_after_moves(5.0, [0.5, 2.0, 1.0], 1, whole8)
+    assert room_after_moves(8.0, [], 0, whole8)  # room already
+    half = Task(1, 1, 0.5)
+    assert room_after_moves(0.25, [0.25], 1, half) and not room_after_moves(0.25, [0.25], 0, half)

@@ -20,9 +20,8 @@ on the workload so reports and metrics can say which was used.
 from __future__ import annotations
 
 import functools
-import itertools
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from exporter.snapshot import Allocation, FleetSnapshot
@@ -151,12 +150,17 @@ def from_weighted(shapes: Iterable[tuple[Shape, float]], *, include_cpu_only: bo
 PartKey = tuple[float, float, int, tuple[str, ...]]  # cpus, GPU share (0: none), GPUs, models
 
 
+def _keys(allocations: Iterable[Allocation]) -> Iterator[PartKey]:
+    """Each part of each allocation as :func:`snapshot_shapes` counts it, before
+    :func:`shapes_of` makes it a canonical shape (one generator: no call per part on the
+    collection's path)."""
+    return ((part.cpus, part.gpu_share if part.gpus else 0.0, len(part.gpus), tuple(alloc.allowed_models))
+            for alloc in allocations for part in alloc.placements)
+
+
 def part_keys(alloc: Allocation) -> tuple[PartKey, ...]:
-    """Each of the allocation's parts as :func:`snapshot_shapes` counts it, before
-    :func:`shapes_of` makes it a canonical shape."""
-    models = tuple(alloc.allowed_models)
-    return tuple((part.cpus, part.gpu_share if part.gpus else 0.0, len(part.gpus), models)
-                 for part in alloc.placements)
+    """One allocation's parts as :func:`snapshot_shapes` counts them."""
+    return tuple(_keys((alloc,)))
 
 
 def shapes_of(raw: Counter[PartKey]) -> Counter[Shape]:
@@ -176,7 +180,7 @@ def snapshot_shapes(snapshot: FleetSnapshot) -> Counter[Shape]:
     jobs mostly stay put) gets the same counts, in the same order, from
     ``shapes_of(Counter(keys))``, the keys listed in the allocations' order."""
     # counted by Counter's C loop: this runs over every job at every collection
-    return shapes_of(Counter(itertools.chain.from_iterable(part_keys(a) for a in snapshot.allocations)))
+    return shapes_of(Counter(_keys(snapshot.allocations)))
 
 
 @functools.lru_cache(maxsize=4096)

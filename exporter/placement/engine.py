@@ -22,7 +22,8 @@ otherwise (``fgd`` tries each; ``random`` picks one at random).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -443,6 +444,15 @@ class Placer:
         return Placement(node, self.names[node], slots, gpus, ask.share if slots else 0.0, ask.cpus, memory)
 
 
+def room_after_moves(free_gpus: float, demands: Iterable[float], moves: int, task: Task) -> bool:
+    """Whether ``task`` could find its GPUs on a node with ``free_gpus`` idle once at most
+    ``moves`` of its jobs leave, each freeing its GPUs (``demands``). A task fits only where
+    its GPUs' free shares add up to its demand, less EPS each; so False means no evacuation
+    of that many moves makes room, and the advisor's pending planner and the consolidate
+    baseline skip the node rather than try."""
+    return free_gpus + sum(heapq.nlargest(moves, demands)) >= task.gpu_demand - task.gpus * EPS - 1e-6
+
+
 def select(key: np.ndarray, second: np.ndarray, tie: float = TOL,
            rng: np.random.Generator | None = None) -> int | None:
     """Position of the best choice: the lowest ``key`` (within ``tie``), then the lowest ``second``,
@@ -476,4 +486,4 @@ def place_all(state: FleetState, tasks: Sequence[Task], policy: str, rng: np.ran
     return placer.state, failed
 
 
-__all__ = ["Placement", "Placer", "place_all", "select"]
+__all__ = ["Placement", "Placer", "place_all", "room_after_moves", "select"]

@@ -23,7 +23,6 @@ the same freedom.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,8 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from exporter.analysis.state import EPS
-from exporter.placement.engine import Placement
+from exporter.placement.engine import Placement, room_after_moves
 from exporter.placement.task import Task
 from exporter.simulate.cluster import undo
 from exporter.simulate.timeline import Job
@@ -209,15 +207,12 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
     nodes.sort(key=lambda n: (max(0.0, need - free[n]), n))
     best: tuple[int, Moves, Placement] | None = None
     part_task = cluster.task(head)
-    short = need - head.gpus * EPS - 1e-6  # a part fits only where its GPUs' free shares add up
     for node in nodes[:candidates]:
         limit = budget if best is None else len(best[1]) - 1
         if limit <= 0:
             break
-        # as the advisor's planner: ``limit`` moves free at most the ``limit`` largest demands;
-        # when even those leave it short, _evacuate_for would end with None
-        if free[node] + sum(heapq.nlargest(limit, (j.demand for j in on_node[node]))) < short:
-            continue
+        if not room_after_moves(free[node], (j.demand for j in on_node[node]), limit, part_task):
+            continue  # _evacuate_for would end with None, as in the advisor's planner
         found = _evacuate_for(sim, node, on_node[node], limit, part_task, same_model)
         if found is not None and (best is None or len(found[0]) < len(best[1])):
             best = (node, found[0], found[1])
