@@ -7,6 +7,11 @@ knows how the GPUs behave. In cluster mode both are read and joined here:
 - A GPU is matched by UUID where both sides have one, else by (node, GPU index).
   Slurm knows no UUID, so Slurm joins by (node, index): that holds when gres.conf
   lists ``File=/dev/nvidia[0-7]`` in index order, the usual setup.
+- A UUID joins only within one node (:func:`exporter.node_names.same_node`: the same name
+  without case, or a short name and its FQDN). Telemetry names the node it read, and a
+  telemetry GPU carrying the UUID of a GPU the scheduler places on another node would
+  otherwise speak for that node (an XID there drains it): it is not joined, both GPUs
+  stay, each counted unmatched.
 - A matched GPU keeps the scheduler's identity (node, index, pool), so the
   allocations' placements still point at it, and takes everything measured
   (values, UUID, model, MIG, up) from telemetry. It is stale if either side is.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from exporter.node_names import same_node
 from exporter.snapshot import FleetSnapshot, Gpu, UnmatchedGpus
 
 ALLOCATION = "allocation"
@@ -43,14 +49,20 @@ def _join(scheduled: Gpu, measured: Gpu) -> Gpu:
 
 def compose(taken_at: float, allocation: FleetSnapshot, telemetry: FleetSnapshot) -> FleetSnapshot:
     """One snapshot from the scheduler's view and the telemetry view of the same fleet."""
-    by_uuid = {g.uuid: i for i, g in enumerate(telemetry.gpus) if g.uuid}
+    by_uuid: dict[str, list[int]] = {}
+    for i, g in enumerate(telemetry.gpus):
+        if g.uuid:
+            by_uuid.setdefault(g.uuid, []).append(i)
     by_key = {g.key: i for i, g in enumerate(telemetry.gpus)}
     partner: list[int | None] = [None] * len(allocation.gpus)
     matched: set[int] = set()
     # UUIDs first, so a (node, index) guess never takes a GPU a UUID names elsewhere
     for position, gpu in enumerate(allocation.gpus):
-        index = by_uuid.get(gpu.uuid) if gpu.uuid else None
-        if index is not None and index not in matched:
+        found = by_uuid.get(gpu.uuid, ()) if gpu.uuid else ()
+        index = next((i for i in found if i not in matched and (
+            telemetry.gpus[i].node == gpu.node or same_node(telemetry.gpus[i].node, gpu.node))),
+            None)
+        if index is not None:
             partner[position] = index
             matched.add(index)
     for position, gpu in enumerate(allocation.gpus):

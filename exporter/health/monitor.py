@@ -13,6 +13,7 @@ lists at most :data:`MAX_LISTED` nodes and events, worst first, with the totals 
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,10 @@ from exporter.health.verdict import (
     Verdict,
 )
 from exporter.metrics import Family
+from exporter.node_names import shown
 from exporter.snapshot import FleetSnapshot
+
+log = logging.getLogger(__name__)
 
 EVENT_TYPES = ("drain", "reset_gpu", "resume", "replace", "page")
 VERDICTS = tuple(Verdict)  # healthy, unknown, degraded, failing
@@ -92,6 +96,7 @@ class HealthMonitor:
         self.drain_to_resume: defaultdict[str, float] = defaultdict(float)  # pool -> s, over resumes
         self.recent: deque[Event] = deque(maxlen=MAX_LISTED)
         self._namespaces: dict[str, str] = {}
+        self._refused: tuple[str, ...] = ()  # as last logged
 
     def retable(self, health: HealthSettings, remediation: RemediationSettings,
                 stragglers: StragglerSettings) -> None:
@@ -104,6 +109,12 @@ class HealthMonitor:
     def observe(self, snapshot: FleetSnapshot) -> HealthView:
         health = self.tracker.observe(snapshot)
         events = tuple(self.remediator.decide(health, snapshot))
+        refused = self.remediator.refused
+        if refused and refused != self._refused:  # once per change, not every snapshot
+            log.warning("nodes whose name is no single node's: no remediation for them",
+                        extra={"nodes": [shown(name) for name in refused[:MAX_LISTED]],
+                               "count": len(refused)})
+        self._refused = refused
         stragglers = self.stragglers.observe(snapshot)
         pools = {n.node: n.pool for n in health.nodes}
         for change in health.transitions:

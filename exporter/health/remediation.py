@@ -24,6 +24,7 @@ JSON, so a restarted advisor neither repeats an action nor forgets one it owes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterable
@@ -32,6 +33,7 @@ from pathlib import Path
 import msgspec
 
 from exporter.health.verdict import FleetHealth, NodeVerdict, Reason, Verdict
+from exporter.node_names import is_node_name
 from exporter.snapshot import FleetSnapshot
 from exporter.thresholds.health import (
     RemediationSettings as RemediationSettings,  # the table's health.remediation
@@ -84,8 +86,13 @@ Event = Drain | ResetGpu | Resume | Replace | Page
 
 
 def event_id(event: Event) -> str:
-    """Stable across restarts: ``gpufleet act`` skips an id its audit log already has."""
+    """Stable across restarts: ``gpufleet act`` skips an id its audit log already has.
+
+    A node or pool name holding a control character (a newline) is escaped, so an id stays
+    one line in every message and audit record; a real name has none and reads as it is."""
     target = event.pool if isinstance(event, Page) else event.node
+    if not target.isprintable():
+        target = target.encode("unicode_escape").decode("ascii")
     gpu = f"/{event.gpu}" if isinstance(event, ResetGpu) else ""
     return f"{type(event).__struct_config__.tag}:{target}{gpu}:{round(event.at * 1000)}"
 
@@ -162,9 +169,12 @@ class Remediator:
                  state: RemediationState | None = None) -> None:
         self.settings = settings or RemediationSettings()
         self.state = state or RemediationState()
+        # names of the last decision that no command may carry (see _actionable)
+        self.refused: tuple[str, ...] = ()
 
     def decide(self, health: FleetHealth, snapshot: FleetSnapshot | None = None) -> list[Event]:
         now = health.taken_at
+        health = self._actionable(health)
         events: list[Event] = []
         self._count_faults(health, now)
         events += self._replacements(health, now)
@@ -172,6 +182,30 @@ class Remediator:
         events += self._drains(health, now)  # before the resets: drain, then reset
         events += self._resets(health, snapshot, now)
         return events
+
+    def _actionable(self, health: FleetHealth) -> FleetHealth:
+        """``health`` less the nodes whose name is no single node's (``ALL``, a hostlist, a
+        newline): no event is built for them, and they count in no pool or budget, so such a
+        name can neither be drained nor spend the budget of the nodes beside it. A name saved
+        in the state by an older version is dropped from it too."""
+        bad = {n.node for n in health.nodes if not is_node_name(n.node)}
+        state = self.state
+        saved = [name for names in (state.drained, state.faults, state.replaced)
+                 for name in names if not is_node_name(name)]
+        saved += [name for name in state.failing if not is_node_name(name)]
+        for name in saved:
+            state.drained.pop(name, None)
+            state.faults.pop(name, None)
+            state.replaced.pop(name, None)
+        if saved:
+            state.failing = [name for name in state.failing if is_node_name(name)]
+        state.resets = [key for key in state.resets if is_node_name(key.rpartition("/")[0])]
+        self.refused = tuple(sorted(bad | set(saved)))
+        if not bad:
+            return health
+        return dataclasses.replace(health, nodes=tuple(n for n in health.nodes if n.node not in bad),
+                                   transitions=tuple(t for t in health.transitions
+                                                     if t.node not in bad))
 
     def _count_faults(self, health: FleetHealth, now: float) -> None:
         s, state = self.settings, self.state

@@ -24,14 +24,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter.health.remediation import Drain, Event, Resume
+from exporter.node_names import node_name_problem, shown
 
 REASON_PREFIX = "gpufleet: "
 TAINT_KEY = "gpufleet.io/gpu-unhealthy"
 REASON_ANNOTATION = "gpufleet.io/gpu-unhealthy-reason"
 CORDONED_ANNOTATION = "gpufleet.io/cordoned"
 MERGE_PATCH = "application/merge-patch+json"
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # a hostname, a Slurm NodeName
 _REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 .,;:/_()+=%#-]")  # nothing a shell or scontrol reads
+_WORD = re.compile(r"[A-Za-z0-9_./-]+(=[A-Za-z0-9_.-]+)?")  # scontrol (or its path), State=DRAIN
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 MAX_LABEL_VALUE = 63
 
@@ -41,9 +42,13 @@ class RenderError(ValueError):
 
 
 def node_name(name: str) -> str:
-    """``name`` if it is a node name (it goes into a command line and a URL path)."""
-    if not _NODE_NAME.fullmatch(name):
-        raise RenderError(f"node: {name!r} is not a node name (letters, digits, '.', '_', '-')")
+    """``name`` if it is one node's name (it goes into a command line and a URL path): no
+    hostlist expression, no ``ALL`` in any case (:mod:`exporter.node_names`, the one rule).
+    Every renderer and ``gpufleet act`` asks this; the message is one line whatever the
+    name holds."""
+    problem = node_name_problem(name)
+    if problem:
+        raise RenderError(f"node: {shown(name)} {problem}")
     return name
 
 
@@ -65,14 +70,24 @@ def slurm_argv(event: Event) -> list[str] | None:
 def slurm_command_text(argv: list[str]) -> str:
     """The command as an operator would type it: ``Reason="gpufleet: XID 79 on GPU 3"``.
 
-    Every word but the reason is a bare node name or keyword, and the reason holds no
-    quote, ``$``, backtick or backslash (:func:`slurm_reason`), so this is also exactly what
-    a shell would run.
+    Every word but the reason is a bare node name (:func:`node_name`) or keyword, and the
+    reason holds no quote, ``$``, backtick, backslash or newline (:func:`slurm_reason`), so
+    this is also exactly what a shell would run: checked here again, word by word, since
+    this text is what an operator pastes. :class:`RenderError` for any other word.
     """
     words = []
     for word in argv:
         key, _, value = word.partition("=")
-        words.append(f'{key}="{value}"' if key == "Reason" else word)
+        if key == "Reason":
+            if not value.startswith(REASON_PREFIX) or _REASON_UNSAFE.search(value):
+                raise RenderError(f"reason: {shown(value)} is not a reason gpufleet writes")
+            words.append(f'{key}="{value}"')
+            continue
+        if key == "NodeName":
+            node_name(value)
+        elif not _WORD.fullmatch(word):
+            raise RenderError(f"command: {shown(word)} is not a word gpufleet writes")
+        words.append(word)
     return " ".join(words)
 
 
@@ -89,7 +104,7 @@ def kubernetes_patch(event: Event, node: Mapping[str, Any]) -> dict[str, Any] | 
         return None
     if node_name(event.node) != node.get("metadata", {}).get("name"):
         raise RenderError(f"node: the event is for {event.node}, the node read is "
-                          f"{node.get('metadata', {}).get('name')!r}")
+                          f"{shown(node.get('metadata', {}).get('name'))}")
     meta = node["metadata"]
     spec = node.get("spec") or {}
     annotations = meta.get("annotations") or {}

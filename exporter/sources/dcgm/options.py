@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter.errors import ConfigError
+from exporter.node_names import node_name_problem, shown
 from exporter.options import Duration, opt
 
 
@@ -19,6 +21,15 @@ class TargetGroup:
         url="host:port",
     )
     pool: str = opt("", help="Pool of the group's GPUs; empty: sources.dcgm.pool.")
+    node: str = opt("", help="The node the group's targets serve: their samples must name it "
+                    "(Hostname) and are refused otherwise; empty: the host of each target's URL "
+                    "when it is a host name (an address is checked only against the other "
+                    "targets).")
+
+    def check(self, prefix: str) -> None:
+        problem = node_name_problem(self.node) if self.node else ""
+        if problem:
+            raise ConfigError(f"{prefix}.node: {shown(self.node)} {problem}")
 
 
 @dataclass(frozen=True)
