@@ -59,10 +59,13 @@ from urllib.parse import unquote, urlsplit
 
 import aiohttp
 
+from exporter.node_names import node_name_problem
+from exporter.node_names import shown as shown_name
 from exporter.snapshot import Allocation, Gpu, Node
 from exporter.sources import Clock, NoData, SourceReading, SourceStartupError, TargetStatus
 from exporter.sources.dcgm.exposition_parser import parse_text
 from exporter.sources.dcgm.fields import DcgmFleet, DcgmFleetBuilder, OverCap, RateIntegrator
+from exporter.sources.dcgm.identity import Identity, Part, claim, conflicts, identity, renamed
 from exporter.sources.dcgm.options import DcgmSource as DcgmConfig
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
 from exporter.sources.lastgood import LastGood
@@ -88,6 +91,11 @@ class Target:
     host: str  # names the node when the samples carry no Hostname label
     # "Basic ..." from the URL's userinfo, sent as the Authorization header; never shown
     authorization: str = field(default="", repr=False)
+    node: str = ""  # the node it serves, as configured (labels.node); "" none configured
+
+    def known(self) -> Identity:
+        """The node this target may speak for (:mod:`exporter.sources.dcgm.identity`)."""
+        return identity(self.host, self.node)
 
 
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#]*@")
@@ -98,14 +106,17 @@ def without_userinfo(text: str) -> str:
     return _USERINFO.sub(r"\1", text)
 
 
-def target_from(text: str, pool: str) -> Target:
-    """``host:port`` or a URL → a Target; ``/metrics`` is the default path.
+def target_from(text: str, pool: str, node: str = "") -> Target:
+    """``host:port`` or a URL → a Target; ``/metrics`` is the default path. ``node``: the node
+    it serves, as configured ("" none).
 
     Userinfo becomes the request's basic auth and is dropped from the URL, the target's name.
     """
     raw = text.strip()
     if not raw:
         raise ValueError("empty target")
+    if node and node_name_problem(node):
+        raise ValueError(f"node {shown_name(node)} {node_name_problem(node)}")
     shown = without_userinfo(raw)
     if "://" not in raw:
         raw = f"http://{raw}"
@@ -125,7 +136,7 @@ def target_from(text: str, pool: str) -> Target:
     path = parts.path or "/metrics"
     query = f"?{parts.query}" if parts.query else ""
     return Target(f"{parts.scheme}://{netloc}{path}{query}", pool, parts.hostname,
-                  authorization)
+                  authorization, node)
 
 
 def parse_targets_file(data: Any, default_pool: str, where: str) -> list[Target]:
@@ -142,11 +153,15 @@ def parse_targets_file(data: Any, default_pool: str, where: str) -> list[Target]
         if not isinstance(labels, dict):
             raise ValueError(f"{where}[{i}].labels: must be a mapping")
         pool = str(labels.get("pool", default_pool))
+        node = labels.get("node", "")
+        if not isinstance(node, str) or (node and node_name_problem(node)):
+            raise ValueError(f"{where}[{i}].labels.node: {shown_name(node)} "
+                             f"{node_name_problem(node)}")
         for j, text in enumerate(group["targets"]):
             if not isinstance(text, str):
                 raise ValueError(f"{where}[{i}].targets[{j}]: must be a string")
             try:
-                targets.append(target_from(text, pool))
+                targets.append(target_from(text, pool, node))
             except ValueError as exc:
                 raise ValueError(f"{where}[{i}].targets[{j}]: {exc}") from None
     return targets
@@ -166,12 +181,14 @@ class ScrapeOutcome:
     parse_errors: int
     error: str
     duration_seconds: float
+    refused: bool = False  # it answered for a node not its own: nothing of it is used
 
 
 @dataclass
 class _TargetState:
     last_success: float | None = None
     down: bool = False  # logged as down: log again only when it comes back
+    refused: str = ""  # why it is refused, as last logged: log again only when that changes
     duplicates: bool = False  # logged as serving another target's GPUs: log once while so
 
 
@@ -192,7 +209,7 @@ class BodyParser:
         self.lines = 0
         self.errors = 0
         self.first_error = ""
-        self._builder = DcgmFleetBuilder(default_node=target.host, pool=target.pool,
+        self._builder = DcgmFleetBuilder(default_node=target.node or target.host, pool=target.pool,
                                          resolve_model=resolve_model, max_gpus=max_gpus)
 
     def feed(self, data: bytes) -> None:
@@ -255,7 +272,7 @@ class DcgmExporterSource:
         self._own_session = session is None
         self._resolve_model = resolve_model or catalogue_resolver()
         self._static = [target_from(t, config.pool) for t in config.targets] + [
-            target_from(t, group.pool or config.pool)
+            target_from(t, group.pool or config.pool, group.node)
             for group in config.target_groups for t in group.targets]
         self._file_targets: list[Target] = []
         self._file_key: tuple[int, int] | None = None
@@ -382,6 +399,12 @@ class DcgmExporterSource:
         if not fleet.gpus:
             return ScrapeOutcome(None, errors, f"no DCGM GPU samples in the body "
                                  f"({errors} lines skipped)", took())
+        node, refused = claim(target.known(), {g.node for g in fleet.gpus})
+        if refused:
+            return ScrapeOutcome(None, errors, refused, took(), refused=True)
+        if node != fleet.gpus[0].node:  # the configured name, spelled as configured
+            nodes, gpus, allocations = renamed(node, fleet.nodes, fleet.gpus, fleet.allocations)
+            fleet = dataclasses.replace(fleet, nodes=nodes, gpus=gpus, allocations=allocations)
         return ScrapeOutcome(fleet, errors, "", took())
 
     async def _fetch_and_parse(self, target: Target,
@@ -447,27 +470,54 @@ class DcgmExporterSource:
                                           for t in targets))
         now = self.clock()
 
+        # each target's part: its fresh reading, or its last good one served stale
+        readings: list[SourceReading | None] = []
+        for target, outcome in zip(targets, outcomes, strict=True):
+            if outcome.fleet is not None:
+                readings.append(SourceReading(outcome.fleet.nodes,
+                                              self._integrator.apply(outcome.fleet, now),
+                                              outcome.fleet.allocations))
+            else:
+                readings.append(None if outcome.refused else self._last_good.recall(target.url, now))
+        refused = conflicts([Part(t.url, t.known(), r.gpus[0].node, frozenset(g.uuid for g in r.gpus))
+                             for t, r in zip(targets, readings, strict=True) if r is not None and r.gpus])
+
         nodes: list[Node] = []
         gpus: list[Gpu] = []
         allocations: list[Allocation] = []
-        statuses: list[TargetStatus] = []
+        statuses: list[TargetStatus | None] = [None] * len(targets)
         any_up = False
         seen = _SeenGpus()
-        for target, outcome in zip(targets, outcomes, strict=True):
+        # a target whose node is known keeps a GPU another target also shows (see _SeenGpus)
+        order = sorted(range(len(targets)), key=lambda i: not targets[i].known().node)
+        for i in order:
+            target, outcome, reading = targets[i], outcomes[i], readings[i]
             self._parse_errors += outcome.parse_errors
             state = self._states.setdefault(target.url, _TargetState())
-            if outcome.fleet is not None:
+            why = outcome.error if outcome.refused else refused.get(target.url, "")
+            if why:
+                # nothing of it is used, nor its past readings: they made the same claim
+                self._last_good.forget(target.url)
+                if why != state.refused:  # once per change, not every collection
+                    log.warning("dcgm target refused: it names a node not its own",
+                                extra={"target": target.url, "err": why})
+                state.refused = why
+                statuses[i] = TargetStatus(target.url, up=False, error=why,
+                                           last_success_time=state.last_success,
+                                           duration_seconds=outcome.duration_seconds)
+                continue
+            if state.refused:
+                log.info("dcgm target no longer refused", extra={"target": target.url})
+                state.refused = ""
+            if outcome.fleet is not None and reading is not None:
                 any_up = True
-                fresh = self._integrator.apply(outcome.fleet, now)
-                self._last_good.remember(target.url, SourceReading(
-                    outcome.fleet.nodes, fresh, outcome.fleet.allocations), now)
+                self._last_good.remember(target.url, reading, now)
                 state.last_success = now
                 if state.down:
                     log.info("dcgm target back", extra={"target": target.url})
                     state.down = False
-                part = seen.unseen(SourceReading(outcome.fleet.nodes, fresh,
-                                                 outcome.fleet.allocations))
-                self._log_duplicates(target, state, len(fresh) - len(part.gpus))
+                part = seen.unseen(reading)
+                self._log_duplicates(target, state, len(reading.gpus) - len(part.gpus))
                 gpus += part.gpus
                 nodes += part.nodes
                 allocations += part.allocations
@@ -476,22 +526,22 @@ class DcgmExporterSource:
                     log.warning("dcgm target down",
                                 extra={"target": target.url, "err": outcome.error})
                     state.down = True
-                last = self._last_good.recall(target.url, now)
-                if last is not None:
-                    last = seen.unseen(last)
-                    gpus += last.gpus
-                    nodes += last.nodes
-                    allocations += last.allocations
-            statuses.append(TargetStatus(target.url, up=outcome.fleet is not None,
-                                         error=outcome.error,
-                                         last_success_time=state.last_success,
-                                         duration_seconds=outcome.duration_seconds))
+                if reading is not None:
+                    part = seen.unseen(reading)
+                    gpus += part.gpus
+                    nodes += part.nodes
+                    allocations += part.allocations
+            statuses[i] = TargetStatus(target.url, up=outcome.fleet is not None,
+                                       error=outcome.error,
+                                       last_success_time=state.last_success,
+                                       duration_seconds=outcome.duration_seconds)
+        shown = [s for s in statuses if s is not None]
         # A GPU served stale restarts its NVLink counters from 0 when it is back (a counter
         # reset to Prometheus) rather than crediting the outage with its latest rate.
         self._integrator.forget_except(g.uuid for g in gpus if not g.stale)
         return SourceReading(tuple(nodes), tuple(gpus), tuple(allocations),
-                             parse_errors=self._parse_errors, targets=tuple(statuses),
-                             error="" if any_up else _none_up(statuses))
+                             parse_errors=self._parse_errors, targets=tuple(shown),
+                             error="" if any_up else _none_up(shown))
 
     @staticmethod
     def _log_duplicates(target: Target, state: _TargetState, dropped: int) -> None:

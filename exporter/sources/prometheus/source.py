@@ -83,10 +83,12 @@ from exporter.sources.dcgm.fields import (
     MAX_GPU_INDEX,
     MIG_ID_LABEL,
     NODE_LABELS,
+    UUID_LABELS,
     DcgmFleetBuilder,
     RateIntegrator,
     first_label,
 )
+from exporter.sources.dcgm.identity import REFUSED, Part, claim, conflicts, identity
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
 from exporter.sources.lastgood import LastGood
 from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
@@ -572,29 +574,23 @@ def build_dcgm_snapshot(
     """The same mapping and unit fixes as the dcgm source (:mod:`exporter.sources.dcgm.fields`), fed by
     Prometheus instead of a scrape. A series without ``Hostname`` is named after its
     target's host, as the dcgm source does; a ``pool`` label, if the scrape adds one,
-    sets the GPU's pool."""
+    sets the GPU's pool.
+
+    A scrape target (``instance``) speaks for its own node only, as a dcgm target does
+    (:mod:`exporter.sources.dcgm.identity`): its series name one node, a node name, the
+    host of ``instance`` when that is a host name, and no node another target names with
+    other GPUs. A target that does not is refused: none of its series is used, and its
+    status is down with the reason. Series without ``instance`` (federated, recorded) are
+    not checked: nothing says whose they are."""
     failed = [r for r in results.values() if r.series is None]
     if all(results.get(name) is None or results[name].series is None for name in GPU_FIELDS):
         # not one field answered: Prometheus is down, not just thin
         raise PrometheusQueryError(failed[0].error if failed else "no DCGM field was queried")
-    builders: dict[str, DcgmFleetBuilder] = {}
-    for name in (*GPU_FIELDS, "mig"):
-        result = results.get(name)
-        for sample in (result.series or []) if result is not None else []:
-            labels = sample["metric"]
-            if not first_label(labels, NODE_LABELS):
-                host = labels.get("instance", "").rpartition(":")[0] or labels.get("instance", "")
-                labels = {**labels, "Hostname": host}
-            pool = labels.get("pool", "")
-            builder = builders.get(pool)
-            if builder is None:
-                builder = builders[pool] = DcgmFleetBuilder(pool=pool, resolve_model=resolve_model)
-            try:
-                value = float(sample["value"][1])
-            except _BAD_SERIES:
-                failed.append(_Result(name, None, "a series without a number"))  # counted
-                continue
-            builder.add(labels.get("__name__", name), labels, value)
+    builders, bad, claims = _feed_dcgm(results, resolve_model, frozenset())
+    refused = _refused_instances(claims)
+    if refused:  # rare: build again without them (the first pass did not know)
+        builders, bad, _ = _feed_dcgm(results, resolve_model, frozenset(refused))
+    failed += bad
     nodes: list[Node] = []
     gpus: list[Gpu] = []
     allocations: list[Allocation] = []
@@ -611,7 +607,68 @@ def build_dcgm_snapshot(
                              tuple(sorted(gpus, key=lambda g: g.key)),
                              tuple(sorted(allocations, key=lambda a: a.job)))
     statuses = _targets((targets.series or []) if targets is not None else [])
+    if refused:
+        statuses = tuple(sorted(
+            [s for s in statuses if s.target not in refused]
+            + [TargetStatus(instance, up=False, error=why) for instance, why in refused.items()],
+            key=lambda t: t.target))
     return snapshot, statuses, len(failed) + skipped
+
+
+# instance -> (node names, GPU UUIDs) its series name
+_Claims = dict[str, tuple[set[str], set[str]]]
+
+
+def _feed_dcgm(results: Mapping[str, _Result], resolve_model: ModelResolver,
+               skip: frozenset[str]) -> tuple[dict[str, DcgmFleetBuilder], list[_Result], _Claims]:
+    """Every answered series into a builder per pool, less those of the ``skip`` instances."""
+    builders: dict[str, DcgmFleetBuilder] = {}
+    failed: list[_Result] = []
+    claims: _Claims = {}
+    for name in (*GPU_FIELDS, "mig"):
+        result = results.get(name)
+        for sample in (result.series or []) if result is not None else []:
+            labels = sample["metric"]
+            instance = labels.get("instance", "")
+            if instance in skip:
+                continue
+            node = first_label(labels, NODE_LABELS)
+            if not node:
+                node = instance.rpartition(":")[0] or instance
+                labels = {**labels, "Hostname": node}
+            if instance:
+                claim_ = claims.get(instance)
+                if claim_ is None:
+                    claim_ = claims[instance] = (set(), set())
+                claim_[0].add(node)
+                claim_[1].add(first_label(labels, UUID_LABELS))
+            pool = labels.get("pool", "")
+            builder = builders.get(pool)
+            if builder is None:
+                builder = builders[pool] = DcgmFleetBuilder(pool=pool, resolve_model=resolve_model)
+            try:
+                value = float(sample["value"][1])
+            except _BAD_SERIES:
+                failed.append(_Result(name, None, "a series without a number"))  # counted
+                continue
+            builder.add(labels.get("__name__", name), labels, value)
+    return builders, failed, claims
+
+
+def _refused_instances(claims: _Claims) -> dict[str, str]:
+    """Scrape target -> why none of its series is used (see build_dcgm_snapshot)."""
+    refused: dict[str, str] = {}
+    parts: list[Part] = []
+    for instance, (names, uuids) in claims.items():
+        host = instance.rpartition(":")[0] or instance
+        known = identity(host, "")
+        node, why = claim(known, names)
+        if why:
+            refused[instance] = why
+        else:
+            parts.append(Part(instance, known, node, frozenset(uuids)))
+    refused.update(conflicts(parts))
+    return refused
 
 
 def _secret(path: str, env: str, what: str) -> str:
@@ -663,6 +720,8 @@ class PrometheusFleetSource:
     _last_good: LastGood[str, SourceReading] = field(init=False)
     _queries: dict[str, str] = field(default_factory=dict)
     _integrator: RateIntegrator = field(default_factory=RateIntegrator)  # DCGM NVLink rates
+    # DCGM scrape targets refused for naming a node not their own, as last logged
+    _refused: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._last_good = LastGood(SourceReading.marked_stale, max_age=self.config.lost_after)
@@ -788,6 +847,7 @@ class PrometheusFleetSource:
         loop = asyncio.get_running_loop()
         snapshot, targets, failed = await loop.run_in_executor(None, self._build, at, results)
         self._parse_errors += failed
+        self._log_refused(targets)
         if len(snapshot.gpus) > self.config.max_gpus:
             raise PrometheusAnswerOverCap(
                 f"{_where(self.config.url)}: {len(snapshot.gpus):,} GPUs, over max_gpus "
@@ -796,6 +856,15 @@ class PrometheusFleetSource:
         snapshot = self._carry_over_lost_nodes(snapshot, at)
         return SourceReading.of(snapshot, parse_errors=self._parse_errors, targets=targets,
                                 error=error)
+
+    def _log_refused(self, targets: Sequence[TargetStatus]) -> None:
+        refused = {t.target: t.error for t in targets if t.error.startswith(REFUSED)}
+        if refused != self._refused:  # once per change, not every read
+            for target, why in sorted(refused.items()):
+                if self._refused.get(target) != why:
+                    log.warning("scrape target refused: it names a node not its own",
+                                extra={"source": self.name, "target": target, "err": why})
+            self._refused = refused
 
     def _blind(self, has_gpus: bool) -> str:
         """No blind green (issue 30): an answer that lists no GPU is a selector matching
