@@ -40,6 +40,12 @@ Hostile targets (issue 14) are bounded, because a worker thread cannot be killed
     their placements and their node are dropped, logged once.
   - ``http://user:password@host`` authenticates with basic auth; the target is
     named without its userinfo everywhere (labels, logs, the snapshot, errors).
+
+A target speaks for its own node only (issue 39, :mod:`exporter.sources.dcgm.identity`): a
+body naming another node than the target's (its configured ``node``, else its URL's host
+name), ``ALL``, a hostlist or several nodes, or a node another target names with other
+GPUs, is refused whole: the target is down with the reason, logged once, and its last good
+reading is forgotten.
 """
 
 from __future__ import annotations
