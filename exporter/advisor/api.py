@@ -168,9 +168,17 @@ def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> w
     return _json({"error": reason}, status, headers)
 
 
-def _authorized(api: AdvisorApi, request: web.Request) -> str | None:
+async def _authorized(api: AdvisorApi, request: web.Request) -> str | None:
     """None when authorized, else the reason for a 401."""
-    return bearer_problem(api.token, request)
+    return bearer_problem(await current_token(api.token), request)
+
+
+async def current_token(token_source: Token) -> bytes | None:
+    """The token now. A callable reads a file (advisor.token_file, rotated): in a thread, so
+    a file that is slow or hostile (a FIFO swapped in) never stalls the event loop."""
+    if callable(token_source):
+        return await asyncio.to_thread(token_source)
+    return token_source
 
 
 def bearer_problem(token_source: Token, request: web.Request) -> str | None:
@@ -207,7 +215,7 @@ def _guarded(handler: Callable[[web.Request], Awaitable[web.Response]]):
 
     async def wrapped(request: web.Request) -> web.Response:
         api = request.app[ADVISOR_API]
-        reason = _authorized(api, request)
+        reason = await _authorized(api, request)
         if reason is not None:
             if request.path == "/v1/alerts":
                 api.notifications["unauthorized"] += 1

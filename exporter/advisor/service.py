@@ -14,11 +14,11 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from aiohttp import web
 
@@ -42,6 +42,7 @@ from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import Report, evaluate
 from exporter.analysis.live import LiveAnalyzer
 from exporter.analysis.state import from_snapshot
+from exporter.bounded_file import Wording, read_bounded
 from exporter.config import AdvisorConfig, ConfigError
 from exporter.health.monitor import HealthMonitor, event_body, restore_state
 from exporter.health.remediation import event_id
@@ -54,23 +55,42 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "GPUFLEET_ADVISOR_TOKEN"
 
 
+# A token or an HMAC secret is a line, not a document: a cap far above any real one
+SECRET_MAX_BYTES = 64 * 1024
+_SECRET_FILE = Wording(
+    ConfigError, cannot_read="{key}: cannot read {path}: {reason}",
+    over_limit="{key}: {path} is {size} bytes, over the {limit}-byte limit of a secret",
+    grew_over_limit="{key}: {path} is over the {limit}-byte limit of a secret",
+    # a FIFO opened without blocking and refused, /dev/zero refused before a byte is read
+    not_regular="{key}: {path} is not a regular file")
+
+
+class BlankSecret(ConfigError):
+    """A secret file that was read and holds only whitespace."""
+
+
 def _read_secret(path: str, key: str) -> bytes:
+    """The stripped secret in ``path``, read by the bounded reader; ConfigError names ``key``."""
+    data = read_bounded(path, SECRET_MAX_BYTES, _SECRET_FILE, key=key)
     try:
-        value = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from None
+        value = data.decode("utf-8").strip()
     except UnicodeDecodeError:
         raise ConfigError(f"{key}: {path} is not UTF-8 text") from None
     if not value:
-        raise ConfigError(f"{key}: {path} is empty after stripping whitespace")
+        raise BlankSecret(f"{key}: {path} is empty after stripping whitespace")
     return value.encode()
 
 
 class TokenFile:
     """``advisor.token_file``, read again whenever it changes, so a rotated token needs no restart.
 
-    Each POST costs one stat(). A file that turns empty or unreadable refuses every
-    POST (fails closed) until a token is back, with one warning per change.
+    Calling it is blocking (a stat(), and a read when the file changed): the server calls it
+    off the event loop (api.current_token), SIGHUP from its reload thread. A file that turns
+    blank refuses every POST (fails closed: a blank token file is an operator's "no token")
+    until a token is back. A file that cannot be read as a token (gone, unreadable, a FIFO or
+    a device swapped in, over the size cap, not UTF-8) says nothing about the token: the last
+    good one stays in force. Either way :attr:`ok` is False until a read succeeds again
+    (``gpufleet_config_last_reload_successful`` 0), with one warning per change.
     """
 
     KEY = "advisor.token_file"
@@ -79,6 +99,9 @@ class TokenFile:
         self.path = path
         self._stamp = self._stat()
         self._token: bytes | None = _read_secret(path, self.KEY)  # at start, errors stop it
+        self.ok = True  # the last read succeeded
+        # a POST's read (in a worker thread) and SIGHUP's (the reload thread) may overlap
+        self._lock = threading.Lock()
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:
@@ -89,17 +112,26 @@ class TokenFile:
         return (info.st_mtime_ns, info.st_size, info.st_ino)
 
     def __call__(self, force: bool = False) -> bytes | None:
-        stamp = self._stat()
-        if stamp != self._stamp or force:  # force: SIGHUP reads it again, changed or not
-            self._stamp = stamp
-            try:
-                self._token = _read_secret(self.path, self.KEY)
-            except ConfigError as exc:
+        with self._lock:
+            stamp = self._stat()
+            if stamp != self._stamp or force:  # force: SIGHUP reads it again, changed or not
+                self._stamp = stamp
+                self._read()
+            return self._token
+
+    def _read(self) -> None:
+        try:
+            self._token = _read_secret(self.path, self.KEY)
+        except ConfigError as exc:
+            self.ok = False
+            if isinstance(exc, BlankSecret):
                 self._token = None
                 log.warning(f"advisor POSTs refused until the token file is fixed: {exc}")
             else:
-                log.info("advisor token file read again", extra={"path": self.path})
-        return self._token
+                log.warning(f"advisor token kept, the file cannot be read as one: {exc}")
+        else:
+            self.ok = True
+            log.info("advisor token file read again", extra={"path": self.path})
 
 
 def load_token(config: AdvisorConfig,

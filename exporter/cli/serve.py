@@ -119,13 +119,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("sources: no source is enabled (enable sources.sim, or pass --source)")
     # the web config first: a bad one stops the start before any source or outbox is opened
     live = LiveWebConfig(config.web.config_file) if config.web.config_file else None
+    reload_files: dict[str, Callable[[], bool]] = {}  # the table's reload gauge reads them
     try:
-        collector, state, advisor = assemble(config, names)
+        collector, state, advisor = assemble(config, names, reload_files=reload_files)
     except SourceStartupError as exc:
         print(f"gpufleet: {exc}", file=sys.stderr)
         return 2
     guard = protection(config, advisor, live)
-    state.reloaders.extend(reloaders(guard, advisor, config))
+    state.reloaders.extend(reloaders(guard, advisor, config, reload_files))
     app = make_app(config, collector, state, guard)
     from exporter.web import runbooks
 
@@ -160,10 +161,14 @@ def _sighup_during_start(signum: int, frame: object) -> None:
 
 
 def reloaders(guard: Protection, advisor: AdvisorService | None = None,
-              config: Config | None = None) -> list[tuple[str, Callable[[], object]]]:
+              config: Config | None = None,
+              reloads: dict[str, Callable[[], bool]] | None = None,
+              ) -> list[tuple[str, Callable[[], object]]]:
     """What SIGHUP reads again (exporter/web/server.py, Reload): the web config file, the
     advisor's token file and its receivers' HMAC ``secret_file``s. A token or secret from the
-    environment cannot change under a running process."""
+    environment cannot change under a running process. ``reloads`` (assemble's
+    ``reload_files``) learns whether each file's last read succeeded: a failed one sets
+    ``gpufleet_config_last_reload_successful`` to 0 while its last good version stays."""
     from exporter.advisor.service import TokenFile  # imported by now: protection() read the token
 
     found: list[tuple[str, Callable[[], object]]] = []
@@ -172,13 +177,29 @@ def reloaders(guard: Protection, advisor: AdvisorService | None = None,
         found.append(("web_config", lambda: "changed" if live.poll(force=True) else "unchanged"))
     token = guard.read_token
     if isinstance(token, TokenFile):  # the advisor's too: protection() hands over the same one
-        found.append(("token_file", lambda: "read" if token(force=True) else "refused"))
+
+        def token_file() -> str:
+            value = token(force=True)
+            return "read" if token.ok else "kept" if value else "refused"
+
+        found.append(("token_file", token_file))
+        if reloads is not None:  # a POST reads it again too: its state, not the last SIGHUP's
+            reloads["token_file"] = lambda: token.ok
     if advisor is not None and config is not None and any(
             r.secret_file for r in config.advisor.receivers):
         from exporter.advisor.service import reload_secret_files
 
         deliverer, settings = advisor.deliverer, config.advisor
-        found.append(("receiver_secrets", lambda: reload_secret_files(settings, deliverer)))
+        secrets_ok = [True]
+
+        def receiver_secrets() -> str:
+            outcome = reload_secret_files(settings, deliverer)
+            secrets_ok[0] = not outcome.endswith("kept")
+            return outcome
+
+        found.append(("receiver_secrets", receiver_secrets))
+        if reloads is not None:
+            reloads["receiver_secrets"] = lambda: secrets_ok[0]
     return found
 
 
@@ -248,11 +269,15 @@ def protection(config: Config, advisor: AdvisorService | None,
 
 
 def assemble(config: Config, names: list[str], clock: Clock = time.time,
-             timer: Clock = time.perf_counter) -> tuple[Collector, ServingState, AdvisorService | None]:
+             timer: Clock = time.perf_counter,
+             reload_files: dict[str, Callable[[], bool]] | None = None,
+             ) -> tuple[Collector, ServingState, AdvisorService | None]:
     """The sources, collector, analyzer and advisor that ``serve`` runs, wired as it runs them.
 
     ``clock`` (wall time) and ``timer`` (durations) are parameters so that the golden
-    exposition (tests/golden/) renders the same bytes on every run.
+    exposition (tests/golden/) renders the same bytes on every run. ``reload_files``, filled
+    by :func:`reloaders`, is what the threshold table's reload gauge reads of the other
+    files (LiveThresholds.other_files).
     """
     from exporter.collect import Collector
     from exporter.thresholds.live import LiveThresholds
@@ -282,6 +307,8 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     state.family_providers.append(log_families)
     # first: the analysis and the advisor judge each snapshot by the table on disk then
     state.snapshot_listeners.insert(0, table.on_snapshot)
+    if reload_files is not None:
+        table.other_files = reload_files
     state.family_providers.append(table.families)
     state.reloaders.append(("thresholds", lambda: table.poll(force=True)))
     return collector, state, advisor

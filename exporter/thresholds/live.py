@@ -59,6 +59,9 @@ class LiveThresholds:
         self.reloads = 0
         self._failed: Stamp | bool = False  # the version last refused, for one line per version
         self._followers: list[tuple[str, Follower]] = []
+        # the other files read again (serve's token and secret files, cli/serve.py reloaders):
+        # name -> whether its last read succeeded; a failed one sets the gauge to 0 too
+        self.other_files: dict[str, Callable[[], bool]] = {}
 
     def follow(self, name: str, follower: Follower) -> None:
         self._followers.append((name, follower))
@@ -105,8 +108,9 @@ class LiveThresholds:
             await asyncio.to_thread(self.poll)
 
     def families(self, snapshot: object) -> list[Family]:
-        """``gpufleet_config_last_reload_successful`` and its success timestamp."""
+        """``gpufleet_config_last_reload_successful`` and its success timestamp (the table's)."""
+        successful = self.successful and all(ok() for ok in self.other_files.values())
         return [
-            metrics.CONFIG_LAST_RELOAD_SUCCESSFUL.family([((), float(self.successful))]),
+            metrics.CONFIG_LAST_RELOAD_SUCCESSFUL.family([((), float(successful))]),
             metrics.CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS.family([((), self.success_at)]),
         ]

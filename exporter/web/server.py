@@ -34,7 +34,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from exporter.advisor.api import Token, bearer_problem
+from exporter.advisor.api import Token, bearer_problem, current_token
 from exporter.aio import complete
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
@@ -308,7 +308,7 @@ def protect(protection: Protection) -> Middleware:
                     return web.Response(status=401, text="Unauthorized\n",
                                         headers={"WWW-Authenticate": "Basic"})
         if bearer and request.method in ("GET", "HEAD"):
-            reason = bearer_problem(protection.read_token, request)
+            reason = bearer_problem(await current_token(protection.read_token), request)
             if reason is not None:
                 return web.json_response(
                     {"error": reason}, status=401,
