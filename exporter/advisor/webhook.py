@@ -9,6 +9,9 @@ Idempotency-Key and the outbox's key, so an event is delivered once).
 Timeouts, connection errors, 5xx and 429 are retried with exponential backoff
 and jitter (``Retry-After`` is honoured); any other 4xx is final, because the
 receiver told us the request itself is wrong and repeating it will not help.
+A 3xx is retried too, never followed (:mod:`exporter.http_client`): the signed body
+goes to the configured URL only. So is an answer over ``MAX_ANSWER_BYTES``, read no
+further: its status line alone is not taken as a delivery.
 Deliveries run one at a time, so a plan never reaches a receiver twice
 concurrently; the outbox row is marked delivered before the next is tried.
 
@@ -59,7 +62,7 @@ from typing import ParamSpec, TypeVar
 
 import aiohttp
 
-from exporter import __version__
+from exporter import __version__, http_client
 from exporter.advisor.outbox import Delivery, Outbox
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.wire import plan_body
@@ -75,6 +78,7 @@ PLAN, EVENT = "plan", "remediation"
 MAX_RETRY_AFTER = 3600.0  # a receiver asking for more than an hour is treated as asking for an hour
 DEFAULT_RETENTION = 7 * 86400.0  # finished outbox rows kept a week: long after any plan's expiry
 PRUNE_EVERY = 3600.0  # one DELETE an hour keeps the file small; retention is days
+MAX_ANSWER_BYTES = 64 * 1024  # a receiver's answer: its status decides, the body is not used
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -236,7 +240,8 @@ class Deliverer:
     async def run(self) -> None:
         """Deliver until cancelled; sleeps until the next due delivery or a new enqueue."""
         self._loop = asyncio.get_running_loop()
-        async with aiohttp.ClientSession(headers={"User-Agent": f"gpufleet/{__version__}"}) as session:
+        async with http_client.client_session(headers={"User-Agent": f"gpufleet/{__version__}"}) \
+                as session:
             while True:
                 self._wake.clear()
                 try:
@@ -361,17 +366,29 @@ class Deliverer:
             EVENT_HEADER: PLAN if delivery.plan_id.startswith("plan-") else EVENT,
         }
         retry_after: float | None = None
+        status = 0
         try:
-            async with session.post(receiver.url, data=delivery.body, headers=headers,
-                                    timeout=aiohttp.ClientTimeout(total=receiver.timeout)) as resp:
+            # never redirected: a 302 would turn the POST into a body-less GET whose 200 reads
+            # as delivered, and a 307 re-sends the signed body to whichever host it names
+            async with http_client.request(session, "POST", receiver.url, data=delivery.body,
+                                           headers=headers, timeout=aiohttp.ClientTimeout(
+                                               total=receiver.timeout)) as resp:
                 status = resp.status
                 retry_after = retry_after_seconds(resp.headers.get("Retry-After"), self.clock())
-                await resp.read()
+                if status not in http_client.REDIRECTS:
+                    await http_client.read_capped(resp, MAX_ANSWER_BYTES)
+        except http_client.AnswerTooLarge as exc:
+            # the body is not used, but a receiver's answer is all of it: one past the cap
+            # is no answer (the status line of a 1.5 GB body is not trusted), so kept, retried
+            await self._retry(receiver, delivery, f"HTTP {status}: {exc}", retry_after)
+            return
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             await self._retry(receiver, delivery, error, None)
             return
-        if 200 <= status < 300:
+        if status in http_client.REDIRECTS:  # not delivered where it was sent: kept, retried
+            await self._retry(receiver, delivery, http_client.redirect_refused(status), retry_after)
+        elif 200 <= status < 300:
             self._count(receiver, "delivered")
             await self._finish(delivery, "delivered")
             log.info("plan delivered", extra={"receiver": receiver.name, "plan": delivery.plan_id,

@@ -285,6 +285,8 @@ async def _fetch(args: argparse.Namespace) -> bytes:
 
     import aiohttp
 
+    from exporter import http_client
+
     url = _advice_url(args.source)
     headers = {"Accept": "application/json"}
     if (token := _token(args.token_file)) is not None:
@@ -297,22 +299,19 @@ async def _fetch(args: argparse.Namespace) -> bytes:
             raise UsageError(f"--ca-file {args.ca_file}: {exc}") from None
     timeout = aiohttp.ClientTimeout(total=args.timeout)
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session, \
-                session.get(url, headers=headers, ssl=ssl_context, allow_redirects=False) as response:
+        async with http_client.client_session(timeout=timeout) as session, \
+                http_client.request(session, "GET", url, headers=headers, ssl=ssl_context) as response:
+            if response.status in http_client.REDIRECTS:  # the token goes to this host only
+                raise PlanError(f"{url}: {http_client.redirect_refused(response.status)}")
             if response.status != 200:
                 text = (await response.content.read(300)).decode("utf-8", "replace").strip()
                 raise PlanError(f"{url}: HTTP {response.status}" + (f": {text[:200]}" if text else ""))
-            if response.content_length is not None and response.content_length > args.max_bytes:
-                raise PlanError(f"{url}: {response.content_length} bytes, over the "
-                                f"{args.max_bytes}-byte limit (--max-bytes)")
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.content.iter_chunked(64 * 1024):
-                size += len(chunk)
-                if size > args.max_bytes:  # a lying or absent Content-Length
-                    raise PlanError(f"{url}: over the {args.max_bytes}-byte limit (--max-bytes)")
-                chunks.append(chunk)
-            return b"".join(chunks)
+            try:
+                return await http_client.read_capped(response, args.max_bytes)
+            except http_client.AnswerTooLarge as exc:
+                size = "" if exc.declared is None else f" {exc.declared} bytes,"
+                raise PlanError(f"{url}:{size} over the {args.max_bytes}-byte limit "
+                                "(--max-bytes)") from None
     except TimeoutError:
         raise PlanError(f"{url}: no complete answer within {args.timeout:g} s (--timeout)") from None
     except aiohttp.ClientError as exc:

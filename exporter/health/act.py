@@ -23,13 +23,12 @@ import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from exporter import http_client
 from exporter.health.remediation import Action, Event, Page, decode_event, encode_event, event_id
 from exporter.health.render import (
     MERGE_PATCH,
@@ -70,20 +69,33 @@ class KubernetesApi:
             headers["Authorization"] = f"Bearer {self.token}"
         if body is not None:
             headers["Content-Type"] = MERGE_PATCH
-        request = urllib.request.Request(self.server.rstrip("/") + path, body, headers,
-                                         method=method)
-        context = ssl.create_default_context(cafile=self.ca_file) \
-            if self.server.startswith("https") else None
+        where = f"{method} {path}"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout, context=context) as answer:
-                return json.loads(answer.read(MAX_RESPONSE_BYTES))
-        except urllib.error.HTTPError as exc:
-            message = _status_message(exc.read(MAX_RESPONSE_BYTES)) or exc.reason
-            if exc.code == 409:
-                raise Conflict(f"409 Conflict: {message}") from None
-            raise ActError(f"{method} {path}: HTTP {exc.code}: {message}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise ActError(f"{method} {path}: {exc}") from None
+            context = ssl.create_default_context(cafile=self.ca_file) \
+                if self.server.startswith("https") else None
+            # never redirected: the token goes to this apiserver only, and the patch is built
+            # from its answer, not from whatever host a 3xx names
+            answer = http_client.fetch(method, self.server.rstrip("/") + path, body=body,
+                                       headers=headers, timeout=self.timeout, context=context,
+                                       max_bytes=MAX_RESPONSE_BYTES)
+        except http_client.AnswerTooLarge as exc:
+            raise ActError(f"{where}: {exc}") from None
+        except (OSError, ValueError) as exc:  # URLError, ssl.SSLError, TimeoutError: OSErrors
+            raise ActError(f"{where}: {exc}") from None
+        if answer.status in http_client.REDIRECTS:
+            raise ActError(f"{where}: {http_client.redirect_refused(answer.status)}")
+        if not 200 <= answer.status < 300:
+            message = _status_message(answer.body) or _one_line(answer.reason)
+            if answer.status == 409:
+                raise Conflict(f"409 Conflict: {message}")
+            raise ActError(f"{where}: HTTP {answer.status}: {message}")
+        try:
+            node = json.loads(answer.body)
+        except ValueError as exc:
+            raise ActError(f"{where}: not JSON: {exc}") from None
+        if not isinstance(node, dict):
+            raise ActError(f"{where}: not a JSON object")
+        return node
 
     def get_node(self, name: str) -> dict[str, Any]:
         return self._call("GET", f"/api/v1/nodes/{name}")
@@ -93,10 +105,18 @@ class KubernetesApi:
 
 
 def _status_message(body: bytes) -> str:
+    """A Status answer's message, as one line of at most 300 characters (the apiserver's
+    text goes into the audit log and onto stderr)."""
     try:
-        return str(json.loads(body).get("message", ""))
-    except (ValueError, AttributeError):
+        message = json.loads(body).get("message", "")
+    except (ValueError, AttributeError, RecursionError):
         return ""
+    return _one_line(message if isinstance(message, str) else str(message))
+
+
+def _one_line(text: str) -> str:
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text[:1000]).split())
+    return flat if len(flat) <= 300 else flat[:297] + "..."
 
 
 @dataclass

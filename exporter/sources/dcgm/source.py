@@ -65,6 +65,7 @@ from urllib.parse import unquote, urlsplit
 
 import aiohttp
 
+from exporter import http_client
 from exporter.node_names import node_name_problem
 from exporter.node_names import shown as shown_name
 from exporter.snapshot import Allocation, Gpu, Node
@@ -369,8 +370,7 @@ class DcgmExporterSource:
 
     def _session_for_read(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.config.max_concurrency)
-            self._session = aiohttp.ClientSession(connector=connector)
+            self._session = http_client.client_session(limit=self.config.max_concurrency)
             self._own_session = True
         return self._session
 
@@ -424,7 +424,10 @@ class DcgmExporterSource:
         headers = {"Accept": "text/plain"}
         if target.authorization:
             headers["Authorization"] = target.authorization
-        async with session.get(target.url, headers=headers) as response:
+        # a target speaks for its own address only: its redirect is not followed
+        async with http_client.request(session, "GET", target.url, headers=headers) as response:
+            if response.status in http_client.REDIRECTS:
+                raise ValueError(http_client.redirect_refused(response.status))
             if response.status != 200:
                 raise ValueError(f"HTTP {response.status}")
             if (response.content_length or 0) > config.max_body_bytes:

@@ -63,6 +63,8 @@ from urllib.parse import urlencode
 import aiohttp
 import msgspec
 
+from exporter import http_client
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -428,6 +430,8 @@ class Informer(Generic[T]):
     async def _raise_for(response: aiohttp.ClientResponse) -> None:
         if response.status == 200:
             return
+        if response.status in http_client.REDIRECTS:
+            raise ApiError(response.status, http_client.redirect_refused(response.status))
         body = await response.content.read(65536)
         message = _status_message(body, response.status, response.reason or "")
         if response.status == 410:
@@ -487,8 +491,10 @@ class Informer(Generic[T]):
             params = {"limit": str(self.limits.page_size)}
             if token:
                 params["continue"] = token
-            async with self.session.get(self._url(params), headers=await self._headers(),
-                                        ssl=self.endpoint.ssl, timeout=timeout) as response:
+            # never redirected: the bearer token goes to the apiserver and nowhere else
+            async with http_client.request(self.session, "GET", self._url(params),
+                                           headers=await self._headers(), ssl=self.endpoint.ssl,
+                                           timeout=timeout) as response:
                 await self._raise_for(response)
                 body = await self._read_capped(response)
             # decoded and made into records in a worker thread: 300,000 pods are 600 pages
@@ -535,8 +541,9 @@ class Informer(Generic[T]):
         timeout = aiohttp.ClientTimeout(total=None, connect=self.limits.request_timeout,
                                         sock_connect=self.limits.request_timeout,
                                         sock_read=self.limits.watch_timeout + 30)
-        async with self.session.get(self._url(params), headers=await self._headers(),
-                                    ssl=self.endpoint.ssl, timeout=timeout) as response:
+        async with http_client.request(self.session, "GET", self._url(params),
+                                       headers=await self._headers(), ssl=self.endpoint.ssl,
+                                       timeout=timeout) as response:
             await self._raise_for(response)
             self.stats.watches += 1
             self.stats.last_watch_at = time.monotonic()

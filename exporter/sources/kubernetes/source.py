@@ -847,8 +847,7 @@ class KubernetesAllocationSource:
         return Endpoint(host.rstrip("/"), context, authorization)
 
     async def _start(self) -> None:
-        import aiohttp
-
+        from exporter import http_client
         from exporter.sources.kubernetes.informer import Informer, InformerSet, Limits
 
         endpoint = await self._endpoint()
@@ -857,7 +856,7 @@ class KubernetesAllocationSource:
                         watch_timeout=c.watch_timeout, backoff_max=c.backoff_max,
                         max_objects=c.max_objects, max_event_bytes=c.max_event_bytes,
                         max_page_bytes=c.max_page_bytes)
-        self._session = aiohttp.ClientSession()
+        self._session = http_client.client_session()
         informers: list[Informer[Any]] = [
             Informer(self._session, endpoint, NODES, lambda obj: node_record(obj, c.pool_label),
                      limits, "nodes", NodeShape),

@@ -68,7 +68,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from exporter import metrics
+from exporter import http_client, metrics
 from exporter.snapshot import (
     Allocation,
     FleetSnapshot,
@@ -300,24 +300,14 @@ async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> by
     """The body of ``resp``, or PrometheusAnswerOverCap as soon as it passes ``limit`` bytes
     (decompressed, so a gzip bomb is cut too): ``resp.read()`` would hold a 2 GB answer
     whole before anyone looked at its size."""
-    if resp.content_length is not None and resp.content_length > limit and \
-            not resp.headers.get("Content-Encoding"):
-        raise PrometheusAnswerOverCap(
-            f"{what}: answer of {resp.content_length:,} bytes, over max_answer_bytes {limit:,}")
-    chunks: list[bytes] = []
-    size = 0
     try:
-        async for chunk in resp.content.iter_chunked(1 << 20):
-            size += len(chunk)
-            if size > limit:
-                raise PrometheusAnswerOverCap(
-                    f"{what}: answer over max_answer_bytes {limit:,} (read stopped there)")
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        # an exception's traceback (a cut answer, a read cancelled with the others) keeps this
-        # frame, and with it what was read, for as long as someone holds the exception
-        chunks.clear()
+        return await http_client.read_capped(resp, limit)
+    except http_client.AnswerTooLarge as exc:
+        if exc.declared is not None:
+            raise PrometheusAnswerOverCap(f"{what}: answer of {exc.declared:,} bytes, over "
+                                          f"max_answer_bytes {limit:,}") from None
+        raise PrometheusAnswerOverCap(
+            f"{what}: answer over max_answer_bytes {limit:,} (read stopped there)") from None
 
 
 def build_snapshot(
@@ -733,7 +723,7 @@ class PrometheusFleetSource:
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
+            self._session = http_client.client_session(
                 timeout=aiohttp.ClientTimeout(total=self.config.query_timeout),
             )
         return self._session
@@ -744,7 +734,13 @@ class PrometheusFleetSource:
         self.queries_made += 1
         where = _where(self.config.url)
         try:
-            async with session.post(self._endpoint, data=form, headers=headers) as resp:
+            # a redirect is not followed: it would take the query (a 307 re-sends the form)
+            # to whichever host it names
+            async with http_client.request(session, "POST", self._endpoint, data=form,
+                                           headers=headers) as resp:
+                if resp.status in http_client.REDIRECTS:
+                    raise PrometheusQueryError(
+                        f"{where}: query {name}: {http_client.redirect_refused(resp.status)}")
                 body = await read_capped(resp, self.config.max_answer_bytes,
                                          f"{where}: query {name}")
                 if resp.status in (401, 403):
