@@ -111,11 +111,14 @@ def test_the_advisors_outbox_bodies_drain_and_resume_the_node(slurm, tmp_path):
     outbox = advisor.deliverer.outbox
 
     def bodies(path: Path) -> Path:
-        """What the receiver would get, one body a line: the outbox's pending rows, then done."""
-        pending = outbox.pending()
-        path.write_bytes(b"".join(d.body + b"\n" for d in pending))
-        for d in pending:
-            outbox.delivered(d.delivery_id, T0)
+        """What the receiver would get, one body a line: the outbox's pending rows, then done,
+        until none is pending (a node's later event is handed out once the earlier is done)."""
+        received = []
+        while pending := outbox.pending():
+            received += [d.body + b"\n" for d in pending]
+            for d in pending:
+                outbox.delivered(d.delivery_id, T0)
+        path.write_bytes(b"".join(received))
         return path
 
     def gpu_002(at: float, broken: bool = False):

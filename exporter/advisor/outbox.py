@@ -25,6 +25,13 @@ faults) under the key ``remediation``, so a restart neither drains twice nor for
 A file that fails ``PRAGMA integrity_check`` is refused when opened (``gpufleet serve``
 exits 2 with one line), not served with holes.
 
+Order: a row may carry an ``order_key`` (a remediation event's node). Of the pending rows
+for one receiver with the same key, only the oldest (by creation: SQLite's rowid, which a
+new row always takes above every row still there) is handed out by :meth:`Outbox.pending`
+and :meth:`Outbox.due`; the others wait behind it, so a drain retried through an outage
+reaches the receiver before the resume decided after it. Rows without a key (plans, pages)
+are not ordered.
+
 The methods are synchronous and quick (one small transaction each); the async
 delivery loop calls them through ``asyncio.to_thread``.
 """
@@ -32,6 +39,7 @@ delivery loop calls them through ``asyncio.to_thread``.
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import threading
 import uuid
@@ -60,6 +68,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
     status          TEXT NOT NULL DEFAULT 'pending',
     last_error      TEXT NOT NULL DEFAULT '',
     finished_at     REAL,
+    order_key       TEXT,
     UNIQUE (receiver, plan_id, proposal)
 );
 CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (status, next_attempt_at);
@@ -84,10 +93,43 @@ BEGIN IMMEDIATE;
 ALTER TABLE deliveries RENAME TO deliveries_v1;
 DROP INDEX IF EXISTS deliveries_due;
 {SCHEMA}
-INSERT INTO deliveries ({_V1_COLUMNS}) SELECT {_V1_COLUMNS} FROM deliveries_v1;
+INSERT INTO deliveries ({_V1_COLUMNS}) SELECT {_V1_COLUMNS} FROM deliveries_v1 ORDER BY rowid;
 DROP TABLE deliveries_v1;
 COMMIT;
 """
+# The second schema had no order_key: the column is added, and the pending remediation
+# events it holds get their node as key (:func:`_backfill_order_keys`).
+MIGRATE_V2 = """
+BEGIN IMMEDIATE;
+ALTER TABLE deliveries ADD COLUMN order_key TEXT;
+COMMIT;
+"""
+# a pending row that heads its (receiver, order_key) line, or has no key: the subquery is
+# run once per statement (not per row), over the pending rows only
+_HEAD = (" AND (order_key IS NULL OR rowid IN (SELECT MIN(rowid) FROM deliveries"
+         " WHERE status = 'pending' AND order_key IS NOT NULL GROUP BY receiver, order_key))")
+
+
+def _backfill_order_keys(db: sqlite3.Connection) -> None:
+    """Key the pending remediation events written before rows had keys by their node, as
+    :class:`~exporter.advisor.webhook.Deliverer` keys new ones; a plan (``plan-...``) has none."""
+    rows = db.execute("SELECT rowid, body FROM deliveries WHERE status = 'pending'"
+                      " AND order_key IS NULL AND plan_id NOT LIKE 'plan-%'").fetchall()
+    keyed = [(key, rowid) for rowid, body in rows if (key := event_order_key(bytes(body)))]
+    if keyed:
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany("UPDATE deliveries SET order_key = ? WHERE rowid = ? AND order_key IS NULL",
+                       keyed)
+        db.execute("COMMIT")
+
+
+def event_order_key(body: bytes) -> str | None:
+    """A remediation event's order key: its node (a page, for a pool, has none)."""
+    try:
+        node = json.loads(body).get("node")
+    except (ValueError, AttributeError):
+        return None
+    return node if isinstance(node, str) and node else None
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -105,6 +147,7 @@ class Delivery:
     expires_at: float | None
     proposal: int = 1
     next_attempt_at: float = 0.0  # wall time, as written: for display, and once after a restart
+    order_key: str | None = None  # deliveries with the same key go one at a time, oldest first
 
     @property
     def idempotency_key(self) -> str:
@@ -142,7 +185,12 @@ class Outbox:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # a delivery row must survive power loss
             columns = [r[1] for r in self._db.execute("PRAGMA table_info(deliveries)").fetchall()]
-            self._db.executescript(MIGRATE_V1 if columns and "proposal" not in columns else SCHEMA)
+            if columns and "proposal" not in columns:
+                self._db.executescript(MIGRATE_V1)
+            elif columns and "order_key" not in columns:
+                self._db.executescript(MIGRATE_V2)
+            self._db.executescript(SCHEMA)
+            _backfill_order_keys(self._db)
 
     def _run(self, operation: str, call: Callable[[sqlite3.Connection], T]) -> T:
         """One operation under the lock; a failure is counted, its transaction rolled back."""
@@ -161,10 +209,11 @@ class Outbox:
             self._db.close()
 
     def enqueue(self, receiver: str, plan_id: str, body: bytes, now: float,
-                expires_at: float | None = None) -> str | None:
+                expires_at: float | None = None, order_key: str | None = None) -> str | None:
         """Queue ``body`` for ``receiver``; the delivery id, or None while the plan is open there.
 
         Open: its latest proposal is pending, or delivered and not expired at ``now``.
+        ``order_key``: the row waits behind every older pending row with the same key there.
         """
         delivery_id = str(uuid.uuid4())
 
@@ -183,8 +232,8 @@ class Outbox:
                 proposal = last + 1
             db.execute(
                 "INSERT INTO deliveries (delivery_id, receiver, plan_id, proposal, body, created_at,"
-                " expires_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (delivery_id, receiver, plan_id, proposal, body, now, expires_at, now),
+                " expires_at, next_attempt_at, order_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (delivery_id, receiver, plan_id, proposal, body, now, expires_at, now, order_key),
             )
             db.execute("COMMIT")
             return delivery_id
@@ -192,19 +241,22 @@ class Outbox:
         return self._run("insert", insert)
 
     def due(self, now: float, limit: int = 100) -> list[Delivery]:
+        """The pending deliveries due by ``now`` that wait behind no older one (see the module)."""
         rows = self._run("select", lambda db: db.execute(
-            "SELECT delivery_id, receiver, plan_id, body, attempts, expires_at, proposal"
-            " FROM deliveries WHERE status = 'pending' AND next_attempt_at <= ?"
-            " ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall())
-        return [Delivery(r[0], r[1], r[2], bytes(r[3]), r[4], r[5], r[6]) for r in rows]
+            "SELECT delivery_id, receiver, plan_id, body, attempts, expires_at, proposal,"
+            " next_attempt_at, order_key FROM deliveries WHERE status = 'pending'"
+            f" AND next_attempt_at <= ?{_HEAD} ORDER BY next_attempt_at LIMIT ?",
+            (now, limit)).fetchall())
+        return [Delivery(r[0], r[1], r[2], bytes(r[3]), r[4], r[5], r[6], r[7], r[8]) for r in rows]
 
     def pending(self, limit: int = 1000) -> list[Delivery]:
-        """Every pending delivery, due or not: the deliverer keeps the schedule, on its monotonic clock."""
+        """Every pending delivery, due or not, that waits behind no older one with its order
+        key: the deliverer keeps the schedule, on its monotonic clock."""
         rows = self._run("select", lambda db: db.execute(
-            "SELECT delivery_id, receiver, plan_id, body, attempts, expires_at, proposal, next_attempt_at"
-            " FROM deliveries WHERE status = 'pending' ORDER BY next_attempt_at LIMIT ?",
-            (limit,)).fetchall())
-        return [Delivery(r[0], r[1], r[2], bytes(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
+            "SELECT delivery_id, receiver, plan_id, body, attempts, expires_at, proposal,"
+            f" next_attempt_at, order_key FROM deliveries WHERE status = 'pending'{_HEAD}"
+            " ORDER BY next_attempt_at LIMIT ?", (limit,)).fetchall())
+        return [Delivery(r[0], r[1], r[2], bytes(r[3]), r[4], r[5], r[6], r[7], r[8]) for r in rows]
 
     def finish(self, delivery_id: str, status: str, now: float, error: str | None = None) -> None:
         """Record an outcome (delivered, rejected, expired): the one UPDATE that leaves ``pending``."""

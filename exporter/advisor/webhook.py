@@ -15,6 +15,13 @@ further: its status line alone is not taken as a delivery.
 Deliveries run one at a time, so a plan never reaches a receiver twice
 concurrently; the outbox row is marked delivered before the next is tried.
 
+Order: a remediation event is queued with its node as its outbox order key, so per
+receiver and node the events go in the order they were decided: a later one is not tried
+while an earlier one is pending (it waits behind it, whatever the earlier one's backoff).
+A drain retried through a receiver's outage is not overtaken by the resume decided after
+it. Plans are not ordered: each has its own expiry, and a newer one does not depend on an
+older one's delivery.
+
 Each result is counted (:attr:`Deliverer.results`) before its outbox row
 changes, and an outbox call once begun is finished even if the deliverer is
 cancelled meanwhile: whoever sees a row ``delivered`` sees it counted, and
@@ -63,7 +70,7 @@ from typing import ParamSpec, TypeVar
 import aiohttp
 
 from exporter import __version__, http_client
-from exporter.advisor.outbox import Delivery, Outbox
+from exporter.advisor.outbox import Delivery, Outbox, event_order_key
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.wire import plan_body
 from exporter.aio import complete
@@ -199,11 +206,13 @@ class Deliverer:
     def _write_unwritten(self) -> int:
         queued = 0
         now = self.clock()
-        for (receiver, _), kept in self._unwritten.items():
-            while kept:
+        for (receiver, kind), kept in self._unwritten.items():
+            while kept:  # oldest first: an event's place in its node's line is when it was decided
                 plan_id, body, expires_at = kept[0]
+                order_key = event_order_key(body) if kind == EVENT else None
                 try:
-                    if self.outbox.enqueue(receiver, plan_id, body, now, expires_at) is not None:
+                    if self.outbox.enqueue(receiver, plan_id, body, now, expires_at,
+                                           order_key) is not None:
                         queued += 1
                 except sqlite3.Error as exc:  # counted by the outbox; the plan stays in memory
                     delay = backoff(self._write_failures, self.base_delay, self.max_delay, self.rng)
@@ -318,6 +327,9 @@ class Deliverer:
         except sqlite3.Error as exc:  # counted by the outbox
             self._outcomes[key] = (status, now, error)
             self._outcome_failed(exc)
+            return
+        if delivery.order_key is not None:  # the next in its line is due now: another round
+            self.wake()
 
     def _outcome_failed(self, exc: sqlite3.Error) -> None:
         delay = backoff(self._outcome_failures, self.base_delay, self.max_delay, self.rng)

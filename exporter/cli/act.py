@@ -7,8 +7,11 @@ scontrol command or node patch and changes nothing; act runs it. Slurm runs scon
 (SLURM_CONF finds the cluster); Kubernetes GETs the node and PATCHes it guarded by its
 resourceVersion, retrying on 409 Conflict. Every event is appended to the audit log
 (--audit-log, JSON lines); in act mode an event the log records as done is skipped, so a
-replay or a restart does not act twice. Budgets (how many nodes at once, the rate, never
-a pool's last healthy node) are the advisor's: it decides the events (docs/health.md).
+replay or a restart does not act twice, and an event decided before the newest drain or
+resume already taken for its node is refused as stale (said on stderr). Slurm is acted on
+only when scontrol shows exactly the node named. Budgets (how many nodes at once, the
+rate, never a pool's last healthy node) are the advisor's: it decides the events
+(docs/health.md).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from exporter.bounded_file import Wording, read_bounded
 from exporter.errors import UsageError
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
@@ -26,6 +30,11 @@ EPILOG = """examples:
       --token-file /var/run/secrets/kubernetes.io/serviceaccount/token \\
       --ca-file /var/run/secrets/kubernetes.io/serviceaccount/ca.crt < events.jsonl"""
 MAX_TOKEN_BYTES = 64 * 1024  # a service account token is ~1 KB
+# a secret is a file at rest: a FIFO (which could hang the start) or a device is refused
+_TOKEN_FILE = Wording(UsageError, cannot_read="--token-file {path}: cannot read: {reason}",
+                      over_limit="--token-file {path}: {size} bytes, over the {limit}-byte limit",
+                      grew_over_limit="--token-file {path}: over the {limit}-byte limit",
+                      not_regular="--token-file {path}: not a regular file")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,22 +60,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _token(path: str | None) -> str | None:
+    """The bearer token in ``path`` (None: no file); UsageError (one line, exit 2) for a file
+    that is not a regular file of at most MAX_TOKEN_BYTES holding one ASCII token."""
     if path is None:
         return None
     try:
-        with open(path, "rb") as handle:
-            token = handle.read(MAX_TOKEN_BYTES + 1).decode("ascii").strip()
-    except OSError as exc:
-        raise UsageError(f"--token-file {path}: cannot read: {exc.strerror}") from None
+        token = read_bounded(path, MAX_TOKEN_BYTES, _TOKEN_FILE).decode("ascii").strip()
     except UnicodeDecodeError:
         raise UsageError(f"--token-file {path}: not an ASCII token") from None
-    if not token or len(token) > MAX_TOKEN_BYTES or any(c.isspace() for c in token):
+    if not token or not token.isprintable() or any(c.isspace() for c in token):
         raise UsageError(f"--token-file {path}: must hold one token, without spaces")
     return token
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporter.health.act import Actor, KubernetesApi, read_events
+    from exporter.health.act import ActError, Actor, KubernetesApi, bounded_lines, read_events
 
     if not 0 <= args.max_conflict_retries <= 100:
         raise UsageError(f"--max-conflict-retries: must be 0..100, got {args.max_conflict_retries}")
@@ -77,20 +85,28 @@ def run(args: argparse.Namespace) -> int:
                          "(the node is read to build the patch)")
     api = KubernetesApi(args.api_server, _token(args.token_file), args.ca_file) \
         if args.api_server else None
-    actor = Actor(args.backend, args.mode, Path(args.audit_log), sys.stdout, api, args.scontrol,
-                  args.max_conflict_retries, notes=sys.stderr)
+    try:
+        actor = Actor(args.backend, args.mode, Path(args.audit_log), sys.stdout, api, args.scontrol,
+                      args.max_conflict_retries, notes=sys.stderr)
+    except ActError as exc:
+        raise UsageError(f"--audit-log {exc}") from None
     failed = 0
     try:
-        source = sys.stdin if args.events == "-" else open(args.events)  # noqa: SIM115
+        # binary: each line is bounded while it is read (bounded_lines), never read whole first
+        source = sys.stdin.buffer if args.events == "-" else open(args.events, "rb")  # noqa: SIM115
     except OSError as exc:
         raise UsageError(f"--events {args.events}: cannot read: {exc.strerror}") from None
     with source:
         try:
-            for event in read_events(source):
+            for event in read_events(bounded_lines(source)):
                 record = actor.handle(event)
                 if record["outcome"] == "failed":
                     failed += 1
                     print(f"gpufleet act: {record['id']}: {record['error']}", file=sys.stderr)
         except ValueError as exc:
             raise UsageError(f"--events {args.events}: {exc}") from None
+        except OSError as exc:  # a read error mid-stream (EIO)
+            raise UsageError(f"--events {args.events}: cannot read: {exc.strerror}") from None
+        except ActError as exc:  # the audit log cannot take a record: act no further
+            raise UsageError(f"--audit-log {exc}") from None
     return 1 if failed else 0

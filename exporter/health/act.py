@@ -14,22 +14,46 @@ Every event goes to the audit log, one JSON object a line. In ``act`` mode an ev
 id the log already records as done is skipped, so replaying the outbox or restarting
 ``gpufleet act`` does not act twice. Pages, resets and replacements are logged (and
 printed) only: they are for a human.
+
+Order: per node, an event decided before the newest drain or resume already taken for that
+node (its ``at``; taken: in ``act`` mode, as the audit log records, or earlier in this run)
+is refused, said in the audit record and on stderr: a drain that arrives after the resume
+that undid it would take a repaired node out of service again.
+
+Slurm: before acting, ``scontrol show node -o NAME`` must answer exactly one node, named
+NAME; a NodeSet or any name Slurm expands to several nodes is refused.
+
+Files: the events are read a line at a time, each line bounded while it is read
+(:func:`bounded_lines`), so ``/dev/zero`` or an endless line is a one-line error; the audit
+log must be a regular file (a FIFO is refused, never waited on).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import ssl
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from exporter import http_client
-from exporter.health.remediation import Action, Event, Page, decode_event, encode_event, event_id
+from exporter.health.remediation import (
+    Action,
+    Drain,
+    Event,
+    Page,
+    Resume,
+    decode_event,
+    encode_event,
+    event_id,
+)
 from exporter.health.render import (
     MERGE_PATCH,
     REASON_PREFIX,
@@ -43,6 +67,7 @@ from exporter.health.render import (
 MODES = ("observe", "dry-run", "act")
 BACKENDS = ("slurm", "kubernetes")
 MAX_EVENT_BYTES = 64 * 1024  # one event is ~200 bytes; a longer line is not one
+MAX_AUDIT_LINE_BYTES = 4 * MAX_EVENT_BYTES  # a record is its event and a few words more
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024  # a Node with every image listed is ~100 KB
 
 
@@ -134,28 +159,61 @@ class Actor:
     prog: str = "gpufleet act"  # names the command in the notes
 
     def __post_init__(self) -> None:
-        self.done = self._done_ids()
+        self.done: set[str] = set()  # ids the audit log records as done in act mode
+        # per node, the newest drain or resume taken: (its at in ms, its id)
+        self.newest: dict[str, tuple[int, str]] = {}
+        if self.audit_path is not None:
+            self._read_audit(self.audit_path)
 
-    def _done_ids(self) -> set[str]:
-        done: set[str] = set()
-        if self.audit_path is None or not self.audit_path.exists():
-            return done
-        for line in self.audit_path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a crash
-            if isinstance(record, dict) and record.get("outcome") == "done" and record.get("mode") == "act":
-                done.add(str(record.get("id")))
-        return done
+    def _read_audit(self, path: Path) -> None:
+        """What the audit log says was done and taken in act mode; ActError (one line) for a
+        log that is not a regular file."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hang the start
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise ActError(f"{path}: cannot read: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as log:
+            if not stat.S_ISREG(os.fstat(log.fileno()).st_mode):
+                raise ActError(f"{path}: not a regular file")
+            for line in _lines(log, MAX_AUDIT_LINE_BYTES):
+                try:
+                    record = json.loads(line) if line is not None else None
+                except ValueError:
+                    continue  # a line cut by a crash
+                if isinstance(record, dict) and record.get("mode") == "act":
+                    self._recorded(record)
+
+    def _recorded(self, record: dict[str, Any]) -> None:
+        if record.get("outcome") == "done":
+            self.done.add(str(record.get("id")))
+        event = record.get("event")
+        if record.get("type") in ("drain", "resume") and record.get("outcome") != "refused" \
+                and isinstance(event, dict) and isinstance(event.get("node"), str) \
+                and isinstance(event.get("at"), int | float) and not isinstance(event["at"], bool):
+            self._taken(event["node"], event["at"], str(record.get("id")))
+
+    def _taken(self, node: str, at: float, ident: str) -> None:
+        if not math.isfinite(at):  # not an order: an event decoded from JSON has a finite at
+            return
+        at_ms = round(at * 1000)
+        if node not in self.newest or at_ms > self.newest[node][0]:
+            self.newest[node] = (at_ms, ident)
+
+    def _stale(self, event: Action) -> str | None:
+        """The id of the newer drain or resume already taken for the event's node, if any."""
+        newest = self.newest.get(event.node)
+        if newest is None or not math.isfinite(event.at):
+            return None
+        return newest[1] if round(event.at * 1000) < newest[0] else None
 
     def _audit(self, event: Event, outcome: str, **detail: Any) -> dict[str, Any]:
         record = {"time": self.clock(), "id": event_id(event), "type": type(event).__struct_config__.tag,
                   "backend": self.backend, "mode": self.mode, "outcome": outcome, **detail,
                   "event": json.loads(_encode(event))}
         if self.audit_path is not None:
-            with self.audit_path.open("a") as log:
-                log.write(json.dumps(record, separators=(",", ":")) + "\n")
+            _append(self.audit_path, (json.dumps(record, separators=(",", ":")) + "\n").encode())
         return record
 
     def handle(self, event: Event) -> dict[str, Any]:
@@ -167,12 +225,19 @@ class Actor:
             print(f"{self.prog}: page for pool {event.pool}: {event.reason} "
                   f"({', '.join(event.nodes)})", file=self.notes)
             return self._audit(event, "advice", detail="a page: not acting on the pool")
+        newer = self._stale(event)
+        if newer is not None:
+            detail = f"stale: decided before {newer}, already taken for this node"
+            print(f"{self.prog}: {ident}: refused, {detail}", file=self.notes)
+            return self._audit(event, "refused", detail=detail)
         try:
             record = self._slurm(event) if self.backend == "slurm" else self._kubernetes(event)
         except (ActError, RenderError) as exc:
-            return self._audit(event, "failed", error=str(exc))
+            record = self._audit(event, "failed", error=str(exc))
         if record.get("outcome") == "done":
             self.done.add(ident)
+        if isinstance(event, Drain | Resume):  # taken, even failed: a later one supersedes it
+            self._taken(event.node, event.at, ident)
         return record
 
     def _slurm(self, event: Action) -> dict[str, Any]:
@@ -186,8 +251,8 @@ class Actor:
         if self.mode == "dry-run":
             print(text, file=self.out)
             return self._audit(event, "printed", command=text)
+        shown = self._one_node(event.node)
         # an operator's drain is theirs: gpufleet neither overwrites its reason nor resumes it
-        shown = self._run([self.scontrol, "show", "node", "-o", event.node])
         state = shown.partition(" State=")[2].partition(" ")[0]
         ours = f" Reason={REASON_PREFIX}" in shown
         if "State=RESUME" in argv and not ours:
@@ -198,6 +263,16 @@ class Actor:
                                detail="already drained by someone else: their reason kept")
         self._run([self.scontrol, *argv[1:]])
         return self._audit(event, "done", command=text)
+
+    def _one_node(self, name: str) -> str:
+        """Slurm's one line for node ``name``; ActError unless it names exactly that node (a
+        NodeSet, or a name Slurm expands, answers several, and ``update`` would take them all)."""
+        lines = [line for line in self._run([self.scontrol, "show", "node", "-o", name]).splitlines()
+                 if line.strip()]
+        if len(lines) != 1 or lines[0].split(" ", 1)[0] != f"NodeName={name}":
+            raise ActError(f"scontrol show node {name}: answers {len(lines)} node(s), not exactly "
+                           "the node of that name (a NodeSet?); not acting")
+        return lines[0]
 
     def _run(self, argv: list[str]) -> str:
         try:
@@ -240,12 +315,58 @@ def _encode(event: Event) -> str:
     return encode_event(event).decode()
 
 
+def _append(path: Path, data: bytes) -> None:
+    """One write at the end of ``path``, a regular file (created if missing): never a wait on a
+    FIFO, never a write into a device."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        raise ActError(f"{path}: cannot write: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ActError(f"{path}: not a regular file")
+        os.write(fd, data)
+    except OSError as exc:
+        raise ActError(f"{path}: cannot write: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _lines(stream: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """Each line of ``stream``, or None for one over ``limit`` bytes (skipped a piece at a
+    time): never more than ``limit`` + 1 bytes in memory."""
+    while chunk := stream.readline(limit + 1):
+        if len(chunk) <= limit or chunk.endswith(b"\n"):
+            yield chunk
+            continue
+        while (chunk := stream.readline(limit + 1)) and not chunk.endswith(b"\n"):
+            pass
+        yield None
+
+
+def bounded_lines(stream: BinaryIO, limit: int = MAX_EVENT_BYTES) -> Iterator[str]:
+    """The lines of ``stream`` as text, each checked while it is read: ValueError naming the
+    line for one longer than ``limit`` bytes (at most ``limit`` + 1 bytes are read for it) or
+    not UTF-8."""
+    number = 0
+    while chunk := stream.readline(limit + 1):
+        number += 1
+        if len(chunk) > limit and not chunk.endswith(b"\n"):
+            raise ValueError(f"line {number}: longer than {limit} bytes")
+        try:
+            line = chunk.decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"line {number}: not UTF-8") from None
+        yield line
+
+
 def read_events(lines: Iterable[str]) -> Iterator[Event]:
-    """Events from JSON lines; a bad line is a ValueError naming its line and key."""
+    """Events from JSON lines (from a file: :func:`bounded_lines`); a bad line is a
+    ValueError naming its line and key."""
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        if len(line) > MAX_EVENT_BYTES:
+        if len(line.rstrip("\r\n")) > MAX_EVENT_BYTES:
             raise ValueError(f"line {number}: longer than {MAX_EVENT_BYTES} bytes")
         try:
             yield decode_event(line)
@@ -253,4 +374,5 @@ def read_events(lines: Iterable[str]) -> Iterator[Event]:
             raise ValueError(f"line {number}: {exc}") from None
 
 
-__all__ = ["BACKENDS", "MODES", "ActError", "Actor", "Conflict", "KubernetesApi", "read_events"]
+__all__ = ["BACKENDS", "MODES", "ActError", "Actor", "Conflict", "KubernetesApi", "bounded_lines",
+           "read_events"]
