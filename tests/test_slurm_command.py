@@ -354,3 +354,41 @@ def test_the_source_passes_its_max_output_bytes(tmp_path):
                                             max_output_bytes=4096), time.time)
     with pytest.raises(SlurmCommandError, match=r"over max_output_bytes \(4096 bytes\)"):
         asyncio.run(src.read())
+
+
+def _fake_scontrol(bin_dir: Path, nodes: str) -> None:
+    """A ``scontrol`` that lists ``nodes`` (show node) and no job (show job)."""
+    bin_dir.mkdir()
+    (bin_dir / "nodes.txt").write_text(nodes)
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/sh\nif [ "$2" = node ]; then cat {bin_dir / "nodes.txt"}; fi\n')
+    (bin_dir / "scontrol").chmod(0o755)
+
+
+def _node(name: str, gres: str) -> str:
+    return (f"NodeName={name} CPUTot=64 Gres={gres} State=IDLE ThreadsPerCore=1 "
+            "Partitions=gpu-h100\n")
+
+
+def test_the_snapshots_gpus_are_capped_by_max_gpus(tmp_path):
+    """As the Kubernetes source's max_gpus: the nodes' GPUs summed before the snapshot is
+    built, and over the cap the read fails with the reason (the last good view is served)."""
+    bin_dir = tmp_path / "bin"
+    _fake_scontrol(bin_dir, "".join(_node(f"gpu-{i}", "gpu:h100:8") for i in range(3)))
+    config = SlurmConfig(enabled=True, format="text", bin_dir=str(bin_dir), max_gpus=16)
+    with pytest.raises(SlurmCommandError) as caught:
+        asyncio.run(SlurmAllocationSource(config, time.time).read())
+    assert str(caught.value) == "24 GPUs on 3 nodes, over sources.slurm.max_gpus (16): not read"
+    at_cap = SlurmConfig(enabled=True, format="text", bin_dir=str(bin_dir), max_gpus=24)
+    assert len(asyncio.run(SlurmAllocationSource(at_cap, time.time).read()).gpus) == 24
+
+
+def test_one_node_claiming_two_million_gpus_is_skipped_not_built(tmp_path):
+    bin_dir = tmp_path / "bin"
+    _fake_scontrol(bin_dir, _node("gpu-001", "gpu:h100:8")
+                   + _node("gpu-666", ",".join(["gpu:h100:1024"] * 2000)))
+    src = SlurmAllocationSource(SlurmConfig(enabled=True, format="text", bin_dir=str(bin_dir)),
+                                time.time)
+    reading = asyncio.run(src.read())
+    assert {g.node for g in reading.gpus} == {"gpu-001"} and len(reading.gpus) == 8
+    assert reading.parse_errors == 1

@@ -298,3 +298,26 @@ def test_a_huge_field_of_words_parses_in_linear_time(multi_line):
     took = time.perf_counter() - started
     assert node.name == "gpu-001" and node.cpus == 64 and node.gres
     assert took < 3, f"{took:.1f}s for a 2 MB field"
+
+
+def test_a_nodes_gpus_are_capped_over_all_its_gres_entries():
+    """``gpu:h100:1024`` written 2,000 times on one line (29 kB) was 2,048,000 GPUs of one
+    node: 32 s and 598 MB. Each entry was capped; their sum was not."""
+    line = ",".join(["gpu:h100:1024"] * 2000)
+    with pytest.raises(SlurmParseError) as caught:
+        parse_gres(line)
+    assert str(caught.value) == ("GRES 'gpu:h100:1024,gpu:h100:1024,gpu:h100:102': "
+                                 "more than 1024 GPUs on one node")
+    assert [g.count for g in parse_gres("gpu:h100:1000,gpu:a100:24")] == [1000, 24]  # at the cap
+    indices = ",".join(["gpu:a:1(IDX:0-49999)"] * 3)  # each list under its cap, 150,000 in all
+    with pytest.raises(SlurmParseError, match="more than 100000 indices"):
+        parse_gres(indices)
+
+
+def test_a_node_claiming_too_many_gpus_is_skipped_and_the_others_kept():
+    good, bad = sample("scontrol_show_node_d_o.txt").splitlines()[:2]
+    bad = bad.replace("Gres=gpu:h200:8", "Gres=" + ",".join(["gpu:h100:1024"] * 2000))
+    skipped: list[str] = []
+    nodes = parse_scontrol_nodes(f"{good}\n{bad}\n", on_error=skipped.append)
+    assert [n.name for n in nodes] == ["gpu-001"]
+    assert len(skipped) == 1 and "more than 1024 GPUs on one node" in skipped[0]

@@ -51,6 +51,12 @@ class SlurmSource:
         128 * 1024 * 1024, help="Most bytes one Slurm command may print; beyond it the read "
         "fails before parsing and the last good view is served stale.", min=1024,
     )
+    # What the snapshot builds grows with the GPUs (a record each, as the Kubernetes
+    # source's max_gpus says); a node's own GRES is capped at 1024 GPUs by the parser
+    max_gpus: int = opt(
+        100_000, help="Most GPUs the nodes may hold, summed before the snapshot is built; "
+        "beyond it the read fails and the last good view is served stale.", min=1,
+    )
     bin_dir: str = opt("", help="Folder of squeue, sinfo and scontrol; empty: the PATH.")
     slurm_conf: str = opt("", help="SLURM_CONF for the commands; empty: inherited.")
     time_zone: str = opt(

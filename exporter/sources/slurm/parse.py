@@ -40,8 +40,9 @@ class SlurmParseError(ValueError):
 # billion names, and "n[0-99]x[0-99]y[0-99]" a million. The largest Slurm clusters have
 # tens of thousands of nodes, and a node's CPU ids some thousands.
 MAX_EXPANDED = 100_000
-# GPUs one GRES entry may give a node: the largest chassis hold 72, and the snapshot's
-# layout is one record per GPU (``gpu:h200:99999999999`` would have been that many).
+# GPUs one node's GRES may give it, over all its entries: the largest chassis hold 72, and
+# the snapshot's layout is one record per GPU (``gpu:h200:99999999999`` would have been that
+# many, and ``gpu:h100:1024`` written 2,000 times on one line 2,048,000)
 MAX_GRES_GPUS = 1024
 
 
@@ -145,15 +146,19 @@ def parse_gres(text: str) -> list[Gres]:
     if text in ("", "(null)", "N/A"):
         return []
     out = []
+    gpus = expanded = 0  # over the whole string: one node's GRES (or one job's on one node)
     for item in _split_top(text):
         if item.startswith(("gres:", "gres/")):
             item = item[5:]
         match = _GRES.match(item)
         if match is None:
-            raise SlurmParseError(f"bad GRES {item!r}")
+            raise SlurmParseError(f"bad GRES {item[:40]!r}")
         pieces = match.group("body").split(":")
         extra = match.group("extra") or ""
         indices = expand_index_list(extra.split("IDX:", 1)[1]) if "IDX:" in extra else None
+        expanded += len(indices or ())
+        if expanded > MAX_EXPANDED:
+            raise SlurmParseError(f"GRES {text[:40]!r}: more than {MAX_EXPANDED} indices")
         name, gres_type, count = pieces[0], "", None
         rest = pieces[1:]
         if rest and rest[-1].isascii() and rest[-1].isdigit():
@@ -164,6 +169,11 @@ def parse_gres(text: str) -> list[Gres]:
             count = len(indices) if indices is not None else 1
         if name == "gpu" and count > MAX_GRES_GPUS:
             raise SlurmParseError(f"GRES {item[:40]!r}: more than {MAX_GRES_GPUS} GPUs")
+        if name == "gpu":
+            gpus += count
+            if gpus > MAX_GRES_GPUS:
+                raise SlurmParseError(f"GRES {text[:40]!r}: more than {MAX_GRES_GPUS} GPUs "
+                                      "on one node")
         out.append(Gres(name, gres_type, count, indices))
     return out
 

@@ -349,10 +349,20 @@ class SlurmAllocationSource:
                     nodes, jobs = await self._read_text()
         except SlurmParseError as exc:
             raise SlurmCommandError(str(exc)) from None
+        self._check_gpus(nodes)
         now = self.clock()
         snapshot = await asyncio.to_thread(to_snapshot, now, nodes, jobs, self._models,
                                            self.catalogue, self._qos)
         return self._emptied.check(SourceReading.of(snapshot, parse_errors=self._parse_errors))
+
+    def _check_gpus(self, nodes: list[SlurmNode]) -> None:
+        """Refuse a cluster over ``max_gpus`` before the snapshot is built (a record per GPU):
+        the read fails with the reason, and the collector serves the last good view stale."""
+        total = sum(g.count for n in nodes for g in n.gres if g.name == "gpu")
+        if total > self.config.max_gpus:
+            raise SlurmCommandError(
+                f"{total} GPUs on {len(nodes)} nodes, over sources.slurm.max_gpus "
+                f"({self.config.max_gpus}): not read")
 
     async def close(self) -> None:
         return None
