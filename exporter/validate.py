@@ -1,6 +1,6 @@
 """The one way gpufleet checks input: a value and the key it sits at in, one line naming the key out.
 
-Three pieces, one shape (``check(value, key)``, the key dotted and indexed as a user
+Four pieces, one shape (``check(value, key)``, the key dotted and indexed as a user
 reads it: ``nodes[3].gpu_count``, ``sources.sim.seed``):
 
 - **JSON checks** for the API's bodies (:mod:`exporter.advisor.bounds`): :func:`string`,
@@ -12,6 +12,8 @@ reads it: ``nodes[3].gpu_count``, ``sources.sim.seed``):
   :func:`mapping`, :func:`text`, :func:`true_or_false`, :func:`one_of` raise
   :class:`~exporter.errors.ConfigError` and quote a value as Python does
   (:func:`~exporter.errors.quoted`), the wording node_exporter's users know.
+- **Command-line numbers** (:func:`flag_number`): finite and within the flag's stated
+  bounds, else :class:`~exporter.errors.UsageError` (one line, exit 2).
 - **Records** (:class:`Builder`): a frozen dataclass built from a mapping by its fields'
   types (nested records, tuples of them, optionals), refusing an unknown key and a
   missing required one by name; each caller says how a leaf value is checked. The
@@ -36,7 +38,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from exporter.errors import ConfigError, quoted
+from exporter.errors import ConfigError, UsageError, quoted
 
 # -- JSON checks (the API's bodies) --------------------------------------------------------
 
@@ -212,6 +214,26 @@ def one_of(value: Any, key: str, choices: Any) -> Any:
     return value
 
 
+# -- command-line numbers ----------------------------------------------------------------------
+
+
+def flag_number(value: float, flag: str, low: float, high: float, *, above: bool = False,
+                unit: str = "") -> float:
+    """``value`` of ``flag`` when it is finite and within [low, high] ((low, high] when
+    ``above``), else :class:`~exporter.errors.UsageError` saying the bounds: one line, exit 2.
+    NaN fails every comparison, so it is refused with the rest; a bound is there because
+    the work grows with the number (``simulate --days 1e9`` asked for 179 GiB)."""
+    inside = low < value <= high if above else low <= value <= high
+    if not inside:
+        raise UsageError(f"{flag}: must be in {'(' if above else '['}{_number(low)}, "
+                         f"{_number(high)}]{unit}, got {_number(value)}")
+    return value
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else quoted(value)
+
+
 # -- records: dataclasses built from mappings -------------------------------------------------
 
 Leaf = Callable[[Any, Any, str, Mapping[str, Any]], Any]  # (type, value, key, field metadata)
@@ -298,7 +320,8 @@ class Builder:
 
 
 __all__ = [
-    "SCHEMAS", "Builder", "Check", "Invalid", "array", "boolean", "described", "integer",
+    "SCHEMAS", "Builder", "Check", "Invalid", "array", "boolean", "described", "flag_number",
+    "integer",
     "join", "json_schema", "mapping", "number", "one_of", "optional", "record",
     "refuse_unknown", "required_fields", "show", "string", "text", "true_or_false",
 ]

@@ -38,8 +38,11 @@ from exporter.placement.engine import place_all
 from exporter.placement.task import Task
 from exporter.policy_names import POLICIES
 from exporter.snapshot import from_json
+from exporter.validate import flag_number
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else ""
+MAX_TOP = 100_000  # worst nodes listed
+MAX_SEED = 2**63 - 1
 EPILOG = f"""examples:
   gpufleet analyze --trace {openb.DEFAULT_TRACE}
   gpufleet analyze --trace openb-gpuspec33 --placed-by fgd
@@ -102,8 +105,8 @@ def _analysis_config(args: argparse.Namespace) -> AnalysisConfig:
         config = replace(config, coverage=args.coverage)
     if args.no_cpu_only:
         config = replace(config, include_cpu_only=False)
-    if args.top < 0:
-        raise UsageError("--top: must be >= 0")
+    flag_number(args.top, "--top", 0, MAX_TOP)
+    flag_number(args.seed, "--seed", 0, MAX_SEED)  # a negative one was numpy's ValueError
     return config
 
 

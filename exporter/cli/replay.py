@@ -34,6 +34,7 @@ from exporter.placement.policies import FGD_SECONDS, FGD_TIES, FgdTies
 from exporter.placement.replay import Setup, replay_many, run_lengths, summary, write_csv
 from exporter.placement.task import Task
 from exporter.policy_names import POLICIES
+from exporter.validate import flag_number
 
 log = logging.getLogger("gpufleet")
 MIB = 2**20  # the trace states memory in MiB
@@ -95,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.fgd_tie_rel <= 1:
         raise UsageError(f"--fgd-tie-rel: must be in [0, 1], got {args.fgd_tie_rel:g}")
     ties = FgdTies(args.fgd_tie, args.fgd_tie_rel, args.fgd_second)
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError("--jobs: must be >= 1")
+    if args.jobs is not None:
+        flag_number(args.jobs, "--jobs", 1, MAX_JOBS)
     _resolve_trace(args)
     config = load(args.config)
     out = _out_dir(args.out)
@@ -145,7 +146,14 @@ def parse_policies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+MAX_SEEDS = 10_000  # a run per seed and policy: more is never one command's work
+MAX_SEED = 2**63 - 1
+MAX_JOBS = 1024  # runs at a time, one core each
+
+
 def parse_seeds(text: str) -> list[int]:
+    """``42,43`` or ``42-44`` (or both, comma-joined), at most :data:`MAX_SEEDS` of them,
+    counted before a range is expanded (``1-1000000000`` was a MemoryError)."""
     seeds: list[int] = []
     try:
         for part in (p.strip() for p in text.split(",") if p.strip()):
@@ -153,13 +161,17 @@ def parse_seeds(text: str) -> list[int]:
                 low, high = (int(x) for x in part.split("-", 1))
                 if high < low:
                     raise ValueError
+                if len(seeds) + high - low + 1 > MAX_SEEDS:
+                    raise UsageError(f"--seeds: at most {MAX_SEEDS:,} seeds, got {text[:40]!r}")
                 seeds += range(low, high + 1)
             else:
                 seeds.append(int(part))
+                if len(seeds) > MAX_SEEDS:
+                    raise UsageError(f"--seeds: at most {MAX_SEEDS:,} seeds, got {text[:40]!r}")
     except ValueError:
-        raise UsageError(f"--seeds: expected numbers such as 42,43 or 42-44, got {text!r}") from None
-    if not seeds or any(s < 0 for s in seeds):
-        raise UsageError(f"--seeds: expected seeds >= 0, got {text!r}")
+        raise UsageError(f"--seeds: expected numbers such as 42,43 or 42-44, got {text[:40]!r}") from None
+    if not seeds or any(not 0 <= s <= MAX_SEED for s in seeds):
+        raise UsageError(f"--seeds: expected seeds from 0 to 2**63-1, got {text[:40]!r}")
     return list(dict.fromkeys(seeds))
 
 
@@ -263,4 +275,4 @@ class ProgressBar:
         self.stream.flush()
 
 
-__all__ = ["ProgressBar", "add_arguments", "parse_policies", "parse_seeds", "run"]
+__all__ = ["MAX_SEEDS", "ProgressBar", "add_arguments", "parse_policies", "parse_seeds", "run"]

@@ -19,6 +19,7 @@ from exporter.alerting.rules import FORMATS, generate
 from exporter.errors import UsageError
 from exporter.generated import check_or_write
 from exporter.thresholds import CHECKOUT_TABLE, command_table
+from exporter.validate import flag_number
 
 DESCRIPTION = (
     "Generate Prometheus alerting and recording rules (or a Kubernetes PrometheusRule) "
@@ -30,6 +31,9 @@ EPILOG = (
     "  --format prometheusrule  gpufleet-prometheusrule.yaml\n"
     "exit codes: 0 done (or up to date), 1 --check found differences, 2 bad table or flags"
 )
+
+
+MAX_SCALE = 1000.0  # a scaled `for` or window stays a duration Prometheus takes
 
 
 def _scale(text: str) -> float:
@@ -88,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag, scale in (("--for-scale", args.for_scale), ("--time-scale", args.time_scale)):
+        # 1e308 scaled a duration past a float: OverflowError, exit 1
+        flag_number(scale, flag, 0, MAX_SCALE, above=True)
     thresholds, folder = command_table(args.thresholds)  # ThresholdError: one line, exit 2
     out = Path(args.out) if args.out else folder
     if out is None:

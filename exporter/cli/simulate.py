@@ -20,7 +20,10 @@ import time
 from pathlib import Path
 
 from exporter.errors import UsageError
+from exporter.validate import flag_number
 
+MAX_DAYS = 366.0  # measured days, and warm-up days: a year of the trace's rhythm
+DAY_SECONDS = 86400.0
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 STRATEGY_NAMES = ("none", "descheduler", "consolidate", "advisor", "advisor-current")  # simulate.strategies
 EPILOG = f"""strategies: {", ".join(STRATEGY_NAMES)}
@@ -34,9 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fleet", choices=("default", "openb"), default="default",
                         help="default: the simulated reference fleet (1,088 GPUs); openb: the trace's "
                         "1,213 nodes")
-    parser.add_argument("--days", type=float, default=14.0, help="measured days (default 14)")
+    parser.add_argument("--days", type=float, default=14.0,
+                        help="measured days, at most 366 (default 14)")
     parser.add_argument("--warmup-days", type=float, default=1.0,
-                        help="days simulated first and not measured, while the fleet fills (default 1)")
+                        help="days simulated first and not measured, while the fleet fills, at "
+                        "most 366 (default 1)")
     parser.add_argument("--load", default="1.1", metavar="LIST",
                         help="offered GPU-hours over the fleet's GPU-hours, comma-separated (default 1.1)")
     parser.add_argument("--seeds", default="1", metavar="LIST", help="seeds, e.g. 1,2 or 1-5 (default 1)")
@@ -56,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--restore", type=float, default=120.0, metavar="SECONDS",
                         help="time to restore a checkpoint after a move (default 120)")
     parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
-                        help="simulated seconds between the advisor's evaluations (default 60)")
+                        help="simulated seconds between the advisor's evaluations, 1 to 86400 "
+                        "(default 60)")
     parser.add_argument("--advisor-pools-by-model", action="store_true",
                         help="the advisor's snapshot lists a pool per GPU model, as serve's simulated "
                         "fleet does, so its planner keeps each job on its model; by default it lists "
@@ -74,7 +80,7 @@ def _loads(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporter.cli.replay import parse_seeds
+    from exporter.cli.replay import MAX_JOBS, parse_seeds
     from exporter.policy_names import POLICIES
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -84,15 +90,15 @@ def run(args: argparse.Namespace) -> int:
                          f"choose from {', '.join(STRATEGY_NAMES)}")
     if args.policy not in POLICIES or args.policy == "random":
         raise UsageError(f"--policy: one of {', '.join(p for p in POLICIES if p != 'random')}")
-    if args.days <= 0 or args.warmup_days < 0:
-        raise UsageError("--days must be > 0 and --warmup-days >= 0")
+    # each bound keeps the run within what a run may take: --days 1e9 asked for 179 GiB, an
+    # --advisor-interval of 1e-9 s ran on for minutes evaluating nothing new
+    flag_number(args.days, "--days", 0, MAX_DAYS, above=True)
+    flag_number(args.warmup_days, "--warmup-days", 0, MAX_DAYS)
     for name in ("high_share", "gang_share"):
-        if not 0 <= getattr(args, name) <= 1:
-            raise UsageError(f"--{name.replace('_', '-')}: must be in [0, 1]")
-    if args.restore < 0 or args.advisor_interval <= 0:
-        raise UsageError("--restore must be >= 0 and --advisor-interval > 0")
-    if args.jobs < 1:
-        raise UsageError("--jobs: must be >= 1")
+        flag_number(getattr(args, name), f"--{name.replace('_', '-')}", 0, 1)
+    flag_number(args.restore, "--restore", 0, DAY_SECONDS, unit=" seconds")
+    flag_number(args.advisor_interval, "--advisor-interval", 1, DAY_SECONDS, unit=" seconds")
+    flag_number(args.jobs, "--jobs", 1, MAX_JOBS)
     loads = _loads(args.load)
     seeds = parse_seeds(args.seeds)
     out = Path(args.out)
