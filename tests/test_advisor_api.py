@@ -338,6 +338,20 @@ async def test_bad_snapshots_get_400_naming_the_field(advisor_client, body, reas
     assert reason in error and "\n" not in error and len(error) < 400
 
 
+@pytest.mark.parametrize(("body", "reason"), [
+    (b'{"taken_at": 1, "taken_at": 2}', 'body: key "taken_at" given twice in one object; keep one'),
+    (snapshot_body(nodes=[node()]).replace(b'"gpu_count": 8', b'"gpu_count": 8, "gpu_count": 64'),
+     'body: key "gpu_count" given twice in one object; keep one'),
+])
+async def test_a_key_given_twice_is_refused_as_the_config_refuses_it(advisor_client, body, reason):
+    """The last of two keys won silently, while the config file refuses a key given twice:
+    a body that means two things gets 400, not a what-if on one of them."""
+    resp = await advisor_client.post("/v1/plan", data=body, headers=auth())
+    text = await resp.text()
+    assert resp.status == 400, text[:300]
+    assert strict_json(text)["error"] == reason
+
+
 async def test_what_if_replies_are_strict_json(advisor_client):
     resp = await advisor_client.post("/v1/plan", data=snapshot_body(), headers=auth())
     assert resp.status == 200

@@ -126,8 +126,22 @@ def _parse_constant(name: str) -> Any:
     raise Invalid(f"body: {name} is not a JSON number")
 
 
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice: json.loads keeps the last one silently,
+    which the config file refuses (exporter/yamlfile.py), so a body would mean two things."""
+    out = dict(pairs)
+    if len(out) != len(pairs):  # the rare case: find which key, for the reason
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise Invalid(f"body: key {show(key)} given twice in one object; keep one")
+            seen.add(key)
+    return out
+
+
 def parse_json(body: bytes) -> Any:
-    """``body`` as UTF-8 JSON (RFC 8259), refusing deep nesting, huge integers and non-finite numbers."""
+    """``body`` as UTF-8 JSON (RFC 8259), refusing deep nesting, huge integers, non-finite
+    numbers and a key given twice in one object."""
     if nesting_depth(body) > MAX_DEPTH:
         raise Invalid(f"body: JSON nested deeper than {MAX_DEPTH} levels")
     try:
@@ -136,7 +150,7 @@ def parse_json(body: bytes) -> Any:
         raise Invalid(f"body is not valid JSON: not UTF-8 at byte {exc.start}") from None
     try:
         return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
-                          parse_constant=_parse_constant)
+                          parse_constant=_parse_constant, object_pairs_hook=_object)
     except Invalid:
         raise
     except json.JSONDecodeError as exc:
