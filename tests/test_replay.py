@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import struct
 import subprocess
 import sys
@@ -221,3 +222,56 @@ def test_trace_usage_errors(tmp_path, capsys, argv, message):
     assert main(["replay", *argv, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("planted", ["link", "fifo"])
+def test_out_never_writes_through_a_planted_link_or_into_a_fifo(tmp_path, capsys, planted):
+    """``replay --out`` wrote through a symlinked replay.csv (to wherever it pointed); a FIFO
+    there would have hung the write after the whole run."""
+    nodes, pods = trace_subset(tmp_path, nodes=5, pods=20)
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("keep me\n")
+    if planted == "link":
+        (out / "replay.csv").symlink_to(victim)
+    else:
+        os.mkfifo(out / "replay.csv")
+    argv = ["replay", "--nodes", nodes, "--pods", pods, "--policy", "bestfit", "--arrive", "0.2",
+            "--out", str(out), "--jobs", "1", "--no-progress"]
+    assert main(argv) == 2
+    what = "a symbolic link" if planted == "link" else "not a regular file"
+    assert capsys.readouterr().err == (f"gpufleet: --out {out}: replay.csv is {what}; not "
+                                       "written through it (remove it, or pick another folder)\n")
+    assert victim.read_text() == "keep me\n"
+    assert sorted(p.name for p in out.iterdir()) == ["replay.csv"]  # nothing else written
+
+
+def test_write_out_replaces_a_link_that_appears_during_the_run(tmp_path):
+    from exporter.cli.replay import write_out
+
+    victim, target = tmp_path / "victim.txt", tmp_path / "replay.csv"
+    victim.write_text("keep me\n")
+    target.symlink_to(victim)  # planted after out_dir() looked
+    write_out(target, lambda path: path.write_text("rows\n"))
+    assert victim.read_text() == "keep me\n"
+    assert not target.is_symlink() and target.read_text() == "rows\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["replay.csv", "victim.txt"]
+
+
+@pytest.mark.parametrize(("argv", "name"), [
+    (["simulate", "--days", "0.01"], "outcomes.csv"),
+    (["simulate", "--days", "0.01"], "timeline.png"),
+    (["load", "--series", "s.csv", "--capacity", "c.csv"], "load.png"),
+])
+def test_simulate_and_load_refuse_a_planted_link_in_out_too(tmp_path, capsys, argv, name):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).symlink_to(tmp_path / "victim")
+    if argv[0] == "load":
+        (tmp_path / "s.csv").write_text("hour,p\n0,8\n1,8\n")
+        (tmp_path / "c.csv").write_text("pool,total_gpus\np,64\n")
+        argv = [a if not a.endswith(".csv") else str(tmp_path / a) for a in argv]
+    assert main([*argv, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"gpufleet: --out {out}: {name} is a symbolic link; not "
+                                       "written through it (remove it, or pick another folder)\n")
+    assert not (tmp_path / "victim").exists()

@@ -102,6 +102,8 @@ def settings_for(capacity: Capacity, args: argparse.Namespace, startup_h: int,
 
 
 def run(args: argparse.Namespace) -> int:
+    from exporter.cli.replay import out_dir, write_out
+
     logs.setup("warning")
     startup_h = _hours(args.startup, "--startup", 0, int(MAX_STARTUP_S // 3600))
     window = _hours(args.window, "--window", 1, 24 * 31)
@@ -118,11 +120,7 @@ def run(args: argparse.Namespace) -> int:
     missing = [p for p in series.pools if p not in capacity]
     if missing:
         raise UsageError(f"{args.capacity}: no row for pool {missing[0]!r} (a column of {args.series})")
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--out {args.out}: cannot create the folder: {exc.strerror}") from None
+    out = out_dir(args.out, ("load.csv", "load.png"))
 
     started = time.monotonic()
     results: list[PoolReplay] = []
@@ -135,9 +133,9 @@ def run(args: argparse.Namespace) -> int:
                                      PredictiveSettings()))
     elapsed = time.monotonic() - started
     hours = [int(h) for h in series.hours]
-    write_csv(results, hours, out / "load.csv")
-    plot(results, hours, out / "load.png",
-         f"{Path(args.series).name}: {len(hours):,} hours, startup {startup_h} h")
+    title = f"{Path(args.series).name}: {len(hours):,} hours, startup {startup_h} h"
+    write_out(out / "load.csv", lambda path: write_csv(results, hours, path))
+    write_out(out / "load.png", lambda path: plot(results, hours, path, title))
     sys.stdout.write(report(results, startup_h, elapsed))
     sys.stdout.write(f"wrote {out / 'load.csv'} and {out / 'load.png'}\n")
     return 0

@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         flag_number(args.jobs, "--jobs", 1, MAX_JOBS)
     _resolve_trace(args)
     config = load(args.config)
-    out = _out_dir(args.out)
+    out = out_dir(args.out, OUT_FILES)
     mapper = openb.ModelMapper()  # one for nodes and pods: each unknown model is reported once
     state, node_memory, fleet_name = _fleet(args, config, mapper)
     try:
@@ -128,9 +131,9 @@ def run(args: argparse.Namespace) -> int:
         bar.finish()
     elapsed = time.monotonic() - started
 
-    write_csv(rows, out / "replay.csv")
+    write_out(out / "replay.csv", lambda path: write_csv(rows, path))
     title = f"{Path(args.pods).name} on {fleet_name}: {len(state):,} nodes, {setup.capacity:,.0f} GPUs"
-    plot(rows, out / "replay.png", title)
+    write_out(out / "replay.png", lambda path: plot(rows, path, title))
     sys.stdout.write(f"{title}\n")
     sys.stdout.write(report(rows, setup.capacity, len(seeds), elapsed))
     sys.stdout.write(f"wrote {out / 'replay.csv'} and {out / 'replay.png'}\n")
@@ -146,6 +149,7 @@ def parse_policies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+OUT_FILES = ("replay.csv", "replay.png")
 MAX_SEEDS = 10_000  # a run per seed and policy: more is never one command's work
 MAX_SEED = 2**63 - 1
 MAX_JOBS = 1024  # runs at a time, one core each
@@ -194,13 +198,39 @@ def _resolve_trace(args: argparse.Namespace) -> None:
         args.nodes = str(trace.nodes)
 
 
-def _out_dir(path: str) -> Path:
+def out_dir(path: str, names: Sequence[str]) -> Path:
+    """The ``--out`` folder, made if missing, refused (one line, exit 2) when one of the
+    ``names`` this command writes there is already a symbolic link or not a regular file: a
+    planted ``replay.csv -> /etc/...`` was written through, and a FIFO would hang the write.
+    Checked before the run, so hours of work are not lost to it; :func:`write_out` then
+    never writes through a link that appears meanwhile."""
     out = Path(path)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--out {path}: cannot create the folder: {exc.strerror}") from None
+    for name in names:
+        target = out / name
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            what = "a symbolic link" if target.is_symlink() else "not a regular file"
+            raise UsageError(f"--out {path}: {name} is {what}; not written through it "
+                             "(remove it, or pick another folder)")
     return out
+
+
+def write_out(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(temp)`` into a new file beside ``path`` (created exclusively), then renamed
+    over ``path``: a symbolic link at ``path`` is replaced, never written through, and a
+    reader sees the old file or the new one."""
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(temp))
+        os.chmod(temp, 0o644)  # mkstemp's 0600 would hide the results from the group
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
 
 
 def _fleet(args: argparse.Namespace, config: Config,
@@ -275,4 +305,5 @@ class ProgressBar:
         self.stream.flush()
 
 
-__all__ = ["MAX_SEEDS", "ProgressBar", "add_arguments", "parse_policies", "parse_seeds", "run"]
+__all__ = ["MAX_SEEDS", "ProgressBar", "add_arguments", "out_dir", "parse_policies", "parse_seeds",
+           "run", "write_out"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from exporter.errors import UsageError
 from exporter.validate import flag_number
@@ -80,7 +79,7 @@ def _loads(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporter.cli.replay import MAX_JOBS, parse_seeds
+    from exporter.cli.replay import MAX_JOBS, out_dir, parse_seeds, write_out
     from exporter.policy_names import POLICIES
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -101,11 +100,7 @@ def run(args: argparse.Namespace) -> int:
     flag_number(args.jobs, "--jobs", 1, MAX_JOBS)
     loads = _loads(args.load)
     seeds = parse_seeds(args.seeds)
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--out {args.out}: cannot create the folder: {exc.strerror}") from None
+    out = out_dir(args.out, ("outcomes.csv", "timeline.png"))
 
     from exporter.simulate.cluster import MoveCost
     from exporter.simulate.fleets import load_fleet
@@ -130,17 +125,18 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(o) -> None:  # type: ignore[no-untyped-def]
         finished.append(o)
-        write_csv(finished, out / "outcomes.csv")  # a long sweep keeps what it has, run by run
+        # a long sweep keeps what it has, run by run
+        write_out(out / "outcomes.csv", lambda path: write_csv(finished, path))
         sys.stdout.write(f"  {o.strategy:16} seed {o.seed:<3} load {o.load:<4g} whole-node GPU-h waited "
                          f"{o.gpu_hours_waited_whole_node:9.1f}  overhead {o.migration_overhead_pct:5.2f}%  "
                          f"{o.wall_seconds:6.1f} s\n")
         sys.stdout.flush()
 
     outcomes = simulate_many(fleet, series, strategies, seeds, loads, settings, args.jobs, progress)
-    write_csv(outcomes, out / "outcomes.csv")
+    write_out(out / "outcomes.csv", lambda path: write_csv(outcomes, path))
     title = (f"{fleet.name} fleet ({fleet.capacity:,} GPUs), {args.days:g} days, "
              f"seeds {args.seeds}, scheduler {args.scheduler}/{args.policy}")
-    plot(outcomes, out / "timeline.png", title)
+    write_out(out / "timeline.png", lambda path: plot(outcomes, path, title))
     sys.stdout.write(f"{len(outcomes)} runs in {time.monotonic() - started:.1f} s\n"
                      f"wrote {out / 'outcomes.csv'} and {out / 'timeline.png'}\n")
     return 0
