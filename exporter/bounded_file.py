@@ -33,8 +33,7 @@ class Wording:
     over_limit: str = "{path}: {size} bytes, over the {limit}-byte limit ({setting})"
     # found while reading: a pipe or a device has no size, and a file may grow after fstat
     grew_over_limit: str = "{path}: over the {limit}-byte limit ({setting})"
-    # None: pipes and devices are read (up to the limit); else they are refused with this,
-    # and opened without blocking, so a FIFO with no writer cannot hang the reader
+    # None: pipes and devices are read (up to the limit); else they are refused with this
     not_regular: str | None = None
 
     def fail(self, template: str, **fields: Any) -> Exception:
@@ -63,12 +62,15 @@ def read_bounded(path: str | Path, limit: int, wording: Wording, *, dash_is_stdi
 
 
 def _read(path: str | Path, limit: int, wording: Wording, fields: dict[str, Any]) -> bytes:
-    flags = os.O_RDONLY | (os.O_NONBLOCK if wording.not_regular is not None else 0)
-    with os.fdopen(os.open(path, flags), "rb") as file:
+    # opened without blocking: a FIFO nobody writes to would hang open() for good (a token
+    # file renamed over by one stopped the event loop). Reads then block again, so a pipe
+    # with a writer (``--config <(...)``) is read to its end; one without reads as empty
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
         info = os.fstat(file.fileno())
         if not stat.S_ISREG(info.st_mode):
             if wording.not_regular is not None:
                 raise wording.fail(wording.not_regular, **fields)
+            os.set_blocking(file.fileno(), True)
         elif info.st_size > limit:
             raise wording.fail(wording.over_limit, size=info.st_size, **fields)
         return file.read(limit + 1)

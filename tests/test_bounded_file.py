@@ -41,3 +41,21 @@ def test_the_callers_wording_and_error_class(tmp_path):
     with pytest.raises(ConfigError) as info:
         read_bounded(fifo, 10, wording, key="k")
     assert str(info.value) == f"k: {fifo} is not a regular file"
+
+
+def test_a_fifo_nobody_writes_to_reads_as_empty_and_never_hangs(tmp_path):
+    """A blocking open() of a FIFO waits for a writer for good: a config or table renamed
+    over by one hung its reader (at run time, the reload thread and then SIGTERM)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert read_bounded(fifo, 10, USAGE, setting="x") == b""
+
+
+def test_a_pipe_with_a_writer_is_read_to_its_end(tmp_path):
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"from a pipe\n")
+    os.close(write_end)
+    try:
+        assert read_bounded(f"/dev/fd/{read_end}", 100, USAGE, setting="x") == b"from a pipe\n"
+    finally:
+        os.close(read_end)
