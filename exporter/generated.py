@@ -12,13 +12,17 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from exporter.bounded_file import USAGE, read_bounded
 from exporter.errors import UsageError
 
 
 def differs(path: Path, text: str) -> bool:
+    """Whether ``path`` holds other bytes than ``text``: read by the bounded reader, never
+    past one byte more than ``text`` (a FIFO or /dev/zero at ``--out`` is out of date)."""
+    expected = text.encode()
     try:
-        return path.read_bytes() != text.encode()
-    except OSError:  # a missing file is out of date too
+        return read_bounded(path, len(expected), USAGE, setting="--check") != expected
+    except UsageError:  # missing, unreadable or longer: out of date too
         return True
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import gzip
 import logging
+import os
 from collections import Counter
 
 import pytest
@@ -133,6 +134,24 @@ def test_a_corrupt_gzip_is_one_openb_error(tmp_path, content, message):
     with pytest.raises(openb.OpenbError, match=message) as raised:
         openb.load_pods(path)
     assert str(raised.value).startswith(f"{path}: ")
+
+
+def test_a_gzip_bomb_a_fifo_or_dev_zero_is_one_openb_error_not_a_hang(tmp_path, monkeypatch):
+    """The trace reader streamed whatever it was named: a FIFO hung it at open(), and
+    /dev/zero or a gzip bomb grew one line without end."""
+    monkeypatch.setattr(openb, "MAX_TRACE_BYTES", 1024 * 1024)
+    bomb = tmp_path / "bomb.csv.gz"
+    bomb.write_bytes(gzip.compress(b"name,cpu_milli,num_gpu,gpu_milli\n" + b"0" * 8 * 2**20))
+    with pytest.raises(openb.OpenbError) as raised:
+        openb.load_pods(bomb)
+    assert str(raised.value) == f"{bomb}: over 1048576 bytes once gunzipped"
+    with pytest.raises(openb.OpenbError) as raised:
+        openb.load_pods("/dev/zero")
+    assert str(raised.value) == "/dev/zero: over the 1048576-byte limit of a trace"
+    fifo = tmp_path / "pods.csv"
+    os.mkfifo(fifo)  # nobody writes: read as empty, so no columns
+    with pytest.raises(openb.OpenbError, match="missing column"):
+        openb.load_pods(fifo)
 
 
 def test_named_traces_follow_gpufleet_data(tmp_path, monkeypatch):

@@ -59,3 +59,26 @@ def test_a_pipe_with_a_writer_is_read_to_its_end(tmp_path):
         assert read_bounded(f"/dev/fd/{read_end}", 100, USAGE, setting="x") == b"from a pipe\n"
     finally:
         os.close(read_end)
+
+
+def test_the_arrivals_and_a_checked_file_go_through_the_bounded_reader(tmp_path, monkeypatch):
+    """``simulate``'s hourly series ($GPUFLEET_DATA) and ``rules --check``'s files were read
+    whole by open(): a FIFO hung them, /dev/zero filled the memory."""
+    from exporter.generated import differs
+    from exporter.simulate import timeline
+
+    monkeypatch.setattr(timeline, "MAX_ARRIVALS_BYTES", 1024)
+    with pytest.raises(ValueError) as info:
+        timeline.read_arrivals("/dev/zero")
+    assert str(info.value) == "over the 1024-byte limit"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="missing column"):
+        timeline.read_arrivals(fifo)  # no writer: empty, never a hang
+    assert differs(fifo, "text") and differs(tmp_path / "missing", "text")
+    assert differs(tmp_path.joinpath("zero"), "") is True
+    os.symlink("/dev/zero", tmp_path / "zero")
+    assert differs(tmp_path / "zero", "x" * 100)  # read to 101 bytes, not to the end
+    same = tmp_path / "same"
+    same.write_text("text")
+    assert not differs(same, "text") and differs(same, "tex") and differs(same, "texts")

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import logging
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,7 @@ from typing import TextIO
 
 from exporter.analysis.state import FleetState, build
 from exporter.analysis.workload import Shape
+from exporter.bounded_file import Wording, read_bounded
 from exporter.gpu_catalogue import Catalogue, default_catalogue
 
 log = logging.getLogger(__name__)
@@ -44,9 +47,19 @@ PACKAGE_TRACES = Path(__file__).resolve().parent.parent / "traces"
 CHECKOUT_TRACES = Path("data") / "alibaba-gpu-v2023" / "csv"
 
 
+# a trace CSV, gunzipped: the openb lists are 1-2 MB, a million pods some 100 MB
+MAX_TRACE_BYTES = 256 * 2**20
+
+
 class OpenbError(Exception):
     """A trace file is missing or malformed; the message names the file, line and column."""
 
+
+# pipes are read too (``--pods <(zcat ...)``): up to the limit, and a FIFO with no writer
+# as empty (exporter/bounded_file.py)
+_TRACE_FILE = Wording(OpenbError, over_limit="{path}: {size} bytes, over the {limit}-byte "
+                      "limit of a trace", grew_over_limit="{path}: over the {limit}-byte limit "
+                      "of a trace")
 
 @dataclass(frozen=True, slots=True)
 class OpenbNode:
@@ -146,10 +159,21 @@ def named_trace(name: str) -> TraceFiles:
 
 
 def open_text(path: Path) -> TextIO:
-    """A CSV file for reading as text, gunzipped when its name ends in ``.gz``."""
+    """A CSV file for reading as text, gunzipped when its name ends in ``.gz``; read by the
+    bounded reader, and gunzipped to at most as many bytes (``/dev/zero``, a FIFO or a gzip
+    bomb named by mistake is one line, not a hang or a MemoryError)."""
+    data = read_bounded(path, MAX_TRACE_BYTES, _TRACE_FILE)
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", newline="", encoding="utf-8")
-    return path.open(newline="", encoding="utf-8")
+        try:
+            data = gzip.GzipFile(fileobj=io.BytesIO(data)).read(MAX_TRACE_BYTES + 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise OpenbError(f"{path}: cannot read: {exc}") from None
+        if len(data) > MAX_TRACE_BYTES:
+            raise OpenbError(f"{path}: over {MAX_TRACE_BYTES} bytes once gunzipped")
+    try:
+        return io.StringIO(data.decode("utf-8"), newline="")
+    except UnicodeDecodeError as exc:
+        raise OpenbError(f"{path}: cannot read: not UTF-8 at byte {exc.start}") from None
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:

@@ -25,6 +25,7 @@ docs/simulate.md lists every assumption and what it biases.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from exporter.analysis.workload import Shape
+from exporter.bounded_file import Wording, read_bounded
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -164,11 +166,20 @@ def arrivals_path() -> Path:
     return Path("data") / ARRIVALS_FILE
 
 
+# the hourly series: 184 days are 115 kB; a FIFO or /dev/zero named by $GPUFLEET_DATA is one
+# line (the bounded reader), not a hang
+MAX_ARRIVALS_BYTES = 64 * 2**20
+_ARRIVALS_FILE = Wording(ValueError, over_limit="{size} bytes, over the {limit}-byte limit",
+                         grew_over_limit="over the {limit}-byte limit",
+                         cannot_read="cannot read: {reason}")
+
+
 def read_arrivals(path: str | Path) -> HourlyArrivals:
     """``submit_hour,jobs,gpu_seconds,gpu_demand`` rows, in hour order."""
     path = Path(path)
     seconds, demand = [], []
-    with open(path, newline="") as f:
+    text = read_bounded(path, MAX_ARRIVALS_BYTES, _ARRIVALS_FILE).decode("utf-8", "replace")
+    with io.StringIO(text, newline="") as f:
         reader = csv.DictReader(f)
         missing = {"gpu_seconds", "gpu_demand"} - set(reader.fieldnames or ())
         if missing:
