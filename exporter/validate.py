@@ -8,10 +8,12 @@ reads it: ``nodes[3].gpu_count``, ``sources.sim.seed``):
   :func:`record` raise :class:`Invalid` and quote a value as JSON. Each also knows its
   JSON Schema (:func:`json_schema`), made from the same numbers, for the OpenAPI
   document: a limit is written once.
-- **File checks** for what a user writes in YAML (the config, the web config):
-  :func:`mapping`, :func:`text`, :func:`true_or_false`, :func:`one_of` raise
+- **File checks** for what a user writes in YAML (the config, the web config, the
+  threshold table): :func:`mapping`, :func:`text`, :func:`line`, :func:`true_or_false`,
+  :func:`one_of`, :func:`quantity`, :func:`share`, :func:`whole`, :func:`duration` raise
   :class:`~exporter.errors.ConfigError` and quote a value as Python does
-  (:func:`~exporter.errors.quoted`), the wording node_exporter's users know.
+  (:func:`~exporter.errors.quoted`), the wording node_exporter's users know. The loader of
+  a file puts the file's name in front (``thresholds.yaml: alerts[0].op: ...``).
 - **Command-line numbers** (:func:`flag_number`): finite and within the flag's stated
   bounds, else :class:`~exporter.errors.UsageError` (one line, exit 2).
 - **Records** (:class:`Builder`): a frozen dataclass built from a mapping by its fields'
@@ -24,8 +26,9 @@ before it looks inside (the YAML reader has bounded a file's aliases and depth b
 these run), and an error quotes at most 40 (JSON) or 80 (files) characters of a value,
 so a 16 MB value is never formatted whole.
 
-A leaf module, importing only :mod:`exporter.errors`: the snapshot, the config and the
-advisor all use it, and none of them imports another through it.
+A leaf module, importing only :mod:`exporter.errors` and :mod:`exporter.durations`: the
+snapshot, the config, the threshold table and the advisor all use it, and none of them
+imports another through it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from exporter.durations import HINT as DURATION_HINT
+from exporter.durations import parse_duration
 from exporter.errors import ConfigError, UsageError, quoted
 
 # -- JSON checks (the API's bodies) --------------------------------------------------------
@@ -174,11 +179,13 @@ def refuse_unknown(data: Mapping[Any, Any], allowed: Any, prefix: str) -> None:
             raise ConfigError(f"{join(prefix, key)}: unknown key (allowed: {', '.join(allowed)})")
 
 
-def mapping(value: Any, key: str, allowed: tuple[str, ...] | None) -> dict[str, Any]:
-    """A YAML mapping with text keys (only ``allowed`` ones, unless None); nothing under the
-    key (``tls_server_config:``) is an empty one. A scalar key is text, as yaml.v2 reads it."""
+def mapping(value: Any, key: str, allowed: tuple[str, ...] | None,
+            required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A YAML mapping with text keys (only ``allowed`` ones, unless None; each of
+    ``required``); nothing under the key (``tls_server_config:``) is an empty one. A scalar
+    key is text, as yaml.v2 reads it."""
     if value is None:
-        return {}
+        value = {}
     if not isinstance(value, dict):
         raise ConfigError(f"{key}: must be a mapping, got {quoted(value)}")
     for k in value:
@@ -186,7 +193,11 @@ def mapping(value: Any, key: str, allowed: tuple[str, ...] | None) -> dict[str, 
             raise ConfigError(f"{key}: keys must be strings, got {quoted(k)}")
     if allowed is not None:
         refuse_unknown(value, allowed, key)
-    return {text(k, key, scalars=True): v for k, v in value.items()}
+    out = {text(k, key, scalars=True): v for k, v in value.items()}
+    for name in required:
+        if name not in out:
+            raise ConfigError(f"{join(key, name)}: required")
+    return out
 
 
 def text(value: Any, key: str, scalars: bool = False) -> str:
@@ -201,6 +212,14 @@ def text(value: Any, key: str, scalars: bool = False) -> str:
     return value
 
 
+def line(value: Any, key: str) -> str:
+    """A non-empty string read as one line: each run of white space (a folded YAML block's
+    line breaks too) is one space."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{key}: must be a non-empty string, got {quoted(value)}")
+    return " ".join(value.split())
+
+
 def true_or_false(value: Any, key: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{key}: must be true or false, got {quoted(value)}")
@@ -212,6 +231,48 @@ def one_of(value: Any, key: str, choices: Any) -> Any:
     if value not in choices:
         raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {quoted(value)}")
     return value
+
+
+def quantity(value: Any, key: str, unit: str, bounds: tuple[float, float], *,
+             percent: bool = False) -> float:
+    """A number in ``unit`` within ``bounds`` (inclusive); with ``percent``, a percentage
+    such as ``30%`` too, read as 0.3. A boolean is no number; NaN is within no bounds."""
+    if percent and isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            number = float(value.strip()[:-1]) / 100
+        except ValueError:
+            raise ConfigError(f"{key}: must be a number or a percentage, got {quoted(value)}") from None
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        number = value
+    else:
+        shape = "a number or a percentage such as 30%" if percent else "a number"
+        raise ConfigError(f"{key}: must be {shape} ({unit}), got {quoted(value)}")
+    low, high = bounds
+    if not low <= number <= high:  # before float(): an int of 400 digits has no float
+        raise ConfigError(f"{key}: must be between {low:g} and {high:g} ({unit}), got {quoted(value)}")
+    return float(number)
+
+
+def share(value: Any, key: str) -> float:
+    """A ratio above 0 and at most 1 (a scaling band, a target)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ConfigError(f"{key}: must be a ratio in (0, 1], got {quoted(value)}")
+    return float(value)
+
+
+def whole(value: Any, key: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{key}: must be a whole number from {low} to {high:,}, got {quoted(value)}")
+    return value
+
+
+def duration(value: Any, key: str) -> float:
+    """Seconds of a duration in Prometheus' grammar (``1h30m``): the rules hand the
+    threshold table's durations to Prometheus as they are written."""
+    try:
+        return parse_duration(value)
+    except ValueError:
+        raise ConfigError(f"{key}: must be {DURATION_HINT}, got {quoted(value)}") from None
 
 
 # -- command-line numbers ----------------------------------------------------------------------
@@ -320,8 +381,8 @@ class Builder:
 
 
 __all__ = [
-    "SCHEMAS", "Builder", "Check", "Invalid", "array", "boolean", "described", "flag_number",
-    "integer",
-    "join", "json_schema", "mapping", "number", "one_of", "optional", "record",
-    "refuse_unknown", "required_fields", "show", "string", "text", "true_or_false",
+    "SCHEMAS", "Builder", "Check", "Invalid", "array", "boolean", "described", "duration",
+    "flag_number", "integer", "join", "json_schema", "line", "mapping", "number", "one_of", "optional",
+    "quantity", "record", "refuse_unknown", "required_fields", "share", "show", "string", "text",
+    "true_or_false", "whole",
 ]

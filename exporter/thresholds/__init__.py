@@ -10,7 +10,6 @@ A leaf package: it imports neither :mod:`exporter.alerting` nor :mod:`exporter.l
 so both can read the table without a package-level import cycle.
 """
 
-from exporter.thresholds.reader import ThresholdError
 from exporter.thresholds.scaling import ScalingSettings, ScalingTable
 from exporter.thresholds.sections import RESOURCES, LoadStatistics, Pressure
 from exporter.thresholds.table import (
@@ -21,6 +20,7 @@ from exporter.thresholds.table import (
     Level,
     MetricDef,
     ModelThreshold,
+    ThresholdError,
     Thresholds,
     command_table,
     load_thresholds,

@@ -33,8 +33,8 @@ The three settings classes live here, with the table, rather than in :mod:`expor
 which acts on them (as :class:`~exporter.thresholds.scaling.ScalingSettings` does): their
 defaults are the installed table's values (each field's default is read from it), so the
 table is the one place a number is written. Validated with the rest of the table by the
-same :class:`~exporter.thresholds.reader.Reader`, so a wrong value is a ThresholdError naming
-the dotted key. A table may leave out the section or any key: the installed table's value
+one validator's file checks (:mod:`exporter.validate`), so a wrong value is a ThresholdError
+naming the dotted key. A table may leave out the section or any key: the installed table's value
 stands in (that table must name every key; :func:`parse_health` with ``installed=None``).
 """
 
@@ -46,8 +46,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter import validate
+from exporter.errors import ConfigError, quoted
 from exporter.metrics import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS
-from exporter.thresholds.reader import Reader
 
 STRAGGLER_METRICS = ("sm_active", "utilization", "power", "sm_clock")  # exporter/health/stragglers.py
 MAX_DURATION_S = 31 * 86400.0  # a month: the longest window a row may set
@@ -239,69 +240,70 @@ _CLASSES: dict[str, type] = {
     "verdicts": HealthSettings, "remediation": RemediationSettings, "stragglers": StragglerSettings}
 
 
-def parse_health(r: Reader, raw: Any, critical_xids: tuple[int, ...],
+def parse_health(raw: Any, critical_xids: tuple[int, ...],
                  installed: Callable[[], HealthTable] | None) -> HealthTable:
     """The ``health`` section (``raw`` None: the table has none). A key the table leaves out
     takes ``installed()``'s value; ``installed`` None (reading the installed table itself):
     every key is required, as that table holds every default."""
-    section = r.mapping({} if raw is None else raw, "health", tuple(SECTIONS))
+    section = validate.mapping(raw, "health", tuple(SECTIONS))
     built: dict[str, Any] = {}
     for part, specs in SECTIONS.items():
         where = f"health.{part}"
-        given = r.mapping(section.get(part, {}), where, tuple(specs))
+        given = validate.mapping(section.get(part, {}), where, tuple(specs))
         values: dict[str, Any] = {}
         for key, (name, kind, bounds) in specs.items():
             if key not in given:
                 if installed is None:
-                    raise r.fail(f"{where}.{key}", "required in the table installed with gpufleet "
-                                                   "(it holds every default)")
+                    raise ConfigError(f"{where}.{key}: required in the table installed with "
+                                      "gpufleet (it holds every default)")
                 values[name] = getattr(getattr(installed(), part), name)
                 continue
-            values[name] = _value(r, given[key], f"{where}.{key}", kind, bounds)
+            values[name] = _value(given[key], f"{where}.{key}", kind, bounds)
         if part == "verdicts":
             values["critical_xids"] = critical_xids
             values["slowdown_reasons"] = _slowdown_reasons()
         try:
             built[part] = _CLASSES[part](**values)
         except ValueError as exc:
-            raise r.fail(where, str(exc)) from None
+            raise ConfigError(f"{where}: {exc}") from None
     return HealthTable(built["verdicts"], built["remediation"], built["stragglers"])
 
 
-def _value(r: Reader, value: Any, where: str, kind: str, bounds: tuple[float, float]) -> Any:
+def _value(value: Any, where: str, kind: str, bounds: tuple[float, float]) -> Any:
     low, high = bounds
     if kind == "duration":
-        seconds = r.duration(value, where)
+        seconds = validate.duration(value, where)
         if not low <= seconds <= high:
-            raise r.fail(where, f"must be a duration from 0s to 31d, got {value!r}")
+            raise ConfigError(f"{where}: must be a duration from 0s to 31d, got {quoted(value)}")
         return seconds
     if kind == "whole":
-        return r.whole(value, where, int(low), int(high))
+        return validate.whole(value, where, int(low), int(high))
     if kind == "ratio":
-        return r.number(value, where, "ratio", True, bounds)
+        return validate.quantity(value, where, "ratio", bounds, percent=True)
     if kind == "number":
-        return r.number(value, where, "per second" if "per_second" in where else "number",
-                        False, bounds)
+        return validate.quantity(value, where,
+                                 "per second" if "per_second" in where else "number", bounds)
     if kind == "per_minute":
-        return r.number(value, where, "per minute", False, bounds) / 60
+        return validate.quantity(value, where, "per minute", bounds) / 60
     if kind == "xids":
         if not isinstance(value, list):
-            raise r.fail(where, f"must be a list of XID numbers such as [64, 92], got {value!r}")
-        codes = tuple(r.whole(code, f"{where}[{i}]", int(low), int(high))
+            raise ConfigError(f"{where}: must be a list of XID numbers such as [64, 92], "
+                              f"got {quoted(value)}")
+        codes = tuple(validate.whole(code, f"{where}[{i}]", int(low), int(high))
                       for i, code in enumerate(value))
         if len(set(codes)) != len(codes):
-            raise r.fail(where, f"lists an XID twice: {list(codes)}")
+            raise ConfigError(f"{where}: lists an XID twice: {list(codes)}")
         return tuple(sorted(codes))
     # metrics
     if not isinstance(value, list) or not value:
-        raise r.fail(where, f"must be a non-empty list of {', '.join(STRAGGLER_METRICS)}, "
-                            f"got {value!r}")
+        raise ConfigError(f"{where}: must be a non-empty list of {', '.join(STRAGGLER_METRICS)}, "
+                          f"got {quoted(value)}")
     for i, name in enumerate(value):
         if name not in STRAGGLER_METRICS:
-            raise r.fail(f"{where}[{i}]", f"unknown metric {str(name)[:40]!r} (known: "
-                                          f"{', '.join(STRAGGLER_METRICS)})")
+            raise ConfigError(f"{where}[{i}]: unknown metric {quoted(str(name)[:40])} (known: "
+                              f"{', '.join(STRAGGLER_METRICS)})")
     if len(set(value)) != len(value):
-        raise r.fail(where, f"lists a metric twice: {value}")
+        raise ConfigError(f"{where}: lists a metric twice: {value}")
     return tuple(value)
 
 

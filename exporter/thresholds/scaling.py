@@ -18,12 +18,13 @@
       pools:             # overrides per pool, any of the keys above but pools
         H800: {max_nodes: 876}
 
-Validated with the rest of the table, by the same :class:`~exporter.thresholds.reader.Reader`
-(:func:`exporter.thresholds.table.parse_thresholds` hands it to :func:`parse_scaling`), so a
-wrong value is a ThresholdError naming the dotted key. :class:`ScalingSettings` lives here, with the
-table, rather than in :mod:`exporter.load.scaling` which acts on it: the table package
-imports neither ``exporter.load`` nor ``exporter.alerting``, so both can read it
-without a package-level import cycle.
+Validated with the rest of the table by the one validator's file checks
+(:mod:`exporter.validate`; :func:`exporter.thresholds.table.parse_thresholds` hands the section
+to :func:`parse_scaling`), so a wrong value is a ThresholdError naming the dotted key.
+:class:`ScalingSettings` lives here, with the table, rather than in
+:mod:`exporter.load.scaling` which acts on it: the table package imports neither
+``exporter.load`` nor ``exporter.alerting``, so both can read it without a package-level
+import cycle.
 
 Bounds are per pool (issue 30): the reference profile's 4-32 nodes is the range of one
 autoscaling group, so a pool gets ``min_nodes``/``max_nodes`` only when ``pools`` names it;
@@ -39,7 +40,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.thresholds.reader import Reader
+from exporter import validate
+from exporter.errors import ConfigError, quoted
 
 MAX_POOLS = 1024
 MODES = ("reactive", "predictive")
@@ -123,47 +125,50 @@ class ScalingTable:
 DEFAULT = ScalingTable(ScalingSettings())
 
 
-def _values(r: Reader, raw: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+def _values(raw: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key, value in r.mapping(raw, where, allowed).items():
+    for key, value in validate.mapping(raw, where, allowed).items():
         at = f"{where}.{key}"
         if key in _RATIOS:
-            out[key] = r.share(value, at)
+            out[key] = validate.share(value, at)
         elif key in _COUNTS:
-            out[key] = r.whole(value, at, *_COUNTS[key])
+            out[key] = validate.whole(value, at, *_COUNTS[key])
         elif key in _DURATIONS:
-            seconds = r.duration(value, at)
+            seconds = validate.duration(value, at)
             if seconds > MAX_DURATION_S:
-                raise r.fail(at, f"must be at most 7d, got {value!r}")
+                raise ConfigError(f"{at}: must be at most 7d, got {quoted(value)}")
             out[_DURATIONS[key]] = seconds
     return out
 
 
-def _settings(r: Reader, base: ScalingSettings, values: dict[str, Any], where: str) -> ScalingSettings:
+def _settings(base: ScalingSettings, values: dict[str, Any], where: str) -> ScalingSettings:
     if "up" in values and "target" not in values:
         values = {**values, "target": values["up"]}  # the target follows up unless given
     try:
         return dataclasses.replace(base, **values)
     except ValueError as exc:
-        raise r.fail(where, str(exc)) from None
+        raise ConfigError(f"{where}: {exc}") from None
 
 
-def parse_scaling(r: Reader, raw: Any) -> ScalingTable:
-    values = _values(r, raw, "scaling", (*_KEYS, "pools", "mode"))
-    mode = raw.get("mode", "reactive")
+def parse_scaling(raw: Any) -> ScalingTable:
+    section = validate.mapping(raw, "scaling", (*_KEYS, "pools", "mode"))
+    values = _values(section, "scaling", (*_KEYS, "pools", "mode"))
+    mode = section.get("mode", "reactive")
     if mode not in MODES:
-        raise r.fail("scaling.mode", f"must be one of {', '.join(MODES)}, got {str(mode)[:40]!r}")
-    pools_raw = raw.get("pools")  # a mapping: _values checked it
-    default = _settings(r, ScalingSettings(), values, "scaling")
+        raise ConfigError(f"scaling.mode: must be one of {', '.join(MODES)}, "
+                          f"got {quoted(str(mode)[:40])}")
+    pools_raw = section.get("pools")
+    default = _settings(ScalingSettings(), values, "scaling")
     pools: list[tuple[str, ScalingSettings, bool]] = []
     if pools_raw is not None:
         if not isinstance(pools_raw, Mapping) or len(pools_raw) > MAX_POOLS:
-            raise r.fail("scaling.pools", f"must be a mapping of at most {MAX_POOLS} pools to overrides")
+            raise ConfigError(f"scaling.pools: must be a mapping of at most {MAX_POOLS} pools to "
+                              "overrides")
         for pool, override in pools_raw.items():
             where = f"scaling.pools.{pool}"
             if not isinstance(pool, str) or not pool.strip():
-                raise r.fail("scaling.pools", f"pool names must be strings, got {pool!r}")
-            override_values = _values(r, override, where, _KEYS)
-            pools.append((pool, _settings(r, default, override_values, where),
+                raise ConfigError(f"scaling.pools: pool names must be strings, got {quoted(pool)}")
+            override_values = _values(override, where, _KEYS)
+            pools.append((pool, _settings(default, override_values, where),
                           "node_gpus" in override_values or "node_gpus" in values))
     return ScalingTable(default, tuple(pools), "node_gpus" in values, mode)

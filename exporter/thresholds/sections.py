@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.thresholds.reader import Reader
+from exporter import validate
+from exporter.errors import ConfigError, quoted
 
 RESOURCES = ("cpu", "memory", "io")  # the score's terms, in the issue's order
 PRESSURE_METRICS = ("node_cpu_busy", "node_memory_used", "node_disk_io_busy",
@@ -54,7 +55,7 @@ class Pressure:
         return total
 
 
-def parse_sections(r: Reader, top: Mapping[str, Any], rows: tuple[tuple[str, str], ...]
+def parse_sections(top: Mapping[str, Any], rows: tuple[tuple[str, str], ...]
                    ) -> tuple[LoadStatistics | None, Pressure | None]:
     """Both sections, each ``None`` when the table has none (no rules are generated then);
     ``rows`` are the alert rows' (alert name, metric key).
@@ -62,67 +63,66 @@ def parse_sections(r: Reader, top: Mapping[str, Any], rows: tuple[tuple[str, str
     A row comparing a pressure series needs the ``pressure`` section: without it nothing
     records the series, and the alert would never fire.
     """
-    statistics = (_load_statistics(r, top["load_statistics"])
+    statistics = (_load_statistics(top["load_statistics"])
                   if "load_statistics" in top else None)
-    pressure = _pressure(r, top["pressure"]) if "pressure" in top else None
+    pressure = _pressure(top["pressure"]) if "pressure" in top else None
     if pressure is None:
         for index, (alert, metric) in enumerate(rows):
             if metric in PRESSURE_METRICS:
-                raise r.fail(f"alerts[{index}] ({alert}).metric",
-                             f"{metric} is recorded from the pressure section; "
-                             "add one (weights, caps, rate_window)")
+                raise ConfigError(f"alerts[{index}] ({alert}).metric: {metric} is recorded from "
+                                  "the pressure section; add one (weights, caps, rate_window)")
     return statistics, pressure
 
 
-def _whole_seconds(r: Reader, value: Any, where: str, low: float, high: float) -> float:
-    seconds = r.duration(value, where)
+def _whole_seconds(value: Any, where: str, low: float, high: float) -> float:
+    seconds = validate.duration(value, where)
     if seconds != int(seconds) or not low <= seconds <= high:
-        raise r.fail(where, f"must be whole seconds between {range_name(low)} and "
-                            f"{range_name(high)}, got {value!r}")
+        raise ConfigError(f"{where}: must be whole seconds between {range_name(low)} and "
+                          f"{range_name(high)}, got {quoted(value)}")
     return seconds
 
 
-def _load_statistics(r: Reader, raw: Any) -> LoadStatistics:
-    section = r.mapping(raw, "load_statistics", ("windows", "quantile"),
-                        required=("windows", "quantile"))
+def _load_statistics(raw: Any) -> LoadStatistics:
+    section = validate.mapping(raw, "load_statistics", ("windows", "quantile"),
+                               required=("windows", "quantile"))
     windows = section["windows"]
     if not isinstance(windows, list) or not 1 <= len(windows) <= _MAX_WINDOWS:
-        raise r.fail("load_statistics.windows",
-                     f"must be a list of 1 to {_MAX_WINDOWS} durations such as [1h, 24h]")
+        raise ConfigError(f"load_statistics.windows: must be a list of 1 to {_MAX_WINDOWS} "
+                          "durations such as [1h, 24h]")
     seen: list[float] = []
     for index, value in enumerate(windows):
         where = f"load_statistics.windows[{index}]"
-        seconds = _whole_seconds(r, value, where, 1, _MAX_WINDOW)
+        seconds = _whole_seconds(value, where, 1, _MAX_WINDOW)
         if seconds in seen:
-            raise r.fail(where, f"{range_name(seconds)} appears twice")
+            raise ConfigError(f"{where}: {range_name(seconds)} appears twice")
         seen.append(seconds)
-    quantile = r.number(section["quantile"], "load_statistics.quantile", "ratio", True, (0, 1))
+    quantile = validate.quantity(section["quantile"], "load_statistics.quantile", "ratio", (0, 1),
+                                 percent=True)
     percent = quantile * 100
     if not 0 < quantile < 1 or abs(percent - round(percent)) > 1e-9:
-        raise r.fail("load_statistics.quantile",
-                     f"must be a whole percentage between 1% and 99% (it names the series, "
-                     f"p95), got {section['quantile']!r}")
+        raise ConfigError(f"load_statistics.quantile: must be a whole percentage between 1% and "
+                          f"99% (it names the series, p95), got {quoted(section['quantile'])}")
     return LoadStatistics(tuple(seen), round(percent) / 100)
 
 
-def _pressure(r: Reader, raw: Any) -> Pressure:
+def _pressure(raw: Any) -> Pressure:
     keys = ("rate_window", "weights", "caps")
-    section = r.mapping(raw, "pressure", keys, required=keys)
-    rate_window = _whole_seconds(r, section["rate_window"], "pressure.rate_window", 1,
+    section = validate.mapping(raw, "pressure", keys, required=keys)
+    rate_window = _whole_seconds(section["rate_window"], "pressure.rate_window", 1,
                                  _MAX_RATE_WINDOW)
-    weights = r.mapping(section["weights"], "pressure.weights", RESOURCES, required=RESOURCES)
-    caps = r.mapping(section["caps"], "pressure.caps", RESOURCES, required=RESOURCES)
-    weight_of = tuple((res, r.number(weights[res], f"pressure.weights.{res}", "weight", False,
-                                     (0, 1))) for res in RESOURCES)
+    weights = validate.mapping(section["weights"], "pressure.weights", RESOURCES, required=RESOURCES)
+    caps = validate.mapping(section["caps"], "pressure.caps", RESOURCES, required=RESOURCES)
+    weight_of = tuple((res, validate.quantity(weights[res], f"pressure.weights.{res}", "weight",
+                                              (0, 1))) for res in RESOURCES)
     total = math.fsum(w for _, w in weight_of)
     if abs(total - 1) > 1e-9:
-        raise r.fail("pressure.weights", f"must add up to 1 (a score of 1 is every resource "
-                                         f"at its cap), got {total:.10g}")
+        raise ConfigError(f"pressure.weights: must add up to 1 (a score of 1 is every resource "
+                          f"at its cap), got {total:.10g}")
     cap_of = []
     for res in RESOURCES:
-        cap = r.number(caps[res], f"pressure.caps.{res}", "ratio", True, (0, 1))
+        cap = validate.quantity(caps[res], f"pressure.caps.{res}", "ratio", (0, 1), percent=True)
         if cap <= 0:
-            raise r.fail(f"pressure.caps.{res}", f"must be above 0, got {caps[res]!r}")
+            raise ConfigError(f"pressure.caps.{res}: must be above 0, got {quoted(caps[res])}")
         cap_of.append((res, cap))
     return Pressure(rate_window, weight_of, tuple(cap_of))
 

@@ -16,8 +16,9 @@ of each model's TDP from the GPU catalogue unless the row names the model in
 
 Anything wrong (an unknown metric or key, warning and critical in the wrong
 order, a malformed duration, a model the catalogue lacks) raises
-:class:`ThresholdError`, one line naming the file and the key. Nothing is
-generated from a table that does not load.
+:class:`ThresholdError`, one line naming the file and the key. Values are checked by the
+one validator's file checks (:mod:`exporter.validate`), with the config's wording; the
+loader puts the file's name in front. Nothing is generated from a table that does not load.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from exporter import validate
+from exporter.errors import ConfigError, one_line, quoted
 from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.thresholds.health import HealthTable, parse_health, provide_installed
-from exporter.thresholds.reader import Reader, ThresholdError
 from exporter.thresholds.scaling import ScalingTable, parse_scaling
 from exporter.thresholds.sections import LoadStatistics, Pressure, parse_sections
 from exporter.yamlfile import parse_mapping, read_text
@@ -44,6 +46,10 @@ CHECKPOINT_INTERVALS_STALE = 2  # a checkpoint older than this many intervals is
 DEFAULT_CHECKPOINT_INTERVAL = 900.0  # the reference cluster's 15 min, for a table without the row
 SEVERITIES = ("warning", "critical")  # in rising order; both share one alert name
 OPS = ("<", ">", ">=", "==")
+
+
+class ThresholdError(ConfigError):
+    """The threshold table is wrong; the message names the file, the row and the key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,46 +268,56 @@ def parse_thresholds(text: str, source: str = "thresholds.yaml",
     every default and so must name every key (another table's missing keys are read from it).
     """
     catalogue = catalogue or default_catalogue()
-    r = Reader(source)
     raw = parse_mapping(text, source, ThresholdError)
+    try:
+        return _parse(raw, Path(source).name, catalogue, installed)
+    except ThresholdError:  # the installed table's own, naming its file
+        raise
+    except ConfigError as exc:  # the one validator's (exporter/validate.py): the key, what is wrong
+        raise ThresholdError(one_line(f"{source}: {exc}")) from None  # keys come from the file
+
+
+def _parse(raw: Any, file_name: str, catalogue: Catalogue, installed: bool) -> Thresholds:
     if isinstance(raw, dict) and "runbook_url" in raw:
-        raise r.fail("runbook_url", "renamed runbook_base_url: the runbooks page your operators "
-                                    "reach, without an #anchor (default docs/runbooks.md)")
-    top = r.mapping(raw, "top level", _TOP_KEYS + _OPTIONAL_TOP_KEYS, required=_TOP_KEYS)
-    runbook_base_url = r.text(top.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL),
+        raise ConfigError("runbook_url: renamed runbook_base_url: the runbooks page your "
+                          "operators reach, without an #anchor (default docs/runbooks.md)")
+    top = validate.mapping(raw, "top level", _TOP_KEYS + _OPTIONAL_TOP_KEYS, required=_TOP_KEYS)
+    runbook_base_url = validate.line(top.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL),
                               "runbook_base_url")
     if "#" in runbook_base_url:
-        raise r.fail("runbook_base_url", "must be the page without an #anchor; rows give the anchor")
+        raise ConfigError("runbook_base_url: must be the page without an #anchor; rows give the "
+                          "anchor")
     if not _URL_TEXT.fullmatch(runbook_base_url) or len(runbook_base_url) > 512:
-        raise r.fail("runbook_base_url", f"must be one URL or path of at most 512 characters, "
-                                         f"without spaces or quotes, got {runbook_base_url!r}")
+        raise ConfigError(f"runbook_base_url: must be one URL or path of at most 512 characters, "
+                          f"without spaces or quotes, got {quoted(runbook_base_url)}")
     external_url = None
     if "external_url" in top:
-        external_url = r.text(top["external_url"], "external_url")
+        external_url = validate.line(top["external_url"], "external_url")
         if not _ABSOLUTE_URL.match(external_url) or not _URL_TEXT.fullmatch(external_url) \
                 or len(external_url) > 512:
-            raise r.fail("external_url", "must be gpufleet's absolute http(s) URL as operators "
-                                         f"reach it, without an #anchor, got {external_url!r}")
-    exporter_jobs = _jobs(r, top["exporter_jobs"])
-    busy = r.number(top["busy_utilization"], "busy_utilization", "ratio", True, _RANGES["ratio"])
-    xids = _xids(r, top["critical_xids"])
+            raise ConfigError("external_url: must be gpufleet's absolute http(s) URL as operators "
+                              f"reach it, without an #anchor, got {quoted(external_url)}")
+    exporter_jobs = _jobs(top["exporter_jobs"])
+    busy = validate.quantity(top["busy_utilization"], "busy_utilization", "ratio", _RANGES["ratio"],
+                             percent=True)
+    xids = _xids(top["critical_xids"])
     if not isinstance(top["alerts"], list) or not top["alerts"]:
-        raise r.fail("alerts", "must be a non-empty list of alert rows")
+        raise ConfigError("alerts: must be a non-empty list of alert rows")
     rows: list[AlertRow] = []
     for index, raw_row in enumerate(top["alerts"]):
         name = raw_row.get("alert") if isinstance(raw_row, dict) else None
         # the name helps find the row, but only a valid one: "0\n" would break the line
         named = isinstance(name, str) and _ALERT_NAME.fullmatch(name) is not None
         where = f"alerts[{index}]" + (f" ({name})" if named else "")
-        row = _parse_row(r, raw_row, where, catalogue)
+        row = _parse_row(raw_row, where, catalogue)
         if any(existing.alert == row.alert for existing in rows):
-            raise r.fail(f"{where}.alert", f"{row.alert} appears twice; one row per alert name")
+            raise ConfigError(f"{where}.alert: {row.alert} appears twice; one row per alert name")
         rows.append(row)
-    statistics, pressure = parse_sections(r, top, tuple((row.alert, row.metric.key) for row in rows))
-    scaling = parse_scaling(r, top["scaling"]) if "scaling" in top else None
-    health = parse_health(r, top.get("health"), tuple(code for code, _ in xids),
+    statistics, pressure = parse_sections(top, tuple((row.alert, row.metric.key) for row in rows))
+    scaling = parse_scaling(top["scaling"]) if "scaling" in top else None
+    health = parse_health(top.get("health"), tuple(code for code, _ in xids),
                           None if installed else _installed_health)
-    return Thresholds(Path(source).name, runbook_base_url, exporter_jobs, busy, xids, tuple(rows),
+    return Thresholds(file_name, runbook_base_url, exporter_jobs, busy, xids, tuple(rows),
                       statistics, pressure, scaling, external_url, health)
 
 
@@ -319,31 +335,32 @@ def _installed_xids() -> tuple[int, ...]:
 provide_installed(_installed_health, _installed_xids)
 
 
-def _xids(r: Reader, value: Any) -> tuple[tuple[int, str], ...]:
+def _xids(value: Any) -> tuple[tuple[int, str], ...]:
     """XID codes that page, each with what it means (the runbook and the docs repeat it)."""
     if not isinstance(value, dict) or not value:
-        raise r.fail("critical_xids", f"must be a mapping of XID numbers to what they mean, "
-                                      f"got {value!r}")
+        raise ConfigError(f"critical_xids: must be a mapping of XID numbers to what they mean, "
+                          f"got {quoted(value)}")
     out = []
     for code, meaning in value.items():
         if not isinstance(code, int) or isinstance(code, bool) or not 1 <= code <= 1000:
-            raise r.fail(f"critical_xids.{code}", "must be an XID number between 1 and 1000")
-        out.append((code, r.text(meaning, f"critical_xids.{code}")))
+            raise ConfigError(f"critical_xids.{code}: must be an XID number between 1 and 1000")
+        out.append((code, validate.line(meaning, f"critical_xids.{code}")))
     return tuple(sorted(out))
 
 
-def _jobs(r: Reader, value: Any) -> tuple[str, ...]:
+def _jobs(value: Any) -> tuple[str, ...]:
     """The scrape jobs GpufleetTargetDown watches, each a name PromQL quotes as it is."""
     if not isinstance(value, list) or not value:
-        raise r.fail("exporter_jobs", f"must be a non-empty list of job names, got {value!r}")
+        raise ConfigError(f"exporter_jobs: must be a non-empty list of job names, "
+                          f"got {quoted(value)}")
     jobs: list[str] = []
     for index, raw in enumerate(value):
         where = f"exporter_jobs[{index}]"
-        job = r.text(raw, where)
+        job = validate.line(raw, where)
         if '"' in job or "\\" in job or " " in job:
-            raise r.fail(where, f"must be a plain job name, got {job!r}")
+            raise ConfigError(f"{where}: must be a plain job name, got {quoted(job)}")
         if job in jobs:
-            raise r.fail(where, f"{job} appears twice")
+            raise ConfigError(f"{where}: {job} appears twice")
         jobs.append(job)
     return tuple(jobs)
 
@@ -383,80 +400,84 @@ def _packaged_table() -> Thresholds:
     return _read_packaged(None)
 
 
-def _parse_row(r: Reader, raw: Any, where: str, catalogue: Catalogue) -> AlertRow:
-    row = r.mapping(raw, where, _ROW_KEYS, required=("alert", "metric", "op", "summary", "action"))
-    alert = r.text(row["alert"], f"{where}.alert")
+def _parse_row(raw: Any, where: str, catalogue: Catalogue) -> AlertRow:
+    row = validate.mapping(raw, where, _ROW_KEYS,
+                           required=("alert", "metric", "op", "summary", "action"))
+    alert = validate.line(row["alert"], f"{where}.alert")
     if not _ALERT_NAME.match(alert):
-        raise r.fail(f"{where}.alert", f"must be a CamelCase alert name, got {alert!r}")
+        raise ConfigError(f"{where}.alert: must be a CamelCase alert name, got {quoted(alert)}")
     metric_key = row["metric"]
     if not isinstance(metric_key, str) or metric_key not in METRICS:
-        raise r.fail(f"{where}.metric",
-                     f"unknown metric {metric_key!r} (known: {', '.join(METRICS)})")
+        raise ConfigError(f"{where}.metric: unknown metric {quoted(metric_key)} "
+                          f"(known: {', '.join(METRICS)})")
     metric = METRICS[metric_key]
     op = row["op"]
     if not isinstance(op, str) or op not in metric.ops:
-        raise r.fail(f"{where}.op", f"must be one of {' '.join(metric.ops)} for {metric.key}, "
-                                    f"got {op!r}")
+        raise ConfigError(f"{where}.op: must be one of {' '.join(metric.ops)} for {metric.key}, "
+                          f"got {quoted(op)}")
     scope = row.get("scope", "all")
     if not isinstance(scope, str) or scope not in SCOPES:
-        raise r.fail(f"{where}.scope", f"must be one of {', '.join(SCOPES)}, got {scope!r}")
+        raise ConfigError(f"{where}.scope: must be one of {', '.join(SCOPES)}, got {quoted(scope)}")
     if scope != "all" and metric.subject != "gpu":
-        raise r.fail(f"{where}.scope", f"{scope} applies to per-GPU metrics only, "
-                                       f"not {metric.key}")
+        raise ConfigError(f"{where}.scope: {scope} applies to per-GPU metrics only, "
+                          f"not {metric.key}")
     levels = []
     for severity in SEVERITIES:
         if severity not in row:
             continue
         key = f"{where}.{severity}"
-        level = r.mapping(row[severity], key, _LEVEL_KEYS, required=_LEVEL_KEYS)
-        threshold = _threshold(r, level["threshold"], f"{key}.threshold", metric)
-        levels.append(Level(severity, threshold, r.duration(level["for"], f"{key}.for")))
+        level = validate.mapping(row[severity], key, _LEVEL_KEYS, required=_LEVEL_KEYS)
+        threshold = _threshold(level["threshold"], f"{key}.threshold", metric)
+        levels.append(Level(severity, threshold, validate.duration(level["for"], f"{key}.for")))
     if not levels:
-        raise r.fail(where, "needs a warning or a critical level (or both)")
-    _check_order(r, where, op, [(lv.severity, lv.threshold) for lv in levels], "threshold")
+        raise ConfigError(f"{where}: needs a warning or a critical level (or both)")
+    _check_order(where, op, [(lv.severity, lv.threshold) for lv in levels], "threshold")
     if op == "==" and len(levels) == 2:
         if levels[0].threshold != levels[1].threshold:
-            raise r.fail(where, "warning and critical of an == condition must compare with the "
-                                "same value and differ by for")
+            raise ConfigError(f"{where}: warning and critical of an == condition must compare "
+                              "with the same value and differ by for")
         if levels[1].for_seconds <= levels[0].for_seconds:
-            raise r.fail(f"{where}.critical.for", "must be longer than warning.for for an == "
-                                                  "condition (critical is the longer outage)")
-    models = _models(r, row.get("models"), where, metric, op, levels, catalogue)
-    labels = _labels(r, row.get("labels", {}), f"{where}.labels")
+            raise ConfigError(f"{where}.critical.for: must be longer than warning.for for an == "
+                              "condition (critical is the longer outage)")
+    models = _models(row.get("models"), where, metric, op, levels, catalogue)
+    labels = _labels(row.get("labels", {}), f"{where}.labels")
     page = row.get("page", False)
     if not isinstance(page, bool):
-        raise r.fail(f"{where}.page", f"must be true or false, got {page!r}")
+        raise ConfigError(f"{where}.page: must be true or false, got {quoted(page)}")
     if page and not any(lv.severity == "critical" for lv in levels):
-        raise r.fail(f"{where}.page", "only a critical level pages: add one, or page: false")
+        raise ConfigError(f"{where}.page: only a critical level pages: add one, or page: false")
     owner = row.get("owner")
     if owner not in OWNERS:
-        raise r.fail(f"{where}.owner", f"must say who acts, one of {', '.join(OWNERS)}; "
-                                       f"got {owner!r}")
+        raise ConfigError(f"{where}.owner: must say who acts, one of {', '.join(OWNERS)}; "
+                          f"got {quoted(owner)}")
     runbook = row.get("runbook", alert.lower())
     if not isinstance(runbook, str) or not _ANCHOR.match(runbook):
-        raise r.fail(f"{where}.runbook", f"must be a lower-case anchor such as "
-                                         f"{alert.lower()}, got {runbook!r}")
+        raise ConfigError(f"{where}.runbook: must be a lower-case anchor such as "
+                          f"{alert.lower()}, got {quoted(runbook)}")
     return AlertRow(
         alert=alert, metric=metric, op=op, scope=scope, levels=tuple(levels),
-        summary=r.text(row["summary"], f"{where}.summary"),
-        action=r.text(row["action"], f"{where}.action"),
+        summary=validate.line(row["summary"], f"{where}.summary"),
+        action=validate.line(row["action"], f"{where}.action"),
         runbook=runbook, owner=owner, page=page, labels=labels, models=models,
     )
 
 
-def _threshold(r: Reader, value: Any, where: str, metric: MetricDef) -> float:
+def _threshold(value: Any, where: str, metric: MetricDef) -> float:
     if metric.relative_to_tdp:
-        return r.number(value, where, "fraction of the model's TDP", True, _TDP_FRACTION_RANGE)
+        return validate.quantity(value, where, "fraction of the model's TDP", _TDP_FRACTION_RANGE,
+                                 percent=True)
     if metric.unit == "seconds" and isinstance(value, str):  # 30m reads better than 1800
-        seconds = r.duration(value, where)
+        seconds = validate.duration(value, where)
         low, high = _RANGES["seconds"]
         if not low <= seconds <= high:
-            raise r.fail(where, f"must be between {low:g} and {high:g} seconds, got {value!r}")
+            raise ConfigError(f"{where}: must be between {low:g} and {high:g} seconds, "
+                              f"got {quoted(value)}")
         return seconds
-    return r.number(value, where, metric.unit, metric.unit == "ratio", _RANGES[metric.unit])
+    return validate.quantity(value, where, metric.unit, _RANGES[metric.unit],
+                             percent=metric.unit == "ratio")
 
 
-def _check_order(r: Reader, where: str, op: str, values: list[tuple[str, float]],
+def _check_order(where: str, op: str, values: list[tuple[str, float]],
                  what: str) -> None:
     """Critical must be the more extreme level: below warning for <, above it for > and >=."""
     found = dict(values)
@@ -464,38 +485,38 @@ def _check_order(r: Reader, where: str, op: str, values: list[tuple[str, float]]
         return
     warning, critical = found["warning"], found["critical"]
     if op == "<" and not critical < warning:
-        raise r.fail(where, f"critical {what} ({critical:g}) must be below warning {what} "
-                            f"({warning:g}) for {op}: warning and critical are in the wrong order")
+        raise ConfigError(f"{where}: critical {what} ({critical:g}) must be below warning {what} "
+                          f"({warning:g}) for {op}: warning and critical are in the wrong order")
     if op in (">", ">=") and not critical > warning:
-        raise r.fail(where, f"critical {what} ({critical:g}) must be above warning {what} "
-                            f"({warning:g}) for {op}: warning and critical are in the wrong order")
+        raise ConfigError(f"{where}: critical {what} ({critical:g}) must be above warning {what} "
+                          f"({warning:g}) for {op}: warning and critical are in the wrong order")
 
 
-def _models(r: Reader, raw: Any, where: str, metric: MetricDef, op: str,
+def _models(raw: Any, where: str, metric: MetricDef, op: str,
             levels: list[Level], catalogue: Catalogue) -> tuple[ModelThreshold, ...]:
     """Absolute per-model thresholds: the table's own, else fractions of the catalogue TDP."""
     if not metric.relative_to_tdp:
         if raw is not None:
-            raise r.fail(f"{where}.models", f"only per-model metrics take models, "
-                                            f"not {metric.key}")
+            raise ConfigError(f"{where}.models: only per-model metrics take models, "
+                              f"not {metric.key}")
         return ()
     overrides = {} if raw is None else raw
     if not isinstance(overrides, dict):
-        raise r.fail(f"{where}.models", f"must be a mapping of GPU models to thresholds, "
-                                        f"got {overrides!r}")
+        raise ConfigError(f"{where}.models: must be a mapping of GPU models to thresholds, "
+                          f"got {quoted(overrides)}")
     severities = tuple(lv.severity for lv in levels)
     known = catalogue.names()
     table: dict[str, tuple[tuple[str, float], ...]] = {}
     for model, values in overrides.items():
         key = f"{where}.models.{model}"
         if model not in known:
-            raise r.fail(key, f"model {model!r} is not in the GPU catalogue "
+            raise ConfigError(f"{key}: model {quoted(model)} is not in the GPU catalogue "
                               f"(known: {', '.join(known)})")
-        given = r.mapping(values, key, severities, required=severities)
+        given = validate.mapping(values, key, severities, required=severities)
         bounds = _RANGES[metric.unit]
-        pairs = tuple((s, r.number(given[s], f"{key}.{s}", metric.unit, False, bounds))
+        pairs = tuple((s, validate.quantity(given[s], f"{key}.{s}", metric.unit, bounds))
                       for s in severities)
-        _check_order(r, key, op, list(pairs), f"{metric.unit} threshold")
+        _check_order(key, op, list(pairs), f"{metric.unit} threshold")
         table[model] = pairs
     out = []
     for spec in catalogue.models:  # catalogue order: the generated rules follow it
@@ -507,17 +528,18 @@ def _models(r: Reader, raw: Any, where: str, metric: MetricDef, op: str,
     return tuple(out)
 
 
-def _labels(r: Reader, raw: Any, where: str) -> tuple[tuple[str, str], ...]:
+def _labels(raw: Any, where: str) -> tuple[tuple[str, str], ...]:
     if not isinstance(raw, dict):
-        raise r.fail(where, f"must be a mapping of label names to values, got {raw!r}")
+        raise ConfigError(f"{where}: must be a mapping of label names to values, "
+                          f"got {quoted(raw)}")
     out = []
     for name, value in raw.items():
         if not isinstance(name, str) or not _LABEL_NAME.match(name):
-            raise r.fail(f"{where}.{name}", "not a valid Prometheus label name")
+            raise ConfigError(f"{where}.{name}: not a valid Prometheus label name")
         if name in ("severity", "alertname", "page"):
-            raise r.fail(f"{where}.{name}", "is set by the generator; remove it")
+            raise ConfigError(f"{where}.{name}: is set by the generator; remove it")
         if not isinstance(value, str) or not value:
-            raise r.fail(f"{where}.{name}", f"must be a non-empty string, got {value!r}")
+            raise ConfigError(f"{where}.{name}: must be a non-empty string, got {quoted(value)}")
         out.append((name, value))
     return tuple(out)
 
