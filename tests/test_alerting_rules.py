@@ -422,7 +422,7 @@ def test_generation_is_in_memory_and_names_two_files():
 
 _FAMILY = re.compile(r"(?<![\w:])gpufleet_[a-z0-9_]+")  # a family: gpufleet_gpu_up
 _RECORDED = re.compile(r"\b[a-z_]+:gpufleet_[a-z0-9_]+:[a-z0-9_]+")  # pool:gpufleet_...:avg
-_NAMES_HOME = "exporter/alerting/recorded.py"
+_NAMES_HOME = "exporter/thresholds/recorded.py"
 _CATALOGUE = "exporter/metrics.py"
 _GENERATED = "exporter/sources/nvml/podresources_v1/"  # protoc's output names no family
 
@@ -438,7 +438,7 @@ def test_no_module_but_the_catalogue_spells_a_metric_name():
     """Issue 27: no string literal outside exporter/metrics.py names a metric: the alert and
     dashboard generators build PromQL from the catalogue (``metrics.GPU_TEMPERATURE_CELSIUS.name``),
     help texts and log lines take the name from it too; the recorded series' names are
-    constants in one module, exporter/alerting/recorded.py."""
+    constants in one module, exporter/thresholds/recorded.py."""
     spelled = {relative: found
                for path in sorted((REPO / "exporter").rglob("*.py"))
                if (relative := str(path.relative_to(REPO))) != _CATALOGUE
@@ -454,7 +454,7 @@ def test_every_name_the_generated_files_query_is_a_family_or_a_recorded_series()
     matches nothing and an alert that never fires: every name in the generated rules and
     dashboards is a catalogue family, a recorded series or one of its load statistics."""
     from exporter import metrics
-    from exporter.alerting import recorded
+    from exporter.thresholds import recorded
 
     families = {spec.name for spec in vars(metrics).values() if isinstance(spec, metrics.FamilySpec)}
     series = {value for name, value in vars(recorded).items() if name.isupper()}

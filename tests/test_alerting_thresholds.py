@@ -11,10 +11,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.alerting.queries import QUERIES
 from exporter.cli import main
 from exporter.config import AdvisorConfig
-from exporter.thresholds import ThresholdError, load_thresholds, parse_thresholds
+from exporter.thresholds import METRICS, ThresholdError, load_thresholds, parse_thresholds
 from tests.helpers import REPO
 from tests.helpers.table_yaml import dump, table_mapping
 
@@ -66,7 +65,7 @@ def test_checkpoint_and_nvlink_rows_are_tickets_and_the_interval_is_half_the_thr
         "job_checkpoint_age", ">", "job owner", False, "seconds")
     assert [(lv.severity, lv.threshold, lv.for_seconds) for lv in stale.levels] == [
         ("warning", 1800, 300)]
-    assert 'source="stated"' in QUERIES[stale.metric.key].expr  # an assumed age is never stale
+    assert 'source="stated"' in stale.metric.expr  # an assumed age is never stale
     assert t.checkpoint_interval() == 900
     assert AdvisorConfig().checkpoint_interval == 900
     mixed = t.alert("GpuJobNvlinkGenerationsMixed")
@@ -337,13 +336,13 @@ def test_exporter_jobs_is_a_list_of_plain_distinct_names(value, message):
 
 
 def test_every_table_metric_has_its_promql_under_the_same_name():
-    """One name per concept: the table's vocabulary and alerting's PromQL share their keys,
-    and a per-model metric (power) has the enforced limit it falls back to."""
-    from exporter.thresholds import METRICS
-
-    assert list(QUERIES) == list(METRICS)
-    assert QUERIES["gpu_temperature"].expr == "gpufleet_gpu_temperature_celsius"
-    assert all(bool(QUERIES[key].cap) == metric.relative_to_tdp for key, metric in METRICS.items())
+    """One name per concept: one record per table metric holds its vocabulary and its PromQL
+    under its key, and a per-model metric (power) has the enforced limit it falls back to."""
+    assert all(key == metric.key and metric.expr and metric.describe
+               for key, metric in METRICS.items())
+    assert METRICS["gpu_temperature"].expr == "gpufleet_gpu_temperature_celsius"
+    assert [key for key, metric in METRICS.items() if metric.cap] == ["gpu_power"]
+    assert all(bool(metric.cap) == metric.relative_to_tdp for metric in METRICS.values())
 
 
 def test_the_packaged_table_is_read_once_and_a_named_one_every_time(tmp_path):

@@ -9,8 +9,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.alerting import pool_load_rules, recorded
-from exporter.alerting.queries import QUERIES
+from exporter.alerting import pool_load_rules
 from exporter.alerting.rules import HEALTH_RECORDING_GROUP, generate
 from exporter.load.stats import window_stats
 from exporter.thresholds import (
@@ -20,6 +19,7 @@ from exporter.thresholds import (
     ThresholdError,
     load_thresholds,
     parse_thresholds,
+    recorded,
 )
 from exporter.thresholds.sections import PRESSURE_METRICS
 from tests.helpers import REPO
@@ -62,7 +62,7 @@ def test_the_reference_table_has_the_issues_windows_weights_caps_and_bands():
 
 
 def test_the_metric_vocabulary_names_the_series_the_pressure_rules_record():
-    assert {key: QUERIES[key].expr for key in PRESSURE_METRICS} == {
+    assert {key: METRICS[key].expr for key in PRESSURE_METRICS} == {
         "node_cpu_busy": recorded.NODE_CPU_BUSY, "node_memory_used": recorded.NODE_MEMORY_USED,
         "node_disk_io_busy": recorded.NODE_DISK_IO_BUSY,
         "node_pressure_score": recorded.NODE_PRESSURE_SCORE}

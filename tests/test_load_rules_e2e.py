@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from exporter.alerting import pool_load_rules
-from exporter.alerting import recorded as recorded_series
 from exporter.cli import main
 from exporter.load.stats import window_stats
 from exporter.thresholds import LoadStatistics
+from exporter.thresholds import recorded as recorded_series
 from tests.helpers import REPO
 from tests.helpers.servers import wait_until
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 from exporter import metrics
-from exporter.alerting import recorded
+from exporter.thresholds import recorded
 from exporter.thresholds.sections import RESOURCES, LoadStatistics, Pressure, range_name
+from exporter.thresholds.table_metrics import promql_number
 
 _PENDING = metrics.PENDING_GPUS.name
 _ALLOCATED = recorded.POOL_ALLOCATED
@@ -68,10 +69,6 @@ LOAD_INPUTS: tuple[tuple[str, str | None], ...] = (
 STATISTIC_SOURCES = (recorded.POOL_UTILIZATION, recorded.POOL_DEMAND, recorded.CLUSTER_UTILIZATION,
                      recorded.CLUSTER_DEMAND)
 
-def _number(value: float) -> str:
-    return f"{value:.10g}"
-
-
 def statistic_name(source: str, statistic: str, window: float) -> str:
     """``pool:gpufleet_gpu_utilization:avg`` -> ``pool:gpufleet_gpu_utilization:avg_mean1h``.
 
@@ -102,7 +99,7 @@ def load_statistics_rules(statistics: LoadStatistics) -> list[dict[str, str]]:
                 {"record": names["mean"], "expr": f"avg_over_time({source}[{span}])"},
                 {"record": names["stddev"], "expr": f"stddev_over_time({source}[{span}])"},
                 {"record": names["quantile"],
-                 "expr": f"quantile_over_time({_number(statistics.quantile)}, {source}[{span}])"},
+                 "expr": f"quantile_over_time({promql_number(statistics.quantile)}, {source}[{span}])"},
             ]
     return rules
 
@@ -120,8 +117,8 @@ def pressure_rules(pressure: Pressure) -> list[dict[str, str]]:
     """
     span = range_name(pressure.rate_window)
     terms = "\n+ ".join(
-        f"{_number(pressure.weight(res))} * clamp_max({RESOURCE_SERIES[res]} / "
-        f"{_number(pressure.cap(res))}, 1)" for res in RESOURCES)
+        f"{promql_number(pressure.weight(res))} * clamp_max({RESOURCE_SERIES[res]} / "
+        f"{promql_number(pressure.cap(res))}, 1)" for res in RESOURCES)
     return [
         {"record": recorded.NODE_CPU_BUSY,
          "expr": f'1 - avg without (cpu, mode) (rate(node_cpu_seconds_total{{mode="idle"}}'

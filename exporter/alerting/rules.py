@@ -26,7 +26,7 @@ Rules that get the semantics right rather than the syntax:
   catalogue TDP (:func:`power_limit_recording`). Being held back by the cap is its
   own row (GpuPowerCapped), where clock events exist;
 - a driver lifetime counter (ECC, NVLink) alerts on its growth, never on its first
-  appearance, the same on Prometheus and VictoriaMetrics (queries.py's ``_growth``).
+  appearance, the same on Prometheus and VictoriaMetrics (table_metrics.py's ``_growth``).
 """
 
 from __future__ import annotations
@@ -40,23 +40,22 @@ from typing import Any
 import yaml
 
 from exporter import metrics
-from exporter.alerting import pool_load_rules, recorded
-from exporter.alerting.queries import QUERIES
+from exporter.alerting import pool_load_rules
 from exporter.durations import format_duration, parse_duration
 from exporter.gpu_catalogue import Catalogue, default_catalogue
-from exporter.thresholds import AlertRow, Level, Thresholds
+from exporter.thresholds import AlertRow, Level, Thresholds, recorded
 from exporter.thresholds.health import HealthTable
+from exporter.thresholds.table_metrics import (
+    EVENT_WINDOW_SECONDS,
+    promql_number,
+    regex_alternatives,
+    scope_filter,
+)
 
 FORMATS = ("prometheus", "prometheusrule")
 ALERTS_FILE = "gpufleet-alerts.yaml"
 RECORDING_FILE = "gpufleet-recording.yaml"
 PROMETHEUSRULE_FILE = "gpufleet-prometheusrule.yaml"
-
-# Per-GPU series are joined on the GPU's place, not on every label: `and`
-# needs no one-to-one match, so two exporters scraping one fleet still work.
-# `cluster` (the exporter's `cluster` setting) keeps two clusters' gpu-001 apart.
-GPU_MATCH = "on (cluster, node, gpu)"
-
 
 @dataclass(frozen=True, slots=True)
 class Recording:
@@ -71,7 +70,7 @@ _MEMORY_USED = metrics.GPU_MEMORY_USED_BYTES.name
 _MEMORY_TOTAL = metrics.GPU_MEMORY_TOTAL_BYTES.name
 
 # level:metric:operations (https://prometheus.io/docs/practices/rules/); the names are
-# exporter/alerting/recorded.py's
+# exporter/thresholds/recorded.py's
 RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
     ("gpufleet-gpu-recording", (
         Recording(
@@ -149,11 +148,6 @@ class GeneratedFile:
     text: str
 
 
-def _number(value: float) -> str:
-    """A PromQL literal: 0.3, 650, 325.5; never 650.0 or 0.30000000000000004."""
-    return f"{value:.10g}"
-
-
 def _threshold_text(value: float, unit: str) -> str:
     if unit == "ratio":
         return f"{value * 100:.10g}%"
@@ -166,40 +160,14 @@ def _threshold_text(value: float, unit: str) -> str:
     return f"{value:.10g}"
 
 
-def _regex_alternatives(names: tuple[str, ...]) -> str:
-    """An RE2 alternation of literal names, escaped for a PromQL double-quoted string."""
-    special = set(r".+*?()[]{}|^$\\")
-    return "|".join("".join(f"\\\\{c}" if c in special else c for c in name) for name in names)
-
-
 def _scoped(thresholds: Thresholds, row: AlertRow, comparison: str) -> str:
     """The comparison restricted to the GPUs the row's scope covers."""
-    busy = _number(thresholds.busy_utilization)
-    busy_gpus = f"and {GPU_MATCH}\n  {_UTILIZATION} > {busy}"
-    if row.scope != "all" and "\nor\n" in comparison:  # `and` binds tighter than `or`
+    scope = scope_filter(row.scope, thresholds.busy_utilization)
+    if scope and "\nor\n" in comparison:  # `and` binds tighter than `or`
         comparison = f"(\n{comparison}\n)"
-    if row.scope == "allocated":
-        return f"{comparison}\nand {GPU_MATCH}\n  {_ALLOCATED} > 0"
-    if row.scope == "busy":
-        return f"{comparison}\n{busy_gpus}"
-    if row.scope == "busy_multi_gpu":
-        # job_gpus is the job's GPU count as a label; counting by GPU drops the job's
-        # name and pod, so a replaced pod leaves the alert's clock running.
-        return (f"{comparison}\n{busy_gpus}\n"
-                f"and {GPU_MATCH}\n"
-                f'  count by (cluster, node, gpu) ({_ALLOCATION_INFO}{{job_gpus!~"0|1"}})')
-    return comparison
+    return comparison + scope
 
 
-def _value_expr(thresholds: Thresholds, row: AlertRow) -> str:
-    xids = "|".join(str(code) for code, _ in thresholds.critical_xids)
-    return (QUERIES[row.metric.key].expr
-            .replace("{exporter_jobs}", _regex_alternatives(thresholds.exporter_jobs))
-            .replace("{critical_xids}", xids)
-            .replace("{event_window_seconds}", _number(EVENT_WINDOW_SECONDS)))
-
-
-EVENT_WINDOW_SECONDS = 600.0  # XIDs: how recent a new series' last XID must be (the [10m])
 _TIME_LITERAL = re.compile(r"(\[|offset )((?:\d+(?:ms|[smhdwy]))+)")
 
 
@@ -216,8 +184,8 @@ def scale_times(text: str, time_scale: float) -> str:
     def scaled(match: re.Match[str]) -> str:
         return match.group(1) + format_duration(parse_duration(match.group(2)) * time_scale)
     out = _TIME_LITERAL.sub(scaled, text)
-    return out.replace(f"< {_number(EVENT_WINDOW_SECONDS)}\n",
-                       f"< {_number(EVENT_WINDOW_SECONDS * time_scale)}\n")
+    return out.replace(f"< {promql_number(EVENT_WINDOW_SECONDS)}\n",
+                       f"< {promql_number(EVENT_WINDOW_SECONDS * time_scale)}\n")
 
 
 def _absent_exprs(thresholds: Thresholds, row: AlertRow) -> list[str]:
@@ -225,7 +193,7 @@ def _absent_exprs(thresholds: Thresholds, row: AlertRow) -> list[str]:
     gone, and without the job label; per job, a job service discovery lost fires on its own.
     Of the plain selector, not of an aggregation around it: ``absent(up{job="x"})`` carries
     ``job="x"``, ``absent(max by (job) (...))`` carries nothing."""
-    found = re.search(r'[a-z_:]+\{job=~"\{exporter_jobs\}"\}', QUERIES[row.metric.key].expr)
+    found = re.search(r'[a-z_:]+\{job=~"\{exporter_jobs\}"\}', row.metric.expr)
     assert found, f"{row.metric.key}: absent_too needs a selector on {{exporter_jobs}}"
     return [found.group(0).replace('job=~"{exporter_jobs}"', f'job="{job}"')
             for job in thresholds.exporter_jobs]
@@ -235,7 +203,7 @@ def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
                 threshold_text: str, for_scale: float) -> dict[str, Any]:
     """One alerting rule. Every alert of every severity is built here, and only here."""
     for_text = format_duration(level.for_seconds * for_scale)
-    description = (QUERIES[row.metric.key].describe
+    description = (row.metric.describe
                    .replace("<VALUE>", _HUMANISED[row.metric.unit])
                    .replace("<RELATION>", _RELATION[row.op])
                    .replace("<THRESHOLD>", threshold_text)
@@ -256,21 +224,20 @@ def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
 
 
 def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float) -> list[dict[str, Any]]:
-    value = _value_expr(thresholds, row)
-    query = QUERIES[row.metric.key]
+    value = thresholds.value(row.metric)
     unit = row.metric.unit
     rules = []
     for level in row.levels:
         if not row.metric.relative_to_tdp:
-            comparison = f"{value} {row.op} {_number(level.threshold)}"
-            if query.absent_too:
+            comparison = f"{value} {row.op} {promql_number(level.threshold)}"
+            if row.metric.absent_too:
                 comparison = "\nor\n".join(
                     [comparison, *(f"absent({e})" for e in _absent_exprs(thresholds, row))])
             rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, comparison),
                                      _threshold_text(level.threshold, unit), for_scale))
             continue
         rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, _power_comparison(
-            row, level, value, query.cap)), _power_threshold_text(row, level), for_scale))
+            row, level, value, row.metric.cap)), _power_threshold_text(row, level), for_scale))
     return rules
 
 
@@ -282,8 +249,8 @@ def _power_comparison(row: AlertRow, level: Level, value: str, limit: str) -> st
     for model in table:
         watts = model.threshold(level.severity)
         assert watts is not None  # the loader gives every model every severity
-        parts.append(f'{value}{{model="{model.model}"}} {row.op} {_number(watts)}')
-    names = _regex_alternatives(tuple(m.model for m in table))
+        parts.append(f'{value}{{model="{model.model}"}} {row.op} {promql_number(watts)}')
+    names = regex_alternatives(tuple(m.model for m in table))
     selector = f'{value}{{model!~"{names}"}}' if names else value
     if level.threshold == 1:
         parts.append(f"{selector} {row.op} {limit}")
@@ -291,7 +258,7 @@ def _power_comparison(row: AlertRow, level: Level, value: str, limit: str) -> st
         # as a ratio, not `>= 0.93 * limit`: 0.93 * 700 is 651.0000000000001 in floating
         # point, which 651 W never reaches; 651 / 700 rounds to exactly 0.93
         parts.append(f"{selector}\nand\n  {selector} / {limit} {row.op} "
-                     f"{_number(level.threshold)}")
+                     f"{promql_number(level.threshold)}")
     return "\nor\n".join(parts)
 
 
@@ -329,7 +296,7 @@ def power_limit_recording(catalogue: Catalogue | None = None) -> Recording:
         if spec.tdp_watts:
             by_tdp.setdefault(spec.tdp_watts, []).append(spec.name)
     power = metrics.GPU_POWER_WATTS.name
-    branches = [f'  0 * {power}{{model=~"{_regex_alternatives(tuple(names))}"}} + {_number(tdp)}'
+    branches = [f'  0 * {power}{{model=~"{regex_alternatives(tuple(names))}"}} + {promql_number(tdp)}'
                 for tdp, names in sorted(by_tdp.items())]
     return Recording(recorded.GPU_POWER_LIMIT,
                      f"{limit}\nor on (cluster, node, gpu)\n(\n"
@@ -387,8 +354,8 @@ def health_recordings(health: HealthTable) -> tuple[Recording, ...]:
     faults = metrics.HEALTH_FAULTS_TOTAL.name
     node_faults = f"max by (cluster, node, pool) ({metrics.NODE_FAULTS.name})"
     events = metrics.REMEDIATION_EVENTS_TOTAL.name
-    window = _number(health.remediation.replace_window_seconds)
-    replace_at = _number(health.remediation.replace_after_faults)
+    window = promql_number(health.remediation.replace_window_seconds)
+    replace_at = promql_number(health.remediation.replace_after_faults)
 
     def mean_per_event(seconds_total: str, action: str) -> str:
         # the seconds are per pool, the events are not: one mean for the cluster, of the

@@ -11,11 +11,11 @@ from __future__ import annotations
 from grafanalib import core
 
 from exporter import metrics as m
-from exporter.alerting import recorded
 from exporter.alerting.pool_load_rules import statistic_name
 from exporter.dashboards import panels as p
 from exporter.dashboards import promql as q
 from exporter.dashboards.levels import DashboardLevels
+from exporter.thresholds import recorded
 from exporter.thresholds.sections import range_name
 
 UID = "gpufleet-fleet"

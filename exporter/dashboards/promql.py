@@ -20,8 +20,7 @@ clusters, whose node names may repeat.
 from __future__ import annotations
 
 from exporter import metrics as m
-from exporter.alerting import recorded
-from exporter.alerting.queries import SLOWDOWN_REASONS
+from exporter.thresholds import recorded
 
 # label -> template variable; multi-value variables expand to a regex alternation,
 # so every selector matches with =~
@@ -114,5 +113,5 @@ def zero_filled_by_gpu(expr: str, sel: str, label: str, value: str) -> str:
 def slowdown(labels: tuple[tuple[str, str], ...]) -> str:
     """1 while a thermal or power-brake reason holds the GPU's clocks down (GpuClocksThrottled's
     reasons), per GPU; 0 while none does."""
-    sel = selector(labels, f'reason=~"{SLOWDOWN_REASONS}"')
+    sel = selector(labels, f'reason=~"{m.SLOWDOWN_REASONS}"')
     return f"max by (cluster, node, gpu) ({m.GPU_CLOCK_EVENT_ACTIVE.name}{sel})"

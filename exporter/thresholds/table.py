@@ -7,10 +7,9 @@ and recording rules, dashboards, the advisor, the config's defaults, scaling and
 ``gpufleet load`` all read the typed :class:`Thresholds` it returns, so a gauge
 that turns red means an alert fires.
 
-Each row names a metric from :data:`METRICS` (the table's vocabulary: in which
-unit, about which object, compared how; the PromQL is alerting's,
-:mod:`exporter.alerting.queries`, under the same key) and gives its
-warning and critical levels. Power is per GPU model: the levels are fractions
+Each row names a metric from :data:`METRICS` (the table's vocabulary,
+:mod:`exporter.thresholds.table_metrics`: in which unit, about which object, compared how,
+with which PromQL) and gives its warning and critical levels. Power is per GPU model: the levels are fractions
 of each model's TDP from the GPU catalogue unless the row names the model in
 ``models`` with watts of its own.
 
@@ -36,6 +35,12 @@ from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.thresholds.health import HealthTable, parse_health, provide_installed
 from exporter.thresholds.scaling import ScalingTable, parse_scaling
 from exporter.thresholds.sections import LoadStatistics, Pressure, parse_sections
+from exporter.thresholds.table_metrics import (
+    METRICS,
+    TableMetric,
+    scope_filter,
+    with_matchers,
+)
 from exporter.yamlfile import parse_mapping, read_text
 
 PACKAGED_TABLE = "thresholds.yaml"  # in exporter/: see _packaged_table
@@ -51,57 +56,6 @@ OPS = ("<", ">", ">=", "==")
 class ThresholdError(ConfigError):
     """The threshold table is wrong; the message names the file, the row and the key."""
 
-
-@dataclass(frozen=True, slots=True)
-class MetricDef:
-    """What a table row may compare: its unit, the object it is about, the comparisons that
-    make sense for it. The key is the one name of the concept: alerting gives it its PromQL
-    (:data:`exporter.alerting.queries.QUERIES`), the dashboards their levels
-    (:class:`exporter.dashboards.levels.DashboardLevels` fields carry the same names)."""
-
-    key: str
-    unit: str  # ratio | celsius | watts | index | state | count | seconds
-    subject: str  # gpu | job | pool | cluster | source | target | advisor | node
-    ops: tuple[str, ...]
-    relative_to_tdp: bool = False  # levels are fractions of each model's TDP
-
-
-METRICS: dict[str, MetricDef] = {
-    m.key: m
-    for m in (
-        MetricDef("gpu_utilization", "ratio", "gpu", ("<", ">")),
-        MetricDef("job_utilization", "ratio", "job", ("<",)),
-        MetricDef("job_checkpoint_age", "seconds", "job", (">", ">=")),
-        MetricDef("job_nvlink_generations", "count", "job", (">", ">=")),
-        MetricDef("job_straggler_gpus", "count", "job", (">", ">=")),
-        MetricDef("gpu_memory_used", "ratio", "gpu", (">", ">=")),
-        MetricDef("gpu_temperature", "celsius", "gpu", (">", ">=")),
-        MetricDef("gpu_power", "watts", "gpu", (">", ">="), relative_to_tdp=True),
-        MetricDef("gpu_power_capped", "ratio", "gpu", (">", ">=")),
-        MetricDef("gpu_nvlink_utilization", "ratio", "gpu", ("<",)),
-        MetricDef("pool_fragmentation_index", "index", "pool", (">", ">=")),
-        MetricDef("cluster_fragmentation_index", "index", "cluster", (">", ">=")),
-        MetricDef("gpu_up", "state", "gpu", ("==",)),
-        MetricDef("gpu_xid_critical", "count", "gpu", (">",)),
-        MetricDef("gpu_ecc_double_bit", "count", "gpu", (">",)),
-        MetricDef("gpu_remapped_rows_failure", "state", "gpu", ("==",)),
-        MetricDef("gpu_remapped_rows_pending", "state", "gpu", ("==",)),
-        MetricDef("gpu_clock_slowdown", "ratio", "gpu", (">", ">=")),
-        MetricDef("gpu_nvlink_link_errors", "count", "gpu", (">", ">=")),
-        MetricDef("gpu_nvlink_crc_errors", "count", "gpu", (">", ">=")),
-        MetricDef("gpu_sm_active", "ratio", "gpu", ("<",)),
-        MetricDef("source_up", "state", "source", ("==",)),
-        MetricDef("fleet_source_up", "state", "source", ("==",)),
-        MetricDef("exporter_up", "state", "target", ("==",)),
-        MetricDef("exporter_job_up", "state", "target", ("==",)),
-        MetricDef("snapshot_age", "seconds", "target", (">", ">=")),
-        MetricDef("advisor_outbox_errors", "count", "advisor", (">", ">=")),
-        MetricDef("node_cpu_busy", "ratio", "node", (">", ">=")),
-        MetricDef("node_memory_used", "ratio", "node", (">", ">=")),
-        MetricDef("node_disk_io_busy", "ratio", "node", (">", ">=")),
-        MetricDef("node_pressure_score", "ratio", "node", (">", ">=")),
-    )
-}
 
 SCOPES: dict[str, str] = {
     "all": "every series of the metric",
@@ -147,7 +101,7 @@ class AlertRow:
     """One condition of the table: one alert name, a warning and/or a critical level."""
 
     alert: str
-    metric: MetricDef
+    metric: TableMetric
     op: str
     scope: str
     levels: tuple[Level, ...]  # warning before critical
@@ -219,6 +173,23 @@ class Thresholds:
                 return row
         raise KeyError(name)
 
+    def row(self, metric: str) -> AlertRow | None:
+        """The (first) row comparing ``metric``, by its key; None if the table has none."""
+        return next((row for row in self.alerts if row.metric.key == metric), None)
+
+    def value(self, metric: TableMetric) -> str:
+        """``metric``'s PromQL with this table's exporter jobs and critical XIDs filled in."""
+        return metric.filled(self.exporter_jobs, tuple(code for code, _ in self.critical_xids))
+
+    def panel_query(self, metric: TableMetric, selector: str = "") -> str:
+        """What a panel coloured at the levels of ``metric``'s row plots: the value that row's
+        alert compares with them (restricted to its scope), over the series ``selector``
+        (the panel's variables) picks. So a panel that turns a colour shows exactly where
+        the alert with those levels would fire."""
+        row = self.row(metric.key)
+        scope = scope_filter(row.scope, self.busy_utilization) if row is not None else ""
+        return with_matchers(self.value(metric) + scope, selector)
+
     def compaction_threshold(self) -> float:
         """The fragmentation index above which compaction is due: the lowest level of the row
         comparing ``pool_fragmentation_index``, whose alert Alertmanager routes to the advisor.
@@ -226,9 +197,9 @@ class Thresholds:
         ``analysis.compaction_threshold`` and ``advisor.trigger`` default to it, so the
         analyzer, the advisor and the alert act at one index.
         """
-        for row in self.alerts:
-            if row.metric.key == COMPACTION_METRIC:
-                return row.levels[0].threshold  # warning (or the only level): the lower one
+        row = self.row(COMPACTION_METRIC)
+        if row is not None:
+            return row.levels[0].threshold  # warning (or the only level): the lower one
         raise ThresholdError(f"{self.source}: no alert row compares {COMPACTION_METRIC}; the "
                              "compaction threshold (analysis.compaction_threshold, "
                              "advisor.trigger) comes from it")
@@ -240,9 +211,9 @@ class Thresholds:
         move (``advisor.checkpoint_interval``'s default) read one number. A table without
         that row gives the reference cluster's 15 min.
         """
-        for row in self.alerts:
-            if row.metric.key == CHECKPOINT_METRIC:
-                return row.levels[0].threshold / CHECKPOINT_INTERVALS_STALE
+        row = self.row(CHECKPOINT_METRIC)
+        if row is not None:
+            return row.levels[0].threshold / CHECKPOINT_INTERVALS_STALE
         return DEFAULT_CHECKPOINT_INTERVAL
 
 
@@ -462,7 +433,7 @@ def _parse_row(raw: Any, where: str, catalogue: Catalogue) -> AlertRow:
     )
 
 
-def _threshold(value: Any, where: str, metric: MetricDef) -> float:
+def _threshold(value: Any, where: str, metric: TableMetric) -> float:
     if metric.relative_to_tdp:
         return validate.quantity(value, where, "fraction of the model's TDP", _TDP_FRACTION_RANGE,
                                  percent=True)
@@ -492,7 +463,7 @@ def _check_order(where: str, op: str, values: list[tuple[str, float]],
                           f"({warning:g}) for {op}: warning and critical are in the wrong order")
 
 
-def _models(raw: Any, where: str, metric: MetricDef, op: str,
+def _models(raw: Any, where: str, metric: TableMetric, op: str,
             levels: list[Level], catalogue: Catalogue) -> tuple[ModelThreshold, ...]:
     """Absolute per-model thresholds: the table's own, else fractions of the catalogue TDP."""
     if not metric.relative_to_tdp:
@@ -555,8 +526,8 @@ __all__ = [
     "SEVERITIES",
     "AlertRow",
     "Level",
-    "MetricDef",
     "ModelThreshold",
+    "TableMetric",
     "ThresholdError",
     "Thresholds",
     "load_thresholds",

@@ -2,11 +2,12 @@
 
 These are not catalogue families (:mod:`exporter.metrics` lists what the exporter
 exposes); Prometheus produces them from the rules in ``rules/gpufleet-recording.yaml``.
-Alert expressions (:mod:`exporter.alerting.queries`), the rules that record them
-(:mod:`exporter.alerting.rules`, :mod:`exporter.alerting.pool_load_rules`) and the
-dashboards (:mod:`exporter.dashboards`) all spell a recorded series through these
-constants, so a rename is one edit. Names follow ``level:metric:operations``
-(https://prometheus.io/docs/practices/rules/).
+The table's metric records (:mod:`exporter.thresholds.table_metrics`, whose alerts compare
+several of them), the rules that record them (:mod:`exporter.alerting.rules`,
+:mod:`exporter.alerting.pool_load_rules`) and the dashboards (:mod:`exporter.dashboards`)
+all spell a recorded series through these constants, so a rename is one edit. They live in
+the table's leaf package so that the records can name them without importing alerting.
+Names follow ``level:metric:operations`` (https://prometheus.io/docs/practices/rules/).
 """
 
 from __future__ import annotations
