@@ -360,30 +360,119 @@ def test_the_default_fleets_inversion_is_exported_as_penalty_so_the_alert_leaves
 
 def test_the_planners_kept_state_serves_one_thread_and_another_gets_its_own():
     """The pending planner keeps its working copy of the fleet and each job's layout between
-    calls; a second thread planning meanwhile (a what-if past its limit runs on) must neither
-    use nor disturb them, and must get the same plan."""
-    from exporter.advisor import planner
-
+    calls, in the planner instance; a second thread planning meanwhile (a what-if past its
+    limit runs on) must neither use nor disturb them, and must get the same plan."""
+    held = Planner()
     snapshot = fragmented((WHOLE,))
     report = report_of(snapshot)
-    alone = plan_for_pending(snapshot, report, WHOLE, NOW)
-    kept = planner._KEPT_PLACER.placer
+    alone = held.for_pending(snapshot, report, WHOLE, NOW)
+    kept = held.kept.placer
     assert kept is not None and alone is not None
+    assert alone == plan_for_pending(snapshot, report, WHOLE, NOW)  # without a planner: the same
     # a plan applies and releases moves on its placer (each bumps the node's version) and
     # replaces the layout's per-job dict: the kept ones must see neither
-    versions, layout = kept.version.copy(), planner._LAYOUT.kept
-    with planner._KEPT_PLACER.lock, planner._LAYOUT_LOCK:  # another thread is planning
-        beside = plan_for_pending(snapshot, report, WHOLE, NOW)
+    versions, layout = kept.version.copy(), held.kept.layout.kept
+    with held.kept.lock:  # another thread is planning
+        beside = held.for_pending(snapshot, report, WHOLE, NOW)
+        compaction = held(snapshot, report, "cluster", NOW)
     assert beside == alone
-    assert planner._KEPT_PLACER.placer is kept and (kept.version == versions).all()
-    assert planner._LAYOUT.kept is layout
-    again = plan_for_pending(snapshot, report, WHOLE, NOW)  # the lock free: the kept ones again
+    assert compaction == Planner()(snapshot, report, "cluster", NOW)
+    assert held.kept.placer is kept and (kept.version == versions).all()
+    assert held.kept.layout.kept is layout
+    again = held.for_pending(snapshot, report, WHOLE, NOW)  # the lock free: the kept ones again
     assert again == alone
-    assert (kept.version != versions).any() and planner._LAYOUT.kept is not layout
+    assert (kept.version != versions).any() and held.kept.layout.kept is not layout
     # and a fleet of another layout gets a placer of its own layout, not the kept one
     other = dataclasses.replace(snapshot, nodes=snapshot.nodes[:2],
                                 gpus=tuple(g for g in snapshot.gpus if g.node != "h3"),
                                 allocations=snapshot.allocations[:3])
-    plan_for_pending(other, report_of(other), WHOLE, NOW)
-    assert planner._KEPT_PLACER.placer is not kept
-    assert planner._KEPT_PLACER.placer.names == ("h1", "h2")
+    held.for_pending(other, report_of(other), WHOLE, NOW)
+    assert held.kept.placer is not kept
+    assert held.kept.placer.names == ("h1", "h2")
+
+
+def test_each_planner_keeps_its_own_state():
+    """Two planners (two simulations in one process, or a serve's planner before and after a
+    table reload) share nothing: planning with one leaves the other's kept state as it was."""
+    snapshot = fragmented((WHOLE,))
+    report = report_of(snapshot)
+    first, second = Planner(), Planner()
+    assert first == second and first.kept is not second.kept  # equal settings, own state
+    first.for_pending(snapshot, report, WHOLE, NOW)
+    assert first.kept.placer is not None and first.kept.layout.kept
+    assert second.kept.placer is None and second.kept.layout.kept == {}
+    second.for_pending(snapshot, report, WHOLE, NOW)
+    assert second.kept.placer is not first.kept.placer
+    assert second.kept.layout.kept is not first.kept.layout.kept
+
+
+class RecordingAdvisor(Advisor):
+    """The engine, recording which of its halves advise() calls, in order, into ``calls``;
+    ``also_scope``: its assessment asks for that scope's plan besides."""
+
+    def __init__(self, calls: list[str], also_scope: str | None = None, **settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(DecisionSettings(dwell_seconds=0.0, **settings), clock=lambda: NOW)
+        self.calls, self.also_scope = calls, also_scope
+
+    def assess(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls.append("assess")
+        asked = super().assess(*args, **kwargs)
+        return asked if self.also_scope is None else dataclasses.replace(asked, plan_scope=self.also_scope)
+
+    def decide(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls.append("decide")
+        return super().decide(*args, **kwargs)
+
+
+class RecordingPlanner(Planner):
+    calls: list[str] = []
+
+    def __call__(self, *args):  # type: ignore[no-untyped-def]
+        type(self).calls.append("plan scope")
+        return super().__call__(*args)
+
+    def for_pending(self, *args):  # type: ignore[no-untyped-def]
+        type(self).calls.append("plan pending")
+        return super().for_pending(*args)
+
+
+def test_the_engine_asks_the_planner_plans_the_engine_decides_in_one_direction():
+    """advise() runs the engine's assessment, then the planner on each plan it asks for, then
+    the engine's decision with all of them in hand: the engine is never asked between plans."""
+    calls: list[str] = []
+    RecordingPlanner.calls = calls
+    # the queue's head blocked by fragments: its plan alone
+    snapshot = fragmented((WHOLE,))
+    rep = report_of(snapshot)
+    pending = advise(RecordingAdvisor(calls), snapshot, rep, RecordingPlanner())
+    assert calls == ["assess", "plan pending", "decide"]
+    assert pending.decision == "compact" and pending.plan is not None
+    assert pending.plan.lets_start == ("train-1",)
+    # the index rule alone: the scope's plan alone
+    calls.clear()
+    index = advise(RecordingAdvisor(calls, require_pending=False), fragmented(), report_of(fragmented()),
+                   RecordingPlanner())
+    assert calls == ["assess", "plan scope", "decide"]
+    assert index.decision == "compact" and index.scope == "cluster"
+    # neither: nothing planned
+    calls.clear()
+    assert advise(RecordingAdvisor(calls), fragmented(), report_of(fragmented()),
+                  RecordingPlanner()).decision == "hold"
+    assert calls == ["assess", "decide"]
+    # both asked for (the rules as they stand never ask both at once: a pending job makes the
+    # queue known, and then the index plans nothing): both are planned, and the pending job's
+    # plan, which pays, is proposed as when it was the only one
+    calls.clear()
+    both = advise(RecordingAdvisor(calls, also_scope="cluster"), snapshot, rep, RecordingPlanner())
+    assert calls == ["assess", "plan pending", "plan scope", "decide"]
+    assert both == pending
+    # and when the pending job's plan does not pay, the scope's plan is judged
+    calls.clear()
+    strict = RecordingAdvisor(calls, also_scope="cluster", min_recovered_per_migration=1000.0)
+    held = advise(strict, snapshot, rep, RecordingPlanner())
+    assert calls == ["assess", "plan pending", "plan scope", "decide"]
+    assert held.decision == "hold" and held.scope == "cluster" and held.plan is None
+    assert held.reasons == (
+        "cluster index 59 > 50 for 0 s",
+        "plan recovers 7.2 fragmented GPUs with 1 migrations (7.20 per migration < 1000)",
+        "plan lets pending job train-1 (8 GPUs) start with 1 migrations (8.00 GPUs per migration < 1000)")

@@ -2,8 +2,9 @@
 snapshot and returns typed advice, with no HTTP, outbox or webhook in it.
 
 The engine (:mod:`engine`) decides and the planner (:mod:`planner`) plans; neither calls
-the other. :func:`advise` runs the engine's first half (:meth:`Advisor.assess`), the planner
-when that asks for a plan, and the engine's second half (:meth:`Advisor.decide`). The
+the other, and :func:`advise` runs them in one direction: the engine's first half
+(:meth:`Advisor.assess`, which says what to plan), the planner on what it asked for, and
+the engine's second half (:meth:`Advisor.decide`, with every plan in hand). The
 service (:mod:`service`) calls it on every snapshot and then delivers what it returns; a
 simulation calls it in a loop with simulated snapshots and an :class:`Advisor` whose
 ``clock`` is the simulated one, built from the ``advisor`` config section as ``gpufleet
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from exporter.advisor.advice import Advice, WhatIf
 from exporter.advisor.engine import Advisor, DecisionSettings, idle_rule
 from exporter.advisor.plan import CompactionPlan
-from exporter.advisor.planner import PlanSettings, plan_compaction, plan_for_pending
+from exporter.advisor.planner import KeptState, PlanSettings, plan_compaction, plan_for_pending
 from exporter.analysis.index import Report
 from exporter.errors import ConfigError
 from exporter.snapshot import FleetSnapshot, JobRequest
@@ -44,35 +45,35 @@ def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
            plan: PlanFunction = plan_compaction, trigger: str = "snapshot",
            scaling: tuple[dict[str, Any], ...] | None = None,
            plan_pending: PendingPlanFunction | None = None) -> Advice:
-    """Evaluate ``snapshot``: update ``advisor``'s state, plan when compaction is due, decide.
+    """Evaluate ``snapshot``: update ``advisor``'s state, plan what it asks for, decide.
 
     ``report`` is the snapshot's analysis (:func:`exporter.analysis.index.evaluate` of
     :func:`exporter.analysis.state.from_snapshot`; the live server's analyzer makes it once
     for the exposition and the advisor). Time is ``advisor.clock()``, read once: dwell,
     cooldown, plan expiry and idle clocks all follow it, so a simulated clock gives a
-    simulated timeline. ``plan`` runs only when the engine asks for a plan, on the snapshot
-    with memory needs raised to the measured peaks. ``trigger`` says why ("snapshot", or
-    the Alertmanager notification's alerts); ``scaling`` is copied into the advice.
+    simulated timeline. ``trigger`` says why ("snapshot", or the Alertmanager notification's
+    alerts); ``scaling`` is copied into the advice.
+
+    One direction: the engine's assessment says what to plan (:meth:`Advisor.assess`: a
+    pending job, a compaction scope, both or neither), the planner plans each of those on the
+    snapshot with memory needs raised to the measured peaks, and the engine decides with every
+    plan in hand (:meth:`Advisor.decide`). ``plan`` plans for a scope; ``plan_pending`` for a
+    pending job (default: ``plan``'s own ``for_pending`` when it is a :class:`Planner`, else
+    :func:`plan_for_pending` with default settings).
 
     Returns the advice, also kept as ``advisor.advice``; a new plan is ``advice.plan`` with
     ``advice.decision == "compact"``, for the caller to deliver (and then to tell the
     advisor :meth:`~Advisor.durable` or :meth:`~Advisor.not_durable`).
-
-    When the engine names a pending job to plan for (the revised rule), ``plan_pending``
-    plans for it first (default: ``plan``'s own ``for_pending`` when it is a
-    :class:`Planner`, else :func:`plan_for_pending` with default settings); a plan for it
-    that pays is proposed, and then no compaction is planned.
     """
-    assessment = advisor.assess(snapshot, report, trigger)
+    asked = advisor.assess(snapshot, report, trigger)
     pending_plan = None
-    if assessment.pending_job is not None:
+    if asked.pending_job is not None:
         if plan_pending is None:
             plan_pending = getattr(plan, "for_pending", plan_for_pending)
-        pending_plan = plan_pending(assessment.measured, report, assessment.pending_job, assessment.now)
-    proposed = None
-    if assessment.plan_scope is not None and not advisor.pending_pays(assessment, pending_plan):
-        proposed = plan(assessment.measured, report, assessment.plan_scope, assessment.now)
-    return advisor.decide(assessment, proposed, scaling, pending_plan)
+        pending_plan = plan_pending(asked.measured, report, asked.pending_job, asked.now)
+    compaction = None if asked.plan_scope is None else plan(asked.measured, report, asked.plan_scope,
+                                                            asked.now)
+    return advisor.decide(asked, compaction, scaling, pending_plan)
 
 
 def what_if(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
@@ -155,16 +156,23 @@ def plan_settings(config: AdvisorConfig, table: Thresholds | None = None) -> Pla
 @dataclass(frozen=True, slots=True)
 class Planner:
     """Both planning modes with one set of settings: called, :func:`plan_compaction` for a
-    scope; :meth:`for_pending`, :func:`plan_for_pending` for a pending job."""
+    scope; :meth:`for_pending`, :func:`plan_for_pending` for a pending job.
+
+    It holds the planner's kept state (:class:`~exporter.advisor.planner.KeptState`): what
+    one plan leaves for the next on a fleet that changed little. Whoever runs the advisor
+    holds one planner over its evaluations (the serving cycle until the table is reloaded,
+    a simulation for its run); a call meanwhile from another thread plans on its own copy.
+    """
 
     settings: PlanSettings = field(default_factory=PlanSettings)
+    kept: KeptState = field(default_factory=KeptState, compare=False, repr=False)
 
     def __call__(self, snapshot: FleetSnapshot, report: Report, scope: str, now: float) -> CompactionPlan:
-        return plan_compaction(snapshot, report, scope, now, self.settings)
+        return plan_compaction(snapshot, report, scope, now, self.settings, self.kept)
 
     def for_pending(self, snapshot: FleetSnapshot, report: Report, job: JobRequest,
                     now: float) -> CompactionPlan | None:
-        return plan_for_pending(snapshot, report, job, now, self.settings)
+        return plan_for_pending(snapshot, report, job, now, self.settings, self.kept)
 
 
 def planner_for(config: AdvisorConfig, table: Thresholds | None = None) -> PlanFunction:

@@ -305,12 +305,14 @@ def describe_gain(plan: CompactionPlan) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Assessment:
-    """An evaluation between its two halves (:meth:`Advisor.assess`, :meth:`Advisor.decide`).
+    """An evaluation between its two halves (:meth:`Advisor.assess`, :meth:`Advisor.decide`),
+    and what it asks the planner for.
 
-    The scopes are updated and either the decision is taken (``plan_scope`` None:
-    none, cooldown, or a hold rechecked too soon) or it waits for a plan for
-    ``plan_scope``, made on ``measured`` (the snapshot with memory needs raised to the
-    measured peaks) at ``now``. The engine never calls the planner itself.
+    The scopes are updated, and the plans wanted are named: one for ``pending_job`` (the
+    revised rule), one for ``plan_scope`` (the index rule), both or neither (the decision is
+    then taken: none, cooldown, or a hold). Each is made on ``measured`` (the snapshot with
+    memory needs raised to the measured peaks) at ``now``, and :meth:`Advisor.decide` is
+    given them all. The engine never calls the planner itself.
     """
 
     snapshot: FleetSnapshot  # as observed: the waste lists read it
@@ -333,7 +335,7 @@ class Assessment:
 class Advisor:
     """The decision's state over evaluations: dwell, hysteresis, cooldown, holds, idle clocks.
 
-    One evaluation is :meth:`assess`, then (when it asks for one) a plan, then :meth:`decide`;
+    One evaluation is :meth:`assess`, then the plans it asks for, then :meth:`decide`;
     :func:`exporter.advisor.advise.advise` runs the three. Only the clock tells time, so a
     simulated clock drives it as well as the wall's.
     """
@@ -474,32 +476,25 @@ class Advisor:
             return None, 0
         return job, key
 
-    def pending_pays(self, assessment: Assessment, plan: CompactionPlan | None) -> bool:
-        """Whether ``plan`` (for ``assessment.pending_job``) is proposed: it moves jobs and
-        passes :func:`pending_gate`. :func:`~exporter.advisor.advise.advise` then plans no
-        compaction."""
-        job = assessment.pending_job
-        return (job is not None and plan is not None and bool(plan.migrations)
-                and pending_gate(plan, job, self.settings) is None)
-
     def decide(self, assessment: Assessment, plan: CompactionPlan | None = None,
                scaling: tuple[dict[str, Any], ...] | None = None,
                pending_plan: CompactionPlan | None = None) -> Advice:
-        """The second half: judge ``plan`` (required when the assessment asked for one, unless
-        ``pending_plan`` is proposed) by the gain-per-disruption gate, carry the plan in force,
-        list the waste, keep the advice.
+        """The second half, with the plans the assessment asked for in hand: carry the plan
+        in force, list the waste, keep the advice.
 
         ``pending_plan`` is the planner's for ``assessment.pending_job`` (None: none found);
-        when it pays (:meth:`pending_pays`) it is the plan proposed. ``scaling`` is added to
-        the advice as it is (the load tracker's, issue 20).
+        it is proposed when it moves jobs and passes :func:`pending_gate`, and then ``plan``
+        is not looked at. Otherwise ``plan``, the planner's for ``assessment.plan_scope``
+        (required when one was asked for), is judged by the gain-per-disruption gate.
+        ``scaling`` is added to the advice as it is (the load tracker's, issue 20).
         """
         a, s = assessment, self.settings
         decision, reasons, proposed = a.decision, a.reasons, None
         note: tuple[str, ...] = ()
         if a.pending_job is not None:
             job = a.pending_job
-            if self.pending_pays(a, pending_plan):
-                assert pending_plan is not None
+            if (pending_plan is not None and pending_plan.migrations
+                    and pending_gate(pending_plan, job, s) is None):
                 self.last_hold = self.pending_miss = None
                 self._cooldown_before, self.last_plan_at = self.last_plan_at, a.now
                 idle = a.report.cluster.idle_gpus

@@ -165,48 +165,33 @@ def mig_nodes(snapshot: FleetSnapshot) -> set[str]:
     return {g.node for g in snapshot.gpus if g.mig}
 
 
-_LAST_CANDIDATES: list[tuple[FleetSnapshot, FleetState, float, PlanSettings,
-                             dict[int, list[Candidate]], list[Allocation], dict[int, list[Candidate]]]] = []
-
-
 def candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
-               settings: PlanSettings, deferred: list[Allocation] | None = None
-               ) -> dict[int, list[Candidate]]:
+               settings: PlanSettings, deferred: list[Allocation] | None = None,
+               kept_state: KeptState | None = None) -> dict[int, list[Candidate]]:
     """Movable jobs per node index, cheapest first.
 
     A job that could only move after the plan expires goes to ``deferred`` instead.
-    The last answer is kept: both planning modes of one evaluation (the same snapshot and
-    state objects, time and settings) ask for it, and it costs a pass over every job.
-    Callers must not change the lists.
+    ``kept_state``: the planner's kept state (:class:`KeptState`); without one, a fresh one.
     """
-    by_node, later_all, _ = _all_candidates(snapshot, state, now, settings)
+    later_all: list[Allocation] = []
+    by_node = _candidates(snapshot, state, now, settings, later_all, {}, kept_state)
     if deferred is not None:
         deferred.extend(later_all)
     return by_node
 
 
 def cpu_only_candidates(snapshot: FleetSnapshot, state: FleetState, now: float,
-                        settings: PlanSettings) -> dict[int, list[Candidate]]:
-    """Movable CPU-only jobs per node index, as :func:`candidates` (kept with its answer).
+                        settings: PlanSettings, kept_state: KeptState | None = None
+                        ) -> dict[int, list[Candidate]]:
+    """Movable CPU-only jobs per node index, as :func:`candidates`.
 
     They fragment no GPU, so compaction leaves them; but one on a GPU node holds CPUs a
     GPU job needs there, and a plan for a pending job may have to move it (in the
     simulated fleet, consolidation's plans for gangs did, and no plan without it existed).
     """
-    return _all_candidates(snapshot, state, now, settings)[2]
-
-
-def _all_candidates(snapshot: FleetSnapshot, state: FleetState, now: float, settings: PlanSettings
-                    ) -> tuple[dict[int, list[Candidate]], list[Allocation], dict[int, list[Candidate]]]:
-    if _LAST_CANDIDATES:
-        snap, st, at, settled, by, later, cpu_only = _LAST_CANDIDATES[0]
-        if snap is snapshot and st is state and at == now and settled == settings:
-            return by, later, cpu_only
-    later_all: list[Allocation] = []
     cpu_by_node: dict[int, list[Candidate]] = {}
-    by_node = _candidates(snapshot, state, now, settings, later_all, cpu_by_node)
-    _LAST_CANDIDATES[:] = [(snapshot, state, now, settings, by_node, later_all, cpu_by_node)]
-    return by_node, later_all, cpu_by_node
+    _candidates(snapshot, state, now, settings, [], cpu_by_node, kept_state)
+    return cpu_by_node
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,32 +242,36 @@ class _Layout:
             self.key, self.arrays, self.kept = key, tuple(a.copy() for a in arrays), {}
 
 
-_LAYOUT = _Layout()
+class KeptState:
+    """What a planner keeps from one call to the next: each job's :class:`_Where` on the
+    fleet's layout (:class:`_Layout`), and the pending planner's working copy of the fleet,
+    kept on one layout, workload and tie rule and synced to each call's state
+    (:meth:`Placer.sync`). The simulated advisor plans every minute on a fleet that changed
+    on a few nodes, and a new placer scored every node again for each job shape it placed.
 
-
-class _KeptPlacer:
-    """The pending planner's working copy, kept from one call to the next on one fleet layout,
-    workload and tie rule, synced to each call's state (:meth:`Placer.sync`): the simulated
-    advisor plans every minute on a fleet that changed on a few nodes, and a new placer
-    scored every node again for each job shape it placed."""
+    A planner holds one (:class:`exporter.advisor.advise.Planner`), and one call at a time
+    plans with it: a call that finds it in use (a what-if past its time limit runs on beside
+    the next evaluation) plans on a fresh one of its own, and neither disturbs the other.
+    """
 
     def __init__(self) -> None:
-        self.placer: Placer | None = None
         self.lock = threading.Lock()
+        self.layout = _Layout()
+        self.placer: Placer | None = None
 
     @contextlib.contextmanager
-    def borrow(self, state: FleetState, cw: CompiledWorkload) -> Iterator[Placer]:
-        """The kept placer synced to ``state``, or, while another thread plans with it (a
-        what-if past its time limit runs on), a new one of this call's own."""
+    def borrow(self) -> Iterator[KeptState]:
+        """This kept state, or, while another call plans with it, a fresh one."""
         if not self.lock.acquire(blocking=False):
-            yield Placer(state, cw, fgd_ties=EXACT_FGD)
+            yield KeptState()
             return
         try:
-            yield self._get(state, cw)
+            yield self
         finally:
             self.lock.release()
 
-    def _get(self, state: FleetState, cw: CompiledWorkload) -> Placer:
+    def placer_for(self, state: FleetState, cw: CompiledWorkload) -> Placer:
+        """The kept placer synced to ``state``; a new one for another layout or workload."""
         placer = self.placer
         if placer is not None and placer.workload is cw:
             try:
@@ -292,9 +281,6 @@ class _KeptPlacer:
                 pass  # another layout: start over
         self.placer = placer = Placer(state, cw, fgd_ties=EXACT_FGD)
         return placer
-
-
-_KEPT_PLACER = _KeptPlacer()
 
 
 def _where(alloc: Allocation, state: FleetState, index: dict[str, int], mig: set[str],
@@ -335,23 +321,10 @@ def _same_layout(kept: Allocation, alloc: Allocation) -> bool:
             and kept.gpu_memory_need_bytes == alloc.gpu_memory_need_bytes)
 
 
-_LAYOUT_LOCK = threading.Lock()
-
-
-def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSettings
+def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSettings, layout: _Layout
                   ) -> list[tuple[Allocation, _Where]]:
-    """Every job the planner may move, with its :class:`_Where`, in the snapshot's order."""
-    if _LAYOUT_LOCK.acquire(blocking=False):
-        try:
-            return _movable_with(_LAYOUT, snapshot, state, settings)
-        finally:
-            _LAYOUT_LOCK.release()
-    # another thread uses the kept layout (a what-if on a posted fleet, say): keep nothing
-    return _movable_with(_Layout(), snapshot, state, settings)
-
-
-def _movable_with(layout: _Layout, snapshot: FleetSnapshot, state: FleetState, settings: PlanSettings
-                  ) -> list[tuple[Allocation, _Where]]:
+    """Every job the planner may move, with its :class:`_Where`, in the snapshot's order;
+    ``layout`` keeps each job's answer for the next call."""
     rows: dict[int, dict[int, int]] = {}
     index: dict[str, int] | None = None
     mig = mig_nodes(snapshot)
@@ -374,12 +347,14 @@ def _movable_with(layout: _Layout, snapshot: FleetSnapshot, state: FleetState, s
 
 
 def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float, settings: PlanSettings,
-                deferred: list[Allocation], cpu_by_node: dict[int, list[Candidate]]
-                ) -> dict[int, list[Candidate]]:
+                deferred: list[Allocation], cpu_by_node: dict[int, list[Candidate]],
+                kept_state: KeptState | None) -> dict[int, list[Candidate]]:
     """The jobs holding GPUs, per node; CPU-only ones go to ``cpu_by_node``."""
     by_node: dict[int, list[Candidate]] = {}
     expires = now + settings.ttl_seconds
-    for alloc, where in _movable_jobs(snapshot, state, settings):
+    with (KeptState() if kept_state is None else kept_state).borrow() as working:
+        movable = _movable_jobs(snapshot, state, settings, working.layout)
+    for alloc, where in movable:
         started = alloc.start_time if alloc.start_time is not None else now
         if max(0.0, now - started) < settings.min_runtime_seconds \
                 and started + settings.min_runtime_seconds > expires:
@@ -432,7 +407,10 @@ def _whole_free(placer: Placer, nodes: np.ndarray) -> np.ndarray:
 
 
 def plan_compaction(snapshot: FleetSnapshot, report: Report, scope: str, now: float,
-                    settings: PlanSettings = PlanSettings()) -> CompactionPlan:
+                    settings: PlanSettings = PlanSettings(), kept_state: KeptState | None = None
+                    ) -> CompactionPlan:
+    """The compaction plan for ``scope`` ("cluster" or "pool:<name>"); ``kept_state``: the
+    planner's kept state (:class:`KeptState`), without one a fresh one."""
     state, cw = report.state, report.workload
     # fgd as defined (the least growth of F, exact ties to the first node), not the near-tie
     # band a scheduler uses to keep nodes whole for shapes F cannot see: each move here must
@@ -444,7 +422,7 @@ def plan_compaction(snapshot: FleetSnapshot, report: Report, scope: str, now: fl
         in_scope = np.array([state.pool_names[p] == pool for p in state.pool])
     assert placer.node_fragmented is not None
     deferred: list[Allocation] = []
-    movable = candidates(snapshot, state, now, settings, deferred)
+    movable = candidates(snapshot, state, now, settings, deferred, kept_state)
     # where each pool's jobs may not go: other pools, and MIG-mode nodes
     mig = mig_nodes(snapshot)
     is_mig = np.array([name in mig for name in state.names], dtype=bool)
@@ -648,7 +626,8 @@ def waiting_saved(started: Sequence[JobRequest], now: float) -> float:
 
 
 def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, now: float,
-                     settings: PlanSettings = PlanSettings()) -> CompactionPlan | None:
+                     settings: PlanSettings = PlanSettings(), kept_state: KeptState | None = None
+                     ) -> CompactionPlan | None:
     """The fewest moves, each to a verified destination, after which pending ``job`` starts;
     None when it fits already, or no such moves exist within ``max_migrations``.
 
@@ -660,15 +639,17 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
     the fewest moves wins. The movable jobs are :func:`candidates`', under its constraints
     (tier or own model, pool, MIG, priority), and only those past ``min_runtime`` (a plan
     for a waiting job does not wait); the namespace budget holds, the per-node one does
-    not (emptying a node is this plan's purpose).
+    not (emptying a node is this plan's purpose). ``kept_state``: the planner's kept state
+    (:class:`KeptState`); without one, a fresh one.
     """
-    with _KEPT_PLACER.borrow(report.state, report.workload) as placer:
-        return _plan_for_pending(placer, snapshot, report, job, now, settings)
+    with (KeptState() if kept_state is None else kept_state).borrow() as working:
+        return _plan_for_pending(working, snapshot, report, job, now, settings)
 
 
-def _plan_for_pending(placer: Placer, snapshot: FleetSnapshot, report: Report, job: JobRequest,
+def _plan_for_pending(working: KeptState, snapshot: FleetSnapshot, report: Report, job: JobRequest,
                       now: float, settings: PlanSettings) -> CompactionPlan | None:
     state, cw = report.state, report.workload
+    placer = working.placer_for(state, cw)
     mig = mig_nodes(snapshot)
     is_mig = np.array([name in mig for name in state.names], dtype=bool)
     target = _pending(state, job, is_mig)
@@ -682,7 +663,7 @@ def _plan_for_pending(placer: Placer, snapshot: FleetSnapshot, report: Report, j
     # candidates()'s and cpu_only_candidates()' jobs past min_runtime, per node; each becomes
     # a Candidate (its cost at ``now``) only on a node tried: most nodes are not
     movable: dict[int, list[tuple[Allocation, _Where]]] = {}
-    for alloc, where in _movable_jobs(snapshot, state, settings):
+    for alloc, where in _movable_jobs(snapshot, state, settings, working.layout):
         began = alloc.start_time if alloc.start_time is not None else now
         if max(0.0, now - began) >= settings.min_runtime_seconds:
             movable.setdefault(where.node, []).append((alloc, where))
