@@ -26,6 +26,8 @@ from exporter.advisor.wire import what_if_json
 from exporter.analysis.live import LiveAnalyzer
 from exporter.collect import Collector
 from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ReceiverConfig
+from exporter.cycle.serving import ServingCycle, advisor_stage
+from exporter.cycle.stages import AnalysisStage
 from exporter.health.monitor import HealthMonitor
 from exporter.snapshot import to_json
 from exporter.sources.sim.options import SimSource
@@ -70,7 +72,6 @@ async def advisor_client(aiohttp_client, tmp_path):
     config = Config(collect_interval=60)
     state = ServingState()
     analyzer = LiveAnalyzer.from_config(AnalysisConfig())
-    state.family_providers.append(analyzer.families)
     settings = DecisionSettings(trigger=0.0, clear_below=-1.0, dwell_seconds=0, cooldown_seconds=0)
     from exporter.advisor.webhook import Deliverer
 
@@ -78,14 +79,15 @@ async def advisor_client(aiohttp_client, tmp_path):
                              Deliverer(Outbox(tmp_path / "o.sqlite"), ()), TOKEN.encode(),
                              max_body_bytes=64 * 1024 * 1024, planner=stub_planner(calls),
                              health=HealthMonitor())  # issue 31: /v1/advice's health, checked too
-    state.family_providers.append(service.families)
-    state.snapshot_listeners.append(service.on_snapshot)
+    stage = advisor_stage(service)
+    state.cycle = ServingCycle([AnalysisStage(analyzer), stage], advisor=service)
     app = make_app(config, Collector([sim], 10, clock=lambda: START), state)
     install(app, service)
     client = await aiohttp_client(app)
     await asyncio.wait_for(state.ready.wait(), 30)  # collected, evaluated and rendered
     client.calls = calls
     client.service = service
+    client.stage = stage
     return client
 
 
@@ -174,7 +176,7 @@ async def test_every_accepted_notification_is_logged_with_its_group_key(advisor_
 async def test_what_if_has_no_side_effects(advisor_client):
     service = advisor_client.service
     live_advice = service.advisor.advice
-    snapshot = service.snapshot
+    snapshot = advisor_client.stage.last.snapshot
     evaluations = service.evaluations
     resp = await advisor_client.post("/v1/plan", json=to_json(snapshot), headers=auth())
     body = await resp.json()
@@ -243,8 +245,7 @@ async def test_shutdown_lets_a_scheduled_evaluation_queue_its_plan_before_the_ou
                              Deliverer(Outbox(path), (receiver,)), TOKEN.encode(),
                              max_body_bytes=1024 * 1024, planner=planner)
     state = ServingState()
-    state.family_providers.extend([analyzer.families, service.families])
-    state.snapshot_listeners.append(service.on_snapshot)
+    state.cycle = ServingCycle([AnalysisStage(analyzer), advisor_stage(service)], advisor=service)
     sim = sim_source(SimSource(seed=1), lambda: START)
     app = make_app(Config(collect_interval=60), Collector([sim], 10, clock=lambda: START), state)
     install(app, service)

@@ -22,6 +22,8 @@ from exporter.advisor.wire import plan_json
 from exporter.analysis.live import LiveAnalyzer
 from exporter.config import AdvisorConfig, AnalysisConfig
 from exporter.options import Duration
+from exporter.cycle import Frame
+from exporter.cycle.serving import advisor_stage
 from exporter.snapshot import FleetSnapshot
 from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
 
@@ -80,10 +82,11 @@ def service_with(deliverer: Deliverer, clock: Clock) -> AdvisorService:
     analyzer = SimpleNamespace(load=None)
     service = AdvisorService(Advisor(settings, clock=clock), analyzer, deliverer,  # type: ignore[arg-type]
                              b"token", max_body_bytes=1024, clock=clock, planner=planner)
-    # what the engine reads of a snapshot and its report: one fragmented cluster
-    service.snapshot = FleetSnapshot(START)  # empty: the stub planner reads only its time
-    service.report = SimpleNamespace(  # type: ignore[assignment]
-        cluster=SimpleNamespace(index=80.0, allocated_ratio=0.5), pools=())
+    # the frame the advisor stage evaluates again on each service.evaluate: an empty snapshot
+    # (the stub planner reads only its time) and a report of one fragmented cluster
+    stage = advisor_stage(service)
+    stage.last = Frame(FleetSnapshot(START), report=SimpleNamespace(  # type: ignore[arg-type]
+        cluster=SimpleNamespace(index=80.0, allocated_ratio=0.5), pools=()))
     return service
 
 

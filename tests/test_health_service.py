@@ -1,4 +1,4 @@
-"""Health wired into the advisor (issue 31): each snapshot's verdicts become families,
+"""Health in serve's cycle (issue 31): each snapshot's verdicts become families,
 /v1/advice's ``health`` and remediation events; the events go through the signed outbox to a
 receiver as ``X-Gpufleet-Event: remediation``, ``gpufleet act`` reads what it received, and
 what gpufleet drained survives a restart."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,15 @@ from exporter.advisor.service import AdvisorService
 from exporter.advisor.webhook import EVENT_HEADER, IDEMPOTENCY_HEADER, Deliverer, Receiver
 from exporter.analysis.live import LiveAnalyzer
 from exporter.config import AnalysisConfig
+from exporter.cycle import Frame
+from exporter.cycle.serving import HealthEffects, ServingCycle
+from exporter.cycle.stages import HealthStage
 from exporter.health.act import Actor, read_events
 from exporter.health.monitor import HealthMonitor
 from exporter.health.remediation import Drain, ResetGpu
 from exporter.health.verdict import FAILING_SIGNALS, HealthSettings
 from exporter.metrics import Family
+from exporter.snapshot import FleetSnapshot
 from tests.helpers import REPO, require_binary
 from tests.helpers.health import T0, gpu, snap, xid_gpu
 from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
@@ -33,13 +38,27 @@ from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
 NODES = [f"a-{n}" for n in range(8)]
 
 
-def service(path: Path, receivers: tuple[Receiver, ...] = ()) -> AdvisorService:
+@dataclass
+class HealthCycle:
+    """The health stage and its side effects as serve's cycle runs them on each snapshot."""
+
+    deliverer: Deliverer
+    health: HealthMonitor
+
+    def __post_init__(self) -> None:
+        self.stage = HealthStage(self.health)
+        self.effects = HealthEffects(self.health, self.deliverer)
+        self.effects.restore()
+
+    def observe_health(self, snapshot: FleetSnapshot) -> Frame:
+        frame = self.stage.step(Frame(snapshot))
+        self.effects.apply(frame)
+        return frame
+
+
+def service(path: Path, receivers: tuple[Receiver, ...] = ()) -> HealthCycle:
     deliverer = Deliverer(Outbox(path), receivers, base_delay=0.01, max_delay=0.05)
-    built = AdvisorService(Advisor(DecisionSettings()), LiveAnalyzer.from_config(AnalysisConfig()),
-                           deliverer, None, 1024 * 1024,
-                           health=HealthMonitor(HealthSettings(critical_xids=(79,))))
-    built.restore_state()
-    return built
+    return HealthCycle(deliverer, HealthMonitor(HealthSettings(critical_xids=(79,))))
 
 
 def fleet(at: float, failing: str | None = None):
@@ -116,9 +135,14 @@ def test_verdicts_are_families_and_advice_with_only_unhealthy_nodes_listed(tmp_p
     assert [d["node"] for d in health["drained"]] == ["a-3"]
     assert [e["type"] for e in health["remediation"]] == ["drain", "reset_gpu"]
     assert (health["nodes"]["failing"], health["gpus"]["healthy"]) == (1, 7)
-    # all families are in service.families (what /metrics renders) after the advisor's
-    names = [f.name for f in advisor.families(fleet(60, failing="a-3"))]
+    # all families are on /metrics, right after the advisor's
+    frame = advisor.observe_health(fleet(60, failing="a-3"))
+    engine = AdvisorService(Advisor(DecisionSettings()), LiveAnalyzer.from_config(AnalysisConfig()),
+                            advisor.deliverer, None, 1024 * 1024)
+    cycle = ServingCycle([advisor.stage], advisor=engine)
+    names = [f.name for f in cycle.families(frame)]
     assert names[-12:] == [f.name for f in families]
+    assert names[-13] == engine.families(frame.snapshot)[-1].name
     advisor.deliverer.outbox.close()
 
 

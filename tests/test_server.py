@@ -216,15 +216,24 @@ async def test_snapshot_encoded_once_per_snapshot_and_gzipped(aiohttp_client):
 
 
 async def test_ready_turns_503_while_collection_stalls_and_200_once_it_recovers(aiohttp_client):
-    # a collection that never ends (here a snapshot listener stuck on a lock, as the advisor's
-    # was under an alert flood): /metrics keeps serving the last bytes, so only /-/ready can say
+    # a collection that never ends (here a cycle stuck on a lock, as the advisor's was under
+    # an alert flood): /metrics keeps serving the last bytes, so only /-/ready can say
     app = _app(interval=0.1)
     config = app[CONFIG]
     app[CONFIG] = dataclasses.replace(config, web=dataclasses.replace(config.web, stall_intervals=3))
     assert stall_limit(app[CONFIG]) == 0.6  # source_timeout 0.5 + one interval beats 3 x 0.1
     unstuck = asyncio.Event()
     unstuck.set()
-    app[STATE].snapshot_listeners.append(lambda snapshot: unstuck.wait())
+
+    class Stuck:  # the cycle serve runs (web.server.Cycle), stuck until unstuck
+        async def run(self, snapshot):
+            await unstuck.wait()
+            return snapshot
+
+        def families(self, frame):
+            return []
+
+    app[STATE].cycle = Stuck()
     client = await aiohttp_client(app)
     await _wait_ready(client)
     unstuck.clear()

@@ -357,16 +357,20 @@ def test_the_advisors_analysis_from_the_placer_is_the_serves_from_the_snapshot(o
     from exporter.analysis.live import LiveAnalyzer
     from exporter.analysis.state import from_snapshot
     from exporter.config import load
+    from exporter.cycle import Frame
     from exporter.simulate.advisor_loop import AdvisorStrategy, snapshot_of
 
     sim = sim_of(tiny_fleet(nodes=3, models=("H100", "A100")))
     cluster = sim.cluster
     for j in (job(1, 1, 5000, share=0.5), job(2, 4, 5000), job(3, 0, 5000, cpus=3), job(4, 2, 100, cpus=5)):
         cluster.start(j, cluster.find(j), 0.0)
-    snapshot = snapshot_of(sim, 100.0, one_partition=one_partition)
     strategy = AdvisorStrategy(one_partition=one_partition)
     strategy._setup()
-    ours = strategy._analyze(sim, snapshot)
+    snapshot = snapshot_of(sim, 100.0, one_partition=one_partition, parts=strategy._parts)
+    strategy._sim = sim
+    analysis = strategy._stages[0]  # the analysis stage the loop runs, with the placer's view
+    assert analysis.name == "analysis" and analysis.fleet_view is not None
+    ours = analysis.step(Frame(snapshot)).report
     serves = LiveAnalyzer.from_config(load(None).analysis).analyze(snapshot)
     rebuilt = from_snapshot(snapshot)
     for name in ("names", "model_names", "pool_names"):

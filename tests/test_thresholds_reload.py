@@ -22,6 +22,7 @@ from exporter.advisor.api import add_routes
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
 from exporter.cli import serve
 from exporter.config import Config, ConfigError, build
+from exporter.cycle import Frame
 from exporter.snapshot import FleetSnapshot
 from exporter.web.server import Reload
 from tests.helpers import REPO
@@ -79,9 +80,9 @@ def one_move(snapshot, report, scope, now) -> CompactionPlan:
 
 
 def reload_families(state) -> dict[str, float]:
-    snapshot = FleetSnapshot(START)
-    return {f.name: f.samples[0][1] for provider in state.family_providers
-            for f in provider(snapshot) if f.name.startswith("gpufleet_config_last_reload")}
+    table = state.cycle.stage("table")
+    return {f.name: f.samples[0][1] for f in table.families(Frame(FleetSnapshot(START)))
+            if f.name.startswith("gpufleet_config_last_reload")}
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -123,13 +124,13 @@ async def test_an_edited_table_moves_the_trigger_live_keeps_the_dwell_and_a_brok
     app = web.Application()
     add_routes(app, service.api())
     client = await aiohttp_client(app)
-    poll = state.snapshot_listeners[0]  # the first listener: before the advisor's
-    live = poll.__self__  # the LiveThresholds serve wired in: its reload families are served
-    assert live.families in state.family_providers and live.path == str(table)
+    stage = state.cycle.stages[0]  # the first stage: before the analysis and the advisor's
+    live = stage.live  # the LiveThresholds serve wired in: its reload families are served
+    assert stage.name == "table" and live.path == str(table)
 
     async def advice(at: float, index: float) -> dict:
         now[0] = at
-        await poll(FleetSnapshot(at))  # what each collection does first
+        stage.step(Frame(FleetSnapshot(at)))  # what each cycle does first
         advise(service.advisor, FleetSnapshot(at), report(index), one_move)
         resp = await client.get("/v1/advice", headers={"Authorization": f"Bearer {TOKEN}"})
         assert resp.status == 200
@@ -275,7 +276,7 @@ async def test_a_reload_moves_the_reclaim_rule_and_the_scaling_settings_and_keep
     assert service is not None
     try:
         assert service.advisor.settings.idle == (0.1, 7200)
-        load = service.analyzer.load
+        load = state.cycle.stage("load").tracker
         assert load is not None and load.table.default.up == 0.8
         from exporter.sources.sim.options import SimSource
         from exporter.sources.sim.source import build as sim_source

@@ -1,9 +1,9 @@
-"""The advisor inside ``gpufleet serve``: evaluates each snapshot, serves the API, delivers plans.
+"""The advisor inside ``gpufleet serve``: its API, the delivery of its plans, its state.
 
-Wiring only: one evaluation is :func:`advise.advise` (the decision lives in :mod:`engine`,
-plans in :mod:`planner`), delivery in :mod:`webhook` and :mod:`outbox`, the HTTP handlers in
-:mod:`api`. Advice stays typed here; :mod:`wire` writes it where it leaves (api, webhook).
-"""
+Wiring only: the cycle's advisor stage (exporter/cycle/stages.py) evaluates each snapshot
+with :func:`advise.advise` (the decision lives in :mod:`engine`, plans in :mod:`planner`);
+delivery is :mod:`webhook` and :mod:`outbox`, the HTTP handlers :mod:`api`. Advice stays
+typed here; :mod:`wire` writes it where it leaves (api, webhook)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from exporter import metrics
 from exporter.advisor.advice import Advice, WhatIf
 from exporter.advisor.advise import (
     PlanFunction,
-    advise,
     decision_settings,
     health_settings,
     planner_for,
@@ -39,13 +38,12 @@ from exporter.advisor.planner import last_checkpoint, plan_compaction
 from exporter.advisor.webhook import Deliverer, Receiver
 from exporter.aio import complete
 from exporter.analysis.fgd import compile_workload
-from exporter.analysis.index import Report, evaluate
+from exporter.analysis.index import evaluate
 from exporter.analysis.live import LiveAnalyzer
 from exporter.analysis.state import from_snapshot
 from exporter.bounded_file import Wording, read_bounded
 from exporter.config import AdvisorConfig, ConfigError
-from exporter.health.monitor import HealthMonitor, event_body, restore_state
-from exporter.health.remediation import event_id
+from exporter.health.monitor import HealthMonitor
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
 from exporter.thresholds import Thresholds
@@ -192,8 +190,13 @@ def reload_secret_files(config: AdvisorConfig, deliverer: Deliverer) -> str:
 
 @dataclass
 class AdvisorService:
+    """The advisor's side of ``gpufleet serve``: its API, the delivery of its plans, its
+    durable state and its families. The cycle's advisor stage (exporter/cycle/stages.py)
+    evaluates each snapshot; serve hands this service the stage's evaluation of the last
+    frame as ``evaluator``, for Alertmanager's notifications."""
+
     advisor: Advisor
-    analyzer: LiveAnalyzer
+    analyzer: LiveAnalyzer  # the live workload and settings a what-if is measured with
     deliverer: Deliverer
     token: bytes | TokenFile | None
     max_body_bytes: int
@@ -201,62 +204,72 @@ class AdvisorService:
     clock: Callable[[], float] = time.time
     # the planner with its settings (advise.planner_for(config)); the engine never calls it
     planner: PlanFunction = plan_compaction
-    snapshot: FleetSnapshot | None = None
-    report: Report | None = None
-    evaluations: int = 0
+    # the last frame evaluated again for a trigger (blocking); None: nothing to evaluate yet
+    evaluator: Callable[[str], Advice | None] | None = None
     evaluations_by_trigger: Counter = field(default_factory=Counter)  # snapshot | alertmanager
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # one cycle or one Alertmanager evaluation at a time, and none after the outbox closed
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    health: HealthMonitor | None = None  # the ``health`` part of /v1/advice
     _api: AdvisorApi | None = None
     _closed: bool = False  # the outbox is closed: no more evaluations
     _unwritten: bool = False  # a proposed plan waits in memory for the outbox: no cooldown yet
     _saved_state: str | None = None  # the advisor's state as last written to the outbox
     _pending_seen: float = 0.0  # the outbox's pending count as last read, served if a read fails
-    # issue 31: verdicts, remediation and stragglers on every snapshot; None: off
-    health: HealthMonitor | None = None
-    _saved_health: str | None = None  # the remediator's state as last written to the outbox
 
-    async def on_snapshot(self, snapshot: FleetSnapshot) -> None:
-        """A ``ServingState.snapshot_listeners`` entry, run before the snapshot is rendered.
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
-        It measures the snapshot (the exposition then reuses that report) and decides.
-        """
-        report = await asyncio.to_thread(self.analyzer.analyze, snapshot)
-        self.snapshot, self.report = snapshot, report
-        if self.health is not None:
-            async with self._lock:
-                if not self._closed:
-                    await complete(asyncio.to_thread(self.observe_health, snapshot))
-        await self.evaluate("snapshot")
-
-    def observe_health(self, snapshot: FleetSnapshot) -> None:
-        """Verdicts and remediation for ``snapshot`` (issue 31); each event is queued in the
-        outbox for every receiver, then the remediator's state is written beside it."""
-        if self.health is None:
-            return
-        view = self.health.observe(snapshot)
-        for event in view.events:
-            self.deliverer.enqueue_event(event_id(event), event_body(event))
-            log.warning("remediation advised", extra={"event": event_id(event)})
-        state = self.health.state_json()
-        if state == self._saved_health:
-            return
-        try:
-            self.deliverer.outbox.save_state(state, "remediation")
-        except sqlite3.Error as exc:
-            log.warning("cannot write the remediation state to the outbox; a restart now would "
-                        "forget what gpufleet drained", extra={"err": str(exc)})
-            return
-        self._saved_health = state
+    @property
+    def evaluations(self) -> int:
+        return sum(self.evaluations_by_trigger.values())
 
     async def evaluate(self, reason: str) -> Advice | None:
-        if self.snapshot is None or self.report is None:
+        """An evaluation of the last frame outside the cycle (Alertmanager's notification)."""
+        if self.evaluator is None:
             return None
-        async with self._lock:
+        async with self.lock:
             if self._closed:
                 return None
-            advice = await self._evaluate(reason, self.snapshot, self.report)
-            await complete(asyncio.to_thread(self.save_state))
+            await self.before_cycle()
+            advice = await complete(asyncio.to_thread(self.evaluator, reason))
+            if advice is None:
+                return None
+            await self.after_cycle(advice, reason)
             return advice
+
+    async def before_cycle(self) -> None:
+        """A plan the outbox could not take is written first (the deliverer may have written
+        it already): once it is in the outbox its cooldown starts, one evaluation late at most.
+        The caller holds :attr:`lock`."""
+        if self._unwritten and not self._closed:
+            await complete(asyncio.to_thread(self.deliverer.flush))
+            if not self.deliverer.unwritten_plans():
+                self._unwritten = False
+                self.advisor.durable(self.clock())
+
+    async def after_cycle(self, advice: Advice | None, reason: str = "snapshot") -> None:
+        """The advice's side effects: a new plan into the outbox, then the advisor's state.
+        The caller holds :attr:`lock`."""
+        if advice is None or self._closed:
+            return
+        self.evaluations_by_trigger[reason.split(":")[0]] += 1
+        plan = advice.plan
+        if advice.decision == "compact" and plan is not None:
+            queued = await complete(asyncio.to_thread(self.deliverer.enqueue_plan, plan))
+            if self.deliverer.unwritten_plans():
+                # no cooldown for a plan nobody can receive: the next evaluations propose
+                # again (the newest plan replaces the kept one) until one is written
+                self._unwritten = True
+                self.advisor.not_durable()
+                log.warning("compaction plan proposed but the outbox cannot take it; kept in "
+                            "memory and retried, no cooldown until it is written",
+                            extra={"plan": plan.plan_id})
+            else:
+                log.info("compaction plan proposed", extra={
+                    "plan": plan.plan_id, "migrations": len(plan.migrations),
+                    "queued": queued, "reasons": "; ".join(advice.reasons)})
+        await complete(asyncio.to_thread(self.save_state))
 
     def save_state(self) -> None:
         """Write the advisor's durable state to the outbox when it changed (issue 32, finding 6).
@@ -287,52 +300,6 @@ class AdvisorService:
                         extra={"err": f"{type(exc).__name__}: {exc}"})
         else:
             self._saved_state = text
-        if self.health is None:
-            return
-        try:
-            health_text = self.deliverer.outbox.load_state("remediation")
-            remediation = restore_state(health_text)
-        except (sqlite3.Error, ValueError) as exc:
-            log.warning("cannot read the remediation state from the outbox; starting afresh "
-                        "(nodes gpufleet drained before are not resumed by it)",
-                        extra={"err": f"{type(exc).__name__}: {exc}"})
-            return
-        if remediation is not None:
-            self.health.remediator.state = remediation
-            self._saved_health = health_text
-
-    async def _evaluate(self, reason: str, snapshot: FleetSnapshot, report: Report) -> Advice | None:
-        # complete(): a cancelled evaluation holds the lock until its thread is done, so
-        # no other observe runs beside it and no enqueue lands after the outbox closed
-        if self._unwritten:
-            # the kept plan first (the deliverer may have written it already): once it is
-            # in the outbox, its cooldown starts, one evaluation late at most
-            await complete(asyncio.to_thread(self.deliverer.flush))
-            if not self.deliverer.unwritten_plans():
-                self._unwritten = False
-                self.advisor.durable(self.clock())
-        # issue 20: the pools' scaling hints (the analyzer updated the load tracker)
-        scaling = None if self.analyzer.load is None else tuple(self.analyzer.load.advice_json())
-        advice = await complete(asyncio.to_thread(advise, self.advisor, snapshot, report,
-                                                  self.planner, reason, scaling))
-        self.evaluations += 1
-        self.evaluations_by_trigger[reason.split(":")[0]] += 1
-        plan = advice.plan
-        if advice.decision == "compact" and plan is not None:
-            queued = await complete(asyncio.to_thread(self.deliverer.enqueue_plan, plan))
-            if self.deliverer.unwritten_plans():
-                # no cooldown for a plan nobody can receive: the next evaluations propose
-                # again (the newest plan replaces the kept one) until one is written
-                self._unwritten = True
-                self.advisor.not_durable()
-                log.warning("compaction plan proposed but the outbox cannot take it; kept in "
-                            "memory and retried, no cooldown until it is written",
-                            extra={"plan": plan.plan_id})
-                return advice
-            log.info("compaction plan proposed", extra={
-                "plan": plan.plan_id, "migrations": len(plan.migrations),
-                "queued": queued, "reasons": "; ".join(advice.reasons)})
-        return advice
 
     def what_if(self, snapshot: FleetSnapshot) -> WhatIf:
         """Analyse the posted snapshot against the live workload, without touching live state."""
@@ -378,7 +345,6 @@ class AdvisorService:
             metrics.ADVISOR_OUTBOX_ERRORS_TOTAL.family(
                 [((("operation", op),), float(n)) for op, n in sorted(self.deliverer.outbox.errors.items())]),
             *self.job_families(snapshot),
-            *(self.health.families() if self.health is not None else ()),
         ]
 
     def _pending(self) -> float:
@@ -446,7 +412,7 @@ class AdvisorService:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        async with self._lock:
+        async with self.lock:
             self._closed = True
             # a plan kept from a failed write gets a last try; one still unwritten dies with
             # the process (after a restart, the advisor proposes it again if it is still due)
@@ -458,30 +424,44 @@ class AdvisorService:
             self.deliverer.outbox.close()
 
 
-def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFunction | None = None,
-                  environ=os.environ, what_if_timeout: float = 10.0,
-                  table: Thresholds | None = None) -> AdvisorService:
-    """The advisor of ``gpufleet serve``; ``what_if_timeout`` is ``api.what_if_timeout``;
-    ``table`` the threshold table in force (advise.decision_settings)."""
-    settings = decision_settings(config, table)  # a clear bound at the table's trigger: first
-    token = load_token(config, environ)
-    if token is None:
-        log.warning("advisor POST endpoints refuse every request: no token configured "
-                    f"(set {TOKEN_ENV} or advisor.token_file)")
+def build_deliverer(config: AdvisorConfig, environ=os.environ) -> Deliverer:
+    """The durable store (``advisor.outbox``) and the webhook that delivers from it to
+    ``advisor.receivers``: plans and remediation events alike."""
     receivers = load_receivers(config, environ)
     try:
         outbox = Outbox(config.outbox)
     except Exception as exc:  # sqlite3.Error or OSError: the path is the user's to fix
         raise ConfigError(f"advisor.outbox: cannot open {config.outbox}: {exc}") from None
-    deliverer = Deliverer(outbox, receivers, base_delay=config.retry_initial,
-                          max_delay=config.retry_max, retention=config.outbox_retention)
+    return Deliverer(outbox, receivers, base_delay=config.retry_initial,
+                     max_delay=config.retry_max, retention=config.outbox_retention)
+
+
+def build_health(config: AdvisorConfig, table: Thresholds | None = None) -> HealthMonitor:
+    """The health monitor: the table's health section, less the config's overrides."""
+    health = health_settings(config, table)
+    return HealthMonitor(health.verdicts, health.remediation, health.stragglers)
+
+
+def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFunction | None = None,
+                  environ=os.environ, what_if_timeout: float = 10.0,
+                  table: Thresholds | None = None, deliverer: Deliverer | None = None,
+                  health: HealthMonitor | None = None) -> AdvisorService:
+    """The advisor of ``gpufleet serve``; ``what_if_timeout`` is ``api.what_if_timeout``;
+    ``table`` the threshold table in force (advise.decision_settings); ``deliverer`` the
+    store serve built (else one from ``config``); ``health`` the monitor whose verdicts
+    /v1/advice shows (else one from ``config`` and ``table``)."""
+    settings = decision_settings(config, table)  # a clear bound at the table's trigger: first
+    token = load_token(config, environ)
+    if token is None:
+        log.warning("advisor POST endpoints refuse every request: no token configured "
+                    f"(set {TOKEN_ENV} or advisor.token_file)")
+    if deliverer is None:
+        deliverer = build_deliverer(config, environ)
     if planner is None:
         planner = planner_for(config, table)
-    health = health_settings(config, table)  # the table's health section, the config's overrides
     service = AdvisorService(Advisor(settings), analyzer, deliverer, token,
                              config.max_body_bytes, what_if_timeout, planner=planner,
-                             health=HealthMonitor(health.verdicts, health.remediation,
-                                                  health.stragglers))
+                             health=health if health is not None else build_health(config, table))
     service.restore_state()
     return service
 

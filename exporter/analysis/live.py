@@ -1,25 +1,24 @@
-"""The analyzer's metric families, and the live analyzer the server runs on every snapshot.
+"""The analyzer's metric families, and the live analyzer the cycle runs on every snapshot.
 
 :func:`report_families` is a pure table from a :class:`~.index.Report` to
 families; :class:`LiveAnalyzer` keeps the one piece of state the analysis
-needs between snapshots (the live workload window) and is registered as a
-``ServingState.family_providers`` entry, so the families are rendered with
-the snapshot they describe.
+needs between snapshots (the live workload window).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter import metrics
 from exporter.analysis import configure
 from exporter.analysis.fgd import FRAGMENT_REASONS, CompiledWorkload, compile_workload
 from exporter.analysis.index import IndexSettings, Report, evaluate
 from exporter.analysis.options import AnalysisConfig
-from exporter.analysis.state import from_snapshot
-from exporter.analysis.workload import ShapeWindow, Workload
-from exporter.load.live import LoadTracker
+from exporter.analysis.state import FleetState, from_snapshot
+from exporter.analysis.workload import Shape, ShapeWindow, Workload
 from exporter.metrics import Family
 from exporter.snapshot import FleetSnapshot
 from exporter.thresholds import Thresholds
@@ -69,45 +68,51 @@ def report_families(report: Report) -> list[Family]:
     ]
 
 
+class FleetView(NamedTuple):
+    """What the caller already holds of a snapshot (the simulator's placer): its placement
+    state, and its allocations' shapes (:func:`~exporter.analysis.workload.snapshot_shapes`'
+    counts, in its order), or None to count them from the snapshot."""
+
+    state: FleetState
+    shapes: Counter[Shape] | None = None
+
+
 @dataclass
 class LiveAnalyzer:
-    """Measures every served snapshot against the live (or configured) target workload."""
+    """Measures every served snapshot against the live (or configured) target workload: the
+    cycle's analysis stage (exporter/cycle/stages.py) holds one."""
 
     settings: IndexSettings
     window: ShapeWindow | None = None  # the live workload; None when it is fixed
     fixed: Workload | None = None
-    latest: Report | None = None  # for the advisor: the report of the last snapshot
-    _analyzed: FleetSnapshot | None = None  # the snapshot ``latest`` belongs to
     _compiled: CompiledWorkload | None = None
-    # pool load, change points and scaling hints (issue 20), over the same window of snapshots
-    load: LoadTracker | None = None
 
     @classmethod
     def from_config(cls, config: AnalysisConfig, table: Thresholds | None = None) -> LiveAnalyzer:
         """``table``: the threshold table in force (configure.index_settings)."""
         fixed = configure.fixed_workload(config)
         window = configure.shape_window(config) if fixed is None else None
-        return cls(configure.index_settings(config, table), window, fixed,
-                   load=LoadTracker.from_table(config.window_snapshots, table))
+        return cls(configure.index_settings(config, table), window, fixed)
 
-    def analyze(self, snapshot: FleetSnapshot) -> Report:
+    def analyze(self, snapshot: FleetSnapshot, view: FleetView | None = None) -> Report:
+        """The snapshot's report; the live window observes it first. ``view``: its state and
+        shapes when the caller holds them (they must be what ``from_snapshot`` and
+        ``snapshot_shapes`` would make of it)."""
         if self.window is not None:
-            self.window.observe(snapshot)
+            if view is None or view.shapes is None:
+                self.window.observe(snapshot)
+            else:
+                self.window.observe_shapes(view.shapes)
             workload = self.window.workload()
         else:
             assert self.fixed is not None
             workload = self.fixed
-        state = from_snapshot(snapshot)
+        state = from_snapshot(snapshot) if view is None else view.state
         compiled = self._compiled
         if compiled is None or compiled.workload != workload or compiled.model_names != state.model_names:
             compiled = compile_workload(workload, state.model_names)
             self._compiled = compiled
-        report = evaluate(state, compiled, self.settings)
-        if self.load is not None:
-            self.load.observe(snapshot)
-        self.latest = report
-        self._analyzed = snapshot
-        return report
+        return evaluate(state, compiled, self.settings)
 
     def current_workload(self) -> Workload:
         """The workload the last snapshot was measured against (what-if analyses reuse it)."""
@@ -116,12 +121,5 @@ class LiveAnalyzer:
         assert self.window is not None
         return self.window.workload()
 
-    def families(self, snapshot: FleetSnapshot) -> list[Family]:
-        """A ``ServingState.family_providers`` entry: called once per snapshot, in a worker thread.
 
-        When the analyzer already saw this snapshot as a listener (so the advisor
-        could use the report), its report is rendered rather than recomputed.
-        """
-        report = self.latest if self._analyzed is snapshot and self.latest is not None \
-            else self.analyze(snapshot)
-        return report_families(report) + (self.load.families() if self.load is not None else [])
+__all__ = ["FleetView", "LiveAnalyzer", "report_families"]

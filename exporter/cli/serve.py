@@ -21,8 +21,9 @@ from exporter.sources import SOURCES, Clock, SourceStartupError, build_source
 # which keeps --help from paying for them (docs/performance.md, "A lean node")
 if TYPE_CHECKING:
     from exporter.advisor.service import AdvisorService
-    from exporter.analysis.live import LiveAnalyzer
     from exporter.collect import Collector
+    from exporter.cycle import Stage
+    from exporter.cycle.serving import ServingCycle
     from exporter.exposition import ExpositionOptions
     from exporter.metrics import Family
     from exporter.thresholds import Thresholds
@@ -140,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
         from exporter.web.server import OPENAPI_PATH
 
         app.router.add_get(OPENAPI_PATH, openapi_handler(advisor=False))
+        from exporter.cycle.serving import ServingCycle
+
+        if isinstance(state.cycle, ServingCycle) and state.cycle.deliverer is not None:
+            # remediation events without the advisor: the cycle's store delivers them; first
+            # in, so last out, after the collection loop that writes to it has stopped
+            app.cleanup_ctx.insert(0, state.cycle.background)
     try:
         sock = socket.create_server((host, port), reuse_port=False)
     except OSError as exc:
@@ -279,7 +286,10 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     by :func:`reloaders`, is what the threshold table's reload gauge reads of the other
     files (LiveThresholds.other_files).
     """
+    from exporter.advisor.service import build_health
     from exporter.collect import Collector
+    from exporter.cycle.serving import HealthEffects, ServingCycle, advisor_stage
+    from exporter.cycle.stages import AnalysisStage, HealthStage, LoadStage, TableStage
     from exporter.thresholds.live import LiveThresholds
     from exporter.web.server import ServingState
 
@@ -287,35 +297,47 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     sources = [build_source(n, getattr(config.sources, n), clock) for n in names]
     collector = Collector(sources, config.source_timeout, clock=clock, timer=timer)
     state = ServingState(exposition=exposition_options(config, names, sources))
+    # first: every later stage judges the snapshot by the table on disk then
+    stages: list[Stage] = [TableStage(table)]
     advisor = None
+    analyzer = None
+    load = None
     if config.analysis.enabled:
         from exporter.analysis.live import LiveAnalyzer
+        from exporter.load.live import LoadTracker
 
         analyzer = LiveAnalyzer.from_config(config.analysis, table.current)
-        state.family_providers.append(analyzer.families)
-        if config.advisor.enabled:
-            from exporter.advisor.service import build_service
+        load = LoadTracker.from_table(config.analysis.window_snapshots, table.current)
+        stages += [AnalysisStage(analyzer), LoadStage(load)]
+    monitor = build_health(config.advisor, table.current)
+    stages.append(HealthStage(monitor))
+    deliverer = None
+    if analyzer is not None and config.advisor.enabled:
+        from exporter.advisor.service import build_service
 
-            advisor = build_service(config.advisor, analyzer,
-                                    what_if_timeout=config.api.what_if_timeout,
-                                    table=table.current)
-            state.snapshot_listeners.append(advisor.on_snapshot)
-            state.family_providers.append(advisor.families)
-        follow_table(table, config, analyzer, advisor)
-    elif config.advisor.enabled:
-        log.warning("advisor disabled: it needs analysis.enabled")
-    state.family_providers.append(log_families)
-    # first: the analysis and the advisor judge each snapshot by the table on disk then
-    state.snapshot_listeners.insert(0, table.on_snapshot)
+        advisor = build_service(config.advisor, analyzer, what_if_timeout=config.api.what_if_timeout,
+                                table=table.current, health=monitor)
+        deliverer = advisor.deliverer
+        stages.append(advisor_stage(advisor, load))
+    else:
+        if config.advisor.enabled:
+            log.warning("advisor disabled: it needs analysis.enabled")
+        if config.advisor.receivers:  # remediation events still reach the scheduler
+            from exporter.advisor.service import build_deliverer
+
+            deliverer = build_deliverer(config.advisor)
+    health = HealthEffects(monitor, deliverer)
+    health.restore()
+    state.cycle = cycle = ServingCycle(stages, health, advisor, extra=(("logs", log_families),),
+                                       deliverer=deliverer if advisor is None else None)
+    follow_table(table, config, cycle)
     if reload_files is not None:
         table.other_files = reload_files
-    state.family_providers.append(table.families)
     state.reloaders.append(("thresholds", lambda: table.poll(force=True)))
     return collector, state, advisor
 
 
-def follow_table(table: LiveThresholds, config: Config, analyzer: LiveAnalyzer,
-                 advisor: AdvisorService | None) -> None:
+def follow_table(table: LiveThresholds, config: Config, cycle: ServingCycle) -> None:
     """What a reloaded threshold table changes: the analysis' compaction threshold and the
     pools' scaling settings, and the advisor's trigger, clear bound and checkpoint interval
     (the planner's too), where the config leaves them at their defaults
@@ -325,43 +347,51 @@ def follow_table(table: LiveThresholds, config: Config, analyzer: LiveAnalyzer,
     advisor's state (dwell, cooldown, plan in force, idle clocks), the analyzer's window and
     the scalers' state stay: only settings are replaced. A clear bound set in the config at or
     above the new trigger refuses the table (advise.decision_settings), and the old one stays."""
+    from exporter.advisor.advise import decision_settings, health_settings, planner_for
     from exporter.analysis.configure import index_settings
+    from exporter.cycle.stages import AdvisorStage, AnalysisStage, HealthStage, LoadStage
     from exporter.thresholds.scaling import DEFAULT as DEFAULT_SCALING
 
-    def analysis(new: Thresholds) -> Callable[[], None]:
-        settings = index_settings(config.analysis, new)
-        scaling = new.scaling or DEFAULT_SCALING
+    analysis, load = cycle.stage("analysis"), cycle.stage("load")
+    if isinstance(analysis, AnalysisStage):
+        analyzer = analysis.analyzer
+        tracker = load.tracker if isinstance(load, LoadStage) else None
 
-        def commit() -> None:
-            analyzer.settings = settings
-            if analyzer.load is not None:
-                analyzer.load.retable(scaling)
-        return commit
+        def analysis_follower(new: Thresholds) -> Callable[[], None]:
+            settings = index_settings(config.analysis, new)
+            scaling = new.scaling or DEFAULT_SCALING
 
-    table.follow("analysis", analysis)
-    if advisor is None:
-        return
-    from exporter.advisor.advise import decision_settings, health_settings, planner_for
+            def commit() -> None:
+                analyzer.settings = settings
+                if tracker is not None:
+                    tracker.retable(scaling)
+            return commit
 
-    service = advisor
+        table.follow("analysis", analysis_follower)
+    health, stage, service = cycle.stage("health"), cycle.stage("advisor"), cycle.advisor
+    monitor = health.monitor if isinstance(health, HealthStage) else None
+    advisor = stage if isinstance(stage, AdvisorStage) else None
 
     def engine(new: Thresholds) -> Callable[[], None]:
-        settings = decision_settings(config.advisor, new)  # ConfigError: refused
-        planner = planner_for(config.advisor, new)
-        health = health_settings(config.advisor, new)
+        settings = decision_settings(config.advisor, new) if advisor else None  # ConfigError: refused
+        planner = planner_for(config.advisor, new) if advisor else None
+        health_table = health_settings(config.advisor, new)
 
         def commit() -> None:
-            service.advisor.settings = settings
-            service.planner = planner
-            if service.health is not None:
-                service.health.retable(health.verdicts, health.remediation, health.stragglers)
+            if advisor is not None and settings is not None and planner is not None:
+                advisor.advisor.settings = settings
+                advisor.planner = planner
+                if service is not None:
+                    service.planner = planner
+            if monitor is not None:
+                monitor.retable(health_table.verdicts, health_table.remediation, health_table.stragglers)
         return commit
 
     table.follow("advisor", engine)
 
 
-def log_families(snapshot: object) -> list[Family]:
-    """A ``ServingState.family_providers`` entry: the log lines not written (exporter/logs.py)."""
+def log_families() -> list[Family]:
+    """The log lines not written (exporter/logs.py): the process's, not a stage's."""
     from exporter import logs, metrics
 
     return [metrics.LOG_LINES_DROPPED_TOTAL.family([

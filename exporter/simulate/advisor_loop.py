@@ -48,8 +48,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from exporter.analysis.fgd import CompiledWorkload, compile_workload
-from exporter.analysis.index import Report, evaluate
 from exporter.analysis.state import FleetState
 from exporter.analysis.workload import PartKey, Shape, part_keys, shapes_of
 from exporter.placement.engine import Placement
@@ -58,6 +56,7 @@ from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, 
 from exporter.snapshot import Placement as Part
 
 if TYPE_CHECKING:
+    from exporter.analysis.live import FleetView
     from exporter.simulate.sim import Sim
 
 PENDING_LISTED = 200  # queued jobs put in a snapshot's pending list (a scheduler's pending view)
@@ -92,11 +91,9 @@ class AdvisorStrategy:
     one_partition: bool = True
     interval: float = field(init=False)
     _next_evaluation: float = 0.0
-    _seen_key: tuple[Any, ...] | None = None
     _advisor: Any = field(default=None, repr=False)
-    _analyzer: Any = field(default=None, repr=False)
-    _planner: Any = field(default=None, repr=False)
-    _compiled: CompiledWorkload | None = field(default=None, repr=False)
+    _stages: tuple[Any, ...] = field(default=(), repr=False)  # serve's analysis and advisor stages
+    _sim: Sim | None = field(default=None, repr=False)  # the fleet the evaluation in progress reads
     _seen: set[str] = field(default_factory=set, repr=False)
     _waiting: list[_Move] = field(default_factory=list, repr=False)
     _now: float = 0.0
@@ -122,23 +119,16 @@ class AdvisorStrategy:
         from exporter.advisor.engine import Advisor
         from exporter.analysis.live import LiveAnalyzer
         from exporter.config import load
+        from exporter.cycle.stages import AdvisorStage, AnalysisStage
 
         config = load(None)
-        self._analyzer = LiveAnalyzer.from_config(config.analysis)
-        self._analyzer.load = None  # the pools' scaling hints: no part of a decision, and costly
-        self._planner = Planner(plan_settings(config.advisor))
+        analyzer = LiveAnalyzer.from_config(config.analysis)
         settings = dataclasses.replace(decision_settings(config.advisor), require_pending=self.revised)
         self._advisor = Advisor(settings, clock=lambda: self._now)
-
-    def _key(self, sim: Sim) -> tuple[Any, ...] | None:
-        """None when the revised rule has no waiting job to plan for (none queued, or the head
-        asks more GPUs than are idle: only capacity lets it start); else the head and the
-        counters of capacity coming back, which a new chance to plan for it changes."""
-        cluster = sim.cluster
-        head = next(iter(sim.scheduler.queue.ordered()), None)
-        if head is None or head.demand > cluster.capacity - cluster.busy + 1e-9:
-            return None
-        return (head.id, cluster.releases, cluster.migrations)
+        # serve's stages, as serve builds them from the default config (the pools' scaling
+        # hints are no part of a decision: no load stage), on the simulated clock
+        self._stages = (AnalysisStage(analyzer, self._view),
+                        AdvisorStage(self._advisor, Planner(plan_settings(config.advisor))))
 
     def tick(self, sim: Sim, now: float) -> None:
         if self._advisor is None:
@@ -146,16 +136,15 @@ class AdvisorStrategy:
         self._now = now
         self._carry_out_waiting(sim, now)
         if now < self._next_evaluation:
-            key = self._key(sim) if self.revised else None
-            if key is None or key == self._seen_key:
-                return  # between evaluations, and no new chance to plan for a waiting job
+            return  # the advisor sees the frames serve would make at its cadence, nothing between
         self._next_evaluation = now + self.evaluate_every
         self.evaluations += 1
-        snapshot = snapshot_of(sim, now, self._allocations, self.one_partition, self._requests, self._parts)
-        report = self._analyze(sim, snapshot, self._parts.shapes())
-        from exporter.advisor.advise import advise
+        from exporter.cycle import run_cycle
 
-        advice = advise(self._advisor, snapshot, report, self._planner)
+        snapshot = snapshot_of(sim, now, self._allocations, self.one_partition, self._requests, self._parts)
+        self._sim = sim
+        advice = run_cycle(self._stages, snapshot).advice
+        assert advice is not None
         decision = advice.decision
         self.decisions[decision] += 1
         plan = advice.plan
@@ -169,32 +158,20 @@ class AdvisorStrategy:
                 for m in plan.migrations)
             sim.plans += 1
             self._carry_out_waiting(sim, now)
-        self._seen_key = self._key(sim) if self.revised else None
 
-    def _analyze(self, sim: Sim, snapshot: FleetSnapshot, shapes: Counter[Shape] | None = None) -> Report:
-        """The serve's analysis of ``snapshot`` (:meth:`LiveAnalyzer.analyze`: its live workload
-        window observes the snapshot), the fleet's state taken from the scheduler's placer,
-        which holds what ``from_snapshot(snapshot)`` would rebuild (a test checks they agree):
-        a third of an evaluation saved. With :attr:`one_partition` the placer's pools (a pool
-        per model, what the outcomes' index measures) are read as the snapshot's one.
-        ``shapes``: the snapshot's :func:`~exporter.analysis.workload.snapshot_shapes`, when
-        the caller kept them (:class:`PartCounts`)."""
-        analyzer = self._analyzer
-        if analyzer.window is not None:
-            if shapes is None:
-                analyzer.window.observe(snapshot)
-            else:
-                analyzer.window.observe_shapes(shapes)
-            workload = analyzer.window.workload()
-        else:
-            workload = analyzer.fixed
-        state = sim.cluster.placer.state
+    def _view(self, snapshot: FleetSnapshot) -> FleetView:
+        """What the analysis stage would rebuild from ``snapshot``, taken from the scheduler's
+        placer, which holds it (a test checks they agree): a third of an evaluation saved.
+        With :attr:`one_partition` the placer's pools (a pool per model, what the outcomes'
+        index measures) are read as the snapshot's one; the shapes are the ones
+        :func:`snapshot_of` kept (:class:`PartCounts`)."""
+        from exporter.analysis.live import FleetView
+
+        assert self._sim is not None
+        state = self._sim.cluster.placer.state
         if self.one_partition:
             state = one_partition(state)
-        compiled = self._compiled
-        if compiled is None or compiled.workload != workload:
-            compiled = self._compiled = compile_workload(workload, state.model_names)
-        return evaluate(state, compiled, analyzer.settings)
+        return FleetView(state, self._parts.shapes())
 
     def _carry_out_waiting(self, sim: Sim, now: float) -> None:
         if not self._waiting:

@@ -27,9 +27,9 @@ import math
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -55,8 +55,13 @@ from exporter.web.webconfig import Busy, LiveWebConfig, san_allowed
 
 log = logging.getLogger(__name__)
 
-# Extra families computed from a snapshot (analysis, advisor), rendered with it.
-FamilyProvider = Callable[[FleetSnapshot], Iterable[Family]]
+class Cycle(Protocol):
+    """What serve runs on each collected snapshot (exporter/cycle/serving.py's
+    ``ServingCycle``): the stages and their side effects, then the families of the frame."""
+
+    async def run(self, snapshot: FleetSnapshot) -> Any: ...  # the frame
+
+    def families(self, frame: Any) -> list[Family]: ...  # blocking: the render thread
 
 
 @dataclass
@@ -67,10 +72,8 @@ class ServingState:
     # /v1/snapshot's (json, gzipped json) for the rendering it was made from
     snapshot_body: tuple[Rendered, asyncio.Future[tuple[bytes, bytes]]] | None = None
     collections: int = 0
-    family_providers: list[FamilyProvider] = field(default_factory=list)
-    # called in order with each new snapshot before it is rendered; may return a coroutine
-    # (run CPU-heavy work with asyncio.to_thread: listeners run on the event loop)
-    snapshot_listeners: list[Callable[[FleetSnapshot], object]] = field(default_factory=list)
+    # the cycle each snapshot goes through before it is rendered; None: the snapshot alone
+    cycle: Cycle | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     # time.monotonic() when the last collection finished (None: none yet); /-/ready compares
     # it with the stall limit, so a collection that hangs is seen even while stale bytes serve.
@@ -100,21 +103,17 @@ PROTECTION = web.AppKey("protection", Protection)
 OPENAPI_PATH = "/v1/openapi.json"  # public: it says what the API takes, nothing of the fleet
 
 
-def _render_all(snapshot: FleetSnapshot, state: ServingState, labels: LabelCache, level: int) -> Rendered:
-    extra: list[Family] = []
-    for provider in state.family_providers:
-        try:
-            extra.extend(provider(snapshot))
-        except Exception:  # one broken provider must not stop the exposition
-            log.exception("family provider failed", extra={"provider": getattr(provider, "__name__", "?")})
+def _render_all(snapshot: FleetSnapshot, frame: Any, state: ServingState, labels: LabelCache,
+                level: int) -> Rendered:
+    extra = state.cycle.families(frame) if state.cycle is not None and frame is not None else []
     return render(snapshot, labels, extra, gzip_level=level, options=state.exposition)
 
 
 async def collect_once(app: web.Application, labels: LabelCache) -> None:
-    """Collect, let the listeners (analyzer, advisor) see the snapshot, then render it.
+    """Collect, run the cycle on the snapshot, then render the frame.
 
-    Listeners run before rendering so that what they conclude about this
-    snapshot is exported with it, not one collection late.
+    The cycle runs before rendering so that what it concludes about this snapshot is
+    exported with it, not one collection late.
     """
     state, collector, config = app[STATE], app[COLLECTOR], app[CONFIG]
     rendered = await collect_and_render(collector, state, labels, config.gzip_level)
@@ -128,19 +127,18 @@ async def collect_once(app: web.Application, labels: LabelCache) -> None:
 
 async def collect_and_render(collector: Collector, state: ServingState, labels: LabelCache,
                              gzip_level: int) -> Rendered:
-    """One collection: the snapshot, its listeners, then the bytes /metrics serves."""
+    """One collection: the snapshot, its cycle, then the bytes /metrics serves."""
     snapshot = await collector.collect()
-    for listener in state.snapshot_listeners:
+    frame = None
+    if state.cycle is not None:
         try:
-            result = listener(snapshot)
-            if asyncio.iscoroutine(result):
-                await result
-        except Exception:  # one broken listener must not stop the exposition
-            log.exception("snapshot listener failed")
+            frame = await state.cycle.run(snapshot)
+        except Exception:  # a broken stage must not stop the exposition of the snapshot
+            log.exception("cycle failed; the snapshot is served without its analysis")
     loop = asyncio.get_running_loop()
-    # complete(): a cancelled collection (shutdown) waits for the render thread, which calls
-    # the family providers; left running, it could read the advisor's outbox after it closed
-    return await complete(loop.run_in_executor(None, _render_all, snapshot, state, labels,
+    # complete(): a cancelled collection (shutdown) waits for the render thread, which takes
+    # the frame's families; left running, it could read the advisor's outbox after it closed
+    return await complete(loop.run_in_executor(None, _render_all, snapshot, frame, state, labels,
                                                gzip_level))
 
 

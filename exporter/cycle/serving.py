@@ -1,0 +1,169 @@
+"""The cycle as ``gpufleet serve`` runs it on each collection, and the frame's side effects.
+
+:meth:`ServingCycle.run` takes a collected snapshot through the stages (one worker thread),
+then carries out what the frame asks of the world: the remediation events and the advisor's
+plan into the durable store, whence the webhook delivers them, and the states that must
+outlive a restart. :meth:`ServingCycle.exposition` takes every stage's families for the
+frame; rendering them is then a pure function of the frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from exporter.aio import complete
+from exporter.cycle.frame import Frame, Stage, exposition, run_cycle, with_exposition
+from exporter.cycle.stages import AdvisorStage
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from exporter.advisor.service import AdvisorService
+    from exporter.advisor.webhook import Deliverer
+    from exporter.health.monitor import HealthMonitor
+    from exporter.load.live import LoadTracker
+    from exporter.metrics import Family
+    from exporter.snapshot import FleetSnapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HealthEffects:
+    """A frame's remediation events, queued in the durable store for every receiver, and the
+    remediator's state written beside them (what gpufleet drained outlives a restart).
+    Without a store (no receivers, no advisor) the events are only logged."""
+
+    monitor: HealthMonitor
+    deliverer: Deliverer | None = None
+    _saved: str | None = None  # the remediator's state as last written
+
+    def apply(self, frame: Frame) -> None:
+        """Blocking (the store is SQLite): the caller runs it in a worker thread."""
+        from exporter.health.monitor import event_body
+        from exporter.health.remediation import event_id
+
+        if frame.health is None:
+            return
+        for event in frame.health.events:
+            if self.deliverer is not None:
+                self.deliverer.enqueue_event(event_id(event), event_body(event))
+            log.warning("remediation advised", extra={"event": event_id(event)})
+        if self.deliverer is None:
+            return
+        state = self.monitor.state_json()
+        if state == self._saved:
+            return
+        try:
+            self.deliverer.outbox.save_state(state, "remediation")
+        except sqlite3.Error as exc:
+            log.warning("cannot write the remediation state to the outbox; a restart now would "
+                        "forget what gpufleet drained", extra={"err": str(exc)})
+            return
+        self._saved = state
+
+    def restore(self) -> None:
+        """Take back what an earlier process drained; a state that cannot be read is logged,
+        and the remediator starts afresh."""
+        from exporter.health.monitor import restore_state
+
+        if self.deliverer is None:
+            return
+        try:
+            text = self.deliverer.outbox.load_state("remediation")
+            remediation = restore_state(text)
+        except (sqlite3.Error, ValueError) as exc:
+            log.warning("cannot read the remediation state from the outbox; starting afresh "
+                        "(nodes gpufleet drained before are not resumed by it)",
+                        extra={"err": f"{type(exc).__name__}: {exc}"})
+            return
+        if remediation is not None:
+            self.monitor.remediator.state = remediation
+            self._saved = text
+
+
+@dataclass
+class ServingCycle:
+    """The stages serve runs, in order, and the side effects of each frame."""
+
+    stages: Sequence[Stage]
+    health: HealthEffects | None = None
+    advisor: AdvisorService | None = None  # the advisor's API, plan delivery and families
+    # families that belong to the process, not to a stage (the log lines not written)
+    extra: Sequence[tuple[str, Callable[[], Iterable[Family]]]] = ()
+    # the store's deliverer when no advisor runs it (remediation events only)
+    deliverer: Deliverer | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _closed: bool = False
+
+    def stage(self, name: str) -> Stage | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    async def run(self, snapshot: FleetSnapshot) -> Frame:
+        """``snapshot`` through the cycle, then its side effects; the frame."""
+        service = self.advisor
+        lock = service.lock if service is not None else self._lock
+        async with lock:
+            if service is not None:
+                await service.before_cycle()
+            # complete(): a cancelled collection (shutdown) waits for its cycle's thread
+            frame = await complete(asyncio.to_thread(run_cycle, self.stages, snapshot))
+            closed = service.closed if service is not None else self._closed
+            if self.health is not None and not closed:
+                await complete(asyncio.to_thread(self.health.apply, frame))
+            if service is not None:
+                await service.after_cycle(frame.advice)
+        return frame
+
+    def exposition(self, frame: Frame) -> Frame:
+        """``frame`` with every stage's families taken (blocking: the render thread). One
+        part that fails is logged and left out: it must not stop the exposition."""
+        parts: list[tuple[str, Iterable[Family]]] = []
+        producers: list[tuple[str, Callable[[], Iterable[Family]]]] = [
+            (s.name, lambda s=s: s.families(frame)) for s in self.stages]  # type: ignore[misc]
+        if self.advisor is not None:
+            producers.append(("advisor", lambda: self.advisor.families(frame.snapshot)))  # type: ignore[union-attr]
+        producers.extend(self.extra)
+        for name, produce in producers:
+            try:
+                parts.append((name, list(produce())))
+            except Exception:
+                log.exception("families failed", extra={"part": name})
+        return with_exposition(frame, parts)
+
+    def families(self, frame: Frame) -> list[Family]:
+        """The families /metrics renders beside the snapshot's (blocking: the render thread)."""
+        return exposition(self.exposition(frame))
+
+    async def background(self, app: web.Application) -> AsyncIterator[None]:
+        """Without an advisor, the store's deliverer runs here (remediation events); at
+        shutdown it stops, and the store closes once no cycle can write to it."""
+        deliverer = self.deliverer
+        if deliverer is None:
+            yield
+            return
+        task = asyncio.create_task(deliverer.run())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        async with self._lock:
+            self._closed = True
+            deliverer.outbox.close()
+
+
+def advisor_stage(service: AdvisorService, load: LoadTracker | None = None) -> AdvisorStage:
+    """The cycle's advisor stage for ``service``: the same engine and planner, and the
+    service's Alertmanager evaluations run on the stage's last frame."""
+    stage = AdvisorStage(service.advisor, service.planner, load)
+    service.evaluator = stage.evaluate_last
+    return stage
+
+
+__all__ = ["HealthEffects", "ServingCycle", "advisor_stage"]

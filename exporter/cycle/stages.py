@@ -1,0 +1,137 @@
+"""The stages of the cycle, in the order it runs them: table, analysis, load, health, advisor.
+
+Each holds its own state between cycles (the table in force, the live workload window, the
+pools' load windows, the verdicts and remediation, the advisor's dwell and cooldown) and is
+run by :func:`exporter.cycle.run_cycle` only. None of them writes to the durable store or
+sends anything: that is :mod:`exporter.cycle.effects`' work, driven by the frame.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from exporter.cycle.frame import Frame
+
+if TYPE_CHECKING:
+    from exporter.advisor.advice import Advice
+    from exporter.advisor.advise import PlanFunction
+    from exporter.advisor.engine import Advisor
+    from exporter.analysis.live import FleetView, LiveAnalyzer
+    from exporter.health.monitor import HealthMonitor
+    from exporter.load.live import LoadTracker
+    from exporter.metrics import Family
+    from exporter.snapshot import FleetSnapshot
+    from exporter.thresholds.live import LiveThresholds
+
+
+@dataclass
+class TableStage:
+    """The threshold table as it is on disk now: looked at once per cycle (one ``stat()``),
+    first, so every later stage judges the snapshot by the same table."""
+
+    live: LiveThresholds
+    name: str = "table"
+
+    def step(self, frame: Frame) -> Frame:
+        if self.live.path is not None:
+            self.live.poll()
+        return dataclasses.replace(frame, table=self.live.current)
+
+    def families(self, frame: Frame) -> list[Family]:
+        return self.live.families(frame.snapshot)
+
+
+@dataclass
+class AnalysisStage:
+    """Fragmentation (FGD) of the snapshot against the live workload window.
+
+    ``fleet_view``: where the fleet's placement state and shapes come from when the caller
+    already holds them (the simulator's placer); None: built from the snapshot."""
+
+    analyzer: LiveAnalyzer
+    fleet_view: Callable[[FleetSnapshot], FleetView] | None = None
+    name: str = "analysis"
+
+    def step(self, frame: Frame) -> Frame:
+        view = None if self.fleet_view is None else self.fleet_view(frame.snapshot)
+        return dataclasses.replace(frame, report=self.analyzer.analyze(frame.snapshot, view))
+
+    def families(self, frame: Frame) -> list[Family]:
+        from exporter.analysis.live import report_families
+
+        return [] if frame.report is None else report_families(frame.report)
+
+
+@dataclass
+class LoadStage:
+    """The pools' load over the window, their change points and scaling hints."""
+
+    tracker: LoadTracker
+    name: str = "load"
+
+    def step(self, frame: Frame) -> Frame:
+        self.tracker.observe(frame.snapshot)
+        return dataclasses.replace(frame, load=tuple(self.tracker.advice()))
+
+    def families(self, frame: Frame) -> list[Family]:
+        return self.tracker.families()
+
+
+@dataclass
+class HealthStage:
+    """Verdicts per GPU and node, the remediation they call for, stragglers: on every
+    snapshot, whether or not the advisor runs."""
+
+    monitor: HealthMonitor
+    name: str = "health"
+
+    def step(self, frame: Frame) -> Frame:
+        return dataclasses.replace(frame, health=self.monitor.observe(frame.snapshot))
+
+    def families(self, frame: Frame) -> list[Family]:
+        return self.monitor.families()
+
+
+@dataclass
+class AdvisorStage:
+    """The advisor's evaluation of the snapshot: the engine decides, the planner plans.
+
+    An Alertmanager notification evaluates the last frame again between cycles
+    (:meth:`evaluate_last`); ``lock`` keeps that and the cycle's evaluation apart."""
+
+    advisor: Advisor
+    planner: PlanFunction
+    load: LoadTracker | None = None  # the pools' scaling hints ride along in the advice
+    name: str = "advisor"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    last: Frame | None = None  # the last frame evaluated, for an Alertmanager notification
+
+    def step(self, frame: Frame) -> Frame:
+        if frame.report is None:
+            return frame
+        return dataclasses.replace(frame, advice=self.evaluate(frame, "snapshot"))
+
+    def evaluate(self, frame: Frame, trigger: str) -> Advice:
+        """One evaluation of ``frame`` (blocking: the planner is CPU work)."""
+        from exporter.advisor.advise import advise
+
+        assert frame.report is not None
+        with self.lock:
+            scaling = None if self.load is None else tuple(self.load.advice_json())
+            self.last = frame
+            return advise(self.advisor, frame.snapshot, frame.report, self.planner, trigger, scaling)
+
+    def evaluate_last(self, trigger: str) -> Advice | None:
+        """The last frame evaluated again (an Alertmanager notification); None before any."""
+        last = self.last
+        return None if last is None else self.evaluate(last, trigger)
+
+    def families(self, frame: Frame) -> list[Family]:
+        return []  # the advisor's families read its deliveries too: AdvisorService.families
+
+
+__all__ = ["AdvisorStage", "AnalysisStage", "HealthStage", "LoadStage", "TableStage"]
