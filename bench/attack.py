@@ -1575,11 +1575,8 @@ def churn_child(snapshots: int, outbox: str) -> None:
                             for p in alloc.placements))
             snapshot = dataclasses.replace(base, taken_at=start + 600 + 5 * step, nodes=tuple(nodes),
                                            gpus=tuple(gpus), allocations=tuple(allocations))
-            for listener in state.snapshot_listeners:
-                result = listener(snapshot)
-                if asyncio.iscoroutine(result):
-                    await result
-            _render_all(snapshot, state, labels, 5)
+            frame = await state.cycle.run(snapshot)
+            _render_all(snapshot, frame, state, labels, 5)
             if step in CHURN_MARKS or step == snapshots:
                 sizes = labels.sizes() if hasattr(labels, "sizes") else {
                     "label_texts": sum(map(len, labels._cache.values()))}  # the tree before the fix

@@ -74,7 +74,13 @@ config = build(Config, {
                 "prometheus": {"enabled": True, "url": url, "selector": selector,
                                "query_timeout": query_timeout}}})
 collector, state, _ = assemble(config, ["prometheus"])
-analyzer = state.family_providers[0].__self__
+
+def cluster_index(text: bytes):
+    """The rendered gpufleet_cluster_fragmentation_index, None when it is not served."""
+    for line in text.splitlines():
+        if line.startswith(b"gpufleet_cluster_fragmentation_index "):
+            return float(line.split()[1])
+    return None
 
 def status(key):
     for line in open("/proc/self/status"):
@@ -101,7 +107,7 @@ async def main():
                      "allocations": len(snapshot.allocations),
                      "stale_gpus": sum(g.stale for g in snapshot.gpus),
                      "up": prom.up, "error": prom.error,
-                     "cluster_index": analyzer.latest.cluster.index if analyzer.latest else None,
+                     "cluster_index": cluster_index(rendered.text),
                      "metrics_series": rendered.series, "metrics_bytes": rendered.text_bytes,
                      "render_s": rendered.render_seconds})
     await collector.close()
