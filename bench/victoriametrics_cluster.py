@@ -75,8 +75,7 @@ config = build(Config, {
                                "query_timeout": query_timeout}}})
 collector, state, _ = assemble(config, ["prometheus"])
 
-def cluster_index(text: bytes):
-    """The rendered gpufleet_cluster_fragmentation_index, None when it is not served."""
+def cluster_index(text):  # the rendered index; None when it is not served
     for line in text.splitlines():
         if line.startswith(b"gpufleet_cluster_fragmentation_index "):
             return float(line.split()[1])
