@@ -43,10 +43,10 @@ def build(levels: DashboardLevels) -> core.Dashboard:
                           p.targets((q.gpus_in_state(state, s), "")), "none",
                           description=description), 4, 4)
     layout.add(p.stat("Lost GPUs", p.targets((q.gpus_in_state("lost", s), "")), "none",
-                      steps=levels.gpu_up, color_mode="background",
+                      steps=levels.any_of("gpu_up"), color_mode="background",
                       description=f"GPUs that stopped answering ({m.GPU_UP.name} 0)."), 4, 4)
     layout.add(p.stat("Stale GPUs", p.targets((f"sum({m.GPU_STALE.name}{s})", "")), "none",
-                      steps=levels.source_up, color_mode="background",
+                      steps=levels.any_of("source_up", first=True), color_mode="background",
                       description="GPUs served from the last good reading because their source "
                                   "fails."), 4, 4)
     layout.add(p.stat("Pending GPUs",
@@ -77,17 +77,21 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         p.targets((f"{recorded.POOL_UTILIZATION}{s}", "{{pool}} {{model}}")),
         "percentunit", minimum=0, maximum=1,
         description="Mean fraction of time a kernel ran, over every GPU of the pool.",
-    ), 12, 8)
+    ), 8, 8)
     layout.add(p.timeseries(
-        "Memory used",
-        p.targets(
-            (f"{recorded.POOL_MEMORY_USED}{s}", "{{pool}} {{model}}"),
-            (f"max by (pool, model) ({q.memory_used_ratio(s)})", "{{pool}} {{model}} fullest GPU"),
-        ),
-        "percentunit", steps=levels.gpu_memory_used, minimum=0, maximum=1,
-        description=f"The pool's memory in use, and its fullest GPU. Lines: the GPU memory "
-                    f"alert's levels from {levels.source}.",
-    ), 12, 8)
+        "Memory used per pool",
+        p.targets((f"{recorded.POOL_MEMORY_USED}{s}", "{{pool}} {{model}}")),
+        "percentunit", minimum=0, maximum=1,
+        description="The pool's memory in use, over every GPU of the pool.",
+    ), 8, 8)
+    layout.add(p.timeseries(
+        "Memory used, fullest GPU per pool",
+        p.targets((f"max by (pool, model) ({levels.query('gpu_memory_used', s)})",
+                   "{{pool}} {{model}}")),
+        "percentunit", steps=levels.steps("gpu_memory_used"), minimum=0, maximum=1,
+        description=f"Each pool's fullest GPU: the GPU memory alert compares each GPU. Lines: "
+                    f"its levels from {levels.source}.",
+    ), 8, 8)
 
     layout.row("Power and temperature")
     layout.add(p.timeseries(
@@ -104,46 +108,51 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 12, 8)
     layout.add(p.bar_gauge(
         "Highest power draw by model",
-        p.targets((f"max by (model) ({m.GPU_POWER_WATTS.name}{s})", "{{model}}")),
+        p.targets((f"max by (model) ({levels.query('gpu_power', s)})", "{{model}}")),
         "watt",
-        overrides=[p.by_name_thresholds(model, steps) for model, steps in levels.gpu_power],
+        overrides=[p.by_name_thresholds(model, steps) for model, steps in levels.power()],
         description=f"The highest-drawing GPU of each model, coloured by the power alert's "
                     f"levels for that model from {levels.source}.",
     ), 12, 8)
+    temperature = levels.query("gpu_temperature", s)
     layout.add(p.timeseries(
-        "Temperature",
-        p.targets(
-            (f"max by (pool, model) ({m.GPU_TEMPERATURE_CELSIUS.name}{s})",
-             "{{pool}} {{model}} hottest"),
-            (f"avg by (pool, model) ({m.GPU_TEMPERATURE_CELSIUS.name}{s})",
-             "{{pool}} {{model}} mean"),
-        ),
-        "celsius", steps=levels.gpu_temperature,
-        description=f"Lines: the temperature alert's levels from {levels.source}.",
-    ), 18, 8)
-    layout.add(p.gauge("Hottest GPU",
-                       p.targets((f"max({m.GPU_TEMPERATURE_CELSIUS.name}{s})", "")),
-                       "celsius", steps=levels.gpu_temperature, maximum=100), 6, 8)
+        "Temperature, hottest GPU per pool",
+        p.targets((f"max by (pool, model) ({temperature})", "{{pool}} {{model}}")),
+        "celsius", steps=levels.steps("gpu_temperature"),
+        description=f"Each pool's hottest GPU: the temperature alert compares each GPU. Lines: "
+                    f"its levels from {levels.source}.",
+    ), 12, 8)
+    layout.add(p.timeseries(
+        "Mean temperature per pool",
+        p.targets((f"avg by (pool, model) ({m.GPU_TEMPERATURE_CELSIUS.name}{s})",
+                   "{{pool}} {{model}}")),
+        "celsius",
+        description="The mean over every GPU of the pool.",
+    ), 6, 8)
+    layout.add(p.gauge("Hottest GPU", p.targets((f"max({temperature})", "")),
+                       "celsius", steps=levels.steps("gpu_temperature"), maximum=100), 6, 8)
 
     layout.row("GPUs to look at")
     layout.add(p.table(
         "Top 10 hottest GPUs",
-        p.targets((f"topk(10, {m.GPU_TEMPERATURE_CELSIUS.name}{s})", ""), instant=True),
-        "celsius", steps=levels.gpu_temperature, hide=("uuid", "job"),
+        p.targets((f"topk(10, {temperature})", ""), instant=True),
+        "celsius", steps=levels.steps("gpu_temperature"), hide=("uuid", "job"),
         rename={"Value": "temperature"}, order=("node", "gpu", "model", "pool", "Value"),
         sort_by="Value", color_column="Value",
     ), 12, 10)
+    # the job average carries no pool or model: every job of the chosen clusters
     layout.add(p.table(
-        "Top 10 most under-used allocated GPUs",
-        p.targets((f"bottomk(10, {m.GPU_UTILIZATION_RATIO.name}{s} * on (cluster, node, gpu) group_right() "
-                   f"{q.allocations(s)})", ""), instant=True),
-        "percentunit", steps=levels.job_utilization,
-        hide=("uuid", "job", "exported_job", "priority"),
-        rename={"Value": "utilization", "job_name": "job", "job_gpus": "job GPUs"},
-        order=("node", "gpu", "model", "pool", "job_name", "namespace", "pod", "job_gpus", "Value"),
+        "Top 10 least busy jobs",
+        p.targets((f"bottomk(10, {levels.query('job_utilization', q.selector(q.CLUSTER))})", ""),
+                  instant=True),
+        "percentunit", steps=levels.steps("job_utilization"),
+        hide=("cluster",),
+        rename={"Value": "utilization", "exported_job": "job", "job_gpus": "job GPUs"},
+        order=("exported_job", "account", "job_gpus", "Value"),
         sort_by="Value", descending=False, color_column="Value",
-        description="GPUs held by a job, least busy first; a GPU shared by several jobs "
-                    "appears once per job.",
+        description="Jobs by the average utilization of the GPUs they hold, least busy first: "
+                    "what the job utilization alert compares, coloured at its levels from "
+                    f"{levels.source}. Every job of the cluster: the average carries no pool.",
     ), 12, 10)
 
     layout.row("NVLink")
@@ -152,15 +161,16 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         "NVLink utilization of multi-GPU jobs per pool",
         p.targets((f"avg by (pool, model) ({q.nvlink_utilization(s)} and on (cluster, node, gpu) "
                    f"{m.GPU_ALLOCATION_INFO.name}{multi})", "{{pool}} {{model}}")),
-        "percentunit", steps=levels.gpu_nvlink_utilization, minimum=0, maximum=1,
-        description="Mean NVLink bandwidth in use on GPUs held by jobs with more than one GPU.",
+        "percentunit", minimum=0, maximum=1,
+        description="Mean NVLink bandwidth in use on GPUs held by jobs with more than one GPU "
+                    "(the NVLink alert compares each busy GPU of such a job, not the mean).",
     ), 12, 10)
     layout.add(p.table(
         "Multi-GPU jobs with the least NVLink traffic",
         p.targets((f"bottomk(10, avg by (job_name, namespace, job_gpus) ("
                    f"{q.nvlink_utilization(s)} * on (cluster, node, gpu) group_right() "
                    f"{q.allocations(multi)}))", ""), instant=True),
-        "percentunit", steps=levels.gpu_nvlink_utilization,
+        "percentunit",
         rename={"Value": "NVLink utilization", "job_name": "job", "job_gpus": "job GPUs"},
         order=("job_name", "namespace", "job_gpus", "Value"),
         sort_by="Value", descending=False, color_column="Value",
@@ -273,7 +283,7 @@ def _load_row(layout: p.Layout, levels: DashboardLevels) -> None:
         # `|`: node_exporter's series have a cluster label only where the scrape sets one
         p.targets((f'topk(10, {recorded.NODE_PRESSURE_SCORE}{{cluster=~"$cluster|"}})',
                    "{{instance}}")),
-        "percentunit", steps=levels.node_pressure_score, minimum=0, maximum=1,
+        "percentunit", steps=levels.steps("node_pressure_score"), minimum=0, maximum=1,
         description="0.4 min(cpu/0.9, 1) + 0.35 min(mem/0.85, 1) + 0.25 min(io/0.7, 1) from "
                     f"node_exporter, for every node it runs on. Line: NodePressureHigh's "
                     f"level from {levels.source}.",
@@ -290,22 +300,27 @@ def _health_row(layout: p.Layout, levels: DashboardLevels) -> None:
     for title, expr, steps, description in (
         ("GPUs with XID errors",
          f"count(count by (cluster, node, gpu) ({q.xid_events(s, '$__range')}))",
-         levels.gpu_xid_critical, "GPUs that reported any XID in the time range (GpuXidError pages for the "
-                     "table's critical XIDs only)."),
+         levels.any_of("gpu_xid_critical"),
+         "GPUs that reported any XID in the time range (GpuXidError pages for the table's "
+         "critical XIDs only)."),
         ("GPUs with uncorrectable ECC errors",
-         f"count({m.GPU_ECC_ERRORS_TOTAL.name}{dbe} > 0)", levels.gpu_ecc_double_bit,
+         f"count({m.GPU_ECC_ERRORS_TOTAL.name}{dbe} > 0)", levels.any_of("gpu_ecc_double_bit"),
          "GPUs with a double-bit ECC error since their driver loaded (volatile count)."),
         ("GPUs with a row remap pending", f"count({m.GPU_REMAPPED_ROWS_PENDING.name}{s} == 1)",
-         levels.gpu_remapped_rows_pending, "GPUs whose remapped rows wait for a GPU reset."),
+         levels.any_of("gpu_remapped_rows_pending"),
+         "GPUs whose remapped rows wait for a GPU reset."),
         ("GPUs with a row remap failed", f"count({m.GPU_REMAPPED_ROWS_FAILURE.name}{s} == 1)",
-         levels.gpu_remapped_rows_failure, "GPUs with no spare memory rows left: to be replaced."),
-        ("GPUs throttled now", f"count({q.slowdown(q.FLEET)} == 1)", levels.gpu_clock_slowdown,
+         levels.any_of("gpu_remapped_rows_failure"),
+         "GPUs with no spare memory rows left: to be replaced."),
+        ("GPUs throttled now", f"count({q.slowdown(q.FLEET)} == 1)",
+         levels.any_of("gpu_clock_slowdown"),
          "GPUs whose clocks a thermal or power-brake slowdown holds down now, busy or not "
          "(GpuClocksThrottled waits for most of 10 min on a busy GPU)."),
         ("GPUs with NVLink errors",
          f"count(max by (cluster, node, gpu) (increase({m.GPU_NVLINK_ERRORS_TOTAL.name}{link}"
          "[$__range])) > 0)",
-         levels.gpu_nvlink_link_errors, "GPUs whose NVLink replayed or recovered in the time range."),
+         levels.any_of("gpu_nvlink_link_errors"),
+         "GPUs whose NVLink replayed or recovered in the time range."),
     ):
         layout.add(p.stat(title, p.targets((f"{expr} or vector(0)", "")), "none", steps=steps,
                           color_mode="background", graph=False,
@@ -371,7 +386,7 @@ def _verdict_row(layout: p.Layout, levels: DashboardLevels) -> None:
         "Jobs with a straggler",
         p.targets((f"count(max by (cluster, exported_job, job, namespace, account) "
                    f"({m.JOB_STRAGGLER_GPUS.name}{cluster})) or vector(0)", "")),
-        "none", steps=levels.job_straggler_gpus, color_mode="background", graph=False,
+        "none", steps=levels.any_of("job_straggler_gpus"), color_mode="background", graph=False,
         description="Multi-GPU jobs with a GPU out of step with its peers for the straggler "
                     "duration (GpuJobStraggler tickets their owner; the GPU is in "
                     "/v1/advice's health.stragglers). Every job of the cluster: jobs carry "

@@ -44,10 +44,13 @@ def build(levels: DashboardLevels) -> core.Dashboard:
 
     layout.row("Fragmentation now")
     layout.add(p.stat("Cluster fragmentation index",
-                      p.targets((f"{m.CLUSTER_FRAGMENTATION_INDEX.name}{c}", "")), "none",
-                      steps=levels.pool_fragmentation_index, color_mode="background", minimum=0, maximum=100,
-                      description=f"0-100; colours: the fragmentation alert's levels from "
-                                  f"{levels.source}, where compaction starts."), 6, 5)
+                      p.targets((levels.query("cluster_fragmentation_index", c), "")), "none",
+                      steps=levels.steps("cluster_fragmentation_index"), color_mode="background",
+                      minimum=0, maximum=100,
+                      description=f"0-100, less the tier-inversion penalties no compaction "
+                                  f"recovers, as the advisor and the cluster fragmentation "
+                                  f"alert judge it; colours: that alert's levels from "
+                                  f"{levels.source}."), 6, 5)
     layout.add(p.stat("Fragmented GPUs", p.targets((f"{m.CLUSTER_FRAGMENTED_GPUS.name}{c}", "")),
                       "none", description="Idle GPU capacity no job of the workload can use."),
                4, 5)
@@ -63,10 +66,11 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     layout.row("Over time")
     layout.add(p.timeseries(
         "Fragmentation index",
-        p.targets((f"{m.CLUSTER_FRAGMENTATION_INDEX.name}{c}", "cluster"),
-                  (f"{m.POOL_FRAGMENTATION_INDEX.name}{s}", "{{pool}} {{model}}")),
-        "none", steps=levels.pool_fragmentation_index, minimum=0, maximum=100,
-        description=f"0-100. Line: the compaction level, the fragmentation alert's level from "
+        p.targets((levels.query("pool_fragmentation_index", s), "{{pool}} {{model}}")),
+        "none", steps=levels.steps("pool_fragmentation_index"), minimum=0, maximum=100,
+        description=f"0-100 per pool, less the tier-inversion penalties no compaction recovers, "
+                    f"as the advisor and the pool fragmentation alert judge it (the cluster's: "
+                    f"the stat above). Line: the compaction level, that alert's level from "
                     f"{levels.source}.",
     ), 24, 9)
     layout.add(p.timeseries(

@@ -3,7 +3,9 @@
 A gauge that turns red must mean an alert fires (the node-mixin's 80/90
 gauge against 85/97 alerts is what we avoid), so no dashboard types a level:
 each one comes from a row of ``rules/thresholds.yaml``, loaded by
-:func:`exporter.thresholds.load_thresholds`.
+:func:`exporter.thresholds.load_thresholds`. Nor does a panel coloured at a row's
+levels write its own PromQL: it plots what that row's alert compares
+(:meth:`DashboardLevels.query`), from the metric's one record.
 Rows are found by the metric they compare (``gpu_temperature``...), not by
 alert name, so renaming an alert does not unhook a dashboard.
 """
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.errors import ConfigError
-from exporter.thresholds import AlertRow, Thresholds, load_thresholds
+from exporter.thresholds import METRICS, AlertRow, Thresholds, load_thresholds
 
 OK, WARNING, CRITICAL = "green", "orange", "red"
 _COLOUR = {"warning": WARNING, "critical": CRITICAL}
@@ -53,51 +55,58 @@ def steps_for(op: str, levels: dict[str, float]) -> Steps:
     raise ValueError(f"no threshold steps for the condition {op!r}")
 
 
+# the rows every dashboard draws: a table without one of them cannot give the dashboards
+REQUIRED = ("gpu_temperature", "gpu_memory_used", "job_utilization", "gpu_power",
+            "pool_fragmentation_index", "gpu_up", "source_up")
+
+
 @dataclass(frozen=True, slots=True)
 class DashboardLevels:
-    """Every level a dashboard shows, each from one row of the threshold table.
+    """Every level a dashboard shows, each from one row of the threshold table, and what a
+    panel coloured at those levels plots.
 
-    A field is named by the metric its row compares (:data:`exporter.thresholds.METRICS`'s
-    key), the one name of the concept from the table through the alert to the panel.
+    A metric is named by its key (:data:`exporter.thresholds.METRICS`, the one record of the
+    concept from the table through the alert to the panel). A panel that colours or draws a
+    row's levels plots :meth:`query`, the value that row's alert compares with them, and may
+    only pick series of it (``max``, ``min``, ``topk``, ``bottomk``): each value it shows is
+    then one series' value, and its colour says whether the alert would fire on that series
+    (tests/test_table_metric_record.py walks the dashboards for it).
     """
 
-    source: str  # the table's file name, for the dashboards' descriptions
-    gpu_temperature: Steps  # celsius
-    gpu_memory_used: Steps  # ratio of memory used
-    job_utilization: Steps  # ratio; red when a held GPU is barely used
-    gpu_power: tuple[tuple[str, Steps], ...]  # (GPU model, watts), catalogue order
-    gpu_nvlink_utilization: Steps | None  # ratio
-    pool_fragmentation_index: Steps  # 0-100: the compaction threshold
-    gpu_up: Steps  # count of lost GPUs: any is the GPU-lost alert's severity
-    source_up: Steps  # count of stale GPUs: any is the source-down alert's first severity
-    alert_names: tuple[str, ...]  # every alert the table generates, for the firing panel
-    # counts of GPUs in a health condition (issue 16): any is that alert's severity; None
-    # where the table has no row for it (the panel is then drawn without colour)
-    gpu_xid_critical: Steps | None = None
-    gpu_ecc_double_bit: Steps | None = None
-    gpu_remapped_rows_failure: Steps | None = None
-    gpu_remapped_rows_pending: Steps | None = None
-    gpu_clock_slowdown: Steps | None = None
-    # the node pressure score (issue 20): NodePressureHigh's level; None without the row
-    node_pressure_score: Steps | None = None
-    gpu_nvlink_link_errors: Steps | None = None
-    # jobs with a straggler (issue 31): GpuJobStraggler's severity; None without the row
-    job_straggler_gpus: Steps | None = None
+    table: Thresholds
 
+    @property
+    def source(self) -> str:
+        """The table's file name, for the dashboards' descriptions."""
+        return self.table.source
 
-def _row(table: Thresholds, metric: str) -> AlertRow | None:
-    for row in table.alerts:
-        if row.metric.key == metric:
-            return row
-    return None
+    @property
+    def alert_names(self) -> tuple[str, ...]:
+        """Every alert the table generates, for the firing panel."""
+        return tuple(row.alert for row in self.table.alerts)
 
+    def query(self, metric: str, selector: str) -> str:
+        """What a panel coloured at ``metric``'s levels plots, over ``selector``'s series."""
+        return self.table.panel_query(METRICS[metric], selector)
 
-def _required(table: Thresholds, metric: str) -> AlertRow:
-    row = _row(table, metric)
-    if row is None:
-        raise ConfigError(f"{table.source}: no alert row compares {metric}; the dashboards "
-                          "draw its levels, so the table needs one")
-    return row
+    def steps(self, metric: str) -> Steps | None:
+        """The levels of the row comparing ``metric``; None where the table has none."""
+        row = self.table.row(METRICS[metric].key)
+        return _row_steps(row) if row is not None else None
+
+    def power(self) -> tuple[tuple[str, Steps], ...]:
+        """(GPU model, its power levels in watts), in catalogue order."""
+        row = self.table.row("gpu_power")
+        assert row is not None  # levels_from_table refused a table without it
+        return tuple((entry.model, _row_steps(row, entry.model)) for entry in row.models)
+
+    def any_of(self, metric: str, first: bool = False) -> Steps | None:
+        """For a count of things in the condition ``metric``'s row alerts on (lost GPUs): one
+        is already that row's top severity (its first with ``first``); None without a row."""
+        row = self.table.row(METRICS[metric].key)
+        if row is None:
+            return None
+        return Steps(OK, ((1.0, _COLOUR[row.severities[0 if first else -1]]),))
 
 
 def _row_steps(row: AlertRow, model: str | None = None) -> Steps:
@@ -109,45 +118,13 @@ def _row_steps(row: AlertRow, model: str | None = None) -> Steps:
     return steps_for(row.op, levels)
 
 
-def _any_is(severity: str) -> Steps:
-    """Steps for a count of things in a bad state (lost GPUs): one is already the alert."""
-    return Steps(OK, ((1.0, _COLOUR[severity]),))
-
-
 def levels_from_table(table: Thresholds) -> DashboardLevels:
     """The dashboards' levels from a loaded threshold table."""
-    power = _required(table, "gpu_power")
-    return DashboardLevels(
-        source=table.source,
-        gpu_temperature=_row_steps(_required(table, "gpu_temperature")),
-        gpu_memory_used=_row_steps(_required(table, "gpu_memory_used")),
-        job_utilization=_row_steps(_required(table, "job_utilization")),
-        gpu_power=tuple((entry.model, _row_steps(power, entry.model)) for entry in power.models),
-        gpu_nvlink_utilization=_optional_steps(table, "gpu_nvlink_utilization"),
-        pool_fragmentation_index=_row_steps(_required(table, "pool_fragmentation_index")),
-        gpu_up=_any_is(_required(table, "gpu_up").severities[-1]),
-        source_up=_any_is(_required(table, "source_up").severities[0]),
-        alert_names=tuple(row.alert for row in table.alerts),
-        gpu_xid_critical=_any_of(table, "gpu_xid_critical"),
-        gpu_ecc_double_bit=_any_of(table, "gpu_ecc_double_bit"),
-        gpu_remapped_rows_failure=_any_of(table, "gpu_remapped_rows_failure"),
-        gpu_remapped_rows_pending=_any_of(table, "gpu_remapped_rows_pending"),
-        gpu_clock_slowdown=_any_of(table, "gpu_clock_slowdown"),
-        gpu_nvlink_link_errors=_any_of(table, "gpu_nvlink_link_errors"),
-        node_pressure_score=_optional_steps(table, "node_pressure_score"),
-        job_straggler_gpus=_any_of(table, "job_straggler_gpus"),
-    )
-
-
-def _optional_steps(table: Thresholds, metric: str) -> Steps | None:
-    row = _row(table, metric)
-    return _row_steps(row) if row is not None else None
-
-
-def _any_of(table: Thresholds, metric: str) -> Steps | None:
-    """A count of GPUs in the condition ``metric``'s row alerts on: one is its top severity."""
-    row = _row(table, metric)
-    return _any_is(row.severities[-1]) if row is not None else None
+    for metric in REQUIRED:
+        if table.row(metric) is None:
+            raise ConfigError(f"{table.source}: no alert row compares {metric}; the dashboards "
+                              "draw its levels, so the table needs one")
+    return DashboardLevels(table)
 
 
 def load_levels(path: str | Path | None = None) -> DashboardLevels:

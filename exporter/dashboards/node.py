@@ -106,8 +106,8 @@ def build(levels: DashboardLevels) -> core.Dashboard:
                         description="Share of the GPU held by jobs."), 12, 8)
     layout.add(_per_gpu("Utilization", f"{m.GPU_UTILIZATION_RATIO.name}{g}", "percentunit",
                         minimum=0, maximum=1), 12, 8)
-    layout.add(_per_gpu("Memory used ratio", q.memory_used_ratio(g), "percentunit",
-                        steps=levels.gpu_memory_used, minimum=0, maximum=1,
+    layout.add(_per_gpu("Memory used ratio", levels.query("gpu_memory_used", g), "percentunit",
+                        steps=levels.steps("gpu_memory_used"), minimum=0, maximum=1,
                         description=f"Lines: the GPU memory alert's levels from "
                                     f"{levels.source}."), 12, 8)
     layout.add(p.timeseries(
@@ -116,8 +116,8 @@ def build(levels: DashboardLevels) -> core.Dashboard:
                   (f"{m.GPU_MEMORY_TOTAL_BYTES.name}{g}", f"{GPU_LEGEND} total")),
         "bytes", minimum=0,
     ), 12, 8)
-    layout.add(_per_gpu("Temperature", f"{m.GPU_TEMPERATURE_CELSIUS.name}{g}", "celsius",
-                        steps=levels.gpu_temperature,
+    layout.add(_per_gpu("Temperature", levels.query("gpu_temperature", g), "celsius",
+                        steps=levels.steps("gpu_temperature"),
                         description=f"Lines: the temperature alert's levels from "
                                     f"{levels.source}."), 12, 8)
     layout.add(p.timeseries(
@@ -128,10 +128,10 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     ), 12, 8)
     layout.add(p.bar_gauge(
         "Power draw now",
-        p.targets((f"{m.GPU_POWER_WATTS.name}{g}", "{{model}} " + GPU_LEGEND)),
+        p.targets((levels.query("gpu_power", g), "{{model}} " + GPU_LEGEND)),
         "watt",
         overrides=[p.by_name_thresholds(f"^{re.escape(model)} ", steps, regex=True)
-                   for model, steps in levels.gpu_power],
+                   for model, steps in levels.power()],
         description=f"Coloured by the power alert's levels for each GPU's model from "
                     f"{levels.source}.",
     ), 12, 8)
@@ -153,10 +153,10 @@ def build(levels: DashboardLevels) -> core.Dashboard:
         description="Capacity is both directions together, from the GPU catalogue.",
     ), 12, 8)
     layout.add(_per_gpu("NVLink utilization", q.nvlink_utilization(g), "percentunit",
-                        steps=levels.gpu_nvlink_utilization, minimum=0, maximum=1,
-                        description=f"Share of NVLink bandwidth in use over 5 min. Lines: the "
-                                    f"NVLink alert's levels from {levels.source}; that alert "
-                                    f"looks only at busy GPUs of multi-GPU jobs."),
+                        minimum=0, maximum=1,
+                        description="Share of NVLink bandwidth in use over 5 min, of every GPU "
+                                    "(the NVLink alert compares only busy GPUs of multi-GPU "
+                                    "jobs)."),
                 12, 8)
 
     _health_row(layout)

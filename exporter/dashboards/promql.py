@@ -56,10 +56,6 @@ def nvlink_utilization(sel: str) -> str:
     return f"{recorded.GPU_NVLINK_UTILIZATION}{sel}"
 
 
-def memory_used_ratio(sel: str) -> str:
-    return f"{recorded.GPU_MEMORY_USED}{sel}"
-
-
 def gpus_in_state(state: str, sel: str, by: str = "") -> str:
     """GPUs that are allocated, idle or lost, as a sum that is 0 (not absent) when none are.
 
