@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 
 from exporter.advisor.advise import advise
 from exporter.advisor.engine import Advisor, DecisionSettings
-from exporter.advisor.openapi import ADVICE_SCHEMA, document
+from exporter.advisor.openapi import advice_schema, document
 from exporter.advisor.planner import PlanSettings, plan_compaction
 from exporter.advisor.service import build_service
 from exporter.advisor.wire import advice_json
@@ -85,7 +85,7 @@ def test_reclaim_and_right_sizing_lists_on_the_simulator():
         advice = advice_json(advise(advisor, snapshot, report_of(snapshot)))
     reclaim = advice["reclaim"]
     assert reclaim, "the idle_allocated node's job is listed"
-    schema = Draft202012Validator({**ADVICE_SCHEMA, "components": document()["components"]})
+    schema = Draft202012Validator({**advice_schema(), "components": document()["components"]})
     assert [e.message for e in schema.iter_errors(json.loads(json.dumps(advice)))] == []
     assert all(r["utilization_ratio"] < 0.1 and r["action"] == "reclaim" for r in reclaim)
     assert all(r["gpu_hours_wasted"] >= r["gpus"] * 2 for r in reclaim)  # idle for 2 h at least
@@ -119,7 +119,7 @@ def test_right_sizing_on_the_simulator_when_inference_fills_the_b200_pool(tmp_pa
         sim.advance(clock[0])
         snapshot = dataclasses.replace(sim.snapshot(), pending=waiting)
         advice = advice_json(advise(advisor, snapshot, report_of(snapshot)))
-    schema = Draft202012Validator({**ADVICE_SCHEMA, "components": document()["components"]})
+    schema = Draft202012Validator({**advice_schema(), "components": document()["components"]})
     assert [e.message for e in schema.iter_errors(json.loads(json.dumps(advice)))] == []
     sized = advice["right_sizing"]
     assert (len(sized), sum(e["gpus"] for e in sized),

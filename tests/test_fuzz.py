@@ -47,7 +47,7 @@ from exporter.advisor import bounds
 from exporter.advisor.advise import plan_settings
 from exporter.advisor.api import _dumps
 from exporter.advisor.engine import Advisor, DecisionSettings
-from exporter.advisor.openapi import ADVICE_SCHEMA, document
+from exporter.advisor.openapi import advice_schema, document
 from exporter.advisor.outbox import Outbox
 from exporter.advisor.planner import plan_compaction
 from exporter.advisor.service import AdvisorService
@@ -564,7 +564,7 @@ PLAN_BODIES = st.one_of(snapshots(hostile=False).map(_body), fragmented_fleets()
                         snapshots(hostile=True).map(_body),
                         st.one_of(ANY_JSON.map(_body), st.binary(max_size=30)))
 
-_ADVICE = Draft202012Validator({**ADVICE_SCHEMA, "components": DOC["components"]})
+_ADVICE = Draft202012Validator({**advice_schema(), "components": DOC["components"]})
 _SNAPSHOT = Draft202012Validator(bounds.snapshot_schema())
 
 

@@ -43,8 +43,10 @@ log = logging.getLogger(__name__)
 # the bearer token: bytes, or a callable that reads it again (advisor.token_file, rotated)
 Token = bytes | Callable[[], bytes | None] | None
 
-# RFC 8259 has no NaN or Infinity: json.dumps' default wrote them, and clients choked
-_dumps = functools.partial(json.dumps, allow_nan=False)
+
+def _dumps(value: Any) -> str:
+    # RFC 8259 has no NaN or Infinity: json.dumps' default wrote them, and clients choked
+    return json.dumps(value, allow_nan=False)
 
 
 @dataclass

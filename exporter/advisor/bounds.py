@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -46,7 +48,6 @@ from exporter.snapshot import (
 )
 from exporter.validate import (
     MAX_STRING,
-    SCHEMAS,
     Check,
     Invalid,
     array,
@@ -163,7 +164,7 @@ def parse_json(body: bytes) -> Any:
 # They live in exporter.validate, the one validator (the config and the snapshot's JSON form
 # use it too); imported here under the names this module and its callers have always used.
 
-_show, _described, _SCHEMAS = show, described, SCHEMAS
+_show, _described = show, described
 
 
 # -- the snapshot ---------------------------------------------------------------------------
@@ -197,64 +198,71 @@ def _family_fields() -> dict[str, dict[str, Check]]:
     return fields
 
 
-_FAMILY_FIELDS = _family_fields()
-SNAPSHOT_FIELDS: dict[type, dict[str, Check]] = {
-    Node: {
-        "name": string(), "model": string(), "cpu_cores": number(0, MAX_CPUS), "pool": string(),
-        "generation": string(), "gpu_count": integer(0, MAX_GPUS_PER_NODE),
-    },
-    MigInstance: {
-        "instance_id": integer(0, 2 ** 31), "profile": string(), "memory_total_bytes": _BYTES,
-        "memory_used_bytes": _BYTES,
-    },
-    # identity and firmware here; the telemetry fields from the catalogue
-    Gpu: {
-        "node": string(), "index": _GPU_INDEX, "uuid": string(), "model": string(), "pool": string(),
-        "pci_bus_id": optional(string()), "driver_version": optional(string()),
-        "vbios_version": optional(string()), "serial": optional(string()), **_FAMILY_FIELDS[""],
-    },
-    XidCount: {"xid": integer(0, 2 ** 31), "count": integer(0, 2 ** 63 - 1)},
-    GpuHealth: _FAMILY_FIELDS["health"],
-    GpuPerformance: _FAMILY_FIELDS["performance"],
-    Placement: {
-        "node": string(), "gpus": array(_GPU_INDEX, MAX_GPUS_PER_NODE),
-        "gpu_share": _SHARE, "cpus": number(0, MAX_CPUS),
-    },
-    Allocation: {
-        "job": string(), "namespace": string(), "pod": string(), "priority": _PRIORITY,
-        "qos": string(), "user": string(), "account": string(), "start_time": optional(_TIME),
-        "last_checkpoint_time": optional(_TIME), "gpu_memory_need_bytes": _BYTES,
-        "allowed_models": _MODELS,
-    },
-    JobRequest: {
-        "job": string(), "gpu_count": integer(0, MAX_NODES * MAX_GPUS_PER_NODE),
-        "gpu_share": _SHARE, "cpus": number(0, MAX_CPUS * MAX_NODES),
-        "node_count": integer(0, MAX_NODES), "models": _MODELS, "pool": string(),
-        "priority": _PRIORITY, "submit_time": optional(_TIME),
-    },
-    SourceStatus: {
-        "source": string(), "up": boolean, "duration_seconds": number(0, 1e9),
-        "last_success_time": optional(_TIME), "target": string(), "error": string(MAX_TEXT),
-        "parse_errors": integer(0, 2 ** 63 - 1),
-    },
-    UnmatchedGpus: {"side": string(), "count": integer(0, 2 ** 63 - 1)},
-}
-SNAPSHOT_FIELDS[Gpu]["mig"] = array(record(MigInstance, SNAPSHOT_FIELDS[MigInstance]), 64)
-SNAPSHOT_FIELDS[GpuHealth]["xid_counts"] = array(record(XidCount, SNAPSHOT_FIELDS[XidCount]), 1024)
-SNAPSHOT_FIELDS[Gpu]["health"] = optional(record(GpuHealth, SNAPSHOT_FIELDS[GpuHealth]))
-SNAPSHOT_FIELDS[Gpu]["performance"] = optional(record(GpuPerformance, SNAPSHOT_FIELDS[GpuPerformance]))
-SNAPSHOT_FIELDS[Allocation]["placements"] = array(record(Placement, SNAPSHOT_FIELDS[Placement]),
-                                                  MAX_NODES)
-SNAPSHOT_FIELDS[FleetSnapshot] = {
-    "taken_at": _TIME,
-    "nodes": array(record(Node, SNAPSHOT_FIELDS[Node]), MAX_NODES),
-    "gpus": array(record(Gpu, SNAPSHOT_FIELDS[Gpu]), MAX_NODES * MAX_GPUS_PER_NODE),
-    "allocations": array(record(Allocation, SNAPSHOT_FIELDS[Allocation]), MAX_ALLOCATIONS),
-    "pending": array(record(JobRequest, SNAPSHOT_FIELDS[JobRequest]), MAX_PENDING),
-    "sources": array(record(SourceStatus, SNAPSHOT_FIELDS[SourceStatus]), 10_000),
-    "unmatched": array(record(UnmatchedGpus, SNAPSHOT_FIELDS[UnmatchedGpus]), 16),
-}
-_SNAPSHOT = record(FleetSnapshot, SNAPSHOT_FIELDS[FleetSnapshot])
+def _snapshot_fields() -> dict[type, dict[str, Check]]:
+    """The check of each field of each record of a snapshot, per record type."""
+    family = _family_fields()
+    fields: dict[type, dict[str, Check]] = {
+        Node: {
+            "name": string(), "model": string(), "cpu_cores": number(0, MAX_CPUS), "pool": string(),
+            "generation": string(), "gpu_count": integer(0, MAX_GPUS_PER_NODE),
+        },
+        MigInstance: {
+            "instance_id": integer(0, 2 ** 31), "profile": string(), "memory_total_bytes": _BYTES,
+            "memory_used_bytes": _BYTES,
+        },
+        # identity and firmware here; the telemetry fields from the catalogue
+        Gpu: {
+            "node": string(), "index": _GPU_INDEX, "uuid": string(), "model": string(), "pool": string(),
+            "pci_bus_id": optional(string()), "driver_version": optional(string()),
+            "vbios_version": optional(string()), "serial": optional(string()), **family[""],
+        },
+        XidCount: {"xid": integer(0, 2 ** 31), "count": integer(0, 2 ** 63 - 1)},
+        GpuHealth: family["health"],
+        GpuPerformance: family["performance"],
+        Placement: {
+            "node": string(), "gpus": array(_GPU_INDEX, MAX_GPUS_PER_NODE),
+            "gpu_share": _SHARE, "cpus": number(0, MAX_CPUS),
+        },
+        Allocation: {
+            "job": string(), "namespace": string(), "pod": string(), "priority": _PRIORITY,
+            "qos": string(), "user": string(), "account": string(), "start_time": optional(_TIME),
+            "last_checkpoint_time": optional(_TIME), "gpu_memory_need_bytes": _BYTES,
+            "allowed_models": _MODELS,
+        },
+        JobRequest: {
+            "job": string(), "gpu_count": integer(0, MAX_NODES * MAX_GPUS_PER_NODE),
+            "gpu_share": _SHARE, "cpus": number(0, MAX_CPUS * MAX_NODES),
+            "node_count": integer(0, MAX_NODES), "models": _MODELS, "pool": string(),
+            "priority": _PRIORITY, "submit_time": optional(_TIME),
+        },
+        SourceStatus: {
+            "source": string(), "up": boolean, "duration_seconds": number(0, 1e9),
+            "last_success_time": optional(_TIME), "target": string(), "error": string(MAX_TEXT),
+            "parse_errors": integer(0, 2 ** 63 - 1),
+        },
+        UnmatchedGpus: {"side": string(), "count": integer(0, 2 ** 63 - 1)},
+    }
+    fields[Gpu]["mig"] = array(record(MigInstance, fields[MigInstance]), 64)
+    fields[GpuHealth]["xid_counts"] = array(record(XidCount, fields[XidCount]), 1024)
+    fields[Gpu]["health"] = optional(record(GpuHealth, fields[GpuHealth]))
+    fields[Gpu]["performance"] = optional(record(GpuPerformance, fields[GpuPerformance]))
+    fields[Allocation]["placements"] = array(record(Placement, fields[Placement]), MAX_NODES)
+    fields[FleetSnapshot] = {
+        "taken_at": _TIME,
+        "nodes": array(record(Node, fields[Node]), MAX_NODES),
+        "gpus": array(record(Gpu, fields[Gpu]), MAX_NODES * MAX_GPUS_PER_NODE),
+        "allocations": array(record(Allocation, fields[Allocation]), MAX_ALLOCATIONS),
+        "pending": array(record(JobRequest, fields[JobRequest]), MAX_PENDING),
+        "sources": array(record(SourceStatus, fields[SourceStatus]), 10_000),
+        "unmatched": array(record(UnmatchedGpus, fields[UnmatchedGpus]), 16),
+    }
+    return fields
+
+
+# per record type, the check of each of its fields; read-only, as every check made from them
+SNAPSHOT_FIELDS: Mapping[type, Mapping[str, Check]] = MappingProxyType(
+    {cls: MappingProxyType(checks) for cls, checks in _snapshot_fields().items()})
+_SNAPSHOT = record(FleetSnapshot, dict(SNAPSHOT_FIELDS[FleetSnapshot]))
 
 
 def snapshot_schema() -> dict[str, Any]:
@@ -325,15 +333,15 @@ _described(_labels, lambda: {"type": "object", "maxProperties": MAX_LABELS,
 
 
 # Alertmanager adds fields over time, so unknown ones pass; the known ones are checked.
-_ALERT: dict[str, Check] = {
+_ALERT: Mapping[str, Check] = MappingProxyType({
     "status": _status, "labels": _labels, "annotations": _labels, "startsAt": string(),
     "endsAt": string(), "generatorURL": string(MAX_TEXT), "fingerprint": string(),
-}
-_ALERTMANAGER: dict[str, Check] = {
+})
+_ALERTMANAGER: Mapping[str, Check] = MappingProxyType({
     "receiver": string(), "status": _status, "groupKey": string(MAX_TEXT),
     "truncatedAlerts": integer(0, 2 ** 63 - 1), "externalURL": string(MAX_TEXT),
     "groupLabels": _labels, "commonLabels": _labels, "commonAnnotations": _labels,
-}
+})
 
 
 def _alert(value: Any, path: str) -> None:

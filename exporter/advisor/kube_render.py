@@ -51,6 +51,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -65,7 +66,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 KOORD_GPU_CORE = "koordinator.sh/gpu-core"
 KOORD_GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
 # the taint the GPU Operator docs and the managed clouds (GKE, AKS) put on GPU nodes
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+GPU_TOLERATION = MappingProxyType({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
 
 # Kubernetes' own name rules (apimachinery validation: IsDNS1123Subdomain / Label)
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"

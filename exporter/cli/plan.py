@@ -369,9 +369,9 @@ def _say_carried(advice: dict[str, Any]) -> None:
 def _check_schema(data: dict[str, Any], source: str) -> None:
     import jsonschema
 
-    from exporter.advisor.openapi import PLAN_SCHEMA
+    from exporter.advisor.openapi import plan_schema
 
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(PLAN_SCHEMA).iter_errors(data))
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(plan_schema()).iter_errors(data))
     if error is not None:
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
         message = error.message if len(error.message) <= 200 else error.message[:200] + "..."
