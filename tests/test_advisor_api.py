@@ -27,8 +27,9 @@ from exporter.analysis.live import LiveAnalyzer
 from exporter.collect import Collector
 from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ReceiverConfig
 from exporter.cycle.serving import ServingCycle, advisor_stage
-from exporter.cycle.stages import AnalysisStage
+from exporter.cycle.stages import AnalysisStage, HealthStage, LoadStage
 from exporter.health.monitor import HealthMonitor
+from exporter.load.live import LoadTracker
 from exporter.snapshot import to_json
 from exporter.sources.sim.options import SimSource
 from exporter.sources.sim.source import build as sim_source
@@ -75,12 +76,16 @@ async def advisor_client(aiohttp_client, tmp_path):
     settings = DecisionSettings(trigger=0.0, clear_below=-1.0, dwell_seconds=0, cooldown_seconds=0)
     from exporter.advisor.webhook import Deliverer
 
+    monitor = HealthMonitor()  # issue 31: /v1/advice's health, checked too
     service = AdvisorService(Advisor(settings, clock=lambda: START), analyzer,
                              Deliverer(Outbox(tmp_path / "o.sqlite"), ()), TOKEN.encode(),
                              max_body_bytes=64 * 1024 * 1024, planner=stub_planner(calls),
-                             health=HealthMonitor())  # issue 31: /v1/advice's health, checked too
-    stage = advisor_stage(service)
-    state.cycle = ServingCycle([AnalysisStage(analyzer), stage], advisor=service)
+                             health=monitor)
+    # serve's stages (exporter/cli/serve.py): the pools' scaling hints and the health ride along
+    load = LoadTracker.from_table(AnalysisConfig().window_snapshots)
+    stage = advisor_stage(service, load)
+    state.cycle = ServingCycle([AnalysisStage(analyzer), LoadStage(load), HealthStage(monitor), stage],
+                               advisor=service)
     app = make_app(config, Collector([sim], 10, clock=lambda: START), state)
     install(app, service)
     client = await aiohttp_client(app)

@@ -35,9 +35,9 @@ from aiohttp import web
 
 from exporter.advisor.outbox import Outbox
 from exporter.advisor.webhook import Deliverer, Receiver, verify
+from exporter.advisor.wire import event_body
 from exporter.cli import main
 from exporter.health.act import MAX_EVENT_BYTES, ActError, Actor
-from exporter.health.monitor import event_body
 from exporter.health.remediation import Drain, Event, ResetGpu, Resume, encode_event, event_id
 from tests.helpers import REPO
 from tests.helpers.slurm_cluster import SlurmCluster, running_cluster

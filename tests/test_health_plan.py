@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from exporter.advisor.wire import event_json
 from exporter.cli.plan import current
-from exporter.health.monitor import event_json
 from exporter.health.remediation import Drain, Page, Replace, ResetGpu, Resume, encode_event
 from exporter.health.render import kubernetes_patch
 from tests.helpers import REPO

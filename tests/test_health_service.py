@@ -20,6 +20,7 @@ from exporter.advisor.engine import Advisor, DecisionSettings
 from exporter.advisor.outbox import Outbox
 from exporter.advisor.service import AdvisorService
 from exporter.advisor.webhook import EVENT_HEADER, IDEMPOTENCY_HEADER, Deliverer, Receiver
+from exporter.advisor.wire import health_json
 from exporter.analysis.live import LiveAnalyzer
 from exporter.config import AnalysisConfig
 from exporter.cycle import Frame
@@ -127,8 +128,9 @@ def test_verdicts_are_families_and_advice_with_only_unhealthy_nodes_listed(tmp_p
     assert samples(families, "gpufleet_health_faults_total") == {
         (("pool", "a"), ("cause", c)): 1.0 if c == "xid" else 0.0 for c in FAILING_SIGNALS}
     assert samples(families, "gpufleet_node_faults") == {(("node", "a-3"), ("pool", "a")): 1.0}
-    health: dict[str, Any] | None = advisor.health.advice_json()
-    assert health is not None
+    typed = advisor.health.advice()
+    assert typed is not None
+    health: dict[str, Any] = health_json(typed)
     assert sorted(schema("Health").iter_errors(health), key=str) == []
     assert [n["node"] for n in health["unhealthy_nodes"]] == ["a-3"]
     assert health["unhealthy_nodes"][0]["reasons"][0]["text"] == "XID 79 on GPU 0"
@@ -231,7 +233,7 @@ def test_fault_and_event_counters_start_at_zero_so_increase_counts_the_first_one
 async def test_the_example_receiver_takes_a_remediation_event(aiohttp_client, capsys):
     from deploy.examples.receiver import make_app
     from exporter.advisor.webhook import sign
-    from exporter.health.monitor import event_body
+    from exporter.advisor.wire import event_body
 
     client = await aiohttp_client(make_app(SECRET))
     drain = Drain("a-3", "a", "XID 79 on GPU 0", T0)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from exporter.analysis.live import LiveAnalyzer
+from exporter.advisor.wire import scaling_json
 from exporter.collect import Collector
 from exporter.config import AnalysisConfig
 from exporter.load.live import LoadTracker, pool_samples
@@ -22,6 +22,11 @@ from tests.test_advisor_api import advisor_client as advisor_client  # the fixtu
 from tests.test_openapi import _check
 
 SETTINGS = ScalingSettings(min_nodes=1, max_nodes=8, hysteresis=2, cooldown_up_s=0, cooldown_down_s=0)
+
+
+def hints(tracker: LoadTracker) -> list[dict]:
+    """The tracker's hints as /v1/advice's ``scaling`` lists them."""
+    return [scaling_json(a) for a in tracker.advice()]
 
 
 def snapshot(t: float, busy: int, pending: int = 0, util: float = 0.5, nodes: int = 2) -> FleetSnapshot:
@@ -99,7 +104,7 @@ def test_advice_json():
     tracker = LoadTracker(window=4, table=ScalingTable(SETTINGS))
     for t in range(2):
         tracker.observe(snapshot(60.0 * t, busy=16, pending=8, util=0.75))
-    assert tracker.advice_json() == [{
+    assert hints(tracker) == [{
         "pool": "a", "nodes": 2, "recommended_nodes": 4, "action": "scale_up", "reason": "up",
         "demand_ratio": 1.5, "demand_ratio_stats": {"mean": 1.5, "stddev": 0.0, "p95": 1.5},
         "utilization_stats": {"mean": 0.75, "stddev": 0.0, "p95": 0.75}, "window_samples": 4,
@@ -144,7 +149,7 @@ def test_predictive_mode_pre_warms_before_the_daily_peak():
     # asks for ceil(16 / (8 * 0.8)) = 3 nodes, ready by 10:00; at 09:30 it holds them, and as
     # the fleet still has 2 nodes the reason stays the scale-up's (issue 30)
     assert (p.forecast_peak, p.recommended_nodes, p.reason) == (16.0, 3, "up")
-    assert predictive.advice_json()[0]["forecast_peak_gpus"] == 16.0
+    assert hints(predictive)[0]["forecast_peak_gpus"] == 16.0
 
 
 def test_predictive_mode_is_reactive_before_a_day_of_history():
@@ -166,25 +171,25 @@ def test_a_pool_the_fleet_no_longer_has_is_forgotten():
 
 def test_the_default_fleet_inside_the_band_is_never_told_to_change_size():
     """Issue 30: an hour of the default simulated fleet, a snapshot a minute, through the
-    load tracker ``serve`` wires (LiveAnalyzer.from_config, the packaged table): a pool whose
+    load tracker ``serve`` wires (LoadTracker.from_table, the packaged table): a pool whose
     demand ratio is inside the band is recommended its current size at every snapshot."""
     clock = [START]
     collector = Collector([sim_source(SimSource(), lambda: clock[0])], 10, clock=lambda: clock[0])
-    tracker = LiveAnalyzer.from_config(AnalysisConfig()).load
+    tracker = LoadTracker.from_table(AnalysisConfig().window_snapshots)
     assert tracker is not None
     settings = tracker.table.default
     inside = 0
     for minute in range(60):
         clock[0] = START + 60.0 * minute
         tracker.observe(asyncio.run(collector.collect()))
-        for entry in tracker.advice_json():
+        for entry in hints(tracker):
             ratio = entry["demand_ratio"]
             if ratio is not None and settings.down <= ratio <= settings.up:
                 inside += 1
                 assert (entry["recommended_nodes"], entry["action"], entry["reason"]) == \
                     (entry["nodes"], "hold", "hold"), (minute, entry)
     assert inside >= 60 * 2  # the check saw in-band pools (h100 sits at 0.6-0.85)
-    h100 = {e["pool"]: e for e in tracker.advice_json()}["gpu-h100"]
+    h100 = {e["pool"]: e for e in hints(tracker)}["gpu-h100"]
     assert h100["nodes"] == 64 and h100["recommended_nodes"] >= 64
 
 
@@ -192,14 +197,14 @@ def test_an_allocated_yet_idle_pool_is_not_scaled_up():
     tracker = LoadTracker(window=4, table=ScalingTable(SETTINGS))
     for t in range(3):
         tracker.observe(snapshot(60.0 * t, busy=16, pending=8, util=0.05))
-    [advice] = tracker.advice_json()
+    [advice] = hints(tracker)
     assert (advice["nodes"], advice["recommended_nodes"], advice["reason"], advice["idle"]) == \
         (2, 2, "hold", True)
     assert advice["utilization"] == 0.05
     busy = LoadTracker(window=4, table=ScalingTable(SETTINGS))
     for t in range(3):
         busy.observe(snapshot(60.0 * t, busy=16, pending=8, util=0.9))
-    assert busy.advice_json()[0]["recommended_nodes"] == 4
+    assert hints(busy)[0]["recommended_nodes"] == 4
 
 
 def test_memory_pressure_scales_an_idle_looking_pool_up():
@@ -208,7 +213,7 @@ def test_memory_pressure_scales_an_idle_looking_pool_up():
         snap = snapshot(60.0 * t, busy=16, pending=8, util=0.05)
         full = tuple(dataclasses.replace(g, memory_total_bytes=80, memory_used_bytes=76) for g in snap.gpus)
         tracker.observe(dataclasses.replace(snap, gpus=full))
-    [advice] = tracker.advice_json()
+    [advice] = hints(tracker)
     assert (advice["recommended_nodes"], advice["reason"], advice["idle"], advice["memory_used_ratio"]) == \
         (4, "up", False, 0.95)
 

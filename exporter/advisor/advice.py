@@ -1,18 +1,21 @@
-"""What the advisor says, as typed values: advice, what-ifs and the lists of waste.
+"""What the advisor says, as typed values: advice, what-ifs, the lists of waste, and the
+state it keeps over a restart.
 
 Plain frozen dataclasses, built by :mod:`engine` and :mod:`right_sizing`, read by the
 service and its metrics. None of them knows JSON: :mod:`wire` writes them, once, where
-they leave the process (the HTTP API, the webhook body, ``gpufleet plan``), so the wire
-format is spelled in one place (docs/advisor.md, docs/advisor-plan.schema.json).
+they leave the process (the HTTP API, the webhook body, ``gpufleet plan``, the durable
+store), so the wire format is spelled in one place (docs/advisor.md,
+docs/advisor-plan.schema.json).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from exporter.advisor.plan import CompactionPlan
+from exporter.load.live import PoolAdvice
 
 Decision = Literal["none", "cooldown", "hold", "compact"]
 
@@ -21,7 +24,7 @@ Decision = Literal["none", "cooldown", "hold", "compact"]
 class ScopeStatus:
     """One scope's state as an evaluation saw it ("cluster" or "pool:<name>")."""
 
-    index: float  # rounded to 2 places, as served
+    index: float  # rounded to 2 places in the advice; as measured in the kept state
     recommended: bool
     above_since: float | None  # when the index last rose above the trigger
 
@@ -95,9 +98,9 @@ class Advice:
     reclaim: tuple[Reclaim, ...] = ()
     right_sizing: tuple[RightSizing, ...] = ()
     nvlink_mixed: tuple[NvlinkMixed, ...] = ()
-    # issue 20's scaling hints, already in their wire form (exporter/load/live.py,
-    # LoadTracker.advice_json); None where the load tracker is off
-    scaling: tuple[dict[str, Any], ...] | None = None
+    # the pools' scaling hints (exporter/load/live.py, LoadTracker.advice); None where the
+    # load tracker is off
+    scaling: tuple[PoolAdvice, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +118,19 @@ class WhatIf:
     reasons: tuple[str, ...]
     scope: str | None = None
     plan: CompactionPlan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdvisorState:
+    """What a restart must not lose (:meth:`engine.Advisor.durable_state`): the cooldown, the
+    plan in force and each scope's dwell clock. The durable store keeps it as JSON
+    (:func:`wire.advisor_state_text`).
+
+    Holds, alert stamps and the idle and peak clocks are not in it: they are rebuilt from the
+    next snapshots and alerts, and a lost one errs on the side of waiting, never of a plan.
+    """
+
+    last_plan_at: float | None  # the cooldown runs from here
+    carried: CompactionPlan | None  # the plan in force, until it expires
+    carried_at: float | None  # when ``carried`` was proposed
+    scopes: Mapping[str, ScopeStatus]  # sorted by scope

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from exporter.advisor.advice import Advice, WhatIf
 from exporter.advisor.engine import Advisor, DecisionSettings, idle_rule
@@ -25,6 +25,7 @@ from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import KeptState, PlanSettings, plan_compaction, plan_for_pending
 from exporter.analysis.index import Report
 from exporter.errors import ConfigError
+from exporter.load.live import PoolAdvice
 from exporter.snapshot import FleetSnapshot, JobRequest
 from exporter.thresholds import load_thresholds
 from exporter.thresholds.defaults import clear_below_for, follows_table
@@ -43,7 +44,7 @@ PendingPlanFunction = Callable[[FleetSnapshot, Report, JobRequest, float], "Comp
 
 def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
            plan: PlanFunction = plan_compaction, trigger: str = "snapshot",
-           scaling: tuple[dict[str, Any], ...] | None = None,
+           scaling: tuple[PoolAdvice, ...] | None = None,
            plan_pending: PendingPlanFunction | None = None) -> Advice:
     """Evaluate ``snapshot``: update ``advisor``'s state, plan what it asks for, decide.
 

@@ -35,7 +35,8 @@ from aiohttp import web
 
 from exporter.advisor import bounds, openapi
 from exporter.advisor.advice import Advice, WhatIf
-from exporter.advisor.wire import advice_json, what_if_json
+from exporter.advisor.wire import advice_json, health_json, what_if_json
+from exporter.health.monitor import HealthAdvice
 from exporter.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,8 @@ class AdvisorApi:
     _tasks: set[asyncio.Task[Advice | None]] = field(default_factory=set)
     # told the firing alerts before their evaluation: a fragmentation alert has served dwell
     on_alerts: Callable[[list[dict[str, Any]]], Any] | None = None
-    # issue 31: GET /v1/advice's "health" (exporter.health.monitor); None: not served
-    health: Callable[[], dict[str, Any] | None] | None = None
+    # GET /v1/advice's "health" (HealthMonitor.advice); None: not served
+    health: Callable[[], HealthAdvice | None] | None = None
 
     # Issue 32, finding 11: one evaluation covers every scope, so at most one waits; the
     # notifications that arrive meanwhile merge into it (their alert names, their groups).
@@ -239,7 +240,7 @@ async def get_advice(request: web.Request) -> web.Response:
     data = advice_json(advice)
     health = api.health() if api.health is not None else None
     if health is not None:
-        data["health"] = health
+        data["health"] = health_json(health)
     return _json(data)
 
 

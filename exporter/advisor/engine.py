@@ -65,12 +65,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter import metrics
-from exporter.advisor.advice import Advice, Decision, NvlinkMixed, Reclaim, ScopeStatus, WhatIf
+from exporter.advisor.advice import (
+    Advice,
+    AdvisorState,
+    Decision,
+    NvlinkMixed,
+    Reclaim,
+    ScopeStatus,
+    WhatIf,
+)
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.right_sizing import right_sizing
-from exporter.advisor.wire import plan_from_json, plan_json
 from exporter.analysis.index import Report
 from exporter.gpu_catalogue import default_catalogue
+from exporter.load.live import PoolAdvice
 from exporter.snapshot import Allocation, FleetSnapshot, JobRequest
 from exporter.thresholds import Thresholds, load_thresholds
 
@@ -477,7 +485,7 @@ class Advisor:
         return job, key
 
     def decide(self, assessment: Assessment, plan: CompactionPlan | None = None,
-               scaling: tuple[dict[str, Any], ...] | None = None,
+               scaling: tuple[PoolAdvice, ...] | None = None,
                pending_plan: CompactionPlan | None = None) -> Advice:
         """The second half, with the plans the assessment asked for in hand: carry the plan
         in force, list the waste, keep the advice.
@@ -541,7 +549,7 @@ class Advisor:
 
     def _advise(self, a: Assessment, decision: Decision, scope: str | None, reasons: tuple[str, ...],
                 in_force: CompactionPlan | None, proposed_at: float | None,
-                scaling: tuple[dict[str, Any], ...] | None) -> Advice:
+                scaling: tuple[PoolAdvice, ...] | None) -> Advice:
         self.advice = Advice(
             evaluated_at=a.now, snapshot_time=a.measured.taken_at, trigger=a.trigger,
             scopes=a.scopes, decision=decision, reasons=reasons, scope=scope,
@@ -621,29 +629,21 @@ class Advisor:
         self.idle_since = idle
         return tuple(entry for *_, entry in sorted(out, key=lambda r: r[:3]))
 
-    def durable_state(self) -> dict[str, Any]:
-        """What a restart must not lose, as JSON: the cooldown, the plan in force, the dwell clocks.
+    def durable_state(self) -> AdvisorState:
+        """What a restart must not lose: the cooldown, the plan in force, the dwell clocks."""
+        return AdvisorState(
+            self.last_plan_at, self.carried, self.carried_at,
+            {k: ScopeStatus(st.index, st.recommended, st.above_since)
+             for k, st in sorted(self.scopes.items())})
 
-        Holds, alert stamps and the idle and peak clocks are rebuilt from the next
-        snapshots and alerts; a lost one errs on the side of waiting, never of a plan."""
-        carried = self.carried
-        return {
-            "last_plan_at": self.last_plan_at,
-            "carried": None if carried is None else plan_json(carried),
-            "carried_at": self.carried_at,
-            "scopes": {k: {"index": st.index, "above_since": st.above_since,
-                           "recommended": st.recommended} for k, st in sorted(self.scopes.items())},
-        }
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Take back :meth:`durable_state` as an earlier process wrote it."""
-        self.last_plan_at = None if state.get("last_plan_at") is None else float(state["last_plan_at"])
-        if state.get("carried") is not None and state.get("carried_at") is not None:
-            self.plan = self.carried = plan_from_json(state["carried"])
-            self.carried_at = float(state["carried_at"])
-        self.scopes = {str(k): ScopeState(float(v["index"]), None if v["above_since"] is None
-                                          else float(v["above_since"]), bool(v["recommended"]))
-                       for k, v in (state.get("scopes") or {}).items()}
+    def restore(self, state: AdvisorState) -> None:
+        """Take back :meth:`durable_state` as an earlier process kept it."""
+        self.last_plan_at = state.last_plan_at
+        if state.carried is not None and state.carried_at is not None:
+            self.plan = self.carried = state.carried
+            self.carried_at = state.carried_at
+        self.scopes = {k: ScopeState(s.index, s.above_since, s.recommended)
+                       for k, s in state.scopes.items()}
 
     def not_durable(self) -> None:
         """The plan just proposed could not be written to the outbox: take back its cooldown.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import sqlite3
@@ -36,6 +35,7 @@ from exporter.advisor.engine import Advisor, nvlink_generations
 from exporter.advisor.outbox import Outbox
 from exporter.advisor.planner import last_checkpoint, plan_compaction
 from exporter.advisor.webhook import Deliverer, Receiver
+from exporter.advisor.wire import advisor_state_from_text, advisor_state_text
 from exporter.aio import complete
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import evaluate
@@ -276,7 +276,7 @@ class AdvisorService:
 
         A failed write is counted by the outbox and logged; the state in memory goes on, and
         the next evaluation writes it again."""
-        state = json.dumps(self.advisor.durable_state(), sort_keys=True)
+        state = advisor_state_text(self.advisor.durable_state())
         if state == self._saved_state:
             return
         try:
@@ -292,7 +292,7 @@ class AdvisorService:
         the advisor starts afresh (it then waits its dwell again: no plan comes sooner)."""
         try:
             text = self.deliverer.outbox.load_state()
-            state = json.loads(text)
+            state = advisor_state_from_text(text)
             if state is not None:
                 self.advisor.restore(state)
         except (sqlite3.Error, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -315,7 +315,7 @@ class AdvisorService:
                                    max_body_bytes=self.max_body_bytes,
                                    what_if_timeout=self.what_if_timeout,
                                    on_alerts=self.advisor.alert_firing,
-                                   health=self.health.advice_json if self.health else None)
+                                   health=self.health.advice if self.health else None)
         return self._api
 
     def families(self, snapshot: FleetSnapshot) -> list[Family]:

@@ -1,10 +1,13 @@
-"""The advisor's JSON: the one place its typed values become wire data, and a plan comes back.
+"""The advisor's JSON: the one place typed values become wire data, and come back.
 
-Called only where advice leaves the process: the HTTP API (:mod:`api`: ``GET /v1/advice``,
-``POST /v1/plan``), the webhook body the outbox stores (:meth:`webhook.Deliverer.enqueue_plan`)
-and ``gpufleet plan`` (:mod:`exporter.cli.plan`, which reads a plan back with
-:func:`plan_from_json`). Field names and order are the documented format
-(docs/advisor.md, docs/advisor-plan.schema.json, :mod:`openapi`); write them nowhere else.
+Called only where they leave the process or come back into it: the HTTP API (:mod:`api`:
+``GET /v1/advice`` with the pools' scaling hints and the fleet's health, ``POST /v1/plan``),
+the webhook bodies the durable store keeps (a plan's, :func:`plan_body`; a remediation
+event's, :func:`event_body`), the states it keeps over a restart (the advisor's,
+:func:`advisor_state_text`; the remediator's, :func:`remediation_state_text`) and ``gpufleet
+plan`` (:mod:`exporter.cli.plan`, which reads a plan back with :func:`plan_from_json`). Field
+names and order are the documented format (docs/advisor.md, docs/advisor-plan.schema.json,
+:mod:`openapi`); write them nowhere else.
 """
 
 from __future__ import annotations
@@ -13,8 +16,24 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from exporter.advisor.advice import Advice, HeldGpus, NvlinkMixed, Reclaim, RightSizing, WhatIf
+import msgspec
+
+from exporter.advisor.advice import (
+    Advice,
+    AdvisorState,
+    HeldGpus,
+    NvlinkMixed,
+    Reclaim,
+    RightSizing,
+    ScopeStatus,
+    WhatIf,
+)
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction, TierMisplacement
+from exporter.health.monitor import HealthAdvice
+from exporter.health.remediation import Event, RemediationState, encode_event, event_id
+from exporter.health.verdict import NodeVerdict
+from exporter.load.live import PoolAdvice
+from exporter.load.stats import WindowStats
 
 JSON = dict[str, Any]
 
@@ -115,8 +134,135 @@ def advice_json(advice: Advice) -> JSON:
         "nvlink_mixed": [nvlink_mixed_json(n) for n in advice.nvlink_mixed],
     })
     if advice.scaling is not None:
-        data["scaling"] = list(advice.scaling)
+        data["scaling"] = [scaling_json(a) for a in advice.scaling]
     return data
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+def _window_stats(s: WindowStats | None) -> dict[str, float] | None:
+    if s is None:
+        return None
+    return {"mean": round(s.mean, 6), "stddev": round(s.stddev, 6), "p95": round(s.p95, 6)}
+
+
+def scaling_json(a: PoolAdvice) -> JSON:
+    """One entry of ``/v1/advice``'s ``scaling``: a pool's hint, its load statistics and changes."""
+    return {
+        "pool": a.pool, "nodes": a.nodes, "recommended_nodes": a.recommended_nodes,
+        "action": a.action, "reason": a.reason, "demand_ratio": _rounded(a.demand_ratio),
+        "demand_ratio_stats": _window_stats(a.demand),
+        "utilization_stats": _window_stats(a.utilization),
+        "window_samples": a.window_samples, "changes": dict(a.changes),
+        "last_change": a.last_change, "mode": a.mode,
+        "forecast_peak_gpus": _rounded(a.forecast_peak),
+        # what the rule read beside demand, and whether it held an idle pool
+        "utilization": _rounded(a.utilization_now),
+        "memory_used_ratio": _rounded(a.memory_used_now),
+        "idle": a.idle,
+    }
+
+
+EVENT_KIND = "remediation"  # a remediation event's webhook body's "event" (a plan's has none)
+EVENT_SCHEMA_VERSION = 1
+
+
+def event_json(event: Event) -> JSON:
+    """A remediation event as ``/v1/advice`` lists it: its own fields, ``type`` and ``id``."""
+    data: JSON = json.loads(encode_event(event))
+    data["id"] = event_id(event)
+    return data
+
+
+def event_body(event: Event) -> bytes:
+    """The webhook body of a remediation event (openapi ``RemediationEvent``): the event's
+    own fields and ``type``, its stable ``id``, ``event`` and ``schema_version``; sorted keys,
+    so its HMAC signature is stable. ``gpufleet act`` reads it as it reads an event line."""
+    data = json.loads(encode_event(event))
+    data.update({"event": EVENT_KIND, "schema_version": EVENT_SCHEMA_VERSION, "id": event_id(event)})
+    return json.dumps(data, sort_keys=True).encode()
+
+
+def _node_verdict(node: NodeVerdict) -> JSON:
+    return {"node": node.node, "pool": node.pool, "verdict": node.verdict.value,
+            "since": node.since,
+            "reasons": [{"signal": r.signal, "level": r.level.value, "text": r.text, "gpu": r.gpu,
+                         "since": r.since} for r in node.reasons]}
+
+
+def health_json(h: HealthAdvice) -> JSON:
+    """``/v1/advice``'s ``health`` (openapi ``Health``)."""
+    return {
+        "evaluated_at": h.evaluated_at,
+        "nodes": {v.value: n for v, n in h.nodes.items()},
+        "gpus": {v.value: n for v, n in h.gpus.items()},
+        "unhealthy_nodes": [_node_verdict(n) for n in h.unhealthy_nodes],
+        "drained": [{"node": node, "pool": r.pool, "reason": r.reason, "at": r.at}
+                    for node, r in h.drained],
+        "remediation": [event_json(e) for e in h.remediation],
+        "recent_remediation": [event_json(e) for e in h.recent_remediation],
+        "storms": [{"pool": pool, "paged_at": at} for pool, at in h.storms],
+        "stragglers": [{"job": s.job, "user": s.user, "account": s.account, "node": s.node,
+                        "gpu": s.gpu, "metric": s.metric, "value": s.value, "median": s.median,
+                        "since": s.since} for s in h.stragglers],
+    }
+
+
+def advisor_state_text(state: AdvisorState) -> str:
+    """The advisor's kept state as the durable store holds it: JSON with sorted keys, so an
+    unchanged state is the same text (only a changed one is written)."""
+    carried = state.carried
+    return json.dumps({
+        "last_plan_at": state.last_plan_at,
+        "carried": None if carried is None else plan_json(carried),
+        "carried_at": state.carried_at,
+        "scopes": {k: {"index": s.index, "above_since": s.above_since, "recommended": s.recommended}
+                   for k, s in state.scopes.items()},
+    }, sort_keys=True)
+
+
+def _time(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def advisor_state_from_text(text: str) -> AdvisorState | None:
+    """The state :func:`advisor_state_text` wrote, by this process or an earlier one; None for
+    JSON ``null`` (none kept). A plan in force is taken back only with the time it was
+    proposed. ``ValueError``, ``KeyError`` or ``TypeError`` when it does not hold together."""
+    data = json.loads(text)
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ValueError(f"advisor state: a JSON object expected, got {type(data).__name__}")
+    carried, carried_at = data.get("carried"), data.get("carried_at")
+    plan = None
+    if carried is not None and carried_at is not None:
+        plan, carried_at = plan_from_json(carried), float(carried_at)
+    else:
+        carried_at = None
+    return AdvisorState(
+        last_plan_at=_time(data.get("last_plan_at")), carried=plan, carried_at=carried_at,
+        scopes={str(k): ScopeStatus(float(v["index"]), bool(v["recommended"]),
+                                    _time(v["above_since"]))
+                for k, v in (data.get("scopes") or {}).items()})
+
+
+def remediation_state_text(state: RemediationState) -> str:
+    """The remediator's state as the durable store holds it (what gpufleet drained, its fault
+    history): JSON with sorted keys, so an unchanged state is the same text."""
+    return json.dumps(json.loads(msgspec.json.encode(state)), sort_keys=True)
+
+
+def remediation_state_from_text(text: str) -> RemediationState | None:
+    """The state :func:`remediation_state_text` wrote; None for JSON ``null`` (none kept)."""
+    if text.strip() == "null":
+        return None
+    try:
+        return msgspec.json.decode(text, type=RemediationState)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ValueError(f"remediation state: {exc}") from None
 
 
 def what_if_json(what_if: WhatIf) -> JSON:

@@ -46,7 +46,7 @@ class HealthEffects:
 
     def apply(self, frame: Frame) -> None:
         """Blocking (the store is SQLite): the caller runs it in a worker thread."""
-        from exporter.health.monitor import event_body
+        from exporter.advisor.wire import event_body, remediation_state_text
         from exporter.health.remediation import event_id
 
         if frame.health is None:
@@ -57,7 +57,7 @@ class HealthEffects:
             log.warning("remediation advised", extra={"event": event_id(event)})
         if self.deliverer is None:
             return
-        state = self.monitor.state_json()
+        state = remediation_state_text(self.monitor.remediator.state)
         if state == self._saved:
             return
         try:
@@ -71,13 +71,13 @@ class HealthEffects:
     def restore(self) -> None:
         """Take back what an earlier process drained; a state that cannot be read is logged,
         and the remediator starts afresh."""
-        from exporter.health.monitor import restore_state
+        from exporter.advisor.wire import remediation_state_from_text
 
         if self.deliverer is None:
             return
         try:
             text = self.deliverer.outbox.load_state("remediation")
-            remediation = restore_state(text)
+            remediation = remediation_state_from_text(text)
         except (sqlite3.Error, ValueError) as exc:
             log.warning("cannot read the remediation state from the outbox; starting afresh "
                         "(nodes gpufleet drained before are not resumed by it)",

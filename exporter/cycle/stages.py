@@ -121,7 +121,7 @@ class AdvisorStage:
 
         assert frame.report is not None
         with self.lock:
-            scaling = None if self.load is None else tuple(self.load.advice_json())
+            scaling = None if self.load is None else tuple(self.load.advice())
             self.last = frame
             return advise(self.advisor, frame.snapshot, frame.report, self.planner, trigger, scaling)
 

@@ -1,9 +1,11 @@
 """Health inside ``gpufleet serve`` (issue 31): the verdict tracker, the remediator and the
 straggler tracker fed every collected snapshot, and what leaves them.
 
-:meth:`HealthMonitor.observe` runs on each snapshot (the advisor's service calls it, in a
-worker thread); it returns the remediation events the outbox delivers. :meth:`families`
-are the ``/metrics`` families, :meth:`advice_json` the ``health`` part of ``/v1/advice``.
+:meth:`HealthMonitor.observe` runs on each snapshot (the cycle's health stage); it returns
+the remediation events the durable store delivers. :meth:`families` are the ``/metrics``
+families, :meth:`advice` the ``health`` part of ``/v1/advice`` as a typed value
+(:class:`HealthAdvice`; :mod:`exporter.advisor.wire` writes it, the events' webhook bodies
+and the remediator's kept state as JSON).
 
 At 108,800 GPUs the exposition must stay small, so every per-node and per-GPU family holds
 only the degraded and failing ones; healthy and unknown are per-pool counts. The advice
@@ -12,26 +14,22 @@ lists at most :data:`MAX_LISTED` nodes and events, worst first, with the totals 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter, defaultdict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import msgspec
 
 from exporter import metrics
 from exporter.health.remediation import (
     Drain,
+    DrainRecord,
     Event,
     RemediationSettings,
     RemediationState,
     Remediator,
     Resume,
-    encode_event,
-    event_id,
 )
-from exporter.health.stragglers import StragglerReport, StragglerSettings, StragglerTracker
+from exporter.health.stragglers import Straggler, StragglerReport, StragglerSettings, StragglerTracker
 from exporter.health.verdict import (
     FAILING_SIGNALS,
     FleetHealth,
@@ -50,23 +48,6 @@ EVENT_TYPES = ("drain", "reset_gpu", "resume", "replace", "page")
 VERDICTS = tuple(Verdict)  # healthy, unknown, degraded, failing
 LISTED = (Verdict.FAILING, Verdict.DEGRADED)  # the per-node and per-GPU series
 MAX_LISTED = 100  # nodes, events and stragglers in /v1/advice; the counts say how many in all
-EVENT_SCHEMA_VERSION = 1
-EVENT_KIND = "remediation"  # the webhook body's "event" (a plan's body has none)
-
-
-def event_body(event: Event) -> bytes:
-    """The webhook body of a remediation event (openapi ``RemediationEvent``): the event's
-    own fields and ``type``, its stable ``id``, ``event`` and ``schema_version``; sorted keys,
-    so its HMAC signature is stable. ``gpufleet act`` reads it as it reads an event line."""
-    data = json.loads(encode_event(event))
-    data.update({"event": EVENT_KIND, "schema_version": EVENT_SCHEMA_VERSION, "id": event_id(event)})
-    return json.dumps(data, sort_keys=True).encode()
-
-
-def event_json(event: Event) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(encode_event(event))
-    data["id"] = event_id(event)
-    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +57,22 @@ class HealthView:
     health: FleetHealth
     events: tuple[Event, ...]
     stragglers: StragglerReport
+
+
+@dataclass(frozen=True, slots=True)
+class HealthAdvice:
+    """``/v1/advice``'s ``health`` (openapi ``Health``): the last snapshot's verdicts counted,
+    its unhealthy nodes worst first, what gpufleet keeps drained and paged, the events."""
+
+    evaluated_at: float
+    nodes: Mapping[Verdict, int]  # every verdict, in VERDICTS order
+    gpus: Mapping[Verdict, int]
+    unhealthy_nodes: tuple[NodeVerdict, ...]  # worst first, at most MAX_LISTED
+    drained: tuple[tuple[str, DrainRecord], ...]  # (node, its drain) by node
+    remediation: tuple[Event, ...]  # decided on the last snapshot, at most MAX_LISTED
+    recent_remediation: tuple[Event, ...]  # newest first, at most MAX_LISTED
+    storms: tuple[tuple[str, float], ...]  # (pool, paged at) by pool
+    stragglers: tuple[Straggler, ...]  # at most MAX_LISTED
 
 
 class HealthMonitor:
@@ -131,10 +128,6 @@ class HealthMonitor:
         self._namespaces = {a.job: a.namespace for a in snapshot.allocations}
         self.latest = HealthView(health, events, stragglers)
         return self.latest
-
-    def state_json(self) -> str:
-        """The remediator's state, for the outbox (what gpufleet drained survives a restart)."""
-        return json.dumps(json.loads(msgspec.json.encode(self.remediator.state)), sort_keys=True)
 
     def families(self) -> list[Family]:
         view = self.latest
@@ -201,37 +194,28 @@ class HealthMonitor:
                   float(n)) for (job, account), n in sorted(per_job.items())]),
         ]
 
-    def advice_json(self) -> dict[str, Any] | None:
-        """``/v1/advice``'s ``health`` (openapi ``Health``); None before the first snapshot."""
+    def advice(self) -> HealthAdvice | None:
+        """``/v1/advice``'s ``health``; None before the first snapshot."""
         view = self.latest
         if view is None:
             return None
-        counts = {v.value: 0 for v in VERDICTS}
-        gpu_counts = {v.value: 0 for v in VERDICTS}
+        counts = dict.fromkeys(VERDICTS, 0)
+        gpu_counts = dict.fromkeys(VERDICTS, 0)
         for node in view.health.nodes:
-            counts[node.verdict.value] += 1
+            counts[node.verdict] += 1
             if node.verdict == Verdict.HEALTHY:
-                gpu_counts["healthy"] += len(node.gpus)
+                gpu_counts[Verdict.HEALTHY] += len(node.gpus)
                 continue
             for g in node.gpus:
-                gpu_counts[g.verdict.value] += 1
+                gpu_counts[g.verdict] += 1
         unhealthy = sorted((n for n in view.health.nodes if n.verdict != Verdict.HEALTHY),
                            key=lambda n: (-n.verdict.rank, n.node))
-        stragglers = view.stragglers.stragglers
         state = self.remediator.state
-        return {
-            "evaluated_at": view.health.taken_at,
-            "nodes": counts, "gpus": gpu_counts,
-            "unhealthy_nodes": [_node_json(n) for n in unhealthy[:MAX_LISTED]],
-            "drained": [{"node": node, "pool": r.pool, "reason": r.reason, "at": r.at}
-                        for node, r in sorted(state.drained.items())],
-            "remediation": [event_json(e) for e in view.events[:MAX_LISTED]],
-            "recent_remediation": [event_json(e) for e in reversed(self.recent)],
-            "storms": [{"pool": pool, "paged_at": at} for pool, at in sorted(state.storms.items())],
-            "stragglers": [{"job": s.job, "user": s.user, "account": s.account, "node": s.node,
-                            "gpu": s.gpu, "metric": s.metric, "value": s.value, "median": s.median,
-                            "since": s.since} for s in stragglers[:MAX_LISTED]],
-        }
+        return HealthAdvice(
+            view.health.taken_at, counts, gpu_counts, tuple(unhealthy[:MAX_LISTED]),
+            tuple(sorted(state.drained.items())), view.events[:MAX_LISTED],
+            tuple(reversed(self.recent)), tuple(sorted(state.storms.items())),
+            view.stragglers.stragglers[:MAX_LISTED])
 
 
 def _pool_of(view: HealthView | None, node: str) -> str:
@@ -239,22 +223,4 @@ def _pool_of(view: HealthView | None, node: str) -> str:
     return found.pool if found else ""
 
 
-def _node_json(node: NodeVerdict) -> dict[str, Any]:
-    return {"node": node.node, "pool": node.pool, "verdict": node.verdict.value,
-            "since": node.since,
-            "reasons": [{"signal": r.signal, "level": r.level.value, "text": r.text, "gpu": r.gpu,
-                         "since": r.since} for r in node.reasons]}
-
-
-def restore_state(text: str) -> RemediationState | None:
-    """The state :meth:`HealthMonitor.state_json` wrote; None for JSON ``null`` (none kept)."""
-    if text.strip() == "null":
-        return None
-    try:
-        return msgspec.json.decode(text, type=RemediationState)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ValueError(f"remediation state: {exc}") from None
-
-
-__all__ = ["EVENT_KIND", "EVENT_SCHEMA_VERSION", "EVENT_TYPES", "HealthMonitor", "HealthView",
-           "event_body", "event_json", "restore_state"]
+__all__ = ["EVENT_TYPES", "HealthAdvice", "HealthMonitor", "HealthView"]

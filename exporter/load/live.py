@@ -34,8 +34,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from exporter import metrics
 from exporter.load.changepoint import DIRECTIONS, Cusum
@@ -134,21 +134,31 @@ class PoolLoad:
 
 @dataclass(frozen=True, slots=True)
 class PoolAdvice:
-    """What /v1/advice says about one pool's load."""
+    """One pool's scaling hint and the load it read: an entry of ``/v1/advice``'s ``scaling``
+    (written by :func:`exporter.advisor.wire.scaling_json`)."""
 
     pool: str
-    demand_ratio: float | None
-    demand: WindowStats | None
-    utilization: WindowStats | None
     nodes: int
     recommended_nodes: int
     reason: str
-    changes: dict[str, int]
+    demand_ratio: float | None
+    demand: WindowStats | None
+    utilization: WindowStats | None
+    window_samples: int  # the statistics' window (the analyzer's)
+    changes: Mapping[str, int]  # change points per direction
     last_change: float | None
+    mode: str  # the scaling table's mode, reactive or predictive
     forecast_peak: float | None = None
     utilization_now: float | None = None  # the pool's mean utilisation now
     memory_used_now: float | None = None  # the pool's mean memory use now
     idle: bool = False  # above the band, but idle: held rather than scaled up
+
+    @property
+    def action(self) -> str:
+        """scale_up, scale_down or hold: the hint against the nodes the pool has."""
+        if self.recommended_nodes > self.nodes:
+            return "scale_up"
+        return "scale_down" if self.recommended_nodes < self.nodes else "hold"
 
 
 @dataclass
@@ -215,17 +225,19 @@ class LoadTracker:
             state.hint = hint
 
     def advice(self) -> list[PoolAdvice]:
+        """Per pool with a hint, by name: the hint, the load statistics and the changes."""
         out = []
         for pool, state in sorted(self.pools.items()):
             if state.hint is None or state.sample is None:
                 continue
             out.append(PoolAdvice(
-                pool, state.sample.demand_ratio,
+                pool, state.sample.nodes, state.hint.nodes, state.hint.reason,
+                state.sample.demand_ratio,
                 window_stats(state.ratio) if state.ratio else None,
                 window_stats(state.utilization) if state.utilization else None,
-                state.sample.nodes, state.hint.nodes, state.hint.reason, dict(state.changes),
-                state.last_change, state.forecast_peak, state.sample.utilization,
-                state.sample.memory_used, state.hint.idle))
+                self.window, dict(state.changes), state.last_change, self.table.mode,
+                state.forecast_peak, state.sample.utilization, state.sample.memory_used,
+                state.hint.idle))
         return out
 
     def families(self) -> list[Family]:
@@ -258,30 +270,3 @@ class LoadTracker:
         for pool, state in self.pools.items():
             node_gpus = state.sample.node_gpus if state.sample is not None else None
             state.scaler.settings = table.for_pool(pool, node_gpus or None)
-
-    def advice_json(self) -> list[dict[str, Any]]:
-        """/v1/advice's ``scaling``: per pool, the hint, the load statistics and the changes."""
-
-        def stats(s: WindowStats | None) -> dict[str, float] | None:
-            if s is None:
-                return None
-            return {"mean": round(s.mean, 6), "stddev": round(s.stddev, 6), "p95": round(s.p95, 6)}
-
-        out = []
-        for a in self.advice():
-            action = ("scale_up" if a.recommended_nodes > a.nodes
-                      else "scale_down" if a.recommended_nodes < a.nodes else "hold")
-            out.append({
-                "pool": a.pool, "nodes": a.nodes, "recommended_nodes": a.recommended_nodes,
-                "action": action, "reason": a.reason,
-                "demand_ratio": None if a.demand_ratio is None else round(a.demand_ratio, 6),
-                "demand_ratio_stats": stats(a.demand), "utilization_stats": stats(a.utilization),
-                "window_samples": self.window, "changes": a.changes, "last_change": a.last_change,
-                "mode": self.table.mode,
-                "forecast_peak_gpus": None if a.forecast_peak is None else round(a.forecast_peak, 6),
-                # issue 30: what the rule read beside demand, and whether it held an idle pool
-                "utilization": None if a.utilization_now is None else round(a.utilization_now, 6),
-                "memory_used_ratio": None if a.memory_used_now is None else round(a.memory_used_now, 6),
-                "idle": a.idle,
-            })
-        return out
