@@ -226,7 +226,7 @@ def _verdict_counts() -> dict[str, Any]:
 
 def remediation_event_schema() -> dict[str, Any]:
     """Issue 31: a remediation event, as /v1/advice lists it and as the webhook POSTs it (the
-    body adds "event" and "schema_version"). Written by exporter/health/monitor.py's event_body."""
+    body adds "event" and "schema_version"). Written by exporter/advisor/wire.py's event_body."""
     return {
         "type": "object", "title": "RemediationEvent",
         "description": "drain: take the node out of scheduling (reason given); reset_gpu: reset the GPU "

@@ -295,8 +295,8 @@ class Outbox:
         return cursor.rowcount
 
     def save_state(self, value: str, key: str = "advisor") -> None:
-        """Keep a state (JSON text): ``advisor`` (``Advisor.durable_state``) or ``remediation``
-        (what gpufleet drained, its fault history: ``HealthMonitor.state_json``)."""
+        """Keep a state (JSON text): ``advisor`` (``wire.advisor_state_text``) or ``remediation``
+        (what gpufleet drained, its fault history: ``wire.remediation_state_text``)."""
         if key not in STATE_KEYS:
             raise ValueError(f"outbox state: unknown key {key!r}")
         self._run("update", lambda db: db.execute(
