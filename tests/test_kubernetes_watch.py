@@ -65,7 +65,8 @@ async def informer_for():
 
     def make(server: FakeApiserver, transform=label, **limits) -> Informer:
         informer = Informer(session, Endpoint(server.url, None, auth), PODS, transform,
-                            Limits(**{"page_size": 3, "backoff_max": 0.2, **limits}))
+                            Limits(**{"page_size": 3, "backoff_initial": 0.1,
+                                      "backoff_max": 0.2, **limits}))
         made.append(informer)
         return informer
 
@@ -342,8 +343,8 @@ async def test_watches_that_end_at_once_are_reopened_with_backoff_not_in_a_busy_
     await until("listed", informer.synced.is_set)
     await asyncio.sleep(2.0)
     watches = sum("watch=1" in r for r in fake.requests)
-    # 0.1 s doubling to 0.4 s, jittered to half: at most 2 / 0.05 in 2 s; a busy loop
-    # makes hundreds
+    # 0.1 s doubling to 0.4 s, each wait 1-2 x its step: at most 2 / 0.1 in 2 s; a busy
+    # loop makes hundreds
     assert 3 <= watches <= 40
     assert informer.healthy  # a short watch is not a failure of the apiserver
 
@@ -490,7 +491,8 @@ async def test_a_410_on_every_watch_relists_at_most_once_per_backoff_step(script
     await until("listed", informer.synced.is_set)
     await asyncio.sleep(2.0)
     lists = informer.stats.lists
-    # at once, then 0.1 s doubling to 0.4 s, jittered to half: about 8 in 2 s
+    # each after a backoff step, 0.1 s doubling to 0.4 s, each wait 1-2 x its step: about
+    # 5 in 2 s
     assert 3 <= lists <= 20, f"{lists} lists in 2 s"
     assert informer.stats.gone >= lists - 1
     assert informer.store == {"ns/p0": "1"}

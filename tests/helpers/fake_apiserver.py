@@ -113,6 +113,9 @@ class FakeApiserver:
     token: str | None = None
     served: tuple[str, ...] = (NODES, PODS, CLAIMS, SLICES)  # others answer 404
     gone_as_http: bool = False  # 410 on a watch as an HTTP status rather than an ERROR event
+    # every watch answers 410 Gone, whatever its version (a relist storm, as an apiserver
+    # whose watch cache keeps nothing): lists answer as ever
+    gone_every_watch: bool = False
     forbidden: bool = False  # every call answers 403
     version: int = 1000
     compacted: int = 0  # versions below this answer 410
@@ -177,6 +180,15 @@ class FakeApiserver:
         self.compacted = self.version
         self.history.clear()
         self._lists.clear()
+
+    def lists(self) -> dict[str, int]:
+        """Lists asked for so far, by path (first pages only: a list in pages is one list)."""
+        counts = dict.fromkeys(self.served, 0)
+        for request in self.requests:
+            path, _, query = request.removeprefix("GET ").partition("?")
+            if path in counts and "watch=" not in query and "continue=" not in query:
+                counts[path] += 1
+        return counts
 
     def bookmark(self) -> None:
         """Send every open watch a BOOKMARK at the current version."""
@@ -300,7 +312,8 @@ class FakeApiserver:
         bookmarks = request.query.get("allowWatchBookmarks") == "true"
         timeout = float(request.query.get("timeoutSeconds", "1800"))
         since = int(since_text) if since_text not in ("", "0") else None
-        if since is not None and since < self.compacted and self.gone_as_http:
+        gone = self.gone_every_watch or (since is not None and since < self.compacted)
+        if gone and self.gone_as_http:
             return web.json_response(status(
                 410, "Expired", f"too old resource version: {since} ({self.compacted})"),
                 status=410)
@@ -317,7 +330,7 @@ class FakeApiserver:
         response.enable_chunked_encoding()
         try:
             await response.prepare(request)
-            if since is not None and since < self.compacted:
+            if gone:
                 await self._send(response, "ERROR", json.dumps(status(
                     410, "Expired", f"too old resource version: {since} ({self.compacted})"),
                     separators=(",", ":")).encode())

@@ -18,9 +18,14 @@ as client-go's reflector follows it:
    whole, so readers see the old copy until the new one is complete (no gap) and
    never a mix of both (no duplicate, nothing deleted meanwhile left behind).
 5. Anything else that breaks the watch (connection refused or reset, 5xx, a
-   timeout) is retried after a backoff, 0.1 s doubling to ``backoff_max``, from
-   the last ``resourceVersion``. There is exactly one task per informer, and
-   :meth:`Informer.stop` cancels and awaits it: nothing is leaked.
+   timeout) is retried after a backoff from the last ``resourceVersion``. There is
+   exactly one task per informer, and :meth:`Informer.stop` cancels and awaits it:
+   nothing is leaked.
+6. The backoff is client-go's reflector's (:class:`Backoff`): every list after the
+   first and every retry after a failure waits a step, from ``backoff_initial``
+   (0.8 s) doubling to ``backoff_max`` (30 s), each wait 1 to 2 times its step; the
+   step starts again once a list and watch have lived ``backoff_reset`` (2 min). An
+   apiserver answering 410 to every watch sees about 5 lists per resource in 20 s.
 
 It never polls: after the first list, the apiserver pushes every change.
 
@@ -71,7 +76,6 @@ T = TypeVar("T")
 Transform = Callable[[Mapping[str, Any]], "T | None"]
 Authorization = Callable[[], Awaitable[str | None]]
 
-BACKOFF_INITIAL = 0.1  # seconds before the first retry; doubles up to backoff_max
 SHORT_WATCH = 1.0  # seconds: a watch that ends sooner with nothing in it counts as a failure
 
 
@@ -125,7 +129,10 @@ class Limits:
     page_size: int = 500
     request_timeout: float = 10.0
     watch_timeout: float = 300.0
-    backoff_max: float = 1.0
+    # client-go's reflector: wait.NewExponentialBackoffManager(800ms, 30s, 2min, 2.0, 1.0)
+    backoff_initial: float = 0.8
+    backoff_max: float = 30.0
+    backoff_reset: float = 120.0
     max_objects: int = 500_000
     max_event_bytes: int = 4 * 1024 * 1024
     max_page_bytes: int = 256 * 1024 * 1024
@@ -140,11 +147,41 @@ class InformerStats:
     watches: int = 0  # watch requests the apiserver accepted
     events: int = 0  # ADDED/MODIFIED/DELETED applied
     bookmarks: int = 0
-    gone: int = 0  # 410s seen (each followed by a re-list)
+    gone: int = 0  # 410s seen (each followed by a backoff, then a re-list)
     failures: int = 0  # broken lists and watches (each followed by a backoff)
+    waits: int = 0  # backoffs begun (after a 410, a failure, or a watch ended at once)
+    backoff: float = 0.0  # seconds of the last backoff begun, jittered
     skipped: int = 0  # objects, or watch events, nested too deep to decode: dropped alone
     apply_seconds: float = 0.0  # time spent applying watch events (parse, transform, store)
     last_watch_at: float | None = None  # monotonic time the last watch was accepted
+
+
+@dataclass
+class Backoff:
+    """How long an informer waits before it lists again or retries, as client-go's
+    reflector does (``wait.NewExponentialBackoffManager(initial, cap, reset, 2.0, 1.0)``).
+
+    Each wait is its step times 1 to 2 (``draw``: a random number in [0, 1)); the step
+    doubles up to ``cap``, and starts again from ``initial`` once the informer ran
+    ``reset`` seconds without waiting: a list and watch that lived. client-go counts those
+    seconds from the start of its last wait; here they count from its end, so a wait is
+    never taken for time lived. A ``cap`` below ``initial`` caps the first step too.
+    """
+
+    initial: float
+    cap: float
+    reset: float
+    step: float = 0.0  # of the next wait, unless reset first
+    resumes_at: float | None = None  # monotonic time the last wait ends
+
+    def next(self, now: float, draw: float) -> float:
+        """The seconds to wait from ``now``."""
+        if self.resumes_at is None or now - self.resumes_at > self.reset:
+            self.step = min(self.initial, self.cap)
+        wait = self.step * (1.0 + draw)
+        self.step = min(self.step * 2.0, self.cap)
+        self.resumes_at = now + wait
+        return wait
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -344,45 +381,31 @@ class Informer(Generic[T]):
 
     async def run(self) -> None:
         """List, then watch, for ever (until cancelled)."""
-        backoff = BACKOFF_INITIAL
+        limits = self.limits
+        backoff = Backoff(limits.backoff_initial, limits.backoff_max, limits.backoff_reset)
         need_list = True
-        # 410s since the last watch that lived: a successful list does not reset it, or an
-        # apiserver answering 410 to every watch gets a list per round trip (670 lists/s)
-        gone_in_a_row = 0
-        listed_at = time.monotonic()
         while True:
             pause = False
             try:
                 if need_list:
                     await self.relist()
                     need_list = False
-                    listed_at = time.monotonic()
                 started, events = time.monotonic(), self.stats.events + self.stats.bookmarks
                 await self.watch()
                 # A watch that ran and ended (timeoutSeconds) is reopened at once. One that
                 # ended within a second with nothing in it (a proxy closing every stream)
                 # would make this loop a busy one: it waits as after a failure.
-                if time.monotonic() - started < SHORT_WATCH and \
-                        self.stats.events + self.stats.bookmarks == events:
-                    pause = True
-                else:
-                    backoff = BACKOFF_INITIAL
-                    gone_in_a_row = 0
+                pause = time.monotonic() - started < SHORT_WATCH and \
+                    self.stats.events + self.stats.bookmarks == events
             except Gone as exc:
                 self.stats.gone += 1
-                # a watch that lived at least one full backoff step before its 410 starts
-                # a new series: relists are then never closer than backoff_max
-                if time.monotonic() - listed_at >= max(SHORT_WATCH, self.limits.backoff_max):
-                    gone_in_a_row = 0
-                    backoff = BACKOFF_INITIAL
                 log.info("kubernetes watch expired; listing again",
                          extra={"source": "kubernetes", "err": f"{self.path}: {exc}"})
                 need_list = True
-                # at once the first time (the apiserver answered, it is not overloaded); a
-                # second 410 in a row (a list whose pages keep expiring, or every watch
-                # refused) waits a backoff step, doubling to backoff_max
-                gone_in_a_row += 1
-                pause = gone_in_a_row > 1
+                # as client-go, the list a 410 calls for waits a backoff step first: an
+                # apiserver answering 410 to every watch (or a list whose pages keep
+                # expiring) is listed from less and less often, not once a round trip
+                pause = True
             except NotServed as exc:
                 self._fail(exc)
                 self.not_served = True
@@ -401,8 +424,10 @@ class Informer(Generic[T]):
                 pause = True
             if pause:
                 # jitter: many exporters restarted with one apiserver should not retry in step
-                await asyncio.sleep(backoff * (0.5 + self._random.random() / 2))
-                backoff = min(backoff * 2, self.limits.backoff_max)
+                wait = backoff.next(time.monotonic(), self._random.random())
+                self.stats.waits += 1
+                self.stats.backoff = wait
+                await asyncio.sleep(wait)
 
     def _fail(self, exc: BaseException) -> None:
         self.stats.failures += 1

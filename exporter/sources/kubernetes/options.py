@@ -45,9 +45,19 @@ class KubernetesSource:
         Duration(8), help="How long the first read waits for the first lists; keep it below "
         "source_timeout.", exclusive_min=0,
     )
+    # The backoff of client-go's reflector, whose numbers these defaults are: each wait is
+    # its step times 1 to 2, so retries from many exporters spread out.
+    backoff_initial: Duration = opt(
+        Duration(0.8), help="First backoff step: the wait before a list after a 410 Gone, or "
+        "a retry after a failed list or watch, is 1-2 x the step.", exclusive_min=0,
+    )
     backoff_max: Duration = opt(
-        Duration(1), help="Longest wait between attempts to reopen a broken watch (from "
-        "0.1 s, doubling).", exclusive_min=0,
+        Duration(30), help="Longest backoff step: from backoff_initial, doubling to this (a "
+        "wait is at most twice it).", exclusive_min=0,
+    )
+    backoff_reset: Duration = opt(
+        Duration(120), help="The step starts again from backoff_initial after this long "
+        "without a wait (a list and watch that lived).", exclusive_min=0,
     )
     # Caps: every object read is bounded before it is parsed. A real pod is 3-20 KB of JSON
     # and etcd refuses objects over 1.5 MiB, so 4 MiB per event never cuts a real object.

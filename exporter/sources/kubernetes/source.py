@@ -853,7 +853,8 @@ class KubernetesAllocationSource:
         endpoint = await self._endpoint()
         c = self.config
         limits = Limits(page_size=c.page_size, request_timeout=c.request_timeout,
-                        watch_timeout=c.watch_timeout, backoff_max=c.backoff_max,
+                        watch_timeout=c.watch_timeout, backoff_initial=c.backoff_initial,
+                        backoff_max=c.backoff_max, backoff_reset=c.backoff_reset,
                         max_objects=c.max_objects, max_event_bytes=c.max_event_bytes,
                         max_page_bytes=c.max_page_bytes)
         self._session = http_client.client_session()
