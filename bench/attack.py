@@ -1544,7 +1544,7 @@ def churn_child(snapshots: int, outbox: str) -> None:
     from exporter.cli.serve import assemble
     from exporter.config import Config, build
     from exporter.exposition import LabelCache
-    from exporter.simulation.fleet import Simulation
+    from exporter.fleet_sim.fleet import Simulation
     from exporter.sources.sim.options import SimSource
     from exporter.web.server import _render_all
 
@@ -1584,7 +1584,7 @@ def churn_child(snapshots: int, outbox: str) -> None:
 
     asyncio.run(run())
     if advisor is not None:
-        advisor.deliverer.outbox.close()
+        advisor.deliverer.store.close()
     print(json.dumps({"gpus": len(base.gpus), "nodes": len(names), "marks": marks}))
 
 

@@ -33,8 +33,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.load.changepoint import Cusum, RollingStd, detect  # noqa: E402
-from exporter.load.series import read_capacity, read_series  # noqa: E402
+from exporter.pool_load.changepoint import Cusum, RollingStd, detect  # noqa: E402
+from exporter.pool_load.series import read_capacity, read_series  # noqa: E402
 
 DATA = REPO / "data" / "alibaba-spot-gpu-v2026"
 

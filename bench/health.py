@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from exporter.fleet_sim.fleet import Simulation
 from exporter.health.monitor import HealthMonitor
-from exporter.simulation.fleet import Simulation
 from exporter.sources.sim.options import SimSource
 
 START = 1_764_547_200.0

@@ -31,9 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from exporter.cli.load import settings_for  # noqa: E402
-from exporter.load.replay import PredictiveSettings, replay_pool, replay_series  # noqa: E402
-from exporter.load.scaling import ScalingSettings  # noqa: E402
-from exporter.load.series import read_capacity, read_series  # noqa: E402
+from exporter.pool_load.backtest import PredictiveSettings, replay_pool, replay_series  # noqa: E402
+from exporter.pool_load.scaling import ScalingSettings  # noqa: E402
+from exporter.pool_load.series import read_capacity, read_series  # noqa: E402
 
 DATA = REPO / "data" / "alibaba-spot-gpu-v2026"
 SERIES = DATA / "hourly_concurrency_top_models.csv"

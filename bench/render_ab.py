@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from exporter import exposition as after
-    from exporter.simulation.fleet import Simulation
+    from exporter.fleet_sim.fleet import Simulation
     from exporter.sources.sim.options import SimSource
 
     before = load_before(args.before.resolve())

@@ -151,7 +151,7 @@ def render_times(scale: int, renders: int = 3, health: bool = True) -> dict[str,
     import statistics
 
     from exporter.exposition import LabelCache, render
-    from exporter.simulation.fleet import Simulation
+    from exporter.fleet_sim.fleet import Simulation
     from exporter.sources.sim.options import SimSource
 
     start = 1_760_000_000.0

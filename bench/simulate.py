@@ -17,9 +17,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.simulate.fleets import load_fleet  # noqa: E402
-from exporter.simulate.run import RunSettings, simulate  # noqa: E402
-from exporter.simulate.timeline import TimelineSettings, arrivals_path, build, read_arrivals  # noqa: E402
+from exporter.outcome_sim.fleets import load_fleet  # noqa: E402
+from exporter.outcome_sim.run import RunSettings, simulate  # noqa: E402
+from exporter.outcome_sim.timeline import TimelineSettings, arrivals_path, build, read_arrivals  # noqa: E402
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 ``await`` returns as soon as the awaiting task is cancelled, but what it waited
 for may go on: a worker thread cannot be stopped, and a killed child stays a
 zombie, its pipes open, until someone reaps it. Cancelled mid-``await``, a task
-would end while its outbox write is still landing or its child still lives,
+would end while its store write is still landing or its child still lives,
 and whoever stopped the task would see half of what it did. ``complete`` waits
 for such work to finish however often the task is cancelled meanwhile, then
 lets the cancellation go on.

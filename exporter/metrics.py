@@ -586,7 +586,7 @@ FRAGMENTATION_WORKLOAD_INFO = FamilySpec(
     ("source", "cpu_only"), "fragmentation",
     doc="`source` is `window`, `trace` or `shapes`; `cpu_only` is `included` or `excluded`.")
 
-# -- pool load: change points and scaling hints (issue 20, exporter/load/live.py) ------------------
+# -- pool load: change points and scaling hints (issue 20, exporter/pool_load/tracker.py) ------------------
 POOL_LOAD_CHANGE_TOTAL = FamilySpec(
     "gpufleet_pool_load_change_total", "counter",
     "Load regime changes the CUSUM detector found in the pool's demand ratio, by direction.",
@@ -769,7 +769,7 @@ LOG_LINES_DROPPED_TOTAL = FamilySpec(
     ("reason",), "self",
     doc="Both stay 0 in a quiet process; `rate_limited` grows while an upstream fails the "
         "same way over and over (its line is logged once per 10 s with the count).")
-# -- the threshold table's reloads (issue 29, exporter/thresholds/live.py) -------------------------
+# -- the threshold table's reloads (issue 29, exporter/thresholds/reloading.py) -------------------------
 CONFIG_LAST_RELOAD_SUCCESSFUL = FamilySpec(
     "gpufleet_config_last_reload_successful", "gauge",
     "1 if the last reload of the threshold table succeeded, 0 if it failed and the last good "

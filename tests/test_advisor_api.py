@@ -19,17 +19,17 @@ from exporter.advisor.advice import WhatIf
 from exporter.advisor.advise import advise
 from exporter.advisor.api import validate_alertmanager
 from exporter.advisor.engine import Advisor, DecisionSettings
-from exporter.advisor.outbox import Outbox
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
 from exporter.advisor.service import AdvisorService, install, load_receivers, load_token
+from exporter.advisor.store import Store
 from exporter.advisor.wire import what_if_json
-from exporter.analysis.live import LiveAnalyzer
+from exporter.analysis.analyzer import LiveAnalyzer
 from exporter.collect import Collector
 from exporter.config import AdvisorConfig, AnalysisConfig, Config, ConfigError, ReceiverConfig
 from exporter.cycle.serving import ServingCycle, advisor_stage
 from exporter.cycle.stages import AnalysisStage, HealthStage, LoadStage
 from exporter.health.monitor import HealthMonitor
-from exporter.load.live import LoadTracker
+from exporter.pool_load.tracker import LoadTracker
 from exporter.snapshot import to_json
 from exporter.sources.sim.options import SimSource
 from exporter.sources.sim.source import build as sim_source
@@ -78,7 +78,7 @@ async def advisor_client(aiohttp_client, tmp_path):
 
     monitor = HealthMonitor()  # issue 31: /v1/advice's health, checked too
     service = AdvisorService(Advisor(settings, clock=lambda: START), analyzer,
-                             Deliverer(Outbox(tmp_path / "o.sqlite"), ()), TOKEN.encode(),
+                             Deliverer(Store(tmp_path / "o.sqlite"), ()), TOKEN.encode(),
                              max_body_bytes=64 * 1024 * 1024, planner=stub_planner(calls),
                              health=monitor)
     # serve's stages (exporter/cli/serve.py): the pools' scaling hints and the health ride along
@@ -247,7 +247,7 @@ async def test_shutdown_lets_a_scheduled_evaluation_queue_its_plan_before_the_ou
     settings = DecisionSettings(trigger=0.0, clear_below=-1.0, dwell_seconds=0, cooldown_seconds=0)
     analyzer = LiveAnalyzer.from_config(AnalysisConfig())
     service = AdvisorService(Advisor(settings, clock=lambda: START), analyzer,
-                             Deliverer(Outbox(path), (receiver,)), TOKEN.encode(),
+                             Deliverer(Store(path), (receiver,)), TOKEN.encode(),
                              max_body_bytes=1024 * 1024, planner=planner)
     state = ServingState()
     state.cycle = ServingCycle([AnalysisStage(analyzer), advisor_stage(service)], advisor=service)
@@ -266,7 +266,7 @@ async def test_shutdown_lets_a_scheduled_evaluation_queue_its_plan_before_the_ou
     assert service.evaluations_by_trigger["alertmanager"] == 1  # finished before the close
     plan = service.advisor.plan
     assert plan is not None and plan.migrations[0].job == "job-from-alert"
-    reopened = Outbox(path)
+    reopened = Store(path)
     try:
         assert reopened.status_of("sched", plan.plan_id) is not None  # queued, not lost
     finally:
@@ -493,7 +493,7 @@ async def test_a_rotated_token_file_is_read_again(aiohttp_client, tmp_path):
         assert await post("third-token", "g5") == 202
     finally:
         await service.api().finish_evaluations()
-        service.deliverer.outbox.close()
+        service.deliverer.store.close()
 
 
 async def test_one_what_if_at_a_time_and_503_when_busy(aiohttp_client):
@@ -582,12 +582,12 @@ def what_if_service(tmp_path_factory):
     analyzer.analyze(FleetSnapshot(START, reading.nodes, reading.gpus, reading.allocations, reading.pending))
     settings = DecisionSettings(trigger=0.0, clear_below=-1.0, dwell_seconds=0, cooldown_seconds=0)
     planner = functools.partial(plan_compaction, settings=PlanSettings())
-    outbox = Outbox(tmp_path_factory.mktemp("outbox") / "o.sqlite")
+    store = Store(tmp_path_factory.mktemp("outbox") / "o.sqlite")
     service = AdvisorService(Advisor(settings, clock=lambda: START), analyzer,
-                             Deliverer(outbox, ()), TOKEN.encode(), max_body_bytes=1 << 20,
+                             Deliverer(store, ()), TOKEN.encode(), max_body_bytes=1 << 20,
                              planner=planner)
     yield service
-    outbox.close()
+    store.close()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -612,7 +612,7 @@ def test_the_what_if_time_limit_comes_from_api_what_if_timeout(tmp_path):
     try:
         assert service.api().what_if_timeout == 2.5
     finally:
-        service.deliverer.outbox.close()
+        service.deliverer.store.close()
 
 
 async def test_v1_advice_serves_the_plan_through_its_cooldown_until_it_expires(aiohttp_client):

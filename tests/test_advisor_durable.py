@@ -15,17 +15,17 @@ import pytest
 from aiohttp import web
 
 from exporter.advisor.api import AdvisorApi, add_routes
-from exporter.advisor.outbox import Outbox
+from exporter.advisor.store import Store
 from exporter.advisor.webhook import Deliverer, Receiver
 from exporter.snapshot import FleetSnapshot
 from tests.test_advisor_api import alertmanager_payload
-from tests.test_advisor_outbox import START, Clock, FullDisk, full_disk_outbox, service_with
+from tests.test_advisor_store import START, Clock, FullDisk, full_disk_store, service_with
 from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
 
 
-def failing_updates_outbox(path) -> tuple[Outbox, FullDisk]:
+def failing_updates_store(path) -> tuple[Store, FullDisk]:
     """A disk that fills after the rows are in: INSERTs fit, every UPDATE fails."""
-    return full_disk_outbox(path, failing=("UPDATE",))
+    return full_disk_store(path, failing=("UPDATE",))
 
 
 def _body(plan_id: str, expires_at: float) -> bytes:
@@ -37,7 +37,7 @@ async def test_a_wall_clock_stepped_back_an_hour_neither_stalls_nor_forward_burs
     server = await aiohttp_server(scheduler.app())
     wall, mono = Clock(START), Clock(1000.0)
     receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
-    deliverer = Deliverer(Outbox(tmp_path / "outbox.sqlite"), (receiver,), base_delay=10,
+    deliverer = Deliverer(Store(tmp_path / "outbox.sqlite"), (receiver,), base_delay=10,
                           max_delay=10, clock=wall, monotonic=mono)
     async with aiohttp.ClientSession() as session:
         assert deliverer.enqueue("plan-a", _body("plan-a", START + 900), START + 900) == 1
@@ -70,28 +70,28 @@ async def test_a_restart_reads_the_written_schedule_bounded_by_max_delay(aiohttp
     """A row written by a process whose wall clock ran an hour ahead is due within max_delay."""
     scheduler = Scheduler()
     server = await aiohttp_server(scheduler.app())
-    outbox = Outbox(tmp_path / "outbox.sqlite")
+    store = Store(tmp_path / "outbox.sqlite")
     far = START + 10 * 86400
-    key = outbox.enqueue("slurm", "plan-a", _body("plan-a", far), START, far)
+    key = store.enqueue("slurm", "plan-a", _body("plan-a", far), START, far)
     assert key is not None
-    outbox.retry_at(key, START + 3600 + 5, "HTTP 503")  # written under a clock an hour ahead
+    store.retry_at(key, START + 3600 + 5, "HTTP 503")  # written under a clock an hour ahead
     wall, mono = Clock(START), Clock(50.0)
     receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
-    deliverer = Deliverer(outbox, (receiver,), base_delay=1, max_delay=30, clock=wall, monotonic=mono)
+    deliverer = Deliverer(store, (receiver,), base_delay=1, max_delay=30, clock=wall, monotonic=mono)
     async with aiohttp.ClientSession() as session:
         await deliverer.deliver_due(session)
         assert scheduler.requests == [] and deliverer.next_due() == 80.0
         mono.now += 30
         await deliverer.deliver_due(session)
-    assert outbox.status_of("slurm", "plan-a") == ("delivered", 2, "HTTP 503")
+    assert store.status_of("slurm", "plan-a") == ("delivered", 2, "HTTP 503")
 
 
 async def test_an_outcome_that_cannot_be_written_is_never_posted_again(aiohttp_server, tmp_path):
     scheduler = Scheduler()
     server = await aiohttp_server(scheduler.app())
-    outbox, conn = failing_updates_outbox(tmp_path / "outbox.sqlite")
+    store, conn = failing_updates_store(tmp_path / "outbox.sqlite")
     receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
-    deliverer = Deliverer(outbox, (receiver,), base_delay=0.05, max_delay=0.4)
+    deliverer = Deliverer(store, (receiver,), base_delay=0.05, max_delay=0.4)
     far = START + 10 * 86400
     plan_id, body = "plan-a", _body("plan-a", far)
     deliverer.enqueue(plan_id, body, None)
@@ -100,27 +100,27 @@ async def test_an_outcome_that_cannot_be_written_is_never_posted_again(aiohttp_s
     assert len(scheduler.requests) == 1  # before the fix: a POST per round, 29 in 15 s
     assert deliverer.held_outcomes() == 1
     # the write is retried, backing off: 0.05 s doubling to 0.4 s gives about 6 tries in 1.5 s
-    assert 2 <= outbox.errors["update"] <= 10
+    assert 2 <= store.errors["update"] <= 10
     conn.full = False
     await _run_until(deliverer, lambda: deliverer.held_outcomes() == 0, timeout=3)
     assert len(scheduler.requests) == 1
-    assert outbox.status_of("slurm", plan_id) == ("delivered", 1, "")
-    assert outbox.pending_count() == 0
+    assert store.status_of("slurm", plan_id) == ("delivered", 1, "")
+    assert store.pending_count() == 0
 
 
 async def test_failures_whose_retry_cannot_be_written_still_back_off(aiohttp_server, tmp_path):
     scheduler = Scheduler(fail_first=1000)
     server = await aiohttp_server(scheduler.app())
-    outbox, conn = failing_updates_outbox(tmp_path / "outbox.sqlite")
+    store, conn = failing_updates_store(tmp_path / "outbox.sqlite")
     receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
-    deliverer = Deliverer(outbox, (receiver,), base_delay=0.1, max_delay=1.0)
+    deliverer = Deliverer(store, (receiver,), base_delay=0.1, max_delay=1.0)
     deliverer.enqueue("plan-a", _body("plan-a", START + 10 * 86400), None)
     conn.full = True
     await _run_until(deliverer, lambda: False, timeout=1.5)
     # backoff 0.05-0.1, 0.1-0.2, 0.2-0.4, 0.4-0.8 s...: 6 POSTs at most in 1.5 s
     # (before the fix: the failed UPDATE ended the round, and a retry came every 0.1 s)
     assert 2 <= len(scheduler.requests) <= 6
-    assert outbox.errors["update"] == len(scheduler.requests)
+    assert store.errors["update"] == len(scheduler.requests)
 
 
 async def test_an_alert_flood_queues_a_bounded_number_of_evaluations(aiohttp_client, caplog):
@@ -160,13 +160,13 @@ async def test_an_alert_flood_queues_a_bounded_number_of_evaluations(aiohttp_cli
 async def test_a_restart_inside_the_cooldown_proposes_no_new_plan(tmp_path):
     path = tmp_path / "outbox.sqlite"
     clock = Clock()
-    first = service_with(Deliverer(Outbox(path), ()), clock)
+    first = service_with(Deliverer(Store(path), ()), clock)
     advice = await first.evaluate("snapshot")
     assert advice is not None and advice.decision == "compact"
-    first.deliverer.outbox.close()
+    first.deliverer.store.close()
 
     clock.now += 9.4  # the issue's restart: a second plan 9.4 s after the first
-    second = service_with(Deliverer(Outbox(path), ()), clock)
+    second = service_with(Deliverer(Store(path), ()), clock)
     second.restore_state()
     assert second.advisor.last_plan_at == START
     again = await second.evaluate("snapshot")
@@ -176,7 +176,7 @@ async def test_a_restart_inside_the_cooldown_proposes_no_new_plan(tmp_path):
     clock.now += 1800  # the cooldown ends: a plan again
     later = await second.evaluate("snapshot")
     assert later is not None and later.decision == "compact"
-    second.deliverer.outbox.close()
+    second.deliverer.store.close()
 
 
 def _corrupt_half_the_pages(path) -> None:
@@ -188,20 +188,20 @@ def _corrupt_half_the_pages(path) -> None:
     path.write_bytes(bytes(data))
 
 
-def _filled_outbox(path) -> None:
-    outbox = Outbox(path)
+def _filled_store(path) -> None:
+    store = Store(path)
     for i in range(200):
-        outbox.enqueue("slurm", f"plan-{i}", b"x" * 2000, START, None)
-    outbox._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    outbox.close()
+        store.enqueue("slurm", f"plan-{i}", b"x" * 2000, START, None)
+    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
 
 
 def test_an_outbox_failing_its_integrity_check_is_refused_with_exit_2_and_one_line(tmp_path):
     path = tmp_path / "outbox.sqlite"
-    _filled_outbox(path)
+    _filled_store(path)
     _corrupt_half_the_pages(path)
     with pytest.raises(sqlite3.DatabaseError, match="integrity check failed"):
-        Outbox(path)
+        Store(path)
     config = tmp_path / "gpufleet.yaml"
     config.write_text(f"advisor: {{outbox: {path}}}\n")
     done = subprocess.run([sys.executable, "-m", "exporter", "serve", "--config", str(config),
@@ -214,15 +214,15 @@ def test_an_outbox_failing_its_integrity_check_is_refused_with_exit_2_and_one_li
 
 def test_an_outbox_that_fails_later_keeps_the_advisor_families_and_counts_the_error(tmp_path):
     path = tmp_path / "outbox.sqlite"
-    _filled_outbox(path)
-    service = service_with(Deliverer(Outbox(path), ()), Clock())
+    _filled_store(path)
+    service = service_with(Deliverer(Store(path), ()), Clock())
     before = {f.name for f in service.families(FleetSnapshot(START))}
     _corrupt_half_the_pages(path)  # under the running process
     with contextlib.suppress(sqlite3.Error):  # drop the pages cached in this connection
-        service.deliverer.outbox._db.execute("PRAGMA shrink_memory")
+        service.deliverer.store._db.execute("PRAGMA shrink_memory")
     families = {f.name: f for f in service.families(FleetSnapshot(START))}
     assert set(families) == before  # before the fix: 17 families gone from /metrics
     errors = {labels: value for labels, value in families["gpufleet_advisor_outbox_errors_total"].samples}
     assert errors[(("operation", "select"),)] >= 1
     assert families["gpufleet_advisor_outbox_pending"].samples[0][1] == 200  # the last count read
-    service.deliverer.outbox.close()
+    service.deliverer.store.close()

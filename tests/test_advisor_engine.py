@@ -281,10 +281,10 @@ def test_multi_node_jobs_over_nvlink_generations_are_flagged():
 
 
 async def test_post_alerts_tells_the_advisor_before_it_evaluates(aiohttp_client, tmp_path):
-    from exporter.advisor.outbox import Outbox
     from exporter.advisor.service import AdvisorService
+    from exporter.advisor.store import Store
     from exporter.advisor.webhook import Deliverer
-    from exporter.analysis.live import LiveAnalyzer
+    from exporter.analysis.analyzer import LiveAnalyzer
     from exporter.config import AnalysisConfig
     from tests.test_advisor_api import alertmanager_payload, auth, light_client
 
@@ -298,7 +298,7 @@ async def test_post_alerts_tells_the_advisor_before_it_evaluates(aiohttp_client,
     # and gpufleet serve's service wires it to the advisor
     advisor, _clock = make()
     service = AdvisorService(advisor.engine, LiveAnalyzer.from_config(AnalysisConfig()),
-                             Deliverer(Outbox(tmp_path / "o.sqlite"), ()), b"t", max_body_bytes=1024)
+                             Deliverer(Store(tmp_path / "o.sqlite"), ()), b"t", max_body_bytes=1024)
     assert service.api().on_alerts == advisor.engine.alert_firing
 
 

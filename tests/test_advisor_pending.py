@@ -193,7 +193,7 @@ class CountingPlanner(Planner):
 
 def test_the_default_fleets_tier_inversion_starts_no_plan_and_names_its_remedy():
     from exporter.advisor.advise import decision_settings
-    from exporter.analysis.live import LiveAnalyzer
+    from exporter.analysis.analyzer import LiveAnalyzer
     from exporter.config import load
 
     config = load(None)
@@ -341,7 +341,7 @@ def test_the_default_fleets_inversion_is_exported_as_penalty_so_the_alert_leaves
     GpuClusterFragmentationHigh each pool's index less its own penalty:
     on the default fleet's inversion the exporter serves an index of 60 or more, almost all
     of it penalty, so the difference the alert reads stays far under its level of 50."""
-    from exporter.analysis.live import LiveAnalyzer, report_families
+    from exporter.analysis.analyzer import LiveAnalyzer, report_families
     from exporter.config import load
 
     rep = LiveAnalyzer.from_config(load(None).analysis).analyze(default_fleet_inverted())

@@ -1,4 +1,4 @@
-"""The advisor on the simulated fleet (exporter/simulation), over seeds and simulated hours.
+"""The advisor on the simulated fleet (exporter/fleet_sim), over seeds and simulated hours.
 
 What the real Slurm samples cannot show (they have no telemetry and a handful of
 jobs): plans on a fragmented 136-node fleet whose every move respects every rule
@@ -20,15 +20,15 @@ from exporter.advisor.openapi import advice_schema, document
 from exporter.advisor.planner import PlanSettings, plan_compaction
 from exporter.advisor.service import build_service
 from exporter.advisor.wire import advice_json
+from exporter.analysis.analyzer import LiveAnalyzer
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
-from exporter.analysis.live import LiveAnalyzer
 from exporter.analysis.state import from_snapshot
 from exporter.analysis.workload import Shape, Workload
 from exporter.config import AdvisorConfig, AnalysisConfig
+from exporter.fleet_sim.fleet import Simulation
+from exporter.fleet_sim.jobs import JOB_KINDS, scenario_start
 from exporter.placement.tiers import tier_models
-from exporter.simulation.fleet import Simulation
-from exporter.simulation.jobs import JOB_KINDS, scenario_start
 from exporter.snapshot import JobRequest
 from exporter.sources.sim.options import Scenario, SimSource
 
@@ -143,7 +143,7 @@ def test_right_sizing_on_the_simulator_when_inference_fills_the_b200_pool(tmp_pa
     try:
         families = {f.name: f.samples for f in service.job_families(snapshot)}
     finally:
-        service.deliverer.outbox.close()
+        service.deliverer.store.close()
     assert families["gpufleet_pool_right_sizing_gpus"] == [((("pool", "gpu-b200"),), 53.75)]
     ((labels, seconds),) = families["gpufleet_pool_right_sizing_gpu_seconds"]
     assert labels == (("pool", "gpu-b200"),) and round(seconds / 3600, 3) == 332.687

@@ -9,7 +9,7 @@ import time
 
 from aiohttp import web
 
-from exporter.advisor.outbox import Outbox
+from exporter.advisor.store import Store
 from exporter.advisor.webhook import (
     DELIVERY_HEADER,
     IDEMPOTENCY_HEADER,
@@ -106,22 +106,22 @@ def test_retry_after_forms():
 async def test_down_three_times_then_delivered_exactly_once(aiohttp_server, tmp_path):
     scheduler = Scheduler(fail_first=3)
     server = await aiohttp_server(scheduler.app())
-    outbox = Outbox(tmp_path / "outbox.sqlite")
+    store = Store(tmp_path / "outbox.sqlite")
     receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
-    deliverer = Deliverer(outbox, (receiver,), base_delay=0.01, max_delay=0.05)
+    deliverer = Deliverer(store, (receiver,), base_delay=0.01, max_delay=0.05)
     plan_id, body, expires = _plan()
     assert deliverer.enqueue(plan_id, body, expires) == 1
     assert deliverer.enqueue(plan_id, body, expires) == 0  # the same plan is queued once
     # until the deliverer has its answer; then 0.2 s more: would a duplicate follow? it must not
-    await _run_until(deliverer, lambda: outbox.pending_count() == 0, linger=0.2)
+    await _run_until(deliverer, lambda: store.pending_count() == 0, linger=0.2)
     assert len(scheduler.requests) == 4
     assert len(scheduler.accepted) == 1 and scheduler.accepted[0]["plan_id"] == plan_id
     assert scheduler.bad_signatures == 0
     delivery_ids = {h[DELIVERY_HEADER] for h, _ in scheduler.requests}
     assert len(delivery_ids) == 1  # retries of one delivery keep its id
     assert {h[IDEMPOTENCY_HEADER] for h, _ in scheduler.requests} == {plan_id}
-    assert outbox.status_of("slurm", plan_id) == ("delivered", 4, "HTTP 503")
-    assert outbox.pending_count() == 0
+    assert store.status_of("slurm", plan_id) == ("delivered", 4, "HTTP 503")
+    assert store.pending_count() == 0
     assert deliverer.results[("slurm", "retry")] == 3
     assert deliverer.results[("slurm", "delivered")] == 1
 
@@ -131,44 +131,44 @@ async def test_client_errors_are_final_but_429_is_retried(aiohttp_server, tmp_pa
     throttling = Scheduler(fail_first=1, fail_status=429, headers={"Retry-After": "1"})
     s1 = await aiohttp_server(rejecting.app())
     s2 = await aiohttp_server(throttling.app())
-    outbox = Outbox(tmp_path / "outbox.sqlite")
+    store = Store(tmp_path / "outbox.sqlite")
     receivers = (Receiver("reject", str(s1.make_url("/gpufleet")), SECRET),
                  Receiver("throttle", str(s2.make_url("/gpufleet")), SECRET))
-    deliverer = Deliverer(outbox, receivers, base_delay=0.01, max_delay=0.05)
+    deliverer = Deliverer(store, receivers, base_delay=0.01, max_delay=0.05)
     plan_id, body, expires = _plan()
     deliverer.enqueue(plan_id, body, expires)
     started = time.monotonic()
-    await _run_until(deliverer, lambda: outbox.pending_count() == 0)
+    await _run_until(deliverer, lambda: store.pending_count() == 0)
     assert time.monotonic() - started >= 0.9  # waited for Retry-After, not the 10 ms backoff
     assert len(rejecting.requests) == 1  # 400: never repeated
-    assert outbox.status_of("reject", plan_id)[0] == "rejected"
-    assert outbox.status_of("throttle", plan_id) == ("delivered", 2, "HTTP 429")
+    assert store.status_of("reject", plan_id)[0] == "rejected"
+    assert store.status_of("throttle", plan_id) == ("delivered", 2, "HTTP 429")
 
 
 async def test_connection_refused_is_retried(tmp_path, aiohttp_server):
     from tests.helpers import free_port
 
-    outbox = Outbox(tmp_path / "outbox.sqlite")
+    store = Store(tmp_path / "outbox.sqlite")
     receiver = Receiver("gone", f"http://127.0.0.1:{free_port()}/gpufleet", SECRET, timeout=1)
-    deliverer = Deliverer(outbox, (receiver,), base_delay=0.01, max_delay=0.02)
+    deliverer = Deliverer(store, (receiver,), base_delay=0.01, max_delay=0.02)
     plan_id, body, expires = _plan()
     deliverer.enqueue(plan_id, body, expires)
     await _run_until(deliverer, lambda: deliverer.results[("gone", "retry")] >= 3)
-    status, attempts, error = outbox.status_of("gone", plan_id)
+    status, attempts, error = store.status_of("gone", plan_id)
     assert status == "pending" and attempts >= 3 and "Connect" in error
-    assert outbox.pending_count() == 1  # kept for later, not dropped
+    assert store.pending_count() == 1  # kept for later, not dropped
 
 
 async def test_a_new_process_delivers_what_the_old_one_queued(aiohttp_server, tmp_path):
     path = tmp_path / "outbox.sqlite"
-    first = Outbox(path)
+    first = Store(path)
     plan_id, body, expires = _plan("plan-survives")
     first.enqueue("slurm", plan_id, body, time.time(), expires)
     first.close()  # the old process is gone
 
     scheduler = Scheduler()
     server = await aiohttp_server(scheduler.app())
-    second = Outbox(path)
+    second = Store(path)
     deliverer = Deliverer(second, (Receiver("slurm", str(server.make_url("/gpufleet")), SECRET),),
                           base_delay=0.01)
     deliverer.wake()
@@ -180,12 +180,12 @@ async def test_a_new_process_delivers_what_the_old_one_queued(aiohttp_server, tm
 async def test_expired_plans_are_not_delivered(aiohttp_server, tmp_path):
     scheduler = Scheduler()
     server = await aiohttp_server(scheduler.app())
-    outbox = Outbox(tmp_path / "outbox.sqlite")
-    deliverer = Deliverer(outbox, (Receiver("slurm", str(server.make_url("/gpufleet")), SECRET),),
+    store = Store(tmp_path / "outbox.sqlite")
+    deliverer = Deliverer(store, (Receiver("slurm", str(server.make_url("/gpufleet")), SECRET),),
                           base_delay=0.01)
     plan_id, body, _ = _plan("old-plan")
     deliverer.enqueue(plan_id, body, expires_at=time.time() - 1)
-    await _run_until(deliverer, lambda: outbox.pending_count() == 0)
+    await _run_until(deliverer, lambda: store.pending_count() == 0)
     assert scheduler.requests == []
-    assert outbox.status_of("slurm", plan_id)[0] == "expired"
+    assert store.status_of("slurm", plan_id)[0] == "expired"
     assert deliverer.results[("slurm", "expired")] == 1

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from exporter.analysis.live import LiveAnalyzer, report_families
+from exporter.analysis.analyzer import LiveAnalyzer, report_families
 from exporter.analysis.options import AnalysisConfig, ShapeConfig
 from exporter.config import ConfigError, build
 from exporter.exposition import render_families
-from exporter.simulation.fleet import Simulation
+from exporter.fleet_sim.fleet import Simulation
 from exporter.snapshot import FleetSnapshot
 from exporter.sources.sim.options import Scenario, SimSource
 from tests.helpers import http_get, openb_csv

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from exporter.cli import main
-from exporter.simulation.fleet import Simulation
+from exporter.fleet_sim.fleet import Simulation
 from exporter.snapshot import to_json
 from exporter.sources.sim.options import Scenario, SimSource
 from tests.helpers import REPO, openb_csv

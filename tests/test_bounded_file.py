@@ -65,7 +65,7 @@ def test_the_arrivals_and_a_checked_file_go_through_the_bounded_reader(tmp_path,
     """``simulate``'s hourly series ($GPUFLEET_DATA) and ``rules --check``'s files were read
     whole by open(): a FIFO hung them, /dev/zero filled the memory."""
     from exporter.generated import differs
-    from exporter.simulate import timeline
+    from exporter.outcome_sim import timeline
 
     monkeypatch.setattr(timeline, "MAX_ARRIVALS_BYTES", 1024)
     with pytest.raises(ValueError) as info:

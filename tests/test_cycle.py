@@ -39,7 +39,7 @@ class Recorder:
 
 
 def test_serve_and_simulate_run_the_same_cycle_function(tmp_path):
-    from exporter.simulate.advisor_loop import AdvisorStrategy
+    from exporter.outcome_sim.advisor_loop import AdvisorStrategy
     from tests.test_simulate import job, sim_of, tiny_fleet
 
     # serve: one collection of the default config, with the recorder last in its cycle
@@ -57,7 +57,7 @@ def test_serve_and_simulate_run_the_same_cycle_function(tmp_path):
         finally:
             await collector.close()
             if advisor is not None:
-                advisor.deliverer.outbox.close()
+                advisor.deliverer.store.close()
 
     asyncio.run(once())
     assert served.callers == [run_cycle.__code__]
@@ -123,7 +123,7 @@ async def test_health_is_judged_and_delivered_with_the_advisor_off(aiohttp_serve
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        deliverer.outbox.close()
+        deliverer.store.close()
     assert scheduler.bad_signatures == 0
     drains = [b for b in scheduler.accepted if b["type"] == "drain"]
     assert [(b["node"], b["event"]) for b in drains] == [("a-3", "remediation")]

@@ -14,8 +14,8 @@ import re
 
 from exporter import metrics
 from exporter.exposition import render_text
+from exporter.fleet_sim.fleet import Simulation
 from exporter.metrics import CATALOGUE
-from exporter.simulation.fleet import Simulation
 from exporter.snapshot import JobRequest, SourceStatus, UnmatchedGpus, XidCount
 from exporter.sources.sim.options import SimSource
 from tests.helpers.golden_metrics import GOLDEN

@@ -257,7 +257,7 @@ class Session:
 
     def snapshot(self, block: Block, redirect: str | None) -> None:
         """What a running ``make run`` answers on /v1/snapshot: the default fleet's body."""
-        from exporter.simulation.fleet import Simulation
+        from exporter.fleet_sim.fleet import Simulation
         from exporter.sources.sim.options import SimSource
         from exporter.web.server import snapshot_bodies
 

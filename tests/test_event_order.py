@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from exporter.advisor.outbox import Outbox
+from exporter.advisor.store import Store
 from exporter.advisor.webhook import Deliverer, Receiver, verify
 from exporter.advisor.wire import event_body
 from exporter.cli import main
@@ -53,26 +53,26 @@ RESUME = Resume(NODE, "a", T0, T0 + 3600)
 # -- the outbox and the deliverer ------------------------------------------------------------
 
 
-def enqueue_event(outbox: Outbox, receiver: str, event: Event) -> str | None:
+def enqueue_event(store: Store, receiver: str, event: Event) -> str | None:
     node = None if not hasattr(event, "node") else event.node
-    return outbox.enqueue(receiver, event_id(event), event_body(event), T0, None, node)
+    return store.enqueue(receiver, event_id(event), event_body(event), T0, None, node)
 
 
 def test_the_outbox_hands_out_only_the_oldest_pending_event_of_a_node(tmp_path):
-    outbox = Outbox(tmp_path / "outbox.sqlite")
+    store = Store(tmp_path / "outbox.sqlite")
     other = Drain("gpu-node-2", "a", "XID 79 on GPU 0", T0 + 10)
-    ids = {e: enqueue_event(outbox, "r1", e) for e in (DRAIN, RESET, RESUME, other)}
-    plan = outbox.enqueue("r1", "plan-abc", b"{}", T0, T0 + 900)
-    second = enqueue_event(outbox, "r2", RESUME)  # another receiver's line is its own
-    assert {d.delivery_id for d in outbox.pending()} == {ids[DRAIN], ids[other], plan, second}
-    assert {d.delivery_id for d in outbox.due(T0 + 1)} == {ids[DRAIN], ids[other], plan, second}
-    outbox.retry_at(ids[DRAIN], T0 + 60, "HTTP 503")  # the drain keeps its backoff
-    assert ids[RESET] not in {d.delivery_id for d in outbox.due(T0 + 61)}
-    outbox.delivered(ids[DRAIN], T0 + 61)
-    assert {d.delivery_id for d in outbox.pending()} == {ids[RESET], ids[other], plan, second}
-    outbox.rejected(ids[RESET], T0 + 62, "HTTP 400")  # finished either way: the next goes
-    assert [d.delivery_id for d in outbox.pending() if d.order_key == NODE] == [ids[RESUME], second]
-    assert outbox.pending_count() == 5 - 2 + 1
+    ids = {e: enqueue_event(store, "r1", e) for e in (DRAIN, RESET, RESUME, other)}
+    plan = store.enqueue("r1", "plan-abc", b"{}", T0, T0 + 900)
+    second = enqueue_event(store, "r2", RESUME)  # another receiver's line is its own
+    assert {d.delivery_id for d in store.pending()} == {ids[DRAIN], ids[other], plan, second}
+    assert {d.delivery_id for d in store.due(T0 + 1)} == {ids[DRAIN], ids[other], plan, second}
+    store.retry_at(ids[DRAIN], T0 + 60, "HTTP 503")  # the drain keeps its backoff
+    assert ids[RESET] not in {d.delivery_id for d in store.due(T0 + 61)}
+    store.delivered(ids[DRAIN], T0 + 61)
+    assert {d.delivery_id for d in store.pending()} == {ids[RESET], ids[other], plan, second}
+    store.rejected(ids[RESET], T0 + 62, "HTTP 400")  # finished either way: the next goes
+    assert [d.delivery_id for d in store.pending() if d.order_key == NODE] == [ids[RESUME], second]
+    assert store.pending_count() == 5 - 2 + 1
 
 
 def test_pending_events_of_an_outbox_from_before_the_order_are_ordered(tmp_path):
@@ -95,10 +95,10 @@ def test_pending_events_of_an_outbox_from_before_the_order_are_ordered(tmp_path)
                     [(d, event_id(e), event_body(e), T0, due) for d, e, due in rows])
     old.commit()
     old.close()
-    outbox = Outbox(path)
-    assert sorted(d.delivery_id for d in outbox.pending()) == ["d1", "d3"]
-    outbox.delivered("d1", T0 + 301)
-    assert sorted(d.delivery_id for d in outbox.pending()) == ["d2", "d3"]
+    store = Store(path)
+    assert sorted(d.delivery_id for d in store.pending()) == ["d1", "d3"]
+    store.delivered("d1", T0 + 301)
+    assert sorted(d.delivery_id for d in store.pending()) == ["d2", "d3"]
 
 
 class Receiver503:
@@ -136,9 +136,9 @@ async def run_until(deliverer: Deliverer, done, timeout: float = 30.0) -> None:
 async def test_a_drain_retried_through_an_outage_is_not_overtaken_by_its_resume(aiohttp_server, tmp_path):
     receiver = Receiver503()
     server = await aiohttp_server(receiver.app())
-    outbox = Outbox(tmp_path / "outbox.sqlite")
+    store = Store(tmp_path / "outbox.sqlite")
     # the first retry comes 1 to 2 s after the first attempt: long after the resume is queued
-    deliverer = Deliverer(outbox, (Receiver("r", str(server.make_url("/hook")), SECRET),),
+    deliverer = Deliverer(store, (Receiver("r", str(server.make_url("/hook")), SECRET),),
                           base_delay=2.0, max_delay=2.0)
     other = Drain("gpu-node-2", "a", "XID 79 on GPU 0", T0 + 3600)
     assert deliverer.enqueue_event(event_id(DRAIN), event_body(DRAIN)) == 1
@@ -148,14 +148,14 @@ async def test_a_drain_retried_through_an_outage_is_not_overtaken_by_its_resume(
     for event in (RESUME, other):
         assert deliverer.enqueue_event(event_id(event), event_body(event)) == 1
     deliverer.enqueue("plan-abc", b'{"plan_id": "plan-abc"}', time.time() + 600)
-    await run_until(deliverer, lambda: outbox.pending_count() == 0)
+    await run_until(deliverer, lambda: store.pending_count() == 0)
     drain, resume = event_id(DRAIN), event_id(RESUME)
     # the other node's drain and the plan are not held up; the resume never goes before the drain
     assert receiver.requests[0] == (drain, 503)
     assert sorted(receiver.requests[1:3]) == [(event_id(other), 200), ("plan-abc", 200)]
     assert receiver.requests[3:] == [(drain, 200), (resume, 200)]
-    assert outbox.status_of("r", resume) == ("delivered", 1, "")
-    assert outbox.status_of("r", drain) == ("delivered", 2, "HTTP 503")
+    assert store.status_of("r", resume) == ("delivered", 1, "")
+    assert store.status_of("r", drain) == ("delivered", 2, "HTTP 503")
 
 
 # -- act: the order, by itself ---------------------------------------------------------------
@@ -401,15 +401,15 @@ async def test_on_slurm_a_drain_retried_through_an_outage_and_overtaken_leaves_t
     resume = Resume(node, "gpu-h100", now, now + 60)
     receiver = ActingReceiver(slurm, tmp_path / "audit.jsonl")
     server = await aiohttp_server(receiver.app())
-    outbox = Outbox(tmp_path / "outbox.sqlite")
-    deliverer = Deliverer(outbox, (Receiver("slurm", str(server.make_url("/hook")), SECRET,
+    store = Store(tmp_path / "outbox.sqlite")
+    deliverer = Deliverer(store, (Receiver("slurm", str(server.make_url("/hook")), SECRET,
                                             timeout=60),), base_delay=2.0, max_delay=2.0)
     try:
         deliverer.enqueue_event(event_id(drain), event_body(drain))
         await run_until(deliverer, lambda: deliverer.results[("slurm", "retry")] == 1)
         receiver.down = False  # the receiver is back; the resume is decided meanwhile
         deliverer.enqueue_event(event_id(resume), event_body(resume))
-        await run_until(deliverer, lambda: outbox.pending_count() == 0, timeout=120)
+        await run_until(deliverer, lambda: store.pending_count() == 0, timeout=120)
         assert receiver.received == [("drain", 503), ("drain", 200), ("resume", 200)]
         assert receiver.acted == [(0, b""), (0, b"")]
         state, reason = state_of(slurm, node)
@@ -417,7 +417,7 @@ async def test_on_slurm_a_drain_retried_through_an_outage_and_overtaken_leaves_t
         records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
         assert [(r["type"], r["outcome"]) for r in records] == [("drain", "done"), ("resume", "done")]
     finally:
-        outbox.close()
+        store.close()
         slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
 
 

@@ -26,8 +26,8 @@ from exporter.exposition import (
     render_text,
     snapshot_families,
 )
+from exporter.fleet_sim.fleet import Simulation
 from exporter.metrics import CATALOGUE, IDENTITY
-from exporter.simulation.fleet import Simulation
 from exporter.snapshot import Gpu, GpuHealth, GpuPerformance, MigInstance, XidCount
 from exporter.sources.sim.options import Scenario, SimSource
 from tests.helpers import http_get, require_binary

@@ -48,12 +48,12 @@ from exporter.advisor.advise import plan_settings
 from exporter.advisor.api import _dumps
 from exporter.advisor.engine import Advisor, DecisionSettings
 from exporter.advisor.openapi import advice_schema, document
-from exporter.advisor.outbox import Outbox
 from exporter.advisor.planner import plan_compaction
 from exporter.advisor.service import AdvisorService
+from exporter.advisor.store import Store
 from exporter.advisor.webhook import Deliverer
 from exporter.advisor.wire import what_if_json
-from exporter.analysis.live import LiveAnalyzer
+from exporter.analysis.analyzer import LiveAnalyzer
 from exporter.analysis.options import AnalysisConfig, ShapeConfig
 from exporter.config import AdvisorConfig, Config, ConfigError
 from exporter.options import Duration
@@ -580,7 +580,7 @@ def what_if():
     shapes = (ShapeConfig(cpus=8, gpus=8), ShapeConfig(cpus=4, gpus=4), ShapeConfig(cpus=1, gpus=1))
     service = AdvisorService(Advisor(settings_, clock=lambda: 1.76e9),
                              LiveAnalyzer.from_config(AnalysisConfig(workload="shapes", shapes=shapes)),
-                             Deliverer(Outbox(":memory:"), ()), b"token", max_body_bytes=1 << 20,
+                             Deliverer(Store(":memory:"), ()), b"token", max_body_bytes=1 << 20,
                              planner=planner)
     return lambda snapshot: what_if_json(service.what_if(snapshot))
 

@@ -17,11 +17,11 @@ from jsonschema import Draft202012Validator
 
 from exporter.advisor import openapi
 from exporter.advisor.engine import Advisor, DecisionSettings
-from exporter.advisor.outbox import Outbox
 from exporter.advisor.service import AdvisorService
+from exporter.advisor.store import Store
 from exporter.advisor.webhook import EVENT_HEADER, IDEMPOTENCY_HEADER, Deliverer, Receiver
 from exporter.advisor.wire import health_json
-from exporter.analysis.live import LiveAnalyzer
+from exporter.analysis.analyzer import LiveAnalyzer
 from exporter.config import AnalysisConfig
 from exporter.cycle import Frame
 from exporter.cycle.serving import HealthEffects, ServingCycle
@@ -58,7 +58,7 @@ class HealthCycle:
 
 
 def service(path: Path, receivers: tuple[Receiver, ...] = ()) -> HealthCycle:
-    deliverer = Deliverer(Outbox(path), receivers, base_delay=0.01, max_delay=0.05)
+    deliverer = Deliverer(Store(path), receivers, base_delay=0.01, max_delay=0.05)
     return HealthCycle(deliverer, HealthMonitor(HealthSettings(critical_xids=(79,))))
 
 
@@ -84,11 +84,11 @@ async def test_an_xid_reaches_the_receiver_as_a_signed_drain_that_act_reads(aioh
     receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
     advisor = service(tmp_path / "outbox.sqlite", (receiver,))
     advisor.observe_health(fleet(0))
-    assert advisor.deliverer.outbox.pending_count() == 0  # healthy: nothing to say
+    assert advisor.deliverer.store.pending_count() == 0  # healthy: nothing to say
     advisor.observe_health(fleet(30, failing="a-3"))
-    outbox = advisor.deliverer.outbox
-    assert outbox.pending_count() == 2  # the drain and the reset advice
-    await _run_until(advisor.deliverer, lambda: outbox.pending_count() == 0)
+    store = advisor.deliverer.store
+    assert store.pending_count() == 2  # the drain and the reset advice
+    await _run_until(advisor.deliverer, lambda: store.pending_count() == 0)
     assert scheduler.bad_signatures == 0
     assert [h[EVENT_HEADER] for h, _ in scheduler.requests] == ["remediation"] * 2
     bodies = [json.loads(body) for _, body in scheduler.requests]
@@ -106,8 +106,8 @@ async def test_an_xid_reaches_the_receiver_as_a_signed_drain_that_act_reads(aioh
     assert out.getvalue() == 'scontrol update NodeName=a-3 State=DRAIN Reason="gpufleet: XID 79 on GPU 0"\n'
     # the same failing snapshot again: the drain is not queued twice
     advisor.observe_health(fleet(60, failing="a-3"))
-    assert outbox.pending_count() == 0
-    outbox.close()
+    assert store.pending_count() == 0
+    store.close()
 
 
 def test_verdicts_are_families_and_advice_with_only_unhealthy_nodes_listed(tmp_path):
@@ -145,21 +145,21 @@ def test_verdicts_are_families_and_advice_with_only_unhealthy_nodes_listed(tmp_p
     names = [f.name for f in cycle.families(frame)]
     assert names[-12:] == [f.name for f in families]
     assert names[-13] == engine.families(frame.snapshot)[-1].name
-    advisor.deliverer.outbox.close()
+    advisor.deliverer.store.close()
 
 
 def test_a_restarted_advisor_remembers_what_it_drained_and_does_not_drain_again(tmp_path):
     first = service(tmp_path / "outbox.sqlite", (Receiver("r", "http://127.0.0.1:9/", b"s"),))
     first.observe_health(fleet(0))
     first.observe_health(fleet(30, failing="a-3"))
-    first.deliverer.outbox.close()
+    first.deliverer.store.close()
     again = service(tmp_path / "outbox.sqlite", (Receiver("r", "http://127.0.0.1:9/", b"s"),))
     assert again.health is not None and list(again.health.remediator.state.drained) == ["a-3"]
-    pending = again.deliverer.outbox.pending_count()
+    pending = again.deliverer.store.pending_count()
     again.observe_health(fleet(60, failing="a-3"))  # a new tracker: the recent XID still fails it
     assert again.health.latest is not None and again.health.latest.events == ()
-    assert again.deliverer.outbox.pending_count() == pending
-    again.deliverer.outbox.close()
+    assert again.deliverer.store.pending_count() == pending
+    again.deliverer.store.close()
 
 
 def test_time_to_drain_and_to_resume_are_counted_per_pool():
@@ -247,10 +247,10 @@ async def test_the_example_receiver_takes_a_remediation_event(aiohttp_client, ca
 
 
 def test_an_event_the_outbox_cannot_take_is_kept_beside_a_kept_plan_and_written_later(tmp_path):
-    from tests.test_advisor_outbox import full_disk_outbox
+    from tests.test_advisor_store import full_disk_store
 
-    outbox, connection = full_disk_outbox(tmp_path / "outbox.sqlite")
-    deliverer = Deliverer(outbox, (Receiver("r", "http://127.0.0.1:9/", SECRET),))
+    store, connection = full_disk_store(tmp_path / "outbox.sqlite")
+    deliverer = Deliverer(store, (Receiver("r", "http://127.0.0.1:9/", SECRET),))
     connection.full = True
     assert deliverer.enqueue("plan-abc", b'{"plan_id": "plan-abc"}', T0 + 900) == 0
     for n in range(3):
@@ -258,10 +258,10 @@ def test_an_event_the_outbox_cannot_take_is_kept_beside_a_kept_plan_and_written_
     assert (deliverer.unwritten_plans(), deliverer.unwritten()) == (1, 4)  # no event displaced it
     connection.full = False
     assert deliverer.flush() == 4
-    assert sorted(d.plan_id for d in outbox.pending()) == [
+    assert sorted(d.plan_id for d in store.pending()) == [
         "drain:a-0:1", "drain:a-1:1", "drain:a-2:1", "plan-abc"]
     assert deliverer.enqueue_event("drain:a-0:1", b"{}") == 0  # an event is queued once
-    outbox.close()
+    store.close()
 
 
 def test_serves_config_sets_the_clean_window_and_the_minimum_drain(tmp_path):
@@ -284,4 +284,4 @@ def test_serves_config_sets_the_clean_window_and_the_minimum_drain(tmp_path):
     assert built.health is not None
     assert built.health.tracker.settings.clean_window_seconds == 2.0
     assert built.health.remediator.settings.min_drain_seconds == 90.0
-    built.deliverer.outbox.close()
+    built.deliverer.store.close()

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from exporter.fleet_sim.fleet import Simulation
 from exporter.health.remediation import Drain, Event, Page, Remediator, ResetGpu, Resume
 from exporter.health.stragglers import StragglerTracker
 from exporter.health.verdict import HealthTracker, Verdict
-from exporter.simulation.fleet import Simulation
 from exporter.sources.sim.options import Scenario, SimSource
 
 pytestmark = pytest.mark.slow  # 2 simulated hours of the default fleet, twice (~30 s)

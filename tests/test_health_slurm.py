@@ -108,16 +108,16 @@ def test_the_advisors_outbox_bodies_drain_and_resume_the_node(slurm, tmp_path):
     from tests.test_health_service import service
 
     advisor = service(tmp_path / "outbox.sqlite", (Receiver("slurm", "http://127.0.0.1:9/", b"s"),))
-    outbox = advisor.deliverer.outbox
+    store = advisor.deliverer.store
 
     def bodies(path: Path) -> Path:
         """What the receiver would get, one body a line: the outbox's pending rows, then done,
         until none is pending (a node's later event is handed out once the earlier is done)."""
         received = []
-        while pending := outbox.pending():
+        while pending := store.pending():
             received += [d.body + b"\n" for d in pending]
             for d in pending:
-                outbox.delivered(d.delivery_id, T0)
+                store.delivered(d.delivery_id, T0)
         path.write_bytes(b"".join(received))
         return path
 
@@ -139,7 +139,7 @@ def test_the_advisors_outbox_bodies_drain_and_resume_the_node(slurm, tmp_path):
     resumed = act_on(slurm, tmp_path, "act", path)
     assert (resumed.returncode, resumed.stderr) == (0, "")
     assert "DRAIN" not in show(slurm, "gpu-002").split(" State=", 1)[1].split(" ", 1)[0]
-    outbox.close()
+    store.close()
 
 
 def test_a_node_an_operator_drained_is_left_as_it_is(slurm, tmp_path):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from exporter.errors import ConfigError
+from exporter.fleet_sim.fleet import Simulation
 from exporter.health.monitor import HealthMonitor
 from exporter.health.stragglers import StragglerSettings, StragglerTracker
-from exporter.simulation.fleet import Simulation
 from exporter.sources.sim.options import Scenario, SimSource
 
 START = 1_764_547_200.0

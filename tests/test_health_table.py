@@ -210,4 +210,4 @@ def test_a_reloaded_table_changes_the_monitors_settings_and_keeps_its_state(tmp_
         assert Reload(state).run_once()["thresholds"] == "failed"  # the last good table stays
         assert monitor.tracker.settings.lost_for_seconds == 300
     finally:
-        service.deliverer.outbox.close()
+        service.deliverer.store.close()

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from exporter import http_client
-from exporter.advisor.outbox import Outbox
+from exporter.advisor.store import Store
 from exporter.advisor.webhook import SIGNATURE_HEADER, Deliverer, Receiver
 from exporter.health.act import MAX_RESPONSE_BYTES, ActError, Actor, KubernetesApi
 from exporter.health.remediation import Drain
@@ -83,17 +83,17 @@ async def test_a_receivers_redirect_is_not_followed_and_the_plan_stays_pending(
     elsewhere = Recorder()
     other = await aiohttp_server(elsewhere.app())
     first = await aiohttp_server(redirector(status, str(other.make_url("/gpufleet"))))
-    outbox = Outbox(tmp_path / "outbox.sqlite")
+    store = Store(tmp_path / "outbox.sqlite")
     receiver = Receiver("slurm", str(first.make_url("/gpufleet")), SECRET, timeout=2)
-    deliverer = Deliverer(outbox, (receiver,), base_delay=30, max_delay=30)
+    deliverer = Deliverer(store, (receiver,), base_delay=30, max_delay=30)
     body = json.dumps({"plan_id": "plan-r", "expires_at": T0 + 10**9}).encode()
     assert deliverer.enqueue("plan-r", body, time.time() + 600) == 1
     await _run_until(deliverer, lambda: sum(deliverer.results.values()) > 0)
     assert elsewhere.requests == []
     assert dict(deliverer.results) == {("slurm", "retry"): 1}
-    assert outbox.status_of("slurm", "plan-r") == (
+    assert store.status_of("slurm", "plan-r") == (
         "pending", 1, f"HTTP {status}: redirects are not followed")
-    assert outbox.pending_count() == 1
+    assert store.pending_count() == 1
 
 
 async def test_deliver_due_refuses_a_redirect_on_any_session(aiohttp_server, tmp_path):
@@ -102,27 +102,27 @@ async def test_deliver_due_refuses_a_redirect_on_any_session(aiohttp_server, tmp
     elsewhere = Recorder()
     other = await aiohttp_server(elsewhere.app())
     first = await aiohttp_server(redirector(307, str(other.make_url("/gpufleet"))))
-    outbox = Outbox(tmp_path / "outbox.sqlite")
+    store = Store(tmp_path / "outbox.sqlite")
     receiver = Receiver("slurm", str(first.make_url("/gpufleet")), SECRET, timeout=2)
-    deliverer = Deliverer(outbox, (receiver,), base_delay=30, max_delay=30)
+    deliverer = Deliverer(store, (receiver,), base_delay=30, max_delay=30)
     deliverer.enqueue("plan-s", b'{"plan_id": "plan-s"}', time.time() + 600)
     async with aiohttp.ClientSession() as session:
         await deliverer.deliver_due(session)
     assert elsewhere.requests == []
-    assert outbox.status_of("slurm", "plan-s") == ("pending", 1, "HTTP 307: redirects are not followed")
+    assert store.status_of("slurm", "plan-s") == ("pending", 1, "HTTP 307: redirects are not followed")
 
 
 GIB_AND_A_HALF = 1536 * (1 << 20)
 SENDER = """
 import asyncio, json, sys, time
 from pathlib import Path
-from exporter.advisor.outbox import Outbox
+from exporter.advisor.store import Store
 from exporter.advisor.webhook import Deliverer, Receiver
 
 async def main(url, db):
-    outbox = Outbox(Path(db))
+    store = Store(Path(db))
     # a timeout long enough to read the whole answer: only the cap may stop the read
-    deliverer = Deliverer(outbox, (Receiver("slurm", url, b"s", timeout=120),),
+    deliverer = Deliverer(store, (Receiver("slurm", url, b"s", timeout=120),),
                           base_delay=60, max_delay=60)
     deliverer.enqueue("plan-big", b'{"plan_id": "plan-big"}', time.time() + 3600)
     task = asyncio.create_task(deliverer.run())
@@ -133,7 +133,7 @@ async def main(url, db):
     hwm = next(int(line.split()[1]) for line in open("/proc/self/status")
                if line.startswith("VmHWM:"))
     print(json.dumps({"results": {f"{r}/{k}": n for (r, k), n in deliverer.results.items()},
-                      "status": outbox.status_of("slurm", "plan-big"), "hwm_kib": hwm}))
+                      "status": store.status_of("slurm", "plan-big"), "hwm_kib": hwm}))
 
 asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
@@ -205,12 +205,12 @@ async def test_an_answer_declared_over_the_cap_is_not_read_and_not_delivered(aio
     app = web.Application()
     app.router.add_post("/gpufleet", declared)
     server = await aiohttp_server(app)
-    outbox = Outbox(tmp_path / "outbox.sqlite")
-    deliverer = Deliverer(outbox, (Receiver("slurm", str(server.make_url("/gpufleet")), SECRET,
+    store = Store(tmp_path / "outbox.sqlite")
+    deliverer = Deliverer(store, (Receiver("slurm", str(server.make_url("/gpufleet")), SECRET,
                                             timeout=2),), base_delay=30, max_delay=30)
     deliverer.enqueue("plan-d", b'{"plan_id": "plan-d"}', time.time() + 600)
     await _run_until(deliverer, lambda: sum(deliverer.results.values()) > 0)
-    assert outbox.status_of("slurm", "plan-d") == (
+    assert store.status_of("slurm", "plan-d") == (
         "pending", 1, "HTTP 200: answer of 1,048,576 bytes, over the 65,536-byte limit")
 
 
@@ -218,12 +218,12 @@ async def test_a_small_answer_is_still_delivered_and_signed(aiohttp_server, tmp_
     """The cap leaves an ordinary receiver alone: a 200 with a small body is delivered."""
     received = Recorder()
     server = await aiohttp_server(received.app())
-    outbox = Outbox(tmp_path / "outbox.sqlite")
-    deliverer = Deliverer(outbox, (Receiver("slurm", str(server.make_url("/gpufleet")), SECRET,
+    store = Store(tmp_path / "outbox.sqlite")
+    deliverer = Deliverer(store, (Receiver("slurm", str(server.make_url("/gpufleet")), SECRET,
                                             timeout=2),))
     deliverer.enqueue("plan-ok", b'{"plan_id": "plan-ok"}', time.time() + 600)
-    await _run_until(deliverer, lambda: outbox.pending_count() == 0)
-    assert outbox.status_of("slurm", "plan-ok") == ("delivered", 1, "")
+    await _run_until(deliverer, lambda: store.pending_count() == 0)
+    assert store.status_of("slurm", "plan-ok") == ("delivered", 1, "")
     assert [(m, p) for m, p, _, _ in received.requests] == [("POST", "/gpufleet")]
     assert received.requests[0][2][SIGNATURE_HEADER].startswith("sha256=")
 

@@ -108,13 +108,13 @@ def test_no_import_cycle_anywhere_in_exporter():
     simulator inside build(), and the simulator reads the source's options from their own
     module, not from the source."""
     graph = package_graph(REPO / "exporter")
-    assert len(graph) > 60 and "exporter.simulation.fleet" in graph["exporter.sources.sim.source"]
+    assert len(graph) > 60 and "exporter.fleet_sim.fleet" in graph["exporter.sources.sim.source"]
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph) or ())}"
 
 
 def package_of(module: str) -> str:
-    """The package a module belongs to, one level below ``exporter``: ``exporter.load.live``
-    and ``exporter.sources.sim.source`` collapse to ``exporter.load`` and ``exporter.sources``;
+    """The package a module belongs to, one level below ``exporter``: ``exporter.pool_load.tracker``
+    and ``exporter.sources.sim.source`` collapse to ``exporter.pool_load`` and ``exporter.sources``;
     a top-level module (``exporter.config``) is its own node."""
     return ".".join(module.split(".")[:2])
 
@@ -131,36 +131,36 @@ def packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_packages_collapse_modules_and_a_cycle_through_two_packages_is_found():
-    """A cycle only between packages (load.live -> alerting.a, alerting.b -> load.table)
+    """A cycle only between packages (pool_load.tracker -> alerting.a, alerting.b -> pool_load.table)
     is no cycle of modules, and exactly what the package check must catch."""
-    graph = {"exporter.load.live": {"exporter.alerting.a"}, "exporter.alerting.a": set(),
-             "exporter.alerting.b": {"exporter.load.table"}, "exporter.load.table": set(),
-             "exporter.config": {"exporter.load.live"}}
+    graph = {"exporter.pool_load.tracker": {"exporter.alerting.a"}, "exporter.alerting.a": set(),
+             "exporter.alerting.b": {"exporter.pool_load.table"}, "exporter.pool_load.table": set(),
+             "exporter.config": {"exporter.pool_load.tracker"}}
     assert find_cycle(graph) is None
-    assert packages(graph) == {"exporter.load": {"exporter.alerting"},
-                               "exporter.alerting": {"exporter.load"},
-                               "exporter.config": {"exporter.load"}}
-    assert find_cycle(packages(graph)) == ["exporter.alerting", "exporter.load",
+    assert packages(graph) == {"exporter.pool_load": {"exporter.alerting"},
+                               "exporter.alerting": {"exporter.pool_load"},
+                               "exporter.config": {"exporter.pool_load"}}
+    assert find_cycle(packages(graph)) == ["exporter.alerting", "exporter.pool_load",
                                            "exporter.alerting"]
 
 
 def test_no_import_cycle_between_packages():
     """The threshold table is its own leaf package (exporter.thresholds), read by alerting
-    and load alike, so neither imports the other back; the simulator types what it reads of
-    the sim source's options with protocols (exporter.simulation.config), so sources ->
-    simulation is the only direction; the analysis declares its own options
+    and pool_load alike, so neither imports the other back; the fleet simulator types what it
+    reads of the sim source's options with protocols (exporter.fleet_sim.config), so sources ->
+    fleet_sim is the only direction; the analysis declares its own options
     (exporter.analysis.options), which the config assembles."""
     graph = packages(package_graph(REPO / "exporter"))
     # analysis reads its options from exporter/analysis/options.py, never the config module:
-    # config -> sources (the registry) -> simulation -> placement -> analysis would close
+    # config -> sources (the registry) -> fleet_sim -> placement -> analysis would close
     # a cycle through it
     assert "exporter.config" not in graph["exporter.analysis"]
     assert "exporter.analysis" in graph["exporter.config"]
     # the graph was read: the real edges are there
     assert {"exporter.thresholds", "exporter.metrics"} <= graph["exporter.alerting"]
-    assert "exporter.thresholds" in graph["exporter.load"]
-    assert "exporter.simulation" in graph["exporter.sources"]
-    assert not graph["exporter.thresholds"] & {"exporter.alerting", "exporter.load"}
+    assert "exporter.thresholds" in graph["exporter.pool_load"]
+    assert "exporter.fleet_sim" in graph["exporter.sources"]
+    assert not graph["exporter.thresholds"] & {"exporter.alerting", "exporter.pool_load"}
     assert find_cycle(graph) is None, f"package import cycle: {' -> '.join(find_cycle(graph) or ())}"
 
 

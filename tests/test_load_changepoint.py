@@ -1,10 +1,10 @@
-"""exporter/load/changepoint.py: the rolling-std and CUSUM detectors, alarm by alarm."""
+"""exporter/pool_load/changepoint.py: the rolling-std and CUSUM detectors, alarm by alarm."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from exporter.load.changepoint import Cusum, RollingStd, detect
+from exporter.pool_load.changepoint import Cusum, RollingStd, detect
 
 
 def test_rolling_std_flags_each_crossing_once():

@@ -113,7 +113,7 @@ def test_a_bad_threshold_table_is_one_line(tmp_path, capsys):
 
 
 def test_size_and_row_bounds(tmp_path, capsys):
-    from exporter.load.series import MAX_BYTES, MAX_ROWS
+    from exporter.pool_load.series import MAX_BYTES, MAX_ROWS
 
     big = tmp_path / "big.csv"
     with big.open("wb") as f:
@@ -143,7 +143,7 @@ def test_progress_goes_to_stderr(tmp_path, capsys):
 
 
 def test_cell_bound(tmp_path, capsys):
-    from exporter.load.series import MAX_CELLS
+    from exporter.pool_load.series import MAX_CELLS
 
     columns = 201
     rows = MAX_CELLS // columns + 1

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from exporter.alerting import pool_load_rules
 from exporter.alerting.rules import HEALTH_RECORDING_GROUP, generate
-from exporter.load.stats import window_stats
+from exporter.pool_load.stats import window_stats
 from exporter.thresholds import (
     METRICS,
     LoadStatistics,

@@ -4,7 +4,7 @@ A real exporter serves a small simulated fleet that changes every second (speed 
 collection a second); Prometheus 2.42 scrapes it every second and runs the rules generated
 from the committed table with 10 s and 20 s windows instead of 1 h and 24 h. At one
 evaluation timestamp, each recorded mean, standard deviation and p95 must equal
-:func:`exporter.load.stats.window_stats` of the samples of the series it reads, fetched
+:func:`exporter.pool_load.stats.window_stats` of the samples of the series it reads, fetched
 from the same Prometheus over the same range: the definitions agree, not just the shapes.
 """
 
@@ -15,7 +15,7 @@ import yaml
 
 from exporter.alerting import pool_load_rules
 from exporter.cli import main
-from exporter.load.stats import window_stats
+from exporter.pool_load.stats import window_stats
 from exporter.thresholds import LoadStatistics
 from exporter.thresholds import recorded as recorded_series
 from tests.helpers import REPO

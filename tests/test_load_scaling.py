@@ -1,10 +1,10 @@
-"""exporter/load/scaling.py: the 0.8/0.3 rule with hysteresis, cooldown and bounds."""
+"""exporter/pool_load/scaling.py: the 0.8/0.3 rule with hysteresis, cooldown and bounds."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.load.scaling import Hint, Scaler
+from exporter.pool_load.scaling import Hint, Scaler
 from exporter.thresholds import ScalingSettings
 
 H = 3600.0

@@ -1,4 +1,4 @@
-"""exporter/load/stats.py: PromQL's avg/stddev/quantile_over_time, exactly."""
+"""exporter/pool_load/stats.py: PromQL's avg/stddev/quantile_over_time, exactly."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from exporter.load.stats import WindowStats, quantile, rolling_stats, window_stats
+from exporter.pool_load.stats import WindowStats, quantile, rolling_stats, window_stats
 
 
 def test_window_stats_are_promqls():

@@ -110,7 +110,7 @@ def test_converted_modules_write_no_family_name_themselves():
     """Exposition, analysis, advisor and the prometheus source take every name from the catalogue."""
     renderer = sorted(str(p.relative_to(REPO)) for p in (REPO / "exporter" / "exposition").glob("*.py"))
     assert "exporter/exposition/families.py" in renderer
-    for path in (*renderer, "exporter/analysis/live.py",
+    for path in (*renderer, "exporter/analysis/analyzer.py",
                  "exporter/advisor/service.py", "exporter/sources/prometheus/source.py"):
         literals = re.findall(r"""["']gpufleet_[a-z0-9_]*""", (REPO / path).read_text())
         assert not literals, (path, literals)

@@ -163,8 +163,8 @@ def _one_line_naming(text: str, extra: str) -> None:
 def test_a_missing_extra_is_one_line_naming_it(monkeypatch, tmp_path, capsys):
     from exporter.cli import main
     from exporter.extras import MissingExtra
-    from exporter.load import output
     from exporter.placement import plot as replay_plot
+    from exporter.pool_load import output
     from exporter.sources import SourceStartupError
     from exporter.sources.kubernetes.options import KubernetesSource
     from exporter.sources.kubernetes.source import build

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from exporter.config import ConfigError, build
+from exporter.fleet_sim.fleet import Simulation
 from exporter.placement import POLICIES
-from exporter.simulation.fleet import Simulation
 from exporter.sources.sim.options import SimSource
 
 START = 1_760_000_000.0

@@ -12,7 +12,7 @@ import dataclasses
 
 from exporter.exposition import LabelCache, render, render_text
 from exporter.exposition.blocks import chunks_of
-from exporter.simulation.fleet import Simulation
+from exporter.fleet_sim.fleet import Simulation
 from exporter.snapshot import FleetSnapshot
 from exporter.sources.sim.options import SimPool, SimSource
 

@@ -33,4 +33,4 @@ def test_sighup_reads_a_rotated_receiver_secret_and_keeps_the_last_good_one(tmp_
         assert advisor.deliverer.receivers[0].secret == b"rotated-secret"
         assert "empty after stripping whitespace" in caplog.text
     finally:
-        advisor.deliverer.outbox.close()
+        advisor.deliverer.store.close()

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from exporter.config import ConfigError
+from exporter.fleet_sim.fleet import Simulation
 from exporter.gpu_catalogue import default_catalogue
-from exporter.simulation.fleet import Simulation
 from exporter.snapshot import CLOCK_EVENT_REASONS, GpuHealth, XidCount
 from exporter.sources.sim.options import Scenario, SimSource
 from exporter.sources.sim.source import build as sim_source

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from exporter.simulation.fleet import Simulation
+from exporter.fleet_sim.fleet import Simulation
 from exporter.sources.sim.options import SimPool, SimSource
 
 

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from exporter.analysis.workload import Shape
-from exporter.simulate.cluster import Cluster, MoveCost
-from exporter.simulate.fleets import SimFleet
-from exporter.simulate.outcomes import COLUMNS, Outcome, write_csv
-from exporter.simulate.run import RunSettings, Sim, simulate, target_workload
-from exporter.simulate.scheduler import Scheduler, reserve
-from exporter.simulate.strategies import Consolidate, unblock
-from exporter.simulate.timeline import HourlyArrivals, Job, TimelineSettings, build
+from exporter.outcome_sim.cluster import Cluster, MoveCost
+from exporter.outcome_sim.fleets import SimFleet
+from exporter.outcome_sim.outcomes import COLUMNS, Outcome, write_csv
+from exporter.outcome_sim.run import RunSettings, Sim, simulate, target_workload
+from exporter.outcome_sim.scheduler import Scheduler, reserve
+from exporter.outcome_sim.strategies import Consolidate, unblock
+from exporter.outcome_sim.timeline import HourlyArrivals, Job, TimelineSettings, build
 from exporter.snapshot import Gpu, Node
 
 
@@ -268,13 +268,13 @@ def test_bad_input_is_one_line_naming_the_flag(tmp_path, capsys):
 
 def test_the_cli_lists_the_strategies_the_package_has():
     from exporter.cli.simulate import STRATEGY_NAMES
-    from exporter.simulate.strategies import STRATEGIES
+    from exporter.outcome_sim.strategies import STRATEGIES
 
     assert STRATEGY_NAMES == STRATEGIES
 
 
 def test_the_advisors_snapshot_lists_every_running_job_as_it_runs_and_the_queue():
-    from exporter.simulate.advisor_loop import snapshot_of
+    from exporter.outcome_sim.advisor_loop import snapshot_of
 
     sim = sim_of(tiny_fleet(nodes=3))
     cluster = sim.cluster
@@ -327,8 +327,8 @@ def test_the_command_writes_outcomes_and_the_timeline(tmp_path, capsys):
 
 
 def test_the_advisor_strategies_are_the_engines_two_rules_and_the_knob_reaches_the_snapshot():
-    from exporter.simulate.advisor_loop import snapshot_of
-    from exporter.simulate.run import make_strategy
+    from exporter.outcome_sim.advisor_loop import snapshot_of
+    from exporter.outcome_sim.run import make_strategy
 
     revised = make_strategy("advisor", RunSettings())
     current = make_strategy("advisor-current", RunSettings())
@@ -354,11 +354,11 @@ def test_the_advisor_strategies_are_the_engines_two_rules_and_the_knob_reaches_t
 
 @pytest.mark.parametrize("one_partition", [True, False])
 def test_the_advisors_analysis_from_the_placer_is_the_serves_from_the_snapshot(one_partition: bool):
-    from exporter.analysis.live import LiveAnalyzer
+    from exporter.analysis.analyzer import LiveAnalyzer
     from exporter.analysis.state import from_snapshot
     from exporter.config import load
     from exporter.cycle import Frame
-    from exporter.simulate.advisor_loop import AdvisorStrategy, snapshot_of
+    from exporter.outcome_sim.advisor_loop import AdvisorStrategy, snapshot_of
 
     sim = sim_of(tiny_fleet(nodes=3, models=("H100", "A100")))
     cluster = sim.cluster
@@ -385,7 +385,7 @@ def test_the_shapes_kept_per_job_are_the_snapshots_shapes_in_the_same_order():
     they must be snapshot_shapes' counts, in its order (typical() breaks ties by it), through
     checkpoints, moves, ends and starts."""
     from exporter.analysis.workload import snapshot_shapes
-    from exporter.simulate.advisor_loop import PartCounts, snapshot_of
+    from exporter.outcome_sim.advisor_loop import PartCounts, snapshot_of
 
     sim = sim_of(tiny_fleet(nodes=3, models=("H100", "A100")))
     cluster = sim.cluster

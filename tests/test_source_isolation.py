@@ -39,7 +39,7 @@ SOURCE_MODULES = (
 # downstream of the snapshot; and the simulator, which the sim source is handed by its
 # build() rather than importing it (the simulator places jobs with exporter.placement)
 FORBIDDEN = ("exporter.analysis", "exporter.placement", "exporter.exposition", "exporter.web.server",
-             "exporter.advisor", "exporter.simulation")
+             "exporter.advisor", "exporter.fleet_sim")
 
 PROBE = """
 import importlib, sys
@@ -63,13 +63,13 @@ def test_importing_a_source_module_loads_nothing_downstream(module):
 def test_reading_the_config_imports_no_source_machinery():
     """config.py assembles ``sources`` from the options modules only: no aiohttp, pynvml,
     numpy or asyncio just to read a YAML file."""
-    heavy = ("aiohttp", "pynvml", "numpy", "asyncio", "exporter.simulation", "exporter.placement")
+    heavy = ("aiohttp", "pynvml", "numpy", "asyncio", "exporter.fleet_sim", "exporter.placement")
     assert loaded("exporter.config", heavy) == []
 
 
 def test_building_the_sim_source_hands_it_the_simulator():
     """The other half of the bargain: the factory wires the simulator in."""
-    from exporter.simulation.fleet import Simulation
+    from exporter.fleet_sim.fleet import Simulation
     from exporter.sources.sim.options import SimSource
     from exporter.sources.sim.source import build
 

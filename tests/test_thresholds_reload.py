@@ -107,7 +107,7 @@ def test_every_shipped_config_starts_on_a_table_at_40(name, tmp_path):
             assert service is None
     finally:
         if service is not None:
-            service.deliverer.outbox.close()
+            service.deliverer.store.close()
 
 
 async def test_an_edited_table_moves_the_trigger_live_keeps_the_dwell_and_a_broken_one_is_refused(
@@ -175,7 +175,7 @@ async def test_an_edited_table_moves_the_trigger_live_keeps_the_dwell_and_a_brok
     table_at(table, 45)
     await advice(START + 1000, 43)
     assert reload_families(state)["gpufleet_config_last_reload_successful"] == 1.0
-    service.deliverer.outbox.close()
+    service.deliverer.store.close()
 
 
 def test_a_clear_bound_set_at_the_tables_trigger_is_one_line_at_start_and_refused_at_reload(tmp_path):
@@ -201,7 +201,7 @@ def test_a_clear_bound_set_at_the_tables_trigger_is_one_line_at_start_and_refuse
         assert service.analyzer.settings.compaction_threshold == 50  # taken whole or not at all
         assert reload_families(state)["gpufleet_config_last_reload_successful"] == 0.0
     finally:
-        service.deliverer.outbox.close()
+        service.deliverer.store.close()
 
 
 def test_require_pending_set_in_the_config_survives_a_reload_on_sighup(tmp_path):
@@ -220,7 +220,7 @@ def test_require_pending_set_in_the_config_survives_a_reload_on_sighup(tmp_path)
         settings = service.advisor.settings
         assert (settings.trigger, settings.require_pending, settings.dwell_seconds) == (40, False, 420)
     finally:
-        service.deliverer.outbox.close()
+        service.deliverer.store.close()
 
 
 def test_a_trigger_set_in_the_config_stays_and_its_clear_bound_follows_it():
@@ -295,4 +295,4 @@ async def test_a_reload_moves_the_reclaim_rule_and_the_scaling_settings_and_keep
         assert load.pools[pool] is kept and kept.scaler.settings.up == 0.9
         assert kept.scaler.nodes == recommended
     finally:
-        service.deliverer.outbox.close()
+        service.deliverer.store.close()

@@ -32,7 +32,7 @@ from exporter.advisor.wire import (
 from exporter.health.monitor import HealthAdvice, HealthMonitor
 from exporter.health.remediation import RemediationSettings
 from exporter.health.verdict import Verdict
-from exporter.load.live import LoadTracker, PoolAdvice
+from exporter.pool_load.tracker import LoadTracker, PoolAdvice
 from exporter.snapshot import (
     Allocation,
     FleetSnapshot,
@@ -235,7 +235,7 @@ def test_the_remediation_state_and_event_bodies_are_the_text_they_were():
 def test_the_typed_modules_write_no_json():
     """JSON is written in wire.py only: the modules whose values it writes import no JSON codec."""
     for path in ("exporter/advisor/advice.py", "exporter/advisor/engine.py",
-                 "exporter/health/monitor.py", "exporter/load/live.py"):
+                 "exporter/health/monitor.py", "exporter/pool_load/tracker.py"):
         tree = ast.parse((REPO / path).read_text())
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                     for alias in node.names}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from exporter.advisor.plan import CompactionPlan
-from exporter.load.live import PoolAdvice
+from exporter.pool_load.tracker import PoolAdvice
 
 Decision = Literal["none", "cooldown", "hold", "compact"]
 
@@ -98,7 +98,7 @@ class Advice:
     reclaim: tuple[Reclaim, ...] = ()
     right_sizing: tuple[RightSizing, ...] = ()
     nvlink_mixed: tuple[NvlinkMixed, ...] = ()
-    # the pools' scaling hints (exporter/load/live.py, LoadTracker.advice); None where the
+    # the pools' scaling hints (exporter/pool_load/tracker.py, LoadTracker.advice); None where the
     # load tracker is off
     scaling: tuple[PoolAdvice, ...] | None = None
 

@@ -1,5 +1,5 @@
 """One evaluation of the advisor, engine and planner together: the entry point that takes a
-snapshot and returns typed advice, with no HTTP, outbox or webhook in it.
+snapshot and returns typed advice, with no HTTP, store or webhook in it.
 
 The engine (:mod:`engine`) decides and the planner (:mod:`planner`) plans; neither calls
 the other, and :func:`advise` runs them in one direction: the engine's first half
@@ -25,7 +25,7 @@ from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import KeptState, PlanSettings, plan_compaction, plan_for_pending
 from exporter.analysis.index import Report
 from exporter.errors import ConfigError
-from exporter.load.live import PoolAdvice
+from exporter.pool_load.tracker import PoolAdvice
 from exporter.snapshot import FleetSnapshot, JobRequest
 from exporter.thresholds import load_thresholds
 from exporter.thresholds.defaults import clear_below_for, follows_table

@@ -130,7 +130,7 @@ class AdvisorApi:
         self._logged_at, self._unlogged = now, 0
 
     async def finish_evaluations(self) -> None:
-        """Wait for the evaluations /v1/alerts scheduled; at shutdown, before the outbox closes."""
+        """Wait for the evaluations /v1/alerts scheduled; at shutdown, before the store closes."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def remember(self, group: str, status: str) -> None:

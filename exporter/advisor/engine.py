@@ -78,7 +78,7 @@ from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.right_sizing import right_sizing
 from exporter.analysis.index import Report
 from exporter.gpu_catalogue import default_catalogue
-from exporter.load.live import PoolAdvice
+from exporter.pool_load.tracker import PoolAdvice
 from exporter.snapshot import Allocation, FleetSnapshot, JobRequest
 from exporter.thresholds import Thresholds, load_thresholds
 
@@ -646,7 +646,7 @@ class Advisor:
                        for k, s in state.scopes.items()}
 
     def not_durable(self) -> None:
-        """The plan just proposed could not be written to the outbox: take back its cooldown.
+        """The plan just proposed could not be written to the store: take back its cooldown.
 
         A cooldown for a plan no receiver can get would lose the plan for its length;
         instead every evaluation may propose again until one is written, and the
@@ -655,7 +655,7 @@ class Advisor:
         self.last_plan_at = self._cooldown_before
 
     def durable(self, at: float) -> None:
-        """A proposed plan reached the outbox at ``at``: the cooldown runs from then."""
+        """A proposed plan reached the store at ``at``: the cooldown runs from then."""
         self.last_plan_at = at
 
     def what_if_scope(self, report: Report) -> str | None:

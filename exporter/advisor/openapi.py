@@ -499,7 +499,7 @@ def document(advisor: bool = True) -> dict[str, Any]:
 
 
 def _webhooks() -> dict[str, Any]:
-    """What the advisor POSTs to each receiver: signed, retried from the outbox (docs/advisor.md)."""
+    """What the advisor POSTs to each receiver: signed, retried from the store (docs/advisor.md)."""
     headers = {
         "X-Gpufleet-Signature": {"required": True,
                                  "schema": {"type": "string", "pattern": "^sha256=[0-9a-f]{64}$"},

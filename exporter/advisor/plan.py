@@ -3,7 +3,7 @@
 A plan is plain data; :mod:`exporter.advisor.wire` writes it as JSON where it leaves
 the process, and reads it back. Its id is a content hash of what it asks the scheduler
 to do (the scope and the ordered migrations), so the same plan proposed twice
-has the same id, and the outbox and the receivers' Idempotency-Key handling
+has the same id, and the store and the receivers' Idempotency-Key handling
 make sure it is acted on once.
 """
 

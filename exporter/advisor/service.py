@@ -2,7 +2,7 @@
 
 Wiring only: the cycle's advisor stage (exporter/cycle/stages.py) evaluates each snapshot
 with :func:`advise.advise` (the decision lives in :mod:`engine`, plans in :mod:`planner`);
-delivery is :mod:`webhook` and :mod:`outbox`, the HTTP handlers :mod:`api`. Advice stays
+delivery is :mod:`webhook` and :mod:`store`, the HTTP handlers :mod:`api`. Advice stays
 typed here; :mod:`wire` writes it where it leaves (api, webhook)."""
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from exporter.advisor.advise import (
 )
 from exporter.advisor.api import AdvisorApi, add_routes
 from exporter.advisor.engine import Advisor, nvlink_generations
-from exporter.advisor.outbox import Outbox
 from exporter.advisor.planner import last_checkpoint, plan_compaction
+from exporter.advisor.store import Store
 from exporter.advisor.webhook import Deliverer, Receiver
 from exporter.advisor.wire import advisor_state_from_text, advisor_state_text
 from exporter.aio import complete
+from exporter.analysis.analyzer import LiveAnalyzer
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import evaluate
-from exporter.analysis.live import LiveAnalyzer
 from exporter.analysis.state import from_snapshot
 from exporter.bounded_file import Wording, read_bounded
 from exporter.config import AdvisorConfig, ConfigError
@@ -207,14 +207,14 @@ class AdvisorService:
     # the last frame evaluated again for a trigger (blocking); None: nothing to evaluate yet
     evaluator: Callable[[str], Advice | None] | None = None
     evaluations_by_trigger: Counter = field(default_factory=Counter)  # snapshot | alertmanager
-    # one cycle or one Alertmanager evaluation at a time, and none after the outbox closed
+    # one cycle or one Alertmanager evaluation at a time, and none after the store closed
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     health: HealthMonitor | None = None  # the ``health`` part of /v1/advice
     _api: AdvisorApi | None = None
-    _closed: bool = False  # the outbox is closed: no more evaluations
-    _unwritten: bool = False  # a proposed plan waits in memory for the outbox: no cooldown yet
-    _saved_state: str | None = None  # the advisor's state as last written to the outbox
-    _pending_seen: float = 0.0  # the outbox's pending count as last read, served if a read fails
+    _closed: bool = False  # the store is closed: no more evaluations
+    _unwritten: bool = False  # a proposed plan waits in memory for the store: no cooldown yet
+    _saved_state: str | None = None  # the advisor's state as last written to the store
+    _pending_seen: float = 0.0  # the store's pending count as last read, served if a read fails
 
     @property
     def closed(self) -> bool:
@@ -239,8 +239,8 @@ class AdvisorService:
             return advice
 
     async def before_cycle(self) -> None:
-        """A plan the outbox could not take is written first (the deliverer may have written
-        it already): once it is in the outbox its cooldown starts, one evaluation late at most.
+        """A plan the store could not take is written first (the deliverer may have written
+        it already): once it is in the store its cooldown starts, one evaluation late at most.
         The caller holds :attr:`lock`."""
         if self._unwritten and not self._closed:
             await complete(asyncio.to_thread(self.deliverer.flush))
@@ -249,7 +249,7 @@ class AdvisorService:
                 self.advisor.durable(self.clock())
 
     async def after_cycle(self, advice: Advice | None, reason: str = "snapshot") -> None:
-        """The advice's side effects: a new plan into the outbox, then the advisor's state.
+        """The advice's side effects: a new plan into the store, then the advisor's state.
         The caller holds :attr:`lock`."""
         if advice is None or self._closed:
             return
@@ -272,15 +272,15 @@ class AdvisorService:
         await complete(asyncio.to_thread(self.save_state))
 
     def save_state(self) -> None:
-        """Write the advisor's durable state to the outbox when it changed (issue 32, finding 6).
+        """Write the advisor's durable state to the store when it changed (issue 32, finding 6).
 
-        A failed write is counted by the outbox and logged; the state in memory goes on, and
+        A failed write is counted by the store and logged; the state in memory goes on, and
         the next evaluation writes it again."""
         state = advisor_state_text(self.advisor.durable_state())
         if state == self._saved_state:
             return
         try:
-            self.deliverer.outbox.save_state(state)
+            self.deliverer.store.save_state(state)
         except sqlite3.Error as exc:
             log.warning("cannot write the advisor's state to the outbox; a restart now would "
                         "lose its cooldown", extra={"err": str(exc)})
@@ -291,7 +291,7 @@ class AdvisorService:
         """Take back the state an earlier process wrote; one that cannot be read is logged, and
         the advisor starts afresh (it then waits its dwell again: no plan comes sooner)."""
         try:
-            text = self.deliverer.outbox.load_state()
+            text = self.deliverer.store.load_state()
             state = advisor_state_from_text(text)
             if state is not None:
                 self.advisor.restore(state)
@@ -343,7 +343,7 @@ class AdvisorService:
                 [((("result", r),), float(n)) for r, n in sorted(self.api().notifications.items())]),
             metrics.ADVISOR_OUTBOX_PENDING.family([((), self._pending())]),
             metrics.ADVISOR_OUTBOX_ERRORS_TOTAL.family(
-                [((("operation", op),), float(n)) for op, n in sorted(self.deliverer.outbox.errors.items())]),
+                [((("operation", op),), float(n)) for op, n in sorted(self.deliverer.store.errors.items())]),
             *self.job_families(snapshot),
         ]
 
@@ -351,7 +351,7 @@ class AdvisorService:
         """The pending count; a failed read (counted in outbox_errors_total) serves the last one,
         so a database that breaks while serving keeps every advisor family on /metrics."""
         try:
-            self._pending_seen = float(self.deliverer.outbox.pending_count())
+            self._pending_seen = float(self.deliverer.store.pending_count())
         except sqlite3.Error as exc:
             log.warning("cannot count the outbox's pending deliveries", extra={"err": str(exc)})
         return self._pending_seen
@@ -400,10 +400,10 @@ class AdvisorService:
         ]
 
     async def background(self, app: web.Application) -> AsyncIterator[None]:
-        """Deliver while the app runs; at shutdown, close the outbox once nothing can use it.
+        """Deliver while the app runs; at shutdown, close the store once nothing can use it.
 
         Evaluations that Alertmanager started may still queue a plan, so they finish
-        first; then the deliverer stops (its outbox calls finish with it); the close
+        first; then the deliverer stops (its store calls finish with it); the close
         happens under the evaluation lock, and later evaluations return None.
         """
         task = asyncio.create_task(self.deliverer.run())
@@ -421,7 +421,7 @@ class AdvisorService:
                 if lost := self.deliverer.unwritten_plans():
                     log.error("plans the outbox could not take are lost at shutdown",
                               extra={"plans": lost})
-            self.deliverer.outbox.close()
+            self.deliverer.store.close()
 
 
 def build_deliverer(config: AdvisorConfig, environ=os.environ) -> Deliverer:
@@ -429,10 +429,10 @@ def build_deliverer(config: AdvisorConfig, environ=os.environ) -> Deliverer:
     ``advisor.receivers``: plans and remediation events alike."""
     receivers = load_receivers(config, environ)
     try:
-        outbox = Outbox(config.outbox)
+        store = Store(config.outbox)
     except Exception as exc:  # sqlite3.Error or OSError: the path is the user's to fix
         raise ConfigError(f"advisor.outbox: cannot open {config.outbox}: {exc}") from None
-    return Deliverer(outbox, receivers, base_delay=config.retry_initial,
+    return Deliverer(store, receivers, base_delay=config.retry_initial,
                      max_delay=config.retry_max, retention=config.outbox_retention)
 
 
@@ -469,6 +469,6 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFu
 def install(app: web.Application, service: AdvisorService) -> None:
     add_routes(app, service.api())
     # first in, so last out: aiohttp cleans up in reverse order, and the collection loop
-    # (make_app's) evaluates and renders the advisor's families, which read the outbox;
-    # it must have stopped before the outbox closes
+    # (make_app's) evaluates and renders the advisor's families, which read the store;
+    # it must have stopped before the store closes
     app.cleanup_ctx.insert(0, service.background)

@@ -1,11 +1,11 @@
-"""Deliver plans to schedulers: signed, idempotent, retried, from the durable outbox.
+"""Deliver plans to schedulers: signed, idempotent, retried, from the durable store.
 
 Each POST carries ``X-Gpufleet-Signature: sha256=<HMAC-SHA256 of the body>``,
 ``X-Gpufleet-Delivery: <delivery id>`` and ``Idempotency-Key: <plan id>`` (``<plan id>.<n>``
-for the n-th proposal of the same plan, n >= 2: see :class:`~exporter.advisor.outbox.Delivery`)
+for the n-th proposal of the same plan, n >= 2: see :class:`~exporter.advisor.store.Delivery`)
 and ``X-Gpufleet-Event: plan``, or ``remediation`` for a remediation event (issue 31: drain,
 reset_gpu, resume, replace, page; its id, e.g. ``drain:gpu-003:1764547230000``, is the
-Idempotency-Key and the outbox's key, so an event is delivered once).
+Idempotency-Key and the store's key, so an event is delivered once).
 Timeouts, connection errors, 5xx and 429 are retried with exponential backoff
 and jitter (``Retry-After`` is honoured); any other 4xx is final, because the
 receiver told us the request itself is wrong and repeating it will not help.
@@ -13,28 +13,28 @@ A 3xx is retried too, never followed (:mod:`exporter.http_client`): the signed b
 goes to the configured URL only. So is an answer over ``MAX_ANSWER_BYTES``, read no
 further: its status line alone is not taken as a delivery.
 Deliveries run one at a time, so a plan never reaches a receiver twice
-concurrently; the outbox row is marked delivered before the next is tried.
+concurrently; the store row is marked delivered before the next is tried.
 
-Order: a remediation event is queued with its node as its outbox order key, so per
+Order: a remediation event is queued with its node as its store order key, so per
 receiver and node the events go in the order they were decided: a later one is not tried
 while an earlier one is pending (it waits behind it, whatever the earlier one's backoff).
 A drain retried through a receiver's outage is not overtaken by the resume decided after
 it. Plans are not ordered: each has its own expiry, and a newer one does not depend on an
 older one's delivery.
 
-Each result is counted (:attr:`Deliverer.results`) before its outbox row
-changes, and an outbox call once begun is finished even if the deliverer is
+Each result is counted (:attr:`Deliverer.results`) before its store row
+changes, and a store call once begun is finished even if the deliverer is
 cancelled meanwhile: whoever sees a row ``delivered`` sees it counted, and
 when :meth:`Deliverer.run` has ended no write is still landing behind it.
 
-A plan the outbox cannot take (a full disk, a read-only file) is kept in memory,
+A plan the store cannot take (a full disk, a read-only file) is kept in memory,
 the latest one per receiver, and written again on every delivery round (with
 backoff) and on every :meth:`Deliverer.enqueue`; :meth:`Deliverer.unwritten_plans`
 tells the advisor whether its plan is durable yet. One per receiver because the
 advisor has one current plan: a newer one comes from a newer snapshot and
 supersedes the unwritten older one, which would move jobs by a stale picture.
 
-Time (issue 32, finding 5): the schedule runs on the monotonic clock. The outbox's
+Time (issue 32, finding 5): the schedule runs on the monotonic clock. The store's
 ``next_attempt_at`` is wall time, written for the record and read once, when a row is
 first seen (a new one is due at once; one left by an earlier process is due within
 ``max_delay`` at most); from then on the deliverer's own monotonic due times decide. A
@@ -42,7 +42,7 @@ wall clock stepped back an hour neither stalls deliveries for that hour nor, ste
 forward, sends the retries early. Plan expiry stays wall time: it is the plan's own
 ``expires_at``, on the wire.
 
-Outcomes (finding 7): a receiver's answer whose record the outbox cannot take (a full
+Outcomes (finding 7): a receiver's answer whose record the store cannot take (a full
 disk fails the ``delivered`` UPDATE) is held in memory with its outcome, and only the
 write is retried, with exponential backoff: the delivery is never POSTed again by this
 process (after a restart the row is pending and goes once more, with the same
@@ -70,8 +70,8 @@ from typing import ParamSpec, TypeVar
 import aiohttp
 
 from exporter import __version__, http_client
-from exporter.advisor.outbox import Delivery, Outbox, event_order_key
 from exporter.advisor.plan import CompactionPlan
+from exporter.advisor.store import Delivery, Store, event_order_key
 from exporter.advisor.wire import plan_body
 from exporter.aio import complete
 
@@ -83,7 +83,7 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 EVENT_HEADER = "X-Gpufleet-Event"  # plan, or remediation (issue 31): what the body is
 PLAN, EVENT = "plan", "remediation"
 MAX_RETRY_AFTER = 3600.0  # a receiver asking for more than an hour is treated as asking for an hour
-DEFAULT_RETENTION = 7 * 86400.0  # finished outbox rows kept a week: long after any plan's expiry
+DEFAULT_RETENTION = 7 * 86400.0  # finished store rows kept a week: long after any plan's expiry
 PRUNE_EVERY = 3600.0  # one DELETE an hour keeps the file small; retention is days
 MAX_ANSWER_BYTES = 64 * 1024  # a receiver's answer: its status decides, the body is not used
 
@@ -129,11 +129,11 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
 
 @dataclass
 class Deliverer:
-    outbox: Outbox
+    store: Store
     receivers: tuple[Receiver, ...]
     base_delay: float = 1.0
     max_delay: float = 300.0
-    clock: Callable[[], float] = time.time  # wall: the outbox's stamps and plan expiry
+    clock: Callable[[], float] = time.time  # wall: the store's stamps and plan expiry
     monotonic: Callable[[], float] = time.monotonic  # the schedule: retries, rewrites, prunes
     rng: random.Random = field(default_factory=random.Random)
     results: Counter = field(default_factory=Counter)  # (receiver, result) -> count
@@ -142,7 +142,7 @@ class Deliverer:
     unwritten_events_per_receiver: int = 1000  # remediation events: each is owed, none supersedes
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None  # run()'s, for wake() from worker threads
-    # what the outbox could not take yet: (receiver, plan | event) -> (id, body, expires at),
+    # what the store could not take yet: (receiver, plan | event) -> (id, body, expires at),
     # oldest first
     _unwritten: dict[tuple[str, str], deque[tuple[str, bytes, float | None]]] = \
         field(default_factory=dict)
@@ -151,8 +151,8 @@ class Deliverer:
     _next_write_at: float = 0.0  # monotonic, as every _next_* and _due
     _next_prune_at: float = float("-inf")
     _due: dict[str, float] = field(default_factory=dict)  # delivery id -> when it is next tried
-    _attempts: dict[str, int] = field(default_factory=dict)  # attempts the outbox failed to record
-    # answers the outbox could not record: delivery id -> (status, wall time, error)
+    _attempts: dict[str, int] = field(default_factory=dict)  # attempts the store failed to record
+    # answers the store could not record: delivery id -> (status, wall time, error)
     _outcomes: dict[str, tuple[str, float, str | None]] = field(default_factory=dict)
     _outcome_failures: int = 0
     _next_outcome_at: float = 0.0
@@ -160,20 +160,20 @@ class Deliverer:
 
     def enqueue_plan(self, plan: CompactionPlan) -> int:
         """Queue ``plan`` for every receiver as its JSON body (:func:`wire.plan_body`, the one
-        place a plan becomes the bytes the outbox keeps and the signature covers)."""
+        place a plan becomes the bytes the store keeps and the signature covers)."""
         return self.enqueue(plan.plan_id, plan_body(plan), plan.expires_at)
 
     def enqueue_event(self, event_id: str, body: bytes) -> int:
-        """Queue a remediation event (issue 31) for every receiver. Its id is its outbox key:
+        """Queue a remediation event (issue 31) for every receiver. Its id is its store key:
         the same event is queued once, and never expires (a drain is owed until delivered).
-        One the outbox cannot take is kept in memory beside the plan, up to
+        One the store cannot take is kept in memory beside the plan, up to
         ``unwritten_events_per_receiver``, oldest dropped first (each dropped one logged)."""
         return self.enqueue(event_id, body, None, kind=EVENT)
 
     def enqueue(self, plan_id: str, body: bytes, expires_at: float | None, kind: str = PLAN) -> int:
         """Queue the plan (or event) for every receiver; returns how many new deliveries were queued.
 
-        Plans kept from a failed write go first. What the outbox cannot take now is
+        Plans kept from a failed write go first. What the store cannot take now is
         kept (see the module's docstring); :meth:`unwritten_plans` says whether it was.
         """
         limit = self.unwritten_per_receiver if kind == PLAN else self.unwritten_events_per_receiver
@@ -189,17 +189,17 @@ class Deliverer:
             return self._write_unwritten()
 
     def flush(self) -> int:
-        """Write the kept plans to the outbox, if any; returns how many deliveries were queued."""
+        """Write the kept plans to the store, if any; returns how many deliveries were queued."""
         with self._unwritten_lock:
             return self._write_unwritten()
 
     def unwritten_plans(self) -> int:
-        """How many plans (over all receivers) wait in memory for the outbox to take them."""
+        """How many plans (over all receivers) wait in memory for the store to take them."""
         with self._unwritten_lock:
             return sum(len(kept) for (_, kind), kept in self._unwritten.items() if kind == PLAN)
 
     def unwritten(self) -> int:
-        """Plans and remediation events waiting in memory for the outbox."""
+        """Plans and remediation events waiting in memory for the store."""
         with self._unwritten_lock:
             return sum(len(kept) for kept in self._unwritten.values())
 
@@ -211,10 +211,10 @@ class Deliverer:
                 plan_id, body, expires_at = kept[0]
                 order_key = event_order_key(body) if kind == EVENT else None
                 try:
-                    if self.outbox.enqueue(receiver, plan_id, body, now, expires_at,
+                    if self.store.enqueue(receiver, plan_id, body, now, expires_at,
                                            order_key) is not None:
                         queued += 1
-                except sqlite3.Error as exc:  # counted by the outbox; the plan stays in memory
+                except sqlite3.Error as exc:  # counted by the store; the plan stays in memory
                     delay = backoff(self._write_failures, self.base_delay, self.max_delay, self.rng)
                     self._write_failures += 1
                     self._next_write_at = self.monotonic() + delay
@@ -255,12 +255,12 @@ class Deliverer:
                 self._wake.clear()
                 try:
                     if self.unwritten() and self.monotonic() >= self._next_write_at:
-                        await self._outbox(self.flush)
+                        await self._in_store(self.flush)
                     await self.write_outcomes()
                     await self._prune()
                     await self.deliver_due(session)
                     next_at = self.next_due()
-                except Exception:  # a broken outbox row must not end deliveries for good
+                except Exception:  # a broken store row must not end deliveries for good
                     log.exception("delivery round failed")
                     next_at = self.monotonic() + self.base_delay
                 if self.unwritten():
@@ -280,8 +280,8 @@ class Deliverer:
             return
         self._next_prune_at = self.monotonic() + PRUNE_EVERY  # a failed prune is retried in an hour too
         try:
-            pruned = await self._outbox(self.outbox.prune, self.clock() - self.retention)
-        except sqlite3.Error as exc:  # counted by the outbox; deliveries go on regardless
+            pruned = await self._in_store(self.store.prune, self.clock() - self.retention)
+        except sqlite3.Error as exc:  # counted by the store; deliveries go on regardless
             log.warning("cannot prune the outbox; will retry", extra={"err": str(exc)})
             return
         if pruned:
@@ -289,7 +289,7 @@ class Deliverer:
 
     async def deliver_due(self, session: aiohttp.ClientSession) -> None:
         """Try every pending delivery that is due by the monotonic schedule, or has expired."""
-        pending = await self._outbox(self.outbox.pending, self.pending_limit)
+        pending = await self._in_store(self.store.pending, self.pending_limit)
         by_name = {r.name: r for r in self.receivers}
         mono, wall = self.monotonic(), self.clock()
         for delivery in pending:
@@ -318,13 +318,13 @@ class Deliverer:
                 self._attempts.pop(gone, None)
 
     async def _finish(self, delivery: Delivery, status: str, error: str | None = None) -> None:
-        """Record the outcome; one the outbox cannot take is held, and only its write retried."""
+        """Record the outcome; one the store cannot take is held, and only its write retried."""
         key, now = delivery.delivery_id, self.clock()
         self._due.pop(key, None)
         self._attempts.pop(key, None)
         try:
-            await self._outbox(self.outbox.finish, key, status, now, error)
-        except sqlite3.Error as exc:  # counted by the outbox
+            await self._in_store(self.store.finish, key, status, now, error)
+        except sqlite3.Error as exc:  # counted by the store
             self._outcomes[key] = (status, now, error)
             self._outcome_failed(exc)
             return
@@ -345,7 +345,7 @@ class Deliverer:
             return
         for key, (status, at, error) in list(self._outcomes.items()):
             try:
-                await self._outbox(self.outbox.finish, key, status, at, error)
+                await self._in_store(self.store.finish, key, status, at, error)
             except sqlite3.Error as exc:
                 self._outcome_failed(exc)
                 return
@@ -359,8 +359,8 @@ class Deliverer:
     async def _record_retry(self, delivery: Delivery, delay: float, error: str) -> None:
         self._attempts[delivery.delivery_id] = delivery.attempts + 1
         try:
-            await self._outbox(self.outbox.retry_at, delivery.delivery_id, self.clock() + delay, error)
-        except sqlite3.Error as exc:  # counted by the outbox; the schedule in memory holds
+            await self._in_store(self.store.retry_at, delivery.delivery_id, self.clock() + delay, error)
+        except sqlite3.Error as exc:  # counted by the store; the schedule in memory holds
             log.warning("cannot record a delivery's retry; its backoff is kept in memory",
                         extra={"plan": delivery.plan_id, "err": str(exc)})
 
@@ -426,10 +426,10 @@ class Deliverer:
             "attempt": delivery.attempts + 1, "retry_in_s": round(delay, 2)})
 
     def _count(self, receiver: Receiver, result: str) -> None:
-        # called before the outbox row changes: the receiver's answer is in, and a count
+        # called before the store row changes: the receiver's answer is in, and a count
         # taken after the write could be lost to a cancellation that the write outlives
         self.results[(receiver.name, result)] += 1
 
-    async def _outbox(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """One outbox call in a worker thread, finished even if this task is cancelled meanwhile."""
+    async def _in_store(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """One store call in a worker thread, finished even if this task is cancelled meanwhile."""
         return await complete(asyncio.to_thread(call, *args, **kwargs))

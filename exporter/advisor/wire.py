@@ -32,8 +32,8 @@ from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Predictio
 from exporter.health.monitor import HealthAdvice
 from exporter.health.remediation import Event, RemediationState, encode_event, event_id
 from exporter.health.verdict import NodeVerdict
-from exporter.load.live import PoolAdvice
-from exporter.load.stats import WindowStats
+from exporter.pool_load.stats import WindowStats
+from exporter.pool_load.tracker import PoolAdvice
 
 JSON = dict[str, Any]
 

@@ -10,7 +10,7 @@ generated from them (:func:`recording_groups`), which this module holds:
   over series recorded in the same rule group, just before them: rules of a group run
   in order and each commits before the next, so a statistic at time T sees exactly the
   samples its range holds at T, including the one written at T. The in-process
-  statistics (:func:`exporter.load.stats.window_stats`) are defined the same way, and
+  statistics (:func:`exporter.pool_load.stats.window_stats`) are defined the same way, and
   ``tests/test_load_rules_e2e.py`` shows the two agree on a real Prometheus.
 - ``pressure``: the node pressure score from node_exporter's standard series,
   ``sum(weight * min(value / cap, 1))`` over CPU, memory and disk I/O. Its bands are
@@ -47,7 +47,7 @@ _PENDING_BY_POOL = (
 LOAD_INPUTS: tuple[tuple[str, str | None], ...] = (
     (recorded.POOL_UTILIZATION, None),  # RECORDING_GROUPS in rules.py records it
     # per pool, not per (pool, model): pending GPUs carry no model, and a pool of two models
-    # (a pool label) would count its waiting jobs once per model; exporter/load/live.py's
+    # (a pool label) would count its waiting jobs once per model; exporter/pool_load/tracker.py's
     # pool_samples, which the statistics are checked against, is per pool too
     (recorded.POOL_CAPACITY, f"count by (cluster, pool) ({metrics.GPU_INFO.name})"),
     (recorded.POOL_DEMAND,

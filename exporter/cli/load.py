@@ -25,9 +25,9 @@ from pathlib import Path
 from exporter import logs
 from exporter.durations import parse_duration
 from exporter.errors import UsageError
-from exporter.load.output import plot, write_csv
-from exporter.load.replay import POLICIES, PoolReplay, PredictiveSettings, replay_series
-from exporter.load.series import Capacity, read_capacity, read_series
+from exporter.pool_load.backtest import POLICIES, PoolReplay, PredictiveSettings, replay_series
+from exporter.pool_load.output import plot, write_csv
+from exporter.pool_load.series import Capacity, read_capacity, read_series
 from exporter.thresholds import ScalingSettings, ScalingTable, command_table
 from exporter.thresholds.scaling import DEFAULT
 

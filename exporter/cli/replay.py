@@ -237,7 +237,7 @@ def _fleet(args: argparse.Namespace, config: Config,
            mapper: openb.ModelMapper) -> tuple[FleetState, np.ndarray | None, str]:
     """The empty fleet, its nodes' memory in bytes (None when unknown: then not checked), a name."""
     if args.sim:
-        from exporter.simulation.fleet import Simulation
+        from exporter.fleet_sim.fleet import Simulation
 
         # the reference layout with nothing running: no jobs, no scenarios
         sim = dataclasses.replace(config.sources.sim, target_allocation=0.0, scenarios=())

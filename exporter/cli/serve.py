@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from exporter.exposition import ExpositionOptions
     from exporter.metrics import Family
     from exporter.thresholds import Thresholds
-    from exporter.thresholds.live import LiveThresholds
+    from exporter.thresholds.reloading import LiveThresholds
     from exporter.web.server import Protection, ServingState
     from exporter.web.webconfig import LiveWebConfig
 
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     names = enabled_sources(config)
     if not names:
         raise ConfigError("sources: no source is enabled (enable sources.sim, or pass --source)")
-    # the web config first: a bad one stops the start before any source or outbox is opened
+    # the web config first: a bad one stops the start before any source or store is opened
     live = LiveWebConfig(config.web.config_file) if config.web.config_file else None
     reload_files: dict[str, Callable[[], bool]] = {}  # the table's reload gauge reads them
     try:
@@ -290,7 +290,7 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     from exporter.collect import Collector
     from exporter.cycle.serving import HealthEffects, ServingCycle, advisor_stage
     from exporter.cycle.stages import AnalysisStage, HealthStage, LoadStage, TableStage
-    from exporter.thresholds.live import LiveThresholds
+    from exporter.thresholds.reloading import LiveThresholds
     from exporter.web.server import ServingState
 
     table = LiveThresholds(config.thresholds_file or None, clock)  # a bad one stops the start
@@ -303,8 +303,8 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     analyzer = None
     load = None
     if config.analysis.enabled:
-        from exporter.analysis.live import LiveAnalyzer
-        from exporter.load.live import LoadTracker
+        from exporter.analysis.analyzer import LiveAnalyzer
+        from exporter.pool_load.tracker import LoadTracker
 
         analyzer = LiveAnalyzer.from_config(config.analysis, table.current)
         load = LoadTracker.from_table(config.analysis.window_snapshots, table.current)

@@ -102,11 +102,11 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     out = out_dir(args.out, ("outcomes.csv", "timeline.png"))
 
-    from exporter.simulate.cluster import MoveCost
-    from exporter.simulate.fleets import load_fleet
-    from exporter.simulate.outcomes import plot, write_csv
-    from exporter.simulate.run import RunSettings, simulate_many
-    from exporter.simulate.timeline import TimelineSettings, arrivals_path, read_arrivals
+    from exporter.outcome_sim.cluster import MoveCost
+    from exporter.outcome_sim.fleets import load_fleet
+    from exporter.outcome_sim.outcomes import plot, write_csv
+    from exporter.outcome_sim.run import RunSettings, simulate_many
+    from exporter.outcome_sim.timeline import TimelineSettings, arrivals_path, read_arrivals
 
     path = arrivals_path()
     try:

@@ -11,8 +11,8 @@ if TYPE_CHECKING:  # annotations only: the frame module loads no stage's package
     from exporter.advisor.advice import Advice
     from exporter.analysis.index import Report
     from exporter.health.monitor import HealthView
-    from exporter.load.live import PoolAdvice
     from exporter.metrics import Family
+    from exporter.pool_load.tracker import PoolAdvice
     from exporter.snapshot import FleetSnapshot
     from exporter.thresholds import Thresholds
 

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from exporter.advisor.service import AdvisorService
     from exporter.advisor.webhook import Deliverer
     from exporter.health.monitor import HealthMonitor
-    from exporter.load.live import LoadTracker
     from exporter.metrics import Family
+    from exporter.pool_load.tracker import LoadTracker
     from exporter.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class HealthEffects:
         if state == self._saved:
             return
         try:
-            self.deliverer.outbox.save_state(state, "remediation")
+            self.deliverer.store.save_state(state, "remediation")
         except sqlite3.Error as exc:
             log.warning("cannot write the remediation state to the outbox; a restart now would "
                         "forget what gpufleet drained", extra={"err": str(exc)})
@@ -76,7 +76,7 @@ class HealthEffects:
         if self.deliverer is None:
             return
         try:
-            text = self.deliverer.outbox.load_state("remediation")
+            text = self.deliverer.store.load_state("remediation")
             remediation = remediation_state_from_text(text)
         except (sqlite3.Error, ValueError) as exc:
             log.warning("cannot read the remediation state from the outbox; starting afresh "
@@ -155,7 +155,7 @@ class ServingCycle:
             await task
         async with self._lock:
             self._closed = True
-            deliverer.outbox.close()
+            deliverer.store.close()
 
 
 def advisor_stage(service: AdvisorService, load: LoadTracker | None = None) -> AdvisorStage:

@@ -20,12 +20,12 @@ if TYPE_CHECKING:
     from exporter.advisor.advice import Advice
     from exporter.advisor.advise import PlanFunction
     from exporter.advisor.engine import Advisor
-    from exporter.analysis.live import FleetView, LiveAnalyzer
+    from exporter.analysis.analyzer import FleetView, LiveAnalyzer
     from exporter.health.monitor import HealthMonitor
-    from exporter.load.live import LoadTracker
     from exporter.metrics import Family
+    from exporter.pool_load.tracker import LoadTracker
     from exporter.snapshot import FleetSnapshot
-    from exporter.thresholds.live import LiveThresholds
+    from exporter.thresholds.reloading import LiveThresholds
 
 
 @dataclass
@@ -61,7 +61,7 @@ class AnalysisStage:
         return dataclasses.replace(frame, report=self.analyzer.analyze(frame.snapshot, view))
 
     def families(self, frame: Frame) -> list[Family]:
-        from exporter.analysis.live import report_families
+        from exporter.analysis.analyzer import report_families
 
         return [] if frame.report is None else report_families(frame.report)
 

@@ -11,7 +11,7 @@ Modes, from the safest:
   409 Conflict read it again and retry, at most ``max_conflict_retries`` times.
 
 Every event goes to the audit log, one JSON object a line. In ``act`` mode an event whose
-id the log already records as done is skipped, so replaying the outbox or restarting
+id the log already records as done is skipped, so replaying the store or restarting
 ``gpufleet act`` does not act twice. Pages, resets and replacements are logged (and
 printed) only: they are for a human.
 

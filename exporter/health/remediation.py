@@ -1,6 +1,6 @@
 """Remediation decided from health verdicts, within budgets (issue 31, Build 2 and 3).
 
-Four actions, typed so the outbox, the renderers and ``gpufleet act`` read one shape:
+Four actions, typed so the store, the renderers and ``gpufleet act`` read one shape:
 
 - :class:`Drain` a failing node, with its reasons ("XID 79 on GPU 3");
 - :class:`ResetGpu` a failing GPU once no job holds it (a reset clears what a critical XID,

@@ -53,7 +53,7 @@ Imports
     ``tests/test_source_isolation.py`` checks what a fresh import loads): data
     flows one way, from sources to the snapshot to everything else. The sim
     source's ``build`` alone reaches further: it hands the source the simulator
-    (:mod:`exporter.simulation`, which places jobs with the placement engine).
+    (:mod:`exporter.fleet_sim`, which places jobs with the placement engine).
 
 Adding a source
     One module, ``exporter/sources/<name>.py``, with its options dataclass (fields

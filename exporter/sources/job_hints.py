@@ -58,7 +58,7 @@ _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(?:[eE]([0-9]{1,2}))?([KMGTP]i|[kK
 _PAIR = re.compile(r"([A-Za-z0-9_./-]{1,64})=([^\s;,]{0,64})")
 
 
-# The simulator's QoS classes on gpufleet's priority scale (exporter/simulation/jobs.py)
+# The simulator's QoS classes on gpufleet's priority scale (exporter/fleet_sim/jobs.py)
 DEFAULT_QOS_PRIORITIES: Mapping[str, int] = {"high": 1000, "normal": 100, "low": 10}
 
 

@@ -6,7 +6,7 @@ dataclasses. Everything that reads a threshold, a ``for`` or a scaling knob read
 object: the alerting and recording rules, the dashboards, the advisor, the config's
 defaults, the live scaling hint and ``gpufleet load``.
 
-A leaf package: it imports neither :mod:`exporter.alerting` nor :mod:`exporter.load`,
+A leaf package: it imports neither :mod:`exporter.alerting` nor :mod:`exporter.pool_load`,
 so both can read the table without a package-level import cycle.
 """
 

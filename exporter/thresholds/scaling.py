@@ -22,8 +22,8 @@ Validated with the rest of the table by the one validator's file checks
 (:mod:`exporter.validate`; :func:`exporter.thresholds.table.parse_thresholds` hands the section
 to :func:`parse_scaling`), so a wrong value is a ThresholdError naming the dotted key.
 :class:`ScalingSettings` lives here, with the table, rather than in
-:mod:`exporter.load.scaling` which acts on it: the table package imports neither
-``exporter.load`` nor ``exporter.alerting``, so both can read it without a package-level
+:mod:`exporter.pool_load.scaling` which acts on it: the table package imports neither
+``exporter.pool_load`` nor ``exporter.alerting``, so both can read it without a package-level
 import cycle.
 
 Bounds are per pool (issue 30): the reference profile's 4-32 nodes is the range of one

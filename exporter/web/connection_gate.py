@@ -136,7 +136,7 @@ def effective_max_connections(configured: int, soft: int | None = None) -> int:
     The limit exists so that accept() never meets ``EMFILE``. asyncio accepts up to
     ``BACKLOG`` sockets in a tick before the gate sees any, and the sockets the gate
     closed close in the next tick: 2 x 128 beyond the limit at worst. The other half is
-    for the listening socket, threads, source connections, the outbox and logs. At
+    for the listening socket, threads, source connections, the store and logs. At
     ulimit -n 1024 this is 384; at 512, 128, where half the limit (256) still met EMFILE
     under a 19,000-connection flood.
     """

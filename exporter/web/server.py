@@ -137,7 +137,7 @@ async def collect_and_render(collector: Collector, state: ServingState, labels: 
             log.exception("cycle failed; the snapshot is served without its analysis")
     loop = asyncio.get_running_loop()
     # complete(): a cancelled collection (shutdown) waits for the render thread, which takes
-    # the frame's families; left running, it could read the advisor's outbox after it closed
+    # the frame's families; left running, it could read the advisor's store after it closed
     return await complete(loop.run_in_executor(None, _render_all, snapshot, frame, state, labels,
                                                gzip_level))
 

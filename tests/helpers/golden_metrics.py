@@ -46,7 +46,7 @@ async def _collect_once(config: Config) -> bytes:
     finally:
         await collector.close()
         if advisor is not None:
-            advisor.deliverer.outbox.close()
+            advisor.deliverer.store.close()
     return rendered.text
 
 

@@ -1,7 +1,7 @@
 """Options of the ``sim`` source (``sources.sim``): the simulated fleet's layout and scenarios.
 
 A module of their own, like every source's options: the simulator
-(:mod:`exporter.simulation`) and the source (:mod:`exporter.sources.sim.source`) both
+(:mod:`exporter.fleet_sim`) and the source (:mod:`exporter.sources.sim.source`) both
 read them, and neither has to import the other for it.
 """
 

@@ -1,7 +1,7 @@
 """The ``sim`` source: the simulated fleet, read on a clock. The default source.
 
 So gpufleet runs anywhere without a GPU. The fleet itself, its job mix and its
-telemetry are :mod:`exporter.simulation`; this module only advances it to the
+telemetry are :mod:`exporter.fleet_sim`; this module only advances it to the
 clock's simulated time (``speed`` x wall time since the first read) on every
 read and returns what it holds. Its options (``sources.sim``) are declared
 in :mod:`exporter.sources.sim.options`, and the simulator takes them as they are.
@@ -26,7 +26,7 @@ from exporter.sources.sim.options import SimSource
 
 
 class FleetModel(Protocol):
-    """What the source needs of a simulator (:class:`exporter.simulation.fleet.Simulation`)."""
+    """What the source needs of a simulator (:class:`exporter.fleet_sim.fleet.Simulation`)."""
 
     start_time: float
 
@@ -80,8 +80,8 @@ class SimulatedFleetSource:
 
 
 def build(config: SimSource, clock: Clock) -> SimulatedFleetSource:
-    """The source with the simulator of :mod:`exporter.simulation` (imported here, when
+    """The source with the simulator of :mod:`exporter.fleet_sim` (imported here, when
     the source is built, not when this module is)."""
-    from exporter.simulation.fleet import Simulation
+    from exporter.fleet_sim.fleet import Simulation
 
     return SimulatedFleetSource(config, clock, Simulation)

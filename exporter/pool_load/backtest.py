@@ -1,4 +1,5 @@
-"""Replays a pool's hourly demand under three scaling policies and counts what each costs.
+"""The backtest ``gpufleet load`` runs: a pool's hourly demand replayed under three scaling
+policies, and what each costs.
 
 - static: today's capacity, all the time;
 - reactive: :class:`~.scaling.Scaler` fed the demand observed in each hour;
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exporter.load.forecast import forecast_matrix
-from exporter.load.scaling import Scaler
+from exporter.pool_load.forecast import forecast_matrix
+from exporter.pool_load.scaling import Scaler
 from exporter.thresholds import ScalingSettings
 
 POLICIES = ("static", "reactive", "predictive")
@@ -141,8 +142,8 @@ class PoolReplay:
 
 def replay_series(pool: str, demand: np.ndarray, capacity_gpus: float, settings: ScalingSettings,
                   window: int, predictive: PredictiveSettings = PredictiveSettings()) -> PoolReplay:
-    from exporter.load.changepoint import Cusum, RollingStd, detect
-    from exporter.load.stats import rolling_stats
+    from exporter.pool_load.changepoint import Cusum, RollingStd, detect
+    from exporter.pool_load.stats import rolling_stats
 
     demand = np.asarray(demand, dtype=float)
     # a pool with no GPUs today has no ratio; its statistics read the demand against one GPU

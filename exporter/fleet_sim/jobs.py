@@ -1,6 +1,6 @@
 """The simulated fleet's job mix: what kinds of job arrive, how big, for how long.
 
-The mix mirrors the reference cluster's (see :mod:`exporter.simulation`):
+The mix mirrors the reference cluster's (see :mod:`exporter.fleet_sim`):
 multi-node training needing more than 80 GB per GPU, single-GPU inference,
 time-sliced and MIG slices, and small dev jobs. ``weight`` is each kind's share
 of the GPU demand; :func:`relative_rates` turns it into arrival rates.

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from exporter.analysis.state import EPS
-from exporter.simulate.cluster import Cluster
-from exporter.simulate.timeline import Job
+from exporter.outcome_sim.cluster import Cluster
+from exporter.outcome_sim.timeline import Job
 
 MODES = ("fifo", "kube")
 

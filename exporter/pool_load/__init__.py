@@ -2,6 +2,7 @@
 
 ``stats`` computes what the recording rules compute, ``changepoint`` flags regime
 changes online, ``scaling`` turns a demand series into a recommended node count,
-``series`` reads a demand CSV and a capacity table, and ``replay`` runs the three
-scaling policies over a series for ``gpufleet load``.
+``series`` reads a demand CSV and a capacity table; ``tracker`` follows the pools of each
+served snapshot, and ``backtest`` runs the three scaling policies over a series for
+``gpufleet load``.
 """

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from exporter.simulate.timeline import Job
+from exporter.outcome_sim.timeline import Job
 
 CLASSES = ("small", "mid", "node", "multi_node")
 COLUMNS = (

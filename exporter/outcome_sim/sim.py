@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from exporter.analysis.fgd import CompiledWorkload
-from exporter.simulate.cluster import Cluster, MoveCost
-from exporter.simulate.fleets import SimFleet
-from exporter.simulate.scheduler import Scheduler
-from exporter.simulate.timeline import TimelineSettings
+from exporter.outcome_sim.cluster import Cluster, MoveCost
+from exporter.outcome_sim.fleets import SimFleet
+from exporter.outcome_sim.scheduler import Scheduler
+from exporter.outcome_sim.timeline import TimelineSettings
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,11 +38,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from exporter import metrics
-from exporter.load.changepoint import DIRECTIONS, Cusum
-from exporter.load.forecast import DAY, HourlyHistory
-from exporter.load.scaling import REASONS, Hint, Scaler
-from exporter.load.stats import WindowStats, window_stats
 from exporter.metrics import Family
+from exporter.pool_load.changepoint import DIRECTIONS, Cusum
+from exporter.pool_load.forecast import DAY, HourlyHistory
+from exporter.pool_load.scaling import REASONS, Hint, Scaler
+from exporter.pool_load.stats import WindowStats, window_stats
 from exporter.snapshot import FleetSnapshot
 from exporter.thresholds import ScalingTable, Thresholds, load_thresholds
 from exporter.thresholds.scaling import DEFAULT

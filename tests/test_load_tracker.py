@@ -1,4 +1,5 @@
-"""exporter/load/live.py: per-pool demand, statistics, change points and the hint, snapshot by snapshot."""
+"""exporter/pool_load/tracker.py: per-pool demand, statistics, change points and the hint,
+snapshot by snapshot."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from exporter.advisor.wire import scaling_json
 from exporter.collect import Collector
 from exporter.config import AnalysisConfig
-from exporter.load.live import LoadTracker, pool_samples
-from exporter.load.stats import window_stats
+from exporter.pool_load.stats import window_stats
+from exporter.pool_load.tracker import LoadTracker, pool_samples
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, Placement
 from exporter.sources.sim.options import SimSource
 from exporter.sources.sim.source import build as sim_source

@@ -1,7 +1,7 @@
 """The simulated fleet: the reference cluster with a job mix that arrives and finishes.
 
 It mirrors the reference cluster (H200, H100, A100 and B200 partitions of
-8-GPU nodes, 1,088 GPUs) with the job mix of :mod:`exporter.simulation.jobs`:
+8-GPU nodes, 1,088 GPUs) with the job mix of :mod:`exporter.fleet_sim.jobs`:
 
 - multi-node 8-GPU training needing more than 80 GB per GPU, on H200/B200;
 - single-GPU inference on H100;
@@ -45,12 +45,12 @@ from typing import Any
 
 import numpy as np
 
+from exporter.fleet_sim.config import FleetConfig
+from exporter.fleet_sim.jobs import JOB_KINDS, JobKind, SimJob, relative_rates, scenario_start
 from exporter.gpu_catalogue import GB, Catalogue, default_catalogue
 from exporter.placement.engine import Placer
 from exporter.placement.task import Task
 from exporter.placement.tiers import REFERENCE_TIERS, tier_of
-from exporter.simulation.config import FleetConfig
-from exporter.simulation.jobs import JOB_KINDS, JobKind, SimJob, relative_rates, scenario_start
 from exporter.snapshot import (
     Allocation,
     FleetSnapshot,

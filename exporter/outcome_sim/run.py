@@ -19,14 +19,14 @@ from concurrent.futures import ProcessPoolExecutor
 from exporter.analysis.fgd import CompiledWorkload, compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.workload import from_tasks
-from exporter.simulate.advisor_loop import AdvisorStrategy
-from exporter.simulate.cluster import Cluster
-from exporter.simulate.fleets import SimFleet
-from exporter.simulate.outcomes import Outcome, Sample, job_outcomes
-from exporter.simulate.scheduler import Scheduler
-from exporter.simulate.sim import RunSettings, Sim
-from exporter.simulate.strategies import STRATEGIES, Consolidate, Descheduler, Nothing, Strategy
-from exporter.simulate.timeline import HourlyArrivals, Job, build
+from exporter.outcome_sim.advisor_loop import AdvisorStrategy
+from exporter.outcome_sim.cluster import Cluster
+from exporter.outcome_sim.fleets import SimFleet
+from exporter.outcome_sim.outcomes import Outcome, Sample, job_outcomes
+from exporter.outcome_sim.scheduler import Scheduler
+from exporter.outcome_sim.sim import RunSettings, Sim
+from exporter.outcome_sim.strategies import STRATEGIES, Consolidate, Descheduler, Nothing, Strategy
+from exporter.outcome_sim.timeline import HourlyArrivals, Job, build
 
 
 def make_strategy(name: str, settings: RunSettings) -> Strategy:

@@ -21,9 +21,9 @@ import numpy as np
 
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.state import FleetState
+from exporter.outcome_sim.timeline import Job
 from exporter.placement.engine import Placement, Placer
 from exporter.placement.task import Task
-from exporter.simulate.timeline import Job
 
 FGD_POLICIES = ("fgd", "tiered", "lookahead")
 

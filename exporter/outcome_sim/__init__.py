@@ -1,4 +1,6 @@
-"""``gpufleet simulate``: the fleet over days, with jobs that arrive, queue, run and leave.
+"""The outcome simulator behind ``gpufleet simulate``: the fleet over days, with jobs that
+arrive, queue, run and leave (the fleet behind ``serve``'s ``sim`` source is
+:mod:`exporter.fleet_sim`).
 
 A discrete-event replay (docs/simulate.md): :mod:`.timeline` turns the
 Alibaba spot-GPU trace's hourly rhythm and the openb pod shapes into jobs;

@@ -6,7 +6,7 @@ import csv
 import os
 from collections.abc import Sequence
 
-from exporter.load.replay import POLICIES, PoolReplay
+from exporter.pool_load.backtest import POLICIES, PoolReplay
 
 COLUMNS = ("pool", "hour", "demand_gpus", "demand_ratio", "ratio_mean", "ratio_stddev", "ratio_p95",
            "change_rolling_std", "change_cusum",

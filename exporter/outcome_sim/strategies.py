@@ -1,7 +1,7 @@
 """What acts on the running fleet besides the scheduler: the baselines and the advisor.
 
 Every strategy sees the same jobs and the same scheduler, and moves jobs only as
-a checkpoint-restart (:meth:`~exporter.simulate.cluster.Cluster.move`), at the
+a checkpoint-restart (:meth:`~exporter.outcome_sim.cluster.Cluster.move`), at the
 same cost. None of them moves a gang or a high-priority job (the advisor's
 ``move_high_priority`` default), so the comparison is of what each does with
 the same freedom.
@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from exporter.outcome_sim.cluster import undo
+from exporter.outcome_sim.timeline import Job
 from exporter.placement.engine import Placement, room_after_moves
 from exporter.placement.task import Task
-from exporter.simulate.cluster import undo
-from exporter.simulate.timeline import Job
 
 if TYPE_CHECKING:
-    from exporter.simulate.sim import Sim
+    from exporter.outcome_sim.sim import Sim
 
 STRATEGIES = ("none", "descheduler", "consolidate", "advisor", "advisor-current")
 

@@ -1,4 +1,7 @@
-"""A durable outbox for webhook deliveries, in SQLite (stdlib ``sqlite3``, WAL).
+"""The durable store, in SQLite (stdlib ``sqlite3``, WAL): the webhook's deliveries (plans,
+remediation events), the advisor's state and the remediation state, in one file:
+``advisor.outbox`` in the config (the key and the ``gpufleet_advisor_outbox_*`` families
+keep their names: users read them).
 
 Advice that cannot be delivered yet is kept, not dropped: every delivery is a
 row written before the first attempt, so a crash or restart loses nothing and
@@ -12,9 +15,9 @@ proposal is pending, or delivered and not yet expired (the receiver has it and
 it still holds); once that proposal expired, was rejected or was delivered and
 then expired, the same plan (the plan id is a content hash, so the same moves
 give the same id) is a new proposal with the next number. Finished rows are
-deleted by :meth:`Outbox.prune` after a retention period.
+deleted by :meth:`Store.prune` after a retention period.
 
-Every failed operation is counted in :attr:`Outbox.errors` by kind (insert,
+Every failed operation is counted in :attr:`Store.errors` by kind (insert,
 update, select, prune) before the error propagates: a full disk shows on
 ``/metrics``, not only in one log line.
 
@@ -27,8 +30,8 @@ exits 2 with one line), not served with holes.
 
 Order: a row may carry an ``order_key`` (a remediation event's node). Of the pending rows
 for one receiver with the same key, only the oldest (by creation: SQLite's rowid, which a
-new row always takes above every row still there) is handed out by :meth:`Outbox.pending`
-and :meth:`Outbox.due`; the others wait behind it, so a drain retried through an outage
+new row always takes above every row still there) is handed out by :meth:`Store.pending`
+and :meth:`Store.due`; the others wait behind it, so a drain retried through an outage
 reaches the receiver before the resume decided after it. Rows without a key (plans, pages)
 are not ordered.
 
@@ -51,7 +54,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-OPERATIONS = ("insert", "update", "select", "prune")  # the kinds :attr:`Outbox.errors` counts
+OPERATIONS = ("insert", "update", "select", "prune")  # the kinds :attr:`Store.errors` counts
 STATE_KEYS = ("advisor", "remediation")  # the rows of advisor_state
 
 SCHEMA = """
@@ -133,7 +136,7 @@ def event_order_key(body: bytes) -> str | None:
 
 
 def connect(path: str) -> sqlite3.Connection:
-    """The outbox's connection: autocommit (transactions are explicit), shared across threads."""
+    """The store's connection: autocommit (transactions are explicit), shared across threads."""
     return sqlite3.connect(path, check_same_thread=False, isolation_level=None)
 
 
@@ -160,7 +163,7 @@ class Delivery:
         return self.plan_id if self.proposal == 1 else f"{self.plan_id}.{self.proposal}"
 
 
-class Outbox:
+class Store:
     def __init__(self, path: str | Path,
                  connect: Callable[[str], sqlite3.Connection] = connect) -> None:
         """``connect`` opens the SQLite connection: the seam tests use to fill the disk."""

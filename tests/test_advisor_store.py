@@ -14,16 +14,16 @@ import time
 from types import SimpleNamespace
 
 from exporter.advisor.engine import Advisor, DecisionSettings
-from exporter.advisor.outbox import Outbox
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
 from exporter.advisor.service import AdvisorService, build_service
+from exporter.advisor.store import Store
 from exporter.advisor.webhook import DELIVERY_HEADER, IDEMPOTENCY_HEADER, Deliverer, Receiver
 from exporter.advisor.wire import plan_json
-from exporter.analysis.live import LiveAnalyzer
+from exporter.analysis.analyzer import LiveAnalyzer
 from exporter.config import AdvisorConfig, AnalysisConfig
-from exporter.options import Duration
 from exporter.cycle import Frame
 from exporter.cycle.serving import advisor_stage
+from exporter.options import Duration
 from exporter.snapshot import FleetSnapshot
 from tests.test_advisor_webhook import SECRET, Scheduler, _run_until
 
@@ -55,7 +55,7 @@ class FullDisk(sqlite3.Connection):
         return super().execute(sql, parameters)
 
 
-def full_disk_outbox(path, clock=time.time, failing=("INSERT",)) -> tuple[Outbox, FullDisk]:
+def full_disk_store(path, clock=time.time, failing=("INSERT",)) -> tuple[Store, FullDisk]:
     connections: list[FullDisk] = []
 
     def connect(where: str) -> sqlite3.Connection:
@@ -64,8 +64,8 @@ def full_disk_outbox(path, clock=time.time, failing=("INSERT",)) -> tuple[Outbox
         connections.append(conn)
         return conn
 
-    outbox = Outbox(path, connect=connect)
-    return outbox, connections[0]
+    store = Store(path, connect=connect)
+    return store, connections[0]
 
 
 def planner(snapshot, report, scope, now):
@@ -108,9 +108,9 @@ async def test_a_full_disk_keeps_the_plan_holds_the_cooldown_and_delivers_once_s
     scheduler = Scheduler()
     server = await aiohttp_server(scheduler.app())
     clock = Clock()
-    outbox, conn = full_disk_outbox(tmp_path / "outbox.sqlite")
+    store, conn = full_disk_store(tmp_path / "outbox.sqlite")
     receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
-    deliverer = Deliverer(outbox, (receiver,), base_delay=0.01, max_delay=0.05,
+    deliverer = Deliverer(store, (receiver,), base_delay=0.01, max_delay=0.05,
                           clock=Clock(running=True))
     service = service_with(deliverer, clock)
 
@@ -118,9 +118,9 @@ async def test_a_full_disk_keeps_the_plan_holds_the_cooldown_and_delivers_once_s
     advice = await service.evaluate("snapshot")
     assert advice is not None and advice.decision == "compact"
     plan_id = advice.plan.plan_id
-    assert outbox.status_of("slurm", plan_id) is None  # nothing written...
+    assert store.status_of("slurm", plan_id) is None  # nothing written...
     assert deliverer.unwritten_plans() == 1  # ...but kept, not dropped
-    assert outbox.errors["insert"] == 1
+    assert store.errors["insert"] == 1
     errors = served(service, "gpufleet_advisor_outbox_errors_total")
     assert errors[(("operation", "insert"),)] == 1.0
     assert errors[(("operation", "update"),)] == 0.0  # every operation is served from zero
@@ -132,7 +132,7 @@ async def test_a_full_disk_keeps_the_plan_holds_the_cooldown_and_delivers_once_s
     assert advice.plan.plan_id == plan_id  # the same plan (the same moves)
     newer = advice.plan
     assert deliverer.unwritten_plans() == 1  # the newer copy replaced the older one
-    assert outbox.errors["insert"] == 3  # the retry of the kept plan, then the new one
+    assert store.errors["insert"] == 3  # the retry of the kept plan, then the new one
 
     conn.full = False  # space returns: the deliverer's next round writes and delivers it
     await run_until(deliverer, lambda: deliverer.results[("slurm", "delivered")] == 1, linger=0.2)
@@ -140,7 +140,7 @@ async def test_a_full_disk_keeps_the_plan_holds_the_cooldown_and_delivers_once_s
     assert len(scheduler.accepted) == 1 and scheduler.bad_signatures == 0
     assert scheduler.accepted[0]["plan_id"] == plan_id
     assert scheduler.accepted[0] == plan_json(newer)  # the newer copy
-    assert outbox.status_of("slurm", plan_id) == ("delivered", 1, "")
+    assert store.status_of("slurm", plan_id) == ("delivered", 1, "")
 
     clock.now += 60  # now that the plan is durable, the cooldown runs
     advice = await service.evaluate("snapshot")
@@ -151,9 +151,9 @@ async def test_a_full_disk_keeps_the_plan_holds_the_cooldown_and_delivers_once_s
 
 async def test_space_returning_before_the_next_evaluation_writes_the_plan_then(tmp_path):
     clock = Clock()
-    outbox, conn = full_disk_outbox(tmp_path / "outbox.sqlite")
+    store, conn = full_disk_store(tmp_path / "outbox.sqlite")
     receiver = Receiver("slurm", "http://127.0.0.1:9/gpufleet", SECRET)
-    deliverer = Deliverer(outbox, (receiver,), clock=clock)
+    deliverer = Deliverer(store, (receiver,), clock=clock)
     service = service_with(deliverer, clock)
     conn.full = True
     advice = await service.evaluate("snapshot")
@@ -164,7 +164,7 @@ async def test_space_returning_before_the_next_evaluation_writes_the_plan_then(t
     # the kept plan is written first, which starts the cooldown: no second plan
     assert advice is not None and advice.decision == "cooldown"
     assert deliverer.unwritten_plans() == 0
-    assert outbox.pending_count() == 1
+    assert store.pending_count() == 1
     assert service.advisor.last_plan_at == START + 60
 
 
@@ -172,10 +172,10 @@ async def test_an_expired_plan_proposed_again_is_delivered(aiohttp_server, tmp_p
     scheduler = Scheduler(fail_first=2)  # down for the first proposal, and once for the second
     server = await aiohttp_server(scheduler.app())
     clock = Clock(running=True)
-    outbox = Outbox(tmp_path / "outbox.sqlite")
+    store = Store(tmp_path / "outbox.sqlite")
     receiver = Receiver("slurm", str(server.make_url("/gpufleet")), SECRET, timeout=2)
     # a retry a minute or more away: the first proposal is tried once before it expires
-    deliverer = Deliverer(outbox, (receiver,), base_delay=100, max_delay=100, clock=clock)
+    deliverer = Deliverer(store, (receiver,), base_delay=100, max_delay=100, clock=clock)
 
     def body(expires_at: float) -> bytes:
         return json.dumps({"plan_id": "plan-same", "expires_at": expires_at}).encode()
@@ -185,7 +185,7 @@ async def test_an_expired_plan_proposed_again_is_delivered(aiohttp_server, tmp_p
     clock.now += 1000  # the receiver is still down when the plan expires
     deliverer.wake()
     await run_until(deliverer, lambda: deliverer.results[("slurm", "expired")] == 1)
-    assert outbox.status_of("slurm", "plan-same")[0] == "expired"
+    assert store.status_of("slurm", "plan-same")[0] == "expired"
 
     # the advisor proposes the identical plan again: a new proposal, delivered
     deliverer.base_delay, deliverer.max_delay = 0.01, 0.02
@@ -200,22 +200,22 @@ async def test_an_expired_plan_proposed_again_is_delivered(aiohttp_server, tmp_p
     assert retried[DELIVERY_HEADER] == accepted[DELIVERY_HEADER]
     assert first[IDEMPOTENCY_HEADER] == "plan-same"  # the first proposal's key is the plan id
     assert accepted[IDEMPOTENCY_HEADER] != first[IDEMPOTENCY_HEADER]
-    assert outbox.status_of("slurm", "plan-same") == ("delivered", 2, "HTTP 503")
+    assert store.status_of("slurm", "plan-same") == ("delivered", 2, "HTTP 503")
     # delivered and still valid: the scheduler has it, so the same plan is not sent again
     assert deliverer.enqueue("plan-same", body(expires), expires) == 0
 
 
 def test_a_rejected_or_delivered_and_expired_plan_may_be_proposed_again(tmp_path):
-    outbox = Outbox(tmp_path / "outbox.sqlite")
-    first = outbox.enqueue("slurm", "plan-r", b"{}", START, START + 900)
+    store = Store(tmp_path / "outbox.sqlite")
+    first = store.enqueue("slurm", "plan-r", b"{}", START, START + 900)
     assert first is not None
-    outbox.rejected(first, START + 1, "HTTP 400")
-    assert outbox.enqueue("slurm", "plan-r", b"{}", START + 2, START + 902) is not None
-    delivered = outbox.enqueue("slurm", "plan-d", b"{}", START, START + 900)
+    store.rejected(first, START + 1, "HTTP 400")
+    assert store.enqueue("slurm", "plan-r", b"{}", START + 2, START + 902) is not None
+    delivered = store.enqueue("slurm", "plan-d", b"{}", START, START + 900)
     assert delivered is not None
-    outbox.delivered(delivered, START + 1)
-    assert outbox.enqueue("slurm", "plan-d", b"{}", START + 2, START + 902) is None  # still valid
-    assert outbox.enqueue("slurm", "plan-d", b"{}", START + 901, START + 1801) is not None
+    store.delivered(delivered, START + 1)
+    assert store.enqueue("slurm", "plan-d", b"{}", START + 2, START + 902) is None  # still valid
+    assert store.enqueue("slurm", "plan-d", b"{}", START + 901, START + 1801) is not None
 
 
 def test_an_outbox_from_before_proposals_is_migrated(tmp_path):
@@ -235,39 +235,39 @@ def test_an_outbox_from_before_proposals_is_migrated(tmp_path):
                ('d2', 'slurm', 'plan-new', X'7B7D', 1, NULL, 1, 'pending', NULL);
     """)
     old.close()
-    outbox = Outbox(path)
-    assert outbox.status_of("slurm", "plan-new") == ("pending", 0, "")
-    assert [d.delivery_id for d in outbox.due(START)] == ["d2"]
-    assert outbox.enqueue("slurm", "plan-old", b"{}", START, START + 900) is not None
+    store = Store(path)
+    assert store.status_of("slurm", "plan-new") == ("pending", 0, "")
+    assert [d.delivery_id for d in store.due(START)] == ["d2"]
+    assert store.enqueue("slurm", "plan-old", b"{}", START, START + 900) is not None
 
 
 def test_finished_rows_are_pruned_after_the_retention(tmp_path):
-    outbox = Outbox(tmp_path / "outbox.sqlite")
-    delivered = outbox.enqueue("slurm", "plan-1", b"{}", START, START + 900)
-    expired = outbox.enqueue("slurm", "plan-2", b"{}", START, START + 900)
-    outbox.enqueue("slurm", "plan-3", b"{}", START, None)  # pending: never pruned
+    store = Store(tmp_path / "outbox.sqlite")
+    delivered = store.enqueue("slurm", "plan-1", b"{}", START, START + 900)
+    expired = store.enqueue("slurm", "plan-2", b"{}", START, START + 900)
+    store.enqueue("slurm", "plan-3", b"{}", START, None)  # pending: never pruned
     assert delivered is not None and expired is not None
-    outbox.delivered(delivered, START + 10)
-    outbox.expired(expired, START + 1000)
-    assert outbox.prune(before=START + 10) == 0  # kept for exactly the retention, not less
-    assert outbox.prune(before=START + 11) == 1
-    assert outbox.status_of("slurm", "plan-1") is None
-    assert outbox.status_of("slurm", "plan-2")[0] == "expired"
-    assert outbox.prune(before=START + 9 * DAY) == 1
-    assert outbox.status_of("slurm", "plan-3")[0] == "pending"
+    store.delivered(delivered, START + 10)
+    store.expired(expired, START + 1000)
+    assert store.prune(before=START + 10) == 0  # kept for exactly the retention, not less
+    assert store.prune(before=START + 11) == 1
+    assert store.status_of("slurm", "plan-1") is None
+    assert store.status_of("slurm", "plan-2")[0] == "expired"
+    assert store.prune(before=START + 9 * DAY) == 1
+    assert store.status_of("slurm", "plan-3")[0] == "pending"
 
 
 async def test_the_deliverer_prunes_with_its_retention(tmp_path):
     clock = Clock(START + 8 * DAY)
-    outbox = Outbox(tmp_path / "outbox.sqlite")
-    old = outbox.enqueue("slurm", "plan-old", b"{}", START, START + 900)
-    recent = outbox.enqueue("slurm", "plan-recent", b"{}", START, START + 900)
+    store = Store(tmp_path / "outbox.sqlite")
+    old = store.enqueue("slurm", "plan-old", b"{}", START, START + 900)
+    recent = store.enqueue("slurm", "plan-recent", b"{}", START, START + 900)
     assert old is not None and recent is not None
-    outbox.delivered(old, START)
-    outbox.delivered(recent, START + 2 * DAY)
-    deliverer = Deliverer(outbox, (), clock=clock, retention=7 * DAY)
-    await run_until(deliverer, lambda: outbox.status_of("slurm", "plan-old") is None)
-    assert outbox.status_of("slurm", "plan-recent")[0] == "delivered"
+    store.delivered(old, START)
+    store.delivered(recent, START + 2 * DAY)
+    deliverer = Deliverer(store, (), clock=clock, retention=7 * DAY)
+    await run_until(deliverer, lambda: store.status_of("slurm", "plan-old") is None)
+    assert store.status_of("slurm", "plan-recent")[0] == "delivered"
 
 
 def test_retention_is_an_advisor_option(tmp_path):
@@ -277,16 +277,16 @@ def test_retention_is_an_advisor_option(tmp_path):
     try:
         assert service.deliverer.retention == 3600
     finally:
-        service.deliverer.outbox.close()
+        service.deliverer.store.close()
 
 
 async def test_shutdown_gives_a_kept_plan_a_last_write(tmp_path):
     clock = Clock()
     path = tmp_path / "outbox.sqlite"
-    outbox, conn = full_disk_outbox(path)
+    store, conn = full_disk_store(path)
     receiver = Receiver("slurm", "http://127.0.0.1:9/gpufleet", SECRET)
     # the deliverer's own retry is a second or more away (base_delay 1 s): the close writes it
-    deliverer = Deliverer(outbox, (receiver,), clock=clock)
+    deliverer = Deliverer(store, (receiver,), clock=clock)
     service = service_with(deliverer, clock)
     lifecycle = service.background(None)  # type: ignore[arg-type]
     await lifecycle.__anext__()  # started: the deliverer runs
@@ -296,7 +296,7 @@ async def test_shutdown_gives_a_kept_plan_a_last_write(tmp_path):
     conn.full = False
     with contextlib.suppress(StopAsyncIteration):
         await lifecycle.__anext__()  # the app's cleanup
-    reopened = Outbox(path)
+    reopened = Store(path)
     try:
         assert reopened.status_of("slurm", advice.plan.plan_id)[0] == "pending"
     finally:

@@ -7,7 +7,7 @@ What it does at each tick (every ``interval`` of simulated time):
    high-priority jobs at the planner's ``high_priority``), the queue as
    ``pending``, and a source ``simulate`` that lists the queue (so an empty one
    says that nothing waits);
-2. measures it with the serve's :class:`~exporter.analysis.live.LiveAnalyzer`
+2. measures it with the serve's :class:`~exporter.analysis.analyzer.LiveAnalyzer`
    (the default config's analysis settings) and asks the serve's
    :class:`~exporter.advisor.engine.Advisor` through
    :func:`~exporter.advisor.advise.advise` (the default config's decision and
@@ -50,14 +50,14 @@ import numpy as np
 
 from exporter.analysis.state import FleetState
 from exporter.analysis.workload import PartKey, Shape, part_keys, shapes_of
+from exporter.outcome_sim.fleets import SimFleet
 from exporter.placement.engine import Placement
-from exporter.simulate.fleets import SimFleet
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, SourceStatus
 from exporter.snapshot import Placement as Part
 
 if TYPE_CHECKING:
-    from exporter.analysis.live import FleetView
-    from exporter.simulate.sim import Sim
+    from exporter.analysis.analyzer import FleetView
+    from exporter.outcome_sim.sim import Sim
 
 PENDING_LISTED = 200  # queued jobs put in a snapshot's pending list (a scheduler's pending view)
 NAMESPACES = 20  # jobs spread over this many namespaces (the planner budgets moves per namespace)
@@ -117,7 +117,7 @@ class AdvisorStrategy:
     def _setup(self) -> None:
         from exporter.advisor.advise import Planner, decision_settings, plan_settings
         from exporter.advisor.engine import Advisor
-        from exporter.analysis.live import LiveAnalyzer
+        from exporter.analysis.analyzer import LiveAnalyzer
         from exporter.config import load
         from exporter.cycle.stages import AdvisorStage, AnalysisStage
 
@@ -165,7 +165,7 @@ class AdvisorStrategy:
         With :attr:`one_partition` the placer's pools (a pool per model, what the outcomes'
         index measures) are read as the snapshot's one; the shapes are the ones
         :func:`snapshot_of` kept (:class:`PartCounts`)."""
-        from exporter.analysis.live import FleetView
+        from exporter.analysis.analyzer import FleetView
 
         assert self._sim is not None
         state = self._sim.cluster.placer.state

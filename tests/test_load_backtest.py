@@ -1,12 +1,13 @@
-"""exporter/load/replay.py and forecast.py: the policies hour by hour, and the forecast's past-only reads."""
+"""exporter/pool_load/backtest.py and forecast.py: the policies hour by hour, and the forecast's
+past-only reads."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from exporter.load.forecast import forecast_matrix
-from exporter.load.replay import run_scaler, static
+from exporter.pool_load.backtest import run_scaler, static
+from exporter.pool_load.forecast import forecast_matrix
 from exporter.thresholds import ScalingSettings
 
 
@@ -58,7 +59,7 @@ def test_forecast_horizon_bounds():
 
 
 def test_hourly_history_keeps_means_and_fills_gaps():
-    from exporter.load.forecast import HourlyHistory
+    from exporter.pool_load.forecast import HourlyHistory
 
     h = HourlyHistory(days=1)
     h.add(0, 2.0)
