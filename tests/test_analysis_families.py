@@ -10,8 +10,11 @@ import pytest
 from exporter.analysis.analyzer import LiveAnalyzer, report_families
 from exporter.analysis.options import AnalysisConfig, ShapeConfig
 from exporter.config import ConfigError, build
+from exporter.cycle import run_cycle
+from exporter.cycle.stages import AnalysisStage, LoadStage
 from exporter.exposition import render_families
 from exporter.fleet_sim.fleet import Simulation
+from exporter.pool_load.tracker import LoadTracker
 from exporter.snapshot import FleetSnapshot
 from exporter.sources.sim.options import Scenario, SimSource
 from tests.helpers import http_get, openb_csv
@@ -46,9 +49,17 @@ def pool_indices(text: str) -> dict[str, float]:
     return out
 
 
+def families_of(analyzer: LiveAnalyzer, snapshot: FleetSnapshot):
+    """The analysis and load stages' families for ``snapshot``, as serve's cycle gives them,
+    and the frame."""
+    stages = (AnalysisStage(analyzer), LoadStage(LoadTracker.from_table(60)))
+    frame = run_cycle(stages, snapshot)
+    return [f for stage in stages for f in stage.families(frame)], frame
+
+
 def test_families_of_a_simulated_snapshot():
     analyzer = LiveAnalyzer.from_config(AnalysisConfig())
-    families = analyzer.families(Simulation(SimSource(), START).snapshot())
+    families, frame = families_of(analyzer, Simulation(SimSource(), START).snapshot())
     assert {f.name for f in families} == FAMILIES
     text = "".join(render_families(families))
     assert set(pool_indices(text)) == POOLS
@@ -61,7 +72,7 @@ def test_families_of_a_simulated_snapshot():
         '{cpu_only="included",source="window"}': 1.0}
     by_reason = sum(samples(text, "gpufleet_cluster_fragmented_gpus_by_reason").values())
     assert by_reason == pytest.approx(samples(text, "gpufleet_cluster_fragmented_gpus")[""], abs=1e-6)
-    assert analyzer.latest is not None and analyzer.latest.cluster.total_gpus == 1088
+    assert frame.report is not None and frame.report.cluster.total_gpus == 1088
 
 
 def test_fragmented_pool_scenario_pushes_its_pool_index_above_50():
@@ -82,7 +93,7 @@ def test_fixed_workloads_from_config():
     workload = analyzer.fixed
     assert workload is not None and workload.weights == pytest.approx((0.75, 0.25))
     assert workload.shapes[1].models == ("H200",)  # product names resolve through the catalogue
-    families = analyzer.families(Simulation(SimSource(), START).snapshot())
+    families, _ = families_of(analyzer, Simulation(SimSource(), START).snapshot())
     text = "".join(render_families(families))
     assert samples(text, "gpufleet_fragmentation_workload_info") == {
         '{cpu_only="included",source="shapes"}': 1.0}

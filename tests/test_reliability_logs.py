@@ -93,7 +93,7 @@ def test_the_lines_not_written_are_served_by_reason_while_serve_logs(monkeypatch
     from exporter.cli.serve import log_families
 
     def served() -> dict[str, float]:
-        (family,) = log_families(None)
+        (family,) = log_families()
         assert family.name == "gpufleet_log_lines_dropped_total"
         return {dict(labels)["reason"]: value for labels, value in family.samples}
 
