@@ -426,3 +426,22 @@ def test_the_command_runs_the_openb_fleet_with_the_advisor(tmp_path, capsys):
         assert 0.0 < float(row["mean_allocation_pct"]) <= 100.0, row
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
     assert "2 runs in" in capsys.readouterr().out
+
+
+def test_min_runtime_counts_from_a_jobs_last_start_or_move():
+    """The advisor's snapshot states when a job's current placement began: a job moved at
+    t = 5,000 is younger than min_runtime at 5,600, though it first started at 0."""
+    from exporter.outcome_sim.advisor_loop import snapshot_of
+
+    sim = sim_of(tiny_fleet(nodes=2))
+    cluster = sim.cluster
+    moved, stayed = job(1, 4, 50_000), job(2, 2, 50_000)
+    for j in (moved, stayed):
+        cluster.start(j, cluster.find(j), 0.0)
+    before = {a.job: a.start_time for a in snapshot_of(sim, 4_000.0).allocations}
+    assert before == {"1": 0.0, "2": 0.0}
+    destination = cluster.find(moved)  # free GPUs elsewhere, found while it holds its own
+    cluster.move(moved, destination, 5_000.0)
+    after = {a.job: a.start_time for a in snapshot_of(sim, 5_600.0).allocations}
+    assert after == {"1": 5_000.0, "2": 0.0}
+    assert moved.start == 0.0  # its first start is still kept, for the outcomes

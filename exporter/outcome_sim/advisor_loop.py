@@ -309,7 +309,7 @@ def snapshot_of(sim: Sim, now: float,
                 placements=tuple(Part(p.node_name, p.gpus, p.gpu_share if p.gpus else 1.0, p.cpus)
                                  for p in job.placements),
                 namespace=f"team-{job.id % NAMESPACES}", pod=f"job-{job.id}",
-                priority=1000 if job.high else 0, start_time=job.start,
+                priority=1000 if job.high else 0, start_time=job.placed,
                 last_checkpoint_time=checkpoint, allowed_models=job.models)
             held = (job.version, checkpoint, alloc, None if parts is None else parts.ids(alloc))
             cache[job.id] = held

@@ -124,6 +124,7 @@ class Cluster:
         if job.start is None:
             job.start = now
         job.resumed = now + restore
+        job.placed = now
         job.version += 1
         self.running[job.id] = job
         self.busy += job.demand

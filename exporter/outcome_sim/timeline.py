@@ -68,6 +68,7 @@ class Job:
     start: float | None = None  # first start
     placements: list = field(default_factory=list)  # engine Placements, one per part
     resumed: float = 0.0  # when the current run began computing (after its restore)
+    placed: float = 0.0  # when its current placement began: its last start or move
     done: float = 0.0  # seconds of work saved before the current run
     version: int = 0  # bumped on every (re)start, so a stale finish event is skipped
     migrations: int = 0
