@@ -51,9 +51,11 @@ def test_serve_and_simulate_run_the_same_cycle_function(tmp_path):
     served = Recorder()
     state.cycle.stages = [*state.cycle.stages, served]
 
+    rendered = []
+
     async def once() -> None:
         try:
-            await collect_and_render(collector, state, LabelCache(), 1)
+            rendered.append(await collect_and_render(collector, state, LabelCache(), 1))
         finally:
             await collector.close()
             if advisor is not None:
@@ -63,6 +65,7 @@ def test_serve_and_simulate_run_the_same_cycle_function(tmp_path):
     assert served.callers == [run_cycle.__code__]
     frame = served.frames[0]
     assert frame.report is not None and frame.health is not None and frame.advice is not None
+    assert rendered[0].snapshot is frame.snapshot  # the frame's snapshot is what was rendered
 
     # simulate: the advisor strategy's stages, with the recorder after them
     simulated = Recorder()
@@ -105,7 +108,9 @@ async def test_health_is_judged_and_delivered_with_the_advisor_off(aiohttp_serve
     assert isinstance(cycle, ServingCycle) and cycle.deliverer is not None
     assert [s.name for s in cycle.stages] == ["table", "analysis", "load", "health"]
     nodes = [f"a-{n}" for n in range(4)]
-    await cycle.run(snap(T0, *(gpu(n, 0, "a") for n in nodes)))
+    first = await cycle.run(snap(T0, *(gpu(n, 0, "a") for n in nodes)))
+    # the frame serve renders holds its families already: rendering reads nothing else
+    assert [name for name, _ in first.families] == ["analysis", "load", "health", "logs", "table"]
     frame = await cycle.run(snap(T0 + 30, *(xid_gpu(n, 0, T0 + 30, pool="a") if n == "a-3"
                                             else gpu(n, 0, "a") for n in nodes)))
     assert frame.health is not None and [e.node for e in frame.health.events][:1] == ["a-3"]

@@ -106,7 +106,8 @@ class ServingCycle:
         return next((s for s in self.stages if s.name == name), None)
 
     async def run(self, snapshot: FleetSnapshot) -> Frame:
-        """``snapshot`` through the cycle, then its side effects; the frame."""
+        """``snapshot`` through the cycle, then its side effects, then its families taken:
+        the frame, from which rendering is a pure function (:func:`families`)."""
         service = self.advisor
         lock = service.lock if service is not None else self._lock
         async with lock:
@@ -119,10 +120,12 @@ class ServingCycle:
                 await complete(asyncio.to_thread(self.health.apply, frame))
             if service is not None:
                 await service.after_cycle(frame.advice)
-        return frame
+            # under the lock: what an Alertmanager evaluation changes after it belongs to
+            # the next frame, not to this one's exposition
+            return await complete(asyncio.to_thread(self.exposition, frame))
 
     def exposition(self, frame: Frame) -> Frame:
-        """``frame`` with every stage's families taken (blocking: the render thread). One
+        """``frame`` with every stage's families taken (blocking: a worker thread). One
         part that fails is logged and left out: it must not stop the exposition."""
         parts: list[tuple[str, Iterable[Family]]] = []
         producers: list[tuple[str, Callable[[], Iterable[Family]]]] = [
@@ -138,8 +141,9 @@ class ServingCycle:
         return with_exposition(frame, parts)
 
     def families(self, frame: Frame) -> list[Family]:
-        """The families /metrics renders beside the snapshot's (blocking: the render thread)."""
-        return exposition(self.exposition(frame))
+        """The families /metrics renders beside the snapshot's: the frame's own, as
+        :meth:`run` took them (a frame made outside :meth:`run` has them taken now)."""
+        return exposition(frame if frame.families else self.exposition(frame))
 
     async def background(self, app: web.Application) -> AsyncIterator[None]:
         """Without an advisor, the store's deliverer runs here (remediation events); at
