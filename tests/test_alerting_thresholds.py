@@ -44,6 +44,7 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
         {"action": "compact"})
     assert t.busy_utilization == 0.5
     assert t.exporter_jobs == ("gpufleet-nodes", "gpufleet-cluster")
+    assert t.exporter_job_modes == (("node", "gpufleet-nodes"), ("cluster", "gpufleet-cluster"))
     assert [code for code, _ in t.critical_xids] == [48, 63, 64, 74, 79, 92, 94, 95]
     assert [row.alert for row in t.alerts] == [
         "GpuJobUtilizationLow", "GpuMemoryHigh", "GpuTemperatureHigh", "GpuPowerHigh",
@@ -52,7 +53,8 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
         "GpuEccUncorrectable", "GpuRowRemapFailed", "GpuRowRemapPending", "GpuClocksThrottled",
         "GpuPowerCapped", "GpuNvlinkErrors", "GpuNvlinkCrcErrors", "GpuSmActivityLow", "GpufleetSourceDown",
         "GpufleetSourceDownEverywhere", "GpufleetTargetDown", "GpufleetSnapshotStale", "GpufleetJobDown",
-        "GpufleetAdvisorOutboxErrors", "NodeCpuPressure", "NodeMemoryPressure",
+        "GpufleetAdvisorOutboxErrors", "GpufleetConfigReloadFailed", "NodeCpuPressure",
+        "NodeMemoryPressure",
         "NodeDiskIoPressure", "NodePressureHigh"]
 
 
@@ -321,11 +323,20 @@ def test_any_bad_value_anywhere_is_a_threshold_error_never_a_crash(row, key, val
         assert str(exc).startswith("t.yaml: ") and "\n" not in str(exc)
 
 
+_NAMES_OR_MODES = ("must be a non-empty list of job names or a mapping of modes (node, cluster) "
+                   "to job names")
+
+
 @pytest.mark.parametrize(("value", "message"), [
-    ([], "exporter_jobs: must be a non-empty list of job names, got []"),
-    ("gpufleet", "exporter_jobs: must be a non-empty list of job names, got 'gpufleet'"),
+    ([], f"exporter_jobs: {_NAMES_OR_MODES}, got []"),
+    ("gpufleet", f"exporter_jobs: {_NAMES_OR_MODES}, got 'gpufleet'"),
     (["gpufleet", 'a"b'], "exporter_jobs[1]: must be a plain job name, got 'a\"b'"),
     (["gpufleet", "gpufleet"], "exporter_jobs[1]: gpufleet appears twice"),
+    ({}, "exporter_jobs: must name the job of at least one mode (node, cluster)"),
+    ({"nodes": "gpufleet-nodes"}, "exporter_jobs.nodes: unknown key (allowed: node, cluster)"),
+    ({"node": "a b"}, "exporter_jobs.node: must be a plain job name, got 'a b'"),
+    ({"node": "gpufleet", "cluster": "gpufleet"},
+     "exporter_jobs.cluster: gpufleet is the node job too; each mode has its own scrape job"),
 ])
 def test_exporter_jobs_is_a_list_of_plain_distinct_names(value, message):
     raw = yaml.safe_load(TABLE.read_text())

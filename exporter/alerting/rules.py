@@ -50,6 +50,7 @@ from exporter.thresholds.table_metrics import (
     promql_number,
     regex_alternatives,
     scope_filter,
+    template_label,
 )
 
 FORMATS = ("prometheus", "prometheusrule")
@@ -271,7 +272,7 @@ def _power_threshold_text(row: AlertRow, level: Level) -> str:
     if not table:
         return fraction
     branches = "".join(
-        f'{{{{ {"if" if i == 0 else "else if"} eq $labels.model "{m.model}" }}}}'
+        f'{{{{ {"if" if i == 0 else "else if"} eq {template_label("model")} "{m.model}" }}}}'
         f"{_threshold_text(m.threshold(level.severity) or 0.0, row.metric.unit)}"
         for i, m in enumerate(table))
     return f"{branches}{{{{ else }}}}{fraction}{{{{ end }}}}"

@@ -18,7 +18,7 @@ from pathlib import Path
 from exporter.alerting.rules import FORMATS, generate
 from exporter.errors import UsageError
 from exporter.generated import check_or_write
-from exporter.thresholds import CHECKOUT_TABLE, command_table
+from exporter.thresholds import CHECKOUT_TABLE, DEPLOYMENTS, ThresholdError, command_table
 from exporter.validate import flag_number
 
 DESCRIPTION = (
@@ -74,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="prometheus",
                         help="plain Prometheus rule files, or one Kubernetes PrometheusRule "
                              "(default prometheus)")
+    parser.add_argument("--deployment", choices=DEPLOYMENTS,
+                        help="rules for a deployment that runs this mode alone: they watch only "
+                             "its scrape job (the table's exporter_jobs by mode), so the job of "
+                             "the mode you do not run never pages as GpufleetJobDown (default: "
+                             "every job of the table)")
     parser.add_argument("--for-scale", type=_scale, default=1.0, metavar="FACTOR",
                         help="multiply every `for` by FACTOR (e.g. 0.01), for end-to-end tests; "
                              "the header of each file says so")
@@ -96,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
         # 1e308 scaled a duration past a float: OverflowError, exit 1
         flag_number(scale, flag, 0, MAX_SCALE, above=True)
     thresholds, folder = command_table(args.thresholds)  # ThresholdError: one line, exit 2
+    if args.deployment is not None:
+        try:
+            thresholds = thresholds.for_deployment(args.deployment)
+        except ThresholdError as exc:
+            raise UsageError(f"--deployment {args.deployment}: {exc}") from None
     out = Path(args.out) if args.out else folder
     if out is None:
         raise UsageError(f"--out DIR is required here: there is no {CHECKOUT_TABLE} in the "
@@ -115,7 +125,8 @@ def fix_command(args: argparse.Namespace) -> str:
     rules`" alone would write the plain rule files, not the PrometheusRule that drifted).
 
     >>> fix_command(argparse.Namespace(thresholds=None, out="rules", format="prometheusrule",
-    ...     for_scale=1.0, time_scale=1.0, label=[("release", "kps")], check=True))
+    ...     deployment=None, for_scale=1.0, time_scale=1.0, label=[("release", "kps")],
+    ...     check=True))
     'gpufleet rules --out rules --format prometheusrule --label release=kps'
     """
     words = ["gpufleet", "rules"]
@@ -125,6 +136,8 @@ def fix_command(args: argparse.Namespace) -> str:
         words += ["--out", args.out]
     if args.format != "prometheus":
         words += ["--format", args.format]
+    if args.deployment is not None:
+        words += ["--deployment", args.deployment]
     if args.for_scale != 1.0:
         words += ["--for-scale", f"{args.for_scale:g}"]
     if args.time_scale != 1.0:

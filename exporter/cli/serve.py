@@ -182,6 +182,8 @@ def reloaders(guard: Protection, advisor: AdvisorService | None = None,
     live = guard.web
     if live is not None:
         found.append(("web_config", lambda: "changed" if live.poll(force=True) else "unchanged"))
+        if reloads is not None:  # its watcher reads it again too: its state, not the last SIGHUP's
+            reloads["web_config"] = live.read_well
     token = guard.read_token
     if isinstance(token, TokenFile):  # the advisor's too: protection() hands over the same one
 

@@ -14,6 +14,7 @@ from exporter.thresholds.scaling import ScalingSettings, ScalingTable
 from exporter.thresholds.sections import RESOURCES, LoadStatistics, Pressure
 from exporter.thresholds.table import (
     CHECKOUT_TABLE,
+    DEPLOYMENTS,
     METRICS,
     SEVERITIES,
     AlertRow,
@@ -29,6 +30,7 @@ from exporter.thresholds.table import (
 
 __all__ = [
     "CHECKOUT_TABLE",
+    "DEPLOYMENTS",
     "METRICS",
     "RESOURCES",
     "SEVERITIES",

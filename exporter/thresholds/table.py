@@ -23,7 +23,7 @@ loader puts the file's name in front. Nothing is generated from a table that doe
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -50,6 +50,7 @@ CHECKPOINT_METRIC = "job_checkpoint_age"  # its row's level is 2 x advisor.check
 CHECKPOINT_INTERVALS_STALE = 2  # a checkpoint older than this many intervals is stale (issue 17)
 DEFAULT_CHECKPOINT_INTERVAL = 900.0  # the reference cluster's 15 min, for a table without the row
 SEVERITIES = ("warning", "critical")  # in rising order; both share one alert name
+DEPLOYMENTS = ("node", "cluster")  # the modes gpufleet runs in, each scraped by its own job
 OPS = ("<", ">", ">=", "==")
 
 
@@ -153,6 +154,9 @@ class Thresholds:
     # issue 31, exporter/thresholds/health.py: every setting of the health verdicts,
     # remediation and stragglers (a table without the section has the installed table's)
     health: HealthTable | None = None
+    # (mode, job) for each of exporter_jobs when the table names them by mode
+    # ({node: gpufleet-nodes, cluster: gpufleet-cluster}); empty for a plain list
+    exporter_job_modes: tuple[tuple[str, str], ...] = ()
 
     @property
     def runbook_page(self) -> str:
@@ -166,6 +170,24 @@ class Thresholds:
         if _ABSOLUTE_URL.match(self.runbook_base_url) or self.external_url is None:
             return self.runbook_base_url
         return f"{self.external_url.rstrip('/')}/runbooks"
+
+    def for_deployment(self, mode: str) -> Thresholds:
+        """This table for a deployment that runs only ``mode`` (node or cluster): its rules
+        watch that mode's scrape job alone, so the job of a mode that is not run never pages
+        (GpufleetJobDown fires on a job with no target at all)."""
+        if mode not in DEPLOYMENTS:
+            raise ThresholdError(f"deployment: must be one of {', '.join(DEPLOYMENTS)}, "
+                                 f"got {quoted(mode)}")
+        if not self.exporter_job_modes:
+            raise ThresholdError(
+                f"{self.source}: exporter_jobs is a plain list, which says no job's mode: "
+                "name them by mode ({node: gpufleet-nodes, cluster: gpufleet-cluster}) or "
+                "list only the jobs you run")
+        jobs = tuple((m, job) for m, job in self.exporter_job_modes if m == mode)
+        if not jobs:
+            raise ThresholdError(f"{self.source}: exporter_jobs names no {mode} job")
+        return replace(self, exporter_jobs=tuple(job for _, job in jobs),
+                       exporter_job_modes=jobs)
 
     def alert(self, name: str) -> AlertRow:
         for row in self.alerts:
@@ -268,7 +290,9 @@ def _parse(raw: Any, file_name: str, catalogue: Catalogue, installed: bool) -> T
                 or len(external_url) > 512:
             raise ConfigError("external_url: must be gpufleet's absolute http(s) URL as operators "
                               f"reach it, without an #anchor, got {quoted(external_url)}")
-    exporter_jobs = _jobs(top["exporter_jobs"])
+    exporter_job_modes = _job_modes(top["exporter_jobs"])
+    exporter_jobs = (tuple(job for _, job in exporter_job_modes) if exporter_job_modes
+                     else _jobs(top["exporter_jobs"]))
     busy = validate.quantity(top["busy_utilization"], "busy_utilization", "ratio", _RANGES["ratio"],
                              percent=True)
     xids = _xids(top["critical_xids"])
@@ -289,7 +313,7 @@ def _parse(raw: Any, file_name: str, catalogue: Catalogue, installed: bool) -> T
     health = parse_health(top.get("health"), tuple(code for code, _ in xids),
                           None if installed else _installed_health)
     return Thresholds(file_name, runbook_base_url, exporter_jobs, busy, xids, tuple(rows),
-                      statistics, pressure, scaling, external_url, health)
+                      statistics, pressure, scaling, external_url, health, exporter_job_modes)
 
 
 def _installed_health() -> HealthTable:
@@ -322,18 +346,44 @@ def _xids(value: Any) -> tuple[tuple[int, str], ...]:
 def _jobs(value: Any) -> tuple[str, ...]:
     """The scrape jobs GpufleetTargetDown watches, each a name PromQL quotes as it is."""
     if not isinstance(value, list) or not value:
-        raise ConfigError(f"exporter_jobs: must be a non-empty list of job names, "
-                          f"got {quoted(value)}")
+        raise ConfigError(f"exporter_jobs: must be a non-empty list of job names or a mapping "
+                          f"of modes ({', '.join(DEPLOYMENTS)}) to job names, got {quoted(value)}")
     jobs: list[str] = []
     for index, raw in enumerate(value):
         where = f"exporter_jobs[{index}]"
-        job = validate.line(raw, where)
-        if '"' in job or "\\" in job or " " in job:
-            raise ConfigError(f"{where}: must be a plain job name, got {quoted(job)}")
+        job = _job(raw, where)
         if job in jobs:
             raise ConfigError(f"{where}: {job} appears twice")
         jobs.append(job)
     return tuple(jobs)
+
+
+def _job_modes(value: Any) -> tuple[tuple[str, str], ...]:
+    """``exporter_jobs`` by mode, ``{node: gpufleet-nodes, cluster: gpufleet-cluster}``, in
+    :data:`DEPLOYMENTS`' order; empty when the table gives a plain list (:func:`_jobs`)."""
+    if not isinstance(value, dict):
+        return ()
+    modes = validate.mapping(value, "exporter_jobs", DEPLOYMENTS)
+    if not modes:
+        raise ConfigError(f"exporter_jobs: must name the job of at least one mode "
+                          f"({', '.join(DEPLOYMENTS)})")
+    found: list[tuple[str, str]] = []
+    for mode in DEPLOYMENTS:
+        if mode in modes:
+            job = _job(modes[mode], f"exporter_jobs.{mode}")
+            for other_mode, other in found:
+                if job == other:
+                    raise ConfigError(f"exporter_jobs.{mode}: {job} is the {other_mode} job "
+                                      "too; each mode has its own scrape job")
+            found.append((mode, job))
+    return tuple(found)
+
+
+def _job(raw: Any, where: str) -> str:
+    job = validate.line(raw, where)
+    if '"' in job or "\\" in job or " " in job:
+        raise ConfigError(f"{where}: must be a plain job name, got {quoted(job)}")
+    return job
 
 
 def load_thresholds(path: str | Path | None = None,

@@ -122,6 +122,18 @@ _XIDS = f'{m.GPU_XID_ERRORS_TOTAL.name}{{xid=~"{{critical_xids}}"}}'
 _UP = 'up{job=~"{exporter_jobs}"}'  # Prometheus' own series for each gpufleet target
 
 
+def template_label(name: str) -> str:
+    """A label's value as a template function's argument: ``(index $labels "cluster")``.
+
+    Not ``$labels.cluster``: a label the alert lacks (``cluster`` without a ``cluster:`` in
+    the exporter's config) is "" to Prometheus but nil to vmalert, whose ``printf "%q"``
+    then writes ``%!q(<nil>)`` into the query, which fails, and the whole alert is dropped
+    (``eq`` fails on nil the same way). ``index`` gives "" for a missing key on both
+    engines. A label only printed may be ``{{ $labels.pool }}``; one that may be absent is
+    printed inside ``{{ with $labels.account }}``."""
+    return f'(index $labels "{name}")'
+
+
 def _growth(selector: str) -> str:
     """How much a driver lifetime counter grew in the last 10 min: now less the window's
     lowest value. Not ``increase()``: on a series' first appearance Prometheus sees no
@@ -145,11 +157,12 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
     TableMetric(
         "job_utilization", "ratio", "job", ("<",),
         recorded.JOB_UTILIZATION,
-        "Job {{ $labels.exported_job }} (account {{ $labels.account }}) holds "
-        "{{ $labels.job_gpus }} GPU(s) at <VALUE> average utilization, <RELATION> "
+        # a scheduler without accounts leaves the label absent: said only when there is one
+        "Job {{ $labels.exported_job }}{{ with $labels.account }} (account {{ . }}){{ end }} "
+        "holds {{ $labels.job_gpus }} GPU(s) at <VALUE> average utilization, <RELATION> "
         "<THRESHOLD> for <FOR>: {{ with printf "
         f"`avg_over_time({recorded.JOB_IDLE}{{cluster=%q,exported_job=%q}}[1h])` "
-        "$labels.cluster $labels.exported_job | query }}"
+        f"{template_label('cluster')} {template_label('exported_job')} | query }}}}"
         '{{ . | first | value | printf "%.1f" }}{{ end }} GPU-hours idle in the last hour.'),
     # Only a checkpoint the job states (a Slurm comment's last-checkpoint=, the pod
     # annotation gpufleet.io/last-checkpoint) says the job is one that checkpoints, i.e.
@@ -286,7 +299,8 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
         "(<RELATION> <THRESHOLD>, for <FOR>) by {{ range $i, $s := printf "
         f"`avg_over_time({m.GPU_CLOCK_EVENT_ACTIVE.name}{{cluster=%q,node=%q,gpu=%q,"
         f'reason=~"{m.SLOWDOWN_REASONS}"}}[10m]) > 0` '
-        "$labels.cluster $labels.node $labels.gpu | query | sortByLabel `reason` }}"
+        f"{template_label('cluster')} {template_label('node')} {template_label('gpu')} "
+        "| query | sortByLabel `reason` }}"
         "{{ if $i }}, {{ end }}{{ $s.Labels.reason }}{{ end }}: the job runs slower."),
     # NVLink counters summed over the GPU's links, by type. Replays and recoveries are
     # link errors at any count (DCGM's health watch: DCGM_LIMIT_MAX_NVLINK_ERROR 1);
@@ -355,6 +369,15 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
         "{{ $labels.operation }} operations in the last 10m (<RELATION> <THRESHOLD>) "
         "and has kept failing for <FOR>: plans that cannot be written wait in memory, "
         "with no cooldown."),
+    # A file read again that failed (the table, the web config, the advisor's token, a
+    # receiver's secret): the last good version stays in force (exporter/thresholds/
+    # reloading.py); the process says which file in its log.
+    TableMetric(
+        "config_reload_successful", "state", "target", ("==",),
+        m.CONFIG_LAST_RELOAD_SUCCESSFUL.name,
+        "gpufleet {{ $labels.instance }} has failed to reload a file it reads (its threshold "
+        "table, web config, advisor token or a receiver's secret) for <FOR>: the last good "
+        "version stays in force, not what is on disk."),
     # Node pressure (issue 20): series recorded from node_exporter's by the `pressure`
     # section's rules (exporter/alerting/pool_load_rules.py). One row per resource holds its
     # bands: warning is the medium band, critical the high one.
@@ -382,4 +405,4 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
 )}
 
 __all__ = ["EVENT_WINDOW_SECONDS", "GPU_MATCH", "METRICS", "TableMetric", "promql_number",
-           "regex_alternatives", "scope_filter", "with_matchers"]
+           "regex_alternatives", "scope_filter", "template_label", "with_matchers"]

@@ -730,6 +730,11 @@ class LiveWebConfig:
     def tls(self) -> bool:
         return self.current.context is not None
 
+    def read_well(self) -> bool:
+        """False while the file on disk is a version that failed to load (the last good one
+        stays in force): gpufleet_config_last_reload_successful reads it."""
+        return self._failed is None
+
     def ssl_context(self) -> ssl.SSLContext | None:
         """The context a new connection gets: the current one."""
         return self.current.context
