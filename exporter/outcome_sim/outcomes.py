@@ -21,8 +21,10 @@ from exporter.outcome_sim.timeline import Job
 CLASSES = ("small", "mid", "node", "multi_node")
 COLUMNS = (
     "strategy", "seed", "load", "jobs", "jobs_started", "jobs_rejected", "gpu_hours_delivered",
-    "gpu_hours_waited", "wait_p50_s", "wait_p95_s", "wait_p95_s_whole_node",
-    "gpu_hours_waited_whole_node", "wait_p95_s_high", "gpu_hours_waited_high",
+    "gpu_hours_waited", "gpu_hours_waited_fragmentation", "gpu_hours_waited_capacity",
+    "wait_p50_s", "wait_p95_s", "wait_p95_s_whole_node", "gpu_hours_waited_whole_node",
+    "gpu_hours_waited_whole_node_fragmentation", "gpu_hours_waited_whole_node_capacity",
+    "wait_p95_s_high", "gpu_hours_waited_high",
     *(f"wait_p95_s_{c}" for c in CLASSES), *(f"gpu_hours_waited_{c}" for c in CLASSES),
     "jobs_never_started_whole_node", "migrations", "migration_overhead_pct", "mean_allocation_pct",
     "mean_fragmentation_index", "mean_queued_gpus", "plans", "moves_dropped", "wall_seconds",
@@ -50,10 +52,16 @@ class Outcome:
     jobs_rejected: int = 0
     gpu_hours_delivered: float = 0.0
     gpu_hours_waited: float = 0.0
+    # the waiting split by why (exporter/outcome_sim/blocked.py): enough room after a perfect
+    # repack but no placement, or not enough room
+    gpu_hours_waited_fragmentation: float = 0.0
+    gpu_hours_waited_capacity: float = 0.0
     wait_p50_s: float = 0.0
     wait_p95_s: float = 0.0
     wait_p95_s_whole_node: float = 0.0
     gpu_hours_waited_whole_node: float = 0.0
+    gpu_hours_waited_whole_node_fragmentation: float = 0.0
+    gpu_hours_waited_whole_node_capacity: float = 0.0
     wait_p95_s_high: float = 0.0
     gpu_hours_waited_high: float = 0.0
     wait_p95_s_small: float = 0.0

@@ -20,6 +20,7 @@ from exporter.analysis.fgd import CompiledWorkload, compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.workload import from_tasks
 from exporter.outcome_sim.advisor_loop import AdvisorStrategy
+from exporter.outcome_sim.blocked import WaitSplit
 from exporter.outcome_sim.cluster import Cluster
 from exporter.outcome_sim.fleets import SimFleet
 from exporter.outcome_sim.outcomes import Outcome, Sample, job_outcomes
@@ -68,6 +69,7 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
     index_settings = IndexSettings()
     delivered = 0.0
     queued_gpu_seconds = 0.0
+    split = WaitSplit(cluster.placer, since)
     lost_before = 0.0
     migrations_before = plans_before = dropped_before = 0
     indices: list[float] = []
@@ -84,6 +86,7 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
             span = max(0.0, min(upcoming, horizon) - max(now, since))
             delivered += cluster.busy * span
             queued_gpu_seconds += scheduler.queue.demand * span
+            split.accrue(span)
             now = upcoming
         if not marked and now >= since:  # the warm-up ends: what strategies did so far is not counted
             lost_before, migrations_before = cluster.lost_gpu_seconds, cluster.migrations
@@ -94,15 +97,18 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
         for job in cluster.due(now):
             cluster.stop(job)
         while next_job < len(jobs) and jobs[next_job].submit <= now:
+            added = scheduler.queue.added
             scheduler.submit(jobs[next_job])
+            if scheduler.queue.added > added:
+                split.joined(jobs[next_job])
             next_job += 1
-        scheduler.run_pass(now)
+        split.left(scheduler.run_pass(now))
         if now >= next_tick:
             before = (cluster.migrations, cluster.releases)
             strategy.tick(sim, now)
             next_tick = now + strategy.interval
             if (cluster.migrations, cluster.releases) != before:
-                scheduler.run_pass(now)
+                split.left(scheduler.run_pass(now))
         if now >= next_sample:
             report = evaluate(cluster.placer.state, workload, index_settings)
             indices.append(report.cluster.index)
@@ -112,6 +118,10 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
     window = horizon - since
     job_outcomes(out, jobs, scheduler.rejected, since, horizon)
     out.gpu_hours_delivered = delivered / 3600
+    out.gpu_hours_waited_fragmentation = split.hours(False, False) + split.hours(True, False)
+    out.gpu_hours_waited_capacity = split.hours(False, True) + split.hours(True, True)
+    out.gpu_hours_waited_whole_node_fragmentation = split.hours(True, False)
+    out.gpu_hours_waited_whole_node_capacity = split.hours(True, True)
     lost = cluster.lost_gpu_seconds - lost_before
     out.migrations = int(cluster.migrations - migrations_before)
     out.migration_overhead_pct = 100.0 * lost / delivered if delivered > 0 else 0.0
