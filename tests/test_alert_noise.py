@@ -34,3 +34,20 @@ def test_every_scenario_together_pages_once_per_page_worthy_fault_and_groups_tic
     assert run.ticket_grouping["other"] == 0, dict(run.ticket_grouping)
     # fragmentation reached the advisor, which is not a person
     assert run.notifications["gpufleet-advisor"] >= 1
+
+
+@pytest.mark.slow
+def test_a_node_mode_only_deployment_pages_nothing_on_a_healthy_fleet_for_30_minutes(tmp_path):
+    """Issue 44: the shipped rules expect a gpufleet-cluster job, and a node-mode-only install
+    was paged by GpufleetJobDown within its `for`, and hourly after. Its documented rules,
+    `gpufleet rules --deployment node` from the committed table, under a real Prometheus
+    scraping the node job alone and Alertmanager with the committed routing: the healthy
+    simulated fleet pages no one in 30 simulated minutes, while tickets still flow."""
+    run = replay(tmp_path, "node mode alone, healthy fleet", (), speed=60, sim_hours=0.5,
+                 interval=2.0, health=False)
+    assert run.notifications["pager"] == 0, (dict(run.paged), dict(run.firing_at_end))
+    assert run.pages == 0 and not run.paged
+    assert "GpufleetJobDown" not in run.firing_at_end
+    # the stack was live: every scrape answered and the rules' tickets reached people
+    assert run.scrapes >= 10 and run.failed_scrapes == 0, (run.scrapes, run.failed_scrapes)
+    assert run.notifications["tickets"] >= 1, (dict(run.notifications), dict(run.firing_at_end))

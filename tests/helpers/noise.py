@@ -12,8 +12,9 @@ twin in the suite (tests/test_alert_noise.py). One run:
 - a real Alertmanager runs the committed routing tree (deploy/alertmanager.yml) with
   every wait and interval scaled by 1/speed, and posts to an aiohttp receiver.
 
-Only the node-mode job runs, so the table's ``exporter_jobs`` is cut to
-``gpufleet-nodes`` (a job that is not run would page as GpufleetJobDown, by design).
+Only the node-mode job runs, so the rules are those of a node-mode-only deployment,
+``gpufleet rules --deployment node`` from the committed table: they watch ``gpufleet-nodes``
+alone (a job that is not run would page as GpufleetJobDown, by design).
 
 What counts: a *notification* is one webhook POST to a human receiver (``pager`` or
 ``tickets``), resolved and repeated ones included. A *page* is one incident at the pager:
@@ -110,16 +111,13 @@ class NoiseRun:
 
 
 def _rules(workdir: Path, speed: float) -> tuple[list[str], dict[str, float]]:
-    """The committed table, cut to the node job, as rule files in simulated time; and each
-    paging alert's ``for`` in simulated seconds."""
-    table = yaml.safe_load((REPO / "rules" / "thresholds.yaml").read_text())
-    table["exporter_jobs"] = [NODE_JOB]
-    path = workdir / "thresholds.yaml"
-    path.write_text(yaml.safe_dump(table, sort_keys=False))
+    """The committed table's rules for node mode alone, in simulated time; and each paging
+    alert's ``for`` in simulated seconds."""
+    path = REPO / "rules" / "thresholds.yaml"
     out = workdir / "rules"
     with contextlib.redirect_stdout(io.StringIO()):
         assert gpufleet(["rules", "--thresholds", str(path), "--out", str(out),
-                         "--time-scale", f"{1 / speed:.10g}"]) == 0
+                         "--deployment", "node", "--time-scale", f"{1 / speed:.10g}"]) == 0
     # --time-scale: every `for`, range window and offset in simulated time together
     files = [str(out / name) for name in ("gpufleet-recording.yaml", "gpufleet-alerts.yaml")]
     from exporter.thresholds import load_thresholds
