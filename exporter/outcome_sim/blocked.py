@@ -22,6 +22,7 @@ submitted in the measured window, until their first start.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,11 +43,13 @@ class RepackRoom:
 
     model_names: tuple[str, ...]
     sizes: tuple[int, ...]  # node GPU counts, ascending
-    free: np.ndarray  # [model, size]: free shares summed over the model's nodes of that size
+    # [model][i]: free shares summed over the model's nodes of sizes[i] GPUs or more
+    at_least: tuple[tuple[float, ...], ...]
 
     def room(self, model: int, gpus: int) -> float:
         """Free shares on the model's nodes that could hold a part of ``gpus`` GPUs."""
-        return float(sum(self.free[model, i] for i, size in enumerate(self.sizes) if size >= gpus))
+        i = bisect.bisect_left(self.sizes, gpus)
+        return self.at_least[model][i] if i < len(self.sizes) else 0.0
 
 
 def capacity_blocked(room: RepackRoom, gpus: int, share: float, parts: int,
@@ -68,6 +71,16 @@ def capacity_blocked(room: RepackRoom, gpus: int, share: float, parts: int,
     return True
 
 
+@dataclass(slots=True)
+class _Waiting:
+    """The counted jobs of one shape in the queue: they ask for the same."""
+
+    count: int
+    demand: float  # GPUs each asks for
+    whole_node: bool
+    asks: tuple[int, float, int, tuple[str, ...]]  # what the rule reads: GPUs a part, share, parts, models
+
+
 @dataclass
 class WaitSplit:
     """The waiting GPU-seconds of the queue, split by why each job waited.
@@ -80,16 +93,13 @@ class WaitSplit:
     placer: Placer
     since: float  # the measured window's start: only jobs submitted from then count
     # (whole_node, capacity) -> GPU-seconds waited
-    seconds: dict[tuple[bool, bool], float] = field(
-        default_factory=lambda: dict.fromkeys(KINDS, 0.0))
-    # shape -> (its counted jobs waiting, GPUs each asks for, whether it is whole-node);
-    # the jobs of one shape ask for the same
-    _waiting: dict[tuple, tuple[int, float, bool]] = field(init=False, repr=False, default_factory=dict)
+    seconds: dict[tuple[bool, bool], float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
+    _waiting: dict[tuple, _Waiting] = field(init=False, repr=False, default_factory=dict)  # by shape
     _jobs: set[int] = field(init=False, repr=False, default_factory=set)
     _cell: np.ndarray = field(init=False, repr=False)
     _sizes: tuple[int, ...] = field(init=False, repr=False)
-    _free: np.ndarray | None = field(init=False, repr=False, default=None)
-    _blocked: dict[tuple, bool] = field(init=False, repr=False, default_factory=dict)  # for _free
+    _room: RepackRoom | None = field(init=False, repr=False, default=None)
+    _blocked: dict[tuple, bool] = field(init=False, repr=False, default_factory=dict)  # in _room
 
     def __post_init__(self) -> None:
         counts = self.placer.gpu_count
@@ -102,8 +112,11 @@ class WaitSplit:
         if job.submit < self.since or job.start is not None or job.id in self._jobs:
             return
         self._jobs.add(job.id)
-        count, demand, whole = self._waiting.get(job.shape_key, (0, job.demand, job.whole_node))
-        self._waiting[job.shape_key] = (count + 1, demand, whole)
+        waiting = self._waiting.get(job.shape_key)
+        if waiting is None:
+            waiting = self._waiting[job.shape_key] = _Waiting(
+                0, job.demand, job.whole_node, (job.gpus, job.share, job.parts, job.models))
+        waiting.count += 1
 
     def left(self, jobs: Iterable[Job]) -> None:
         """``jobs`` started."""
@@ -111,31 +124,31 @@ class WaitSplit:
             if job.id not in self._jobs:
                 continue
             self._jobs.discard(job.id)
-            count, demand, whole = self._waiting[job.shape_key]
-            if count == 1:
+            waiting = self._waiting[job.shape_key]
+            waiting.count -= 1
+            if not waiting.count:
                 del self._waiting[job.shape_key]
-            else:
-                self._waiting[job.shape_key] = (count - 1, demand, whole)
 
     def room(self) -> RepackRoom:
         placer = self.placer
         models, sizes = len(placer.model_names), len(self._sizes)
         free = np.bincount(self._cell, weights=placer.gpu_free.sum(axis=1), minlength=models * sizes)
-        return RepackRoom(placer.model_names, self._sizes, free.reshape(models, sizes))
+        at_least = free.reshape(models, sizes)[:, ::-1].cumsum(axis=1)[:, ::-1]
+        return RepackRoom(placer.model_names, self._sizes, tuple(tuple(row) for row in at_least.tolist()))
 
     def accrue(self, span: float) -> None:
         """Count ``span`` seconds of the waiting jobs, against the fleet as it is now."""
         if span <= 0 or not self._waiting:
             return
         room = self.room()
-        if self._free is None or not np.array_equal(room.free, self._free):
-            self._free, self._blocked = room.free, {}
-        for key, (count, demand, whole) in self._waiting.items():
-            blocked = self._blocked.get(key)
-            if blocked is None:
-                _, gpus, share, parts, models = key
-                blocked = self._blocked[key] = capacity_blocked(room, gpus, share, parts, models)
-            self.seconds[(whole, blocked)] += count * demand * span
+        if self._room is None or room.at_least != self._room.at_least:
+            self._room, self._blocked = room, {}
+        blocked = self._blocked
+        for w in self._waiting.values():
+            capacity = blocked.get(w.asks)
+            if capacity is None:
+                capacity = blocked[w.asks] = capacity_blocked(room, *w.asks)
+            self.seconds[(w.whole_node, capacity)] += w.count * w.demand * span
 
     def hours(self, whole_node: bool, capacity: bool) -> float:
         return self.seconds[(whole_node, capacity)] / 3600
