@@ -17,7 +17,8 @@ capacity-blocked (it waits no GPU-hours either way).
 :class:`WaitSplit` integrates the queue's waiting GPU-seconds between the run's
 events, when the fleet does not change, into the two kinds, for whole-node jobs
 and for all; it counts the same jobs and seconds as the outcomes' totals: jobs
-submitted in the measured window, until their first start.
+submitted in the measured window, until their first start, and again from an eviction
+that requeued them until they start again.
 """
 
 from __future__ import annotations
@@ -108,8 +109,9 @@ class WaitSplit:
 
     def joined(self, job: Job) -> None:
         """``job`` was queued. Counted when the outcomes count its wait: submitted in the window,
-        never started (a requeued job's second wait is not charged)."""
-        if job.submit < self.since or job.start is not None or job.id in self._jobs:
+        never started, or evicted back into the queue (its second wait counts too)."""
+        started = job.start is not None and job.requeued is None
+        if job.submit < self.since or started or job.id in self._jobs:
             return
         self._jobs.add(job.id)
         waiting = self._waiting.get(job.shape_key)

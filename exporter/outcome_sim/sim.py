@@ -8,7 +8,7 @@ from exporter.analysis.fgd import CompiledWorkload
 from exporter.outcome_sim.cluster import Cluster, MoveCost
 from exporter.outcome_sim.fleets import SimFleet
 from exporter.outcome_sim.scheduler import Scheduler
-from exporter.outcome_sim.timeline import TimelineSettings
+from exporter.outcome_sim.timeline import Job, TimelineSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,8 @@ class Sim:
     workload: CompiledWorkload
     plans: int = 0
     moves_dropped: int = 0
+    # jobs a strategy evicted back into the queue since the run last looked: their second wait counts
+    requeued: list[Job] = field(default_factory=list)
 
 
 __all__ = ["RunSettings", "Sim"]
