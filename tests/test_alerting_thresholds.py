@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -282,6 +284,40 @@ def test_runbooks_have_a_section_per_alert_with_the_tables_action():
         paging = "pages" if row.page else "never pages"
         assert f"**Who acts:** {row.owner} (" in sections[row.runbook], row.alert
         assert paging in sections[row.runbook].split("**Who acts:**")[1].split(")")[0], row.alert
+
+
+def _runbook_sections() -> dict[str, str]:
+    runbooks = (REPO / "docs" / "runbooks.md").read_text()
+    return {title.strip().lower(): " ".join(body.split()) for title, _, body in
+            (block.partition("\n") for block in runbooks.split("\n## ")[1:])}
+
+
+def test_compaction_runbooks_say_who_carries_out_the_moves():
+    """The advisor plans; only a scheduler in advisor.receivers moves jobs, and by default
+    there is none: no compaction row or its runbook may say the advisor carries moves out."""
+    assert AdvisorConfig().receivers == ()  # the default has no receiver
+    sections = _runbook_sections()
+    compact = [row for row in load_thresholds(TABLE).alerts
+               if dict(row.labels).get("action") == "compact"]
+    assert {row.alert for row in compact} == {"GpuClusterFragmentationHigh",
+                                              "GpuFleetFragmentationHigh"}
+    for row in compact:
+        for text in (row.action, sections[row.runbook]):
+            assert "carries out the moves" not in text and "the advisor acts" not in text
+            assert "advisor.receivers" in text and "no receiver (the default)" in text, row.alert
+
+
+def test_runbooks_never_call_best_fit_fragmentation_aware():
+    """`gpufleet serve --help` says bestfit is blind to fragmentation; the runbooks agree."""
+    from exporter.sources.sim.options import SimSource
+
+    help_text = " ".join(str(f.metadata) for f in dataclasses.fields(SimSource)
+                         if f.name == "policy")
+    assert "blind to fragmentation" in help_text
+    runbooks = " ".join((REPO / "docs" / "runbooks.md").read_text().split())
+    for sentence in re.split(r"(?<=[.;:])\s", runbooks):
+        if "fragmentation-aware" in sentence or "aware of fragmentation" in sentence:
+            assert not re.search(r"best-?fit", sentence, re.IGNORECASE), sentence
 
 
 def test_the_runbook_lists_every_critical_xid_with_the_tables_meaning():
