@@ -40,6 +40,9 @@ class Sample:
     queued_gpus: float
     allocation_pct: float
     fragmentation_index: float
+    # whole-node GPU-hours waited in the window so far, by why (blocked.py): the picture's lines
+    whole_node_waited_fragmentation: float = 0.0
+    whole_node_waited_capacity: float = 0.0
 
 
 @dataclass

@@ -113,7 +113,8 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
             report = evaluate(cluster.placer.state, workload, index_settings)
             indices.append(report.cluster.index)
             out.samples.append(Sample(now - since, scheduler.queue.size, scheduler.queue.demand,
-                                      100.0 * cluster.busy / cluster.capacity, report.cluster.index))
+                                      100.0 * cluster.busy / cluster.capacity, report.cluster.index,
+                                      split.hours(True, False), split.hours(True, True)))
             next_sample = now + settings.sample_interval
     window = horizon - since
     job_outcomes(out, jobs, scheduler.rejected, since, horizon)
