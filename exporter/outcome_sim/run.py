@@ -51,13 +51,18 @@ def target_workload(fleet: SimFleet, model_names: tuple[str, ...]) -> CompiledWo
     return compile_workload(from_tasks(fleet.shapes), model_names)
 
 
+def seed_jobs(fleet: SimFleet, series: HourlyArrivals, settings: RunSettings, seed: int) -> list[Job]:
+    """The jobs of ``seed``'s run, fresh, the same for every strategy (the matrix perturbs a copy)."""
+    return build(list(fleet.shapes), series, fleet.capacity, settings.timeline, seed)
+
+
 def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: int,
              settings: RunSettings | None = None, jobs: list[Job] | None = None) -> Outcome:
     started = time.perf_counter()
     settings = settings or RunSettings()
     tl = settings.timeline
     if jobs is None:
-        jobs = build(list(fleet.shapes), series, fleet.capacity, tl, seed)
+        jobs = seed_jobs(fleet, series, settings, seed)
     state = fleet.empty_state()
     workload = target_workload(fleet, state.model_names)
     cluster = Cluster(state, settings.policy, workload, settings.cost)
@@ -181,4 +186,5 @@ def simulate_many(fleet: SimFleet, series: HourlyArrivals, strategy_names: Seque
         return outcomes
 
 
-__all__ = ["RunSettings", "Sim", "make_strategy", "simulate", "simulate_many", "target_workload", "with_load"]
+__all__ = ["RunSettings", "Sim", "make_strategy", "seed_jobs", "simulate", "simulate_many", "target_workload",
+           "with_load"]
