@@ -421,6 +421,60 @@ GPU_CLOCK_EVENT_ACTIVE = _health(
     read=tuple(Series((reason,), "health.clock_event_reasons", bit)
                for reason, bit in CLOCK_EVENT_REASONS), bound=COUNT)
 
+# -- per GPU: processes and their owners (exporter/attribution, NVML source) ----------------------
+OWNER_LABELS = ("owner_kind", "job", "container", "step", "rank")
+
+
+def _owner_samples(field: str) -> Callable[[Any], Pairs]:
+    def samples(owners: Sequence[Any]) -> Pairs:
+        return [((o.kind, o.job, o.container, o.step, o.rank), float(value))
+                for o in owners if (value := getattr(o, field)) is not None]
+    return samples
+
+
+def _unattributed_samples(counts: Sequence[Any]) -> Pairs:
+    return [((c.reason,), float(c.count)) for c in counts]
+
+
+_OWNER_DOC = (
+    "One series per (owner, physical GPU): `owner_kind` is `pod`, `slurm` or `host`; `job` is "
+    "`<namespace>/<pod>` (as on `gpufleet_gpu_allocation_info`; the pod's UID where the "
+    "kubelet's log directories are not mounted) or the Slurm job id, empty for the host; "
+    "`container` the pod's container, `step` the Slurm step, `rank` the training rank "
+    "(`RANK`, `SLURM_PROCID`, `LOCAL_RANK` of the process) or empty. MPS slots, time-slicing "
+    "replicas, MIG slices and DRA claims are never separate series. NVML source only "
+    "(docs/attribution.md).")
+GPU_OWNER_MEMORY_USED_BYTES = _gpu(
+    "gpufleet_gpu_owner_memory_used_bytes", "gauge",
+    "GPU memory used by one owner's processes on the GPU, in bytes.", "bytes",
+    extra=OWNER_LABELS, doc=_OWNER_DOC + " Absent where NVML gives no per-process memory.",
+    read=FromField("processes.owners", _owner_samples("memory_used_bytes")), group="processes")
+GPU_OWNER_SM_UTILIZATION_RATIO = _gpu(
+    "gpufleet_gpu_owner_sm_utilization_ratio", "gauge",
+    "SM use of one owner's processes on the GPU over the last interval (0-1).", "ratio",
+    extra=OWNER_LABELS,
+    doc="The driver's per-process samples since the last read, averaged per process and "
+        "summed per owner. Absent under MIG and where the driver keeps no process samples.",
+    read=FromField("processes.owners", _owner_samples("sm_utilization_ratio")),
+    group="processes")
+GPU_OWNER_PROCESSES = _gpu(
+    "gpufleet_gpu_owner_processes", "gauge",
+    "Processes of one owner running on the GPU.", extra=OWNER_LABELS,
+    read=FromField("processes.owners", _owner_samples("processes")), group="processes")
+GPU_PROCESSES_UNATTRIBUTED = _gpu(
+    "gpufleet_gpu_processes_unattributed", "gauge",
+    "Processes on the GPU whose owner could not be read, by reason.", extra=("reason",),
+    doc="`reason` is `pid_namespace` (the exporter is not in the host's PID namespace: run it "
+        "with hostPID), `process_gone` (no /proc entry: exited, or another namespace's /proc) "
+        "or `proc_unreadable` (its cgroup file refused). Absent while every process has one.",
+    read=FromField("processes.unattributed", _unattributed_samples), group="processes")
+GPU_PROCESSES_CUT_TOTAL = _gpu(
+    "gpufleet_gpu_processes_cut_total", "counter",
+    "Processes left out of the owner families over the per-GPU cap, since the exporter started.",
+    doc="Each read counts the processes over `sources.nvml.processes_per_gpu` (those using the "
+        "least memory).", read="processes.cut_total", bound=COUNT, group="processes")
+
+
 # -- per GPU: identity, allocation and MIG ---------------------------------------------------------
 GPU_INFO = _gpu(
     "gpufleet_gpu_info", "gauge",

@@ -107,6 +107,35 @@ class GpuPerformance:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerUse:
+    """What one owner's processes use of one physical GPU (exporter.attribution.usage)."""
+
+    kind: str  # "pod", "slurm" or "host"
+    job: str = ""  # "<namespace>/<pod>" (else the pod's UID) or the Slurm job id
+    container: str = ""
+    step: str = ""  # the Slurm step
+    rank: str = ""  # the training rank from the process environment, "" when unknown
+    processes: int = 0
+    memory_used_bytes: int | None = None  # None: NVML gives no per-process memory here
+    sm_utilization_ratio: float | None = None  # None: no process samples (MIG, old GPUs)
+
+
+@dataclass(frozen=True, slots=True)
+class UnattributedProcesses:
+    reason: str  # exporter.attribution.proc.REASONS
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcesses:
+    """The processes on a GPU, added up per owner, exactly once per (owner, physical GPU)."""
+
+    owners: tuple[OwnerUse, ...] = ()
+    unattributed: tuple[UnattributedProcesses, ...] = ()
+    cut_total: int = 0  # processes left out over the per-GPU cap since the exporter started
+
+
+@dataclass(frozen=True, slots=True)
 class Gpu:
     node: str
     index: int
@@ -134,6 +163,7 @@ class Gpu:
     serial: str | None = None  # only when the site exports it (nvml option, off by default)
     health: GpuHealth | None = None  # None: the source reads no health counters
     performance: GpuPerformance | None = None  # None: the source reads no performance values
+    processes: GpuProcesses | None = None  # None: the source reads no processes
 
     @property
     def key(self) -> tuple[str, int]:

@@ -14,7 +14,7 @@ import pytest
 
 from exporter import metrics
 from exporter.metrics import CATALOGUE, FamilySpec
-from exporter.snapshot import Gpu, GpuHealth, GpuPerformance
+from exporter.snapshot import Gpu, GpuHealth, GpuPerformance, GpuProcesses
 from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
 from exporter.sources.prometheus.source import build_queries
 from tests.helpers import REPO
@@ -118,7 +118,8 @@ def test_converted_modules_write_no_family_name_themselves():
 
 def test_every_per_gpu_family_reads_fields_the_snapshot_has():
     """``read`` paths are checked here, not first by a render that reads None forever."""
-    parts = {"": Gpu, "health": GpuHealth, "performance": GpuPerformance}
+    parts = {"": Gpu, "health": GpuHealth, "performance": GpuPerformance,
+             "processes": GpuProcesses}
     read = [spec for spec in CATALOGUE.values() if spec.kind in ("gpu", "gpu_labelled")]
     assert metrics.GPU_FAN_SPEED_RATIO in read and metrics.GPU_CLOCK_EVENT_ACTIVE in read
     for spec in read:

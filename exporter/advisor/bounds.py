@@ -37,11 +37,14 @@ from exporter.snapshot import (
     Gpu,
     GpuHealth,
     GpuPerformance,
+    GpuProcesses,
     JobRequest,
     MigInstance,
     Node,
+    OwnerUse,
     Placement,
     SourceStatus,
+    UnattributedProcesses,
     UnmatchedGpus,
     XidCount,
     from_json,
@@ -189,7 +192,8 @@ def _family_fields() -> dict[str, dict[str, Check]]:
     """Per part of a Gpu ("" the Gpu itself, "health", "performance"), the check of each field a
     per-GPU family of the catalogue reads: a family and its snapshot field are bounded by their
     one record (exporter/metrics.py)."""
-    fields: dict[str, dict[str, Check]] = {"": {}, "health": {}, "performance": {}}
+    fields: dict[str, dict[str, Check]] = {"": {}, "health": {}, "performance": {},
+                                           "processes": {}}
     for spec in metrics.CATALOGUE.values():
         if spec.bound is not None:
             for path in spec.fields:
@@ -246,6 +250,19 @@ def _snapshot_fields() -> dict[type, dict[str, Check]]:
     fields[GpuHealth]["xid_counts"] = array(record(XidCount, fields[XidCount]), 1024)
     fields[Gpu]["health"] = optional(record(GpuHealth, fields[GpuHealth]))
     fields[Gpu]["performance"] = optional(record(GpuPerformance, fields[GpuPerformance]))
+    # per-owner use of a GPU (exporter.attribution): capped per GPU by the NVML source
+    fields[OwnerUse] = {
+        "kind": string(), "job": string(), "container": string(), "step": string(),
+        "rank": string(), "processes": integer(0, 2 ** 31), "memory_used_bytes": _BYTES,
+        "sm_utilization_ratio": optional(number(0, 1e3)),
+    }
+    fields[UnattributedProcesses] = {"reason": string(), "count": integer(0, 2 ** 31)}
+    fields[GpuProcesses] = {
+        "owners": array(record(OwnerUse, fields[OwnerUse]), 1024),
+        "unattributed": array(record(UnattributedProcesses, fields[UnattributedProcesses]), 16),
+        **family["processes"],
+    }
+    fields[Gpu]["processes"] = optional(record(GpuProcesses, fields[GpuProcesses]))
     fields[Allocation]["placements"] = array(record(Placement, fields[Placement]), MAX_NODES)
     fields[FleetSnapshot] = {
         "taken_at": _TIME,

@@ -23,6 +23,16 @@ GPM samples and ``c_nvmlGpmMetricsGet_t``), an XID injected through an event
 set (:meth:`FakeNvml.inject_xid`; ``nvmlEventSetWait_v2`` raises
 ``NVMLError_Timeout`` when none is queued), and a driver without
 ``nvmlDeviceGetCurrentClocksEventReasons``.
+Processes: a GPU's running compute and graphics processes (:class:`FakeProcess`) come back as
+pynvml's own objects: ``nvmlStructToFriendlyObject`` of ``c_nvmlProcessInfo_v2_t`` (the v3
+layout is the same struct), ``usedGpuMemory`` None where NVML says NVML_VALUE_NOT_AVAILABLE,
+``gpuInstanceId`` 0xFFFFFFFF without MIG; the process-utilisation samples as
+``c_nvmlProcessUtilizationSample_t`` (``nvmlDeviceGetProcessUtilization``) and
+``c_nvmlProcessUtilizationInfo_v1_t`` (``nvmlDeviceGetProcessesUtilizationInfo``), stamped in
+microseconds, ``NVMLError_NotFound`` when no sample is newer than the timestamp asked, and
+``NVMLError_NotSupported`` under MIG. Older drivers: ``process_v3=False`` (no ``_v3`` entry
+points: FunctionNotFound, as pynvml raises for a missing symbol) and
+``processes_utilization_info=False`` (before 550).
 It is passed to the NVML source as its ``nvml`` module; nothing is patched.
 """
 
@@ -45,6 +55,19 @@ class FakeMig:
     profile: str  # e.g. "1g.10gb"
     memory_total: int  # bytes
     memory_used: int  # bytes
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    memory_used: int | None = 0  # bytes; None: NVML_VALUE_NOT_AVAILABLE
+    sm_percent: int = 0  # the driver's per-process SM sample
+    memory_percent: int = 0
+    graphics: bool = False  # listed by ...GraphicsRunningProcesses instead of ...Compute...
+    gpu_instance: int | None = None  # the MIG GPU instance it runs in
+
+
+NOT_AVAILABLE = 0xFFFFFFFF  # what NVML writes in gpuInstanceId without MIG
 
 
 @dataclass
@@ -94,6 +117,8 @@ class FakeGpu:
     encoder: int = 0  # percent
     decoder: int = 0
     gpm: dict[int, float] | None = None  # NVML_GPM_METRIC_* -> percent; None: no GPM support
+    processes: list[FakeProcess] = field(default_factory=list)
+    sample_clock_us: int = 1_700_000_000_000_000  # the driver's sample clock, microseconds
 
 
 @dataclass(frozen=True)
@@ -120,7 +145,8 @@ class FakeNvml:
 
     def __init__(self, gpus: list[FakeGpu], *, driver_version: str = "550.54.15",
                  library_present: bool = True, memory_v2: bool = True,
-                 temperature_v: bool = True, clocks_event_reasons: bool = True) -> None:
+                 temperature_v: bool = True, clocks_event_reasons: bool = True,
+                 process_v3: bool = True, processes_utilization_info: bool = True) -> None:
         self.gpus = gpus
         self.driver_version = driver_version
         self.library_present = library_present
@@ -132,6 +158,8 @@ class FakeNvml:
         self.wedged: dict[tuple[str, int], threading.Event] = {}
         self._lock = threading.Lock()
         self.clocks_event_reasons = clocks_event_reasons
+        self.process_v3 = process_v3
+        self.processes_utilization_info = processes_utilization_info
         self.event_sets: list[_EventSet] = []
         self._gpm_samples: dict[int, Any] = {}  # address -> the struct, kept alive
         self._gpm_taken: dict[int, tuple[int, dict[int, float]]] = {}  # address -> GPU, values
@@ -513,6 +541,73 @@ class FakeNvml:
             else:
                 metric.nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
         return metricsGet
+
+    # --- processes ----------------------------------------------------------------------
+
+    def _running(self, function: str, handle: _Handle, graphics: bool) -> list[Any]:
+        gpu = self._enter(function, handle)
+        if function.endswith("_v3") and not self.process_v3:
+            _raise(real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        mig = gpu.mig[handle.mig].gpu_instance_id if handle.mig is not None else None
+        found = []
+        for process in gpu.processes:
+            if process.graphics != graphics or (mig is not None and process.gpu_instance != mig):
+                continue
+            memory = real.NVML_VALUE_NOT_AVAILABLE_ulonglong.value \
+                if process.memory_used is None else process.memory_used
+            instance = NOT_AVAILABLE if process.gpu_instance is None else process.gpu_instance
+            struct = real.c_nvmlProcessInfo_v2_t(pid=process.pid, usedGpuMemory=memory,
+                                                 gpuInstanceId=instance,
+                                                 computeInstanceId=0 if gpu.mig else NOT_AVAILABLE)
+            obj = real.nvmlStructToFriendlyObject(struct)
+            if obj.usedGpuMemory == real.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+                obj.usedGpuMemory = None  # as pynvml does
+            found.append(obj)
+        return found
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: _Handle) -> list[Any]:
+        return self._running("nvmlDeviceGetComputeRunningProcesses_v3", handle, False)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: _Handle) -> list[Any]:
+        return self._running("nvmlDeviceGetComputeRunningProcesses_v2", handle, False)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
+        return self._running("nvmlDeviceGetComputeRunningProcesses_v3", handle, False)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: _Handle) -> list[Any]:
+        return self._running("nvmlDeviceGetGraphicsRunningProcesses_v3", handle, True)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: _Handle) -> list[Any]:
+        return self._running("nvmlDeviceGetGraphicsRunningProcesses_v2", handle, True)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[Any]:
+        return self._running("nvmlDeviceGetGraphicsRunningProcesses_v3", handle, True)
+
+    def _samples(self, function: str, handle: _Handle, timeStamp: int) -> tuple[FakeGpu, int]:
+        gpu = self._enter(function, handle)
+        if gpu.mig is not None or handle.mig is not None:
+            _raise(real.NVML_ERROR_NOT_SUPPORTED)  # no per-process samples under MIG
+        with self._lock:
+            gpu.sample_clock_us += 1_000_000  # one new sample per process and read
+            stamp = gpu.sample_clock_us
+        if stamp <= timeStamp or not gpu.processes:
+            _raise(real.NVML_ERROR_NOT_FOUND)  # nothing newer than asked: pynvml raises
+        return gpu, stamp
+
+    def nvmlDeviceGetProcessUtilization(self, handle: _Handle, timeStamp: int) -> list[Any]:
+        gpu, stamp = self._samples("nvmlDeviceGetProcessUtilization", handle, timeStamp)
+        return [real.c_nvmlProcessUtilizationSample_t(
+            pid=p.pid, timeStamp=stamp, smUtil=p.sm_percent, memUtil=p.memory_percent,
+            encUtil=0, decUtil=0) for p in gpu.processes]
+
+    def nvmlDeviceGetProcessesUtilizationInfo(self, handle: _Handle, timeStamp: int) -> list[Any]:
+        if not self.processes_utilization_info:
+            self._enter("nvmlDeviceGetProcessesUtilizationInfo", handle)
+            _raise(real.NVML_ERROR_FUNCTION_NOT_FOUND)  # a driver before 550
+        gpu, stamp = self._samples("nvmlDeviceGetProcessesUtilizationInfo", handle, timeStamp)
+        return [real.c_nvmlProcessUtilizationInfo_v1_t(
+            timeStamp=stamp, pid=p.pid, smUtil=p.sm_percent, memUtil=p.memory_percent,
+            encUtil=0, decUtil=0, jpgUtil=0, ofaUtil=0) for p in gpu.processes]
 
 
 # NVLink error total fields -> the per-link counter they sum (as NVML sums them)

@@ -43,3 +43,19 @@ class NvmlSource:
         Duration(300), help="How long the kubelet's last answer is served while it does not "
         "answer; then the pods' allocations are dropped.", min=0,
     )
+    processes: bool = opt(
+        True, help="Read each GPU's processes (memory and SM use) and attribute them to their "
+        "pod, Slurm job or the host through /proc (docs/attribution.md). Needs the host's PID "
+        "namespace (hostPID in Kubernetes); without it the processes are counted, unattributed.",
+    )
+    processes_per_gpu: int = opt(
+        256, help="Most processes attributed per GPU (those using the most memory); the rest "
+        f"are counted in {metrics.GPU_PROCESSES_CUT_TOTAL.name}.", min=1, max=4096,
+    )
+    proc_root: str = opt(
+        "/proc", help="Where the host's /proc is mounted (a container may mount it elsewhere).",
+    )
+    kubelet_log_root: str = opt(
+        "/var/log", help="Where the kubelet's pods/ and containers/ log directories are "
+        "mounted: they name a pod's UID and a container's id (else the UID is the job).",
+    )

@@ -72,6 +72,16 @@ just leaves the field absent.
 The ``pynvml`` module is a constructor parameter: tests pass a fake that
 raises pynvml's real error classes and returns its real structs.
 
+Processes (``sources.nvml.processes``, on by default): each GPU's running compute and
+graphics processes (``nvmlDeviceGet{Compute,Graphics}RunningProcesses_v3``, else ``_v2`` on
+a driver without the v3 entry points) and the driver's per-process SM samples since the last
+read (``nvmlDeviceGetProcessesUtilizationInfo``, else ``nvmlDeviceGetProcessUtilization``;
+``NotFound`` is "no sample since", ``NotSupported`` under MIG leaves SM use absent), read in
+the GPU's worker like any optional read. Each PID is resolved to its pod, Slurm job or the
+host through /proc (:mod:`exporter.attribution`, in the same worker, so a stuck /proc read
+holds only that GPU, within ``call_timeout``) and added up per owner on the physical GPU:
+``Gpu.processes``.
+
 On a Kubernetes node, ``pod_resources`` adds the kubelet's PodResources API:
 each pod holding GPUs becomes an allocation on the GPUs it holds, by UUID, and
 the source then ``schedules`` (:mod:`exporter.sources.nvml.pods` says why this
@@ -94,11 +104,22 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from exporter.attribution.proc import ProcessOwners
+from exporter.attribution.usage import DEFAULT_CAP, GpuProcess, add_up, merge_lists, sm_ratios
 from exporter.extras import missing
-from exporter.snapshot import Gpu, GpuHealth, GpuPerformance, MigInstance, Node, XidCount
+from exporter.snapshot import (
+    Gpu,
+    GpuHealth,
+    GpuPerformance,
+    GpuProcesses,
+    MigInstance,
+    Node,
+    XidCount,
+)
 from exporter.sources import Clock, SourceReading, SourceStartupError
 from exporter.sources.gpu_models import ModelInfo, ModelResolver, unknown_model
 from exporter.sources.lastgood import LastGood
@@ -198,6 +219,7 @@ class DeviceReading:
     errors: tuple[CallError, ...]
     seconds: float  # cost of this GPU's NVML calls
     mig_uuids: tuple[tuple[str, int], ...] = ()  # (MIG device UUID, GPU instance), pods only
+    pids: frozenset[int] = frozenset()  # the processes attributed in this read
 
 
 @dataclass
@@ -228,6 +250,8 @@ class _Device:
     gpm_samples: list[Any] | None = None  # [previous, current]; None: no GPM (or not yet)
     gpm_checked: bool = False
     gpm_previous: bool = False  # the previous sample holds a reading
+    process_sample_time: int = 0  # the newest process sample read (NVML's microseconds)
+    processes_cut: int = 0  # processes over the cap, since start
 
 
 @dataclass
@@ -246,6 +270,9 @@ class NvmlGpuSource:
     export_serial: bool = False  # the `serial` label of gpu_info (sources.nvml.export_serial)
     # the kubelet's PodResources (sources.nvml.pod_resources): who holds which GPU; None: off
     pods: PodGpus | None = None
+    # who owns each GPU process (sources.nvml.processes); None: processes are not read
+    owners: ProcessOwners | None = None
+    process_cap: int = DEFAULT_CAP
     devices: list[_Device] = field(default_factory=list)
     last_readings: dict[int, DeviceReading] = field(default_factory=dict)
     # per GPU index: its last good sample, served stale while its calls are wedged
@@ -442,6 +469,8 @@ class NvmlGpuSource:
             last = self.last_good.recall(device.index, now)
             gpus.append(last or dataclasses.replace(self._identity(device), up=False, stale=True))
 
+        if self.owners is not None:  # keep the owners of the PIDs still on a GPU
+            self.owners.forget_except(set().union(*(r.pids for r in self.last_readings.values())))
         models = [g.model for g in gpus]
         model = max(set(models), key=models.count) if models else "unknown"
         architecture = next((d.info.architecture for d in self.devices if d.info.model == model),
@@ -503,6 +532,7 @@ class NvmlGpuSource:
         mig = self._mig_instances(device, calls, mig_uuids) if mig_enabled else ()
         health = self._health(device, calls)
         performance = self._performance(device, calls, memory_bandwidth, mig_enabled)
+        processes, pids = self._processes(device, calls, mig_enabled)
 
         if calls.lost:
             # the XIDs seen (79: fallen off the bus) are what on-call needs next to up 0
@@ -522,10 +552,11 @@ class NvmlGpuSource:
                 mig=mig,
                 health=health,
                 performance=performance,
+                processes=processes,
                 up=not any(not error.optional for error in calls.errors),
             )
         return DeviceReading(gpu, tuple(calls.errors), time.perf_counter() - started,
-                             tuple(mig_uuids or ()))
+                             tuple(mig_uuids or ()), pids)
 
     def _memory(self, device: _Device, calls: _Calls, handle: Any) -> Any:
         nvml = self.nvml
@@ -617,6 +648,59 @@ class NvmlGpuSource:
                 None if memory is None else int(memory.used))
         return tuple(instances[i] for i in sorted(instances))
 
+
+    # --- processes and their owners ---------------------------------------------------------
+
+    def _processes(self, device: _Device, calls: _Calls,
+                   mig_enabled: bool) -> tuple[GpuProcesses | None, frozenset[int]]:
+        """The GPU's processes per owner; None where the driver lists none (NotSupported)."""
+        if self.owners is None or calls.lost:
+            return None, frozenset()
+        lists = [self._running(device, calls, kind) for kind in ("Compute", "Graphics")]
+        if all(found is None for found in lists) or calls.lost:
+            return None, frozenset()
+        listed = merge_lists(*(
+            (GpuProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                        _instance(p)) for p in found or ()) for found in lists))
+        sm = None if mig_enabled else self._process_sm(device, calls)
+        added = add_up(listed, self.owners.owner, sm, self.process_cap, device.processes_cut)
+        device.processes_cut = added.processes.cut_total
+        return added.processes, added.pids
+
+    def _running(self, device: _Device, calls: _Calls, kind: str) -> list[Any] | None:
+        """nvmlDeviceGet<kind>RunningProcesses: the v3 call, else v2 (a driver without v3).
+        The versioned names: pynvml's unversioned one raises NVMLLibraryMismatchError there."""
+        for version in ("_v3", "_v2"):
+            name = f"nvmlDeviceGet{kind}RunningProcesses{version}"
+            if name in device.unsupported or not hasattr(self.nvml, name):
+                continue
+            found = calls.optional(name, getattr(self.nvml, name), device.handle)
+            if found is not None or name not in device.unsupported:
+                return found
+        return None
+
+    def _process_sm(self, device: _Device, calls: _Calls) -> dict[int, float] | None:
+        """Each PID's SM use since the last read; {} when the driver has no new sample (every
+        process idle), None when it keeps none (unsupported)."""
+        nvml = self.nvml
+        for name in ("nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization"):
+            if name in device.unsupported or not hasattr(nvml, name) or calls.lost:
+                continue
+            try:
+                samples = getattr(nvml, name)(device.handle, device.process_sample_time)
+            except nvml.NVMLError_NotFound:
+                return {}  # no sample newer than the last read
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+                device.unsupported.add(name)
+                continue
+            except nvml.NVMLError as exc:
+                calls.failed(name, exc, optional=True)
+                return None
+            ratios, device.process_sample_time = sm_ratios(
+                ((int(s.pid), int(s.timeStamp), float(s.smUtil)) for s in samples),
+                device.process_sample_time)
+            return ratios
+        return None
 
     # --- issue 16: health -----------------------------------------------------------------
 
@@ -927,6 +1011,12 @@ class _Calls:
         self.errors.append(CallError(self.gpu, name, f"{type(exc).__name__}: {exc}", optional))
 
 
+def _instance(process: Any) -> int | None:
+    """A listed process's MIG GPU instance; None without MIG (NVML writes 0xFFFFFFFF)."""
+    instance = getattr(process, "gpuInstanceId", None)
+    return None if instance is None or instance >= 0xFFFFFFFF else int(instance)
+
+
 def _stale(gpu: Gpu) -> Gpu:
     return dataclasses.replace(gpu, stale=True)
 
@@ -1007,6 +1097,10 @@ def build(config: NvmlConfig, clock: Clock, nvml: Any = None) -> NvmlGpuSource:
         resolve_model=catalogue_resolver(),
         clock=clock,
         pods=pods,
+        owners=ProcessOwners(Path(config.proc_root), Path(config.kubelet_log_root) / "pods",
+                             Path(config.kubelet_log_root) / "containers")
+        if config.processes else None,
+        process_cap=config.processes_per_gpu,
     )
     source.start()
     return source
