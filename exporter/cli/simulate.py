@@ -33,9 +33,13 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--fleet", choices=("default", "openb"), default="default",
+    parser.add_argument("--fleet", choices=("default", "openb", "gfs"), default="default",
                         help="default: the simulated reference fleet (1,088 GPUs); openb: the trace's "
-                        "1,213 nodes")
+                        "1,213 nodes; gfs: the Alibaba spot-GPU trace's 4,278 nodes (10,412 GPUs)")
+    parser.add_argument("--demand", choices=("openb", "gfs"), default="",
+                        help="openb: jobs shaped as the openb trace's pods; gfs: jobs drawn from the "
+                        "spot-GPU trace's job mix (its sizes, gangs, models, durations, priorities) "
+                        "(default: gfs on the gfs fleet, openb elsewhere)")
     parser.add_argument("--days", type=float, default=14.0,
                         help="measured days, at most 366 (default 14)")
     parser.add_argument("--warmup-days", type=float, default=1.0,
@@ -118,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     settings = RunSettings(
         timeline=TimelineSettings(args.days, args.warmup_days, loads[0], args.high_share, args.gang_share),
         policy=args.policy, mode=args.scheduler, cost=MoveCost(restore=args.restore),
-        advisor_interval=args.advisor_interval, advisor_one_partition=not args.advisor_pools_by_model)
+        advisor_interval=args.advisor_interval, advisor_one_partition=not args.advisor_pools_by_model,
+        demand=args.demand)
     started = time.monotonic()
 
     finished = []

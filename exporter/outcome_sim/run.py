@@ -22,12 +22,13 @@ from exporter.analysis.workload import from_tasks
 from exporter.outcome_sim.advisor_loop import AdvisorStrategy
 from exporter.outcome_sim.blocked import WaitSplit
 from exporter.outcome_sim.cluster import Cluster
+from exporter.outcome_sim.demand import build_jobs
 from exporter.outcome_sim.fleets import SimFleet
 from exporter.outcome_sim.outcomes import Outcome, Sample, job_outcomes
 from exporter.outcome_sim.scheduler import Scheduler
 from exporter.outcome_sim.sim import RunSettings, Sim
 from exporter.outcome_sim.strategies import STRATEGIES, Consolidate, Descheduler, Nothing, Strategy
-from exporter.outcome_sim.timeline import HourlyArrivals, Job, build
+from exporter.outcome_sim.timeline import HourlyArrivals, Job
 
 
 def make_strategy(name: str, settings: RunSettings) -> Strategy:
@@ -53,7 +54,7 @@ def target_workload(fleet: SimFleet, model_names: tuple[str, ...]) -> CompiledWo
 
 def seed_jobs(fleet: SimFleet, series: HourlyArrivals, settings: RunSettings, seed: int) -> list[Job]:
     """The jobs of ``seed``'s run, fresh, the same for every strategy (the matrix perturbs a copy)."""
-    return build(list(fleet.shapes), series, fleet.capacity, settings.timeline, seed)
+    return build_jobs(settings.demand, fleet, series, fleet.capacity, settings.timeline, seed)
 
 
 def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: int,

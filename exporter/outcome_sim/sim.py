@@ -25,6 +25,7 @@ class RunSettings:
     # the advisor's snapshot lists the nodes as one partition, as the simulated scheduler uses
     # them; False: a pool per model (AdvisorStrategy.one_partition)
     advisor_one_partition: bool = True
+    demand: str = ""  # what jobs are drawn from: openb or gfs (demand.DEMANDS); empty: the fleet's default
 
 
 @dataclass
