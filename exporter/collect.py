@@ -12,6 +12,16 @@ A source whose ``role`` is ``"allocation"`` (Slurm) is the scheduler's view; whe
 is enabled together with others, the others are telemetry and the two views are
 joined by :func:`exporter.compose.compose` rather than concatenated. Sources without
 a ``role`` see the whole fleet and are merged as they are.
+
+Never green while blind. A source that reads no GPU, or under :data:`PARTIAL_BELOW` of the
+most GPUs one of its readings listed before, makes the collection *blind*: the collector
+says why in :attr:`Collector.blind`, the cycle then leaves out everything it would derive
+from the whole fleet (the fragmentation index, the pools' load and hints, the advisor's
+decision), and ``/-/ready`` answers 503 with the reason, rather than a fleet of 0 or a
+fraction of one read as healthy. A partial reading is served as it is (those GPUs were
+read) but counts as down, and is not kept as the source's last good reading. A fleet that
+really shrank to under half in one collection stays partial until SIGHUP
+(:meth:`Collector.forget_sizes`) or a restart.
 """
 
 from __future__ import annotations
@@ -28,6 +38,9 @@ from exporter.sources import Clock, NoData, Source, SourceReading
 from exporter.sources.lastgood import LastGood
 
 log = logging.getLogger(__name__)
+
+# A reading with fewer GPUs than this fraction of the most its source listed before is partial
+PARTIAL_BELOW = 0.5
 
 
 @dataclasses.dataclass
@@ -47,9 +60,15 @@ class Collector:
     # does not start a second read beside it, and does not wait for it either
     _abandoned: dict[str, tuple[asyncio.Task[SourceReading], float]] = dataclasses.field(
         default_factory=dict)
+    # per source: the most GPUs one of its readings listed (a partial one excluded)
+    _most_gpus: dict[str, int] = dataclasses.field(default_factory=dict)
+    # why the last collection is blind, one line per source; () when every source saw its fleet
+    blind: tuple[str, ...] = ()
 
     async def collect(self) -> FleetSnapshot:
-        parts = await asyncio.gather(*(self._read_one(s) for s in self.sources))
+        judged = await asyncio.gather(*(self._read_one(s) for s in self.sources))
+        parts = [part for part, _ in judged]
+        self.blind = tuple(reason for _, reason in judged if reason)
         now = self.clock()
         roles = [getattr(s, "role", "full") for s in self.sources]
         scheduled = [p for p, role in zip(parts, roles, strict=True) if role == ALLOCATION]
@@ -66,8 +85,39 @@ class Collector:
             log.warning("GPUs seen by one side only", extra=dict(counts))
         self._last_unmatched = counts
 
-    async def _read_one(self, source: Source) -> FleetSnapshot:
-        """One source's part of the snapshot, with the SourceStatus only this module builds."""
+    def forget_sizes(self) -> str:
+        """Forget the fleet sizes partial readings are judged by (SIGHUP: a fleet that
+        really shrank by half is accepted); the outcome for the reload's log line."""
+        sizes = ", ".join(f"{name} {n}" for name, n in sorted(self._most_gpus.items()))
+        self._most_gpus.clear()
+        return f"forgot {sizes or 'nothing'}"
+
+    def _judge(self, name: str, reading: SourceReading) -> tuple[SourceReading, bool]:
+        """``reading``, with ``error`` set when it is partial, and whether it is."""
+        count, most = len(reading.gpus), self._most_gpus.get(name, 0)
+        if reading.error:
+            return reading, False
+        if most and count < PARTIAL_BELOW * most:
+            what = "no GPU" if not count else f"{count} GPUs"
+            error = (f"partial: read {what}, under {PARTIAL_BELOW:.0%} of the {most} it listed "
+                     f"before (SIGHUP accepts a fleet that really shrank)")
+            return dataclasses.replace(reading, error=error), True
+        self._most_gpus[name] = max(most, count)
+        return reading, False
+
+    async def _read_one(self, source: Source) -> tuple[FleetSnapshot, str]:
+        """One source's part of the snapshot, with the SourceStatus only this module builds,
+        and why it makes the collection blind ("" when it does not)."""
+        part, partial = await self._part_of(source)
+        status = part.sources[0]
+        if partial:
+            return part, f"source {source.name} is {status.error}"
+        if not part.gpus:
+            why = f": {status.error}" if status.error else ""
+            return part, f"source {source.name} reads no GPU{why}"
+        return part, ""
+
+    async def _part_of(self, source: Source) -> tuple[FleetSnapshot, bool]:
         started = self.timer()
         error = ""
         reading: SourceReading | None = None
@@ -89,7 +139,9 @@ class Collector:
         duration = self.timer() - started
         now = self.clock()
         if reading is not None:
-            self._last_good.remember(source.name, reading, now)
+            reading, partial = self._judge(source.name, reading)
+            if not partial:  # a stale full fleet serves better than a fresh fraction
+                self._last_good.remember(source.name, reading, now)
             if not reading.error:
                 # an answer with ``error`` set (every target down) counts as down: the
                 # last-success time stays where the last good read left it
@@ -103,7 +155,7 @@ class Collector:
                 error=reading.error,
                 parse_errors=reading.parse_errors,
             )
-            return _part(now, reading, status)
+            return _part(now, reading, status), partial
         status = SourceStatus(
             source.name,
             up=False,
@@ -114,8 +166,8 @@ class Collector:
         )
         last = self._last_good.recall(source.name, now)
         if last is None:
-            return FleetSnapshot(now, sources=(status,))
-        return _part(now, last, status)
+            return FleetSnapshot(now, sources=(status,)), False
+        return _part(now, last, status), False
 
     async def _bounded_read(self, source: Source) -> SourceReading:
         """``source.read()``, or TimeoutError at ``timeout_seconds``, whatever the read does.

@@ -76,7 +76,7 @@ advisor: {{enabled: false}}
 sources:
   sim: {{enabled: false}}
   slurm: {{enabled: true, format: text, bin_dir: "{bin_dir}", command_timeout: 1s}}
-""")
+""", ready=False)  # never ready: its one source never lists a GPU
         prom = prometheus_factory(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules / "gpufleet-alerts.yaml")],

@@ -103,12 +103,16 @@ async def test_not_ready_before_first_snapshot(aiohttp_client):
 async def test_broken_source_never_stops_serving(aiohttp_client):
     broken = BrokenSource()
     client = await aiohttp_client(_app(broken))
-    await _wait_ready(client)
-    for _ in range(100):
-        if broken.calls >= 3:
+    for _ in range(200):
+        if broken.calls >= 3 and client.app[STATE].collections >= 1:
             break
         await asyncio.sleep(0.05)
     assert broken.calls >= 3  # the loop kept collecting after failures
+    # a source that never read a GPU: its part of the fleet is unknown, so not ready
+    ready = await client.get("/-/ready")
+    assert ready.status == 503
+    assert await ready.text() == ("gpufleet is not ready: source broken reads no GPU: "
+                                  "RuntimeError: upstream returned garbage.\n")
     text = (await (await client.get("/metrics")).read()).decode()
     assert 'gpufleet_source_up{source="broken"} 0.0' in text
     assert 'gpufleet_source_up{source="sim"} 1.0' in text

@@ -318,12 +318,14 @@ class AdvisorService:
                                    health=self.health.advice if self.health else None)
         return self._api
 
-    def families(self, snapshot: FleetSnapshot) -> list[Family]:
+    def families(self, snapshot: FleetSnapshot, decided: bool = True) -> list[Family]:
+        """The advisor's families; without ``decided`` (a blind snapshot, which the advisor
+        did not evaluate) only its counters and deliveries, not a decision it did not make."""
         advice = self.advisor.advice
         plan = self.advisor.plan
         scopes = sorted(self.advisor.scopes.items())
         results = sorted(self.deliverer.results.items())
-        return [
+        decision = [
             metrics.ADVISOR_COMPACTION_RECOMMENDED.family(
                 [((("scope", k),), float(st.recommended)) for k, st in scopes]),
             metrics.ADVISOR_PLAN_MIGRATIONS.family(
@@ -335,6 +337,9 @@ class AdvisorService:
                  for p, n in sorted((plan.nodes_freed if plan else {}).items())]),
             metrics.ADVISOR_DECISION_INFO.family(
                 [((("decision", advice.decision if advice else "none"),), 1.0)]),
+        ]
+        return [
+            *(decision if decided else ()),
             metrics.ADVISOR_WEBHOOK_DELIVERIES_TOTAL.family(
                 [((("receiver", r), ("result", res)), float(n)) for (r, res), n in results]),
             metrics.ADVISOR_EVALUATIONS_TOTAL.family(

@@ -15,6 +15,16 @@ What leaves a frame is its exposition (:func:`exposition`, a pure function of th
 
 from __future__ import annotations
 
-from exporter.cycle.frame import RENDER_ORDER, Frame, Stage, exposition, run_cycle, with_exposition
+from exporter.cycle.frame import (
+    BLIND_SAFE,
+    RENDER_ORDER,
+    Frame,
+    Stage,
+    exposition,
+    run_cycle,
+    runs,
+    with_exposition,
+)
 
-__all__ = ["RENDER_ORDER", "Frame", "Stage", "exposition", "run_cycle", "with_exposition"]
+__all__ = ["BLIND_SAFE", "RENDER_ORDER", "Frame", "Stage", "exposition", "run_cycle", "runs",
+           "with_exposition"]

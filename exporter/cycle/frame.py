@@ -20,6 +20,12 @@ if TYPE_CHECKING:  # annotations only: the frame module loads no stage's package
 # in the cycle is when it runs, its place here where its families are read.
 RENDER_ORDER = ("analysis", "load", "advisor", "health", "logs", "table")
 
+# The stages that still run on a blind frame (a source read no GPU, or part of its fleet:
+# exporter/collect.py): what they add does not need the whole fleet, the table in force and
+# each GPU's verdict on its own reading. The others would derive a fleet of 0, or of a
+# fraction, and present it as the fleet: they are left out, and so are their families.
+BLIND_SAFE = ("table", "health")
+
 
 @dataclass(frozen=True, slots=True)
 class Frame:
@@ -32,6 +38,8 @@ class Frame:
     load: tuple[PoolAdvice, ...] | None = None  # the pools' load and scaling hints
     health: HealthView | None = None  # verdicts, remediation events, stragglers
     advice: Advice | None = None  # the advisor's evaluation of this snapshot
+    # why the snapshot is blind (one line per source); () when every source saw its fleet
+    blind: tuple[str, ...] = ()
     # (stage, its families) once taken (with_exposition), in RENDER_ORDER
     families: tuple[tuple[str, tuple[Family, ...]], ...] = ()
 
@@ -49,13 +57,20 @@ class Stage(Protocol):
     def families(self, frame: Frame) -> Iterable[Family]: ...
 
 
-def run_cycle(stages: Sequence[Stage], snapshot: FleetSnapshot) -> Frame:
+def runs(stage: Stage, frame: Frame) -> bool:
+    """Whether ``stage`` runs on ``frame`` (and gives families for it): always, except a
+    stage outside :data:`BLIND_SAFE` on a blind frame."""
+    return not frame.blind or stage.name in BLIND_SAFE
+
+
+def run_cycle(stages: Sequence[Stage], snapshot: FleetSnapshot, blind: tuple[str, ...] = ()) -> Frame:
     """The one cycle ``serve`` and ``simulate`` both run: ``snapshot`` through ``stages`` in
-    order. Blocking (the analysis and the planner are CPU work): serve calls it in a worker
-    thread, one cycle at a time."""
-    frame = Frame(snapshot)
+    order (on a ``blind`` snapshot only those of :data:`BLIND_SAFE`). Blocking (the analysis
+    and the planner are CPU work): serve calls it in a worker thread, one cycle at a time."""
+    frame = Frame(snapshot, blind=blind)
     for stage in stages:
-        frame = stage.step(frame)
+        if runs(stage, frame):
+            frame = stage.step(frame)
     return frame
 
 
@@ -76,4 +91,5 @@ def exposition(frame: Frame) -> list[Family]:
     return [family for _, families in frame.families for family in families]
 
 
-__all__ = ["RENDER_ORDER", "Frame", "Stage", "exposition", "run_cycle", "with_exposition"]
+__all__ = ["BLIND_SAFE", "RENDER_ORDER", "Frame", "Stage", "exposition", "run_cycle", "runs",
+           "with_exposition"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from exporter.aio import complete
-from exporter.cycle.frame import Frame, Stage, exposition, run_cycle, with_exposition
+from exporter.cycle.frame import Frame, Stage, exposition, run_cycle, runs, with_exposition
 from exporter.cycle.stages import AdvisorStage
 
 if TYPE_CHECKING:
@@ -105,16 +105,17 @@ class ServingCycle:
     def stage(self, name: str) -> Stage | None:
         return next((s for s in self.stages if s.name == name), None)
 
-    async def run(self, snapshot: FleetSnapshot) -> Frame:
+    async def run(self, snapshot: FleetSnapshot, blind: tuple[str, ...] = ()) -> Frame:
         """``snapshot`` through the cycle, then its side effects, then its families taken:
-        the frame, from which rendering is a pure function (:func:`families`)."""
+        the frame, from which rendering is a pure function (:func:`families`). ``blind``:
+        why the snapshot does not show the whole fleet (the collector's verdict)."""
         service = self.advisor
         lock = service.lock if service is not None else self._lock
         async with lock:
             if service is not None:
                 await service.before_cycle()
             # complete(): a cancelled collection (shutdown) waits for its cycle's thread
-            frame = await complete(asyncio.to_thread(run_cycle, self.stages, snapshot))
+            frame = await complete(asyncio.to_thread(run_cycle, self.stages, snapshot, blind))
             closed = service.closed if service is not None else self._closed
             if self.health is not None and not closed:
                 await complete(asyncio.to_thread(self.health.apply, frame))
@@ -129,9 +130,11 @@ class ServingCycle:
         part that fails is logged and left out: it must not stop the exposition."""
         parts: list[tuple[str, Iterable[Family]]] = []
         producers: list[tuple[str, Callable[[], Iterable[Family]]]] = [
-            (s.name, lambda s=s: s.families(frame)) for s in self.stages]  # type: ignore[misc]
+            (s.name, lambda s=s: s.families(frame))  # type: ignore[misc]
+            for s in self.stages if runs(s, frame)]
         if self.advisor is not None:
-            producers.append(("advisor", lambda: self.advisor.families(frame.snapshot)))  # type: ignore[union-attr]
+            producers.append(("advisor", lambda: self.advisor.families(  # type: ignore[union-attr]
+                frame.snapshot, decided=not frame.blind)))
         producers.extend(self.extra)
         for name, produce in producers:
             try:

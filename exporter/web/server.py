@@ -59,7 +59,7 @@ class Cycle(Protocol):
     """What serve runs on each collected snapshot (exporter/cycle/serving.py's
     ``ServingCycle``): the stages and their side effects, then the families of the frame."""
 
-    async def run(self, snapshot: FleetSnapshot) -> Any: ...  # the frame
+    async def run(self, snapshot: FleetSnapshot, blind: tuple[str, ...] = ()) -> Any: ...  # the frame
 
     def families(self, frame: Any) -> list[Family]: ...  # blocking: the render thread
 
@@ -84,6 +84,8 @@ class ServingState:
     reloaders: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
     # which families are served and the cluster label (serve_cmd.exposition_options)
     exposition: ExpositionOptions = field(default_factory=ExpositionOptions)
+    # why the current snapshot is blind (exporter/collect.py): /-/ready answers 503 with it
+    blind: tuple[str, ...] = ()
 
 
 @dataclass
@@ -118,6 +120,7 @@ async def collect_once(app: web.Application, labels: LabelCache) -> None:
     state, collector, config = app[STATE], app[COLLECTOR], app[CONFIG]
     rendered = await collect_and_render(collector, state, labels, config.gzip_level)
     state.current = rendered
+    state.blind = collector.blind
     state.collections += 1
     state.collected_at = time.monotonic()
     state.ready.set()
@@ -132,7 +135,7 @@ async def collect_and_render(collector: Collector, state: ServingState, labels: 
     frame = None
     if state.cycle is not None:
         try:
-            frame = await state.cycle.run(snapshot)
+            frame = await state.cycle.run(snapshot, collector.blind)
         except Exception:  # a broken stage must not stop the exposition of the snapshot
             log.exception("cycle failed; the snapshot is served without its analysis")
     loop = asyncio.get_running_loop()
@@ -210,6 +213,9 @@ async def ready(request: web.Request) -> web.Response:
     reason = stalled(state, request.app[CONFIG])
     if reason is not None:
         return web.Response(status=503, text=f"gpufleet is not ready: {reason}.\n")
+    if state.blind:  # never green while blind: a fleet of 0, or a fraction, is no fleet
+        reasons = "; ".join(state.blind)
+        return web.Response(status=503, text=f"gpufleet is not ready: {reasons}.\n")
     return web.Response(text="gpufleet is ready.\n")
 
 
@@ -358,6 +364,8 @@ def make_app(config: Config, collector: Collector, state: ServingState | None = 
     app[CONFIG] = config
     app[COLLECTOR] = collector
     app[STATE] = state or ServingState()
+    # SIGHUP accepts a fleet that really shrank: partial readings are judged afresh
+    app[STATE].reloaders.append(("fleet sizes", collector.forget_sizes))
     app[PROTECTION] = protection
     app.on_response_prepare.append(_web_headers)
     app.router.add_get("/", index)
