@@ -804,7 +804,7 @@ advisor: {{enabled: false}}
 sources:
   sim: {{enabled: false}}
   prometheus: {{enabled: true, url: "{prom.url}", selector: 'job="gpufleet-nodez"'}}
-""")
+""", ready=False)  # never ready: it reads no GPU
     (prom.workdir / "prometheus.yml").write_text(config(cluster.port))
     _reload(prom)
     up = prom.wait_for('gpufleet_source_up{source="prometheus"}', lambda r: bool(r), timeout=60)
