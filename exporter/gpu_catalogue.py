@@ -35,6 +35,9 @@ class GpuSpec:
     # The model a variant is sold as ("H100" for "H100-PCIe" and "H100-NVL"): what the tier
     # rule, which speaks in models rather than SKUs, compares. A model's own name otherwise.
     family: str = ""
+    # training speed per GPU relative to the H100 SXM (1.0), from published MLPerf results;
+    # None where the catalogue cites none (the simulator then runs the model at 1.0)
+    throughput: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,11 @@ class Catalogue:
         if len(families) != 1:
             return None
         return self.find(families.pop())
+
+
+def speed(spec: GpuSpec) -> float:
+    """What a job's work runs at on ``spec``: its throughput, the reference 1.0 when not cited."""
+    return spec.throughput if spec.throughput is not None else 1.0
 
 
 def unknown_spec(name: str) -> GpuSpec:
@@ -130,6 +138,7 @@ def parse_catalogue(text: str) -> Catalogue:
                 generation=entry.get("generation"),
                 tier=entry.get("tier"),
                 family=entry.get("family", entry["name"]),
+                throughput=float(entry["throughput"]) if entry.get("throughput") else None,
             )
         )
         for expr in entry.get("match", []):

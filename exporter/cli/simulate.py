@@ -24,7 +24,8 @@ from exporter.validate import flag_number
 MAX_DAYS = 366.0  # measured days, and warm-up days: a year of the trace's rhythm
 DAY_SECONDS = 86400.0
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
-STRATEGY_NAMES = ("none", "descheduler", "consolidate", "advisor", "advisor-current")  # simulate.strategies
+STRATEGY_NAMES = ("none", "descheduler", "consolidate", "advisor", "advisor-current", "oracle",
+                  "consolidate-unrestricted", "descheduler-unrestricted")  # simulate.strategies
 EPILOG = f"""strategies: {", ".join(STRATEGY_NAMES)}
 
 examples:

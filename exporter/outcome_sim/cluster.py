@@ -6,9 +6,14 @@ placed part by part on the same GPU model (one NVLink domain; generations do not
 interconnect) and on distinct nodes; if any part finds no room, every part
 placed so far is given back: a gang starts whole or not at all.
 
-Moves and evictions cost what the job computed since its last checkpoint plus a
-restore time, in GPU-seconds (its GPUs x those seconds); the job redoes the lost
-work after the restore, so it also finishes later.
+Moves and evictions cost what the job computed since its last checkpoint, and its
+next start a restore time, in GPU-seconds (its GPUs x those seconds); the job
+redoes the lost work after the restore, so it also finishes later. A job evicted
+back into the queue restores when it starts again, and is charged the restore
+then, not at the eviction: one that never starts again performed none.
+
+A job's work runs at its GPU model's throughput (the catalogue's, the H100 1.0):
+moved to a slower model, it finishes later.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import numpy as np
 
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.state import FleetState
+from exporter.gpu_catalogue import default_catalogue, speed
 from exporter.outcome_sim.timeline import Job
 from exporter.placement.engine import Placement, Placer
 from exporter.placement.task import Task
@@ -52,6 +58,8 @@ class Cluster:
         # the engine keeps F(M) current only when a policy needs it (fgd): it costs every change
         self.placer = Placer(self.state, self.workload if self.policy in FGD_POLICIES else None)
         self.capacity = float(self.state.gpu_count.sum())
+        catalogue = default_catalogue()
+        self.speeds = tuple(speed(catalogue.get(name)) for name in self.placer.model_names)
 
     # -- placing ----------------------------------------------------------------
 
@@ -59,12 +67,13 @@ class Cluster:
         return Task(job.cpus, job.gpus, job.share if job.gpus else 1.0,
                     job.models if models is None else models)
 
-    def find(self, job: Job, exclude: Sequence[int] = (),
-             policy: str | None = None) -> list[Placement] | None:
-        """Where ``job`` would go now, every part, or None; the placer is left as it was."""
+    def find(self, job: Job, exclude: Sequence[int] = (), policy: str | None = None,
+             models: tuple[str, ...] | None = None) -> list[Placement] | None:
+        """Where ``job`` would go now, every part, or None; the placer is left as it was.
+        ``models``: the GPU models it may go to (None: its own allowed ones)."""
         if not self.could_fit(job, exclude):
             return None
-        placed = self._place_all(job, exclude, policy or self.policy)
+        placed = self._place_all(job, exclude, policy or self.policy, models)
         if placed is not None:
             for p in placed:
                 self.placer.release(p)
@@ -82,9 +91,12 @@ class Cluster:
             room[list(exclude)] = False
         return int(room.sum()) >= job.parts
 
-    def _place_all(self, job: Job, exclude: Sequence[int], policy: str) -> list[Placement] | None:
+    def _place_all(self, job: Job, exclude: Sequence[int], policy: str,
+                   models: tuple[str, ...] | None = None) -> list[Placement] | None:
         placer = self.placer
-        allowed = list(job.models) if job.models else list(placer.model_names)
+        if models is None:
+            models = job.models
+        allowed = list(models) if models else list(placer.model_names)
         rng = self.rng if policy == "random" else None
         while allowed:
             first = placer.place(self.task(job, tuple(allowed)), policy, rng, exclude=exclude)
@@ -116,13 +128,29 @@ class Cluster:
 
     # -- running ----------------------------------------------------------------
 
-    def start(self, job: Job, placements: list[Placement], now: float, restore: float = 0.0) -> None:
-        """Hold ``placements`` for ``job``; it computes from ``now + restore``."""
+    def speed_on(self, placements: list[Placement]) -> float:
+        """The throughput of the GPU model ``placements`` are on (a gang's parts share one)."""
+        return self.speeds[int(self.placer.model[placements[0].node])] if placements else 1.0
+
+    def start(self, job: Job, placements: list[Placement], now: float) -> None:
+        """Hold ``placements`` for ``job``; it computes from ``now``, or after restoring its
+        checkpoint when it was stopped (a move, an eviction): that restore is charged here."""
         for p in placements:
             self.placer.apply(p)
         job.placements = placements
         if job.start is None:
             job.start = now
+        if job.requeued is not None:
+            job.rewaited += now - job.requeued
+            job.requeued = None
+        restore = 0.0
+        if job.restore_due:
+            restore = self.cost.restore
+            job.restore_due = False
+            lost = restore * job.demand  # its GPUs are held while it restores
+            job.lost_gpu_seconds += lost
+            self.lost_gpu_seconds += lost
+        job.speed = self.speed_on(placements)
         job.resumed = now + restore
         job.placed = now
         job.version += 1
@@ -142,10 +170,11 @@ class Cluster:
 
     def interrupt(self, job: Job, now: float) -> float:
         """Stop the job for a move or an eviction: keep what its checkpoints saved, count the rest
-        and the restore as lost. Returns the GPU-seconds lost."""
+        as lost; its next start restores the checkpoint. Returns the GPU-seconds lost."""
         saved, since = job.progress(now, self.cost.checkpoint)
-        job.done = min(job.work, job.done + saved)
-        lost = (since + self.cost.restore) * job.demand
+        job.done = min(job.work, job.done + saved * job.speed)
+        job.restore_due = True
+        lost = since * job.demand
         job.lost_gpu_seconds += lost
         job.migrations += 1
         self.lost_gpu_seconds += lost
@@ -156,7 +185,26 @@ class Cluster:
     def move(self, job: Job, destination: list[Placement], now: float) -> None:
         """Checkpoint-restart ``job`` on ``destination`` (verified free by the caller)."""
         self.interrupt(job, now)
-        self.start(job, destination, now, self.cost.restore)
+        self.start(job, destination, now)
+
+    def relocate(self, job: Job, destination: list[Placement], now: float) -> None:
+        """A free, instant move (the oracle's): the job keeps all it computed, restores nothing,
+        and runs on at the speed of its new GPU model. ``destination`` verified free by the caller."""
+        if now > job.resumed:  # still restoring: it has computed nothing since
+            job.done = min(job.work, job.done + (now - job.resumed) * job.speed)
+            job.resumed = now
+        for p in job.placements:
+            self.placer.release(p)
+        for p in destination:
+            self.placer.apply(p)
+        job.placements = destination
+        job.speed = self.speed_on(destination)
+        job.placed = now
+        job.version += 1
+        job.migrations += 1
+        self.migrations += 1
+        self.releases += 1  # room moved: what failed to fit before may fit now
+        heapq.heappush(self.finishes, (job.end(), job.id, job.version))
 
     def due(self, until: float) -> list[Job]:
         """Jobs whose run ends by ``until``, earliest first, skipping stale entries."""

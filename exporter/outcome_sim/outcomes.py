@@ -2,7 +2,8 @@
 
 Only jobs submitted after the warm-up count, and only time after it. A job that
 never started by the end waits until the end (its wait is censored there, so
-waits at high load are lower bounds). Size classes: ``small`` a fraction of a GPU
+waits at high load are lower bounds); a job evicted back into the queue waits
+again, and that wait is its too. Size classes: ``small`` a fraction of a GPU
 or one, ``mid`` 2-7 GPUs, ``node`` 8 GPUs on one node, ``multi_node`` a gang;
 ``whole_node`` is 8 GPUs or more (``node`` and ``multi_node`` together).
 """
@@ -24,7 +25,7 @@ COLUMNS = (
     "gpu_hours_waited", "gpu_hours_waited_fragmentation", "gpu_hours_waited_capacity",
     "wait_p50_s", "wait_p95_s", "wait_p95_s_whole_node", "gpu_hours_waited_whole_node",
     "gpu_hours_waited_whole_node_fragmentation", "gpu_hours_waited_whole_node_capacity",
-    "wait_p95_s_high", "gpu_hours_waited_high",
+    "share_of_oracle_saving", "wait_p95_s_high", "gpu_hours_waited_high",
     *(f"wait_p95_s_{c}" for c in CLASSES), *(f"gpu_hours_waited_{c}" for c in CLASSES),
     "jobs_never_started_whole_node", "migrations", "migration_overhead_pct", "mean_allocation_pct",
     "mean_fragmentation_index", "mean_queued_gpus", "plans", "moves_dropped", "wall_seconds",
@@ -65,6 +66,9 @@ class Outcome:
     gpu_hours_waited_whole_node: float = 0.0
     gpu_hours_waited_whole_node_fragmentation: float = 0.0
     gpu_hours_waited_whole_node_capacity: float = 0.0
+    # the whole-node GPU-hours waited this row saves against ``none``'s of its seed and load, over
+    # what the oracle's saves (:func:`oracle_shares`); None without both rows, or no oracle saving
+    share_of_oracle_saving: float | None = None
     wait_p95_s_high: float = 0.0
     gpu_hours_waited_high: float = 0.0
     wait_p95_s_small: float = 0.0
@@ -104,8 +108,7 @@ def job_outcomes(out: Outcome, jobs: Iterable[Job], rejected: Iterable[Job], sin
     out.jobs = len(counted)
     out.jobs_rejected = sum(1 for j in counted if j.id in refused)
     waiting = [j for j in counted if j.id not in refused]
-    waits = np.array([(j.start if j.start is not None and j.start < until else until) - j.submit
-                      for j in waiting])
+    waits = np.array([j.waited(until) for j in waiting])
     demand = np.array([j.demand for j in waiting])
     out.jobs_started = sum(1 for j in waiting if j.start is not None and j.start < until)
     out.gpu_hours_waited = float((waits * demand).sum() / 3600)
@@ -128,9 +131,34 @@ def job_outcomes(out: Outcome, jobs: Iterable[Job], rejected: Iterable[Job], sin
                                                 and (j.start is None or j.start >= until))
 
 
-def write_csv(outcomes: Iterable[Outcome], path: str | os.PathLike[str]) -> None:
+MIN_ORACLE_SAVING = 1e-6  # GPU-hours: an oracle saving below this is none, and no share is given
+
+
+def oracle_shares(outcomes: Sequence[Outcome]) -> None:
+    """Set each row's :attr:`Outcome.share_of_oracle_saving`: its whole-node GPU-hours waited
+    saved against ``none`` of the same seed and load, over the oracle's saving there (``none``
+    0, ``oracle`` 1). None where the seed and load lack either row or the oracle saved nothing:
+    no compaction could have helped there, so no share means anything."""
+    by_run: dict[tuple[int, float], dict[str, Outcome]] = {}
+    for o in outcomes:
+        by_run.setdefault((o.seed, o.load), {}).setdefault(o.strategy, o)
+    for o in outcomes:
+        run = by_run[(o.seed, o.load)]
+        none, oracle = run.get("none"), run.get("oracle")
+        o.share_of_oracle_saving = None
+        if none is None or oracle is None:
+            continue
+        base = none.gpu_hours_waited_whole_node
+        best = base - oracle.gpu_hours_waited_whole_node
+        if best > MIN_ORACLE_SAVING:
+            o.share_of_oracle_saving = (base - o.gpu_hours_waited_whole_node) / best
+
+
+def write_csv(outcomes: Sequence[Outcome], path: str | os.PathLike[str]) -> None:
+    """The rows, their shares of the oracle's saving set first (:func:`oracle_shares`)."""
     names = [f.name for f in fields(Outcome) if f.name != "samples"]
     assert tuple(names) == COLUMNS, "COLUMNS and Outcome disagree"
+    oracle_shares(outcomes)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
@@ -140,6 +168,8 @@ def write_csv(outcomes: Iterable[Outcome], path: str | os.PathLike[str]) -> None
 
 
 def _cell(value: object) -> str:
+    if value is None:
+        return ""
     if isinstance(value, float):
         return f"{value:.4f}"
     return str(value)
@@ -178,4 +208,4 @@ def plot(outcomes: Sequence[Outcome], path: str | os.PathLike[str], title: str) 
     plt.close(fig)
 
 
-__all__ = ["CLASSES", "COLUMNS", "Outcome", "Sample", "job_outcomes", "plot", "write_csv"]
+__all__ = ["CLASSES", "COLUMNS", "Outcome", "Sample", "job_outcomes", "oracle_shares", "plot", "write_csv"]

@@ -19,15 +19,24 @@ from concurrent.futures import ProcessPoolExecutor
 from exporter.analysis.fgd import CompiledWorkload, compile_workload
 from exporter.analysis.index import IndexSettings, evaluate
 from exporter.analysis.workload import from_tasks
+from exporter.gpu_catalogue import default_catalogue, speed
 from exporter.outcome_sim.advisor_loop import AdvisorStrategy
 from exporter.outcome_sim.blocked import WaitSplit
 from exporter.outcome_sim.cluster import Cluster
 from exporter.outcome_sim.demand import build_jobs
 from exporter.outcome_sim.fleets import SimFleet
+from exporter.outcome_sim.oracle import Oracle
 from exporter.outcome_sim.outcomes import Outcome, Sample, job_outcomes
 from exporter.outcome_sim.scheduler import Scheduler
 from exporter.outcome_sim.sim import RunSettings, Sim
-from exporter.outcome_sim.strategies import STRATEGIES, Consolidate, Descheduler, Nothing, Strategy
+from exporter.outcome_sim.strategies import (
+    STRATEGIES,
+    Consolidate,
+    Descheduler,
+    HeadUnblocker,
+    Nothing,
+    Strategy,
+)
 from exporter.outcome_sim.timeline import HourlyArrivals, Job
 
 
@@ -35,10 +44,13 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
     """The strategy called ``name``, at the intervals of ``settings``."""
     if name == "none":
         return Nothing()
-    if name == "descheduler":
-        return Descheduler(interval=settings.descheduler_interval)
-    if name == "consolidate":
-        return Consolidate(interval=settings.consolidate_interval)
+    if name in ("descheduler", "descheduler-unrestricted"):
+        return Descheduler(name=name, interval=settings.descheduler_interval, fair=name == "descheduler")
+    if name in ("consolidate", "consolidate-unrestricted"):
+        return Consolidate(name=name, interval=settings.consolidate_interval,
+                           unblocker=HeadUnblocker(fair=name == "consolidate"))
+    if name == "oracle":
+        return Oracle(interval=settings.consolidate_interval)
     if name in ("advisor", "advisor-current"):
         strategy = AdvisorStrategy(name=name, evaluate_every=settings.advisor_interval,
                                    revised=name == "advisor")
@@ -47,14 +59,22 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 
+def reference_capacity(fleet: SimFleet) -> float:
+    """The fleet's GPUs weighted by their model's throughput: GPUs of the reference model (the
+    H100) that compute as much, what a load of 1.0 offers per hour."""
+    catalogue = default_catalogue()
+    return sum(n.gpu_count * speed(catalogue.get(n.model)) for n in fleet.nodes)
+
+
 def target_workload(fleet: SimFleet, model_names: tuple[str, ...]) -> CompiledWorkload:
     """The trace's typical workload (the shapes covering 95% of its pods), as ``replay`` uses."""
     return compile_workload(from_tasks(fleet.shapes), model_names)
 
 
 def seed_jobs(fleet: SimFleet, series: HourlyArrivals, settings: RunSettings, seed: int) -> list[Job]:
-    """The jobs of ``seed``'s run, fresh, the same for every strategy (the matrix perturbs a copy)."""
-    return build_jobs(settings.demand, fleet, series, fleet.capacity, settings.timeline, seed)
+    """The jobs of ``seed``'s run, fresh, the same for every strategy (the matrix perturbs a copy).
+    The load is offered work over what the fleet can compute: its GPUs, each at its speed."""
+    return build_jobs(settings.demand, fleet, series, reference_capacity(fleet), settings.timeline, seed)
 
 
 def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: int,
@@ -110,11 +130,17 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
             next_job += 1
         split.left(scheduler.run_pass(now))
         if now >= next_tick:
-            before = (cluster.migrations, cluster.releases)
-            strategy.tick(sim, now)
-            next_tick = now + strategy.interval
-            if (cluster.migrations, cluster.releases) != before:
+            # the oracle unblocks head after head: a pass starts each before it looks at the next
+            for _ in range(getattr(strategy, "heads_per_tick", 1)):
+                before = (cluster.migrations, cluster.releases)
+                strategy.tick(sim, now)
+                for job in sim.requeued:  # evicted back into the queue: they wait again
+                    split.joined(job)
+                sim.requeued.clear()
+                if (cluster.migrations, cluster.releases) == before:
+                    break
                 split.left(scheduler.run_pass(now))
+            next_tick = now + strategy.interval
         if now >= next_sample:
             report = evaluate(cluster.placer.state, workload, index_settings)
             indices.append(report.cluster.index)
@@ -187,5 +213,5 @@ def simulate_many(fleet: SimFleet, series: HourlyArrivals, strategy_names: Seque
         return outcomes
 
 
-__all__ = ["RunSettings", "Sim", "make_strategy", "seed_jobs", "simulate", "simulate_many", "target_workload",
-           "with_load"]
+__all__ = ["RunSettings", "Sim", "make_strategy", "reference_capacity", "seed_jobs", "simulate",
+           "simulate_many", "target_workload", "with_load"]

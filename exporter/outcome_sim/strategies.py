@@ -3,8 +3,12 @@
 Every strategy sees the same jobs and the same scheduler, and moves jobs only as
 a checkpoint-restart (:meth:`~exporter.outcome_sim.cluster.Cluster.move`), at the
 same cost. None of them moves a gang or a high-priority job (the advisor's
-``move_high_priority`` default), so the comparison is of what each does with
-the same freedom.
+``move_high_priority`` default), and by default none moves a job to a GPU model
+the advisor's planner would not (:func:`destinations`: a model it may use, with
+at least the memory per GPU of the one it runs on), so the comparison is of what
+each does with the same freedom. ``consolidate-unrestricted`` and
+``descheduler-unrestricted`` are the baselines without that rule (a job may go to
+any model it may use, an H200 job to an 80 GB GPU), as they ran before.
 
 - ``none``: nothing moves.
 - ``descheduler``: the Kubernetes descheduler's HighNodeUtilization, run every
@@ -12,8 +16,8 @@ the same freedom.
   allocated (20%, the descheduler's documented example) are evicted, least
   allocated nodes first, at most ``budget`` per run (the advisor's plan budget,
   10); the scheduler re-places each at once with its own policy, off the node it
-  left, or it queues again (an eviction without a destination). As in
-  ``bench/advisor.py``.
+  left, or it queues again (an eviction without a destination: it waits again,
+  and restores its checkpoint when it starts). As in ``bench/advisor.py``.
 - ``consolidate``: KAI-Scheduler's consolidation, every ``interval`` (1 min):
   for the job at the head of the queue, when it does not fit, the fewest moves
   (at most ``max_moves``), each to a destination verified free, after which it
@@ -30,7 +34,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from exporter.outcome_sim.cluster import undo
+from exporter.advisor.planner import _destinations
+from exporter.outcome_sim.cluster import Cluster, undo
 from exporter.outcome_sim.timeline import Job
 from exporter.placement.engine import Placement, room_after_moves
 from exporter.placement.task import Task
@@ -38,7 +43,8 @@ from exporter.placement.task import Task
 if TYPE_CHECKING:
     from exporter.outcome_sim.sim import Sim
 
-STRATEGIES = ("none", "descheduler", "consolidate", "advisor", "advisor-current")
+STRATEGIES = ("none", "descheduler", "consolidate", "advisor", "advisor-current", "oracle",
+              "consolidate-unrestricted", "descheduler-unrestricted")
 
 
 class Strategy(Protocol):
@@ -51,6 +57,20 @@ class Strategy(Protocol):
 def movable(job: Job) -> bool:
     """Single-node, spot jobs: the only ones any strategy moves."""
     return job.parts == 1 and not job.high and bool(job.placements)
+
+
+def destinations(cluster: Cluster, job: Job) -> tuple[str, ...]:
+    """The GPU models the advisor's planner lets ``job`` move to: of those it may use, the one
+    it runs on and those with at least its memory per GPU (a job states no memory need here;
+    :func:`exporter.advisor.planner.destination_models`, the same function)."""
+    placer = cluster.placer
+    current = placer.model_names[placer.model[job.placements[0].node]]
+    return _destinations(None, job.models, current, placer.model_names)
+
+
+def _models(cluster: Cluster, job: Job, fair: bool) -> tuple[str, ...] | None:
+    """Where a strategy may send ``job``: None for its own allowed models (unrestricted)."""
+    return destinations(cluster, job) if fair else None
 
 
 @dataclass
@@ -68,6 +88,7 @@ class Descheduler:
     interval: float = 600.0
     threshold: float = 0.2
     budget: int = 10
+    fair: bool = True  # re-placed only where the advisor's planner would move it (:func:`destinations`)
 
     def tick(self, sim: Sim, now: float) -> None:
         cluster = sim.cluster
@@ -85,13 +106,16 @@ class Descheduler:
                 if evicted >= self.budget:
                     return
                 evicted += 1
+                models = _models(cluster, job, self.fair)
                 cluster.interrupt(job, now)
                 sim.scheduler.disturbed()
-                destination = cluster.find(job, exclude=[node])
+                destination = None if models == () else cluster.find(job, exclude=[node], models=models)
                 if destination is None:
+                    job.requeued = now  # it waits again, from now
+                    sim.requeued.append(job)
                     sim.scheduler.requeue(job)
                 else:
-                    cluster.start(job, destination, now, cluster.cost.restore)
+                    cluster.start(job, destination, now)
 
 
 @dataclass
@@ -102,6 +126,7 @@ class HeadUnblocker:
     max_moves: int = 10  # the advisor's plan budget (advisor.max_migrations)
     candidates: int = 16  # nodes tried per part, the cheapest-looking first
     same_model: bool = False
+    fair: bool = True  # each move only where the advisor's planner would move it (:func:`destinations`)
     _tried: tuple[int, int] | None = field(default=None, repr=False)  # (head, releases) that found nothing
 
     def __call__(self, sim: Sim, now: float, may_move: Callable[[Job], bool] = movable) -> bool:
@@ -112,7 +137,7 @@ class HeadUnblocker:
             return False  # nothing blocked, or nothing changed since no way was found for it
         if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
             return False  # too few idle GPUs in all: moving jobs cannot make room
-        found = unblock(sim, head, self.max_moves, self.candidates, may_move, self.same_model)
+        found = unblock(sim, head, self.max_moves, self.candidates, may_move, self.same_model, self.fair)
         if found is None:
             self._tried = (head.id, cluster.releases)
             return False
@@ -135,10 +160,12 @@ class Consolidate:
 
 def unblock(sim: Sim, head: Job, max_moves: int, candidates: int,
             may_move: Callable[[Job], bool] = movable,
-            same_model: bool = False) -> list[tuple[Job, list[Placement]]] | None:
+            same_model: bool = False, fair: bool = True,
+            base: Callable[[Job], bool] = movable) -> list[tuple[Job, list[Placement]]] | None:
     """The fewest moves, each to a verified destination, after which ``head`` fits; None if there
     are none within ``max_moves``. The fleet is left as it was. ``may_move`` says which jobs
-    may move (always only :func:`movable` ones); ``same_model`` keeps each on its GPU model.
+    may move (always only ``base`` ones: :func:`movable`, but for the oracle); ``same_model``
+    keeps each on its GPU model; ``fair`` sends each only to a model :func:`destinations` allows.
 
     Per part of the head (one for a single-node job): of the nodes it may use, those
     whose free GPUs plus their movable jobs' could hold it, fewest movable GPUs
@@ -157,10 +184,10 @@ def unblock(sim: Sim, head: Job, max_moves: int, candidates: int,
             moved = {job.id for job, _ in moves}
 
             def free_to_move(j: Job, moved: set[int] = moved) -> bool:
-                return movable(j) and may_move(j) and j.id not in moved
+                return base(j) and may_move(j) and j.id not in moved
 
             best = _cheapest_node(sim, head, taken, max_moves - len(moves), candidates, free_to_move,
-                                  same_model)
+                                  same_model, fair)
             if best is None:
                 return None
             node, plan, part = best
@@ -184,7 +211,8 @@ Moves = list[tuple[Job, list[Placement]]]
 
 
 def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidates: int,
-                   may_move: Callable[[Job], bool], same_model: bool) -> tuple[int, Moves, Placement] | None:
+                   may_move: Callable[[Job], bool], same_model: bool,
+                   fair: bool = True) -> tuple[int, Moves, Placement] | None:
     cluster = sim.cluster
     placer = cluster.placer
     model_ok = np.ones(len(placer.names), dtype=bool)
@@ -213,14 +241,14 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
             break
         if not room_after_moves(free[node], (j.demand for j in on_node[node]), limit, part_task):
             continue  # _evacuate_for would end with None, as in the advisor's planner
-        found = _evacuate_for(sim, node, on_node[node], limit, part_task, same_model)
+        found = _evacuate_for(sim, node, on_node[node], limit, part_task, same_model, fair)
         if found is not None and (best is None or len(found[0]) < len(best[1])):
             best = (node, found[0], found[1])
     return best
 
 
-def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task,
-                  same_model: bool) -> tuple[list[tuple[Job, list[Placement]]], Placement] | None:
+def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task, same_model: bool,
+                  fair: bool = True) -> tuple[list[tuple[Job, list[Placement]]], Placement] | None:
     """Move ``node``'s jobs off it, largest first, until the head's part (``task``) fits there;
     undone after."""
     cluster = sim.cluster
@@ -234,10 +262,15 @@ def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task,
                 return plan, part
             if len(plan) >= limit:
                 return None
+            models = _models(cluster, job, fair)
+            if same_model:
+                own = placer.model_names[placer.model[node]]
+                models = (own,) if models is None or own in models else ()
+            if models == ():
+                return None  # it may go nowhere else
             for p in job.placements:
                 placer.release(p)
                 log.append(("release", p))
-            models = (placer.model_names[placer.model[node]],) if same_model else None
             destination = placer.place(cluster.task(job, models), cluster.policy, exclude=[node])
             if destination is None:
                 return None
@@ -250,5 +283,5 @@ def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task,
         undo(placer, log)
 
 
-__all__ = ["STRATEGIES", "Consolidate", "Descheduler", "HeadUnblocker", "Nothing", "Strategy", "movable",
-           "unblock"]
+__all__ = ["STRATEGIES", "Consolidate", "Descheduler", "HeadUnblocker", "Nothing", "Strategy", "destinations",
+           "movable", "unblock"]

@@ -50,10 +50,13 @@ SKIP_HOURS = 24  # the trace's first day holds the backlog it started with (hour
 class Job:
     """One job: what it asks for and, once it runs, where it is and how far it got.
 
-    ``work`` is the seconds of computing it needs; ``done`` what it has saved by
-    checkpoints (or finished) before the current run, which started computing at
-    ``resumed``. A move or an eviction loses what it computed since its last
-    checkpoint (every ``checkpoint`` seconds of its run) and restores for a while.
+    ``work`` is the computing it needs, in seconds on the reference GPU model (the
+    H100, throughput 1.0 in the GPU catalogue); it runs at ``speed``, its current
+    model's throughput, so a second of its run does ``speed`` seconds of work. ``done``
+    is the work it has saved by checkpoints (or finished) before the current run,
+    which started computing at ``resumed``. A move or an eviction loses what it
+    computed since its last checkpoint (every ``checkpoint`` seconds of its run) and
+    restores for a while when it starts again.
     """
 
     id: int
@@ -73,6 +76,10 @@ class Job:
     version: int = 0  # bumped on every (re)start, so a stale finish event is skipped
     migrations: int = 0
     lost_gpu_seconds: float = 0.0
+    speed: float = 1.0  # work per second where it runs now: its GPU model's throughput
+    restore_due: bool = False  # stopped with a checkpoint to restore: its next start restores it
+    requeued: float | None = None  # when an eviction put it back in the queue, while it waits there
+    rewaited: float = 0.0  # seconds waited in the queue after evictions, before its restarts
     # what decides where the job fits: jobs with the same key fit the same places
     shape_key: tuple = field(init=False)
 
@@ -105,10 +112,18 @@ class Job:
 
     def end(self) -> float:
         """When the current run finishes, if nothing disturbs it."""
-        return self.resumed + (self.work - self.done)
+        return self.resumed + (self.work - self.done) / self.speed
+
+    def waited(self, until: float) -> float:
+        """Seconds it waited in the queue by ``until``: before its first start, and again after
+        each eviction that requeued it."""
+        first = (self.start if self.start is not None and self.start < until else until) - self.submit
+        again = self.rewaited + (max(0.0, until - self.requeued) if self.requeued is not None else 0.0)
+        return first + again
 
     def progress(self, now: float, checkpoint: float) -> tuple[float, float]:
-        """(seconds saved by checkpoints in the current run, seconds since the last one)."""
+        """(seconds of the current run saved by checkpoints, seconds since the last one): run
+        time, not work (the work saved is the first times :attr:`speed`)."""
         ran = max(0.0, now - self.resumed)
         saved = math.floor(ran / checkpoint) * checkpoint if checkpoint > 0 else 0.0
         return saved, ran - saved

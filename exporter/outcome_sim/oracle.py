@@ -1,0 +1,64 @@
+"""The oracle: the most compaction could save on a window, to measure the strategies against.
+
+Moves are free and instant (:meth:`~exporter.outcome_sim.cluster.Cluster.relocate`:
+no work lost, no restore), of any single-node job, high-priority ones included,
+and memory-safe: each only to a GPU model the advisor's planner allows it
+(:func:`~exporter.outcome_sim.strategies.destinations`: at least the memory per
+GPU of the one it runs on). A moved job runs at its new model's speed, as any.
+Gangs stay where they are: a gang's parts move together or not at all, and each
+part of the trace's gangs holds a whole node, which no repack needs moved.
+
+Head by head: at each tick, while the queue's head does not fit, the fewest moves
+after which it fits (:func:`~exporter.outcome_sim.strategies.unblock`, with a
+budget of ``max_moves`` and ``candidates`` nodes tried, far above the baselines');
+the run then starts it, and the oracle goes on with the next head
+(:attr:`heads_per_tick`), until a head no repack lets start. It is a greedy bound,
+not an optimum: the fewest moves for each head in turn, never a plan for several
+heads together, and no move made for a job still to come.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from exporter.outcome_sim.strategies import unblock
+from exporter.outcome_sim.timeline import Job
+
+if TYPE_CHECKING:
+    from exporter.outcome_sim.sim import Sim
+
+
+def any_single_node(job: Job) -> bool:
+    """What the oracle may move: any running single-node job, whatever its priority."""
+    return job.parts == 1 and bool(job.placements)
+
+
+@dataclass
+class Oracle:
+    name: str = "oracle"
+    interval: float = 60.0  # as often as consolidation looks
+    max_moves: int = 64  # moves for one head
+    candidates: int = 64  # nodes tried per part, the cheapest-looking first
+    heads_per_tick: int = 256  # heads unblocked one after the other at a tick, each then started
+    _tried: tuple[int, int] | None = field(default=None, repr=False)  # (head, releases) that found nothing
+
+    def tick(self, sim: Sim, now: float) -> None:
+        """Unblock the queue's head, if moves can: the run starts it and ticks again."""
+        head = sim.scheduler.blocked
+        cluster = sim.cluster
+        if head is None or head.placements or self._tried == (head.id, cluster.releases):
+            return
+        if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
+            return  # too few idle GPUs in all, or it fits already (the queue's order holds it)
+        found = unblock(sim, head, self.max_moves, self.candidates, fair=True, base=any_single_node)
+        if found is None:
+            self._tried = (head.id, cluster.releases)
+            return
+        for job, destination in found:
+            cluster.relocate(job, destination, now)
+        sim.scheduler.disturbed()
+        sim.plans += 1
+
+
+__all__ = ["Oracle", "any_single_node"]
