@@ -32,7 +32,7 @@ from tests.helpers import free_port, http_get, require_binary, stop, wait_until
 
 
 def test_one_query_per_family_none_per_node():
-    queries = build_queries(PrometheusConfig(selector='job="nodes"'))
+    queries = build_queries(PrometheusConfig(selector='job="nodes"', gpu_telemetry=True))
     assert len(queries) == 19
     assert all('job="nodes"' in q for q in queries.values())
     assert not any("node=" in q for q in queries.values())
@@ -312,15 +312,26 @@ scrape_configs:
     assert any(g.mig for g in union.gpus) and len(union.allocations) > 20
     prom.wait_for("count(gpufleet_gpu_info)", lambda r: bool(r) and r[0]["value"][1] == "128")
 
-    cluster = exporter_factory(config=f"""
+    # every value family read back (gpu_telemetry), and by default those the cycle uses
+    cluster, lean = (exporter_factory(config=f"""
 collect_interval: 0.5s
 sources:
   sim: {{enabled: false}}
-  prometheus: {{enabled: true, url: "{prom.url}", selector: 'job="gpufleet-nodes"'}}
-""")
+  prometheus: {{enabled: true, url: "{prom.url}", selector: 'job="gpufleet-nodes"',
+               gpu_telemetry: {telemetry}}}
+""") for telemetry in ("true", "false"))
     rebuilt = _wait(lambda: (s := _snapshot(cluster.url)) and len(s.gpus) == 128 and s,
                     what="the cluster snapshot to hold all 128 GPUs")
     assert _comparable(rebuilt) == _comparable(union)
+    used = _wait(lambda: (s := _snapshot(lean.url)) and len(s.gpus) == 128 and s,
+                 what="the default cluster snapshot to hold all 128 GPUs")
+    unused = dict.fromkeys(("temperature_celsius", "power_limit_watts", "energy_joules",
+                            "nvlink_transmit_bytes", "nvlink_receive_bytes",
+                            "nvlink_capacity_bytes_per_second", "dcgm_nvlink_bandwidth_raw"))
+    assert _comparable(used)[0] == [dataclasses.replace(g, **unused)
+                                    for g in _comparable(union)[0]]
+    assert _comparable(used)[1:] == _comparable(union)[1:]
+    stop(lean.proc)
     status = {(s.source, s.target): s.up for s in rebuilt.sources}
     assert status[("prometheus", "")] is True
     assert sorted(t for (_, t), up in status.items() if t and up) == sorted(
@@ -709,16 +720,20 @@ def test_too_many_series_fail_the_read_before_decoding(config, identity_series, 
 def test_the_last_good_view_is_served_stale_while_over_a_cap():
     from aiohttp import web
 
-    identity_reads = []
+    up_reads = []
 
     async def grows(query: str, request) -> web.StreamResponse:
-        if query.startswith("gpufleet_gpu_info"):  # 1 GPU on the first read, 3 after
-            identity_reads.append(query)
-            count = 1 if len(identity_reads) == 1 else 3
+        # 1 GPU on the first read, 3 after, in identity and up alike (as an exporter's
+        # series are): the source reads identity again when up answers for other GPUs
+        if query.startswith("gpufleet_gpu_info"):
+            count = 1 if len(up_reads) <= 1 else 3
             body = _vector([_series("gpufleet_gpu_info", 1, **dict(GPU, node=f"n{i}"))
                             for i in range(count)])
         elif query.startswith("max by (node, gpu) (gpufleet_gpu_up{"):
-            body = _vector([_series("gpufleet_gpu_up", 1, **dict(GPU, node="n0"))])
+            up_reads.append(query)
+            count = 1 if len(up_reads) == 1 else 3
+            body = _vector([_series("gpufleet_gpu_up", 1, **dict(GPU, node=f"n{i}"))
+                            for i in range(count)])
         else:
             body = _vector([])
         return web.Response(body=body, content_type="application/json")

@@ -32,6 +32,17 @@ class PrometheusSource:
         Duration(600), help="A node not scraped for this long is dropped; until then, stale.",
         exclusive_min=0,
     )
+    gpu_telemetry: bool = opt(
+        False, help="Read back every per-GPU value family (temperature, power limit, energy, "
+        "NVLink) each read, to re-export with exposition.per_gpu: true. Off: only what "
+        "analysis, health and the advisor use (up, stale, utilisation, memory, power); the "
+        "TSDB already holds the rest.",
+    )
+    identity_refresh: Duration = opt(
+        Duration(300), help="GPU identity (gpufleet_gpu_info) is read again after this long, "
+        "and at once whenever the GPUs answering gpufleet_gpu_up are not the ones it lists.",
+        exclusive_min=0,
+    )
     gzip: bool = opt(
         False, help="Ask for gzipped answers: less network, more CPU; worth it across a WAN."
     )

@@ -52,8 +52,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import csv
 import dataclasses
 import gc
+import io
 import json
 import logging
 import math
@@ -108,6 +110,16 @@ GPU_VALUES: dict[str, tuple[str, type]] = {
     if spec.kind == "gpu" and isinstance(spec.read, str) and "." not in spec.read
     and spec.bound is not None
 }
+# What the cycle uses of each GPU, read every time: up and stale (health, the pools' load),
+# utilisation and memory (analysis, the advisor, the pools' load) and power (the stragglers).
+# The other value families are read only with ``gpu_telemetry``, to be re-exported: the TSDB
+# already holds them, and a backend's cost is per series selected, not per byte returned.
+USED_VALUES = frozenset({
+    metrics.GPU_UP.name, metrics.GPU_STALE.name, metrics.GPU_UTILIZATION_RATIO.name,
+    metrics.GPU_MEMORY_USED_BYTES.name, metrics.GPU_MEMORY_TOTAL_BYTES.name,
+    metrics.GPU_POWER_WATTS.name,
+})
+assert GPU_VALUES.keys() >= USED_VALUES
 ALLOCATION_FAMILIES = (
     metrics.GPU_ALLOCATION_INFO.name,
     metrics.ALLOCATION_CPU_CORES.name,
@@ -126,6 +138,14 @@ REQUIRED = ("identity", "nodes", "allocations")
 
 class PrometheusQueryError(Exception):
     """One query failed; the message names the query and why, never a credential."""
+
+
+class _HttpStatus(PrometheusQueryError):
+    """The backend answered with an HTTP error status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class PrometheusAnswerOverCap(PrometheusQueryError):
@@ -185,7 +205,8 @@ def _amount(sample: Mapping[str, Any], high: float = math.inf) -> float | None:
 
 
 def build_queries(config: PrometheusConfig) -> dict[str, str]:
-    """Query name -> PromQL: 19 instant queries whatever the fleet size.
+    """Query name -> PromQL: 12 instant queries whatever the fleet size (19 with
+    ``gpu_telemetry``); identity among them, which the source sends only now and then.
 
     Each per-GPU value family has its own query (a family is ~11k series at 10k GPUs),
     so Prometheus evaluates and encodes them on several cores while we decode the
@@ -217,7 +238,8 @@ def build_queries(config: PrometheusConfig) -> dict[str, str]:
         ),
     }
     for family in GPU_VALUES:
-        queries[family] = f"max by (node, gpu) ({family}{{{inner}}})"
+        if config.gpu_telemetry or family in USED_VALUES:
+            queries[family] = f"max by (node, gpu) ({family}{{{inner}}})"
     return queries
 
 
@@ -288,12 +310,64 @@ def compact(series: list[Any]) -> list[Any]:
     return out
 
 
+# one GPU's identity as the source holds it between reads: (node, gpu, uuid, model, pool)
+IdentityRow = tuple[str, str, str, str, str]
+IDENTITY_LABELS = ("node", "gpu", "uuid", "model", "pool")
+# VictoriaMetrics' /api/v1/export/csv columns for identity: 5x fewer bytes than the query's
+# answer (no job, instance, architecture, JSON), and no label dict per GPU to decode
+EXPORT_FORMAT = ",".join(("__timestamp__:unix_ms", "__value__", *IDENTITY_LABELS))
+# what a backend without the export API answers it (Prometheus, Thanos, Mimir: 404)
+NO_EXPORT = (400, 404, 405, 501)
+
+
+def identity_rows(series: list[Any]) -> list[Any]:
+    """Identity series as :data:`IdentityRow` tuples, the labels interned: decoded, each is
+    a dict of every label (about 1.5 KB a GPU), and the source holds identity between reads.
+    A series without that shape is kept as it came, so that :func:`build_snapshot` drops and
+    counts it as before."""
+    out: list[Any] = []
+    intern = sys.intern
+    for sample in series:
+        try:
+            labels = sample["metric"]
+            node, gpu, uuid, model, pool = (labels.get(k, "0" if k == "gpu" else "")
+                                            for k in IDENTITY_LABELS)
+            if all(type(v) is str for v in (node, gpu, uuid, model, pool)):
+                # a UUID is one GPU's own: interning it would only grow the interned table
+                out.append((intern(node), intern(gpu), uuid, intern(model), intern(pool)))
+                continue
+        except _BAD_SERIES:
+            pass
+        out.append(sample)
+    return out
+
+
+def identity_from_csv(body: bytes) -> list[IdentityRow]:
+    """Identity from an ``/api/v1/export/csv`` answer in :data:`EXPORT_FORMAT`: the export
+    holds every sample of the window, so of each GPU (node, gpu) only its newest row counts,
+    and none when that one is NaN (a staleness marker: the series ended). ValueError when
+    the answer is not that CSV."""
+    newest: dict[tuple[str, str], tuple[int, IdentityRow | None]] = {}
+    intern = sys.intern
+    for fields in csv.reader(io.StringIO(body.decode())):
+        if len(fields) != 2 + len(IDENTITY_LABELS):
+            raise ValueError(f"a row of {len(fields)} fields, expected {2 + len(IDENTITY_LABELS)}")
+        at, value = int(fields[0]), float(fields[1])
+        node, gpu, model, pool = (intern(f) for f in (fields[2], fields[3], *fields[5:]))
+        uuid = fields[4]
+        key = (node, gpu or "0")
+        if key not in newest or at >= newest[key][0]:
+            newest[key] = (at, None if value != value else (node, gpu or "0", uuid, model, pool))
+    return [row for _, row in newest.values() if row is not None]
+
+
 @dataclass(frozen=True, slots=True)
 class _Result:
     name: str
     series: list[Any] | None  # None: the query failed (value families: compact()'s tuples)
     error: str = ""
     over_cap: bool = False  # failed for a cap: the whole read fails
+    exported: bool = False  # identity read through the export API, not the query
 
 
 async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
@@ -334,11 +408,15 @@ def build_snapshot(
     fields_of: dict[tuple[str, str], dict[str, Any]] = {}
     for sample in series("identity"):
         try:
-            labels = sample["metric"]
-            node, gpu = labels.get("node", ""), labels.get("gpu", "0")
+            if type(sample) is tuple:  # the source's identity rows: (node, gpu, uuid, model, pool)
+                node, gpu, uuid, model, pool = sample
+            else:
+                labels = sample["metric"]
+                node, gpu = labels.get("node", ""), labels.get("gpu", "0")
+                uuid, model = labels.get("uuid", ""), labels.get("model", "")
+                pool = labels.get("pool", "")
             fields_of[(node, gpu)] = {
-                "node": node, "index": _index(gpu), "uuid": labels.get("uuid", ""),
-                "model": labels.get("model", ""), "pool": labels.get("pool", ""),
+                "node": node, "index": _index(gpu), "uuid": uuid, "model": model, "pool": pool,
             }
         except _BAD_SERIES as exc:
             dropped.add("identity", exc)
@@ -712,13 +790,22 @@ class PrometheusFleetSource:
     _integrator: RateIntegrator = field(default_factory=RateIntegrator)  # DCGM NVLink rates
     # DCGM scrape targets refused for naming a node not their own, as last logged
     _refused: dict[str, str] = field(default_factory=dict)
+    # identity as last read (rows), the GPUs it lists, and when: read again after
+    # identity_refresh, or when gpufleet_gpu_up answers for other GPUs
+    _identity: list[Any] | None = None
+    _identity_keys: set[tuple[str, str]] = field(default_factory=set)
+    _identity_at: float = 0.0
+    _export: bool = True  # False once the backend has shown it has no export API
+    identity_reads: int = 0  # for tests and benches: how often identity was read
 
     def __post_init__(self) -> None:
         self._last_good = LastGood(SourceReading.marked_stale, max_age=self.config.lost_after)
         dcgm = self.config.metrics == "dcgm"
         self._queries = build_dcgm_queries(self.config) if dcgm else build_queries(self.config)
         self._resolve_model = catalogue_resolver() if dcgm else None
-        self._endpoint = self.config.url.rstrip("/") + "/api/v1/query"
+        base = self.config.url.rstrip("/")
+        self._endpoint = base + "/api/v1/query"
+        self._export_endpoint = base + "/api/v1/export/csv"
         self._per_gpu = set() if dcgm else {"identity", "old", *GPU_VALUES}
 
     def _ensure_session(self) -> aiohttp.ClientSession:
@@ -729,14 +816,18 @@ class PrometheusFleetSource:
         return self._session
 
     async def _query(self, name: str, expr: str, at: float, headers: dict[str, str]) -> bytes:
-        session = self._ensure_session()
         form = {"query": expr, "time": f"{at:.3f}", "timeout": f"{self.config.query_timeout:g}s"}
+        return await self._post(name, self._endpoint, form, headers)
+
+    async def _post(self, name: str, endpoint: str, form: dict[str, str],
+                    headers: dict[str, str]) -> bytes:
+        session = self._ensure_session()
         self.queries_made += 1
         where = _where(self.config.url)
         try:
             # a redirect is not followed: it would take the query (a 307 re-sends the form)
             # to whichever host it names
-            async with http_client.request(session, "POST", self._endpoint, data=form,
+            async with http_client.request(session, "POST", endpoint, data=form,
                                            headers=headers) as resp:
                 if resp.status in http_client.REDIRECTS:
                     raise PrometheusQueryError(
@@ -748,7 +839,8 @@ class PrometheusFleetSource:
                         f"{where}: HTTP {resp.status} {resp.reason} (check the bearer token or "
                         "basic auth of sources.prometheus)")
                 if resp.status != 200:
-                    raise PrometheusQueryError(f"{where}: query {name}: {_api_error(resp, body)}")
+                    raise _HttpStatus(f"{where}: query {name}: {_api_error(resp, body)}",
+                                      resp.status)
                 return body
         except TimeoutError:
             raise PrometheusQueryError(
@@ -781,6 +873,8 @@ class PrometheusFleetSource:
             return _Result(name, None, f"query {name}: unexpected answer: {exc}")
         if name in GPU_VALUES and self._resolve_model is None:
             data["result"] = compact(data["result"])
+        elif name == "identity":
+            data["result"] = identity_rows(data["result"])
         for warning in payload.get("warnings") or []:
             # Thanos/Mimir: a store did not answer, so this family may be partial
             log.warning("prometheus answered with a warning",
@@ -788,26 +882,108 @@ class PrometheusFleetSource:
         return _Result(name, data["result"])
 
     async def _fetch(self, name: str, expr: str, at: float, headers: dict[str, str],
-                     in_flight: asyncio.Semaphore, budget: _SeriesBudget) -> _Result:
+                     in_flight: asyncio.Semaphore, budget: _SeriesBudget,
+                     export: bool = True) -> _Result:
+        exported: bytes | None = None
         try:
-            async with in_flight:
-                body = await self._query(name, expr, at, headers)
+            async with in_flight:  # identity's export and its query fallback: one slot
+                if name == "identity" and export and self._export:
+                    exported = await self._export_body(at, headers)
+                if exported is None:
+                    body = await self._query(name, expr, at, headers)
         except PrometheusQueryError as exc:
             return _Result(name, None, str(exc),
                            over_cap=isinstance(exc, PrometheusAnswerOverCap))
+        loop = asyncio.get_running_loop()
+        if exported is not None:
+            result = await loop.run_in_executor(None, self._decode_export, exported)
+            if result is not None:
+                return result
+            return await self._fetch(name, expr, at, headers, in_flight, budget, export=False)
         # decoding 10k+ series is CPU work: off the loop that serves /metrics, and
         # overlapping the queries Prometheus is still answering
-        return await asyncio.get_running_loop().run_in_executor(None, self._decode, name, body,
-                                                          budget)
+        return await loop.run_in_executor(None, self._decode, name, body, budget)
+
+    async def _export_body(self, at: float, headers: dict[str, str]) -> bytes | None:
+        """Identity through the export API (VictoriaMetrics), the samples of the last
+        ``max_sample_age``; None where the backend has none or it failed: the query then
+        reads it. The caller checks it against ``gpufleet_gpu_up`` (the window may still
+        hold a GPU that is gone)."""
+        window = float(self.config.max_sample_age)
+        form = {"match[]": self._queries["identity"], "format": EXPORT_FORMAT,
+                "start": f"{at - window:.3f}", "end": f"{at:.3f}"}
+        try:
+            return await self._post("identity", self._export_endpoint, form, headers)
+        except _HttpStatus as exc:
+            if exc.status in NO_EXPORT:
+                self._export = False  # Prometheus, Thanos, Mimir: the query from now on
+                return None
+            why = str(exc)
+        except PrometheusQueryError as exc:  # a cap, a redirect, a timeout: the query decides
+            why = str(exc)
+        log.info("identity export failed; identity read by query",
+                 extra={"source": self.name, "err": why})
+        return None
+
+    def _decode_export(self, body: bytes) -> _Result | None:
+        """The export's identity rows; None when they are not the CSV asked for (the query
+        from now on: this backend's export is another) or more GPUs than ``max_gpus`` (the
+        window's, not the instant's: the query decides the cap)."""
+        if b"\\" in body:  # quoted with Go's escapes, which CSV readers do not undo: the query
+            return None
+        try:
+            with _no_cycle_collection():
+                rows = identity_from_csv(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._export = False
+            log.info("identity export unreadable; identity read by query from now on",
+                     extra={"source": self.name, "err": f"{type(exc).__name__}: {exc}"[:300]})
+            return None
+        if len(rows) > self.config.max_gpus:
+            return None
+        return _Result("identity", list(rows), exported=True)
+
+    async def _read_identity(self, at: float, headers: dict[str, str],
+                             in_flight: asyncio.Semaphore, budget: _SeriesBudget,
+                             results: dict[str, _Result]) -> _Result:
+        """This read's identity: read now (in ``results``), or the rows kept from an earlier
+        read while ``gpufleet_gpu_up`` answers for the same GPUs, or read again now. An
+        exported identity that lists other GPUs than up does is read again by query."""
+        up = results.get(metrics.GPU_UP.name)
+        up_keys = _keys(up.series) if up is not None and up.series is not None else None
+        identity = results.get("identity")
+        if identity is None:
+            if up_keys is not None and up_keys == self._identity_keys:
+                return _Result("identity", self._identity)
+            identity = await self._fetch("identity", self._queries["identity"], at, headers,
+                                         in_flight, budget)
+        if identity.exported and up_keys is not None and _keys(identity.series or []) != up_keys:
+            identity = await self._fetch("identity", self._queries["identity"], at, headers,
+                                         in_flight, budget, export=False)
+        elif identity.exported and not budget.take(len(identity.series or [])):
+            identity = _Result("identity", None, f"{_where(self.config.url)}: query identity: "
+                               f"and the read over max_series {self.config.max_series:,}",
+                               over_cap=True)
+        if identity.over_cap:
+            raise PrometheusAnswerOverCap(identity.error)
+        if identity.series is not None:
+            self.identity_reads += 1
+            self._identity, self._identity_at = identity.series, at
+            self._identity_keys = _keys(identity.series)
+        return identity
+
+    def _identity_due(self, at: float) -> bool:
+        return not self._identity or not 0 <= at - self._identity_at < self.config.identity_refresh
 
     async def _fetch_all(self, at: float, headers: dict[str, str], in_flight: asyncio.Semaphore,
-                         budget: _SeriesBudget) -> list[_Result]:
+                         budget: _SeriesBudget, names: Sequence[str]) -> list[_Result]:
         """Every query's result, in query order; the first answer over a cap fails the read at
         once, the queries still running cancelled: waiting for them (each cut at its own cap,
         19 x 64 MiB against a hostile backend) ran the read past ``source_timeout`` (issue 32,
         finding 2, re-run), so the source was down as "timed out", not with the reason."""
-        tasks = [asyncio.ensure_future(self._fetch(name, expr, at, headers, in_flight, budget))
-                 for name, expr in self._queries.items()]
+        tasks = [asyncio.ensure_future(self._fetch(name, self._queries[name], at, headers,
+                                                   in_flight, budget))
+                 for name in names]
         try:
             pending = set(tasks)
             while pending:
@@ -833,8 +1009,16 @@ class PrometheusFleetSource:
         # no gain, while 4 keep it busy as we decode the answers already in
         in_flight = asyncio.Semaphore(self.config.max_in_flight)
         budget = _SeriesBudget(self.config.max_series)
-        answers = await self._fetch_all(at, headers, in_flight, budget)
+        identity = "identity" in self._queries
+        # identity changes rarely: read with the rest when due, else only if up says so
+        names = [n for n in self._queries if n != "identity" or self._identity_due(at)]
+        answers = await self._fetch_all(at, headers, in_flight, budget, names)
         results = {r.name: r for r in answers}
+        if identity:
+            results["identity"] = await self._read_identity(at, headers, in_flight, budget,
+                                                            results)
+            results = {n: results[n] for n in self._queries if n in results}  # query order
+            answers = list(results.values())
         for result in answers:
             if result.series is None and result.name not in REQUIRED:
                 log.warning("prometheus query failed; its fields are left out",

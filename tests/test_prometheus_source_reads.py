@@ -1,0 +1,307 @@
+"""What cluster mode reads each cycle (issue 45, Build 1): only the families the cycle uses,
+identity now and then (through VictoriaMetrics' export API where it has one), and identity
+held as rows, not label dicts."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+
+import pytest
+
+from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
+from exporter.sources.prometheus.source import (
+    GPU_VALUES,
+    USED_VALUES,
+    build,
+    build_queries,
+    identity_from_csv,
+    identity_rows,
+)
+from tests.helpers import free_port, require_binary, stop
+from tests.helpers.servers import start_server
+
+GPU = {"gpu": "0", "uuid": "GPU-1", "model": "H100", "pool": "p", "instance": "10.0.0.1:9874",
+       "job": "nodes"}
+UP_QUERY = "max by (node, gpu) (gpufleet_gpu_up{"
+
+
+def _series(name: str, value: float | str, **labels: str) -> dict:
+    return {"metric": {"__name__": name, **labels}, "value": [100.0, str(value)]}
+
+
+def _vector(series: list[dict]) -> bytes:
+    return json.dumps({"status": "success",
+                       "data": {"resultType": "vector", "result": series}}).encode()
+
+
+def _gpus(*nodes: str) -> list[dict]:
+    return [dict(GPU, node=n, uuid=f"GPU-{n}") for n in nodes]
+
+
+class FakeBackend:
+    """A Prometheus API on 127.0.0.1: ``query(expr, read)`` answers each instant query (the
+    read's number counted by its up queries), ``export(form)`` the export API (None: 404, as
+    Prometheus answers). Records every query and export request."""
+
+    def __init__(self, query: Callable[[str, int], list[dict]],
+                 export: Callable[[dict], bytes] | None = None) -> None:
+        self.query, self.export = query, export
+        self.queries: list[str] = []
+        self.exports: list[dict] = []
+        self.reads = 0
+
+    def count(self, prefix: str) -> int:
+        return sum(q.startswith(prefix) for q in self.queries)
+
+    async def run(self, config: dict, reads: int, between=None) -> list:
+        from aiohttp import web
+
+        from exporter.collect import Collector
+
+        async def on_query(request: web.Request) -> web.Response:
+            expr = str((await request.post())["query"])
+            self.queries.append(expr)
+            if expr.startswith(UP_QUERY):
+                self.reads += 1
+            return web.Response(body=_vector(self.query(expr, self.reads)),
+                                content_type="application/json")
+
+        async def on_export(request: web.Request) -> web.Response:
+            form = dict(await request.post())
+            self.exports.append(form)
+            if self.export is None:
+                return web.Response(status=404, text="404 page not found")
+            return web.Response(body=self.export(form), content_type="text/csv")
+
+        app = web.Application()
+        app.router.add_post("/api/v1/query", on_query)
+        app.router.add_post("/api/v1/export/csv", on_export)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        source = build(PrometheusConfig(url=f"http://127.0.0.1:{port}", **config), time.time)
+        collector = Collector([source], timeout_seconds=20)
+        try:
+            snapshots = []
+            for i in range(reads):
+                snapshots.append(await collector.collect())
+                if between is not None:
+                    between(i)
+            return snapshots
+        finally:
+            await source.close()
+            await runner.cleanup()
+
+
+def _fleet(identity: Callable[[int], list[str]], up: Callable[[int], list[str]],
+           value: Callable[[str], float | None] = lambda family: None):
+    """A query answerer: identity and up list these nodes' GPU 0 at each read; each other
+    value family its ``value`` (None: no series)."""
+    def answer(expr: str, read: int) -> list[dict]:
+        if expr.startswith("gpufleet_gpu_info"):
+            return [_series("gpufleet_gpu_info", 1, **g) for g in _gpus(*identity(max(read, 1)))]
+        if expr.startswith(UP_QUERY):
+            return [_series("gpufleet_gpu_up", 1, **g) for g in _gpus(*up(read))]
+        for family in GPU_VALUES:
+            if expr.startswith(f"max by (node, gpu) ({family}{{"):
+                v = value(family)
+                return [] if v is None else [_series(family, v, **g)
+                                             for g in _gpus(*up(read))]
+        return []
+    return answer
+
+
+def test_only_the_families_the_cycle_uses_are_read_unless_telemetry_is_asked_for():
+    used = build_queries(PrometheusConfig())
+    assert set(used) == {"identity", "old", "nodes", "allocations", "mig", "targets",
+                         *USED_VALUES}
+    assert sorted(USED_VALUES) == [
+        "gpufleet_gpu_memory_total_bytes", "gpufleet_gpu_memory_used_bytes",
+        "gpufleet_gpu_power_watts", "gpufleet_gpu_stale", "gpufleet_gpu_up",
+        "gpufleet_gpu_utilization_ratio"]
+    every = build_queries(PrometheusConfig(gpu_telemetry=True))
+    assert set(every) - set(used) == set(GPU_VALUES) - USED_VALUES
+    assert len(GPU_VALUES) - len(USED_VALUES) == 7
+
+    values = {"gpufleet_gpu_temperature_celsius": 61.0, "gpufleet_gpu_power_watts": 300.0,
+              "gpufleet_gpu_utilization_ratio": 0.5}
+    answer = _fleet(lambda r: ["a"], lambda r: ["a"], values.get)
+    for telemetry, temperature in ((False, None), (True, 61.0)):
+        backend = FakeBackend(answer)
+        (snapshot,) = asyncio.run(backend.run({"gpu_telemetry": telemetry}, reads=1))
+        (gpu,) = snapshot.gpus
+        assert (gpu.power_watts, gpu.utilization_ratio, gpu.temperature_celsius) == (
+            300.0, 0.5, temperature)
+        assert backend.count("max by (node, gpu) (gpufleet_gpu_temperature_celsius") == telemetry
+        assert len(backend.queries) == (19 if telemetry else 12)
+
+
+def test_identity_is_read_again_only_when_up_answers_for_other_gpus():
+    # reads 1-3: a and b; 4: c joins; 5: c's series are going stale, identity still lists
+    # it; 6: identity no longer does (c is lost: its last reading is kept, stale)
+    def up(read: int) -> list[str]:
+        return ["a", "b", "c"] if read == 4 else ["a", "b"]
+
+    def identity(read: int) -> list[str]:
+        return ["a", "b"] if read < 4 or read > 5 else ["a", "b", "c"]
+
+    backend = FakeBackend(_fleet(identity, up))
+    snapshots = asyncio.run(backend.run({}, reads=7))
+    assert [len(s.gpus) for s in snapshots] == [2, 2, 2, 3, 3, 3, 3]
+    assert [[g.node for g in s.gpus if g.stale] for s in snapshots] == [
+        [], [], [], [], ["c"], ["c"], ["c"]]
+    # read 1, then reads 4, 5 and 6 (up and the kept identity disagree), not 2, 3 and 7
+    assert backend.count("gpufleet_gpu_info") == 4
+    assert backend.count(UP_QUERY) == 7
+    assert len(backend.exports) == 1  # 404: the export API is not asked again
+
+
+def test_identity_is_read_again_after_identity_refresh():
+    backend = FakeBackend(_fleet(lambda r: ["a"], lambda r: ["a"]))
+    asyncio.run(backend.run({"identity_refresh": 0.001}, reads=3))
+    assert backend.count("gpufleet_gpu_info") == 3
+    backend = FakeBackend(_fleet(lambda r: ["a"], lambda r: ["a"]))
+    asyncio.run(backend.run({}, reads=3))
+    assert backend.count("gpufleet_gpu_info") == 1
+
+
+def test_identity_through_the_export_api_the_query_when_it_names_other_gpus():
+    """The export's window holds GPUs gone (b, whose newest row is older): its identity is
+    used when up answers for the same GPUs, and read by query when not."""
+    rows = {"a": "1000,1,a,0,GPU-a,H100,p\n2000,1,a,0,GPU-a,H100,p\n",
+            "b": "1500,1,b,0,GPU-b,H100,p\n"}
+    ups = {1: ["a", "b"], 2: ["a"]}
+    backend = FakeBackend(_fleet(lambda r: ups.get(r, ["a"]), lambda r: ups.get(r, ["a"])),
+                          export=lambda form: "".join(rows.values()).encode())
+    first, second = asyncio.run(backend.run({"identity_refresh": 0.001}, reads=2))
+    assert [(g.node, g.uuid, g.model, g.pool, g.stale) for g in first.gpus] == [
+        ("a", "GPU-a", "H100", "p", False), ("b", "GPU-b", "H100", "p", False)]
+    assert backend.count("gpufleet_gpu_info") == 1  # read 2 only: a and b against up's a
+    assert [(g.node, g.stale) for g in second.gpus] == [("a", False), ("b", True)]
+    assert len(backend.exports) == 2
+    form = backend.exports[0]
+    assert form["match[]"] == "gpufleet_gpu_info{}"
+    assert form["format"] == "__timestamp__:unix_ms,__value__,node,gpu,uuid,model,pool"
+    assert float(form["end"]) - float(form["start"]) == pytest.approx(120.0)
+
+
+def test_an_export_answer_that_is_not_the_csv_asked_for_is_not_asked_again():
+    backend = FakeBackend(_fleet(lambda r: ["a"], lambda r: ["a"]),
+                          export=lambda form: b"<html>a proxy's login page</html>\n")
+    snapshots = asyncio.run(backend.run({"identity_refresh": 0.001}, reads=3))
+    assert all([g.node for g in s.gpus] == ["a"] for s in snapshots)
+    assert len(backend.exports) == 1 and backend.count("gpufleet_gpu_info") == 3
+
+
+def test_an_export_answer_quoted_with_go_escapes_is_read_by_query_this_time():
+    backend = FakeBackend(_fleet(lambda r: ["a"], lambda r: ["a"]),
+                          export=lambda form: b'1000,1,a,0,"GPU-\\"a",H100,p\n')
+    snapshots = asyncio.run(backend.run({"identity_refresh": 0.001}, reads=2))
+    assert all([g.uuid for g in s.gpus] == ["GPU-a"] for s in snapshots)
+    assert len(backend.exports) == 2 and backend.count("gpufleet_gpu_info") == 2
+
+
+def test_identity_from_csv_keeps_each_gpus_newest_row():
+    body = (b'2000,1,a,0,GPU-a2,H100,p\n1000,1,a,0,GPU-a1,H100,p\n'
+            b'1000,1,"n,1",1,GPU-n,"H100 ""SXM""",\n'
+            b'1000,1,c,2,GPU-c,H100,p\n3000,NaN,c,2,GPU-c,H100,p\n')  # c: its series ended
+    assert sorted(identity_from_csv(body)) == [
+        ("a", "0", "GPU-a2", "H100", "p"), ("n,1", "1", "GPU-n", 'H100 "SXM"', "")]
+    for bad in (b"1000,1,a,0\n", b"x,1,a,0,GPU-a,H100,p\n", b"1000,one,a,0,GPU-a,H100,p\n"):
+        with pytest.raises(ValueError):
+            identity_from_csv(bad)
+
+
+def test_identity_is_held_as_rows_not_label_dicts():
+    import tracemalloc
+
+    n = 10_000
+    labels = {"__name__": "gpufleet_gpu_info", "job": "gpufleet-nodes", "architecture": "hopper",
+              "instance": "10.0.0.1:9874", "model": "H100", "pool": "p"}
+    body = json.dumps([{"metric": {**labels, "node": f"gpu-{i // 8:05d}", "gpu": str(i % 8),
+                                   "uuid": f"GPU-{i:08d}-1111-2222-3333-444455556666"},
+                        "value": [1760000000.123, "1"]} for i in range(n)])
+    gc.collect()
+    tracemalloc.start()
+    try:
+        decoded = json.loads(body)
+        whole = tracemalloc.get_traced_memory()[0]
+        held = identity_rows(decoded)
+        del decoded
+        gc.collect()
+        size = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    # decoded, about 1.0 KB a GPU here (labels as dicts); held as rows, 185 bytes
+    assert whole / n > 900 and size / n < 300, f"{whole / n:.0f} -> {size / n:.0f} bytes a GPU"
+    assert held[9] == ("gpu-00001", "1", "GPU-00000009-1111-2222-3333-444455556666", "H100", "p")
+    assert identity_rows([{"metric": {"node": 3}}]) == [{"metric": {"node": 3}}]  # kept as is
+
+
+@pytest.mark.slow
+def test_identity_through_a_real_victoriametrics_export_equals_the_query(tmp_path):
+    """Debian's victoria-metrics: the same samples read with identity through its export API
+    and through the query give the same snapshot (a label with a comma among them)."""
+    port = free_port()
+    proc = start_server("victoria-metrics", tmp_path, port, [
+        require_binary("victoria-metrics"), f"-storageDataPath={tmp_path / 'vm'}",
+        f"-httpListenAddr=127.0.0.1:{port}", "-search.latencyOffset=1s",
+        "-search.disableCache"], ready_path="/health")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        now = int(time.time())
+        lines = []
+        for ago in (90, 60, 30):
+            ts = (now - ago) * 1000
+            for node in ("gpu-001", "gpu-002"):
+                for gpu in ("0", "1"):
+                    ident = (f'node="{node}",gpu="{gpu}",uuid="GPU-{node}-{gpu}",model="H100",'
+                             f'pool="p,q",job="nodes",instance="{node}:9874"')
+                    lines += [f"gpufleet_gpu_info{{{ident}}} 1 {ts}",
+                              f"gpufleet_gpu_up{{{ident}}} 1 {ts}",
+                              f"gpufleet_gpu_utilization_ratio{{{ident}}} 0.{gpu}5 {ts}"]
+            lines.append(f'gpufleet_node_info{{node="gpu-001",pool="p,q",model="H100",'
+                         f'gpus="2",job="nodes"}} 1 {ts}')
+        request = urllib.request.Request(f"{url}/api/v1/import/prometheus",
+                                         data="\n".join(lines).encode(), method="POST")
+        urllib.request.urlopen(request, timeout=10).read()
+        urllib.request.urlopen(f"{url}/internal/force_flush", timeout=10).read()
+
+        async def read(export: bool):
+            source = build(PrometheusConfig(url=url, selector='job="nodes"'), time.time)
+            source._export = export
+            posted: list[str] = []
+            shipped = source._post
+
+            async def post(name, endpoint, form, headers):
+                posted.append(endpoint.rsplit("/api/v1/", 1)[1] + ":" + name)
+                return await shipped(name, endpoint, form, headers)
+
+            source._post = post  # type: ignore[method-assign]
+            try:
+                for _ in range(30):  # until VictoriaMetrics answers for every GPU
+                    reading = await source.read()
+                    if len(reading.gpus) == 4:
+                        return reading, posted
+                    await asyncio.sleep(0.5)
+                raise AssertionError(f"read {len(reading.gpus)} GPUs")
+            finally:
+                await source.close()
+
+        exported, exported_posts = asyncio.run(read(True))
+        queried, queried_posts = asyncio.run(read(False))
+        assert exported_posts.count("export/csv:identity") >= 1
+        assert "query:identity" not in exported_posts
+        assert "export/csv:identity" not in queried_posts
+        assert exported.gpus == queried.gpus
+        assert [(g.node, g.index, g.uuid, g.pool, g.utilization_ratio) for g in exported.gpus] == [
+            ("gpu-001", 0, "GPU-gpu-001-0", "p,q", 0.05), ("gpu-001", 1, "GPU-gpu-001-1", "p,q", 0.15),
+            ("gpu-002", 0, "GPU-gpu-002-0", "p,q", 0.05), ("gpu-002", 1, "GPU-gpu-002-1", "p,q", 0.15)]
+    finally:
+        stop(proc)
