@@ -67,7 +67,10 @@ def add_up(processes: Iterable[GpuProcess], owner_of: Callable[[int], Attributio
     uses = []
     for owner, mine in sorted(owners.items(), key=lambda item: _order(item[0])):
         memory = [p.memory_used_bytes for p in mine if p.memory_used_bytes is not None]
-        sm = None if sm_by_pid is None else min(1.0, sum(sm_by_pid.get(p.pid, 0.0) for p in mine))
+        # rounded: the driver's samples are whole percents, and a sum's float noise
+        # (0.21000000000000002) would change the series' text every read
+        sm = None if sm_by_pid is None else \
+            round(min(1.0, sum(sm_by_pid.get(p.pid, 0.0) for p in mine)), 6)
         uses.append(OwnerUse(owner.kind, owner.job, owner.container, owner.step, owner.rank,
                              len(mine), sum(memory) if memory else None, sm))
     return Added(GpuProcesses(
