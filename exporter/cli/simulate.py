@@ -9,7 +9,13 @@ descheduler (HighNodeUtilization), KAI-like consolidation for the queue's head,
 or the advisor in the loop (the serve's engine and planner, its plans carried
 out as a receiver would). Every strategy sees the same jobs for a seed.
 Writes DIR/outcomes.csv (a row per strategy, seed and load) and
-DIR/timeline.png (queued GPUs and the fragmentation index over time).
+DIR/timeline.png (whole-node GPU-hours waited over time, by why: fragmentation
+or capacity). --matrix runs the pre-registered matrix (seeds 101-110 at loads
+0.8, 1.0 and 1.2, 7 days after a warm-up day; --seeds, --load, --days and
+--warmup-days override it for a smaller run), ``none`` again on each seed's
+jobs with submit times jittered by a few seconds (the noise band), and writes
+DIR/summary.csv: per load and strategy, the median and worst cut in whole-node
+waiting against none, the band, and the share of the oracle's saving.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ EPILOG = f"""strategies: {", ".join(STRATEGY_NAMES)}
 
 examples:
   gpufleet simulate --days 14 --load 0.9,1.1,1.3 --seeds 1-5 --out out/
-  gpufleet simulate --fleet openb --days 2 --load 1.1 --strategies none,advisor --out out-openb/"""
+  gpufleet simulate --fleet openb --days 2 --load 1.1 --strategies none,advisor --out out-openb/
+  gpufleet simulate --matrix --strategies none,consolidate,advisor --jobs 2 --out out-matrix/"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,14 +48,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="openb: jobs shaped as the openb trace's pods; gfs: jobs drawn from the "
                         "spot-GPU trace's job mix (its sizes, gangs, models, durations, priorities) "
                         "(default: gfs on the gfs fleet, openb elsewhere)")
-    parser.add_argument("--days", type=float, default=14.0,
-                        help="measured days, at most 366 (default 14)")
-    parser.add_argument("--warmup-days", type=float, default=1.0,
+    parser.add_argument("--days", type=float, default=None,
+                        help="measured days, at most 366 (default 14; the matrix's 7)")
+    parser.add_argument("--warmup-days", type=float, default=None,
                         help="days simulated first and not measured, while the fleet fills, at "
-                        "most 366 (default 1)")
-    parser.add_argument("--load", default="1.1", metavar="LIST",
-                        help="offered GPU-hours over the fleet's GPU-hours, comma-separated (default 1.1)")
-    parser.add_argument("--seeds", default="1", metavar="LIST", help="seeds, e.g. 1,2 or 1-5 (default 1)")
+                        "most 366 (default 1; the matrix's 1)")
+    parser.add_argument("--load", default=None, metavar="LIST",
+                        help="offered GPU-hours over the fleet's GPU-hours, comma-separated (default 1.1; "
+                        "the matrix's 0.8,1.0,1.2)")
+    parser.add_argument("--seeds", default=None, metavar="LIST",
+                        help="seeds, e.g. 1,2 or 1-5 (default 1; the matrix's 101-110)")
+    parser.add_argument("--matrix", action="store_true",
+                        help="run the pre-registered matrix against none, with the noise band; writes "
+                        "summary.csv too")
     parser.add_argument("--strategies", default="none,descheduler,consolidate,advisor", metavar="LIST",
                         help="comma-separated (default none,descheduler,consolidate,advisor)")
     parser.add_argument("--out", required=True, metavar="DIR",
@@ -96,20 +108,36 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--policy: one of {', '.join(p for p in POLICIES if p != 'random')}")
     # each bound keeps the run within what a run may take: --days 1e9 asked for 179 GiB, an
     # --advisor-interval of 1e-9 s ran on for minutes evaluating nothing new
-    flag_number(args.days, "--days", 0, MAX_DAYS, above=True)
-    flag_number(args.warmup_days, "--warmup-days", 0, MAX_DAYS)
     for name in ("high_share", "gang_share"):
         flag_number(getattr(args, name), f"--{name.replace('_', '-')}", 0, 1)
     flag_number(args.restore, "--restore", 0, DAY_SECONDS, unit=" seconds")
     flag_number(args.advisor_interval, "--advisor-interval", 1, DAY_SECONDS, unit=" seconds")
     flag_number(args.jobs, "--jobs", 1, MAX_JOBS)
+    from exporter.outcome_sim.matrix import BASELINE, MATRIX
+
+    if args.matrix:
+        args.days = MATRIX.days if args.days is None else args.days
+        args.warmup_days = MATRIX.warmup_days if args.warmup_days is None else args.warmup_days
+        args.load = ",".join(f"{x:g}" for x in MATRIX.loads) if args.load is None else args.load
+        args.seeds = f"{MATRIX.seeds[0]}-{MATRIX.seeds[-1]}" if args.seeds is None else args.seeds
+        if BASELINE not in strategies:  # every cut is against it
+            strategies.insert(0, BASELINE)
+    else:
+        args.days = 14.0 if args.days is None else args.days
+        args.warmup_days = 1.0 if args.warmup_days is None else args.warmup_days
+        args.load = "1.1" if args.load is None else args.load
+        args.seeds = "1" if args.seeds is None else args.seeds
+    flag_number(args.days, "--days", 0, MAX_DAYS, above=True)
+    flag_number(args.warmup_days, "--warmup-days", 0, MAX_DAYS)
     loads = _loads(args.load)
     seeds = parse_seeds(args.seeds)
-    out = out_dir(args.out, ("outcomes.csv", "timeline.png"))
+    out = out_dir(args.out, ("outcomes.csv", "timeline.png", "summary.csv") if args.matrix
+                  else ("outcomes.csv", "timeline.png"))
 
     from exporter.outcome_sim.cluster import MoveCost
     from exporter.outcome_sim.fleets import load_fleet
-    from exporter.outcome_sim.outcomes import plot, write_csv
+    from exporter.outcome_sim.outcomes import write_csv
+    from exporter.outcome_sim.picture import plot
     from exporter.outcome_sim.run import RunSettings, simulate_many
     from exporter.outcome_sim.timeline import TimelineSettings, arrivals_path, read_arrivals
 
@@ -138,11 +166,38 @@ def run(args: argparse.Namespace) -> int:
                          f"{o.wall_seconds:6.1f} s\n")
         sys.stdout.flush()
 
-    outcomes = simulate_many(fleet, series, strategies, seeds, loads, settings, args.jobs, progress)
-    write_out(out / "outcomes.csv", lambda path: write_csv(outcomes, path))
     title = (f"{fleet.name} fleet ({fleet.capacity:,} GPUs), {args.days:g} days, "
              f"seeds {args.seeds}, scheduler {args.scheduler}/{args.policy}")
+    if args.matrix:
+        return _matrix(args, fleet, series, settings, strategies, seeds, loads, out, title, progress, started)
+    outcomes = simulate_many(fleet, series, strategies, seeds, loads, settings, args.jobs, progress)
+    write_out(out / "outcomes.csv", lambda path: write_csv(outcomes, path))
     write_out(out / "timeline.png", lambda path: plot(outcomes, path, title))
     sys.stdout.write(f"{len(outcomes)} runs in {time.monotonic() - started:.1f} s\n"
                      f"wrote {out / 'outcomes.csv'} and {out / 'timeline.png'}\n")
+    return 0
+
+
+def _matrix(args, fleet, series, settings, strategies, seeds, loads, out, title, progress,  # type: ignore[no-untyped-def]
+            started) -> int:
+    """The matrix's runs, outcomes.csv as they finish, then summary.csv and the picture."""
+    from exporter.cli.replay import write_out
+    from exporter.outcome_sim.matrix import PERTURBED, Matrix, run_matrix, runs, summarise, write_summary
+    from exporter.outcome_sim.outcomes import write_csv
+    from exporter.outcome_sim.picture import plot
+
+    matrix = Matrix(tuple(seeds), tuple(loads), args.days, args.warmup_days)
+    outcomes = run_matrix(fleet, series, settings, runs(matrix, strategies), args.jobs, progress)
+    rows = summarise(outcomes)
+    write_out(out / "outcomes.csv", lambda path: write_csv(outcomes, path))
+    write_out(out / "summary.csv", lambda path: write_summary(rows, path))
+    write_out(out / "timeline.png", lambda path: plot(outcomes, path, title, skip=(PERTURBED,)))
+    sys.stdout.write("load  strategy           seeds  median cut  worst cut  noise band        "
+                     "oracle share\n")
+    for r in rows:
+        sys.stdout.write(f"{r.load:<5g} {r.strategy:18} {r.seeds:5}  {r.cut_median_pct:+9.1f}%  "
+                         f"{r.cut_worst_pct:+8.1f}%  [{r.noise_low_pct:+.1f}%, {r.noise_high_pct:+.1f}%]  "
+                         f"{r.oracle_share_median_pct:6.1f}%\n")
+    sys.stdout.write(f"{len(outcomes)} runs in {time.monotonic() - started:.1f} s\n"
+                     f"wrote {out / 'outcomes.csv'}, {out / 'summary.csv'} and {out / 'timeline.png'}\n")
     return 0
