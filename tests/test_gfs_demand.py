@@ -1,0 +1,217 @@
+"""``--fleet gfs`` and ``--demand gfs``: the spot-GPU trace's own nodes and job mix.
+
+The fleet is the trace's node list; the jobs are drawn from its per-job marginals
+(data/alibaba-spot-gpu-v2026/job-marginals/), so a large draw must show the trace's
+shares within sampling error, except where docs/simulate.md says the draw trades a
+margin for another (the size margins, by about 0.2 points).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exporter.outcome_sim.cluster import Cluster
+from exporter.outcome_sim.demand import (
+    build_jobs,
+    draw,
+    gfs_demand,
+    gfs_jobs,
+    load_marginals,
+    rake,
+    read_gfs_nodes,
+)
+from exporter.outcome_sim.fleets import catalogue_name, gfs_fleet
+from exporter.outcome_sim.timeline import HourlyArrivals, TimelineSettings
+
+MARGINALS = Path("data/alibaba-spot-gpu-v2026/job-marginals")
+# the trace's GPUs per model (fleet_by_model.csv), under the fleet's names for them
+TRACE_GPUS = {"A100-80GB": 3456, "A10": 2494, "H800": 1752, "GPU-series-1": 1558, "GPU-series-2": 976,
+              "A800-SXM4-80GB": 176}
+SERIES = HourlyArrivals(np.array([3600.0 * 5000, 3600.0 * 9000, 3600.0 * 7000] * 40),
+                        np.array([400.0, 500.0, 450.0] * 40))
+N = 200_000
+
+
+@pytest.fixture(scope="module")
+def fleet():  # type: ignore[no-untyped-def]
+    return gfs_fleet()
+
+
+@pytest.fixture(scope="module")
+def drawn(fleet):  # type: ignore[no-untyped-def]
+    return draw(fleet.gfs_demand, N, np.random.default_rng(7))
+
+
+def sigma(p: float, n: int = N) -> float:
+    return math.sqrt(p * (1 - p) / n)
+
+
+def test_the_fleet_is_the_traces_node_list_pools_by_model(fleet):  # type: ignore[no-untyped-def]
+    assert len(fleet.nodes) == 4278
+    assert fleet.capacity == 10412
+    gpus = Counter()
+    for node in fleet.nodes:
+        gpus[node.model] += node.gpu_count
+        assert node.pool == node.model
+        assert node.gpu_count in (1, 4, 8)
+    assert dict(gpus) == TRACE_GPUS
+    assert len({n.name for n in fleet.nodes}) == 4278
+    assert len(fleet.gpus) == 10412
+    # a node keeps the trace's name and its CPUs
+    listed = read_gfs_nodes()
+    assert fleet.nodes[3].name == f"gfs-{int(listed[3][0]):04d}" and fleet.nodes[3].cpu_cores == listed[3][3]
+
+
+def test_the_traces_model_names_map_to_the_catalogues_where_it_knows_them():
+    assert catalogue_name("A100-SXM4-80GB") == "A100-80GB"
+    assert catalogue_name("A10") == "A10"
+    assert catalogue_name("GPU-series-1") == "GPU-series-1"  # undisclosed: kept, specs unknown
+
+
+def test_drawn_jobs_show_the_traces_priorities_models_and_gpus_per_model(fleet, drawn):  # type: ignore[no-untyped-def]
+    m = load_marginals()
+    assert abs(m.high_share - 0.8904) < 1e-3
+    assert abs(drawn.high.mean() - m.high_share) < 4 * sigma(m.high_share)
+    gpus = drawn.gpu_demand
+    for i, name in enumerate(m.models):
+        mine = drawn.model == i
+        assert abs(mine.mean() - m.model_jobs[i]) < 4 * sigma(m.model_jobs[i]), name
+        # GPUs asked per job: a heavy tail (gangs of up to 332 workers), so 8% rather than 4 sigma
+        assert abs(gpus[mine].mean() / m.model_gpus[i] - 1) < 0.08, (name, gpus[mine].mean())
+        assert fleet.gfs_demand.models[i] == (catalogue_name(name),)
+
+
+def test_drawn_jobs_show_the_traces_sizes_and_gangs(drawn):  # type: ignore[no-untyped-def]
+    total = drawn.gpus * drawn.share * drawn.parts
+    with (MARGINALS / "worker_count_distribution.csv").open() as f:
+        workers = {int(r["worker_num"]): int(r["jobs"]) for r in csv.DictReader(f)}
+    several = sum(n for w, n in workers.items() if w >= 2) / sum(workers.values())
+    assert abs(several - 0.0842) < 1e-3
+    # the raking gives up ~0.2 points of the size margins to keep each model's jobs and GPUs
+    assert abs((drawn.parts >= 2).mean() - several) < 0.004
+    assert abs((total >= 9).mean() - 0.0556) < 0.004
+    assert abs((total >= 129).mean() - 0.0049) < 0.0015
+    assert abs((total < 1).mean() - 0.1041) < 0.004
+    assert abs((total == 1).mean() - 0.6374) < 0.004
+    assert drawn.parts.max() > 100  # the trace's gangs reach 332 workers
+    # a gang's workers ask for one GPU or a whole node; a lone worker for at most a node
+    assert set(np.unique(drawn.gpus[drawn.parts > 1])) <= {1, 8}
+    assert drawn.gpus.max() == 8
+
+
+def test_drawn_durations_show_each_types_median_and_p90_and_the_long_tail(drawn):  # type: ignore[no-untyped-def]
+    m = load_marginals()
+    for high in (True, False):
+        seconds = drawn.seconds[drawn.high == high]
+        assert abs(np.median(seconds) / m.medians[high] - 1) < 0.05, high
+        assert abs(np.percentile(seconds, 90) / m.p90s[high] - 1) < 0.08, high
+    assert abs(np.median(drawn.seconds) / 1216 - 1) < 0.05
+    assert abs((drawn.seconds > 3 * 86400).mean() - 0.0600) < 4 * sigma(0.06)
+
+
+def test_each_model_gets_its_share_of_the_traces_gpu_seconds(drawn):  # type: ignore[no-untyped-def]
+    m = load_marginals()
+    work = drawn.gpu_seconds
+    for i, name in enumerate(m.models):
+        share = work[drawn.model == i].sum() / work.sum()
+        # GPU-seconds are a heavy-tailed sum (a job may run for months on hundreds of GPUs)
+        assert abs(share - m.model_gpu_seconds[i]) < 0.25 * m.model_gpu_seconds[i] + 0.005, (name, share)
+
+
+def test_a_seed_gives_the_same_jobs_and_another_seed_others(fleet):  # type: ignore[no-untyped-def]
+    settings = TimelineSettings(days=0.5, warmup_days=0.25, load=1.0)
+
+    def key(seed: int) -> list[tuple]:
+        return [(j.id, j.submit, j.work, j.gpus, j.share, j.parts, j.models, j.high, j.cpus)
+                for j in gfs_jobs(fleet.gfs_demand, SERIES, 10412.0, settings, seed)]
+
+    assert key(3) == key(3)
+    assert key(3) != key(4)
+
+
+def test_a_run_starts_in_the_offered_loads_steady_state(fleet):  # type: ignore[no-untyped-def]
+    settings = TimelineSettings(days=1.0, warmup_days=0.5, load=0.8)
+    jobs = gfs_jobs(fleet.gfs_demand, SERIES, 10412.0, settings, 1)
+    running = [j for j in jobs if j.submit == 0.0]
+    held = sum(j.demand for j in running)  # every model's speed is 1.0 here or 0.5 (A100)
+    assert 0.8 * 10412 * 0.5 <= held <= 0.8 * 10412 * 2 + 2656
+    assert all(j.submit < settings.measured_from for j in running)
+    later = [j for j in jobs if j.submit > 0]
+    assert later and [j.submit for j in later] == sorted(j.submit for j in later)
+    assert [j.id for j in jobs] == list(range(len(jobs)))
+    # the arrivals offer what the load asks of the hours they arrive in
+    offered = sum(j.demand * j.work for j in later)
+    assert offered == pytest.approx(0.8 * 10412 * settings.hours * 3600, rel=0.1)
+
+
+def test_a_gang_is_as_many_parts_as_workers_each_on_its_own_node_of_its_model(fleet):  # type: ignore[no-untyped-def]
+    jobs = gfs_jobs(fleet.gfs_demand, SERIES, 10412.0, TimelineSettings(days=1.0, warmup_days=0.0), 2)
+    gangs = [j for j in jobs if j.parts > 1]
+    assert gangs and all(len(j.models) == 1 for j in gangs)
+    cluster = Cluster(fleet.empty_state(), "bestfit")
+    for gang in sorted(gangs, key=lambda j: j.parts)[-3:]:
+        placed = cluster.find(gang)
+        assert placed is not None and len(placed) == gang.parts
+        assert len({p.node for p in placed}) == gang.parts
+        assert {fleet.nodes[p.node].model for p in placed} == set(gang.models)
+        assert all(len(p.gpus) == gang.gpus for p in placed)
+
+
+def test_the_demand_is_chosen_by_name_and_openb_stays_openbs(fleet):  # type: ignore[no-untyped-def]
+    settings = TimelineSettings(days=0.2, warmup_days=0.0, load=1.0)
+    gfs = build_jobs("", fleet, SERIES, 10412.0, settings, 1)  # the gfs fleet's default
+    assert {j.models for j in gfs} <= {(catalogue_name(m),) for m in load_marginals().models}
+    openb = build_jobs("openb", fleet, SERIES, 10412.0, settings, 1)
+    assert all(j.models == () and j.gpus <= 8 for j in openb)  # openb's shapes, no model named
+    with pytest.raises(ValueError, match="unknown demand"):
+        build_jobs("bogus", fleet, SERIES, 10412.0, settings, 1)
+
+
+def test_raking_meets_row_column_and_mean_margins_where_they_can_all_hold():
+    allowed = np.array([[True, True, True], [True, True, False]])
+    rows, columns = np.array([0.6, 0.4]), np.array([0.5, 0.3, 0.2])
+    # the margins of [[0.2, 0.2, 0.2], [0.3, 0.1, 0]]: they can all hold
+    values, means = np.array([1.0, 2.0, 8.0]), np.array([2.2 / 0.6, 0.5 / 0.4])
+    table = rake(allowed, rows, columns, values, means, rounds=300)
+    assert table[1, 2] == 0.0
+    assert table.sum(axis=1) == pytest.approx(rows, abs=1e-9)
+    assert table.sum(axis=0) == pytest.approx(columns, abs=1e-6)
+    assert (table * values).sum(axis=1) / rows == pytest.approx(means, abs=1e-6)
+
+
+def test_a_fleet_without_the_traces_models_gets_its_jobs_unconstrained():
+    demand = gfs_demand({})
+    assert set(demand.models) == {()}
+    assert (demand.speeds == 1.0).all()
+
+
+def test_a_bad_marginals_table_is_one_line_naming_the_file(tmp_path):
+    for f in MARGINALS.glob("*.csv"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "job_type_summary.csv").write_text("job_type,jobs\nHP,1\n")
+    with pytest.raises(ValueError, match=r"job_type_summary\.csv: missing column"):
+        load_marginals(tmp_path)
+    (tmp_path / "job_type_summary.csv").write_bytes((MARGINALS / "job_type_summary.csv").read_bytes())
+    (tmp_path / "demand_by_model.csv").write_text("gpu_model,jobs,gpu_demand,gpu_seconds\nA10,x,1,1\n")
+    with pytest.raises(ValueError, match=r"demand_by_model\.csv: jobs must be a number"):
+        load_marginals(tmp_path)
+
+
+def test_the_command_runs_the_gfs_fleet_and_refuses_an_unknown_demand(tmp_path, capsys):
+    from exporter.cli import main
+
+    argv = ["simulate", "--fleet", "gfs", "--days", "0.02", "--warmup-days", "0", "--load", "1.0",
+            "--seeds", "1", "--strategies", "none", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = list(csv.DictReader((tmp_path / "outcomes.csv").open()))
+    assert len(rows) == 1 and int(rows[0]["jobs"]) > 0
+    assert 0.0 < float(rows[0]["mean_allocation_pct"]) <= 100.0
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "--demand", "bogus", "--out", str(tmp_path / "x")])
+    assert exit_.value.code == 2
