@@ -30,6 +30,9 @@ class Node:
     pool: str  # Slurm partition or Kubernetes node pool
     generation: str  # architecture generation, e.g. "hopper"
     gpu_count: int
+    # the scheduler's own state: drained or draining (Slurm's DRAIN flag); None: the source
+    # does not say. What confirms a drain gpufleet only advised (/v1/advice's health)
+    drained: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

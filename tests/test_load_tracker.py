@@ -108,7 +108,7 @@ def test_advice_json():
     assert hints(tracker) == [{
         "pool": "a", "nodes": 2, "recommended_nodes": 4, "action": "scale_up", "reason": "up",
         "demand_ratio": 1.5, "demand_ratio_stats": {"mean": 1.5, "stddev": 0.0, "p95": 1.5},
-        "utilization_stats": {"mean": 0.75, "stddev": 0.0, "p95": 0.75}, "window_samples": 4,
+        "utilization_stats": {"mean": 0.75, "stddev": 0.0, "p95": 0.75}, "window_samples": 2,
         "changes": {"up": 0, "down": 0}, "last_change": None, "mode": "reactive",
         "forecast_peak_gpus": None, "utilization": 0.75, "memory_used_ratio": None, "idle": False}]
 

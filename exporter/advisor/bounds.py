@@ -209,6 +209,7 @@ def _snapshot_fields() -> dict[type, dict[str, Check]]:
         Node: {
             "name": string(), "model": string(), "cpu_cores": number(0, MAX_CPUS), "pool": string(),
             "generation": string(), "gpu_count": integer(0, MAX_GPUS_PER_NODE),
+            "drained": optional(boolean),
         },
         MigInstance: {
             "instance_id": integer(0, 2 ** 31), "profile": string(), "memory_total_bytes": _BYTES,

@@ -276,10 +276,13 @@ def health_schema() -> dict[str, Any]:
                                        "text": {"type": "string"},
                                        "gpu": {"type": ["integer", "null"]},
                                        "since": {"type": "number"}}}}}}},
-            "drained": {"type": "array", "description": "nodes gpufleet advised draining, not yet resumed",
-                        "items": {"type": "object", "required": ["node", "pool", "reason", "at"],
+            "drained": {"type": "array", "description": "nodes gpufleet advised draining, not yet resumed; "
+                        "`confirmed`: the scheduler's own state shows the node drained (Slurm's DRAIN flag), "
+                        "false while the drain is only advised or the source does not read that state",
+                        "items": {"type": "object", "required": ["node", "pool", "reason", "at", "confirmed"],
                                   "properties": {"node": {"type": "string"}, "pool": {"type": "string"},
-                                                 "reason": {"type": "string"}, "at": {"type": "number"}}}},
+                                                 "reason": {"type": "string"}, "at": {"type": "number"},
+                                                 "confirmed": {"type": "boolean"}}}},
             "remediation": {"type": "array", "description": "the events of the last snapshot",
                             "items": _ref("RemediationEvent")},
             "recent_remediation": {"type": "array", "description": "the last 100 events, newest first",

@@ -199,8 +199,8 @@ def health_json(h: HealthAdvice) -> JSON:
         "nodes": {v.value: n for v, n in h.nodes.items()},
         "gpus": {v.value: n for v, n in h.gpus.items()},
         "unhealthy_nodes": [_node_verdict(n) for n in h.unhealthy_nodes],
-        "drained": [{"node": node, "pool": r.pool, "reason": r.reason, "at": r.at}
-                    for node, r in h.drained],
+        "drained": [{"node": node, "pool": r.pool, "reason": r.reason, "at": r.at,
+                     "confirmed": node in h.confirmed} for node, r in h.drained],
         "remediation": [event_json(e) for e in h.remediation],
         "recent_remediation": [event_json(e) for e in h.recent_remediation],
         "storms": [{"pool": pool, "paged_at": at} for pool, at in h.storms],

@@ -73,6 +73,9 @@ class HealthAdvice:
     recent_remediation: tuple[Event, ...]  # newest first, at most MAX_LISTED
     storms: tuple[tuple[str, float], ...]  # (pool, paged at) by pool
     stragglers: tuple[Straggler, ...]  # at most MAX_LISTED
+    # the drained nodes the scheduler's own state shows drained (Slurm's DRAIN flag); the
+    # others were only advised, or their source does not read the scheduler's state
+    confirmed: frozenset[str] = frozenset()
 
 
 class HealthMonitor:
@@ -94,6 +97,7 @@ class HealthMonitor:
         self.recent: deque[Event] = deque(maxlen=MAX_LISTED)
         self._namespaces: dict[str, str] = {}
         self._refused: tuple[str, ...] = ()  # as last logged
+        self._scheduler_drained: frozenset[str] = frozenset()  # as the last snapshot says
 
     def retable(self, health: HealthSettings, remediation: RemediationSettings,
                 stragglers: StragglerSettings) -> None:
@@ -126,6 +130,7 @@ class HealthMonitor:
             elif isinstance(event, Resume):
                 self.drain_to_resume[event.pool] += max(0.0, event.at - event.drained_at)
         self._namespaces = {a.job: a.namespace for a in snapshot.allocations}
+        self._scheduler_drained = frozenset(n.name for n in snapshot.nodes if n.drained)
         self.latest = HealthView(health, events, stragglers)
         return self.latest
 
@@ -215,7 +220,8 @@ class HealthMonitor:
             view.health.taken_at, counts, gpu_counts, tuple(unhealthy[:MAX_LISTED]),
             tuple(sorted(state.drained.items())), view.events[:MAX_LISTED],
             tuple(reversed(self.recent)), tuple(sorted(state.storms.items())),
-            view.stragglers.stragglers[:MAX_LISTED])
+            view.stragglers.stragglers[:MAX_LISTED],
+            frozenset(state.drained) & self._scheduler_drained)
 
 
 def _pool_of(view: HealthView | None, node: str) -> str:

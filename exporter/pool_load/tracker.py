@@ -144,7 +144,7 @@ class PoolAdvice:
     demand_ratio: float | None
     demand: WindowStats | None
     utilization: WindowStats | None
-    window_samples: int  # the statistics' window (the analyzer's)
+    window_samples: int  # samples the statistics hold now (up to the analyzer's window)
     changes: Mapping[str, int]  # change points per direction
     last_change: float | None
     mode: str  # the scaling table's mode, reactive or predictive
@@ -235,7 +235,7 @@ class LoadTracker:
                 state.sample.demand_ratio,
                 window_stats(state.ratio) if state.ratio else None,
                 window_stats(state.utilization) if state.utilization else None,
-                self.window, dict(state.changes), state.last_change, self.table.mode,
+                len(state.ratio), dict(state.changes), state.last_change, self.table.mode,
                 state.forecast_peak, state.sample.utilization, state.sample.memory_used,
                 state.hint.idle))
         return out

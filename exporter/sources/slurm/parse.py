@@ -210,6 +210,7 @@ class SlurmNode:
     state: str  # lower case base state: idle, mixed, allocated, down, drain...
     responding: bool = True
     threads_per_core: int = 1
+    drained: bool = False  # the DRAIN flag (drained or draining), whatever the base state
 
     @property
     def up(self) -> bool:
@@ -420,7 +421,14 @@ def _node_from_json(node: Mapping[str, Any]) -> SlurmNode:
         state=_base_state(str(states)),
         responding="NOT_RESPONDING" not in flags,
         threads_per_core=int(_num(node.get("threads")) or 1),
+        drained="DRAIN" in flags or _drained(str(states)),
     )
+
+
+def _drained(state: str) -> bool:
+    """Whether a state string (``IDLE+DRAIN``, ``drng``, ``drained*``) carries the DRAIN flag."""
+    parts = [p.rstrip("*~#!%$@^-").lower() for p in state.split("+")]
+    return parts[0] in ("drain", "drained", "draining", "drng") or "drain" in parts[1:]
 
 
 def _base_state(state: str) -> str:
@@ -555,6 +563,7 @@ def _node_from_text(record: str) -> SlurmNode:
         state=_base_state(raw_state),
         responding="*" not in raw_state.split("+")[0] and "NOT_RESPONDING" not in raw_state,
         threads_per_core=int(fields.get("ThreadsPerCore", "1") or 1),
+        drained=_drained(raw_state),
     )
 
 
@@ -605,7 +614,8 @@ def to_snapshot(
         pool = node.partitions[0] if node.partitions else ""
         node_model = model(layout[0])
         out_nodes.append(Node(node.name, node_model, float(node.cpus), pool,
-                              catalogue.get(node_model).architecture, len(layout)))
+                              catalogue.get(node_model).architecture, len(layout),
+                              drained=node.drained))
         for index, gres_type in enumerate(layout):
             # Slurm knows no GPU UUID; a telemetry source supplies it when composed
             out_gpus.append(Gpu(node.name, index, "", model(gres_type), pool, up=node.up))
