@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import os
 import struct
@@ -20,7 +21,16 @@ from exporter.analysis.state import build
 from exporter.analysis.workload import Shape, Workload, from_tasks
 from exporter.cli import main
 from exporter.cli.replay import ProgressBar, parse_seeds
-from exporter.placement.replay import COLUMNS, Setup, arrivals, replay, replay_many
+from exporter.placement.engine import Placer
+from exporter.placement.replay import (
+    COLUMNS,
+    Setup,
+    arrivals,
+    fleet_for,
+    node_permutation,
+    replay,
+    replay_many,
+)
 from exporter.placement.task import Task
 from exporter.policy_names import POLICIES
 from tests.helpers import REPO, data_dir, openb_csv
@@ -48,6 +58,59 @@ def test_arrivals_shuffle_then_append_copies_until_the_ratio():
     assert order != arrivals(setup.tasks, 6, 1.3, seed=43)
     with pytest.raises(ValueError, match="ask for no GPUs"):
         arrivals((Task(4),), 6, 1.3, seed=1)
+
+
+def test_the_seeded_node_order_is_a_permutation_of_the_names_drawn_per_seed():
+    names = [f"node-{i:02d}" for i in range(20)]
+    order = node_permutation(names, 42)
+    assert sorted(order.tolist()) == list(range(20))
+    assert order.tolist() == node_permutation(names, 42).tolist()  # the seed decides it
+    assert order.tolist() != node_permutation(names, 43).tolist()
+    assert order.tolist() != list(range(20))
+    # the names are sorted first: the same nodes listed in another order get the same order
+    shuffled = names[::-1]
+    assert [shuffled[i] for i in node_permutation(shuffled, 42)] == [names[i] for i in order]
+
+
+def test_a_seeded_run_considers_the_nodes_in_that_order():
+    """Every per-node array moves with its node; the name order is the fleet as given."""
+    state = build(["a", "b", "c", "d"], ["A", "A", "B", "B"], ["p", "p", "q", "q"], [4, 8, 16, 32],
+                  [4, 8, 16, 32], [[1], [1, 1], [1, 1, 1], [1, 0.5, 1, 1]])
+    memory = np.array([1.0, 2.0, 3.0, 4.0])
+    named = Setup(state, small_setup().tasks, small_setup().workload, node_memory=memory)
+    same, same_memory = fleet_for(named, 7)
+    assert same is state and same_memory is memory
+    seeded = dataclasses.replace(named, node_order="seeded")
+    fleet, mem = fleet_for(seeded, 7)
+    order = node_permutation(state.names, 7)
+    assert fleet.names == tuple(state.names[i] for i in order) != state.names
+    for i, node in enumerate(fleet.names):
+        j = state.names.index(node)
+        assert (fleet.model_names[fleet.model[i]], fleet.cpu_total[i], fleet.gpu_count[i], mem[i]) == \
+            (state.model_names[state.model[j]], state.cpu_total[j], state.gpu_count[j], memory[j])
+        assert fleet.gpu_free[i].tolist() == state.gpu_free[j].tolist()
+    with pytest.raises(ValueError, match="node_order"):
+        dataclasses.replace(named, node_order="random")
+
+
+def test_the_node_order_decides_where_packing_sends_cpu_only_pods():
+    """packing scores every node alike for a CPU-only pod, so it goes to the first node: in
+    name order always node a, in the seeded order the seed's first node (as the reference's
+    random name prefixes do), so the runs of two seeds differ only by it."""
+    state = build([f"n{i}" for i in range(8)], ["A"] * 8, ["p"] * 8, [8] * 8, [8] * 8, [[1]] * 8)
+    tasks = (Task(8), Task(1, 1))
+    workload = Workload((Shape(1, 1.0, 1),), (1.0,))
+    setups = {order: Setup(state, tasks, compile_workload(workload, state.model_names), 0.25,
+                           node_order=order) for order in ("name", "seeded")}
+    for order, setup in setups.items():
+        for seed in (1, 2, 3):
+            fleet, _ = fleet_for(setup, seed)
+            found = Placer(fleet, setup.workload).place(Task(8), "packing", np.random.default_rng(0))
+            assert found is not None
+            expected = "n0" if order == "name" else fleet.names[0]
+            assert fleet.names[found.node] == expected
+    firsts = {fleet_for(setups["seeded"], seed)[0].names[0] for seed in range(1, 9)}
+    assert len(firsts) > 1
 
 
 def test_replay_rows_follow_the_arrivals():
@@ -173,6 +236,7 @@ def test_replay_on_the_simulated_fleet(tmp_path, capsys):
     (["--sim"], "give either --nodes NODES.csv or --sim"),
     (["--fgd-tie", "2"], "--fgd-tie: must be in [0, 1]"),
     (["--fgd-tie-rel", "-0.1"], "--fgd-tie-rel: must be in [0, 1]"),
+    (["--node-order", "random"], "--node-order: one of name, seeded, got 'random'"),
 ])
 def test_usage_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
     nodes, pods = trace_subset(tmp_path, nodes=5, pods=20)
@@ -200,6 +264,20 @@ def test_every_pod_list_of_the_trace_loads():
         assert sum(p.gpus * p.gpu_share for p in pods) > 0, path.name
     multi = openb.load_pods(openb_csv("openb_pod_list_multigpu50"))
     assert any(p.gpus == 8 for p in multi) and all(p.models == () for p in multi)
+
+
+def test_replay_node_order_seeded(tmp_path, capsys):
+    """``--node-order seeded`` runs the same pods on the nodes in the seed's order: packing
+    sends its first CPU-only pods elsewhere than the first node by name."""
+    ends = {}
+    for order in ("name", "seeded"):
+        assert main(["replay", "--policy", "packing", "--arrive", "0.3", "--node-order", order,
+                     "--out", str(tmp_path / order), "--jobs", "1", "--no-progress"]) == 0
+        out = capsys.readouterr().out
+        assert ("nodes in a seeded order" in out) == (order == "seeded")
+        rows = list(csv.DictReader((tmp_path / order / "replay.csv").open()))
+        ends[order] = float(rows[-1]["frag_pct"])
+    assert ends["name"] != ends["seeded"]
 
 
 def test_replay_with_no_file_runs_the_built_in_trace(tmp_path, capsys):

@@ -17,7 +17,8 @@ _spec.loader.exec_module(replay_all)
 def fake_run(workload: str, policy: str, seed: int, end: float, ratio: float = 50.0) -> dict:
     """A run whose allocation climbs to ``end`` at 130% (the medians read 100-130 and ratio at 90)."""
     alloc = [min(float(p), end - (130 - p) * 0.01) for p in range(131)]
-    return {"workload": workload, "policy": policy, "seed": seed, "arrive": 1.3, "alloc_pct": alloc,
+    return {"workload": workload, "policy": policy, "seed": seed, "arrive": 1.3, "node_order": "seeded",
+            "alloc_pct": alloc,
             "frag_ratio_pct": [ratio] * 131, "failed_pods": 0, "seconds": 1.0}
 
 
@@ -30,6 +31,17 @@ def test_a_line_cut_short_is_skipped_and_everything_else_kept(tmp_path):
     short = fake_run("default", "bestfit", 42, 93.0) | {"alloc_pct": [1.0] * 100}  # not 131 points
     path.write_text(json.dumps(short) + "\n")
     assert replay_all.read_runs(path) == {}
+
+
+def test_a_run_in_name_order_is_not_reused(tmp_path):
+    """The sweep considers the nodes in the reference's seeded order; a line from before
+    (no node_order: name order) or in name order is run again, not mixed into the medians."""
+    path = tmp_path / "runs.jsonl"
+    old = {k: v for k, v in fake_run("default", "packing", 42, 91.0).items() if k != "node_order"}
+    named = fake_run("default", "packing", 43, 91.0) | {"node_order": "name"}
+    seeded = fake_run("default", "packing", 44, 92.0)
+    path.write_text("".join(json.dumps(r) + "\n" for r in (old, named, seeded)))
+    assert sorted(replay_all.read_runs(path)) == [("default", "packing", 44)]
 
 
 def test_medians_ranking_and_gains():
@@ -56,17 +68,23 @@ def test_medians_ranking_and_gains():
 
 def test_a_real_run_is_cached_and_not_run_again(tmp_path, capsys):
     out = tmp_path / "sweep"
-    argv = ["--out", str(out), "--workloads", "default", "--policies", "random", "--seeds", "42",
+    argv = ["--out", str(out), "--workloads", "default", "--policies", "random,packing", "--seeds", "42",
             "--jobs", "1"]
     assert replay_all.main(argv) == 0
     first = capsys.readouterr().out
-    assert "0 runs cached" in first and "1 to run" in first
-    (run,) = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
-    assert (run["workload"], run["policy"], run["seed"]) == ("default", "random", 42)
+    assert "0 runs cached" in first and "2 to run" in first
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert [(r["workload"], r["policy"], r["seed"], r["node_order"]) for r in runs] == [
+        ("default", "random", 42, "seeded"), ("default", "packing", 42, "seeded")]
+    run, packing = runs
     assert len(run["alloc_pct"]) == len(run["frag_ratio_pct"]) == 131
-    assert run["alloc_pct"][-1] == 87.5052  # the default trace, seed 42, random, at 130%
+    # the default trace, seed 42, at 130%, nodes in the seeded order (in name order: 87.5052
+    # and 90.55, packing's CPU-only pods and ties all on openb-node-0000 and its neighbours)
+    assert run["alloc_pct"][-1] == 87.5691
+    assert packing["alloc_pct"][-1] == 92.7307
     assert replay_all.main(argv) == 0
     second = capsys.readouterr().out
-    assert "1 runs cached" in second and "0 to run" in second
+    assert "2 runs cached" in second and "0 to run" in second
     table = Path(out / "table.md").read_text()
-    assert "| default | `random` | 1 |" in table and "| 87.51 | 87.38 |" in table
+    assert "| default | `random` | 1 |" in table and "| 87.57 | 87.38 |" in table
+    assert "| default | `packing` | 1 |" in table and "| 92.73 | 92.06 |" in table

@@ -34,7 +34,7 @@ from exporter.config import Config, load
 from exporter.errors import UsageError
 from exporter.placement.plot import plot
 from exporter.placement.policies import FGD_SECONDS, FGD_TIES, FgdTies
-from exporter.placement.replay import Setup, replay_many, run_lengths, summary, write_csv
+from exporter.placement.replay import NODE_ORDERS, Setup, replay_many, run_lengths, summary, write_csv
 from exporter.placement.task import Task
 from exporter.policy_names import POLICIES
 from exporter.validate import flag_number
@@ -50,7 +50,9 @@ examples:
   gpufleet replay --trace openb-gpuspec33 --out out/  (a variant, from $GPUFLEET_DATA)
   gpufleet replay --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv \\
       --policy fgd,bestfit,packing,dotprod,random,tiered --seeds 42,43 --arrive 1.3 --out out/
-  gpufleet replay --sim --pods openb_pod_list_default.csv --policy fgd,bestfit --out out-sim/"""
+  gpufleet replay --sim --pods openb_pod_list_default.csv --policy fgd,bestfit --out out-sim/
+  gpufleet replay --policy packing --seeds 42-51 --node-order seeded --out out/
+                                                      (nodes ordered as the reference simulator does)"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arrive", type=float, default=1.3, metavar="X",
                         help="pods arrive until they ask for X times the cluster's GPUs (default 1.3)")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for replay.csv and replay.png")
+    parser.add_argument("--node-order", default="name", metavar="name|seeded",
+                        help="the order in which nodes are considered, which decides ties and where "
+                        "CPU-only pods go: 'name' (the default) or 'seeded', a random order per seed "
+                        "as the FGD paper's reference simulator uses (docs/replay.md)")
     parser.add_argument("--jobs", type=int, metavar="N",
                         help="runs at a time, one core each (default: the number of cores)")
     research = parser.add_argument_group("fgd's near-ties (research knobs; docs/replay.md)")
@@ -99,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.fgd_tie_rel <= 1:
         raise UsageError(f"--fgd-tie-rel: must be in [0, 1], got {args.fgd_tie_rel:g}")
     ties = FgdTies(args.fgd_tie, args.fgd_tie_rel, args.fgd_second)
+    if args.node_order not in NODE_ORDERS:
+        raise UsageError(f"--node-order: one of {', '.join(NODE_ORDERS)}, got {args.node_order[:40]!r}")
     if args.jobs is not None:
         flag_number(args.jobs, "--jobs", 1, MAX_JOBS)
     _resolve_trace(args)
@@ -116,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                           include_cpu_only=config.analysis.include_cpu_only)
     tasks = tuple(Task.from_shape(p.shape, host_memory_bytes=p.memory_mib * MIB) for p in pods)
     setup = Setup(state, tasks, compile_workload(workload, state.model_names), args.arrive, ties,
-                  node_memory)
+                  node_memory, args.node_order)
     if setup.capacity <= 0:
         raise UsageError("the fleet has no GPUs to place pods on")
     if sum(t.gpu_demand for t in setup.tasks) <= 0:
@@ -132,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - started
 
     write_out(out / "replay.csv", lambda path: write_csv(rows, path))
-    title = f"{Path(args.pods).name} on {fleet_name}: {len(state):,} nodes, {setup.capacity:,.0f} GPUs"
+    title = (f"{Path(args.pods).name} on {fleet_name}: {len(state):,} nodes, {setup.capacity:,.0f} GPUs"
+             + (", nodes in a seeded order" if args.node_order == "seeded" else ""))
     write_out(out / "replay.png", lambda path: plot(rows, path, title))
     sys.stdout.write(f"{title}\n")
     sys.stdout.write(report(rows, setup.capacity, len(seeds), elapsed))

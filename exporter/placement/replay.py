@@ -11,11 +11,19 @@ GPUs, the fragmentation ratio in % of idle GPUs, and the failed pods so far.
 
 All policies see the same pod order for the same seed. Fragmentation is
 measured against the pods' typical workload, the one ``fgd`` minimises.
+
+The nodes are considered in name order (``node_order="name"``), or in a random
+order drawn per seed (``"seeded"``), as the reference simulator does: it
+prefixes every node's name with a seeded random permutation before scheduling,
+so its "lexicographically first node", where ties and CPU-only pods go, is a
+random node (docs/replay.md, "packing and dotprod, line by line"). All
+policies see the same node order for the same seed.
 Several policies and seeds run in parallel processes, one run per process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -33,6 +41,7 @@ from exporter.placement.task import Task
 
 COLUMNS = ("policy", "seed", "arrived_pct", "alloc_pct", "frag_pct", "frag_ratio_pct", "failed_pods")
 PROGRESS_EVERY = 256  # pods between progress reports from a run
+NODE_ORDERS = ("name", "seeded")  # see the module's docstring
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +69,11 @@ class Setup:
     arrive: float = 1.3
     fgd_ties: FgdTies = FGD_TIES  # see policies.FgdTies
     node_memory: np.ndarray | None = None  # bytes per node; None: memory is not checked
+    node_order: str = "name"  # one of NODE_ORDERS
+
+    def __post_init__(self) -> None:
+        if self.node_order not in NODE_ORDERS:
+            raise ValueError(f"node_order: one of {', '.join(NODE_ORDERS)}, got {self.node_order!r}")
 
     @property
     def capacity(self) -> float:
@@ -88,10 +102,42 @@ def arrivals(tasks: Sequence[Task], capacity: float, arrive: float, seed: int) -
     return order
 
 
+def node_permutation(names: Sequence[str], seed: int) -> np.ndarray:
+    """The seeded node order: position p holds node ``order[p]``.
+
+    The names are sorted first, so the order depends on the fleet and the seed, not on
+    the order of the file; then a permutation from its own stream of the seed (apart
+    from the pod order's and the random policy's), so the pods each seed sees are the
+    same in both node orders. The reference draws its permutation from Go's math/rand
+    after its pod shuffle; this is the same protocol, not the same draw.
+    """
+    by_name = np.array(sorted(range(len(names)), key=names.__getitem__), dtype=np.intp)
+    return by_name[np.random.default_rng([seed, 2]).permutation(len(names))]
+
+
+def permuted(state: FleetState, order: np.ndarray) -> FleetState:
+    """``state`` with its nodes in ``order`` (models and pools keep their ids)."""
+    return dataclasses.replace(
+        state, names=tuple(state.names[i] for i in order), model=state.model[order],
+        pool=state.pool[order], cpu_total=state.cpu_total[order], cpu_free=state.cpu_free[order],
+        gpu_free=state.gpu_free[order], gpu_count=state.gpu_count[order],
+        gpu_index=None if state.gpu_index is None else state.gpu_index[order])
+
+
+def fleet_for(setup: Setup, seed: int) -> tuple[FleetState, np.ndarray | None]:
+    """The empty fleet and its nodes' memory in the order a run of ``seed`` considers them."""
+    if setup.node_order == "name":
+        return setup.state, setup.node_memory
+    order = node_permutation(setup.state.names, seed)
+    memory = None if setup.node_memory is None else setup.node_memory[order]
+    return permuted(setup.state, order), memory
+
+
 def replay(setup: Setup, policy: str, seed: int,
            progress: Callable[[int], None] | None = None) -> list[Row]:
     """One policy, one seed: a row per whole percent of arrived workload, 0 to ``setup.last_pct``."""
-    placer = Placer(setup.state, setup.workload, fgd_ties=setup.fgd_ties, host_memory=setup.node_memory)
+    state, memory = fleet_for(setup, seed)
+    placer = Placer(state, setup.workload, fgd_ties=setup.fgd_ties, host_memory=memory)
     rng = np.random.default_rng([seed, 1])  # the random policy's draws, apart from the pod order
     capacity = setup.capacity
     last = setup.last_pct
@@ -231,4 +277,5 @@ def summary(rows: Sequence[Row], pct: int | None = None) -> list[tuple[str, floa
     return out
 
 
-__all__ = ["COLUMNS", "Row", "Setup", "arrivals", "replay", "replay_many", "summary", "write_csv"]
+__all__ = ["COLUMNS", "NODE_ORDERS", "Row", "Setup", "arrivals", "fleet_for", "node_permutation", "permuted",
+           "replay", "replay_many", "summary", "write_csv"]
