@@ -81,3 +81,22 @@ def test_slurm_says_which_nodes_are_drained():
     ]})
     assert [(n.name, n.drained) for n in parse_sinfo_json(sinfo)] == [
         ("j1", True), ("j2", True), ("j3", False)]
+
+
+def test_an_advisor_without_receivers_says_at_start_that_nothing_acts(tmp_path, caplog):
+    from exporter.advisor.service import NO_RECEIVER, build_service
+    from exporter.analysis.analyzer import LiveAnalyzer
+    from exporter.config import AdvisorConfig, AnalysisConfig, ReceiverConfig
+
+    caplog.set_level("WARNING", logger="exporter.advisor.service")
+    alone = build_service(AdvisorConfig(outbox=str(tmp_path / "a.sqlite")),
+                          LiveAnalyzer.from_config(AnalysisConfig()), environ={"T": "t"})
+    alone.deliverer.store.close()
+    assert [r.getMessage() for r in caplog.records].count(NO_RECEIVER) == 1
+    assert "nothing carries out a move or a drain" in NO_RECEIVER
+    caplog.clear()
+    told = build_service(AdvisorConfig(outbox=str(tmp_path / "b.sqlite"), receivers=(
+        ReceiverConfig("scheduler", "http://127.0.0.1:9/plans", secret_env="T"),)),
+        LiveAnalyzer.from_config(AnalysisConfig()), environ={"T": "t"})
+    told.deliverer.store.close()
+    assert NO_RECEIVER not in [r.getMessage() for r in caplog.records]

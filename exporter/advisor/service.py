@@ -447,6 +447,12 @@ def build_health(config: AdvisorConfig, table: Thresholds | None = None) -> Heal
     return HealthMonitor(health.verdicts, health.remediation, health.stragglers)
 
 
+NO_RECEIVER = ("advisor.receivers is empty: plans and remediation events are only advised "
+               "(/v1/advice, /metrics) and sent to no one, so nothing carries out a move or a "
+               "drain: add a receiver (docs/advisor.md); `gpufleet act --from URL` carries out "
+               "the drains of /v1/advice")
+
+
 def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFunction | None = None,
                   environ=os.environ, what_if_timeout: float = 10.0,
                   table: Thresholds | None = None, deliverer: Deliverer | None = None,
@@ -460,6 +466,9 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFu
     if token is None:
         log.warning("advisor POST endpoints refuse every request: no token configured "
                     f"(set {TOKEN_ENV} or advisor.token_file)")
+    if not config.receivers:
+        # the runbooks say who acts: with no receiver, no one does unless told
+        log.warning(NO_RECEIVER)
     if deliverer is None:
         deliverer = build_deliverer(config, environ)
     if planner is None:
