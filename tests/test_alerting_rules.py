@@ -306,15 +306,20 @@ def test_alerts_share_one_name_per_condition_and_carry_the_mixin_annotations():
 def test_rules_that_need_care_are_written_with_it():
     rules = {(r["alert"], r["labels"]["severity"], r["labels"].get("model")): r["expr"]
              for r in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text())}
-    # power at the cap: >=, never >, on power alone, one rule per severity: the table's
-    # watts for H200, a fraction of the recorded limit (enforced, else the TDP) elsewhere
+    # power at the cap: >=, never >, one rule per severity: the table's watts for H200, a
+    # fraction of the recorded limit (enforced, else the TDP) elsewhere; and only with the
+    # evidence of a fault, the power brake, never a busy GPU held by its own cap
+    brake = ["and on (cluster, node, gpu)",
+             '  max_over_time(gpufleet_gpu_clock_event_active{reason="hw_power_brake"}[5m]) == 1']
     assert rules[("GpuPowerHigh", "critical", None)].splitlines() == [
-        'gpufleet_gpu_power_watts{model="H200"} >= 700', "or",
-        'gpufleet_gpu_power_watts{model!~"H200"} >= gpu:gpufleet_gpu_power_limit:watts']
+        "(", 'gpufleet_gpu_power_watts{model="H200"} >= 700', "or",
+        'gpufleet_gpu_power_watts{model!~"H200"} >= gpu:gpufleet_gpu_power_limit:watts', ")",
+        *brake]
     assert rules[("GpuPowerHigh", "warning", None)].splitlines() == [
-        'gpufleet_gpu_power_watts{model="H200"} >= 650', "or",
+        "(", 'gpufleet_gpu_power_watts{model="H200"} >= 650', "or",
         'gpufleet_gpu_power_watts{model!~"H200"}', "and",
-        '  gpufleet_gpu_power_watts{model!~"H200"} / gpu:gpufleet_gpu_power_limit:watts >= 0.93']
+        '  gpufleet_gpu_power_watts{model!~"H200"} / gpu:gpufleet_gpu_power_limit:watts >= 0.93',
+        ")", *brake]
     # utilization per job, from the recorded average over the job's GPUs
     assert rules[("GpuJobUtilizationLow", "warning", None)] == "job:gpufleet_gpu_utilization:avg < 0.3"
     # held back by the power cap: its own alert, only on busy GPUs with clock events
@@ -473,12 +478,15 @@ def test_every_name_the_generated_files_query_is_a_family_or_a_recorded_series()
 # -- issue 29 -------------------------------------------------------------------
 
 
-def test_power_high_is_one_rule_per_severity_and_compares_power_alone():
+def test_power_high_is_one_rule_per_severity_and_needs_the_power_brake_not_the_cap():
+    """Issue 44: on power alone it ticketed every busy GPU at its cap. Its evidence is the
+    power brake (the supply's), never sw_power_cap (the GPU's own cap: GpuPowerCapped's)."""
     rules = [r for r in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text())
              if r["alert"] == "GpuPowerHigh"]
     assert [r["labels"]["severity"] for r in rules] == ["warning", "critical"]
-    assert all("clock_event" not in r["expr"] and "utilization" not in r["expr"] for r in rules)
-    assert all("model" not in r["labels"] for r in rules)
+    assert all('reason="hw_power_brake"' in r["expr"] and "sw_power_cap" not in r["expr"]
+               and "utilization" not in r["expr"] for r in rules)
+    assert all("model" not in r["labels"] and r["labels"]["page"] == "false" for r in rules)
 
 
 def test_the_power_limit_records_the_tdp_fallback_per_model_until_the_exporter_exports_it(

@@ -47,6 +47,7 @@ from exporter.thresholds import AlertRow, Level, Thresholds, recorded
 from exporter.thresholds.health import HealthTable
 from exporter.thresholds.table_metrics import (
     EVENT_WINDOW_SECONDS,
+    GPU_MATCH,
     promql_number,
     regex_alternatives,
     scope_filter,
@@ -237,8 +238,11 @@ def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float) -> list[
             rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, comparison),
                                      _threshold_text(level.threshold, unit), for_scale))
             continue
-        rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, _power_comparison(
-            row, level, value, row.metric.cap)), _power_threshold_text(row, level), for_scale))
+        comparison = _power_comparison(row, level, value, row.metric.cap)
+        if row.metric.evidence:  # `and` binds tighter than `or`
+            comparison = f"(\n{comparison}\n)\nand {GPU_MATCH}\n  {row.metric.evidence}"
+        rules.append(_alert_rule(thresholds, row, level, _scoped(thresholds, row, comparison),
+                                 _power_threshold_text(row, level), for_scale))
     return rules
 
 

@@ -221,7 +221,8 @@ def _health_row(layout: p.Layout) -> None:
         "none", minimum=0, maximum=1, step_after=True, fill=0,
         description="1 while the reason holds the GPU's clocks down. hw_thermal, sw_thermal, "
                     "hw_power_brake and hw_slowdown on a busy GPU for most of 10 min open "
-                    "GpuClocksThrottled; sw_power_cap on a busy GPU at its cap, GpuPowerHigh; "
+                    "GpuClocksThrottled; sw_power_cap on a busy GPU, GpuPowerCapped; "
+                    "hw_power_brake near the power limit, GpuPowerHigh; "
                     "sync_boost follows another GPU of the group."), 12, 8)
     layout.add(_per_gpu_by(
         "NVLink errors", f"sum by (cluster, node, gpu, type) "

@@ -55,6 +55,9 @@ class TableMetric:
     describe: str  # the description annotation (the placeholders above)
     cap: str = ""  # per-model metrics: the per-GPU limit their fractions are of
     absent_too: bool = False  # also fires when the series is absent
+    # per-GPU series the comparison must also find for the GPU (`and on` its place): the
+    # evidence that the level reached is a fault, not a busy GPU doing its work
+    evidence: str = ""
 
     @property
     def relative_to_tdp(self) -> bool:
@@ -207,14 +210,22 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
         "gpu_temperature", "celsius", "gpu", (">", ">="),
         m.GPU_TEMPERATURE_CELSIUS.name,
         f"{_GPU} is at <VALUE>, <RELATION> <THRESHOLD> for <FOR>."),
-    # Power alone, on every source (dcgm-exporter's default counters report no clock
-    # events): compared with the recorded limit, the enforced one or the catalogue TDP
-    # where none is reported (exporter/alerting/rules.py records it).
+    # A busy GPU draws at its power limit by design: the cap holding the draw there is the
+    # limit the site set doing its work, and alerting on it ticketed every busy H200 and
+    # B200 of a healthy fleet. The evidence of a fault is the power brake: the node's power
+    # supply (or the rack's) pulling the GPU's clocks down (NVML's HW_POWER_BRAKE_SLOWDOWN,
+    # asserted by the system, never by the GPU's own cap), at least once in the last 5 min.
+    # Compared with the table's levels: fractions of the site's enforced limit, or of the
+    # catalogue TDP where a GPU reports none (exporter/alerting/rules.py), or the table's watts.
     TableMetric(
         "gpu_power", "watts", "gpu", (">", ">="),
         m.GPU_POWER_WATTS.name,
-        f"{_GPU} draws <VALUE>, <RELATION> <THRESHOLD> for <FOR>.",
-        cap=recorded.GPU_POWER_LIMIT),
+        f"{_GPU} draws <VALUE>, <RELATION> <THRESHOLD> for <FOR>, and its power supply "
+        "applied the power brake (hw_power_brake) in the last 5m: the node or its rack "
+        "cannot supply what its GPUs draw.",
+        cap=recorded.GPU_POWER_LIMIT,
+        evidence=f'max_over_time({m.GPU_CLOCK_EVENT_ACTIVE.name}{{reason="hw_power_brake"}}'
+                 "[5m]) == 1"),
     # Held back by the power cap: the share of the last 5 min NVML's clock-event reason
     # sw_power_cap held the clocks down. Its own row, so GpuPowerHigh fires on power alone
     # and this one only where clock events exist (GPUs without them have no series).
