@@ -9,10 +9,13 @@ makes the same text faster, one value (:func:`go_float`) or a block of them in C
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
-import numpy as np
 from prometheus_client.utils import floatToGoString
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _INF = float("inf")
 
@@ -33,9 +36,10 @@ def go_float(value: float) -> str:
 
 
 _encode_json = msgspec.json.Encoder().encode
-_DIGITS = 10.0 ** np.arange(1, 17)  # a whole number v >= 10 has searchsorted(v) + 1 digits
-_POWERS = 10.0 ** np.arange(0, 17)  # exact as doubles
-_EXPONENTS = [f"e+{k:02d}" for k in range(17)]
+_EXPONENTS = tuple(f"e+{k:02d}" for k in range(17))
+# below this many values a block is formatted one value at a time: a node's few GPUs need
+# no numpy, whose import is 17 MB of a node's memory (docs/performance.md, "A lean node")
+SMALL_BLOCK = 64
 
 
 def go_texts(values: Sequence[float]) -> list[str]:
@@ -50,8 +54,10 @@ def go_texts(values: Sequence[float]) -> list[str]:
     infinities) :func:`go_float`. tests/test_exposition.py compares all three with
     client_python's on random bit patterns and every decade.
     """
-    if not values:
-        return []
+    if len(values) < SMALL_BLOCK:
+        return [go_float(float(v)) for v in values]
+    import numpy as np
+
     floats = np.array(values, dtype=np.float64)
     magnitude = np.abs(floats)
     plain = (magnitude < 1e6) & ((magnitude >= 1e-4) | (floats == 0))
@@ -76,8 +82,12 @@ def _exponent_texts(numbers: np.ndarray) -> np.ndarray:
     whose shortest text is that decimal (msgspec writes it); a one-digit mantissa is an
     integer, as Go writes ``3e+09``, not ``3.0e+09``. One msgspec call per exponent: the
     exponent is then pasted after every mantissa by ``str.replace``."""
-    exponent = np.searchsorted(_DIGITS, numbers, side="right")
-    mantissa = numbers / _POWERS[exponent]
+    import numpy as np
+
+    digits_above = 10.0 ** np.arange(1, 17)  # a whole v >= 10 has searchsorted(v) + 1 digits
+    powers = 10.0 ** np.arange(0, 17)  # exact as doubles
+    exponent = np.searchsorted(digits_above, numbers, side="right")
+    mantissa = numbers / powers[exponent]
     units = mantissa == np.floor(mantissa)
     digits = mantissa.astype(object)
     if units.any():
