@@ -2,8 +2,10 @@
 Kubernetes, staged and bounded.
 
 Events are JSON lines (--events FILE, or - for stdin, the default), as the advisor writes
-them. --mode observe (the default) logs what each would do; dry-run prints the exact
-scontrol command or node patch and changes nothing; act runs it. Slurm runs scontrol
+them, or what a running gpufleet advised (--from URL: its /v1/advice, the events of
+health.recent_remediation, oldest first). --mode observe (the default) prints what each
+would do and changes nothing; dry-run prints the exact scontrol command or node patch (a
+Kubernetes node is read for it) and changes nothing; act runs it. Slurm runs scontrol
 (SLURM_CONF finds the cluster); Kubernetes GETs the node and PATCHes it guarded by its
 resourceVersion, retrying on 409 Conflict. Every event is appended to the audit log
 (--audit-log, JSON lines); in act mode an event the log records as done is skipped, so a
@@ -18,18 +20,26 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exporter.bounded_file import Wording, read_bounded
 from exporter.errors import UsageError
 
+if TYPE_CHECKING:
+    from exporter.health.act import Actor
+
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 EPILOG = """examples:
+  gpufleet act --slurm --from http://127.0.0.1:9874
   gpufleet act --slurm --mode dry-run --events events.jsonl
   gpufleet act --kubernetes --mode act --api-server https://10.0.0.1:6443 \\
       --token-file /var/run/secrets/kubernetes.io/serviceaccount/token \\
       --ca-file /var/run/secrets/kubernetes.io/serviceaccount/ca.crt < events.jsonl"""
 MAX_TOKEN_BYTES = 64 * 1024  # a service account token is ~1 KB
+MAX_ADVICE_BYTES = 64 * 2 ** 20  # /v1/advice lists at most 100 of each thing: ~1 MB at most
+ADVICE_PATH = "/v1/advice"
 # a secret is a file at rest: a FIFO (which could hang the start) or a device is refused
 _TOKEN_FILE = Wording(UsageError, cannot_read="--token-file {path}: cannot read: {reason}",
                       over_limit="--token-file {path}: {size} bytes, over the {limit}-byte limit",
@@ -46,8 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("observe", "dry-run", "act"), default="observe",
                         help="observe: log only (default); dry-run: print the exact command or "
                              "patch; act: run it")
-    parser.add_argument("--events", default="-", metavar="FILE",
+    events = parser.add_mutually_exclusive_group()
+    events.add_argument("--events", default="-", metavar="FILE",
                         help="remediation events, one JSON object a line (- : stdin, default)")
+    events.add_argument("--from", dest="from_url", metavar="URL",
+                        help="a running gpufleet (http://HOST:PORT, or its /v1/advice URL): act "
+                             "on the events its /v1/advice lists in health.recent_remediation")
+    parser.add_argument("--from-token-file", metavar="FILE",
+                        help="bearer token for --from, where api.require_token_for_reads is on")
     parser.add_argument("--audit-log", default="gpufleet-act.jsonl", metavar="FILE",
                         help="where every event and its outcome is appended (default "
                              "gpufleet-act.jsonl)")
@@ -73,8 +89,60 @@ def _token(path: str | None) -> str | None:
     return token
 
 
+def advice_url(url: str) -> str:
+    """``url`` as the /v1/advice URL to read; UsageError for one that is not http(s)."""
+    if not url.startswith(("http://", "https://")) or not url.isprintable():
+        raise UsageError(f"--from: must be an http(s) URL, got {url!r}")
+    base = url.rstrip("/")
+    return base if base.endswith(ADVICE_PATH) else base + ADVICE_PATH
+
+
+def advised_events(url: str, token: str | None) -> list[str]:
+    """The remediation events /v1/advice at ``url`` lists (health.recent_remediation, oldest
+    first), one JSON line each; UsageError (one line) for an answer that holds none."""
+    import json
+
+    from exporter.http_client import AnswerTooLarge, fetch
+
+    headers = {"Accept": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        answer = fetch("GET", url, headers=headers, max_bytes=MAX_ADVICE_BYTES)
+    except AnswerTooLarge:
+        raise UsageError(f"--from {url}: answer over {MAX_ADVICE_BYTES} bytes") from None
+    except (OSError, ValueError) as exc:  # refused, unreachable, timed out, a URL urllib refuses
+        raise UsageError(f"--from {url}: cannot read: {exc}") from None
+    if answer.status != 200:
+        raise UsageError(f"--from {url}: HTTP {answer.status} {answer.reason}".rstrip())
+    try:
+        advice = json.loads(answer.body)
+    except ValueError:
+        raise UsageError(f"--from {url}: the answer is not JSON") from None
+    health = advice.get("health") if isinstance(advice, dict) else None
+    recent = health.get("recent_remediation") if isinstance(health, dict) else None
+    if not isinstance(recent, list):
+        raise UsageError(f"--from {url}: the answer has no health.recent_remediation "
+                         "(is it gpufleet's /v1/advice?)")
+    # newest first there; taken oldest first, as they were decided. "id" is the advice's
+    # name of the event, which the event itself does not carry
+    return [json.dumps({k: v for k, v in event.items() if k != "id"})
+            for event in reversed(recent) if isinstance(event, dict)]
+
+
+def _observed(record: dict[str, object]) -> str:
+    """What observe mode prints for an event it would act on."""
+    command = record.get("command")
+    if command:
+        return f"{record['id']}: would run: {command}"
+    event = record.get("event")
+    node = event.get("node", "") if isinstance(event, dict) else ""
+    return (f"{record['id']}: would {record['type']} node {node} (the patch is built from the "
+            "node as it is then: --mode dry-run shows it)")
+
+
 def run(args: argparse.Namespace) -> int:
-    from exporter.health.act import ActError, Actor, KubernetesApi, bounded_lines, read_events
+    from exporter.health.act import ActError, Actor, KubernetesApi, bounded_lines
 
     if not 0 <= args.max_conflict_retries <= 100:
         raise UsageError(f"--max-conflict-retries: must be 0..100, got {args.max_conflict_retries}")
@@ -90,23 +158,36 @@ def run(args: argparse.Namespace) -> int:
                       args.max_conflict_retries, notes=sys.stderr)
     except ActError as exc:
         raise UsageError(f"--audit-log {exc}") from None
-    failed = 0
+    if args.from_url:
+        url = advice_url(args.from_url)
+        lines = advised_events(url, _token(args.from_token_file))
+        return _handle(actor, lines, f"--from {url}")
     try:
         # binary: each line is bounded while it is read (bounded_lines), never read whole first
         source = sys.stdin.buffer if args.events == "-" else open(args.events, "rb")  # noqa: SIM115
     except OSError as exc:
         raise UsageError(f"--events {args.events}: cannot read: {exc.strerror}") from None
     with source:
-        try:
-            for event in read_events(bounded_lines(source)):
-                record = actor.handle(event)
-                if record["outcome"] == "failed":
-                    failed += 1
-                    print(f"gpufleet act: {record['id']}: {record['error']}", file=sys.stderr)
-        except ValueError as exc:
-            raise UsageError(f"--events {args.events}: {exc}") from None
-        except OSError as exc:  # a read error mid-stream (EIO)
-            raise UsageError(f"--events {args.events}: cannot read: {exc.strerror}") from None
-        except ActError as exc:  # the audit log cannot take a record: act no further
-            raise UsageError(f"--audit-log {exc}") from None
+        return _handle(actor, bounded_lines(source), f"--events {args.events}")
+
+
+def _handle(actor: Actor, lines: Iterable[str], what: str) -> int:
+    """Every event of ``lines`` through ``actor``: 1 if one failed, else 0."""
+    from exporter.health.act import ActError, read_events
+
+    failed = 0
+    try:
+        for event in read_events(lines):
+            record = actor.handle(event)
+            if record["outcome"] == "observed":
+                print(_observed(record), flush=True)
+            if record["outcome"] == "failed":
+                failed += 1
+                print(f"gpufleet act: {record['id']}: {record['error']}", file=sys.stderr)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+    except OSError as exc:  # a read error mid-stream (EIO)
+        raise UsageError(f"{what}: cannot read: {exc.strerror}") from None
+    except ActError as exc:  # the audit log cannot take a record: act no further
+        raise UsageError(f"--audit-log {exc}") from None
     return 1 if failed else 0
