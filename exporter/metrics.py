@@ -451,10 +451,12 @@ GPU_OWNER_MEMORY_USED_BYTES = _gpu(
     read=FromField("processes.owners", _owner_samples("memory_used_bytes")), group="processes")
 GPU_OWNER_SM_UTILIZATION_RATIO = _gpu(
     "gpufleet_gpu_owner_sm_utilization_ratio", "gauge",
-    "SM use of one owner's processes on the GPU over the last interval (0-1).", "ratio",
+    "SM use of one owner's processes on the GPU in the driver's latest samples (0-1).", "ratio",
     extra=OWNER_LABELS,
-    doc="The driver's per-process samples since the last read, averaged per process and "
-        "summed per owner. Absent under MIG and where the driver keeps no process samples.",
+    doc="The driver's per-process samples newer than the previous read, averaged per process "
+        "and summed per owner; 0 where the driver took none since (the owner was idle). Read "
+        "every `sources.nvml.processes_interval`. Absent under MIG and where the driver keeps "
+        "no process samples.",
     read=FromField("processes.owners", _owner_samples("sm_utilization_ratio")),
     group="processes")
 GPU_OWNER_PROCESSES = _gpu(

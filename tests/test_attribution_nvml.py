@@ -22,8 +22,8 @@ from exporter.sources.nvml.podresources_v1 import api_pb2 as pb
 from exporter.sources.nvml.source import NvmlGpuSource, build
 from tests.helpers import fake_proc
 from tests.helpers.exported import Exported
-from tests.helpers.fake_pynvml import GIB, FakeGpu, FakeMig, FakeNvml, FakeProcess
 from tests.helpers.fake_proc import CONTAINER_PID_NS, FakeProc, container_id, pod_uid
+from tests.helpers.fake_pynvml import GIB, FakeGpu, FakeMig, FakeNvml, FakeProcess
 from tests.helpers.kubelet import Kubelet, start_kubelet
 
 NODE = "gpu-node-1"
@@ -61,12 +61,12 @@ async def sources() -> AsyncIterator[list[NvmlGpuSource]]:
 
 
 def make_source(sources: list[NvmlGpuSource], fake: FakeNvml, proc: FakeProc,
-                socket: str = "", **options: Any) -> NvmlGpuSource:
+                socket: str = "", clock: Any = lambda: NOW, **options: Any) -> NvmlGpuSource:
     where = {"proc_root": str(proc.proc), "kubelet_log_root": str(proc.root / "var" / "log")}
     config = NvmlSource(enabled=True, node=NODE, pod_resources=bool(socket),
                         pod_resources_socket=socket or "/none", pod_resources_timeout=Duration(1),
                         **{**where, **options})
-    source = build(config, clock=lambda: NOW, nvml=fake)
+    source = build(config, clock=clock, nvml=fake)
     sources.append(source)
     return source
 
@@ -277,7 +277,8 @@ async def test_over_the_cap_processes_are_cut_and_counted(
         FakeProcess(1000 + n, (n + 1) * GIB) for n in range(5)]}}))
     for n in range(5):
         proc.process(1000 + n, fake_proc.HOST_SESSION)
-    source = make_source(sources, fake, proc, processes_per_gpu=3)
+    source = make_source(sources, fake, proc, processes_per_gpu=3,
+                         processes_interval=Duration(0))
     exported = await scrape(source)
     assert exported.value(OWNER_PROCESSES, owner_kind="host") == 3.0
     assert exported.value(OWNER_MEMORY, owner_kind="host") == (3 + 4 + 5) * GIB
@@ -295,7 +296,7 @@ async def test_an_older_driver_v2_lists_and_the_older_sample_call(
                     process_v3=False, processes_utilization_info=False)
     proc.process(101, fake_proc.HOST_SESSION)
     proc.process(102, fake_proc.HOST_SESSION)
-    source = make_source(sources, fake, proc)
+    source = make_source(sources, fake, proc, processes_interval=Duration(0))
     exported = await scrape(source)
     assert exported.value(OWNER_MEMORY, owner_kind="host") == 4 * GIB  # 102: not available
     assert exported.value(OWNER_PROCESSES, owner_kind="host") == 2.0
@@ -312,7 +313,7 @@ async def test_no_new_sample_is_idle_not_absent(proc: FakeProc,
                                                 sources: list[NvmlGpuSource]) -> None:
     fake = FakeNvml(gpus(1, **{"0": {"processes": [FakeProcess(101, GIB, sm_percent=50)]}}))
     proc.process(101, fake_proc.HOST_SESSION)
-    source = make_source(sources, fake, proc)
+    source = make_source(sources, fake, proc, processes_interval=Duration(0))
     assert (await scrape(source)).value(OWNER_SM) == 0.5
     fake.gpus[0].sample_clock_us -= 10_000_000  # the driver took no sample since
     assert (await scrape(source)).value(OWNER_SM) == 0.0
@@ -323,3 +324,25 @@ async def test_processes_off_reads_none(proc: FakeProc, sources: list[NvmlGpuSou
     exported = await scrape(make_source(sources, fake, proc, processes=False))
     assert exported.absent(OWNER_MEMORY) and exported.absent(CUT)
     assert not [c for c in fake.calls if "Process" in c]
+
+
+async def test_processes_are_read_again_after_their_interval(
+        proc: FakeProc, sources: list[NvmlGpuSource]) -> None:
+    """Between two reads the last one is served as it was (no NVML process call); after
+    ``processes_interval`` the GPU's processes are read again."""
+    now = [NOW]
+    fake = FakeNvml(gpus(1, **{"0": {"processes": [FakeProcess(101, GIB, sm_percent=50)]}}))
+    proc.process(101, fake_proc.HOST_SESSION)
+    proc.process(102, fake_proc.HOST_SESSION)
+    source = make_source(sources, fake, proc, clock=lambda: now[0],
+                         processes_interval=Duration(60))
+    assert (await scrape(source)).value(OWNER_MEMORY) == GIB
+    fake.gpus[0].processes.append(FakeProcess(102, 2 * GIB))
+    fake.calls.clear()
+    now[0] += 59
+    assert (await scrape(source)).value(OWNER_MEMORY) == GIB
+    assert not [c for c in fake.calls if "Process" in c]
+    now[0] += 1
+    exported = await scrape(source)
+    assert exported.value(OWNER_MEMORY) == 3 * GIB
+    assert exported.value(OWNER_PROCESSES) == 2.0

@@ -52,6 +52,11 @@ class NvmlSource:
         256, help="Most processes attributed per GPU (those using the most memory); the rest "
         f"are counted in {metrics.GPU_PROCESSES_CUT_TOTAL.name}.", min=1, max=4096,
     )
+    processes_interval: Duration = opt(
+        Duration(120), help="How often each GPU's processes are read again; in between the "
+        "last read is served as it was (a busy node's 48 processes per GPU cost more than all "
+        "its other reads together: docs/attribution.md). 0: every collection.", min=0, max=3600,
+    )
     proc_root: str = opt(
         "/proc", help="Where the host's /proc is mounted (a container may mount it elsewhere).",
     )

@@ -252,6 +252,8 @@ class _Device:
     gpm_previous: bool = False  # the previous sample holds a reading
     process_sample_time: int = 0  # the newest process sample read (NVML's microseconds)
     processes_cut: int = 0  # processes over the cap, since start
+    processes_read_at: float | None = None  # when they were last read (the source's clock)
+    last_processes: tuple[GpuProcesses | None, frozenset[int]] = (None, frozenset())
 
 
 @dataclass
@@ -273,6 +275,7 @@ class NvmlGpuSource:
     # who owns each GPU process (sources.nvml.processes); None: processes are not read
     owners: ProcessOwners | None = None
     process_cap: int = DEFAULT_CAP
+    process_interval: float = 0.0  # seconds between two reads of a GPU's processes
     devices: list[_Device] = field(default_factory=list)
     last_readings: dict[int, DeviceReading] = field(default_factory=dict)
     # per GPU index: its last good sample, served stale while its calls are wedged
@@ -656,13 +659,25 @@ class NvmlGpuSource:
         """The GPU's processes per owner; None where the driver lists none (NotSupported)."""
         if self.owners is None or calls.lost:
             return None, frozenset()
+        now = self.clock()
+        if device.processes_read_at is not None and \
+                0 <= now - device.processes_read_at < self.process_interval:
+            return device.last_processes  # the same object: the render reuses its text
+        device.processes_read_at = now
+        device.last_processes = self._read_processes(device, calls, mig_enabled)
+        return device.last_processes
+
+    def _read_processes(self, device: _Device, calls: _Calls,
+                        mig_enabled: bool) -> tuple[GpuProcesses | None, frozenset[int]]:
         lists = [self._running(device, calls, kind) for kind in ("Compute", "Graphics")]
         if all(found is None for found in lists) or calls.lost:
             return None, frozenset()
-        listed = merge_lists(*(
-            (GpuProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory),
-                        _instance(p)) for p in found or ()) for found in lists))
+        made = [[GpuProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                            _instance(p)) for p in found or ()] for found in lists]
+        # most GPUs list no graphics process: nothing to merge then
+        listed = made[0] if not made[1] else merge_lists(*made)
         sm = None if mig_enabled else self._process_sm(device, calls)
+        assert self.owners is not None  # _processes reads none without
         added = add_up(listed, self.owners.owner, sm, self.process_cap, device.processes_cut)
         device.processes_cut = added.processes.cut_total
         return added.processes, added.pids
@@ -1101,6 +1116,7 @@ def build(config: NvmlConfig, clock: Clock, nvml: Any = None) -> NvmlGpuSource:
                              Path(config.kubelet_log_root) / "containers")
         if config.processes else None,
         process_cap=config.processes_per_gpu,
+        process_interval=config.processes_interval,
     )
     source.start()
     return source
