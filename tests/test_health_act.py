@@ -124,7 +124,13 @@ def test_slurm_dry_run_prints_the_exact_command_and_runs_nothing(tmp_path, fake_
         ["printed", "printed", "advice"]
     assert main(["act", "--slurm", "--events", str(path), "--scontrol", str(script),
                  "--audit-log", str(audit)]) == 0  # observe, the default
-    assert capsys.readouterr().out == "" and not calls.exists()
+    # observe says what it would do (issue 44: it printed nothing), and runs nothing
+    assert capsys.readouterr().out.splitlines() == [
+        'drain:gpu-node-1:1764547200000: would run: scontrol update NodeName=gpu-node-1 '
+        'State=DRAIN Reason="gpufleet: XID 79 on GPU 3"',
+        "resume:gpu-node-1:1764550800000: would run: scontrol update NodeName=gpu-node-1 "
+        "State=RESUME"]
+    assert not calls.exists()
 
 
 def test_slurm_act_runs_scontrol_once_even_when_replayed(tmp_path, fake_scontrol, capsys):
