@@ -124,7 +124,7 @@ def test_slurm_dry_run_prints_the_exact_command_and_runs_nothing(tmp_path, fake_
         ["printed", "printed", "advice"]
     assert main(["act", "--slurm", "--events", str(path), "--scontrol", str(script),
                  "--audit-log", str(audit)]) == 0  # observe, the default
-    # observe says what it would do (issue 44: it printed nothing), and runs nothing
+    # observe says what it would do, so an operator can check it first, and runs nothing
     assert capsys.readouterr().out.splitlines() == [
         'drain:gpu-node-1:1764547200000: would run: scontrol update NodeName=gpu-node-1 '
         'State=DRAIN Reason="gpufleet: XID 79 on GPU 3"',
