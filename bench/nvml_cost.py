@@ -15,14 +15,15 @@ The fake answers at once where NVML's nvmlDeviceGetPcieThroughput samples for
 Processes (issue 46), before and after in one run: ``--processes 48`` gives each fake GPU
 48 processes (``--owners`` pods among them, each process's cgroup, log directories and
 environment in a fake /proc under a temporary directory: tests/helpers/fake_proc.py) and
-measures one node-mode cycle, collection then render of /metrics, on two sources over the
-same fake NVML: "before" with ``processes`` off (today), "after" with it on. The two sides
-alternate, each with its own render cache; every collection the processes' SM samples and
-memory change, and so do each GPU's utilisation, power, energy and temperature, as on a
-busy node: both sides render their per-GPU families anew each time. CPU
-time (``time.process_time``: the workers' threads included) is the figure; wall beside it.
+measures one node-mode cycle, collection then render of /metrics, on three sources over the
+same fake NVML: ``processes`` off (today), on and read every cycle, and on and read every
+``--processes-interval`` (the option's default), the clock moving ``--collect-interval``
+(serve's 5 s) per cycle. The sides alternate, each with its own render cache. Every cycle
+the processes' SM samples and memory change, and so do each GPU's utilisation, power, energy
+and temperature, as on a busy node. CPU time (``time.process_time``: the workers' threads
+included), mean per cycle, is the figure; wall beside it.
 
-    python bench/nvml_cost.py --processes 48 --owners 48 --collections 120
+    python bench/nvml_cost.py --processes 48 --owners 48 --collections 144
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pynvml
 from nvml_check import CountingNvml
 
+from exporter.sources.nvml.options import NvmlSource as NvmlConfig
 from exporter.sources.nvml.source import NvmlGpuSource
 from tests.helpers.fake_pynvml import FakeGpu, FakeNvml
 
@@ -209,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="pods the processes of one GPU belong to (1..--processes)")
     parser.add_argument("--collect-interval", type=float, default=5.0,
                         help="seconds between collections (serve's collect_interval: 5)")
-    parser.add_argument("--processes-interval", type=float, default=60.0,
-                        help="sources.nvml.processes_interval of the third side (default 60)")
+    parser.add_argument("--processes-interval", type=float,
+                        default=float(NvmlConfig().processes_interval),
+                        help="sources.nvml.processes_interval of the third side (default: the "
+                        "option's)")
     args = parser.parse_args(argv)
     if not 1 <= args.gpus <= MAX_GPUS or not 1 <= args.collections <= MAX_COLLECTIONS:
         parser.error(f"--gpus 1..{MAX_GPUS}, --collections 1..{MAX_COLLECTIONS}")

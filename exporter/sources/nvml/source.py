@@ -220,6 +220,7 @@ class DeviceReading:
     seconds: float  # cost of this GPU's NVML calls
     mig_uuids: tuple[tuple[str, int], ...] = ()  # (MIG device UUID, GPU instance), pods only
     pids: frozenset[int] = frozenset()  # the processes attributed in this read
+    processes_read: bool = False  # the processes were read anew (not the last read's)
 
 
 @dataclass
@@ -447,6 +448,7 @@ class NvmlGpuSource:
 
         now = self.clock()
         gpus, fresh = [], 0
+        fresh_processes = False
         for device in self.devices:
             future = device.pending
             if future is not None and future.done():
@@ -458,6 +460,7 @@ class NvmlGpuSource:
                     gpus.append(dataclasses.replace(self._identity(device), up=False))
                     continue
                 self.last_readings[device.index] = reading
+                fresh_processes |= reading.processes_read
                 self.last_good.remember(device.index, reading.gpu, now)
                 if device.wedged_logged:
                     log.info("GPU answers again", extra={"gpu": device.index})
@@ -472,7 +475,7 @@ class NvmlGpuSource:
             last = self.last_good.recall(device.index, now)
             gpus.append(last or dataclasses.replace(self._identity(device), up=False, stale=True))
 
-        if self.owners is not None:  # keep the owners of the PIDs still on a GPU
+        if self.owners is not None and fresh_processes:  # keep the owners of PIDs still listed
             self.owners.forget_except(set().union(*(r.pids for r in self.last_readings.values())))
         models = [g.model for g in gpus]
         model = max(set(models), key=models.count) if models else "unknown"
@@ -535,6 +538,7 @@ class NvmlGpuSource:
         mig = self._mig_instances(device, calls, mig_uuids) if mig_enabled else ()
         health = self._health(device, calls)
         performance = self._performance(device, calls, memory_bandwidth, mig_enabled)
+        read_before = device.processes_read_at
         processes, pids = self._processes(device, calls, mig_enabled)
 
         if calls.lost:
@@ -559,7 +563,7 @@ class NvmlGpuSource:
                 up=not any(not error.optional for error in calls.errors),
             )
         return DeviceReading(gpu, tuple(calls.errors), time.perf_counter() - started,
-                             tuple(mig_uuids or ()), pids)
+                             tuple(mig_uuids or ()), pids, device.processes_read_at != read_before)
 
     def _memory(self, device: _Device, calls: _Calls, handle: Any) -> Any:
         nvml = self.nvml
