@@ -30,6 +30,16 @@ EXTRA_OF = {
 }
 
 
+# the commands that write a file with an extra's package, and what needs it: checked before
+# the command computes anything, so a missing package costs a second, not a run of minutes
+COMMAND_NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "replay": (("matplotlib", "gpufleet replay (replay.png)"),),
+    "load": (("matplotlib", "gpufleet load (load.png)"),),
+    "simulate": (("matplotlib", "gpufleet simulate (timeline.png)"),),
+    "dashboards": (("grafanalib", "gpufleet dashboards"),),
+}
+
+
 class MissingExtra(UsageError):
     """An optional package is not installed: the CLI prints the line and exits 2."""
 
@@ -46,3 +56,9 @@ def require(module: str, what: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise MissingExtra(missing(module, what)) from None
+
+
+def check_command(command: str | None) -> None:
+    """:class:`MissingExtra` when ``command`` needs a package that is not installed."""
+    for module, what in COMMAND_NEEDS.get(command or "", ()):
+        require(module, what)

@@ -15,6 +15,7 @@ import sys
 
 from exporter import __version__
 from exporter.errors import ConfigError, UsageError
+from exporter.extras import check_command
 
 log = logging.getLogger("gpufleet")
 
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
+        check_command(args.command)  # a missing extra: one line now, not after the work
         return int(args._module.run(args) or 0)
     except (ConfigError, UsageError) as exc:
         print(f"gpufleet: {exc}", file=sys.stderr)

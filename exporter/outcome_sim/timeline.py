@@ -39,6 +39,8 @@ from exporter.bounded_file import Wording, read_bounded
 HOUR = 3600.0
 DAY = 24 * HOUR
 ARRIVALS_FILE = Path("alibaba-spot-gpu-v2026") / "hourly_summary.csv"
+# the same file, shipped in the package (pyproject's package-data)
+PACKAGED_ARRIVALS = Path(__file__).resolve().parent.parent / "traces" / ARRIVALS_FILE.name
 DURATION_SIGMA = 1.0  # log-normal spread: most jobs short, a few run for days
 MIN_DURATION = 300.0  # no job runs under 5 min
 MAX_DURATION = 14 * DAY  # nor longer than two weeks
@@ -175,11 +177,13 @@ class HourlyArrivals:
 
 
 def arrivals_path() -> Path:
-    """The hourly series: $GPUFLEET_DATA's, else the checkout's ``data/``."""
+    """The hourly series: $GPUFLEET_DATA's, else the checkout's ``data/``, else the copy
+    the package ships (an installed gpufleet has no data/ beside it)."""
     env = os.environ.get("GPUFLEET_DATA")
     if env and (Path(env) / ARRIVALS_FILE).exists():
         return Path(env) / ARRIVALS_FILE
-    return Path("data") / ARRIVALS_FILE
+    checkout = Path("data") / ARRIVALS_FILE
+    return checkout if checkout.exists() or not PACKAGED_ARRIVALS.is_file() else PACKAGED_ARRIVALS
 
 
 # the hourly series: 184 days are 115 kB; a FIFO or /dev/zero named by $GPUFLEET_DATA is one
