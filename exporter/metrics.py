@@ -518,6 +518,13 @@ NODE_CPU_CORES = FamilySpec(
 NODE_CPU_ALLOCATED_CORES = FamilySpec(
     "gpufleet_node_cpu_allocated_cores", "gauge", "CPU cores of the node held by jobs.",
     ("node", "pool", "model"), "node", origin="scheduler")
+NODE_DRAINED = FamilySpec(
+    "gpufleet_node_drained", "gauge",
+    "1 for each node the scheduler's own state shows drained or draining (Slurm's DRAIN flag).",
+    ("node", "pool"), "node", origin="scheduler",
+    doc="Absent for nodes in service and where the source does not read the scheduler's state "
+        "(every source but slurm). What confirms a drain gpufleet advised: GpuNodeDrained "
+        "tickets a failing node once it is drained, and mutes its GPUs' pages.")
 PENDING_JOBS = FamilySpec(
     "gpufleet_pending_jobs", "gauge", "Jobs waiting for GPUs, by the pool they asked for.",
     ("pool",), "node", origin="scheduler")

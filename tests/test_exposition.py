@@ -155,7 +155,7 @@ def test_per_gpu_off_serves_no_family_read_from_the_nodes():
         per_gpu=False, reads_scheduler=False)))
     scheduler = {"gpufleet_gpu_allocated_ratio", "gpufleet_gpu_allocation_info",
                  "gpufleet_allocation_cpu_cores", "gpufleet_allocation_gpu_share_ratio",
-                 "gpufleet_node_cpu_allocated_cores", "gpufleet_pending_jobs",
+                 "gpufleet_node_cpu_allocated_cores", "gpufleet_node_drained", "gpufleet_pending_jobs",
                  "gpufleet_pending_gpus"}
     fleet = {"gpufleet_source_up", "gpufleet_collect_duration_seconds",
              "gpufleet_last_collect_success_timestamp_seconds",

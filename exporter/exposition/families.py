@@ -289,13 +289,15 @@ def gpu_joined_samples(
 def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
     """:func:`snapshot_families` after the per-GPU ones: nodes, pending, sources, build."""
     _, cpu_used = snapshot.held()
-    node_info, node_cpus, node_cpus_alloc = [], [], []
+    node_info, node_cpus, node_cpus_alloc, drained = [], [], [], []
     for node in snapshot.nodes:
         labels = (("node", node.name), ("pool", node.pool), ("model", node.model))
         node_info.append(((*labels, ("architecture", node.generation),
                            ("gpus", str(node.gpu_count))), 1.0))
         node_cpus.append((labels, node.cpu_cores))
         node_cpus_alloc.append((labels, cpu_used.get(node.name, 0.0)))
+        if node.drained:
+            drained.append(((("node", node.name), ("pool", node.pool)), 1.0))
 
     pending_jobs: dict[str, float] = {}
     pending_gpus: dict[str, float] = {}
@@ -322,6 +324,7 @@ def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
         metrics.NODE_INFO.family(node_info),
         metrics.NODE_CPU_CORES.family(node_cpus),
         metrics.NODE_CPU_ALLOCATED_CORES.family(node_cpus_alloc),
+        metrics.NODE_DRAINED.family(drained),
         metrics.PENDING_JOBS.family([((("pool", p),), v) for p, v in sorted(pending_jobs.items())]),
         metrics.PENDING_GPUS.family([((("pool", p),), v) for p, v in sorted(pending_gpus.items())]),
         metrics.SOURCE_UP.family(up),
