@@ -18,6 +18,13 @@ ECC, remapped rows, NVLink and PCIe errors, clock-event reasons, clocks, GPM
 activity ...), its driver and VBIOS, and the NVML calls a collection makes:
 how many per GPU and the time of each kind of call (:class:`CountingNvml`
 wraps the module, so the figures are the real library's).
+
+Issue 46: each GPU's processes, read every collection, as the families serve them: per
+owner (pod, Slurm job and rank, or the host) the memory, SM use and process count, the
+processes whose owner could not be read and why, and at the end what it could not check
+on this machine (no process on any GPU, no per-process samples, MIG, another PID
+namespace, a process call the driver lacks). Start a CUDA program on a GPU first to check
+attribution end to end.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from exporter.attribution.proc import ProcessOwners
 from exporter.snapshot import Gpu
 from exporter.sources import SourceStartupError
 from exporter.sources.gpu_models import ModelResolver, unknown_model
@@ -138,10 +146,12 @@ async def _collect(source: NvmlGpuSource, seconds: float, interval: float,
 
 
 def run(nvml: Any, seconds: float = 30.0, interval: float = 1.0, call_timeout: float = 2.0,
-        out: TextIO = sys.stdout) -> int:
+        out: TextIO = sys.stdout, proc: Path = Path("/proc"),
+        kubelet_logs: Path = Path("/var/log")) -> int:
     counting = CountingNvml(nvml)
+    owners = ProcessOwners(proc, kubelet_logs / "pods", kubelet_logs / "containers")
     source = NvmlGpuSource(nvml=counting, node=socket.gethostname(), call_timeout=call_timeout,
-                           resolve_model=_resolver())
+                           resolve_model=_resolver(), owners=owners, process_interval=0.0)
     try:
         source.start()
     except SourceStartupError as exc:
@@ -169,6 +179,7 @@ def run(nvml: Any, seconds: float = 30.0, interval: float = 1.0, call_timeout: f
         print(f"    {'driver / vbios':34s} {gpu.driver_version or '-'} / {gpu.vbios_version or '-'}",
               file=out)
         _print_issue16(gpu, out)
+        _print_processes(gpu, out)
 
     walls = result["walls"]
     print(f"\ncost per collection ({len(walls)} collections, all GPUs): {_ms(walls)}", file=out)
@@ -180,6 +191,8 @@ def run(nvml: Any, seconds: float = 30.0, interval: float = 1.0, call_timeout: f
 
     if result["calls"] is not None:
         _print_calls(result["calls"], len(walls), len(result["per_gpu"]), out)
+
+    _print_unchecked(result["last"], source, owners, out)
 
     failures = result["failures"]
     if failures:
@@ -207,6 +220,65 @@ def _print_issue16(gpu: Gpu, out: TextIO) -> None:
                 shown = "-" if value is None else f"{value:.12g}" if isinstance(value, float) \
                     else str(value)
             print(f"    {spec.name:34s} {shown}", file=out)
+
+
+def _print_processes(gpu: Gpu, out: TextIO) -> None:
+    """The GPU's processes per owner, as the owner families serve them."""
+    processes = gpu.processes
+    if processes is None:
+        print(f"    {'processes':34s} - (not read)", file=out)
+        return
+    if not processes.owners and not processes.unattributed:
+        print(f"    {'processes':34s} none running", file=out)
+    for owner in processes.owners:
+        who = owner.kind + (f" {owner.job}" if owner.job else "") + \
+            (f" container {owner.container}" if owner.container else "") + \
+            (f" step {owner.step}" if owner.step else "") + \
+            (f" rank {owner.rank}" if owner.rank else "")
+        memory = "-" if owner.memory_used_bytes is None else f"{owner.memory_used_bytes} B"
+        sm = "-" if owner.sm_utilization_ratio is None else f"{owner.sm_utilization_ratio:.3g}"
+        print(f"    process owner {who}: {owner.processes} process(es), memory {memory}, "
+              f"SM {sm}", file=out)
+    for missing in processes.unattributed:
+        print(f"    processes unattributed ({missing.reason}): {missing.count}", file=out)
+    if processes.cut_total:
+        print(f"    processes cut over the cap: {processes.cut_total}", file=out)
+
+
+def _print_unchecked(gpus: tuple[Gpu, ...], source: NvmlGpuSource, owners: ProcessOwners,
+                     out: TextIO) -> None:
+    """What this run could not check of the processes' attribution, and why."""
+    notes = []
+    read = [g for g in gpus if g.processes is not None]
+    if not read:
+        notes.append("no GPU listed its processes (the process calls failed or are not "
+                     "supported): nothing of the attribution was checked")
+    elif not any(g.processes.owners or g.processes.unattributed for g in read if g.processes):
+        notes.append("no process ran on any GPU: per-process memory, SM samples and their "
+                     "owners were not checked (start a CUDA program and run again)")
+    if owners.namespace_reason():
+        notes.append("this process is not in the host's PID namespace: NVML's PIDs could not "
+                     "be resolved (run with the host's PID namespace, hostPID in Kubernetes)")
+    for gpu in read:
+        if gpu.mig:
+            notes.append(f"gpu {gpu.index}: MIG is on: NVML gives no per-process SM samples")
+        elif gpu.processes and gpu.processes.owners and all(
+                o.sm_utilization_ratio is None for o in gpu.processes.owners):
+            notes.append(f"gpu {gpu.index}: the driver gave no per-process SM samples")
+    for device in source.devices:
+        lacking = sorted(n for n in device.unsupported if "Process" in n)
+        if lacking:
+            notes.append(f"gpu {device.index}: not supported here: {', '.join(lacking)}")
+    kinds = {o.kind for g in read if g.processes for o in g.processes.owners}
+    if read and "pod" not in kinds:
+        notes.append("no process of a Kubernetes pod: the kubelet's cgroup layouts and names "
+                     "were not checked on this machine")
+    if read and "slurm" not in kinds:
+        notes.append("no process of a Slurm job: Slurm's cgroup layouts were not checked")
+    print("\nprocesses: not checked here:" if notes else "\nprocesses: everything checked",
+          file=out)
+    for note in notes:
+        print(f"  {note}", file=out)
 
 
 def _print_calls(calls: tuple[Counter[str], Counter[str]], collections: int, gpus: int,

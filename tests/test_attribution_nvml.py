@@ -346,3 +346,35 @@ async def test_processes_are_read_again_after_their_interval(
     exported = await scrape(source)
     assert exported.value(OWNER_MEMORY) == 3 * GIB
     assert exported.value(OWNER_PROCESSES) == 2.0
+
+
+def test_nvml_check_prints_owners_and_what_it_could_not_check(proc: FakeProc) -> None:
+    """bench/nvml_check.py on the fake: the owners as served, the unattributed, and what a
+    real run here would have left unchecked (MIG: no SM samples; no Slurm process)."""
+    import io
+    import sys
+
+    from tests.helpers import REPO
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import nvml_check
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    migs = [FakeMig(1, "3g.40gb", 40 * GIB, 12 * GIB)]
+    fake = FakeNvml([FakeGpu(UUIDS[0], processes=[FakeProcess(101, 4 * GIB, sm_percent=25),
+                                                  FakeProcess(999, GIB)]),
+                     FakeGpu(UUIDS[1], mig=migs, processes=[
+                         FakeProcess(102, 12 * GIB, gpu_instance=1)])])
+    pod_processes(proc, fake_proc.K8S_CGROUPFS_V1, [("lab", "nb", [101, 102])])
+    out = io.StringIO()
+    code = nvml_check.run(fake, seconds=0.2, interval=0.1, out=out, proc=proc.proc,
+                          kubelet_logs=proc.root / "var" / "log")
+    text = out.getvalue()
+    assert code == 0
+    assert f"process owner pod lab/nb container main: 1 process(es), memory {4 * GIB} B, SM 0.25" \
+        in text
+    assert "processes unattributed (process_gone): 1" in text
+    assert "gpu 1: MIG is on: NVML gives no per-process SM samples" in text
+    assert "no process of a Slurm job" in text
+    assert "no process of a Kubernetes pod" not in text
