@@ -47,6 +47,11 @@ NO_SERIES_ON_THE_DEFAULT_FLEET = {
     "gpufleet_node_faults": "no node of the default fleet has a fault",
     "gpufleet_job_straggler_gpus": "one collection: no GPU has been out of step for 10 min",
     "gpufleet_node_drained": "the simulator says nothing of drains (slurm source only)",
+    "gpufleet_gpu_owner_memory_used_bytes": "NVML source only: the simulator runs no processes",
+    "gpufleet_gpu_owner_sm_utilization_ratio": "NVML source only: the simulator runs no processes",
+    "gpufleet_gpu_owner_processes": "NVML source only: the simulator runs no processes",
+    "gpufleet_gpu_processes_unattributed": "NVML source only: the simulator runs no processes",
+    "gpufleet_gpu_processes_cut_total": "NVML source only: the simulator runs no processes",
 }
 # Labels a family's series may lack: (family, label) -> when the label is there.
 OPTIONAL_LABELS = {
