@@ -141,24 +141,42 @@ class Scheduler:
         started: list[Job] = []
         head: Job | None = None
         examined = 0
+        depth = self.backfill_depth
+        releases = cluster.releases  # no start in the pass changes it: what fit nowhere still does
+        failed, failed_off = self._failed, self._failed_off
+        reservation: Reservation | None = None  # the head's, once a job behind it is tried
+        off: tuple[int, int] = (releases, 0)
         walk = self.queue.ordered()
         job = next(walk, None)
         while job is not None:
             key = job.shape_key
             skip = False
             placed = None
-            if self._failed.get(key) == cluster.releases:
+            if failed.get(key) == releases:
                 skip = True  # nothing came back since it fit nowhere: the whole group waits
             elif head is None:
                 placed = cluster.find(job)
                 if placed is None:
-                    self._failed[key] = cluster.releases
+                    failed[key] = releases
                     skip = True
             else:
                 examined += 1
-                if examined > self.backfill_depth:
+                if examined > depth:
                     break
-                placed = self._backfill(job, head, now)
+                # a job behind the blocked head starts if it leaves the head's reservation alone:
+                # off the reserved nodes, or ending by the head's shadow time
+                if reservation is None:
+                    reservation = self._reserve(head, now)
+                    off = (releases, id(reservation))
+                # it failed off these reserved nodes, and nothing came back since: it still does
+                if failed_off.get(key) != off:
+                    placed = cluster.find(job, exclude=reservation.nodes)
+                    if placed is None:
+                        failed_off[key] = off
+                if placed is None and now + (job.work - job.done) <= reservation.shadow:
+                    placed = cluster.find(job)
+                    if placed is None:
+                        failed[key] = releases
             if placed is not None:
                 cluster.start(job, placed, now)
                 started.append(job)
@@ -176,25 +194,6 @@ class Scheduler:
             self.reservation = None
         return started
 
-    def _backfill(self, job: Job, head: Job, now: float) -> list | None:
-        """A job behind the blocked head starts if it leaves the head's reservation alone."""
-        cluster = self.cluster
-        reservation = self._reserve(head, now)
-        key = job.shape_key
-        # it failed off these reserved nodes, and nothing came back since: it still does
-        token = (cluster.releases, id(reservation))
-        if self._failed_off.get(key) != token:
-            placed = cluster.find(job, exclude=reservation.nodes)
-            if placed is not None:
-                return placed
-            self._failed_off[key] = token
-        if now + (job.work - job.done) <= reservation.shadow:
-            placed = cluster.find(job)
-            if placed is None:
-                self._failed[key] = cluster.releases
-            return placed
-        return None
-
     def _reserve(self, head: Job, now: float) -> Reservation:
         held = self.reservation
         if held is not None and held.job == head.id and self._disturbed == self._reserved_at:
@@ -209,8 +208,78 @@ def reserve(cluster: Cluster, head: Job, now: float) -> Reservation:
 
     Per node: its free GPUs and cores, plus what its jobs give back as they end,
     earliest first, until the head's part fits. A gang needs ``parts`` such nodes of
-    one model: the latest of the model's ``parts`` soonest nodes, the best model.
+    one model: the latest of the model's ``parts`` soonest nodes, the best model (on a
+    tie, the model of the lowest-numbered node that could take a part).
+
+    One sweep over the fleet's job ends in time order, not one per node: it stops once
+    a model has ``parts`` nodes where the head fits (what :func:`reserve_per_node` finds,
+    node by node; a test holds the two equal).
     """
+    placer = cluster.placer
+    need = 1.0 if head.share >= 1.0 - EPS else head.share
+    eligible = (placer.gpu_count >= head.gpus) & (placer.cpu_total >= head.cpus - EPS)
+    if head.models:
+        allowed = [i for i, m in enumerate(placer.model_names) if m in head.models]
+        eligible &= np.isin(placer.model, allowed)
+    fits = eligible & (placer.cpu_free >= head.cpus - EPS)
+    if head.gpus:
+        fits &= (placer.gpu_free >= need - EPS).sum(axis=1) >= head.gpus
+    when = dict.fromkeys(np.flatnonzero(fits).tolist(), now)
+    counts = np.bincount(placer.model[fits], minlength=len(placer.model_names))
+    # it fits now on enough nodes: only jobs ending by now can still tie
+    shadow = now if counts.max(initial=0) >= head.parts else math.inf
+    pending = eligible & ~fits
+    ends = []
+    for job in cluster.running.values():
+        end = None
+        for p in job.placements:
+            if pending[p.node]:
+                end = job.end() if end is None else end
+                if end <= shadow:
+                    ends.append((end, p.node, p.cpus, p.slots, p.gpu_share))
+    ends.sort(key=lambda e: e[0])
+    rows: dict[int, tuple[list[float], list[float]]] = {}  # node -> (free shares, [free cores])
+    for end, node, cpus, slots, share in ends:
+        at = max(end, now)
+        if at > shadow:
+            break
+        if node in when:
+            continue
+        row = rows.get(node)
+        if row is None:
+            row = rows[node] = (placer.gpu_free[node].tolist(), [float(placer.cpu_free[node])])
+        free, cpu = row
+        cpu[0] += cpus
+        for s in slots:
+            free[s] += share
+        if cpu[0] >= head.cpus - EPS and (
+                head.gpus == 0 or sum(1 for x in free if x >= need - EPS) >= head.gpus):
+            when[node] = at
+            model = int(placer.model[node])
+            counts[model] += 1
+            if counts[model] >= head.parts:
+                shadow = at  # ends at this same instant are still taken: they tie
+    best = Reservation(head.id, math.inf, ())
+    if math.isinf(shadow):
+        return best
+    by_model: dict[int, list[tuple[float, int]]] = {}
+    for node in np.flatnonzero(eligible).tolist():  # models in the order of their first node
+        by_model.setdefault(int(placer.model[node]), [])
+    for node, at in when.items():
+        by_model[int(placer.model[node])].append((at, node))
+    for times in by_model.values():
+        if len(times) < head.parts:
+            continue
+        times.sort()
+        chosen = times[: head.parts]
+        if chosen[-1][0] < best.shadow:
+            best = Reservation(head.id, chosen[-1][0], tuple(n for _, n in chosen))
+    return best
+
+
+def reserve_per_node(cluster: Cluster, head: Job, now: float) -> Reservation:
+    """:func:`reserve` node by node: each node's own ends until the head fits. The reference the
+    sweep is tested against (and what it was before)."""
     placer = cluster.placer
     ends: dict[int, list[tuple[float, float, tuple[int, ...], float]]] = {}
     for job in cluster.running.values():
@@ -261,4 +330,4 @@ def _fits_at(row: np.ndarray, cpu: float, head: Job, ends: list, now: float) -> 
     return math.inf
 
 
-__all__ = ["MODES", "Queue", "Reservation", "Scheduler", "order_key", "reserve"]
+__all__ = ["MODES", "Queue", "Reservation", "Scheduler", "order_key", "reserve", "reserve_per_node"]

@@ -1,0 +1,51 @@
+"""The FIFO scheduler's reservation for the blocked head, made in one sweep over the job ends, is
+the one its per-node definition gives, on fleets caught mid-run: mixed models, shares, gangs,
+model constraints and ties in end times."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exporter.analysis.workload import Shape
+from exporter.outcome_sim.cluster import Cluster
+from exporter.outcome_sim.fleets import SimFleet
+from exporter.outcome_sim.scheduler import reserve, reserve_per_node
+from exporter.outcome_sim.timeline import Job
+from exporter.snapshot import Gpu, Node
+
+MODELS = ("H100", "A100-SXM4-80GB", "H200")
+
+
+def fleet(rng: np.random.Generator) -> SimFleet:
+    nodes = tuple(Node(f"n{i}", MODELS[int(rng.integers(3))], float(rng.choice([16, 32, 64])), "p", "x",
+                       int(rng.choice([2, 4, 8]))) for i in range(int(rng.integers(3, 14))))
+    return SimFleet("random", nodes, tuple(Gpu(n.name, i, f"u-{n.name}-{i}", n.model, n.pool)
+                                           for n in nodes for i in range(n.gpu_count)),
+                    (Shape(1, 1.0, 1),))
+
+
+def random_job(rng: np.random.Generator, id_: int, gang: bool) -> Job:
+    gpus = int(rng.choice([0, 1, 1, 2, 4, 8]))
+    share = 1.0 if gpus != 1 or rng.random() < 0.6 else float(rng.choice([0.25, 0.5]))
+    parts = int(rng.choice([1, 2, 3])) if gang and gpus >= 2 else 1
+    models = () if rng.random() < 0.6 else tuple(rng.choice(MODELS, size=int(rng.integers(1, 3)),
+                                                            replace=False).tolist())
+    # ends on a coarse grid: many running jobs end at the same instant, so ties are common
+    work = float(rng.integers(1, 6)) * 100.0
+    return Job(id_, 0.0, work, float(rng.choice([1, 4, 8])), gpus, share, parts, models, False)
+
+
+@pytest.mark.parametrize("case", range(300))
+def test_the_sweep_reserves_what_the_per_node_definition_does(case):
+    rng = np.random.default_rng([case, 41])
+    cluster = Cluster(fleet(rng).empty_state(), "bestfit")
+    for i in range(int(rng.integers(0, 40))):
+        j = random_job(rng, i, gang=True)
+        found = cluster.find(j)
+        if found is not None:
+            cluster.start(j, found, float(rng.integers(0, 3)) * 50.0)
+    now = 150.0
+    for k in range(5):
+        head = random_job(rng, 1000 + k, gang=True)
+        assert reserve(cluster, head, now) == reserve_per_node(cluster, head, now)
