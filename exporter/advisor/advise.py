@@ -14,7 +14,6 @@ serve`` builds it: ``Advisor(decision_settings(config), clock=...)`` and
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -25,11 +24,10 @@ from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import KeptState, PlanSettings, plan_compaction, plan_for_pending
 from exporter.analysis.index import Report
 from exporter.errors import ConfigError
+from exporter.health.settings import health_settings as health_settings  # moved there
 from exporter.pool_load.tracker import PoolAdvice
 from exporter.snapshot import FleetSnapshot, JobRequest
-from exporter.thresholds import load_thresholds
 from exporter.thresholds.defaults import clear_below_for, follows_table
-from exporter.thresholds.health import HealthTable
 
 if TYPE_CHECKING:  # annotations only: building an advisor needs no config module loaded
     from exporter.config import AdvisorConfig
@@ -118,20 +116,6 @@ def decision_settings(config: AdvisorConfig, table: Thresholds | None = None) ->
         checkpoint_interval_seconds=_checkpoint_interval(config, table),
         idle=None if table is None else idle_rule(table),
     )
-
-
-def health_settings(config: AdvisorConfig, table: Thresholds | None = None) -> HealthTable:
-    """The health monitor's settings: the threshold table's ``health`` section (``table``,
-    the one in force; without one, the installed table's), with ``advisor.health.clean_window``
-    and ``advisor.health.min_drain`` where the config sets them (a default follows the table)."""
-    health = (table.health if table is not None else None) or load_thresholds().health
-    assert health is not None  # parse_thresholds always sets it
-    verdicts, remediation = health.verdicts, health.remediation
-    if not follows_table(config.health.clean_window):
-        verdicts = dataclasses.replace(verdicts, clean_window_seconds=float(config.health.clean_window))
-    if not follows_table(config.health.min_drain):
-        remediation = dataclasses.replace(remediation, min_drain_seconds=float(config.health.min_drain))
-    return HealthTable(verdicts, remediation, health.stragglers)
 
 
 def _checkpoint_interval(config: AdvisorConfig, table: Thresholds | None) -> float:

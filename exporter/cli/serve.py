@@ -10,7 +10,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
@@ -20,6 +20,8 @@ from exporter.sources import SOURCES, Clock, SourceStartupError, build_source
 # registry): the server, aiohttp and the exposition (numpy) are imported where they run,
 # which keeps --help from paying for them (docs/performance.md, "A lean node")
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from exporter.advisor.service import AdvisorService
     from exporter.collect import Collector
     from exporter.cycle import Stage
@@ -137,10 +139,9 @@ def run(args: argparse.Namespace) -> int:
 
         install(app, advisor)
     else:  # the snapshot is still served: say so at /v1/openapi.json
-        from exporter.advisor.api import openapi_handler
         from exporter.web.server import OPENAPI_PATH
 
-        app.router.add_get(OPENAPI_PATH, openapi_handler(advisor=False))
+        app.router.add_get(OPENAPI_PATH, _lazy_openapi())
         from exporter.cycle.serving import ServingCycle
 
         if isinstance(state.cycle, ServingCycle) and state.cycle.deliverer is not None:
@@ -163,6 +164,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lazy_openapi() -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """``GET /v1/openapi.json`` without the advisor, its document made at the first request:
+    the advisor's modules load numpy, which a node serving /metrics never needs."""
+    handler: list[Callable[[web.Request], Awaitable[web.StreamResponse]]] = []
+
+    async def get_openapi(request: web.Request) -> web.StreamResponse:
+        if not handler:
+            from exporter.advisor.api import openapi_handler
+
+            handler.append(openapi_handler(advisor=False))
+        return await handler[0](request)
+
+    return get_openapi
+
+
 def _sighup_during_start(signum: int, frame: object) -> None:
     log.info("SIGHUP while starting: ignored, the files are being read now")
 
@@ -176,7 +192,7 @@ def reloaders(guard: Protection, advisor: AdvisorService | None = None,
     environment cannot change under a running process. ``reloads`` (assemble's
     ``reload_files``) learns whether each file's last read succeeded: a failed one sets
     ``gpufleet_config_last_reload_successful`` to 0 while its last good version stays."""
-    from exporter.advisor.service import TokenFile  # imported by now: protection() read the token
+    from exporter.advisor.token_file import TokenFile  # not the service: no numpy on a node
 
     found: list[tuple[str, Callable[[], object]]] = []
     live = guard.web
@@ -261,7 +277,7 @@ def protection(config: Config, advisor: AdvisorService | None,
     if advisor is not None:
         token = advisor.token
     else:
-        from exporter.advisor.service import load_token
+        from exporter.advisor.token_file import load_token
 
         token = load_token(config.advisor)
     if reads and not token:
@@ -288,10 +304,10 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     by :func:`reloaders`, is what the threshold table's reload gauge reads of the other
     files (LiveThresholds.other_files).
     """
-    from exporter.advisor.service import build_health
     from exporter.collect import Collector
     from exporter.cycle.serving import HealthEffects, ServingCycle, advisor_stage
     from exporter.cycle.stages import AnalysisStage, HealthStage, LoadStage, TableStage
+    from exporter.health.settings import build_health  # not the advisor's: no numpy on a node
     from exporter.thresholds.reloading import LiveThresholds
     from exporter.web.server import ServingState
 
@@ -349,13 +365,15 @@ def follow_table(table: LiveThresholds, config: Config, cycle: ServingCycle) -> 
     advisor's state (dwell, cooldown, plan in force, idle clocks), the analyzer's window and
     the scalers' state stay: only settings are replaced. A clear bound set in the config at or
     above the new trigger refuses the table (advise.decision_settings), and the old one stays."""
-    from exporter.advisor.advise import decision_settings, health_settings, planner_for
-    from exporter.analysis.configure import index_settings
     from exporter.cycle.stages import AdvisorStage, AnalysisStage, HealthStage, LoadStage
+    from exporter.health.settings import health_settings
     from exporter.thresholds.scaling import DEFAULT as DEFAULT_SCALING
 
     analysis, load = cycle.stage("analysis"), cycle.stage("load")
     if isinstance(analysis, AnalysisStage):
+        # the analysis' and the advisor's modules load numpy: only where they run
+        from exporter.analysis.configure import index_settings
+
         analyzer = analysis.analyzer
         tracker = load.tracker if isinstance(load, LoadStage) else None
 
@@ -373,6 +391,8 @@ def follow_table(table: LiveThresholds, config: Config, cycle: ServingCycle) -> 
     health, stage, service = cycle.stage("health"), cycle.stage("advisor"), cycle.advisor
     monitor = health.monitor if isinstance(health, HealthStage) else None
     advisor = stage if isinstance(stage, AdvisorStage) else None
+    if advisor is not None:
+        from exporter.advisor.advise import decision_settings, planner_for
 
     def engine(new: Thresholds) -> Callable[[], None]:
         settings = decision_settings(config.advisor, new) if advisor else None  # ConfigError: refused

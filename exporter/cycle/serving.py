@@ -46,17 +46,19 @@ class HealthEffects:
 
     def apply(self, frame: Frame) -> None:
         """Blocking (the store is SQLite): the caller runs it in a worker thread."""
-        from exporter.advisor.wire import event_body, remediation_state_text
         from exporter.health.remediation import event_id
 
         if frame.health is None:
             return
-        for event in frame.health.events:
-            if self.deliverer is not None:
-                self.deliverer.enqueue_event(event_id(event), event_body(event))
-            log.warning("remediation advised", extra={"event": event_id(event)})
-        if self.deliverer is None:
+        if self.deliverer is None:  # only logged: no wire (the advisor's modules load numpy)
+            for event in frame.health.events:
+                log.warning("remediation advised", extra={"event": event_id(event)})
             return
+        from exporter.advisor.wire import event_body, remediation_state_text
+
+        for event in frame.health.events:
+            self.deliverer.enqueue_event(event_id(event), event_body(event))
+            log.warning("remediation advised", extra={"event": event_id(event)})
         state = remediation_state_text(self.monitor.remediator.state)
         if state == self._saved:
             return
@@ -71,10 +73,10 @@ class HealthEffects:
     def restore(self) -> None:
         """Take back what an earlier process drained; a state that cannot be read is logged,
         and the remediator starts afresh."""
-        from exporter.advisor.wire import remediation_state_from_text
-
         if self.deliverer is None:
             return
+        from exporter.advisor.wire import remediation_state_from_text
+
         try:
             text = self.deliverer.store.load_state("remediation")
             remediation = remediation_state_from_text(text)

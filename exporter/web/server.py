@@ -29,12 +29,11 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from exporter.advisor.api import Token, bearer_problem, current_token
 from exporter.aio import complete
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
@@ -52,6 +51,9 @@ from exporter.web.connection_gate import (
     write_large,
 )
 from exporter.web.webconfig import Busy, LiveWebConfig, san_allowed
+
+if TYPE_CHECKING:
+    from exporter.advisor.api import Token
 
 log = logging.getLogger(__name__)
 
@@ -312,6 +314,9 @@ def protect(protection: Protection) -> Middleware:
                     return web.Response(status=401, text="Unauthorized\n",
                                         headers={"WWW-Authenticate": "Basic"})
         if bearer and request.method in ("GET", "HEAD"):
+            # here, not at the top: the advisor's modules load numpy, which a node never needs
+            from exporter.advisor.api import bearer_problem, current_token
+
             reason = bearer_problem(await current_token(protection.read_token), request)
             if reason is not None:
                 return web.json_response(
