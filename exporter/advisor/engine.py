@@ -77,6 +77,7 @@ from exporter.advisor.advice import (
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.right_sizing import right_sizing
 from exporter.analysis.index import Report
+from exporter.attribution.jobs import GpuJobUse, job_use
 from exporter.gpu_catalogue import default_catalogue
 from exporter.pool_load.tracker import PoolAdvice
 from exporter.snapshot import Allocation, FleetSnapshot, JobRequest
@@ -131,10 +132,19 @@ def _packaged_idle_rule() -> tuple[float, float]:
     return level.threshold, level.for_seconds
 
 
-def _job_utilization(alloc: Allocation, utilization: dict[tuple[str, int], float]) -> float | None:
-    """Mean utilization of the job's GPUs, as the alert averages it; None without telemetry."""
-    values = [utilization[(p.node, g)] for p in alloc.placements for g in p.gpus
-              if (p.node, g) in utilization]
+def _job_utilization(alloc: Allocation, utilization: dict[tuple[str, int], float],
+                     own: GpuJobUse | None = None) -> float | None:
+    """Mean utilization of the job's GPUs, as the alert averages it; None without telemetry.
+    On a GPU it shares, its own processes' SM use where the NVML source read them (``own``):
+    the GPU's figure is every tenant's."""
+    values = []
+    for p in alloc.placements:
+        for g in p.gpus:
+            mine = own.sm(p.node, g, alloc.job) if own is not None and p.gpu_share < 1 else None
+            if mine is not None:
+                values.append(mine)
+            elif (p.node, g) in utilization:
+                values.append(utilization[(p.node, g)])
     return sum(values) / len(values) if values else None
 
 
@@ -171,18 +181,22 @@ def nvlink_mixed(snapshot: FleetSnapshot) -> tuple[NvlinkMixed, ...]:
 def memory_peaks(snapshot: FleetSnapshot, previous: dict[str, float]) -> dict[str, float]:
     """Each running job's peak GPU memory use per GPU so far: this snapshot's and the one before.
 
-    Only whole, non-MIG GPUs count (``gpu_share`` 1): a shared GPU's memory is several
-    jobs'. Rebuilt from the snapshot's jobs, so a job that ends is forgotten at once and
+    Whole, non-MIG GPUs count (``gpu_share`` 1): a shared GPU's memory is several jobs'.
+    On a shared GPU whose processes the NVML source read, the job's own processes' memory
+    counts. Rebuilt from the snapshot's jobs, so a job that ends is forgotten at once and
     the state never holds more than the fleet's running jobs.
     """
     used = {g.key: g.memory_used_bytes for g in snapshot.gpus
             if g.up and not g.mig and g.memory_used_bytes is not None}
+    own = job_use(snapshot.gpus)
     out: dict[str, float] = {}
-    if not used and not previous:
+    if not used and not previous and not own.jobs:
         return out  # nothing measured, now or before (a scheduler's view alone)
     for alloc in snapshot.allocations:
         values = [float(used[(p.node, gpu)]) for p in alloc.placements if p.gpu_share >= 1.0
                   for gpu in p.gpus if (p.node, gpu) in used]
+        values += [float(mine) for p in alloc.placements if p.gpu_share < 1.0 for gpu in p.gpus
+                   if (mine := own.memory(p.node, gpu, alloc.job)) is not None]
         before = previous.get(alloc.job)
         if before is not None:
             values.append(before)
@@ -605,8 +619,9 @@ class Advisor:
         catalogue = default_catalogue()
         idle: dict[str, float] = {}
         out: list[tuple[int, float, str, Reclaim]] = []
+        own = job_use(snapshot.gpus)  # a shared GPU's tenants, each by its own processes
         for alloc in snapshot.allocations:
-            used = _job_utilization(alloc, utilization)
+            used = _job_utilization(alloc, utilization, own)
             if used is None or used >= below:
                 continue
             since = idle[alloc.job] = self.idle_since.get(alloc.job, now)
