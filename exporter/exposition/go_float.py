@@ -37,9 +37,10 @@ def go_float(value: float) -> str:
 
 _encode_json = msgspec.json.Encoder().encode
 _EXPONENTS = tuple(f"e+{k:02d}" for k in range(17))
-# below this many values a block is formatted one value at a time: a node's few GPUs need
-# no numpy, whose import is 17 MB of a node's memory (docs/performance.md, "A lean node")
-SMALL_BLOCK = 64
+# below this many values a block is formatted one value at a time (about 0.3 ms at most): a
+# node's blocks (8 GPUs, 18 NVLink links each: 144 values) need no numpy, whose import is
+# 17 MB of a node's memory (docs/performance.md, "A lean node")
+SMALL_BLOCK = 1024
 
 
 def go_texts(values: Sequence[float]) -> list[str]:
