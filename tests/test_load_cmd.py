@@ -26,7 +26,9 @@ def test_the_real_series(tmp_path, capsys):
     # the figures docs/load.md reports
     assert rows[("H800", "static")][:4] == ["232,408", "2,390,277", "7,742,088", "0"]
     assert rows[("H800", "reactive")][:4] == ["206,454", "4,320,611", "9,844,632", "329"]
-    assert rows[("H800", "predictive")][:4] == ["147,900", "3,873,089", "9,597,376", "1058"]
+    # issue 44: a scale-down no longer waits cooldown_down after another scale-down (was
+    # 147,900 / 3,873,089 / 9,597,376 / 1058); reactive's hourly rule never met that case
+    assert rows[("H800", "predictive")][:4] == ["150,364", "3,857,929", "9,581,616", "1085"]
     assert "than reactive on 4 of 6 pools" in out
     with open(tmp_path / "out" / "load.csv", newline="") as f:
         table = list(csv.DictReader(f))

@@ -12,7 +12,7 @@ H = 3600.0
 
 def settings(**kw) -> ScalingSettings:
     base = dict(min_nodes=4, max_nodes=32, node_gpus=8, hysteresis=2, cooldown_up_s=H,
-                cooldown_down_s=3 * H)
+                cooldown_down_s=3 * H, min_samples=1, dwell_s=0)
     base.update(kw)
     return ScalingSettings(**base)
 
@@ -51,9 +51,10 @@ def test_max_nodes_caps_and_says_so():
 
 
 def test_up_cooldown():
-    s = Scaler(settings(hysteresis=1), 10)
-    assert s.step(0, 70).nodes == 11
-    assert s.step(0.5 * H, 200).nodes == 11  # 30 min after the last scale-up
+    """cooldown_up holds back a scale-up after a scale-down (issue 44: not after a scale-up)."""
+    s = Scaler(settings(hysteresis=1, cooldown_down_s=0), 10)
+    assert s.step(0, 10).nodes == 4  # 10 / 80 < 0.3: down to ceil(10 / 6.4) = 2, min_nodes 4
+    assert s.step(0.5 * H, 200).nodes == 4  # 30 min after the last scale-down
     assert s.step(H, 200).nodes == 32
 
 

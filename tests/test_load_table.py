@@ -23,7 +23,8 @@ def test_the_shipped_section_is_the_reference_profile():
     assert table is not None
     assert table.default == ScalingSettings(up=0.8, down=0.3, target=0.8, min_nodes=4, max_nodes=32,
                                             node_gpus=8, hysteresis=2, cooldown_up_s=3600.0,
-                                            cooldown_down_s=10800.0, startup_s=3600.0)
+                                            cooldown_down_s=10800.0, startup_s=3600.0,
+                                            min_samples=30, dwell_s=300.0)
 
 
 def test_pool_overrides_and_the_fleets_node_size():

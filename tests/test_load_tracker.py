@@ -22,7 +22,8 @@ from tests.test_advisor_api import START
 from tests.test_advisor_api import advisor_client as advisor_client  # the fixture, reused
 from tests.test_openapi import _check
 
-SETTINGS = ScalingSettings(min_nodes=1, max_nodes=8, hysteresis=2, cooldown_up_s=0, cooldown_down_s=0)
+SETTINGS = ScalingSettings(min_nodes=1, max_nodes=8, hysteresis=2, cooldown_up_s=0, cooldown_down_s=0,
+                           min_samples=1, dwell_s=0)
 
 
 def hints(tracker: LoadTracker) -> list[dict]:
@@ -136,7 +137,7 @@ def daily(tracker: LoadTracker, days: int, until_hour: int = 24) -> None:
 
 def test_predictive_mode_pre_warms_before_the_daily_peak():
     settings = ScalingSettings(min_nodes=1, max_nodes=8, hysteresis=1, cooldown_up_s=0,
-                               cooldown_down_s=0, startup_s=3600)
+                               cooldown_down_s=0, startup_s=3600, min_samples=1, dwell_s=0)
     reactive = LoadTracker(window=4, table=ScalingTable(settings))
     predictive = LoadTracker(window=4, table=ScalingTable(settings, mode="predictive"))
     for tracker in (reactive, predictive):
@@ -220,7 +221,8 @@ def test_memory_pressure_scales_an_idle_looking_pool_up():
 
 
 def test_bounds_are_per_pool():
-    bounded = ScalingSettings(min_nodes=1, max_nodes=3, hysteresis=1, cooldown_up_s=0, cooldown_down_s=0)
+    bounded = ScalingSettings(min_nodes=1, max_nodes=3, hysteresis=1, cooldown_up_s=0, cooldown_down_s=0,
+                              min_samples=1)
     table = ScalingTable(bounded, pools=(("a", bounded, False),))
     named, unnamed = LoadTracker(window=4, table=table), LoadTracker(window=4, table=ScalingTable(bounded))
     for tracker in (named, unnamed):

@@ -90,7 +90,7 @@ def health_monitor() -> HealthMonitor:
 def load_tracker() -> LoadTracker:
     """Two pools: p's demand over its band (scale up), q's under it (scale down)."""
     table = ScalingTable(ScalingSettings(min_nodes=1, max_nodes=8, hysteresis=2,
-                                         cooldown_up_s=0, cooldown_down_s=0))
+                                         cooldown_up_s=0, cooldown_down_s=0, min_samples=1))
     tracker = LoadTracker(window=4, table=table)
     rng = random.Random(5)
     for t in range(6):

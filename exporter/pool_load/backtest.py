@@ -59,6 +59,9 @@ def run_scaler(policy: str, demand: np.ndarray, signal: np.ndarray, settings: Sc
                initial_nodes: int) -> PolicyRun:
     """Drive a :class:`Scaler` with ``signal[t]`` (GPUs) at the end of each hour t."""
     n = len(demand)
+    # no warm-up guard in a replay: min_samples keeps the live hint from acting on the first
+    # few samples after a start; here the rule reads the series from its first hour
+    settings = dataclasses.replace(settings, min_samples=1)
     g = settings.node_gpus
     startup_h = math.ceil(settings.startup_s / HOUR - 1e-9)
     scaler = Scaler(settings, initial_nodes)

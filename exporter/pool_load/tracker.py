@@ -24,9 +24,11 @@
 
 The hint starts from the pool's node count and follows it when the fleet's node
 count changes (someone acted, on the hint or not); otherwise it keeps its own
-recommendation, so an "up" that nobody followed stays up while the demand stays out
-of the band, and goes back to the pool's size once the demand (against the GPUs the
-pool has) is inside it: inside the band the hint is always hold at the current size.
+recommendation, so an "up" that nobody followed stays up while the demand (against the
+GPUs the pool has) stays above the band, and goes back to the pool's size once the demand
+has stayed inside the band for the table's ``dwell`` (or at once below it). No hint
+differs from the pool's size before the pool's window holds ``min_samples`` samples (or
+the whole window, if it is shorter).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from exporter.pool_load.forecast import DAY, HourlyHistory
 from exporter.pool_load.scaling import REASONS, Hint, Scaler
 from exporter.pool_load.stats import WindowStats, window_stats
 from exporter.snapshot import FleetSnapshot
-from exporter.thresholds import ScalingTable, Thresholds, load_thresholds
+from exporter.thresholds import ScalingSettings, ScalingTable, Thresholds, load_thresholds
 from exporter.thresholds.scaling import DEFAULT
 
 MAX_POOLS = 4096  # pools tracked at once; a snapshot with more is bounded upstream too
@@ -184,7 +186,7 @@ class LoadTracker:
             if state is None:
                 if len(self.pools) >= MAX_POOLS:
                     continue
-                settings = self.table.for_pool(pool, sample.node_gpus or None)
+                settings = self._settings(pool, sample.node_gpus or None)
                 state = PoolLoad(Scaler(settings, sample.nodes), deque(maxlen=self.window),
                                  deque(maxlen=self.window), nodes_seen=sample.nodes)
                 self.pools[pool] = state
@@ -211,13 +213,10 @@ class LoadTracker:
                 rise = state.history.rise(horizon)
                 if rise is not None:  # before a day of history: reactive
                     signal = state.forecast_peak = max(0.0, sample.demand_gpus + rise)
-            bounds = state.scaler.settings
-            if (sample.capacity_gpus > 0 and bounds.down <= signal / sample.capacity_gpus <= bounds.up
-                    and state.scaler.nodes != sample.nodes):
-                # inside the band at the size the pool has (issue 30): an earlier hint that
-                # nobody followed is moot, so the hint is that size again, not the old one
-                state.scaler.nodes = sample.nodes
-            hint = state.scaler.step(now, signal, sample.utilization, sample.memory_used)
+            # against the size the pool has: an earlier hint nobody followed holds while the
+            # pool stays out of the band on its side, and goes after `dwell` inside it
+            hint = state.scaler.step(now, signal, sample.utilization, sample.memory_used,
+                                     pool_nodes=sample.nodes, pool_gpus=sample.capacity_gpus)
             if hint.reason == "hold" and hint.nodes != sample.nodes:
                 # a recommendation nobody followed yet: its reason is the action's, so the
                 # reason and the action agree (no "hold" beside a scale-up)
@@ -269,4 +268,12 @@ class LoadTracker:
         self.table = table
         for pool, state in self.pools.items():
             node_gpus = state.sample.node_gpus if state.sample is not None else None
-            state.scaler.settings = table.for_pool(pool, node_gpus or None)
+            state.scaler.settings = self._settings(pool, node_gpus or None)
+
+    def _settings(self, pool: str, node_gpus: int | None) -> ScalingSettings:
+        """The table's settings for ``pool``; a window shorter than ``min_samples`` is
+        enough once full (its statistics are all the tracker will ever read)."""
+        settings = self.table.for_pool(pool, node_gpus)
+        if settings.min_samples > self.window:
+            return dataclasses.replace(settings, min_samples=max(1, self.window))
+        return settings

@@ -9,8 +9,12 @@
       idle_utilization: 0.3  # a pool below this mean utilisation ...
       memory_pressure: 0.85  # ... and below this mean memory use is idle: no scale-up
       hysteresis: 2      # samples in a row out of the band before acting
-      cooldown_up: 1h    # since the last scale-up
-      cooldown_down: 3h  # since the last action
+      min_samples: 30    # no hint before the pool's window holds this many samples
+      dwell: 5m          # a hint nobody followed is withdrawn after the pool stayed this
+                         # long inside the band
+      cooldown_up: 1h    # a scale-up waits this long after a scale-down
+      cooldown_down: 3h  # a scale-down waits this long after a scale-up (a hint in the
+                         # same direction as the last never waits)
       startup: 1h        # a node ordered now serves this much later (the predictive horizon)
       node_gpus: 8       # GPUs a node adds, where the fleet does not say
       mode: reactive     # or predictive: the rule reads the forecast peak until a node started
@@ -46,11 +50,13 @@ from exporter.errors import ConfigError, quoted
 MAX_POOLS = 1024
 MODES = ("reactive", "predictive")
 _KEYS = ("up", "down", "target", "min_nodes", "max_nodes", "hysteresis", "cooldown_up",
-         "cooldown_down", "startup", "node_gpus", "idle_utilization", "memory_pressure")
+         "cooldown_down", "startup", "node_gpus", "idle_utilization", "memory_pressure",
+         "min_samples", "dwell")
 _RATIOS = ("up", "down", "target", "idle_utilization", "memory_pressure")
 _COUNTS = {"min_nodes": (0, 1_000_000), "max_nodes": (1, 1_000_000), "hysteresis": (1, 100),
-           "node_gpus": (1, 1024)}
-_DURATIONS = {"cooldown_up": "cooldown_up_s", "cooldown_down": "cooldown_down_s", "startup": "startup_s"}
+           "node_gpus": (1, 1024), "min_samples": (1, 100_000)}
+_DURATIONS = {"cooldown_up": "cooldown_up_s", "cooldown_down": "cooldown_down_s", "startup": "startup_s",
+              "dwell": "dwell_s"}
 MAX_DURATION_S = 7 * 86400.0
 
 
@@ -63,8 +69,14 @@ class ScalingSettings:
     max_nodes: int | None = 32  # None: no upper bound (a pool the table does not name)
     node_gpus: int = 8  # GPUs one node adds
     hysteresis: int = 2  # samples in a row out of the band before acting
-    cooldown_up_s: float = 3600.0  # since the last scale-up
-    cooldown_down_s: float = 3 * 3600.0  # since the last action of either kind
+    # no hint before this many samples: half the analyzer's default window of 60 (2.5 min
+    # at the 5 s collect interval); the first samples after a start are not the pool's load
+    min_samples: int = 30
+    # a hint nobody followed is withdrawn once the pool stayed this long inside the band
+    # (the HPA's default scale-down stabilisation window): one in-band sample is not a trend
+    dwell_s: float = 300.0
+    cooldown_up_s: float = 3600.0  # a scale-up after a scale-down waits this long
+    cooldown_down_s: float = 3 * 3600.0  # a scale-down after a scale-up waits this long
     startup_s: float = 3600.0  # a node added now serves only this much later
     # seed 001: GPUs all allocated yet idle are no reason to add nodes. A pool whose mean
     # utilisation is below idle_utilization, and whose mean memory use is below
@@ -79,10 +91,10 @@ class ScalingSettings:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
         if self.max_nodes is not None and not 0 <= self.min_nodes <= self.max_nodes:
             raise ValueError(f"need 0 <= min_nodes <= max_nodes, got {self.min_nodes} and {self.max_nodes}")
-        if self.node_gpus < 1 or self.hysteresis < 1:
-            raise ValueError("node_gpus and hysteresis must be at least 1")
-        if min(self.cooldown_up_s, self.cooldown_down_s, self.startup_s) < 0:
-            raise ValueError("cooldowns and startup must not be negative")
+        if self.node_gpus < 1 or self.hysteresis < 1 or self.min_samples < 1:
+            raise ValueError("node_gpus, hysteresis and min_samples must be at least 1")
+        if min(self.cooldown_up_s, self.cooldown_down_s, self.startup_s, self.dwell_s) < 0:
+            raise ValueError("cooldowns, dwell and startup must not be negative")
 
     def nodes_for(self, demand_gpus: float) -> int:
         """Nodes that put ``demand_gpus`` at the target ratio, before the bounds."""
