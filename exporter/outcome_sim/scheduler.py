@@ -106,6 +106,7 @@ class Scheduler:
     _failed_off: dict[tuple, tuple[int, int]] = field(default_factory=dict)
     _disturbed: int = 0  # moves and evictions so far: a reservation from before may be stale
     _reserved_at: int = -1  # _disturbed when the reservation was made
+    _reservations: int = 0  # reservations made so far: the one in force is told by its number
     _last_pass: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
@@ -167,7 +168,7 @@ class Scheduler:
                 # off the reserved nodes, or ending by the head's shadow time
                 if reservation is None:
                     reservation = self._reserve(head, now)
-                    off = (releases, id(reservation))
+                    off = (releases, self._reservations)
                 # it failed off these reserved nodes, and nothing came back since: it still does
                 if failed_off.get(key) != off:
                     placed = cluster.find(job, exclude=reservation.nodes)
@@ -200,6 +201,9 @@ class Scheduler:
             return held
         self.reservation = reserve(self.cluster, head, now)
         self._reserved_at = self._disturbed
+        # by number, not id(): a freed reservation's address is reused by a later one, which
+        # then passed for it and kept jobs off nodes it no longer reserved
+        self._reservations += 1
         return self.reservation
 
 
