@@ -1,4 +1,5 @@
-"""Node mode's footprint against issue 30's goals: ``serve --help`` CPU time, and RSS at 1 min.
+"""Node mode's footprint against its goals: ``serve --help`` CPU time, the node install's
+size (<= 100 MB) and its RSS at 1 min (<= 60 MB), and whether it loaded numpy.
 
 - ``gpufleet serve --help``: user+sys CPU seconds of the whole process (interpreter start
   included), the least of ``--runs`` (CPU, not wall: the development machine is shared,
@@ -8,10 +9,13 @@
   file so that the tests package, which imports pytest, stays out of the process), scraped
   every 15 s; ``VmRSS`` and ``VmHWM`` after ``--seconds``.
 
-The venv's size is not measured here (``du -sm`` of a fresh ``pip install .``; see
-docs/performance.md, "A lean node").
+- ``--venv DIR``: the node install's size, ``du`` of DIR (a venv made the way docs/deploy.md
+  states a node install: ``python3 -m venv --without-pip DIR`` then ``pip --python DIR/bin/python
+  install .``; ``--make-venv`` makes it first, from the package indexes pip is set up with),
+  its largest packages, and node mode run by DIR's interpreter.
 
-Usage: ``.venv/bin/python bench/node_footprint.py [--runs 5] [--seconds 60]``
+Usage: ``.venv/bin/python bench/node_footprint.py [--runs 5] [--seconds 60] [--venv DIR
+[--make-venv]]``
 """
 
 from __future__ import annotations
@@ -67,11 +71,46 @@ def status_mb(pid: int) -> dict[str, float]:
     return out
 
 
+def du_mb(path: Path) -> float:
+    """Bytes on disk under ``path`` (``du -s``: blocks, as the image pays for them), in MB."""
+    out = subprocess.run(["du", "-s", "--block-size=1", str(path)], capture_output=True,
+                         text=True, check=True).stdout
+    return int(out.split()[0]) / 1e6
+
+
+def install_size(venv: Path) -> float:
+    """The venv's size, and its largest packages, printed against the 100 MB goal."""
+    total = du_mb(venv)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    sizes = sorted(((du_mb(p), p.name) for p in site.iterdir() if not p.name.endswith(
+        (".dist-info", ".pth")) and p.name != "__pycache__"), reverse=True)
+    print(f"node install {venv}: {total:.1f} MB (goal <= 100 MB: "
+          f"{'met' if total <= 100 else 'NOT met'}); numpy "
+          f"{'installed' if (site / 'numpy').exists() else 'not installed'}; pip "
+          f"{'installed' if (site / 'pip').exists() else 'not installed'}; largest: "
+          + ", ".join(f"{name} {size:.1f}" for size, name in sizes[:8]))
+    return total
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--venv", type=Path, help="a node install to measure and run node "
+                        "mode with (default: this interpreter)")
+    parser.add_argument("--make-venv", action="store_true",
+                        help="make --venv first, as docs/deploy.md states a node install")
     args = parser.parse_args()
+    python = sys.executable
+    if args.venv is not None:
+        if args.make_venv:
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(args.venv)],
+                           check=True)
+            subprocess.run([sys.executable, "-m", "pip", "--python",
+                            str(args.venv / "bin" / "python"), "install", "-q", str(REPO)],
+                           check=True)
+        install_size(args.venv)
+        python = str(args.venv / "bin" / "python")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     help_cpu = [cpu_of([sys.executable, "-m", "exporter", "serve", "--help"], env)
                 for _ in range(args.runs)]
@@ -86,7 +125,7 @@ def main() -> int:
                           "sources: {sim: {enabled: false}, nvml: {enabled: true}}\n")
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-c", LAUNCHER, str(REPO / "tests" / "helpers" / "fake_pynvml.py"),
+            [python, "-c", LAUNCHER, str(REPO / "tests" / "helpers" / "fake_pynvml.py"),
              "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
             cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -102,12 +141,15 @@ def main() -> int:
                     pass
                 time.sleep(15 if scrapes else 0.5)
             memory = status_mb(proc.pid)
+            numpy = "numpy" in Path(f"/proc/{proc.pid}/maps").read_text()
         finally:
             proc.terminate()
             proc.wait(10)
-    print(f"node mode on {gpus} fake GPUs after {args.seconds:.0f} s and {scrapes} scrapes: "
-          f"VmRSS {memory['VmRSS']:.1f} MiB, VmHWM {memory['VmHWM']:.1f} MiB; "
-          f"load average {os.getloadavg()[0]:.1f}")
+    rss_mb = memory["VmRSS"] * 2 ** 20 / 1e6
+    print(f"node mode on {gpus} fake GPUs ({python}) after {args.seconds:.0f} s and {scrapes} "
+          f"scrapes: VmRSS {memory['VmRSS']:.1f} MiB = {rss_mb:.1f} MB (goal <= 60 MB: "
+          f"{'met' if rss_mb <= 60 else 'NOT met'}), VmHWM {memory['VmHWM']:.1f} MiB; numpy "
+          f"{'loaded' if numpy else 'not loaded'}; load average {os.getloadavg()[0]:.1f}")
     return 0 if gpus == 8 else 1
 
 
