@@ -19,6 +19,13 @@ run in one scratch folder per document that looks like a checkout (``data``, ``d
   exporter's ``/v1/snapshot`` as the default fleet's body. Absolute ``/etc`` and ``/var``
   paths land in the scratch folder.
 
+The README's install block (``python3 -m venv``, ``pip install '.[extras]'``, ``export
+PATH``) is checked here (the extras it names exist), and run for real by
+:func:`test_the_readme_runs_installed_outside_the_checkout`: a fresh virtual environment with
+only the documented install, and every README command run by that ``gpufleet``, in a folder
+outside the checkout, without the checkout on ``PYTHONPATH`` (a repository file a command
+names is given by its path in the clone, as a reader in another folder would).
+
 A block that cannot run on one machine starts with ``# not run by the tests: needs ...``
 (a Kubernetes cluster, root and systemd, a container daemon, a terminal): its ``gpufleet``
 commands are still parsed and the repository files it names must exist. A block that fits
@@ -34,8 +41,10 @@ import io
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,6 +62,9 @@ LINKED = ("data", "deploy", "rules", "dashboards")
 REPO_PATH = re.compile(r"^(?:\./)?(?:data|deploy|rules|dashboards|docs|bench|exporter)/\S*$")
 VM_BINARIES = ("victoria-metrics", "vmagent", "vmalert")
 TIMEOUT = 60
+# the wheels of a fresh install's dependencies, kept between runs: only a changed
+# dependency is fetched from the package index again
+WHEELHOUSE = REPO / ".venv" / "docs-wheelhouse"
 
 
 def parse_only(argv: list[str]) -> str | None:
@@ -63,6 +75,31 @@ def parse_only(argv: list[str]) -> str | None:
         return "six pools' 184 days by three policies: 5 s of CPU"
     if argv[:1] == ["analyze"] and "--placed-by" in argv:
         return "a placement of the whole trace: 2.5 s of CPU (tests/test_analyze_cmd.py runs one)"
+    if argv[:1] == ["simulate"]:
+        return "a day of arrivals: 10 s of CPU (run installed, outside the checkout, below)"
+    return None
+
+
+def pip_install(words: list[str]) -> list[str] | None:
+    """What ``pip install`` installs in ``words`` (None: not a pip install)."""
+    if Path(words[0]).name in ("pip", "pip3") and words[1:2] == ["install"]:
+        return [w for w in words[2:] if not w.startswith("-")]
+    return None
+
+
+def extras_problem(specs: list[str]) -> str | None:
+    """Why a ``.[extra,...]`` the install names is not one of pyproject's extras, if so."""
+    import tomllib
+
+    known = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+                ["optional-dependencies"])
+    for spec in (s for s in specs if s.startswith(".")):  # the clone's, not a built wheel
+        match = re.fullmatch(r"\.(?:\[(?P<extras>[\w,-]+)\])?", spec)
+        if match is None:
+            return f"{spec}: not an install of the clone ('.' or '.[extras]')"
+        unknown = set((match.group("extras") or "").split(",")) - known - {""}
+        if unknown:
+            return f"{spec}: no extra {', '.join(sorted(unknown))} in pyproject.toml"
     return None
 
 
@@ -159,6 +196,7 @@ class Session:
         self.configs: list[Block] = []
         self.previous_scrape = ""
         self.env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.gpufleet = [sys.executable, "-m", "exporter"]  # this checkout's
 
     def fail(self, block: Block, message: str) -> None:
         self.failures.append(f"{block.where}: {message.strip()[-600:]}")
@@ -179,21 +217,32 @@ class Session:
 
     # --- shell -----------------------------------------------------------------------
 
+    def installing(self, block: Block, words: list[str]) -> bool:
+        """An install step of the README's (checked here: the fresh-venv test runs them)."""
+        specs = pip_install(words)
+        if specs is not None:
+            problem = extras_problem(specs)
+            if problem:
+                self.fail(block, problem)
+            return True
+        return words[:3] == ["python3", "-m", "venv"] or words[0] == "export"
+
     def shell(self, block: Block) -> None:
         marked = block.not_run is not None
         for words, redirect in commands(block.text):
+            if self.installing(block, words):
+                continue
             self.check_paths(block, words)
             argv = gpufleet_argv(words)
-            if argv is not None and (marked or words[0] != "gpufleet" or parse_only(argv)):
-                problem = parse_gpufleet(argv) or self.trace(argv)
+            if argv is not None and (marked or words[0] != "gpufleet" or self.parse_only(argv)):
+                problem = self.unrun(argv)
                 if problem:
                     self.fail(block, f"gpufleet {' '.join(argv)}: {problem}")
                 continue
             if marked:
                 continue
             if argv is not None:
-                self.command(block, [sys.executable, "-m", "exporter", *map(self.local, argv)],
-                             redirect)
+                self.command(block, [*self.gpufleet, *map(self.local, argv)], redirect)
                 for out in self.outs(argv):
                     if not any(out.iterdir()):
                         self.fail(block, f"gpufleet {' '.join(argv)}: wrote nothing into {out}")
@@ -213,6 +262,13 @@ class Session:
             else:
                 self.fail(block, f"no runner for {words[0]!r}: run it, or start the block with "
                           "'# not run by the tests: needs ...'")
+
+    def parse_only(self, argv: list[str]) -> str | None:
+        return parse_only(argv)
+
+    def unrun(self, argv: list[str]) -> str | None:
+        """What is wrong with a command that is not run: its arguments, its trace."""
+        return parse_gpufleet(argv) or self.trace(argv)
 
     def trace(self, argv: list[str]) -> str | None:
         """The ``--trace`` an unrun command names is there, looked up as gpufleet looks."""
@@ -242,12 +298,12 @@ class Session:
                 self.fail(block, f"{value}: no such file in the repository")
 
     def command(self, block: Block, cmd: list[str], redirect: str | None,
-                cwd: Path | None = None) -> None:
+                cwd: Path | None = None, timeout: float = TIMEOUT) -> None:
         try:
             done = subprocess.run(cmd, cwd=cwd or self.folder, env=self.env, capture_output=True,
-                                  timeout=TIMEOUT)
+                                  timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.fail(block, f"{' '.join(cmd)}: still running after {TIMEOUT} s")
+            self.fail(block, f"{' '.join(cmd)}: still running after {timeout} s")
             return
         if done.returncode != 0:
             self.fail(block, f"{' '.join(cmd)}: exit {done.returncode}: "
@@ -429,3 +485,155 @@ def test_a_wrong_block_fails(tmp_path: Path) -> None:
     ]
     for failure, (where, what) in zip(failures, expected, strict=True):
         assert failure.startswith(where) and what in failure, (failure, where, what)
+
+
+# --- the README installed, outside the checkout ------------------------------------------------
+
+# a command not run is checked by the installed gpufleet: its parser, the extra it needs, its
+# trace (looked up in the clone's data/, as the README says to outside a checkout)
+_UNRUN = """
+import sys
+from exporter import cli
+from exporter.analysis.openb import named_trace
+from exporter.extras import check_command
+argv = sys.argv[1:]
+args, extra = cli._parser(cli._command(argv)).parse_known_args(argv)
+assert not extra, f"unrecognized arguments: {extra}"
+check_command(args.command)
+for j, word in enumerate(argv[:-1]):
+    if word == "--trace":
+        named_trace(argv[j + 1])
+"""
+
+
+class Installed(Session):
+    """The README's shell blocks as a reader runs them after the README's own install: a
+    fresh virtual environment under ``home``, the ``gpufleet`` its ``export PATH`` finds, run
+    in ``folder``, outside the checkout and without it on PYTHONPATH."""
+
+    def __init__(self, folder: Path, home: Path) -> None:
+        self.folder, self.home = folder, home
+        self.failures: list[str] = []
+        self.configs: list[Block] = []
+        self.previous_scrape = ""
+        path = [p for p in os.environ["PATH"].split(os.pathsep) if not p.startswith(str(REPO))]
+        # pip's own settings (its index, certificates) stay; the checkout's do not
+        self.env = {**{k: v for k, v in os.environ.items() if k.startswith("PIP_")},
+                    "PATH": os.pathsep.join(path), "HOME": str(home), "LANG": "C.UTF-8"}
+        self.gpufleet: list[str] = []
+        self.python = ""
+        self.install_seconds = 0.0  # the install from the kept wheels (printed: make test's budget)
+
+    def run(self, block: Block) -> None:
+        if block.lang == "sh":  # the config blocks are the checkout test's: no install in them
+            self.shell(block)
+
+    def expand(self, word: str) -> str:
+        """``~`` and ``$HOME`` as the reader's shell reads them, in the test's home."""
+        home = self.env["HOME"]
+        return (home + word[1:] if word.startswith("~/") else word).replace("$HOME", home)
+
+    def local(self, word: str) -> str:
+        """A repository file a command names, by its path in the clone."""
+        word = super().local(word)
+        flag, eq, value = word.rpartition("=") if word.startswith("-") else ("", "", word)
+        if REPO_PATH.match(value):
+            return f"{flag}{eq}{REPO / value.removeprefix('./')}"
+        return word
+
+    def installing(self, block: Block, words: list[str]) -> bool:
+        words = [self.expand(w) for w in words]
+        if words[:3] == ["python3", "-m", "venv"]:
+            # the interpreter the tests run on, outside its own virtual environment
+            base = getattr(sys, "_base_executable", sys.executable)
+            self.command(block, [base, "-m", "venv", *words[3:]], None)
+        elif (specs := pip_install(words)) is not None:
+            self.pip(block, words[0], specs)
+        elif words[0] == "export":
+            name, _, value = words[1].partition("=")
+            if name == "PATH":
+                self.env["PATH"] = value.replace("$PATH", self.env["PATH"])
+                found = shutil.which("gpufleet", path=self.env["PATH"])
+                self.gpufleet = [found] if found else []
+                self.python = str(Path(found).parent / "python") if found else ""
+        else:
+            return False
+        return True
+
+    def pip(self, block: Block, pip: str, specs: list[str]) -> None:
+        """``pip install`` as written, its dependencies from the kept wheels; those fetched
+        from the package index only when a dependency is missing there."""
+        install = [pip, "install", "-q", "--no-index", "--find-links", str(WHEELHOUSE), *specs]
+        started = time.monotonic()
+        done = subprocess.run(install, cwd=REPO, env=self.env, capture_output=True, timeout=600)
+        self.install_seconds = time.monotonic() - started
+        if done.returncode == 0:
+            return
+        WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+        for fill in ([pip, "wheel", "-q", "-w", str(WHEELHOUSE), *specs],
+                     [pip, "download", "-q", "-d", str(WHEELHOUSE), "setuptools>=68", "wheel"]):
+            subprocess.run(fill, cwd=REPO, env=self.env, capture_output=True, timeout=600)
+        for built in WHEELHOUSE.glob("gpufleet-*.whl"):  # the clone is built afresh each time
+            built.unlink()
+        self.command(block, install, None, cwd=REPO, timeout=600)
+
+    def parse_only(self, argv: list[str]) -> str | None:
+        # simulate runs: the arrival series it replays must come with the package
+        return None if argv[:1] == ["simulate"] else parse_only(argv)
+
+    def unrun(self, argv: list[str]) -> str | None:
+        if not self.python:
+            return "no gpufleet on PATH: the install block did not put it there"
+        done = subprocess.run([self.python, "-c", _UNRUN, *argv], cwd=self.folder,
+                              env={**self.env, "GPUFLEET_DATA": str(REPO / "data")},
+                              capture_output=True, text=True, timeout=TIMEOUT)
+        return None if done.returncode == 0 else (done.stderr or done.stdout)
+
+    def shell(self, block: Block) -> None:
+        for words, redirect in commands(block.text):
+            if words[0] == "make":
+                continue  # the checkout's Makefile: the checkout's test runs it
+            if gpufleet_argv(words) is not None and not self.gpufleet:
+                self.fail(block, "gpufleet before the install put it on PATH")
+                return
+            one = shlex.join(words) + (f" > {shlex.quote(redirect)}" if redirect else "")
+            Session.shell(self, dataclasses.replace(block, text=one + "\n"))
+
+
+@pytest.mark.slow
+def test_the_readme_runs_installed_outside_the_checkout(tmp_path: Path) -> None:
+    """issue 44: commands the README documents failed after the README's own install
+    (no matplotlib, simulate's data not packaged, no word on PATH)."""
+    home, folder = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    folder.mkdir()
+    session = Installed(folder, home)
+    started = time.monotonic()
+    for block in blocks("README.md", (REPO / "README.md").read_text()):
+        session.run(block)
+    print(f"README installed and run in {time.monotonic() - started:.0f} s, "
+          f"of which pip install {session.install_seconds:.0f} s")
+    assert not session.failures, "\n".join(session.failures)
+    assert session.gpufleet and session.gpufleet[0].startswith(str(home))
+    # simulate ran installed, with no data/ here: its series came with the package
+    assert (folder / "sim-out" / "outcomes.csv").is_file() and not (folder / "data").exists()
+    assert (folder / "out" / "load.csv").exists() is False  # load is parsed, not run
+
+
+def test_a_missing_extra_is_one_line_before_any_work(tmp_path: Path) -> None:
+    """A command whose extra is not installed says so, with the install that adds it, and
+    exits 2 before computing anything (simulate and replay computed for 30 s first)."""
+    for argv, extra, what in [
+            (["simulate", "--days", "14", "--out", "o"], "replay", "gpufleet simulate (timeline.png)"),
+            (["replay", "--out", "o"], "replay", "gpufleet replay (replay.png)"),
+            (["dashboards", "--out", "o"], "dashboards", "gpufleet dashboards")]:
+        hidden = "matplotlib" if extra == "replay" else "grafanalib"
+        done = subprocess.run(
+            [sys.executable, "-c", f"import sys; sys.modules[{hidden!r}] = None; "
+             "from exporter.cli import main; sys.exit(main(sys.argv[1:]))", *argv],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+            text=True, timeout=60)
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == (f"gpufleet: {what} needs {hidden}, which is not installed: "
+                               f"pip install 'gpufleet[{extra}]'\n")
+        assert not (tmp_path / "o").exists()
