@@ -59,10 +59,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from exporter import metrics
 from exporter.advisor.advice import (
@@ -77,6 +80,7 @@ from exporter.advisor.advice import (
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.right_sizing import right_sizing
 from exporter.analysis.index import Report
+from exporter.analysis.state import FleetState
 from exporter.attribution.jobs import GpuJobUse, job_use
 from exporter.gpu_catalogue import default_catalogue
 from exporter.pool_load.tracker import PoolAdvice
@@ -351,7 +355,58 @@ class Assessment:
     # fleet's free GPUs as a key, to remember a miss
     pending_job: JobRequest | None = None
     free_key: int = 0
+    # the head when idle GPUs in all would hold it but no repack can make room for it: capacity,
+    # said in a note (the test before called it fragments)
+    capacity_head: JobRequest | None = None
 
+
+
+def repack_could_fit(snapshot: FleetSnapshot, state: FleetState, job: JobRequest) -> bool:
+    """Whether moving jobs could make room for ``job``: fragments, not capacity.
+
+    On some GPU model it may use, within its pool (when the fleet has it), the nodes big
+    enough for one of its parts hold free GPU shares, and what moves could take off them:
+    no more than their jobs hold, nor than is idle elsewhere in the pool on the models
+    those jobs may move to (the planner's :func:`~exporter.advisor.planner.destination_models`,
+    by memory; a gang never moves). What it asks must be within that sum (whole GPUs: its
+    floor). An upper bound: a repack that could start it is never refused. The sum of all
+    idle shares (the test before) said "fragments" for jobs no repack could start: idle
+    shares on nodes too small for a part, on models it may not use or its jobs may not
+    move to, in other pools, or fractions of GPUs a whole-GPU job cannot use.
+    """
+    from exporter.advisor.planner import destination_models
+
+    free = state.gpu_free.sum(axis=1)
+    nodes = np.ones(len(state.names), dtype=bool)
+    if job.pool and job.pool in state.pool_names:
+        nodes = state.pool == state.pool_names.index(job.pool)
+    parts = max(1, job.node_count)
+    big = nodes & (state.gpu_count >= -(-job.gpu_count // parts))
+    whole = job.gpu_share >= 1.0 - 1e-9
+    need = job.gpu_count if whole else job.gpu_count * job.gpu_share
+    wanted = [m for m, name in enumerate(state.model_names)
+              if (not job.models or name in job.models) and bool((big & (state.model == m)).any())]
+    if not wanted:
+        return False
+    index = {name: i for i, name in enumerate(state.names)}
+    reach: dict[int, set[str]] = {m: set() for m in wanted}
+    for alloc in snapshot.allocations:
+        if len(alloc.placements) != 1 or (node := index.get(alloc.placements[0].node)) is None:
+            continue
+        m = int(state.model[node])
+        if m in reach and big[node]:
+            reach[m].update(destination_models(alloc, state.model_names[m], state.model_names))
+    for m in wanted:
+        on = big & (state.model == m)
+        own = float(free[on].sum())
+        held = float(state.gpu_count[on].sum()) - own
+        to = nodes & ~on & np.isin(np.array(state.model_names)[state.model], sorted(reach[m]))
+        room = own + min(held, float(free[to].sum()))
+        if whole:
+            room = math.floor(room + 1e-9)
+        if room >= need - 1e-9:
+            return True
+    return False
 
 @dataclass
 class Advisor:
@@ -432,12 +487,13 @@ class Advisor:
         scopes = {k: ScopeStatus(round(st.index, 2), st.recommended, st.above_since)
                   for k, st in sorted(self.scopes.items())}
 
-        pending_job, free_key = self._pending_head(snapshot, report, now) if s.require_pending else (None, 0)
+        pending_job, free_key, capacity_head = (self._pending_head(measured, report, now)
+                                                if s.require_pending else (None, 0, None))
 
         def settled(decision: Decision, scope: str | None, reasons: list[str],
                     plan_scope: str | None = None) -> Assessment:
             return Assessment(snapshot, measured, report, now, trigger, scopes, decision, scope,
-                              tuple(reasons), plan_scope, pending_job, free_key)
+                              tuple(reasons), plan_scope, pending_job, free_key, capacity_head)
 
         due = [k for k, st in self.scopes.items() if st.recommended]
         if not due:
@@ -481,22 +537,27 @@ class Advisor:
         return settled("compact", scope, [why_due], plan_scope=scope)
 
     def _pending_head(self, snapshot: FleetSnapshot, report: Report, now: float
-                      ) -> tuple[JobRequest | None, int]:
+                      ) -> tuple[JobRequest | None, int, JobRequest | None]:
         """The pending job to plan for, and the free GPUs' key: the first one asking GPUs, in
-        the source's order (the scheduler's queue), when the fleet has idle GPUs enough for it
-        in all (fewer: only capacity lets it start, no move), no plan in force already lets it
-        start, and no plan was missed for it on the same free GPUs within the dwell."""
+        the source's order (the scheduler's queue), when a repack could make room for it
+        (:func:`repack_could_fit`; else only capacity lets it start, no move), no plan in force
+        already lets it start, and no plan was missed for it on the same free GPUs within the
+        dwell. Third, that head when it waits for capacity though the idle GPUs in all would
+        hold it (:attr:`Assessment.capacity_head`)."""
         job = next((j for j in snapshot.pending if j.gpu_count > 0), None)
-        if job is None or job.gpu_count * job.gpu_share > report.cluster.idle_gpus + 1e-9:
-            return None, 0
+        if job is None:
+            return None, 0, None
+        if not repack_could_fit(snapshot, report.state, job):
+            idle = job.gpu_count * job.gpu_share <= report.cluster.idle_gpus + 1e-9
+            return None, 0, job if idle else None
         carried = self.carried
         if carried is not None and carried.expires_at > now and job.job in carried.lets_start:
-            return None, 0
+            return None, 0, None
         key = hash(report.state.gpu_free.tobytes())
         miss = self.pending_miss
         if miss is not None and miss[:2] == (job.job, key) and now - miss[2] < self.settings.dwell_seconds:
-            return None, 0
-        return job, key
+            return None, 0, None
+        return job, key, None
 
     def decide(self, assessment: Assessment, plan: CompactionPlan | None = None,
                scaling: tuple[PoolAdvice, ...] | None = None,
@@ -533,6 +594,11 @@ class Advisor:
             refused = pending_gate(pending_plan, job, s) if pending_plan is not None else None
             note = (refused or f"pending job {job.job} ({job.gpu_count * job.gpu_share:g} GPUs) waits: "
                     "no plan of allowed moves lets it start",)
+        elif a.capacity_head is not None:
+            job = a.capacity_head
+            note = (f"pending job {job.job} ({job.gpu_count * job.gpu_share:g} GPUs) waits for capacity: "
+                    f"{a.report.cluster.idle_gpus:.0f} GPUs are idle, but no plan of moves can make room "
+                    "for it on the GPU models it may use",)
         if a.plan_scope is not None:
             if plan is None:
                 raise ValueError(f"the assessment of {a.plan_scope} needs its plan")

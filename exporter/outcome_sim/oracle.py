@@ -4,7 +4,8 @@ Moves are free and instant (:meth:`~exporter.outcome_sim.cluster.Cluster.relocat
 no work lost, no restore), of any single-node job, high-priority ones included,
 and memory-safe: each only to a GPU model the advisor's planner allows it
 (:func:`~exporter.outcome_sim.strategies.destinations`: at least the memory per
-GPU of the one it runs on). A moved job runs at its new model's speed, as any.
+GPU of the one it runs on) where it runs at least as fast (a move that slowed a
+job would cost it time: the oracle's moves cost nothing).
 Gangs stay where they are: a gang's parts move together or not at all, and each
 part of the trace's gangs holds a whole node, which no repack needs moved.
 
@@ -51,7 +52,8 @@ class Oracle:
             return
         if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
             return  # too few idle GPUs in all, or it fits already (the queue's order holds it)
-        found = unblock(sim, head, self.max_moves, self.candidates, fair=True, base=any_single_node)
+        found = unblock(sim, head, self.max_moves, self.candidates, any_single_node, rule="no-slower",
+                        base=any_single_node)
         if found is None:
             self._tried = (head.id, cluster.releases)
             return

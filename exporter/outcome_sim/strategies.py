@@ -68,9 +68,20 @@ def destinations(cluster: Cluster, job: Job) -> tuple[str, ...]:
     return _destinations(None, job.models, current, placer.model_names)
 
 
-def _models(cluster: Cluster, job: Job, fair: bool) -> tuple[str, ...] | None:
-    """Where a strategy may send ``job``: None for its own allowed models (unrestricted)."""
-    return destinations(cluster, job) if fair else None
+RULES = ("fair", "unrestricted", "no-slower")  # where moves may send a job: see _models
+
+
+def _models(cluster: Cluster, job: Job, rule: str) -> tuple[str, ...] | None:
+    """Where a strategy may send ``job``: ``fair`` :func:`destinations`; ``no-slower`` those of
+    them where it runs at least as fast (the oracle's: a free move costs nothing, not even
+    speed); ``unrestricted`` None, its own allowed models."""
+    if rule == "unrestricted":
+        return None
+    models = destinations(cluster, job)
+    if rule == "no-slower":
+        index = {name: i for i, name in enumerate(cluster.placer.model_names)}
+        models = tuple(m for m in models if cluster.speeds[index[m]] >= job.speed - 1e-9)
+    return models
 
 
 @dataclass
@@ -106,7 +117,7 @@ class Descheduler:
                 if evicted >= self.budget:
                     return
                 evicted += 1
-                models = _models(cluster, job, self.fair)
+                models = _models(cluster, job, "fair" if self.fair else "unrestricted")
                 cluster.interrupt(job, now)
                 sim.scheduler.disturbed()
                 destination = None if models == () else cluster.find(job, exclude=[node], models=models)
@@ -137,7 +148,8 @@ class HeadUnblocker:
             return False  # nothing blocked, or nothing changed since no way was found for it
         if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
             return False  # too few idle GPUs in all: moving jobs cannot make room
-        found = unblock(sim, head, self.max_moves, self.candidates, may_move, self.same_model, self.fair)
+        found = unblock(sim, head, self.max_moves, self.candidates, may_move, self.same_model,
+                        "fair" if self.fair else "unrestricted")
         if found is None:
             self._tried = (head.id, cluster.releases)
             return False
@@ -160,12 +172,12 @@ class Consolidate:
 
 def unblock(sim: Sim, head: Job, max_moves: int, candidates: int,
             may_move: Callable[[Job], bool] = movable,
-            same_model: bool = False, fair: bool = True,
+            same_model: bool = False, rule: str = "fair",
             base: Callable[[Job], bool] = movable) -> list[tuple[Job, list[Placement]]] | None:
     """The fewest moves, each to a verified destination, after which ``head`` fits; None if there
     are none within ``max_moves``. The fleet is left as it was. ``may_move`` says which jobs
     may move (always only ``base`` ones: :func:`movable`, but for the oracle); ``same_model``
-    keeps each on its GPU model; ``fair`` sends each only to a model :func:`destinations` allows.
+    keeps each on its GPU model; ``rule`` says which models each may go to (:data:`RULES`).
 
     Per part of the head (one for a single-node job): of the nodes it may use, those
     whose free GPUs plus their movable jobs' could hold it, fewest movable GPUs
@@ -187,7 +199,7 @@ def unblock(sim: Sim, head: Job, max_moves: int, candidates: int,
                 return base(j) and may_move(j) and j.id not in moved
 
             best = _cheapest_node(sim, head, taken, max_moves - len(moves), candidates, free_to_move,
-                                  same_model, fair)
+                                  same_model, rule)
             if best is None:
                 return None
             node, plan, part = best
@@ -212,7 +224,7 @@ Moves = list[tuple[Job, list[Placement]]]
 
 def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidates: int,
                    may_move: Callable[[Job], bool], same_model: bool,
-                   fair: bool = True) -> tuple[int, Moves, Placement] | None:
+                   rule: str = "fair") -> tuple[int, Moves, Placement] | None:
     cluster = sim.cluster
     placer = cluster.placer
     model_ok = np.ones(len(placer.names), dtype=bool)
@@ -241,14 +253,14 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
             break
         if not room_after_moves(free[node], (j.demand for j in on_node[node]), limit, part_task):
             continue  # _evacuate_for would end with None, as in the advisor's planner
-        found = _evacuate_for(sim, node, on_node[node], limit, part_task, same_model, fair)
+        found = _evacuate_for(sim, node, on_node[node], limit, part_task, same_model, rule)
         if found is not None and (best is None or len(found[0]) < len(best[1])):
             best = (node, found[0], found[1])
     return best
 
 
 def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task, same_model: bool,
-                  fair: bool = True) -> tuple[list[tuple[Job, list[Placement]]], Placement] | None:
+                  rule: str = "fair") -> tuple[list[tuple[Job, list[Placement]]], Placement] | None:
     """Move ``node``'s jobs off it, largest first, until the head's part (``task``) fits there;
     undone after."""
     cluster = sim.cluster
@@ -262,7 +274,7 @@ def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task, 
                 return plan, part
             if len(plan) >= limit:
                 return None
-            models = _models(cluster, job, fair)
+            models = _models(cluster, job, rule)
             if same_model:
                 own = placer.model_names[placer.model[node]]
                 models = (own,) if models is None or own in models else ()
@@ -283,5 +295,5 @@ def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task, 
         undo(placer, log)
 
 
-__all__ = ["STRATEGIES", "Consolidate", "Descheduler", "HeadUnblocker", "Nothing", "Strategy", "destinations",
-           "movable", "unblock"]
+__all__ = ["RULES", "STRATEGIES", "Consolidate", "Descheduler", "HeadUnblocker", "Nothing", "Strategy",
+           "destinations", "movable", "unblock"]
