@@ -27,13 +27,8 @@ Two decision rules, both the engine's, selectable as strategies:
 
 Speed: an evaluation (snapshot, analysis, engine, planner) costs about 25 ms of
 CPU on the default fleet, so the advisor is evaluated every ``evaluate_every``
-(its cadence: the index, dwell and hold clocks), and, for the revised rule, between
-two of those at a tick only when it could plan for a waiting job that it could not
-plan for at the last evaluation: a job is queued, the queue's head asks no more GPUs
-than are idle (the engine's own first test, :meth:`~exporter.advisor.engine.Advisor._pending_head`,
-done here on the simulator's counters so no snapshot is built for nothing), and
-the head or the fleet's free capacity changed since (a job ended or moved). A
-plan's waiting moves are looked at every tick.
+(its cadence, as serve's frames: the index, dwell and hold clocks), never between
+two. A plan's waiting moves are looked at every tick.
 """
 
 from __future__ import annotations
