@@ -25,7 +25,23 @@ def _amtool(*args: str) -> subprocess.CompletedProcess:
 def test_amtool_check_config_passes():
     result = _amtool("check-config", str(DEPLOY_ALERTMANAGER))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout and "3 inhibit rules" in result.stdout
+    assert "SUCCESS" in result.stdout and "4 inhibit rules" in result.stdout
+
+
+def test_the_inhibit_rules_the_table_implies_are_the_committed_ones():
+    """GpuNodeDrained's `mutes_pages` is an inhibit rule in deploy/alertmanager.yml, made from
+    the table (exporter/alerting/inhibit.py): the example cannot drift from the table."""
+    from exporter.alerting.inhibit import inhibit_rules
+    from exporter.thresholds import load_thresholds
+
+    generated = inhibit_rules(load_thresholds(REPO / "rules" / "thresholds.yaml"))
+    assert generated == [{"source_matchers": ['alertname="GpuNodeDrained"'],
+                          "target_matchers": ['page="true"'], "equal": ["cluster", "node"]}]
+    committed = yaml.safe_load(DEPLOY_ALERTMANAGER.read_text())["inhibit_rules"]
+    table_made = [r for r in committed
+                  if any(m.startswith("alertname=") for m in r["source_matchers"])
+                  and r["target_matchers"] == ['page="true"']]
+    assert table_made == generated
 
 
 # (what, labels of the alert, receivers it must reach in routing-tree order)

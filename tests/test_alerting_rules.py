@@ -355,7 +355,14 @@ def test_rules_that_need_care_are_written_with_it():
         f"  (gpufleet_gpu_xid_errors_total{xids}",
         f"    unless gpufleet_gpu_xid_errors_total{xids} offset 10m)",
         "  and on (cluster, node, gpu)",
-        "    time() - gpufleet_gpu_last_xid_timestamp_seconds < 600", ") > 0"]
+        "    time() - gpufleet_gpu_last_xid_timestamp_seconds < 600", "  or",
+        # held while gpufleet's own verdict holds the GPU failing for an XID (issue 44)
+        f"  gpufleet_gpu_xid_errors_total{xids}", "  and on (cluster, node, gpu)",
+        '    gpufleet_gpu_health_verdict{verdict="failing",signal="xid"}', ") > 0"]
+    # a drained failing node: joined on its place, one series per node whatever exported it
+    assert rules[("GpuNodeDrained", "warning", None)].splitlines() == [
+        "max by (cluster, node, pool) (gpufleet_node_drained)", "and on (cluster, node)",
+        '  max by (cluster, node) (gpufleet_node_health_verdict{verdict="failing"}) == 1']
 
 
 def test_job_metadata_never_reaches_an_alerts_labels():

@@ -51,7 +51,8 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
     assert [row.alert for row in t.alerts] == [
         "GpuJobUtilizationLow", "GpuMemoryHigh", "GpuTemperatureHigh", "GpuPowerHigh",
         "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuFleetFragmentationHigh",
-        "GpuJobCheckpointStale", "GpuJobNvlinkGenerationsMixed", "GpuJobStraggler", "GpuLost", "GpuXidError",
+        "GpuJobCheckpointStale", "GpuJobNvlinkGenerationsMixed", "GpuJobStraggler", "GpuLost",
+        "GpuNodeDrained", "GpuXidError",
         "GpuEccUncorrectable", "GpuRowRemapFailed", "GpuRowRemapPending", "GpuClocksThrottled",
         "GpuPowerCapped", "GpuNvlinkErrors", "GpuNvlinkCrcErrors", "GpuSmActivityLow", "GpufleetSourceDown",
         "GpufleetSourceDownEverywhere", "GpufleetTargetDown", "GpufleetSnapshotStale", "GpufleetJobDown",
@@ -284,6 +285,23 @@ def test_runbooks_have_a_section_per_alert_with_the_tables_action():
         paging = "pages" if row.page else "never pages"
         assert f"**Who acts:** {row.owner} (" in sections[row.runbook], row.alert
         assert paging in sections[row.runbook].split("**Who acts:**")[1].split(")")[0], row.alert
+
+
+def test_mutes_pages_is_a_flag_of_a_per_node_row():
+    text = TABLE.read_text()
+    assert load_thresholds(TABLE).alert("GpuNodeDrained").mutes_pages
+    assert not any(row.mutes_pages for row in load_thresholds(TABLE).alerts
+                   if row.alert != "GpuNodeDrained")
+    bad = text.replace("    mutes_pages: true\n", "    mutes_pages: yes please\n")
+    with pytest.raises(ThresholdError, match=r"\(GpuNodeDrained\)\.mutes_pages: must be true or false"):
+        parse_thresholds(bad, "t.yaml")
+    # a per-GPU row has no node to mute on its own
+    gpu = text.replace("    page: true\n    owner: on-call\n    summary: A GPU stopped answering.",
+                       "    page: true\n    mutes_pages: true\n    owner: on-call\n"
+                       "    summary: A GPU stopped answering.")
+    assert gpu != text
+    with pytest.raises(ThresholdError, match=r"\(GpuLost\)\.mutes_pages: only a per-node alert"):
+        parse_thresholds(gpu, "t.yaml")
 
 
 def _runbook_sections() -> dict[str, str]:

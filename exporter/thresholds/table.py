@@ -113,6 +113,9 @@ class AlertRow:
     page: bool = False  # True: the critical level pages; every other level is a ticket
     labels: tuple[tuple[str, str], ...] = ()
     models: tuple[ModelThreshold, ...] = ()  # per-model metrics: every model with thresholds
+    # while it fires, Alertmanager mutes every paging alert of the same node (an inhibit rule
+    # generated from the table: exporter/alerting/inhibit.py)
+    mutes_pages: bool = False
 
     @property
     def severities(self) -> tuple[str, ...]:
@@ -248,7 +251,7 @@ DEFAULT_RUNBOOK_BASE_URL = "docs/runbooks.md"
 _ABSOLUTE_URL = re.compile(r"^https?://[^/\s]+")
 _URL_TEXT = re.compile(r"[^\s#\"'<>{}|\\^`]+")  # one URL or path, without an #anchor or space
 _ROW_KEYS = ("alert", "metric", "op", "scope", "warning", "critical", "models", "labels",
-             "summary", "action", "runbook", "owner", "page")
+             "summary", "action", "runbook", "owner", "page", "mutes_pages")
 OWNERS = ("on-call", "job owner", "platform team", "capacity planner")
 _LEVEL_KEYS = ("threshold", "for")
 
@@ -471,6 +474,12 @@ def _parse_row(raw: Any, where: str, catalogue: Catalogue) -> AlertRow:
     if owner not in OWNERS:
         raise ConfigError(f"{where}.owner: must say who acts, one of {', '.join(OWNERS)}; "
                           f"got {quoted(owner)}")
+    mutes_pages = row.get("mutes_pages", False)
+    if not isinstance(mutes_pages, bool):
+        raise ConfigError(f"{where}.mutes_pages: must be true or false, got {quoted(mutes_pages)}")
+    if mutes_pages and "by (cluster, node" not in metric.expr:  # its alerts carry `node`
+        raise ConfigError(f"{where}.mutes_pages: only a per-node alert (one with a node label) "
+                          f"mutes its node's pages, not {metric.key}")
     runbook = row.get("runbook", alert.lower())
     if not isinstance(runbook, str) or not _ANCHOR.match(runbook):
         raise ConfigError(f"{where}.runbook: must be a lower-case anchor such as "
@@ -480,6 +489,7 @@ def _parse_row(raw: Any, where: str, catalogue: Catalogue) -> AlertRow:
         summary=validate.line(row["summary"], f"{where}.summary"),
         action=validate.line(row["action"], f"{where}.action"),
         runbook=runbook, owner=owner, page=page, labels=labels, models=models,
+        mutes_pages=mutes_pages,
     )
 
 

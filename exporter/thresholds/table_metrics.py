@@ -262,6 +262,18 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
         "The cluster has a fragmentation index of <VALUE> without its tier-inversion "
         "penalties, <RELATION> <THRESHOLD> for <FOR>: idle GPUs are scattered so that large "
         "jobs cannot start."),
+    # A failing node the scheduler has drained (its own state: Slurm's DRAIN flag, not only
+    # gpufleet's advice): one ticket for the node while it stays drained and failing, and its
+    # row's mutes_pages makes Alertmanager mute the node's GPU pages meanwhile (GpuLost
+    # re-paged every hour after the drain). Maxed by the node: two exporters may say it.
+    TableMetric(
+        "node_drained_failing", "state", "node", ("==",),
+        f"max by (cluster, node, pool) ({m.NODE_DRAINED.name})\n"
+        "and on (cluster, node)\n"
+        f'  max by (cluster, node) ({m.NODE_HEALTH_VERDICT.name}{{verdict="failing"}})',
+        "Node {{ $labels.node }} (pool {{ $labels.pool }}) is drained in the scheduler and "
+        "gpufleet's health verdict holds it failing, for <FOR>: its jobs have left it and its "
+        "GPUs' pages are muted while it stays drained."),
     TableMetric(
         "gpu_up", "state", "gpu", ("==",),
         m.GPU_UP.name,
@@ -272,6 +284,9 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
     # (no earlier sample): a series new in the last 10 min counts too, if the GPU's
     # last XID is that recent (so a restarted Prometheus does not page on old ones).
     # The increase is filtered first: `or` would keep its 0 over the new series' 1.
+    # And while gpufleet's own health verdict still holds the GPU failing for an XID (the
+    # verdict falls only after its clean window, and /v1/advice says so), the XIDs it counted
+    # stay firing: the page does not resolve after 10 min on a GPU that is still failing.
     TableMetric(
         "gpu_xid_critical", "count", "gpu", (">",),
         f"(\n  increase({_XIDS}[10m]) > 0\n"
@@ -279,9 +294,14 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
         f"  ({_XIDS}\n"
         f"    unless {_XIDS} offset 10m)\n"
         "  and on (cluster, node, gpu)\n"
-        f"    time() - {m.GPU_LAST_XID_TIMESTAMP_SECONDS.name} < {{event_window_seconds}}\n)",
-        f"{_GPU} reported XID {{{{ $labels.xid }}}} (<VALUE> in the last 10m, "
-        "for <FOR>), an error that needs a human: see the runbook for what it means."),
+        f"    time() - {m.GPU_LAST_XID_TIMESTAMP_SECONDS.name} < {{event_window_seconds}}\n"
+        "  or\n"
+        f"  {_XIDS}\n"
+        "  and on (cluster, node, gpu)\n"
+        f'    {m.GPU_HEALTH_VERDICT.name}{{verdict="failing",signal="xid"}}\n)',
+        f"{_GPU} reported XID {{{{ $labels.xid }}}} (<VALUE> in the last 10m, or counted "
+        "in all while gpufleet's health verdict holds the GPU failing; for <FOR>), an error "
+        "that needs a human: see the runbook for what it means."),
     TableMetric(
         "gpu_ecc_double_bit", "count", "gpu", (">",),
         _growth(f'{m.GPU_ECC_ERRORS_TOTAL.name}{{type="double_bit",counter="volatile"}}'),
