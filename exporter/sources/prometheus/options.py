@@ -52,8 +52,9 @@ class PrometheusSource:
     # Caps, checked before an answer is decoded (issue 32): past one, the read fails, the
     # source is down with the reason and the last good view is served stale. Sized for
     # the 108,800-GPU fleet docs/performance.md claims: its largest answer (identity) is
-    # ~32 MB and 108,800 series, a read ~1.9 M series in all (18 queries of about one
-    # series per GPU). docs/reliability.md has the figures.
+    # ~32 MB and 108,800 series, a read ~1.9 M series in all with gpu_telemetry (18 queries of
+    # about one series per GPU; 7 without it, identity only now and then). docs/reliability.md
+    # has the figures.
     max_answer_bytes: int = opt(
         64 * 2 ** 20, help="Largest answer to one query, in bytes (after gzip); larger fails "
         "the read.", min=1,
