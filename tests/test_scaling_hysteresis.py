@@ -56,9 +56,14 @@ def test_a_hint_goes_at_once_when_the_pool_leaves_the_band_on_the_other_side():
 def test_a_down_hint_holds_below_the_band_and_goes_after_the_dwell():
     s = Scaler(settings(min_nodes=0), 32)
     assert [live(s, t, 20, 32) for t in (0, 5)] == [32, 4]  # 20 / 256 < 0.3: ceil(20 / 6.4)
-    assert [live(s, t, 30, 32) for t in (10, 15)] == [4, 4]  # still below: holds
-    assert live(s, 20, 100, 32) == 4  # 100 / 256 = 0.39, inside
-    assert live(s, 320, 100, 32) == 32  # inside for 300 s: withdrawn
+    assert [live(s, t, 20, 32) for t in (10, 15)] == [4, 4]  # still below: holds
+    # the demand rises, still below the band: the scale-down asks at once for what it needs
+    # now, ceil(70 / 6.4) = 11 nodes (a hint of 4 would be too few); it falls again: the
+    # rule, below the band for its hysteresis, follows it down (ceil(30 / 6.4) = 5)
+    assert [live(s, t, d, 32) for t, d in ((20, 70), (25, 30))] == [11, 5]
+    assert live(s, 27, 70, 32) == 11
+    assert live(s, 30, 100, 32) == 11  # 100 / 256 = 0.39, inside
+    assert live(s, 330, 100, 32) == 32  # inside for 300 s: withdrawn
 
 
 @pytest.mark.parametrize("replayed", [False, True])

@@ -21,7 +21,8 @@ so :class:`Scaler`, per pool:
   pool's size holds while the pool stays out of the band on its side, and is
   withdrawn (back to the pool's size) once the pool has stayed inside the band for
   ``dwell``, or at once when the pool leaves the band on the other side. One
-  in-band sample between saturated ones no longer withdraws a scale-up.
+  in-band sample between saturated ones no longer withdraws a scale-up. A pending
+  scale-down rises at once with a demand that rises below the band.
 
 The same class serves the live hint (times are the snapshot's, in seconds; the
 tracker passes the pool's size) and ``gpufleet load``'s replay (hours times 3,600;
@@ -95,19 +96,23 @@ class Scaler:
             self._above, self._below = 0, self._below + 1
         else:  # idle counts as inside: the hysteresis counts busy samples only
             self._above = self._below = 0
-        self._inside_since = (self._inside_since if self._inside_since is not None else now) \
-            if side == "inside" else None
+        if side != "inside":
+            self._inside_since = None
+        elif self._inside_since is None:
+            self._inside_since = now
         before = self.nodes
         if self.nodes != nodes_now:
             # a recommendation nobody followed yet: it holds while the pool stays out of the
             # band on its side; withdrawn after `dwell` inside, at once on the other side
             pending = "up" if self.nodes > nodes_now else "down"
-            if side == "inside":
-                assert self._inside_since is not None
-                if now - self._inside_since >= s.dwell_s:
-                    self.nodes = nodes_now
-            elif side != pending:
+            inside_for = 0.0 if self._inside_since is None else now - self._inside_since
+            if (inside_for >= s.dwell_s) if side == "inside" else (side != pending):
                 self.nodes = nodes_now
+            elif side == "down":
+                # a scale-down rises at once with a demand that rises below the band: a
+                # hint under what the demand needs now would strand work (it falls again
+                # only by the rule, after its hysteresis)
+                self.nodes = max(self.nodes, s.clamp(s.nodes_for(demand_gpus))[0])
         acted = False
         ready = self._samples >= s.min_samples
         # a cooldown holds back a reversal only: an up after a down, a down after an up
