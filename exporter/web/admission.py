@@ -1,0 +1,110 @@
+"""``POST /v1/admission``: a mutating admission webhook that steers GPU pods away from fragments.
+
+The Kubernetes apiserver sends an AdmissionReview (``admission.k8s.io/v1``) for each
+pod created; the answer always admits the pod. A pod that asks for GPUs gets a JSON
+patch adding one ``preferredDuringSchedulingIgnoredDuringExecution`` node affinity
+term: the nodes where its own ask grows fragmentation least (FGD against the live
+workload, :mod:`exporter.advisor.steer`), named by ``metadata.name`` so no node
+label is assumed. The scheduler still decides: a preference only adds to its node
+scores, and the pod's own required affinity, selectors and taints still hold.
+
+Nothing here may keep a pod out: a pod that asks for no GPU, a fleet not yet read,
+or a pod that fits nowhere now is admitted unchanged; a body that is not an
+AdmissionReview is a 400 (the apiserver then applies the webhook's
+``failurePolicy``, which the shipped manifest sets to ``Ignore``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from exporter.advisor import steer
+from exporter.analysis.index import Report
+from exporter.gpu_catalogue import default_catalogue
+from exporter.sources.kubernetes.source import pod_record
+
+PATH = "/v1/admission"
+API_VERSION = "admission.k8s.io/v1"
+PREFERENCE_WEIGHT = 50  # of 1-100: a strong hint that still leaves room for the pod's own terms
+MAX_UID = 128
+PREFERRED = "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution"
+
+
+class BadReview(ValueError):
+    """The body is no AdmissionReview the webhook can answer."""
+
+
+def _request(review: Any) -> Mapping[str, Any]:
+    if not isinstance(review, dict):
+        raise BadReview("the body is not a JSON object")
+    if review.get("apiVersion") != API_VERSION or review.get("kind") != "AdmissionReview":
+        raise BadReview(f"not an AdmissionReview of {API_VERSION}")
+    request = review.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("the AdmissionReview has no request")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid or len(uid) > MAX_UID:
+        raise BadReview("the request has no uid")
+    return request
+
+
+def _models(report: Report, products: tuple[str, ...]) -> tuple[str, ...]:
+    """Catalogue names of the products a pod's nodeSelector names, as the fleet's nodes are
+    named by the same catalogue; () when it names none."""
+    if not products:
+        return ()
+    catalogue = default_catalogue()
+    return tuple(dict.fromkeys(catalogue.get(p).name for p in products))
+
+
+def patch_for(pod: Mapping[str, Any], report: Report | None) -> list[dict[str, Any]]:
+    """The JSON patch for ``pod``: [] when it asks for no GPU, no fleet is known or it fits
+    nowhere now."""
+    record = pod_record(pod)
+    if record is None or report is None or record.whole <= 0:
+        return []
+    share = record.fraction if record.fraction is not None else 1.0
+    nodes = steer.preferred_nodes(report.state, report.workload, record.cpus, record.whole, share,
+                                  _models(report, record.models))
+    if not nodes:
+        return []
+    term = {"weight": PREFERENCE_WEIGHT, "preference": {"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": nodes}]}}
+    spec = pod.get("spec")
+    affinity = spec.get("affinity") if isinstance(spec, dict) else None
+    if not isinstance(affinity, dict):
+        return [{"op": "add", "path": "/spec/affinity",
+                 "value": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}}]
+    node_affinity = affinity.get("nodeAffinity")
+    if not isinstance(node_affinity, dict):
+        return [{"op": "add", "path": "/spec/affinity/nodeAffinity",
+                 "value": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}]
+    if not isinstance(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution"), list):
+        return [{"op": "add", "path": f"{PREFERRED}", "value": [term]}]
+    return [{"op": "add", "path": f"{PREFERRED}/-", "value": term}]
+
+
+def answer(body: bytes, current: Callable[[], Report | None]) -> dict[str, Any]:
+    """The AdmissionReview answering ``body``; raises :class:`BadReview` for a body that is
+    not one. The pod is always allowed."""
+    try:
+        review = json.loads(body)
+    except (ValueError, RecursionError):
+        raise BadReview("the body is not JSON") from None
+    request = _request(review)
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    kind = request.get("kind")
+    pod = request.get("object")
+    is_pod = isinstance(kind, dict) and kind.get("kind") == "Pod" and kind.get("group", "") == ""
+    if is_pod and request.get("operation", "CREATE") == "CREATE" and isinstance(pod, dict):
+        ops = patch_for(pod, current())
+        if ops:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()
+    return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+__all__ = ["API_VERSION", "PATH", "PREFERENCE_WEIGHT", "BadReview", "answer", "patch_for"]
