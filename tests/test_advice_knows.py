@@ -100,3 +100,22 @@ def test_an_advisor_without_receivers_says_at_start_that_nothing_acts(tmp_path, 
         LiveAnalyzer.from_config(AnalysisConfig()), environ={"T": "t"})
     told.deliverer.store.close()
     assert NO_RECEIVER not in [r.getMessage() for r in caplog.records]
+
+
+def test_kubernetes_says_which_nodes_are_cordoned():
+    from exporter.sources.kubernetes.source import node_record
+    from exporter.sources.kubernetes.source import to_snapshot as kube_snapshot
+
+    def node(name: str, **spec: object) -> dict:
+        return {"metadata": {"name": name, "labels": {
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8"}},
+            "spec": spec, "status": {"capacity": {"nvidia.com/gpu": "8", "cpu": "64"}}}
+
+    records = [node_record(node("k1", unschedulable=True)), node_record(node("k2")),
+               node_record(node("k3", unschedulable="yes"))]  # not a boolean: not cordoned
+    assert [(r.name, r.cordoned) for r in records if r is not None] == [
+        ("k1", True), ("k2", False), ("k3", False)]
+    snapshot, _ = kube_snapshot(T0, [r for r in records if r is not None], [], {}, [],
+                                default_catalogue())
+    assert [(n.name, n.drained) for n in snapshot.nodes] == [
+        ("k1", True), ("k2", False), ("k3", False)]

@@ -124,8 +124,13 @@ class _NodeStatus(TypedDict, total=False):
     conditions: Any
 
 
+class _NodeSpec(TypedDict, total=False):
+    unschedulable: Any
+
+
 class NodeShape(TypedDict, total=False):
     metadata: _Meta
+    spec: _NodeSpec
     status: _NodeStatus
 
 
@@ -169,6 +174,7 @@ class KubeNode:
     cpus: float
     pool: str  # value of the configured pool label, "" without one
     ready: bool
+    cordoned: bool = False  # spec.unschedulable: what a drain (gpufleet act's included) sets
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +317,8 @@ def node_record(obj: Mapping[str, Any], pool_label: str = "") -> KubeNode | None
         name=name, product=product, gpus=min(gpus, 64), memory_bytes=mib * 2**20 if mib else None,
         replicas=replicas if replicas > 1 else 1, mig_single=single, mig=tuple(mig),
         cpus=_cpu(allocatable.get("cpu")),
-        pool=_str(labels.get(pool_label)) if pool_label else "", ready=ready)
+        pool=_str(labels.get(pool_label)) if pool_label else "", ready=ready,
+        cordoned=_map(obj.get("spec")).get("unschedulable") is True)
 
 
 def _owner(meta: Mapping[str, Any], labels: Mapping[str, Any]) -> str:
@@ -567,7 +574,8 @@ def _node_part(node: KubeNode, pods: tuple[KubePod, ...],
     model = spec.name if spec is not None else "unknown"
     pool = node.pool or model
     out_node = Node(node.name, model, node.cpus, pool,
-                    spec.architecture if spec is not None else "unknown", node.gpus)
+                    spec.architecture if spec is not None else "unknown", node.gpus,
+                    drained=node.cordoned)
     migs = _mig_layout(node) if (node.mig or node.mig_single) else [[] for _ in range(node.gpus)]
     at = _NodeLayout(node, [1.0] * node.gpus, [False] * node.gpus, [0] * node.gpus)
     gpus = []
