@@ -102,10 +102,20 @@ class FromField:
     samples: Callable[[Any], Pairs]
 
 
+@dataclass(frozen=True, slots=True)
+class OrCatalogue:
+    """A "gpu" family's value: the GPU's field where it is set and not 0, else the GPU
+    catalogue's ``spec`` attribute of its model (the renderer looks it up: this module
+    imports nothing from exporter), absent where neither is known."""
+
+    path: str  # as FamilySpec.read
+    spec: str  # the attribute of exporter.gpu_catalogue.GpuSpec: "tdp_watts"
+
+
 # What a per-GPU family reads from each Gpu: a field's path ("utilization_ratio",
 # "performance.fan_speed_ratio", "health.last_xid": at most one part, the value absent when the
 # part is None), its Series, a FromField, or a function of the whole Gpu.
-Read = str | tuple[Series, ...] | FromField | Callable[[Any], Any] | None
+Read = str | tuple[Series, ...] | FromField | OrCatalogue | Callable[[Any], Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +166,7 @@ class FamilySpec:
         """The snapshot fields (paths from the Gpu) ``read`` names; none for a function."""
         if isinstance(self.read, str):
             return (self.read,)
-        if isinstance(self.read, FromField):
+        if isinstance(self.read, FromField | OrCatalogue):
             return (self.read.path,)
         if isinstance(self.read, tuple):
             return tuple(dict.fromkeys(series.path for series in self.read))
@@ -223,6 +233,18 @@ GPU_MEMORY_TOTAL_BYTES = _gpu(
     "gpufleet_gpu_memory_total_bytes", "gauge",
     "GPU framebuffer memory in total, in bytes.", "bytes",
     read="memory_total_bytes", bound=BYTES)
+def _memory_used_ratio(gpu: Any) -> float | None:
+    used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
+    return used / total if used is not None and total else None
+
+
+GPU_MEMORY_USED_RATIO = _gpu(
+    "gpufleet_gpu_memory_used_ratio", "gauge",
+    "GPU framebuffer memory in use as a fraction of its total (0-1).", "ratio",
+    doc="Memory used over memory total, as this process read them: a gauge, so that alerts "
+        "and dashboards compare it without a recording rule dividing 10,880 series by 10,880 "
+        "more every interval. Absent where either is unknown or the total is 0.",
+    read=_memory_used_ratio, bound=RATIO)
 GPU_TEMPERATURE_CELSIUS = _gpu(
     "gpufleet_gpu_temperature_celsius", "gauge",
     "GPU core temperature in degrees Celsius.", "celsius",
@@ -235,6 +257,13 @@ GPU_POWER_LIMIT_WATTS = _gpu(
     "gpufleet_gpu_power_limit_watts", "gauge",
     "Enforced GPU power limit (cap) in watts.", "watts",
     read="power_limit_watts", bound=RATE)
+GPU_POWER_LIMIT_EFFECTIVE_WATTS = _gpu(
+    "gpufleet_gpu_power_limit_effective_watts", "gauge",
+    "The power limit the GPU is held to: its enforced limit, or its model's catalogue TDP "
+    "where it reports none.", "watts",
+    doc="What GpuPowerHigh's fractions are of. Absent where the GPU reports no limit and "
+        "the catalogue has no TDP for its model.",
+    read=OrCatalogue("power_limit_watts", "tdp_watts"), bound=RATE)
 GPU_ENERGY_JOULES_TOTAL = _gpu(
     "gpufleet_gpu_energy_joules_total", "counter",
     "Energy the GPU consumed since the driver loaded, in joules.", "joules",
@@ -852,4 +881,4 @@ CATALOGUE: dict[str, FamilySpec] = {
 }
 
 __all__ = ["CATALOGUE", "CLOCK_EVENT_REASONS", "IDENTITY", "SLOWDOWN_REASONS", "Bound", "Family",
-           "FamilySpec", "FromField", "Labels", "Pairs", "Series"]
+           "FamilySpec", "FromField", "Labels", "OrCatalogue", "Pairs", "Series"]

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from exporter import __version__, metrics
 from exporter.exposition.lines import identity
+from exporter.gpu_catalogue import default_catalogue
 from exporter.metrics import Family, FamilySpec, Labels, Pairs
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu
 
@@ -167,12 +168,26 @@ def _field_samples(read: metrics.FromField) -> Callable[[Sequence[Gpu]], list[Pa
     return lambda gpus: [make(value) if value else [] for value in values(gpus)]
 
 
+def _or_catalogue(read: metrics.OrCatalogue) -> Reader:
+    """The field where set and not 0, else the GPU catalogue's value for the GPU's model."""
+    catalogue, values = default_catalogue(), _field(read.path)
+
+    def of_model(model: str) -> Any:
+        found = catalogue.find(model)
+        return getattr(found, read.spec) if found is not None else None
+
+    return lambda gpus: [value or of_model(gpu.model)
+                         for gpu, value in zip(gpus, values(gpus), strict=True)]
+
+
 def gpu_family(spec: FamilySpec) -> GpuFamily | GpuLabelledFamily:
     """The renderer's entry for a per-GPU family, made from its catalogue record alone."""
     read = spec.read
     if spec.kind == "gpu":
         if isinstance(read, str):
             return GpuFamily(spec, _field(read), spec.part)
+        if isinstance(read, metrics.OrCatalogue):
+            return GpuFamily(spec, _or_catalogue(read), spec.part)
         assert callable(read), spec.name
         return GpuFamily(spec, _reader("", read), spec.part)
     if isinstance(read, tuple):
