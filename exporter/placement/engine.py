@@ -209,12 +209,24 @@ class Placer:
                 and self.memory_free[node] < task.host_memory_bytes - 0.5):
             return None
         ask = Ask.of(task)
+        if not self._room_on(node, ask):
+            return None  # evaluate's own test, on one row: most asks of a node being emptied fail
         choice = policies.evaluate(scoring, self._view(), nodes[at:at + 1], ask)
         if not np.isfinite(choice.key[0]):
             return None
         slots = self._slots(node, ask, policy, int(choice.slot[0]), None)
         memory = task.host_memory_bytes if self.memory_free is not None else 0.0
         return self._placement(node, slots, ask, memory)
+
+    def _room_on(self, node: int, ask: Ask) -> bool:
+        """Whether ``ask`` fits ``node``'s free cores and GPUs: the test :func:`policies.evaluate`
+        makes before it scores (a node it fails gets an infinite key), on one row."""
+        if self.cpu_free[node] < ask.cpus - EPS:
+            return False
+        if ask.kind == "cpu":
+            return True
+        need = 1.0 - EPS if ask.kind == "whole" else ask.share - EPS
+        return int(np.count_nonzero(self.gpu_free[node] >= need)) >= ask.gpus
 
     def _scores(self, task: Task, policy: str, exclude: Sequence[int] = (),
                 nvlink_generation: int | None = None) -> tuple[np.ndarray, np.ndarray, _Entry, Ask] | None:
