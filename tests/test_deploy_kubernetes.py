@@ -47,7 +47,7 @@ from tests.helpers.fake_pynvml import FakeGpu, FakeNvml
 from tests.helpers.tls import Pki, make_pki
 
 K8S = REPO / "deploy" / "kubernetes"
-OVERLAYS = ["node", "cluster", "gpu-operator"]
+OVERLAYS = ["node", "cluster", "gpu-operator", "admission"]
 KUBERNETES_VERSION = "1.32.0"  # the version we support: kubectl 1.32 renders, 1.32 validates
 CRDS = REPO / "tests" / "data" / "prometheus-operator"
 KUBECTL = shutil.which("kubectl")
@@ -118,6 +118,10 @@ EXPECTED = {
     },
     "cluster": CLUSTER,
     "gpu-operator": CLUSTER,
+    "admission": CLUSTER | {
+        ("MutatingWebhookConfiguration", "", "gpufleet-steering"),
+        ("NetworkPolicy", "gpufleet", "gpufleet-admission"),
+    },
 }
 
 
@@ -672,3 +676,22 @@ def test_network_policies_admit_prometheus() -> None:
         assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
         assert rule["from"][0]["namespaceSelector"] == {
             "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+
+
+def test_the_steering_webhook_can_never_keep_a_pod_out() -> None:
+    """issue 42: with gpufleet stopped, the apiserver applies the webhook's failurePolicy:
+    Ignore admits the pod unchanged, after at most the timeout. Only pod creation is sent,
+    never gpufleet's own namespace (it could not start again) nor kube-system."""
+    (config,) = find(objects("admission"), "MutatingWebhookConfiguration")
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["timeoutSeconds"] <= 2
+    assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
+    assert hook["clientConfig"]["service"] == {"name": "gpufleet-cluster", "namespace": "gpufleet",
+                                                "path": "/v1/admission", "port": 9874}
+    assert [(r["operations"], r["resources"]) for r in hook["rules"]] == [(["CREATE"], ["pods"])]
+    (expr,) = hook["namespaceSelector"]["matchExpressions"]
+    assert expr["operator"] == "NotIn" and {"gpufleet", "kube-system"} <= set(expr["values"])
+    service = next(o for o in find(objects("admission"), "Service")
+                   if o["metadata"]["name"] == "gpufleet-cluster")
+    assert 9874 in [p["port"] for p in service["spec"]["ports"]]
