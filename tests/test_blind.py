@@ -26,6 +26,9 @@ START = 1_760_000_000.0
 DERIVED = ("gpufleet_cluster_fragmentation_index", "gpufleet_pool_fragmentation_index",
            "gpufleet_pool_recommended_nodes", "gpufleet_advisor_decision_info")
 
+LAST_EVALUATION = ("gpufleet_pool_idle_allocated_gpus", "gpufleet_pool_right_sizing_gpus",
+                   "gpufleet_advisor_plan_migrations")
+
 
 class Shrinking:
     """The seed-1 simulated fleet (1,088 GPUs), of which a read lists only the first ``keep``
@@ -94,6 +97,7 @@ async def test_a_partial_reading_is_down_not_ready_and_derives_nothing(aiohttp_c
     status, body, text = await _collect(client)
     assert status == 200 and body == "gpufleet is ready.\n"
     assert all(_has(text, f) for f in DERIVED)
+    assert all(f"# HELP {f} " in text for f in LAST_EVALUATION)
     assert 'gpufleet_source_up{source="fleet"} 1.0' in text
 
     source.keep = 400  # 400 of 1,088: under half
@@ -102,6 +106,8 @@ async def test_a_partial_reading_is_down_not_ready_and_derives_nothing(aiohttp_c
               "a fleet that really shrank)")
     assert (status, body) == (503, f"gpufleet is not ready: source fleet is {reason}.\n")
     assert [d for d in DERIVED if _has(text, d)] == []
+    # nor are the advisor's sums of its last evaluation, made of another snapshot
+    assert [f for f in LAST_EVALUATION if f"# HELP {f} " in text] == []
     assert 'gpufleet_source_up{source="fleet"} 0.0' in text
     # what was read is served as it is: 400 GPUs, fresh
     assert text.count("\ngpufleet_gpu_up{") == 400

@@ -254,7 +254,7 @@ class AdvisorService:
             metrics.ADVISOR_OUTBOX_PENDING.family([((), self._pending())]),
             metrics.ADVISOR_OUTBOX_ERRORS_TOTAL.family(
                 [((("operation", op),), float(n)) for op, n in sorted(self.deliverer.store.errors.items())]),
-            *self.job_families(snapshot),
+            *self.job_families(snapshot, decided),
         ]
 
     def _pending(self) -> float:
@@ -266,9 +266,10 @@ class AdvisorService:
             log.warning("cannot count the outbox's pending deliveries", extra={"err": str(exc)})
         return self._pending_seen
 
-    def job_families(self, snapshot: FleetSnapshot) -> list[Family]:
+    def job_families(self, snapshot: FleetSnapshot, decided: bool = True) -> list[Family]:
         """Checkpoint ages, memory peaks, NVLink generations, idle held GPUs and right-sizing
-        (issue 17)."""
+        (issue 17); without ``decided`` (a blind snapshot) not the pools' sums of the last
+        evaluation's lists, which the advisor did not make of this snapshot."""
         interval = self.advisor.settings.checkpoint_interval_seconds
         ages = []
         for alloc in sorted(snapshot.allocations, key=lambda a: a.job):
@@ -295,18 +296,24 @@ class AdvisorService:
         peaks = [((("job", job), ("namespace", owners[job].namespace),
                    ("account", owners[job].account)), peak)
                  for job, peak in sorted(self.advisor.memory_peak.items()) if job in owners]
-        return [
-            metrics.JOB_CHECKPOINT_AGE_SECONDS.family(ages),
-            metrics.JOB_NVLINK_GENERATIONS.family(generations),
+        pools = [
             metrics.POOL_IDLE_ALLOCATED_GPUS.family(
                 [((("pool", p),), float(n)) for p, n in sorted(gpus.items())]),
             metrics.POOL_IDLE_ALLOCATED_GPU_SECONDS.family(
                 [((("pool", p),), float(n)) for p, n in sorted(seconds.items())]),
-            metrics.JOB_GPU_MEMORY_PEAK_BYTES.family(peaks),
+        ] if decided else []
+        sizing = [
             metrics.POOL_RIGHT_SIZING_GPUS.family(
                 [((("pool", p),), float(n)) for p, n in sorted(sized.items())]),
             metrics.POOL_RIGHT_SIZING_GPU_SECONDS.family(
                 [((("pool", p),), float(n)) for p, n in sorted(held.items())]),
+        ] if decided else []
+        return [
+            metrics.JOB_CHECKPOINT_AGE_SECONDS.family(ages),
+            metrics.JOB_NVLINK_GENERATIONS.family(generations),
+            *pools,
+            metrics.JOB_GPU_MEMORY_PEAK_BYTES.family(peaks),
+            *sizing,
         ]
 
     async def background(self, app: web.Application) -> AsyncIterator[None]:
