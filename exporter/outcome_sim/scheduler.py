@@ -25,6 +25,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -232,7 +233,7 @@ def reserve(cluster: Cluster, head: Job, now: float) -> Reservation:
     counts = np.bincount(placer.model[fits], minlength=len(placer.model_names))
     # it fits now on enough nodes: only jobs ending by now can still tie
     shadow = now if counts.max(initial=0) >= head.parts else math.inf
-    pending = eligible & ~fits
+    pending = (eligible & ~fits).tolist()  # a list: indexing a numpy array per part costs more
     ends = []
     for job in cluster.running.values():
         end = None
@@ -241,7 +242,7 @@ def reserve(cluster: Cluster, head: Job, now: float) -> Reservation:
                 end = job.end() if end is None else end
                 if end <= shadow:
                     ends.append((end, p.node, p.cpus, p.slots, p.gpu_share))
-    ends.sort(key=lambda e: e[0])
+    ends.sort(key=itemgetter(0))
     rows: dict[int, tuple[list[float], list[float]]] = {}  # node -> (free shares, [free cores])
     for end, node, cpus, slots, share in ends:
         at = max(end, now)
