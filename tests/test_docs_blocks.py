@@ -465,13 +465,17 @@ tls_server_config: {cert_file: a.crt, key_file: a.key, min_version: TLS14}
 advisor:
   receivers: [{name: s, url: "https://x.example/plan", secret_file: no-such-secret}]
 ```
+
+```sh
+python3 -m venv ~/v && ~/v/bin/pip install '.[replay,nosuch]'
+```
 """
 
 
 def test_a_wrong_block_fails(tmp_path: Path) -> None:
     """Each kind of runner fails on its kind of mistake, naming the block's line."""
     failures = run_doc("broken.md", BROKEN, tmp_path)
-    assert len(failures) == 9, "\n".join(failures)
+    assert len(failures) == 10, "\n".join(failures)
     expected = [
         ("broken.md:2: ", "sources.sim.seeed: unknown key"),
         ("broken.md:7: ", "field scrape_intervall not found"),
@@ -482,6 +486,7 @@ def test_a_wrong_block_fails(tmp_path: Path) -> None:
         ("broken.md:20: ", "deploy/no-such-file.yaml: no such file in the repository"),
         ("broken.md:25: ", "min_version: must be one of"),
         ("broken.md:29: ", "secret_file: cannot read no-such-secret"),
+        ("broken.md:34: ", ".[replay,nosuch]: no extra nosuch in pyproject.toml"),
     ]
     for failure, (where, what) in zip(failures, expected, strict=True):
         assert failure.startswith(where) and what in failure, (failure, where, what)
