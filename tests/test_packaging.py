@@ -70,7 +70,10 @@ def test_installed_package_replays_and_analyzes_the_built_in_trace(tmp_path):
                     "--no-deps", "--target", str(site), str(REPO)], check=True, timeout=300,
                    capture_output=True)
     assert sorted(p.name for p in (site / "exporter" / "traces").iterdir()) == [
-        "openb_node_list_gpu_node.csv.gz", "openb_pod_list_default.csv.gz"]
+        "hourly_summary.csv", "openb_node_list_gpu_node.csv.gz", "openb_pod_list_default.csv.gz"]
+    # simulate's arrival series, shipped: the same bytes as data/'s
+    assert (site / "exporter" / "traces" / "hourly_summary.csv").read_bytes() == (
+        REPO / "data" / "alibaba-spot-gpu-v2026" / "hourly_summary.csv").read_bytes()
     env = {k: v for k, v in os.environ.items() if k != "GPUFLEET_DATA"}
     env["PYTHONPATH"] = str(site)  # the installed copy, not this checkout
 
