@@ -46,8 +46,9 @@ class MissingExtra(UsageError):
 
 def missing(module: str, what: str) -> str:
     """The one line a user sees: what needs the package and the install that adds it."""
+    extra = EXTRA_OF[module]
     return (f"{what} needs {module.split('.')[0]}, which is not installed: "
-            f"pip install 'gpufleet[{EXTRA_OF[module]}]'")
+            f"pip install 'gpufleet[{extra}]' (in a clone of gpufleet: pip install '.[{extra}]')")
 
 
 def require(module: str, what: str) -> ModuleType:

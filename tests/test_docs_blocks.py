@@ -640,5 +640,6 @@ def test_a_missing_extra_is_one_line_before_any_work(tmp_path: Path) -> None:
             text=True, timeout=60)
         assert (done.returncode, done.stdout) == (2, "")
         assert done.stderr == (f"gpufleet: {what} needs {hidden}, which is not installed: "
-                               f"pip install 'gpufleet[{extra}]'\n")
+                               f"pip install 'gpufleet[{extra}]' (in a clone of gpufleet: "
+                               f"pip install '.[{extra}]')\n")
         assert not (tmp_path / "o").exists()
