@@ -568,7 +568,10 @@ class Installed(Session):
     def pip(self, block: Block, pip: str, specs: list[str]) -> None:
         """``pip install`` as written, its dependencies from the kept wheels; those fetched
         from the package index only when a dependency is missing there."""
-        install = [pip, "install", "-q", "--no-index", "--find-links", str(WHEELHOUSE), *specs]
+        # --no-compile: the bytecode of matplotlib and numpy is most of an install's CPU, and
+        # changes nothing a command does
+        install = [pip, "install", "-q", "--no-compile", "--no-index", "--find-links",
+                   str(WHEELHOUSE), *specs]
         started = time.monotonic()
         done = subprocess.run(install, cwd=REPO, env=self.env, capture_output=True, timeout=600)
         self.install_seconds = time.monotonic() - started
