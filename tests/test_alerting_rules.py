@@ -313,13 +313,13 @@ def test_rules_that_need_care_are_written_with_it():
              '  max_over_time(gpufleet_gpu_clock_event_active{reason="hw_power_brake"}[5m]) == 1']
     assert rules[("GpuPowerHigh", "critical", None)].splitlines() == [
         "(", 'gpufleet_gpu_power_watts{model="H200"} >= 700', "or",
-        'gpufleet_gpu_power_watts{model!~"H200"} >= gpu:gpufleet_gpu_power_limit:watts', ")",
-        *brake]
+        'gpufleet_gpu_power_watts{model!="H200"} >= on (cluster, node, gpu) group_left () '
+        "gpufleet_gpu_power_limit_effective_watts", ")", *brake]
     assert rules[("GpuPowerHigh", "warning", None)].splitlines() == [
         "(", 'gpufleet_gpu_power_watts{model="H200"} >= 650', "or",
-        'gpufleet_gpu_power_watts{model!~"H200"}', "and",
-        '  gpufleet_gpu_power_watts{model!~"H200"} / gpu:gpufleet_gpu_power_limit:watts >= 0.93',
-        ")", *brake]
+        'gpufleet_gpu_power_watts{model!="H200"}', "and on (cluster, node, gpu)",
+        '  gpufleet_gpu_power_watts{model!="H200"} / on (cluster, node, gpu) group_left () '
+        "gpufleet_gpu_power_limit_effective_watts >= 0.93", ")", *brake]
     # utilization per job, from the recorded average over the job's GPUs
     assert rules[("GpuJobUtilizationLow", "warning", None)] == "job:gpufleet_gpu_utilization:avg < 0.3"
     # held back by the power cap: its own alert, only on busy GPUs with clock events
@@ -338,8 +338,8 @@ def test_rules_that_need_care_are_written_with_it():
     nvlink = rules[("GpuNvlinkBandwidthLow", "warning", None)]
     assert nvlink.startswith("gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m < 0.5\n")
     assert "gpufleet_gpu_utilization_ratio > 0.5" in nvlink
-    # memory from our own used/total, recorded once for both severities
-    assert rules[("GpuMemoryHigh", "critical", None)] == "gpu:gpufleet_gpu_memory_used:ratio > 0.95"
+    # memory from the exporter's own ratio gauge, no recording over every GPU (issue 45)
+    assert rules[("GpuMemoryHigh", "critical", None)] == "gpufleet_gpu_memory_used_ratio > 0.95"
     assert rules[("GpufleetTargetDown", "warning", None)] == (
         'up{job=~"gpufleet-nodes|gpufleet-cluster"} == 0')
     assert rules[("GpufleetJobDown", "critical", None)].splitlines() == [
@@ -371,7 +371,9 @@ def test_job_metadata_never_reaches_an_alerts_labels():
     job (its name, account and GPU count; no pod)."""
     for rule in _alert_rules((RULES / "gpufleet-alerts.yaml").read_text()):
         expr = rule["expr"]
-        assert "group_left" not in expr and "group_right" not in expr
+        # no label is copied from the right (`group_left ()` copies none: a join on the GPU's
+        # place that keeps the left's labels)
+        assert not re.search(r"group_left(?! \(\))", expr) and "group_right" not in expr
         for use in re.finditer(r"gpufleet_gpu_allocation_info", expr):
             before = expr[:use.start()]
             assert before.endswith("count by (cluster, node, gpu) ("), expr
@@ -496,25 +498,35 @@ def test_power_high_is_one_rule_per_severity_and_needs_the_power_brake_not_the_c
     assert all("model" not in r["labels"] and r["labels"]["page"] == "false" for r in rules)
 
 
-def test_the_power_limit_records_the_tdp_fallback_per_model_until_the_exporter_exports_it(
-        monkeypatch):
+def test_no_rule_recomputes_what_the_exporter_serves_or_matches_a_regex_for_one_value():
+    """Issue 45: at 10,880 GPUs the memory-used recording cost 0.79 s and the power-limit one,
+    ten model regexes in an 11-way `or`, 0.58 s: the exporter serves both as gauges. Joins name
+    their labels; a matcher of one value is exact."""
     from exporter import metrics
-    from exporter.alerting import rules as rule_module
-    from exporter.gpu_catalogue import default_catalogue
-    recording = rule_module.power_limit_recording()
-    assert recording.expr.splitlines()[:3] == [
-        "gpufleet_gpu_power_limit_watts > 0", "or on (cluster, node, gpu)", "("]
-    # every catalogue TDP is one branch, each model in exactly one
-    tdps = {spec.tdp_watts for spec in default_catalogue().models if spec.tdp_watts}
-    assert len(re.findall(r"\+ \d+", recording.expr)) == len(tdps)
-    assert '0 * gpufleet_gpu_power_watts{model=~"B100|H200|H100"} + 700' in recording.expr
-    # once the catalogue has the fallback family, the recording is a plain union
-    monkeypatch.setattr(metrics, rule_module.FALLBACK_FAMILY,
-                        type("Family", (), {"name": "gpufleet_gpu_power_limit_fallback_watts"}),
-                        raising=False)
-    assert rule_module.power_limit_recording().expr == (
-        "gpufleet_gpu_power_limit_watts > 0\nor on (cluster, node, gpu)\n"
-        "  gpufleet_gpu_power_limit_fallback_watts")
+    groups = recording_groups(load_thresholds(TABLE))
+    exprs = {r["record"]: r["expr"] for g in groups for r in g["rules"]}
+    assert not {"gpu:gpufleet_gpu_memory_used:ratio", "gpu:gpufleet_gpu_power_limit:watts"} & set(exprs)
+    gpu = {r["record"] for g in groups if g["name"] == "gpufleet-gpu-recording" for r in g["rules"]}
+    assert gpu == {"gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m"}
+    nvlink = exprs["gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m"]
+    assert nvlink.count("on (cluster, node, gpu) group_left ()") == 2
+    alerts = [r["expr"] for g in yaml.safe_load((RULES / "gpufleet-alerts.yaml").read_text())["groups"]
+              for r in g["rules"]]
+    every = [*alerts, *exprs.values()]
+    # the rules over every GPU: the per-GPU alert groups and the GPU recording group
+    per_gpu = [r["expr"] for g in yaml.safe_load((RULES / "gpufleet-alerts.yaml").read_text())["groups"]
+               if g["name"].startswith("gpufleet-gpu") for r in g["rules"]] + [nvlink]
+    per_gpu_ratio = f"{metrics.GPU_MEMORY_USED_BYTES.name} / {metrics.GPU_MEMORY_TOTAL_BYTES.name}"
+    assert not [e for e in every if per_gpu_ratio in e]
+    for expr in per_gpu:
+        # every binary join between two per-GPU series names the GPU's place
+        for line in expr.splitlines():
+            if re.search(r"^\s*(and|unless|[*/+-]|[<>]=?)\s*$", line):
+                raise AssertionError(f"a join on every label: {expr}")
+    for expr in every:
+        # a regex matcher holds an alternation (or a pattern), never a single literal value
+        for value in re.findall(r'=~"([^"]*)"', expr) + re.findall(r'!~"([^"]*)"', expr):
+            assert "|" in value or re.search(r"[.*+?()\[\]$]", value), (value, expr)
 
 
 def test_time_scale_scales_for_windows_offsets_and_the_xid_window_together(tmp_path):

@@ -295,7 +295,7 @@ def _panels_querying(metric_re: str) -> list[tuple[str, dict]]:
 
 @pytest.mark.parametrize(("metric", "expr_re", "unit"), [
     ("gpu_temperature", r"gpufleet_gpu_temperature_celsius", "celsius"),
-    ("gpu_memory_used", r"gpufleet_gpu_memory_used_bytes\S* / |gpu:gpufleet_gpu_memory_used:ratio",
+    ("gpu_memory_used", r"gpufleet_gpu_memory_used_bytes\S* / |gpufleet_gpu_memory_used_ratio",
      "percentunit"),
 ])
 def test_temperature_and_memory_levels_equal_the_table(metric, expr_re, unit):

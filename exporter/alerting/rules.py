@@ -22,9 +22,9 @@ Rules that get the semantics right rather than the syntax:
   exceeding it. One rule per severity fires on power alone (no clock events needed,
   so dcgm-exporter's default counters work): models the table gives watts (the
   reference cluster's H200 row) against those, every other GPU against a fraction
-  of its recorded limit, the enforced one or, where a GPU reports none, its model's
-  catalogue TDP (:func:`power_limit_recording`). Being held back by the cap is its
-  own row (GpuPowerCapped), where clock events exist;
+  of the limit it is held to, the exporter's gauge (the enforced one or, where a GPU
+  reports none, its model's catalogue TDP), with the power brake as the evidence of a
+  fault. Being held back by its own cap is its own row (GpuPowerCapped);
 - a driver lifetime counter (ECC, NVLink) alerts on its growth, never on its first
   appearance, the same on Prometheus and VictoriaMetrics (table_metrics.py's ``_growth``).
 """
@@ -42,7 +42,6 @@ import yaml
 from exporter import metrics
 from exporter.alerting import pool_load_rules
 from exporter.durations import format_duration, parse_duration
-from exporter.gpu_catalogue import Catalogue, default_catalogue
 from exporter.thresholds import AlertRow, Level, Thresholds, recorded
 from exporter.thresholds.health import HealthTable
 from exporter.thresholds.table_metrics import (
@@ -74,14 +73,20 @@ _MEMORY_TOTAL = metrics.GPU_MEMORY_TOTAL_BYTES.name
 # level:metric:operations (https://prometheus.io/docs/practices/rules/); the names are
 # exporter/thresholds/recorded.py's
 RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
+    # The memory-used ratio and the power limit a GPU is held to are the exporter's own gauges
+    # (gpufleet_gpu_memory_used_ratio, gpufleet_gpu_power_limit_effective_watts): recording them
+    # divided 10,880 series by 10,880 more every interval (0.79 s) and ran ten model regexes
+    # (0.58 s) at 10,880 GPUs. NVLink needs a rate over two scrapes, which a gauge of one
+    # collection cannot give: recorded, joined on the GPU's place rather than every label
+    # (`group_left ()`: a one-to-one match `on` would keep only those labels).
     ("gpufleet-gpu-recording", (
         Recording(
             recorded.GPU_NVLINK_UTILIZATION,
             f"(\n  rate({metrics.GPU_NVLINK_TRANSMIT_BYTES_TOTAL.name}[5m])\n"
-            f"  + rate({metrics.GPU_NVLINK_RECEIVE_BYTES_TOTAL.name}[5m])\n)\n"
-            f"/ {metrics.GPU_NVLINK_CAPACITY_BYTES_PER_SECOND.name}",
+            f"  + on (cluster, node, gpu) group_left ()\n"
+            f"  rate({metrics.GPU_NVLINK_RECEIVE_BYTES_TOTAL.name}[5m])\n)\n"
+            f"/ on (cluster, node, gpu) group_left ()\n  {metrics.GPU_NVLINK_CAPACITY_BYTES_PER_SECOND.name}",
         ),
-        Recording(recorded.GPU_MEMORY_USED, f"{_MEMORY_USED} / {_MEMORY_TOTAL}"),
     )),
     ("gpufleet-job-recording", (
         # Each GPU a job holds, with the job's labels: allocation_info is one series per
@@ -255,14 +260,19 @@ def _power_comparison(row: AlertRow, level: Level, value: str, limit: str) -> st
         watts = model.threshold(level.severity)
         assert watts is not None  # the loader gives every model every severity
         parts.append(f'{value}{{model="{model.model}"}} {row.op} {promql_number(watts)}')
-    names = regex_alternatives(tuple(m.model for m in table))
-    selector = f'{value}{{model!~"{names}"}}' if names else value
+    names = tuple(m.model for m in table)
+    # an exact matcher where one model serves: a regex matcher costs more per series
+    selector = (f'{value}{{model!="{names[0]}"}}' if len(names) == 1 else
+                f'{value}{{model!~"{regex_alternatives(names)}"}}' if names else value)
     if level.threshold == 1:
-        parts.append(f"{selector} {row.op} {limit}")
+        parts.append(f"{selector} {row.op} {GPU_MATCH} group_left () {limit}")
     else:
         # as a ratio, not `>= 0.93 * limit`: 0.93 * 700 is 651.0000000000001 in floating
-        # point, which 651 W never reaches; 651 / 700 rounds to exactly 0.93
-        parts.append(f"{selector}\nand\n  {selector} / {limit} {row.op} "
+        # point, which 651 W never reaches; 651 / 700 rounds to exactly 0.93. The ratio
+        # alone: the comparison keeps the left side's labels and its value is the ratio,
+        # so the draw in watts is kept with `and` on the GPU's place.
+        ratio = f"{selector} / {GPU_MATCH} group_left () {limit}"
+        parts.append(f"{selector}\nand {GPU_MATCH}\n  {ratio} {row.op} "
                      f"{promql_number(level.threshold)}")
     return "\nor\n".join(parts)
 
@@ -280,38 +290,6 @@ def _power_threshold_text(row: AlertRow, level: Level) -> str:
         f"{_threshold_text(m.threshold(level.severity) or 0.0, row.metric.unit)}"
         for i, m in enumerate(table))
     return f"{branches}{{{{ else }}}}{fraction}{{{{ end }}}}"
-
-
-def power_limit_recording(catalogue: Catalogue | None = None) -> Recording:
-    """Each GPU's power limit: the enforced one it reports, else its model's catalogue TDP.
-
-    The exporter does not yet export the TDP fallback as a series of its own, so until the
-    catalogue has :data:`FALLBACK_FAMILY` the fallback is spelled here, one branch per TDP
-    (models sharing a TDP share a branch; equality matchers, so each branch reads only its
-    models' GPUs). Once the family exists this becomes ``limit or fallback``, a plain union.
-    """
-    # a limit of 0 (a driver that cannot say) is no limit: power / 0 would fire on every GPU
-    limit = f"{metrics.GPU_POWER_LIMIT_WATTS.name} > 0"
-    fallback = getattr(metrics, FALLBACK_FAMILY, None)
-    if fallback is not None:
-        return Recording(recorded.GPU_POWER_LIMIT,
-                         f"{limit}\nor on (cluster, node, gpu)\n  {fallback.name}")
-    by_tdp: dict[float, list[str]] = {}
-    for spec in (catalogue or default_catalogue()).models:
-        if spec.tdp_watts:
-            by_tdp.setdefault(spec.tdp_watts, []).append(spec.name)
-    power = metrics.GPU_POWER_WATTS.name
-    branches = [f'  0 * {power}{{model=~"{regex_alternatives(tuple(names))}"}} + {promql_number(tdp)}'
-                for tdp, names in sorted(by_tdp.items())]
-    return Recording(recorded.GPU_POWER_LIMIT,
-                     f"{limit}\nor on (cluster, node, gpu)\n(\n"
-                     + "\n  or\n".join(branches) + "\n)")
-
-
-# The catalogue constant (exporter/metrics.py) of the per-GPU TDP fallback series, once the
-# exporter exports it: gpufleet_gpu_power_limit_fallback_watts, the catalogue TDP of each GPU
-# that reports no enforced limit (issue 29, Build 2).
-FALLBACK_FAMILY = "GPU_POWER_LIMIT_FALLBACK_WATTS"
 
 
 _RANGE = re.compile(r"\[[0-9]")  # a range selector, [5m]: the rule reads every sample of a window
@@ -336,11 +314,6 @@ def alert_groups(thresholds: Thresholds, for_scale: float = 1.0) -> list[dict[st
         rules = _row_rules(thresholds, row, for_scale)
         groups.setdefault(_group_of(row, rules), []).extend(rules)
     return [{"name": name, "rules": rules} for name, rules in groups.items()]
-
-
-def _computed_recordings(group: str) -> tuple[Recording, ...]:
-    """Recordings built from the GPU catalogue rather than written out above."""
-    return (power_limit_recording(),) if group == "gpufleet-gpu-recording" else ()
 
 
 def _increase_per_pool(family: str, keep: str, window: str, by: str, selector: str = "") -> str:
@@ -392,8 +365,7 @@ def recording_groups(thresholds: Thresholds | None = None) -> list[dict[str, Any
     generate (exporter/alerting/pool_load_rules.py) and the health reliability group
     (:func:`health_recordings`) when ``thresholds`` is given."""
     static = [
-        {"name": name, "rules": [{"record": r.record, "expr": r.expr} for r in
-                                 (*recordings, *_computed_recordings(name))]}
+        {"name": name, "rules": [{"record": r.record, "expr": r.expr} for r in recordings]}
         for name, recordings in RECORDING_GROUPS
     ]
     if thresholds is None:

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 # per GPU
 GPU_NVLINK_UTILIZATION = "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m"
-GPU_MEMORY_USED = "gpu:gpufleet_gpu_memory_used:ratio"
-# the enforced power limit, or the catalogue TDP where a GPU reports none
-GPU_POWER_LIMIT = "gpu:gpufleet_gpu_power_limit:watts"
+# (the memory-used ratio and the power limit a GPU is held to are the exporter's own gauges,
+# gpufleet_gpu_memory_used_ratio and gpufleet_gpu_power_limit_effective_watts: issue 45)
 # per job, and per GPU a job holds
 JOB_GPU_UTILIZATION = "job_gpu:gpufleet_gpu_utilization:ratio"
 JOB_UTILIZATION = "job:gpufleet_gpu_utilization:avg"

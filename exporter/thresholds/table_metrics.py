@@ -91,7 +91,7 @@ def scope_filter(scope: str, busy_utilization: float) -> str:
         # job_gpus is the job's GPU count as a label; counting by GPU drops the job's
         # name and pod, so a replaced pod leaves the alert's clock running.
         return (f"{busy_gpus}\nand {GPU_MATCH}\n"
-                f'  count by (cluster, node, gpu) ({m.GPU_ALLOCATION_INFO.name}{{job_gpus!~"0|1"}})')
+                f'  count by (cluster, node, gpu) ({m.GPU_ALLOCATION_INFO.name}{{job_gpus!="1"}})')
     return ""
 
 
@@ -204,7 +204,7 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
         "at its slowest GPU's pace."),
     TableMetric(
         "gpu_memory_used", "ratio", "gpu", (">", ">="),
-        recorded.GPU_MEMORY_USED,
+        m.GPU_MEMORY_USED_RATIO.name,
         f"{_GPU} has <VALUE> of its memory in use, <RELATION> <THRESHOLD> for <FOR>."),
     TableMetric(
         "gpu_temperature", "celsius", "gpu", (">", ">="),
@@ -215,15 +215,16 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
     # B200 of a healthy fleet. The evidence of a fault is the power brake: the node's power
     # supply (or the rack's) pulling the GPU's clocks down (NVML's HW_POWER_BRAKE_SLOWDOWN,
     # asserted by the system, never by the GPU's own cap), at least once in the last 5 min.
-    # Compared with the table's levels: fractions of the site's enforced limit, or of the
-    # catalogue TDP where a GPU reports none (exporter/alerting/rules.py), or the table's watts.
+    # Compared with the table's levels: fractions of the limit the GPU is held to (the
+    # exporter's gauge: the site's enforced limit, or the catalogue TDP where a GPU reports
+    # none), or the table's watts.
     TableMetric(
         "gpu_power", "watts", "gpu", (">", ">="),
         m.GPU_POWER_WATTS.name,
         f"{_GPU} draws <VALUE>, <RELATION> <THRESHOLD> for <FOR>, and its power supply "
         "applied the power brake (hw_power_brake) in the last 5m: the node or its rack "
         "cannot supply what its GPUs draw.",
-        cap=recorded.GPU_POWER_LIMIT,
+        cap=m.GPU_POWER_LIMIT_EFFECTIVE_WATTS.name,
         evidence=f'max_over_time({m.GPU_CLOCK_EVENT_ACTIVE.name}{{reason="hw_power_brake"}}'
                  "[5m]) == 1"),
     # Held back by the power cap: the share of the last 5 min NVML's clock-event reason
