@@ -108,6 +108,9 @@ async def test_a_partial_reading_is_down_not_ready_and_derives_nothing(aiohttp_c
     assert [d for d in DERIVED if _has(text, d)] == []
     # nor are the advisor's sums of its last evaluation, made of another snapshot
     assert [f for f in LAST_EVALUATION if f"# HELP {f} " in text] == []
+    # and an Alertmanager notification does not evaluate the last fleet seen as if it were now
+    advisor_stage = client.app[STATE].cycle.stage("advisor")
+    assert advisor_stage.evaluate_last("alertmanager") is None
     assert 'gpufleet_source_up{source="fleet"} 0.0' in text
     # what was read is served as it is: 400 GPUs, fresh
     assert text.count("\ngpufleet_gpu_up{") == 400
@@ -117,6 +120,7 @@ async def test_a_partial_reading_is_down_not_ready_and_derives_nothing(aiohttp_c
     source.keep = 600  # over half again: the whole picture is back
     status, body, text = await _collect(client)
     assert status == 200 and all(_has(text, f) for f in DERIVED)
+    assert advisor_stage.evaluate_last("alertmanager") is not None
 
     # a fleet that really shrank: SIGHUP forgets the sizes, and 400 is the fleet
     source.keep = 400

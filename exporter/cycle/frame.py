@@ -71,6 +71,8 @@ def run_cycle(stages: Sequence[Stage], snapshot: FleetSnapshot, blind: tuple[str
     for stage in stages:
         if runs(stage, frame):
             frame = stage.step(frame)
+        elif (skipped := getattr(stage, "skipped", None)) is not None:
+            skipped(frame)  # a stage whose kept state must know it missed a frame
     return frame
 
 

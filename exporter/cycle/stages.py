@@ -126,9 +126,16 @@ class AdvisorStage:
             return advise(self.advisor, frame.snapshot, frame.report, self.planner, trigger, scaling)
 
     def evaluate_last(self, trigger: str) -> Advice | None:
-        """The last frame evaluated again (an Alertmanager notification); None before any."""
+        """The last frame evaluated again (an Alertmanager notification); None before any,
+        and while the snapshots are blind."""
         last = self.last
         return None if last is None else self.evaluate(last, trigger)
+
+    def skipped(self, frame: Frame) -> None:
+        """A blind frame, not evaluated: the last frame seen is not the fleet now, so an
+        Alertmanager notification must not evaluate it again as if it were."""
+        with self.lock:
+            self.last = None
 
     def families(self, frame: Frame) -> list[Family]:
         return []  # the advisor's families read its deliveries too: AdvisorService.families
