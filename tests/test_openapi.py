@@ -3,6 +3,7 @@ the limits of bounds.py, the plan schema of docs/, and the handlers' real answer
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.request
 from typing import Any
@@ -33,7 +34,7 @@ def test_the_document_is_valid_openapi_31():
     for schema in schemas:
         Draft202012Validator.check_schema(schema)  # raises SchemaError naming the keyword
     # the components, then every schema written in place (paths, then the two webhooks)
-    assert len(schemas) == 13 + 47 + 2 * 5
+    assert len(schemas) == 13 + 47 + 8 + 2 * 5  # 8 written in place for /v1/admission
     assert DOC["openapi"] == "3.1.0"
 
 
@@ -65,7 +66,7 @@ def test_every_v1_route_is_documented_and_nothing_else(advisor_client):
     documented = {(method, path) for path, item in DOC["paths"].items() for method in item}
     assert routes == documented
     assert documented == {("get", "/v1/openapi.json"), ("get", "/v1/snapshot"), ("get", "/v1/advice"),
-                          ("post", "/v1/plan"), ("post", "/v1/alerts")}
+                          ("post", "/v1/plan"), ("post", "/v1/alerts"), ("post", "/v1/admission")}
 
 
 def test_only_the_posts_require_the_token():
@@ -77,6 +78,7 @@ def test_only_the_posts_require_the_token():
         ("/v1/advice", "get"): [{}, {"bearer": []}],
         ("/v1/plan", "post"): [{"bearer": []}],
         ("/v1/alerts", "post"): [{"bearer": []}],
+        ("/v1/admission", "post"): [],  # the apiserver presents no token; it only ever admits
     }
     assert DOC["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
 
@@ -183,6 +185,25 @@ async def test_real_answers_of_every_handler_validate(advisor_client):
         await _check(advisor_client, "POST", path, 413, data=b" " * 1025, headers=auth())
     api.what_if_busy = True  # another what-if holds the slot
     await _check(advisor_client, "POST", "/v1/plan", 503, data=b"{}", headers=auth())
+    # the admission webhook, from the frame the cycle analysed: a GPU pod on the simulated
+    # fleet gets a preferred affinity naming fleet nodes; a pod without GPUs none; no token
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                          "operation": "CREATE", "object": pod}}
+    answer = json.loads(await _check(advisor_client, "POST", "/v1/admission", 200, json=review))
+    assert answer["response"]["uid"] == "u-1" and answer["response"]["allowed"] is True
+    (op,) = json.loads(base64.b64decode(answer["response"]["patch"]))
+    term = op["value"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    names = {n["name"] for n in snapshot["nodes"]}
+    assert 0 < len(term["preference"]["matchFields"][0]["values"]) <= 16
+    assert set(term["preference"]["matchFields"][0]["values"]) <= names
+    pod["spec"]["containers"][0]["resources"] = {}
+    answer = json.loads(await _check(advisor_client, "POST", "/v1/admission", 200, json=review))
+    assert answer["response"] == {"uid": "u-1", "allowed": True}
+    await _check(advisor_client, "POST", "/v1/admission", 400, json={"kind": "AdmissionReview"})
+    await _check(advisor_client, "POST", "/v1/admission", 413, data=b" " * (1024 * 1024 + 1))
 
 
 def test_checking_bodies_leaves_no_schema_behind():
@@ -214,7 +235,7 @@ def test_every_operation_with_a_body_documents_the_body_deadline():
     # web.body_timeout's 408 (exporter/web/connection_gate.py) answers before any handler
     with_body = {(method, path) for path, item in DOC["paths"].items()
                  for method, operation in item.items() if "requestBody" in operation}
-    assert with_body == {("post", "/v1/plan"), ("post", "/v1/alerts")}
+    assert with_body == {("post", "/v1/plan"), ("post", "/v1/alerts"), ("post", "/v1/admission")}
     for method, path in with_body:
         assert set(DOC["paths"][path][method]["responses"]["408"]["content"]) == {"text/plain"}
 

@@ -476,6 +476,33 @@ def document(advisor: bool = True) -> dict[str, Any]:
                 "413": _too_large(),
                 "500": _bug(),
                 "503": _busy(json_too=False)}}},
+        "/v1/admission": {"post": {
+            "operationId": "postAdmission",
+            "summary": "Kubernetes' mutating admission webhook (AdmissionReview v1): steers GPU pods",
+            "description": "Always admits. A GPU pod gets a JSON patch adding a preferred node "
+                           "affinity for the nodes where its ask grows fragmentation least; any "
+                           "other pod, or no fleet analysed yet, none. No token: the apiserver "
+                           "presents none (docs/advisor.md, Steering).",
+            "security": [],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["apiVersion", "kind", "request"],
+                "properties": {"apiVersion": {"const": "admission.k8s.io/v1"},
+                               "kind": {"const": "AdmissionReview"},
+                               "request": {"type": "object", "required": ["uid"],
+                                           "properties": {"uid": {"type": "string", "minLength": 1,
+                                                                  "maxLength": 128}}}}}}}},
+            "responses": {
+                "200": _json({"type": "object", "required": ["apiVersion", "kind", "response"],
+                              "properties": {"response": {
+                                  "type": "object", "required": ["uid", "allowed"],
+                                  "properties": {"uid": {"type": "string"}, "allowed": {"const": True},
+                                                 "patchType": {"const": "JSONPatch"},
+                                                 "patch": {"type": "string"}}}}},
+                             "the AdmissionReview answered: allowed, with a patch for a GPU pod"),
+                "400": _error("not JSON, or not an AdmissionReview of admission.k8s.io/v1 with a "
+                              "request uid"),
+                "413": _error("body over the server's 1 MiB request limit"),
+                "503": _busy(json_too=False)}}},
     }
     if not advisor:
         paths = {path: paths[path] for path in ("/v1/openapi.json", "/v1/snapshot")}

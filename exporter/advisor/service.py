@@ -388,6 +388,11 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFu
 
 def install(app: web.Application, service: AdvisorService) -> None:
     add_routes(app, service.api())
+    # placement steering for the Kubernetes scheduler, from the last frame the cycle analysed
+    from exporter.web import admission
+    from exporter.web.server import STATE
+
+    admission.add_route(app, lambda: getattr(app[STATE].cycle, "last_report", None))
     # first in, so last out: aiohttp cleans up in reverse order, and the collection loop
     # (make_app's) evaluates and renders the advisor's families, which read the store;
     # it must have stopped before the store closes

@@ -16,15 +16,21 @@ AdmissionReview is a 400 (the apiserver then applies the webhook's
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from aiohttp import web
 
 from exporter.advisor import steer
 from exporter.analysis.index import Report
 from exporter.gpu_catalogue import default_catalogue
 from exporter.sources.kubernetes.source import pod_record
+
+log = logging.getLogger(__name__)
 
 PATH = "/v1/admission"
 API_VERSION = "admission.k8s.io/v1"
@@ -100,11 +106,35 @@ def answer(body: bytes, current: Callable[[], Report | None]) -> dict[str, Any]:
     pod = request.get("object")
     is_pod = isinstance(kind, dict) and kind.get("kind") == "Pod" and kind.get("group", "") == ""
     if is_pod and request.get("operation", "CREATE") == "CREATE" and isinstance(pod, dict):
-        ops = patch_for(pod, current())
+        try:
+            ops = patch_for(pod, current())
+        except Exception:  # steering is a hint: a fault here admits the pod unchanged
+            log.exception("admission: no preference for this pod")
+            ops = []
         if ops:
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
-__all__ = ["API_VERSION", "PATH", "PREFERENCE_WEIGHT", "BadReview", "answer", "patch_for"]
+def add_route(app: web.Application, current: Callable[[], Report | None]) -> None:
+    """``POST /v1/admission``, answering from ``current()``: the last frame's analysis, or
+    None while there is none or the fleet is read blind. No bearer token: the apiserver
+    presents none by default, and the answer only ever admits (the body cap is the app's)."""
+
+    async def handle(request: web.Request) -> web.Response:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            return web.json_response({"error": f"body too large: {exc.reason}"}, status=413)
+        try:
+            # FGD over every node: off the loop, so /metrics never waits for a pod
+            answer_ = await asyncio.to_thread(answer, body, current)
+        except BadReview as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(answer_)
+
+    app.router.add_post(PATH, handle)
+
+
+__all__ = ["API_VERSION", "PATH", "PREFERENCE_WEIGHT", "BadReview", "add_route", "answer", "patch_for"]
