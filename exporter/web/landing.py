@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 ENDPOINTS: dict[str, str] = {
     "/metrics": "Prometheus exposition of the fleet, rendered once per collection",
     "/-/healthy": "200 while the process runs",
-    "/-/ready": "200 once a snapshot is served and collection is not stalled",
+    "/-/ready": "200 once a snapshot is served, collection is not stalled and no source is "
+                "blind (reads no GPU, or under half of what it listed)",
     "/v1/advice": "the advisor's decision, its reasons and scaling hints (JSON)",
     "/v1/snapshot": "the current fleet snapshot (JSON; input of gpufleet analyze --snapshot)",
     "/v1/openapi.json": "the JSON API's OpenAPI description",
