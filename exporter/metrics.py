@@ -853,6 +853,50 @@ JOB_STRAGGLER_GPUS = FamilySpec(
     "GPUs of a multi-GPU job out of step with its peers (median and MAD) for the straggler "
     "duration.", ("job", "namespace", "account"), "remediation",
     doc="Jobs with a straggler only; which GPU, node and metric is in /v1/advice's health.")
+# -- preemption as the scheduler runs it (exporter/preemption/) ---------------------------------------
+# Counters per pool and cause: every cause of every pool from its first snapshot, 0 until its first
+# stop, so increase() counts that one too. Per job only the jobs stopped and not yet resumed.
+PREEMPTIONS_TOTAL = FamilySpec(
+    "gpufleet_preemptions_total", "counter",
+    "Jobs the scheduler stopped (preempted, requeued, suspended, evicted), by pool and cause.",
+    ("pool", "cause"), "preemption",
+    doc="`cause`: `requeue` (a Slurm job pending again with its restart count grown: "
+        "PreemptMode=REQUEUE, or an operator's or a failed node's requeue, which Slurm does not "
+        "tell apart), `suspend` (Slurm), `preemption`, `eviction`, `kubelet`, `taint`, `gc` (the "
+        "reason of a pod's DisruptionTarget condition: PreemptionByScheduler, "
+        "EvictionByEvictionAPI, TerminationByKubelet, DeletionByTaintManager, DeletionByPodGC), "
+        "`other`. `pool`: the pool of the nodes the job ran on. Each stop counted once, since "
+        "the exporter started.")
+PREEMPTION_LOST_GPU_SECONDS_TOTAL = FamilySpec(
+    "gpufleet_preemption_lost_gpu_seconds_total", "counter",
+    "GPU-seconds of work the stopped jobs lost (from each job's last checkpoint to its stop, "
+    "times its GPUs), by pool and cause.", ("pool", "cause"), "preemption", "seconds",
+    doc="The checkpoint the job states, or its last whole advisor.checkpoint_interval "
+        "(`advisor.assume_checkpointing`). Divided by "
+        "gpufleet_pool_delivered_gpu_seconds_total over a window: the preemption overhead "
+        "(GpuPoolPreemptionOverheadHigh).")
+POOL_DELIVERED_GPU_SECONDS_TOTAL = FamilySpec(
+    "gpufleet_pool_delivered_gpu_seconds_total", "counter",
+    "GPU-seconds the pool's running jobs held between snapshots (suspended and stopping "
+    "jobs left out).", ("pool",), "preemption", "seconds",
+    doc="A gap between two snapshots counts at most 5 min: what ran while the exporter or its "
+        "source was away is not known.")
+PREEMPTED_JOBS_WAITING = FamilySpec(
+    "gpufleet_preempted_jobs_waiting", "gauge",
+    "Stopped jobs waiting to resume (requeued and pending, or suspended), by pool and cause.",
+    ("pool", "cause"), "preemption")
+JOB_PREEMPTED_WAIT_SECONDS = FamilySpec(
+    "gpufleet_job_preempted_wait_seconds", "gauge",
+    "Seconds a stopped job has waited to resume since the scheduler stopped it.",
+    ("job", "namespace", "pool", "cause"), "preemption", "seconds",
+    doc="Only jobs waiting now (requeued and pending, or suspended); gone when the job resumes "
+        "or ends.")
+JOB_PREEMPTION_LOST_SECONDS = FamilySpec(
+    "gpufleet_job_preemption_lost_seconds", "gauge",
+    "Seconds of work per GPU the waiting job's last stop lost (since its last checkpoint).",
+    ("job", "namespace", "pool", "cause"), "preemption", "seconds",
+    doc="Absent where neither a checkpoint nor the run's start is known (a job requeued "
+        "before the exporter first saw it running, that states no checkpoint).")
 # -- the process's own logging (issue 32, Build 3) ---------------------------------------------------
 LOG_LINES_DROPPED_TOTAL = FamilySpec(
     "gpufleet_log_lines_dropped_total", "counter",

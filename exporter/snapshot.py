@@ -184,6 +184,21 @@ class Placement:
 
 
 @dataclass(frozen=True, slots=True)
+class Interruption:
+    """The scheduler stopped a job that has not finished: preempted, requeued, suspended or
+    evicted (exporter/preemption/ counts them, the work each lost and the wait to resume).
+
+    ``cause``: Slurm's PreemptMode word for what happened to the job (``requeue``: pending
+    again with its Restarts count grown, which an operator's requeue also does; ``suspend``)
+    or the reason of a pod's ``DisruptionTarget`` condition (``preemption``, ``eviction``,
+    ``kubelet``, ``taint``, ``gc``; ``other`` for one Kubernetes adds later)."""
+
+    cause: str
+    time: float | None = None  # unix seconds it happened; None: the source does not say
+    count: int = 1  # times the job has been stopped so far (Slurm's Restarts): a new count is a new one
+
+
+@dataclass(frozen=True, slots=True)
 class Allocation:
     job: str
     placements: tuple[Placement, ...]
@@ -197,6 +212,7 @@ class Allocation:
     last_checkpoint_time: float | None = None
     gpu_memory_need_bytes: int | None = None  # per GPU, when the job states it
     allowed_models: tuple[str, ...] = ()  # empty: any model
+    interrupted: Interruption | None = None  # suspended, or a pod being preempted or evicted
 
     @property
     def gpu_count(self) -> int:
@@ -220,6 +236,8 @@ class JobRequest:
     pool: str = ""
     priority: int = 0
     submit_time: float | None = None
+    last_checkpoint_time: float | None = None  # as Allocation's: what a preempted job kept
+    interrupted: Interruption | None = None  # requeued by a preemption: waiting to resume
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from exporter.snapshot import (
     GpuHealth,
     GpuPerformance,
     GpuProcesses,
+    Interruption,
     JobRequest,
     MigInstance,
     Node,
@@ -205,7 +206,9 @@ def _family_fields() -> dict[str, dict[str, Check]]:
 def _snapshot_fields() -> dict[type, dict[str, Check]]:
     """The check of each field of each record of a snapshot, per record type."""
     family = _family_fields()
+    interruption = {"cause": string(), "time": optional(_TIME), "count": integer(0, 2 ** 31)}
     fields: dict[type, dict[str, Check]] = {
+        Interruption: interruption,
         Node: {
             "name": string(), "model": string(), "cpu_cores": number(0, MAX_CPUS), "pool": string(),
             "generation": string(), "gpu_count": integer(0, MAX_GPUS_PER_NODE),
@@ -232,13 +235,15 @@ def _snapshot_fields() -> dict[type, dict[str, Check]]:
             "job": string(), "namespace": string(), "pod": string(), "priority": _PRIORITY,
             "qos": string(), "user": string(), "account": string(), "start_time": optional(_TIME),
             "last_checkpoint_time": optional(_TIME), "gpu_memory_need_bytes": _BYTES,
-            "allowed_models": _MODELS,
+            "allowed_models": _MODELS, "interrupted": optional(record(Interruption, interruption)),
         },
         JobRequest: {
             "job": string(), "gpu_count": integer(0, MAX_NODES * MAX_GPUS_PER_NODE),
             "gpu_share": _SHARE, "cpus": number(0, MAX_CPUS * MAX_NODES),
             "node_count": integer(0, MAX_NODES), "models": _MODELS, "pool": string(),
             "priority": _PRIORITY, "submit_time": optional(_TIME),
+            "last_checkpoint_time": optional(_TIME),
+            "interrupted": optional(record(Interruption, interruption)),
         },
         SourceStatus: {
             "source": string(), "up": boolean, "duration_seconds": number(0, 1e9),

@@ -308,6 +308,8 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     from exporter.cycle.serving import HealthEffects, ServingCycle, advisor_stage
     from exporter.cycle.stages import AnalysisStage, HealthStage, LoadStage, TableStage
     from exporter.health.settings import build_health  # not the advisor's: no numpy on a node
+    from exporter.preemption.stage import PreemptionStage, watch_settings
+    from exporter.preemption.watch import PreemptionWatch
     from exporter.thresholds.reloading import LiveThresholds
     from exporter.web.server import ServingState
 
@@ -329,6 +331,7 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
         stages += [AnalysisStage(analyzer), LoadStage(load)]
     monitor = build_health(config.advisor, table.current)
     stages.append(HealthStage(monitor))
+    stages.append(PreemptionStage(PreemptionWatch(watch_settings(config.advisor, table.current))))
     deliverer = None
     if analyzer is not None and config.advisor.enabled:
         from exporter.advisor.service import build_service

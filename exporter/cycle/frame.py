@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # annotations only: the frame module loads no stage's package
 
 # The order /metrics lists the stages' families in (the golden exposition's): a stage's place
 # in the cycle is when it runs, its place here where its families are read.
-RENDER_ORDER = ("analysis", "load", "advisor", "health", "logs", "table")
+RENDER_ORDER = ("analysis", "load", "advisor", "health", "preemption", "logs", "table")
 
 # The stages that still run on a blind frame (a source read no GPU, or part of its fleet:
 # exporter/collect.py): what they add does not need the whole fleet, the table in force and

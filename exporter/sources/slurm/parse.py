@@ -28,7 +28,15 @@ from typing import Any
 
 from exporter.errors import one_line
 from exporter.gpu_catalogue import Catalogue
-from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, Placement
+from exporter.snapshot import (
+    Allocation,
+    FleetSnapshot,
+    Gpu,
+    Interruption,
+    JobRequest,
+    Node,
+    Placement,
+)
 from exporter.sources import job_hints
 
 
@@ -45,6 +53,9 @@ MAX_EXPANDED = 100_000
 # many, and ``gpu:h100:1024`` written 2,000 times on one line 2,048,000)
 MAX_GRES_GPUS = 1024
 
+
+# Slurm keeps a job's restart count in 16 bits (job_record_t.restart_cnt)
+MAX_RESTARTS = 2 ** 16 - 1
 
 # Jobs in these states hold their nodes' GPUs and CPUs (COMPLETING: until the epilog ends).
 HOLDING_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED"})
@@ -247,6 +258,11 @@ class SlurmJob:
     gpus_per_task: tuple[Gres, ...] = ()
     reason: str = ""
     comment: str = ""  # sbatch --comment: where a site states a job's memory need (job_hints)
+    # times Slurm requeued the job (a preemption under PreemptMode=REQUEUE, an operator's
+    # scontrol requeue, a node failure); a requeued job is PENDING again, its SubmitTime the
+    # moment of the requeue (Slurm 22.05 clears PreemptTime then)
+    restarts: int = 0
+    suspend_time: float | None = None  # a SUSPENDED job's (PreemptMode=SUSPEND, scontrol suspend)
 
     def requested_gpus(self) -> int:
         """GPUs the job asked for in total, whichever way it asked."""
@@ -398,7 +414,18 @@ def _job_from_json(job: Mapping[str, Any], threads: Mapping[str, int]) -> SlurmJ
         gpus_per_task=tuple(parse_tres_gpus(job.get("tres_per_task") or "")),
         reason=_null(str(job.get("state_reason") or "")),
         comment=str(job.get("comment") or "")[:job_hints.MAX_TEXT],
+        restarts=_restarts(_num(job.get("restart_cnt"))),
+        suspend_time=_time(job.get("suspend_time")) if state == "SUSPENDED" else None,
     )
+
+
+def _restarts(value: Any) -> int:
+    """Slurm's restart count; 0 for what is not a count (a hostile or odd record)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return 0
+    return min(value, MAX_RESTARTS)
 
 
 def parse_sinfo_json(text: str, on_error: OnError = None) -> list[SlurmNode]:
@@ -542,6 +569,9 @@ def _job_from_text(record: str, tz: dt.tzinfo | None) -> SlurmJob:
         gpus_per_task=tuple(parse_tres_gpus(fields.get("TresPerTask", ""))),
         reason=_null(fields.get("Reason", "")),
         comment=_null(fields.get("Comment", ""))[:job_hints.MAX_TEXT],
+        restarts=_restarts(fields.get("Restarts", "0")[:8]),
+        suspend_time=parse_text_time(fields.get("SuspendTime", ""), tz) if state == "SUSPENDED"
+        else None,
     )
 
 
@@ -638,6 +668,8 @@ def to_snapshot(
                 last_checkpoint_time=hints.last_checkpoint_time,
                 gpu_memory_need_bytes=hints.gpu_memory_need_bytes,
                 allowed_models=tuple(model(t) for t in job.requested_types()),
+                interrupted=Interruption("suspend", job.suspend_time)
+                if job.state == "SUSPENDED" else None,
             ))
         elif job.state == "PENDING":
             gpus = job.requested_gpus()
@@ -648,6 +680,10 @@ def to_snapshot(
                 models=tuple(model(t) for t in job.requested_types()), pool=job.partition,
                 priority=job_hints.slurm_priority(job.qos, qos_priorities),
                 submit_time=job.submit_time,
+                last_checkpoint_time=job_hints.from_comment(job.comment).last_checkpoint_time,
+                # requeued: Slurm set its SubmitTime to the requeue, the time it was stopped
+                interrupted=Interruption("requeue", job.submit_time, job.restarts)
+                if job.restarts else None,
             ))
     return FleetSnapshot(taken_at, tuple(out_nodes), tuple(out_gpus), tuple(allocations),
                          tuple(pending))

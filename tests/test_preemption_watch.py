@@ -1,0 +1,243 @@
+"""The preemption watch (exporter/preemption/): each stop of a job counted once, by pool and
+cause, with the work it lost since its last checkpoint; the GPU-seconds each pool delivered;
+the stopped jobs waiting to resume. And what the sources say of a stop: Slurm's restart count
+and suspend, read from scontrol text and squeue JSON as Slurm 22.05 writes them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exporter import metrics
+from exporter.gpu_catalogue import default_catalogue
+from exporter.preemption.watch import CAUSES, PreemptionWatch, WatchSettings, lost_work
+from exporter.snapshot import Allocation, FleetSnapshot, Interruption, JobRequest, Node, Placement
+from exporter.sources.slurm.parse import Gres, SlurmNode, parse_scontrol_jobs, parse_squeue_json, to_snapshot
+
+T0 = 1_800_000_000.0
+NODES = (Node("gpu-008", "H100", 64.0, "gpu-h100", "hopper", 8),
+         Node("gpu-001", "H200", 64.0, "gpu-h200", "hopper", 8))
+
+
+def running(job: str = "spot-1", start: float = T0 - 2400, checkpoint: float | None = T0 - 600,
+            node: str = "gpu-008", gpus: int = 8, interrupted: Interruption | None = None,
+            namespace: str = "") -> Allocation:
+    return Allocation(job, (Placement(node, tuple(range(gpus)), 1.0, 8.0),), namespace=namespace,
+                      start_time=start, last_checkpoint_time=checkpoint, interrupted=interrupted)
+
+
+def requeued(job: str = "spot-1", at: float = T0 + 30, count: int = 1,
+             checkpoint: float | None = T0 - 600) -> JobRequest:
+    # Slurm 22.05: the requeued job is PENDING, its SubmitTime the requeue, in its partition
+    return JobRequest(job, 8, pool="spot", submit_time=at, last_checkpoint_time=checkpoint,
+                      interrupted=Interruption("requeue", at, count))
+
+
+def snap(at: float, allocations=(), pending=()) -> FleetSnapshot:
+    return FleetSnapshot(at, NODES, (), tuple(allocations), tuple(pending))
+
+
+def sample(watch: PreemptionWatch, name: str, **labels: str) -> float | None:
+    for family in watch.families():
+        if family.name == name:
+            for got, value in family.samples:
+                if dict(got) == labels:
+                    return value
+    return None
+
+
+# -- the work a stop lost --------------------------------------------------------------------------
+
+def test_a_job_stopped_after_40_minutes_with_a_checkpoint_at_30_lost_10_minutes():
+    assert lost_work(T0 + 40 * 60, T0 + 30 * 60, T0, 900.0) == 600.0
+
+
+def test_a_checkpoint_older_than_the_run_counts_from_the_run_start():
+    # the run restored from it: the work before the run was saved
+    assert lost_work(T0 + 600, T0 - 3600, T0, 900.0) == 600.0
+
+
+def test_a_job_stating_no_checkpoint_lost_its_last_part_interval_or_its_whole_run():
+    assert lost_work(T0 + 40 * 60, None, T0, 900.0) == 600.0  # 40 min mod 15
+    assert lost_work(T0 + 40 * 60, None, T0, None) == 2400.0  # the site assumes none
+    assert lost_work(T0 + 40 * 60, None, None, 900.0) is None  # neither known
+
+
+def test_a_checkpoint_after_the_stop_loses_nothing():
+    assert lost_work(T0, T0 + 5, T0 - 100, 900.0) == 0.0  # clocks apart by seconds
+
+
+# -- counting -------------------------------------------------------------------------------------
+
+def test_a_requeued_job_is_counted_once_with_its_lost_work_in_the_pool_it_ran_in():
+    watch = PreemptionWatch(WatchSettings(checkpoint_interval=900.0))
+    watch.observe(snap(T0, [running()]))
+    view = watch.observe(snap(T0 + 60, pending=[requeued()]))
+    assert len(view.stops) == 1
+    stop = view.stops[0]
+    # the pool of the nodes it ran on, not the partition it waits in
+    assert (stop.pool, stop.cause, stop.time, stop.gpus) == ("gpu-h100", "requeue", T0 + 30, 8.0)
+    assert stop.lost_seconds == 630.0  # requeued at T0+30, last checkpoint at T0-600
+    assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool="gpu-h100", cause="requeue") == 1
+    assert sample(watch, metrics.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name,
+                  pool="gpu-h100", cause="requeue") == 630.0 * 8
+    assert sample(watch, metrics.PREEMPTED_JOBS_WAITING.name, pool="gpu-h100",
+                  cause="requeue") == 1
+    job = {"job": "spot-1", "namespace": "", "pool": "gpu-h100", "cause": "requeue"}
+    assert sample(watch, metrics.JOB_PREEMPTED_WAIT_SECONDS.name, **job) == 30.0
+    assert sample(watch, metrics.JOB_PREEMPTION_LOST_SECONDS.name, **job) == 630.0
+
+    # seen again: the same stop, not counted again; its wait grows
+    view = watch.observe(snap(T0 + 120, pending=[requeued()]))
+    assert view.stops == ()
+    assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool="gpu-h100", cause="requeue") == 1
+    assert sample(watch, metrics.JOB_PREEMPTED_WAIT_SECONDS.name, **job) == 90.0
+
+    # resumed: no longer waiting
+    watch.observe(snap(T0 + 300, [running(start=T0 + 300, checkpoint=T0 - 600)]))
+    assert sample(watch, metrics.PREEMPTED_JOBS_WAITING.name, pool="gpu-h100",
+                  cause="requeue") is None
+    assert sample(watch, metrics.JOB_PREEMPTED_WAIT_SECONDS.name, **job) is None
+
+    # requeued again (Restarts 2): a new stop; the checkpoint predates the run, so the run is lost
+    view = watch.observe(snap(T0 + 900, pending=[requeued(at=T0 + 800, count=2)]))
+    assert [(s.time, s.lost_seconds) for s in view.stops] == [(T0 + 800, 500.0)]
+    assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool="gpu-h100", cause="requeue") == 2
+    assert sample(watch, metrics.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name,
+                  pool="gpu-h100", cause="requeue") == (630.0 + 500.0) * 8
+
+
+def test_a_job_requeued_before_the_watch_saw_it_counts_its_stated_checkpoint_only():
+    watch = PreemptionWatch()
+    view = watch.observe(snap(T0 + 60, pending=[requeued(), requeued("other", checkpoint=None)]))
+    by_job = {s.job: s for s in view.stops}
+    assert by_job["spot-1"].lost_seconds == 630.0
+    assert by_job["spot-1"].pool == "spot"  # never seen running: the partition it waits in
+    assert by_job["other"].lost_seconds is None
+    assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool="spot", cause="requeue") == 2
+    assert sample(watch, metrics.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name,
+                  pool="spot", cause="requeue") == 630.0 * 8
+    assert sample(watch, metrics.JOB_PREEMPTION_LOST_SECONDS.name, job="other", namespace="",
+                  pool="spot", cause="requeue") is None
+
+
+def test_a_pod_being_preempted_is_counted_once_and_does_not_wait():
+    watch = PreemptionWatch()
+    watch.observe(snap(T0, [running("ns/train", namespace="ns")]))
+    stopping = running("ns/train", namespace="ns",
+                       interrupted=Interruption("preemption", T0 + 50))
+    for at in (T0 + 60, T0 + 90):
+        watch.observe(snap(at, [stopping]))
+    assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool="gpu-h100", cause="preemption") == 1
+    assert sample(watch, metrics.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name, pool="gpu-h100",
+                  cause="preemption") == 650.0 * 8
+    assert sample(watch, metrics.PREEMPTED_JOBS_WAITING.name, pool="gpu-h100",
+                  cause="preemption") is None
+    weird = running("ns/b", namespace="ns", interrupted=Interruption("SomethingNew", T0))
+    watch.observe(snap(T0 + 120, [weird]))
+    assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool="gpu-h100", cause="other") == 1
+
+
+def test_a_suspended_job_waits_and_delivers_nothing():
+    watch = PreemptionWatch()
+    watch.observe(snap(T0, [running()]))
+    paused = running(interrupted=Interruption("suspend", T0 + 10))
+    watch.observe(snap(T0 + 60, [paused]))
+    watch.observe(snap(T0 + 120, [paused]))
+    assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool="gpu-h100", cause="suspend") == 1
+    assert sample(watch, metrics.PREEMPTED_JOBS_WAITING.name, pool="gpu-h100",
+                  cause="suspend") == 1
+    # 8 GPUs worked T0..T0+60; suspended from then on
+    assert sample(watch, metrics.POOL_DELIVERED_GPU_SECONDS_TOTAL.name, pool="gpu-h100") == 480.0
+
+
+def test_delivered_gpu_seconds_count_a_long_gap_as_at_most_max_gap():
+    watch = PreemptionWatch(WatchSettings(max_gap_seconds=300.0))
+    job = running()
+    watch.observe(snap(T0, [job]))
+    watch.observe(snap(T0 + 60, [job]))
+    watch.observe(snap(T0 + 3660, [job]))  # an hour away: 300 s counted
+    assert sample(watch, metrics.POOL_DELIVERED_GPU_SECONDS_TOTAL.name,
+                  pool="gpu-h100") == 8 * (60 + 300)
+    watch.observe(snap(T0 - 100, [job]))  # a clock stepped back adds nothing
+    assert sample(watch, metrics.POOL_DELIVERED_GPU_SECONDS_TOTAL.name,
+                  pool="gpu-h100") == 8 * (60 + 300)
+
+
+def test_every_cause_of_a_pool_has_its_counters_from_the_first_snapshot():
+    watch = PreemptionWatch()
+    watch.observe(snap(T0, [running()]))
+    for cause in CAUSES:
+        assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool="gpu-h100", cause=cause) == 0
+        assert sample(watch, metrics.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name, pool="gpu-h100",
+                      cause=cause) == 0
+    assert sample(watch, metrics.POOL_DELIVERED_GPU_SECONDS_TOTAL.name, pool="gpu-h100") == 0
+
+
+def test_what_the_watch_keeps_is_the_last_snapshot_s_jobs():
+    watch = PreemptionWatch()
+    watch.observe(snap(T0, [running(f"job-{i}") for i in range(50)],
+                       [requeued(f"q-{i}") for i in range(50)]))
+    watch.observe(snap(T0 + 60, [running("job-0")]))
+    assert set(watch._runs) == {"job-0"} and watch._counted == {}
+
+
+# -- what Slurm says of a stop ------------------------------------------------------------------------
+
+# scontrol show job -d -o of a job requeued by preemption, as Slurm 22.05 printed it (the real
+# slurmctld of tests/test_preemption_slurm.py; fields cut to those read)
+REQUEUED_TEXT = (
+    "JobId=1 JobName=wrap UserId=root(0) GroupId=root(0) Priority=4294901759 Account=(null) "
+    "QOS=(null) JobState=PENDING Reason=BeginTime Dependency=(null) Requeue=1 Restarts=1 "
+    "BatchFlag=1 RunTime=00:00:00 SubmitTime=2026-12-05T21:41:32 "
+    "EligibleTime=2026-12-05T21:43:33 StartTime=2026-12-05T21:43:33 EndTime=Unknown "
+    "SuspendTime=None SecsPreSuspend=0 Partition=spot NodeList= NumNodes=1 NumCPUs=1 "
+    "NumTasks=1 Comment=last-checkpoint=1796506287  TresPerNode=gres:gpu:h100:8\n")
+
+REQUEUED_JSON = {"jobs": [{
+    "job_id": 1, "job_state": "PENDING", "state_reason": "BeginTime", "restart_cnt": 1,
+    "submit_time": 1796506892, "start_time": 1796507013, "preempt_time": 0, "suspend_time": 0,
+    "partition": "spot", "nodes": "", "comment": "last-checkpoint=1796506287",
+    "tres_per_node": "gres:gpu:h100:8", "node_count": 1, "tasks": 1, "cpus": 1}]}
+
+
+def _slurm_snapshot(jobs) -> FleetSnapshot:
+    node = SlurmNode("gpu-008", 64, ("gpu-h100", "spot", "high"),
+                     (Gres("gpu", "h100", 8),), "allocated")
+    return to_snapshot(T0, [node], jobs, {"h100": "H100"}, default_catalogue())
+
+
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_slurm_s_requeued_job_is_pending_with_its_requeue_time_and_checkpoint(form):
+    import datetime as dt
+
+    jobs = (parse_scontrol_jobs(REQUEUED_TEXT, dt.UTC) if form == "text"
+            else parse_squeue_json(json.dumps(REQUEUED_JSON)))
+    (request,) = _slurm_snapshot(jobs).pending
+    submit = (dt.datetime(2026, 12, 5, 21, 41, 32, tzinfo=dt.UTC).timestamp() if form == "text"
+              else 1796506892.0)
+    assert request.interrupted == Interruption("requeue", submit, 1)
+    assert request.last_checkpoint_time == 1796506287.0
+    assert (request.gpu_count, request.pool) == (8, "spot")
+
+
+@pytest.mark.parametrize("restarts", ["0", "-3", "x", "99999999999999999999"])
+def test_a_job_with_no_or_an_odd_restart_count_is_not_a_stop(restarts):
+    text = REQUEUED_TEXT.replace("Restarts=1", f"Restarts={restarts}")
+    (request,) = _slurm_snapshot(parse_scontrol_jobs(text)).pending
+    if restarts.startswith("9"):
+        # a count past Slurm's 16 bits is cut, not believed whole, and the job still shows
+        assert request.interrupted is not None and request.interrupted.count <= 2 ** 16 - 1
+    else:
+        assert request.interrupted is None
+
+
+def test_a_suspended_slurm_job_holds_its_gpus_and_says_since_when():
+    record = {"job_id": 7, "job_state": "SUSPENDED", "suspend_time": 1796500000,
+              "start_time": 1796490000, "partition": "spot", "nodes": "gpu-008",
+              "job_resources": {"allocated_nodes": [{"nodename": "gpu-008", "sockets": {}}]},
+              "gres_detail": ["gpu:h100:8(IDX:0-7)"], "node_count": 1}
+    (alloc,) = _slurm_snapshot(parse_squeue_json(json.dumps({"jobs": [record]}))).allocations
+    assert alloc.interrupted == Interruption("suspend", 1796500000.0)
+    assert alloc.gpu_count == 8
