@@ -305,3 +305,38 @@ def test_identity_through_a_real_victoriametrics_export_equals_the_query(tmp_pat
             ("gpu-002", 0, "GPU-gpu-002-0", "p,q", 0.05), ("gpu-002", 1, "GPU-gpu-002-1", "p,q", 0.15)]
     finally:
         stop(proc)
+
+
+def test_value_answers_are_read_by_msgspec_and_an_odd_one_by_json_as_before():
+    from exporter.sources.prometheus.source import compact, compact_answer
+
+    plain = [{"metric": {"node": f"n{i}", "gpu": str(i % 8)}, "value": [100.5, f"{i}.5"]}
+             for i in range(20)] + [{"metric": {"node": "n20"}, "value": [100.5, "NaN"]}]
+    body = json.dumps({"status": "success", "warnings": ["store down"],
+                       "data": {"resultType": "vector", "result": plain}}).encode()
+    assert compact_answer(body) == (compact(plain), ["store down"])
+    assert compact_answer(body)[0][20] == ("n20", "0", "NaN")  # no gpu label: "0", as before
+    odd = [*plain, {"metric": {"node": 7, "gpu": "0"}, "value": [100.5, "1"]},
+           {"metric": {"node": "n21", "gpu": "0"}}]
+    for series in (odd, plain[:1]):
+        scalar = {"status": "success", "data": {"resultType": "scalar", "result": series}}
+        assert compact_answer(json.dumps(scalar).encode()) is None
+    assert compact_answer(json.dumps({"status": "success", "data": {
+        "resultType": "vector", "result": odd}}).encode()) is None
+    # through a read: the odd answer is read by json.loads, its two bad series dropped and
+    # counted, the rest of the family stands
+    up = [_series("gpufleet_gpu_up", 1, **g) for g in _gpus("a", "b")]
+    bad = [{"metric": {"node": 7, "gpu": "0"}, "value": [100.5, "1"]},
+           {"metric": {"node": "b", "gpu": "0"}},
+           _series("gpufleet_gpu_power_watts", 250, **_gpus("a")[0])]
+
+    def answer(expr: str, read: int) -> list[dict]:
+        if expr.startswith("gpufleet_gpu_info"):
+            return [_series("gpufleet_gpu_info", 1, **g) for g in _gpus("a", "b")]
+        if expr.startswith(UP_QUERY):
+            return up
+        return bad if "gpufleet_gpu_power_watts" in expr else []
+
+    (snapshot,) = asyncio.run(FakeBackend(answer).run({}, reads=1))
+    assert [(g.node, g.power_watts) for g in snapshot.gpus] == [("a", 250.0), ("b", None)]
+    assert snapshot.sources[0].parse_errors == 1  # the series without a value (7 names no GPU)

@@ -69,6 +69,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import msgspec
 
 from exporter import http_client, metrics
 from exporter.snapshot import (
@@ -359,6 +360,45 @@ def identity_from_csv(body: bytes) -> list[IdentityRow]:
         if key not in newest or at >= newest[key][0]:
             newest[key] = (at, None if value != value else (node, gpu or "0", uuid, model, pool))
     return [row for _, row in newest.values() if row is not None]
+
+
+class _GpuLabels(msgspec.Struct, gc=False):
+    node: str = ""
+    gpu: str = "0"
+
+
+class _ValueSample(msgspec.Struct, gc=False):
+    metric: _GpuLabels
+    value: tuple[float, str]
+
+
+class _ValueVector(msgspec.Struct, gc=False):
+    resultType: str  # the API's name
+    result: list[_ValueSample]
+
+
+class _ValueAnswer(msgspec.Struct, gc=False):
+    """A value family's answer (``max by (node, gpu)``) as msgspec reads it: only the two
+    labels and the value, no dict per series (json.loads and :func:`compact` took 4x as
+    long at 108,800 GPUs). An answer of another shape fails to decode; json.loads then reads
+    it and one malformed series is dropped and counted, as before."""
+
+    data: _ValueVector
+    warnings: list[str] = []
+
+
+def compact_answer(body: bytes) -> tuple[list[Compact], list[str]] | None:
+    """A value family's answer as :func:`compact`'s tuples and its warnings; None when it does
+    not have the plain shape (the caller reads it with json.loads)."""
+    try:
+        answer = msgspec.json.decode(body, type=_ValueAnswer)
+    except msgspec.MsgspecError:
+        return None
+    if answer.data.resultType != "vector":
+        return None
+    intern = sys.intern
+    return ([(intern(s.metric.node), intern(s.metric.gpu), s.value[1])
+             for s in answer.data.result], answer.warnings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -863,6 +903,12 @@ class PrometheusFleetSource:
         if not budget.take(series):
             return _Result(name, None, f"{where}: {series:,} series, and the read over "
                            f"max_series {self.config.max_series:,}", over_cap=True)
+        if name in GPU_VALUES and self._resolve_model is None:
+            with _no_cycle_collection():
+                fast = compact_answer(body)
+            if fast is not None:
+                self._warn(name, fast[1])
+                return _Result(name, fast[0])
         try:
             with _no_cycle_collection():
                 payload = json.loads(body)
@@ -875,11 +921,14 @@ class PrometheusFleetSource:
             data["result"] = compact(data["result"])
         elif name == "identity":
             data["result"] = identity_rows(data["result"])
-        for warning in payload.get("warnings") or []:
+        self._warn(name, payload.get("warnings") or [])
+        return _Result(name, data["result"])
+
+    def _warn(self, name: str, warnings: Sequence[Any]) -> None:
+        for warning in warnings:
             # Thanos/Mimir: a store did not answer, so this family may be partial
             log.warning("prometheus answered with a warning",
                         extra={"source": self.name, "query": name, "err": warning})
-        return _Result(name, data["result"])
 
     async def _fetch(self, name: str, expr: str, at: float, headers: dict[str, str],
                      in_flight: asyncio.Semaphore, budget: _SeriesBudget,
