@@ -58,21 +58,47 @@ def cpu(pid=None):
         return usage.ru_utime + usage.ru_stime
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+mode = sys.argv[6]
+old_style = mode == "old"  # every family, identity each read by query: the old read
+before = mode == "before"  # another checkout (--before), with the options it knows
 answers = {}
-shipped = source_module.PrometheusFleetSource._query
+if hasattr(source_module.PrometheusFleetSource, "_post"):
+    shipped = source_module.PrometheusFleetSource._post
 
-async def counted(self, name, expr, at, headers):
-    body = await shipped(self, name, expr, at, headers)
-    answers[name] = len(body)
-    return body
+    async def counted(self, name, endpoint, form, headers):  # every request: query and export
+        body = await shipped(self, name, endpoint, form, headers)
+        key = name if "/query" in endpoint else f"{name} (export)"
+        answers[key] = answers.get(key, 0) + len(body)
+        return body
 
-source_module.PrometheusFleetSource._query = counted
+    source_module.PrometheusFleetSource._post = counted
+else:  # a checkout from before the export API
+    shipped_query = source_module.PrometheusFleetSource._query
+
+    async def counted_query(self, name, expr, at, headers):
+        body = await shipped_query(self, name, expr, at, headers)
+        answers[name] = answers.get(name, 0) + len(body)
+        return body
+
+    source_module.PrometheusFleetSource._query = counted_query
+read_cpu = []
+shipped_read = source_module.PrometheusFleetSource.read
+
+async def timed_read(self):  # the process's CPU while the source reads: decoding, building
+    before = cpu()
+    try:
+        return await shipped_read(self)
+    finally:
+        read_cpu.append(cpu() - before)
+
+source_module.PrometheusFleetSource.read = timed_read
+prometheus = {"enabled": True, "url": url, "selector": selector, "query_timeout": query_timeout}
+if not before:
+    prometheus.update(gpu_telemetry=old_style, identity_refresh="1ms" if old_style else "5m")
 config = build(Config, {
     "collect_interval": "1h", "source_timeout": "600s",
     "advisor": {"enabled": False},
-    "sources": {"sim": {"enabled": False},
-                "prometheus": {"enabled": True, "url": url, "selector": selector,
-                               "query_timeout": query_timeout}}})
+    "sources": {"sim": {"enabled": False}, "prometheus": prometheus}})
 collector, state, _ = assemble(config, ["prometheus"])
 
 def cluster_index(text):  # the rendered index; None when it is not served
@@ -89,8 +115,14 @@ def status(key):
 async def main():
     runs = []
     labels = LabelCache()
+    source = collector.sources[0]
+    if old_style:
+        source._export = False
+    queries_of = (lambda: source.queries_made) if hasattr(source, "queries_made") else (
+        lambda: len(answers))
     for _ in range(reads):
         answers.clear()
+        queries_before = queries_of() if hasattr(source, "queries_made") else 0
         ours, theirs = cpu(), cpu(vm_pid)
         started = time.perf_counter()
         rendered = await collect_and_render(collector, state, labels, 1)
@@ -99,8 +131,11 @@ async def main():
         snapshot = rendered.snapshot
         prom = [s for s in snapshot.sources if s.source == "prometheus"][0]
         runs.append({"read_s": prom.duration_seconds, "collect_analyse_render_s": total,
-                     "cpu_s_ours": ours, "cpu_s_victoria_metrics": theirs,
-                     "queries": len(answers), "answer_bytes": sum(answers.values()),
+                     "cpu_s_ours": ours, "cpu_s_ours_read": read_cpu[-1] if read_cpu else None,
+                     "cpu_s_victoria_metrics": theirs,
+                     "queries": queries_of() - queries_before,
+                     "identity_read": sorted(k for k in answers if k.startswith("identity")),
+                     "answer_bytes": sum(answers.values()),
                      "largest_answer": max(answers.items(), key=lambda kv: kv[1]),
                      "gpus": len(snapshot.gpus), "nodes": len(snapshot.nodes),
                      "allocations": len(snapshot.allocations),
@@ -162,6 +197,15 @@ def rss_mb(pid: int) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", type=int, default=100, help="copies of the 1,088-GPU layout")
+    parser.add_argument("--scales", default="",
+                        help="a curve: comma-separated scales, each on a fresh stack, e.g. "
+                        "10,25,50,100 (10,880 / 27,200 / 54,400 / 108,800 GPUs); a line fitted")
+    parser.add_argument("--compare", action="store_true",
+                        help="also read the old way on the same stack (every value family, "
+                        "identity by query each read)")
+    parser.add_argument("--before", type=Path,
+                        help="also read with this checkout's code on the same stack (e.g. "
+                        "`git archive COMMIT | tar -x -C DIR`)")
     parser.add_argument("--reads", type=int, default=3, help="collections by cluster mode")
     parser.add_argument("--scrape-interval", default="60s", help="vmagent's scrape interval")
     parser.add_argument("--health", action="store_true",
@@ -169,7 +213,7 @@ def main() -> int:
                         "at scale 100 instead of 1.6 M)")
     parser.add_argument("--query-timeout", default="120s",
                         help="sources.prometheus.query_timeout of the reader")
-    parser.add_argument("--idle", type=float, default=120.0,
+    parser.add_argument("--idle", type=float, default=30.0,
                         help="seconds VictoriaMetrics' CPU is measured with no query, before the "
                         "reads: what ingesting vmagent's scrapes costs it")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -180,13 +224,54 @@ def main() -> int:
         print("victoria-metrics and vmagent are needed; `make vm-deps` installs them",
               file=sys.stderr)
         return 2
-    gpus_expected = 1088 * args.scale
+    scales = [int(x) for x in args.scales.split(",")] if args.scales else [args.scale]
+    points = []
+    for scale in scales:
+        point = run_point(args, scale, binaries)
+        if point is None:
+            return 1
+        points.append(point)
+    if len(points) > 1:
+        curve(points)
+    return 0
+
+
+def curve(points: list[dict]) -> None:
+    """The points' worst read against GPUs, a least-squares line through them, the time
+    per GPU at each against the 27,200-GPU point's, and the line at 1,000,000 GPUs: for the
+    wall time and for the CPU seconds (ours + VictoriaMetrics'), which a shared machine's
+    load does not inflate."""
+    print("\ncurve (each point's worst read; CPU s and RSS of that point's reads):")
+    print("GPUs | read s worst (first, later) | queries | CPU s ours / VictoriaMetrics "
+          "(worst read) | peak RSS MiB | us per GPU")
+    for p in points:
+        print(f"{p['gpus']:,} | {p['worst']:.2f} ({p['first']:.2f}, {p['later']:.2f}) | "
+              f"{p['queries']} | {p['cpu_ours']:.2f} / {p['cpu_vm']:.2f} | {p['hwm']:.0f} | "
+              f"{1e6 * p['worst'] / p['gpus']:.1f}")
+    ref = next((p for p in points if p["gpus"] == 27_200), points[0])
+    for what, key in (("wall s", lambda p: p["worst"]),
+                      ("CPU s", lambda p: p["cpu_ours"] + p["cpu_vm"])):
+        xs, ys = [p["gpus"] for p in points], [key(p) for p in points]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+        slope /= sum((x - mx) ** 2 for x in xs)
+        intercept = my - slope * mx
+        print(f"line, {what} of a read = {intercept:.3f} + {slope * 1e6:.2f} us x GPUs; at "
+              f"1,000,000 GPUs {intercept + slope * 1e6:.1f} (one VictoriaMetrics, these cores)")
+        for p in points:
+            ratio = (key(p) / p["gpus"]) / (key(ref) / ref["gpus"])
+            print(f"  {what} per GPU at {p['gpus']:,} / at {ref['gpus']:,}: {ratio:.2f}x "
+                  "(goal <= 1.3x at the largest)")
+
+
+def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | None:
+    gpus_expected = 1088 * scale
     work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-vm-"))
     exporter_port, vm_port, agent_port = free_port(), free_port(), free_port()
     vm = f"http://127.0.0.1:{vm_port}"
     (work / "gpufleet.yaml").write_text(
         "collect_interval: 1h\nadvisor: {enabled: false}\nsources:\n"
-        f"  sim: {{scale: {args.scale}, health: {str(args.health).lower()}}}\n")
+        f"  sim: {{scale: {scale}, health: {str(args.health).lower()}}}\n")
     (work / "vmagent.yml").write_text(textwrap.dedent(f"""\
         scrape_configs:
           - job_name: {JOB}
@@ -246,20 +331,27 @@ def main() -> int:
         time.sleep(args.idle)
         ingest_per_s = (cpu_seconds(vm_pid) - idle_cpu) / args.idle if args.idle else None
         load_before = os.getloadavg()
-        reader = subprocess.run(
-            [sys.executable, "-c", READER, vm, f'job="{JOB}"', str(args.reads), args.query_timeout,
-             str(procs["victoria-metrics"].pid)],
-            cwd=work, env=env, capture_output=True, text=True, timeout=3600)
-        if reader.returncode != 0:
-            print(reader.stderr[-4000:], file=sys.stderr)
-            return 1
-        result = json.loads(reader.stdout.strip().splitlines()[-1])
+        results = {}
+        modes = ["new"] + (["old"] if args.compare else []) + (["before"] if args.before else [])
+        for mode in modes:
+            tree = args.before if mode == "before" else REPO
+            reader = subprocess.run(
+                [sys.executable, "-c", READER, vm, f'job="{JOB}"', str(args.reads),
+                 args.query_timeout, str(procs["victoria-metrics"].pid), mode],
+                cwd=work, env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
+                timeout=3600)
+            if reader.returncode != 0:
+                print(reader.stderr[-4000:], file=sys.stderr)
+                return None
+            results[mode] = json.loads(reader.stdout.strip().splitlines()[-1])
+        result = results["new"]
         load_after = os.getloadavg()
         others = {name: rss_mb(p.pid) for name, p in procs.items()}
         print(json.dumps({
             "gpus_expected": gpus_expected, "samples_per_scrape": scraped,
             "victoria_metrics_cpu_s_per_s_without_queries": ingest_per_s,
             "node_mode_cluster_index": node_index, "reader": result,
+            "reader_old_way": results.get("old"), "reader_before": results.get("before"),
             "rss_mb_other_processes (VmRSS, VmHWM)": others,
             "load_average_before_after": [round(load_before[0], 1), round(load_after[0], 1)],
             "cpus": os.cpu_count()}, indent=1))
@@ -277,7 +369,22 @@ def main() -> int:
               "complete reads (goal <= 0.5): "
               f"{'met' if index_gap <= 0.5 else 'NOT met'}")
         print(f"every GPU read, source up: {complete}")
-        return 0
+        if "old" in results:
+            old = results["old"]["runs"]
+            print(f"the old way on the same stack: worst {max(r['read_s'] for r in old):.2f} s, "
+                  f"{max(r['queries'] for r in old)} queries, peak RSS "
+                  f"{results['old']['vm_hwm_mb']:.0f} MiB")
+        if "before" in results:
+            old = results["before"]["runs"]
+            print(f"{args.before} on the same stack: worst {max(r['read_s'] for r in old):.2f} s, "
+                  f"{max(r['queries'] for r in old)} queries, peak RSS "
+                  f"{results['before']['vm_hwm_mb']:.0f} MiB")
+        worst = max(runs, key=lambda r: r["read_s"])
+        return {"gpus": gpus_expected, "worst": worst_read, "first": runs[0]["read_s"],
+                "later": max((r["read_s"] for r in runs[1:]), default=float("nan")),
+                "queries": worst_queries, "cpu_ours": worst["cpu_s_ours"],
+                "cpu_vm": worst["cpu_s_victoria_metrics"], "hwm": result["vm_hwm_mb"],
+                "complete": complete}
     finally:
         for proc in procs.values():
             proc.terminate()
