@@ -15,7 +15,12 @@ VictoriaMetrics).
 Goals: collection <= 10 s with <= 20 queries; RSS <= 1 GB; the cluster index within
 0.5 of node mode's own.
 
-Usage: ``nice -n 10 .venv/bin/python bench/victoriametrics_cluster.py [--scale 100] [--reads 3]``
+Issue 45: ``--scales 10,25,50,100`` measures a curve, each point on a fresh stack, and fits a
+line to the worst read's wall time and CPU seconds; ``--before DIR`` reads with another
+checkout's code on the same stack (``git archive COMMIT | tar -x -C DIR``).
+
+Usage: ``nice -n 10 .venv/bin/python bench/victoriametrics_cluster.py [--scale 100] [--reads 3]
+[--scales 10,25,50,100] [--before DIR]``
 """
 
 from __future__ import annotations

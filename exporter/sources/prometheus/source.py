@@ -4,10 +4,16 @@ Large sites already scrape every GPU node into Prometheus (and Thanos or Mimir
 scale that past one machine), so cluster mode reads the fleet from there rather
 than fanning out to the nodes itself.
 
-Cost is per metric family, never per node: 19 instant queries (15 for DCGM
-metrics) read a fleet of any size (``bench/prometheus_source.py`` measures 10k GPUs against one query per
-node). All are evaluated at the same ``time``, so the snapshot is one instant,
-and each answer is decoded in a worker thread as soon as it arrives.
+Cost is per metric family, never per node: 11 instant queries read a fleet of any size
+(``bench/prometheus_source.py`` measures 10k GPUs against one query per node), 18 with
+``gpu_telemetry``, 53 for DCGM metrics. A backend's cost is per series selected, so only the
+value families the cycle uses are read (``USED_VALUES``); the TSDB already holds the rest.
+Identity (``gpufleet_gpu_info``, the heaviest answer) is read at the first read, every
+``identity_refresh`` and whenever ``gpufleet_gpu_up`` answers for other GPUs than it lists,
+through VictoriaMetrics' ``/api/v1/export/csv`` where the backend has it (the query API
+otherwise, or when the export's window lists other GPUs than up), and held as rows. All
+queries are evaluated at the same ``time``, so the snapshot is one instant, and each answer
+is decoded in a worker thread as soon as it arrives (value families by msgspec, into rows).
 
 What it reads (``metrics: gpufleet``): the families per-node gpufleet exporters
 serve. When a node's series vanish (its exporter stopped answering and
