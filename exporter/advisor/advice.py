@@ -78,6 +78,33 @@ class NvlinkMixed:
 
 
 @dataclass(frozen=True, slots=True)
+class SteeringLevel:
+    """The nodes at one Slurm ``Weight`` (:mod:`steer`), with the range of their expected
+    growth of fragmentation (GPUs; None where no typical job fits any of them)."""
+
+    weight: int
+    nodes: tuple[str, ...]  # in the fleet's node order
+    growth_min: float | None
+    growth_max: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Steering:
+    """Where the next GPU job should go: every node's Slurm ``Weight``, grouped by level.
+
+    Computed from the snapshot of ``snapshot_time`` at ``computed_at`` (it is one FGD
+    evaluation per workload shape over every node, so the advisor computes it at most once
+    per interval and carries it between). ``gpu_hours_waiting_saved`` is None: the advisor
+    does not estimate the saving of steering yet (the simulator measures it).
+    """
+
+    computed_at: float
+    snapshot_time: float
+    levels: tuple[SteeringLevel, ...]  # weight ascending, only levels with nodes
+    gpu_hours_waiting_saved: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Advice:
     """One evaluation: the decision with its reasons, the plan in force, and the waste lists.
 
@@ -101,6 +128,8 @@ class Advice:
     # the pools' scaling hints (exporter/pool_load/tracker.py, LoadTracker.advice); None where the
     # load tracker is off
     scaling: tuple[PoolAdvice, ...] | None = None
+    # the placement preferences in force (the last computed); None where steering is off
+    steering: Steering | None = None
 
 
 @dataclass(frozen=True, slots=True)

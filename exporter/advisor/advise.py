@@ -14,11 +14,13 @@ serve`` builds it: ``Advisor(decision_settings(config), clock=...)`` and
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.advisor.advice import Advice, WhatIf
+from exporter.advisor.advice import Advice, Steering, SteeringLevel, WhatIf
 from exporter.advisor.engine import Advisor, DecisionSettings, idle_rule
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import KeptState, PlanSettings, plan_compaction, plan_for_pending
@@ -43,7 +45,8 @@ PendingPlanFunction = Callable[[FleetSnapshot, Report, JobRequest, float], "Comp
 def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
            plan: PlanFunction = plan_compaction, trigger: str = "snapshot",
            scaling: tuple[PoolAdvice, ...] | None = None,
-           plan_pending: PendingPlanFunction | None = None) -> Advice:
+           plan_pending: PendingPlanFunction | None = None,
+           steering: Steering | None = None) -> Advice:
     """Evaluate ``snapshot``: update ``advisor``'s state, plan what it asks for, decide.
 
     ``report`` is the snapshot's analysis (:func:`exporter.analysis.index.evaluate` of
@@ -51,7 +54,7 @@ def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
     for the exposition and the advisor). Time is ``advisor.clock()``, read once: dwell,
     cooldown, plan expiry and idle clocks all follow it, so a simulated clock gives a
     simulated timeline. ``trigger`` says why ("snapshot", or the Alertmanager notification's
-    alerts); ``scaling`` is copied into the advice.
+    alerts); ``scaling`` and ``steering`` (:class:`Steerer`) are copied into the advice.
 
     One direction: the engine's assessment says what to plan (:meth:`Advisor.assess`: a
     pending job, a compaction scope, both or neither), the planner plans each of those on the
@@ -72,7 +75,48 @@ def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
         pending_plan = plan_pending(asked.measured, report, asked.pending_job, asked.now)
     compaction = None if asked.plan_scope is None else plan(asked.measured, report, asked.plan_scope,
                                                             asked.now)
-    return advisor.decide(asked, compaction, scaling, pending_plan)
+    advice = advisor.decide(asked, compaction, scaling, pending_plan)
+    if steering is not None:
+        advice = advisor.advice = dataclasses.replace(advice, steering=steering)
+    return advice
+
+
+STEER_EVERY = 300.0  # seconds between two computations: 2.5 s at 13,600 nodes (bench/steer.py)
+
+
+def steering_of(report: Report, now: float, snapshot_time: float) -> Steering:
+    """Every node's Slurm weight (:func:`exporter.advisor.steer.preferences` on the report's
+    state and workload), grouped by weight."""
+    from exporter.advisor import steer
+
+    prefs = steer.preferences(report.state, report.workload)
+    by_weight: dict[int, list[steer.NodePreference]] = {}
+    for p in prefs:
+        by_weight.setdefault(p.weight, []).append(p)
+    levels = []
+    for weight in sorted(by_weight):
+        finite = [p.growth for p in by_weight[weight] if math.isfinite(p.growth)]
+        levels.append(SteeringLevel(weight, tuple(p.node for p in by_weight[weight]),
+                                    round(min(finite), 6) if finite else None,
+                                    round(max(finite), 6) if finite else None))
+    return Steering(now, snapshot_time, tuple(levels))
+
+
+@dataclass
+class Steerer:
+    """The placement preferences the advice carries: computed when the advisor evaluates a
+    snapshot at least ``every`` seconds (of the advisor's clock) after the last computation,
+    and carried between, so their cost (one FGD evaluation per workload shape over every
+    node) is paid once per interval, not once per cycle."""
+
+    every: float = STEER_EVERY
+    last: Steering | None = None
+
+    def __call__(self, report: Report, now: float, snapshot_time: float) -> Steering:
+        last = self.last
+        if last is None or not 0 <= now - last.computed_at < self.every:
+            last = self.last = steering_of(report, now, snapshot_time)
+        return last
 
 
 def what_if(advisor: Advisor, snapshot: FleetSnapshot, report: Report,

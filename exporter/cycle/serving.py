@@ -175,7 +175,9 @@ class ServingCycle:
 def advisor_stage(service: AdvisorService, load: LoadTracker | None = None) -> AdvisorStage:
     """The cycle's advisor stage for ``service``: the same engine and planner, and the
     service's Alertmanager evaluations run on the stage's last frame."""
-    stage = AdvisorStage(service.advisor, service.planner, load)
+    from exporter.advisor.advise import Steerer
+
+    stage = AdvisorStage(service.advisor, service.planner, load, steerer=Steerer())
     service.evaluator = stage.evaluate_last
     return stage
 

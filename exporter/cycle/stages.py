@@ -18,7 +18,7 @@ from exporter.cycle.frame import Frame
 
 if TYPE_CHECKING:
     from exporter.advisor.advice import Advice
-    from exporter.advisor.advise import PlanFunction
+    from exporter.advisor.advise import PlanFunction, Steerer
     from exporter.advisor.engine import Advisor
     from exporter.analysis.analyzer import FleetView, LiveAnalyzer
     from exporter.health.monitor import HealthMonitor
@@ -109,6 +109,7 @@ class AdvisorStage:
     name: str = "advisor"
     lock: threading.Lock = field(default_factory=threading.Lock)
     last: Frame | None = None  # the last frame evaluated, for an Alertmanager notification
+    steerer: Steerer | None = None  # the placement preferences the advice carries; None: off
 
     def step(self, frame: Frame) -> Frame:
         if frame.report is None:
@@ -123,7 +124,10 @@ class AdvisorStage:
         with self.lock:
             scaling = None if self.load is None else tuple(self.load.advice())
             self.last = frame
-            return advise(self.advisor, frame.snapshot, frame.report, self.planner, trigger, scaling)
+            steering = None if self.steerer is None else \
+                self.steerer(frame.report, self.advisor.clock(), frame.snapshot.taken_at)
+            return advise(self.advisor, frame.snapshot, frame.report, self.planner, trigger, scaling,
+                          steering=steering)
 
     def evaluate_last(self, trigger: str) -> Advice | None:
         """The last frame evaluated again (an Alertmanager notification); None before any,
