@@ -76,11 +76,11 @@ def test_jitter_moves_each_submit_a_few_seconds_and_keeps_the_jobs():
 def test_the_summary_is_per_seed_against_none_with_the_band_and_the_oracle_share():
     outcomes = [
         outcome("none", 1, 100.0), outcome("advisor", 1, 80.0), outcome("oracle", 1, 60.0),
-        outcome(PERTURBED, 1, 95.0),
+        outcome("descheduler", 1, 94.0), outcome(PERTURBED, 1, 95.0),
         outcome("none", 2, 200.0), outcome("advisor", 2, 210.0), outcome("oracle", 2, 100.0),
-        outcome(PERTURBED, 2, 216.0),
+        outcome("descheduler", 2, 180.0), outcome(PERTURBED, 2, 216.0),
         outcome("none", 3, 50.0), outcome("advisor", 3, 40.0), outcome("oracle", 3, 40.0),
-        outcome(PERTURBED, 3, 50.0),
+        outcome("descheduler", 3, 50.0), outcome(PERTURBED, 3, 50.0),
     ]
     rows = {r.strategy: r for r in summarise(outcomes)}
     advisor = rows["advisor"]
@@ -92,7 +92,10 @@ def test_the_summary_is_per_seed_against_none_with_the_band_and_the_oracle_share
     assert advisor.whole_node_gpu_hours_median == pytest.approx(80.0)
     # the band: none jittered against none, -5%, +8%, 0%
     assert (advisor.noise_low_pct, advisor.noise_high_pct) == (pytest.approx(-5.0), pytest.approx(8.0))
-    assert advisor.seeds_below_noise == 2
+    assert advisor.seeds_beyond_noise == 2
+    # read both ways: -6% is inside the band's +8%, -10% beyond it
+    assert rows["descheduler"].seeds_beyond_noise == 1
+    assert rows["oracle"].seeds_beyond_noise == 3
     # shares of the oracle's saving: 20/40, -10/100, 10/10
     assert advisor.oracle_share_median_pct == pytest.approx(50.0)
     assert advisor.oracle_share_worst_pct == pytest.approx(-10.0)

@@ -120,7 +120,9 @@ class SummaryRow:
     cut_best_pct: float
     noise_low_pct: float  # the band: none jittered against none, the least and the largest
     noise_high_pct: float
-    seeds_below_noise: int  # seeds whose cut is below the band's least: a cut chance did not make
+    # seeds whose cut is larger than any the jitter made either way (below -max(|low|, |high|)):
+    # the jitter's sign is chance, so the band is read as symmetric
+    seeds_beyond_noise: int
     oracle_share_median_pct: float  # (none - strategy) / (none - oracle); nan without the oracle
     oracle_share_worst_pct: float
 
@@ -161,7 +163,7 @@ def summarise(outcomes: Sequence[Outcome]) -> list[SummaryRow]:
                 max(cuts) if cuts else math.nan,
                 min(cuts) if cuts else math.nan,
                 low, high,
-                sum(1 for c in cuts if c < low) if noise else 0,
+                sum(1 for c in cuts if c < -max(abs(low), abs(high))) if noise else 0,
                 float(np.median(shares)) if shares else math.nan,
                 min(shares) if shares else math.nan))
     return rows
