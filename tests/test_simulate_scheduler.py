@@ -74,3 +74,23 @@ def test_a_new_heads_reservation_lets_a_job_kept_off_the_old_one_backfill_at_onc
     scheduler.submit(new_head)
     assert scheduler.run_pass(11.0) == [waiting]
     assert scheduler.reservation.nodes == (2,) and waiting.placements[0].node == 1
+
+
+def test_a_gang_that_no_model_can_hold_is_not_tried_part_by_part():
+    """Four free nodes, two H100s and two A100s: a gang of three H100 parts cannot start, and the
+    pass says so from the fleet's arrays, without placing (and taking back) a part."""
+    from exporter.outcome_sim.scheduler import Scheduler
+
+    models = ("H100", "H100", "A100-SXM4-80GB", "A100-SXM4-80GB", "H100")
+    nodes = tuple(Node(f"n{i}", m, 64.0, "p", "x", 8) for i, m in enumerate(models))
+    cluster = Cluster(SimFleet("five", nodes, (), (Shape(1, 1.0, 1),)).empty_state(), "bestfit")
+    scheduler = Scheduler(cluster, "fifo")
+    busy = Job(90, 0.0, 1000.0, 1.0, 8, 1.0, 1, (), False)
+    cluster.start(busy, cluster.find(busy, exclude=[1, 2, 3, 4]), 0.0)  # n0 is full
+    gang = Job(1, 1.0, 50.0, 1.0, 8, 1.0, 3, ("H100",), False)
+    assert cluster.could_fit(gang)  # enough free nodes, counted over every model
+    scheduler.submit(gang)
+    placed_before = cluster.placer._clock
+    assert scheduler.run_pass(2.0) == []
+    assert cluster.placer._clock == placed_before  # no part was placed and taken back
+    assert scheduler.blocked is gang

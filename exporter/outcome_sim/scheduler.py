@@ -108,6 +108,7 @@ class Scheduler:
     _disturbed: int = 0  # moves and evictions so far: a reservation from before may be stale
     _reserved_at: int = -1  # _disturbed when the reservation was made
     _reservations: int = 0  # reservations made so far: the one in force is told by its number
+    _model_masks: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)  # nodes of these models
     _last_pass: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
@@ -157,7 +158,7 @@ class Scheduler:
             if failed.get(key) == releases:
                 skip = True  # nothing came back since it fit nowhere: the whole group waits
             elif head is None:
-                placed = cluster.find(job)
+                placed = self._find(job)
                 if placed is None:
                     failed[key] = releases
                     skip = True
@@ -172,11 +173,11 @@ class Scheduler:
                     off = (releases, self._reservations)
                 # it failed off these reserved nodes, and nothing came back since: it still does
                 if failed_off.get(key) != off:
-                    placed = cluster.find(job, exclude=reservation.nodes)
+                    placed = self._find(job, reservation.nodes)
                     if placed is None:
                         failed_off[key] = off
                 if placed is None and now + (job.work - job.done) <= reservation.shadow:
-                    placed = cluster.find(job)
+                    placed = self._find(job)
                     if placed is None:
                         failed[key] = releases
             if placed is not None:
@@ -195,6 +196,31 @@ class Scheduler:
         if head is None:
             self.reservation = None
         return started
+
+    def _find(self, job: Job, exclude: tuple[int, ...] = ()) -> list | None:
+        """``cluster.find``, asked only when the job could fit: a model it may use has, off
+        ``exclude``, as many nodes with room for a part as it has parts. Without that, the
+        placer would try a gang part by part, model by model, over the whole fleet, and fail
+        (on the GFS fleet a many-worker gang was tried so at every pass)."""
+        placer = self.cluster.placer
+        room = placer.cpu_free >= job.cpus - EPS
+        if job.gpus:
+            need = 1.0 if job.share >= 1.0 - EPS else job.share
+            room &= np.count_nonzero(placer.gpu_free >= need - EPS, axis=1) >= job.gpus
+        if job.models and job.gpus:  # the placer keeps a CPU-only job to no model
+            allowed = self._model_masks.get(job.models)
+            if allowed is None:
+                ids = [i for i, m in enumerate(placer.model_names) if m in job.models]
+                allowed = self._model_masks[job.models] = np.isin(placer.model, ids)
+            room &= allowed
+        if exclude:
+            room[list(exclude)] = False
+        if job.parts == 1:
+            if not room.any():
+                return None
+        elif np.bincount(placer.model[room], minlength=len(placer.model_names)).max(initial=0) < job.parts:
+            return None
+        return self.cluster.find(job, exclude=exclude)
 
     def _reserve(self, head: Job, now: float) -> Reservation:
         held = self.reservation
