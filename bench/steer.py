@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.fragmentation import partly_allocated  # noqa: E402
-from exporter.advisor import steer  # noqa: E402
-from exporter.analysis import fgd, openb  # noqa: E402
-from exporter.analysis.workload import from_tasks  # noqa: E402
+from bench.fragmentation import partly_allocated
+from exporter.advisor import steer
+from exporter.analysis import fgd, openb
+from exporter.analysis.workload import from_tasks
 
 GOAL_SECONDS = 1.0
 

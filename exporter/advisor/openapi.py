@@ -208,6 +208,7 @@ def advice_schema() -> dict[str, Any]:
                                "forecast_peak_gpus": {"type": ["number", "null"], "minimum": 0,
                                                       "description": "predictive mode: the demand the "
                                                       "rule read (null before a day of history)"}}}},
+            "steering": _steering_schema(),
             "health": {**_ref("Health"), "description": "issue 31: verdicts, remediation, stragglers"},
             "nvlink_mixed": {"type": "array", "description": "multi-node jobs over NVLink generations",
                              "items": {
@@ -216,6 +217,41 @@ def advice_schema() -> dict[str, Any]:
                                "nodes": {"type": "array", "items": {"type": "string"}},
                                "nvlink_generations": {"type": "array", "items": {"type": "integer"}},
                                "reason": {"type": "string"}}}},
+        },
+    }
+
+def _steering_schema() -> dict[str, Any]:
+    growth = {"type": ["number", "null"]}
+    return {
+        "type": "object",
+        "description": "where the next GPU job should go (docs/advisor.md, Steering): every node once, "
+                       "in the level of its Slurm Weight (lowest allocated first), levels by weight "
+                       "ascending and only those with nodes; computed at most every 300 s and "
+                       "carried between. Absent where steering is off. About 15 bytes a node: 1.5 MB "
+                       "at the 100,000-node limit",
+        "required": ["computed_at", "snapshot_time", "default_weight", "levels",
+                     "gpu_hours_waiting_saved"],
+        "properties": {
+            "computed_at": {"type": "number", "description": "unix time of the computation"},
+            "snapshot_time": {"type": "number", "description": "the snapshot it was computed from"},
+            "default_weight": {"const": 1, "description": "Slurm's default Weight, and the best level"},
+            "levels": {"type": "array", "maxItems": 10, "items": {
+                "type": "object", "required": ["weight", "nodes", "expected_growth"],
+                "properties": {
+                    "weight": {"type": "integer", "minimum": 1, "maximum": 10},
+                    "nodes": {"type": "array", "items": {"type": "string"}},
+                    "expected_growth": {
+                        "type": "object", "required": ["min", "max"],
+                        "description": "the range over the level's nodes of the expected growth of "
+                                       "fragmented GPUs (FGD) if the typical next job landed there "
+                                       "(negative: it fills a gap that fragmented GPUs); null where "
+                                       "no typical job fits any of them",
+                        "properties": {"min": growth, "max": growth}}}}},
+            "gpu_hours_waiting_saved": {
+                "type": ["number", "null"], "minimum": 0,
+                "description": "the GPU-hours of waiting the steering is expected to save: null, the "
+                               "advisor does not estimate it yet (gpufleet simulate measures the "
+                               "steer strategy's outcome instead)"},
         },
     }
 

@@ -26,9 +26,11 @@ from exporter.advisor.advice import (
     Reclaim,
     RightSizing,
     ScopeStatus,
+    Steering,
     WhatIf,
 )
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction, TierMisplacement
+from exporter.advisor.steer import WEIGHT_BEST, WEIGHT_WORST
 from exporter.health.monitor import HealthAdvice
 from exporter.health.remediation import Event, RemediationState, encode_event, event_id
 from exporter.health.verdict import NodeVerdict
@@ -135,7 +137,49 @@ def advice_json(advice: Advice) -> JSON:
     })
     if advice.scaling is not None:
         data["scaling"] = [scaling_json(a) for a in advice.scaling]
+    if advice.steering is not None:
+        data["steering"] = steering_json(advice.steering)
     return data
+
+
+def steering_json(s: Steering) -> JSON:
+    """``/v1/advice``'s ``steering`` (openapi ``Advice.steering``): every node once, in the
+    level of its Slurm weight, weight ascending."""
+    return {
+        "computed_at": s.computed_at, "snapshot_time": s.snapshot_time,
+        "default_weight": WEIGHT_BEST,
+        "levels": [{"weight": level.weight, "nodes": list(level.nodes),
+                    "expected_growth": {"min": level.growth_min, "max": level.growth_max}}
+                   for level in s.levels],
+        "gpu_hours_waiting_saved": s.gpu_hours_waiting_saved,
+    }
+
+
+def steering_weights(data: Any) -> dict[str, int]:
+    """Each node's weight from a ``steering`` section (:func:`steering_json`, as read back from
+    a /v1/advice answer); ValueError naming the field for one that does not hold together: a
+    weight out of range, a node that is no node name, or a node in two levels."""
+    from exporter.node_names import node_name_problem, shown
+
+    if not isinstance(data, dict) or not isinstance(data.get("levels"), list):
+        raise ValueError("steering.levels: expected a list")
+    weights: dict[str, int] = {}
+    for i, level in enumerate(data["levels"]):
+        weight = level.get("weight") if isinstance(level, dict) else None
+        if not isinstance(weight, int) or isinstance(weight, bool) \
+                or not WEIGHT_BEST <= weight <= WEIGHT_WORST:
+            raise ValueError(f"steering.levels[{i}].weight: expected an integer "
+                             f"{WEIGHT_BEST}..{WEIGHT_WORST}")
+        nodes = level.get("nodes")
+        if not isinstance(nodes, list):
+            raise ValueError(f"steering.levels[{i}].nodes: expected a list")
+        for node in nodes:
+            if problem := node_name_problem(node):
+                raise ValueError(f"steering.levels[{i}].nodes: {shown(node)} {problem}")
+            if node in weights:
+                raise ValueError(f"steering.levels[{i}].nodes: {node} is in two levels")
+            weights[node] = weight
+    return weights
 
 
 def _rounded(value: float | None) -> float | None:

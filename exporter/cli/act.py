@@ -14,6 +14,14 @@ resume already taken for its node is refused as stale (said on stderr). Slurm is
 only when scontrol shows exactly the node named. Budgets (how many nodes at once, the
 rate, never a pool's last healthy node) are the advisor's: it decides the events
 (docs/health.md).
+
+With --slurm --from, the advice's placement preferences (its steering section) are taken to
+Slurm too, after the events: each node's Weight (the lowest is allocated first), by
+scontrol update NodeName=X Weight=N, the biggest changes first, at most
+--weights-per-minute updates in any minute (counted over the audit log, so the rest go on
+the next run); a node is changed only while its Weight is the one gpufleet last set or
+Slurm's default 1, never an operator's (docs/advisor.md, Steering). --no-weights leaves
+the weights alone.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from exporter.bounded_file import Wording, read_bounded
 from exporter.errors import UsageError
+from exporter.validate import flag_number
 
 if TYPE_CHECKING:
     from exporter.health.act import Actor
@@ -40,6 +49,8 @@ EPILOG = """examples:
 MAX_TOKEN_BYTES = 64 * 1024  # a service account token is ~1 KB
 MAX_ADVICE_BYTES = 64 * 2 ** 20  # /v1/advice lists at most 100 of each thing: ~1 MB at most
 ADVICE_PATH = "/v1/advice"
+DEFAULT_WEIGHTS_PER_MINUTE = 60  # a 13,600-node fleet's weights settle in under 4 hours
+MAX_WEIGHTS_PER_MINUTE = 10_000  # each update is a slurmctld RPC
 # a secret is a file at rest: a FIFO (which could hang the start) or a device is refused
 _TOKEN_FILE = Wording(UsageError, cannot_read="--token-file {path}: cannot read: {reason}",
                       over_limit="--token-file {path}: {size} bytes, over the {limit}-byte limit",
@@ -73,6 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca-file", metavar="FILE", help="CA bundle for an https apiserver")
     parser.add_argument("--max-conflict-retries", type=int, default=5,
                         help="re-reads of a node that changed under a patch (409), default 5")
+    parser.add_argument("--weights-per-minute", type=int, default=DEFAULT_WEIGHTS_PER_MINUTE,
+                        metavar="N", help="Slurm node Weight updates at most in any minute "
+                        f"(--slurm --from; default {DEFAULT_WEIGHTS_PER_MINUTE})")
+    parser.add_argument("--no-weights", action="store_true",
+                        help="leave the nodes' Slurm weights alone (the advice's steering)")
 
 
 def _token(path: str | None) -> str | None:
@@ -100,6 +116,11 @@ def advice_url(url: str) -> str:
 def advised_events(url: str, token: str | None) -> list[str]:
     """The remediation events /v1/advice at ``url`` lists (health.recent_remediation, oldest
     first), one JSON line each; UsageError (one line) for an answer that holds none."""
+    return events_of(advice_at(url, token), url)
+
+
+def advice_at(url: str, token: str | None) -> object:
+    """/v1/advice's answer at ``url``, as JSON; UsageError (one line) for one that is not."""
     import json
 
     from exporter.http_client import AnswerTooLarge, fetch
@@ -116,9 +137,15 @@ def advised_events(url: str, token: str | None) -> list[str]:
     if answer.status != 200:
         raise UsageError(f"--from {url}: HTTP {answer.status} {answer.reason}".rstrip())
     try:
-        advice = json.loads(answer.body)
-    except ValueError:
+        return json.loads(answer.body)
+    except (ValueError, RecursionError):
         raise UsageError(f"--from {url}: the answer is not JSON") from None
+
+
+def events_of(advice: object, url: str) -> list[str]:
+    """The remediation events of a /v1/advice answer, oldest first, one JSON line each."""
+    import json
+
     health = advice.get("health") if isinstance(advice, dict) else None
     recent = health.get("recent_remediation") if isinstance(health, dict) else None
     if not isinstance(recent, list):
@@ -158,10 +185,14 @@ def run(args: argparse.Namespace) -> int:
                       args.max_conflict_retries, notes=sys.stderr)
     except ActError as exc:
         raise UsageError(f"--audit-log {exc}") from None
+    flag_number(args.weights_per_minute, "--weights-per-minute", 1, MAX_WEIGHTS_PER_MINUTE)
     if args.from_url:
         url = advice_url(args.from_url)
-        lines = advised_events(url, _token(args.from_token_file))
-        return _handle(actor, lines, f"--from {url}")
+        advice = advice_at(url, _token(args.from_token_file))
+        failed = _handle(actor, events_of(advice, url), f"--from {url}")
+        if args.backend == "slurm" and not args.no_weights:
+            failed |= _weights(args, advice, url)
+        return failed
     try:
         # binary: each line is bounded while it is read (bounded_lines), never read whole first
         source = sys.stdin.buffer if args.events == "-" else open(args.events, "rb")  # noqa: SIM115
@@ -191,3 +222,27 @@ def _handle(actor: Actor, lines: Iterable[str], what: str) -> int:
     except ActError as exc:  # the audit log cannot take a record: act no further
         raise UsageError(f"--audit-log {exc}") from None
     return 1 if failed else 0
+
+
+def _weights(args: argparse.Namespace, advice: object, url: str) -> int:
+    """The advice's steering taken to Slurm's node weights: 1 if an update failed, else 0."""
+    from exporter.advisor.steer_slurm import WeightActor, WeightError
+    from exporter.advisor.wire import steering_weights
+
+    steering = advice.get("steering") if isinstance(advice, dict) else None
+    if steering is None:
+        print("gpufleet act: no weights: the advice has no steering section (steering is off, "
+              "or nothing evaluated yet)", file=sys.stderr)
+        return 0
+    try:
+        wanted = steering_weights(steering)
+    except ValueError as exc:
+        raise UsageError(f"--from {url}: {exc}") from None
+    computed_at = steering.get("computed_at")
+    try:
+        actor = WeightActor(args.mode, Path(args.audit_log), sys.stdout, args.scontrol,
+                            args.weights_per_minute, notes=sys.stderr)
+        records = actor.apply(wanted, computed_at if isinstance(computed_at, int | float) else None)
+    except WeightError as exc:
+        raise UsageError(f"weights: {exc}") from None
+    return 1 if any(r["outcome"] == "failed" for r in records) else 0

@@ -18,6 +18,11 @@ prints it:
                object a line, each built from the node as --api-server answers it (read,
                never written) and guarded by its resourceVersion.
 
+With --format slurm, the advice's placement preferences (its steering section) follow the
+remediation, after a "# steering" comment line: scontrol update NodeName=X Weight=N for
+each node whose weight is not Slurm's default 1, the highest weight first (gpufleet act
+applies them within its budget, and leaves an operator's weight alone; docs/advisor.md).
+
 gpufleet act runs the same commands and patches, with its checks (an operator's drain is
 left alone) and its audit log; plan only prints them.
 
@@ -161,7 +166,9 @@ def _remediation(args: argparse.Namespace) -> int:
     elif args.api_server or args.api_token_file or args.api_ca_file:
         raise UsageError("--api-server, --api-token-file, --api-ca-file: only with --format kubernetes")
     try:
-        events = _remediation_events(_read(args), args.source)
+        body = _read(args)
+        events = _remediation_events(body, args.source)
+        weights = steering_lines(body, args.source) if args.format == "slurm" else []
     except PlanError as exc:
         print(f"gpufleet: {one_line(str(exc))}", file=sys.stderr)
         return 1
@@ -174,7 +181,33 @@ def _remediation(args: argparse.Namespace) -> int:
         if record["outcome"] == "failed":
             failed += 1
             print(f"gpufleet: {record['id']}: {one_line(record['error'])}", file=sys.stderr)
+    sys.stdout.writelines(line + "\n" for line in weights)
     return 1 if failed else 0
+
+
+def steering_lines(body: bytes, source: str) -> list[str]:
+    """The weight updates of a ``/v1/advice`` answer's steering: a comment line, then one
+    command for each node off Slurm's default weight, the highest weight first (then by
+    name); none without a steering section."""
+    from exporter.advisor.steer import WEIGHT_BEST
+    from exporter.advisor.steer_slurm import command_text
+    from exporter.advisor.wire import steering_weights
+
+    data = bounds.parse_json(body)  # _remediation_events read it already: it is JSON
+    steering = data.get("steering") if isinstance(data, dict) else None
+    if steering is None:
+        return []
+    try:
+        weights = steering_weights(steering)
+    except ValueError as exc:
+        raise PlanError(f"{source}: {exc}") from None
+    changed = sorted(((w, node) for node, w in weights.items() if w != WEIGHT_BEST),
+                     key=lambda c: (-c[0], c[1]))
+    at = steering.get("computed_at")
+    when = f" computed at {at:.0f}" if isinstance(at, int | float) and not isinstance(at, bool) else ""
+    head = (f"# steering{when}: {len(changed)} of {len(weights)} nodes off the default weight "
+            f"{WEIGHT_BEST} (lowest allocated first)")
+    return [head, *(command_text(node, w) for w, node in changed)]
 
 
 def _remediation_events(body: bytes, source: str) -> list[Event]:

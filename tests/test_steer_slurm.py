@@ -1,0 +1,232 @@
+"""Steering on Slurm (issue 42, Build 2): the advice's placement preferences as node weights.
+
+The advisor computes every node's Slurm ``Weight`` from FGD (exporter/advisor/steer.py) when
+it evaluates, at most once per interval, and /v1/advice carries them grouped by level;
+``gpufleet plan --format slurm`` prints the updates and ``gpufleet act --slurm --from``
+applies them on a real Slurm, within its budget of updates a minute, leaving a weight an
+operator set alone.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from exporter.advisor import openapi, steer
+from exporter.advisor.advice import Advice
+from exporter.advisor.advise import Steerer, steering_of
+from exporter.advisor.wire import advice_json, steering_weights
+from exporter.analysis.fgd import compile_workload
+from exporter.analysis.index import evaluate
+from exporter.analysis.state import build
+from exporter.analysis.workload import Shape, from_weighted
+from tests.helpers import REPO
+from tests.helpers.slurm_cluster import H100_NODES, H200_NODES, SlurmCluster, running_cluster
+
+NAMES = ("empty", "three-free", "full", "six-free", "a100-empty")
+FREE = ([1.0] * 8, [1.0] * 3 + [0.0] * 5, [0.0] * 8, [1.0] * 6 + [0.0] * 2, [1.0] * 8)
+
+
+def _report():
+    state = build(NAMES, ("H100",) * 4 + ("A100-80GB",), ("gpu-h100",) * 4 + ("gpu-a100",),
+                  [128.0] * 5, [128.0, 80.0, 0.0, 100.0, 128.0], FREE)
+    workload = from_weighted([(Shape(8.0, 1.0, 1), 0.7), (Shape(16.0, 1.0, 2), 0.1),
+                              (Shape(64.0, 1.0, 8), 0.2)])
+    return evaluate(state, compile_workload(workload, state.model_names))
+
+
+def _advice(steering) -> Advice:
+    return Advice(evaluated_at=100.0, snapshot_time=90.0, trigger="snapshot", scopes={},
+                  decision="none", reasons=("fine",), steering=steering)
+
+
+def test_the_advice_carries_every_nodes_weight_by_level_and_the_schema_holds_it():
+    report = _report()
+    steering = steering_of(report, 100.0, 90.0)
+    prefs = {p.node: p for p in steer.preferences(report.state, report.workload)}
+    data = advice_json(_advice(steering))["steering"]
+    schema = {**openapi.document(), "$ref": "#/components/schemas/Advice"}
+    jsonschema.Draft202012Validator(schema).validate(advice_json(_advice(steering)))
+    assert data["computed_at"] == 100.0 and data["snapshot_time"] == 90.0
+    assert data["default_weight"] == 1 and data["gpu_hours_waiting_saved"] is None
+    weights = [level["weight"] for level in data["levels"]]
+    assert weights == sorted(set(weights))  # ascending, each level once
+    # every node once, at the weight steer gives it
+    assert steering_weights(data) == {n: p.weight for n, p in prefs.items()}
+    assert sorted(n for level in data["levels"] for n in level["nodes"]) == sorted(NAMES)
+    worst = data["levels"][-1]
+    assert worst["weight"] == steer.WEIGHT_WORST and "full" in worst["nodes"]
+    best = data["levels"][0]
+    assert best["weight"] == 1 and "three-free" in best["nodes"]
+    at_best = [p.growth for p in prefs.values() if p.weight == 1]
+    assert best["expected_growth"] == {"min": round(min(at_best), 6), "max": round(max(at_best), 6)}
+    assert worst["expected_growth"]["max"] is not None  # "full" (none fits) is left out of it
+
+
+def test_the_steering_is_computed_at_most_once_per_interval():
+    report = _report()
+    steerer = Steerer(every=300.0)
+    first = steerer(report, 1000.0, 990.0)
+    assert steerer(report, 1299.0, 1290.0) is first  # carried: not paid again
+    again = steerer(report, 1300.0, 1290.0)
+    assert again is not first and again.computed_at == 1300.0 and again.snapshot_time == 1290.0
+    assert steerer(report, 900.0, 890.0).computed_at == 900.0  # a clock set back: recomputed
+
+
+@pytest.mark.parametrize(("levels", "message"), [
+    ([{"weight": 11, "nodes": ["a"]}], "steering.levels[0].weight: expected an integer 1..10"),
+    ([{"weight": True, "nodes": ["a"]}], "steering.levels[0].weight: expected an integer 1..10"),
+    ([{"weight": 2, "nodes": ["ALL"]}], "'ALL' is reserved by Slurm"),
+    ([{"weight": 2, "nodes": ["gpu-[1-4]"]}], "'gpu-[1-4]' is not a node name"),
+    ([{"weight": 2, "nodes": ["a"]}, {"weight": 3, "nodes": ["a"]}], "a is in two levels"),
+    ("x", "steering.levels: expected a list"),
+])
+def test_a_steering_section_that_does_not_hold_together_is_refused(levels, message):
+    with pytest.raises(ValueError, match=None) as caught:
+        steering_weights({"levels": levels})
+    assert message in str(caught.value)
+
+
+# --- on a real Slurm ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory) -> Iterator[SlurmCluster]:
+    with running_cluster(Path(tmp_path_factory.mktemp("slurm"))) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def advice_server() -> Iterator[tuple[str, dict]]:
+    """A /v1/advice on 127.0.0.1 answering whatever the test puts in the dict."""
+    served: dict = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(served["advice"]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", served
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _steering(weights: dict[str, int]) -> dict:
+    levels: dict[int, list[str]] = {}
+    for node, weight in weights.items():
+        levels.setdefault(weight, []).append(node)
+    return {"computed_at": 1000.0, "snapshot_time": 990.0, "default_weight": 1,
+            "levels": [{"weight": w, "nodes": levels[w], "expected_growth": {"min": 0.0, "max": 1.0}}
+                       for w in sorted(levels)],
+            "gpu_hours_waiting_saved": None}
+
+
+def _weights(slurm: SlurmCluster) -> dict[str, int]:
+    out = slurm.run("scontrol", "show", "node", "-o")
+    return {line.split(" ", 1)[0].removeprefix("NodeName="): int(line.split(" Weight=")[1].split(" ")[0])
+            for line in out.splitlines() if line.startswith("NodeName=")}
+
+
+def _act(slurm: SlurmCluster, url: str, audit: Path, mode: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exporter", "act", "--slurm", "--mode", mode,
+                           "--from", url, "--audit-log", str(audit), *extra],
+                          env={**slurm.env, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def _older(audit: Path, seconds: float) -> None:
+    """The audit log as if its updates were made ``seconds`` earlier: the minute passes."""
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    audit.write_text("".join(json.dumps({**r, "time": r["time"] - seconds}) + "\n" for r in records))
+
+
+@pytest.mark.slow  # a real Slurm (slurmctld, slurmd, munge)
+def test_act_applies_the_advised_weights_within_the_budget_and_leaves_an_operators_alone(
+        slurm, advice_server, tmp_path):
+    url, served = advice_server
+    assert set(_weights(slurm).values()) == {1}  # Slurm's default everywhere
+    slurm.run("scontrol", "update", "NodeName=gpu-006", "Weight=42")  # an operator's choice
+    wanted = {**dict.fromkeys(H200_NODES, 1), "gpu-002": 5, "gpu-003": 10, "gpu-004": 3,
+              "gpu-005": 7, "gpu-006": 9, "gpu-007": 2, "gpu-008": 1}
+    served["advice"] = {"decision": "none", "reasons": [], "health": {"recent_remediation": []},
+                        "steering": _steering(wanted)}
+    audit = tmp_path / "audit.jsonl"
+
+    observed = _act(slurm, url, audit, "observe", "--weights-per-minute", "3")
+    assert observed.returncode == 0, observed.stderr
+    # observe reads nothing from Slurm: the biggest changes from the default, within the budget
+    assert observed.stdout.splitlines() == [
+        "weight gpu-003: would run: scontrol update NodeName=gpu-003 Weight=10",
+        "weight gpu-006: would run: scontrol update NodeName=gpu-006 Weight=9",
+        "weight gpu-005: would run: scontrol update NodeName=gpu-005 Weight=7"]
+    assert _weights(slurm)["gpu-003"] == 1
+
+    done = _act(slurm, url, audit, "act", "--weights-per-minute", "3")
+    assert done.returncode == 0, done.stderr
+    assert "gpu-006: Weight=42 left as it is: not set by gpufleet (its last: none)" in done.stderr
+    assert "2 weight updates over the budget of 3 a minute: left for the next run" in done.stderr
+    weights = _weights(slurm)
+    assert weights == {"gpu-001": 1, "gpu-002": 5, "gpu-003": 10, "gpu-004": 1, "gpu-005": 7,
+                       "gpu-006": 42, "gpu-007": 1, "gpu-008": 1}  # 3 updates, biggest first
+
+    again = _act(slurm, url, audit, "act", "--weights-per-minute", "3")
+    assert again.returncode == 0, again.stderr
+    assert "2 weight updates over the budget of 3 a minute" in again.stderr
+    assert _weights(slurm) == weights  # the minute's budget is spent: nothing more
+
+    _older(audit, 61)
+    rest = _act(slurm, url, audit, "act", "--weights-per-minute", "3")
+    assert rest.returncode == 0, rest.stderr
+    assert "over the budget" not in rest.stderr
+    assert _weights(slurm) == {**wanted, "gpu-006": 42}
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    done_records = [(r["node"], r["weight"], r["previous"]) for r in records
+                    if r["type"] == "weight" and r["outcome"] == "done"]
+    assert done_records == [("gpu-003", 10, 1), ("gpu-005", 7, 1), ("gpu-002", 5, 1),
+                            ("gpu-004", 3, 1), ("gpu-007", 2, 1)]
+    assert {r["node"] for r in records if r["outcome"] == "skipped"} == {"gpu-006"}
+
+    # the advice changes: a weight gpufleet set is changed again, back to the default too;
+    # one an operator changed since is left alone
+    slurm.run("scontrol", "update", "NodeName=gpu-004", "Weight=20")
+    served["advice"]["steering"] = _steering({**wanted, "gpu-003": 1, "gpu-004": 8, "gpu-005": 6})
+    _older(audit, 61)
+    changed = _act(slurm, url, audit, "act")
+    assert changed.returncode == 0, changed.stderr
+    assert "gpu-004: Weight=20 left as it is: not set by gpufleet (its last: 3)" in changed.stderr
+    assert _weights(slurm) == {**wanted, "gpu-003": 1, "gpu-004": 20, "gpu-005": 6, "gpu-006": 42}
+    # --no-weights leaves them all alone
+    served["advice"]["steering"] = _steering({n: 4 for n in H100_NODES + H200_NODES})
+    untouched = _act(slurm, url, audit, "act", "--no-weights")
+    assert untouched.returncode == 0, untouched.stderr
+    assert _weights(slurm)["gpu-001"] == 1
+
+
+def test_the_weights_per_minute_are_range_checked(tmp_path):
+    for value in ("0", "10001"):
+        done = subprocess.run([sys.executable, "-m", "exporter", "act", "--slurm", "--from",
+                               "http://127.0.0.1:9/", "--weights-per-minute", value,
+                               "--audit-log", str(tmp_path / "a.jsonl")], cwd=REPO,
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 2
+        assert done.stderr.strip().endswith(f"--weights-per-minute: must be in [1, 10000], got {value}")
