@@ -854,7 +854,8 @@ JOB_STRAGGLER_GPUS = FamilySpec(
     "duration.", ("job", "namespace", "account"), "remediation",
     doc="Jobs with a straggler only; which GPU, node and metric is in /v1/advice's health.")
 # -- preemption as the scheduler runs it (exporter/preemption/) ---------------------------------------
-# Counters per pool and cause: every cause of every pool from its first snapshot, 0 until its first
+# From the scheduler's view (origin scheduler: served where jobs are known). Counters per pool and
+# cause: every cause of every pool from its first snapshot, 0 until its first
 # stop, so increase() counts that one too. Per job only the jobs stopped and not yet resumed.
 PREEMPTIONS_TOTAL = FamilySpec(
     "gpufleet_preemptions_total", "counter",
@@ -866,7 +867,8 @@ PREEMPTIONS_TOTAL = FamilySpec(
         "reason of a pod's DisruptionTarget condition: PreemptionByScheduler, "
         "EvictionByEvictionAPI, TerminationByKubelet, DeletionByTaintManager, DeletionByPodGC), "
         "`other`. `pool`: the pool of the nodes the job ran on. Each stop counted once, since "
-        "the exporter started.")
+        "the exporter started.",
+    origin="scheduler")
 PREEMPTION_LOST_GPU_SECONDS_TOTAL = FamilySpec(
     "gpufleet_preemption_lost_gpu_seconds_total", "counter",
     "GPU-seconds of work the stopped jobs lost (from each job's last checkpoint to its stop, "
@@ -874,29 +876,34 @@ PREEMPTION_LOST_GPU_SECONDS_TOTAL = FamilySpec(
     doc="The checkpoint the job states, or its last whole advisor.checkpoint_interval "
         "(`advisor.assume_checkpointing`). Divided by "
         "gpufleet_pool_delivered_gpu_seconds_total over a window: the preemption overhead "
-        "(GpuPoolPreemptionOverheadHigh).")
+        "(GpuPoolPreemptionOverheadHigh).",
+    origin="scheduler")
 POOL_DELIVERED_GPU_SECONDS_TOTAL = FamilySpec(
     "gpufleet_pool_delivered_gpu_seconds_total", "counter",
     "GPU-seconds the pool's running jobs held between snapshots (suspended and stopping "
     "jobs left out).", ("pool",), "preemption", "seconds",
     doc="A gap between two snapshots counts at most 5 min: what ran while the exporter or its "
-        "source was away is not known.")
+        "source was away is not known.",
+    origin="scheduler")
 PREEMPTED_JOBS_WAITING = FamilySpec(
     "gpufleet_preempted_jobs_waiting", "gauge",
     "Stopped jobs waiting to resume (requeued and pending, or suspended), by pool and cause.",
-    ("pool", "cause"), "preemption")
+    ("pool", "cause"), "preemption",
+    origin="scheduler")
 JOB_PREEMPTED_WAIT_SECONDS = FamilySpec(
     "gpufleet_job_preempted_wait_seconds", "gauge",
     "Seconds a stopped job has waited to resume since the scheduler stopped it.",
     ("job", "namespace", "pool", "cause"), "preemption", "seconds",
     doc="Only jobs waiting now (requeued and pending, or suspended); gone when the job resumes "
-        "or ends.")
+        "or ends.",
+    origin="scheduler")
 JOB_PREEMPTION_LOST_SECONDS = FamilySpec(
     "gpufleet_job_preemption_lost_seconds", "gauge",
     "Seconds of work per GPU the waiting job's last stop lost (since its last checkpoint).",
     ("job", "namespace", "pool", "cause"), "preemption", "seconds",
     doc="Absent where neither a checkpoint nor the run's start is known (a job requeued "
-        "before the exporter first saw it running, that states no checkpoint).")
+        "before the exporter first saw it running, that states no checkpoint).",
+    origin="scheduler")
 # -- the process's own logging (issue 32, Build 3) ---------------------------------------------------
 LOG_LINES_DROPPED_TOTAL = FamilySpec(
     "gpufleet_log_lines_dropped_total", "counter",

@@ -30,6 +30,8 @@ from exporter import metrics as m
 from exporter.thresholds import recorded
 
 EVENT_WINDOW_SECONDS = 600.0  # XIDs: how recent a new series' last XID must be (the [10m])
+# Preemption overhead: the window its lost and delivered GPU-seconds are taken over
+PREEMPTION_WINDOW = "6h"
 
 
 def promql_number(value: float) -> str:
@@ -181,6 +183,21 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
         "Job {{ $labels.exported_job }}{{ with $labels.account }} (account {{ . }})"
         "{{ end }} last checkpointed <VALUE> ago, <RELATION> <THRESHOLD> for <FOR>: "
         "that much work of each GPU it holds is not saved."),
+    # The work preemptions lost over the work the pool delivered, both over the last
+    # PREEMPTION_WINDOW (6h): GPU-seconds from each stopped job's last checkpoint to its stop,
+    # over GPU-seconds its running jobs held (exporter/preemption/). Summed over the causes,
+    # then maxed by the pool's labels: two cluster-mode exporters count the same stops. A pool
+    # that delivered nothing has no ratio (no division by 0).
+    TableMetric(
+        "pool_preemption_overhead", "ratio", "pool", (">", ">="),
+        "max by (cluster, pool) (\n"
+        f"  sum without (cause) (increase({m.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name}"
+        f"[{PREEMPTION_WINDOW}]))\n)\n/\n"
+        "max by (cluster, pool) (\n"
+        f"  increase({m.POOL_DELIVERED_GPU_SECONDS_TOTAL.name}[{PREEMPTION_WINDOW}]) > 0\n)",
+        "Preemptions in pool {{ $labels.pool }} lost <VALUE> of the GPU-hours it delivered "
+        f"over the last {PREEMPTION_WINDOW}, <RELATION> <THRESHOLD> for <FOR>: "
+        "jobs are stopped long after their last checkpoint, or too often."),
     # Multi-node jobs only (the family has no series for a single-node job); maxed by
     # the job's constant labels for the same reason as above.
     TableMetric(
