@@ -560,3 +560,33 @@ def test_a_real_exporters_advice_keeps_its_plan_through_the_cooldown(exporter_fa
     assert json.loads(done.stdout) == plan  # the same plan: no evaluation in cooldown makes one
     assert done.stderr.startswith("gpufleet: the advice's decision is 'cooldown'; its plan was "
                                   "proposed by an earlier evaluation at ")
+
+
+def test_slurm_format_prints_the_steering_weights_after_the_remediation(tmp_path: Path) -> None:
+    """Issue 42: the advice's steering as weight updates, after a comment line: every node off
+    Slurm's default weight, the highest first; none for the nodes at the default."""
+    drain = {"type": "drain", "node": "gpu-003", "pool": "gpu-h200", "reason": "XID 79 on GPU 3",
+             "at": 1000.0, "id": "x"}
+    steering = {"computed_at": 1200.0, "snapshot_time": 1190.0, "default_weight": 1,
+                "levels": [{"weight": 1, "nodes": ["gpu-001", "gpu-002"],
+                            "expected_growth": {"min": -0.2, "max": 0.1}},
+                           {"weight": 4, "nodes": ["gpu-005", "gpu-004"],
+                            "expected_growth": {"min": 0.5, "max": 0.7}},
+                           {"weight": 10, "nodes": ["gpu-003"], "expected_growth": {"min": 2, "max": 2}}],
+                "gpu_hours_waiting_saved": None}
+    advice = {"decision": "none", "reasons": [], "health": {"recent_remediation": [drain]},
+              "steering": steering}
+    done = gpufleet("--from", saved(tmp_path, advice, "advice.json"), "--format", "slurm")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == [
+        'scontrol update NodeName=gpu-003 State=DRAIN Reason="gpufleet: XID 79 on GPU 3"',
+        "# steering computed at 1200: 3 of 5 nodes off the default weight 1 (lowest allocated first)",
+        "scontrol update NodeName=gpu-003 Weight=10",
+        "scontrol update NodeName=gpu-004 Weight=4",
+        "scontrol update NodeName=gpu-005 Weight=4"]
+    # a name Slurm would read as every node is refused, in one line, and nothing is printed
+    steering["levels"][1]["nodes"] = ["ALL"]
+    done = gpufleet("--from", saved(tmp_path, advice, "bad.json"), "--format", "slurm")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (f"gpufleet: {tmp_path / 'bad.json'}: steering.levels[1].nodes: 'ALL' is "
+                           "reserved by Slurm (it names no single node), not a node name\n")

@@ -180,6 +180,13 @@ def test_act_applies_the_advised_weights_within_the_budget_and_leaves_an_operato
         "weight gpu-006: would run: scontrol update NodeName=gpu-006 Weight=9",
         "weight gpu-005: would run: scontrol update NodeName=gpu-005 Weight=7"]
     assert _weights(slurm)["gpu-003"] == 1
+    # dry-run reads Slurm: the operator's node is left out, and nothing changes
+    dry = _act(slurm, url, audit, "dry-run", "--weights-per-minute", "3")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines() == ["scontrol update NodeName=gpu-003 Weight=10",
+                                       "scontrol update NodeName=gpu-005 Weight=7",
+                                       "scontrol update NodeName=gpu-002 Weight=5"]
+    assert set(_weights(slurm).values()) == {1, 42}
 
     done = _act(slurm, url, audit, "act", "--weights-per-minute", "3")
     assert done.returncode == 0, done.stderr
