@@ -241,3 +241,55 @@ def test_a_suspended_slurm_job_holds_its_gpus_and_says_since_when():
     (alloc,) = _slurm_snapshot(parse_squeue_json(json.dumps({"jobs": [record]}))).allocations
     assert alloc.interrupted == Interruption("suspend", 1796500000.0)
     assert alloc.gpu_count == 8
+
+
+# -- what Kubernetes says of a stop ----------------------------------------------------------------
+
+# The condition the scheduler writes on a victim before deleting it (Kubernetes 1.26+, as the
+# pod disruption conditions documentation shows it)
+PREEMPTED = {"type": "DisruptionTarget", "status": "True", "lastProbeTime": None,
+             "lastTransitionTime": "2026-03-10T04:00:00Z", "reason": "PreemptionByScheduler",
+             "message": "default-scheduler: preempting to accommodate a higher priority pod"}
+
+
+async def test_a_pod_the_scheduler_preempts_is_read_and_counted_with_its_cause(tmp_path):
+    import copy
+    import time as clock
+    from pathlib import Path
+
+    from exporter.options import Duration
+    from exporter.sources.kubernetes.options import KubernetesSource as KubernetesConfig
+    from exporter.sources.kubernetes.source import build
+    from tests.helpers.fake_apiserver import FakeApiserver, read_objects, write_kubeconfig
+
+    victim = "vllm-agg-0-vllmdecodeworker-s65j5"  # a recorded pod holding one GPU of gpu-node-1
+    objects = copy.deepcopy(read_objects(Path(__file__).parent / "data" / "kubernetes"))
+    (pod,) = [o for o in objects if o.get("kind", "Pod") == "Pod"
+              and o["metadata"]["name"] == victim]
+    pod["status"]["conditions"].append(PREEMPTED)
+    # an evicted pod's condition that is no longer True is no stop
+    others = [o for o in objects if o is not pod and o.get("kind", "Pod") == "Pod"
+              and o.get("status", {}).get("conditions")]
+    others[0]["status"]["conditions"].append({**PREEMPTED, "status": "False",
+                                              "reason": "EvictionByEvictionAPI"})
+    fake = FakeApiserver(token="t")
+    fake.load(objects)
+    await fake.start()
+    source = build(KubernetesConfig(enabled=True, sync_timeout=Duration(5.0), kubeconfig=str(
+        write_kubeconfig(tmp_path / "kubeconfig", fake.url, "t"))), clock.time)
+    try:
+        reading = await source.read()
+    finally:
+        await source.close()
+        await fake.kill()
+    stopped = {a.pod: a.interrupted for a in reading.allocations if a.interrupted is not None}
+    import datetime as dt
+    at = dt.datetime(2026, 3, 10, 4, tzinfo=dt.UTC).timestamp()
+    assert stopped == {victim: Interruption("preemption", at)}
+    watch = PreemptionWatch()
+    snapshot = FleetSnapshot(at + 5, reading.nodes, reading.gpus, reading.allocations)
+    (stop,) = watch.observe(snapshot).stops
+    assert (stop.cause, stop.time, stop.gpus) == ("preemption", at, 1.0)
+    pool = next(n.pool for n in reading.nodes if n.name == "gpu-node-1")
+    assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool=pool, cause="preemption") == 1
+    assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool=pool, cause="eviction") == 0

@@ -59,6 +59,7 @@ import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, TypedDict
 
 from exporter.extras import missing
@@ -67,6 +68,7 @@ from exporter.snapshot import (
     Allocation,
     FleetSnapshot,
     Gpu,
+    Interruption,
     JobRequest,
     MigInstance,
     Node,
@@ -151,6 +153,7 @@ class _PodSpec(TypedDict, total=False):
 class _PodStatus(TypedDict, total=False):
     phase: Any
     startTime: Any
+    conditions: Any  # DisruptionTarget: the pod is being preempted or evicted
     resourceClaimStatuses: Any
 
 
@@ -195,6 +198,7 @@ class KubePod:
     hints: job_hints.JobHints
     models: tuple[str, ...]  # products its nodeSelector asks for (pending demand)
     pool: str  # the pool its nodeSelector asks for
+    disruption: Interruption | None = None  # its DisruptionTarget condition, while True
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,7 +423,29 @@ def pod_record(obj: Mapping[str, Any]) -> KubePod | None:
         priority_class=_str(spec.get("priorityClassName")),
         start_time=_time(status.get("startTime")), created=_time(meta.get("creationTimestamp")),
         hints=job_hints.from_annotations(annotations),
-        models=(product,) if product else (), pool="")
+        models=(product,) if product else (), pool="",
+        disruption=_disruption(_list(status.get("conditions"))))
+
+
+# The reasons of a pod's DisruptionTarget condition (Kubernetes 1.26+; 1.25 wrote
+# PreemptionByKubeScheduler) as gpufleet's causes (exporter/preemption/watch.py)
+DISRUPTION_CAUSES: Mapping[str, str] = MappingProxyType({
+    "PreemptionByScheduler": "preemption", "PreemptionByKubeScheduler": "preemption",
+    "EvictionByEvictionAPI": "eviction", "TerminationByKubelet": "kubelet",
+    "DeletionByTaintManager": "taint", "DeletionByPodGC": "gc",
+})
+
+
+def _disruption(conditions: list[Any]) -> Interruption | None:
+    """The pod's DisruptionTarget condition, while its status is True: the scheduler (or the
+    eviction API, the kubelet, the taint manager, the pod GC) is stopping it, and since when."""
+    for condition in conditions[:32]:  # a pod has a handful; a hostile list is not walked
+        condition = _map(condition)
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            reason = _str(condition.get("reason"))
+            return Interruption(DISRUPTION_CAUSES.get(reason, "other"),
+                                _time(condition.get("lastTransitionTime")))
+    return None
 
 
 def claim_record(obj: Mapping[str, Any]) -> KubeClaim | None:
@@ -711,7 +737,7 @@ def to_snapshot(
             job=job, placements=placements, namespace=pod.namespace, pod=pod.name,
             priority=pod.priority, qos=pod.priority_class, account=pod.namespace,
             start_time=pod.start_time, last_checkpoint_time=pod.hints.last_checkpoint_time,
-            gpu_memory_need_bytes=pod.hints.gpu_memory_need_bytes))
+            gpu_memory_need_bytes=pod.hints.gpu_memory_need_bytes, interrupted=pod.disruption))
     # a waiting pod names a product; its pool is the one its nodes are in (with pool_label
     # set, pools are that label's values, not product names): a product whose nodes sit in
     # several pools, or none, keeps its name
