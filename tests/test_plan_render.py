@@ -563,8 +563,8 @@ def test_a_real_exporters_advice_keeps_its_plan_through_the_cooldown(exporter_fa
 
 
 def test_slurm_format_prints_the_steering_weights_after_the_remediation(tmp_path: Path) -> None:
-    """Issue 42: the advice's steering as weight updates, after a comment line: every node off
-    Slurm's default weight, the highest first; none for the nodes at the default."""
+    """Issue 42: with --weights, the advice's steering as weight updates, after a comment line:
+    every node off Slurm's default weight, the highest first; none for the nodes at the default."""
     drain = {"type": "drain", "node": "gpu-003", "pool": "gpu-h200", "reason": "XID 79 on GPU 3",
              "at": 1000.0, "id": "x"}
     steering = {"computed_at": 1200.0, "snapshot_time": 1190.0, "default_weight": 1,
@@ -576,7 +576,11 @@ def test_slurm_format_prints_the_steering_weights_after_the_remediation(tmp_path
                 "gpu_hours_waiting_saved": None}
     advice = {"decision": "none", "reasons": [], "health": {"recent_remediation": [drain]},
               "steering": steering}
-    done = gpufleet("--from", saved(tmp_path, advice, "advice.json"), "--format", "slurm")
+    path = saved(tmp_path, advice, "advice.json")
+    drain_line = 'scontrol update NodeName=gpu-003 State=DRAIN Reason="gpufleet: XID 79 on GPU 3"\n'
+    # without --weights, the remediation alone: a pipe to sh that drains sets no weight
+    assert gpufleet("--from", path, "--format", "slurm").stdout == drain_line
+    done = gpufleet("--from", path, "--format", "slurm", "--weights")
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines() == [
         'scontrol update NodeName=gpu-003 State=DRAIN Reason="gpufleet: XID 79 on GPU 3"',
@@ -586,7 +590,9 @@ def test_slurm_format_prints_the_steering_weights_after_the_remediation(tmp_path
         "scontrol update NodeName=gpu-005 Weight=4"]
     # a name Slurm would read as every node is refused, in one line, and nothing is printed
     steering["levels"][1]["nodes"] = ["ALL"]
-    done = gpufleet("--from", saved(tmp_path, advice, "bad.json"), "--format", "slurm")
+    done = gpufleet("--from", saved(tmp_path, advice, "bad.json"), "--format", "slurm", "--weights")
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == (f"gpufleet: {tmp_path / 'bad.json'}: steering.levels[1].nodes: 'ALL' is "
                            "reserved by Slurm (it names no single node), not a node name\n")
+    done = gpufleet("--from", path, "--format", "json", "--weights")
+    assert (done.returncode, done.stderr) == (2, "gpufleet: --weights: only with --format slurm\n")

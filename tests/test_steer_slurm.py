@@ -149,7 +149,7 @@ def _weights(slurm: SlurmCluster) -> dict[str, int]:
 
 def _act(slurm: SlurmCluster, url: str, audit: Path, mode: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "exporter", "act", "--slurm", "--mode", mode,
-                           "--from", url, "--audit-log", str(audit), *extra],
+                           "--from", url, "--audit-log", str(audit), "--weights", *extra],
                           env={**slurm.env, "PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, timeout=60, check=False)
 
@@ -222,10 +222,13 @@ def test_act_applies_the_advised_weights_within_the_budget_and_leaves_an_operato
     assert changed.returncode == 0, changed.stderr
     assert "gpu-004: Weight=20 left as it is: not set by gpufleet (its last: 3)" in changed.stderr
     assert _weights(slurm) == {**wanted, "gpu-003": 1, "gpu-004": 20, "gpu-005": 6, "gpu-006": 42}
-    # --no-weights leaves them all alone
+    # without --weights, act leaves them all alone: the events only
     served["advice"]["steering"] = _steering({n: 4 for n in H100_NODES + H200_NODES})
-    untouched = _act(slurm, url, audit, "act", "--no-weights")
-    assert untouched.returncode == 0, untouched.stderr
+    untouched = subprocess.run([sys.executable, "-m", "exporter", "act", "--slurm", "--mode", "act",
+                                "--from", url, "--audit-log", str(audit)],
+                               env={**slurm.env, "PYTHONPATH": str(REPO)}, capture_output=True,
+                               text=True, timeout=60, check=False)
+    assert (untouched.returncode, untouched.stdout, untouched.stderr) == (0, "", "")
     assert _weights(slurm)["gpu-001"] == 1
 
 
@@ -237,3 +240,8 @@ def test_the_weights_per_minute_are_range_checked(tmp_path):
                               capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 2
         assert done.stderr.strip().endswith(f"--weights-per-minute: must be in [1, 10000], got {value}")
+    done = subprocess.run([sys.executable, "-m", "exporter", "act", "--kubernetes", "--from",
+                           "http://127.0.0.1:9/", "--weights"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert (done.returncode, done.stderr) == (
+        2, "gpufleet: --weights: only with --slurm --from URL (the advice's steering section)\n")

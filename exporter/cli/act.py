@@ -15,13 +15,12 @@ only when scontrol shows exactly the node named. Budgets (how many nodes at once
 rate, never a pool's last healthy node) are the advisor's: it decides the events
 (docs/health.md).
 
-With --slurm --from, the advice's placement preferences (its steering section) are taken to
-Slurm too, after the events: each node's Weight (the lowest is allocated first), by
-scontrol update NodeName=X Weight=N, the biggest changes first, at most
---weights-per-minute updates in any minute (counted over the audit log, so the rest go on
-the next run); a node is changed only while its Weight is the one gpufleet last set or
-Slurm's default 1, never an operator's (docs/advisor.md, Steering). --no-weights leaves
-the weights alone.
+With --slurm --from URL --weights, the advice's placement preferences (its steering
+section) are taken to Slurm too, after the events: each node's Weight (the lowest is
+allocated first), by scontrol update NodeName=X Weight=N, the biggest changes first, at
+most --weights-per-minute updates in any minute (counted over the audit log, so the rest go
+on the next run); a node is changed only while its Weight is the one gpufleet last set or
+Slurm's default 1, never an operator's (docs/advisor.md, Steering).
 """
 
 from __future__ import annotations
@@ -84,11 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca-file", metavar="FILE", help="CA bundle for an https apiserver")
     parser.add_argument("--max-conflict-retries", type=int, default=5,
                         help="re-reads of a node that changed under a patch (409), default 5")
+    parser.add_argument("--weights", action="store_true",
+                        help="also set the nodes' Slurm Weight to the advice's steering "
+                             "(--slurm --from)")
     parser.add_argument("--weights-per-minute", type=int, default=DEFAULT_WEIGHTS_PER_MINUTE,
-                        metavar="N", help="Slurm node Weight updates at most in any minute "
-                        f"(--slurm --from; default {DEFAULT_WEIGHTS_PER_MINUTE})")
-    parser.add_argument("--no-weights", action="store_true",
-                        help="leave the nodes' Slurm weights alone (the advice's steering)")
+                        metavar="N", help="Weight updates at most in any minute (default "
+                        f"{DEFAULT_WEIGHTS_PER_MINUTE})")
 
 
 def _token(path: str | None) -> str | None:
@@ -186,11 +186,13 @@ def run(args: argparse.Namespace) -> int:
     except ActError as exc:
         raise UsageError(f"--audit-log {exc}") from None
     flag_number(args.weights_per_minute, "--weights-per-minute", 1, MAX_WEIGHTS_PER_MINUTE)
+    if args.weights and (args.backend != "slurm" or not args.from_url):
+        raise UsageError("--weights: only with --slurm --from URL (the advice's steering section)")
     if args.from_url:
         url = advice_url(args.from_url)
         advice = advice_at(url, _token(args.from_token_file))
         failed = _handle(actor, events_of(advice, url), f"--from {url}")
-        if args.backend == "slurm" and not args.no_weights:
+        if args.weights:
             failed |= _weights(args, advice, url)
         return failed
     try:

@@ -18,10 +18,11 @@ prints it:
                object a line, each built from the node as --api-server answers it (read,
                never written) and guarded by its resourceVersion.
 
-With --format slurm, the advice's placement preferences (its steering section) follow the
-remediation, after a "# steering" comment line: scontrol update NodeName=X Weight=N for
-each node whose weight is not Slurm's default 1, the highest weight first (gpufleet act
-applies them within its budget, and leaves an operator's weight alone; docs/advisor.md).
+With --format slurm --weights, the advice's placement preferences (its steering section)
+follow the remediation, after a "# steering" comment line: scontrol update NodeName=X
+Weight=N for each node whose weight is not Slurm's default 1, the highest weight first.
+gpufleet act --weights applies them within its budget and leaves an operator's weight
+alone (docs/advisor.md); these lines do neither.
 
 gpufleet act runs the same commands and patches, with its checks (an operator's drain is
 left alone) and its audit log; plan only prints them.
@@ -95,6 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"largest answer or file read (default {MAX_BYTES})")
     parser.add_argument("--ignore-expiry", action="store_true",
                         help="render a plan past its expires_at (to review it, not to apply it)")
+    parser.add_argument("--weights", action="store_true",
+                        help="--format slurm: also the advice's steering, as node Weight updates")
     parser.add_argument("--api-server", metavar="URL",
                         help="the Kubernetes apiserver each node is read from (--format kubernetes)")
     parser.add_argument("--api-token-file", metavar="FILE", help="bearer token for the apiserver")
@@ -107,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout: must be in (0, 600] seconds, got {args.timeout:g}")
     if not 0 < args.max_bytes <= 1024 * 1024 * 1024:
         raise UsageError(f"--max-bytes: must be from 1 to 1 GiB, got {args.max_bytes}")
+    if args.weights and args.format != "slurm":
+        raise UsageError("--weights: only with --format slurm")
     if args.format in REMEDIATION_FORMATS:
         return _remediation(args)
     if args.api_server or args.api_token_file or args.api_ca_file:
@@ -168,7 +173,7 @@ def _remediation(args: argparse.Namespace) -> int:
     try:
         body = _read(args)
         events = _remediation_events(body, args.source)
-        weights = steering_lines(body, args.source) if args.format == "slurm" else []
+        weights = steering_lines(body, args.source) if args.weights else []
     except PlanError as exc:
         print(f"gpufleet: {one_line(str(exc))}", file=sys.stderr)
         return 1
