@@ -81,6 +81,35 @@ def test_the_steering_is_computed_at_most_once_per_interval():
     assert steerer(report, 900.0, 890.0).computed_at == 900.0  # a clock set back: recomputed
 
 
+def test_the_advisor_stage_carries_the_weights_and_forgets_them_while_blind():
+    from exporter.advisor.advise import Planner
+    from exporter.advisor.engine import Advisor, DecisionSettings
+    from exporter.cycle.frame import Frame
+    from exporter.cycle.stages import AdvisorStage
+    from exporter.fleet_sim.fleet import Simulation
+    from exporter.sources.sim.options import SimSource
+    from tests.test_advisor_sim import START, report_of
+
+    sim = Simulation(SimSource(seed=1), START)
+    snapshot = sim.snapshot()
+    frame = Frame(snapshot, report=report_of(snapshot))
+    clock = [START]
+    stage = AdvisorStage(Advisor(DecisionSettings(), clock=lambda: clock[0]), Planner(),
+                         steerer=Steerer(every=300.0))
+    first = stage.step(frame).advice.steering
+    assert first is not None and first.computed_at == START and first.snapshot_time == snapshot.taken_at
+    assert sorted(n for level in first.levels for n in level.nodes) == sorted(n.name for n in snapshot.nodes)
+    clock[0] += 60
+    assert stage.step(frame).advice.steering is first  # within the interval: carried
+    stage.skipped(Frame(snapshot, blind=("sim: down",)))
+    clock[0] += 60
+    again = stage.step(frame).advice.steering
+    assert again is not first and again.computed_at == START + 120  # blind: computed afresh
+    # without a steerer (the simulator's stage) the advice carries none
+    plain = AdvisorStage(Advisor(DecisionSettings(), clock=lambda: clock[0]), Planner())
+    assert plain.step(frame).advice.steering is None
+
+
 @pytest.mark.parametrize(("levels", "message"), [
     ([{"weight": 11, "nodes": ["a"]}], "steering.levels[0].weight: expected an integer 1..10"),
     ([{"weight": True, "nodes": ["a"]}], "steering.levels[0].weight: expected an integer 1..10"),

@@ -140,6 +140,8 @@ class AdvisorStage:
         Alertmanager notification must not evaluate it again as if it were."""
         with self.lock:
             self.last = None
+            if self.steerer is not None:  # nor are its weights: computed afresh once it sees again
+                self.steerer.last = None
 
     def families(self, frame: Frame) -> list[Family]:
         return []  # the advisor's families read its deliveries too: AdvisorService.families
