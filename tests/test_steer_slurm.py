@@ -10,9 +10,11 @@ operator set alone.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -160,11 +162,11 @@ def advice_server() -> Iterator[tuple[str, dict]]:
         server.server_close()
 
 
-def _steering(weights: dict[str, int]) -> dict:
+def _steering(weights: dict[str, int], age: float = 0.0) -> dict:
     levels: dict[int, list[str]] = {}
     for node, weight in weights.items():
         levels.setdefault(weight, []).append(node)
-    return {"computed_at": 1000.0, "snapshot_time": 990.0, "default_weight": 1,
+    return {"computed_at": time.time() - age, "snapshot_time": time.time() - age - 10, "default_weight": 1,
             "levels": [{"weight": w, "nodes": levels[w], "expected_growth": {"min": 0.0, "max": 1.0}}
                        for w in sorted(levels)],
             "gpu_hours_waiting_saved": None}
@@ -251,6 +253,13 @@ def test_act_applies_the_advised_weights_within_the_budget_and_leaves_an_operato
     assert changed.returncode == 0, changed.stderr
     assert "gpu-004: Weight=20 left as it is: not set by gpufleet (its last: 3)" in changed.stderr
     assert _weights(slurm) == {**wanted, "gpu-003": 1, "gpu-004": 20, "gpu-005": 6, "gpu-006": 42}
+    # weights computed long ago (a serve that stopped steering) are not applied
+    served["advice"]["steering"] = _steering({n: 4 for n in H100_NODES + H200_NODES}, age=3600)
+    stale = _act(slurm, url, audit, "act")
+    assert stale.returncode == 1 and stale.stdout == ""
+    assert re.fullmatch(r"gpufleet act: weights not applied: the advice's steering was computed "
+                        r"36\d\d s ago, over 1800 s\n", stale.stderr), stale.stderr
+    assert _weights(slurm)["gpu-001"] == 1
     # without --weights, act leaves them all alone: the events only
     served["advice"]["steering"] = _steering({n: 4 for n in H100_NODES + H200_NODES})
     untouched = subprocess.run([sys.executable, "-m", "exporter", "act", "--slurm", "--mode", "act",

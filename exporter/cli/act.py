@@ -20,13 +20,15 @@ section) are taken to Slurm too, after the events: each node's Weight (the lowes
 allocated first), by scontrol update NodeName=X Weight=N, the biggest changes first, at
 most --weights-per-minute updates in any minute (counted over the audit log, so the rest go
 on the next run); a node is changed only while its Weight is the one gpufleet last set or
-Slurm's default 1, never an operator's (docs/advisor.md, Steering).
+Slurm's default 1, never an operator's (docs/advisor.md, Steering); weights computed
+more than 30 minutes ago are not applied.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +52,7 @@ MAX_ADVICE_BYTES = 64 * 2 ** 20  # /v1/advice lists at most 100 of each thing: ~
 ADVICE_PATH = "/v1/advice"
 DEFAULT_WEIGHTS_PER_MINUTE = 60  # a 13,600-node fleet's weights settle in under 4 hours
 MAX_WEIGHTS_PER_MINUTE = 10_000  # each update is a slurmctld RPC
+MAX_STEERING_AGE = 1800.0  # seconds: six of the advisor's 300-s intervals
 # a secret is a file at rest: a FIFO (which could hang the start) or a device is refused
 _TOKEN_FILE = Wording(UsageError, cannot_read="--token-file {path}: cannot read: {reason}",
                       over_limit="--token-file {path}: {size} bytes, over the {limit}-byte limit",
@@ -241,10 +244,18 @@ def _weights(args: argparse.Namespace, advice: object, url: str) -> int:
     except ValueError as exc:
         raise UsageError(f"--from {url}: {exc}") from None
     computed_at = steering.get("computed_at")
+    if not isinstance(computed_at, int | float) or isinstance(computed_at, bool):
+        raise UsageError(f"--from {url}: steering.computed_at: expected a number")
+    age = time.time() - computed_at
+    if age > MAX_STEERING_AGE:
+        # a serve that stopped steering (blind, stuck) still answers its last weights
+        print(f"gpufleet act: weights not applied: the advice's steering was computed "
+              f"{age:.0f} s ago, over {MAX_STEERING_AGE:.0f} s", file=sys.stderr)
+        return 1
     try:
         actor = WeightActor(args.mode, Path(args.audit_log), sys.stdout, args.scontrol,
                             args.weights_per_minute, notes=sys.stderr)
-        records = actor.apply(wanted, computed_at if isinstance(computed_at, int | float) else None)
+        records = actor.apply(wanted, computed_at)
     except WeightError as exc:
         raise UsageError(f"weights: {exc}") from None
     return 1 if any(r["outcome"] == "failed" for r in records) else 0
