@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import statistics
 import sys
@@ -24,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.fragmentation import partly_allocated
 from exporter.advisor import steer
-from exporter.analysis import fgd, openb
+from exporter.advisor.advise import steering_of
+from exporter.advisor.wire import steering_json
+from exporter.analysis import fgd, index, openb
 from exporter.analysis.workload import from_tasks
 
 GOAL_SECONDS = 1.0
@@ -62,6 +65,14 @@ def main() -> int:
     print(f"steer.preferences: {len(state):,} nodes, {total:,} GPUs, {shapes} GPU shapes: "
           f"{took:.3f} s (median of {args.repeat}; goal {GOAL_SECONDS:g} s); "
           f"{moved:,} nodes off the default weight")
+    # what the advice carries: the same, grouped by level, and its size on the wire
+    report = index.evaluate(state, compiled)
+    started = time.perf_counter()
+    steering = steering_of(report, 0.0, 0.0)
+    grouped = time.perf_counter() - started
+    size = len(json.dumps(steering_json(steering)))
+    print(f"advise.steering_of (preferences and levels): {grouped:.3f} s; /v1/advice's steering "
+          f"section {size:,} bytes ({size / len(state):.1f} a node)")
     return 0
 
 
