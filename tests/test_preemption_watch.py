@@ -293,3 +293,87 @@ async def test_a_pod_the_scheduler_preempts_is_read_and_counted_with_its_cause(t
     pool = next(n.pool for n in reading.nodes if n.name == "gpu-node-1")
     assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool=pool, cause="preemption") == 1
     assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool=pool, cause="eviction") == 0
+
+
+# -- the alerts on VictoriaMetrics ----------------------------------------------------------------
+
+def _vm_series(t0: int, name: str, labels: dict[str, str], values: list[float]) -> str:
+    return json.dumps({"metric": {"__name__": name, "job": "gpufleet-cluster",
+                                  "instance": "gpufleet-a:9874", **labels},
+                       "values": values, "timestamps": [(t0 + 60 * i) * 1000
+                                                        for i in range(len(values))]})
+
+
+@pytest.mark.slow  # a real victoria-metrics and vmalert (Debian's 1.79), replaying an hour
+def test_vmalert_raises_the_overhead_and_checkpoint_tickets_as_promtool_does(tmp_path):
+    """The promtool cases' fleet (rules/tests/gpu_pool_preemption_overhead.yaml), an hour of it
+    imported into VictoriaMetrics and the committed rules replayed over it by vmalert
+    (``-replay.*``, one evaluation a minute): the same alerts, pending and firing at the same
+    minutes; the fleet that keeps the rule fires nothing."""
+    import subprocess
+    import time as clock
+    import urllib.parse
+    import urllib.request
+
+    from tests.helpers import REPO
+    from tests.helpers.servers import free_port, http_get, require_binary, start_server, stop
+
+    port = free_port()
+    vm = f"http://127.0.0.1:{port}"
+    proc = start_server("victoria-metrics", tmp_path, port, [
+        require_binary("victoria-metrics"), f"-storageDataPath={tmp_path / 'vm'}",
+        f"-httpListenAddr=127.0.0.1:{port}", "-retentionPeriod=1", "-search.latencyOffset=0s",
+        "-search.disableCache"], ready_path="/health")
+    try:
+        t0 = int(clock.time()) // 60 * 60 - 7200  # two hours ago, on the minute
+        minutes = range(61)
+        sawtooth = [60.0 * (i % 15) for i in minutes]  # a checkpoint every 15 min
+        lines = [
+            _vm_series(t0, metrics.POOL_DELIVERED_GPU_SECONDS_TOTAL.name, {"pool": "spot-h100"},
+                       [3840.0 * i for i in minutes]),
+            _vm_series(t0, metrics.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name,
+                       {"pool": "spot-h100", "cause": "requeue"}, [384.0 * i for i in minutes]),
+            _vm_series(t0, metrics.POOL_DELIVERED_GPU_SECONDS_TOTAL.name, {"pool": "kept"},
+                       [3840.0 * i for i in minutes]),
+            _vm_series(t0, metrics.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name,
+                       {"pool": "kept", "cause": "requeue"}, [76.8 * i for i in minutes]),
+            _vm_series(t0, metrics.JOB_CHECKPOINT_AGE_SECONDS.name,
+                       {"exported_job": "train-ok", "namespace": "ml", "account": "ml",
+                        "source": "stated"}, sawtooth),
+            _vm_series(t0, metrics.JOB_CHECKPOINT_AGE_SECONDS.name,
+                       {"exported_job": "train-stale", "namespace": "ml", "account": "ml",
+                        "source": "stated"}, [1900.0 + 60 * i for i in minutes]),
+        ]
+        urllib.request.urlopen(urllib.request.Request(
+            f"{vm}/api/v1/import", data="\n".join(lines).encode(), method="POST"), timeout=30)
+        http_get(f"{vm}/internal/force_flush")
+        iso = "%Y-%m-%dT%H:%M:%SZ"
+        replay = subprocess.run([
+            require_binary("vmalert"), f"-rule={REPO / 'rules' / 'gpufleet-alerts.yaml'}",
+            f"-datasource.url={vm}", f"-remoteWrite.url={vm}", "-evaluationInterval=1m",
+            "-datasource.queryStep=1m", "-replay.disableProgressBar",
+            f"-replay.timeFrom={clock.strftime(iso, clock.gmtime(t0))}",
+            f"-replay.timeTo={clock.strftime(iso, clock.gmtime(t0 + 3600))}"],
+            capture_output=True, text=True, timeout=300, check=False)
+        assert replay.returncode == 0, replay.stderr[-2000:]
+        http_get(f"{vm}/internal/force_flush")
+        query = urllib.parse.urlencode({"match[]": 'ALERTS{alertname=~"GpuPool.*|GpuJobCheck.*"}',
+                                        "start": t0 - 600, "end": t0 + 7200})
+        seen: dict[tuple[str, str, str], tuple[int, int]] = {}
+        for line in http_get(f"{vm}/api/v1/export?{query}").decode().splitlines():
+            series = json.loads(line)
+            labels = series["metric"]
+            at = [(t // 1000 - t0) // 60 for t in series["timestamps"]]
+            key = (labels["alertname"], labels.get("pool") or labels.get("exported_job", ""),
+                   labels["alertstate"])
+            seen[key] = (min(at), max(at))
+    finally:
+        stop(proc)
+    assert seen == {
+        # the first ratio at 1m, pending for 15m: firing from 16m, as promtool says
+        ("GpuPoolPreemptionOverheadHigh", "spot-h100", "pending"): (1, 15),
+        ("GpuPoolPreemptionOverheadHigh", "spot-h100", "firing"): (16, 60),
+        # above 30m from 0 (31m40s), for 5m
+        ("GpuJobCheckpointStale", "train-stale", "pending"): (0, 4),
+        ("GpuJobCheckpointStale", "train-stale", "firing"): (5, 60),
+    }
