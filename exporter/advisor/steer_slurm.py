@@ -69,7 +69,7 @@ class WeightActor:
     per_minute: int = DEFAULT_PER_MINUTE
     env: dict[str, str] | None = None  # scontrol's environment (SLURM_CONF); None: inherited
     clock: Callable[[], float] = time.time
-    notes: TextIO = sys.stderr
+    notes: TextIO = field(default_factory=lambda: sys.stderr)  # read when built, not imported
     prog: str = "gpufleet act"
     ours: dict[str, int] = field(default_factory=dict)  # node -> the weight gpufleet last set
     done_at: list[float] = field(default_factory=list)  # when each update was done (act)
