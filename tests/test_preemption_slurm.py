@@ -27,6 +27,7 @@ from exporter.snapshot import FleetSnapshot, Interruption
 from exporter.sources.slurm.options import SlurmSource as SlurmConfig
 from exporter.sources.slurm.source import build
 from tests.helpers import require_binary
+from tests.helpers.servers import http_get, wait_until
 from tests.helpers.slurm_cluster import BINARIES, SlurmCluster
 
 pytestmark = pytest.mark.slow  # a real Slurm (slurmctld, slurmd, munge)
@@ -92,7 +93,17 @@ def sample(watch: PreemptionWatch, name: str, **labels: str) -> float | None:
     return None
 
 
-def test_a_job_requeued_by_preemption_is_counted_with_its_lost_work(slurm):
+def served(url: str, name: str, **labels: str) -> float | None:
+    """The value of one sample of ``gpufleet serve``'s /metrics, None while it has none."""
+    for line in http_get(f"{url}/metrics").decode().splitlines():
+        if line.startswith(name + "{"):
+            got = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            if got == labels:
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_a_job_requeued_by_preemption_is_counted_with_its_lost_work(slurm, exporter_factory):
     watches = {form: PreemptionWatch(WatchSettings(checkpoint_interval=900.0))
                for form in ("json", "text")}
     spot = slurm.sbatch("-p", "spot", "--gres=gpu:h100:8")
@@ -101,6 +112,15 @@ def test_a_job_requeued_by_preemption_is_counted_with_its_lost_work(slurm):
     # the job states a checkpoint in its run, as a site's checkpoint hook would
     checkpoint = int(started) + 1
     slurm.run("scontrol", "update", f"JobId={spot}", f"Comment=last-checkpoint={checkpoint}")
+    # and gpufleet serve, reading the same Slurm every half second
+    exporter = exporter_factory(config=f"""
+collect_interval: 0.5s
+sources:
+  sim: {{enabled: false}}
+  slurm: {{enabled: true, slurm_conf: {slurm.conf}}}
+""")
+    wait_until("the running spot job served", lambda: served(
+        exporter.url, metrics.POOL_DELIVERED_GPU_SECONDS_TOTAL.name, pool="gpu-h100"))
     for form, watch in watches.items():
         (alloc,) = [a for a in read(slurm, form).allocations if a.job == spot]
         assert alloc.last_checkpoint_time == checkpoint and alloc.interrupted is None
@@ -130,3 +150,17 @@ def test_a_job_requeued_by_preemption_is_counted_with_its_lost_work(slurm):
         assert watch.observe(read(slurm, form)).stops == ()
         assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool="gpu-h100",
                       cause="requeue") == 1
+
+    # served: counted once, with the same lost work, and waiting to resume
+    wait_until("the requeue served", lambda: served(
+        exporter.url, metrics.PREEMPTIONS_TOTAL.name, pool="gpu-h100", cause="requeue") == 1)
+    assert served(exporter.url, metrics.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name, pool="gpu-h100",
+                  cause="requeue") == 8 * (requeued_at - checkpoint)
+    job = {"job": spot, "namespace": "", "pool": "gpu-h100", "cause": "requeue"}
+    assert served(exporter.url, metrics.JOB_PREEMPTION_LOST_SECONDS.name, **job) == \
+        requeued_at - checkpoint
+    assert served(exporter.url, metrics.PREEMPTED_JOBS_WAITING.name, pool="gpu-h100",
+                  cause="requeue") == 1
+    time.sleep(1.5)  # three more collections: still one stop
+    assert served(exporter.url, metrics.PREEMPTIONS_TOTAL.name, pool="gpu-h100",
+                  cause="requeue") == 1
