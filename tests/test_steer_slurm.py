@@ -200,7 +200,7 @@ def test_act_applies_the_advised_weights_within_the_budget_and_leaves_an_operato
     wanted = {**dict.fromkeys(H200_NODES, 1), "gpu-002": 5, "gpu-003": 10, "gpu-004": 3,
               "gpu-005": 7, "gpu-006": 9, "gpu-007": 2, "gpu-008": 1}
     served["advice"] = {"decision": "none", "reasons": [], "health": {"recent_remediation": []},
-                        "steering": _steering(wanted)}
+                        "steering": _steering({**wanted, "k8s-node-1": 4})}
     audit = tmp_path / "audit.jsonl"
 
     observed = _act(slurm, url, audit, "observe", "--weights-per-minute", "3")
@@ -223,6 +223,7 @@ def test_act_applies_the_advised_weights_within_the_budget_and_leaves_an_operato
     assert done.returncode == 0, done.stderr
     assert "gpu-006: Weight=42 left as it is: not set by gpufleet (its last: none)" in done.stderr
     assert "2 weight updates over the budget of 3 a minute: left for the next run" in done.stderr
+    assert "1 nodes of the advice are not Slurm's, left out: k8s-node-1" in done.stderr
     weights = _weights(slurm)
     assert weights == {"gpu-001": 1, "gpu-002": 5, "gpu-003": 10, "gpu-004": 1, "gpu-005": 7,
                        "gpu-006": 42, "gpu-007": 1, "gpu-008": 1}  # 3 updates, biggest first

@@ -126,10 +126,14 @@ class WeightActor:
         current = dict(self.ours) if self.mode == "observe" else self._all_weights()
         left_alone = []
         changes = []
+        unknown = []
         for node, weight in wanted.items():
             now_weight = current.get(node, WEIGHT_BEST if self.mode == "observe" else None)
-            if now_weight is None or now_weight == weight:
-                continue  # not a node Slurm knows, or already there
+            if now_weight is None:
+                unknown.append(node)
+                continue
+            if now_weight == weight:
+                continue
             if not self._ours(node, now_weight):
                 left_alone.append((node, now_weight))
                 continue
@@ -140,6 +144,10 @@ class WeightActor:
                    for node, now_weight in left_alone
                    for weight in (wanted[node],)]
         self._say_left_alone(left_alone)
+        if unknown:  # a Kubernetes node, or a name Slurm spells otherwise (an FQDN)
+            print(f"{self.prog}: {len(unknown)} nodes of the advice are not Slurm's, left out: "
+                  f"{', '.join(unknown[:MAX_SAID])}{' ...' if len(unknown) > MAX_SAID else ''}",
+                  file=self.notes)
         budget = self.budget_left(self.clock()) if self.mode == "act" else self.per_minute
         for node, weight, previous in changes[:budget]:
             records.append(self._one(node, weight, previous, computed_at))
