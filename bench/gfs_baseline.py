@@ -63,16 +63,21 @@ def main() -> int:
     parser.add_argument("--warmup-days", type=float, default=1.0)
     parser.add_argument("--load", type=float, default=1.0)
     parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--scheduler", choices=("fifo", "kube"), default="fifo")
+    parser.add_argument("--backfill-depth", type=int, default=100)
     args = parser.parse_args()
     fleet = load_fleet("gfs")
     series = read_arrivals(arrivals_path())
-    settings = RunSettings(timeline=TimelineSettings(args.days, args.warmup_days, args.load), demand="gfs")
+    settings = RunSettings(timeline=TimelineSettings(args.days, args.warmup_days, args.load), demand="gfs",
+                           mode=args.scheduler, backfill_depth=args.backfill_depth)
     for seed in (int(s) for s in args.seeds.split(",")):
         started = time.process_time()
         jobs = seed_jobs(fleet, series, settings, seed)
         outcome = simulate(fleet, series, "none", seed, settings, jobs=jobs)
         row = figures(fleet, jobs, settings.timeline.measured_from, settings.timeline.horizon)
-        row.update(seed=float(seed), load=args.load, cpu_s=time.process_time() - started,
+        row.update(seed=float(seed), load=args.load, kube=float(args.scheduler == "kube"),
+                   backfill_depth=float(args.backfill_depth),
+                   cpu_s=time.process_time() - started,
                    whole_node_gpu_h_waited=outcome.gpu_hours_waited_whole_node,
                    mean_allocation_pct=outcome.mean_allocation_pct)
         sys.stdout.write(" ".join(f"{k}={v:.4g}" for k, v in row.items()) + "\n")
