@@ -255,14 +255,22 @@ def test_act_applies_the_advised_weights_within_the_budget_and_leaves_an_operato
     assert "gpu-004: Weight=20 left as it is: not set by gpufleet (its last: 3)" in changed.stderr
     assert _weights(slurm) == {**wanted, "gpu-003": 1, "gpu-004": 20, "gpu-005": 6, "gpu-006": 42}
     # weights computed long ago (a serve that stopped steering) are not applied
-    served["advice"]["steering"] = _steering({n: 4 for n in H100_NODES + H200_NODES}, age=3600)
+    served["advice"] = {"decision": "none", "reasons": [], "health": {"recent_remediation": []},
+                        "steering": _steering({n: 4 for n in H100_NODES + H200_NODES}, age=3600)}
     stale = _act(slurm, url, audit, "act")
     assert stale.returncode == 1 and stale.stdout == ""
     assert re.fullmatch(r"gpufleet act: weights not applied: the advice's steering was computed "
                         r"36\d\d s ago, over 1800 s\n", stale.stderr), stale.stderr
     assert _weights(slurm)["gpu-001"] == 1
+    # an advice without health (the health monitor off) still carries its steering
+    served["advice"] = {"decision": "none", "reasons": [],
+                        "steering": _steering({**wanted, "gpu-003": 1, "gpu-004": 8, "gpu-005": 5})}
+    healthless = _act(slurm, url, audit, "act")
+    assert (healthless.returncode, healthless.stdout) == (0, ""), healthless.stderr
+    assert _weights(slurm)["gpu-005"] == 5
     # without --weights, act leaves them all alone: the events only
-    served["advice"]["steering"] = _steering({n: 4 for n in H100_NODES + H200_NODES})
+    served["advice"] = {"decision": "none", "reasons": [], "health": {"recent_remediation": []},
+                        "steering": _steering({n: 4 for n in H100_NODES + H200_NODES})}
     untouched = subprocess.run([sys.executable, "-m", "exporter", "act", "--slurm", "--mode", "act",
                                 "--from", url, "--audit-log", str(audit)],
                                env={**slurm.env, "PYTHONPATH": str(REPO)}, capture_output=True,

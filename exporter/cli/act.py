@@ -194,7 +194,10 @@ def run(args: argparse.Namespace) -> int:
     if args.from_url:
         url = advice_url(args.from_url)
         advice = advice_at(url, _token(args.from_token_file))
-        failed = _handle(actor, events_of(advice, url), f"--from {url}")
+        # with --weights, an advice without health (health off) still carries the steering
+        events = [] if args.weights and isinstance(advice, dict) and advice.get("health") is None \
+            else events_of(advice, url)
+        failed = _handle(actor, events, f"--from {url}")
         if args.weights:
             failed |= _weights(args, advice, url)
         return failed
