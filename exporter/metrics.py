@@ -889,6 +889,7 @@ PREEMPTED_JOBS_WAITING = FamilySpec(
     "gpufleet_preempted_jobs_waiting", "gauge",
     "Stopped jobs waiting to resume (requeued and pending, or suspended), by pool and cause.",
     ("pool", "cause"), "preemption",
+    doc="Every pool and cause of gpufleet_preemptions_total, 0 where no job waits.",
     origin="scheduler")
 JOB_PREEMPTED_WAIT_SECONDS = FamilySpec(
     "gpufleet_job_preempted_wait_seconds", "gauge",

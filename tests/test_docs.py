@@ -46,7 +46,6 @@ NO_SERIES_ON_THE_DEFAULT_FLEET = {
     "gpufleet_gpu_health_verdict": "every GPU of the default fleet is healthy (only others have series)",
     "gpufleet_node_faults": "no node of the default fleet has a fault",
     "gpufleet_job_straggler_gpus": "one collection: no GPU has been out of step for 10 min",
-    "gpufleet_preempted_jobs_waiting": "the default simulation preempts no job",
     "gpufleet_job_preempted_wait_seconds": "the default simulation preempts no job",
     "gpufleet_job_preemption_lost_seconds": "the default simulation preempts no job",
     "gpufleet_node_drained": "the simulator says nothing of drains (slurm source only)",

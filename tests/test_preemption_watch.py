@@ -97,7 +97,7 @@ def test_a_requeued_job_is_counted_once_with_its_lost_work_in_the_pool_it_ran_in
     # resumed: no longer waiting
     watch.observe(snap(T0 + 300, [running(start=T0 + 300, checkpoint=T0 - 600)]))
     assert sample(watch, metrics.PREEMPTED_JOBS_WAITING.name, pool="gpu-h100",
-                  cause="requeue") is None
+                  cause="requeue") == 0
     assert sample(watch, metrics.JOB_PREEMPTED_WAIT_SECONDS.name, **job) is None
 
     # requeued again (Restarts 2): a new stop; the checkpoint predates the run, so the run is lost
@@ -133,7 +133,7 @@ def test_a_pod_being_preempted_is_counted_once_and_does_not_wait():
     assert sample(watch, metrics.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name, pool="gpu-h100",
                   cause="preemption") == 650.0 * 8
     assert sample(watch, metrics.PREEMPTED_JOBS_WAITING.name, pool="gpu-h100",
-                  cause="preemption") is None
+                  cause="preemption") == 0
     weird = running("ns/b", namespace="ns", interrupted=Interruption("SomethingNew", T0))
     watch.observe(snap(T0 + 120, [weird]))
     assert sample(watch, metrics.PREEMPTIONS_TOTAL.name, pool="gpu-h100", cause="other") == 1
@@ -173,6 +173,9 @@ def test_every_cause_of_a_pool_has_its_counters_from_the_first_snapshot():
         assert sample(watch, metrics.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name, pool="gpu-h100",
                       cause=cause) == 0
     assert sample(watch, metrics.POOL_DELIVERED_GPU_SECONDS_TOTAL.name, pool="gpu-h100") == 0
+    for cause in CAUSES:
+        assert sample(watch, metrics.PREEMPTED_JOBS_WAITING.name, pool="gpu-h100",
+                      cause=cause) == 0
 
 
 def test_what_the_watch_keeps_is_the_last_snapshot_s_jobs():

@@ -159,7 +159,7 @@ def test_every_panel_carrying_a_rows_levels_plots_the_value_its_alert_compares()
     # the walk saw the panels: every levelled concept the dashboards draw
     assert matched == {"GpuTemperatureHigh", "GpuMemoryHigh", "GpuJobUtilizationLow",
                        "GpuClusterFragmentationHigh", "GpuFleetFragmentationHigh",
-                       "NodePressureHigh"}
+                       "NodePressureHigh", "GpuPoolPreemptionOverheadHigh"}
 
 
 def test_the_walk_finds_the_old_drift_of_the_under_used_gpus_panel():

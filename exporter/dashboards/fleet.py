@@ -180,6 +180,7 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     _verdict_row(layout, levels)
     _reliability_row(layout)
     _load_row(layout, levels)
+    _preemption_row(layout, levels)
 
     layout.row("Alerts")
     firing = q.firing_alerts(levels.alert_names)
@@ -201,8 +202,8 @@ def build(levels: DashboardLevels) -> core.Dashboard:
     board = p.dashboard(
         uid=UID, title=TITLE, tags=("gpufleet",), layout=layout,
         description="GPU fleet by pool and model: states, utilization, memory, power, "
-                    "temperature, NVLink, health, verdicts and remediation, reliability, load "
-                    "and alerts.",
+                    "temperature, NVLink, health, verdicts and remediation, reliability, load, "
+                    "preemption and alerts.",
         variables=p.pool_and_model_variables(),
         links=[p.dashboard_link("Node drill-down", "gpufleet-node"),
                p.dashboard_link("Fragmentation", "gpufleet-fragmentation")],
@@ -288,6 +289,43 @@ def _load_row(layout: p.Layout, levels: DashboardLevels) -> None:
                     f"node_exporter, for every node it runs on. Line: NodePressureHigh's "
                     f"level from {levels.source}.",
     ), 12, 8)
+
+
+def _preemption_row(layout: p.Layout, levels: DashboardLevels) -> None:
+    """Issue 43: what the scheduler's preemptions cost each pool (exporter/preemption/): the
+    overhead GpuPoolPreemptionOverheadHigh compares with its level, the stops by cause, and
+    the stopped jobs waiting to resume. Per pool: the families carry no model."""
+    pools = q.selector(q.POOL)
+    layout.row("Preemption")
+    layout.add(p.timeseries(
+        "Preemption overhead by pool",
+        p.targets((levels.query("pool_preemption_overhead", pools), "{{pool}}")),
+        "percentunit", steps=levels.steps("pool_preemption_overhead"), minimum=0,
+        description="GPU-seconds the stopped jobs lost (from each one's last checkpoint to its "
+                    "stop) over the GPU-seconds the pool delivered, over the last 6h. Line: "
+                    f"GpuPoolPreemptionOverheadHigh's level from {levels.source}.",
+    ), 10, 8)
+    layout.add(p.timeseries(
+        "Stopped jobs by pool and cause (1h)",
+        p.targets((f"sum by (cluster, pool, cause) (increase({m.PREEMPTIONS_TOTAL.name}"
+                   f"{pools}[1h]))", "{{pool}} {{cause}}")),
+        "none", minimum=0,
+        description="Jobs the scheduler preempted, requeued, suspended or evicted in the last "
+                    "hour (cause: requeue and suspend from Slurm, the DisruptionTarget reasons "
+                    "from Kubernetes).",
+    ), 7, 8)
+    layout.add(p.timeseries(
+        "Jobs waiting to resume",
+        p.targets((f"sum by (cluster, pool) ({m.PREEMPTED_JOBS_WAITING.name}{pools})",
+                   "{{pool}} waiting"),
+                  # 0 where none waits: the per-job family has no series then
+                  (f"max by (cluster, pool) ({m.JOB_PREEMPTED_WAIT_SECONDS.name}{pools}) / 60\n"
+                   f"or sum by (cluster, pool) ({m.PREEMPTED_JOBS_WAITING.name}{pools}) * 0",
+                   "{{pool}} longest wait (min)")),
+        "none", minimum=0, step_after=True,
+        description="Stopped jobs not yet resumed (requeued and pending, or suspended), and "
+                    "the longest such wait in minutes (0 while none waits).",
+    ), 7, 8)
 
 
 def _health_row(layout: p.Layout, levels: DashboardLevels) -> None:

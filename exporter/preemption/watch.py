@@ -216,7 +216,8 @@ class PreemptionWatch:
     def families(self) -> list[Family]:
         view = self.view
         waiting = () if view is None else view.waiting
-        by_pool: dict[tuple[str, str], int] = {}
+        # every pool and cause the counters have, 0 where no job waits: a panel or rule reads 0
+        by_pool: dict[tuple[str, str], int] = dict.fromkeys(self._stops, 0)
         for entry in waiting:
             by_pool[(entry.pool, entry.cause)] = by_pool.get((entry.pool, entry.cause), 0) + 1
         now = 0.0 if view is None else view.taken_at
