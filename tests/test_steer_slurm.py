@@ -292,3 +292,43 @@ def test_the_weights_per_minute_are_range_checked(tmp_path):
                           text=True, timeout=60, check=False)
     assert (done.returncode, done.stderr) == (
         2, "gpufleet: --weights: only with --slurm --from URL (the advice's steering section)\n")
+
+
+@pytest.mark.slow  # a real Slurm, a real gpufleet serve reading it
+def test_a_served_advices_weights_reach_slurm_through_act(slurm, exporter_factory, tmp_path):
+    """The whole path: jobs on the real Slurm, ``gpufleet serve`` reading it (the slurm
+    source) and steering, ``gpufleet act --weights`` applying its /v1/advice: afterwards
+    ``scontrol show node`` shows, for every node, the weight the advice gives it."""
+    from tests.helpers.servers import http_get
+
+    slurm.run("scontrol", "update", "NodeName=gpu-[001-008]", "Weight=1")  # the earlier test's
+    jobs = [slurm.sbatch("-p", "gpu-h100", "-w", "gpu-005", "--gres=gpu:h100:6"),
+            slurm.sbatch("-p", "gpu-h100", "-w", "gpu-006", "--gres=gpu:h100:1"),
+            slurm.sbatch("-p", "gpu-h100", "-w", "gpu-007", "--gres=gpu:h100:3")]
+    try:
+        slurm.wait_states(dict.fromkeys(jobs, "RUNNING"))
+        exporter = exporter_factory(config=f"""
+collect_interval: 1s
+sources:
+  sim: {{enabled: false}}
+  slurm: {{enabled: true, slurm_conf: {slurm.conf}}}
+advisor: {{outbox: {tmp_path / "outbox.sqlite"}}}
+""")
+        advice: dict = {}
+        deadline = time.monotonic() + 60
+        while "steering" not in advice:
+            assert time.monotonic() < deadline, advice
+            advice = json.loads(http_get(f"{exporter.url}/v1/advice"))
+            time.sleep(0.2)
+        wanted = steering_weights(advice["steering"])
+        assert set(wanted) == {f"gpu-00{i}" for i in range(1, 9)}
+        assert len(set(wanted.values())) > 1, wanted  # the jobs make the nodes differ
+        done = _act(slurm, exporter.url, tmp_path / "audit.jsonl", "act")
+        assert done.returncode == 0, done.stderr
+        assert _weights(slurm) == wanted
+        records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+        assert sorted(r["node"] for r in records if r["outcome"] == "done") == \
+            sorted(n for n, w in wanted.items() if w != 1)
+    finally:
+        slurm.run("scancel", *jobs)
+        slurm.run("scontrol", "update", "NodeName=gpu-[001-008]", "Weight=1")
