@@ -1,33 +1,40 @@
-"""Rule-group evaluation cost on a real Prometheus at 10,880 GPUs (issue 29, Build 4).
+"""Rule-group evaluation cost at 10,880 GPUs, on a real Prometheus and on vmalert (issues 29, 45).
 
-One ``gpufleet serve`` on the simulated fleet at ``--scale`` (10: 10,880 GPUs), one real
-Prometheus scraping it every ``--interval`` and evaluating, over the same data at the same
-time, this checkout's generated rules and a baseline's alerting groups (``--before``: a
-folder holding an older ``gpufleet-alerts.yaml``, e.g. from ``git show main:rules/...``),
-renamed ``before:<group>`` so both load side by side. Every interval it reads each group's
-``evaluationTime`` from ``/api/v1/rules`` and prints, per group, the median and the
-largest over the run, and the rules that cost the most. Goal: every group within 1 s at
-a 30 s interval.
+One ``gpufleet serve`` on the simulated fleet at ``--scale`` (10: 10,880 GPUs) is scraped once
+and stopped; those bytes are served from this process (a thread, no rendering) so that the
+exporter's own CPU does not compete with the rules it is measured beside, and every engine
+reads the same series. Then, each for ``--minutes``:
 
-``--frozen``: scrape the exporter once, stop it, and serve those bytes to Prometheus from
-this process (a thread; no rendering), so that on a small machine the exporter's own CPU
-(a render of the whole fleet every interval) does not compete with the rule evaluation it
-is measured beside. The values then do not change; a rule's cost is the series and
-samples it reads, which stay the same.
+- one Prometheus with this checkout's rules and, side by side, a baseline's (``--before DIR``:
+  a folder holding an older ``gpufleet-recording.yaml`` and ``gpufleet-alerts.yaml``, e.g. from
+  ``git show <commit>:rules/...``; its groups renamed ``before:<group>`` and its recorded
+  series ``before_<name>``, so both sets evaluate over the same data under the same load):
+  each group's ``evaluationTime`` from ``/api/v1/rules`` every interval; then, once, every
+  rule's expression queried with ``stats=all``: the samples it reads
+  (``totalQueryableSamples``), a cost that does not depend on the machine's load;
+- VictoriaMetrics (scraping the same bytes) and vmalert with this checkout's rules: each group's
+  ``vmalert_iteration_duration_seconds`` (its median and 99th percentile over the run).
 
-Usage: ``.venv/bin/python bench/rule_eval_cost.py --before DIR [--scale 10] [--minutes 4]
-[--frozen]``
+Prints, per group, the median and the largest against the goal (1 s at a 30 s interval), the
+samples read, and the costliest rules. The rules run as generated, over the newer exporter's
+series (a baseline's rules read what they read then; the new gauges go unread).
+
+Usage: ``.venv/bin/python bench/rule_eval_cost.py [--before DIR] [--scale 10] [--minutes 3]
+[--no-vmalert]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -37,88 +44,182 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.helpers.servers import (  # noqa: E402
+    free_port,
     http_get,
+    require_binary,
     start_exporter,
     start_prometheus,
+    start_server,
     stop,
     wait_until,
 )
 
+GOAL_SECONDS = 1.0
+RULE_FILES = ("gpufleet-recording.yaml", "gpufleet-alerts.yaml")
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--before", type=Path, required=True,
-                        help="folder with the baseline's gpufleet-alerts.yaml")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="folder with the baseline's gpufleet-recording.yaml and -alerts.yaml")
     parser.add_argument("--scale", type=int, default=10)
-    parser.add_argument("--minutes", type=float, default=4.0)
+    parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--interval", default="30s")
-    parser.add_argument("--frozen", action="store_true",
-                        help="serve one scrape's bytes from this process, the exporter stopped")
-    parser.add_argument("--only-after", action="store_true",
-                        help="load only this checkout's rules (no before: groups), so that the "
-                        "after figures are not shared with the baseline's cost")
+    parser.add_argument("--no-vmalert", action="store_true")
     args = parser.parse_args()
     seconds = float(args.interval.rstrip("s"))
     with tempfile.TemporaryDirectory(prefix="gpufleet-ruleeval-") as tmp:
         base = Path(tmp)
-        before = yaml.safe_load((args.before / "gpufleet-alerts.yaml").read_text())
-        for group in before["groups"]:
-            group["name"] = f"before:{group['name']}"
-        (base / "before-alerts.yaml").write_text(yaml.safe_dump(before, sort_keys=False))
         exporter = start_exporter(base, config=f"collect_interval: {args.interval}\n"
                                   f"sources:\n  sim:\n    scale: {args.scale}\n", timeout=300)
-        port, frozen = exporter.port, None
-        if args.frozen:
-            body = http_get(f"{exporter.url}/metrics", timeout=120)
-            stop(exporter.proc)
-            frozen = serve_bytes(body)
-            port = frozen.server_address[1]
-            lines = body.count(b"\n")
-            print(f"frozen: {len(body):,} bytes, {lines:,} lines", flush=True)
-        rule_files = [str(REPO / "rules" / "gpufleet-recording.yaml"),
-                      str(REPO / "rules" / "gpufleet-alerts.yaml")]
-        if not args.only_after:
-            rule_files.append(str(base / "before-alerts.yaml"))
-        config = {
-            "global": {"scrape_interval": args.interval, "evaluation_interval": args.interval},
-            "rule_files": rule_files,
-            "scrape_configs": [{"job_name": "gpufleet-nodes", "scrape_interval": args.interval,
-                                "scrape_timeout": args.interval,
-                                "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
-        }
-        prom = start_prometheus(base / "prometheus", yaml.safe_dump(config))
         try:
-            wait_until("the first scrape", lambda: prom.query('up{job="gpufleet-nodes"} == 1'),
-                       timeout=300, interval=2)
-            times: dict[str, list[float]] = {}
-            rule_times: dict[tuple[str, str, int], list[float]] = {}
-            deadline = time.monotonic() + args.minutes * 60
-            while time.monotonic() < deadline:
-                time.sleep(seconds)
-                groups = json.loads(http_get(f"{prom.url}/api/v1/rules"))["data"]["groups"]
-                for group in groups:
-                    times.setdefault(group["name"], []).append(group["evaluationTime"])
-                    for index, rule in enumerate(group["rules"]):
-                        key = (group["name"], rule["name"], index)
-                        rule_times.setdefault(key, []).append(rule["evaluationTime"])
-            print(f"## rule groups at scale {args.scale} ({args.scale * 1088:,} GPUs), "
-                  f"{args.interval} interval, {len(next(iter(times.values())))} samples")
-            print("| group | median s | max s |\n|---|---|---|")
-            for name, values in sorted(times.items()):
-                print(f"| {name} | {statistics.median(values):.3f} | {max(values):.3f} |")
-            # per rule: summed over a group's rules of one name (both severities)
-            summed: dict[tuple[str, str], float] = {}
-            for (group, rule, _), values in rule_times.items():
-                summed[(group, rule)] = summed.get((group, rule), 0.0) + statistics.median(values)
-            print("\n## costliest rules (median s, severities summed)")
-            for (group, rule), value in sorted(summed.items(), key=lambda kv: -kv[1])[:12]:
-                print(f"{value:.3f}  {group}  {rule}")
+            body = http_get(f"{exporter.url}/metrics", timeout=120)
         finally:
-            stop(prom.proc)
             stop(exporter.proc)
-            if frozen is not None:
-                frozen.shutdown()
+        frozen = serve_bytes(body)
+        target = f"127.0.0.1:{frozen.server_address[1]}"
+        lines = body.count(b"\n")
+        print(f"## {args.scale * 1088:,} GPUs (scale {args.scale}): {len(body):,} bytes, "
+              f"{lines:,} lines; {args.interval} interval, {args.minutes:g} min "
+              f"per run, goal {GOAL_SECONDS:g} s per group", flush=True)
+        try:
+            files = [REPO / "rules" / name for name in RULE_FILES]
+            if args.before is not None:
+                files += renamed_before(args.before, base / "before")
+            times, rules, samples = prometheus_run(base / "prom", target, files, args, seconds)
+            report("Prometheus 2.42", times, samples)
+            costliest(rules)
+            if not args.no_vmalert:
+                report("vmalert (VictoriaMetrics 1.79), this checkout's rules",
+                       vmalert_run(base / "vm", target, files[:2], args), {})
+        finally:
+            frozen.shutdown()
     return 0
+
+
+def renamed_before(folder: Path, out: Path) -> list[Path]:
+    """The baseline's rule files with ``before:`` groups and ``before_`` recorded series."""
+    out.mkdir(parents=True)
+    docs = {name: yaml.safe_load((folder / name).read_text()) for name in RULE_FILES}
+    names = sorted({rule["record"] for doc in docs.values() for group in doc["groups"]
+                    for rule in group["rules"] if "record" in rule}, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w:])(" + "|".join(map(re.escape, names)) + r")(?![\w:])")
+    paths = []
+    for name, doc in docs.items():
+        for group in doc["groups"]:
+            group["name"] = f"before:{group['name']}"
+            for rule in group["rules"]:
+                rule["expr"] = pattern.sub(r"before_\1", rule["expr"])
+                if "record" in rule:
+                    rule["record"] = f"before_{rule['record']}"
+        path = out / name
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        paths.append(path)
+    return paths
+
+
+def prometheus_run(workdir: Path, target: str, files: list[Path], args: argparse.Namespace,
+                   seconds: float) -> tuple[dict[str, list[float]], dict[tuple[str, str], float],
+                                            dict[str, int]]:
+    config = {
+        "global": {"scrape_interval": args.interval, "evaluation_interval": args.interval},
+        "rule_files": [str(path) for path in files],
+        "scrape_configs": [{"job_name": "gpufleet-nodes", "scrape_interval": args.interval,
+                            "scrape_timeout": args.interval,
+                            "static_configs": [{"targets": [target]}]}],
+    }
+    prom = start_prometheus(workdir, yaml.safe_dump(config))
+    try:
+        wait_until("the first scrape", lambda: prom.query('up{job="gpufleet-nodes"} == 1'),
+                   timeout=300, interval=2)
+        times: dict[str, list[float]] = {}
+        rule_times: dict[tuple[str, str, int], list[float]] = {}
+        deadline = time.monotonic() + args.minutes * 60
+        while time.monotonic() < deadline:
+            time.sleep(seconds)
+            for group in json.loads(http_get(f"{prom.url}/api/v1/rules"))["data"]["groups"]:
+                if not group.get("lastEvaluation", "").startswith("0001"):  # evaluated once
+                    times.setdefault(group["name"], []).append(group["evaluationTime"])
+                for index, rule in enumerate(group["rules"]):
+                    rule_times.setdefault((group["name"], rule["name"], index), []).append(
+                        rule["evaluationTime"])
+        samples: dict[str, int] = {}
+        at = f"{time.time() - seconds:.3f}"  # one instant for every rule: the same windows
+        for group in json.loads(http_get(f"{prom.url}/api/v1/rules"))["data"]["groups"]:
+            for rule in group["rules"]:
+                query = urllib.parse.urlencode({"query": rule["query"], "stats": "all",
+                                                "time": at})
+                stats = json.loads(http_get(f"{prom.url}/api/v1/query?{query}", timeout=120))
+                read = stats["data"].get("stats", {}).get("samples", {})
+                samples[group["name"]] = (samples.get(group["name"], 0)
+                                          + int(read.get("totalQueryableSamples", 0)))
+    finally:
+        stop(prom.proc)
+    summed: dict[tuple[str, str], float] = {}
+    for (group, rule, _), values in rule_times.items():  # both severities of one name summed
+        summed[(group, rule)] = summed.get((group, rule), 0.0) + statistics.median(values)
+    return times, summed, samples
+
+
+def vmalert_run(workdir: Path, target: str, files: list[Path],
+                args: argparse.Namespace) -> dict[str, list[float]]:
+    workdir.mkdir(parents=True)
+    vm_port, alert_port = free_port(), free_port()
+    scrape = workdir / "scrape.yml"
+    scrape.write_text(yaml.safe_dump({"scrape_configs": [{
+        "job_name": "gpufleet-nodes", "scrape_interval": args.interval,
+        "scrape_timeout": args.interval, "static_configs": [{"targets": [target]}]}]}))
+    vm = f"http://127.0.0.1:{vm_port}"
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(start_server("victoria-metrics", workdir, vm_port, [
+            require_binary("victoria-metrics"), f"-storageDataPath={workdir / 'data'}",
+            f"-httpListenAddr=127.0.0.1:{vm_port}", f"-promscrape.config={scrape}",
+            "-retentionPeriod=1", "-search.latencyOffset=0s",
+            "-promscrape.maxScrapeSize=512MB"], ready_path="/health"))  # 91 MB at scale 10
+        wait_until("the target in VictoriaMetrics", lambda: json.loads(http_get(
+            f"{vm}/api/v1/query?query=count(gpufleet_gpu_up)"))["data"]["result"],
+            timeout=300, interval=2)
+        procs.append(start_server("vmalert", workdir, alert_port, [
+            require_binary("vmalert"), *(f"-rule={path}" for path in files),
+            f"-datasource.url={vm}", f"-remoteWrite.url={vm}",
+            f"-evaluationInterval={args.interval}",
+            f"-notifier.url=http://127.0.0.1:{free_port()}",
+            f"-httpListenAddr=127.0.0.1:{alert_port}"], ready_path="/health"))
+        time.sleep(args.minutes * 60)
+        text = http_get(f"http://127.0.0.1:{alert_port}/metrics").decode()
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+    # vmalert_iteration_duration_seconds{group="...",quantile="0.5"} and "0.99"; _count
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if line.startswith("vmalert_iteration_duration_seconds{") and 'quantile="' in line:
+            labels, value = line.rsplit(" ", 1)
+            group = labels.split('group="')[1].split('"')[0]
+            if 'quantile="0.5"' in labels or 'quantile="0.99"' in labels:
+                out.setdefault(group, []).append(float(value))
+    return out
+
+
+def report(title: str, times: dict[str, list[float]], samples: dict[str, int]) -> None:
+    print(f"\n### {title}\n| group | median s | max s | against {GOAL_SECONDS:g} s "
+          "| samples read |\n|---|---|---|---|---|")
+    for name, values in sorted(times.items(), key=lambda kv: (kv[0].removeprefix("before:"),
+                                                               kv[0].startswith("before:"))):
+        values = [v for v in values if v == v] or [0.0]  # vmalert reports NaN before a run
+        worst = max(values)
+        verdict = "meets" if worst <= GOAL_SECONDS else "misses"
+        read = f"{samples[name]:,}" if name in samples else ""
+        print(f"| {name} | {statistics.median(values):.3f} | {worst:.3f} | {verdict} | {read} |")
+    sys.stdout.flush()
+
+
+def costliest(summed: dict[tuple[str, str], float]) -> None:
+    print("\ncostliest rules (median s, severities summed):")
+    for (group, rule), value in sorted(summed.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"  {value:.3f}  {group}  {rule}")
+    sys.stdout.flush()
 
 
 def serve_bytes(body: bytes) -> ThreadingHTTPServer:
