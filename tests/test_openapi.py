@@ -165,12 +165,12 @@ async def test_real_answers_of_every_handler_validate(advisor_client):
     assert len(snapshot["gpus"]) == 1088  # the simulated fleet, in full
     advice = json.loads(await _check(advisor_client, "GET", "/v1/advice", 200))
     assert advice["decision"] == "compact"
-    # serve's advisor stage steers: every node of the fleet once, in the level of its weight
+    # serve's advisor stage steers: every GPU node of the fleet once, in the level of its weight
     steering = advice["steering"]
     assert steering["snapshot_time"] == advice["snapshot_time"]
     assert steering["gpu_hours_waiting_saved"] is None
     steered = [n for level in steering["levels"] for n in level["nodes"]]
-    assert sorted(steered) == sorted(n["name"] for n in snapshot["nodes"])
+    assert sorted(steered) == sorted(n["name"] for n in snapshot["nodes"] if n["gpu_count"] > 0)
     weights = [level["weight"] for level in steering["levels"]]
     assert weights[0] == 1 and weights == sorted(set(weights))
     what_if = json.loads(await _check(advisor_client, "POST", "/v1/plan", 200, json=snapshot,

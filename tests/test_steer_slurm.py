@@ -38,8 +38,10 @@ FREE = ([1.0] * 8, [1.0] * 3 + [0.0] * 5, [0.0] * 8, [1.0] * 6 + [0.0] * 2, [1.0
 
 
 def _report():
-    state = build(NAMES, ("H100",) * 4 + ("A100-80GB",), ("gpu-h100",) * 4 + ("gpu-a100",),
-                  [128.0] * 5, [128.0, 80.0, 0.0, 100.0, 128.0], FREE)
+    # and a node without GPUs, which is not steered
+    state = build((*NAMES, "cpu-only"), ("H100",) * 4 + ("A100-80GB", ""),
+                  ("gpu-h100",) * 4 + ("gpu-a100", "cpu"), [128.0] * 6,
+                  [128.0, 80.0, 0.0, 100.0, 128.0, 128.0], (*FREE, []))
     workload = from_weighted([(Shape(8.0, 1.0, 1), 0.7), (Shape(16.0, 1.0, 2), 0.1),
                               (Shape(64.0, 1.0, 8), 0.2)])
     return evaluate(state, compile_workload(workload, state.model_names))
@@ -61,8 +63,9 @@ def test_the_advice_carries_every_nodes_weight_by_level_and_the_schema_holds_it(
     assert data["default_weight"] == 1 and data["gpu_hours_waiting_saved"] is None
     weights = [level["weight"] for level in data["levels"]]
     assert weights == sorted(set(weights))  # ascending, each level once
-    # every node once, at the weight steer gives it
-    assert steering_weights(data) == {n: p.weight for n, p in prefs.items()}
+    # every GPU node once, at the weight steer gives it; the node without GPUs left out
+    # (weighted last, it would send CPU-only jobs to the GPU nodes first)
+    assert steering_weights(data) == {n: p.weight for n, p in prefs.items() if n != "cpu-only"}
     assert sorted(n for level in data["levels"] for n in level["nodes"]) == sorted(NAMES)
     worst = data["levels"][-1]
     assert worst["weight"] == steer.WEIGHT_WORST and "full" in worst["nodes"]

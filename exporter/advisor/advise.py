@@ -85,14 +85,17 @@ STEER_EVERY = 300.0  # seconds between two computations: 2.5 s at 13,600 nodes (
 
 
 def steering_of(report: Report, now: float, snapshot_time: float) -> Steering:
-    """Every node's Slurm weight (:func:`exporter.advisor.steer.preferences` on the report's
-    state and workload), grouped by weight."""
+    """Every GPU node's Slurm weight (:func:`exporter.advisor.steer.preferences` on the
+    report's state and workload), grouped by weight; nodes without GPUs are not steered."""
     from exporter.advisor import steer
 
     prefs = steer.preferences(report.state, report.workload)
     by_weight: dict[int, list[steer.NodePreference]] = {}
-    for p in prefs:
-        by_weight.setdefault(p.weight, []).append(p)
+    for p, gpus in zip(prefs, report.state.gpu_count, strict=True):
+        # a node without GPUs is left out: weighted last, it would send CPU-only jobs to
+        # the GPU nodes first
+        if gpus > 0:
+            by_weight.setdefault(p.weight, []).append(p)
     levels = []
     for weight in sorted(by_weight):
         finite = [p.growth for p in by_weight[weight] if math.isfinite(p.growth)]

@@ -224,9 +224,9 @@ def _steering_schema() -> dict[str, Any]:
     growth = {"type": ["number", "null"]}
     return {
         "type": "object",
-        "description": "where the next GPU job should go (docs/advisor.md, Steering): every node once, "
-                       "in the level of its Slurm Weight (lowest allocated first), levels by weight "
-                       "ascending and only those with nodes; computed at most every 300 s and "
+        "description": "where the next GPU job should go (docs/advisor.md, Steering): every node with "
+                       "GPUs once, in the level of its Slurm Weight (lowest allocated first), levels by "
+                       "weight ascending and only those with nodes; computed at most every 300 s and "
                        "carried between. Absent where steering is off. A node's name and 4 bytes "
                        "a node: 294 KB at 13,600 nodes of 17-character names (bench/steer.py)",
         "required": ["computed_at", "snapshot_time", "default_weight", "levels",

@@ -143,8 +143,8 @@ def advice_json(advice: Advice) -> JSON:
 
 
 def steering_json(s: Steering) -> JSON:
-    """``/v1/advice``'s ``steering`` (openapi ``Advice.steering``): every node once, in the
-    level of its Slurm weight, weight ascending."""
+    """``/v1/advice``'s ``steering`` (openapi ``Advice.steering``): every GPU node once, in
+    the level of its Slurm weight, weight ascending."""
     return {
         "computed_at": s.computed_at, "snapshot_time": s.snapshot_time,
         "default_weight": WEIGHT_BEST,
