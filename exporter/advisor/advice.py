@@ -90,7 +90,7 @@ class SteeringLevel:
 
 @dataclass(frozen=True, slots=True)
 class Steering:
-    """Where the next GPU job should go: every node's Slurm ``Weight``, grouped by level.
+    """Where the next GPU job should go: every GPU node's Slurm ``Weight``, grouped by level.
 
     Computed from the snapshot of ``snapshot_time`` at ``computed_at`` (it is one FGD
     evaluation per workload shape over every node, so the advisor computes it at most once
