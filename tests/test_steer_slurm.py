@@ -247,6 +247,7 @@ def test_act_applies_the_advised_weights_within_the_budget_and_leaves_an_operato
     assert done_records == [("gpu-003", 10, 1), ("gpu-005", 7, 1), ("gpu-002", 5, 1),
                             ("gpu-004", 3, 1), ("gpu-007", 2, 1)]
     assert {r["node"] for r in records if r["outcome"] == "skipped"} == {"gpu-006"}
+    assert all(re.fullmatch(rf"weight:{r['node']}:{r['weight']}:\d{{13}}", r["id"]) for r in records)
 
     # the advice changes: a weight gpufleet set is changed again, back to the default too;
     # one an operator changed since is left alone

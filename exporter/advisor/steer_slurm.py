@@ -111,7 +111,10 @@ class WeightActor:
         return max(0, self.per_minute - recent)
 
     def _audit(self, node: str, weight: int, outcome: str, **detail: Any) -> dict[str, Any]:
-        record = {"time": self.clock(), "type": AUDIT_TYPE, "backend": "slurm", "mode": self.mode,
+        now = self.clock()
+        # an id like the events' (type:node:ms), so a reader of the log can name each record
+        record = {"time": now, "id": f"{AUDIT_TYPE}:{node}:{weight}:{round(now * 1000)}",
+                  "type": AUDIT_TYPE, "backend": "slurm", "mode": self.mode,
                   "outcome": outcome, "node": node, "weight": weight, **detail}
         if self.audit_path is not None:
             _append(self.audit_path, (json.dumps(record, separators=(",", ":")) + "\n").encode())
