@@ -261,7 +261,7 @@ def test_bad_input_is_one_line_naming_the_flag(tmp_path, capsys):
     assert main(["simulate", "--strategies", "none,bogus", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == (
         "gpufleet: --strategies: unknown bogus; choose from none, descheduler, consolidate, advisor, "
-        "advisor-current, oracle, consolidate-unrestricted, descheduler-unrestricted")
+        "advisor-current, oracle, consolidate-unrestricted, descheduler-unrestricted, steer, steer+advisor")
     assert main(["simulate", "--load", "0", "--out", str(tmp_path)]) == 2
     assert "--load: each must be in (0, 10]" in capsys.readouterr().err
 

@@ -31,7 +31,8 @@ MAX_DAYS = 366.0  # measured days, and warm-up days: a year of the trace's rhyth
 DAY_SECONDS = 86400.0
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 STRATEGY_NAMES = ("none", "descheduler", "consolidate", "advisor", "advisor-current", "oracle",
-                  "consolidate-unrestricted", "descheduler-unrestricted")  # simulate.strategies
+                  "consolidate-unrestricted", "descheduler-unrestricted", "steer",
+                  "steer+advisor")  # simulate.strategies
 EPILOG = f"""strategies: {", ".join(STRATEGY_NAMES)}
 
 examples:

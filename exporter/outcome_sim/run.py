@@ -29,6 +29,7 @@ from exporter.outcome_sim.oracle import Oracle
 from exporter.outcome_sim.outcomes import Outcome, Sample, job_outcomes
 from exporter.outcome_sim.scheduler import Scheduler
 from exporter.outcome_sim.sim import RunSettings, Sim
+from exporter.outcome_sim.steering import STEER_STRATEGIES, Steer
 from exporter.outcome_sim.strategies import (
     STRATEGIES,
     Consolidate,
@@ -56,6 +57,12 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
                                    revised=name == "advisor")
         strategy.pools(settings.advisor_one_partition)
         return strategy
+    if name in STEER_STRATEGIES:
+        advisor = None
+        if name == "steer+advisor":
+            advisor = AdvisorStrategy(name="advisor", evaluate_every=settings.advisor_interval)
+            advisor.pools(settings.advisor_one_partition)
+        return Steer(name=name, advisor=advisor)
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 

@@ -23,6 +23,7 @@ any model it may use, an H200 job to an 80 GB GPU), as they ran before.
   (at most ``max_moves``), each to a destination verified free, after which it
   fits; nothing moves when no such set exists.
 - ``advisor`` and ``advisor-current``: :mod:`.advisor_loop`.
+- ``steer`` and ``steer+advisor``: the scheduler honours the advisor's node weights (:mod:`.steering`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from exporter.outcome_sim.sim import Sim
 
 STRATEGIES = ("none", "descheduler", "consolidate", "advisor", "advisor-current", "oracle",
-              "consolidate-unrestricted", "descheduler-unrestricted")
+              "consolidate-unrestricted", "descheduler-unrestricted", "steer", "steer+advisor")
 
 
 class Strategy(Protocol):

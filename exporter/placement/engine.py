@@ -112,6 +112,11 @@ class Placer:
         # (a filter, as Kubernetes' NodeResourcesFit; no policy scores memory, nor does F)
         self.memory_free = None if host_memory is None else np.asarray(host_memory, dtype=float).copy()
         self.version = np.zeros(len(state.names), dtype=np.int64)
+        # per node, a rank placed before the policy's score (steering's Slurm weights): a task goes
+        # to the lowest rank among the nodes where it fits, then by the policy. A filter at each
+        # place(), like memory: the cached scores never depend on it, so a change of rank leaves
+        # them valid. None: the policy alone
+        self.preference: np.ndarray | None = None
         self._clock = 0
         self._cache: dict[tuple, _Entry] = {}
         self._subsets: dict[tuple, tuple[np.ndarray, tuple[str, ...]]] = {}
@@ -176,6 +181,8 @@ class Placer:
         if scored is None:
             return None
         nodes, key, entry, ask = scored
+        if self.preference is not None:
+            key = preferred(key, self.preference[nodes])
         if policy == "lookahead" and queued is not None:
             pick = self._look_ahead(nodes, key, entry, ask, queued, task.host_memory_bytes)
         else:
@@ -465,6 +472,15 @@ def room_after_moves(free_gpus: float, demands: Iterable[float], moves: int, tas
     return free_gpus + sum(heapq.nlargest(moves, demands)) >= task.gpu_demand - task.gpus * EPS - 1e-6
 
 
+def preferred(key: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """``key`` kept only where ``rank`` is the lowest among the nodes where the task fits (a
+    finite key), inf elsewhere: whether it fits anywhere is unchanged, only where it goes."""
+    fits = np.isfinite(key)
+    if not fits.any():
+        return key
+    return np.where(rank <= rank[fits].min(), key, np.inf)
+
+
 def select(key: np.ndarray, second: np.ndarray, tie: float = TOL,
            rng: np.random.Generator | None = None) -> int | None:
     """Position of the best choice: the lowest ``key`` (within ``tie``), then the lowest ``second``,
@@ -498,4 +514,4 @@ def place_all(state: FleetState, tasks: Sequence[Task], policy: str, rng: np.ran
     return placer.state, failed
 
 
-__all__ = ["Placement", "Placer", "place_all", "room_after_moves", "select"]
+__all__ = ["Placement", "Placer", "place_all", "preferred", "room_after_moves", "select"]
