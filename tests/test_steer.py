@@ -9,12 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from exporter.advisor import steer
+from exporter.advisor import admission, steer
 from exporter.analysis.fgd import compile_workload
 from exporter.analysis.index import evaluate
 from exporter.analysis.state import build
 from exporter.analysis.workload import Shape, from_weighted
-from exporter.web import admission
 
 # four 8-GPU H100 nodes: one empty, one with 3 GPUs free, one full, one with 6 free;
 # and one A100 node, empty. The workload: mostly 1-GPU jobs, some whole-node jobs.

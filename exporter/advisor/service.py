@@ -39,7 +39,7 @@ from exporter.advisor.wire import advisor_state_from_text, advisor_state_text
 from exporter.aio import complete
 from exporter.analysis.analyzer import LiveAnalyzer
 from exporter.analysis.fgd import compile_workload
-from exporter.analysis.index import evaluate
+from exporter.analysis.index import Report, evaluate
 from exporter.analysis.state import from_snapshot
 from exporter.config import AdvisorConfig, ConfigError
 from exporter.health.monitor import HealthMonitor
@@ -115,6 +115,9 @@ class AdvisorService:
     # one cycle or one Alertmanager evaluation at a time, and none after the store closed
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     health: HealthMonitor | None = None  # the ``health`` part of /v1/advice
+    # the last frame's fragmentation report, what steering answers from (POST /v1/admission);
+    # None before the first frame and while the fleet is read blind
+    last_report: Report | None = None
     _api: AdvisorApi | None = None
     _closed: bool = False  # the store is closed: no more evaluations
     _unwritten: bool = False  # a proposed plan waits in memory for the store: no cooldown yet
@@ -389,10 +392,9 @@ def build_service(config: AdvisorConfig, analyzer: LiveAnalyzer, planner: PlanFu
 def install(app: web.Application, service: AdvisorService) -> None:
     add_routes(app, service.api())
     # placement steering for the Kubernetes scheduler, from the last frame the cycle analysed
-    from exporter.web import admission
-    from exporter.web.server import STATE
+    from exporter.advisor import admission
 
-    admission.add_route(app, lambda: getattr(app[STATE].cycle, "last_report", None))
+    admission.add_route(app, lambda: service.last_report)
     # first in, so last out: aiohttp cleans up in reverse order, and the collection loop
     # (make_app's) evaluates and renders the advisor's families, which read the store;
     # it must have stopped before the store closes

@@ -15,7 +15,7 @@ forms schedulers already honour:
   :data:`WEIGHT_BEST` to :data:`WEIGHT_WORST` in :data:`WEIGHT_LEVELS` levels,
   so a small change of growth does not rewrite every node's weight.
 - Kubernetes: a preferred node affinity on a GPU pod (see
-  :mod:`exporter.web.admission`): the nodes where that pod's own ask grows
+  :mod:`exporter.advisor.admission`): the nodes where that pod's own ask grows
   fragmentation least.
 """
 

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from exporter.advisor.service import AdvisorService
     from exporter.advisor.webhook import Deliverer
-    from exporter.analysis.index import Report
     from exporter.health.monitor import HealthMonitor
     from exporter.metrics import Family
     from exporter.pool_load.tracker import LoadTracker
@@ -102,8 +101,6 @@ class ServingCycle:
     extra: Sequence[tuple[str, Callable[[], Iterable[Family]]]] = ()
     # the store's deliverer when no advisor runs it (remediation events only)
     deliverer: Deliverer | None = None
-    # the last frame's fragmentation report, None while blind or before the first
-    last_report: Report | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _closed: bool = False
 
@@ -121,8 +118,8 @@ class ServingCycle:
                 await service.before_cycle()
             # complete(): a cancelled collection (shutdown) waits for its cycle's thread
             frame = await complete(asyncio.to_thread(run_cycle, self.stages, snapshot, blind))
-            # what steering answers from (the admission webhook): never a blind frame's
-            self.last_report = None if frame.blind else frame.report
+            if service is not None:  # what steering answers from: never a blind frame's
+                service.last_report = None if frame.blind else frame.report
             closed = service.closed if service is not None else self._closed
             if self.health is not None and not closed:
                 await complete(asyncio.to_thread(self.health.apply, frame))

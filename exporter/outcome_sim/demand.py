@@ -34,7 +34,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -43,8 +43,19 @@ from exporter.bounded_file import Wording, read_bounded
 from exporter.gpu_catalogue import GpuSpec, default_catalogue
 from exporter.outcome_sim.timeline import HOUR, HourlyArrivals, Job, TimelineSettings, build, window
 
-if TYPE_CHECKING:
-    from exporter.outcome_sim.fleets import SimFleet
+
+class JobSource(Protocol):
+    """What building a run's jobs reads of a fleet (fleets.SimFleet; a protocol, since the
+    fleets module imports this one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def openb_shapes(self) -> tuple[Shape, ...]: ...
+
+    @property
+    def gfs_demand(self) -> GfsDemand: ...
 
 DEMANDS = ("openb", "gfs")
 MARGINALS = Path("alibaba-spot-gpu-v2026") / "job-marginals"
@@ -471,7 +482,7 @@ def default_demand(fleet_name: str) -> str:
     return "gfs" if fleet_name == "gfs" else "openb"
 
 
-def build_jobs(demand_name: str, fleet: SimFleet, series: HourlyArrivals, capacity: float,
+def build_jobs(demand_name: str, fleet: JobSource, series: HourlyArrivals, capacity: float,
                settings: TimelineSettings, seed: int) -> list[Job]:
     """The jobs of one run of ``fleet`` under the demand called ``demand_name`` (empty: the
     fleet's default); ``capacity`` is what a load of 1.0 offers per second."""
@@ -495,5 +506,6 @@ def typical_shapes(demand: GfsDemand, jobs: int = 4000) -> tuple[Shape, ...]:
     return tuple(shapes)
 
 
-__all__ = ["DEMANDS", "Drawn", "GfsDemand", "Marginals", "build_jobs", "data_path", "default_demand",
-           "draw", "gfs_demand", "gfs_jobs", "load_marginals", "rake", "read_gfs_nodes", "typical_shapes"]
+__all__ = ["DEMANDS", "Drawn", "GfsDemand", "JobSource", "Marginals", "build_jobs", "data_path",
+           "default_demand", "draw", "gfs_demand", "gfs_jobs", "load_marginals", "rake", "read_gfs_nodes",
+           "typical_shapes"]
