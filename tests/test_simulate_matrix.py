@@ -56,6 +56,28 @@ def test_the_matrix_is_the_stated_one_never_the_tuned_seeds():
     assert planned[:3] == [Run("none", 101, 0.8), Run("advisor", 101, 0.8), Run(PERTURBED, 101, 0.8)]
 
 
+def test_the_matrix_flags_default_to_the_stated_matrix_and_each_overrides_it():
+    import argparse
+
+    from exporter.cli.simulate import add_arguments, with_defaults
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--matrix", "--out", "x"])
+    with_defaults(args)
+    assert (args.seeds, args.load, args.days, args.warmup_days) == ("101-110", "0.8,1,1.2", 7.0, 1.0)
+    assert args.strategies == "none,descheduler,consolidate,oracle,advisor"
+    args = parser.parse_args(["--matrix", "--seeds", "5", "--days", "0.5", "--strategies", "advisor",
+                              "--out", "x"])
+    with_defaults(args)
+    assert (args.seeds, args.load, args.days, args.warmup_days, args.strategies) == (
+        "5", "0.8,1,1.2", 0.5, 1.0, "advisor")
+    args = parser.parse_args(["--out", "x"])  # a single run keeps its own defaults
+    with_defaults(args)
+    assert (args.seeds, args.load, args.days, args.strategies) == (
+        "1", "1.1", 14.0, "none,descheduler,consolidate,advisor")
+
+
 def test_jitter_moves_each_submit_a_few_seconds_and_keeps_the_jobs():
     settings = RunSettings(timeline=TimelineSettings(days=0.5, warmup_days=0.25, load=1.2))
     fleet = tiny_fleet()

@@ -38,7 +38,7 @@ EPILOG = f"""strategies: {", ".join(STRATEGY_NAMES)}
 examples:
   gpufleet simulate --days 14 --load 0.9,1.1,1.3 --seeds 1-5 --out out/
   gpufleet simulate --fleet openb --days 2 --load 1.1 --strategies none,advisor --out out-openb/
-  gpufleet simulate --matrix --strategies none,consolidate,advisor --jobs 2 --out out-matrix/"""
+  gpufleet simulate --matrix --jobs 2 --out out-matrix/"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--matrix", action="store_true",
                         help="run the pre-registered matrix against none, with the noise band; writes "
                         "summary.csv too")
-    parser.add_argument("--strategies", default="none,descheduler,consolidate,advisor", metavar="LIST",
-                        help="comma-separated (default none,descheduler,consolidate,advisor)")
+    parser.add_argument("--strategies", default=None, metavar="LIST",
+                        help="comma-separated (default none,descheduler,consolidate,advisor; the matrix's "
+                        "none,descheduler,consolidate,oracle,advisor)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="folder for outcomes.csv and timeline.png")
     parser.add_argument("--jobs", type=int, default=1, metavar="N", help="runs at a time, one core each")
@@ -96,10 +97,29 @@ def _loads(text: str) -> list[float]:
     return loads
 
 
+def with_defaults(args: argparse.Namespace) -> None:
+    """Fill what the command line left out: the stated matrix's seeds, loads, days and
+    strategies under --matrix (each overridable), a single run's otherwise."""
+    from exporter.outcome_sim.matrix import MATRIX, MATRIX_STRATEGIES
+
+    if args.matrix:
+        defaults = {"days": MATRIX.days, "warmup_days": MATRIX.warmup_days,
+                    "load": ",".join(f"{x:g}" for x in MATRIX.loads),
+                    "seeds": f"{MATRIX.seeds[0]}-{MATRIX.seeds[-1]}",
+                    "strategies": ",".join(MATRIX_STRATEGIES)}
+    else:
+        defaults = {"days": 14.0, "warmup_days": 1.0, "load": "1.1", "seeds": "1",
+                    "strategies": "none,descheduler,consolidate,advisor"}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def run(args: argparse.Namespace) -> int:
     from exporter.cli.replay import MAX_JOBS, out_dir, parse_seeds, write_out
     from exporter.policy_names import POLICIES
 
+    with_defaults(args)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [s for s in strategies if s not in STRATEGY_NAMES]
     if unknown or not strategies:
@@ -114,20 +134,8 @@ def run(args: argparse.Namespace) -> int:
     flag_number(args.restore, "--restore", 0, DAY_SECONDS, unit=" seconds")
     flag_number(args.advisor_interval, "--advisor-interval", 1, DAY_SECONDS, unit=" seconds")
     flag_number(args.jobs, "--jobs", 1, MAX_JOBS)
-    from exporter.outcome_sim.matrix import BASELINE, MATRIX
-
-    if args.matrix:
-        args.days = MATRIX.days if args.days is None else args.days
-        args.warmup_days = MATRIX.warmup_days if args.warmup_days is None else args.warmup_days
-        args.load = ",".join(f"{x:g}" for x in MATRIX.loads) if args.load is None else args.load
-        args.seeds = f"{MATRIX.seeds[0]}-{MATRIX.seeds[-1]}" if args.seeds is None else args.seeds
-        if BASELINE not in strategies:  # every cut is against it
-            strategies.insert(0, BASELINE)
-    else:
-        args.days = 14.0 if args.days is None else args.days
-        args.warmup_days = 1.0 if args.warmup_days is None else args.warmup_days
-        args.load = "1.1" if args.load is None else args.load
-        args.seeds = "1" if args.seeds is None else args.seeds
+    if args.matrix and "none" not in strategies:  # every cut is against it
+        strategies.insert(0, "none")
     flag_number(args.days, "--days", 0, MAX_DAYS, above=True)
     flag_number(args.warmup_days, "--warmup-days", 0, MAX_DAYS)
     loads = _loads(args.load)
