@@ -108,6 +108,16 @@ def test_a_requeued_job_is_counted_once_with_its_lost_work_in_the_pool_it_ran_in
                   pool="gpu-h100", cause="requeue") == (630.0 + 500.0) * 8
 
 
+def test_a_start_slurm_rewrites_while_the_requeued_job_completes_is_not_a_new_run():
+    # Slurm 22.05, polled through a preemption (squeue --json every 50 ms): RUNNING, then
+    # COMPLETING with Restarts 1 and StartTime the requeue, then PENDING with SubmitTime it
+    watch = PreemptionWatch(WatchSettings(checkpoint_interval=None))
+    watch.observe(snap(T0, [running(start=T0 - 2400, checkpoint=None)]))
+    watch.observe(snap(T0 + 30, [running(start=T0 + 20, checkpoint=None)]))  # completing
+    view = watch.observe(snap(T0 + 60, pending=[requeued(at=T0 + 20, checkpoint=None)]))
+    assert [s.lost_seconds for s in view.stops] == [2420.0]  # the whole run, not 0
+
+
 def test_a_job_requeued_before_the_watch_saw_it_counts_its_stated_checkpoint_only():
     watch = PreemptionWatch()
     view = watch.observe(snap(T0 + 60, pending=[requeued(), requeued("other", checkpoint=None)]))

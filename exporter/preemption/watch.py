@@ -147,7 +147,13 @@ class PreemptionWatch:
         for alloc in snapshot.allocations:
             pool = next((pools[p.node] for p in alloc.placements if p.node in pools), "")
             gpus = _gpus(alloc)
-            run = _Run(pool, gpus, alloc.start_time, alloc.last_checkpoint_time)
+            start = alloc.start_time
+            before = self._runs.get(alloc.job)
+            if before is not None and before.start is not None:
+                # one run has one start: Slurm 22.05 rewrites a requeued job's StartTime to the
+                # requeue while it completes (COMPLETING, its Restarts already grown)
+                start = before.start
+            run = _Run(pool, gpus, start, alloc.last_checkpoint_time)
             if alloc.interrupted is None:
                 runs[alloc.job] = run
                 held[pool] = held.get(pool, 0.0) + gpus
