@@ -149,3 +149,15 @@ def test_the_strategies_that_do_not_steer_place_as_before(strategy):
     settings = RunSettings(timeline=TimelineSettings(days=0.5, warmup_days=0.1, load=1.2, gang_share=0.3))
     out = dataclasses.asdict(simulate(fleet_of(MIXED), SERIES, strategy, 7, settings))
     assert {k: out[k] for k in BEFORE[strategy]} == pytest.approx(BEFORE[strategy], rel=1e-12)
+
+
+def test_nodes_without_gpus_keep_the_default_weight_as_serve_leaves_them():
+    sim = sim_of(fleet_of([("H100", 8), ("H100", 8), ("H100", 0)]))
+    cluster = sim.cluster
+    first = job(0, 1)
+    cluster.start(first, cluster.find(first), 0.0)
+    make_strategy("steer", RunSettings()).tick(sim, 300.0)
+    weights = cluster.placer.preference
+    assert weights is not None
+    assert weights[2] == steer.WEIGHT_BEST  # no GPU job fits it: weights() alone gives it the worst
+    assert steer.weights(steer.expected_growth(cluster.placer.state, sim.workload))[2] == steer.WEIGHT_WORST

@@ -8,9 +8,10 @@ Slurm weight from the live placement state and the run's target workload
 as its per-node rank (:attr:`exporter.placement.engine.Placer.preference`). The
 scheduler then places as Slurm with node weights: among the nodes where a job fits,
 the lowest weight, and within a weight its own policy's best (``bestfit`` by
-default). Between two computations the weights stand, as an operator's
-``scontrol`` updates would; the first are computed at the first tick, before it the
-scheduler places by its policy alone.
+default). Nodes without GPUs keep Slurm's default weight, as serve leaves them.
+Between two computations the weights stand, as an operator's ``scontrol`` updates
+would; the first are computed at the first tick, before it the scheduler places by
+its policy alone.
 
 - ``steer``: the weights alone; nothing moves.
 - ``steer+advisor``: the weights, and the advisor's compaction
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from exporter.advisor.advise import STEER_EVERY
-from exporter.advisor.steer import expected_growth, weights
+from exporter.advisor.steer import WEIGHT_BEST, expected_growth, weights
 from exporter.outcome_sim.advisor_loop import AdvisorStrategy
 
 if TYPE_CHECKING:
@@ -50,7 +51,11 @@ class Steer:
             self._next = now + self.every
             self.computations += 1
             placer = sim.cluster.placer
-            placer.preference = weights(expected_growth(placer.state, sim.workload))
+            levels = weights(expected_growth(placer.state, sim.workload))
+            # serve steers only nodes with GPUs (advise.steering_of): the others keep Slurm's
+            # default weight, or CPU-only jobs would be sent to the GPU nodes first
+            levels[placer.gpu_count == 0] = WEIGHT_BEST
+            placer.preference = levels
         if self.advisor is not None:
             self.advisor.tick(sim, now)
 
