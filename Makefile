@@ -19,8 +19,14 @@ $(VENV)/.installed-run: $(BIN)/python $(SRC)
 	$(BIN)/pip install --disable-pip-version-check -q .
 	touch $@
 
+# Every wheel the test install takes is kept in $(WHEELHOUSE) first, then installed from it:
+# tests/test_docs_blocks.py installs the README's way into a fresh venv from the same wheels,
+# with no download (and setuptools and wheel, to build gpufleet there without the index).
+WHEELHOUSE := $(VENV)/docs-wheelhouse
 $(VENV)/.installed-test: $(BIN)/python $(SRC)
-	$(BIN)/pip install --disable-pip-version-check -q '.[all,test]'
+	$(BIN)/pip wheel --disable-pip-version-check -q -w $(WHEELHOUSE) '.[all,test]' 'setuptools>=68' wheel
+	rm -f $(WHEELHOUSE)/gpufleet-*.whl
+	$(BIN)/pip install --disable-pip-version-check -q --no-index --find-links $(WHEELHOUSE) '.[all,test]'
 	touch $@ $(VENV)/.installed-run
 
 run: $(VENV)/.installed-run
