@@ -44,7 +44,7 @@ _GPU = 'cluster="lab",node="gpu-{node}",gpu="{gpu}",uuid="GPU-{node}-{gpu}",mode
 # GPUs first seen with old lifetime counters (small values: VictoriaMetrics' increase()
 # counts a first value below 10 x the next delta + 1 as growth), and two GPUs over their
 # power levels with the power brake on, the pipeline's live check: an H200 (the table's 700 W)
-# and an H100 with no reported limit (its recorded limit is the catalogue TDP, 700 W).
+# and an H100 with no reported limit (the exporter serves its catalogue TDP, 700 W, as its limit).
 EXPOSITION = "\n".join([
     *(f"gpufleet_gpu_nvlink_errors_total{{{_GPU.format(node='001', gpu=g, model='H100')},"
       f'type="{t}"}} {v}' for g in (0, 1) for t, v in (("replay", 5), ("recovery", 3),
@@ -55,6 +55,8 @@ EXPOSITION = "\n".join([
     f"gpufleet_gpu_power_watts{{{_GPU.format(node='002', gpu=1, model='H100')}}} 700",
     f"gpufleet_gpu_power_watts{{{_GPU.format(node='001', gpu=0, model='H100')}}} 100",
     f"gpufleet_gpu_power_limit_watts{{{_GPU.format(node='001', gpu=0, model='H100')}}} 700",
+    # what the exporter serves as the H100's limit where it reports none: its TDP (issue 45)
+    f"gpufleet_gpu_power_limit_effective_watts{{{_GPU.format(node='002', gpu=1, model='H100')}}} 700",
     # GpuPowerHigh's evidence of a fault: the power brake on both (issue 44)
     *(f"gpufleet_gpu_clock_event_active{{{_GPU.format(node='002', gpu=g, model=m)},"
       'reason="hw_power_brake"} 1' for g, m in ((0, "H200"), (1, "H100"))),
