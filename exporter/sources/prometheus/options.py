@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter import metrics as catalogue
 from exporter.options import Duration, opt
 
 
@@ -39,8 +40,8 @@ class PrometheusSource:
         "TSDB already holds the rest.",
     )
     identity_refresh: Duration = opt(
-        Duration(300), help="GPU identity (gpufleet_gpu_info) is read again after this long, "
-        "and at once whenever the GPUs answering gpufleet_gpu_up are not the ones it lists.",
+        Duration(300), help=f"GPU identity ({catalogue.GPU_INFO.name}) is read again after this long, "
+        f"and at once whenever the GPUs answering {catalogue.GPU_UP.name} are not the ones it lists.",
         exclusive_min=0,
     )
     gzip: bool = opt(
