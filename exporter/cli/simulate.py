@@ -78,6 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of 8-GPU jobs that are multi-node gangs of 2 or 4 nodes (default 0.3)")
     parser.add_argument("--restore", type=float, default=120.0, metavar="SECONDS",
                         help="time to restore a checkpoint after a move (default 120)")
+    parser.add_argument("--preemption", choices=("none", "slurm", "kube", "advisor"), default="none",
+                        help="a high-priority job that does not fit preempts spot jobs (past the "
+                        "exemption; they resume from their last checkpoint), victims chosen as "
+                        "Slurm, the Kubernetes scheduler or the advisor would (default none: nothing "
+                        "preempts)")
+    parser.add_argument("--preempt-exempt", type=float, default=1800.0, metavar="SECONDS",
+                        help="seconds a spot job runs after a (re)start before it may be preempted, "
+                        "0 to 86400 (default 1800)")
     parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
                         help="simulated seconds between the advisor's evaluations, 1 to 86400 "
                         "(default 60)")
@@ -133,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         flag_number(getattr(args, name), f"--{name.replace('_', '-')}", 0, 1)
     flag_number(args.restore, "--restore", 0, DAY_SECONDS, unit=" seconds")
     flag_number(args.advisor_interval, "--advisor-interval", 1, DAY_SECONDS, unit=" seconds")
+    flag_number(args.preempt_exempt, "--preempt-exempt", 0, DAY_SECONDS, unit=" seconds")
     flag_number(args.jobs, "--jobs", 1, MAX_JOBS)
     if args.matrix and "none" not in strategies:  # every cut is against it
         strategies.insert(0, "none")
@@ -161,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         timeline=TimelineSettings(args.days, args.warmup_days, loads[0], args.high_share, args.gang_share),
         policy=args.policy, mode=args.scheduler, cost=MoveCost(restore=args.restore),
         advisor_interval=args.advisor_interval, advisor_one_partition=not args.advisor_pools_by_model,
-        demand=args.demand)
+        demand=args.demand, preemption=args.preemption, preempt_exempt=args.preempt_exempt)
     started = time.monotonic()
 
     finished = []

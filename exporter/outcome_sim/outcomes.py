@@ -21,14 +21,16 @@ from exporter.outcome_sim.timeline import Job
 
 CLASSES = ("small", "mid", "node", "multi_node")
 COLUMNS = (
-    "strategy", "seed", "load", "jobs", "jobs_started", "jobs_rejected", "gpu_hours_delivered",
+    "strategy", "seed", "load", "preemption", "jobs", "jobs_started", "jobs_rejected", "gpu_hours_delivered",
     "gpu_hours_waited", "gpu_hours_waited_fragmentation", "gpu_hours_waited_capacity",
     "wait_p50_s", "wait_p95_s", "wait_p95_s_whole_node", "gpu_hours_waited_whole_node",
     "gpu_hours_waited_whole_node_fragmentation", "gpu_hours_waited_whole_node_capacity",
     "share_of_oracle_saving", "wait_p95_s_high", "gpu_hours_waited_high",
     *(f"wait_p95_s_{c}" for c in CLASSES), *(f"gpu_hours_waited_{c}" for c in CLASSES),
     "jobs_never_started_whole_node", "migrations", "migration_overhead_pct", "mean_allocation_pct",
-    "mean_fragmentation_index", "mean_queued_gpus", "plans", "moves_dropped", "wall_seconds",
+    "mean_fragmentation_index", "mean_queued_gpus", "plans", "moves_dropped",
+    "preemptions", "spot_evictions_per_1000", "lost_gpu_hours", "lost_pct", "wait_p50_s_spot",
+    "wait_p95_s_spot", "wait_p50_s_high", "spot_jobs_never_finished", "wall_seconds",
 )
 
 
@@ -51,6 +53,7 @@ class Outcome:
     strategy: str
     seed: int
     load: float
+    preemption: str = "none"  # who high-priority jobs preempt (preemption.py)
     jobs: int = 0
     jobs_started: int = 0
     jobs_rejected: int = 0
@@ -87,6 +90,14 @@ class Outcome:
     mean_queued_gpus: float = 0.0
     plans: int = 0  # plans a strategy carried out (the advisor's, consolidation's)
     moves_dropped: int = 0  # planned moves not carried out: stale, expired, no longer free
+    preemptions: int = 0  # spot jobs preempted in the window (preemption.fill sets these)
+    spot_evictions_per_1000: float = 0.0
+    lost_gpu_hours: float = 0.0
+    lost_pct: float = 0.0
+    wait_p50_s_spot: float = 0.0
+    wait_p95_s_spot: float = 0.0
+    wait_p50_s_high: float = 0.0
+    spot_jobs_never_finished: int = 0
     wall_seconds: float = 0.0
     samples: list[Sample] = field(default_factory=list, repr=False)
 
@@ -121,7 +132,10 @@ def job_outcomes(out: Outcome, jobs: Iterable[Job], rejected: Iterable[Job], sin
     if len(waiting):
         whole = np.array([j.whole_node for j in waiting])
         out.wait_p95_s_whole_node, out.gpu_hours_waited_whole_node = part(whole)
-        out.wait_p95_s_high, out.gpu_hours_waited_high = part(np.array([j.high for j in waiting]))
+        high = np.array([j.high for j in waiting])
+        out.wait_p95_s_high, out.gpu_hours_waited_high = part(high)
+        out.wait_p50_s_high = _p(waits[high], 50)
+        out.wait_p50_s_spot, out.wait_p95_s_spot = _p(waits[~high], 50), _p(waits[~high], 95)
         classes = np.array([j.size_class for j in waiting])
         for c in CLASSES:
             p95, hours = part(classes == c)

@@ -27,6 +27,7 @@ from exporter.outcome_sim.demand import build_jobs
 from exporter.outcome_sim.fleets import SimFleet
 from exporter.outcome_sim.oracle import Oracle
 from exporter.outcome_sim.outcomes import Outcome, Sample, job_outcomes
+from exporter.outcome_sim.preemption import Preempter, fill
 from exporter.outcome_sim.scheduler import Scheduler
 from exporter.outcome_sim.sim import RunSettings, Sim
 from exporter.outcome_sim.steering import STEER_STRATEGIES, Steer
@@ -66,6 +67,13 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 
+def resumed(started: list[Job]) -> list[Job]:
+    """Jobs a pass started: a paused one resumed (no longer ahead of other spot jobs once queued again)."""
+    for job in started:
+        job.paused = False
+    return started
+
+
 def reference_capacity(fleet: SimFleet) -> float:
     """The fleet's GPUs weighted by their model's throughput: GPUs of the reference model (the
     H100) that compute as much, what a load of 1.0 offers per hour."""
@@ -97,6 +105,7 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
     scheduler = Scheduler(cluster, settings.mode, settings.backfill_depth)
     sim = Sim(fleet, cluster, scheduler, settings, workload)
     strategy = make_strategy(strategy_name, settings)
+    preempter = Preempter(settings.preemption, settings.preempt_exempt)
     since, horizon = tl.measured_from, tl.horizon
     out = Outcome(strategy_name, seed, tl.load)
     index_settings = IndexSettings()
@@ -135,7 +144,13 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
             if scheduler.queue.added > added:
                 split.joined(jobs[next_job])
             next_job += 1
-        split.left(scheduler.run_pass(now))
+        split.left(resumed(scheduler.run_pass(now)))
+        if preempter.rule != "none":
+            heads, victims = preempter.run(cluster, scheduler, now)
+            for job in victims:
+                split.joined(job)
+            split.left(heads)
+            split.left(resumed(scheduler.run_pass(now)))
         if now >= next_tick:
             # the oracle unblocks head after head: a pass starts each before it looks at the next
             for _ in range(getattr(strategy, "heads_per_tick", 1)):
@@ -146,7 +161,7 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
                 sim.requeued.clear()
                 if (cluster.migrations, cluster.releases) == before:
                     break
-                split.left(scheduler.run_pass(now))
+                split.left(resumed(scheduler.run_pass(now)))
             next_tick = now + strategy.interval
         if now >= next_sample:
             report = evaluate(cluster.placer.state, workload, index_settings)
@@ -157,6 +172,7 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
             next_sample = now + settings.sample_interval
     window = horizon - since
     job_outcomes(out, jobs, scheduler.rejected, since, horizon)
+    fill(out, preempter, jobs, cluster.running, since, horizon, delivered)
     out.gpu_hours_delivered = delivered / 3600
     out.gpu_hours_waited_fragmentation = split.hours(False, False) + split.hours(True, False)
     out.gpu_hours_waited_capacity = split.hours(False, True) + split.hours(True, True)

@@ -37,7 +37,8 @@ MODES = ("fifo", "kube")
 
 
 def order_key(job: Job) -> tuple[int, float, int]:
-    return (0 if job.high else 1, job.submit, job.id)
+    # a spot job paused by a preemption resumes ahead of the spot jobs that never ran
+    return (0 if job.high else 1 if job.paused else 2, job.submit, job.id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,8 @@ class RunSettings:
     # them; False: a pool per model (AdvisorStrategy.one_partition)
     advisor_one_partition: bool = True
     demand: str = ""  # what jobs are drawn from: openb or gfs (demand.DEMANDS); empty: the fleet's default
+    preemption: str = "none"  # who high-priority jobs preempt: none, slurm, kube, advisor (preemption.py)
+    preempt_exempt: float = 1800.0  # seconds a spot job runs after a (re)start before it may be preempted
 
 
 @dataclass

@@ -82,6 +82,8 @@ class Job:
     restore_due: bool = False  # stopped with a checkpoint to restore: its next start restores it
     requeued: float | None = None  # when an eviction put it back in the queue, while it waits there
     rewaited: float = 0.0  # seconds waited in the queue after evictions, before its restarts
+    preemptions: int = 0  # times a high-priority job preempted it
+    paused: bool = False  # preempted and queued to resume: ahead of new spot jobs (order_key)
     # what decides where the job fits: jobs with the same key fit the same places
     shape_key: tuple = field(init=False)
 

@@ -1,0 +1,268 @@
+"""High-priority jobs preempting spot jobs, by the reference cluster's rule.
+
+A queued high-priority job that does not fit may take the GPUs of running spot
+jobs. A spot job that has run less than ``exempt`` seconds since its last
+(re)start is left alone; an older one loses what it computed since its last
+checkpoint, is paused (its GPUs freed) and requeued ahead of new spot jobs
+(:func:`~exporter.outcome_sim.scheduler.order_key`), and restores its checkpoint
+when it starts again. Which spot jobs go is the rule's choice:
+
+- ``slurm``: Slurm's preempt plugins list the candidates sorted by priority,
+  lowest first (``slurm_find_preemptable_jobs``, src/slurmctld/preempt.c;
+  ``preempt_youngest_first`` would sort by start time instead, off by default).
+  Spot jobs share one priority here, so the order is the job list's: submit
+  order. select/cons_tres removes candidates in that order until the job fits,
+  and preempts those on the nodes it then allocates.
+- ``kube``: the Kubernetes scheduler's default preemption. Per node, every
+  lower-priority pod is removed, then pods are reprieved most important first
+  (higher priority, then earlier start) while the preemptor still fits; the
+  rest are the node's victims. ``pickOneNodeForPreemption`` then takes the node
+  with the fewest PDB violations (none here), the lowest highest victim
+  priority and priority sum (spot jobs share one), the fewest victims, then the
+  latest earliest start among the victims, then the first node.
+- ``advisor``: per node, the victims that lose the fewest GPU-hours (the most
+  recent checkpoints) while the head fits: every candidate removed, then
+  reprieved largest loss first. The node: the fewest GPU-hours lost, then the
+  least fragmentation left behind (the node's FGD growth after the head is
+  placed), then the fewest victims.
+
+Only single-node jobs take part: a gang neither preempts nor is preempted
+(docs/simulate.md says what that biases).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exporter.analysis.fgd import one_node_fragmentation
+from exporter.analysis.state import EPS
+from exporter.outcome_sim.cluster import Cluster
+from exporter.outcome_sim.scheduler import Scheduler
+from exporter.outcome_sim.timeline import Job
+
+PREEMPTIONS = ("none", "slurm", "kube", "advisor")
+EXEMPT = 1800.0  # seconds of run since its last (re)start before a spot job may be preempted
+HEADS_PER_PASS = 20  # queued high-priority jobs tried per instant: a bound on the cost of a pass
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    node: int
+    victims: tuple[Job, ...]
+
+
+@dataclass
+class Preempter:
+    rule: str = "none"
+    exempt: float = EXEMPT
+    # (when, GPU-seconds lost, job) per victim: the run counts those after its warm-up
+    events: list[tuple[float, float, Job]] = field(default_factory=list)
+    _token: tuple | None = None  # the fleet and queue when the last try found nothing
+    _until: float = math.inf  # ... and when a spot job next leaves its exemption
+
+    def __post_init__(self) -> None:
+        if self.rule not in PREEMPTIONS:
+            raise ValueError(f"unknown preemption {self.rule!r}; one of {', '.join(PREEMPTIONS)}")
+        if not 0 <= self.exempt <= 30 * 86400:
+            raise ValueError(f"exempt must be in [0, 30 days], got {self.exempt}")
+
+    def run(self, cluster: Cluster, scheduler: Scheduler, now: float) -> tuple[list[Job], list[Job]]:
+        """Preempt for the queued high-priority jobs that do not fit; (heads started, victims)."""
+        if self.rule == "none":
+            return [], []
+        if _token(cluster, scheduler) == self._token and now < self._until:
+            return [], []  # nothing changed and no spot job came of age: the same try fails
+        heads: list[Job] = []
+        walk = scheduler.queue.ordered()
+        for job in walk:
+            if not job.high or len(heads) >= HEADS_PER_PASS:
+                break
+            if job.parts == 1 and job.gpus > 0:
+                heads.append(job)
+        walk.close()
+        started: list[Job] = []
+        victims: list[Job] = []
+        self._until = math.inf
+        for head in heads:
+            if scheduler._find(head) is not None:
+                continue  # it fits now (a later pass starts it): nothing to preempt for
+            choice = self.choose(cluster, head, now)
+            if choice is None:
+                continue
+            for v in choice.victims:
+                self.pause(cluster, v, now)
+                scheduler.requeue(v)
+                victims.append(v)
+            placement = cluster.placer.place_on(cluster.task(head), choice.node,
+                                                cluster.policy if cluster.policy != "random" else "bestfit")
+            if placement is None:  # cannot happen: the node was tested with the victims gone
+                raise AssertionError(f"job {head.id} does not fit node {choice.node} after preemption")
+            scheduler.queue.remove(head)
+            cluster.start(head, [placement], now)
+            scheduler.disturbed()
+            started.append(head)
+        self._token = None if started else _token(cluster, scheduler)
+        return started, victims
+
+    # -- choosing -------------------------------------------------------------------
+
+    def candidates(self, cluster: Cluster, now: float) -> dict[int, list[Job]]:
+        """Running spot jobs past their exemption, by node; notes when the next one comes of age."""
+        by_node: dict[int, list[Job]] = {}
+        for job in cluster.running.values():
+            if job.high or job.parts != 1 or not job.placements:
+                continue
+            if now - job.placed < self.exempt:
+                self._until = min(self._until, job.placed + self.exempt)
+                continue
+            by_node.setdefault(job.placements[0].node, []).append(job)
+        return by_node
+
+    def choose(self, cluster: Cluster, head: Job, now: float) -> Choice | None:
+        by_node = self.candidates(cluster, now)
+        placer = cluster.placer
+        allowed = None
+        if head.models:
+            allowed = {i for i, m in enumerate(placer.model_names) if m in head.models}
+        nodes = [n for n in sorted(by_node)
+                 if (allowed is None or int(placer.model[n]) in allowed)
+                 and placer.gpu_count[n] >= head.gpus and placer.cpu_total[n] >= head.cpus - EPS]
+        if self.rule == "slurm":
+            return self._slurm(cluster, head, by_node, nodes)
+        best: tuple | None = None
+        choice = None
+        for node in nodes:
+            jobs = by_node[node]
+            if not fits(cluster, head, node, jobs):
+                continue
+            if self.rule == "kube":
+                # most important first: earlier start (spot jobs share one priority)
+                kept = reprieve(cluster, head, node, sorted(jobs, key=lambda j: (j.placed, j.id)))
+                chosen = [j for j in jobs if j not in kept]
+                key: tuple = (len(chosen), -min(j.placed for j in chosen), node)
+            else:
+                def loss(j: Job) -> float:
+                    return lost_seconds(j, now, cluster.cost.checkpoint) * j.demand
+                kept = reprieve(cluster, head, node, sorted(jobs, key=lambda j: (-loss(j), j.id)))
+                chosen = [j for j in jobs if j not in kept]
+                key = (sum(loss(j) for j in chosen), growth(cluster, head, node, chosen), len(chosen), node)
+            if best is None or key < best:
+                best, choice = key, Choice(node, tuple(sorted(chosen, key=lambda j: j.id)))
+        return choice
+
+    def _slurm(self, cluster: Cluster, head: Job, by_node: dict[int, list[Job]],
+               nodes: list[int]) -> Choice | None:
+        eligible = set(nodes)
+        order = sorted((j for n in nodes for j in by_node[n]), key=lambda j: (j.submit, j.id))
+        removed: dict[int, list[Job]] = {}
+        for job in order:
+            node = job.placements[0].node
+            if node not in eligible:
+                continue
+            removed.setdefault(node, []).append(job)
+            if fits(cluster, head, node, removed[node]):
+                return Choice(node, tuple(removed[node]))
+        return None
+
+    # -- acting ---------------------------------------------------------------------
+
+    def pause(self, cluster: Cluster, job: Job, now: float) -> float:
+        """Checkpoint-restart's cost: keep what the checkpoints saved, lose the rest, free the GPUs,
+        restore when it starts again. Returns the GPU-seconds lost (the restore included)."""
+        saved, since = job.progress(now, cluster.cost.checkpoint)
+        job.done = min(job.work, job.done + saved * job.speed)
+        job.restore_due = True
+        lost = (since + cluster.cost.restore) * job.demand
+        job.lost_gpu_seconds += since * job.demand  # the restore is charged at its restart
+        job.preemptions += 1
+        job.paused = True
+        job.requeued = now
+        cluster.stop(job)
+        self.events.append((now, lost, job))
+        return lost
+
+
+def _token(cluster: Cluster, scheduler: Scheduler) -> tuple[int, int, int, int]:
+    """What a failed try depends on besides the clock: releases, arrivals, moves, running jobs."""
+    return (cluster.releases, scheduler.queue.added, scheduler._disturbed, len(cluster.running))
+
+
+def lost_seconds(job: Job, now: float, checkpoint: float) -> float:
+    """Run seconds a preemption now would lose: those since the last checkpoint."""
+    return job.progress(now, checkpoint)[1]
+
+
+def _row(cluster: Cluster, node: int, jobs: list[Job]) -> tuple[np.ndarray, float]:
+    placer = cluster.placer
+    free = placer.gpu_free[node].copy()
+    cpu = float(placer.cpu_free[node])
+    for j in jobs:
+        for p in j.placements:
+            if p.node == node:
+                cpu += p.cpus
+                free[list(p.slots)] += p.gpu_share
+    return free, cpu
+
+
+def fits(cluster: Cluster, head: Job, node: int, gone: list[Job]) -> bool:
+    """Whether ``head`` fits ``node`` once ``gone`` have left it."""
+    free, cpu = _row(cluster, node, gone)
+    need = 1.0 if head.share >= 1.0 - EPS else head.share
+    return cpu >= head.cpus - EPS and int(np.count_nonzero(free >= need - EPS)) >= head.gpus
+
+
+def reprieve(cluster: Cluster, head: Job, node: int, order: list[Job]) -> list[Job]:
+    """Starting with every job of ``order`` gone, take each back, in order, while ``head`` still
+    fits: the jobs kept."""
+    kept: list[Job] = []
+    for job in order:
+        gone = [j for j in order if j is not job and j not in kept]
+        if fits(cluster, head, node, gone):
+            kept.append(job)
+    return kept
+
+
+def growth(cluster: Cluster, head: Job, node: int, gone: list[Job]) -> float:
+    """The node's FGD fragmentation after ``gone`` leave and ``head`` takes its GPUs there, less
+    before; 0 without a target workload."""
+    workload = cluster.workload
+    if workload is None:
+        return 0.0
+    placer = cluster.placer
+    model = int(placer.model[node])
+    before = one_node_fragmentation(float(placer.cpu_free[node]), placer.gpu_free[node], model, workload)
+    free, cpu = _row(cluster, node, gone)
+    need = 1.0 if head.share >= 1.0 - EPS else head.share
+    # best fit on the node: the fullest GPUs that still take the share
+    room = [i for i in np.argsort(free, kind="stable").tolist() if free[i] >= need - EPS][: head.gpus]
+    free[room] -= head.share if head.gpus else 0.0
+    after = one_node_fragmentation(cpu - head.cpus, free, model, workload)
+    return after - before
+
+
+def counted(preempter: Preempter, since: float) -> list[tuple[float, float, Job]]:
+    return [e for e in preempter.events if e[0] >= since]
+
+
+def fill(out, preempter: Preempter, jobs: list[Job], running: dict[int, Job], since: float,  # type: ignore[no-untyped-def]
+         until: float, delivered_gpu_seconds: float) -> None:
+    """The preemption columns of ``out``: victims in the window, per 1,000 spot jobs submitted in
+    it, the GPU-hours they lost (and over delivered), and spot jobs preempted that had not
+    finished by the end."""
+    events = counted(preempter, since)
+    lost = sum(e[1] for e in events)
+    spot = [j for j in jobs if since <= j.submit < until and not j.high]
+    out.preemption = preempter.rule
+    out.preemptions = len(events)
+    out.spot_evictions_per_1000 = 1000.0 * len(events) / len(spot) if spot else 0.0
+    out.lost_gpu_hours = lost / 3600
+    out.lost_pct = 100.0 * lost / delivered_gpu_seconds if delivered_gpu_seconds > 0 else 0.0
+    out.spot_jobs_never_finished = sum(
+        1 for j in spot if j.preemptions and (j.id in running or j.requeued is not None))
+
+
+__all__ = ["EXEMPT", "PREEMPTIONS", "Choice", "Preempter", "fill", "fits", "growth", "lost_seconds",
+           "reprieve"]
