@@ -51,7 +51,8 @@ def test_the_reference_table_loads_with_the_operators_thresholds():
     assert [row.alert for row in t.alerts] == [
         "GpuJobUtilizationLow", "GpuMemoryHigh", "GpuTemperatureHigh", "GpuPowerHigh",
         "GpuNvlinkBandwidthLow", "GpuClusterFragmentationHigh", "GpuFleetFragmentationHigh",
-        "GpuJobCheckpointStale", "GpuJobNvlinkGenerationsMixed", "GpuJobStraggler", "GpuLost",
+        "GpuJobCheckpointStale", "GpuPoolPreemptionOverheadHigh", "GpuJobNvlinkGenerationsMixed",
+        "GpuJobStraggler", "GpuLost",
         "GpuNodeDrained", "GpuXidError",
         "GpuEccUncorrectable", "GpuRowRemapFailed", "GpuRowRemapPending", "GpuClocksThrottled",
         "GpuPowerCapped", "GpuNvlinkErrors", "GpuNvlinkCrcErrors", "GpuSmActivityLow", "GpufleetSourceDown",
