@@ -126,15 +126,30 @@ def test_no_preemption_when_the_head_is_spot_or_nothing_old_enough_would_make_ro
     assert set(cluster.running) == {1, 2}
 
 
-def test_a_gang_is_never_a_victim():
-    cluster, scheduler = cluster_of([("H100", 8), ("H100", 8)])
-    gang = job(1, 8, parts=2)
-    parts = cluster.find(gang)
-    assert parts is not None
-    cluster.start(gang, parts, 0.0)
-    scheduler.submit(job(2, 8, high=True, submit=3 * 3600.0))
+def test_a_gang_is_preempted_whole_and_loses_the_work_of_all_its_gpus():
+    now = 3 * 3600.0 + 5 * MINUTE
     for rule in ("slurm", "kube", "advisor"):
-        assert Preempter(rule).run(cluster, scheduler, 3 * 3600.0) == ([], [])
+        cluster, scheduler = cluster_of([("H100", 8), ("H100", 8)])
+        gang = job(1, 8, parts=2)
+        parts = cluster.find(gang)
+        assert parts is not None
+        cluster.start(gang, parts, 0.0)
+        high = job(2, 8, high=True, submit=now)
+        scheduler.submit(high)
+        preempter = Preempter(rule)
+        assert preempter.run(cluster, scheduler, now) == ([high], [gang])
+        assert preempter.events[0][1] == pytest.approx((5 * MINUTE + 120.0) * 16)
+        assert gang.id not in cluster.running and len(cluster.running) == 1
+        assert cluster.busy == 8  # the gang's other node is free too
+
+
+def test_a_high_priority_gang_preempts_nothing():
+    cluster, scheduler = cluster_of([("H100", 8), ("H100", 8)])
+    run_on(cluster, scheduler, job(1, 8), 0, 0.0)
+    run_on(cluster, scheduler, job(2, 8), 1, 0.0)
+    scheduler.submit(job(3, 8, high=True, parts=2, submit=3600.0))
+    for rule in ("slurm", "kube", "advisor"):
+        assert Preempter(rule).run(cluster, scheduler, 3600.0) == ([], [])
 
 
 def three_nodes() -> tuple[Cluster, Scheduler, dict[str, Job]]:

@@ -26,8 +26,10 @@ when it starts again. Which spot jobs go is the rule's choice:
   least fragmentation left behind (the node's FGD growth after the head is
   placed), then the fewest victims.
 
-Only single-node jobs take part: a gang neither preempts nor is preempted
-(docs/simulate.md says what that biases).
+A gang (a spot job on several nodes) is preempted whole: a victim on one node
+stops all its parts, and loses the work of all its GPUs (a gang operator restarts
+every worker when one is evicted). Only a single-node high-priority job preempts:
+a high-priority gang waits (docs/simulate.md says what that biases).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from exporter.outcome_sim.timeline import Job
 
 PREEMPTIONS = ("none", "slurm", "kube", "advisor")
 EXEMPT = 1800.0  # seconds of run since its last (re)start before a spot job may be preempted
-HEADS_PER_PASS = 20  # queued high-priority jobs tried per instant: a bound on the cost of a pass
+# queued high-priority jobs tried per instant, in queue order: Slurm's default_queue_depth
+HEADS_PER_PASS = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +89,17 @@ class Preempter:
         started: list[Job] = []
         victims: list[Job] = []
         self._until = math.inf
+        failed: set[tuple] = set()  # shapes that found no victims since the last preemption
         for head in heads:
+            if head.shape_key in failed:
+                continue
             if scheduler._find(head) is not None:
                 continue  # it fits now (a later pass starts it): nothing to preempt for
             choice = self.choose(cluster, head, now)
             if choice is None:
+                failed.add(head.shape_key)
                 continue
+            failed.clear()
             for v in choice.victims:
                 self.pause(cluster, v, now)
                 scheduler.requeue(v)
@@ -113,12 +121,13 @@ class Preempter:
         """Running spot jobs past their exemption, by node; notes when the next one comes of age."""
         by_node: dict[int, list[Job]] = {}
         for job in cluster.running.values():
-            if job.high or job.parts != 1 or not job.placements:
+            if job.high or not job.placements:
                 continue
             if now - job.placed < self.exempt:
                 self._until = min(self._until, job.placed + self.exempt)
                 continue
-            by_node.setdefault(job.placements[0].node, []).append(job)
+            for p in job.placements:
+                by_node.setdefault(p.node, []).append(job)
         return by_node
 
     def choose(self, cluster: Cluster, head: Job, now: float) -> Choice | None:
@@ -156,15 +165,17 @@ class Preempter:
     def _slurm(self, cluster: Cluster, head: Job, by_node: dict[int, list[Job]],
                nodes: list[int]) -> Choice | None:
         eligible = set(nodes)
-        order = sorted((j for n in nodes for j in by_node[n]), key=lambda j: (j.submit, j.id))
+        unique = {j.id: j for n in nodes for j in by_node[n]}
+        order = sorted(unique.values(), key=lambda j: (j.submit, j.id))
         removed: dict[int, list[Job]] = {}
         for job in order:
-            node = job.placements[0].node
-            if node not in eligible:
-                continue
-            removed.setdefault(node, []).append(job)
-            if fits(cluster, head, node, removed[node]):
-                return Choice(node, tuple(removed[node]))
+            for p in job.placements:
+                if p.node not in eligible:
+                    continue
+                gone = removed.setdefault(p.node, [])
+                gone.append(job)
+                if fits(cluster, head, p.node, gone):
+                    return Choice(p.node, tuple(gone))
         return None
 
     # -- acting ---------------------------------------------------------------------
