@@ -85,6 +85,7 @@ def service_with(deliverer: Deliverer, clock: Clock) -> AdvisorService:
     # the frame the advisor stage evaluates again on each service.evaluate: an empty snapshot
     # (the stub planner reads only its time) and a report of one fragmented cluster
     stage = advisor_stage(service)
+    stage.steerer = None  # the stub report below has no fleet to steer
     stage.last = Frame(FleetSnapshot(START), report=SimpleNamespace(  # type: ignore[arg-type]
         cluster=SimpleNamespace(index=80.0, allocated_ratio=0.5), pools=()))
     return service

@@ -85,6 +85,7 @@ def test_an_xid_injected_through_the_event_set_is_counted_and_pages(
         assert alert["labels"]["instance"] == f"127.0.0.1:{exporter.port}"
         assert alert["annotations"]["description"].startswith(
             f"GPU 0 on {NODE} (H100, pool gpu-h100) reported XID 79 (1 in the last 10m, "
+            "or counted in all while gpufleet's health verdict holds the GPU failing; "
             "for 600ms), an error that needs a human")
         assert alert["annotations"]["runbook_url"].endswith("docs/runbooks.md#gpuxiderror")
 

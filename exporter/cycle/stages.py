@@ -9,12 +9,15 @@ sends anything: that is :mod:`exporter.cycle.effects`' work, driven by the frame
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from exporter.cycle.frame import Frame
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from exporter.advisor.advice import Advice
@@ -124,8 +127,12 @@ class AdvisorStage:
         with self.lock:
             scaling = None if self.load is None else tuple(self.load.advice())
             self.last = frame
-            steering = None if self.steerer is None else \
-                self.steerer(frame.report, self.advisor.clock(), frame.snapshot.taken_at)
+            steering = None
+            if self.steerer is not None:
+                try:
+                    steering = self.steerer(frame.report, self.advisor.clock(), frame.snapshot.taken_at)
+                except Exception:  # a hint: its fault must not cost the advice itself
+                    log.exception("steering not computed for this evaluation")
             return advise(self.advisor, frame.snapshot, frame.report, self.planner, trigger, scaling,
                           steering=steering)
 
