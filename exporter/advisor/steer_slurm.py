@@ -26,7 +26,6 @@ import json
 import os
 import re
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from exporter import slurm_command
 from exporter.advisor.steer import WEIGHT_BEST
 from exporter.node_names import node_name_problem, shown
 
@@ -207,40 +207,14 @@ class WeightActor:
         return weights
 
     def _one_node(self, name: str) -> str:
-        lines = [line for line in self._run([self.scontrol, "show", "node", "-o", name]).splitlines()
-                 if line.strip()]
-        if len(lines) != 1 or lines[0].split(" ", 1)[0] != f"NodeName={name}":
-            raise WeightError(f"scontrol show node {name}: answers {len(lines)} node(s), not "
-                              "exactly the node of that name (a NodeSet?); not acting")
-        return lines[0]
+        return slurm_command.one_node(self.scontrol, name, self.env, WeightError)
 
     def _run(self, argv: list[str]) -> str:
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False,
-                                  env=self.env)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise WeightError(f"{argv[0]}: {exc}") from None
-        if done.returncode != 0:
-            command = " ".join([Path(argv[0]).name, *argv[1:3]])
-            raise WeightError(f"{command}: exit {done.returncode}: "
-                              f"{(done.stderr or done.stdout).strip()[:300]}")
-        return done.stdout
+        return slurm_command.run(argv, self.env, WeightError)
 
 
 def _append(path: Path, data: bytes) -> None:
-    """One write at the end of ``path``, a regular file (created if missing)."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
-    except OSError as exc:
-        raise WeightError(f"{path}: cannot write: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise WeightError(f"{path}: not a regular file")
-        os.write(fd, data)
-    except OSError as exc:
-        raise WeightError(f"{path}: cannot write: {exc.strerror}") from None
-    finally:
-        os.close(fd)
+    slurm_command.append(path, data, WeightError)
 
 
 __all__ = ["DEFAULT_PER_MINUTE", "MAX_PER_MINUTE", "WeightActor", "WeightError", "command_text",

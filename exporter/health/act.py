@@ -35,7 +35,6 @@ import math
 import os
 import ssl
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -43,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-from exporter import http_client
+from exporter import http_client, slurm_command
 from exporter.health.remediation import (
     Action,
     Drain,
@@ -265,26 +264,10 @@ class Actor:
         return self._audit(event, "done", command=text)
 
     def _one_node(self, name: str) -> str:
-        """Slurm's one line for node ``name``; ActError unless it names exactly that node (a
-        NodeSet, or a name Slurm expands, answers several, and ``update`` would take them all)."""
-        lines = [line for line in self._run([self.scontrol, "show", "node", "-o", name]).splitlines()
-                 if line.strip()]
-        if len(lines) != 1 or lines[0].split(" ", 1)[0] != f"NodeName={name}":
-            raise ActError(f"scontrol show node {name}: answers {len(lines)} node(s), not exactly "
-                           "the node of that name (a NodeSet?); not acting")
-        return lines[0]
+        return slurm_command.one_node(self.scontrol, name, self.env, ActError)
 
     def _run(self, argv: list[str]) -> str:
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False,
-                                  env=self.env)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ActError(f"{argv[0]}: {exc}") from None
-        if done.returncode != 0:
-            command = " ".join([Path(argv[0]).name, *argv[1:3]])
-            raise ActError(f"{command}: exit {done.returncode}: "
-                           f"{(done.stderr or done.stdout).strip()[:300]}")
-        return done.stdout
+        return slurm_command.run(argv, self.env, ActError)
 
     def _kubernetes(self, event: Action) -> dict[str, Any]:
         if self.mode == "observe":
@@ -316,20 +299,7 @@ def _encode(event: Event) -> str:
 
 
 def _append(path: Path, data: bytes) -> None:
-    """One write at the end of ``path``, a regular file (created if missing): never a wait on a
-    FIFO, never a write into a device."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
-    except OSError as exc:
-        raise ActError(f"{path}: cannot write: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ActError(f"{path}: not a regular file")
-        os.write(fd, data)
-    except OSError as exc:
-        raise ActError(f"{path}: cannot write: {exc.strerror}") from None
-    finally:
-        os.close(fd)
+    slurm_command.append(path, data, ActError)
 
 
 def _lines(stream: BinaryIO, limit: int) -> Iterator[bytes | None]:
