@@ -1,5 +1,5 @@
 """What ``gpufleet act`` runs against Slurm, shared by its drains and its weights: scontrol
-with a deadline, the one-node check before any update, and the audit log's append.
+with a deadline, the one-node check before any update, and the audit log's append and read.
 
 Each takes the exception class its caller reports with, so a failure stays one line of
 that caller's audit log.
@@ -7,11 +7,13 @@ that caller's audit log.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any, BinaryIO
 
 SCONTROL_TIMEOUT = 30.0  # seconds: a slurmctld that does not answer is a failure, not a hang
 
@@ -57,4 +59,38 @@ def append(path: Path, data: bytes, error: type[Exception]) -> None:
         os.close(fd)
 
 
-__all__ = ["SCONTROL_TIMEOUT", "append", "one_node", "run"]
+def lines(stream: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """Each line of ``stream``, or None for one over ``limit`` bytes (skipped a piece at a
+    time): never more than ``limit`` + 1 bytes in memory."""
+    while chunk := stream.readline(limit + 1):
+        if len(chunk) <= limit or chunk.endswith(b"\n"):
+            yield chunk
+            continue
+        while (chunk := stream.readline(limit + 1)) and not chunk.endswith(b"\n"):
+            pass
+        yield None
+
+
+def audit_records(path: Path, limit: int, error: type[Exception]) -> Iterator[dict[str, Any]]:
+    """Each JSON object of the audit log at ``path``, oldest first; nothing when it does not
+    exist; ``error`` when it is not a regular file. A line over ``limit`` bytes or cut by a
+    crash is no record and is passed over."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hang the start
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as log:
+        if not stat.S_ISREG(os.fstat(log.fileno()).st_mode):
+            raise error(f"{path}: not a regular file")
+        for line in lines(log, limit):
+            try:
+                record = json.loads(line) if line is not None else None
+            except ValueError:
+                continue  # a line cut by a crash
+            if isinstance(record, dict):
+                yield record
+
+
+__all__ = ["SCONTROL_TIMEOUT", "append", "audit_records", "lines", "one_node", "run"]

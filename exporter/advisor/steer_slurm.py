@@ -23,9 +23,7 @@ or a name Slurm expands, is refused), and its weight is read again there.
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -79,32 +77,13 @@ class WeightActor:
             self._read_audit(self.audit_path)
 
     def _read_audit(self, path: Path) -> None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hang the start
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise WeightError(f"{path}: cannot read: {exc.strerror}") from None
-        with os.fdopen(fd, "rb") as log:
-            if not stat.S_ISREG(os.fstat(log.fileno()).st_mode):
-                raise WeightError(f"{path}: not a regular file")
-            while line := log.readline(MAX_AUDIT_LINE_BYTES + 1):
-                if len(line) > MAX_AUDIT_LINE_BYTES:  # not a record: skipped a piece at a time
-                    while not line.endswith(b"\n"):
-                        line = log.readline(MAX_AUDIT_LINE_BYTES + 1)
-                        if not line:
-                            break
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by a crash
-                if isinstance(record, dict) and record.get("type") == AUDIT_TYPE \
-                        and record.get("mode") == "act" and record.get("outcome") == "done":
-                    node, weight, at = record.get("node"), record.get("weight"), record.get("time")
-                    if isinstance(node, str) and isinstance(weight, int) and isinstance(at, int | float):
-                        self.ours[node] = weight
-                        self.done_at.append(float(at))
+        for record in slurm_command.audit_records(path, MAX_AUDIT_LINE_BYTES, WeightError):
+            if record.get("type") == AUDIT_TYPE and record.get("mode") == "act" \
+                    and record.get("outcome") == "done":
+                node, weight, at = record.get("node"), record.get("weight"), record.get("time")
+                if isinstance(node, str) and isinstance(weight, int) and isinstance(at, int | float):
+                    self.ours[node] = weight
+                    self.done_at.append(float(at))
 
     def budget_left(self, now: float) -> int:
         recent = sum(1 for at in self.done_at if now - WINDOW_SECONDS < at <= now)

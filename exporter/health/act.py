@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import ssl
-import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -167,22 +165,9 @@ class Actor:
     def _read_audit(self, path: Path) -> None:
         """What the audit log says was done and taken in act mode; ActError (one line) for a
         log that is not a regular file."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hang the start
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise ActError(f"{path}: cannot read: {exc.strerror}") from None
-        with os.fdopen(fd, "rb") as log:
-            if not stat.S_ISREG(os.fstat(log.fileno()).st_mode):
-                raise ActError(f"{path}: not a regular file")
-            for line in _lines(log, MAX_AUDIT_LINE_BYTES):
-                try:
-                    record = json.loads(line) if line is not None else None
-                except ValueError:
-                    continue  # a line cut by a crash
-                if isinstance(record, dict) and record.get("mode") == "act":
-                    self._recorded(record)
+        for record in slurm_command.audit_records(path, MAX_AUDIT_LINE_BYTES, ActError):
+            if record.get("mode") == "act":
+                self._recorded(record)
 
     def _recorded(self, record: dict[str, Any]) -> None:
         if record.get("outcome") == "done":
@@ -300,18 +285,6 @@ def _encode(event: Event) -> str:
 
 def _append(path: Path, data: bytes) -> None:
     slurm_command.append(path, data, ActError)
-
-
-def _lines(stream: BinaryIO, limit: int) -> Iterator[bytes | None]:
-    """Each line of ``stream``, or None for one over ``limit`` bytes (skipped a piece at a
-    time): never more than ``limit`` + 1 bytes in memory."""
-    while chunk := stream.readline(limit + 1):
-        if len(chunk) <= limit or chunk.endswith(b"\n"):
-            yield chunk
-            continue
-        while (chunk := stream.readline(limit + 1)) and not chunk.endswith(b"\n"):
-            pass
-        yield None
 
 
 def bounded_lines(stream: BinaryIO, limit: int = MAX_EVENT_BYTES) -> Iterator[str]:
