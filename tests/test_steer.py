@@ -153,3 +153,21 @@ def test_a_body_that_is_no_admission_review_is_refused_in_one_line(body):
     with pytest.raises(admission.BadReview) as refused:
         admission.answer(body, _report)
     assert "\n" not in str(refused.value)
+
+
+def test_a_pod_naming_an_unknown_product_gets_no_patch_and_nothing_is_remembered(caplog):
+    """The webhook is open to the apiserver: a pod author's product name must not grow the
+    catalogue's memory of unknown names, nor the log, per request."""
+    from exporter import gpu_catalogue
+
+    pod = _pod(1)
+    for n in range(50):
+        pod["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": f"NoSuchGPU-{n}"}
+        assert "patch" not in admission.answer(_review(pod), _report)["response"]
+    assert not any("NoSuchGPU" in name for name in gpu_catalogue._warned)
+    assert "NoSuchGPU" not in caplog.text
+    pod["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    (op,) = _patch(admission.answer(_review(pod), _report))
+    values = op["value"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0][
+        "preference"]["matchFields"][0]["values"]
+    assert "a100-empty" not in values and values[0] == "three-free"

@@ -63,7 +63,10 @@ def _models(report: Report, products: tuple[str, ...]) -> tuple[str, ...]:
     if not products:
         return ()
     catalogue = default_catalogue()
-    return tuple(dict.fromkeys(catalogue.get(p).name for p in products))
+    # find, not get: a pod's product is the pod author's text, and an unknown one must not be
+    # logged and remembered for every request; it matches no node, and the pod gets no patch
+    return tuple(dict.fromkeys(spec.name if (spec := catalogue.find(p)) is not None else p
+                               for p in products))
 
 
 def patch_for(pod: Mapping[str, Any], report: Report | None) -> list[dict[str, Any]]:
