@@ -230,7 +230,7 @@ async def test_ready_turns_503_while_collection_stalls_and_200_once_it_recovers(
     unstuck.set()
 
     class Stuck:  # the cycle serve runs (web.server.Cycle), stuck until unstuck
-        async def run(self, snapshot):
+        async def run(self, snapshot, blind=()):
             await unstuck.wait()
             return snapshot
 
