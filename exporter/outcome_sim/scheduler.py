@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -111,6 +112,9 @@ class Scheduler:
     _reservations: int = 0  # reservations made so far: the one in force is told by its number
     _model_masks: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)  # nodes of these models
     _last_pass: tuple[int, int, int] | None = None
+    # per job, a per-node rank the placer puts before its policy (steering's per-pod preferred
+    # nodes: steering.SteerPod), in force for that job's placement only; None: the placer's own
+    steer: Callable[[Job], np.ndarray | None] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -221,7 +225,14 @@ class Scheduler:
                 return None
         elif np.bincount(placer.model[room], minlength=len(placer.model_names)).max(initial=0) < job.parts:
             return None
-        return self.cluster.find(job, exclude=exclude)
+        rank = self.steer(job) if self.steer is not None else None
+        if rank is None:
+            return self.cluster.find(job, exclude=exclude)
+        before, placer.preference = placer.preference, rank
+        try:
+            return self.cluster.find(job, exclude=exclude)
+        finally:
+            placer.preference = before
 
     def _reserve(self, head: Job, now: float) -> Reservation:
         held = self.reservation
