@@ -63,13 +63,16 @@ def _ask(cpus: float, gpus: int, share: float) -> Ask:
 
 
 def growth(state: FleetState, cw: CompiledWorkload, cpus: float, gpus: int, share: float = 1.0,
-           models: tuple[str, ...] = ()) -> np.ndarray:
+           models: tuple[str, ...] = (), view: policies.NodeView | None = None) -> np.ndarray:
     """Per node, how much F_n grows if a task of ``gpus`` GPUs (``share`` of each) and
-    ``cpus`` cores lands there; inf where it does not fit or its model is not allowed."""
+    ``cpus`` cores lands there; inf where it does not fit or its model is not allowed.
+    ``view``: :func:`node_view` of this state and workload, when the caller asks for several
+    tasks against one state (its F_n per node is the costly part)."""
     if gpus <= 0:
         return np.full(len(state), np.inf)
     nodes = np.arange(len(state), dtype=np.intp)
-    key = policies.evaluate("fgd", _view(state, cw), nodes, _ask(cpus, gpus, share)).key
+    key = policies.evaluate("fgd", view if view is not None else _view(state, cw), nodes,
+                            _ask(cpus, gpus, share)).key
     if models:
         allowed = np.array([m in models for m in state.model_names], dtype=bool)
         key = np.where(allowed[state.model], key, np.inf)
@@ -120,17 +123,31 @@ def preferences(state: FleetState, cw: CompiledWorkload) -> tuple[NodePreference
                  for i, name in enumerate(state.names))
 
 
-def preferred_nodes(state: FleetState, cw: CompiledWorkload, cpus: float, gpus: int, share: float = 1.0,
-                    models: tuple[str, ...] = (), limit: int = PREFERRED_NODES) -> list[str]:
-    """The nodes where this task grows fragmentation least, best first (ties: the fuller node,
-    then node order), at most ``limit``; empty when it fits nowhere now."""
-    key = growth(state, cw, cpus, gpus, share, models)
+def preferred_order(state: FleetState, cw: CompiledWorkload, cpus: float, gpus: int, share: float = 1.0,
+                    models: tuple[str, ...] = (), limit: int = PREFERRED_NODES,
+                    view: policies.NodeView | None = None) -> np.ndarray:
+    """Indices of the nodes where this task grows fragmentation least, best first (ties: the
+    fuller node, then node order), at most ``limit``; empty when it fits nowhere now."""
+    key = growth(state, cw, cpus, gpus, share, models, view)
     fits = np.flatnonzero(np.isfinite(key))
     if len(fits) == 0:
-        return []
+        return fits
     fuller = state.gpu_free[fits].sum(axis=1)
     order = np.lexsort((fits, fuller, np.round(key[fits], 9)))
-    return [state.names[fits[i]] for i in order[: max(0, limit)]]
+    return fits[order[: max(0, limit)]]
+
+
+def preferred_nodes(state: FleetState, cw: CompiledWorkload, cpus: float, gpus: int, share: float = 1.0,
+                    models: tuple[str, ...] = (), limit: int = PREFERRED_NODES) -> list[str]:
+    """The names of :func:`preferred_order`'s nodes: what the admission webhook names in a pod's
+    preferred node affinity."""
+    return [state.names[i] for i in preferred_order(state, cw, cpus, gpus, share, models, limit)]
+
+
+def node_view(state: FleetState, cw: CompiledWorkload) -> policies.NodeView:
+    """FGD's view of ``state``: every node's F_n against ``cw``, computed once for the many
+    tasks scored against one state (:func:`growth`'s ``view``)."""
+    return _view(state, cw)
 
 
 def slurm_commands(prefs: tuple[NodePreference, ...], current: dict[str, int] | None = None,
@@ -159,8 +176,10 @@ __all__ = [
     "expected_growth",
     "finite_or_none",
     "growth",
+    "node_view",
     "preferences",
     "preferred_nodes",
+    "preferred_order",
     "slurm_commands",
     "weights",
 ]

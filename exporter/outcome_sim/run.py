@@ -30,7 +30,7 @@ from exporter.outcome_sim.outcomes import Outcome, Sample, job_outcomes
 from exporter.outcome_sim.preemption import Preempter, fill
 from exporter.outcome_sim.scheduler import Scheduler
 from exporter.outcome_sim.sim import RunSettings, Sim
-from exporter.outcome_sim.steering import STEER_STRATEGIES, Steer
+from exporter.outcome_sim.steering import POD_STRATEGIES, STEER_STRATEGIES, Steer, SteerPod
 from exporter.outcome_sim.strategies import (
     STRATEGIES,
     Consolidate,
@@ -64,6 +64,13 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
             advisor = AdvisorStrategy(name="advisor", evaluate_every=settings.advisor_interval)
             advisor.pools(settings.advisor_one_partition)
         return Steer(name=name, advisor=advisor)
+    if name in POD_STRATEGIES:
+        advisor = None
+        if name == "steer-pod+advisor":
+            advisor = AdvisorStrategy(name="advisor", evaluate_every=settings.advisor_interval)
+            advisor.pools(settings.advisor_one_partition)
+        return SteerPod(name=name, cycle=settings.advisor_interval, advisor=advisor,
+                        fresh=name == "steer-pod-fresh")
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 
