@@ -87,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preempt-exempt", type=float, default=1800.0, metavar="SECONDS",
                         help="seconds a spot job runs after a (re)start before it may be preempted, "
                         "0 to 86400 (default 1800)")
+    parser.add_argument("--spot-quota", choices=("none", "advisor"), default="none",
+                        help="advisor: spot jobs beyond the advisor's spot quota per GPU model (from "
+                        "its forecast of high-priority demand) wait to enter the queue (default none)")
     parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
                         help="simulated seconds between the advisor's evaluations, 1 to 86400 "
                         "(default 60)")
@@ -171,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
         timeline=TimelineSettings(args.days, args.warmup_days, loads[0], args.high_share, args.gang_share),
         policy=args.policy, mode=args.scheduler, cost=MoveCost(restore=args.restore),
         advisor_interval=args.advisor_interval, advisor_one_partition=not args.advisor_pools_by_model,
-        demand=args.demand, preemption=args.preemption, preempt_exempt=args.preempt_exempt)
+        demand=args.demand, preemption=args.preemption, preempt_exempt=args.preempt_exempt,
+        spot_quota=args.spot_quota)
     started = time.monotonic()
 
     finished = []

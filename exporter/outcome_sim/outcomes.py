@@ -30,7 +30,8 @@ COLUMNS = (
     "jobs_never_started_whole_node", "migrations", "migration_overhead_pct", "mean_allocation_pct",
     "mean_fragmentation_index", "mean_queued_gpus", "plans", "moves_dropped",
     "preemptions", "spot_evictions_per_1000", "lost_gpu_hours", "lost_pct", "wait_p50_s_spot",
-    "wait_p95_s_spot", "wait_p50_s_high", "spot_jobs_never_finished", "wall_seconds",
+    "wait_p95_s_spot", "wait_p50_s_high", "spot_jobs_never_finished", "spot_quota", "spot_quota_pct",
+    "high_forecast_mae_pct", "high_forecast_breach_pct", "wall_seconds",
 )
 
 
@@ -98,6 +99,13 @@ class Outcome:
     wait_p95_s_spot: float = 0.0
     wait_p50_s_high: float = 0.0
     spot_jobs_never_finished: int = 0
+    # the advisor's spot quota (--spot-quota; preemption.fill_quota sets these): the mean quota
+    # over the fleet's GPUs, the high-priority forecast's error beside it, and how often the
+    # high-priority peak rose above the forecast and its margin
+    spot_quota: str = "none"
+    spot_quota_pct: float = 100.0
+    high_forecast_mae_pct: float | None = None
+    high_forecast_breach_pct: float | None = None
     wall_seconds: float = 0.0
     samples: list[Sample] = field(default_factory=list, repr=False)
 

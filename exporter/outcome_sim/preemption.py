@@ -44,8 +44,12 @@ from exporter.analysis.state import EPS
 from exporter.outcome_sim.cluster import Cluster
 from exporter.outcome_sim.scheduler import Scheduler
 from exporter.outcome_sim.timeline import Job
+from exporter.preemption.quota import QuotaSettings, SpotQuota, spot_quota
 
 PREEMPTIONS = ("none", "slurm", "kube", "advisor")
+SPOT_QUOTAS = ("none", "advisor")
+GATE_EVERY = 60.0  # simulated seconds between the quota gate's looks at the fleet
+SAMPLE_EVERY = 300.0  # ... and between its samples of the high-priority demand
 EXEMPT = 1800.0  # seconds of run since its last (re)start before a spot job may be preempted
 # queued high-priority jobs tried per instant, in queue order: Slurm's default_queue_depth
 HEADS_PER_PASS = 100
@@ -275,5 +279,180 @@ def fill(out, preempter: Preempter, jobs: list[Job], running: dict[int, Job], si
         1 for j in spot if j.preemptions and (j.id in running or j.requeued is not None))
 
 
-__all__ = ["EXEMPT", "PREEMPTIONS", "Choice", "Preempter", "fill", "fits", "growth", "lost_seconds",
-           "reprieve"]
+# -- the spot quota ---------------------------------------------------------------------
+
+
+@dataclass
+class SpotGate:
+    """The advisor's spot quota, honoured as an admission gate in front of the scheduler (as
+    Kueue admits a workload only under its ClusterQueue's quota, or a Slurm QOS holds a job
+    beyond its ``GrpTRES`` with the reason ``QOSGrpGRES``): a new spot job enters the queue only
+    while the spot GPUs of its pool (running, plus queued spot jobs already admitted) leave room
+    for it under the pool's quota; the others wait in submit order, and a job that does not fit
+    its pool's room lets the next one through (Kueue's ``BestEffortFIFO``). A pool is a GPU model;
+    a job that may use several counts against the sum of their quotas, and a queued one is
+    charged to them in proportion to their GPUs. Preempted spot jobs go back to the queue
+    directly: they were admitted.
+
+    Every hour each pool's quota is recomputed from its hourly high-priority demand (GPUs held
+    plus GPUs the queued high-priority jobs ask for, sampled every ``SAMPLE_EVERY`` seconds, the
+    hour's mean): :func:`exporter.preemption.quota.spot_quota`. Until the first hour is complete
+    no pool has a quota (every spot job is admitted)."""
+
+    settings: QuotaSettings = field(default_factory=QuotaSettings)
+    held: list[Job] = field(default_factory=list)  # spot jobs beyond the quota, in submit order
+    quotas: dict[int, SpotQuota] = field(default_factory=dict)  # by model index
+    hourly: dict[int, list[float]] = field(default_factory=dict)  # complete hours' mean demand, by model
+    # per quota set: (the last complete hour, model, quota, forecast peak, margin)
+    log: list[tuple[int, int, float, float, float]] = field(default_factory=list)
+    capacity: np.ndarray | None = None  # GPUs per model
+    _sums: np.ndarray | None = None  # the current hour's samples, summed
+    _samples: int = 0
+    _hour: int = 0
+    _next_look: float = -math.inf
+    _next_sample: float = -math.inf
+    _token: tuple | None = None
+
+    def hold(self, job: Job) -> bool:
+        """Whether ``job`` waits at the gate (a spot job, once quotas exist): it then waits here
+        until :meth:`release` admits it."""
+        if job.high or not self.quotas:
+            return False
+        self.held.append(job)
+        return True
+
+    def release(self, cluster: Cluster, scheduler: Scheduler, now: float) -> list[Job]:
+        """Sample the demand, recompute the quotas on the hour, admit what fits; the jobs queued."""
+        placer = cluster.placer
+        if self.capacity is None:
+            self.capacity = np.bincount(placer.model, weights=placer.gpu_count,
+                                        minlength=len(placer.model_names)).astype(float)
+        hour = int(now // 3600)
+        if hour > self._hour:
+            self._close_hours(hour)
+        if now >= self._next_sample:
+            high = self._by_model(cluster, scheduler, high=True)
+            self._sums = high if self._sums is None else self._sums + high
+            self._samples += 1
+            self._next_sample = now + SAMPLE_EVERY
+        if not self.held or now < self._next_look:
+            return []
+        token = (cluster.releases, scheduler.queue.size, len(self.held), hour)
+        if token == self._token:
+            return []
+        self._next_look = now + GATE_EVERY
+        used = self._by_model(cluster, scheduler, high=False)
+        admitted: list[Job] = []
+        kept: list[Job] = []
+        for job in self.held:
+            models = self._models(placer, job)
+            room = sum(self.quota_of(m) - float(used[m]) for m in models)
+            if room >= job.demand - EPS:
+                for m, part in self._split(models, job.demand):
+                    used[m] += part
+                before = scheduler.queue.added
+                scheduler.submit(job)
+                if scheduler.queue.added > before:
+                    admitted.append(job)
+            else:
+                kept.append(job)
+        self.held = kept
+        self._token = (cluster.releases, scheduler.queue.size, len(self.held), hour)
+        return admitted
+
+    def quota_of(self, model: int) -> float:
+        quota = self.quotas.get(model)
+        assert self.capacity is not None
+        return float(self.capacity[model]) if quota is None else quota.quota_gpus
+
+    def _close_hours(self, hour: int) -> None:
+        """The hours before ``hour`` are complete: keep their means (an hour with no sample
+        repeats the last), then set every pool's quota from its history."""
+        assert self.capacity is not None
+        means = self._sums / self._samples if self._sums is not None and self._samples else None
+        for _ in range(self._hour, hour):
+            for m in range(len(self.capacity)):
+                series = self.hourly.setdefault(m, [])
+                value = float(means[m]) if means is not None else (series[-1] if series else 0.0)
+                series.append(value)
+        self._sums, self._samples, self._hour = None, 0, hour
+        for m, series in self.hourly.items():
+            quota = spot_quota(str(m), float(self.capacity[m]), series, self.settings)
+            self.quotas[m] = quota
+            self.log.append((hour - 1, m, quota.quota_gpus, quota.high_forecast_gpus, quota.margin_gpus))
+
+    def _models(self, placer, job: Job) -> list[int]:  # type: ignore[no-untyped-def]
+        if not job.models:
+            return list(range(len(placer.model_names)))
+        return [i for i, m in enumerate(placer.model_names) if m in job.models]
+
+    def _split(self, models: list[int], demand: float) -> list[tuple[int, float]]:
+        assert self.capacity is not None
+        total = float(sum(self.capacity[m] for m in models)) or 1.0
+        return [(m, demand * float(self.capacity[m]) / total) for m in models]
+
+    def _by_model(self, cluster: Cluster, scheduler: Scheduler, high: bool) -> np.ndarray:
+        """GPUs the running jobs of this priority hold per model, plus what the queued ones ask."""
+        placer = cluster.placer
+        out = np.zeros(len(placer.model_names))
+        for job in cluster.running.values():
+            if job.high == high:
+                for p in job.placements:
+                    out[int(placer.model[p.node])] += job.gpus * job.share
+        for group in scheduler.queue.groups.values():
+            for _, job in group:
+                if job.high == high:
+                    for m, part in self._split(self._models(placer, job), job.demand):
+                        out[m] += part
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaFigures:
+    quota_pct: float  # the mean quota, summed over pools, over the fleet's GPUs (100: no quota)
+    forecast_mae_pct: float | None  # mean over hours of the summed |peak - forecast peak|, of all GPUs
+    # of the pool-hours with a quota, those whose high-priority peak rose above forecast + margin:
+    # how often the high-priority jobs would need the GPUs the quota gave spot jobs
+    breach_pct: float | None
+
+
+def quota_figures(gate: SpotGate | None, since: float) -> QuotaFigures:
+    """What the quotas set from ``since`` were, and how far their forecasts missed, checked
+    against the hourly high-priority demand that came (quotas whose hours ended after the run
+    are not checked)."""
+    if gate is None or gate.capacity is None:
+        return QuotaFigures(100.0, None, None)
+    capacity = float(gate.capacity.sum()) or 1.0
+    first = math.ceil(since / 3600) - 1
+    entries = [e for e in gate.log if e[0] >= first]
+    if not entries:
+        return QuotaFigures(100.0, None, None)
+    h = gate.settings.horizon_hours
+    quota_by_hour: dict[int, float] = {}
+    error_by_hour: dict[int, float] = {}
+    breaches = checked = 0
+    for t, m, quota, forecast, margin in entries:
+        quota_by_hour[t] = quota_by_hour.get(t, 0.0) + quota
+        series = gate.hourly.get(m, [])
+        if t + h < len(series):
+            came = max(series[t + 1: t + h + 1])
+            error_by_hour[t] = error_by_hour.get(t, 0.0) + abs(came - forecast)
+            if quota > EPS:  # a pool with no quota holds no spot GPU for the peak to need
+                breaches += came > forecast + margin + EPS
+                checked += 1
+    mae = 100.0 * float(np.mean(list(error_by_hour.values()))) / capacity if error_by_hour else None
+    return QuotaFigures(100.0 * float(np.mean(list(quota_by_hour.values()))) / capacity, mae,
+                        100.0 * breaches / checked if checked else None)
+
+
+def fill_quota(out, gate: SpotGate | None, since: float) -> None:  # type: ignore[no-untyped-def]
+    """The quota columns of ``out``."""
+    figures = quota_figures(gate, since)
+    out.spot_quota = "none" if gate is None else "advisor"
+    out.spot_quota_pct = figures.quota_pct
+    out.high_forecast_mae_pct = figures.forecast_mae_pct
+    out.high_forecast_breach_pct = figures.breach_pct
+
+
+__all__ = ["EXEMPT", "PREEMPTIONS", "SPOT_QUOTAS", "Choice", "Preempter", "QuotaFigures", "SpotGate", "fill",
+           "fill_quota", "fits", "growth", "lost_seconds", "quota_figures", "reprieve"]

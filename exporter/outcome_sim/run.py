@@ -27,7 +27,7 @@ from exporter.outcome_sim.demand import build_jobs
 from exporter.outcome_sim.fleets import SimFleet
 from exporter.outcome_sim.oracle import Oracle
 from exporter.outcome_sim.outcomes import Outcome, Sample, job_outcomes
-from exporter.outcome_sim.preemption import Preempter, fill
+from exporter.outcome_sim.preemption import Preempter, SpotGate, fill, fill_quota
 from exporter.outcome_sim.scheduler import Scheduler
 from exporter.outcome_sim.sim import RunSettings, Sim
 from exporter.outcome_sim.steering import POD_STRATEGIES, STEER_STRATEGIES, Steer, SteerPod
@@ -113,6 +113,7 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
     sim = Sim(fleet, cluster, scheduler, settings, workload)
     strategy = make_strategy(strategy_name, settings)
     preempter = Preempter(settings.preemption, settings.preempt_exempt)
+    gate = SpotGate() if settings.spot_quota == "advisor" else None  # spot jobs beyond the quota wait
     since, horizon = tl.measured_from, tl.horizon
     out = Outcome(strategy_name, seed, tl.load)
     index_settings = IndexSettings()
@@ -147,10 +148,14 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
             cluster.stop(job)
         while next_job < len(jobs) and jobs[next_job].submit <= now:
             added = scheduler.queue.added
-            scheduler.submit(jobs[next_job])
+            if gate is None or not gate.hold(jobs[next_job]):
+                scheduler.submit(jobs[next_job])
             if scheduler.queue.added > added:
                 split.joined(jobs[next_job])
             next_job += 1
+        if gate is not None:
+            for job in gate.release(cluster, scheduler, now):
+                split.joined(job)
         split.left(resumed(scheduler.run_pass(now)))
         if preempter.rule != "none":
             heads, victims = preempter.run(cluster, scheduler, now)
@@ -180,6 +185,7 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
     window = horizon - since
     job_outcomes(out, jobs, scheduler.rejected, since, horizon)
     fill(out, preempter, jobs, cluster.running, since, horizon, delivered)
+    fill_quota(out, gate, since)
     out.gpu_hours_delivered = delivered / 3600
     out.gpu_hours_waited_fragmentation = split.hours(False, False) + split.hours(True, False)
     out.gpu_hours_waited_capacity = split.hours(False, True) + split.hours(True, True)
