@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from exporter.advisor.plan import CompactionPlan
+from exporter.advisor.saving import Saving
 from exporter.pool_load.tracker import PoolAdvice
 
 Decision = Literal["none", "cooldown", "hold", "compact"]
@@ -130,6 +131,8 @@ class Advice:
     scaling: tuple[PoolAdvice, ...] | None = None
     # the placement preferences in force (the last computed); None where steering is off
     steering: Steering | None = None
+    # the delivered plans' expected and realised savings (realised.Ledger); None: not kept
+    saving: Saving | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ serve`` builds it: ``Advisor(decision_settings(config), clock=...)`` and
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from exporter.advisor.advice import Advice, Steering, SteeringLevel, WhatIf
 from exporter.advisor.engine import Advisor, DecisionSettings, idle_rule
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import KeptState, PlanSettings, plan_compaction, plan_for_pending
+from exporter.advisor.realised import Ledger, oracle_waiting_saved, with_oracle
 from exporter.analysis.index import Report
 from exporter.errors import ConfigError
 from exporter.health.settings import health_settings as health_settings  # moved there
@@ -34,6 +36,8 @@ from exporter.thresholds.defaults import clear_below_for, follows_table
 if TYPE_CHECKING:  # annotations only: building an advisor needs no config module loaded
     from exporter.config import AdvisorConfig
     from exporter.thresholds import Thresholds
+
+log = logging.getLogger(__name__)
 
 # (snapshot, report, scope, now) -> plan; scope is "cluster" or "pool:<name>". The planner
 # with its settings: functools.partial(plan_compaction, settings=PlanSettings(...))
@@ -46,7 +50,7 @@ def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
            plan: PlanFunction = plan_compaction, trigger: str = "snapshot",
            scaling: tuple[PoolAdvice, ...] | None = None,
            plan_pending: PendingPlanFunction | None = None,
-           steering: Steering | None = None) -> Advice:
+           steering: Steering | None = None, ledger: Ledger | None = None) -> Advice:
     """Evaluate ``snapshot``: update ``advisor``'s state, plan what it asks for, decide.
 
     ``report`` is the snapshot's analysis (:func:`exporter.analysis.index.evaluate` of
@@ -63,6 +67,11 @@ def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
     pending job (default: ``plan``'s own ``for_pending`` when it is a :class:`Planner`, else
     :func:`plan_for_pending` with default settings).
 
+    Each plan carries the oracle's bound on its snapshot
+    (:func:`~exporter.advisor.realised.oracle_waiting_saved`). ``ledger`` (default: ``plan``'s
+    own when it is a :class:`Planner`) sees the snapshot (the jobs of the plans it watches that
+    now run) and records a new plan; the advice carries what it holds as ``saving``.
+
     Returns the advice, also kept as ``advisor.advice``; a new plan is ``advice.plan`` with
     ``advice.decision == "compact"``, for the caller to deliver (and then to tell the
     advisor :meth:`~Advisor.durable` or :meth:`~Advisor.not_durable`).
@@ -75,10 +84,34 @@ def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
         pending_plan = plan_pending(asked.measured, report, asked.pending_job, asked.now)
     compaction = None if asked.plan_scope is None else plan(asked.measured, report, asked.plan_scope,
                                                             asked.now)
+    if compaction is not None or pending_plan is not None:
+        oracle = _oracle(asked.measured, report, asked.now)
+        compaction, pending_plan = with_oracle(compaction, oracle), with_oracle(pending_plan, oracle)
     advice = advisor.decide(asked, compaction, scaling, pending_plan)
+    if ledger is None:
+        ledger = getattr(plan, "ledger", None)
+    extra: dict[str, object] = {}
+    if ledger is not None:
+        ledger.observe(asked.measured, asked.now)
+        if advice.decision == "compact" and advice.plan is not None \
+                and advice.plan_proposed_at == advice.evaluated_at:
+            ledger.record(advice.plan, asked.measured, asked.now)
+        extra["saving"] = ledger.saving()
     if steering is not None:
-        advice = advisor.advice = dataclasses.replace(advice, steering=steering)
+        extra["steering"] = steering
+    if extra:
+        advice = advisor.advice = dataclasses.replace(advice, **extra)  # type: ignore[arg-type]
     return advice
+
+
+def _oracle(snapshot: FleetSnapshot, report: Report, now: float) -> float | None:
+    """The oracle's bound for the plans of this evaluation; None, logged, if it fails: a
+    figure beside the plan must not cost the plan."""
+    try:
+        return oracle_waiting_saved(snapshot, report, now)
+    except Exception:
+        log.exception("the oracle's bound not computed for this evaluation")
+        return None
 
 
 STEER_EVERY = 300.0  # seconds between two computations: 2.5 s at 13,600 nodes (bench/steer.py)
@@ -128,6 +161,8 @@ def what_if(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
     now = advisor.clock()
     scope = advisor.what_if_scope(report)
     proposed = None if scope is None else plan(snapshot, report, scope, now)
+    if proposed is not None:
+        proposed = with_oracle(proposed, _oracle(snapshot, report, now))
     return advisor.what_if(snapshot, report, now, proposed)
 
 
@@ -191,13 +226,17 @@ class Planner:
     scope; :meth:`for_pending`, :func:`plan_for_pending` for a pending job.
 
     It holds the planner's kept state (:class:`~exporter.advisor.planner.KeptState`): what
-    one plan leaves for the next on a fleet that changed little. Whoever runs the advisor
-    holds one planner over its evaluations (the serving cycle until the table is reloaded,
-    a simulation for its run); a call meanwhile from another thread plans on its own copy.
+    one plan leaves for the next on a fleet that changed little; and the ledger of the plans
+    delivered (:class:`~exporter.advisor.realised.Ledger`), which :func:`advise` updates.
+    Whoever runs the advisor holds one planner over its evaluations (the serving cycle until
+    the table is reloaded, a simulation for its run); a call meanwhile from another thread
+    plans on its own copy. :meth:`keeping` hands the ledger on to the planner of a new table.
     """
 
     settings: PlanSettings = field(default_factory=PlanSettings)
     kept: KeptState = field(default_factory=KeptState, compare=False, repr=False)
+    # the delivered plans and what came of them (advise updates it; /v1/advice's saving)
+    ledger: Ledger = field(default_factory=Ledger, compare=False, repr=False)
 
     def __call__(self, snapshot: FleetSnapshot, report: Report, scope: str, now: float) -> CompactionPlan:
         return plan_compaction(snapshot, report, scope, now, self.settings, self.kept)
@@ -205,6 +244,12 @@ class Planner:
     def for_pending(self, snapshot: FleetSnapshot, report: Report, job: JobRequest,
                     now: float) -> CompactionPlan | None:
         return plan_for_pending(snapshot, report, job, now, self.settings, self.kept)
+
+    def keeping(self, previous: object) -> Planner:
+        """This planner with ``previous``'s ledger, when ``previous`` is a planner: a reloaded
+        table changes the settings, not what the plans delivered so far came to."""
+        ledger = getattr(previous, "ledger", None)
+        return dataclasses.replace(self, ledger=ledger) if isinstance(ledger, Ledger) else self
 
 
 def planner_for(config: AdvisorConfig, table: Thresholds | None = None) -> PlanFunction:

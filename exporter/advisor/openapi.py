@@ -65,7 +65,18 @@ def plan_schema() -> dict[str, Any]:
             "gpu_hours_waiting_saved": {"type": "number", "minimum": 0,
                                         "description": "GPU-hours of waiting the plan is expected to save: "
                                                        "each job it lets start, its GPUs times the wait so "
-                                                       "far (taken as the wait to come; no forecast)."},
+                                                       "far (taken as the wait to come; no forecast, and no "
+                                                       "source reads the scheduler's expected start)."},
+            "oracle_gpu_hours_waiting_saved": {
+                "type": ["number", "null"], "minimum": 0,
+                "description": "An upper bound on what any repack could save on the plan's snapshot, in the "
+                               "same units: the blocked pending jobs packed fractionally into their pools' "
+                               "free GPUs, most GPU-hours per GPU first (docs/advisor.md, Expected and "
+                               "realised saving). Null where not computed."},
+            "share_of_oracle_saving": {
+                "type": ["number", "null"], "minimum": 0,
+                "description": "gpu_hours_waiting_saved over oracle_gpu_hours_waiting_saved; null without a "
+                               "bound above zero."},
         },
         "$defs": {
             "prediction": {
@@ -209,6 +220,7 @@ def advice_schema() -> dict[str, Any]:
                                                       "description": "predictive mode: the demand the "
                                                       "rule read (null before a day of history)"}}}},
             "steering": _steering_schema(),
+            "saving": _saving_schema(),
             "health": {**_ref("Health"), "description": "issue 31: verdicts, remediation, stragglers"},
             "nvlink_mixed": {"type": "array", "description": "multi-node jobs over NVLink generations",
                              "items": {
@@ -249,9 +261,61 @@ def _steering_schema() -> dict[str, Any]:
                         "properties": {"min": growth, "max": growth}}}}},
             "gpu_hours_waiting_saved": {
                 "type": ["number", "null"], "minimum": 0,
-                "description": "the GPU-hours of waiting the steering is expected to save: null, the "
-                               "advisor does not estimate it yet (gpufleet simulate measures the "
-                               "steer strategy's outcome instead)"},
+                "description": "the GPU-hours of waiting the steering is expected to save: null. No "
+                               "defensible estimate exists yet: the FGD growth a weight avoids is in "
+                               "fragmented GPUs, not waiting, and gpufleet simulate's steer strategy "
+                               "measured no saving beyond the noise (docs/advisor.md, Steering)"},
+        },
+    }
+
+def _saving_schema() -> dict[str, Any]:
+    hours = {"type": "number", "minimum": 0}
+    maybe = {"type": ["number", "null"], "minimum": 0}
+    job = {
+        "type": "object",
+        "required": ["job", "gpus", "waited_seconds", "expected_gpu_hours", "started_at",
+                     "realised_gpu_hours"],
+        "properties": {
+            "job": {"type": "string"}, "gpus": hours,
+            "waited_seconds": {**hours, "description": "its wait when the plan was proposed"},
+            "expected_gpu_hours": {**hours, "description": "gpus x waited_seconds / 3600"},
+            "started_at": {"type": ["number", "null"],
+                           "description": "when it was seen running (its allocation's start time where "
+                                          "the source states one); null: not seen running"},
+            "realised_gpu_hours": {**maybe, "description": "gpus x (waited_seconds less the delay from "
+                                   "the plan's proposal to its start, at least 0) / 3600; 0 for a job "
+                                   "never seen running by the close; null while it waits"}}}
+    return {
+        "type": "object",
+        "description": "the delivered plans' expected and realised GPU-hours of waiting saved "
+                       "(docs/advisor.md, Expected and realised saving): the newest 32, each watched "
+                       "until its jobs started or until closes_at",
+        "required": ["basis", "plans", "totals"],
+        "properties": {
+            "basis": {"const": "wait_so_far",
+                      "description": "what a job would have waited otherwise: as long again as it had "
+                                     "waited (no source reads the scheduler's expected start)"},
+            "plans": {"type": "array", "maxItems": 32, "items": {
+                "type": "object",
+                "required": ["plan_id", "proposed_at", "closes_at", "closed", "expected_gpu_hours",
+                             "oracle_gpu_hours", "share_of_oracle_saving", "realised_gpu_hours", "jobs"],
+                "properties": {
+                    "plan_id": {"type": "string", "pattern": "^plan-[0-9a-f]{24}$"},
+                    "proposed_at": {"type": "number"}, "closes_at": {"type": "number"},
+                    "closed": {"type": "boolean"},
+                    "expected_gpu_hours": hours, "oracle_gpu_hours": maybe, "share_of_oracle_saving": maybe,
+                    "realised_gpu_hours": {**maybe, "description": "null while one of its jobs waits"},
+                    "jobs": {"type": "array", "items": job}}}},
+            "totals": {
+                "type": "object", "description": "every plan closed since the process started",
+                "required": ["plans", "jobs", "started", "expected_gpu_hours", "realised_gpu_hours",
+                             "realised_ratio"],
+                "properties": {
+                    "plans": {"type": "integer", "minimum": 0}, "jobs": {"type": "integer", "minimum": 0},
+                    "started": {"type": "integer", "minimum": 0},
+                    "expected_gpu_hours": hours, "realised_gpu_hours": hours,
+                    "realised_ratio": {**maybe, "description": "realised over expected; null with nothing "
+                                       "expected"}}},
         },
     }
 

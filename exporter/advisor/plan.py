@@ -72,6 +72,9 @@ class CompactionPlan:
     # of waiting that saves, expected (planner.waiting_saved): the gain in the outcome's units
     lets_start: tuple[str, ...] = ()
     gpu_hours_waiting_saved: float = 0.0
+    # the most any repack could save on the plan's snapshot, in the same units
+    # (realised.oracle_waiting_saved); None where not computed (a plan from an older process)
+    oracle_gpu_hours_waiting_saved: float | None = None
 
     @property
     def plan_id(self) -> str:

@@ -30,6 +30,7 @@ from exporter.advisor.advice import (
     WhatIf,
 )
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction, TierMisplacement
+from exporter.advisor.saving import JobOutcome, Saving, share
 from exporter.advisor.steer import WEIGHT_BEST, WEIGHT_WORST
 from exporter.health.monitor import HealthAdvice
 from exporter.health.remediation import Event, RemediationState, encode_event, event_id
@@ -83,6 +84,8 @@ def plan_json(plan: CompactionPlan) -> JSON:
         "fragmented_gpus_recovered": round(plan.fragmented_gpus_recovered, 6),
         "lets_start": list(plan.lets_start),
         "gpu_hours_waiting_saved": plan.gpu_hours_waiting_saved,
+        "oracle_gpu_hours_waiting_saved": plan.oracle_gpu_hours_waiting_saved,
+        "share_of_oracle_saving": share(plan.gpu_hours_waiting_saved, plan.oracle_gpu_hours_waiting_saved),
     }
 
 
@@ -139,7 +142,32 @@ def advice_json(advice: Advice) -> JSON:
         data["scaling"] = [scaling_json(a) for a in advice.scaling]
     if advice.steering is not None:
         data["steering"] = steering_json(advice.steering)
+    if advice.saving is not None:
+        data["saving"] = saving_json(advice.saving)
     return data
+
+
+def _job_outcome(j: JobOutcome) -> JSON:
+    return {"job": j.job, "gpus": j.gpus, "waited_seconds": round(j.waited, 3),
+            "expected_gpu_hours": j.expected, "started_at": j.started_at, "realised_gpu_hours": j.realised}
+
+
+def saving_json(s: Saving) -> JSON:
+    """``/v1/advice``'s ``saving`` (openapi ``Advice.saving``): the delivered plans watched,
+    oldest first, each with what it was expected to save and what it saved, and the totals
+    over every plan closed."""
+    t = s.totals
+    return {
+        "basis": s.basis,
+        "plans": [{"plan_id": p.plan_id, "proposed_at": p.proposed_at, "closes_at": p.closes_at,
+                   "closed": p.closed, "expected_gpu_hours": p.expected,
+                   "oracle_gpu_hours": p.oracle, "share_of_oracle_saving": share(p.expected, p.oracle),
+                   "realised_gpu_hours": p.realised, "jobs": [_job_outcome(j) for j in p.jobs]}
+                  for p in s.plans],
+        "totals": {"plans": t.plans, "jobs": t.jobs, "started": t.started,
+                   "expected_gpu_hours": t.expected, "realised_gpu_hours": t.realised,
+                   "realised_ratio": t.ratio},
+    }
 
 
 def steering_json(s: Steering) -> JSON:
@@ -344,7 +372,9 @@ def plan_from_json(data: Mapping[str, Any]) -> CompactionPlan:
                                  for t in data["tier_misplacements"]),
         rejected_moves=int(data.get("rejected_moves", 0)),
         lets_start=tuple(str(j) for j in data.get("lets_start", ())),
-        gpu_hours_waiting_saved=float(data.get("gpu_hours_waiting_saved", 0.0)))
+        gpu_hours_waiting_saved=float(data.get("gpu_hours_waiting_saved", 0.0)),
+        oracle_gpu_hours_waiting_saved=None if (oracle := data.get("oracle_gpu_hours_waiting_saved")) is None
+        else float(oracle))
     orders = sorted(m["order"] for m in data["migrations"])
     if orders != list(range(1, len(orders) + 1)):
         raise PlanFormatError(f"migrations: orders must be 1..{len(orders)}, each once")
