@@ -15,7 +15,7 @@ from aiohttp import web
 from jsonschema import Draft202012Validator
 
 from exporter.advisor import openapi
-from exporter.advisor.advise import Planner, advise, what_if
+from exporter.advisor.advise import Planner, advise, planner_for, what_if
 from exporter.advisor.api import AdvisorApi, add_routes
 from exporter.advisor.engine import Advisor, DecisionSettings
 from exporter.advisor.plan import CompactionPlan, Prediction
@@ -28,6 +28,7 @@ from exporter.advisor.wire import (
     plan_from_json,
     plan_json,
 )
+from exporter.config import AdvisorConfig
 from exporter.snapshot import FleetSnapshot, JobRequest
 from tests.test_advisor_pending import NOW, SCHEMA, WHOLE, alloc, fragmented, report_of
 
@@ -193,6 +194,10 @@ def test_a_reloaded_table_keeps_the_ledger():
     new = Planner().keeping(old)
     assert new.ledger is old.ledger and len(new.ledger.plans) == 1
     assert Planner().keeping(lambda *a: None).ledger is not old.ledger  # not a planner: its own
+    # as serve's reload builds it (exporter/cli/serve.py)
+    reloaded = planner_for(AdvisorConfig(), None, old)
+    assert isinstance(reloaded, Planner) and reloaded.ledger is old.ledger
+    assert isinstance(fresh := planner_for(AdvisorConfig()), Planner) and fresh.ledger is not old.ledger
 
 
 async def test_get_advice_serves_the_saving_as_documented(aiohttp_client):

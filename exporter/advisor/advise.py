@@ -252,6 +252,8 @@ class Planner:
         return dataclasses.replace(self, ledger=ledger) if isinstance(ledger, Ledger) else self
 
 
-def planner_for(config: AdvisorConfig, table: Thresholds | None = None) -> PlanFunction:
-    """The planner with the ``advisor`` section's settings: what :func:`advise` is given."""
-    return Planner(plan_settings(config, table))
+def planner_for(config: AdvisorConfig, table: Thresholds | None = None,
+                previous: object = None) -> PlanFunction:
+    """The planner with the ``advisor`` section's settings: what :func:`advise` is given;
+    with ``previous`` (the planner it replaces, at a table's reload), that one's ledger."""
+    return Planner(plan_settings(config, table)).keeping(previous)

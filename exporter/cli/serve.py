@@ -399,7 +399,8 @@ def follow_table(table: LiveThresholds, config: Config, cycle: ServingCycle) -> 
 
     def engine(new: Thresholds) -> Callable[[], None]:
         settings = decision_settings(config.advisor, new) if advisor else None  # ConfigError: refused
-        planner = planner_for(config.advisor, new) if advisor else None
+        # the ledger of delivered plans outlives the table (/v1/advice's saving)
+        planner = planner_for(config.advisor, new, advisor.planner) if advisor else None
         health_table = health_settings(config.advisor, new)
 
         def commit() -> None:
