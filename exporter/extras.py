@@ -1,8 +1,11 @@
 """The optional parts of gpufleet and the pip extra each needs (issue 30, a lean node).
 
-``pip install gpufleet`` installs what node mode needs (NVML, the exposition, the
-analysis); the rest is an extra, installed where it is used:
+``pip install gpufleet`` installs what node mode needs (NVML, the exposition); the rest is
+an extra, installed where it is used:
 
+    gpufleet[analysis]      numpy: the fragmentation analysis, the advisor, the simulated
+                            fleet (so serve with any of them: cluster mode), and analyze,
+                            replay, load, simulate and plan
     gpufleet[cluster]       the kubernetes source's credentials (kubernetes_asyncio)
     gpufleet[podresources]  the kubelet's PodResources API on a node (grpcio, protobuf)
     gpufleet[replay]        the PNGs of ``gpufleet replay`` and ``gpufleet load`` (matplotlib)
@@ -11,6 +14,8 @@ analysis); the rest is an extra, installed where it is used:
 
 A leaf module: the CLI, the sources and the plots call :func:`require` where they
 import the package, so a missing one is one line naming the extra, never a traceback.
+numpy is imported at the top of some thirty modules, so it is not required one import at a
+time: the CLI turns the import's failure into the same line (:func:`not_installed`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from exporter.errors import UsageError
 
 # the extra that installs each optional top-level module
 EXTRA_OF = {
+    "numpy": "analysis",
     "kubernetes_asyncio": "cluster",
     "grpc": "podresources",
     "google.protobuf": "podresources",
@@ -57,6 +63,25 @@ def require(module: str, what: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise MissingExtra(missing(module, what)) from None
+
+
+# what a command needs a package for, where "gpufleet COMMAND" alone would mislead
+NEEDED_BY = {
+    ("serve", "numpy"): "gpufleet serve with analysis, the advisor or sources.sim (node mode has none)",
+}
+
+
+def not_installed(exc: BaseException, command: str | None) -> str | None:
+    """The missing-extra line when ``exc`` is a failed import of an extra's package (met
+    by ``command``, the gpufleet command that ran), else None."""
+    name = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if not name:
+        return None
+    for module in EXTRA_OF:  # "google" fails for google.protobuf when no google.* is installed
+        if name == module or name.startswith(module + ".") or module.startswith(name + "."):
+            what = NEEDED_BY.get((command or "", module), f"gpufleet {command}" if command else "gpufleet")
+            return missing(module, what)
+    return None
 
 
 def check_command(command: str | None) -> None:

@@ -15,7 +15,7 @@ import sys
 
 from exporter import __version__
 from exporter.errors import ConfigError, UsageError
-from exporter.extras import check_command
+from exporter.extras import check_command, not_installed
 
 log = logging.getLogger("gpufleet")
 
@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # last line of defence: one line, never a traceback
+        if (line := not_installed(exc, _command(argv))) is not None:  # numpy, imported where used
+            print(f"gpufleet: {line}", file=sys.stderr)
+            return 2
         log.debug("unhandled error", exc_info=True)
         print(f"gpufleet: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
