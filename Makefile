@@ -14,9 +14,10 @@ APT    := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# The same `pip install` the Dockerfile runs; re-run whenever the package changes.
+# The Dockerfile's `pip install .` plus [analysis] (numpy), which the simulated fleet needs;
+# re-run whenever the package changes.
 $(VENV)/.installed-run: $(BIN)/python $(SRC)
-	$(BIN)/pip install --disable-pip-version-check -q .
+	$(BIN)/pip install --disable-pip-version-check -q '.[analysis]'
 	touch $@
 
 # Every wheel the test install takes is kept in $(WHEELHOUSE) first, then installed from it:
