@@ -95,7 +95,8 @@ def test_a_run_with_the_quota_reports_it_and_its_forecast_error():
     plain = simulate(fleet_of(TINY), SERIES, "none", 1,
                      RunSettings(TimelineSettings(days=1.0, warmup_days=0.25, load=1.2), demand="openb",
                                  preemption="kube")).row()
-    assert set(COLUMNS) >= {"spot_quota", "spot_quota_pct", "high_forecast_mae_pct", "high_forecast_breach_pct"}
+    assert set(COLUMNS) >= {"spot_quota", "spot_quota_pct", "high_forecast_mae_pct",
+                            "high_forecast_breach_pct"}
     assert row["spot_quota"] == "advisor" and plain["spot_quota"] == "none"
     assert 0.0 <= row["spot_quota_pct"] < 100.0 and plain["spot_quota_pct"] == 100.0
     assert row["high_forecast_mae_pct"] is not None and row["high_forecast_mae_pct"] >= 0
