@@ -71,15 +71,17 @@ NEEDED_BY = {
 }
 
 
-def not_installed(exc: BaseException, command: str | None) -> str | None:
+def not_installed(exc: BaseException, command: str | None, what: str | None = None) -> str | None:
     """The missing-extra line when ``exc`` is a failed import of an extra's package (met
-    by ``command``, the gpufleet command that ran), else None."""
+    by ``command``, the gpufleet command that ran, or by ``what`` needs it), else None."""
     name = exc.name if isinstance(exc, ModuleNotFoundError) else None
     if not name:
         return None
     for module in EXTRA_OF:  # "google" fails for google.protobuf when no google.* is installed
         if name == module or name.startswith(module + ".") or module.startswith(name + "."):
-            what = NEEDED_BY.get((command or "", module), f"gpufleet {command}" if command else "gpufleet")
+            if what is None:
+                what = NEEDED_BY.get((command or "", module),
+                                     f"gpufleet {command}" if command else "gpufleet")
             return missing(module, what)
     return None
 

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from exporter.config import DEFAULT_LISTEN, Config, ConfigError, describe, load
+from exporter.extras import not_installed
 from exporter.sources import SOURCES, Clock, SourceStartupError, build_source
 
 # `serve --help` needs only the option declarations above (exporter.config, the sources'
@@ -171,8 +172,14 @@ def _lazy_openapi() -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
 
     async def get_openapi(request: web.Request) -> web.StreamResponse:
         if not handler:
-            from exporter.advisor.api import openapi_handler
+            try:
+                from exporter.advisor.api import openapi_handler
+            except ModuleNotFoundError as exc:  # a node's install: numpy is [analysis]'s
+                if (line := not_installed(exc, "serve", "GET /v1/openapi.json")) is None:
+                    raise
+                from aiohttp import web
 
+                return web.json_response({"error": line}, status=501)
             handler.append(openapi_handler(advisor=False))
         return await handler[0](request)
 
