@@ -3,6 +3,8 @@ the work each would lose, the spot quota per pool, and their rendering for Slurm
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from exporter.preemption.advice import (
@@ -17,6 +19,7 @@ from exporter.preemption.advice import (
     to_json,
 )
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, Placement
+from tests.test_advisor_api import advisor_client as advisor_client  # the fixture, reused
 
 NOW = 1_000_000.0
 MIN = 60.0
@@ -123,3 +126,16 @@ def test_the_quota_tracker_gives_spot_jobs_what_high_priority_jobs_leave():
                           snapshot.pending)
     section = to_json(advise(later, later.taken_at, tracker))
     assert section["spot_quota"][0]["quota_gpus"] == pytest.approx(12.0)
+
+
+async def test_serve_s_advice_carries_the_preemption_section_as_the_schema_says(advisor_client):
+    from tests.test_openapi import _check
+
+    advice = json.loads(await _check(advisor_client, "GET", "/v1/advice", 200))
+    section = advice["preemption"]
+    assert section["computed_at"] == advice["snapshot_time"]
+    pools = {q["pool"] for q in section["spot_quota"]}
+    snapshot = json.loads(await _check(advisor_client, "GET", "/v1/snapshot", 200))
+    assert pools == {g["pool"] for g in snapshot["gpus"]}
+    for quota in section["spot_quota"]:
+        assert 0 <= quota["quota_gpus"] <= quota["capacity_gpus"]

@@ -17,6 +17,7 @@ from typing import Literal
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.saving import Saving
 from exporter.pool_load.tracker import PoolAdvice
+from exporter.preemption.advice import PreemptionAdvice
 
 Decision = Literal["none", "cooldown", "hold", "compact"]
 
@@ -133,6 +134,8 @@ class Advice:
     steering: Steering | None = None
     # the delivered plans' expected and realised savings (realised.Ledger); None: not kept
     saving: Saving | None = None
+    # the victims for the blocked high-priority head and the spot quota (exporter/preemption/advice.py)
+    preemption: PreemptionAdvice | None = None
 
 
 @dataclass(frozen=True, slots=True)

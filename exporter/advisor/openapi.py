@@ -221,6 +221,7 @@ def advice_schema() -> dict[str, Any]:
                                                       "rule read (null before a day of history)"}}}},
             "steering": _steering_schema(),
             "saving": _saving_schema(),
+            "preemption": _preemption_schema(),
             "health": {**_ref("Health"), "description": "issue 31: verdicts, remediation, stragglers"},
             "nvlink_mixed": {"type": "array", "description": "multi-node jobs over NVLink generations",
                              "items": {
@@ -231,6 +232,12 @@ def advice_schema() -> dict[str, Any]:
                                "reason": {"type": "string"}}}},
         },
     }
+
+def _preemption_schema() -> dict[str, Any]:
+    from exporter.preemption.advice import schema
+
+    return schema()
+
 
 def _steering_schema() -> dict[str, Any]:
     growth = {"type": ["number", "null"]}

@@ -144,6 +144,10 @@ def advice_json(advice: Advice) -> JSON:
         data["steering"] = steering_json(advice.steering)
     if advice.saving is not None:
         data["saving"] = saving_json(advice.saving)
+    if advice.preemption is not None:
+        from exporter.preemption.advice import to_json
+
+        data["preemption"] = to_json(advice.preemption)
     return data
 
 

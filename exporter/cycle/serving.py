@@ -173,8 +173,9 @@ def advisor_stage(service: AdvisorService, load: LoadTracker | None = None) -> A
     """The cycle's advisor stage for ``service``: the same engine and planner, and the
     service's Alertmanager evaluations run on the stage's last frame."""
     from exporter.advisor.advise import Steerer
+    from exporter.preemption.advice import Adviser
 
-    stage = AdvisorStage(service.advisor, service.planner, load, steerer=Steerer())
+    stage = AdvisorStage(service.advisor, service.planner, load, steerer=Steerer(), preemption=Adviser())
     service.evaluator = stage.evaluate_last
     return stage
 

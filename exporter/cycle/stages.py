@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from exporter.health.monitor import HealthMonitor
     from exporter.metrics import Family
     from exporter.pool_load.tracker import LoadTracker
+    from exporter.preemption.advice import PreemptionAdvice
     from exporter.snapshot import FleetSnapshot
     from exporter.thresholds.reloading import LiveThresholds
 
@@ -113,6 +114,7 @@ class AdvisorStage:
     lock: threading.Lock = field(default_factory=threading.Lock)
     last: Frame | None = None  # the last frame evaluated, for an Alertmanager notification
     steerer: Steerer | None = None  # the placement preferences the advice carries; None: off
+    preemption: Callable[[FleetSnapshot], PreemptionAdvice] | None = None  # victims and spot quota
 
     def step(self, frame: Frame) -> Frame:
         if frame.report is None:
@@ -133,8 +135,16 @@ class AdvisorStage:
                     steering = self.steerer(frame.report, self.advisor.clock(), frame.snapshot.taken_at)
                 except Exception:  # a hint: its fault must not cost the advice itself
                     log.exception("steering not computed for this evaluation")
-            return advise(self.advisor, frame.snapshot, frame.report, self.planner, trigger, scaling,
-                          steering=steering)
+            advice = advise(self.advisor, frame.snapshot, frame.report, self.planner, trigger, scaling,
+                            steering=steering)
+            if self.preemption is not None:
+                try:
+                    # the engine's advice is what /v1/advice serves: it carries the section too
+                    advice = self.advisor.advice = dataclasses.replace(
+                        advice, preemption=self.preemption(frame.snapshot))
+                except Exception:  # advice beside the plan: its fault must not cost the plan
+                    log.exception("preemption advice not computed for this evaluation")
+            return advice
 
     def evaluate_last(self, trigger: str) -> Advice | None:
         """The last frame evaluated again (an Alertmanager notification); None before any,

@@ -36,6 +36,7 @@ CHECKPOINT_INTERVAL = 900.0
 MODES = ("requeue", "suspend")  # Slurm's PreemptMode words that leave a job to resume
 SPOT_QOS = ("spot", "preemptible", "scavenger", "low")
 MAX_VICTIMS = 64  # a head needs one node: more victims than that is not advice
+HEADS = 100  # pending jobs tried for the head, highest priority first (Slurm's default_queue_depth)
 EPS = 1e-9
 
 
@@ -133,7 +134,7 @@ def choose(snapshot: FleetSnapshot, now: float, settings: AdviceSettings | None 
     pending = sorted((r for r in snapshot.pending if r.node_count == 1 and r.gpu_count > 0
                       and not is_spot(r.priority, "", settings)),
                      key=lambda r: (-r.priority, math.inf if r.submit_time is None else r.submit_time, r.job))
-    for head in pending:
+    for head in pending[:HEADS]:
         eligible = [name for name, node in sorted(nodes.items())
                     if (not head.pool or node.pool == head.pool)
                     and (not head.models or node.model in head.models)]
@@ -241,6 +242,17 @@ def advise(snapshot: FleetSnapshot, now: float, tracker: QuotaTracker | None = N
                             tracker.quotas() if tracker is not None else ())
 
 
+@dataclass
+class Adviser:
+    """What the advisor stage calls on each evaluation (``AdvisorStage.preemption``): the quota
+    tracker sees every snapshot evaluated; the advice is computed for that snapshot's time."""
+
+    tracker: QuotaTracker = field(default_factory=QuotaTracker)
+
+    def __call__(self, snapshot: FleetSnapshot) -> PreemptionAdvice:
+        return advise(snapshot, snapshot.taken_at, self.tracker)
+
+
 # -- the wire ---------------------------------------------------------------------------
 
 
@@ -266,6 +278,47 @@ def to_json(advice: PreemptionAdvice) -> dict[str, Any]:
                         "forecasts_checked": q.forecasts_checked, "error_mae_gpus": _r(q.error_mae_gpus),
                         "error_mae_pct": _r(q.error_mae_pct, 2)}
                        for q in advice.spot_quota],
+    }
+
+
+def schema() -> dict[str, Any]:
+    """The openapi schema of ``/v1/advice``'s ``preemption`` section."""
+    num = {"type": "number"}
+    maybe = {"type": ["number", "null"]}
+    victim = {"type": "object",
+              "required": ["job", "namespace", "pod", "node", "gpus", "priority", "ran_seconds",
+                           "lost_seconds", "lost_gpu_hours"],
+              "properties": {"job": {"type": "string"}, "namespace": {"type": "string"},
+                             "pod": {"type": "string"}, "node": {"type": "string"}, "gpus": num,
+                             "priority": {"type": "integer"}, "ran_seconds": num, "lost_seconds": num,
+                             "lost_gpu_hours": num}}
+    quota = {"type": "object",
+             "required": ["pool", "capacity_gpus", "quota_gpus", "high_now_gpus", "high_forecast_gpus",
+                          "margin_gpus", "horizon_hours", "forecasts_checked", "error_mae_gpus",
+                          "error_mae_pct"],
+             "properties": {"pool": {"type": "string"}, "capacity_gpus": num, "quota_gpus": num,
+                            "high_now_gpus": num, "high_forecast_gpus": num, "margin_gpus": num,
+                            "horizon_hours": {"type": "integer"}, "forecasts_checked": {"type": "integer"},
+                            "error_mae_gpus": maybe, "error_mae_pct": maybe}}
+    return {
+        "type": "object",
+        "description": "the preemption advice (docs/advisor.md, Preemption): the victims for the "
+                       "blocked high-priority head with the work each would lose, and the spot quota "
+                       "per pool with its forecast's error",
+        "required": ["computed_at", "preempt", "spot_quota"],
+        "properties": {
+            "computed_at": num,
+            "preempt": {"anyOf": [{"type": "null"}, {
+                "type": "object",
+                "required": ["head", "pool", "head_gpus", "head_priority", "node", "lost_gpu_hours",
+                             "reason", "victims"],
+                "properties": {"head": {"type": "string"}, "pool": {"type": "string"},
+                               "head_gpus": {"type": "integer"}, "head_priority": {"type": "integer"},
+                               "node": {"type": "string"}, "lost_gpu_hours": num,
+                               "reason": {"type": "string"},
+                               "victims": {"type": "array", "maxItems": MAX_VICTIMS, "items": victim}}}]},
+            "spot_quota": {"type": "array", "items": quota},
+        },
     }
 
 
@@ -343,6 +396,6 @@ def evictions(section: Any) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["EXEMPT", "MODES", "AdviceFormatError", "AdviceSettings", "Preemption", "PreemptionAdvice",
-           "QuotaTracker", "Victim", "advise", "choose", "evictions", "is_spot", "lost_seconds",
-           "slurm_lines", "to_json", "victims_from_json"]
+__all__ = ["EXEMPT", "MODES", "AdviceFormatError", "AdviceSettings", "Adviser", "Preemption",
+           "PreemptionAdvice", "QuotaTracker", "Victim", "advise", "choose", "evictions", "is_spot",
+           "lost_seconds", "schema", "slurm_lines", "to_json", "victims_from_json"]
