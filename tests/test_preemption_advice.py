@@ -139,3 +139,29 @@ async def test_serve_s_advice_carries_the_preemption_section_as_the_schema_says(
     assert pools == {g["pool"] for g in snapshot["gpus"]}
     for quota in section["spot_quota"]:
         assert 0 <= quota["quota_gpus"] <= quota["capacity_gpus"]
+
+
+def test_gpufleet_plan_renders_the_saved_advice_s_preemption(tmp_path, capsys):
+    from exporter.cli import main
+
+    snapshot = fleet([alloc("4242", "a", range(8), started_min_ago=60),
+                      alloc("hp", "b", range(8), priority=10), alloc("hp2", "c", range(8), priority=10)],
+                     [HEAD])
+    saved = tmp_path / "advice.json"
+    saved.write_text(json.dumps({"evaluated_at": NOW, "preemption": to_json(advise(snapshot, NOW))}))
+    assert main(["plan", "--from", str(saved), "--format", "slurm", "--preemption",
+                 "--preempt-mode", "suspend"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:] == ["scontrol suspend 4242"] and out[0].startswith("# preemption for train-hp")
+    assert main(["plan", "--from", str(saved), "--format", "kubernetes", "--preemption"]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["metadata"] == {"name": "4242-0", "namespace": "team",
+                                            "annotations": {"gpufleet.io/reason": "preemption"}}
+    hostile = tmp_path / "hostile.json"
+    hostile.write_text(json.dumps({"evaluated_at": NOW, "preemption": {
+        "preempt": {"head": "h", "victims": [{"job": "$(reboot)", "node": "a"}]}}}))
+    assert main(["plan", "--from", str(hostile), "--format", "slurm", "--preemption"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert "victims[0].job" in captured.err
+    assert main(["plan", "--from", str(saved), "--format", "json", "--preemption"]) == 2

@@ -98,6 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="render a plan past its expires_at (to review it, not to apply it)")
     parser.add_argument("--weights", action="store_true",
                         help="--format slurm: also the advice's steering, as node Weight updates")
+    parser.add_argument("--preemption", action="store_true",
+                        help="--format slurm or kubernetes: only the advice's preemption, its victims "
+                        "for the blocked high-priority head as scontrol commands or policy/v1 Evictions "
+                        "(one JSON object a line)")
+    parser.add_argument("--preempt-mode", choices=("requeue", "suspend"), default="requeue",
+                        help="--preemption --format slurm: the site's PreemptMode (default requeue)")
     parser.add_argument("--api-server", metavar="URL",
                         help="the Kubernetes apiserver each node is read from (--format kubernetes)")
     parser.add_argument("--api-token-file", metavar="FILE", help="bearer token for the apiserver")
@@ -112,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-bytes: must be from 1 to 1 GiB, got {args.max_bytes}")
     if args.weights and args.format != "slurm":
         raise UsageError("--weights: only with --format slurm")
+    if args.preemption:
+        if args.format not in REMEDIATION_FORMATS:
+            raise UsageError("--preemption: only with --format slurm or kubernetes")
+        return _preemption(args)
     if args.format in REMEDIATION_FORMATS:
         return _remediation(args)
     if args.api_server or args.api_token_file or args.api_ca_file:
@@ -188,6 +198,37 @@ def _remediation(args: argparse.Namespace) -> int:
             print(f"gpufleet: {record['id']}: {one_line(record['error'])}", file=sys.stderr)
     sys.stdout.writelines(line + "\n" for line in weights)
     return 1 if failed else 0
+
+
+def _preemption(args: argparse.Namespace) -> int:
+    """The advice's preemption section rendered (exporter/preemption/advice.py); nothing, said
+    on stderr, when the advice has none or names no victim."""
+    from exporter.preemption.advice import AdviceFormatError, evictions, slurm_lines
+
+    try:
+        body = _read(args)
+        try:
+            data = bounds.parse_json(body)
+        except bounds.Invalid:
+            raise PlanError(f"{args.source}: not JSON") from None
+        if not isinstance(data, dict) or "evaluated_at" not in data:
+            raise PlanError(f"{args.source}: expected /v1/advice's answer")
+        section = data.get("preemption")
+        if args.format == "slurm":
+            out = slurm_lines(section, args.preempt_mode)
+        else:
+            out = [json.dumps(e, sort_keys=True) for e in evictions(section)]
+    except AdviceFormatError as exc:
+        print(f"gpufleet: {args.source}: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    except PlanError as exc:
+        print(f"gpufleet: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    if not out:
+        print("gpufleet: no preemption: the advice names no victim (no high-priority job is "
+              "blocked, or none can be helped)", file=sys.stderr)
+    sys.stdout.writelines(line + "\n" for line in out)
+    return 0
 
 
 def steering_lines(body: bytes, source: str) -> list[str]:
