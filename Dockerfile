@@ -7,8 +7,10 @@
 #     --build-arg SLURM_PACKAGES="slurm-client=22.05.8-4+deb12u3 munge" .
 #
 # Two images (issue 30): `node` is `pip install .`, what node mode (NVML, the DaemonSet)
-# needs; the default, `full`, adds every extra (`.[all]`: the kubernetes source, the
-# kubelet's PodResources, the plots and the dashboard generator) for cluster mode.
+# needs, without numpy (node mode never loads it); the default, `full`, adds every extra
+# (`.[analysis,all]`: numpy for the analysis, the advisor and the simulated fleet, the
+# kubernetes source, the kubelet's PodResources, the plots and the dashboard generator)
+# for cluster mode.
 #
 # The base image is pinned by digest, so a rebuild gets the same Python and Debian until
 # the digest is changed on purpose. To update it:
@@ -49,8 +51,8 @@ COPY docs/runbooks.md ./docs/runbooks.md
 # from the installed table.
 COPY rules/gpufleet-*.yaml /usr/share/gpufleet/rules/
 COPY dashboards/*.json /usr/share/gpufleet/dashboards/
-# The same `pip install .` that `make run` and `make test` run: setuptools builds the one
-# wheel from pyproject.toml and pip installs it with its dependencies.
+# A node's install (docs/deploy.md): setuptools builds the one wheel from pyproject.toml and
+# pip installs it with its dependencies; `make run` adds [analysis], `make test` [all,test].
 RUN pip install --no-cache-dir . \
     && useradd --system --uid 10001 --no-create-home gpufleet \
     && mkdir -p /var/lib/gpufleet && chown 10001 /var/lib/gpufleet
@@ -64,13 +66,14 @@ HEALTHCHECK --interval=30s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:9874/-/healthy', timeout=2).status == 200 else 1)"]
 ENTRYPOINT ["gpufleet", "serve"]
 
-# The full image: node mode's plus every extra (pyproject.toml's [all]), for cluster mode.
+# The full image: node mode's plus every extra (pyproject.toml's [all]; [analysis] named
+# too, though matplotlib brings numpy), for cluster mode.
 FROM node AS full
 USER 0
 WORKDIR /src
 # DL3013 (pin versions): this is the checkout's own package; pyproject.toml bounds its extras.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir '.[all]'
+RUN pip install --no-cache-dir '.[analysis,all]'
 USER 10001
 WORKDIR /var/lib/gpufleet
 

@@ -14,10 +14,10 @@ APT    := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# The Dockerfile's `pip install .` plus [analysis] (numpy), which the simulated fleet needs;
-# re-run whenever the package changes.
+# The Dockerfile's `pip install .` (a node's) and [analysis] (numpy), which the simulated
+# fleet needs; re-run whenever the package changes.
 $(VENV)/.installed-run: $(BIN)/python $(SRC)
-	$(BIN)/pip install --disable-pip-version-check -q '.[analysis]'
+	$(BIN)/pip install --disable-pip-version-check '.[analysis]' -q .
 	touch $@
 
 # Every wheel the test install takes is kept in $(WHEELHOUSE) first, then installed from it:

@@ -101,7 +101,7 @@ def test_a_node_install_brings_no_numpy_and_every_install_that_analyses_does():
             everything |= _names(extras[extra])
     assert "numpy" in _closure(everything)
     # make run serves the simulated fleet: its install names the extra
-    assert "pip install --disable-pip-version-check -q '.[analysis]'" in (REPO / "Makefile").read_text()
+    assert "pip install --disable-pip-version-check '.[analysis]' -q .\n" in (REPO / "Makefile").read_text()
 
 
 def _run(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
