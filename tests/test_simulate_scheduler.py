@@ -49,17 +49,56 @@ def test_the_sweep_reserves_what_the_per_node_definition_does(case):
     for k in range(5):
         head = random_job(rng, 1000 + k, gang=True)
         assert reserve(cluster, head, now) == reserve_per_node(cluster, head, now)
+        # the partitions it heads: some of its models only
+        some = tuple(rng.choice(MODELS, size=int(rng.integers(1, 3)), replace=False).tolist())
+        assert reserve(cluster, head, now, some) == reserve_per_node(cluster, head, now, some)
 
 
-def test_a_new_heads_reservation_lets_a_job_kept_off_the_old_one_backfill_at_once():
-    """No capacity comes back between the two passes, but the head changes: the job that failed
-    off the old head's reserved node is tried again off the new head's, and starts there."""
+def three_nodes_two_heads(mode: str):  # type: ignore[no-untyped-def]
+    """Two H100 nodes and an A100, all busy: an 8-GPU head of any model reserves the H100 n1
+    (free at 100); a long 4-GPU job waits behind it; then a high-priority A100 job comes."""
     from exporter.outcome_sim.scheduler import Scheduler
 
     models = ("H100", "H100", "A100-SXM4-80GB")
     nodes = tuple(Node(f"n{i}", m, 64.0, "p", "x", 8) for i, m in enumerate(models))
     cluster = Cluster(SimFleet("three", nodes, (), (Shape(1, 1.0, 1),)).empty_state(), "bestfit")
-    scheduler = Scheduler(cluster, "fifo")
+    scheduler = Scheduler(cluster, mode)
+    busy = [Job(90 + i, 0.0, work, 1.0, gpus, 1.0, 1, (), False)
+            for i, (gpus, work) in enumerate(((8, 1000.0), (4, 100.0), (8, 500.0)))]
+    for node, j in enumerate(busy):
+        cluster.start(j, cluster.find(j, exclude=[n for n in range(3) if n != node]), 0.0)
+    first_head = Job(1, 1.0, 50.0, 1.0, 8, 1.0, 1, (), False)
+    waiting = Job(2, 2.0, 10_000.0, 1.0, 4, 1.0, 1, (), False)  # ends long after any shadow
+    for j in (first_head, waiting):
+        scheduler.submit(j)
+    assert scheduler.run_pass(10.0) == []
+    assert scheduler.reservation is not None and scheduler.reservation.nodes == (1,)
+    new_head = Job(3, 11.0, 50.0, 1.0, 8, 1.0, 1, ("A100-SXM4-80GB",), True)  # high: goes first
+    scheduler.submit(new_head)
+    return scheduler, first_head, waiting, new_head
+
+
+def test_per_partition_the_first_head_keeps_its_h100_reservation_when_an_a100_head_comes():
+    """The A100 head blocks the A100 partition only: the first head still heads the H100 one and
+    keeps n1 reserved, so the long job stays off it; each head has its own reservation."""
+    scheduler, first_head, waiting, new_head = three_nodes_two_heads("fifo")
+    assert scheduler.run_pass(11.0) == []
+    assert scheduler.heads == (new_head, first_head) and scheduler.blocked is new_head
+    assert scheduler.reservations[first_head.id].nodes == (1,)
+    assert scheduler.reservations[new_head.id].nodes == (2,)
+    assert waiting.start is None
+
+
+def test_a_new_heads_reservation_lets_a_job_kept_off_the_old_one_backfill_at_once():
+    """One head for the fleet (``fifo-one-head``). No capacity comes back between the two
+    passes, but the head changes: the job that failed off the old head's reserved node is
+    tried again off the new head's, and starts there."""
+    from exporter.outcome_sim.scheduler import Scheduler
+
+    models = ("H100", "H100", "A100-SXM4-80GB")
+    nodes = tuple(Node(f"n{i}", m, 64.0, "p", "x", 8) for i, m in enumerate(models))
+    cluster = Cluster(SimFleet("three", nodes, (), (Shape(1, 1.0, 1),)).empty_state(), "bestfit")
+    scheduler = Scheduler(cluster, "fifo-one-head")
     busy = [Job(90 + i, 0.0, work, 1.0, gpus, 1.0, 1, (), False)
             for i, (gpus, work) in enumerate(((8, 1000.0), (4, 100.0), (8, 500.0)))]
     for node, j in enumerate(busy):

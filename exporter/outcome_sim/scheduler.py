@@ -1,15 +1,27 @@
-"""The queue and the scheduler's passes: FIFO with backfill (as Slurm), or per-pod retry (as Kubernetes).
+"""The queue and the scheduler's passes: FIFO with backfill per partition (as Slurm), or per-pod
+retry (as Kubernetes).
 
 Order: high-priority jobs before spot ones, then by submit time (an evicted job
 keeps its place: it was submitted when it was). A pass runs after every batch of
 events at one instant.
 
-- ``fifo`` (FIFO with EASY backfill, Slurm's ``sched/backfill`` in its simplest
-  form): jobs start in order while they fit. The first that does not is the
-  head; it gets a reservation: the nodes it could start on soonest and when (the
-  shadow time), computed from the running jobs' ends (their true durations:
-  every job's time limit is exact). Up to ``backfill_depth`` later jobs may
-  start out of order if they fit off the reserved nodes, or end by the shadow time.
+- ``fifo`` (Slurm's main scheduler and ``sched/backfill`` in their simplest form,
+  one partition per GPU model, as the simulated fleets' pools and most GPU sites):
+  jobs start in order while they fit. A job that does not fit blocks the partitions
+  it was tried in: it is their head, and later jobs of those partitions do not start
+  in order (Slurm's main scheduler skips a partition once its top job cannot start;
+  other partitions go on). A job may use every model it fits (its partitions); it is
+  tried in those not yet blocked, and if it fits none, it heads each of them: a job of
+  several partitions blocks only where it was tried. A job whose partitions are all
+  blocked is a backfill candidate: each head it waits behind gets a reservation, the
+  nodes it could start on soonest and when (the shadow time), computed from the running
+  jobs' ends (their true durations at their GPU model's speed: every job's time limit
+  is exact). Up to ``backfill_depth`` candidates (Slurm's ``bf_max_job_test``) may start
+  out of order if they fit off the reserved nodes, or on reserved nodes where they would
+  end by that head's shadow time, at the speed of the reserved nodes' model.
+- ``fifo-one-head``: the same with the whole fleet as one partition: the first job
+  that does not fit stops every later one but the backfill candidates (the scheduler
+  before per-partition heads; kept for comparison).
 - ``kube`` (Kubernetes' scheduling queue): every pending pod is tried in order at
   each pass; a pod that does not fit waits for the next cluster event (a release)
   and never blocks the pods behind it, so large pods can starve behind small ones.
@@ -34,7 +46,7 @@ from exporter.analysis.state import EPS
 from exporter.outcome_sim.cluster import Cluster
 from exporter.outcome_sim.timeline import Job
 
-MODES = ("fifo", "kube")
+MODES = ("fifo", "fifo-one-head", "kube")
 
 
 def order_key(job: Job) -> tuple[int, float, int]:
@@ -94,6 +106,15 @@ class Queue:
         return None if best is None else best[1]
 
 
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """The reservations a backfill candidate waits behind."""
+
+    off: tuple  # (releases, the reservations' numbers): names them, for what failed off them
+    reserved: tuple[int, ...]  # their nodes
+    shadows: tuple[tuple[float, float, tuple[int, ...]], ...]  # (shadow, model speed, nodes) each
+
+
 @dataclass
 class Scheduler:
     cluster: Cluster
@@ -101,17 +122,27 @@ class Scheduler:
     backfill_depth: int = 100
     queue: Queue = field(default_factory=Queue)
     rejected: list[Job] = field(default_factory=list)
-    reservation: Reservation | None = None
-    blocked: Job | None = None  # the head after the last pass, if it could not start
+    reservation: Reservation | None = None  # the first blocked head's, once a job behind it was tried
+    blocked: Job | None = None  # the first head after the last pass, if it could not start
+    heads: tuple[Job, ...] = ()  # every blocked head after the last pass, in queue order
+    # head id -> its reservation, made in the last pass (for the heads a candidate waited behind)
+    reservations: dict[int, Reservation] = field(default_factory=dict)
     _failed: dict[tuple, int] = field(default_factory=dict)  # shape -> releases when it fit nowhere
+    # (shape, partitions) -> releases when it fit in none of those partitions
+    _failed_in: dict[tuple, int] = field(default_factory=dict)
     _fits_empty: dict[tuple, bool] = field(default_factory=dict)
-    # shape -> (releases, reservation) when it fit nowhere off the reserved nodes
-    _failed_off: dict[tuple, tuple[int, int]] = field(default_factory=dict)
+    _partitions: dict[tuple, tuple[int, ...]] = field(default_factory=dict)  # shape -> its partitions
+    # shape -> (releases, reservations) when it fit nowhere off those reservations' nodes
+    _failed_off: dict[tuple, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     _disturbed: int = 0  # moves and evictions so far: a reservation from before may be stale
-    _reserved_at: int = -1  # _disturbed when the reservation was made
-    _reservations: int = 0  # reservations made so far: the one in force is told by its number
-    _model_masks: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)  # nodes of these models
+    _reservations: int = 0  # reservations made so far: one in force is told by its number
+    # head id -> (reservation, its number, _disturbed when made, the partitions it was made for)
+    _held: dict[int, tuple[Reservation, int, int, tuple[int, ...]]] = field(default_factory=dict)
+    _model_masks: dict[tuple, np.ndarray] = field(default_factory=dict)  # nodes of these models
     _last_pass: tuple[int, int, int] | None = None
+    # (the placer's clock, {GPU share a part needs: per node, GPUs with that much free}): most
+    # tries in a pass fail, and fail while nothing changed
+    _counted: tuple[int, dict[float, np.ndarray]] = (-1, {})
     # per job, a per-node rank the placer puts before its policy (steering's per-pod preferred
     # nodes: steering.SteerPod), in force for that job's placement only; None: the placer's own
     steer: Callable[[Job], np.ndarray | None] | None = None
@@ -136,8 +167,29 @@ class Scheduler:
         self._disturbed += 1
 
     def disturbed(self) -> None:
-        """Running jobs moved: the head's reservation is recomputed at the next pass."""
+        """Running jobs moved: the heads' reservations are recomputed at the next pass."""
         self._disturbed += 1
+
+    def partitions(self, job: Job) -> tuple[int, ...]:
+        """The partitions ``job`` is submitted to: the GPU models (the placer's indices) it may
+        use and that have enough nodes big enough for it, empty or not (a partition it could
+        never start in is not one Slurm would keep it in). ``fifo-one-head``: the one
+        partition 0. A job asking no GPU is in none: it never blocks, nor waits for, a head."""
+        if self.mode == "fifo-one-head":
+            return (0,)
+        key = job.shape_key
+        found = self._partitions.get(key)
+        if found is None:
+            placer = self.cluster.placer
+            if not job.gpus:
+                found = ()
+            else:
+                big = (placer.gpu_count >= job.gpus) & (placer.cpu_total >= job.cpus - EPS)
+                counts = np.bincount(placer.model[big], minlength=len(placer.model_names))
+                found = tuple(m for m, name in enumerate(placer.model_names)
+                              if counts[m] >= job.parts and (not job.models or name in job.models))
+            self._partitions[key] = found
+        return found
 
     def run_pass(self, now: float) -> list[Job]:
         """Start what may start now; the jobs started."""
@@ -145,78 +197,174 @@ class Scheduler:
         token = (cluster.releases, self.queue.added, self._disturbed)
         if token == self._last_pass:
             return []  # nothing came back, nothing arrived, nothing moved: what waited still waits
-        fifo = self.mode == "fifo"
+        started = self._kube_pass(now) if self.mode == "kube" else self._fifo_pass(now)
+        for job in started:
+            self.queue.remove(job)
+        if self.mode == "kube":
+            self.blocked = self.queue.head()
+        self._last_pass = (cluster.releases, self.queue.added, self._disturbed)
+        return started
+
+    def _kube_pass(self, now: float) -> list[Job]:
+        cluster = self.cluster
         started: list[Job] = []
-        head: Job | None = None
-        examined = 0
-        depth = self.backfill_depth
         releases = cluster.releases  # no start in the pass changes it: what fit nowhere still does
-        failed, failed_off = self._failed, self._failed_off
-        reservation: Reservation | None = None  # the head's, once a job behind it is tried
-        off: tuple[int, int] = (releases, 0)
+        failed = self._failed
         walk = self.queue.ordered()
         job = next(walk, None)
         while job is not None:
             key = job.shape_key
-            skip = False
-            placed = None
-            if failed.get(key) == releases:
-                skip = True  # nothing came back since it fit nowhere: the whole group waits
-            elif head is None:
+            skip = True
+            if failed.get(key) != releases:
                 placed = self._find(job)
                 if placed is None:
                     failed[key] = releases
-                    skip = True
-            else:
-                examined += 1
-                if examined > depth:
-                    break
-                # a job behind the blocked head starts if it leaves the head's reservation alone:
-                # off the reserved nodes, or ending by the head's shadow time
-                if reservation is None:
-                    reservation = self._reserve(head, now)
-                    off = (releases, self._reservations)
-                # it failed off these reserved nodes, and nothing came back since: it still does
-                if failed_off.get(key) != off:
-                    placed = self._find(job, reservation.nodes)
-                    if placed is None:
-                        failed_off[key] = off
-                if placed is None and now + (job.work - job.done) <= reservation.shadow:
-                    placed = self._find(job)
-                    if placed is None:
-                        failed[key] = releases
-            if placed is not None:
-                cluster.start(job, placed, now)
-                started.append(job)
-            elif fifo and head is None:
-                head = job
+                else:
+                    cluster.start(job, placed, now)
+                    started.append(job)
+                    skip = False
             try:
                 job = walk.send(skip)
             except StopIteration:
                 job = None
-        for job in started:
-            self.queue.remove(job)
-        self._last_pass = (cluster.releases, self.queue.added, self._disturbed)
-        self.blocked = head if fifo else self.queue.head()
-        if head is None:
-            self.reservation = None
         return started
 
-    def _find(self, job: Job, exclude: tuple[int, ...] = ()) -> list | None:
-        """``cluster.find``, asked only when the job could fit: a model it may use has, off
-        ``exclude``, as many nodes with room for a part as it has parts. Without that, the
-        placer would try a gang part by part, model by model, over the whole fleet, and fail
-        (on the GFS fleet a many-worker gang was tried so at every pass)."""
+    def _fifo_pass(self, now: float) -> list[Job]:
+        cluster = self.cluster
+        started: list[Job] = []
+        releases = cluster.releases  # no start in the pass changes it: what fit nowhere still does
+        failed, failed_in = self._failed, self._failed_in
+        depth = self.backfill_depth
+        partitions = 1 if self.mode == "fifo-one-head" else len(cluster.placer.model_names)
+        heads: dict[int, Job] = {}  # partition -> its blocked head
+        order: list[Job] = []  # the heads, in queue order
+        blocks: dict[int, tuple[int, tuple[int, ...]]] = {}  # head id -> (fresh, partitions it blocks)
+        started_in: set[int] = set()  # partitions where a job started in order in this pass
+        made: dict[int, tuple[Reservation, int]] = {}  # head id -> (reservation, number) in force
+        # a candidate's partitions -> the reservations of the heads it waits behind (:meth:`_ahead`)
+        behind: dict[tuple[int, ...], Ahead] = {}
+        examined = 0
+        walk = self.queue.ordered()
+        job = next(walk, None)
+        while job is not None:
+            key = job.shape_key
+            parts = self.partitions(job)
+            free = tuple(p for p in parts if p not in heads)
+            skip = False
+            placed = None
+            if free or not parts:  # the main scheduler: tried in the partitions not blocked yet
+                if failed.get(key) == releases:
+                    skip = True  # nothing came back since it fit nowhere: the whole group waits
+                elif len(free) == len(parts):
+                    placed = self._find(job)
+                    if placed is None:
+                        failed[key] = releases
+                        skip = True
+                elif failed_in.get((key, free)) != releases:
+                    placed = self._find(job, models=free)
+                    if placed is None:
+                        failed_in[(key, free)] = releases
+                if placed is not None:
+                    if partitions > 1:
+                        started_in.add(int(cluster.placer.model[placed[0].node]))
+                elif free:
+                    for p in free:
+                        heads[p] = job
+                    # started in order in one of them earlier in this pass: a held reservation is stale
+                    blocks[job.id] = (int(not started_in.isdisjoint(free)), free)
+                    order.append(job)
+            elif failed.get(key) == releases:
+                skip = True
+            elif examined >= depth:
+                if len(heads) >= partitions:
+                    break  # every partition blocked, and no candidate left to try
+                skip = True  # its group's later jobs are candidates too: none is tried
+            else:
+                examined += 1
+                ahead = behind.get(parts)
+                if ahead is None:  # its partitions' heads do not change in the pass: once per partitions
+                    ahead = behind[parts] = self._ahead(parts, heads, blocks, made, now)
+                placed = self._backfill(job, ahead, now)
+            if placed is not None:
+                cluster.start(job, placed, now)
+                started.append(job)
+            try:
+                job = walk.send(skip)
+            except StopIteration:
+                job = None
+        self.heads = tuple(order)
+        self.blocked = order[0] if order else None
+        self.reservations = {head: r for head, (r, _) in made.items()}
+        held = {j.id: self._held[j.id] for j in order if j.id in self._held}
+        self._held = held
+        first = held.get(self.blocked.id) if self.blocked is not None else None
+        self.reservation = first[0] if first is not None else None
+        return started
+
+    def _ahead(self, parts: tuple[int, ...], heads: dict[int, Job],
+               blocks: dict[int, tuple[int, tuple[int, ...]]],
+               made: dict[int, tuple[Reservation, int]], now: float) -> Ahead:
+        """What a candidate of ``parts`` waits behind: its heads' reservations."""
+        cluster = self.cluster
+        ahead = list({heads[p].id: heads[p] for p in parts}.values())
+        held = [self._reserve(head, blocks[head.id], made, now) for head in ahead]
+        off = (cluster.releases, tuple(sorted(number for _, number in held)))
+        reserved = tuple(sorted({n for r, _ in held for n in r.nodes}))
+        # (shadow, speed of the reserved nodes' model, nodes) of each reservation that holds nodes
+        shadows = tuple((r.shadow, cluster.speeds[int(cluster.placer.model[r.nodes[0]])], r.nodes)
+                        for r, _ in held if r.nodes)
+        return Ahead(off, reserved, shadows)
+
+    def _backfill(self, job: Job, ahead: Ahead, now: float) -> list | None:
+        """Where a candidate behind blocked heads may start now, leaving their reservations alone:
+        off their reserved nodes, or on those of a head whose shadow time it ends by, its run
+        at the speed of their GPU model (after restoring a checkpoint, if it has one)."""
+        key = job.shape_key
+        placed = None
+        # it failed off these reserved nodes, and nothing came back since: it still does
+        if self._failed_off.get(key) != ahead.off:
+            placed = self._find(job, ahead.reserved)
+            if placed is None:
+                self._failed_off[key] = ahead.off
+                if not ahead.reserved:
+                    self._failed[key] = ahead.off[0]
+        if placed is None and ahead.shadows:
+            start = now + (self.cluster.cost.restore if job.restore_due else 0.0)
+            left = job.work - job.done
+            late = [nodes for shadow, speed, nodes in ahead.shadows if start + left / speed > shadow]
+            if not late:
+                placed = self._find(job)
+                if placed is None:
+                    self._failed[key] = ahead.off[0]
+            elif len(late) < len(ahead.shadows):
+                placed = self._find(job, tuple(sorted({n for nodes in late for n in nodes})))
+        return placed
+
+    def _find(self, job: Job, exclude: tuple[int, ...] = (), models: tuple[int, ...] = ()) -> list | None:
+        """``cluster.find``, asked only when the job could fit: a model it may use (of ``models``,
+        the placer's indices, if given) has, off ``exclude``, as many nodes with room for a part
+        as it has parts. Without that, the placer would try a gang part by part, model by model,
+        over the whole fleet, and fail (on the GFS fleet a many-worker gang was tried so at every
+        pass)."""
         placer = self.cluster.placer
         room = placer.cpu_free >= job.cpus - EPS
         if job.gpus:
             need = 1.0 if job.share >= 1.0 - EPS else job.share
-            room &= np.count_nonzero(placer.gpu_free >= need - EPS, axis=1) >= job.gpus
-        if job.models and job.gpus:  # the placer keeps a CPU-only job to no model
-            allowed = self._model_masks.get(job.models)
+            if self._counted[0] != placer._clock:  # the fleet changed since they were counted
+                self._counted = (placer._clock, {})
+            counts = self._counted[1].get(need)
+            if counts is None:
+                counts = self._counted[1][need] = np.count_nonzero(placer.gpu_free >= need - EPS, axis=1)
+            room &= counts >= job.gpus
+        names: tuple[str, ...] | None = None
+        if models and job.gpus:
+            names = tuple(placer.model_names[m] for m in models)
+        if (names or job.models) and job.gpus:  # the placer keeps a CPU-only job to no model
+            mask_key = names if names else job.models
+            allowed = self._model_masks.get(mask_key)
             if allowed is None:
-                ids = [i for i, m in enumerate(placer.model_names) if m in job.models]
-                allowed = self._model_masks[job.models] = np.isin(placer.model, ids)
+                ids = [i for i, m in enumerate(placer.model_names) if m in mask_key]
+                allowed = self._model_masks[mask_key] = np.isin(placer.model, ids)
             room &= allowed
         if exclude:
             room[list(exclude)] = False
@@ -227,27 +375,42 @@ class Scheduler:
             return None
         rank = self.steer(job) if self.steer is not None else None
         if rank is None:
-            return self.cluster.find(job, exclude=exclude)
+            return self.cluster.find(job, exclude=exclude, models=names)
         before, placer.preference = placer.preference, rank
         try:
-            return self.cluster.find(job, exclude=exclude)
+            return self.cluster.find(job, exclude=exclude, models=names)
         finally:
             placer.preference = before
 
-    def _reserve(self, head: Job, now: float) -> Reservation:
-        held = self.reservation
-        if held is not None and held.job == head.id and self._disturbed == self._reserved_at:
-            return held
-        self.reservation = reserve(self.cluster, head, now)
-        self._reserved_at = self._disturbed
+    def _reserve(self, head: Job, blocks: tuple[int, tuple[int, ...]],
+                 made: dict[int, tuple[Reservation, int]], now: float) -> tuple[Reservation, int]:
+        """The head's reservation in the partitions it blocks, and its number: the one made in an
+        earlier pass while nothing moved and nothing started ahead of it there, else a new one."""
+        got = made.get(head.id)
+        if got is not None:
+            return got
+        fresh, partitions = blocks
+        held = self._held.get(head.id)
+        if held is not None and not fresh and held[2] == self._disturbed and held[3] == partitions:
+            got = made[head.id] = (held[0], held[1])
+            return got
+        models = None
+        if partitions != self.partitions(head):
+            names = self.cluster.placer.model_names
+            models = tuple(names[p] for p in partitions)
+        reservation = reserve(self.cluster, head, now, models)
         # by number, not id(): a freed reservation's address is reused by a later one, which
         # then passed for it and kept jobs off nodes it no longer reserved
         self._reservations += 1
-        return self.reservation
+        self._held[head.id] = (reservation, self._reservations, self._disturbed, partitions)
+        got = made[head.id] = (reservation, self._reservations)
+        return got
 
 
-def reserve(cluster: Cluster, head: Job, now: float) -> Reservation:
-    """The nodes ``head`` could start on soonest, and when, if the running jobs end as planned.
+def reserve(cluster: Cluster, head: Job, now: float, models: tuple[str, ...] | None = None) -> Reservation:
+    """The nodes ``head`` could start on soonest, and when, if the running jobs end as planned
+    (each at its GPU model's speed: :meth:`Job.end`). ``models``: the GPU models it may start
+    on here (the partitions it heads); None: all it may use.
 
     Per node: its free GPUs and cores, plus what its jobs give back as they end,
     earliest first, until the head's part fits. A gang needs ``parts`` such nodes of
@@ -261,8 +424,10 @@ def reserve(cluster: Cluster, head: Job, now: float) -> Reservation:
     placer = cluster.placer
     need = 1.0 if head.share >= 1.0 - EPS else head.share
     eligible = (placer.gpu_count >= head.gpus) & (placer.cpu_total >= head.cpus - EPS)
-    if head.models:
-        allowed = [i for i, m in enumerate(placer.model_names) if m in head.models]
+    if models is None:
+        models = head.models
+    if models:
+        allowed = [i for i, m in enumerate(placer.model_names) if m in models]
         eligible &= np.isin(placer.model, allowed)
     fits = eligible & (placer.cpu_free >= head.cpus - EPS)
     if head.gpus:
@@ -320,7 +485,8 @@ def reserve(cluster: Cluster, head: Job, now: float) -> Reservation:
     return best
 
 
-def reserve_per_node(cluster: Cluster, head: Job, now: float) -> Reservation:
+def reserve_per_node(cluster: Cluster, head: Job, now: float,
+                     models: tuple[str, ...] | None = None) -> Reservation:
     """:func:`reserve` node by node: each node's own ends until the head fits. The reference the
     sweep is tested against (and what it was before)."""
     placer = cluster.placer
@@ -329,7 +495,9 @@ def reserve_per_node(cluster: Cluster, head: Job, now: float) -> Reservation:
         end = job.end()
         for p in job.placements:
             ends.setdefault(p.node, []).append((end, p.cpus, p.slots, p.gpu_share))
-    allowed = set(head.models) if head.models else None
+    if models is None:
+        models = head.models
+    allowed = set(models) if models else None
     by_model: dict[int, list[tuple[float, int]]] = {}
     for node in range(len(placer.names)):
         model = int(placer.model[node])
