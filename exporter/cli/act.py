@@ -89,6 +89,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", action="store_true",
                         help="also set the nodes' Slurm Weight to the advice's steering "
                              "(--slurm --from)")
+    parser.add_argument("--preemption", action="store_true",
+                        help="also preempt the advice's victims for its blocked high-priority head "
+                             "(--slurm --from; docs/advisor.md, Preemption)")
+    parser.add_argument("--preempt-mode", choices=("requeue", "suspend"), default="requeue",
+                        help="--preemption: scontrol requeue or suspend, as the site's PreemptMode "
+                             "(default requeue)")
+    parser.add_argument("--preemptions-per-hour", type=int, default=20, metavar="N",
+                        help="--preemption: preemptions at most in any hour (default 20)")
     parser.add_argument("--weights-per-minute", type=int, default=DEFAULT_WEIGHTS_PER_MINUTE,
                         metavar="N", help="Weight updates at most in any minute (default "
                         f"{DEFAULT_WEIGHTS_PER_MINUTE})")
@@ -191,15 +199,20 @@ def run(args: argparse.Namespace) -> int:
     flag_number(args.weights_per_minute, "--weights-per-minute", 1, MAX_WEIGHTS_PER_MINUTE)
     if args.weights and (args.backend != "slurm" or not args.from_url):
         raise UsageError("--weights: only with --slurm --from URL (the advice's steering section)")
+    flag_number(args.preemptions_per_hour, "--preemptions-per-hour", 1, 10_000)
+    if args.preemption and (args.backend != "slurm" or not args.from_url):
+        raise UsageError("--preemption: only with --slurm --from URL (the advice's preemption section)")
     if args.from_url:
         url = advice_url(args.from_url)
         advice = advice_at(url, _token(args.from_token_file))
         # with --weights, an advice without health (health off) still carries the steering
-        events = [] if args.weights and isinstance(advice, dict) and advice.get("health") is None \
-            else events_of(advice, url)
+        events = [] if (args.weights or args.preemption) and isinstance(advice, dict) \
+            and advice.get("health") is None else events_of(advice, url)
         failed = _handle(actor, events, f"--from {url}")
         if args.weights:
             failed |= _weights(args, advice, url)
+        if args.preemption:
+            failed |= _preempt(args, advice)
         return failed
     try:
         # binary: each line is bounded while it is read (bounded_lines), never read whole first
@@ -230,6 +243,27 @@ def _handle(actor: Actor, lines: Iterable[str], what: str) -> int:
     except ActError as exc:  # the audit log cannot take a record: act no further
         raise UsageError(f"--audit-log {exc}") from None
     return 1 if failed else 0
+
+
+def _preempt(args: argparse.Namespace, advice: object) -> int:
+    """The advice's preemption taken to Slurm (exporter/preemption/act.py): 1 if one failed."""
+    from exporter.preemption.act import PreemptActor, PreemptError
+
+    section = advice.get("preemption") if isinstance(advice, dict) else None
+    if section is None:
+        print("gpufleet act: no preemption: the advice has no preemption section", file=sys.stderr)
+        return 0
+    try:
+        actor = PreemptActor(args.mode, Path(args.audit_log), sys.stdout, args.scontrol,
+                             args.preempt_mode, args.preemptions_per_hour, notes=sys.stderr)
+        records = actor.apply(section)
+    except PreemptError as exc:
+        print(f"gpufleet act: preemption: {exc}", file=sys.stderr)
+        return 1
+    for record in records:
+        if record["outcome"] == "failed":
+            print(f"gpufleet act: {record['id']}: {record['error']}", file=sys.stderr)
+    return 1 if any(r["outcome"] == "failed" for r in records) else 0
 
 
 def _weights(args: argparse.Namespace, advice: object, url: str) -> int:
