@@ -100,18 +100,23 @@ def main() -> int:
                         "mode with (default: this interpreter)")
     parser.add_argument("--make-venv", action="store_true",
                         help="make --venv first, as docs/deploy.md states a node install")
+    parser.add_argument("--find-links", type=Path, help="with --make-venv: install from this "
+                        "folder of wheels only (pip --no-index), e.g. .venv/docs-wheelhouse")
+    parser.add_argument("--tree", type=Path, default=REPO, help="with --make-venv: the checkout "
+                        "to install and run (default: this one; a `git archive` for a before)")
     args = parser.parse_args()
     python = sys.executable
     if args.venv is not None:
         if args.make_venv:
             subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(args.venv)],
                            check=True)
+            index = ["--no-index", "--find-links", str(args.find_links)] if args.find_links else []
             subprocess.run([sys.executable, "-m", "pip", "--python",
-                            str(args.venv / "bin" / "python"), "install", "-q", str(REPO)],
-                           check=True)
+                            str(args.venv / "bin" / "python"), "install", "-q", *index,
+                            str(args.tree)], check=True)
         install_size(args.venv)
         python = str(args.venv / "bin" / "python")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(args.tree)}
     help_cpu = [cpu_of([sys.executable, "-m", "exporter", "serve", "--help"], env)
                 for _ in range(args.runs)]
     bare = min(cpu_of([sys.executable, "-c", "pass"], env) for _ in range(args.runs))
@@ -125,7 +130,7 @@ def main() -> int:
                           "sources: {sim: {enabled: false}, nvml: {enabled: true}}\n")
         port = free_port()
         proc = subprocess.Popen(
-            [python, "-c", LAUNCHER, str(REPO / "tests" / "helpers" / "fake_pynvml.py"),
+            [python, "-c", LAUNCHER, str(args.tree / "tests" / "helpers" / "fake_pynvml.py"),
              "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
             cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

@@ -544,6 +544,14 @@ NODE_INFO = FamilySpec(
 NODE_CPU_CORES = FamilySpec(
     "gpufleet_node_cpu_cores", "gauge", "CPU cores of the node.",
     ("node", "pool", "model"), "node", origin="node")
+NODE_GPUS = FamilySpec(
+    "gpufleet_node_gpus", "gauge",
+    "GPUs of the node by state: up, down or stale (a stale GPU counts as stale only).",
+    ("node", "pool", "model", "state"), "node", origin="node",
+    doc="A per-node summary of `gpufleet_gpu_up` and `gpufleet_gpu_stale`: one series per node "
+        "and state, only the states some GPU is in. Cluster mode's prometheus source reads it "
+        "instead of each GPU's up and stale (1 series a node, not 2 a GPU) where every node it "
+        "lists has all its GPUs up, and each GPU's series otherwise.")
 NODE_CPU_ALLOCATED_CORES = FamilySpec(
     "gpufleet_node_cpu_allocated_cores", "gauge", "CPU cores of the node held by jobs.",
     ("node", "pool", "model"), "node", origin="scheduler")

@@ -314,6 +314,13 @@ def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
         if node.drained:
             drained.append(((("node", node.name), ("pool", node.pool)), 1.0))
 
+    # the per-node summary cluster mode reads instead of each GPU's up and stale
+    gpu_states: dict[tuple[tuple[str, str], ...], float] = {}
+    for gpu in snapshot.gpus:
+        state = "stale" if gpu.stale else "up" if gpu.up else "down"
+        key = (("node", gpu.node), ("pool", gpu.pool), ("model", gpu.model), ("state", state))
+        gpu_states[key] = gpu_states.get(key, 0.0) + 1.0
+
     pending_jobs: dict[str, float] = {}
     pending_gpus: dict[str, float] = {}
     for request in snapshot.pending:
@@ -338,6 +345,7 @@ def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
     return [
         metrics.NODE_INFO.family(node_info),
         metrics.NODE_CPU_CORES.family(node_cpus),
+        metrics.NODE_GPUS.family(sorted(gpu_states.items())),
         metrics.NODE_CPU_ALLOCATED_CORES.family(node_cpus_alloc),
         metrics.NODE_DRAINED.family(drained),
         metrics.PENDING_JOBS.family([((("pool", p),), v) for p, v in sorted(pending_jobs.items())]),

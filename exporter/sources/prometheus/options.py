@@ -39,6 +39,12 @@ class PrometheusSource:
         "analysis, health and the advisor use (up, stale, utilisation, memory, power); the "
         "TSDB already holds the rest.",
     )
+    node_summaries: bool = opt(
+        False, help=f"Read the nodes' {catalogue.NODE_GPUS.name} (GPUs by state, one series a node, "
+        f"which node mode serves) instead of each GPU's {catalogue.GPU_UP.name} and "
+        f"{catalogue.GPU_STALE.name}; each GPU's are read as well when a summary is missing or old "
+        "or a node has a GPU not up: the same snapshot from fewer series.",
+    )
     identity_refresh: Duration = opt(
         Duration(300), help=f"GPU identity ({catalogue.GPU_INFO.name}) is read again after this long, "
         f"and at once whenever the GPUs answering {catalogue.GPU_UP.name} are not the ones it lists.",

@@ -247,7 +247,57 @@ def build_queries(config: PrometheusConfig) -> dict[str, str]:
     for family in GPU_VALUES:
         if config.gpu_telemetry or family in USED_VALUES:
             queries[family] = f"max by (node, gpu) ({family}{{{inner}}})"
+    if config.node_summaries:
+        summary = f"{metrics.NODE_GPUS.name}{{{inner}}}"
+        queries["summary"] = f"sum by (node, state) ({summary})"
+        queries["summary_old"] = (f"max by (node) (time() - timestamp({summary}))"
+                                  f" > {config.max_sample_age:g}")
     return queries
+
+
+# What a node's summary (gpufleet_node_gpus) stands in for: each GPU's up and stale, and the
+# GPUs whose up sample is old, read only when a summary does not cover every node
+SUMMARISED = (metrics.GPU_UP.name, metrics.GPU_STALE.name, "old")
+
+
+def summarised(summary: _Result | None, old: _Result | None,
+               identity: Sequence[Any] | None) -> dict[str, _Result] | None:
+    """Each GPU's up, stale and old answers as the nodes' summaries give them, or None where
+    they do not cover the fleet identity lists: a summary that failed, a node without one
+    or with an old one, a node whose counts are not identity's GPUs all up."""
+    if summary is None or summary.series is None or old is None or old.series is None:
+        return None
+    if not identity:
+        return None
+    keys = _keys(identity)
+    listed: dict[str, int] = {}
+    for node, _ in keys:
+        listed[node] = listed.get(node, 0) + 1
+    counts: dict[str, dict[str, float]] = {}
+    try:
+        if any(_label(sample["metric"], "node") in listed for sample in old.series):
+            return None
+        for sample in summary.series:
+            labels = sample["metric"]
+            value = _value(sample)
+            if value is None:
+                return None
+            states = counts.setdefault(labels.get("node", ""), {})
+            state = labels.get("state", "")
+            states[state] = states.get(state, 0.0) + value
+    except _BAD_SERIES:
+        return None
+    if counts.keys() != listed.keys():
+        return None
+    for node, states in counts.items():
+        if {k: v for k, v in states.items() if v} != {"up": float(listed[node])}:
+            return None
+    ordered = sorted(keys)
+    return {
+        metrics.GPU_UP.name: _Result(metrics.GPU_UP.name, [(n, g, "1") for n, g in ordered]),
+        metrics.GPU_STALE.name: _Result(metrics.GPU_STALE.name, [(n, g, "0") for n, g in ordered]),
+        "old": _Result("old", []),
+    }
 
 
 @dataclass
@@ -843,6 +893,7 @@ class PrometheusFleetSource:
     _identity_at: float = 0.0
     _export: bool = True  # False once the backend has shown it has no export API
     identity_reads: int = 0  # for tests and benches: how often identity was read
+    summarised_reads: int = 0  # reads whose up and stale came from the nodes' summaries
 
     def __post_init__(self) -> None:
         self._last_good = LastGood(SourceReading.marked_stale, max_age=self.config.lost_after)
@@ -1065,10 +1116,25 @@ class PrometheusFleetSource:
         in_flight = asyncio.Semaphore(self.config.max_in_flight)
         budget = _SeriesBudget(self.config.max_series)
         identity = "identity" in self._queries
+        # the nodes' summaries first: each GPU's up and stale only where they fall short
+        deferred = SUMMARISED if "summary" in self._queries else ()
         # identity changes rarely: read with the rest when due, else only if up says so
-        names = [n for n in self._queries if n != "identity" or self._identity_due(at)]
+        names = [n for n in self._queries
+                 if (n != "identity" or self._identity_due(at)) and n not in deferred]
         answers = await self._fetch_all(at, headers, in_flight, budget, names)
         results = {r.name: r for r in answers}
+        if deferred:
+            read = results.get("identity")
+            held = read.series if read is not None else self._identity
+            by_summary = summarised(results.get("summary"), results.get("summary_old"), held)
+            if by_summary is None:
+                answers = await self._fetch_all(at, headers, in_flight, budget, deferred)
+                by_summary = {r.name: r for r in answers}
+            else:
+                self.summarised_reads += 1
+            results.update(by_summary)
+            results = {n: results[n] for n in self._queries if n in results}  # query order
+            answers = list(results.values())
         if identity:
             results["identity"] = await self._read_identity(at, headers, in_flight, budget,
                                                             results)

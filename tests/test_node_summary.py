@@ -1,0 +1,122 @@
+"""Per-node summaries (issue 45, Build 2): node mode serves ``gpufleet_node_gpus`` (its GPUs by
+state, one series a node and state), and cluster mode's prometheus source, with
+``node_summaries``, reads it instead of each GPU's up and stale, falling back to each GPU's
+series where a summary does not cover the fleet."""
+
+from __future__ import annotations
+
+import asyncio
+
+from exporter import metrics
+from exporter.exposition import ExpositionOptions
+from exporter.exposition.families import fleet_families
+from exporter.snapshot import FleetSnapshot, Gpu
+from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
+from exporter.sources.prometheus.source import build_queries, summarised
+from tests.test_prometheus_source_reads import UP_QUERY, FakeBackend, _fleet, _series
+
+STALE_QUERY = "max by (node, gpu) (gpufleet_gpu_stale{"
+OLD_QUERY = "max by (node, gpu) (time() - timestamp(gpufleet_gpu_up{"
+
+
+def _gpu(node: str, index: int, up: bool = True, stale: bool = False) -> Gpu:
+    return Gpu(node=node, index=index, uuid=f"GPU-{node}-{index}", model="H100", pool="p",
+               up=up, stale=stale)
+
+
+def test_node_mode_serves_its_gpus_by_state_and_cluster_mode_does_not():
+    snapshot = FleetSnapshot(1.0, (), (_gpu("a", 0), _gpu("a", 1), _gpu("a", 2, up=False),
+                                       _gpu("b", 0, stale=True), _gpu("b", 1, up=False, stale=True)))
+    (family,) = [f for f in fleet_families(snapshot) if f.name == metrics.NODE_GPUS.name]
+    assert {dict(labels)["node"] + "/" + dict(labels)["state"]: value
+            for labels, value in family.samples} == {"a/up": 2.0, "a/down": 1.0, "b/stale": 2.0}
+    assert all(dict(labels)["model"] == "H100" and dict(labels)["pool"] == "p"
+               for labels, _ in family.samples)
+    assert ExpositionOptions(per_gpu=True).serves(metrics.NODE_GPUS)  # node mode
+    assert not ExpositionOptions(per_gpu=False).serves(metrics.NODE_GPUS)  # cluster mode
+
+
+def _summary(states: dict[str, dict[str, float]]) -> list[dict]:
+    return [{"metric": {"node": node, "state": state}, "value": [100.0, str(value)]}
+            for node, by_state in states.items() for state, value in by_state.items()]
+
+
+class _Answer:
+    def __init__(self, series):
+        self.series = series
+
+
+def test_a_summary_stands_for_up_and_stale_only_where_it_covers_every_node():
+    identity = [("a", "0", "u0", "H100", "p"), ("a", "1", "u1", "H100", "p"),
+                ("b", "0", "u2", "H100", "p")]
+    ok = _summary({"a": {"up": 2}, "b": {"up": 1}})
+    got = summarised(_Answer(ok), _Answer([]), identity)
+    assert got is not None
+    assert got[metrics.GPU_UP.name].series == [("a", "0", "1"), ("a", "1", "1"), ("b", "0", "1")]
+    assert got[metrics.GPU_STALE.name].series == [("a", "0", "0"), ("a", "1", "0"), ("b", "0", "0")]
+    assert got["old"].series == []
+    # a zero-count state is no GPU in it
+    assert summarised(_Answer(_summary({"a": {"up": 2, "down": 0}, "b": {"up": 1}})),
+                      _Answer([]), identity) is not None
+    for why, summary, old in (
+        ("a GPU down", _summary({"a": {"up": 1, "down": 1}, "b": {"up": 1}}), []),
+        ("a GPU stale", _summary({"a": {"up": 2}, "b": {"stale": 1}}), []),
+        ("a node without a summary", _summary({"a": {"up": 2}}), []),
+        ("a node identity does not list", _summary({"a": {"up": 2}, "b": {"up": 1}, "c": {"up": 8}}), []),
+        ("other counts than identity's", _summary({"a": {"up": 3}, "b": {"up": 1}}), []),
+        ("an old summary", ok, [{"metric": {"node": "b"}, "value": [100.0, "400"]}]),
+        ("a value that is no number", _summary({"a": {"up": "x"}, "b": {"up": 1}}), []),  # type: ignore[dict-item]
+    ):
+        assert summarised(_Answer(summary), _Answer(old), identity) is None, why
+    assert summarised(_Answer(None), _Answer([]), identity) is None  # the query failed
+    assert summarised(_Answer(ok), _Answer(None), identity) is None
+    assert summarised(_Answer(ok), _Answer([]), []) is None  # no identity yet
+
+
+def test_the_summary_queries_only_with_node_summaries():
+    assert "summary" not in build_queries(PrometheusConfig())
+    queries = build_queries(PrometheusConfig(node_summaries=True, selector='job="n"'))
+    assert queries["summary"] == 'sum by (node, state) (gpufleet_node_gpus{job="n"})'
+    assert queries["summary_old"].startswith(
+        'max by (node) (time() - timestamp(gpufleet_node_gpus{job="n"})) > ')
+
+
+def _with_summary(states_of_read):
+    base = _fleet(lambda r: ["a", "b"], lambda r: ["a", "b"])
+
+    def answer(expr: str, read: int) -> list[dict]:
+        if expr.startswith("sum by (node, state) (gpufleet_node_gpus"):
+            answer.summaries += 1
+            return _summary(states_of_read(answer.summaries))
+        if expr.startswith("max by (node) (time() - timestamp(gpufleet_node_gpus"):
+            return []
+        if expr.startswith(STALE_QUERY):
+            return [_series("gpufleet_gpu_stale", 0, node=n, gpu="0") for n in ("a", "b")]
+        return base(expr, read)
+    answer.summaries = 0
+    return answer
+
+
+def test_cluster_mode_reads_the_summaries_and_each_gpu_only_where_they_fall_short():
+    # read 1: every GPU up by the summaries; read 2: b's summary says down (its up series
+    # says up: the per-GPU read decides); read 3: b's summary is gone; read 4: all up again
+    def states(read: int) -> dict[str, dict[str, float]]:
+        return {1: {"a": {"up": 1}, "b": {"up": 1}}, 2: {"a": {"up": 1}, "b": {"down": 1}},
+                3: {"a": {"up": 1}}, 4: {"a": {"up": 1}, "b": {"up": 1}}}[read]
+
+    backend = FakeBackend(_with_summary(states))
+    snapshots = asyncio.run(backend.run({"node_summaries": True}, reads=4))
+    assert [[(g.node, g.up, g.stale) for g in s.gpus] for s in snapshots] == [
+        [("a", True, False), ("b", True, False)]] * 4
+    per_read = [q for q in backend.queries if q.startswith(("sum by (node, state)", UP_QUERY))]
+    # the per-GPU up (and stale, and old) only in reads 2 and 3
+    assert per_read == ["sum by (node, state) (gpufleet_node_gpus{})",
+                        "sum by (node, state) (gpufleet_node_gpus{})", UP_QUERY + "})",
+                        "sum by (node, state) (gpufleet_node_gpus{})", UP_QUERY + "})",
+                        "sum by (node, state) (gpufleet_node_gpus{})"]
+    assert backend.count(STALE_QUERY) == 2 and backend.count(OLD_QUERY) == 2
+    # identity once: the summaries' counts agree with it throughout
+    assert backend.count("gpufleet_gpu_info") == 1
+    # 11 queries a read with identity, 10 without (12 and 11 without summaries); 3 more
+    # where the summaries fall short
+    assert len(backend.queries) == 11 + 13 + 13 + 10
