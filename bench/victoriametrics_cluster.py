@@ -19,8 +19,11 @@ Issue 45: ``--scales 10,25,50,100`` measures a curve, each point on a fresh stac
 line to the worst read's wall time and CPU seconds; ``--before DIR`` reads with another
 checkout's code on the same stack (``git archive COMMIT | tar -x -C DIR``).
 
+``--summaries`` reads again on the same stack with ``sources.prometheus.node_summaries`` (the
+nodes' ``gpufleet_node_gpus`` instead of each GPU's up and stale) and prints the medians' ratios.
+
 Usage: ``nice -n 10 .venv/bin/python bench/victoriametrics_cluster.py [--scale 100] [--reads 3]
-[--scales 10,25,50,100] [--before DIR]``
+[--scales 10,25,50,100] [--before DIR] [--summaries]``
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def cpu(pid=None):
 mode = sys.argv[6]
 old_style = mode == "old"  # every family, identity each read by query: the old read
 before = mode == "before"  # another checkout (--before), with the options it knows
+summaries = mode == "summaries"  # the nodes' gpufleet_node_gpus instead of each GPU's up, stale
 answers = {}
 if hasattr(source_module.PrometheusFleetSource, "_post"):
     shipped = source_module.PrometheusFleetSource._post
@@ -100,6 +104,8 @@ source_module.PrometheusFleetSource.read = timed_read
 prometheus = {"enabled": True, "url": url, "selector": selector, "query_timeout": query_timeout}
 if not before:
     prometheus.update(gpu_telemetry=old_style, identity_refresh="1ms" if old_style else "5m")
+if summaries:
+    prometheus.update(node_summaries=True)
 config = build(Config, {
     "collect_interval": "1h", "source_timeout": "600s",
     "advisor": {"enabled": False},
@@ -148,7 +154,8 @@ async def main():
                      "up": prom.up, "error": prom.error,
                      "cluster_index": cluster_index(rendered.text),
                      "metrics_series": rendered.series, "metrics_bytes": rendered.text_bytes,
-                     "render_s": rendered.render_seconds})
+                     "render_s": rendered.render_seconds,
+                     "summarised_reads": getattr(source, "summarised_reads", None)})
     await collector.close()
     print(json.dumps({"runs": runs, "vm_hwm_mb": status("VmHWM"), "vm_rss_mb": status("VmRSS")}))
 
@@ -211,6 +218,9 @@ def main() -> int:
     parser.add_argument("--before", type=Path,
                         help="also read with this checkout's code on the same stack (e.g. "
                         "`git archive COMMIT | tar -x -C DIR`)")
+    parser.add_argument("--summaries", action="store_true",
+                        help="also read with sources.prometheus.node_summaries on the same stack "
+                        "(the nodes' gpufleet_node_gpus instead of each GPU's up and stale)")
     parser.add_argument("--reads", type=int, default=3, help="collections by cluster mode")
     parser.add_argument("--scrape-interval", default="60s", help="vmagent's scrape interval")
     parser.add_argument("--health", action="store_true",
@@ -337,7 +347,8 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
         ingest_per_s = (cpu_seconds(vm_pid) - idle_cpu) / args.idle if args.idle else None
         load_before = os.getloadavg()
         results = {}
-        modes = ["new"] + (["old"] if args.compare else []) + (["before"] if args.before else [])
+        modes = (["new"] + (["old"] if args.compare else []) + (["before"] if args.before else [])
+                 + (["summaries"] if args.summaries else []))
         for mode in modes:
             tree = args.before if mode == "before" else REPO
             reader = subprocess.run(
@@ -357,6 +368,7 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
             "victoria_metrics_cpu_s_per_s_without_queries": ingest_per_s,
             "node_mode_cluster_index": node_index, "reader": result,
             "reader_old_way": results.get("old"), "reader_before": results.get("before"),
+            "reader_summaries": results.get("summaries"),
             "rss_mb_other_processes (VmRSS, VmHWM)": others,
             "load_average_before_after": [round(load_before[0], 1), round(load_after[0], 1)],
             "cpus": os.cpu_count()}, indent=1))
@@ -384,6 +396,17 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
             print(f"{args.before} on the same stack: worst {max(r['read_s'] for r in old):.2f} s, "
                   f"{max(r['queries'] for r in old)} queries, peak RSS "
                   f"{results['before']['vm_hwm_mb']:.0f} MiB")
+        if "summaries" in results:
+            per_gpu, summary = runs, results["summaries"]["runs"]
+            for what in ("cpu_s_victoria_metrics", "cpu_s_ours_read", "answer_bytes", "read_s"):
+                a = sorted(r[what] for r in per_gpu)[len(per_gpu) // 2]
+                b = sorted(r[what] for r in summary)[len(summary) // 2]
+                print(f"node summaries against each GPU's up and stale, median {what}: {b:.3g} "
+                      f"against {a:.3g} ({b / a:.2f}x)")
+            print(f"  reads summarised: {summary[-1]['summarised_reads']} of {len(summary)}; "
+                  f"queries {[r['queries'] for r in summary]} against {[r['queries'] for r in per_gpu]}; "
+                  f"GPUs {[r['gpus'] for r in summary]}, stale {[r['stale_gpus'] for r in summary]}; "
+                  f"peak RSS {results['summaries']['vm_hwm_mb']:.0f} MiB against {result['vm_hwm_mb']:.0f}")
         worst = max(runs, key=lambda r: r["read_s"])
         return {"gpus": gpus_expected, "worst": worst_read, "first": runs[0]["read_s"],
                 "later": max((r["read_s"] for r in runs[1:]), default=float("nan")),
