@@ -95,6 +95,13 @@ def test_a_plan_carries_the_oracles_bound_and_its_share_round_trips():
     kept = advisor_state_from_text(advisor_state_text(carrying))
     assert kept is not None and kept.carried is not None
     assert kept.carried.oracle_gpu_hours_waiting_saved == 16.0
+    # a state an older process wrote, its plan without the bound, restores the same plan
+    written = json.loads(advisor_state_text(carrying))
+    for key in new_keys:
+        del written["carried"][key]
+    before = advisor_state_from_text(json.dumps(written))
+    assert before is not None and before.carried is not None
+    assert before.carried.plan_id == plan.plan_id and before.carried.oracle_gpu_hours_waiting_saved is None
     # the what-if's plan carries it too
     plain = Advisor(DecisionSettings(dwell_seconds=0.0, require_pending=False), clock=lambda: NOW)
     proposed = what_if(plain, snapshot, report_of(snapshot), planner).plan

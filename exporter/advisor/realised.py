@@ -58,8 +58,10 @@ def oracle_waiting_saved(snapshot: FleetSnapshot, report: Report, now: float) ->
     set of jobs started together, after any moves, exceeds (it ignores CPUs, node borders
     and models within the room). Rounded to 3 places, as the plans' savings are.
     """
+    if not snapshot.pending:
+        return 0.0
     state = report.state
-    if not snapshot.pending or len(state.names) == 0:
+    if len(state.names) == 0:
         return 0.0
     mig = mig_nodes(snapshot)
     is_mig = np.array([name in mig for name in state.names], dtype=bool)
