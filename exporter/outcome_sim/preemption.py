@@ -51,8 +51,13 @@ SPOT_QUOTAS = ("none", "advisor")
 GATE_EVERY = 60.0  # simulated seconds between the quota gate's looks at the fleet
 SAMPLE_EVERY = 300.0  # ... and between its samples of the high-priority demand
 EXEMPT = 1800.0  # seconds of run since its last (re)start before a spot job may be preempted
-# queued high-priority jobs tried per instant, in queue order: Slurm's default_queue_depth
+# what queued high-priority jobs ask for, tried per instant, in queue order (Slurm's
+# default_queue_depth): counted by shape, not by job, since jobs asking the same thing fail
+# alike (Slurm skips the rest of a partition whose top job cannot start; the Kubernetes
+# scheduler tries every pending pod). Counted by job, the oldest blocked shape (on the GFS
+# demand, 8-GPU jobs of one model) filled the depth and no other job ever preempted
 HEADS_PER_PASS = 100
+PER_SHAPE = 16  # jobs of one shape tried per instant: after a preemption the next may need one
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +88,20 @@ class Preempter:
         if _token(cluster, scheduler) == self._token and now < self._until:
             return [], []  # nothing changed and no spot job came of age: the same try fails
         heads: list[Job] = []
+        shapes: dict[tuple, int] = {}
         walk = scheduler.queue.ordered()
-        for job in walk:
-            if not job.high or len(heads) >= HEADS_PER_PASS:
+        job = next(walk, None)
+        while job is not None and job.high:
+            taken = shapes.get(job.shape_key, 0)
+            if taken == 0 and len(shapes) >= HEADS_PER_PASS:
                 break
             if job.parts == 1 and job.gpus > 0:
                 heads.append(job)
+            shapes[job.shape_key] = taken + 1
+            try:  # the rest of a shape's group once it has had its turns
+                job = walk.send(taken + 1 >= PER_SHAPE)
+            except StopIteration:
+                job = None
         walk.close()
         started: list[Job] = []
         victims: list[Job] = []
