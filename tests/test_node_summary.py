@@ -6,13 +6,19 @@ series where a summary does not cover the fleet."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 from exporter import metrics
 from exporter.exposition import ExpositionOptions
 from exporter.exposition.families import fleet_families
 from exporter.snapshot import FleetSnapshot, Gpu
 from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
-from exporter.sources.prometheus.source import build_queries, summarised
+from exporter.sources.prometheus.source import (
+    MAX_NODES_NAMED,
+    build_queries,
+    nodes_matcher,
+    summarised,
+)
 from tests.test_prometheus_source_reads import UP_QUERY, FakeBackend, _fleet, _series
 
 STALE_QUERY = "max by (node, gpu) (gpufleet_gpu_stale{"
@@ -46,31 +52,45 @@ class _Answer:
         self.series = series
 
 
-def test_a_summary_stands_for_up_and_stale_only_where_it_covers_every_node():
+def test_a_summary_stands_for_up_and_stale_of_the_nodes_it_covers():
     identity = [("a", "0", "u0", "H100", "p"), ("a", "1", "u1", "H100", "p"),
                 ("b", "0", "u2", "H100", "p")]
     ok = _summary({"a": {"up": 2}, "b": {"up": 1}})
-    got = summarised(_Answer(ok), _Answer([]), identity)
-    assert got is not None
+    cover = summarised(_Answer(ok), _Answer([]), identity)
+    assert cover is not None and cover.uncovered == []
+    got = cover.results()
     assert got[metrics.GPU_UP.name].series == [("a", "0", "1"), ("a", "1", "1"), ("b", "0", "1")]
     assert got[metrics.GPU_STALE.name].series == [("a", "0", "0"), ("a", "1", "0"), ("b", "0", "0")]
     assert got["old"].series == []
     # a zero-count state is no GPU in it
-    assert summarised(_Answer(_summary({"a": {"up": 2, "down": 0}, "b": {"up": 1}})),
-                      _Answer([]), identity) is not None
-    for why, summary, old in (
-        ("a GPU down", _summary({"a": {"up": 1, "down": 1}, "b": {"up": 1}}), []),
-        ("a GPU stale", _summary({"a": {"up": 2}, "b": {"stale": 1}}), []),
-        ("a node without a summary", _summary({"a": {"up": 2}}), []),
-        ("a node identity does not list", _summary({"a": {"up": 2}, "b": {"up": 1}, "c": {"up": 8}}), []),
-        ("other counts than identity's", _summary({"a": {"up": 3}, "b": {"up": 1}}), []),
-        ("an old summary", ok, [{"metric": {"node": "b"}, "value": [100.0, "400"]}]),
-        ("a value that is no number", _summary({"a": {"up": "x"}, "b": {"up": 1}}), []),  # type: ignore[dict-item]
+    cover = summarised(_Answer(_summary({"a": {"up": 2, "down": 0}, "b": {"up": 1}})),
+                       _Answer([]), identity)
+    assert cover is not None and cover.uncovered == []
+    for why, summary, old, uncovered in (
+        ("a GPU down", _summary({"a": {"up": 1, "down": 1}, "b": {"up": 1}}), [], ["a"]),
+        ("a GPU stale", _summary({"a": {"up": 2}, "b": {"stale": 1}}), [], ["b"]),
+        ("a node without a summary", _summary({"a": {"up": 2}}), [], ["b"]),
+        ("a node identity does not list", _summary({"a": {"up": 2}, "b": {"up": 1}, "c": {"up": 8}}),
+         [], ["c"]),
+        ("other counts than identity's", _summary({"a": {"up": 3}, "b": {"up": 1}}), [], ["a"]),
+        ("an old summary", ok, [{"metric": {"node": "b"}, "value": [100.0, "400"]}], ["b"]),
+        ("a value that is no number", _summary({"a": {"up": "x"}, "b": {"up": 1}}), [], ["a"]),
     ):
-        assert summarised(_Answer(summary), _Answer(old), identity) is None, why
+        cover = summarised(_Answer(summary), _Answer(old), identity)
+        assert cover is not None and cover.uncovered == uncovered, why
+        assert cover.covered == [k for k in (("a", "0"), ("a", "1"), ("b", "0"))
+                                 if k[0] not in uncovered], why
     assert summarised(_Answer(None), _Answer([]), identity) is None  # the query failed
     assert summarised(_Answer(ok), _Answer(None), identity) is None
     assert summarised(_Answer(ok), _Answer([]), []) is None  # no identity yet
+    many = [(f"n{i}", "0", f"u{i}", "H100", "p") for i in range(MAX_NODES_NAMED + 1)]
+    assert summarised(_Answer([]), _Answer([]), many) is None  # too many to name: every GPU
+
+
+def test_the_nodes_matcher_names_exactly_those_nodes():
+    assert nodes_matcher(["a", "b-1"]) == 'node=~"a|b-1"'
+    # RE2's specials escaped, then PromQL's string escapes: n.1 is not n-1, a"b stays one name
+    assert nodes_matcher(["n.1", 'a"b', "x|y"]) == r'node=~"n\\.1|a\"b|x\\|y"'
 
 
 def test_the_summary_queries_only_with_node_summaries():
@@ -82,41 +102,60 @@ def test_the_summary_queries_only_with_node_summaries():
 
 
 def _with_summary(states_of_read):
+    """The fleet of nodes a and b; the summaries each read as ``states_of_read`` says, and each
+    GPU's up, stale and old for the nodes a ``node=~`` matcher names (all without one)."""
     base = _fleet(lambda r: ["a", "b"], lambda r: ["a", "b"])
+    summaries = []
+
+    def named(expr: str, series: list[dict]) -> list[dict]:
+        found = re.search(r'node=~"([^"]*)"', expr)
+        return series if found is None else [
+            s for s in series if s["metric"]["node"] in found.group(1).split("|")]
 
     def answer(expr: str, read: int) -> list[dict]:
         if expr.startswith("sum by (node, state) (gpufleet_node_gpus"):
-            answer.summaries += 1
-            return _summary(states_of_read(answer.summaries))
+            summaries.append(expr)
+            return _summary(states_of_read(len(summaries)))
         if expr.startswith("max by (node) (time() - timestamp(gpufleet_node_gpus"):
             return []
         if expr.startswith(STALE_QUERY):
-            return [_series("gpufleet_gpu_stale", 0, node=n, gpu="0") for n in ("a", "b")]
-        return base(expr, read)
-    answer.summaries = 0
+            return named(expr, [_series("gpufleet_gpu_stale", 0, node=n, gpu="0", **GPU_LABELS)
+                                for n in ("a", "b")])
+        if expr.startswith(OLD_QUERY):
+            return []
+        return named(expr, base(expr, read))
     return answer
 
 
-def test_cluster_mode_reads_the_summaries_and_each_gpu_only_where_they_fall_short():
+GPU_LABELS = {"uuid": "x", "model": "H100", "pool": "p"}
+
+
+def test_cluster_mode_reads_the_summaries_and_each_gpu_only_of_the_nodes_they_do_not_cover():
     # read 1: every GPU up by the summaries; read 2: b's summary says down (its up series
-    # says up: the per-GPU read decides); read 3: b's summary is gone; read 4: all up again
+    # says up: its own series decide); read 3: b's summary is gone; read 4: a's summary
+    # counts two GPUs, identity one; read 5: all covered again
     def states(read: int) -> dict[str, dict[str, float]]:
         return {1: {"a": {"up": 1}, "b": {"up": 1}}, 2: {"a": {"up": 1}, "b": {"down": 1}},
-                3: {"a": {"up": 1}}, 4: {"a": {"up": 1}, "b": {"up": 1}}}[read]
+                3: {"a": {"up": 1}}, 4: {"a": {"up": 2}, "b": {"up": 1}},
+                5: {"a": {"up": 1}, "b": {"up": 1}}}[read]
 
     backend = FakeBackend(_with_summary(states))
-    snapshots = asyncio.run(backend.run({"node_summaries": True}, reads=4))
+    snapshots = asyncio.run(backend.run({"node_summaries": True}, reads=5))
     assert [[(g.node, g.up, g.stale) for g in s.gpus] for s in snapshots] == [
-        [("a", True, False), ("b", True, False)]] * 4
-    per_read = [q for q in backend.queries if q.startswith(("sum by (node, state)", UP_QUERY))]
-    # the per-GPU up (and stale, and old) only in reads 2 and 3
-    assert per_read == ["sum by (node, state) (gpufleet_node_gpus{})",
-                        "sum by (node, state) (gpufleet_node_gpus{})", UP_QUERY + "})",
-                        "sum by (node, state) (gpufleet_node_gpus{})", UP_QUERY + "})",
-                        "sum by (node, state) (gpufleet_node_gpus{})"]
-    assert backend.count(STALE_QUERY) == 2 and backend.count(OLD_QUERY) == 2
-    # identity once: the summaries' counts agree with it throughout
+        [("a", True, False), ("b", True, False)]] * 5
+    summary = "sum by (node, state) (gpufleet_node_gpus{})"
+    per_read = [q for q in backend.queries
+                if q.startswith(("sum by (node, state)", UP_QUERY, STALE_QUERY, OLD_QUERY))]
+    assert per_read[:1] == [summary] and per_read[-1:] == [summary]
+    # reads 2 and 3 name b, read 4 names a
+    assert sorted(q for q in per_read if q != summary) == sorted(
+        [f'{UP_QUERY}node=~"b"}})', f'{STALE_QUERY}node=~"b"}})', f'{OLD_QUERY}node=~"b"}})) > 120'] * 2
+        + [f'{UP_QUERY}node=~"a"}})', f'{STALE_QUERY}node=~"a"}})', f'{OLD_QUERY}node=~"a"}})) > 120'])
+    assert per_read.count(summary) == 5
+    # no query for every GPU's up: identity once, the summaries' counts agree with it but in
+    # read 4, where a's own up series answers for the GPU identity lists
+    assert backend.count(UP_QUERY + "})") == 0
     assert backend.count("gpufleet_gpu_info") == 1
     # 11 queries a read with identity, 10 without (12 and 11 without summaries); 3 more
-    # where the summaries fall short
-    assert len(backend.queries) == 11 + 13 + 13 + 10
+    # where a node is not covered
+    assert len(backend.queries) == 11 + 13 + 13 + 13 + 10

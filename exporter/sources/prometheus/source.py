@@ -256,48 +256,85 @@ def build_queries(config: PrometheusConfig) -> dict[str, str]:
 
 
 # What a node's summary (gpufleet_node_gpus) stands in for: each GPU's up and stale, and the
-# GPUs whose up sample is old, read only when a summary does not cover every node
+# GPUs whose up sample is old; read per GPU only for the nodes a summary does not cover
 SUMMARISED = (metrics.GPU_UP.name, metrics.GPU_STALE.name, "old")
+# past this many nodes to read per GPU, every GPU is read: a selector naming thousands of
+# nodes costs the backend a regex over every node name, more than the plain selector
+MAX_NODES_NAMED = 500
+_REGEX_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+
+
+@dataclass(frozen=True)
+class SummaryCover:
+    """What the nodes' summaries give: the GPUs they cover (all up, none stale, fresh) and
+    the nodes whose GPUs must be read one by one."""
+
+    covered: list[tuple[str, str]]
+    uncovered: list[str]
+
+    def results(self) -> dict[str, _Result]:
+        """Each GPU's up, stale and old answers for the covered GPUs."""
+        return {
+            metrics.GPU_UP.name: _Result(metrics.GPU_UP.name, [(n, g, "1") for n, g in self.covered]),
+            metrics.GPU_STALE.name: _Result(metrics.GPU_STALE.name,
+                                            [(n, g, "0") for n, g in self.covered]),
+            "old": _Result("old", []),
+        }
 
 
 def summarised(summary: _Result | None, old: _Result | None,
-               identity: Sequence[Any] | None) -> dict[str, _Result] | None:
-    """Each GPU's up, stale and old answers as the nodes' summaries give them, or None where
-    they do not cover the fleet identity lists: a summary that failed, a node without one
-    or with an old one, a node whose counts are not identity's GPUs all up."""
+               identity: Sequence[Any] | None) -> SummaryCover | None:
+    """The GPUs the nodes' summaries cover and the nodes to read per GPU, or None where every
+    GPU is to be read: a summary query that failed, no identity yet, or more than
+    ``MAX_NODES_NAMED`` nodes uncovered. A node is uncovered when its summary is missing, old,
+    not a number, has a GPU not up, or counts other GPUs than identity lists (a node identity
+    does not list too: read per GPU, its GPUs bring identity to be read again)."""
     if summary is None or summary.series is None or old is None or old.series is None:
         return None
     if not identity:
         return None
-    keys = _keys(identity)
+    keys = sorted(_keys(identity))
     listed: dict[str, int] = {}
     for node, _ in keys:
         listed[node] = listed.get(node, 0) + 1
+    uncovered: set[str] = set()
     counts: dict[str, dict[str, float]] = {}
-    try:
-        if any(_label(sample["metric"], "node") in listed for sample in old.series):
-            return None
-        for sample in summary.series:
+    for sample in summary.series:
+        try:
             labels = sample["metric"]
+            node, state = labels.get("node", ""), labels.get("state", "")
+        except _BAD_SERIES:
+            return None  # no node to blame it on
+        states = counts.setdefault(node, {})
+        try:
             value = _value(sample)
-            if value is None:
-                return None
-            states = counts.setdefault(labels.get("node", ""), {})
-            state = labels.get("state", "")
-            states[state] = states.get(state, 0.0) + value
-    except _BAD_SERIES:
-        return None
-    if counts.keys() != listed.keys():
-        return None
-    for node, states in counts.items():
-        if {k: v for k, v in states.items() if v} != {"up": float(listed[node])}:
+        except _BAD_SERIES:
+            value = None
+        if value is None:
+            uncovered.add(node)
+            continue
+        states[state] = states.get(state, 0.0) + value
+    for sample in old.series:
+        try:
+            uncovered.add(_label(sample["metric"], "node"))
+        except _BAD_SERIES:
             return None
-    ordered = sorted(keys)
-    return {
-        metrics.GPU_UP.name: _Result(metrics.GPU_UP.name, [(n, g, "1") for n, g in ordered]),
-        metrics.GPU_STALE.name: _Result(metrics.GPU_STALE.name, [(n, g, "0") for n, g in ordered]),
-        "old": _Result("old", []),
-    }
+    uncovered |= listed.keys() - counts.keys()
+    uncovered |= counts.keys() - listed.keys()
+    for node, states in counts.items():
+        if node in listed and {k: v for k, v in states.items() if v} != {"up": float(listed[node])}:
+            uncovered.add(node)
+    if len(uncovered) > MAX_NODES_NAMED:
+        return None
+    return SummaryCover([k for k in keys if k[0] not in uncovered], sorted(uncovered))
+
+
+def nodes_matcher(nodes: Sequence[str]) -> str:
+    """A PromQL matcher for exactly these node names: RE2's special characters escaped, then
+    the string's own backslashes and quotes."""
+    alternatives = "|".join("".join("\\" + c if c in _REGEX_SPECIAL else c for c in node)
+                            for node in nodes)
+    return 'node=~"' + alternatives.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 @dataclass
@@ -1126,13 +1163,9 @@ class PrometheusFleetSource:
         if deferred:
             read = results.get("identity")
             held = read.series if read is not None else self._identity
-            by_summary = summarised(results.get("summary"), results.get("summary_old"), held)
-            if by_summary is None:
-                answers = await self._fetch_all(at, headers, in_flight, budget, deferred)
-                by_summary = {r.name: r for r in answers}
-            else:
-                self.summarised_reads += 1
-            results.update(by_summary)
+            results.update(await self._by_summary(
+                summarised(results.get("summary"), results.get("summary_old"), held),
+                at, headers, in_flight, budget))
             results = {n: results[n] for n in self._queries if n in results}  # query order
             answers = list(results.values())
         if identity:
@@ -1157,6 +1190,33 @@ class PrometheusFleetSource:
         snapshot = self._carry_over_lost_nodes(snapshot, at)
         return SourceReading.of(snapshot, parse_errors=self._parse_errors, targets=targets,
                                 error=error)
+
+    async def _by_summary(self, cover: SummaryCover | None, at: float, headers: dict[str, str],
+                          in_flight: asyncio.Semaphore, budget: _SeriesBudget
+                          ) -> dict[str, _Result]:
+        """Each GPU's up, stale and old: from the summaries where they cover, read per GPU for
+        the other nodes (named in the selector), or for every GPU without a cover."""
+        if cover is None:
+            return {r.name: r for r in await self._fetch_all(at, headers, in_flight, budget,
+                                                             SUMMARISED)}
+        self.summarised_reads += 1
+        results = cover.results()
+        if not cover.uncovered:
+            return results
+        selector = ", ".join(s for s in (self.config.selector, nodes_matcher(cover.uncovered)) if s)
+        queries = build_queries(dataclasses.replace(self.config, selector=selector))
+        tasks = [self._fetch(name, queries[name], at, headers, in_flight, budget)
+                 for name in SUMMARISED]
+        for answer in await asyncio.gather(*tasks):
+            if answer.over_cap:
+                raise PrometheusAnswerOverCap(answer.error)
+            if answer.series is None:
+                results[answer.name] = answer  # failed: as when every GPU's query fails
+            else:
+                covered = results[answer.name].series
+                assert covered is not None  # cover.results() made it a list
+                covered.extend(answer.series)
+        return results
 
     def _log_refused(self, targets: Sequence[TargetStatus]) -> None:
         refused = {t.target: t.error for t in targets if t.error.startswith(REFUSED)}
