@@ -113,7 +113,11 @@ def test_the_rule_counts_whole_gpus_a_repack_could_free_per_model_on_nodes_big_e
     # H200s' 4 do not join them (a gang runs on one model)
     tight = room_of(fleet, [[1, 1, 1, 0.5, 0, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0, 0, 0],
                             [1, 0, 0, 0], [1, 1, 1, 0]])
-    assert not capacity_blocked(tight, 1, 1.0, 4, ("H100",))
+    assert not capacity_blocked(tight, 4, 1.0, 1, ("H100",))
+    # a gang's parts run on distinct nodes: 4 parts of 1 GPU need 4 nodes, and there are two H100s
+    # (and two H200s, with 4 GPUs between them)
+    assert capacity_blocked(tight, 1, 1.0, 4, ("H100",))
+    assert not capacity_blocked(tight, 1, 1.0, 2, ("H100",))
     assert capacity_blocked(tight, 1, 1.0, 5, ())
     assert not capacity_blocked(tight, 4, 1.0, 1, ())
     # shares: half a GPU needs half a GPU's room anywhere, here the two halves on H200s
@@ -122,6 +126,98 @@ def test_the_rule_counts_whole_gpus_a_repack_could_free_per_model_on_nodes_big_e
     assert capacity_blocked(full, 1, 0.5, 1, ("H100",))
     assert capacity_blocked(full, 1, 1.0, 1, ())
     assert not capacity_blocked(full, 0, 1.0, 1, ())  # asks no GPU: never blocked by GPUs
+
+
+def test_a_gang_needs_as_many_nodes_as_parts_on_one_model():
+    """Three parts of 1 GPU beside 3 free GPUs on the two H100s, the A100s full: a repack could
+    gather the 3 GPUs, not spread them over a third H100 (there is none); capacity-blocked.
+    Judged by its total, it was fragmentation-blocked."""
+    fleet = fleet_of([("H100", 8), ("H100", 8), ("A100-80GB", 8), ("A100-80GB", 8), ("A100-80GB", 8)])
+    room = room_of(fleet, [[1, 1, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0], [0] * 8, [0] * 8, [0] * 8])
+    assert capacity_blocked(room, 1, 1.0, 3, ())
+    assert not capacity_blocked(room, 1, 1.0, 2, ())
+    assert not capacity_blocked(room, 3, 1.0, 1, ())
+
+
+def test_a_4_worker_gang_of_8_gpu_parts_beside_4_free_gpus_on_each_of_8_nodes_is_fragmentation_blocked():
+    """32 free GPUs, 4 on each of eight 8-GPU nodes: moving the jobs of four nodes onto the other
+    four's free GPUs would empty four nodes (nodes of one size: a move between them always fits
+    by size); 5 workers would need 40."""
+    fleet = fleet_of([("H100", 8)] * 8)
+    room = room_of(fleet, [[1, 1, 1, 1, 0, 0, 0, 0]] * 8)
+    assert not capacity_blocked(room, 8, 1.0, 4, ())
+    assert capacity_blocked(room, 8, 1.0, 5, ())
+
+
+def test_free_gpus_on_nodes_of_another_size_do_not_join():
+    """A 4-GPU job beside 2 free GPUs on an 8-GPU node and 2 on a 4-GPU node: the rule pools
+    free GPUs only between nodes of one model and size, so it is capacity-blocked (a move
+    between sizes is not counted: the rule's conservative side)."""
+    fleet = fleet_of([("H100", 8), ("H100", 4)])
+    room = room_of(fleet, [[1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 0, 0]])
+    assert capacity_blocked(room, 4, 1.0, 1, ())
+    assert not capacity_blocked(room, 2, 1.0, 2, ())
+
+
+def beside_four_half_nodes(gang: bool) -> Outcome:
+    """Four 8-GPU nodes, each half held by a long 4-GPU part: of one gang of four parts, or of
+    four single-node jobs. An 8-GPU job comes at t=100 and waits to the end."""
+    fleet = fleet_of([("H100", 8)] * 4)
+    # each single-node job takes 40 of a node's 64 cores: best-fit cannot pair them
+    held = [job(0, 4, LONG, parts=4)] if gang else [Job(i, 0.0, LONG, 40.0, 4, 1.0, 1, (), False)
+                                                    for i in range(4)]
+    jobs = [*held, job(len(held), 8, LONG, submit=100.0)]
+    settings = RunSettings(timeline=TimelineSettings(days=0.1, warmup_days=0.0))
+    out = simulate(fleet, SERIES, "none", 1, settings, jobs=jobs)
+    assert len({p.node for j in held for p in j.placements}) == 4 and jobs[-1].start is None
+    return out
+
+
+def test_gang_parts_do_not_move_so_the_gpus_beside_them_are_capacity():
+    """No repack moves a gang's part (the oracle's and the baselines' rule): beside four parts of
+    one gang, the 16 free GPUs give the 8-GPU job no node; beside four single-node jobs, moving two
+    of them would."""
+    waited = 8 * (0.1 * 86400 - 100.0) / 3600
+    gang = beside_four_half_nodes(gang=True)
+    assert gang.gpu_hours_waited_whole_node_capacity == pytest.approx(waited)
+    assert gang.gpu_hours_waited_whole_node_fragmentation == 0.0
+    single = beside_four_half_nodes(gang=False)
+    assert single.gpu_hours_waited_whole_node_fragmentation == pytest.approx(waited)
+    assert single.gpu_hours_waited_whole_node_capacity == 0.0
+
+
+def behind_the_head(head_capacity: bool) -> tuple[Outcome, list[Job]]:
+    """Node n0 full for the whole run, n1 half busy until t=1000; or n0 with 4 free GPUs and n1
+    with 5 (a 3-GPU job; each of the two busy jobs takes 40 of a node's 64 cores, so they cannot
+    share one). An 8-GPU head arrives at 100 and reserves n1; a long job arrives at 200 that fits
+    n1 now but would end after the head's shadow time: it waits behind the head."""
+    fleet = fleet_of([("H100", 8), ("H100", 8)])
+    if head_capacity:
+        jobs = [job(0, 8, LONG), job(1, 4, 1000.0), job(2, 8, LONG, submit=100.0),
+                job(3, 4, LONG, submit=200.0)]
+    else:  # the head's 8 GPUs are there after a repack: 4 + 5 free
+        jobs = [Job(0, 0.0, LONG, 40.0, 4, 1.0, 1, (), False),
+                Job(1, 0.0, 1000.0, 40.0, 3, 1.0, 1, (), False),
+                job(2, 8, LONG, submit=100.0), job(3, 5, LONG, submit=200.0)]
+    settings = RunSettings(timeline=TimelineSettings(days=0.1, warmup_days=0.0))
+    return simulate(fleet, SERIES, "none", 1, settings, jobs=jobs), jobs
+
+
+def test_a_job_that_fits_now_behind_a_capacity_blocked_head_waits_for_capacity():
+    out, jobs = behind_the_head(head_capacity=True)
+    assert jobs[2].start == 1000.0 and jobs[3].start is None
+    # the 4-GPU job fitted n1's 4 free GPUs from 200 to 1000, held back by the head's reservation:
+    # it waited for what the head waited for, capacity; then for capacity itself
+    assert out.gpu_hours_waited_fragmentation == 0.0
+    assert out.gpu_hours_waited_capacity == pytest.approx(
+        (8 * 900.0 + 4 * (0.1 * 86400 - 200.0)) / 3600)
+
+
+def test_a_job_that_fits_now_behind_a_fragmentation_blocked_head_waits_for_fragmentation():
+    out, jobs = behind_the_head(head_capacity=False)
+    assert jobs[2].start == 1000.0 and jobs[3].start is None
+    # 200 to 1000: the 5-GPU job fits n1 now, behind a head a repack could start (4 + 5 free)
+    assert out.gpu_hours_waited_fragmentation == pytest.approx((8 * 900.0 + 5 * 800.0) / 3600)
 
 
 # -- the must-show: the parts add up to the totals on every row of every run ------------------

@@ -125,6 +125,7 @@ class Scheduler:
     reservation: Reservation | None = None  # the first blocked head's, once a job behind it was tried
     blocked: Job | None = None  # the first head after the last pass, if it could not start
     heads: tuple[Job, ...] = ()  # every blocked head after the last pass, in queue order
+    head_of: dict[int, Job] = field(default_factory=dict)  # partition -> its blocked head, after the pass
     # head id -> its reservation, made in the last pass (for the heads a candidate waited behind)
     reservations: dict[int, Reservation] = field(default_factory=dict)
     _failed: dict[tuple, int] = field(default_factory=dict)  # shape -> releases when it fit nowhere
@@ -293,6 +294,7 @@ class Scheduler:
             except StopIteration:
                 job = None
         self.heads = tuple(order)
+        self.head_of = heads
         self.blocked = order[0] if order else None
         self.reservations = {head: r for head, (r, _) in made.items()}
         held = {j.id: self._held[j.id] for j in order if j.id in self._held}
