@@ -14,12 +14,16 @@ then, not at the eviction: one that never starts again performed none.
 
 A job's work runs at its GPU model's throughput (the catalogue's, the H100 1.0):
 moved to a slower model, it finishes later.
+
+The running single-node jobs are also kept by node (:class:`NodeJobs`), with their
+GPUs summed per node, so the strategies that look for jobs to move read them there
+instead of scanning every running job for every head.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +42,69 @@ FGD_POLICIES = ("fgd", "tiered", "lookahead")
 class MoveCost:
     checkpoint: float = 900.0  # seconds between a job's checkpoints (the reference cluster: 15 min)
     restore: float = 120.0  # seconds to restore a checkpoint on the new GPUs
+
+
+@dataclass
+class NodeJobs:
+    """The running single-node jobs by node, each node's in the order :attr:`Cluster.running`
+    lists them, so a sum over a node's jobs adds them as a scan of ``running`` would, to the
+    last bit; and per node their GPUs summed and their number, of all of them and of the spot
+    ones (what the baselines may move), kept as each node changes."""
+
+    size: int
+    jobs: dict[int, dict[int, Job]] = field(default_factory=dict)  # node -> {job id: job}
+    order: dict[int, int] = field(default_factory=dict)  # job id -> when it entered ``running``
+    started: int = 0
+
+    def __post_init__(self) -> None:
+        self.demand = np.zeros(self.size)  # GPUs held by single-node jobs, per node
+        self.count = np.zeros(self.size, dtype=np.int64)
+        self.spot_demand = np.zeros(self.size)  # the same, of spot jobs only
+        self.spot_count = np.zeros(self.size, dtype=np.int64)
+
+    def add(self, job: Job) -> None:
+        self.started += 1
+        self.order[job.id] = self.started
+        self.jobs.setdefault(job.placements[0].node, {})[job.id] = job
+        self._sum(job.placements[0].node)
+
+    def remove(self, job: Job, node: int) -> None:
+        del self.order[job.id]
+        on = self.jobs[node]
+        del on[job.id]
+        if not on:
+            del self.jobs[node]
+        self._sum(node)
+
+    def moved(self, job: Job, old: int) -> None:
+        """``job`` went from node ``old`` to its placement's without leaving ``running``: it
+        keeps its place in the order, so the new node's jobs are put back in order."""
+        on = self.jobs[old]
+        del on[job.id]
+        if not on:
+            del self.jobs[old]
+        self._sum(old)
+        new = job.placements[0].node
+        there = self.jobs.setdefault(new, {})
+        there[job.id] = job
+        if len(there) > 1:
+            self.jobs[new] = dict(sorted(there.items(), key=lambda kv: self.order[kv[0]]))
+        self._sum(new)
+
+    def _sum(self, node: int) -> None:
+        total = spot = 0.0
+        count = spot_count = 0
+        for job in self.jobs.get(node, {}).values():
+            total += job.demand
+            count += 1
+            if not job.high:
+                spot += job.demand
+                spot_count += 1
+        self.demand[node], self.count[node] = total, count
+        self.spot_demand[node], self.spot_count[node] = spot, spot_count
+
+    def on(self, node: int) -> Iterable[Job]:
+        return self.jobs.get(node, {}).values()
 
 
 @dataclass
@@ -60,6 +127,7 @@ class Cluster:
         self.capacity = float(self.state.gpu_count.sum())
         catalogue = default_catalogue()
         self.speeds = tuple(speed(catalogue.get(name)) for name in self.placer.model_names)
+        self.single = NodeJobs(len(self.placer.names))
 
     # -- placing ----------------------------------------------------------------
 
@@ -155,6 +223,8 @@ class Cluster:
         job.placed = now
         job.version += 1
         self.running[job.id] = job
+        if job.parts == 1:
+            self.single.add(job)
         self.busy += job.demand
         heapq.heappush(self.finishes, (job.end(), job.id, job.version))
 
@@ -162,6 +232,8 @@ class Cluster:
         """Give the job's GPUs back (it finished, or moves, or is evicted)."""
         for p in job.placements:
             self.placer.release(p)
+        if job.parts == 1:
+            self.single.remove(job, job.placements[0].node)
         job.placements = []
         job.version += 1
         del self.running[job.id]
@@ -197,7 +269,10 @@ class Cluster:
             self.placer.release(p)
         for p in destination:
             self.placer.apply(p)
+        old = job.placements[0].node
         job.placements = destination
+        if job.parts == 1:
+            self.single.moved(job, old)
         job.speed = self.speed_on(destination)
         job.placed = now
         job.version += 1
@@ -235,4 +310,4 @@ def undo(placer: Placer, log: list[tuple[str, Placement]]) -> None:
     log.clear()
 
 
-__all__ = ["FGD_POLICIES", "Cluster", "MoveCost", "undo"]
+__all__ = ["FGD_POLICIES", "Cluster", "MoveCost", "NodeJobs", "undo"]

@@ -23,16 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.outcome_sim.strategies import unblock
-from exporter.outcome_sim.timeline import Job
+from exporter.outcome_sim.strategies import any_single_node, unblock
 
 if TYPE_CHECKING:
     from exporter.outcome_sim.sim import Sim
-
-
-def any_single_node(job: Job) -> bool:
-    """What the oracle may move: any running single-node job, whatever its priority."""
-    return job.parts == 1 and bool(job.placements)
 
 
 @dataclass

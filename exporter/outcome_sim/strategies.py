@@ -31,7 +31,7 @@ any model it may use, an H200 job to an 80 GB GPU), as they ran before.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -61,6 +61,16 @@ class Strategy(Protocol):
 def movable(job: Job) -> bool:
     """Single-node, spot jobs: the only ones any strategy moves."""
     return job.parts == 1 and not job.high and bool(job.placements)
+
+
+def any_single_node(job: Job) -> bool:
+    """What the oracle may move: any running single-node job, whatever its priority."""
+    return job.parts == 1 and bool(job.placements)
+
+
+# the predicates the cluster's index (:class:`~exporter.outcome_sim.cluster.NodeJobs`) answers:
+# whether only spot jobs pass; any other is asked of each indexed job in turn
+_INDEXED: dict[Callable[[Job], bool], bool] = {movable: True, any_single_node: False}
 
 
 def destinations(cluster: Cluster, job: Job) -> tuple[str, ...]:
@@ -196,14 +206,11 @@ def unblock(sim: Sim, head: Job, max_moves: int, candidates: int,
     taken: list[int] = []
 
     try:
+        both = _both(base, may_move)
         for _ in range(head.parts):
             moved = {job.id for job, _ in moves}
-
-            def free_to_move(j: Job, moved: set[int] = moved) -> bool:
-                return base(j) and may_move(j) and j.id not in moved
-
-            best = _cheapest_node(sim, head, taken, max_moves - len(moves), candidates, free_to_move,
-                                  same_model, rule)
+            best = _cheapest_node(sim, head, taken, max_moves - len(moves), candidates, both,
+                                  same_model, rule, moved)
             if best is None:
                 return None
             node, plan, part = best
@@ -226,9 +233,60 @@ def unblock(sim: Sim, head: Job, max_moves: int, candidates: int,
 Moves = list[tuple[Job, list[Placement]]]
 
 
+def _both(base: Callable[[Job], bool], may_move: Callable[[Job], bool]) -> Callable[[Job], bool]:
+    """``base`` and ``may_move`` as one predicate: one the index answers when both are such."""
+    if base is may_move:
+        return base
+    if base in _INDEXED and may_move in _INDEXED:
+        return movable if movable in (base, may_move) else any_single_node
+    return lambda j: base(j) and may_move(j)
+
+
+def _movable_by_node(cluster: Cluster, may_move: Callable[[Job], bool], moved: Set[int] = frozenset()
+                     ) -> tuple[np.ndarray, np.ndarray, Callable[[int], list[Job]]]:
+    """Of the running jobs ``may_move`` lets move, less those in ``moved``: per node, their GPUs
+    summed and their number, and a node's list (in the order of ``cluster.running``): what a
+    scan of every running job would gather, read from the cluster's index by node."""
+    index = cluster.single
+    spot_only = _INDEXED.get(may_move)
+
+    def passes(job: Job) -> bool:
+        if spot_only is None:
+            return may_move(job) and job.id not in moved
+        return not (spot_only and job.high) and job.id not in moved
+
+    if spot_only is None:  # any predicate: asked of every single-node job, the only kind any moves
+        share = np.zeros(index.size)
+        count = np.zeros(index.size, dtype=np.int64)
+        for node, jobs in index.jobs.items():
+            for job in jobs.values():
+                if passes(job):
+                    share[node] += job.demand
+                    count[node] += 1
+    else:
+        share = index.spot_demand if spot_only else index.demand
+        count = index.spot_count if spot_only else index.count
+        touched = {cluster.running[i].placements[0].node for i in moved if i in cluster.running}
+        if touched:  # the nodes a plan's earlier moves leave: summed again without those jobs
+            share, count = share.copy(), count.copy()
+            for node in touched:
+                share[node], count[node] = 0.0, 0
+                for job in index.on(node):
+                    if passes(job):
+                        share[node] += job.demand
+                        count[node] += 1
+
+    def on_node(node: int) -> list[Job]:
+        return [job for job in index.on(node) if passes(job)]
+
+    return share, count, on_node
+
+
 def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidates: int,
                    may_move: Callable[[Job], bool], same_model: bool,
-                   rule: str = "fair") -> tuple[int, Moves, Placement] | None:
+                   rule: str = "fair", moved: Set[int] = frozenset()) -> tuple[int, Moves, Placement] | None:
+    """The node where ``head``'s next part fits after the fewest moves of the jobs ``may_move``
+    lets move (less ``moved``, the plan's so far), with those moves; None if none does."""
     cluster = sim.cluster
     placer = cluster.placer
     model_ok = np.ones(len(placer.names), dtype=bool)
@@ -236,18 +294,12 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
         model_ok = np.isin(np.array(placer.model_names)[placer.model], head.models)
     if taken and head.parts > 1:  # a gang's parts share a model
         model_ok &= placer.model == placer.model[taken[0]]
-    movable_share = np.zeros(len(placer.names))
-    on_node: dict[int, list[Job]] = {}
-    for job in cluster.running.values():
-        if may_move(job):
-            node = job.placements[0].node
-            on_node.setdefault(node, []).append(job)
-            movable_share[node] += job.demand
+    movable_share, count, on_node = _movable_by_node(cluster, may_move, moved)
     free = placer.gpu_free.sum(axis=1)
     need = head.gpus * head.share
-    ok = model_ok & (placer.gpu_count >= head.gpus) & (free + movable_share >= need - 1e-9)
+    ok = model_ok & (placer.gpu_count >= head.gpus) & (free + movable_share >= need - 1e-9) & (count > 0)
     ok[taken] = False
-    nodes = [int(n) for n in np.flatnonzero(ok) if int(n) in on_node]
+    nodes = [int(n) for n in np.flatnonzero(ok)]
     nodes.sort(key=lambda n: (max(0.0, need - free[n]), n))
     best: tuple[int, Moves, Placement] | None = None
     part_task = cluster.task(head)
@@ -255,9 +307,10 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
         limit = budget if best is None else len(best[1]) - 1
         if limit <= 0:
             break
-        if not room_after_moves(free[node], (j.demand for j in on_node[node]), limit, part_task):
+        jobs = on_node(node)
+        if not room_after_moves(free[node], (j.demand for j in jobs), limit, part_task):
             continue  # _evacuate_for would end with None, as in the advisor's planner
-        found = _evacuate_for(sim, node, on_node[node], limit, part_task, same_model, rule)
+        found = _evacuate_for(sim, node, jobs, limit, part_task, same_model, rule)
         if found is not None and (best is None or len(found[0]) < len(best[1])):
             best = (node, found[0], found[1])
     return best
@@ -300,4 +353,4 @@ def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task, 
 
 
 __all__ = ["RULES", "STRATEGIES", "Consolidate", "Descheduler", "HeadUnblocker", "Nothing", "Strategy",
-           "destinations", "movable", "unblock"]
+           "any_single_node", "destinations", "movable", "unblock"]
