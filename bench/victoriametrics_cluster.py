@@ -221,6 +221,9 @@ def main() -> int:
     parser.add_argument("--summaries", action="store_true",
                         help="also read with sources.prometheus.node_summaries on the same stack "
                         "(the nodes' gpufleet_node_gpus instead of each GPU's up and stale)")
+    parser.add_argument("--summaries-first", action="store_true",
+                        help="with --summaries: read with the summaries before each GPU's (the "
+                        "order reversed, to see what the order gives the later reads)")
     parser.add_argument("--reads", type=int, default=3, help="collections by cluster mode")
     parser.add_argument("--scrape-interval", default="60s", help="vmagent's scrape interval")
     parser.add_argument("--health", action="store_true",
@@ -349,6 +352,8 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
         results = {}
         modes = (["new"] + (["old"] if args.compare else []) + (["before"] if args.before else [])
                  + (["summaries"] if args.summaries else []))
+        if args.summaries and args.summaries_first:
+            modes = ["summaries", *modes[:-1]]
         for mode in modes:
             tree = args.before if mode == "before" else REPO
             reader = subprocess.run(
