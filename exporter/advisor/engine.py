@@ -78,6 +78,7 @@ from exporter.advisor.advice import (
     WhatIf,
 )
 from exporter.advisor.plan import CompactionPlan
+from exporter.advisor.planner import QueuePlan
 from exporter.advisor.right_sizing import right_sizing
 from exporter.analysis.index import Report
 from exporter.analysis.state import FleetState
@@ -118,6 +119,10 @@ class DecisionSettings:
     # plan must let a pending job start; and a pending job blocked by fragments, not capacity,
     # gets a plan of its own (planner.plan_for_pending). False: the index rule alone
     require_pending: bool = True
+    # a plan for the queue (planner.QueuePlan) must end at least this many GPU-hours of
+    # waiting, net of the waiting of the jobs it leaves no room for, per GPU-hour of work its
+    # moves cost (queue_gate)
+    min_saved_per_work: float = 1.0
 
 
 def idle_rule(table: Thresholds | None = None) -> tuple[float, float]:
@@ -303,13 +308,35 @@ def shortfall(plan: CompactionPlan, settings: DecisionSettings) -> str | None:
 
 def pending_gate(plan: CompactionPlan, job: JobRequest, settings: DecisionSettings) -> str | None:
     """None when a plan for a pending job is worth its disruption: the gain per migration is
-    the job's GPUs (what it lets run), held to the same ``min_recovered_per_migration``."""
+    the job's GPUs (what it lets run; under the queue rule, every job's it lets start), held
+    to the same ``min_recovered_per_migration``; and a queue rule's plan must pass
+    :func:`queue_gate`."""
     moves = len(plan.migrations)
-    gpus = job.gpu_count * job.gpu_share
+    queue = isinstance(plan, QueuePlan)
+    gpus = plan.gpus_started if isinstance(plan, QueuePlan) else job.gpu_count * job.gpu_share
     if moves and gpus / moves < settings.min_recovered_per_migration:
-        return (f"plan lets pending job {job.job} ({gpus:g} GPUs) start with {moves} migrations "
+        many = queue and len(plan.lets_start) > 1
+        whose = f"{len(plan.lets_start)} pending jobs" if many else f"pending job {job.job}"
+        return (f"plan lets {whose} ({gpus:g} GPUs) start with {moves} migrations "
                 f"({gpus / moves:.2f} GPUs per migration < {settings.min_recovered_per_migration:g})")
-    return None
+    return queue_gate(plan, settings) if isinstance(plan, QueuePlan) else None
+
+
+def queue_gate(plan: QueuePlan, settings: DecisionSettings) -> str | None:
+    """None when a queue rule's plan pays for itself: the waiting it ends, less the waiting
+    of the jobs it leaves no room for (its displaced jobs), is positive and at least
+    ``min_saved_per_work`` times the work its moves cost. A plan that starts a big job by
+    taking the room of smaller ones that have waited longer is refused here."""
+    net = plan.gpu_hours_waiting_saved - plan.displaced_gpu_hours
+    work = plan.work_gpu_hours
+    if net > 0 and net >= settings.min_saved_per_work * work:
+        return None
+    displaced = (f", less {plan.displaced_gpu_hours:g} for the {len(plan.displaced)} pending "
+                 f"job{'s' if len(plan.displaced) != 1 else ''} it would leave no room for"
+                 if plan.displaced else "")
+    return (f"plan ends {plan.gpu_hours_waiting_saved:g} GPU-hours of waiting{displaced}: "
+            f"{net:.3g} net against {work:.3g} GPU-hours of work its "
+            f"{len(plan.migrations)} moves cost (below {settings.min_saved_per_work:g} per GPU-hour)")
 
 
 def describe_start(plan: CompactionPlan) -> str:

@@ -75,6 +75,20 @@ class PlanSettings:
     ttl_seconds: float = 900.0
     # jobs that state no checkpoint are taken to checkpoint this often; 0: they never do
     checkpoint_interval_seconds: float = 900.0
+    # which pending jobs a plan is made for (RULES): "head", the queue's head alone; "queue",
+    # the head and then the next blocked jobs the moves left in the budget can start, each kept
+    # only where the waiting it ends pays for the work its moves cost (:func:`plan_for_queue`)
+    rule: str = "queue"
+    # seconds a moved job takes to restore its checkpoint, its destination GPUs held meanwhile:
+    # part of a move's cost besides the work lost (gpufleet simulate's --restore default)
+    restore_seconds: float = 120.0
+    # a blocked job beyond the head is planned for only where the GPU-hours of waiting it ends
+    # are at least this many times the GPU-hours of work its moves cost
+    min_saved_per_work: float = 1.0
+
+
+RULES = ("head", "queue")
+QUEUE_JOBS = 8  # blocked jobs one plan is made for under the queue rule, the head included
 
 
 @dataclass(frozen=True, slots=True)
@@ -641,8 +655,13 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
     for a waiting job does not wait); the namespace budget holds, the per-node one does
     not (emptying a node is this plan's purpose). ``kept_state``: the planner's kept state
     (:class:`KeptState`); without one, a fresh one.
+
+    That is the ``head`` rule (``settings.rule``); under ``queue`` (:func:`plan_for_queue`'s
+    account) the plan goes on past the head, and says what it costs.
     """
     with (KeptState() if kept_state is None else kept_state).borrow() as working:
+        if settings.rule == "queue":
+            return _plan_for_queue(working, snapshot, report, job, now, settings)
         return _plan_for_pending(working, snapshot, report, job, now, settings)
 
 
@@ -827,3 +846,225 @@ def apply_plan(snapshot: FleetSnapshot, plan: CompactionPlan) -> FleetSnapshot:
         moved = dataclasses.replace(part, node=move.destination.node, gpus=tuple(move.destination.gpus))
         by_job[alloc.job] = dataclasses.replace(alloc, placements=(moved,))
     return dataclasses.replace(snapshot, allocations=tuple(by_job[a.job] for a in snapshot.allocations))
+
+
+# -- planning past the head ---------------------------------------------------------------
+#
+# A plan for the head alone misses whatever the head does not need: the advisor looks every
+# few minutes, and the next blocked job waits for the next look, or for capacity. The queue
+# rule goes on down the queue with the moves left in the budget, and keeps the account of
+# what the plan costs: the work its moves lose and restore, and the jobs it leaves no room for.
+
+
+@dataclass(frozen=True)
+class QueuePlan(CompactionPlan):
+    """A plan under the queue rule, with its account (GPU-hours), for the engine to judge.
+
+    ``gpu_hours_waiting_saved`` stays the expected waiting of ``lets_start`` (the jobs it lets
+    start that would not start on the fleet as it is, :func:`waiting_saved`); beside it:
+    ``work_gpu_hours``, what its moves cost (the work since each moved job's checkpoint, and
+    its restore on the destination's GPUs), and ``displaced_gpu_hours``, the same estimate of
+    waiting for the pending jobs that would start on the fleet as it is and find no room
+    once the plan is carried out (``displaced``): the cost to the jobs it does not plan for.
+    Not written on the wire: a receiver gets the plan, the engine the account.
+    """
+
+    work_gpu_hours: float = 0.0
+    displaced: tuple[str, ...] = ()
+    displaced_gpu_hours: float = 0.0
+    gpus_started: float = 0.0  # GPUs the jobs in lets_start ask for
+
+
+def work_cost(moves: Iterable[tuple[Candidate, Placement]], settings: PlanSettings) -> float:
+    """GPU-hours a set of moves costs: each job's work since its checkpoint, and its restore
+    (its GPUs held, doing nothing, for ``restore_seconds``)."""
+    seconds = 0.0
+    for c, _ in moves:
+        gpus = len(c.current.gpus) * c.current.gpu_share
+        seconds += c.cost + gpus * settings.restore_seconds
+    return seconds / 3600
+
+
+def _queue_from(state: FleetState, pending: Sequence[JobRequest], head: JobRequest,
+                is_mig: np.ndarray) -> list[_Pending]:
+    """``head``, then the pending jobs asking GPUs behind it, in the source's order, of the
+    first :data:`PENDING_CHECKED`, as the placer sees them (``head`` alone when the source
+    does not list it)."""
+    first = _pending(state, head, is_mig)
+    if first is None:
+        return []
+    listed = pending[:PENDING_CHECKED]
+    at = next((i for i, job in enumerate(listed) if job is head or job.job == head.job), None)
+    behind = () if at is None else listed[at + 1:]
+    return [first, *(p for job in behind if (p := _pending(state, job, is_mig)) is not None)]
+
+
+def _fitting(placer: Placer, queue: Sequence[_Pending], skip: set[str],
+             log: list[tuple[bool, Placement]]) -> list[JobRequest]:
+    """The jobs of ``queue`` (but ``skip``) that start on the placer in turn, in the queue's
+    order, each placed (applied, logged) so the next sees it; shapes that found no room are
+    not tried again."""
+    out = []
+    failed: set[tuple] = set()
+    for p in queue:
+        if p.job.job in skip:
+            continue
+        key = (p.task, p.parts, tuple(p.excluded))
+        if key in failed:
+            continue
+        if _place_parts(placer, p, log):
+            out.append(p.job)
+        else:
+            failed.add(key)
+    return out
+
+
+def plan_for_queue(snapshot: FleetSnapshot, report: Report, job: JobRequest, now: float,
+                   settings: PlanSettings = PlanSettings(), kept_state: KeptState | None = None
+                   ) -> QueuePlan | None:
+    """The queue rule: :func:`plan_for_pending`'s plan for the head ``job``, then, in the
+    queue's order, for the next blocked jobs (up to :data:`QUEUE_JOBS` in all), within the
+    same budget of moves, on the working copy the earlier moves and jobs left.
+
+    Walking the queue from the head as the scheduler would start it: a job that fits is
+    placed (it takes its room before the jobs behind it); one that does not gets the fewest
+    moves after which it fits, kept only when the waiting it ends (:func:`waiting_saved`) is
+    at least ``min_saved_per_work`` times the work those moves cost (:func:`work_cost`);
+    the first blocked job no kept moves start ends the planning (behind it, only backfill
+    starts jobs). The plan's account (:class:`QueuePlan`) compares the walk with the same
+    walk on the fleet as it is: the jobs that start only with the plan are ``lets_start``,
+    those that start only without it ``displaced``. None when the head fits already or no
+    moves let it start.
+    """
+    with (KeptState() if kept_state is None else kept_state).borrow() as working:
+        return _plan_for_queue(working, snapshot, report, job, now, settings)
+
+
+def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report, job: JobRequest,
+                    now: float, settings: PlanSettings) -> QueuePlan | None:
+    state, cw = report.state, report.workload
+    placer = working.placer_for(state, cw)
+    mig = mig_nodes(snapshot)
+    is_mig = np.array([name in mig for name in state.names], dtype=bool)
+    queue = _queue_from(state, snapshot.pending, job, is_mig)
+    if not queue or queue[0].job.job != job.job:
+        return None
+    log: list[tuple[bool, Placement]] = []
+    if _place_parts(placer, queue[0], log):
+        _undo(placer, log)
+        return None  # it fits now: the scheduler will start it
+    barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist() for p in np.unique(state.pool)}
+    movable: dict[int, list[tuple[Allocation, _Where]]] = {}
+    for alloc, where in _movable_jobs(snapshot, state, settings, working.layout):
+        began = alloc.start_time if alloc.start_time is not None else now
+        if max(0.0, now - began) >= settings.min_runtime_seconds:
+            movable.setdefault(where.node, []).append((alloc, where))
+    barred_of = {n: barred[int(state.pool[n])] for n in movable}
+    kept: list[tuple[Candidate, Placement]] = []
+    per_namespace: Counter[str] = Counter()
+    planned: list[JobRequest] = []
+    with_plan: list[JobRequest] = []  # the jobs that start, in order, with the plan
+    try:
+        planning = True
+        failed: set[tuple] = set()
+        for p in queue:
+            key = (p.task, p.parts, tuple(p.excluded))
+            if key not in failed and _place_parts(placer, p, log):
+                with_plan.append(p.job)
+                continue
+            if not planning:
+                failed.add(key)
+                continue
+            mark, moved_before = len(log), len(kept)
+            if _plan_job(placer, p, movable, now, settings, kept, per_namespace, barred_of, log):
+                moves = kept[moved_before:]
+                saved = waiting_saved((p.job,), now)
+                if not planned or saved >= settings.min_saved_per_work * work_cost(moves, settings):
+                    planned.append(p.job)
+                    with_plan.append(p.job)
+                    planning = len(planned) < QUEUE_JOBS and len(kept) < settings.max_migrations
+                    continue
+                for c, _ in moves:  # it does not pay: taken back, and the planning ends
+                    per_namespace[c.alloc.namespace] -= 1
+                del kept[moved_before:]
+                _undo_to(placer, log, mark)
+            if not planned:
+                return None  # no moves let the head start
+            planning = False
+            failed.add(key)
+    finally:
+        _undo(placer, log)
+    plain = Placer(state, None)
+    try:
+        without = _fitting(plain, queue, set(), log)
+    finally:
+        _undo(plain, log)
+    before = _prediction(report, "cluster", state, cw)
+    for c, destination in kept:  # the fleet once the moves are made, no job started yet
+        placer.release(c.current)
+        log.append((False, c.current))
+        placer.apply(destination)
+        log.append((True, destination))
+    try:
+        after = _prediction(report, "cluster", placer.state, cw)
+    finally:
+        _undo(placer, log)
+    started_without = {j.job for j in without}
+    started_with = {j.job for j in with_plan}
+    lets = [j for j in with_plan if j.job not in started_without]
+    displaced = [j for j in without if j.job not in started_with]
+    if not lets or lets[0].job != job.job:
+        return None  # the head starts without the plan after all (never expected)
+    migrations = tuple(_migration(c, d, now, settings) for c, d in kept)
+    work = work_cost(kept, settings)
+    saved = waiting_saved(lets, now)
+    lost = waiting_saved(displaced, now)
+    gpus = sum(j.gpu_count * j.gpu_share for j in lets)
+    waited = "" if job.submit_time is None else f", waiting {max(0.0, now - job.submit_time) / 60:.0f} min"
+    parts = max(1, job.node_count)
+    reasons = [f"lets pending job {job.job} start ({job.gpu_count * job.gpu_share:g} GPUs"
+               f"{'' if parts == 1 else f' on {parts} nodes'}{waited}), and {len(lets) - 1} "
+               f"more behind it: {len(migrations)} move{'s' if len(migrations) != 1 else ''} free "
+               f"{', '.join(sorted({c.current.node_name for c, _ in kept}))}",
+               f"ends {saved:g} GPU-hours of waiting for {work:.3g} GPU-hours of work lost and "
+               f"restored" + (f"; {len(displaced)} pending job{'s' if len(displaced) != 1 else ''} "
+                              f"that would start now would wait ({lost:g} GPU-hours)" if displaced else "")]
+    return QueuePlan(
+        scope="cluster", snapshot_time=snapshot.taken_at, expires_at=now + settings.ttl_seconds,
+        decision="compact", reasons=tuple(reasons), before=before, after=after, migrations=migrations,
+        lets_start=tuple(j.job for j in lets), gpu_hours_waiting_saved=saved,
+        work_gpu_hours=round(work, 3), displaced=tuple(j.job for j in displaced),
+        displaced_gpu_hours=lost, gpus_started=gpus)
+
+
+def _plan_job(placer: Placer, target: _Pending, movable: dict[int, list[tuple[Allocation, _Where]]],
+              now: float, settings: PlanSettings, kept: list[tuple[Candidate, Placement]],
+              per_namespace: Counter[str], barred: dict[int, list[int]],
+              log: list[tuple[bool, Placement]]) -> bool:
+    """The fewest moves after which ``target`` fits, each part as :func:`plan_for_pending`
+    finds it, applied with the job's parts (logged) and added to ``kept``; False, with
+    nothing applied, when none exist within the budget left."""
+    mark, moved_before = len(log), len(kept)
+    excluded = list(target.excluded)
+    for _ in range(target.parts):
+        best = _cheapest_node(placer, target, excluded, movable, now, settings, kept, per_namespace, barred)
+        if best is None:
+            for c, _ in kept[moved_before:]:
+                per_namespace[c.alloc.namespace] -= 1
+            del kept[moved_before:]
+            _undo_to(placer, log, mark)
+            return False
+        node, moves, part = best
+        for c, destination in moves:
+            placer.release(c.current)
+            log.append((False, c.current))
+            placer.apply(destination)
+            log.append((True, destination))
+            kept.append((c, destination))
+            per_namespace[c.alloc.namespace] += 1
+        placer.apply(part)
+        log.append((True, part))
+        if target.parts > 1 and len(excluded) == len(target.excluded):
+            excluded.extend(np.flatnonzero(placer.model != placer.model[node]).tolist())
+        excluded.append(node)
+    return True
