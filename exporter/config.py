@@ -153,6 +153,11 @@ class AdvisorConfig:
         "Kubernetes source up), plan only for the job at the queue's head that fragments "
         "block, never for the index (the revised rule, docs/simulate.md); false: the index "
         "rule alone, compaction once the index stays above trigger, whether or not a job waits.")
+    rule: str = _opt("queue", help="Which pending jobs a plan is made for: queue, the queue's head "
+                     "and then the next blocked jobs the moves left in the budget start, each where "
+                     "the waiting it ends pays the work its moves cost, the plan refused when the "
+                     "jobs it leaves no room for have waited more than it saves; head, the head "
+                     "alone (the rule before; docs/simulate.md).", choices=("queue", "head"))
     hold_recheck: Duration = _opt(Duration(60), help="After a hold (nothing worth moving), how "
                                   "long snapshots wait before planning again; alerts re-plan at once.",
                                   min=0)

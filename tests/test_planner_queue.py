@@ -144,3 +144,19 @@ def test_work_cost_counts_the_work_since_the_checkpoint_and_the_restore():
     plan = plan_for_queue(snapshot, report_of(snapshot), FIRST, NOW, PlanSettings(restore_seconds=0.0))
     assert plan is not None and plan.work_gpu_hours == round(2 * 300 / 3600, 3)
     assert work_cost((), PlanSettings()) == 0.0
+
+
+def test_the_rule_is_an_option_of_the_advisor_config(tmp_path):
+    import pytest
+
+    from exporter.advisor.advise import plan_settings
+    from exporter.config import load
+    from exporter.errors import ConfigError
+
+    assert plan_settings(load(None).advisor).rule == "queue"
+    path = tmp_path / "config.yaml"
+    path.write_text("advisor:\n  rule: head\n")
+    assert plan_settings(load(path).advisor).rule == "head"
+    path.write_text("advisor:\n  rule: everything\n")
+    with pytest.raises(ConfigError, match="rule"):
+        load(path)

@@ -216,7 +216,7 @@ def plan_settings(config: AdvisorConfig, table: Thresholds | None = None) -> Pla
         max_per_namespace=config.max_migrations_per_namespace,
         move_high_priority=config.move_high_priority, high_priority=config.high_priority,
         min_runtime_seconds=config.min_runtime, ttl_seconds=config.plan_ttl,
-        checkpoint_interval_seconds=_checkpoint_interval(config, table),
+        checkpoint_interval_seconds=_checkpoint_interval(config, table), rule=config.rule,
     )
 
 
