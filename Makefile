@@ -73,18 +73,29 @@ vm-deps:
 # tests share its fixtures and run in order), then the tests marked `alone` in one process:
 # their waits (Alertmanager's inhibition, a 3 s source deadline, every dashboard query) were
 # written for an otherwise idle machine. TEST_WORKERS=0 runs the first part in one process too.
-# mypy (15 s of one core from a clean clone) checks while the first part runs, whose real
-# servers leave the cores idle much of the time; its report follows the tests', and either
-# failing fails make test before the `alone` part.
+# While the first part runs, whose real servers leave the cores idle much of the time, two
+# more processes use them: mypy (15 s of one core from a clean clone), and the tests marked
+# `serial` (schemathesis': one process, not xdist, for their shared node ids; they make no
+# timing wait and pass on a loaded machine). Their reports follow the first part's, and any
+# of the three failing fails make test before the `alone` part.
 TEST_WORKERS ?= 2
+# The files holding the `serial` and `alone` tests, which their parts collect instead of all
+# 2,700 tests (19 s of CPU each time); unless PYTEST_ARGS names tests. tests/conftest.py fails
+# any run that collects a test carrying either mark in a file whose text does not name it.
+MARKED = $(if $(filter tests/%,$(PYTEST_ARGS)),,$(shell grep -l 'mark\.$(1)\b' tests/test_*.py))
 
 test: $(VENV)/.installed-test system-deps slurm-deps kube-deps stress-deps vm-deps
 	$(BIN)/ruff check exporter tests bench deploy
 	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & typing=$$!; \
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS); tests=$$?; \
+	$(BIN)/pytest -q -p no:cacheprovider -m serial $(PYTEST_ARGS) $(call MARKED,serial) \
+	  > $(VENV)/serial.log 2>&1 & \
+	serial=$$!; \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone and not serial" $(PYTEST_ARGS); \
+	tests=$$?; \
+	wait $$serial; serialized=$$?; echo "$(BIN)/pytest -q -m serial"; cat $(VENV)/serial.log; \
 	wait $$typing; typed=$$?; echo "$(BIN)/mypy"; cat $(VENV)/mypy.log; \
-	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
-	$(BIN)/pytest -q -m alone $(PYTEST_ARGS)
+	[ $$tests -eq 0 ] && [ $$serialized -eq 0 ] && [ $$typed -eq 0 ]
+	$(BIN)/pytest -q -m alone $(PYTEST_ARGS) $(call MARKED,alone)
 
 # The inner loop: everything but the tests that start real servers (marked slow), under 60 s:
 # one pytest worker per core (pytest-xdist), since the fast tests are CPU-bound.

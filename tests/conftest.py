@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from exporter import logs
+from tests.helpers.make_parts import unlisted
 from tests.helpers.servers import Prometheus, Server, start_exporter, start_prometheus, stop
 
 # Property tests draw the same examples on every run (derandomize), so a run can't pass
@@ -25,6 +26,17 @@ _UNTIMED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 settings.register_profile("repeatable", derandomize=True, **_UNTIMED)
 settings.register_profile("explore", derandomize=False, **_UNTIMED)
 settings.load_profile(os.environ.get("GPUFLEET_HYPOTHESIS", "repeatable"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: every collected test is looked at
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """make test's `serial` and `alone` parts collect only the files that name their mark
+    (tests/helpers/make_parts.py): a marked test elsewhere fails the run instead of never
+    running."""
+    missed = unlisted(items)
+    if missed:
+        raise pytest.UsageError("marked serial or alone in a file that does not name the mark "
+                                "(the Makefile would not run them): " + ", ".join(missed))
 
 
 
