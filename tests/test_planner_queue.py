@@ -160,3 +160,20 @@ def test_the_rule_is_an_option_of_the_advisor_config(tmp_path):
     path.write_text("advisor:\n  rule: everything\n")
     with pytest.raises(ConfigError, match="rule"):
         load(path)
+
+
+def test_simulate_runs_either_rule():
+    import argparse
+
+    from exporter.cli import simulate as cli
+    from exporter.outcome_sim.run import make_strategy
+    from exporter.outcome_sim.sim import RunSettings
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert parser.parse_args(["--out", "x"]).advisor_rule == "queue"
+    assert parser.parse_args(["--out", "x", "--advisor-rule", "head"]).advisor_rule == "head"
+    for rule in ("head", "queue"):
+        strategy = make_strategy("advisor", RunSettings(advisor_rule=rule))
+        strategy._setup()
+        assert strategy._stages[1].planner.settings.rule == rule

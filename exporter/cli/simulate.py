@@ -93,6 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
                         help="simulated seconds between the advisor's evaluations, 1 to 86400 "
                         "(default 60)")
+    parser.add_argument("--advisor-rule", choices=("queue", "head"), default="queue",
+                        help="which pending jobs the advisor plans for: queue, the head and the next "
+                        "blocked jobs the same budget of moves starts, where it pays; head, the head "
+                        "alone (the rule before) (default queue)")
     parser.add_argument("--advisor-pools-by-model", action="store_true",
                         help="the advisor's snapshot lists a pool per GPU model, as serve's simulated "
                         "fleet does, so its planner keeps each job on its model; by default it lists "
@@ -174,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         timeline=TimelineSettings(args.days, args.warmup_days, loads[0], args.high_share, args.gang_share),
         policy=args.policy, mode=args.scheduler, cost=MoveCost(restore=args.restore),
         advisor_interval=args.advisor_interval, advisor_one_partition=not args.advisor_pools_by_model,
+        advisor_rule=args.advisor_rule,
         demand=args.demand, preemption=args.preemption, preempt_exempt=args.preempt_exempt,
         spot_quota=args.spot_quota)
     started = time.monotonic()

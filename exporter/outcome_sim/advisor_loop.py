@@ -79,6 +79,7 @@ class AdvisorStrategy:
     name: str = "advisor"
     evaluate_every: float = 60.0
     revised: bool = True
+    rule: str = "queue"  # the planner's rule (PlanSettings.rule): queue, or head (the rule before)
     # the snapshot lists the nodes as the simulated scheduler uses them, one partition of mixed
     # models (any job may start on any model), so the planner may move a job to another model
     # with as much memory per GPU; False: each model its own pool, as serve's simulated fleet
@@ -123,7 +124,8 @@ class AdvisorStrategy:
         # serve's stages, as serve builds them from the default config (the pools' scaling
         # hints are no part of a decision: no load stage), on the simulated clock
         self._stages = (AnalysisStage(analyzer, self._view),
-                        AdvisorStage(self._advisor, Planner(plan_settings(config.advisor))))
+                        AdvisorStage(self._advisor, Planner(dataclasses.replace(
+                            plan_settings(config.advisor), rule=self.rule))))
 
     def tick(self, sim: Sim, now: float) -> None:
         if self._advisor is None:

@@ -55,7 +55,7 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
         return Oracle(interval=settings.consolidate_interval)
     if name in ("advisor", "advisor-current"):
         strategy = AdvisorStrategy(name=name, evaluate_every=settings.advisor_interval,
-                                   revised=name == "advisor")
+                                   revised=name == "advisor", rule=settings.advisor_rule)
         strategy.pools(settings.advisor_one_partition)
         return strategy
     if name in STEER_STRATEGIES:

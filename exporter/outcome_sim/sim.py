@@ -25,6 +25,7 @@ class RunSettings:
     # the advisor's snapshot lists the nodes as one partition, as the simulated scheduler uses
     # them; False: a pool per model (AdvisorStrategy.one_partition)
     advisor_one_partition: bool = True
+    advisor_rule: str = "queue"  # the advisor's planning rule: queue or head (PlanSettings.rule)
     demand: str = ""  # what jobs are drawn from: openb or gfs (demand.DEMANDS); empty: the fleet's default
     preemption: str = "none"  # who high-priority jobs preempt: none, slurm, kube, advisor (preemption.py)
     preempt_exempt: float = 1800.0  # seconds a spot job runs after a (re)start before it may be preempted
