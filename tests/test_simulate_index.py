@@ -1,21 +1,29 @@
 """The cluster's index of running single-node jobs by node (what the baselines and the oracle
 look for jobs to move in) stays in step with a scan of every running job, through starts,
-ends, moves, evictions and the oracle's free moves, to the last bit of each node's sum."""
+ends, moves, evictions and the oracle's free moves, to the last bit of each node's sum. And
+the test that skips a node without trying to empty it says so only where the trial fails."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from exporter.analysis.workload import Shape
 from exporter.outcome_sim.cluster import Cluster, MoveCost
 from exporter.outcome_sim.fleets import SimFleet
-from exporter.outcome_sim.run import target_workload
+from exporter.outcome_sim.run import RunSettings, Sim, target_workload
+from exporter.outcome_sim.scheduler import Scheduler
 from exporter.outcome_sim.strategies import (
+    RULES,
+    _evacuate_for,
     _movable_by_node,
+    _Room,
+    _stuck,
     any_single_node,
     movable,
 )
 from exporter.outcome_sim.timeline import Job
+from exporter.placement.task import Task
 from exporter.snapshot import Gpu, Node
 
 MODELS = ("H100", "H100", "A100-80GB", "H200", "H100", "A100-80GB")
@@ -140,3 +148,65 @@ def test_a_relocated_job_keeps_its_place_among_the_jobs_of_its_new_node():
     assert [j.id for j in cluster.single.on(1)] == [0, 1, 2]
     assert cluster.single.demand[1] == (0.1 + 0.7) + 0.3  # added in that order
     assert cluster.single.demand[0] == 0.0 and cluster.single.count[0] == 0
+
+
+@pytest.mark.parametrize("policy", ["bestfit", "fgd"])
+def test_a_node_is_skipped_as_stuck_only_where_emptying_it_fails(policy):
+    """Over random fleets, heads, budgets and move rules: wherever ``_stuck`` says a node cannot
+    be emptied for the head's part, ``_evacuate_for`` (the trial that places each job elsewhere)
+    finds nothing there, and ``_stuck`` changes nothing in the placer. It must also say so
+    often, or it saves nothing."""
+    rng = np.random.default_rng(11)
+    stuck = tried = 0
+    for _ in range(12):
+        cluster = cluster_of(policy=policy)
+        filled(cluster, rng, int(rng.integers(20, 70)))
+        sim = Sim(fleet_of(MODELS), cluster, Scheduler(cluster), RunSettings(), cluster.workload)
+        placer = cluster.placer
+        for _ in range(15):
+            gpus = int(rng.choice((1, 2, 4, 8)))
+            share = 1.0 if gpus > 1 else float(rng.choice(SHARES))
+            head = Job(10_000, 0.0, 1.0, float(rng.choice((1.0, 16.0))), gpus, share, 1, (), False)
+            task = cluster.task(head)
+            rule = str(rng.choice(RULES))
+            same_model = bool(rng.random() < 0.3)
+            may_move = movable if rng.random() < 0.5 else any_single_node
+            room = _Room(cluster, rule)
+            _, _, on_node = _movable_by_node(cluster, may_move)
+            for node in range(len(placer.names)):
+                jobs = on_node(node)
+                if not jobs:
+                    continue
+                limit = int(rng.integers(1, 6))
+                before = (placer.gpu_free.copy(), placer.cpu_free.copy(), placer.changes)
+                leaving = sorted(jobs, key=lambda j: (-j.demand, j.id))
+                said = _stuck(cluster, node, leaving, limit, task, same_model, room)
+                assert np.array_equal(placer.gpu_free, before[0])
+                assert np.array_equal(placer.cpu_free, before[1])
+                assert placer.changes == before[2]
+                tried += 1
+                if said:
+                    stuck += 1
+                    assert _evacuate_for(sim, node, jobs, limit, task, same_model, rule) is None
+    assert tried > 500 and stuck > tried // 10, (stuck, tried)
+
+
+def test_the_room_mask_is_where_the_placer_could_place_a_task():
+    """``Placer.room``: a node it leaves out is never where ``place`` puts the task; with every
+    node it lists but one excluded, ``place`` still finds one (bestfit scores every fitting node)."""
+    rng = np.random.default_rng(5)
+    cluster = cluster_of()
+    filled(cluster, rng, 25)
+    placer = cluster.placer
+    seen = []
+    for gpus in (1, 2, 4, 8):
+        for share in (SHARES if gpus == 1 else (1.0,)):
+            for models in ((), ("H100",), ("A100-80GB", "H200")):
+                task = Task(4.0, gpus, share, models)
+                fits = placer.room(task, "bestfit")
+                for node in range(len(placer.names)):
+                    others = [n for n in range(len(placer.names)) if n != node]
+                    found = placer.place(task, "bestfit", exclude=others)
+                    assert (found is not None) == bool(fits[node])
+                    seen.append(bool(fits[node]))
+    assert len(seen) == 180 and 20 < sum(seen) < 160  # both answers, many times

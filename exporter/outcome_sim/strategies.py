@@ -38,10 +38,11 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from exporter.advisor.planner import _destinations
+from exporter.analysis.state import EPS
 from exporter.outcome_sim.cluster import Cluster, undo
 from exporter.outcome_sim.timeline import Job
 from exporter.placement.engine import Placement, room_after_moves
-from exporter.placement.task import Task
+from exporter.placement.task import Ask, Task
 
 if TYPE_CHECKING:
     from exporter.outcome_sim.sim import Sim
@@ -303,17 +304,91 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
     nodes.sort(key=lambda n: (max(0.0, need - free[n]), n))
     best: tuple[int, Moves, Placement] | None = None
     part_task = cluster.task(head)
+    room = _Room(cluster, rule)
     for node in nodes[:candidates]:
         limit = budget if best is None else len(best[1]) - 1
         if limit <= 0:
             break
         jobs = on_node(node)
-        if not room_after_moves(free[node], (j.demand for j in jobs), limit, part_task):
+        leaving = sorted(jobs, key=lambda j: (-j.demand, j.id))  # the order _evacuate_for takes
+        # the largest first, so these are heapq.nlargest's: the same sum
+        if not room_after_moves(free[node], [j.demand for j in leaving[:limit]], limit, part_task):
             continue  # _evacuate_for would end with None, as in the advisor's planner
+        if _stuck(cluster, node, leaving, limit, part_task, same_model, room):
+            continue  # the same, told without placing anything
         found = _evacuate_for(sim, node, jobs, limit, part_task, same_model, rule)
         if found is not None and (best is None or len(found[0]) < len(best[1])):
             best = (node, found[0], found[1])
     return best
+
+
+@dataclass
+class _Room:
+    """For the nodes tried for one head: where each leaving job's task could go in the fleet as
+    it is (:meth:`Placer.room`, kept while the placer does not change), and each job's models
+    and task (the same at every node tried: the jobs are where they were)."""
+
+    cluster: Cluster
+    rule: str
+    _kept: dict[Task, tuple[np.ndarray, int]] = field(default_factory=dict)
+    _at: int = -1
+    _models: dict[int, tuple[str, ...] | None] = field(default_factory=dict)
+    _tasks: dict[tuple[int, tuple[str, ...] | None], Task] = field(default_factory=dict)
+
+    def models(self, job: Job) -> tuple[str, ...] | None:
+        if job.id not in self._models:
+            self._models[job.id] = _models(self.cluster, job, self.rule)
+        return self._models[job.id]
+
+    def elsewhere(self, job: Job, models: tuple[str, ...] | None, node: int) -> bool:
+        """Whether ``job``'s task on ``models`` fits some node other than ``node``."""
+        placer = self.cluster.placer
+        if self._at != placer.changes:
+            self._kept.clear()
+            self._at = placer.changes
+        task = self._tasks.get((job.id, models))
+        if task is None:
+            task = self._tasks[(job.id, models)] = self.cluster.task(job, models)
+        kept = self._kept.get(task)
+        if kept is None:
+            fits = placer.room(task, self.cluster.policy)
+            kept = self._kept[task] = (fits, int(np.count_nonzero(fits)))
+        return kept[1] > int(kept[0][node])
+
+
+def _stuck(cluster: Cluster, node: int, leaving: list[Job], limit: int, task: Task, same_model: bool,
+           room: _Room) -> bool:
+    """True only where :func:`_evacuate_for` surely answers None, told on a copy of ``node``'s
+    row, placing nothing: taking its jobs off largest first (``leaving``, in that order), the
+    part does not fit before ``limit`` of them have left, or one that must leave may go to no
+    model, or fits on no other node even now (a trial only takes room elsewhere). False: the
+    trial decides."""
+    placer = cluster.placer
+    ask = Ask.of(task)
+    row = placer.gpu_free[node].copy()
+    cpu = float(placer.cpu_free[node])
+    cpu_total = float(placer.cpu_total[node])
+    need = 1.0 - EPS if ask.kind == "whole" else ask.share - EPS
+
+    def fits() -> bool:  # the test place_on makes first (evaluate's); True: it may fit
+        return cpu >= ask.cpus - EPS and (ask.kind == "cpu" or int(np.count_nonzero(row >= need)) >= ask.gpus)
+
+    for i, job in enumerate(leaving):
+        if fits():
+            return False
+        if i >= limit:
+            return True
+        models = room.models(job)
+        if same_model:
+            own = placer.model_names[placer.model[node]]
+            models = (own,) if models is None or own in models else ()
+        if models == () or not room.elsewhere(job, models, node):
+            return True
+        for p in job.placements:  # as Placer.release does it, to the bit
+            slots = list(p.slots)
+            row[slots] = np.minimum(row[slots] + p.gpu_share, 1.0)
+            cpu = min(cpu_total, cpu + p.cpus)
+    return not fits()
 
 
 def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task, same_model: bool,

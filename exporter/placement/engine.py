@@ -225,6 +225,29 @@ class Placer:
         memory = task.host_memory_bytes if self.memory_free is not None else 0.0
         return self._placement(node, slots, ask, memory)
 
+    @property
+    def changes(self) -> int:
+        """How many changes the arrays have had: equal numbers, the same free room."""
+        return self._clock
+
+    def room(self, task: Task, policy: str) -> np.ndarray:
+        """Per node, whether ``task`` fits there now: a model it may use, its memory, and
+        :func:`policies.evaluate`'s own test of free cores and GPUs. Where it is False,
+        :meth:`place` never picks the node, whatever the policy; where it is True, a policy
+        may still score the node out. A bool row per node, for a caller that asks of many
+        nodes at once whether a task could go anywhere."""
+        nodes, _ = self._nodes_for(task, policy)
+        ask = Ask.of(task)
+        fits = np.zeros(len(self.names), dtype=bool)
+        ok = self.cpu_free[nodes] >= ask.cpus - EPS
+        if ask.kind != "cpu":
+            need = 1.0 - EPS if ask.kind == "whole" else ask.share - EPS
+            ok &= (self.gpu_free[nodes] >= need).sum(axis=1) >= ask.gpus
+        if self.memory_free is not None and task.host_memory_bytes > 0:
+            ok &= self.memory_free[nodes] >= task.host_memory_bytes - 0.5
+        fits[nodes] = ok
+        return fits
+
     def _room_on(self, node: int, ask: Ask) -> bool:
         """Whether ``ask`` fits ``node``'s free cores and GPUs: the test :func:`policies.evaluate`
         makes before it scores (a node it fails gets an infinite key), on one row."""
