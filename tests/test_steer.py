@@ -56,6 +56,11 @@ def test_a_pod_prefers_the_nodes_its_own_ask_fragments_least_and_its_model():
     state, cw = _fleet()
     one = steer.preferred_nodes(state, cw, 8.0, 1)
     assert one[0] == "three-free" and "full" not in one
+    # fgd's own choice is the first named: where the fgd policy places the same task
+    from exporter.placement.engine import Placer
+    from exporter.placement.task import Task
+
+    assert Placer(state, cw).place(Task(8.0, 1, 1.0), "fgd").node_name == one[0]
     # an 8-GPU ask fits only the empty nodes
     assert set(steer.preferred_nodes(state, cw, 64.0, 8)) == {"empty", "a100-empty"}
     assert steer.preferred_nodes(state, cw, 64.0, 8, models=("A100-80GB",)) == ["a100-empty"]
@@ -115,11 +120,15 @@ def test_a_gpu_pod_gets_a_preferred_affinity_for_the_nodes_it_fragments_least():
     assert answer["response"]["patchType"] == "JSONPatch"
     (op,) = _patch(answer)
     assert op["op"] == "add" and op["path"] == "/spec/affinity"
-    (term,) = op["value"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert term["weight"] == admission.PREFERENCE_WEIGHT
-    (field,) = term["preference"]["matchFields"]
-    assert field["key"] == "metadata.name" and field["operator"] == "In"
-    assert field["values"][0] == "three-free" and "full" not in field["values"]
+    first, named = op["value"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert first["weight"] == named["weight"] == admission.PREFERENCE_WEIGHT
+    for term in (first, named):
+        (field,) = term["preference"]["matchFields"]
+        assert field["key"] == "metadata.name" and field["operator"] == "In"
+    # fgd's own choice alone in the first term, so it scores both; the best nodes in the second
+    assert first["preference"]["matchFields"][0]["values"] == ["three-free"]
+    values = named["preference"]["matchFields"][0]["values"]
+    assert values[0] == "three-free" and "full" not in values and len(values) == 4
 
 
 def test_a_pod_without_gpus_gets_no_patch_and_is_allowed():
@@ -137,8 +146,10 @@ def test_a_pods_own_affinity_is_kept_and_the_term_appended():
     own = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 10, "preference": {"matchExpressions": [
             {"key": "zone", "operator": "In", "values": ["a"]}]}}]}}
-    (op,) = _patch(admission.answer(_review(_pod(1, own)), _report))
-    assert op["path"] == "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/-"
+    ops = _patch(admission.answer(_review(_pod(1, own)), _report))
+    assert [op["path"] for op in ops] == [
+        "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/-"] * 2
+    assert [op["value"]["preference"]["matchFields"][0]["values"][0] for op in ops] == ["three-free"] * 2
     (op,) = _patch(admission.answer(_review(_pod(1, {"podAntiAffinity": {}})), _report))
     assert op["path"] == "/spec/affinity/nodeAffinity"
 

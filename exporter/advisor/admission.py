@@ -2,11 +2,17 @@
 
 The Kubernetes apiserver sends an AdmissionReview (``admission.k8s.io/v1``) for each
 pod created; the answer always admits the pod. A pod that asks for GPUs gets a JSON
-patch adding one ``preferredDuringSchedulingIgnoredDuringExecution`` node affinity
-term: the nodes where its own ask grows fragmentation least (FGD against the live
-workload, :mod:`exporter.advisor.steer`), named by ``metadata.name`` so no node
-label is assumed. The scheduler still decides: a preference only adds to its node
-scores, and the pod's own required affinity, selectors and taints still hold.
+patch adding two ``preferredDuringSchedulingIgnoredDuringExecution`` node affinity
+terms, from FGD against the live workload (:mod:`exporter.advisor.steer`): one naming
+the node FGD itself would choose for the pod's own ask, one naming the
+:data:`~exporter.advisor.steer.PREFERRED_NODES` best in FGD's order, it first. FGD's
+choice matches both terms, so it outscores the other named nodes as they outscore
+the rest; with one term naming them all alike, the scheduler's own scoring picked
+among them, and ``gpufleet simulate`` (``steer-pod-flat`` against ``steer-pod``,
+docs/simulate.md) found that got a fraction of FGD's gain. Nodes are named by
+``metadata.name``, so no node label is assumed. The scheduler still decides: a
+preference only adds to its node scores, and the pod's own required affinity,
+selectors and taints still hold.
 
 Nothing here may keep a pod out: a pod that asks for no GPU, a fleet not yet read,
 or a pod that fits nowhere now is admitted unchanged; a body that is not an
@@ -34,7 +40,9 @@ log = logging.getLogger(__name__)
 
 PATH = "/v1/admission"
 API_VERSION = "admission.k8s.io/v1"
-PREFERENCE_WEIGHT = 50  # of 1-100: a strong hint that still leaves room for the pod's own terms
+# of 1-100, per term: a strong hint that still leaves room for the pod's own terms; FGD's choice
+# matches both terms (100), the other named nodes one (50)
+PREFERENCE_WEIGHT = 50
 MAX_UID = 128
 PREFERRED = "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution"
 
@@ -80,20 +88,24 @@ def patch_for(pod: Mapping[str, Any], report: Report | None) -> list[dict[str, A
                                   _models(report, record.models))
     if not nodes:
         return []
-    term = {"weight": PREFERENCE_WEIGHT, "preference": {"matchFields": [
-        {"key": "metadata.name", "operator": "In", "values": nodes}]}}
+    terms = [_term(nodes[:1]), _term(nodes)]
     spec = pod.get("spec")
     affinity = spec.get("affinity") if isinstance(spec, dict) else None
     if not isinstance(affinity, dict):
         return [{"op": "add", "path": "/spec/affinity",
-                 "value": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}}]
+                 "value": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}}]
     node_affinity = affinity.get("nodeAffinity")
     if not isinstance(node_affinity, dict):
         return [{"op": "add", "path": "/spec/affinity/nodeAffinity",
-                 "value": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}]
+                 "value": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}]
     if not isinstance(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution"), list):
-        return [{"op": "add", "path": f"{PREFERRED}", "value": [term]}]
-    return [{"op": "add", "path": f"{PREFERRED}/-", "value": term}]
+        return [{"op": "add", "path": f"{PREFERRED}", "value": terms}]
+    return [{"op": "add", "path": f"{PREFERRED}/-", "value": term} for term in terms]
+
+
+def _term(nodes: list[str]) -> dict[str, Any]:
+    return {"weight": PREFERENCE_WEIGHT, "preference": {"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": nodes}]}}
 
 
 def answer(body: bytes, current: Callable[[], Report | None]) -> dict[str, Any]:

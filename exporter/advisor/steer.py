@@ -126,8 +126,9 @@ def preferences(state: FleetState, cw: CompiledWorkload) -> tuple[NodePreference
 def preferred_order(state: FleetState, cw: CompiledWorkload, cpus: float, gpus: int, share: float = 1.0,
                     models: tuple[str, ...] = (), limit: int = PREFERRED_NODES,
                     view: policies.NodeView | None = None) -> np.ndarray:
-    """Indices of the nodes where this task grows fragmentation least, best first (ties: the
-    fuller node, then node order), at most ``limit``; empty when it fits nowhere now."""
+    """Indices of the nodes where this task grows fragmentation least, by growth alone (ties:
+    the fuller node, then node order), at most ``limit``; empty when it fits nowhere now. The
+    webhook's one-term list before :func:`fgd_order` (``simulate``'s ``steer-pod-flat``)."""
     key = growth(state, cw, cpus, gpus, share, models, view)
     fits = np.flatnonzero(np.isfinite(key))
     if len(fits) == 0:
@@ -137,11 +138,30 @@ def preferred_order(state: FleetState, cw: CompiledWorkload, cpus: float, gpus: 
     return fits[order[: max(0, limit)]]
 
 
+def fgd_order(state: FleetState, cw: CompiledWorkload, cpus: float, gpus: int, share: float = 1.0,
+              models: tuple[str, ...] = (), limit: int = PREFERRED_NODES,
+              view: policies.NodeView | None = None,
+              ties: policies.FgdTies = policies.FGD_TIES) -> np.ndarray:
+    """Indices of the nodes where this task fits, in fgd's own order, at most ``limit``: the
+    nodes whose growth of F is a near-tie with the least (``ties``), the fuller first, as the
+    ``fgd`` policy picks; then the others by growth. The first is where ``fgd`` would place
+    it. Empty when it fits nowhere now."""
+    key = growth(state, cw, cpus, gpus, share, models, view)
+    fits = np.flatnonzero(np.isfinite(key))
+    if len(fits) == 0:
+        return fits
+    least = float(key[fits].min())
+    near = key[fits] <= least + max(ties.band(least), 1e-9)
+    free_after = state.gpu_free[fits].sum(axis=1)  # the same ask comes off every node: fuller first
+    order = np.lexsort((fits, free_after, np.where(near, 0.0, np.round(key[fits], 9)), ~near))
+    return fits[order[: max(0, limit)]]
+
+
 def preferred_nodes(state: FleetState, cw: CompiledWorkload, cpus: float, gpus: int, share: float = 1.0,
                     models: tuple[str, ...] = (), limit: int = PREFERRED_NODES) -> list[str]:
-    """The names of :func:`preferred_order`'s nodes: what the admission webhook names in a pod's
-    preferred node affinity."""
-    return [state.names[i] for i in preferred_order(state, cw, cpus, gpus, share, models, limit)]
+    """The names of :func:`fgd_order`'s nodes, fgd's choice first: what the admission webhook
+    names in a pod's preferred node affinity."""
+    return [state.names[i] for i in fgd_order(state, cw, cpus, gpus, share, models, limit)]
 
 
 def node_view(state: FleetState, cw: CompiledWorkload) -> policies.NodeView:
@@ -174,6 +194,7 @@ __all__ = [
     "WEIGHT_WORST",
     "NodePreference",
     "expected_growth",
+    "fgd_order",
     "finite_or_none",
     "growth",
     "node_view",

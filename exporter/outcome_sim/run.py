@@ -30,7 +30,7 @@ from exporter.outcome_sim.outcomes import Outcome, Sample, job_outcomes
 from exporter.outcome_sim.preemption import Preempter, SpotGate, fill, fill_quota
 from exporter.outcome_sim.scheduler import Scheduler
 from exporter.outcome_sim.sim import RunSettings, Sim
-from exporter.outcome_sim.steering import POD_STRATEGIES, STEER_STRATEGIES, Steer, SteerPod
+from exporter.outcome_sim.steering import POD_STRATEGIES, STEER_STRATEGIES, Steer, pod_strategy
 from exporter.outcome_sim.strategies import (
     STRATEGIES,
     Consolidate,
@@ -69,8 +69,7 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
         if name == "steer-pod+advisor":
             advisor = AdvisorStrategy(name="advisor", evaluate_every=settings.advisor_interval)
             advisor.pools(settings.advisor_one_partition)
-        return SteerPod(name=name, cycle=settings.advisor_interval, advisor=advisor,
-                        fresh=name == "steer-pod-fresh")
+        return pod_strategy(name, advisor)
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 

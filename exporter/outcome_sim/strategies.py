@@ -24,8 +24,8 @@ any model it may use, an H200 job to an 80 GB GPU), as they ran before.
   fits; nothing moves when no such set exists.
 - ``advisor`` and ``advisor-current``: :mod:`.advisor_loop`.
 - ``steer`` and ``steer+advisor``: the scheduler honours the advisor's node weights (:mod:`.steering`).
-- ``steer-pod`` and ``steer-pod+advisor``: it honours each job's preferred nodes, the admission
-  webhook's (:mod:`.steering`).
+- ``steer-pod``, ``steer-pod-flat``, ``steer-pod-fresh`` and ``steer-pod+advisor``: it honours
+  each job's preferred nodes, the admission webhook's (:mod:`.steering`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 STRATEGIES = ("none", "descheduler", "consolidate", "advisor", "advisor-current", "oracle",
               "consolidate-unrestricted", "descheduler-unrestricted", "steer", "steer+advisor",
-              "steer-pod", "steer-pod+advisor", "steer-pod-fresh")
+              "steer-pod", "steer-pod-flat", "steer-pod-fresh", "steer-pod+advisor")
 
 
 class Strategy(Protocol):
