@@ -23,7 +23,7 @@ from exporter.outcome_sim.strategies import (
     movable,
 )
 from exporter.outcome_sim.timeline import Job
-from exporter.placement.task import Task
+from exporter.placement.task import Ask, Task
 from exporter.snapshot import Gpu, Node
 
 MODELS = ("H100", "H100", "A100-80GB", "H200", "H100", "A100-80GB")
@@ -180,7 +180,7 @@ def test_a_node_is_skipped_as_stuck_only_where_emptying_it_fails(policy):
                 limit = int(rng.integers(1, 6))
                 before = (placer.gpu_free.copy(), placer.cpu_free.copy(), placer.changes)
                 leaving = sorted(jobs, key=lambda j: (-j.demand, j.id))
-                said = _stuck(cluster, node, leaving, limit, task, same_model, room)
+                said = _stuck(cluster, node, leaving, limit, Ask.of(task), same_model, room)
                 assert np.array_equal(placer.gpu_free, before[0])
                 assert np.array_equal(placer.cpu_free, before[1])
                 assert placer.changes == before[2]

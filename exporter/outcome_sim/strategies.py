@@ -305,6 +305,7 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
     best: tuple[int, Moves, Placement] | None = None
     part_task = cluster.task(head)
     room = _Room(cluster, rule)
+    part_ask = Ask.of(part_task)
     for node in nodes[:candidates]:
         limit = budget if best is None else len(best[1]) - 1
         if limit <= 0:
@@ -314,7 +315,7 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
         # the largest first, so these are heapq.nlargest's: the same sum
         if not room_after_moves(free[node], [j.demand for j in leaving[:limit]], limit, part_task):
             continue  # _evacuate_for would end with None, as in the advisor's planner
-        if _stuck(cluster, node, leaving, limit, part_task, same_model, room):
+        if _stuck(cluster, node, leaving, limit, part_ask, same_model, room):
             continue  # the same, told without placing anything
         found = _evacuate_for(sim, node, jobs, limit, part_task, same_model, rule)
         if found is not None and (best is None or len(found[0]) < len(best[1])):
@@ -325,56 +326,65 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
 @dataclass
 class _Room:
     """For the nodes tried for one head: where each leaving job's task could go in the fleet as
-    it is (:meth:`Placer.room`, kept while the placer does not change), and each job's models
-    and task (the same at every node tried: the jobs are where they were)."""
+    it is (:meth:`Placer.room`) and what is free there, kept while the placer does not change;
+    and each job's models and task (the same at every node tried: the jobs are where they were)."""
 
     cluster: Cluster
     rule: str
-    _kept: dict[Task, tuple[np.ndarray, int]] = field(default_factory=dict)
+    _kept: dict[Task, np.ndarray] = field(default_factory=dict)
     _at: int = -1
     _models: dict[int, tuple[str, ...] | None] = field(default_factory=dict)
     _tasks: dict[tuple[int, tuple[str, ...] | None], Task] = field(default_factory=dict)
+    free: np.ndarray = field(default_factory=lambda: np.zeros(0))  # free GPU shares per node, summed
+    whole: np.ndarray = field(default_factory=lambda: np.zeros(0))  # whole free GPUs per node
+    cpu: np.ndarray = field(default_factory=lambda: np.zeros(0))  # free cores per node
 
     def models(self, job: Job) -> tuple[str, ...] | None:
         if job.id not in self._models:
             self._models[job.id] = _models(self.cluster, job, self.rule)
         return self._models[job.id]
 
-    def elsewhere(self, job: Job, models: tuple[str, ...] | None, node: int) -> bool:
-        """Whether ``job``'s task on ``models`` fits some node other than ``node``."""
+    def where(self, job: Job, models: tuple[str, ...] | None) -> np.ndarray:
+        """The nodes where ``job``'s task on ``models`` fits now (a bool per node)."""
         placer = self.cluster.placer
         if self._at != placer.changes:
             self._kept.clear()
             self._at = placer.changes
+            self.free = placer.gpu_free.sum(axis=1)
+            self.whole = np.count_nonzero(placer.gpu_free >= 1.0 - EPS, axis=1)
+            self.cpu = placer.cpu_free.copy()
         task = self._tasks.get((job.id, models))
         if task is None:
             task = self._tasks[(job.id, models)] = self.cluster.task(job, models)
-        kept = self._kept.get(task)
-        if kept is None:
-            fits = placer.room(task, self.cluster.policy)
-            kept = self._kept[task] = (fits, int(np.count_nonzero(fits)))
-        return kept[1] > int(kept[0][node])
+        fits = self._kept.get(task)
+        if fits is None:
+            fits = self._kept[task] = placer.room(task, self.cluster.policy)
+        return fits
 
 
-def _stuck(cluster: Cluster, node: int, leaving: list[Job], limit: int, task: Task, same_model: bool,
+def _stuck(cluster: Cluster, node: int, leaving: list[Job], limit: int, ask: Ask, same_model: bool,
            room: _Room) -> bool:
     """True only where :func:`_evacuate_for` surely answers None, told on a copy of ``node``'s
     row, placing nothing: taking its jobs off largest first (``leaving``, in that order), the
-    part does not fit before ``limit`` of them have left, or one that must leave may go to no
-    model, or fits on no other node even now (a trial only takes room elsewhere). False: the
-    trial decides."""
+    head's part (``ask``) does not fit before ``limit`` of them have left; or one that must
+    leave may go to no model, or fits on no other node even now (a trial only takes room
+    elsewhere); or those that must leave together ask more than is free on the other nodes
+    where any of them fits (GPU shares, whole GPUs, cores; each placement may take up to EPS
+    more than is free). False: the trial decides."""
     placer = cluster.placer
-    ask = Ask.of(task)
     row = placer.gpu_free[node].copy()
     cpu = float(placer.cpu_free[node])
     cpu_total = float(placer.cpu_total[node])
     need = 1.0 - EPS if ask.kind == "whole" else ask.share - EPS
+    anywhere = whole_anywhere = None  # the other nodes where any of the leaving (whole-GPU) jobs fits
+    demand = cores = 0.0
+    gpus = whole_gpus = 0
 
-    def fits() -> bool:  # the test place_on makes first (evaluate's); True: it may fit
+    def fits_here() -> bool:  # place_on's first test (evaluate's); True: the part may fit
         return cpu >= ask.cpus - EPS and (ask.kind == "cpu" or int(np.count_nonzero(row >= need)) >= ask.gpus)
 
     for i, job in enumerate(leaving):
-        if fits():
+        if fits_here():
             return False
         if i >= limit:
             return True
@@ -382,13 +392,30 @@ def _stuck(cluster: Cluster, node: int, leaving: list[Job], limit: int, task: Ta
         if same_model:
             own = placer.model_names[placer.model[node]]
             models = (own,) if models is None or own in models else ()
-        if models == () or not room.elsewhere(job, models, node):
+        if models == ():
+            return True
+        fits = room.where(job, models)
+        if int(np.count_nonzero(fits)) <= int(fits[node]):
+            return True
+        anywhere = fits.copy() if anywhere is None else anywhere | fits
+        anywhere[node] = False
+        demand += job.demand
+        cores += job.cpus
+        gpus += job.gpus
+        if job.gpus and job.share >= 1.0 - EPS:
+            whole_anywhere = fits.copy() if whole_anywhere is None else whole_anywhere | fits
+            whole_anywhere[node] = False
+            whole_gpus += job.gpus
+            if whole_gpus > int(room.whole[whole_anywhere].sum()):
+                return True
+        if (demand > float(room.free[anywhere].sum()) + gpus * EPS + 1e-9
+                or cores > float(room.cpu[anywhere].sum()) + (i + 1) * EPS + 1e-9):
             return True
         for p in job.placements:  # as Placer.release does it, to the bit
             slots = list(p.slots)
             row[slots] = np.minimum(row[slots] + p.gpu_share, 1.0)
             cpu = min(cpu_total, cpu + p.cpus)
-    return not fits()
+    return not fits_here()
 
 
 def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task, same_model: bool,

@@ -120,6 +120,8 @@ class Placer:
         self._clock = 0
         self._cache: dict[tuple, _Entry] = {}
         self._subsets: dict[tuple, tuple[np.ndarray, tuple[str, ...]]] = {}
+        self._sorted = np.zeros((0, 0))
+        self._sorted_at = -1
 
     @classmethod
     def for_nodes(cls, names: Sequence[str], models: Sequence[str], pools: Sequence[str],
@@ -242,11 +244,21 @@ class Placer:
         ok = self.cpu_free[nodes] >= ask.cpus - EPS
         if ask.kind != "cpu":
             need = 1.0 - EPS if ask.kind == "whole" else ask.share - EPS
-            ok &= (self.gpu_free[nodes] >= need).sum(axis=1) >= ask.gpus
+            if ask.gpus > self.gpu_free.shape[1]:
+                return fits
+            # as many GPUs with ``need`` free as it asks: its ask-th fullest free share has it
+            ok &= self._descending()[nodes, ask.gpus - 1] >= need
         if self.memory_free is not None and task.host_memory_bytes > 0:
             ok &= self.memory_free[nodes] >= task.host_memory_bytes - 0.5
         fits[nodes] = ok
         return fits
+
+    def _descending(self) -> np.ndarray:
+        """Each node's free GPU shares, largest first, as the arrays are now (kept until they change)."""
+        if self._sorted_at != self._clock:
+            self._sorted = -np.sort(-self.gpu_free, axis=1)
+            self._sorted_at = self._clock
+        return self._sorted
 
     def _room_on(self, node: int, ask: Ask) -> bool:
         """Whether ``ask`` fits ``node``'s free cores and GPUs: the test :func:`policies.evaluate`
