@@ -36,7 +36,7 @@ def test_the_makefile_lists_the_files_the_way_the_check_reads_them():
     makefile = (REPO / "Makefile").read_text()
     assert "grep -l 'mark\\.$(1)\\b' tests/test_*.py" in makefile
     for mark in MARKS:
-        assert f"-m {mark} $(PYTEST_ARGS) $(call MARKED,{mark})" in makefile
+        assert f"-m {mark} $(PYTEST_ARGS) $(call MARKED,{mark})" in makefile, mark
         listed = subprocess.run(["grep", "-l", rf"mark\.{mark}\b", *sorted(
             str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py"))],
             cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
