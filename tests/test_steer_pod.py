@@ -152,3 +152,15 @@ def test_the_first_node_named_is_where_the_fgd_policy_places_the_same_ask():
             assert int(order[0]) == fgd.node
             checked += 1
     assert checked > 100
+
+
+def test_with_the_advisor_the_advisor_is_looked_at_on_its_own_cadence_not_each_cycle():
+    sim = sim_of(fleet_of(MIXED))
+    strategy = make_strategy("steer-pod+advisor", RunSettings())
+    assert isinstance(strategy, SteerPod) and strategy.advisor is not None
+    looked: list[float] = []
+    strategy.advisor.tick = lambda sim_, now: looked.append(now)  # type: ignore[method-assign]
+    for now in np.arange(5.0, 181.0, strategy.interval):
+        strategy.tick(sim, float(now))
+    assert strategy.interval == 5.0 and strategy.cycles == 36
+    assert looked == [5.0, 65.0, 125.0]

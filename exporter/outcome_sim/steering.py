@@ -119,6 +119,7 @@ class SteerPod:
     computed: int = 0  # (state, shape) pairs scored
     interval: float = field(init=False)
     _next: float = 0.0
+    _advisor_next: float = 0.0  # the advisor is looked at on its own cadence, not each cycle
     _state: FleetState | None = None  # the fleet at the last cycle: what the webhook answers from
     _view: policies.NodeView | None = None
     _sim: Sim | None = None
@@ -148,7 +149,8 @@ class SteerPod:
             self._state = sim.cluster.placer.state
             self._view = None
             self._by_shape.clear()
-        if self.advisor is not None:
+        if self.advisor is not None and now >= self._advisor_next:
+            self._advisor_next = now + self.advisor.interval
             self.advisor.tick(sim, now)
 
     def rank(self, job: Job) -> np.ndarray | None:
