@@ -10,7 +10,9 @@ rough: the queue, and with it the scheduler's work, builds over the first days).
 ``--against DIR`` runs the same strategies from another checkout (``git worktree add``
 or ``git archive``) too, in alternating order, each in its own interpreter, so two
 commits are compared on the same machine under the same neighbours, and says whether
-their outcomes are the same (every column but ``wall_seconds``).
+their outcomes are the same (every column but ``wall_seconds``); it ends with one table,
+a row per strategy, before (the other checkout) and after (this one), as docs/performance.md
+keeps it.
 
 Usage: ``.venv/bin/python bench/simulate.py [--fleet default] [--days 14] [--load 1.1]
 [--strategies none,advisor] [--against /tmp/base] [--repeat 2]``
@@ -82,21 +84,46 @@ def main() -> None:
     print("| strategy | tree | CPU s | CPU s per 14 days | goal | met | whole-node GPU-h | migrations |"
           " same outcome as the baseline |")
     print("|---|---|---:|---:|---:|---|---:|---:|---|")
+    summary: list[tuple[str, dict[str, list[float]], bool]] = []
     for strategy in args.strategies.split(","):
         rows: dict[str, dict] = {}
+        cpus: dict[str, list[float]] = {name: [] for name, _ in trees}
+        agree = True
         for i in range(args.repeat):
             order = trees if i % 2 == 0 else trees[::-1]  # alternate who runs first
             for name, tree in order:
                 got = one(tree, args, strategy)
                 per14 = got["cpu"] * scale
+                cpus[name].append(got["cpu"])
                 same = ""
                 other = rows.get("against" if name == "this" else "this")
                 if other is not None:
                     same = "yes" if other == got["row"] else "NO"
+                    agree = agree and other == got["row"]
                 rows[name] = got["row"]
                 whole, met = got["row"]["gpu_hours_waited_whole_node"], "yes" if per14 <= goal else "no"
                 print(f"| {strategy} | {name} | {got['cpu']:.1f} | {per14:.0f} | {goal:g} | {met} | "
                       f"{whole:,.1f} | {got['row']['migrations']} | {same} |", flush=True)
+        summary.append((strategy, cpus, agree))
+    if args.against:
+        print_summary(args, summary, scale, goal)
+
+
+def print_summary(args: argparse.Namespace, summary: list[tuple[str, dict[str, list[float]], bool]],
+                  scale: float, goal: float) -> None:
+    """docs/performance.md's table: per strategy, the baseline's CPU s and this tree's, each the
+    least of its runs (the one the neighbours disturbed least) and per 14 days, beside the goal."""
+    days = f"{args.days:g} + {args.warmup_days:g}"
+    print()
+    print("| fleet, days | strategy | before: CPU s (per 14 days) | after: CPU s (per 14 days) | goal | "
+          "after/before | same outcome |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for strategy, cpus, agree in summary:
+        before, after = min(cpus["against"]), min(cpus["this"])
+        met = "met" if after * scale <= goal else "**not met**"
+        print(f"| {args.fleet}, {days} | {strategy} | {before:.1f} ({before * scale:.0f}) | "
+              f"{after:.1f} ({after * scale:.0f}) | {goal:g} {met} | {after / before:.2f} | "
+              f"{'yes' if agree else 'NO'} |")
 
 
 if __name__ == "__main__":
