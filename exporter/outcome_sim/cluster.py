@@ -61,6 +61,7 @@ class NodeJobs:
         self.count = np.zeros(self.size, dtype=np.int64)
         self.spot_demand = np.zeros(self.size)  # the same, of spot jobs only
         self.spot_count = np.zeros(self.size, dtype=np.int64)
+        self._largest: dict[int, list[Job]] = {}  # node -> largest_first's list
 
     def add(self, job: Job) -> None:
         self.started += 1
@@ -102,9 +103,18 @@ class NodeJobs:
                 spot_count += 1
         self.demand[node], self.count[node] = total, count
         self.spot_demand[node], self.spot_count[node] = spot, spot_count
+        self._largest.pop(node, None)
 
     def on(self, node: int) -> Iterable[Job]:
         return self.jobs.get(node, {}).values()
+
+    def largest_first(self, node: int) -> list[Job]:
+        """The node's jobs, the most GPUs first, then by id: the order a node is emptied in
+        (kept until the node's jobs change)."""
+        found = self._largest.get(node)
+        if found is None:
+            found = self._largest[node] = sorted(self.on(node), key=lambda j: (-j.demand, j.id))
+        return found
 
 
 @dataclass

@@ -246,8 +246,8 @@ def _both(base: Callable[[Job], bool], may_move: Callable[[Job], bool]) -> Calla
 def _movable_by_node(cluster: Cluster, may_move: Callable[[Job], bool], moved: Set[int] = frozenset()
                      ) -> tuple[np.ndarray, np.ndarray, Callable[[int], list[Job]]]:
     """Of the running jobs ``may_move`` lets move, less those in ``moved``: per node, their GPUs
-    summed and their number, and a node's list (in the order of ``cluster.running``): what a
-    scan of every running job would gather, read from the cluster's index by node."""
+    summed and their number, and a node's list (largest first): what a scan of every running
+    job would gather, read from the cluster's index by node."""
     index = cluster.single
     spot_only = _INDEXED.get(may_move)
 
@@ -278,7 +278,8 @@ def _movable_by_node(cluster: Cluster, may_move: Callable[[Job], bool], moved: S
                         count[node] += 1
 
     def on_node(node: int) -> list[Job]:
-        return [job for job in index.on(node) if passes(job)]
+        """The node's jobs that may move, largest first (the order a node is emptied in)."""
+        return [job for job in index.largest_first(node) if passes(job)]
 
     return share, count, on_node
 
@@ -310,8 +311,7 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
         limit = budget if best is None else len(best[1]) - 1
         if limit <= 0:
             break
-        jobs = on_node(node)
-        leaving = sorted(jobs, key=lambda j: (-j.demand, j.id))  # the order _evacuate_for takes
+        leaving = jobs = on_node(node)  # largest first: the order _evacuate_for takes
         # the largest first, so these are heapq.nlargest's: the same sum
         if not room_after_moves(free[node], [j.demand for j in leaving[:limit]], limit, part_task):
             continue  # _evacuate_for would end with None, as in the advisor's planner
