@@ -69,8 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="folder for outcomes.csv and timeline.png")
     parser.add_argument("--jobs", type=int, default=1, metavar="N", help="runs at a time, one core each")
-    parser.add_argument("--scheduler", choices=("fifo", "kube"), default="fifo",
-                        help="fifo: FIFO with backfill (Slurm); kube: per-pod retry (Kubernetes)")
+    parser.add_argument("--scheduler", choices=("fifo", "fifo-one-head", "kube"), default="fifo",
+                        help="fifo: FIFO with backfill (Slurm), a head per partition (one per GPU "
+                             "model); fifo-one-head: the whole fleet one partition, as before "
+                             "2026-12-06; kube: per-pod retry (Kubernetes)")
     parser.add_argument("--policy", default="bestfit",
                         help="the scheduler's placement policy (default bestfit, as sources.sim)")
     parser.add_argument("--high-share", type=float, default=0.3,
@@ -99,8 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "alone (the rule before) (default queue)")
     parser.add_argument("--advisor-pools-by-model", action="store_true",
                         help="the advisor's snapshot lists a pool per GPU model, as serve's simulated "
-                        "fleet does, so its planner keeps each job on its model; by default it lists "
-                        "the one partition the simulated scheduler places every job in")
+                        "fleet does, so its planner keeps each job on its model, as the fifo scheduler's "
+                        "partitions do; by default it lists one partition for the whole fleet, and "
+                        "the planner may move a job to another model where destination_models allows")
 
 
 def _loads(text: str) -> list[float]:

@@ -5,14 +5,14 @@ of the advisor's)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from exporter.preemption.watch import PreemptionWatch, WatchSettings
 
 if TYPE_CHECKING:
     from exporter.config import AdvisorConfig
-    from exporter.cycle.frame import Frame
     from exporter.metrics import Family
+    from exporter.snapshot import FleetSnapshot
     from exporter.thresholds import Thresholds
 
 
@@ -29,16 +29,26 @@ def watch_settings(config: AdvisorConfig, table: Thresholds | None) -> WatchSett
     return WatchSettings(checkpoint_interval=float(config.checkpoint_interval))
 
 
+class _Framed(Protocol):
+    # the cycle's frame, as far as this stage reads it: typed here, not imported, since the
+    # advisor imports this package's advice and the cycle imports the advisor
+    @property
+    def snapshot(self) -> FleetSnapshot: ...
+
+
+F = TypeVar("F", bound=_Framed)
+
+
 @dataclass
 class PreemptionStage:
     watch: PreemptionWatch
     name: str = "preemption"
 
-    def step(self, frame: Frame) -> Frame:
+    def step(self, frame: F) -> F:
         # what it concluded stays in the watch (its families and ``watch.view``), as the
         # load stage's tracker: no other stage reads it
         self.watch.observe(frame.snapshot)
         return frame
 
-    def families(self, frame: Frame) -> list[Family]:
+    def families(self, frame: _Framed) -> list[Family]:
         return self.watch.families()
