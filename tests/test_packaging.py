@@ -148,12 +148,13 @@ def test_node_mode_installs_no_optional_package():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     core = " ".join(project["dependencies"])
     extras = project["optional-dependencies"]
-    for package in ("kubernetes_asyncio", "grpcio", "protobuf", "matplotlib", "grafanalib"):
-        assert package not in core, package
+    for package in ("numpy", "kubernetes_asyncio", "grpcio", "protobuf", "matplotlib", "grafanalib"):
+        assert not any(d.startswith(package) for d in project["dependencies"]), package
+    assert extras["analysis"] == ["numpy>=1.26"]
     assert extras["cluster"] == ["kubernetes_asyncio>=36.1"]
     assert extras["podresources"] == ["grpcio>=1.85.1", "protobuf>=7.35.1"]
     assert extras["replay"] == ["matplotlib>=3.8"] and extras["dashboards"] == ["grafanalib>=0.7"]
-    assert extras["all"] == ["gpufleet[cluster,podresources,replay,dashboards]"]
+    assert extras["all"] == ["gpufleet[analysis,cluster,podresources,replay,dashboards]"]
     from exporter.extras import EXTRA_OF
 
     assert set(EXTRA_OF.values()) == set(extras) - {"all", "test", "bench"}
