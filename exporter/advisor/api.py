@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import logging
 import math
@@ -36,13 +35,13 @@ from aiohttp import web
 from exporter.advisor import bounds, openapi
 from exporter.advisor.advice import Advice, WhatIf
 from exporter.advisor.wire import advice_json, health_json, what_if_json
+from exporter.bearer import Token, current_token, token_problem
 from exporter.health.monitor import HealthAdvice
 from exporter.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
 
 # the bearer token: bytes, or a callable that reads it again (advisor.token_file, rotated)
-Token = bytes | Callable[[], bytes | None] | None
 
 
 def _dumps(value: Any) -> str:
@@ -176,29 +175,11 @@ async def _authorized(api: AdvisorApi, request: web.Request) -> str | None:
     return bearer_problem(await current_token(api.token), request)
 
 
-async def current_token(token_source: Token) -> bytes | None:
-    """The token now. A callable reads a file (advisor.token_file, rotated): in a thread, so
-    a file that is slow or hostile (a FIFO swapped in) never stalls the event loop."""
-    if callable(token_source):
-        return await asyncio.to_thread(token_source)
-    return token_source
-
 
 def bearer_problem(token_source: Token, request: web.Request) -> str | None:
     """The bearer check of every POST, and of GET /v1/* under ``api.require_token_for_reads``
     (exporter/web/server.py): None when authorized, else the reason for a 401."""
-    token = token_source() if callable(token_source) else token_source
-    if not token:  # an empty token would match a blank bearer
-        return ("the advisor has no usable token (set GPUFLEET_ADVISOR_TOKEN or "
-                "advisor.token_file, non-blank)")
-    header = request.headers.get("Authorization", "")
-    scheme, _, presented = header.partition(" ")
-    presented = presented.strip()  # str.strip: Unicode whitespace too, U+00A0 included
-    if scheme.lower() != "bearer" or not presented:
-        return "missing bearer token"
-    if not hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), token):
-        return "wrong bearer token"
-    return None
+    return token_problem(token_source() if callable(token_source) else token_source, request)
 
 
 async def _read_body(api: AdvisorApi, request: web.Request) -> tuple[bytes, web.Response | None]:

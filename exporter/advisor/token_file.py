@@ -53,7 +53,7 @@ class TokenFile:
     """``advisor.token_file``, read again whenever it changes, so a rotated token needs no restart.
 
     Calling it is blocking (a stat(), and a read when the file changed): the server calls it
-    off the event loop (api.current_token), SIGHUP from its reload thread. A file that turns
+    off the event loop (exporter.bearer.current_token), SIGHUP from its reload thread. A file that turns
     blank refuses every POST (fails closed: a blank token file is an operator's "no token")
     until a token is back. A file that cannot be read as a token (gone, unreadable, a FIFO or
     a device swapped in, over the size cap, not UTF-8) says nothing about the token: the last

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
-import hmac
 import json
 import logging
 import math
@@ -36,6 +35,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from exporter.aio import complete
+from exporter.bearer import current_token, token_problem
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
 from exporter.errors import quoted
@@ -54,7 +54,7 @@ from exporter.web.connection_gate import (
 from exporter.web.webconfig import Busy, LiveWebConfig, san_allowed
 
 if TYPE_CHECKING:
-    from exporter.advisor.api import Token
+    from exporter.bearer import Token
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ def protect(protection: Protection) -> Middleware:
                     return web.Response(status=401, text="Unauthorized\n",
                                         headers={"WWW-Authenticate": "Basic"})
         if bearer and request.method in ("GET", "HEAD"):
-            reason = _read_bearer_problem(await _read_token_now(protection.read_token), request)
+            reason = token_problem(await current_token(protection.read_token), request)
             if reason is not None:
                 return web.json_response(
                     {"error": reason}, status=401,
@@ -323,27 +323,6 @@ def protect(protection: Protection) -> Middleware:
         return await handler(request)
 
     return middleware
-
-
-# The GET check's own copy of the advisor's bearer check (advisor/api.py bearer_problem,
-# current_token, the POSTs'): the advisor's modules load numpy, which a node's install lacks
-async def _read_token_now(token_source: Token) -> bytes | None:
-    if callable(token_source):  # advisor.token_file, read in a thread: a FIFO never stalls the loop
-        return await asyncio.to_thread(token_source)
-    return token_source
-
-
-def _read_bearer_problem(token: bytes | None, request: web.Request) -> str | None:
-    if not token:  # an empty token would match a blank bearer
-        return ("the advisor has no usable token (set GPUFLEET_ADVISOR_TOKEN or "
-                "advisor.token_file, non-blank)")
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    presented = presented.strip()  # str.strip: Unicode whitespace too, U+00A0 included
-    if scheme.lower() != "bearer" or not presented:
-        return "missing bearer token"
-    if not hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), token):
-        return "wrong bearer token"
-    return None
 
 
 async def _web_headers(request: web.Request, response: web.StreamResponse) -> None:
