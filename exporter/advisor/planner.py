@@ -689,25 +689,9 @@ def _plan_for_pending(working: KeptState, snapshot: FleetSnapshot, report: Repor
     kept: list[tuple[Candidate, Placement]] = []
     per_namespace: Counter[str] = Counter()
     try:
-        excluded = list(target.excluded)
-        for _ in range(target.parts):
-            best = _cheapest_node(placer, target, excluded, movable, now, settings, kept, per_namespace,
-                                  {n: barred[int(state.pool[n])] for n in movable})
-            if best is None:
-                return None
-            node, moves, part = best
-            for c, destination in moves:
-                placer.release(c.current)
-                log.append((False, c.current))
-                placer.apply(destination)
-                log.append((True, destination))
-                kept.append((c, destination))
-                per_namespace[c.alloc.namespace] += 1
-            placer.apply(part)
-            log.append((True, part))
-            if target.parts > 1 and len(excluded) == len(target.excluded):
-                excluded.extend(np.flatnonzero(placer.model != placer.model[node]).tolist())
-            excluded.append(node)
+        if not _plan_job(placer, target, movable, now, settings, kept, per_namespace,
+                         {n: barred[int(state.pool[n])] for n in movable}, log):
+            return None
     finally:
         _undo(placer, log)
     before = _prediction(report, "cluster", state, cw)
