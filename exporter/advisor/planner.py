@@ -665,6 +665,21 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
         return _plan_for_pending(working, snapshot, report, job, now, settings)
 
 
+def _movable(working: KeptState, snapshot: FleetSnapshot, state: FleetState, is_mig: np.ndarray,
+             now: float, settings: PlanSettings
+             ) -> tuple[dict[int, list[tuple[Allocation, _Where]]], dict[int, list[int]]]:
+    """candidates()'s and cpu_only_candidates()' jobs past min_runtime, per node (each becomes
+    a Candidate, its cost at ``now``, only on a node tried: most nodes are not), and per such
+    node the nodes its jobs may not go to: another pool's, or a MIG node."""
+    barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist() for p in np.unique(state.pool)}
+    movable: dict[int, list[tuple[Allocation, _Where]]] = {}
+    for alloc, where in _movable_jobs(snapshot, state, settings, working.layout):
+        began = alloc.start_time if alloc.start_time is not None else now
+        if max(0.0, now - began) >= settings.min_runtime_seconds:
+            movable.setdefault(where.node, []).append((alloc, where))
+    return movable, {n: barred[int(state.pool[n])] for n in movable}
+
+
 def _plan_for_pending(working: KeptState, snapshot: FleetSnapshot, report: Report, job: JobRequest,
                       now: float, settings: PlanSettings) -> CompactionPlan | None:
     state, cw = report.state, report.workload
@@ -678,19 +693,11 @@ def _plan_for_pending(working: KeptState, snapshot: FleetSnapshot, report: Repor
     if _place_parts(placer, target, log):
         _undo(placer, log)
         return None  # it fits now: the scheduler will start it
-    barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist() for p in np.unique(state.pool)}
-    # candidates()'s and cpu_only_candidates()' jobs past min_runtime, per node; each becomes
-    # a Candidate (its cost at ``now``) only on a node tried: most nodes are not
-    movable: dict[int, list[tuple[Allocation, _Where]]] = {}
-    for alloc, where in _movable_jobs(snapshot, state, settings, working.layout):
-        began = alloc.start_time if alloc.start_time is not None else now
-        if max(0.0, now - began) >= settings.min_runtime_seconds:
-            movable.setdefault(where.node, []).append((alloc, where))
+    movable, barred_of = _movable(working, snapshot, state, is_mig, now, settings)
     kept: list[tuple[Candidate, Placement]] = []
     per_namespace: Counter[str] = Counter()
     try:
-        if not _plan_job(placer, target, movable, now, settings, kept, per_namespace,
-                         {n: barred[int(state.pool[n])] for n in movable}, log):
+        if not _plan_job(placer, target, movable, now, settings, kept, per_namespace, barred_of, log):
             return None
     finally:
         _undo(placer, log)
@@ -937,13 +944,7 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
     if _place_parts(placer, queue[0], log):
         _undo(placer, log)
         return None  # it fits now: the scheduler will start it
-    barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist() for p in np.unique(state.pool)}
-    movable: dict[int, list[tuple[Allocation, _Where]]] = {}
-    for alloc, where in _movable_jobs(snapshot, state, settings, working.layout):
-        began = alloc.start_time if alloc.start_time is not None else now
-        if max(0.0, now - began) >= settings.min_runtime_seconds:
-            movable.setdefault(where.node, []).append((alloc, where))
-    barred_of = {n: barred[int(state.pool[n])] for n in movable}
+    movable, barred_of = _movable(working, snapshot, state, is_mig, now, settings)
     kept: list[tuple[Candidate, Placement]] = []
     per_namespace: Counter[str] = Counter()
     planned: list[JobRequest] = []
