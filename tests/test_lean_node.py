@@ -11,24 +11,14 @@ import sys
 from pathlib import Path
 
 from tests.helpers import REPO, free_port, http_get, stop, wait_http
+from tests.helpers.fake_pynvml import node_launcher
 
 # the fake pynvml loaded from its file (the tests package imports pytest, and pytest numpy
 # where it is installed); the modules the process loaded are written at its exit
-LAUNCHER = r"""
-import atexit, importlib.util, sys
-out = sys.argv[2]
-atexit.register(lambda: open(out, "w").write("\n".join(sorted(sys.modules))))
-spec = importlib.util.spec_from_file_location("fake_pynvml", sys.argv[1])
-fake = importlib.util.module_from_spec(spec)
-sys.modules["fake_pynvml"] = fake
-spec.loader.exec_module(fake)
-gpus = [fake.FakeGpu(uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000",
-                     pci_bus_id=f"00000000:{0x18 + i:02X}:00.0", utilization=40, memory_used=2**34)
-        for i in range(8)]
-sys.modules["pynvml"] = fake.FakeNvml(gpus)
-from exporter.cli import main
-sys.exit(main(sys.argv[3:]))
-"""
+LAUNCHER = node_launcher(
+    prelude='import atexit\nout = sys.argv[2]\n'
+            'atexit.register(lambda: open(out, "w").write("\\n".join(sorted(sys.modules))))',
+    first_arg=3)
 
 NODE_CONFIG = """\
 collect_interval: 0.2s

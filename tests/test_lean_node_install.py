@@ -19,11 +19,12 @@ from importlib import metadata
 from pathlib import Path
 
 from tests.helpers import REPO, free_port, http_get, stop, wait_http
+from tests.helpers.fake_pynvml import node_launcher
 
 # numpy refused at import, as in an install without it; the fake pynvml from its file (the
 # tests package imports pytest, and pytest numpy where it is installed)
-LAUNCHER = r"""
-import importlib.abc, importlib.util, sys
+LAUNCHER = node_launcher(prelude="""
+import importlib.abc
 
 class NoNumpy(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
@@ -31,18 +32,7 @@ class NoNumpy(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 
-sys.meta_path.insert(0, NoNumpy())
-spec = importlib.util.spec_from_file_location("fake_pynvml", sys.argv[1])
-fake = importlib.util.module_from_spec(spec)
-sys.modules["fake_pynvml"] = fake
-spec.loader.exec_module(fake)
-gpus = [fake.FakeGpu(uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000",
-                     pci_bus_id=f"00000000:{0x18 + i:02X}:00.0", utilization=40, memory_used=2**34)
-        for i in range(8)]
-sys.modules["pynvml"] = fake.FakeNvml(gpus)
-from exporter.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
+sys.meta_path.insert(0, NoNumpy())""")
 
 NODE_CONFIG = """\
 collect_interval: 0.2s

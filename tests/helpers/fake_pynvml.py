@@ -619,3 +619,25 @@ _NVLINK_ERROR_TOTALS = {
 }
 
 FAKE_FUNCTIONS = sorted(n for n in vars(FakeNvml) if n.startswith("nvml"))
+
+
+def node_launcher(prelude: str = "", first_arg: int = 2) -> str:
+    """A ``python -c`` script for a node-mode process: ``prelude`` (after ``import
+    importlib.util, sys``), then pynvml faked by this file, whose path is ``sys.argv[1]``,
+    with eight GPUs, then gpufleet's CLI on ``sys.argv[first_arg:]``. The file is loaded by
+    its path, not through the tests package: that imports pytest, and pytest numpy where it
+    is installed."""
+    return f"""
+import importlib.util, sys
+{prelude}
+spec = importlib.util.spec_from_file_location("fake_pynvml", sys.argv[1])
+fake = importlib.util.module_from_spec(spec)
+sys.modules["fake_pynvml"] = fake
+spec.loader.exec_module(fake)
+gpus = [fake.FakeGpu(uuid=f"GPU-{{i:08d}}-0000-0000-0000-000000000000",
+                     pci_bus_id=f"00000000:{{0x18 + i:02X}}:00.0", utilization=40, memory_used=2**34)
+        for i in range(8)]
+sys.modules["pynvml"] = fake.FakeNvml(gpus)
+from exporter.cli import main
+sys.exit(main(sys.argv[{first_arg}:]))
+"""
