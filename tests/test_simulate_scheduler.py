@@ -93,24 +93,7 @@ def test_a_new_heads_reservation_lets_a_job_kept_off_the_old_one_backfill_at_onc
     """One head for the fleet (``fifo-one-head``). No capacity comes back between the two
     passes, but the head changes: the job that failed off the old head's reserved node is
     tried again off the new head's, and starts there."""
-    from exporter.outcome_sim.scheduler import Scheduler
-
-    models = ("H100", "H100", "A100-SXM4-80GB")
-    nodes = tuple(Node(f"n{i}", m, 64.0, "p", "x", 8) for i, m in enumerate(models))
-    cluster = Cluster(SimFleet("three", nodes, (), (Shape(1, 1.0, 1),)).empty_state(), "bestfit")
-    scheduler = Scheduler(cluster, "fifo-one-head")
-    busy = [Job(90 + i, 0.0, work, 1.0, gpus, 1.0, 1, (), False)
-            for i, (gpus, work) in enumerate(((8, 1000.0), (4, 100.0), (8, 500.0)))]
-    for node, j in enumerate(busy):
-        cluster.start(j, cluster.find(j, exclude=[n for n in range(3) if n != node]), 0.0)
-    first_head = Job(1, 1.0, 50.0, 1.0, 8, 1.0, 1, (), False)
-    waiting = Job(2, 2.0, 10_000.0, 1.0, 4, 1.0, 1, (), False)  # ends long after any shadow
-    for j in (first_head, waiting):
-        scheduler.submit(j)
-    assert scheduler.run_pass(10.0) == []
-    assert scheduler.reservation is not None and scheduler.reservation.nodes == (1,)
-    new_head = Job(3, 11.0, 50.0, 1.0, 8, 1.0, 1, ("A100-SXM4-80GB",), True)  # high: goes first
-    scheduler.submit(new_head)
+    scheduler, _, waiting, _ = three_nodes_two_heads("fifo-one-head")
     assert scheduler.run_pass(11.0) == [waiting]
     assert scheduler.reservation.nodes == (2,) and waiting.placements[0].node == 1
 
