@@ -146,7 +146,6 @@ def test_node_mode_installs_no_optional_package():
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    core = " ".join(project["dependencies"])
     extras = project["optional-dependencies"]
     for package in ("numpy", "kubernetes_asyncio", "grpcio", "protobuf", "matplotlib", "grafanalib"):
         assert not any(d.startswith(package) for d in project["dependencies"]), package
