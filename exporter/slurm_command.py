@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Iterator, Mapping
@@ -29,6 +30,16 @@ def run(argv: list[str], env: Mapping[str, str] | None, error: type[Exception]) 
         command = " ".join([Path(argv[0]).name, *argv[1:3]])
         raise error(f"{command}: exit {done.returncode}: {(done.stderr or done.stdout).strip()[:300]}")
     return done.stdout
+
+
+# a job id as Slurm prints it: JOBID, or an array task JOBID_TASK; anything else on
+# scontrol's command line could name more than one job ("ALL")
+_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")
+
+
+def is_job_id(text: str) -> bool:
+    """Whether ``text`` is one Slurm job id, and nothing scontrol would expand to others."""
+    return _JOB_ID.fullmatch(text) is not None
 
 
 def one_node(scontrol: str, name: str, env: Mapping[str, str] | None, error: type[Exception]) -> str:

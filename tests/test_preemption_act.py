@@ -53,6 +53,19 @@ def test_a_stale_advice_a_hostile_name_and_an_unknown_mode_are_refused(tmp_path)
         a.apply(section("11", at=NOW - 600))
     with pytest.raises(PreemptError, match=r"victims\[0\]\.job"):
         a.apply(section("11 --all"))
+    # a node may name its job anything: a name scontrol expands would preempt every job
+    for hostile in ("ALL", "all", "gpu-001", "11.0"):
+        with pytest.raises(PreemptError, match=f"'{hostile}' is not a Slurm job id"):
+            a.apply(section("11", hostile))
+    for listed in ("11,12", "11_[1-3]"):  # lists and ranges are no names at all
+        with pytest.raises(PreemptError, match="is not a job, pod or node name"):
+            a.apply(section("11", listed))
+    assert not (tmp_path / "audit.jsonl").exists()  # nothing acted on, not even job 11
+    from exporter.preemption.advice import AdviceFormatError, slurm_lines
+
+    with pytest.raises(AdviceFormatError, match="not a Slurm job id"):
+        slurm_lines(section("ALL"))
+    assert slurm_lines(section("11", "12_3"))[1:] == ["scontrol requeue 11", "scontrol requeue 12_3"]
     with pytest.raises(PreemptError, match="PreemptMode"):
         actor("act", tmp_path, preempt_mode="cancel")
     assert a.apply({"computed_at": NOW, "preempt": None, "spot_quota": []}) == []

@@ -86,6 +86,10 @@ class PreemptActor:
         if now - computed_at > MAX_AGE:
             raise PreemptError(f"the advice's preemption was computed {now - computed_at:.0f} s ago, "
                                f"over {MAX_AGE:.0f} s: not acted on")
+        odd = [v["job"] for v in victims if not slurm_command.is_job_id(v["job"])]
+        if odd:  # the victims come from what nodes said of their jobs: act on Slurm's ids only
+            raise PreemptError(f"preemption.preempt.victims: {odd[0][:60]!r} is not a Slurm job id; "
+                               "not acted on")
         head = str(section["preempt"].get("head", ""))
         recent = sum(1 for at in self.done_at if now - HOUR < at <= now)
         budget = max(0, self.per_hour - recent) if self.mode == "act" else len(victims)

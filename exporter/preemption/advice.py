@@ -29,6 +29,7 @@ from typing import Any
 
 from exporter.pool_load.forecast import HourlyHistory
 from exporter.preemption.quota import QuotaSettings, SpotQuota, spot_quota
+from exporter.slurm_command import is_job_id
 from exporter.snapshot import Allocation, FleetSnapshot, JobRequest
 
 EXEMPT = 1800.0  # PreemptExemptTime: seconds of run before a job may be preempted
@@ -377,6 +378,9 @@ def slurm_lines(section: Any, mode: str = "requeue") -> list[str]:
     victims = victims_from_json(section)
     if not victims:
         return []
+    odd = [v["job"] for v in victims if not is_job_id(v["job"])]
+    if odd:  # a name scontrol expands ("ALL") would preempt jobs nobody chose
+        raise AdviceFormatError(f"preemption.preempt.victims: {odd[0][:60]!r} is not a Slurm job id")
     head = section["preempt"].get("head", "")
     lines = [f"# preemption for {_name(head, 'preemption.preempt.head')}: {len(victims)} job(s), "
              f"PreemptMode={mode.upper()}"]
