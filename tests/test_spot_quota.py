@@ -60,6 +60,21 @@ def test_a_pool_over_subscribed_by_high_priority_jobs_has_no_quota_and_hostile_i
         QuotaSettings(horizon_hours=0)
 
 
+def test_demand_beyond_the_pool_is_capped_so_a_drained_queue_gives_spot_jobs_the_room_back():
+    # 20 hours of a high-priority queue growing past the pool's 100 GPUs, then 10 hours at 50
+    history = [100.0 + 10.0 * h for h in range(20)] + [50.0] * 10
+    q = spot_quota("A10", 100.0, history)
+    # capped, the queue's hours read as a full pool: no forecast missed a rise, so no margin
+    assert q.high_now_gpus == 50.0 and q.high_forecast_gpus == pytest.approx(50.0)
+    assert q.margin_gpus == 0.0 and q.quota_gpus == pytest.approx(50.0)
+    # counted whole, the same history forecasts 110 GPUs with a 60-GPU margin: no quota at all
+    whole = spot_quota("A10", 1e6, history)
+    assert whole.high_forecast_gpus == pytest.approx(110.0) and whole.margin_gpus == pytest.approx(60.0)
+    assert max(0.0, 100.0 - whole.high_forecast_gpus - whole.margin_gpus) == 0.0
+    # a pool whose high-priority demand stays over its GPUs still has none
+    assert spot_quota("A10", 100.0, [150.0] * 30).quota_gpus == 0.0
+
+
 def test_the_gate_holds_spot_jobs_beyond_the_quota_and_admits_them_as_room_comes_back():
     cluster, scheduler = cluster_of([("H100", 8), ("H100", 8)])  # 16 GPUs
     gate = SpotGate()

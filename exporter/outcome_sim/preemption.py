@@ -448,7 +448,8 @@ def quota_figures(gate: SpotGate | None, since: float) -> QuotaFigures:
         quota_by_hour[t] = quota_by_hour.get(t, 0.0) + quota
         series = gate.hourly.get(m, [])
         if t + h < len(series):
-            came = max(series[t + 1: t + h + 1])
+            # the peak the pool could run: the forecast is of demand capped at capacity
+            came = min(max(series[t + 1: t + h + 1]), float(gate.capacity[m]))
             error_by_hour[t] = error_by_hour.get(t, 0.0) + abs(came - forecast)
             if quota > EPS:  # a pool with no quota holds no spot GPU for the peak to need
                 breaches += came > forecast + margin + EPS

@@ -12,9 +12,17 @@ is what the pool has left:
     quota = max(0, capacity - forecast peak - margin)
 
 so that the high-priority demand stays under ``capacity - quota`` in about ``quantile`` of the
-hours as the history went. GFS (Duan et al., ASPLOS 2026) sizes its spot quota the same way,
-from a forecast of high-priority demand with its error; this one uses the load module's
-forecast, not GFS's own model.
+hours as the history went.
+
+The demand is capped at the pool's capacity before it is forecast: what the quota protects is
+the high-priority work the pool can run. A queue beyond the pool's GPUs cannot be served by
+withholding spot GPUs, and counted whole it made the forecast of a pool whose queue grows run
+low every hour, with a margin (the past misses) as large as the queue's growth, which kept
+the pool's quota at 0 for hours after its queue drained.
+
+GFS (Duan et al., ASPLOS 2026) sizes its spot quota the same way, from a forecast of
+high-priority demand with its error; this one uses the load module's forecast, not GFS's own
+model.
 
 Before any forecast can be checked (fewer than ``horizon + 1`` hours of history) the margin
 is 0 and the forecast is the demand of the last hour (the profile needs a day, the trend
@@ -58,7 +66,7 @@ class SpotQuota:
 
     pool: str
     capacity_gpus: float
-    high_now_gpus: float  # high-priority demand in the last complete hour
+    high_now_gpus: float  # high-priority demand in the last complete hour, capped at capacity
     high_forecast_gpus: float  # the forecast peak over the next horizon_hours
     margin_gpus: float  # the quantile of the past misses (peak above forecast), >= 0
     quota_gpus: float  # GPUs spot jobs may hold
@@ -91,7 +99,8 @@ def peaks_ahead(hourly: np.ndarray, horizon: int) -> np.ndarray:
 
 def spot_quota(pool: str, capacity_gpus: float, hourly_high: Sequence[float] | np.ndarray,
                settings: QuotaSettings | None = None) -> SpotQuota:
-    """The quota of ``pool`` from its hourly high-priority demand (oldest first, complete hours)."""
+    """The quota of ``pool`` from its hourly high-priority demand (oldest first, complete hours;
+    GPUs held plus GPUs asked by the queue, capped here at ``capacity_gpus``)."""
     settings = settings or QuotaSettings()
     d = np.asarray(hourly_high, dtype=float)
     if d.ndim != 1 or not np.isfinite(d).all() or (d < 0).any():
@@ -101,6 +110,7 @@ def spot_quota(pool: str, capacity_gpus: float, hourly_high: Sequence[float] | n
     h = settings.horizon_hours
     if len(d) == 0:  # nothing known: no forecast, the pool as it is
         return SpotQuota(pool, capacity_gpus, 0.0, 0.0, 0.0, capacity_gpus, h, 0, None, None)
+    d = np.minimum(d, capacity_gpus)  # what the pool can run (module docstring)
     forecast = peak_forecasts(d, settings)
     came = peaks_ahead(d, h)
     misses = came - forecast[: len(came)]
