@@ -21,13 +21,23 @@ from exporter.outcome_sim.demand import (
     build_jobs,
     draw,
     gfs_demand,
+    gfs_hourly_jobs,
     gfs_jobs,
+    hour_joint,
     load_marginals,
     rake,
     read_gfs_nodes,
+    read_hourly_models,
+    work_per_job,
 )
 from exporter.outcome_sim.fleets import catalogue_name, gfs_fleet
-from exporter.outcome_sim.timeline import HourlyArrivals, TimelineSettings
+from exporter.outcome_sim.timeline import (
+    HourlyArrivals,
+    TimelineSettings,
+    arrivals_path,
+    read_arrivals,
+    window_hours,
+)
 
 MARGINALS = Path("data/alibaba-spot-gpu-v2026/job-marginals")
 # the trace's GPUs per model (fleet_by_model.csv), under the fleet's names for them
@@ -215,3 +225,110 @@ def test_the_command_runs_the_gfs_fleet_and_refuses_an_unknown_demand(tmp_path, 
     with pytest.raises(SystemExit) as exit_:
         main(["simulate", "--demand", "bogus", "--out", str(tmp_path / "x")])
     assert exit_.value.code == 2
+
+
+# -- gfs-hourly: each hour's models in the trace's mix of that hour ---------------------------
+
+
+def _model_of(demand, job) -> int:  # type: ignore[no-untyped-def]
+    return demand.models.index(job.models)
+
+
+def test_an_hours_joint_gives_each_model_its_share_of_the_hours_gpu_seconds(fleet):  # type: ignore[no-untyped-def]
+    demand = fleet.gfs_demand
+    table = read_hourly_models(demand.trace_models)
+    assert table.shape == (4419, 6)
+    per_job = work_per_job(demand)
+    # the table's first two hours: H800 asks 1,416 GPUs in hour 1 and none in hour 2
+    for hour in (1, 2, 500):
+        joint = hour_joint(demand, table[hour], per_job)
+        assert joint.sum() == pytest.approx(1.0)
+        expected = joint.sum(axis=1) * per_job
+        assert expected / expected.sum() == pytest.approx(table[hour] / table[hour].sum(), abs=1e-9)
+        # within a model, sizes as the overall draw has them
+        live = joint.sum(axis=1) > 0
+        assert joint[live] / joint[live].sum(axis=1, keepdims=True) == pytest.approx(
+            demand.joint[live] / demand.joint[live].sum(axis=1, keepdims=True))
+    h800 = demand.trace_models.index("H800")
+    assert hour_joint(demand, table[2], per_job)[h800].sum() == 0.0
+    assert hour_joint(demand, np.zeros(6), per_job) is demand.joint  # an empty hour: the overall mix
+
+
+def test_gfs_hourly_draws_each_hours_models_so_a_burst_comes_in_its_hours(fleet):  # type: ignore[no-untyped-def]
+    demand = fleet.gfs_demand
+    a10, h800 = demand.trace_models.index("A10"), demand.trace_models.index("H800")
+    # a table of 6-hour blocks: only A10 asks, then only H800, and so on
+    hours = len(SERIES.gpu_seconds)
+    table = np.zeros((hours, 6))
+    block = (np.arange(hours) // 6) % 2
+    table[block == 0, a10] = 1000.0
+    table[block == 1, h800] = 1000.0
+    settings = TimelineSettings(days=1.0, warmup_days=0.5, load=1.0)
+    jobs = gfs_hourly_jobs(demand, SERIES, 10412.0, settings, 5, hourly=table)
+    idx = window_hours(SERIES, settings.hours, np.random.default_rng([5, 43]))
+    later = [j for j in jobs if j.submit > 0]
+    assert later and [j.id for j in jobs] == list(range(len(jobs)))
+    for j in later:
+        want = a10 if block[idx[int(j.submit // 3600)]] == 0 else h800
+        assert _model_of(demand, j) == want
+    assert {_model_of(demand, j) for j in later} == {a10, h800}
+    # the running jobs at 0 are the first hour's demand
+    first = a10 if block[idx[0]] == 0 else h800
+    assert {_model_of(demand, j) for j in jobs if j.submit == 0.0} == {first}
+    # the arrivals still offer what the load asks, as gfs's do
+    offered = sum(j.demand * j.work for j in later)
+    assert offered == pytest.approx(settings.hours * 3600 * 10412.0, rel=0.25)
+    again = gfs_hourly_jobs(demand, SERIES, 10412.0, settings, 5, hourly=table)
+    assert [(j.submit, j.work, j.models) for j in again] == [(j.submit, j.work, j.models) for j in jobs]
+
+
+def test_gfs_hourly_follows_the_traces_table_hour_by_hour(fleet):  # type: ignore[no-untyped-def]
+    demand = fleet.gfs_demand
+    series = read_arrivals(arrivals_path())
+    table = read_hourly_models(demand.trace_models)
+    settings = TimelineSettings(days=3.0, warmup_days=0.0, load=1.0)
+    jobs = gfs_hourly_jobs(demand, series, 10412.0, settings, 101)
+    idx = window_hours(series, settings.hours, np.random.default_rng([101, 43]))
+    per_job = work_per_job(demand)
+    h800 = demand.trace_models.index("H800")
+    counted = np.zeros(settings.hours)
+    expected = np.zeros(settings.hours)
+    per_hour = Counter(int(j.submit // 3600) for j in jobs if j.submit > 0)
+    for j in jobs:
+        if j.submit > 0 and _model_of(demand, j) == h800:
+            counted[int(j.submit // 3600)] += 1
+    for h in range(settings.hours):
+        expected[h] = hour_joint(demand, table[idx[h]], per_job)[h800].sum() * per_hour[h]
+    # H800 jobs come in the hours the trace's H800 demand says, not at a steady share
+    busy = expected > 0
+    assert np.corrcoef(counted[busy], expected[busy])[0, 1] > 0.9
+    assert counted.sum() == pytest.approx(expected.sum(), rel=0.1)
+    share = table[idx, h800] / table[idx].sum(axis=1)
+    assert share.max() > 2 * share.min()  # the window has a burst to follow
+    steady = gfs_jobs(demand, series, 10412.0, settings, 101)
+    assert [j.models for j in steady] != [j.models for j in jobs]
+
+
+def test_gfs_hourly_is_chosen_by_name_and_refuses_a_series_longer_than_its_table(fleet):  # type: ignore[no-untyped-def]
+    settings = TimelineSettings(days=0.2, warmup_days=0.0, load=1.0)
+    jobs = build_jobs("gfs-hourly", fleet, SERIES, 10412.0, settings, 1)
+    assert jobs and {j.models for j in jobs} <= {(catalogue_name(m),) for m in load_marginals().models}
+    long_series = HourlyArrivals(np.full(5000, 3600.0 * 5000), np.full(5000, 400.0))
+    with pytest.raises(ValueError, match="gfs-hourly: the arrival series has hours"):
+        gfs_hourly_jobs(fleet.gfs_demand, long_series, 10412.0, TimelineSettings(days=200.0), 1)
+
+
+def test_a_bad_hourly_table_is_one_line_and_rounding_residue_is_zero(tmp_path):
+    models = ("A10", "H800")
+    path = tmp_path / "hourly.csv"
+    path.write_text("hour,A10,H800\n0,-3.2e-12,5\n1,2,0\n")
+    assert read_hourly_models(models, path).tolist() == [[0.0, 5.0], [2.0, 0.0]]
+    path.write_text("hour,A10,H800\n0,-3,5\n")
+    with pytest.raises(ValueError, match=r"hourly\.csv: A10 must be a finite number >= 0"):
+        read_hourly_models(models, path)
+    path.write_text("hour,A10,H800\n1,1,5\n")
+    with pytest.raises(ValueError, match=r"hourly\.csv: the hours must be 0, 1, 2"):
+        read_hourly_models(models, path)
+    path.write_text("hour,A10\n0,1\n")
+    with pytest.raises(ValueError, match=r"hourly\.csv: missing column H800"):
+        read_hourly_models(models, path)

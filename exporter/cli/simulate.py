@@ -46,9 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fleet", choices=("default", "openb", "gfs"), default="default",
                         help="default: the simulated reference fleet (1,088 GPUs); openb: the trace's "
                         "1,213 nodes; gfs: the Alibaba spot-GPU trace's 4,278 nodes (10,412 GPUs)")
-    parser.add_argument("--demand", choices=("openb", "gfs"), default="",
+    parser.add_argument("--demand", choices=("openb", "gfs", "gfs-hourly"), default="",
                         help="openb: jobs shaped as the openb trace's pods; gfs: jobs drawn from the "
-                        "spot-GPU trace's job mix (its sizes, gangs, models, durations, priorities) "
+                        "spot-GPU trace's job mix (its sizes, gangs, models, durations, priorities); "
+                        "gfs-hourly: the same, each hour's models in the trace's mix of that hour "
                         "(default: gfs on the gfs fleet, openb elsewhere)")
     parser.add_argument("--days", type=float, default=None,
                         help="measured days, at most 366 (default 14; the matrix's 7)")

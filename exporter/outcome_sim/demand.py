@@ -18,6 +18,16 @@
   each type's median and p90 are the trace's.
 - **CPU**: the trace's median, 8 CPUs per GPU; it never binds on its nodes.
 
+``gfs-hourly``: the same jobs, but each hour's models in the trace's own mix of that hour
+(``data/alibaba-spot-gpu-v2026/hourly_concurrency_top_models.csv``, the GPUs each model's
+active jobs asked for): a job's model is drawn first, in proportion to its model's GPUs in
+the table's hour over the GPU-seconds a job of that model brings, then its size, duration
+and priority given the model as ``gfs`` draws them. So each model's share of the GPU-seconds
+offered in an hour is its share of the trace's demand in that hour, and the trace's bursts
+(H800 from about 0 to 1,400 GPUs within an hour) come in the same hours. The jobs running
+at time 0 are each model's demand in the window's first hour. ``gfs`` keeps each model's
+share steady, its share over the whole trace.
+
 Arrivals follow the hourly series as ``openb``'s do (:func:`timeline.window`, the
 load factor scaling offered GPU-seconds to the fleet). Because a few jobs run for
 months, a run starts in the offered load's steady state: the jobs running at time 0
@@ -41,7 +51,15 @@ import numpy as np
 from exporter.analysis.workload import Shape
 from exporter.bounded_file import Wording, read_bounded
 from exporter.gpu_catalogue import GpuSpec, default_catalogue
-from exporter.outcome_sim.timeline import HOUR, HourlyArrivals, Job, TimelineSettings, build, window
+from exporter.outcome_sim.timeline import (
+    HOUR,
+    HourlyArrivals,
+    Job,
+    TimelineSettings,
+    build,
+    window,
+    window_hours,
+)
 
 
 class JobSource(Protocol):
@@ -57,10 +75,11 @@ class JobSource(Protocol):
     @property
     def gfs_demand(self) -> GfsDemand: ...
 
-DEMANDS = ("openb", "gfs")
+DEMANDS = ("openb", "gfs", "gfs-hourly")
 MARGINALS = Path("alibaba-spot-gpu-v2026") / "job-marginals"
 NODE_LIST = Path("alibaba-spot-gpu-v2026") / "node_info_df.csv"
-MAX_TABLE_BYTES = 4 * 2**20  # the largest table is 3 kB; the node list 90 kB
+HOURLY_MODELS = Path("alibaba-spot-gpu-v2026") / "hourly_concurrency_top_models.csv"
+MAX_TABLE_BYTES = 4 * 2**20  # the largest table is 3 kB; the node list 90 kB, the hourly models 260 kB
 CPUS_PER_GPU = 8.0  # job_medians.csv: 8 CPUs at the median request of 1 GPU
 SHARED_GPU = 0.5  # what a job under one GPU asks of it: the tables do not say
 SINGLE_SIZES = {"0": (SHARED_GPU,), "1": (1.0,), "2 to 4": (2.0, 4.0), "5 to 8": (8.0,)}
@@ -263,6 +282,7 @@ class GfsDemand:
     knots: tuple[np.ndarray, np.ndarray]  # log seconds against the CDF
     high_given_cut: tuple[np.ndarray, np.ndarray]  # (cuts in seconds, P(high) in each interval)
     mean_gpu_seconds: float  # per job
+    trace_models: tuple[str, ...] = ()  # the trace's names of the models, in the tables' order
 
     def duration(self, u: np.ndarray) -> np.ndarray:
         log_seconds, cdf = self.knots
@@ -368,7 +388,7 @@ def gfs_demand(trace_models: dict[str, str] | None = None, marginals: Marginals 
     seconds_per_job = duration_given_model @ bin_seconds
     mean_gpu_seconds = float((joint * total_gpus[None, :]).sum(axis=1) @ seconds_per_job)
     return GfsDemand(sizes, models, speeds, joint, duration_given_model,
-                     (log_seconds, cdf), _high_given_cut(m, cdf_at), mean_gpu_seconds)
+                     (log_seconds, cdf), _high_given_cut(m, cdf_at), mean_gpu_seconds, m.models)
 
 
 def _speed(spec: GpuSpec | None) -> float:
@@ -404,9 +424,12 @@ class Drawn:
 _FIELDS = ("gpus", "share", "parts", "model", "seconds", "high")
 
 
-def draw(demand: GfsDemand, n: int, rng: np.random.Generator) -> Drawn:
-    cell = rng.choice(demand.joint.size, size=n, p=demand.joint.ravel())
-    model, size = np.divmod(cell, demand.joint.shape[1])
+def draw(demand: GfsDemand, n: int, rng: np.random.Generator, joint: np.ndarray | None = None) -> Drawn:
+    """``n`` jobs from ``demand``'s joint table of model and size, or from ``joint`` (the same
+    shape, summing to 1): the mix of models an hour of the trace had."""
+    joint = demand.joint if joint is None else joint
+    cell = rng.choice(joint.size, size=n, p=joint.ravel())
+    model, size = np.divmod(cell, joint.shape[1])
     bins = demand.duration_given_model.shape[1]
     cum_bins = np.cumsum(demand.duration_given_model, axis=1)
     b = np.minimum((cum_bins[model] < rng.random(n)[:, None]).sum(axis=1), bins - 1)
@@ -477,6 +500,122 @@ def gfs_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, setting
     return [j for j in jobs if j.submit < settings.horizon]
 
 
+# -- gfs-hourly: each hour's models as the trace had them --------------------------------
+
+
+def read_hourly_models(models: Sequence[str], path: Path | None = None) -> np.ndarray:
+    """``out[hour, model]``: the GPUs asked by each of ``models``' active jobs in each hour of
+    the trace (its hour 0 is the arrival series' hour 0)."""
+    path = path or data_path(HOURLY_MODELS)
+    rows = read_table(path, ("hour", *models))
+    # the table's sums leave rounding residue (-3e-12 GPUs); a real negative is refused
+    table = np.array([[_number(path, {m: "0" if _tiny(r[m]) else r[m]}, m) for m in models]
+                      for r in rows])
+    hours = [_number(path, r, "hour") for r in rows]
+    if hours != list(range(len(rows))):
+        raise ValueError(f"{path}: the hours must be 0, 1, 2, ... in order")
+    return table
+
+
+def _tiny(text: str | None) -> bool:
+    try:
+        return abs(float(text or "")) < 1e-6
+    except ValueError:
+        return False
+
+
+def work_per_job(demand: GfsDemand) -> np.ndarray:
+    """GPU-seconds a job of each model brings, on average (its size and duration given it)."""
+    total_gpus = demand.sizes[:, 0] * demand.sizes[:, 1] * demand.sizes[:, 2]
+    rows = demand.joint.sum(axis=1)
+    gpus = (demand.joint * total_gpus).sum(axis=1) / np.maximum(rows, 1e-300)
+    bins = demand.duration_given_model.shape[1]
+    seconds = demand.duration((np.arange(bins * 16) + 0.5) / (bins * 16)).reshape(bins, 16).mean(axis=1)
+    return gpus * np.clip(demand.duration_given_model @ seconds, MIN_SECONDS, MAX_SECONDS)
+
+
+def hour_joint(demand: GfsDemand, gpus: np.ndarray, per_job: np.ndarray) -> np.ndarray:
+    """The joint table of model and size for an hour whose models asked for ``gpus``: each
+    model's row as ``demand.joint`` has it, scaled so that its share of the GPU-seconds drawn
+    is its share of ``gpus`` (the trace's overall mix where the hour asked for nothing)."""
+    rows = demand.joint.sum(axis=1)
+    can = (rows > 0) & (per_job > 0)
+    weight = np.where(can, np.maximum(gpus, 0.0), 0.0)
+    if weight.sum() <= 0:
+        return demand.joint
+    p_model = weight / np.where(can, per_job, 1.0)
+    p_model /= p_model.sum()
+    joint = demand.joint / np.maximum(rows, 1e-300)[:, None] * p_model[:, None]
+    return joint / joint.sum()
+
+
+def gfs_hourly_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, settings: TimelineSettings,
+                    seed: int, hourly: np.ndarray | None = None) -> list[Job]:
+    """As :func:`gfs_jobs`, each hour's models in the mix of the trace's same hour (``hourly``:
+    :func:`read_hourly_models`, the default the checkout's table)."""
+    if capacity <= 0:
+        raise ValueError("the fleet has no GPUs")
+    if not demand.trace_models:
+        raise ValueError("gfs-hourly needs the trace's model names in the demand tables")
+    table = read_hourly_models(demand.trace_models) if hourly is None else hourly
+    rng = np.random.default_rng([seed, 43])
+    idx = window_hours(series, settings.hours, rng)
+    if int(idx.max()) >= len(table):
+        raise ValueError(f"gfs-hourly: the arrival series has hours the per-model table has not "
+                         f"({int(idx.max()) + 1} against {len(table)}); use the trace's own series")
+    seconds = series.gpu_seconds[idx]
+    weights = seconds / seconds.mean() if seconds.mean() > 0 else np.ones(len(seconds))
+    owed = np.cumsum(settings.load * capacity * HOUR * weights)
+    per_job = work_per_job(demand)
+    batch = max(256, int(owed[-1] / demand.mean_gpu_seconds / max(settings.hours, 1) * 1.2))
+    arrivals: list[Drawn] = []
+    submits: list[np.ndarray] = []
+    offered = 0.0
+    for h in range(settings.hours):
+        joint = hour_joint(demand, table[idx[h]], per_job)
+        while offered < owed[h]:
+            drawn = draw(demand, batch, rng, joint)
+            work = drawn.gpu_seconds * demand.speeds[drawn.model]
+            start = offered + np.cumsum(work) - work  # where each job's work begins in the stream
+            take = start < owed[h]
+            arrivals.append(drawn.select(take))
+            submits.append((h + rng.random(int(take.sum()))) * HOUR)
+            offered += float(work[take].sum())
+    drawn_all = _concat(arrivals)
+    submit = np.concatenate(submits)
+    order = np.argsort(submit, kind="stable")
+    drawn_all, submit = drawn_all.select(order), submit[order]
+    # the steady state at 0: each model's running jobs hold its share of the first hour's demand
+    first = table[idx[0]]
+    rate_share = first * demand.speeds / max(float((first * demand.speeds).sum()), 1e-300)
+    if first.sum() <= 0:
+        rate_share = np.full(len(first), 1.0 / len(first))
+    picked: list[Drawn] = []
+    for m in range(len(first)):
+        target = settings.load * capacity * float(rate_share[m])
+        if target <= 0 or demand.joint[m].sum() <= 0:
+            continue
+        only = np.zeros_like(demand.joint)
+        only[m] = demand.joint[m] / demand.joint[m].sum()
+        held = 0.0
+        while held < target:
+            pool = draw(demand, batch, rng, only)
+            pool = pool.select(rng.choice(batch, size=batch, p=pool.seconds / pool.seconds.sum()))
+            rate = np.cumsum(pool.gpu_demand * demand.speeds[pool.model])
+            pool = pool.select(slice(0, int(np.searchsorted(rate, target - held)) + 1))
+            held += float((pool.gpu_demand * demand.speeds[pool.model]).sum())
+            picked.append(pool)
+    jobs: list[Job] = []
+    if picked:
+        running = _concat(picked)
+        left = np.maximum(MIN_SECONDS, running.seconds * rng.random(len(running.seconds)))
+        jobs = _jobs(demand, running, np.zeros(len(left)), left)
+    jobs += _jobs(demand, drawn_all, submit, drawn_all.seconds)
+    for number, job in enumerate(jobs):
+        job.id = number
+    return [j for j in jobs if j.submit < settings.horizon]
+
+
 def default_demand(fleet_name: str) -> str:
     """The trace's own jobs on the trace's own fleet; openb's shapes elsewhere."""
     return "gfs" if fleet_name == "gfs" else "openb"
@@ -491,6 +630,8 @@ def build_jobs(demand_name: str, fleet: JobSource, series: HourlyArrivals, capac
         return build(list(fleet.openb_shapes), series, capacity, settings, seed)
     if demand_name == "gfs":
         return gfs_jobs(fleet.gfs_demand, series, capacity, settings, seed)
+    if demand_name == "gfs-hourly":
+        return gfs_hourly_jobs(fleet.gfs_demand, series, capacity, settings, seed)
     raise ValueError(f"unknown demand {demand_name!r}; one of {', '.join(DEMANDS)}")
 
 
@@ -507,5 +648,5 @@ def typical_shapes(demand: GfsDemand, jobs: int = 4000) -> tuple[Shape, ...]:
 
 
 __all__ = ["DEMANDS", "Drawn", "GfsDemand", "JobSource", "Marginals", "build_jobs", "data_path",
-           "default_demand", "draw", "gfs_demand", "gfs_jobs", "load_marginals", "rake", "read_gfs_nodes",
-           "typical_shapes"]
+           "default_demand", "draw", "gfs_demand", "gfs_hourly_jobs", "gfs_jobs", "hour_joint",
+           "load_marginals", "rake", "read_gfs_nodes", "read_hourly_models", "typical_shapes", "work_per_job"]

@@ -215,14 +215,21 @@ def read_arrivals(path: str | Path) -> HourlyArrivals:
     return HourlyArrivals(np.array(seconds), np.array(demand))
 
 
-def window(series: HourlyArrivals, hours: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(GPU-seconds, mean duration in seconds) for ``hours`` consecutive hours from a start the
-    generator picks; a series shorter than the window wraps around."""
+def window_hours(series: HourlyArrivals, hours: int, rng: np.random.Generator) -> np.ndarray:
+    """The series' hours (indices) of ``hours`` consecutive hours from a start the generator
+    picks; a series shorter than the window wraps around."""
     usable = len(series.gpu_seconds) - SKIP_HOURS
     base = SKIP_HOURS if usable > 0 else 0
     span = usable if usable > 0 else len(series.gpu_seconds)
     start = int(rng.integers(0, max(1, span - hours))) if span > hours else 0
-    idx = base + (start + np.arange(hours)) % span
+    return base + (start + np.arange(hours)) % span
+
+
+def window(series: HourlyArrivals, hours: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU-seconds, mean duration in seconds) for the hours :func:`window_hours` picks."""
+    idx = window_hours(series, hours, rng)
+    usable = len(series.gpu_seconds) - SKIP_HOURS
+    base = SKIP_HOURS if usable > 0 else 0
     seconds = series.gpu_seconds[idx]
     demand = series.gpu_demand[idx]
     overall = float(series.gpu_seconds[base:].sum() / max(series.gpu_demand[base:].sum(), 1e-9))
@@ -269,4 +276,4 @@ def build(shapes: list[Shape], series: HourlyArrivals, capacity_gpus: float, set
 
 
 __all__ = ["DAY", "HOUR", "HourlyArrivals", "Job", "TimelineSettings", "arrivals_path", "build",
-           "read_arrivals", "window"]
+           "read_arrivals", "window", "window_hours"]
