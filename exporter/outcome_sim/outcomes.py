@@ -31,7 +31,8 @@ COLUMNS = (
     "mean_fragmentation_index", "mean_queued_gpus", "plans", "moves_dropped",
     "preemptions", "spot_evictions_per_1000", "lost_gpu_hours", "lost_pct", "wait_p50_s_spot",
     "wait_p95_s_spot", "wait_p50_s_high", "spot_jobs_never_finished", "spot_quota", "spot_quota_pct",
-    "high_forecast_mae_pct", "high_forecast_breach_pct", "wall_seconds",
+    "high_forecast_mae_pct", "high_forecast_breach_pct", "lookahead_reserved_nodes", "whole_forecast_mae_pct",
+    "whole_forecast_breach_pct", "wall_seconds",
 )
 
 
@@ -106,6 +107,11 @@ class Outcome:
     spot_quota_pct: float = 100.0
     high_forecast_mae_pct: float | None = None
     high_forecast_breach_pct: float | None = None
+    # the look-ahead's (lookahead.fill): the mean nodes it reserved, its whole-node forecast's
+    # error and how often the peak came more than a node above the forecast
+    lookahead_reserved_nodes: float | None = None
+    whole_forecast_mae_pct: float | None = None
+    whole_forecast_breach_pct: float | None = None
     wall_seconds: float = 0.0
     samples: list[Sample] = field(default_factory=list, repr=False)
 

@@ -25,6 +25,8 @@ from exporter.outcome_sim.blocked import WaitSplit
 from exporter.outcome_sim.cluster import Cluster
 from exporter.outcome_sim.demand import build_jobs
 from exporter.outcome_sim.fleets import SimFleet
+from exporter.outcome_sim.lookahead import LOOKAHEAD_STRATEGIES, lookahead_strategy
+from exporter.outcome_sim.lookahead import fill as fill_lookahead
 from exporter.outcome_sim.oracle import Oracle
 from exporter.outcome_sim.outcomes import Outcome, Sample, job_outcomes
 from exporter.outcome_sim.preemption import Preempter, SpotGate, fill, fill_quota
@@ -70,6 +72,12 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
             advisor = AdvisorStrategy(name="advisor", evaluate_every=settings.advisor_interval)
             advisor.pools(settings.advisor_one_partition)
         return pod_strategy(name, advisor)
+    if name in LOOKAHEAD_STRATEGIES:
+        advisor = None
+        if name.endswith("+advisor"):
+            advisor = AdvisorStrategy(name="advisor", evaluate_every=settings.advisor_interval)
+            advisor.pools(settings.advisor_one_partition)
+        return lookahead_strategy(name, advisor)
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 
@@ -185,6 +193,7 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
     job_outcomes(out, jobs, scheduler.rejected, since, horizon)
     fill(out, preempter, jobs, cluster.running, since, horizon, delivered)
     fill_quota(out, gate, since)
+    fill_lookahead(out, strategy, since, horizon)
     out.gpu_hours_delivered = delivered / 3600
     out.gpu_hours_waited_fragmentation = split.hours(False, False) + split.hours(True, False)
     out.gpu_hours_waited_capacity = split.hours(False, True) + split.hours(True, True)

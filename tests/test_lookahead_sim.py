@@ -1,0 +1,96 @@
+"""Issue 42 Build 3 in the loop: steer-pod+lookahead steers small jobs away from the
+reserved nodes, never keeps one waiting for them, and reports its forecast's error."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from exporter.advisor.lookahead import LookaheadSettings
+from exporter.outcome_sim.lookahead import Lookahead, figures, lookahead_strategy
+from exporter.outcome_sim.run import make_strategy, simulate
+from exporter.outcome_sim.sim import RunSettings
+from tests.test_simulate import SERIES, SHORT, job, sim_of, tiny_fleet
+
+LONG = 10 * 86400.0
+
+
+def primed(nodes: int = 3) -> tuple[Lookahead, object]:
+    """A lookahead strategy on ``nodes`` 8-GPU nodes that keeps one node free, after its first tick."""
+    sim = sim_of(tiny_fleet(nodes=nodes))
+    strategy = lookahead_strategy("steer-pod+lookahead", None)
+    strategy.keep = {0: 1}
+    strategy.tick(sim, 1.0)
+    return strategy, sim
+
+
+def test_a_small_job_goes_past_the_reserved_node_and_a_whole_node_job_takes_it():
+    strategy, sim = primed()
+    cluster, scheduler = sim.cluster, sim.scheduler
+    big = job(1, 7, LONG)
+    cluster.start(big, cluster.find(big), 0.0)  # node 0 holds 7 of 8: too full to reserve
+    strategy.tick(sim, 100.0)
+    assert strategy.reserved == (1,)  # nodes 1 and 2 are empty: the lower index
+    small = job(2, 2, LONG, submit=100.0)
+    scheduler.submit(small)
+    scheduler.run_pass(100.0)
+    assert [p.node for p in small.placements] == [2]  # node 1 is free, but reserved
+    whole = job(3, 8, LONG, submit=100.0)
+    scheduler.submit(whole)
+    scheduler.run_pass(100.0)
+    assert [p.node for p in whole.placements] == [1]
+
+
+def test_a_small_job_takes_a_reserved_node_where_it_fits_nowhere_else():
+    strategy, sim = primed(nodes=2)
+    cluster, scheduler = sim.cluster, sim.scheduler
+    big = job(1, 7, LONG)
+    cluster.start(big, cluster.find(big), 0.0)
+    strategy.tick(sim, 100.0)
+    assert strategy.reserved == (1,)
+    small = job(2, 2, LONG, submit=100.0)
+    scheduler.submit(small)
+    scheduler.run_pass(100.0)
+    assert [p.node for p in small.placements] == [1]  # no job waits for a reservation
+
+
+def test_without_a_forecast_rise_nothing_is_reserved_and_the_rank_is_steer_pods():
+    sim = sim_of(tiny_fleet(nodes=3))
+    strategy = lookahead_strategy("steer-pod+lookahead", None)
+    strategy.tick(sim, 1.0)
+    small = job(2, 2, LONG, submit=1.0)
+    assert strategy.reserved == ()
+    rank, pods = strategy.rank(small), strategy.pod.rank(small)
+    assert rank is pods
+
+
+def test_the_forecast_error_is_checked_against_the_hours_that_came():
+    strategy = lookahead_strategy("steer-pod+lookahead", None)
+    strategy.settings = LookaheadSettings(horizon_hours=2)
+    strategy._capacity = np.array([80.0, 80.0])
+    strategy.hourly = {0: [0.0, 8.0, 24.0, 24.0, 0.0], 1: [0.0, 0.0, 0.0, 0.0, 0.0]}
+    # made at the end of hours 1 and 2 (pool 0) and 1 (pool 1); hour 3's has no 2 hours after it
+    strategy.log = [(1, 0, 8.0, 8), (2, 0, 24.0, 8), (3, 0, 0.0, 8), (1, 1, 0.0, 8)]
+    strategy.reserved_seconds = 3600.0 * 3
+    out = figures(strategy, 3600.0, 4 * 3600.0)
+    assert out.reserved_nodes == pytest.approx(1.0)
+    # hour 1: pool 0's peak of hours 2-3 is 24 against 8 (16), pool 1's 0 against 0; hour 2: 24 against 24
+    assert out.mae_pct == pytest.approx(100.0 * (16 + 0) / 2 / 160)
+    assert out.breach_pct == pytest.approx(100.0 * 1 / 3)  # 16 above is more than a node
+
+
+def test_the_strategies_are_registered_and_run_with_their_columns_filled():
+    # 16 hours: forecasts made in the window whose 6 hours ended before the horizon
+    settings = RunSettings(timeline=dataclasses.replace(SHORT.timeline, days=0.6))
+    assert isinstance(make_strategy("steer-pod+lookahead", settings), Lookahead)
+    with_advisor = make_strategy("steer-pod+lookahead+advisor", settings)
+    assert isinstance(with_advisor, Lookahead) and with_advisor.pod.advisor is not None
+    fleet = tiny_fleet(nodes=6)
+    out = simulate(fleet, SERIES, "steer-pod+lookahead", 3, settings)
+    assert out.jobs_started > 0
+    assert out.lookahead_reserved_nodes is not None and out.lookahead_reserved_nodes >= 0.0
+    assert out.whole_forecast_mae_pct is not None and out.whole_forecast_mae_pct >= 0.0
+    other = simulate(fleet, SERIES, "steer-pod", 3, settings)
+    assert other.lookahead_reserved_nodes is None and other.whole_forecast_mae_pct is None
