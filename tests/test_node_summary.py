@@ -6,6 +6,7 @@ series where a summary does not cover the fleet."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 
 from exporter import metrics
@@ -42,8 +43,22 @@ def test_node_mode_serves_its_gpus_by_state_and_cluster_mode_does_not():
     assert not ExpositionOptions(per_gpu=False).serves(metrics.NODE_GPUS)  # cluster mode
 
 
-def _summary(states: dict[str, dict[str, float]]) -> list[dict]:
-    return [{"metric": {"node": node, "state": state}, "value": [100.0, str(value)]}
+# the scrape target of each node's identity in these tests: (instance, job)
+TARGETS = {"a": ("10.0.0.1:9874", "nodes"), "b": ("10.0.0.2:9874", "nodes")}
+
+
+def _row(node: str, gpu: str, uuid: str) -> tuple[str, ...]:
+    """An identity row as the source holds it, served by the node's own target."""
+    return (node, gpu, uuid, "H100", "p", *TARGETS.get(node, ("10.0.0.9:9874", "nodes")))
+
+
+def _summary(states: dict[str, dict[str, float]], by: str = "") -> list[dict]:
+    """Summary series of each node, from the node's own target unless ``by`` (an instance)."""
+    def target(node: str) -> dict[str, str]:
+        instance, job = TARGETS.get(node, ("10.0.0.9:9874", "nodes"))
+        return {"instance": by or instance, "job": job}
+
+    return [{"metric": {"node": node, "state": state, **target(node)}, "value": [100.0, str(value)]}
             for node, by_state in states.items() for state, value in by_state.items()]
 
 
@@ -53,8 +68,7 @@ class _Answer:
 
 
 def test_a_summary_stands_for_up_and_stale_of_the_nodes_it_covers():
-    identity = [("a", "0", "u0", "H100", "p"), ("a", "1", "u1", "H100", "p"),
-                ("b", "0", "u2", "H100", "p")]
+    identity = [_row("a", "0", "u0"), _row("a", "1", "u1"), _row("b", "0", "u2")]
     ok = _summary({"a": {"up": 2}, "b": {"up": 1}})
     cover = summarised(_Answer(ok), _Answer([]), identity)
     assert cover is not None and cover.uncovered == []
@@ -73,7 +87,8 @@ def test_a_summary_stands_for_up_and_stale_of_the_nodes_it_covers():
         ("a node identity does not list", _summary({"a": {"up": 2}, "b": {"up": 1}, "c": {"up": 8}}),
          [], ["c"]),
         ("other counts than identity's", _summary({"a": {"up": 3}, "b": {"up": 1}}), [], ["a"]),
-        ("an old summary", ok, [{"metric": {"node": "b"}, "value": [100.0, "400"]}], ["b"]),
+        ("an old summary", ok, [{"metric": {"node": "b", "instance": TARGETS["b"][0],
+                                             "job": "nodes"}, "value": [100.0, "400"]}], ["b"]),
         ("a value that is no number", _summary({"a": {"up": "x"}, "b": {"up": 1}}), [], ["a"]),
     ):
         cover = summarised(_Answer(summary), _Answer(old), identity)
@@ -83,8 +98,9 @@ def test_a_summary_stands_for_up_and_stale_of_the_nodes_it_covers():
     assert summarised(_Answer(None), _Answer([]), identity) is None  # the query failed
     assert summarised(_Answer(ok), _Answer(None), identity) is None
     assert summarised(_Answer(ok), _Answer([]), []) is None  # no identity yet
-    many = [(f"n{i}", "0", f"u{i}", "H100", "p") for i in range(MAX_NODES_NAMED + 1)]
-    assert summarised(_Answer([]), _Answer([]), many) is None  # too many to name: every GPU
+    many = [_row(f"n{i}", "0", f"u{i}") for i in range(MAX_NODES_NAMED + 1)]
+    cover = summarised(_Answer([]), _Answer([]), many)  # too many to name: every GPU
+    assert cover is not None and cover.every_gpu and cover.covered == []
 
 
 def test_the_nodes_matcher_names_exactly_those_nodes():
@@ -96,15 +112,24 @@ def test_the_nodes_matcher_names_exactly_those_nodes():
 def test_the_summary_queries_only_with_node_summaries():
     assert "summary" not in build_queries(PrometheusConfig())
     queries = build_queries(PrometheusConfig(node_summaries=True, selector='job="n"'))
-    assert queries["summary"] == 'sum by (node, state) (gpufleet_node_gpus{job="n"})'
+    # by the scrape target too: each summary is tied to the target that serves it
+    assert queries["summary"] == (
+        'sum by (node, state, instance, job) (gpufleet_node_gpus{job="n"})')
     assert queries["summary_old"].startswith(
-        'max by (node) (time() - timestamp(gpufleet_node_gpus{job="n"})) > ')
+        'max by (node, instance, job) (time() - timestamp(gpufleet_node_gpus{job="n"})) > ')
 
 
-def _with_summary(states_of_read):
-    """The fleet of nodes a and b; the summaries each read as ``states_of_read`` says, and each
-    GPU's up, stale and old for the nodes a ``node=~`` matcher names (all without one)."""
-    base = _fleet(lambda r: ["a", "b"], lambda r: ["a", "b"])
+SUMMARY_QUERY = "sum by (node, state, instance, job) (gpufleet_node_gpus{"
+SUMMARY_OLD_QUERY = "max by (node, instance, job) (time() - timestamp(gpufleet_node_gpus{"
+
+
+def _with_summary(states_of_read, nodes=("a", "b"), listed=None, lies=lambda read: []):
+    """The fleet of ``nodes`` (each GPU 0, its identity served by its own target, TARGETS;
+    identity lists ``listed``, ``nodes`` unless given); the summaries each read as
+    ``states_of_read`` says, plus the series ``lies(read)`` adds; and each GPU's up, stale and
+    old for the nodes a ``node=~`` matcher names (all without one): a node not in ``nodes``
+    has no series but identity's."""
+    base = _fleet(lambda r: list(listed or nodes), lambda r: list(nodes))
     summaries = []
 
     def named(expr: str, series: list[dict]) -> list[dict]:
@@ -113,17 +138,21 @@ def _with_summary(states_of_read):
             s for s in series if s["metric"]["node"] in found.group(1).split("|")]
 
     def answer(expr: str, read: int) -> list[dict]:
-        if expr.startswith("sum by (node, state) (gpufleet_node_gpus"):
+        if expr.startswith(SUMMARY_QUERY):
             summaries.append(expr)
-            return _summary(states_of_read(len(summaries)))
-        if expr.startswith("max by (node) (time() - timestamp(gpufleet_node_gpus"):
+            return _summary(states_of_read(len(summaries))) + lies(len(summaries))
+        if expr.startswith(SUMMARY_OLD_QUERY):
             return []
         if expr.startswith(STALE_QUERY):
             return named(expr, [_series("gpufleet_gpu_stale", 0, node=n, gpu="0", **GPU_LABELS)
-                                for n in ("a", "b")])
+                                for n in nodes])
         if expr.startswith(OLD_QUERY):
             return []
-        return named(expr, base(expr, read))
+        series = named(expr, base(expr, read))
+        if expr.startswith("gpufleet_gpu_info"):  # each node's identity from its own target
+            for sample in series:
+                sample["metric"]["instance"] = TARGETS[sample["metric"]["node"]][0]
+        return series
     return answer
 
 
@@ -143,9 +172,9 @@ def test_cluster_mode_reads_the_summaries_and_each_gpu_only_of_the_nodes_they_do
     snapshots = asyncio.run(backend.run({"node_summaries": True}, reads=5))
     assert [[(g.node, g.up, g.stale) for g in s.gpus] for s in snapshots] == [
         [("a", True, False), ("b", True, False)]] * 5
-    summary = "sum by (node, state) (gpufleet_node_gpus{})"
+    summary = SUMMARY_QUERY + "})"
     per_read = [q for q in backend.queries
-                if q.startswith(("sum by (node, state)", UP_QUERY, STALE_QUERY, OLD_QUERY))]
+                if q.startswith((SUMMARY_QUERY, UP_QUERY, STALE_QUERY, OLD_QUERY))]
     assert per_read[:1] == [summary] and per_read[-1:] == [summary]
     # reads 2 and 3 name b, read 4 names a
     assert sorted(q for q in per_read if q != summary) == sorted(
@@ -159,3 +188,83 @@ def test_cluster_mode_reads_the_summaries_and_each_gpu_only_of_the_nodes_they_do
     # 11 queries a read with identity, 10 without (12 and 11 without summaries); 3 more
     # where a node is not covered
     assert len(backend.queries) == 11 + 13 + 13 + 13 + 10
+    assert (backend.source.summarised_reads, backend.source.summaries_ignored) == (5, 0)
+
+
+def test_a_summary_from_another_target_is_ignored_and_the_node_read_per_gpu(caplog):
+    """Node b's exporter stopped: its series are gone, its summary too. Node a's target
+    publishes a summary for b saying all up (and b's GPU 0 stays listed by the identity held).
+    Believed, it would keep b up and fresh; tied to its target, it is ignored, counted and
+    logged once, and b's own series decide: none, so b's GPU is stale."""
+    lie = [{"metric": {"node": "b", "state": "up", "instance": TARGETS["a"][0], "job": "nodes"},
+            "value": [100.0, "1"]}]
+    # identity still lists b (a TSDB's lookback, or the rows held since before it stopped)
+    backend = FakeBackend(_with_summary(lambda read: {"a": {"up": 1}}, nodes=("a",),
+                                        listed=("a", "b"), lies=lambda read: lie))
+    with caplog.at_level(logging.WARNING, logger="exporter.sources.prometheus.source"):
+        snapshots = asyncio.run(backend.run({"node_summaries": True}, reads=3))
+    assert [[(g.node, g.stale) for g in s.gpus] for s in snapshots] == [
+        [("a", False), ("b", True)]] * 3
+    # b read per GPU each read, a never
+    assert backend.count(f'{UP_QUERY}node=~"b"}})') == 3
+    assert backend.count(f'{UP_QUERY}node=~"a') == 0 and backend.count(UP_QUERY + "})") == 0
+    assert (backend.source.summarised_reads, backend.source.summaries_ignored) == (3, 3)
+    assert snapshots[-1].sources[0].parse_errors == 3  # one ignored series a read
+    ignored = [r for r in caplog.records if r.getMessage().startswith("node summary ignored")]
+    assert [(r.node, r.target, r.err) for r in ignored] == [  # type: ignore[attr-defined]
+        ("b", "nodes/10.0.0.1:9874", "the node's identity comes from nodes/10.0.0.2:9874")]
+
+
+def test_a_summary_naming_a_node_without_identity_is_ignored_and_read_per_gpu():
+    """Node a's target also names a node c that no identity lists: c is read per GPU (a new
+    node would bring identity to be read again; this one has no series), nothing is made up."""
+    lie = [{"metric": {"node": "c", "state": "up", "instance": TARGETS["a"][0], "job": "nodes"},
+            "value": [100.0, "8"]}]
+    backend = FakeBackend(_with_summary(lambda read: {"a": {"up": 1}, "b": {"up": 1}},
+                                        lies=lambda read: lie))
+    snapshots = asyncio.run(backend.run({"node_summaries": True}, reads=2))
+    assert [[(g.node, g.up, g.stale) for g in s.gpus] for s in snapshots] == [
+        [("a", True, False), ("b", True, False)]] * 2
+    assert backend.count(f'{UP_QUERY}node=~"c"}})') == 2
+    assert backend.count("gpufleet_gpu_info") == 1  # c's read found no GPU: identity stands
+    assert (backend.source.summarised_reads, backend.source.summaries_ignored) == (2, 2)
+
+
+def test_summaries_are_believed_only_from_the_target_serving_the_nodes_identity():
+    identity = [_row("a", "0", "u0"), _row("b", "0", "u1")]
+    own = _summary({"a": {"up": 1}, "b": {"up": 1}})
+    cover = summarised(_Answer(own), _Answer([]), identity)
+    assert cover is not None and (cover.uncovered, cover.ignored) == ([], {})
+    # a's target speaks for b as well: b's own summary is not enough, b is read per GPU
+    cover = summarised(_Answer(own + _summary({"b": {"up": 1}}, by=TARGETS["a"][0])),
+                       _Answer([]), identity)
+    assert cover is not None and cover.uncovered == ["b"]
+    assert cover.covered == [("a", "0")]
+    assert cover.ignored == {("b", "nodes/10.0.0.1:9874"):
+                             "the node's identity comes from nodes/10.0.0.2:9874"}
+    # the same instance under another job is another target
+    other_job = [{"metric": {"node": "b", "state": "up", "instance": TARGETS["b"][0],
+                             "job": "other"}, "value": [100.0, "1"]}]
+    cover = summarised(_Answer(_summary({"a": {"up": 1}}) + other_job), _Answer([]), identity)
+    assert cover is not None and cover.uncovered == ["b"] and len(cover.ignored) == 1
+    # an old-sample answer from another target does not make a node's own summary old
+    foreign_old = [{"metric": {"node": "a", "instance": TARGETS["b"][0], "job": "nodes"},
+                    "value": [100.0, "400"]}]
+    cover = summarised(_Answer(own), _Answer(foreign_old), identity)
+    assert cover is not None and cover.uncovered == ["a"]  # ignored: the node is read per GPU
+    assert list(cover.ignored) == [("a", "nodes/10.0.0.2:9874")]
+    # two targets serve a's identity: no summary speaks for a
+    twice = [*identity, ("a", "0", "u0", "H100", "p", TARGETS["b"][0], "nodes")]
+    cover = summarised(_Answer(own), _Answer([]), twice)
+    assert cover is not None and cover.uncovered == ["a"]
+    assert cover.ignored == {("a", "nodes/10.0.0.1:9874"):
+                             "several targets serve the node's identity"}
+    # a summary for a node no identity lists, from a target no identity names either
+    cover = summarised(_Answer(own + _summary({"c": {"up": 8}})), _Answer([]), identity)
+    assert cover is not None and cover.uncovered == ["c"]
+    assert cover.covered == [("a", "0"), ("b", "0")]
+    assert cover.ignored == {("c", "nodes/10.0.0.9:9874"): "no identity lists the node"}
+    # past MAX_NODES_NAMED ignored nodes: every GPU is read, the ignored still reported
+    flood = _summary({f"x{i}": {"up": 8} for i in range(MAX_NODES_NAMED + 1)}, by="evil:1")
+    cover = summarised(_Answer(own + flood), _Answer([]), identity)
+    assert cover is not None and cover.every_gpu and len(cover.ignored) == MAX_NODES_NAMED + 1

@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -54,6 +56,7 @@ class FakeBackend:
         self.queries: list[str] = []
         self.exports: list[dict] = []
         self.reads = 0
+        self.source: Any = None  # the source of the last run, for its counters
 
     def count(self, prefix: str) -> int:
         return sum(q.startswith(prefix) for q in self.queries)
@@ -85,7 +88,8 @@ class FakeBackend:
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        source = build(PrometheusConfig(url=f"http://127.0.0.1:{port}", **config), time.time)
+        source = self.source = build(PrometheusConfig(url=f"http://127.0.0.1:{port}", **config),
+                                     time.time)
         collector = Collector([source], timeout_seconds=20)
         try:
             snapshots = []
@@ -174,8 +178,8 @@ def test_identity_is_read_again_after_identity_refresh():
 def test_identity_through_the_export_api_the_query_when_it_names_other_gpus():
     """The export's window holds GPUs gone (b, whose newest row is older): its identity is
     used when up answers for the same GPUs, and read by query when not."""
-    rows = {"a": "1000,1,a,0,GPU-a,H100,p\n2000,1,a,0,GPU-a,H100,p\n",
-            "b": "1500,1,b,0,GPU-b,H100,p\n"}
+    rows = {"a": "1000,1,a,0,GPU-a,H100,p,a:9874,nodes\n2000,1,a,0,GPU-a,H100,p,a:9874,nodes\n",
+            "b": "1500,1,b,0,GPU-b,H100,p,b:9874,nodes\n"}
     ups = {1: ["a", "b"], 2: ["a"]}
     backend = FakeBackend(_fleet(lambda r: ups.get(r, ["a"]), lambda r: ups.get(r, ["a"])),
                           export=lambda form: "".join(rows.values()).encode())
@@ -187,7 +191,8 @@ def test_identity_through_the_export_api_the_query_when_it_names_other_gpus():
     assert len(backend.exports) == 2
     form = backend.exports[0]
     assert form["match[]"] == "gpufleet_gpu_info{}"
-    assert form["format"] == "__timestamp__:unix_ms,__value__,node,gpu,uuid,model,pool"
+    # the scrape target's labels too: a node's summary is believed only from its identity's
+    assert form["format"] == "__timestamp__:unix_ms,__value__,node,gpu,uuid,model,pool,instance,job"
     assert float(form["end"]) - float(form["start"]) == pytest.approx(120.0)
 
 
@@ -201,19 +206,23 @@ def test_an_export_answer_that_is_not_the_csv_asked_for_is_not_asked_again():
 
 def test_an_export_answer_quoted_with_go_escapes_is_read_by_query_this_time():
     backend = FakeBackend(_fleet(lambda r: ["a"], lambda r: ["a"]),
-                          export=lambda form: b'1000,1,a,0,"GPU-\\"a",H100,p\n')
+                          export=lambda form: b'1000,1,a,0,"GPU-\\"a",H100,p,a:9874,nodes\n')
     snapshots = asyncio.run(backend.run({"identity_refresh": 0.001}, reads=2))
     assert all([g.uuid for g in s.gpus] == ["GPU-a"] for s in snapshots)
     assert len(backend.exports) == 2 and backend.count("gpufleet_gpu_info") == 2
 
 
 def test_identity_from_csv_keeps_each_gpus_newest_row():
-    body = (b'2000,1,a,0,GPU-a2,H100,p\n1000,1,a,0,GPU-a1,H100,p\n'
-            b'1000,1,"n,1",1,GPU-n,"H100 ""SXM""",\n'
-            b'1000,1,c,2,GPU-c,H100,p\n3000,NaN,c,2,GPU-c,H100,p\n')  # c: its series ended
+    body = (b'2000,1,a,0,GPU-a2,H100,p,a:1,n\n1000,1,a,0,GPU-a1,H100,p,a:1,n\n'
+            b'1000,1,"n,1",1,GPU-n,"H100 ""SXM""",,n:1,n\n'
+            b'1000,1,c,2,GPU-c,H100,p,c:1,n\n3000,NaN,c,2,GPU-c,H100,p,c:1,n\n'  # c: its series ended
+            b'1000,1,d,0,GPU-d,H100,p,d:1,n\n1500,1,d,0,GPU-d,H100,p,e:1,n\n')  # d: two targets
     assert sorted(identity_from_csv(body)) == [
-        ("a", "0", "GPU-a2", "H100", "p"), ("n,1", "1", "GPU-n", 'H100 "SXM"', "")]
-    for bad in (b"1000,1,a,0\n", b"x,1,a,0,GPU-a,H100,p\n", b"1000,one,a,0,GPU-a,H100,p\n"):
+        ("a", "0", "GPU-a2", "H100", "p", "a:1", "n"), ("d", "0", "GPU-d", "H100", "p", "d:1", "n"),
+        ("d", "0", "GPU-d", "H100", "p", "e:1", "n"),
+        ("n,1", "1", "GPU-n", 'H100 "SXM"', "", "n:1", "n")]
+    for bad in (b"1000,1,a,0\n", b"1000,1,a,0,GPU-a,H100,p\n", b"x,1,a,0,GPU-a,H100,p,a:1,n\n",
+                b"1000,one,a,0,GPU-a,H100,p,a:1,n\n"):
         with pytest.raises(ValueError):
             identity_from_csv(bad)
 
@@ -227,6 +236,10 @@ def test_identity_is_held_as_rows_not_label_dicts():
     body = json.dumps([{"metric": {**labels, "node": f"gpu-{i // 8:05d}", "gpu": str(i % 8),
                                    "uuid": f"GPU-{i:08d}-1111-2222-3333-444455556666"},
                         "value": [1760000000.123, "1"]} for i in range(n)])
+    # the node names interned beforehand (as the source's earlier reads would have): a resize
+    # of the interpreter's interned table inside the window, timed by whatever the process
+    # interned before, would be counted to the rows (it was 1.9 KB a node in a longer run)
+    names = [sys.intern(f"gpu-{i:05d}") for i in range(n // 8)]
     gc.collect()
     tracemalloc.start()
     try:
@@ -238,9 +251,11 @@ def test_identity_is_held_as_rows_not_label_dicts():
         size = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    # decoded, about 1.0 KB a GPU here (labels as dicts); held as rows, 185 bytes
+    # decoded, about 1.0 KB a GPU here (labels as dicts); held as rows, about 200 bytes
     assert whole / n > 900 and size / n < 300, f"{whole / n:.0f} -> {size / n:.0f} bytes a GPU"
-    assert held[9] == ("gpu-00001", "1", "GPU-00000009-1111-2222-3333-444455556666", "H100", "p")
+    assert len(names) == n // 8
+    assert held[9] == ("gpu-00001", "1", "GPU-00000009-1111-2222-3333-444455556666", "H100", "p",
+                       "10.0.0.1:9874", "gpufleet-nodes")
     assert identity_rows([{"metric": {"node": 3}}]) == [{"metric": {"node": 3}}]  # kept as is
 
 

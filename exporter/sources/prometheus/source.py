@@ -141,6 +141,11 @@ NODE_FAMILIES = (metrics.NODE_INFO.name, metrics.NODE_CPU_CORES.name)
 
 # Without these the snapshot would be wrong, not just thinner: fail the read.
 REQUIRED = ("identity", "nodes", "allocations")
+# The labels the scrape adds that name a target: a node's summary is believed only from the
+# target that serves the node's identity (see summarised)
+TARGET_LABELS = ("instance", "job")
+TARGET = ", ".join(TARGET_LABELS)
+SUMMARY_BY = f"node, state, {TARGET}"
 
 
 class PrometheusQueryError(Exception):
@@ -248,9 +253,11 @@ def build_queries(config: PrometheusConfig) -> dict[str, str]:
         if config.gpu_telemetry or family in USED_VALUES:
             queries[family] = f"max by (node, gpu) ({family}{{{inner}}})"
     if config.node_summaries:
+        # by the scrape target too: a summary counts only from the target that serves the
+        # node's identity (a node speaks only for itself), so another's are told apart
         summary = f"{metrics.NODE_GPUS.name}{{{inner}}}"
-        queries["summary"] = f"sum by (node, state) ({summary})"
-        queries["summary_old"] = (f"max by (node) (time() - timestamp({summary}))"
+        queries["summary"] = f"sum by ({SUMMARY_BY}) ({summary})"
+        queries["summary_old"] = (f"max by (node, {TARGET}) (time() - timestamp({summary}))"
                                   f" > {config.max_sample_age:g}")
     return queries
 
@@ -266,11 +273,14 @@ _REGEX_SPECIAL = frozenset("\\.+*?()|[]{}^$")
 
 @dataclass(frozen=True)
 class SummaryCover:
-    """What the nodes' summaries give: the GPUs they cover (all up, none stale, fresh) and
-    the nodes whose GPUs must be read one by one."""
+    """What the nodes' summaries give: the GPUs they cover (all up, none stale, fresh), the
+    nodes whose GPUs must be read one by one, and the summaries not believed: (node, target)
+    -> why, each a series ignored."""
 
     covered: list[tuple[str, str]]
     uncovered: list[str]
+    ignored: dict[tuple[str, str], str] = field(default_factory=dict)
+    every_gpu: bool = False  # too many nodes uncovered to name: every GPU's series are read
 
     def results(self) -> dict[str, _Result]:
         """Each GPU's up, stale and old answers for the covered GPUs."""
@@ -282,29 +292,75 @@ class SummaryCover:
         }
 
 
+def _target(labels: Mapping[str, str]) -> str:
+    """The scrape target that served a series, as ``job/instance`` (the labels the scrape
+    adds, not an exporter's own, which a scrape without honor_labels renames exported_*)."""
+    return f"{labels.get('job', '')}/{labels.get('instance', '')}"
+
+
+def owners(identity: Sequence[Any]) -> dict[str, str | None]:
+    """Node -> the one scrape target (``job/instance``) that serves its identity, or None
+    where several do (then no summary speaks for it). Identity rows carry the target as
+    their last two fields; a malformed series kept as it came names none."""
+    out: dict[str, str | None] = {}
+    for row in identity:
+        if type(row) is tuple and len(row) == len(IDENTITY_LABELS):
+            node, target = row[0], f"{row[6]}/{row[5]}"
+        elif isinstance(row, dict) and isinstance(labels := row.get("metric"), dict):
+            node, target = labels.get("node", ""), _target(labels)
+        else:
+            continue
+        if out.setdefault(node, target) != target:
+            out[node] = None
+    return out
+
+
 def summarised(summary: _Result | None, old: _Result | None,
                identity: Sequence[Any] | None) -> SummaryCover | None:
-    """The GPUs the nodes' summaries cover and the nodes to read per GPU, or None where every
-    GPU is to be read: a summary query that failed, no identity yet, or more than
-    ``MAX_NODES_NAMED`` nodes uncovered. A node is uncovered when its summary is missing, old,
-    not a number, has a GPU not up, or counts other GPUs than identity lists (a node identity
-    does not list too: read per GPU, its GPUs bring identity to be read again)."""
+    """The GPUs the nodes' summaries cover and the nodes to read per GPU; None where every
+    GPU is to be read (a summary query that failed, no identity yet), and ``every_gpu`` where
+    more than ``MAX_NODES_NAMED`` nodes are uncovered. A node is uncovered when its summary
+    is missing, old, not a number, has a GPU not up, or counts other GPUs than identity lists.
+
+    A node speaks only for itself: a summary counts only from the scrape target (its
+    ``job`` and ``instance``) that serves the node's identity. One from another target, or
+    for a node identity does not list, or for a node whose identity several targets serve,
+    is ignored (in ``ignored``) and the node is read per GPU: what its own series say
+    decides (a node identity does not list brings identity to be read again if it has GPUs)."""
     if summary is None or summary.series is None or old is None or old.series is None:
         return None
     if not identity:
         return None
     keys = sorted(_keys(identity))
+    owner = owners(identity)
     listed: dict[str, int] = {}
     for node, _ in keys:
         listed[node] = listed.get(node, 0) + 1
     uncovered: set[str] = set()
+    ignored: dict[tuple[str, str], str] = {}
+
+    def believed(node: str, target: str) -> bool:
+        if node not in owner:
+            why = "no identity lists the node"
+        elif owner[node] is None:
+            why = "several targets serve the node's identity"
+        elif owner[node] != target:
+            why = f"the node's identity comes from {owner[node]}"
+        else:
+            return True
+        ignored[(node, target)] = why
+        uncovered.add(node)
+        return False
+
     counts: dict[str, dict[str, float]] = {}
     for sample in summary.series:
         try:
             labels = sample["metric"]
-            node, state = labels.get("node", ""), labels.get("state", "")
+            node, state, target = labels.get("node", ""), labels.get("state", ""), _target(labels)
         except _BAD_SERIES:
             return None  # no node to blame it on
+        if not believed(node, target):
+            continue
         states = counts.setdefault(node, {})
         try:
             value = _value(sample)
@@ -316,17 +372,19 @@ def summarised(summary: _Result | None, old: _Result | None,
         states[state] = states.get(state, 0.0) + value
     for sample in old.series:
         try:
-            uncovered.add(_label(sample["metric"], "node"))
+            labels = sample["metric"]
+            node, target = _label(labels, "node"), _target(labels)
         except _BAD_SERIES:
             return None
+        if believed(node, target):
+            uncovered.add(node)
     uncovered |= listed.keys() - counts.keys()
-    uncovered |= counts.keys() - listed.keys()
     for node, states in counts.items():
-        if node in listed and {k: v for k, v in states.items() if v} != {"up": float(listed[node])}:
+        if {k: v for k, v in states.items() if v} != {"up": float(listed[node])}:
             uncovered.add(node)
     if len(uncovered) > MAX_NODES_NAMED:
-        return None
-    return SummaryCover([k for k in keys if k[0] not in uncovered], sorted(uncovered))
+        return SummaryCover([], [], ignored, every_gpu=True)
+    return SummaryCover([k for k in keys if k[0] not in uncovered], sorted(uncovered), ignored)
 
 
 def nodes_matcher(nodes: Sequence[str]) -> str:
@@ -404,9 +462,10 @@ def compact(series: list[Any]) -> list[Any]:
     return out
 
 
-# one GPU's identity as the source holds it between reads: (node, gpu, uuid, model, pool)
-IdentityRow = tuple[str, str, str, str, str]
-IDENTITY_LABELS = ("node", "gpu", "uuid", "model", "pool")
+# one GPU's identity as the source holds it between reads: (node, gpu, uuid, model, pool,
+# instance, job), the last two the scrape target that serves it (whose summary is believed)
+IdentityRow = tuple[str, str, str, str, str, str, str]
+IDENTITY_LABELS = ("node", "gpu", "uuid", "model", "pool", *TARGET_LABELS)
 # VictoriaMetrics' /api/v1/export/csv columns for identity: 5x fewer bytes than the query's
 # answer (no job, instance, architecture, JSON), and no label dict per GPU to decode
 EXPORT_FORMAT = ",".join(("__timestamp__:unix_ms", "__value__", *IDENTITY_LABELS))
@@ -424,11 +483,10 @@ def identity_rows(series: list[Any]) -> list[Any]:
     for sample in series:
         try:
             labels = sample["metric"]
-            node, gpu, uuid, model, pool = (labels.get(k, "0" if k == "gpu" else "")
-                                            for k in IDENTITY_LABELS)
-            if all(type(v) is str for v in (node, gpu, uuid, model, pool)):
+            row = tuple(labels.get(k, "0" if k == "gpu" else "") for k in IDENTITY_LABELS)
+            if all(type(v) is str for v in row):
                 # a UUID is one GPU's own: interning it would only grow the interned table
-                out.append((intern(node), intern(gpu), uuid, intern(model), intern(pool)))
+                out.append(tuple(v if i == 2 else intern(v) for i, v in enumerate(row)))
                 continue
         except _BAD_SERIES:
             pass
@@ -438,20 +496,22 @@ def identity_rows(series: list[Any]) -> list[Any]:
 
 def identity_from_csv(body: bytes) -> list[IdentityRow]:
     """Identity from an ``/api/v1/export/csv`` answer in :data:`EXPORT_FORMAT`: the export
-    holds every sample of the window, so of each GPU (node, gpu) only its newest row counts,
-    and none when that one is NaN (a staleness marker: the series ended). ValueError when
-    the answer is not that CSV."""
-    newest: dict[tuple[str, str], tuple[int, IdentityRow | None]] = {}
+    holds every sample of the window, so of each GPU's series (node, gpu and the scrape target)
+    only its newest row counts, and none when that one is NaN (a staleness marker: the series
+    ended). Two targets serving one GPU stay two rows, as the query answers them. ValueError
+    when the answer is not that CSV."""
+    newest: dict[tuple[str, ...], tuple[int, IdentityRow | None]] = {}
     intern = sys.intern
     for fields in csv.reader(io.StringIO(body.decode())):
         if len(fields) != 2 + len(IDENTITY_LABELS):
             raise ValueError(f"a row of {len(fields)} fields, expected {2 + len(IDENTITY_LABELS)}")
         at, value = int(fields[0]), float(fields[1])
-        node, gpu, model, pool = (intern(f) for f in (fields[2], fields[3], *fields[5:]))
-        uuid = fields[4]
-        key = (node, gpu or "0")
+        node, gpu, model, pool, instance, job = (
+            intern(f) for f in (fields[2], fields[3] or "0", *fields[5:]))
+        row = (node, gpu, fields[4], model, pool, instance, job)
+        key = (node, gpu, instance, job)
         if key not in newest or at >= newest[key][0]:
-            newest[key] = (at, None if value != value else (node, gpu or "0", uuid, model, pool))
+            newest[key] = (at, None if value != value else row)
     return [row for _, row in newest.values() if row is not None]
 
 
@@ -541,8 +601,8 @@ def build_snapshot(
     fields_of: dict[tuple[str, str], dict[str, Any]] = {}
     for sample in series("identity"):
         try:
-            if type(sample) is tuple:  # the source's identity rows: (node, gpu, uuid, model, pool)
-                node, gpu, uuid, model, pool = sample
+            if type(sample) is tuple:  # the source's identity rows (IdentityRow)
+                node, gpu, uuid, model, pool = sample[:5]
             else:
                 labels = sample["metric"]
                 node, gpu = labels.get("node", ""), labels.get("gpu", "0")
@@ -931,6 +991,9 @@ class PrometheusFleetSource:
     _export: bool = True  # False once the backend has shown it has no export API
     identity_reads: int = 0  # for tests and benches: how often identity was read
     summarised_reads: int = 0  # reads whose up and stale came from the nodes' summaries
+    summaries_ignored: int = 0  # summary series not believed: from a target not the node's
+    # the summaries not believed at the last read, (node, target) -> why, as last logged
+    _ignored: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._last_good = LastGood(SourceReading.marked_stale, max_age=self.config.lost_after)
@@ -1196,7 +1259,8 @@ class PrometheusFleetSource:
                           ) -> dict[str, _Result]:
         """Each GPU's up, stale and old: from the summaries where they cover, read per GPU for
         the other nodes (named in the selector), or for every GPU without a cover."""
-        if cover is None:
+        self._log_ignored(cover.ignored if cover is not None else {})
+        if cover is None or cover.every_gpu:
             return {r.name: r for r in await self._fetch_all(at, headers, in_flight, budget,
                                                              SUMMARISED)}
         self.summarised_reads += 1
@@ -1217,6 +1281,18 @@ class PrometheusFleetSource:
                 assert covered is not None  # cover.results() made it a list
                 covered.extend(answer.series)
         return results
+
+    def _log_ignored(self, ignored: Mapping[tuple[str, str], str]) -> None:
+        """Summaries not believed: each a series skipped (``gpufleet_source_parse_errors_total``),
+        and logged once while it goes on, not every read."""
+        self.summaries_ignored += len(ignored)
+        self._parse_errors += len(ignored)
+        for (node, target), why in sorted(ignored.items()):
+            if self._ignored.get((node, target)) != why:
+                log.warning("node summary ignored: a node speaks only for itself; its GPUs are "
+                            "read one by one", extra={"source": self.name, "node": node,
+                                                      "target": target, "err": why})
+        self._ignored = dict(ignored)
 
     def _log_refused(self, targets: Sequence[TargetStatus]) -> None:
         refused = {t.target: t.error for t in targets if t.error.startswith(REFUSED)}
