@@ -22,8 +22,11 @@ checkout's code on the same stack (``git archive COMMIT | tar -x -C DIR``).
 ``--summaries`` reads again on the same stack with ``sources.prometheus.node_summaries`` (the
 nodes' ``gpufleet_node_gpus`` instead of each GPU's up and stale) and prints the medians' ratios.
 
+``--per-query N`` then sends each query of a read alone, N times, and prints what each costs
+VictoriaMetrics (CPU, less its ingestion), with its series and bytes.
+
 Usage: ``nice -n 10 .venv/bin/python bench/victoriametrics_cluster.py [--scale 100] [--reads 3]
-[--scales 10,25,50,100] [--before DIR] [--summaries]``
+[--scales 10,25,50,100] [--before DIR] [--summaries [--summaries-first]] [--per-query N]``
 """
 
 from __future__ import annotations
@@ -234,6 +237,11 @@ def main() -> int:
     parser.add_argument("--idle", type=float, default=30.0,
                         help="seconds VictoriaMetrics' CPU is measured with no query, before the "
                         "reads: what ingesting vmagent's scrapes costs it")
+    parser.add_argument("--per-query", type=int, default=0, metavar="N",
+                        help="after the reads, send each query of a read (every family, the "
+                        "summaries, identity by query and by export) alone N times and print "
+                        "VictoriaMetrics' CPU, the series and bytes of each: where a read's "
+                        "cost goes")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so that `finally` stops the servers
@@ -280,6 +288,43 @@ def curve(points: list[dict]) -> None:
             ratio = (key(p) / p["gpus"]) / (key(ref) / ref["gpus"])
             print(f"  {what} per GPU at {p['gpus']:,} / at {ref['gpus']:,}: {ratio:.2f}x "
                   "(goal <= 1.3x at the largest)")
+
+
+def per_query(vm: str, vm_pid: int, times: int, ingest_per_s: float) -> None:
+    """Each query of a read alone, one after another, ``times`` times: the median of
+    VictoriaMetrics' CPU (less its ingestion's rate over the query's wall time, measured
+    before), its wall time, and the answer's series and bytes. What it costs per series
+    selected is what decides which family to read less often."""
+    sys.path.insert(0, str(REPO))
+    from exporter.sources.prometheus.options import PrometheusSource
+    from exporter.sources.prometheus.source import EXPORT_FORMAT, build_queries
+
+    config = PrometheusSource(selector=f'job="{JOB}"', node_summaries=True, gpu_telemetry=True)
+    requests = [(name, "query", {"query": expr}) for name, expr in build_queries(config).items()]
+    requests.append(("identity (export)", "export/csv", {
+        "match[]": build_queries(config)["identity"], "format": EXPORT_FORMAT}))
+    print(f"\nper query, alone (median of {times}): VictoriaMetrics CPU s less ingestion | "
+          "wall s | series | MB")
+    rows = []
+    for name, endpoint, form in requests:
+        runs = []
+        for _ in range(times):
+            at = time.time()
+            body = dict(form, time=f"{at:.3f}") if endpoint == "query" else dict(
+                form, start=f"{at - 120:.3f}", end=f"{at:.3f}")
+            data = urllib.parse.urlencode(body).encode()
+            cpu0, wall0 = cpu_seconds(vm_pid), time.perf_counter()
+            with urllib.request.urlopen(f"{vm}/api/v1/{endpoint}", data=data, timeout=600) as r:
+                answer = r.read()
+            wall = time.perf_counter() - wall0
+            cpu = cpu_seconds(vm_pid) - cpu0 - ingest_per_s * wall
+            series = answer.count(b'"metric"') if endpoint == "query" else answer.count(b"\n")
+            runs.append((cpu, wall, series, len(answer)))
+        cpu, wall = sorted(r[0] for r in runs)[times // 2], sorted(r[1] for r in runs)[times // 2]
+        rows.append((name, cpu, wall, runs[-1][2], runs[-1][3] / 2 ** 20))
+        print(f"  {name} | {cpu:.2f} | {wall:.2f} | {runs[-1][2]:,} | {runs[-1][3] / 2 ** 20:.1f}",
+              flush=True)
+    print(json.dumps({"per_query": rows}))
 
 
 def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | None:
@@ -367,6 +412,8 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
             results[mode] = json.loads(reader.stdout.strip().splitlines()[-1])
         result = results["new"]
         load_after = os.getloadavg()
+        if args.per_query:
+            per_query(vm, vm_pid, args.per_query, ingest_per_s or 0.0)
         others = {name: rss_mb(p.pid) for name, p in procs.items()}
         print(json.dumps({
             "gpus_expected": gpus_expected, "samples_per_scrape": scraped,

@@ -87,6 +87,8 @@ def test_the_strategies_are_registered_and_run_with_their_columns_filled():
     assert isinstance(make_strategy("steer-pod+lookahead", settings), Lookahead)
     with_advisor = make_strategy("steer-pod+lookahead+advisor", settings)
     assert isinstance(with_advisor, Lookahead) and with_advisor.pod.advisor is not None
+    control = make_strategy("steer-pod+reserve", settings)
+    assert isinstance(control, Lookahead) and control.fixed == 1
     fleet = tiny_fleet(nodes=6)
     out = simulate(fleet, SERIES, "steer-pod+lookahead", 3, settings)
     assert out.jobs_started > 0
@@ -94,3 +96,17 @@ def test_the_strategies_are_registered_and_run_with_their_columns_filled():
     assert out.whole_forecast_mae_pct is not None and out.whole_forecast_mae_pct >= 0.0
     other = simulate(fleet, SERIES, "steer-pod", 3, settings)
     assert other.lookahead_reserved_nodes is None and other.whole_forecast_mae_pct is None
+
+
+def test_the_control_keeps_a_node_free_per_pool_whatever_the_forecast():
+    sim = sim_of(tiny_fleet(nodes=4, models=("H100", "A100")))
+    control = make_strategy("steer-pod+reserve", RunSettings())
+    forecast = make_strategy("steer-pod+lookahead", RunSettings())
+    for strategy in (control, forecast):
+        assert isinstance(strategy, Lookahead)
+        strategy.tick(sim, 1.0)
+        strategy.tick(sim, 3601.0)  # hour 0 closed: a flat (empty) history, no rise
+        strategy.tick(sim, 3661.0)  # the next sample chooses the nodes
+    assert isinstance(control, Lookahead) and isinstance(forecast, Lookahead)
+    assert control.keep == {0: 1, 1: 1} and len(control.reserved) == 2
+    assert forecast.keep == {0: 0, 1: 0} and forecast.reserved == ()

@@ -34,7 +34,7 @@ STRATEGY_NAMES = ("none", "descheduler", "consolidate", "advisor", "advisor-curr
                   "consolidate-unrestricted", "descheduler-unrestricted", "steer",
                   "steer+advisor", "steer-pod", "steer-pod-flat",
                   "steer-pod-fresh", "steer-pod+advisor", "steer-pod+lookahead",
-                  "steer-pod+lookahead+advisor")  # simulate.strategies
+                  "steer-pod+lookahead+advisor", "steer-pod+reserve")  # simulate.strategies
 EPILOG = f"""strategies: {", ".join(STRATEGY_NAMES)}
 
 examples:

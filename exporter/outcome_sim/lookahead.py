@@ -6,7 +6,9 @@ for the pods of small jobs (under 8 GPUs): the pools' reserved nodes
 (:func:`exporter.advisor.lookahead.look_ahead`) come after every other node, so such a
 job goes there only where it fits nowhere else. Whole-node jobs keep ``steer-pod``'s
 terms. ``steer-pod+lookahead+advisor`` adds the advisor's compaction at its cadence,
-as ``steer-pod+advisor`` does.
+as ``steer-pod+advisor`` does. ``steer-pod+reserve`` is the control: the same steering
+with :data:`RESERVE_FIXED` node per pool kept free at every hour, no forecast read, so
+what the forecast adds over simply holding a node back is seen apart.
 
 What serve would know is all the strategy reads: every ``SAMPLE_EVERY`` seconds it
 samples each pool's (GPU model's) whole-node demand (GPUs the running whole-node jobs
@@ -41,7 +43,8 @@ if TYPE_CHECKING:
     from exporter.outcome_sim.sim import Sim
     from exporter.outcome_sim.timeline import Job
 
-LOOKAHEAD_STRATEGIES = ("steer-pod+lookahead", "steer-pod+lookahead+advisor")
+LOOKAHEAD_STRATEGIES = ("steer-pod+lookahead", "steer-pod+lookahead+advisor", "steer-pod+reserve")
+RESERVE_FIXED = 1  # steer-pod+reserve's whole nodes kept free per pool, whatever the forecast
 SAMPLE_EVERY = 60.0  # seconds between two samples of the whole-node demand (the gate's cadence)
 EPS = 1e-9
 
@@ -53,6 +56,7 @@ class Lookahead:
     pod: SteerPod
     name: str = "steer-pod+lookahead"
     settings: LookaheadSettings = field(default_factory=LookaheadSettings)
+    fixed: int | None = None  # nodes kept free per pool whatever the forecast (the control)
     interval: float = field(init=False)
     hourly: dict[int, list[float]] = field(default_factory=dict)  # pool -> whole-node demand per hour
     keep: dict[int, int] = field(default_factory=dict)  # pool -> whole nodes to keep free this hour
@@ -155,7 +159,7 @@ class Lookahead:
             # the forecast alone here: the error is measured after the run, on the hours that came
             plan = look_ahead(placer.model_names[m], series[-(self.settings.days + 1) * 24 - 1:],
                               placer.gpu_count[nodes], held[nodes], self.settings)
-            self.keep[m] = plan.keep_free
+            self.keep[m] = plan.keep_free if self.fixed is None else self.fixed
             self.log.append((hour - 1, m, plan.whole_forecast_gpus, plan.node_gpus))
 
     def rank(self, job: Job) -> np.ndarray | None:
@@ -223,8 +227,8 @@ def fill(out: Outcome, strategy: object, since: float, horizon: float) -> None:
 def lookahead_strategy(name: str, advisor: AdvisorStrategy | None) -> Lookahead:
     """The strategy ``name`` of :data:`LOOKAHEAD_STRATEGIES`, with ``advisor`` for the +advisor form."""
     pod = pod_strategy("steer-pod+advisor" if advisor is not None else "steer-pod", advisor)
-    return Lookahead(pod=pod, name=name)
+    return Lookahead(pod=pod, name=name, fixed=RESERVE_FIXED if name == "steer-pod+reserve" else None)
 
 
-__all__ = ["LOOKAHEAD_STRATEGIES", "SAMPLE_EVERY", "Lookahead", "LookaheadFigures", "figures", "fill",
+__all__ = ["LOOKAHEAD_STRATEGIES", "RESERVE_FIXED", "SAMPLE_EVERY", "Lookahead", "LookaheadFigures", "figures", "fill",
            "lookahead_strategy"]
