@@ -230,5 +230,5 @@ def lookahead_strategy(name: str, advisor: AdvisorStrategy | None) -> Lookahead:
     return Lookahead(pod=pod, name=name, fixed=RESERVE_FIXED if name == "steer-pod+reserve" else None)
 
 
-__all__ = ["LOOKAHEAD_STRATEGIES", "RESERVE_FIXED", "SAMPLE_EVERY", "Lookahead", "LookaheadFigures", "figures", "fill",
-           "lookahead_strategy"]
+__all__ = ["LOOKAHEAD_STRATEGIES", "RESERVE_FIXED", "SAMPLE_EVERY", "Lookahead", "LookaheadFigures",
+           "figures", "fill", "lookahead_strategy"]
