@@ -75,6 +75,22 @@ def test_demand_beyond_the_pool_is_capped_so_a_drained_queue_gives_spot_jobs_the
     assert spot_quota("A10", 100.0, [150.0] * 30).quota_gpus == 0.0
 
 
+def test_a_queued_high_priority_gang_is_not_demand_the_quota_protects():
+    cluster, scheduler = cluster_of([("H100", 8), ("H100", 8)])  # 16 GPUs
+    gate = SpotGate()
+    scheduler.submit(job(1, 8, True, submit=0.0))
+    scheduler.run_pass(0.0)
+    gang = job(2, 8, True, submit=0.0, parts=2)  # two whole nodes: one is free, so it waits
+    scheduler.submit(gang)
+    assert gang not in scheduler.run_pass(0.0) and scheduler.queue.size == 1
+    for t in range(0, 3600, 300):
+        gate.release(cluster, scheduler, float(t))
+    gate.release(cluster, scheduler, HOUR)
+    # the running 8 GPUs are the demand; counted, the gang's 16 would fill the pool: quota 0
+    assert gate.hourly[0] == [pytest.approx(8.0)]
+    assert gate.quota_of(0) == pytest.approx(8.0)
+
+
 def test_the_gate_holds_spot_jobs_beyond_the_quota_and_admits_them_as_room_comes_back():
     cluster, scheduler = cluster_of([("H100", 8), ("H100", 8)])  # 16 GPUs
     gate = SpotGate()

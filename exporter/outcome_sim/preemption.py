@@ -308,8 +308,9 @@ class SpotGate:
     directly: they were admitted.
 
     Every hour each pool's quota is recomputed from its hourly high-priority demand (GPUs held
-    plus GPUs the queued high-priority jobs ask for, sampled every ``SAMPLE_EVERY`` seconds, the
-    hour's mean): :func:`exporter.preemption.quota.spot_quota`. Until the first hour is complete
+    plus GPUs the queued single-node high-priority jobs ask for, sampled every ``SAMPLE_EVERY``
+    seconds, the hour's mean, capped at the pool's GPUs):
+    :func:`exporter.preemption.quota.spot_quota`. Until the first hour is complete
     no pool has a quota (every spot job is admitted)."""
 
     settings: QuotaSettings = field(default_factory=QuotaSettings)
@@ -414,7 +415,10 @@ class SpotGate:
                     out[int(placer.model[p.node])] += job.gpus * job.share
         for group in scheduler.queue.groups.values():
             for _, job in group:
-                if job.high == high:
+                # a queued high-priority gang is not counted: it waits for whole nodes, which
+                # no preemption frees (only single-node jobs preempt), and the trace's gangs of
+                # up to 332 workers would read as a pool over-subscribed all day
+                if job.high == high and not (high and job.parts > 1):
                     for m, part in self._split(self._models(placer, job), job.demand):
                         out[m] += part
         return out
