@@ -290,21 +290,23 @@ def test_gfs_hourly_follows_the_traces_table_hour_by_hour(fleet):  # type: ignor
     jobs = gfs_hourly_jobs(demand, series, 10412.0, settings, 101)
     idx = window_hours(series, settings.hours, np.random.default_rng([101, 43]))
     per_job = work_per_job(demand)
-    h800 = demand.trace_models.index("H800")
-    counted = np.zeros(settings.hours)
-    expected = np.zeros(settings.hours)
-    per_hour = Counter(int(j.submit // 3600) for j in jobs if j.submit > 0)
+    expected = np.array([hour_joint(demand, table[i], per_job).sum(axis=1) for i in idx])  # P(model | hour)
+    counted = np.zeros((settings.hours, 6))
     for j in jobs:
-        if j.submit > 0 and _model_of(demand, j) == h800:
-            counted[int(j.submit // 3600)] += 1
-    for h in range(settings.hours):
-        expected[h] = hour_joint(demand, table[idx[h]], per_job)[h800].sum() * per_hour[h]
-    # H800 jobs come in the hours the trace's H800 demand says, not at a steady share
-    busy = expected > 0
-    assert np.corrcoef(counted[busy], expected[busy])[0, 1] > 0.9
-    assert counted.sum() == pytest.approx(expected.sum(), rel=0.1)
-    share = table[idx, h800] / table[idx].sum(axis=1)
-    assert share.max() > 2 * share.min()  # the window has a burst to follow
+        if j.submit > 0:
+            counted[int(j.submit // 3600), _model_of(demand, j)] += 1
+    n = counted.sum(axis=1)
+    # the hours where the trace asks more of a model than its median hour get more of its
+    # jobs, as many more as the table says (seed 101: H800 3.3% of jobs against 2.2%)
+    for model in ("A10", "H800"):
+        m = demand.trace_models.index(model)
+        busy = expected[:, m] > np.median(expected[:, m])
+        for hours in (busy, ~busy):
+            want = (expected[hours, m] * n[hours]).sum() / n[hours].sum()
+            got = counted[hours, m].sum() / n[hours].sum()
+            assert got == pytest.approx(want, rel=0.15), (model, want, got)
+        if model == "H800":
+            assert counted[busy, m].sum() / n[busy].sum() > 1.3 * counted[~busy, m].sum() / n[~busy].sum()
     steady = gfs_jobs(demand, series, 10412.0, settings, 101)
     assert [j.models for j in steady] != [j.models for j in jobs]
 
