@@ -4,6 +4,8 @@ among the nodes where the job fits, the named ones first, then the scheduler's o
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -164,3 +166,23 @@ def test_with_the_advisor_the_advisor_is_looked_at_on_its_own_cadence_not_each_c
         strategy.tick(sim, float(now))
     assert strategy.interval == 5.0 and strategy.cycles == 36
     assert looked == [5.0, 65.0, 125.0]
+
+
+def test_the_freedoms_form_grants_the_planner_what_the_defaults_withhold_and_nothing_else():
+    from exporter.outcome_sim.advisor_loop import FREEDOMS
+
+    plain = make_strategy("steer-pod+advisor", RunSettings(advisor_rule="head"))
+    freed = make_strategy("steer-pod+advisor-freedoms", RunSettings(advisor_rule="head"))
+    assert isinstance(plain, SteerPod) and isinstance(freed, SteerPod)
+    assert plain.advisor is not None and freed.advisor is not None
+    plain.advisor._setup()
+    freed.advisor._setup()
+    before = plain.advisor._stages[1].planner.settings
+    after = freed.advisor._stages[1].planner.settings
+    granted = ("move_high_priority", "max_migrations", "min_runtime_seconds")
+    assert [getattr(before, k) for k in granted] == [False, 10, 1800.0]
+    assert [getattr(after, k) for k in granted] == [True, 64, 0.0]
+    assert dict(FREEDOMS) == {"move_high_priority": True, "max_migrations": 64, "min_runtime_seconds": 0.0}
+    # the rule asked for is the one both plan by; every other setting is the default's
+    assert before.rule == after.rule == "head"
+    assert dataclasses.replace(after, **{k: getattr(before, k) for k, _ in FREEDOMS}) == before

@@ -33,7 +33,8 @@ DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 STRATEGY_NAMES = ("none", "descheduler", "consolidate", "advisor", "advisor-current", "oracle",
                   "consolidate-unrestricted", "descheduler-unrestricted", "steer",
                   "steer+advisor", "steer-pod", "steer-pod-flat",
-                  "steer-pod-fresh", "steer-pod+advisor", "steer-pod+lookahead",
+                  "steer-pod-fresh", "steer-pod+advisor", "steer-pod+advisor-freedoms",
+                  "steer-pod+lookahead",
                   "steer-pod+lookahead+advisor", "steer-pod+reserve")  # simulate.strategies
 EPILOG = f"""strategies: {", ".join(STRATEGY_NAMES)}
 

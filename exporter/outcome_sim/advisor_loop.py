@@ -58,6 +58,10 @@ PENDING_LISTED = 200  # queued jobs put in a snapshot's pending list (a schedule
 NAMESPACES = 20  # jobs spread over this many namespaces (the planner budgets moves per namespace)
 TICK = 60.0  # how often the loop looks whether anything the advisor reads changed
 PARTITION = "simulated"  # the one partition the simulated scheduler places every job in
+# AdvisorStrategy.freedoms: the planner settings an operator may grant (advisor.move_high_priority,
+# advisor.max_migrations, advisor.min_runtime), as the oracle's moves have them
+FREEDOMS: tuple[tuple[str, Any], ...] = (
+    ("move_high_priority", True), ("max_migrations", 64), ("min_runtime_seconds", 0.0))
 
 
 @dataclass
@@ -85,6 +89,9 @@ class AdvisorStrategy:
     # with as much memory per GPU; False: each model its own pool, as serve's simulated fleet
     # lists them (the planner keeps every job on its model: the rule before 2026-12-05)
     one_partition: bool = True
+    # the operator's freedoms the defaults withhold (FREEDOMS): high-priority and young jobs
+    # movable, a budget of 64 moves a plan; the oracle's extra saving came from them
+    freedoms: bool = False
     interval: float = field(init=False)
     _next_evaluation: float = 0.0
     _advisor: Any = field(default=None, repr=False)
@@ -121,11 +128,13 @@ class AdvisorStrategy:
         analyzer = LiveAnalyzer.from_config(config.analysis)
         settings = dataclasses.replace(decision_settings(config.advisor), require_pending=self.revised)
         self._advisor = Advisor(settings, clock=lambda: self._now)
+        planning = dataclasses.replace(plan_settings(config.advisor), rule=self.rule)
+        if self.freedoms:
+            planning = dataclasses.replace(planning, **dict(FREEDOMS))
         # serve's stages, as serve builds them from the default config (the pools' scaling
         # hints are no part of a decision: no load stage), on the simulated clock
         self._stages = (AnalysisStage(analyzer, self._view),
-                        AdvisorStage(self._advisor, Planner(dataclasses.replace(
-                            plan_settings(config.advisor), rule=self.rule))))
+                        AdvisorStage(self._advisor, Planner(planning)))
 
     def tick(self, sim: Sim, now: float) -> None:
         if self._advisor is None:

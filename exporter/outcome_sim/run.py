@@ -68,8 +68,9 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
         return Steer(name=name, advisor=advisor)
     if name in POD_STRATEGIES:
         advisor = None
-        if name == "steer-pod+advisor":
-            advisor = AdvisorStrategy(name="advisor", evaluate_every=settings.advisor_interval)
+        if name.startswith("steer-pod+advisor"):
+            advisor = AdvisorStrategy(name="advisor", evaluate_every=settings.advisor_interval,
+                                      rule=settings.advisor_rule, freedoms=name.endswith("-freedoms"))
             advisor.pools(settings.advisor_one_partition)
         return pod_strategy(name, advisor)
     if name in LOOKAHEAD_STRATEGIES:

@@ -45,6 +45,10 @@ The per-pod form, the admission webhook's (:mod:`exporter.advisor.admission`), a
   asked at scheduling time would give (gpufleet ships none), and the bound on what
   freshness is worth.
 - ``steer-pod+advisor``: ``steer-pod``, and the advisor's compaction at its cadence.
+- ``steer-pod+advisor-freedoms``: the same, the advisor's planner granted the freedoms an
+  operator may give it and the defaults withhold
+  (:data:`~exporter.outcome_sim.advisor_loop.FREEDOMS`: high-priority and young jobs movable,
+  64 moves a plan): every lever on but the look-ahead.
 """
 
 from __future__ import annotations
@@ -73,7 +77,8 @@ if TYPE_CHECKING:
     from exporter.placement import policies
 
 STEER_STRATEGIES = ("steer", "steer+advisor")
-POD_STRATEGIES = ("steer-pod", "steer-pod-flat", "steer-pod-fresh", "steer-pod+advisor")
+POD_STRATEGIES = ("steer-pod", "steer-pod-flat", "steer-pod-fresh", "steer-pod+advisor",
+                  "steer-pod+advisor-freedoms")
 CYCLE = 5.0  # seconds between two of serve's cycles (collect_interval's default)
 
 
