@@ -413,7 +413,10 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
         result = results["new"]
         load_after = os.getloadavg()
         if args.per_query:
-            per_query(vm, vm_pid, args.per_query, ingest_per_s or 0.0)
+            try:
+                per_query(vm, vm_pid, args.per_query, ingest_per_s or 0.0)
+            except (OSError, ValueError) as exc:  # the reads' figures are still printed
+                print(f"per query: {type(exc).__name__}: {exc}", file=sys.stderr)
         others = {name: rss_mb(p.pid) for name, p in procs.items()}
         print(json.dumps({
             "gpus_expected": gpus_expected, "samples_per_scrape": scraped,
