@@ -293,18 +293,23 @@ def _power_threshold_text(row: AlertRow, level: Level) -> str:
 
 
 _RANGE = re.compile(r"\[[0-9]")  # a range selector, [5m]: the rule reads every sample of a window
+_JOIN = re.compile(r"\bon \(")  # a join with another family, on the GPU's place
 
 
 def _group_of(row: AlertRow, rules: list[dict[str, Any]]) -> str:
-    """The group of a row's rules: one per kind of object, and the per-GPU rules in three,
-    which Prometheus evaluates side by side (issue 29, Build 4: a group reading every GPU
-    took longest): comparisons of the latest sample (gpufleet-gpu), the lifetime counters
-    over a window (gpufleet-gpu-errors) and the averages over a window
-    (gpufleet-gpu-activity). Which a row is follows from its generated expression."""
+    """The group of a row's rules: one per kind of object; for GPUs, ``gpufleet-gpu`` holds
+    the comparisons of one family's latest sample, and each row that reads more of every GPU
+    (a window of samples, or a join with another per-GPU family) is a group of its own,
+    ``gpufleet-gpu-<metric>``, which Prometheus evaluates beside the others. At 10,880 GPUs
+    each such row costs 0.3-0.9 s of one core (issue 45: a window over 21,760 NVLink error
+    series alone reads 457,000 samples), so two or three in one group took 2 s against the
+    goal of 1 s per group; one row never is more than its own cost. Which a row is follows
+    from its generated expression."""
     name = _GROUP_OF_SUBJECT[row.metric.subject]
-    if name != "gpufleet-gpu" or not any(_RANGE.search(rule["expr"]) for rule in rules):
+    if name != "gpufleet-gpu" or not any(_RANGE.search(rule["expr"]) or _JOIN.search(rule["expr"])
+                                         for rule in rules):
         return name
-    return "gpufleet-gpu-errors" if row.metric.unit == "count" else "gpufleet-gpu-activity"
+    return f"gpufleet-gpu-{row.metric.key.removeprefix('gpu_').replace('_', '-')}"
 
 
 def alert_groups(thresholds: Thresholds, for_scale: float = 1.0) -> list[dict[str, Any]]:
