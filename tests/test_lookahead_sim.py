@@ -110,3 +110,26 @@ def test_the_control_keeps_a_node_free_per_pool_whatever_the_forecast():
     assert isinstance(control, Lookahead) and isinstance(forecast, Lookahead)
     assert control.keep == {0: 1, 1: 1} and len(control.reserved) == 2
     assert forecast.keep == {0: 0, 1: 0} and forecast.reserved == ()
+
+
+def test_the_hourly_whole_node_demand_is_what_whole_node_jobs_hold_and_ask_per_pool():
+    # nodes 0 and 2 are H100, 1 and 3 A100: 16 GPUs a pool
+    sim = sim_of(tiny_fleet(nodes=4, models=("H100", "A100")))
+    strategy = lookahead_strategy("steer-pod+lookahead", None)
+    cluster, scheduler = sim.cluster, sim.scheduler
+    running = job(1, 8, LONG)
+    cluster.start(running, cluster.find(running), 0.0)
+    h100 = sim.cluster.placer.model_names.index("H100")
+    assert sim.cluster.placer.model[running.placements[0].node] == h100  # bestfit: the first node
+    small = job(2, 2, LONG)
+    cluster.start(small, cluster.find(small), 0.0)  # a small job: not whole-node demand
+    gang = job(3, 8, LONG, parts=2)  # two whole nodes of one model: none has two free, so it waits
+    scheduler.submit(gang)
+    scheduler.run_pass(0.0)
+    assert gang.start is None and scheduler.queue.size == 1
+    strategy.tick(sim, 1.0)
+    strategy.tick(sim, 3601.0)  # hour 0 closed from its one sample
+    held = {h100: 8.0, 1 - h100: 0.0}
+    # the queued gang's 16 GPUs split over both pools by capacity (8 and 8)
+    assert strategy.hourly == {m: [held[m] + 8.0] for m in (0, 1)}
+    assert strategy.log == [(0, 0, pytest.approx(held[0] + 8.0), 8), (0, 1, pytest.approx(held[1] + 8.0), 8)]
