@@ -116,3 +116,59 @@ def test_a_gang_that_no_model_can_hold_is_not_tried_part_by_part():
     assert scheduler.run_pass(2.0) == []
     assert cluster.placer._clock == placed_before  # no part was placed and taken back
     assert scheduler.blocked is gang
+
+
+def busy_run(case: int, strategy: str, remember: bool) -> tuple[dict, list[tuple[int, float | None]]]:
+    """A random fleet under a random stream of jobs, longer than it can serve: the outcome's
+    columns and each job's first start. ``remember`` False: the scheduler forgets every failed
+    backfill and the wait split every job's reason before each use, as they did before they
+    kept them."""
+    from exporter.outcome_sim.blocked import WaitSplit
+    from exporter.outcome_sim.run import RunSettings, simulate
+    from exporter.outcome_sim.scheduler import Scheduler
+    from exporter.outcome_sim.timeline import HourlyArrivals, TimelineSettings
+
+    rng = np.random.default_rng([case, 4141])
+    sim_fleet = fleet(rng)
+    jobs = []
+    for i in range(120):
+        j = random_job(rng, i, gang=True)
+        j.submit = float(rng.integers(0, 40)) * 30.0
+        j.work = float(rng.integers(1, 30)) * 60.0
+        j.high = bool(rng.random() < 0.3)
+        jobs.append(j)
+    jobs.sort(key=lambda j: (j.submit, j.id))
+    series = HourlyArrivals(np.array([3600.0] * 48), np.array([1.0] * 48))
+    settings = RunSettings(timeline=TimelineSettings(days=0.5, warmup_days=0.0))
+    backfill, accrue = Scheduler._backfill, WaitSplit.accrue
+
+    def forgetful_backfill(self, job, ahead, now):  # type: ignore[no-untyped-def]
+        self._no_backfill.clear()
+        return backfill(self, job, ahead, now)
+
+    def forgetful_accrue(self, span):  # type: ignore[no-untyped-def]
+        self._why_state = ()
+        return accrue(self, span)
+
+    if not remember:
+        Scheduler._backfill, WaitSplit.accrue = forgetful_backfill, forgetful_accrue  # type: ignore[method-assign]
+    try:
+        out = simulate(sim_fleet, series, strategy, 1, settings, jobs=jobs)
+    finally:
+        Scheduler._backfill, WaitSplit.accrue = backfill, accrue  # type: ignore[method-assign]
+    row = out.row()
+    row.pop("wall_seconds")
+    return row, [(j.id, j.start) for j in jobs]
+
+
+@pytest.mark.parametrize("strategy", ["none", "oracle", "consolidate"])
+@pytest.mark.parametrize("case", range(8))
+def test_what_the_pass_and_the_split_remember_changes_no_outcome(case, strategy):
+    """The failed backfills the scheduler remembers (while the reservations and the released
+    capacity are the same) and the reasons the wait split keeps (while the fleet and the heads
+    are): every column and every job's start are as when both are told afresh each time."""
+    kept, kept_starts = busy_run(case, strategy, remember=True)
+    fresh, fresh_starts = busy_run(case, strategy, remember=False)
+    assert kept_starts == fresh_starts
+    assert kept == fresh
+    assert sum(1 for _, start in kept_starts if start is not None) > 0

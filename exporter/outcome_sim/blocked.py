@@ -136,6 +136,10 @@ class WaitSplit:
     _hosts_version: int = field(init=False, repr=False, default=-1)
     # share a GPU must have free -> [model][g]: the model's nodes with g GPUs that free, or more
     _now: dict[float, np.ndarray] = field(init=False, repr=False, default_factory=dict)
+    # (the placer's clock, the scheduler's heads by partition) when _why was told, and per shape
+    # whether its jobs are capacity-blocked: the same while neither changes
+    _why_state: tuple = field(init=False, repr=False, default=())
+    _why: dict[tuple, bool] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         counts = self.placer.gpu_count
@@ -236,19 +240,38 @@ class WaitSplit:
         """Count ``span`` seconds of the waiting jobs, against the fleet as it is now."""
         if span <= 0 or not self._waiting:
             return
+        # a shape's reason depends on the fleet (any change bumps the placer's clock; a gang
+        # starts, moves or stops only so) and on the heads: most events between two accruals are
+        # arrivals that change neither, and then only new shapes are told
+        heads = self.scheduler.head_of if self.scheduler is not None else {}
+        state = (self.placer._clock, tuple((p, h.id) for p, h in heads.items()))
+        if state != self._why_state:
+            self._why_state, self._why = state, {}
+        why = self._why
+        room: RepackRoom | None = None
+        reasons: dict[int, bool] = {}  # head id -> capacity-blocked
+        for key, w in self._waiting.items():
+            capacity = why.get(key)
+            if capacity is None:
+                if room is None:
+                    room = self._current_room()
+                capacity = why[key] = self._reason(w, room, reasons)
+            self.seconds[(w.whole_node, capacity)] += w.count * w.demand * span
+
+    def _current_room(self) -> RepackRoom:
         room = self.room()
         if self._room is None or room.free != self._room.free or self._blocked_version != self._fixed_version:
             self._room, self._blocked, self._blocked_version = room, {}, self._fixed_version
+        return room
+
+    def _reason(self, w: _Waiting, room: RepackRoom, reasons: dict[int, bool]) -> bool:
+        """Whether the jobs of ``w`` wait for capacity (else for fragmentation), now."""
+        if self.fits_now(*w.asks):
+            return self._behind(w.job, room, reasons)
         blocked = self._blocked
-        reasons: dict[int, bool] = {}  # head id -> capacity-blocked
-        for w in self._waiting.values():
-            if self.fits_now(*w.asks):
-                capacity = self._behind(w.job, room, reasons)
-            elif w.asks in blocked:
-                capacity = blocked[w.asks]
-            else:
-                capacity = blocked[w.asks] = capacity_blocked(room, *w.asks)
-            self.seconds[(w.whole_node, capacity)] += w.count * w.demand * span
+        if w.asks not in blocked:
+            blocked[w.asks] = capacity_blocked(room, *w.asks)
+        return blocked[w.asks]
 
     def _behind(self, job: Job, room: RepackRoom, reasons: dict[int, bool]) -> bool:
         """A job that fits now: capacity-blocked when every head it waits behind is."""

@@ -135,6 +135,10 @@ class Scheduler:
     _partitions: dict[tuple, tuple[int, ...]] = field(default_factory=dict)  # shape -> its partitions
     # shape -> (releases, reservations) when it fit nowhere off those reservations' nodes
     _failed_off: dict[tuple, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    # job id -> the reservations (Ahead.off) it could not backfill behind: while they hold and
+    # nothing came back, it still cannot (time only makes it later against their shadows)
+    _no_backfill: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    _exclusions: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)  # nodes as an index
     _disturbed: int = 0  # moves and evictions so far: a reservation from before may be stale
     _reservations: int = 0  # reservations made so far: one in force is told by its number
     # head id -> (reservation, its number, _disturbed when made, the partitions it was made for)
@@ -245,11 +249,14 @@ class Scheduler:
         # a candidate's partitions -> the reservations of the heads it waits behind (:meth:`_ahead`)
         behind: dict[tuple[int, ...], Ahead] = {}
         examined = 0
+        known = self._partitions if self.mode == "fifo" else None  # shape -> partitions, once computed
         walk = self.queue.ordered()
         job = next(walk, None)
         while job is not None:
             key = job.shape_key
-            parts = self.partitions(job)
+            parts = known.get(key) if known is not None else None
+            if parts is None:
+                parts = self.partitions(job)
             free = tuple(p for p in parts if p not in heads)
             skip = False
             placed = None
@@ -321,6 +328,8 @@ class Scheduler:
         """Where a candidate behind blocked heads may start now, leaving their reservations alone:
         off their reserved nodes, or on those of a head whose shadow time it ends by, its run
         at the speed of their GPU model (after restoring a checkpoint, if it has one)."""
+        if self._no_backfill.get(job.id) == ahead.off:
+            return None
         key = job.shape_key
         placed = None
         # it failed off these reserved nodes, and nothing came back since: it still does
@@ -340,6 +349,10 @@ class Scheduler:
                     self._failed[key] = ahead.off[0]
             elif len(late) < len(ahead.shadows):
                 placed = self._find(job, tuple(sorted({n for nodes in late for n in nodes})))
+        if placed is None:
+            # the same reservations and no release: the same failure at any later instant (its
+            # end only moves later past their shadows, and starts only take room)
+            self._no_backfill[job.id] = ahead.off
         return placed
 
     def _find(self, job: Job, exclude: tuple[int, ...] = (), models: tuple[int, ...] = ()) -> list | None:
@@ -369,7 +382,12 @@ class Scheduler:
                 allowed = self._model_masks[mask_key] = np.isin(placer.model, ids)
             room &= allowed
         if exclude:
-            room[list(exclude)] = False
+            index = self._exclusions.get(exclude)
+            if index is None:
+                if len(self._exclusions) > 64:
+                    self._exclusions.clear()
+                index = self._exclusions[exclude] = np.array(exclude, dtype=np.intp)
+            room[index] = False
         if job.parts == 1:
             if not room.any():
                 return None
