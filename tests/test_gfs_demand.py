@@ -334,3 +334,13 @@ def test_a_bad_hourly_table_is_one_line_and_rounding_residue_is_zero(tmp_path):
     path.write_text("hour,A10\n0,1\n")
     with pytest.raises(ValueError, match=r"hourly\.csv: missing column H800"):
         read_hourly_models(models, path)
+
+
+def test_the_command_runs_gfs_hourly(tmp_path):  # type: ignore[no-untyped-def]
+    from exporter.cli import main
+
+    argv = ["simulate", "--fleet", "gfs", "--demand", "gfs-hourly", "--days", "0.02", "--warmup-days", "0",
+            "--load", "1.0", "--seeds", "1", "--strategies", "none", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = list(csv.DictReader((tmp_path / "outcomes.csv").open()))
+    assert len(rows) == 1 and int(rows[0]["jobs"]) > 0
