@@ -185,9 +185,9 @@ def test_cluster_mode_reads_the_summaries_and_each_gpu_only_of_the_nodes_they_do
     # read 4, where a's own up series answers for the GPU identity lists
     assert backend.count(UP_QUERY + "})") == 0
     assert backend.count("gpufleet_gpu_info") == 1
-    # 11 queries a read with identity, 10 without (12 and 11 without summaries); 3 more
-    # where a node is not covered
-    assert len(backend.queries) == 11 + 13 + 13 + 13 + 10
+    # 11 queries a read with identity, 9 without (memory total is read with identity; 12 and
+    # 10 without summaries); 3 more where a node is not covered
+    assert len(backend.queries) == 11 + 12 + 12 + 12 + 9
     assert (backend.source.summarised_reads, backend.source.summaries_ignored) == (5, 0)
 
 

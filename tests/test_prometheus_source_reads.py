@@ -355,3 +355,26 @@ def test_value_answers_are_read_by_msgspec_and_an_odd_one_by_json_as_before():
     (snapshot,) = asyncio.run(FakeBackend(answer).run({}, reads=1))
     assert [(g.node, g.power_watts) for g in snapshot.gpus] == [("a", 250.0), ("b", None)]
     assert snapshot.sources[0].parse_errors == 1  # the series without a value (7 names no GPU)
+
+
+def test_memory_total_is_read_with_identity_and_held_between():
+    """A GPU's total memory does not change while its identity does not: read at the first
+    read, whenever identity is read again (c joins at read 3), and held between."""
+    values = {"gpufleet_gpu_memory_total_bytes": 80e9, "gpufleet_gpu_memory_used_bytes": 1e9}
+    nodes = {1: ["a", "b"], 2: ["a", "b"], 3: ["a", "b", "c"], 4: ["a", "b", "c"]}
+    backend = FakeBackend(_fleet(lambda r: nodes[r], lambda r: nodes[r], values.get))
+    snapshots = asyncio.run(backend.run({}, reads=4))
+    assert [[(g.node, g.memory_total_bytes, g.memory_used_bytes) for g in s.gpus]
+            for s in snapshots] == [[(n, 80_000_000_000, 1_000_000_000) for n in nodes[r]]
+                                    for r in (1, 2, 3, 4)]
+    total = "max by (node, gpu) (gpufleet_gpu_memory_total_bytes{"
+    assert backend.count(total) == 2 and backend.count("gpufleet_gpu_info") == 2
+    assert backend.count("max by (node, gpu) (gpufleet_gpu_memory_used_bytes{") == 4
+    # 12 queries with identity and memory total, 10 without
+    assert len(backend.queries) == 12 + 10 + 12 + 10
+    # no memory total answered at an identity read: the fields are absent, not made up
+    backend = FakeBackend(_fleet(lambda r: ["a"], lambda r: ["a"],
+                                 lambda f: None if "total" in f else values.get(f)))
+    (snapshot,) = asyncio.run(backend.run({}, reads=1))
+    assert [(g.memory_total_bytes, g.memory_used_bytes) for g in snapshot.gpus] == [
+        (None, 1_000_000_000)]

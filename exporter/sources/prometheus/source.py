@@ -127,6 +127,10 @@ USED_VALUES = frozenset({
     metrics.GPU_POWER_WATTS.name,
 })
 assert GPU_VALUES.keys() >= USED_VALUES
+# Of those, what does not change while a GPU's identity does not: read with identity (at the
+# first read, every identity_refresh, and whenever identity is read again) and held between,
+# not every read: a backend's cost is per series selected (108,800 a family at 108,800 GPUs)
+STATIC_VALUES = frozenset({metrics.GPU_MEMORY_TOTAL_BYTES.name})
 ALLOCATION_FAMILIES = (
     metrics.GPU_ALLOCATION_INFO.name,
     metrics.ALLOCATION_CPU_CORES.name,
@@ -992,6 +996,9 @@ class PrometheusFleetSource:
     identity_reads: int = 0  # for tests and benches: how often identity was read
     summarised_reads: int = 0  # reads whose up and stale came from the nodes' summaries
     summaries_ignored: int = 0  # summary series not believed: from a target not the node's
+    # the static families (STATIC_VALUES) as last answered, read with identity
+    _static: dict[str, _Result] = field(default_factory=dict)
+    _static_names: tuple[str, ...] = ()
     # the summaries not believed at the last read, (node, target) -> why, as last logged
     _ignored: dict[tuple[str, str], str] = field(default_factory=dict)
 
@@ -1004,6 +1011,7 @@ class PrometheusFleetSource:
         self._endpoint = base + "/api/v1/query"
         self._export_endpoint = base + "/api/v1/export/csv"
         self._per_gpu = set() if dcgm else {"identity", "old", *GPU_VALUES}
+        self._static_names = tuple(n for n in self._queries if n in STATIC_VALUES and not dcgm)
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -1218,9 +1226,12 @@ class PrometheusFleetSource:
         identity = "identity" in self._queries
         # the nodes' summaries first: each GPU's up and stale only where they fall short
         deferred = SUMMARISED if "summary" in self._queries else ()
-        # identity changes rarely: read with the rest when due, else only if up says so
+        # identity changes rarely: read with the rest when due, else only if up says so;
+        # the static families with it
+        due = self._identity_due(at)
         names = [n for n in self._queries
-                 if (n != "identity" or self._identity_due(at)) and n not in deferred]
+                 if (due or (n != "identity" and n not in self._static_names))
+                 and n not in deferred]
         answers = await self._fetch_all(at, headers, in_flight, budget, names)
         results = {r.name: r for r in answers}
         if deferred:
@@ -1232,8 +1243,11 @@ class PrometheusFleetSource:
             results = {n: results[n] for n in self._queries if n in results}  # query order
             answers = list(results.values())
         if identity:
+            reads = self.identity_reads
             results["identity"] = await self._read_identity(at, headers, in_flight, budget,
                                                             results)
+            results.update(await self._static_values(
+                self.identity_reads > reads, results, at, headers, in_flight, budget))
             results = {n: results[n] for n in self._queries if n in results}  # query order
             answers = list(results.values())
         for result in answers:
@@ -1281,6 +1295,23 @@ class PrometheusFleetSource:
                 assert covered is not None  # cover.results() made it a list
                 covered.extend(answer.series)
         return results
+
+    async def _static_values(self, identity_read: bool, results: Mapping[str, _Result],
+                             at: float, headers: dict[str, str], in_flight: asyncio.Semaphore,
+                             budget: _SeriesBudget) -> dict[str, _Result]:
+        """The static families' answers for this read: read now with identity (now if
+        identity was read again after the rest), else those held from the last time they
+        answered (a failed one leaves its fields absent until it answers again)."""
+        now = {n: results[n] for n in self._static_names if n in results}
+        missing = [n for n in self._static_names if n not in now]
+        if identity_read and missing:
+            now.update((r.name, r) for r in await self._fetch_all(at, headers, in_flight,
+                                                                  budget, missing))
+        for answer in now.values():
+            if answer.series is not None:
+                self._static[answer.name] = answer
+        return {n: now.get(n) or self._static.get(n) or _Result(n, None, f"query {n}: not read yet")
+                for n in self._static_names}
 
     def _log_ignored(self, ignored: Mapping[tuple[str, str], str]) -> None:
         """Summaries not believed: each a series skipped (``gpufleet_source_parse_errors_total``),
