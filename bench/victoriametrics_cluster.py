@@ -107,8 +107,8 @@ source_module.PrometheusFleetSource.read = timed_read
 prometheus = {"enabled": True, "url": url, "selector": selector, "query_timeout": query_timeout}
 if not before:
     prometheus.update(gpu_telemetry=old_style, identity_refresh="1ms" if old_style else "5m")
-if summaries:
-    prometheus.update(node_summaries=True)
+if not before:  # each GPU's up and stale, or the summaries (on by default since issue 45)
+    prometheus.update(node_summaries=summaries)
 config = build(Config, {
     "collect_interval": "1h", "source_timeout": "600s",
     "advisor": {"enabled": False},

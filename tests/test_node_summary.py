@@ -110,7 +110,8 @@ def test_the_nodes_matcher_names_exactly_those_nodes():
 
 
 def test_the_summary_queries_only_with_node_summaries():
-    assert "summary" not in build_queries(PrometheusConfig())
+    assert "summary" not in build_queries(PrometheusConfig(node_summaries=False))
+    assert "summary" in build_queries(PrometheusConfig())  # on by default
     queries = build_queries(PrometheusConfig(node_summaries=True, selector='job="n"'))
     # by the scrape target too: each summary is tied to the target that serves it
     assert queries["summary"] == (

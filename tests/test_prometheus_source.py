@@ -32,7 +32,8 @@ from tests.helpers import free_port, http_get, require_binary, stop, wait_until
 
 
 def test_one_query_per_family_none_per_node():
-    queries = build_queries(PrometheusConfig(selector='job="nodes"', gpu_telemetry=True))
+    queries = build_queries(PrometheusConfig(selector='job="nodes"', gpu_telemetry=True,
+                                             node_summaries=False))
     assert len(queries) == 19
     assert all('job="nodes"' in q for q in queries.values())
     assert not any("node=" in q for q in queries.values())

@@ -122,14 +122,14 @@ def _fleet(identity: Callable[[int], list[str]], up: Callable[[int], list[str]],
 
 
 def test_only_the_families_the_cycle_uses_are_read_unless_telemetry_is_asked_for():
-    used = build_queries(PrometheusConfig())
+    used = build_queries(PrometheusConfig(node_summaries=False))  # each GPU's up and stale
     assert set(used) == {"identity", "old", "nodes", "allocations", "mig", "targets",
                          *USED_VALUES}
     assert sorted(USED_VALUES) == [
         "gpufleet_gpu_memory_total_bytes", "gpufleet_gpu_memory_used_bytes",
         "gpufleet_gpu_power_watts", "gpufleet_gpu_stale", "gpufleet_gpu_up",
         "gpufleet_gpu_utilization_ratio"]
-    every = build_queries(PrometheusConfig(gpu_telemetry=True))
+    every = build_queries(PrometheusConfig(gpu_telemetry=True, node_summaries=False))
     assert set(every) - set(used) == set(GPU_VALUES) - USED_VALUES
     assert len(GPU_VALUES) - len(USED_VALUES) == 7
 
@@ -138,7 +138,8 @@ def test_only_the_families_the_cycle_uses_are_read_unless_telemetry_is_asked_for
     answer = _fleet(lambda r: ["a"], lambda r: ["a"], values.get)
     for telemetry, temperature in ((False, None), (True, 61.0)):
         backend = FakeBackend(answer)
-        (snapshot,) = asyncio.run(backend.run({"gpu_telemetry": telemetry}, reads=1))
+        (snapshot,) = asyncio.run(backend.run({"gpu_telemetry": telemetry,
+                                               "node_summaries": False}, reads=1))
         (gpu,) = snapshot.gpus
         assert (gpu.power_watts, gpu.utilization_ratio, gpu.temperature_celsius) == (
             300.0, 0.5, temperature)
@@ -363,7 +364,8 @@ def test_memory_total_is_read_with_identity_and_held_between():
     values = {"gpufleet_gpu_memory_total_bytes": 80e9, "gpufleet_gpu_memory_used_bytes": 1e9}
     nodes = {1: ["a", "b"], 2: ["a", "b"], 3: ["a", "b", "c"], 4: ["a", "b", "c"]}
     backend = FakeBackend(_fleet(lambda r: nodes[r], lambda r: nodes[r], values.get))
-    snapshots = asyncio.run(backend.run({}, reads=4))
+    # each GPU's up read (no summaries): this fake backend counts its reads by them
+    snapshots = asyncio.run(backend.run({"node_summaries": False}, reads=4))
     assert [[(g.node, g.memory_total_bytes, g.memory_used_bytes) for g in s.gpus]
             for s in snapshots] == [[(n, 80_000_000_000, 1_000_000_000) for n in nodes[r]]
                                     for r in (1, 2, 3, 4)]
@@ -375,6 +377,6 @@ def test_memory_total_is_read_with_identity_and_held_between():
     # no memory total answered at an identity read: the fields are absent, not made up
     backend = FakeBackend(_fleet(lambda r: ["a"], lambda r: ["a"],
                                  lambda f: None if "total" in f else values.get(f)))
-    (snapshot,) = asyncio.run(backend.run({}, reads=1))
+    (snapshot,) = asyncio.run(backend.run({"node_summaries": False}, reads=1))
     assert [(g.memory_total_bytes, g.memory_used_bytes) for g in snapshot.gpus] == [
         (None, 1_000_000_000)]

@@ -40,7 +40,7 @@ class PrometheusSource:
         "TSDB already holds the rest.",
     )
     node_summaries: bool = opt(
-        False, help=f"Read the nodes' {catalogue.NODE_GPUS.name} (GPUs by state, one series a node, "
+        True, help=f"Read the nodes' {catalogue.NODE_GPUS.name} (GPUs by state, one series a node, "
         f"which node mode serves) instead of each GPU's {catalogue.GPU_UP.name} and "
         f"{catalogue.GPU_STALE.name}; each GPU's are read as well when a summary is missing or old "
         "or a node has a GPU not up: the same snapshot from fewer series. A summary counts only "
