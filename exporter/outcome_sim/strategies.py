@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 STRATEGIES = ("none", "descheduler", "consolidate", "advisor", "advisor-current", "oracle",
               "consolidate-unrestricted", "descheduler-unrestricted", "steer", "steer+advisor",
               "steer-pod", "steer-pod-flat", "steer-pod-fresh", "steer-pod+advisor",
-              "steer-pod+lookahead", "steer-pod+lookahead+advisor", "steer-pod+reserve")
+              "steer-pod+advisor-freedoms", "steer-pod+lookahead", "steer-pod+lookahead+advisor",
+              "steer-pod+reserve")
 
 
 class Strategy(Protocol):
