@@ -455,6 +455,22 @@ def _concat(batches: Sequence[Drawn]) -> Drawn:
     return Drawn(*(np.concatenate([getattr(b, f) for b in batches]) for f in _FIELDS))
 
 
+def _running(demand: GfsDemand, batch: int, rng: np.random.Generator, target: float,
+             joint: np.ndarray | None = None) -> list[Drawn]:
+    """Jobs running at time 0, drawn in proportion to their length, until their GPUs (at their
+    model's speed) hold ``target``."""
+    picked: list[Drawn] = []
+    held = 0.0
+    while held < target:
+        pool = draw(demand, batch, rng, joint)
+        pool = pool.select(rng.choice(batch, size=batch, p=pool.seconds / pool.seconds.sum()))
+        rate = np.cumsum(pool.gpu_demand * demand.speeds[pool.model])
+        pool = pool.select(slice(0, int(np.searchsorted(rate, target - held)) + 1))
+        held += float((pool.gpu_demand * demand.speeds[pool.model]).sum())
+        picked.append(pool)
+    return picked
+
+
 def gfs_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, settings: TimelineSettings,
              seed: int) -> list[Job]:
     """Every job of the run, in submit order, the same for every strategy with the same seed: the
@@ -482,16 +498,7 @@ def gfs_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, setting
     arrivals, submit = arrivals.select(order), submit[order]
     # the steady state at 0: a job is running then with a probability in proportion to its
     # length, for a uniform share of it so far; as many as hold the work the load offers
-    picked: list[Drawn] = []
-    held = 0.0
-    while held < settings.load * capacity:
-        pool = draw(demand, batch, rng)
-        pool = pool.select(rng.choice(batch, size=batch, p=pool.seconds / pool.seconds.sum()))
-        rate = np.cumsum(pool.gpu_demand * demand.speeds[pool.model])
-        pool = pool.select(slice(0, int(np.searchsorted(rate, settings.load * capacity - held)) + 1))
-        held += float((pool.gpu_demand * demand.speeds[pool.model]).sum())
-        picked.append(pool)
-    running = _concat(picked)
+    running = _concat(_running(demand, batch, rng, settings.load * capacity))
     left = np.maximum(MIN_SECONDS, running.seconds * rng.random(len(running.seconds)))
     jobs = _jobs(demand, running, np.zeros(len(left)), left)
     jobs += _jobs(demand, arrivals, submit, arrivals.seconds)
@@ -597,14 +604,7 @@ def gfs_hourly_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, 
             continue
         only = np.zeros_like(demand.joint)
         only[m] = demand.joint[m] / demand.joint[m].sum()
-        held = 0.0
-        while held < target:
-            pool = draw(demand, batch, rng, only)
-            pool = pool.select(rng.choice(batch, size=batch, p=pool.seconds / pool.seconds.sum()))
-            rate = np.cumsum(pool.gpu_demand * demand.speeds[pool.model])
-            pool = pool.select(slice(0, int(np.searchsorted(rate, target - held)) + 1))
-            held += float((pool.gpu_demand * demand.speeds[pool.model]).sum())
-            picked.append(pool)
+        picked += _running(demand, batch, rng, target, only)
     jobs: list[Job] = []
     if picked:
         running = _concat(picked)
