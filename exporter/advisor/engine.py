@@ -330,13 +330,28 @@ def queue_gate(plan: QueuePlan, settings: DecisionSettings) -> str | None:
     net = plan.gpu_hours_waiting_saved - plan.displaced_gpu_hours
     work = plan.work_gpu_hours
     if net > 0 and net >= settings.min_saved_per_work * work:
-        return None
+        return starts_gate(plan)
     displaced = (f", less {plan.displaced_gpu_hours:g} for the {len(plan.displaced)} pending "
                  f"job{'s' if len(plan.displaced) != 1 else ''} it would leave no room for"
                  if plan.displaced else "")
     return (f"plan ends {plan.gpu_hours_waiting_saved:g} GPU-hours of waiting{displaced}: "
             f"{net:.3g} net against {work:.3g} GPU-hours of work its "
             f"{len(plan.migrations)} moves cost (below {settings.min_saved_per_work:g} per GPU-hour)")
+
+
+def starts_gate(plan: QueuePlan) -> str | None:
+    """None when a plan under the ``starts`` rule starts no fewer jobs than waiting would:
+    the jobs it lets start, less those it leaves no room for, are at least the small jobs
+    expected to start in the room it takes before the next plan (``starts_lost``). A plan
+    that starts a big job where several small ones would have started is refused here."""
+    if plan.starts_lost is None:
+        return None
+    gained = len(plan.lets_start) - len(plan.displaced)
+    if gained >= plan.starts_lost:
+        return None
+    return (f"plan starts {gained} more job{'s' if gained != 1 else ''} than waiting would, where "
+            f"{plan.starts_lost:.3g} small jobs are expected to start in the room it takes before "
+            "the next plan")
 
 
 def describe_start(plan: CompactionPlan) -> str:

@@ -85,9 +85,14 @@ class PlanSettings:
     # a blocked job beyond the head is planned for only where the GPU-hours of waiting it ends
     # are at least this many times the GPU-hours of work its moves cost
     min_saved_per_work: float = 1.0
+    # under "starts": seconds until the next plan, over which the room a plan takes would
+    # otherwise see small jobs start (the advisor's evaluation interval)
+    starts_horizon_seconds: float = 600.0
 
 
-RULES = ("head", "queue")
+RULES = ("head", "queue", "starts")
+SMALL_GPUS = 8  # a single-node job asking fewer GPUs than this is a small one (backfills fragments)
+STARTS_LOOKBACK = 3600.0  # seconds of past starts the small jobs' rate is read from
 QUEUE_JOBS = 8  # blocked jobs one plan is made for under the queue rule, the head included
 
 
@@ -660,7 +665,7 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
     account) the plan goes on past the head, and says what it costs.
     """
     with (KeptState() if kept_state is None else kept_state).borrow() as working:
-        if settings.rule == "queue":
+        if settings.rule in ("queue", "starts"):
             return _plan_for_queue(working, snapshot, report, job, now, settings)
         return _plan_for_pending(working, snapshot, report, job, now, settings)
 
@@ -864,6 +869,9 @@ class QueuePlan(CompactionPlan):
     displaced: tuple[str, ...] = ()
     displaced_gpu_hours: float = 0.0
     gpus_started: float = 0.0  # GPUs the jobs in lets_start ask for
+    # under the "starts" rule (:func:`backfill_lost`): the small jobs expected to start in the
+    # room the plan takes before the next plan, were it not made; None: not counted
+    starts_lost: float | None = None
 
 
 def work_cost(moves: Iterable[tuple[Candidate, Placement]], settings: PlanSettings) -> float:
@@ -874,6 +882,37 @@ def work_cost(moves: Iterable[tuple[Candidate, Placement]], settings: PlanSettin
         gpus = len(c.current.gpus) * c.current.gpu_share
         seconds += c.cost + gpus * settings.restore_seconds
     return seconds / 3600
+
+
+def _small(gpus: float, nodes: int) -> bool:
+    return nodes <= 1 and 0 < gpus < SMALL_GPUS
+
+
+def backfill_lost(snapshot: FleetSnapshot, idle_gpus: float, taken_gpus: float, now: float,
+                  horizon: float) -> float:
+    """Small jobs expected to start, before the next plan, in room a plan takes: the starts it
+    costs, to set against those it makes.
+
+    The small jobs' flow is read from the fleet as it is: the GPUs of the small jobs
+    (:data:`SMALL_GPUS`) that started in the last :data:`STARTS_LOOKBACK` seconds, as a rate,
+    over ``horizon``. The idle GPUs the plan leaves (``idle_gpus`` less ``taken_gpus``) take
+    that flow first; what they cannot hold, up to ``taken_gpus``, is room the small jobs would
+    have used, in jobs of their mean size. 0 when no small job started lately."""
+    since = now - STARTS_LOOKBACK
+    gpus = jobs = 0.0
+    for alloc in snapshot.allocations:
+        if alloc.start_time is None or alloc.start_time < since or alloc.start_time > now:
+            continue
+        share = min((p.gpu_share for p in alloc.placements), default=1.0)
+        size = alloc.gpu_count * share
+        if _small(size, len(alloc.placements)):
+            gpus += size
+            jobs += 1
+    if jobs == 0 or taken_gpus <= 0:
+        return 0.0
+    flow = gpus * horizon / STARTS_LOOKBACK
+    short = min(taken_gpus, max(0.0, flow - max(0.0, idle_gpus - taken_gpus)))
+    return round(short / (gpus / jobs), 3)
 
 
 def _queue_from(state: FleetState, pending: Sequence[JobRequest], head: JobRequest,
@@ -1005,6 +1044,11 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
     saved = waiting_saved(lets, now)
     lost = waiting_saved(displaced, now)
     gpus = sum(j.gpu_count * j.gpu_share for j in lets)
+    lost_starts = None
+    if settings.rule == "starts":
+        taken = gpus - sum(j.gpu_count * j.gpu_share for j in displaced)
+        lost_starts = backfill_lost(snapshot, report.cluster.idle_gpus, taken, now,
+                                    settings.starts_horizon_seconds)
     waited = "" if job.submit_time is None else f", waiting {max(0.0, now - job.submit_time) / 60:.0f} min"
     parts = max(1, job.node_count)
     reasons = [f"lets pending job {job.job} start ({job.gpu_count * job.gpu_share:g} GPUs"
@@ -1019,7 +1063,7 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
         decision="compact", reasons=tuple(reasons), before=before, after=after, migrations=migrations,
         lets_start=tuple(j.job for j in lets), gpu_hours_waiting_saved=saved,
         work_gpu_hours=round(work, 3), displaced=tuple(j.job for j in displaced),
-        displaced_gpu_hours=lost, gpus_started=gpus)
+        displaced_gpu_hours=lost, gpus_started=gpus, starts_lost=lost_starts)
 
 
 def _plan_job(placer: Placer, target: _Pending, movable: dict[int, list[tuple[Allocation, _Where]]],

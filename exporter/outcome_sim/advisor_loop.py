@@ -83,7 +83,9 @@ class AdvisorStrategy:
     name: str = "advisor"
     evaluate_every: float = 60.0
     revised: bool = True
-    rule: str = "queue"  # the planner's rule (PlanSettings.rule): queue, or head (the rule before)
+    # the planner's rule (PlanSettings.rule): queue; head (the rule before); starts (queue, and
+    # no plan that starts fewer jobs than the small ones its room would see before the next one)
+    rule: str = "queue"
     # the snapshot lists the nodes as the simulated scheduler uses them, one partition of mixed
     # models (any job may start on any model), so the planner may move a job to another model
     # with as much memory per GPU; False: each model its own pool, as serve's simulated fleet
@@ -128,7 +130,8 @@ class AdvisorStrategy:
         analyzer = LiveAnalyzer.from_config(config.analysis)
         settings = dataclasses.replace(decision_settings(config.advisor), require_pending=self.revised)
         self._advisor = Advisor(settings, clock=lambda: self._now)
-        planning = dataclasses.replace(plan_settings(config.advisor), rule=self.rule)
+        planning = dataclasses.replace(plan_settings(config.advisor), rule=self.rule,
+                                       starts_horizon_seconds=self.evaluate_every)
         if self.freedoms:
             planning = dataclasses.replace(planning, **dict(FREEDOMS))
         # serve's stages, as serve builds them from the default config (the pools' scaling
