@@ -26,7 +26,8 @@ def test_no_small_start_lately_costs_no_start():
 
 
 def test_the_small_jobs_flow_beyond_the_idle_gpus_left_is_the_starts_lost():
-    # started 40 min ago (past the planner's min_runtime, so the strays may move): 1 + 1 + 4 + 4 + 7 + 6 GPUs, six small jobs (mean 23/6 GPUs), an hour's flow
+    # started 40 min ago (past the planner's min_runtime, so the strays may move):
+    # 1 + 1 + 4 + 4 + 7 + 6 GPUs, six small jobs (mean 23/6 GPUs), an hour's flow
     snapshot = fleet(recent(BLOCKED_TWICE, 2400.0), (FIRST, SECOND))
     # over 600 s: 23/6 GPUs; 9 idle, 8 taken: the 1 left holds 1 of them
     assert backfill_lost(snapshot, 9.0, 8.0, NOW, 600.0) == round((23 / 6 - 1) / (23 / 6), 3)
