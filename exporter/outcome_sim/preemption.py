@@ -47,7 +47,7 @@ from exporter.outcome_sim.timeline import Job
 from exporter.preemption.quota import QuotaSettings, SpotQuota, spot_quota
 
 PREEMPTIONS = ("none", "slurm", "kube", "advisor")
-SPOT_QUOTAS = ("none", "advisor")
+SPOT_QUOTAS = ("none", "advisor", "borrow")
 GATE_EVERY = 60.0  # simulated seconds between the quota gate's looks at the fleet
 SAMPLE_EVERY = 300.0  # ... and between its samples of the high-priority demand
 EXEMPT = 1800.0  # seconds of run since its last (re)start before a spot job may be preempted
@@ -72,6 +72,9 @@ class Preempter:
     exempt: float = EXEMPT
     # (when, GPU-seconds lost, job) per victim: the run counts those after its warm-up
     events: list[tuple[float, float, Job]] = field(default_factory=list)
+    # ids of the spot jobs admitted beyond their pool's quota (SpotGate with borrowing): they
+    # are the first victims, before any job the quota admitted
+    borrowed: set[int] = field(default_factory=set)
     _token: tuple | None = None  # the fleet and queue when the last try found nothing
     _until: float = math.inf  # ... and when a spot job next leaves its exemption
 
@@ -118,6 +121,7 @@ class Preempter:
                 continue
             failed.clear()
             for v in choice.victims:
+                self.borrowed.discard(v.id)  # requeued: it was admitted, it is no longer lent
                 self.pause(cluster, v, now)
                 scheduler.requeue(v)
                 victims.append(v)
@@ -164,17 +168,24 @@ class Preempter:
             jobs = by_node[node]
             if not fits(cluster, head, node, jobs):
                 continue
+            lent = self.borrowed
             if self.rule == "kube":
-                # most important first: earlier start (spot jobs share one priority)
-                kept = reprieve(cluster, head, node, sorted(jobs, key=lambda j: (j.placed, j.id)))
+                # most important first: earlier start (spot jobs share one priority); a job lent
+                # GPUs beyond the quota is less important than any the quota admitted
+                kept = reprieve(cluster, head, node,
+                                sorted(jobs, key=lambda j: (j.id in lent, j.placed, j.id)))
                 chosen = [j for j in jobs if j not in kept]
-                key: tuple = (len(chosen), -min(j.placed for j in chosen), node)
+                key: tuple = (sum(j.id not in lent for j in chosen), len(chosen),
+                              -min(j.placed for j in chosen), node)
             else:
                 def loss(j: Job) -> float:
                     return lost_seconds(j, now, cluster.cost.checkpoint) * j.demand
-                kept = reprieve(cluster, head, node, sorted(jobs, key=lambda j: (-loss(j), j.id)))
+                kept = reprieve(cluster, head, node,
+                                sorted(jobs, key=lambda j: (j.id in lent, -loss(j), j.id)))
                 chosen = [j for j in jobs if j not in kept]
-                key = (sum(loss(j) for j in chosen), growth(cluster, head, node, chosen), len(chosen), node)
+                # what the quota admitted loses first, then all: the same order without lending
+                key = (sum(loss(j) for j in chosen if j.id not in lent), sum(loss(j) for j in chosen),
+                       growth(cluster, head, node, chosen), len(chosen), node)
             if best is None or key < best:
                 best, choice = key, Choice(node, tuple(sorted(chosen, key=lambda j: j.id)))
         return choice
@@ -311,9 +322,18 @@ class SpotGate:
     plus GPUs the queued single-node high-priority jobs ask for, sampled every ``SAMPLE_EVERY``
     seconds, the hour's mean, capped at the pool's GPUs):
     :func:`exporter.preemption.quota.spot_quota`. Until the first hour is complete
-    no pool has a quota (every spot job is admitted)."""
+    no pool has a quota (every spot job is admitted).
+
+    With ``borrow`` the quota is work-conserving, as Kueue's borrowing of unused quota: a spot
+    job beyond its pool's quota is admitted too while none of its pools has a single-node
+    high-priority job queued (the jobs that preempt), since it then takes GPUs no
+    high-priority job is waiting for. Its id goes in ``lent``, which the preempter reads: those
+    jobs are its first victims when high-priority demand comes, before any job the quota
+    admitted."""
 
     settings: QuotaSettings = field(default_factory=QuotaSettings)
+    borrow: bool = False
+    lent: set[int] = field(default_factory=set)  # spot jobs admitted beyond the quota
     held: list[Job] = field(default_factory=list)  # spot jobs beyond the quota, in submit order
     quotas: dict[int, SpotQuota] = field(default_factory=dict)  # by model index
     hourly: dict[int, list[float]] = field(default_factory=dict)  # complete hours' mean demand, by model
@@ -356,18 +376,23 @@ class SpotGate:
             return []
         self._next_look = now + GATE_EVERY
         used = self._by_model(cluster, scheduler, high=False)
+        waiting = self._high_queued(cluster, scheduler) if self.borrow else None
         admitted: list[Job] = []
         kept: list[Job] = []
         for job in self.held:
             models = self._models(placer, job)
             room = sum(self.quota_of(m) - float(used[m]) for m in models)
-            if room >= job.demand - EPS:
+            lend = (room < job.demand - EPS and waiting is not None
+                    and not any(waiting[m] > EPS for m in models))
+            if room >= job.demand - EPS or lend:
                 for m, part in self._split(models, job.demand):
                     used[m] += part
                 before = scheduler.queue.added
                 scheduler.submit(job)
                 if scheduler.queue.added > before:
                     admitted.append(job)
+                    if lend:
+                        self.lent.add(job.id)
             else:
                 kept.append(job)
         self.held = kept
@@ -404,6 +429,18 @@ class SpotGate:
         assert self.capacity is not None
         total = float(sum(self.capacity[m] for m in models)) or 1.0
         return [(m, demand * float(self.capacity[m]) / total) for m in models]
+
+    def _high_queued(self, cluster: Cluster, scheduler: Scheduler) -> np.ndarray:
+        """GPUs the queued single-node high-priority jobs ask for, per model: the jobs that
+        would preempt a spot job lent GPUs there."""
+        placer = cluster.placer
+        out = np.zeros(len(placer.model_names))
+        for group in scheduler.queue.groups.values():
+            for _, job in group:
+                if job.high and job.parts == 1 and job.gpus > 0:
+                    for m, part in self._split(self._models(placer, job), job.demand):
+                        out[m] += part
+        return out
 
     def _by_model(self, cluster: Cluster, scheduler: Scheduler, high: bool) -> np.ndarray:
         """GPUs the running jobs of this priority hold per model, plus what the queued ones ask."""
@@ -466,7 +503,7 @@ def quota_figures(gate: SpotGate | None, since: float) -> QuotaFigures:
 def fill_quota(out, gate: SpotGate | None, since: float) -> None:  # type: ignore[no-untyped-def]
     """The quota columns of ``out``."""
     figures = quota_figures(gate, since)
-    out.spot_quota = "none" if gate is None else "advisor"
+    out.spot_quota = "none" if gate is None else "borrow" if gate.borrow else "advisor"
     out.spot_quota_pct = figures.quota_pct
     out.high_forecast_mae_pct = figures.forecast_mae_pct
     out.high_forecast_breach_pct = figures.breach_pct

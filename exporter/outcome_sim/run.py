@@ -29,7 +29,7 @@ from exporter.outcome_sim.lookahead import LOOKAHEAD_STRATEGIES, lookahead_strat
 from exporter.outcome_sim.lookahead import fill as fill_lookahead
 from exporter.outcome_sim.oracle import Oracle
 from exporter.outcome_sim.outcomes import Outcome, Sample, job_outcomes
-from exporter.outcome_sim.preemption import Preempter, SpotGate, fill, fill_quota
+from exporter.outcome_sim.preemption import SPOT_QUOTAS, Preempter, SpotGate, fill, fill_quota
 from exporter.outcome_sim.scheduler import Scheduler
 from exporter.outcome_sim.sim import RunSettings, Sim
 from exporter.outcome_sim.steering import POD_STRATEGIES, STEER_STRATEGIES, Steer, pod_strategy
@@ -121,7 +121,12 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
     sim = Sim(fleet, cluster, scheduler, settings, workload)
     strategy = make_strategy(strategy_name, settings)
     preempter = Preempter(settings.preemption, settings.preempt_exempt)
-    gate = SpotGate() if settings.spot_quota == "advisor" else None  # spot jobs beyond the quota wait
+    if settings.spot_quota not in SPOT_QUOTAS:
+        raise ValueError(f"unknown spot quota {settings.spot_quota!r}; one of {', '.join(SPOT_QUOTAS)}")
+    # spot jobs beyond the quota wait (borrow: unless no high-priority job waits for their pool)
+    gate = SpotGate(borrow=settings.spot_quota == "borrow") if settings.spot_quota != "none" else None
+    if gate is not None:
+        preempter.borrowed = gate.lent  # the jobs lent GPUs beyond the quota go first
     since, horizon = tl.measured_from, tl.horizon
     out = Outcome(strategy_name, seed, tl.load)
     index_settings = IndexSettings()

@@ -29,7 +29,9 @@ class RunSettings:
     demand: str = ""  # what jobs are drawn from: openb or gfs (demand.DEMANDS); empty: the fleet's default
     preemption: str = "none"  # who high-priority jobs preempt: none, slurm, kube, advisor (preemption.py)
     preempt_exempt: float = 1800.0  # seconds a spot job runs after a (re)start before it may be preempted
-    spot_quota: str = "none"  # advisor: spot jobs beyond the advisor's quota wait (preemption.SpotGate)
+    # advisor: spot jobs beyond the advisor's quota wait (preemption.SpotGate); borrow: they wait
+    # only while a high-priority job is queued for their pool, and are the first victims
+    spot_quota: str = "none"
 
 
 @dataclass
