@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -115,6 +114,16 @@ def metric(url: str, name: str, **labels: str) -> float:
     return total
 
 
+def evaluated_again(url: str, times: int = 3) -> None:
+    """Wait until the advisor has evaluated ``times`` more snapshots: each evaluation is where
+    a plan could be queued again, and the deliverer sends what is queued within its retry
+    delay (300 ms here), so a duplicate, if any, has been sent by then. A count of the
+    exporter's own work, not a span of time: on a loaded machine it waits longer."""
+    seen = metric(url, "gpufleet_advisor_evaluations_total", trigger="snapshot")
+    wait_until(f"{times} more evaluations", lambda: metric(
+        url, "gpufleet_advisor_evaluations_total", trigger="snapshot") >= seen + times)
+
+
 def advice(url: str) -> dict:
     return json.loads(http_get(f"{url}/v1/advice"))
 
@@ -145,7 +154,7 @@ def test_fragmented_pool_plan_reaches_a_scheduler_down_for_its_first_attempts(
                    lambda: metric(exporter.url, "gpufleet_advisor_outbox_pending") == 0
                    and metric(exporter.url, "gpufleet_advisor_webhook_deliveries_total",
                               result="delivered") >= 1)
-        time.sleep(2.0)  # long enough for any duplicate to show up
+        evaluated_again(exporter.url)
         assert len(scheduler.accepted) == 1 and scheduler.bad_signatures == 0
         assert scheduler.accepted[0] == plan
         headers = scheduler.requests[0][0]
@@ -174,7 +183,7 @@ def test_pending_delivery_survives_an_exporter_restart(exporter_factory, tmp_pat
         second = exporter_factory(config=config(outbox, port, plans=False), env=ENV)
         wait_until("the old plan delivered, as the new exporter records it",
                    lambda: metric(second.url, "gpufleet_advisor_outbox_pending") == 0)
-        time.sleep(1.0)  # long enough for any duplicate to show up
+        evaluated_again(second.url)
         assert [p["plan_id"] for p in scheduler.accepted] == [plan["plan_id"]]
         assert advice(second.url)["decision"] == "none"
         assert metric(second.url, "gpufleet_advisor_outbox_pending") == 0
