@@ -888,31 +888,41 @@ def _small(gpus: float, nodes: int) -> bool:
     return nodes <= 1 and 0 < gpus < SMALL_GPUS
 
 
-def backfill_lost(snapshot: FleetSnapshot, idle_gpus: float, taken_gpus: float, now: float,
+def backfill_lost(snapshot: FleetSnapshot, taken_gpus: float, started: Iterable[str], now: float,
                   horizon: float) -> float:
     """Small jobs expected to start, before the next plan, in room a plan takes: the starts it
     costs, to set against those it makes.
 
-    The small jobs' flow is read from the fleet as it is: the GPUs of the small jobs
-    (:data:`SMALL_GPUS`) that started in the last :data:`STARTS_LOOKBACK` seconds, as a rate,
-    over ``horizon``. The idle GPUs the plan leaves (``idle_gpus`` less ``taken_gpus``) take
-    that flow first; what they cannot hold, up to ``taken_gpus``, is room the small jobs would
-    have used, in jobs of their mean size. 0 when no small job started lately."""
+    Without the plan the head waits, and the scheduler backfills the small jobs
+    (:data:`SMALL_GPUS`) queued behind it into the room as it frees; with it, the head holds
+    that room. How many: the small jobs queued (but those that start now, with the plan or
+    without it, ``started``), and no more than the plan takes (``taken_gpus``) nor than the
+    small jobs' flow fills over
+    ``horizon``, read from the fleet as it is (the GPUs of the small jobs that started in the
+    last :data:`STARTS_LOOKBACK` seconds, as a rate); in jobs of the queued small jobs' mean
+    size. 0 when none is queued or none started lately."""
+    if taken_gpus <= 0:
+        return 0.0
+    skip = set(started)
+    queued = jobs = 0.0
+    for job in snapshot.pending[:PENDING_CHECKED]:
+        size = job.gpu_count * job.gpu_share
+        if job.job not in skip and _small(size, max(1, job.node_count)):
+            queued += size
+            jobs += 1
     since = now - STARTS_LOOKBACK
-    gpus = jobs = 0.0
+    flow = 0.0
     for alloc in snapshot.allocations:
         if alloc.start_time is None or alloc.start_time < since or alloc.start_time > now:
             continue
         share = min((p.gpu_share for p in alloc.placements), default=1.0)
         size = alloc.gpu_count * share
         if _small(size, len(alloc.placements)):
-            gpus += size
-            jobs += 1
-    if jobs == 0 or taken_gpus <= 0:
+            flow += size
+    if jobs == 0 or flow == 0:
         return 0.0
-    flow = gpus * horizon / STARTS_LOOKBACK
-    short = min(taken_gpus, max(0.0, flow - max(0.0, idle_gpus - taken_gpus)))
-    return round(short / (gpus / jobs), 3)
+    room = min(taken_gpus, queued, flow * horizon / STARTS_LOOKBACK)
+    return round(room / (queued / jobs), 3)
 
 
 def _queue_from(state: FleetState, pending: Sequence[JobRequest], head: JobRequest,
@@ -1047,7 +1057,7 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
     lost_starts = None
     if settings.rule == "starts":
         taken = gpus - sum(j.gpu_count * j.gpu_share for j in displaced)
-        lost_starts = backfill_lost(snapshot, report.cluster.idle_gpus, taken, now,
+        lost_starts = backfill_lost(snapshot, taken, started_with | started_without, now,
                                     settings.starts_horizon_seconds)
     waited = "" if job.submit_time is None else f", waiting {max(0.0, now - job.submit_time) / 60:.0f} min"
     parts = max(1, job.node_count)
