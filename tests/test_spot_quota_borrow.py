@@ -95,3 +95,19 @@ def test_a_run_with_the_borrowing_quota_admits_more_than_the_plain_quota():
     assert borrow["jobs_started"] > quota["jobs_started"]
     with pytest.raises(ValueError, match="unknown spot quota"):
         simulate(fleet_of(TINY), SERIES, "none", 1, RunSettings(spot_quota="sometimes"))
+
+
+def test_a_job_that_ends_within_the_exemption_is_lent_gpus_even_while_high_priority_jobs_wait():
+    gate = SpotGate(borrow=True, short=1800.0)
+    cluster, scheduler = quota_of_8(gate)
+    spot = [job(10 + i, 4, submit=HOUR) for i in range(2)]
+    assert all(gate.hold(j) for j in spot)
+    assert gate.release(cluster, scheduler, HOUR + 1) == spot  # the quota's 8 GPUs
+    scheduler.run_pass(HOUR + 1)
+    scheduler.submit(job(20, 4, True, submit=HOUR + 2))  # a single-node high-priority job waits
+    # on the H100 (speed 1.0): 1,800 s of work runs 1,800 s, within the exemption; 1,801 does not
+    short, long_ = job(12, 4, submit=HOUR + 2, work=1800.0), job(13, 4, submit=HOUR + 2, work=1801.0)
+    assert gate.hold(short) and gate.hold(long_)
+    assert gate.release(cluster, scheduler, HOUR + 100) == [short] and gate.held == [long_]
+    assert gate.lent == {12} and gate.name == "borrow-short"
+    assert SpotGate(borrow=True).name == "borrow" and SpotGate().name == "advisor"

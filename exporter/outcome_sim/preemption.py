@@ -47,7 +47,7 @@ from exporter.outcome_sim.timeline import Job
 from exporter.preemption.quota import QuotaSettings, SpotQuota, spot_quota
 
 PREEMPTIONS = ("none", "slurm", "kube", "advisor")
-SPOT_QUOTAS = ("none", "advisor", "borrow")
+SPOT_QUOTAS = ("none", "advisor", "borrow", "borrow-short")
 GATE_EVERY = 60.0  # simulated seconds between the quota gate's looks at the fleet
 SAMPLE_EVERY = 300.0  # ... and between its samples of the high-priority demand
 EXEMPT = 1800.0  # seconds of run since its last (re)start before a spot job may be preempted
@@ -329,10 +329,16 @@ class SpotGate:
     high-priority job queued (the jobs that preempt), since it then takes GPUs no
     high-priority job is waiting for. Its id goes in ``lent``, which the preempter reads: those
     jobs are its first victims when high-priority demand comes, before any job the quota
-    admitted."""
+    admitted. With ``short`` set, a spot job whose run, on the slowest model it may use, is
+    at most ``short`` seconds is lent GPUs whatever waits: set to the preemption's exemption, it
+    finishes before it may be preempted. Its run is read from the job (as from an exact time
+    limit): what a site knows only from its users' limits, which run long.
+
+    The quotas are the same with and without lending (the same forecast of the same demand)."""
 
     settings: QuotaSettings = field(default_factory=QuotaSettings)
     borrow: bool = False
+    short: float | None = None  # lend to spot jobs that run at most this long, queue or not
     lent: set[int] = field(default_factory=set)  # spot jobs admitted beyond the quota
     held: list[Job] = field(default_factory=list)  # spot jobs beyond the quota, in submit order
     quotas: dict[int, SpotQuota] = field(default_factory=dict)  # by model index
@@ -346,6 +352,11 @@ class SpotGate:
     _next_look: float = -math.inf
     _next_sample: float = -math.inf
     _token: tuple | None = None
+
+    @property
+    def name(self) -> str:
+        """The ``--spot-quota`` that makes this gate."""
+        return ("borrow" if self.short is None else "borrow-short") if self.borrow else "advisor"
 
     def hold(self, job: Job) -> bool:
         """Whether ``job`` waits at the gate (a spot job, once quotas exist): it then waits here
@@ -382,8 +393,9 @@ class SpotGate:
         for job in self.held:
             models = self._models(placer, job)
             room = sum(self.quota_of(m) - float(used[m]) for m in models)
-            lend = (room < job.demand - EPS and waiting is not None
-                    and not any(waiting[m] > EPS for m in models))
+            lend = room < job.demand - EPS and (
+                (waiting is not None and not any(waiting[m] > EPS for m in models))
+                or (self.short is not None and self._run(cluster, models, job) <= self.short))
             if room >= job.demand - EPS or lend:
                 for m, part in self._split(models, job.demand):
                     used[m] += part
@@ -429,6 +441,11 @@ class SpotGate:
         assert self.capacity is not None
         total = float(sum(self.capacity[m] for m in models)) or 1.0
         return [(m, demand * float(self.capacity[m]) / total) for m in models]
+
+    def _run(self, cluster: Cluster, models: list[int], job: Job) -> float:
+        """Seconds ``job`` runs on the slowest of ``models``."""
+        slowest = min((cluster.speeds[m] for m in models), default=1.0)
+        return (job.work - job.done) / slowest if slowest > 0 else math.inf
 
     def _high_queued(self, cluster: Cluster, scheduler: Scheduler) -> np.ndarray:
         """GPUs the queued single-node high-priority jobs ask for, per model: the jobs that
@@ -503,7 +520,7 @@ def quota_figures(gate: SpotGate | None, since: float) -> QuotaFigures:
 def fill_quota(out, gate: SpotGate | None, since: float) -> None:  # type: ignore[no-untyped-def]
     """The quota columns of ``out``."""
     figures = quota_figures(gate, since)
-    out.spot_quota = "none" if gate is None else "borrow" if gate.borrow else "advisor"
+    out.spot_quota = "none" if gate is None else gate.name
     out.spot_quota_pct = figures.quota_pct
     out.high_forecast_mae_pct = figures.forecast_mae_pct
     out.high_forecast_breach_pct = figures.breach_pct

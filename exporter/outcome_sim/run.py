@@ -124,7 +124,10 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
     if settings.spot_quota not in SPOT_QUOTAS:
         raise ValueError(f"unknown spot quota {settings.spot_quota!r}; one of {', '.join(SPOT_QUOTAS)}")
     # spot jobs beyond the quota wait (borrow: unless no high-priority job waits for their pool)
-    gate = SpotGate(borrow=settings.spot_quota == "borrow") if settings.spot_quota != "none" else None
+    gate = None
+    if settings.spot_quota != "none":
+        gate = SpotGate(borrow=settings.spot_quota.startswith("borrow"),
+                        short=settings.preempt_exempt if settings.spot_quota == "borrow-short" else None)
     if gate is not None:
         preempter.borrowed = gate.lent  # the jobs lent GPUs beyond the quota go first
     since, horizon = tl.measured_from, tl.horizon
