@@ -14,7 +14,7 @@ Both produce the full snapshot and are checked to hold every GPU. Target:
 gpufleet at most 2 s and at most 20 queries per snapshot.
 
 Two variants of gpufleet's own design are measured too, to back its two choices:
-raw series per family (no ``max by (node, gpu)``, so every identity and target
+raw series per family (no ``max by (node, gpu, instance, job)``, so every identity
 label is encoded and decoded), and the shipped queries with the cyclic GC left
 running while decoding.
 

@@ -22,8 +22,8 @@ from exporter.sources.prometheus.source import (
 )
 from tests.test_prometheus_source_reads import UP_QUERY, FakeBackend, _fleet, _series
 
-STALE_QUERY = "max by (node, gpu) (gpufleet_gpu_stale{"
-OLD_QUERY = "max by (node, gpu) (time() - timestamp(gpufleet_gpu_up{"
+STALE_QUERY = "max by (node, gpu, instance, job) (gpufleet_gpu_stale{"
+OLD_QUERY = "max by (node, gpu, instance, job) (time() - timestamp(gpufleet_gpu_up{"
 
 
 def _gpu(node: str, index: int, up: bool = True, stale: bool = False) -> Gpu:
@@ -73,8 +73,12 @@ def test_a_summary_stands_for_up_and_stale_of_the_nodes_it_covers():
     cover = summarised(_Answer(ok), _Answer([]), identity)
     assert cover is not None and cover.uncovered == []
     got = cover.results()
-    assert got[metrics.GPU_UP.name].series == [("a", "0", "1"), ("a", "1", "1"), ("b", "0", "1")]
-    assert got[metrics.GPU_STALE.name].series == [("a", "0", "0"), ("a", "1", "0"), ("b", "0", "0")]
+    # as the rows of each GPU's series, from the target that serves the node
+    a, b = TARGETS["a"], TARGETS["b"]
+    assert got[metrics.GPU_UP.name].series == [("a", "0", "1", *a), ("a", "1", "1", *a),
+                                               ("b", "0", "1", *b)]
+    assert got[metrics.GPU_STALE.name].series == [("a", "0", "0", *a), ("a", "1", "0", *a),
+                                                  ("b", "0", "0", *b)]
     assert got["old"].series == []
     # a zero-count state is no GPU in it
     cover = summarised(_Answer(_summary({"a": {"up": 2, "down": 0}, "b": {"up": 1}})),
@@ -125,7 +129,7 @@ SUMMARY_OLD_QUERY = "max by (node, instance, job) (time() - timestamp(gpufleet_n
 
 
 def _with_summary(states_of_read, nodes=("a", "b"), listed=None, lies=lambda read: []):
-    """The fleet of ``nodes`` (each GPU 0, its identity served by its own target, TARGETS;
+    """The fleet of ``nodes`` (each GPU 0, its series served by its own target, TARGETS;
     identity lists ``listed``, ``nodes`` unless given); the summaries each read as
     ``states_of_read`` says, plus the series ``lies(read)`` adds; and each GPU's up, stale and
     old for the nodes a ``node=~`` matcher names (all without one): a node not in ``nodes``
@@ -145,14 +149,15 @@ def _with_summary(states_of_read, nodes=("a", "b"), listed=None, lies=lambda rea
         if expr.startswith(SUMMARY_OLD_QUERY):
             return []
         if expr.startswith(STALE_QUERY):
-            return named(expr, [_series("gpufleet_gpu_stale", 0, node=n, gpu="0", **GPU_LABELS)
-                                for n in nodes])
+            return own_target(named(expr, [
+                _series("gpufleet_gpu_stale", 0, node=n, gpu="0", **GPU_LABELS) for n in nodes]))
         if expr.startswith(OLD_QUERY):
             return []
-        series = named(expr, base(expr, read))
-        if expr.startswith("gpufleet_gpu_info"):  # each node's identity from its own target
-            for sample in series:
-                sample["metric"]["instance"] = TARGETS[sample["metric"]["node"]][0]
+        return own_target(named(expr, base(expr, read)))
+
+    def own_target(series: list[dict]) -> list[dict]:  # each node's series from its own target
+        for sample in series:
+            sample["metric"]["instance"], sample["metric"]["job"] = TARGETS[sample["metric"]["node"]]
         return series
     return answer
 

@@ -39,7 +39,7 @@ def test_one_query_per_family_none_per_node():
     assert not any("node=" in q for q in queries.values())
     assert queries["identity"] == 'gpufleet_gpu_info{job="nodes"}'
     assert queries["gpufleet_gpu_power_watts"] == \
-        'max by (node, gpu) (gpufleet_gpu_power_watts{job="nodes"})'
+        'max by (node, gpu, instance, job) (gpufleet_gpu_power_watts{job="nodes"})'
     assert queries["old"].endswith("> 120")
 
 
@@ -98,7 +98,7 @@ def test_old_or_missing_samples_mark_the_gpu_stale():
     three = [dict(GPU, node="a"), dict(GPU, node="b"), dict(GPU, node="c")]
     results = _results(
         identity=[_series("gpufleet_gpu_info", 1, **g) for g in three],
-        old=[_series("", 90.0, node="a", gpu="0")],  # a: newest sample 90 s old
+        old=[_series("", 90.0, **three[0])],  # a: newest sample 90 s old
         gpufleet_gpu_up=[_series("gpufleet_gpu_up", 1, **g) for g in three[:2]],  # c: none
         gpufleet_gpu_stale=[_series("gpufleet_gpu_stale", 1, **three[1]),  # b: says so
                             _series("gpufleet_gpu_stale", 0, **three[0])],
@@ -650,16 +650,21 @@ def test_a_read_cut_at_a_cap_keeps_nothing_of_the_answers_it_read():
 def test_value_families_are_held_compact_and_read_as_the_series_were():
     """Issue 32, Build 2 (docs/reliability.md's sizing): a read holds every answer decoded
     until the snapshot is built, 604 bytes a value-family series as dicts, so 13 value
-    families at 108,800 GPUs were 0.85 GB. As (node, gpu, value) tuples, with the labels
-    interned, a series costs under 200 bytes; the snapshot built from them is the same, and a
+    families at 108,800 GPUs were 0.85 GB. As (node, gpu, value, instance, job) tuples, with
+    the labels interned, a series costs under 200 bytes; the snapshot built from them is the same, and a
     malformed series is still dropped and counted."""
     import tracemalloc
 
     from exporter.sources.prometheus.source import compact
 
     n = 10_000
-    body = json.dumps([{"metric": {"node": f"gpu-{i // 8:05d}", "gpu": str(i % 8)},
+    body = json.dumps([{"metric": {"node": f"gpu-{i // 8:05d}", "gpu": str(i % 8),
+                                   "instance": f"10.0.{i // 2048}.{i // 8 % 256}:9874",
+                                   "job": "nodes"},
                         "value": [1760000000.123, str(40.0 + i % 50)]} for i in range(n)])
+    # the labels once first: interning them grows the interpreter's interned table, a
+    # one-off (identity holds the same strings) that would land in the figure by chance
+    compact(json.loads(body))
     gc.collect()
     tracemalloc.start()
     try:
@@ -669,7 +674,7 @@ def test_value_families_are_held_compact_and_read_as_the_series_were():
     finally:
         tracemalloc.stop()
     assert size / n < 200, f"{size / n:.0f} bytes a series"
-    assert held[9] == ("gpu-00001", "1", "49.0")
+    assert held[9] == ("gpu-00001", "1", "49.0", "10.0.0.1:9874", "nodes")
 
     good = dict(GPU, node="good")
     temperature = [_series("gpufleet_gpu_temperature_celsius", 61.5, **good),
@@ -730,7 +735,7 @@ def test_the_last_good_view_is_served_stale_while_over_a_cap():
             count = 1 if len(up_reads) <= 1 else 3
             body = _vector([_series("gpufleet_gpu_info", 1, **dict(GPU, node=f"n{i}"))
                             for i in range(count)])
-        elif query.startswith("max by (node, gpu) (gpufleet_gpu_up{"):
+        elif query.startswith("max by (node, gpu, instance, job) (gpufleet_gpu_up{"):
             up_reads.append(query)
             count = 1 if len(up_reads) == 1 else 3
             body = _vector([_series("gpufleet_gpu_up", 1, **dict(GPU, node=f"n{i}"))

@@ -29,7 +29,7 @@ from tests.helpers.servers import start_server
 
 GPU = {"gpu": "0", "uuid": "GPU-1", "model": "H100", "pool": "p", "instance": "10.0.0.1:9874",
        "job": "nodes"}
-UP_QUERY = "max by (node, gpu) (gpufleet_gpu_up{"
+UP_QUERY = "max by (node, gpu, instance, job) (gpufleet_gpu_up{"
 
 
 def _series(name: str, value: float | str, **labels: str) -> dict:
@@ -113,7 +113,7 @@ def _fleet(identity: Callable[[int], list[str]], up: Callable[[int], list[str]],
         if expr.startswith(UP_QUERY):
             return [_series("gpufleet_gpu_up", 1, **g) for g in _gpus(*up(read))]
         for family in GPU_VALUES:
-            if expr.startswith(f"max by (node, gpu) ({family}{{"):
+            if expr.startswith(f"max by (node, gpu, instance, job) ({family}{{"):
                 v = value(family)
                 return [] if v is None else [_series(family, v, **g)
                                              for g in _gpus(*up(read))]
@@ -143,7 +143,8 @@ def test_only_the_families_the_cycle_uses_are_read_unless_telemetry_is_asked_for
         (gpu,) = snapshot.gpus
         assert (gpu.power_watts, gpu.utilization_ratio, gpu.temperature_celsius) == (
             300.0, 0.5, temperature)
-        assert backend.count("max by (node, gpu) (gpufleet_gpu_temperature_celsius") == telemetry
+        assert backend.count(
+            "max by (node, gpu, instance, job) (gpufleet_gpu_temperature_celsius") == telemetry
         assert len(backend.queries) == (19 if telemetry else 12)
 
 
@@ -179,8 +180,10 @@ def test_identity_is_read_again_after_identity_refresh():
 def test_identity_through_the_export_api_the_query_when_it_names_other_gpus():
     """The export's window holds GPUs gone (b, whose newest row is older): its identity is
     used when up answers for the same GPUs, and read by query when not."""
-    rows = {"a": "1000,1,a,0,GPU-a,H100,p,a:9874,nodes\n2000,1,a,0,GPU-a,H100,p,a:9874,nodes\n",
-            "b": "1500,1,b,0,GPU-b,H100,p,b:9874,nodes\n"}
+    # served by the target that serves each GPU's series (GPU's instance and job)
+    rows = {"a": "1000,1,a,0,GPU-a,H100,p,10.0.0.1:9874,nodes\n"
+                 "2000,1,a,0,GPU-a,H100,p,10.0.0.1:9874,nodes\n",
+            "b": "1500,1,b,0,GPU-b,H100,p,10.0.0.1:9874,nodes\n"}
     ups = {1: ["a", "b"], 2: ["a"]}
     backend = FakeBackend(_fleet(lambda r: ups.get(r, ["a"]), lambda r: ups.get(r, ["a"])),
                           export=lambda form: "".join(rows.values()).encode())
@@ -326,12 +329,15 @@ def test_identity_through_a_real_victoriametrics_export_equals_the_query(tmp_pat
 def test_value_answers_are_read_by_msgspec_and_an_odd_one_by_json_as_before():
     from exporter.sources.prometheus.source import compact, compact_answer
 
-    plain = [{"metric": {"node": f"n{i}", "gpu": str(i % 8)}, "value": [100.5, f"{i}.5"]}
+    plain = [{"metric": {"node": f"n{i}", "gpu": str(i % 8), "instance": f"n{i}:9874",
+                         "job": "nodes"}, "value": [100.5, f"{i}.5"]}
              for i in range(20)] + [{"metric": {"node": "n20"}, "value": [100.5, "NaN"]}]
     body = json.dumps({"status": "success", "warnings": ["store down"],
                        "data": {"resultType": "vector", "result": plain}}).encode()
     assert compact_answer(body) == (compact(plain), ["store down"])
-    assert compact_answer(body)[0][20] == ("n20", "0", "NaN")  # no gpu label: "0", as before
+    assert compact_answer(body)[0][3] == ("n3", "3", "3.5", "n3:9874", "nodes")
+    # no gpu label: "0", as before; no target labels (a recorded series): none named
+    assert compact_answer(body)[0][20] == ("n20", "0", "NaN", "", "")
     odd = [*plain, {"metric": {"node": 7, "gpu": "0"}, "value": [100.5, "1"]},
            {"metric": {"node": "n21", "gpu": "0"}}]
     for series in (odd, plain[:1]):
@@ -343,7 +349,7 @@ def test_value_answers_are_read_by_msgspec_and_an_odd_one_by_json_as_before():
     # counted, the rest of the family stands
     up = [_series("gpufleet_gpu_up", 1, **g) for g in _gpus("a", "b")]
     bad = [{"metric": {"node": 7, "gpu": "0"}, "value": [100.5, "1"]},
-           {"metric": {"node": "b", "gpu": "0"}},
+           {"metric": {"node": "b", "gpu": "0", "instance": GPU["instance"], "job": GPU["job"]}},
            _series("gpufleet_gpu_power_watts", 250, **_gpus("a")[0])]
 
     def answer(expr: str, read: int) -> list[dict]:
@@ -369,9 +375,9 @@ def test_memory_total_is_read_with_identity_and_held_between():
     assert [[(g.node, g.memory_total_bytes, g.memory_used_bytes) for g in s.gpus]
             for s in snapshots] == [[(n, 80_000_000_000, 1_000_000_000) for n in nodes[r]]
                                     for r in (1, 2, 3, 4)]
-    total = "max by (node, gpu) (gpufleet_gpu_memory_total_bytes{"
+    total = "max by (node, gpu, instance, job) (gpufleet_gpu_memory_total_bytes{"
     assert backend.count(total) == 2 and backend.count("gpufleet_gpu_info") == 2
-    assert backend.count("max by (node, gpu) (gpufleet_gpu_memory_used_bytes{") == 4
+    assert backend.count("max by (node, gpu, instance, job) (gpufleet_gpu_memory_used_bytes{") == 4
     # 12 queries with identity and memory total, 10 without
     assert len(backend.queries) == 12 + 10 + 12 + 10
     # no memory total answered at an identity read: the fields are absent, not made up

@@ -44,6 +44,12 @@ the whole read. Past one the read fails, so the collector serves the last good v
 stale with the source down. An answer with no GPU at all (a selector matching
 nothing, a backend not filled yet) is a down source too, never a fleet of none.
 
+A node speaks only for itself: a node's summary and each of its GPUs' series count only from
+the scrape target (``job``, ``instance``) that serves the node's identity; another target's are
+refused (counted in ``gpufleet_source_parse_errors_total``, logged once per target and change),
+and a node whose identity several targets serve is left out of the read, its last good reading
+served stale (docs/sources.md, "Prometheus").
+
 Labels: Prometheus renames an exporter's ``job`` and ``instance`` labels to
 ``exported_job``/``exported_instance`` unless the scrape sets ``honor_labels``;
 both spellings are read. gpufleet's own labels avoid the target labels (the MIG
@@ -97,7 +103,14 @@ from exporter.sources.dcgm.fields import (
     RateIntegrator,
     first_label,
 )
-from exporter.sources.dcgm.identity import REFUSED, Part, claim, conflicts, identity
+from exporter.sources.dcgm.identity import (
+    MAX_NAMED,
+    REFUSED,
+    Part,
+    claim,
+    conflicts,
+    identity,
+)
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
 from exporter.sources.lastgood import LastGood
 from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
@@ -150,6 +163,9 @@ REQUIRED = ("identity", "nodes", "allocations")
 TARGET_LABELS = ("instance", "job")
 TARGET = ", ".join(TARGET_LABELS)
 SUMMARY_BY = f"node, state, {TARGET}"
+# each GPU's series by the target too: one counts only from the target that serves its node's
+# identity, as a summary does (see own)
+GPU_BY = f"node, gpu, {TARGET}"
 
 
 class PrometheusQueryError(Exception):
@@ -226,9 +242,10 @@ def build_queries(config: PrometheusConfig) -> dict[str, str]:
 
     Each per-GPU value family has its own query (a family is ~11k series at 10k GPUs),
     so Prometheus evaluates and encodes them on several cores while we decode the
-    ones already answered. ``max by (node, gpu)`` keeps only the two labels the join
-    needs: 2.6x fewer bytes to encode and decode than the raw series with their
-    identity and target labels, which identity already carries once. The small node,
+    ones already answered. ``max by (node, gpu, instance, job)`` keeps only the labels the
+    join needs and the scrape target that served the series (a series counts only from the
+    target serving its node's identity: :func:`own`): far fewer bytes to encode and decode
+    than the raw series with their identity labels, which identity already carries once. The small node,
     allocation and MIG families go one ``__name__`` regex each.
     (Measured in docs/performance.md, "Cluster sources".)
     """
@@ -244,7 +261,7 @@ def build_queries(config: PrometheusConfig) -> dict[str, str]:
         # and lost nodes are remembered by the source instead
         "identity": f"{metrics.GPU_INFO.name}{{{inner}}}",
         # only the GPUs whose newest sample is too old: usually an empty answer
-        "old": (f"max by (node, gpu) (time() - timestamp({metrics.GPU_UP.name}{{{inner}}}))"
+        "old": (f"max by ({GPU_BY}) (time() - timestamp({metrics.GPU_UP.name}{{{inner}}}))"
                 f" > {config.max_sample_age:g}"),
         "nodes": regex(NODE_FAMILIES),
         "allocations": regex(ALLOCATION_FAMILIES),
@@ -255,7 +272,7 @@ def build_queries(config: PrometheusConfig) -> dict[str, str]:
     }
     for family in GPU_VALUES:
         if config.gpu_telemetry or family in USED_VALUES:
-            queries[family] = f"max by (node, gpu) ({family}{{{inner}}})"
+            queries[family] = f"max by ({GPU_BY}) ({family}{{{inner}}})"
     if config.node_summaries:
         # by the scrape target too: a summary counts only from the target that serves the
         # node's identity (a node speaks only for itself), so another's are told apart
@@ -285,13 +302,22 @@ class SummaryCover:
     uncovered: list[str]
     ignored: dict[tuple[str, str], str] = field(default_factory=dict)
     every_gpu: bool = False  # too many nodes uncovered to name: every GPU's series are read
+    # each covered node's target (instance, job): the rows below are that target's word
+    owner: Mapping[str, tuple[str, str] | None] = field(default_factory=dict)
 
     def results(self) -> dict[str, _Result]:
-        """Each GPU's up, stale and old answers for the covered GPUs."""
+        """Each GPU's up, stale and old answers for the covered GPUs, as :func:`compact`'s rows
+        from the target that serves the node (its summary said so)."""
+        def rows(value: str) -> list[Compact]:
+            out = []
+            for node, gpu in self.covered:
+                target = self.owner.get(node) or ("", "")
+                out.append((node, gpu, value, *target))
+            return out
+
         return {
-            metrics.GPU_UP.name: _Result(metrics.GPU_UP.name, [(n, g, "1") for n, g in self.covered]),
-            metrics.GPU_STALE.name: _Result(metrics.GPU_STALE.name,
-                                            [(n, g, "0") for n, g in self.covered]),
+            metrics.GPU_UP.name: _Result(metrics.GPU_UP.name, rows("1")),
+            metrics.GPU_STALE.name: _Result(metrics.GPU_STALE.name, rows("0")),
             "old": _Result("old", []),
         }
 
@@ -302,21 +328,77 @@ def _target(labels: Mapping[str, str]) -> str:
     return f"{labels.get('job', '')}/{labels.get('instance', '')}"
 
 
-def owners(identity: Sequence[Any]) -> dict[str, str | None]:
-    """Node -> the one scrape target (``job/instance``) that serves its identity, or None
-    where several do (then no summary speaks for it). Identity rows carry the target as
-    their last two fields; a malformed series kept as it came names none."""
-    out: dict[str, str | None] = {}
+def owner_targets(identity: Sequence[Any]) -> dict[str, tuple[str, str] | None]:
+    """Node -> the one scrape target, ``(instance, job)``, that serves its identity, or None
+    where several do. Identity rows carry the target as their last two fields; a malformed
+    series kept as it came names none."""
+    out: dict[str, tuple[str, str] | None] = {}
     for row in identity:
         if type(row) is tuple and len(row) == len(IDENTITY_LABELS):
-            node, target = row[0], f"{row[6]}/{row[5]}"
+            node, target = row[0], (row[5], row[6])
         elif isinstance(row, dict) and isinstance(labels := row.get("metric"), dict):
-            node, target = labels.get("node", ""), _target(labels)
+            node = labels.get("node", "")
+            target = (labels.get("instance", ""), labels.get("job", ""))
         else:
             continue
-        if out.setdefault(node, target) != target:
+        if node in out and out[node] != target:
             out[node] = None
+        elif node not in out:
+            out[node] = target
     return out
+
+
+def owners(identity: Sequence[Any]) -> dict[str, str | None]:
+    """:func:`owner_targets` with each target spelled ``job/instance`` (then no summary
+    speaks for a node several targets serve)."""
+    return {node: None if t is None else f"{t[1]}/{t[0]}"
+            for node, t in owner_targets(identity).items()}
+
+
+def own(samples: Sequence[Any], owner: Mapping[str, tuple[str, str] | None],
+        refused: _Refused, name: str) -> list[Any]:
+    """The per-GPU series of ``samples`` (:func:`compact`'s rows, or series as they came) that
+    their node's own target exported: a node speaks only for itself, as its summary does. A
+    series from another target, or for a node several targets serve identity for, is left out
+    and counted in ``refused``; one for a node identity does not list is kept (it names no GPU
+    the snapshot has; a new node's up brings identity to be read again)."""
+    out: list[Any] = []
+    for sample in samples:
+        if type(sample) is tuple:
+            node, target = sample[0], sample[3:5]
+        else:
+            try:
+                labels = sample["metric"]
+                node = labels.get("node", "")
+                target = (labels.get("instance", ""), labels.get("job", ""))
+            except _BAD_SERIES:
+                out.append(sample)  # malformed: dropped and counted where it is read
+                continue
+        if node not in owner:
+            out.append(sample)
+            continue
+        mine = owner[node]
+        if mine == target:
+            out.append(sample)
+            continue
+        refused.add(name, node, f"{target[1]}/{target[0]}", mine)
+    return out
+
+
+@dataclass
+class _Refused:
+    """The per-GPU series of one read left out because a target spoke for a node not its own
+    (:func:`own`): (node, target) -> (why, series), and the total."""
+
+    series: int = 0
+    claims: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+
+    def add(self, name: str, node: str, target: str, owner: tuple[str, str] | None) -> None:
+        self.series += 1
+        why = ("several targets serve the node's identity" if owner is None
+               else f"the node's identity comes from {owner[1]}/{owner[0]}")
+        _, count = self.claims.get((node, target), (why, 0))
+        self.claims[(node, target)] = (why, count + 1)
 
 
 def summarised(summary: _Result | None, old: _Result | None,
@@ -388,7 +470,8 @@ def summarised(summary: _Result | None, old: _Result | None,
             uncovered.add(node)
     if len(uncovered) > MAX_NODES_NAMED:
         return SummaryCover([], [], ignored, every_gpu=True)
-    return SummaryCover([k for k in keys if k[0] not in uncovered], sorted(uncovered), ignored)
+    return SummaryCover([k for k in keys if k[0] not in uncovered], sorted(uncovered), ignored,
+                        owner=owner_targets(identity))
 
 
 def nodes_matcher(nodes: Sequence[str]) -> str:
@@ -440,16 +523,17 @@ def _value(sample: Mapping[str, Any]) -> float | None:
     return None if value != value else value  # NaN is absence, never a value
 
 
-# a value family's series once decoded: (node, gpu, the value's text)
-Compact = tuple[str, str, str]
+# a value family's series once decoded: (node, gpu, the value's text, instance, job), the
+# last two the scrape target that exported it
+Compact = tuple[str, str, str, str, str]
 
 
 def compact(series: list[Any]) -> list[Any]:
-    """A value family's series as (node, gpu, value text), the labels interned: decoded,
-    each series is two dicts, a list and four strings, 604 bytes at 108,800 GPUs, and a read
-    holds every answer until the snapshot is built (13 value families: 0.85 GB of them
-    alone); as tuples about 120 bytes. A series that does not have that shape is kept as it
-    came, so that :func:`build_snapshot` drops and counts it as before."""
+    """A value family's series as (node, gpu, value text, instance, job), the labels
+    interned: decoded, each series is two dicts, a list and six strings, and a read holds
+    every answer until the snapshot is built (13 value families: 0.85 GB of them alone);
+    as tuples about 130 bytes. A series that does not have that shape is kept as it came, so
+    that :func:`build_snapshot` drops and counts it as before."""
     out: list[Any] = []
     intern = sys.intern
     for sample in series:
@@ -457,8 +541,9 @@ def compact(series: list[Any]) -> list[Any]:
             labels = sample["metric"]
             value = sample["value"][1]
             node, gpu = labels.get("node", ""), labels.get("gpu", "0")
-            if type(value) is str and type(node) is str and type(gpu) is str:
-                out.append((intern(node), intern(gpu), value))
+            instance, job = labels.get("instance", ""), labels.get("job", "")
+            if all(type(v) is str for v in (value, node, gpu, instance, job)):
+                out.append((intern(node), intern(gpu), value, intern(instance), intern(job)))
                 continue
         except _BAD_SERIES:
             pass
@@ -522,6 +607,8 @@ def identity_from_csv(body: bytes) -> list[IdentityRow]:
 class _GpuLabels(msgspec.Struct, gc=False):
     node: str = ""
     gpu: str = "0"
+    instance: str = ""
+    job: str = ""
 
 
 class _ValueSample(msgspec.Struct, gc=False):
@@ -535,8 +622,8 @@ class _ValueVector(msgspec.Struct, gc=False):
 
 
 class _ValueAnswer(msgspec.Struct, gc=False):
-    """A value family's answer (``max by (node, gpu)``) as msgspec reads it: only the two
-    labels and the value, no dict per series (json.loads and :func:`compact` took 4x as
+    """A value family's answer (``max by (node, gpu, instance, job)``) as msgspec reads it:
+    only those labels and the value, no dict per series (json.loads and :func:`compact` took 4x as
     long at 108,800 GPUs). An answer of another shape fails to decode; json.loads then reads
     it and one malformed series is dropped and counted, as before."""
 
@@ -554,8 +641,8 @@ def compact_answer(body: bytes) -> tuple[list[Compact], list[str]] | None:
     if answer.data.resultType != "vector":
         return None
     intern = sys.intern
-    return ([(intern(s.metric.node), intern(s.metric.gpu), s.value[1])
-             for s in answer.data.result], answer.warnings)
+    return ([(intern(s.metric.node), intern(s.metric.gpu), s.value[1], intern(s.metric.instance),
+              intern(s.metric.job)) for s in answer.data.result], answer.warnings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -582,10 +669,14 @@ async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> by
 
 
 def build_snapshot(
-    taken_at: float, results: Mapping[str, _Result]
+    taken_at: float, results: Mapping[str, _Result], refused: _Refused | None = None,
 ) -> tuple[FleetSnapshot, tuple[TargetStatus, ...], int]:
     """A snapshot from decoded query results, the scrape targets' status, and the number
-    of failed optional queries."""
+    of failed optional queries and series dropped or refused. Each GPU's series count only
+    from the target that serves its node's identity (:func:`own`); the others are refused,
+    counted in ``refused`` and in the number returned."""
+    if refused is None:
+        refused = _Refused()
     failed = [r for r in results.values() if r.series is None]
     for result in failed:
         if result.name in REQUIRED:
@@ -603,27 +694,38 @@ def build_snapshot(
     # identity: every GPU with a current series, keyed by its label strings so the
     # 100k+ value samples below cost one dict lookup each
     fields_of: dict[tuple[str, str], dict[str, Any]] = {}
+    # a node speaks only for itself: of each GPU's series, only its node's own target's. A
+    # node whose identity several targets serve has none: nothing says which one lies, so
+    # its GPUs are left out of this read (its last good reading is served stale, as a lost
+    # node's) rather than one target's word taken for another's
+    owner = owner_targets(series("identity"))
     for sample in series("identity"):
         try:
             if type(sample) is tuple:  # the source's identity rows (IdentityRow)
                 node, gpu, uuid, model, pool = sample[:5]
+                target = sample[5:7]
             else:
                 labels = sample["metric"]
                 node, gpu = labels.get("node", ""), labels.get("gpu", "0")
                 uuid, model = labels.get("uuid", ""), labels.get("model", "")
                 pool = labels.get("pool", "")
+                target = (labels.get("instance", ""), labels.get("job", ""))
+            if node in owner and owner[node] is None:
+                refused.add("identity", node, f"{target[1]}/{target[0]}", None)
+                continue
             fields_of[(node, gpu)] = {
                 "node": node, "index": _index(gpu), "uuid": uuid, "model": model, "pool": pool,
             }
         except _BAD_SERIES as exc:
             dropped.add("identity", exc)
+    per_gpu = {name: own(series(name), owner, refused, name) for name in (*GPU_VALUES, "old")}
     for family, (attr, kind) in GPU_VALUES.items():
         bound = metrics.CATALOGUE[family].bound
         assert bound is not None  # GPU_VALUES holds only bounded families
-        for sample in series(family):
+        for sample in per_gpu[family]:
             try:
                 value: float | None
-                if type(sample) is tuple:  # compact(): (node, gpu, value text)
+                if type(sample) is tuple:  # compact(): (node, gpu, value text, instance, job)
                     fields = fields_of.get((sample[0], sample[1]))
                     number = float(sample[2])
                     value = None if number != number else number  # NaN: absence, as _value
@@ -643,8 +745,8 @@ def build_snapshot(
                 dropped.add(family, exc)
     # stale: the exporter said so, its newest sample is too old, or it has identity but
     # no current up sample (the series are going stale one family after another)
-    old = _keys(series("old"))
-    current = _keys(series(metrics.GPU_UP.name))
+    old = _keys(per_gpu["old"])
+    current = _keys(per_gpu[metrics.GPU_UP.name])
     presence_known = answered(metrics.GPU_UP.name)
     for key, fields in fields_of.items():
         if key in old or (presence_known and key not in current):
@@ -703,7 +805,7 @@ def build_snapshot(
         log.warning("prometheus series dropped as malformed; the rest of the read stands",
                     extra={"source": "prometheus", "dropped": dropped.count,
                            "err": dropped.first})
-    return snapshot, targets, len(failed) + dropped.count
+    return snapshot, targets, len(failed) + dropped.count + refused.series
 
 
 def _keys(samples: Sequence[Any]) -> set[tuple[str, str]]:
@@ -787,6 +889,10 @@ def carry_over(current: FleetSnapshot, previous: FleetSnapshot, lost: set[str]) 
         if not kept:
             continue
         now = by_job.get(alloc.job)
+        if now is not None:  # a node left out of a read may still have its placements read
+            kept = tuple(p for p in kept if p.node not in {q.node for q in now.placements})
+        if not kept:
+            continue
         if now is None:
             by_job[alloc.job] = dataclasses.replace(alloc, placements=kept)
         else:
@@ -1001,6 +1107,10 @@ class PrometheusFleetSource:
     _static_names: tuple[str, ...] = ()
     # the summaries not believed at the last read, (node, target) -> why, as last logged
     _ignored: dict[tuple[str, str], str] = field(default_factory=dict)
+    series_refused: int = 0  # each GPU's series left out: from a target not their node's
+    # target -> the nodes it spoke for at the last read (their series refused) and why, as
+    # last logged
+    _claims: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._last_good = LastGood(SourceReading.marked_stale, max_age=self.config.lost_after)
@@ -1164,7 +1274,12 @@ class PrometheusFleetSource:
         read while ``gpufleet_gpu_up`` answers for the same GPUs, or read again now. An
         exported identity that lists other GPUs than up does is read again by query."""
         up = results.get(metrics.GPU_UP.name)
-        up_keys = _keys(up.series) if up is not None and up.series is not None else None
+        # the GPUs up answers for, less those a target claims for a node another one serves
+        # (a liar naming GPUs would otherwise have identity read again, by query, every read;
+        # a node several serve is left out of the snapshot, not read again)
+        served = {n: t for n, t in owner_targets(self._identity or []).items() if t is not None}
+        up_keys = None if up is None or up.series is None else _keys(
+            own(up.series, served, _Refused(), up.name))
         identity = results.get("identity")
         if identity is None:
             if up_keys is not None and up_keys == self._identity_keys:
@@ -1256,9 +1371,12 @@ class PrometheusFleetSource:
                             extra={"source": self.name, "query": result.name,
                                    "err": result.error})
         loop = asyncio.get_running_loop()
-        snapshot, targets, failed = await loop.run_in_executor(None, self._build, at, results)
+        refused = _Refused()
+        snapshot, targets, failed = await loop.run_in_executor(None, self._build, at, results,
+                                                               refused)
         self._parse_errors += failed
         self._log_refused(targets)
+        self._log_claims(refused)
         if len(snapshot.gpus) > self.config.max_gpus:
             raise PrometheusAnswerOverCap(
                 f"{_where(self.config.url)}: {len(snapshot.gpus):,} GPUs, over max_gpus "
@@ -1325,6 +1443,29 @@ class PrometheusFleetSource:
                                                       "target": target, "err": why})
         self._ignored = dict(ignored)
 
+    def _log_claims(self, refused: _Refused) -> None:
+        """Each GPU's series refused for coming from a target not their node's: counted in
+        ``gpufleet_source_parse_errors_total`` (by ``build_snapshot``), and logged once per
+        target while its claims go on, not every read: the nodes it spoke for, how many
+        series, and why the first was refused."""
+        self.series_refused += refused.series
+        by_target: dict[str, list[tuple[str, str, int]]] = {}
+        for (node, target), (why, count) in sorted(refused.claims.items()):
+            by_target.setdefault(target, []).append((node, why, count))
+        claims = {target: tuple((node, why) for node, why, _ in rows)
+                  for target, rows in by_target.items()}
+        for target, rows in by_target.items():
+            if self._claims.get(target) == claims[target]:
+                continue
+            nodes = [node for node, _, _ in rows]
+            named = ", ".join(nodes[:MAX_NAMED]) + (
+                f" and {len(nodes) - MAX_NAMED} more" if len(nodes) > MAX_NAMED else "")
+            log.warning("GPU series refused: a node speaks only for itself; they are left out",
+                        extra={"source": self.name, "target": target, "nodes": named,
+                               "series": sum(count for _, _, count in rows),
+                               "err": rows[0][1]})
+        self._claims = claims
+
     def _log_refused(self, targets: Sequence[TargetStatus]) -> None:
         refused = {t.target: t.error for t in targets if t.error.startswith(REFUSED)}
         if refused != self._refused:  # once per change, not every read
@@ -1370,12 +1511,12 @@ class PrometheusFleetSource:
                                  tuple(a for p in lost.values() for a in p.allocations))
         return carry_over(current, previous, set(lost))
 
-    def _build(self, at: float, results: Mapping[str, _Result]
+    def _build(self, at: float, results: Mapping[str, _Result], refused: _Refused
                ) -> tuple[FleetSnapshot, tuple[TargetStatus, ...], int]:
         with _no_cycle_collection():
             if self._resolve_model is not None:
                 return build_dcgm_snapshot(at, results, self._integrator, self._resolve_model)
-            return build_snapshot(at, results)
+            return build_snapshot(at, results, refused)
 
     async def close(self) -> None:
         if self._session is not None:
