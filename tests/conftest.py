@@ -15,7 +15,14 @@ from hypothesis import HealthCheck, settings
 
 from exporter import logs
 from tests.helpers.make_parts import unlisted
-from tests.helpers.servers import Prometheus, Server, start_exporter, start_prometheus, stop
+from tests.helpers.servers import (
+    Prometheus,
+    Server,
+    discard,
+    start_exporter,
+    start_prometheus,
+    stop,
+)
 
 # Property tests draw the same examples on every run (derandomize), so a run can't pass
 # or fail by luck: the suite never flakes. GPUFLEET_HYPOTHESIS=explore draws fresh
@@ -75,4 +82,4 @@ def prometheus_factory(tmp_path: Path) -> Iterator:
 
     yield factory
     for prom in started:
-        stop(prom.proc)
+        discard(prom.proc)

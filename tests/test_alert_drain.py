@@ -6,13 +6,13 @@ what a cluster-mode gpufleet serves (GPU values, health verdicts, the scheduler'
 state), is scraped every second by a real Prometheus running `gpufleet rules --time-scale`
 from the committed table, and a real Alertmanager runs the committed routing and inhibit
 rules (deploy/alertmanager.yml), every timer scaled the same (routed_config): repeat 1 h is
-36 s here. The exposition changes between phases as gpufleet's would:
+18 s here. The exposition changes between phases as gpufleet's would:
 
 1. two lost GPUs of one pool (gpu-001 and gpu-002) and a GPU with a fresh XID 79 that its
    verdict holds failing (gpu-003): GpuLost pages both, GpuXidError pages gpu-003;
 2. the scheduler drains gpu-001 (``gpufleet_node_drained``): GpuNodeDrained tickets it and
    Alertmanager mutes its page; over more than one repeat interval gpu-002 re-pages and
-   gpu-001 never does, while the XID page stays firing long past its 10 min (6 s);
+   gpu-001 never does, while the XID page stays firing long past its 10 min (3 s);
 3. gpu-003's verdict clears: its XID page resolves.
 """
 
@@ -35,7 +35,7 @@ from tests.helpers.alerting import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
-TIME_SCALE = 0.01  # for 5m -> 3 s, [10m] -> 6 s; Alertmanager's repeat 1h -> 36 s
+TIME_SCALE = 0.005  # for 5m -> 1.5 s, [10m] -> 3 s; Alertmanager's repeat 1h -> 18 s
 REPEAT_SECONDS = 3600 * TIME_SCALE
 POOL = 'pool="gpu-h100",model="H100"'
 
@@ -162,7 +162,7 @@ def test_the_xid_page_holds_while_failing_and_a_confirmed_drain_mutes_the_lost_g
         # GpuLost of gpu-001 still fires in Prometheus: muted, not resolved
         assert prom.query('ALERTS{alertname="GpuLost",node="gpu-001",alertstate="firing"}')
 
-        # the XID page held past its 10 min window (6 s here) for as long as the verdict
+        # the XID page held past its 10 min window (3 s here) for as long as the verdict
         held_for = time.time() - xid_at
         assert held_for > 600 * TIME_SCALE * 5, held_for
         assert prom.query('ALERTS{alertname="GpuXidError",node="gpu-003",alertstate="firing"}')

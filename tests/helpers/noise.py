@@ -39,7 +39,7 @@ from exporter.cli import main as gpufleet
 from exporter.thresholds import load_thresholds
 from tests.helpers.alerting import WebhookReceiver, routed_config, start_alertmanager
 from tests.helpers.data import REPO
-from tests.helpers.servers import start_exporter, start_prometheus, stop
+from tests.helpers.servers import discard, start_exporter, start_prometheus, stop
 
 NODE_JOB = "gpufleet-nodes"
 HUMAN = ("pager", "tickets")
@@ -173,6 +173,7 @@ def replay(workdir: Path, label: str, faults: tuple[Fault, ...], speed: float = 
     rules, waits = _rules(workdir, speed)
     receiver = WebhookReceiver().start()
     procs = []
+    prom_proc = None
     try:
         manager = start_alertmanager(workdir / "alertmanager",
                                      routed_config(receiver.url, time_scale=1 / speed))
@@ -190,7 +191,7 @@ def replay(workdir: Path, label: str, faults: tuple[Fault, ...], speed: float = 
         resend = f"--rules.alert.resend-delay={max(1, round(60_000 / speed))}ms"
         prom = start_prometheus(workdir / "prometheus", _prometheus_config(
             exporter.port, manager.port, [], interval), extra_args=(resend,))
-        procs.append(prom.proc)
+        procs.append(prom_proc := prom.proc)
         prom.wait_for(f'up{{job="{NODE_JOB}"}} == 1', bool, timeout=60)
         (workdir / "prometheus" / "prometheus.yml").write_text(_prometheus_config(
             exporter.port, manager.port, rules, interval))
@@ -208,7 +209,10 @@ def replay(workdir: Path, label: str, faults: tuple[Fault, ...], speed: float = 
             setattr(run, attr, int(float(result[0]["value"][1])) if result else 0)
     finally:
         for proc in reversed(procs):
-            stop(proc)
+            if proc is prom_proc:  # its TSDB is not read again: no graceful stop to wait for
+                discard(proc)
+            else:
+                stop(proc)
         receiver.stop()
     paged_alerts: set[tuple[tuple[str, str], ...]] = set()
     for note in receiver.received:
