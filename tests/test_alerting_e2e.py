@@ -4,7 +4,9 @@ The exporter simulates one overheating H200 and a fragmented H100 pool. A real
 Prometheus scrapes it every second and evaluates the rules `gpufleet rules`
 generates with every `for` scaled by 0.01 (no YAML edited by hand). A real
 Alertmanager runs the committed routing tree (deploy/alertmanager.yml, only
-its webhook URLs and grouping waits changed) and notifies an aiohttp receiver.
+its webhook URLs changed and its timers scaled by the same 0.01, so a page waits
+100 ms and a ticket 3 s, as 10 s and 5 min relate to the rules' `for`) and
+notifies an aiohttp receiver.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def test_overheat_pages_inhibits_its_warning_and_fragmentation_reaches_the_advis
     try:
         started = time.monotonic()
         exporter = exporter_factory(config=EXPORTER_CONFIG)
-        manager = start_alertmanager(tmp_path / "alertmanager", routed_config(receiver.url))
+        manager = start_alertmanager(tmp_path / "alertmanager",
+                                     routed_config(receiver.url, time_scale=float(FOR_SCALE)))
         prom = prometheus_factory(prometheus_config(
             exporter.port, manager.port,
             [str(rules / "gpufleet-recording.yaml"), str(rules / "gpufleet-alerts.yaml")]))
