@@ -247,3 +247,12 @@ groups:
             assert result, f"{file} / {panel['title']}: no data while {alert} fires\n    {expr}"
             labels = result[0]["metric"]
             assert labels["alertname"] == alert and labels["severity"] == "warning"
+
+
+def _reload(prom) -> None:
+    """POST /-/reload (test_modes_prometheus reloads its Prometheus with a second target)."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{prom.url}/-/reload", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.status == 200
