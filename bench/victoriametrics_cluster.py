@@ -25,8 +25,17 @@ nodes' ``gpufleet_node_gpus`` instead of each GPU's up and stale) and prints the
 ``--per-query N`` then sends each query of a read alone, N times, and prints what each costs
 VictoriaMetrics (CPU, less its ingestion), with its series and bytes.
 
-Usage: ``nice -n 10 .venv/bin/python bench/victoriametrics_cluster.py [--scale 100] [--reads 3]
-[--scales 10,25,50,100] [--before DIR] [--summaries [--summaries-first]] [--per-query N]``
+``--identity-refresh 1ms`` reads identity at every read (``sources.prometheus.identity_refresh``,
+in every mode, ``--before``'s too): the read that also reads identity, measured warm as well as
+first. Each read lists its requests (name, seconds, bytes) in the JSON.
+
+``--priority -15`` runs the bench and all it starts at that nice in a session of its own (with
+the kernel's autogroup scheduling a process's nice counts only inside its session; this sets the
+session's): on a machine shared with other sessions, the figures are then less the load's.
+
+Usage: ``.venv/bin/python bench/victoriametrics_cluster.py [--scale 100] [--reads 3]
+[--scales 10,25,50,100] [--before DIR] [--summaries [--summaries-first]] [--per-query N]
+[--identity-refresh 1ms] [--priority -15]``
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ from exporter.web.server import collect_and_render
 
 url, selector, reads, query_timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 vm_pid = int(sys.argv[5])
+identity_refresh = sys.argv[7]  # "" for the mode's own
 
 def cpu(pid=None):
     import os, resource
@@ -74,13 +84,16 @@ old_style = mode == "old"  # every family, identity each read by query: the old 
 before = mode == "before"  # another checkout (--before), with the options it knows
 summaries = mode == "summaries"  # the nodes' gpufleet_node_gpus instead of each GPU's up, stale
 answers = {}
+requests = []  # (name, seconds from sent to answered, bytes) of each request of a read
 if hasattr(source_module.PrometheusFleetSource, "_post"):
     shipped = source_module.PrometheusFleetSource._post
 
     async def counted(self, name, endpoint, form, headers):  # every request: query and export
+        sent = time.perf_counter()
         body = await shipped(self, name, endpoint, form, headers)
         key = name if "/query" in endpoint else f"{name} (export)"
         answers[key] = answers.get(key, 0) + len(body)
+        requests.append((key, round(time.perf_counter() - sent, 3), len(body)))
         return body
 
     source_module.PrometheusFleetSource._post = counted
@@ -109,6 +122,8 @@ if not before:
     prometheus.update(gpu_telemetry=old_style, identity_refresh="1ms" if old_style else "5m")
 if not before:  # each GPU's up and stale, or the summaries (on by default since issue 45)
     prometheus.update(node_summaries=summaries)
+if identity_refresh:
+    prometheus.update(identity_refresh=identity_refresh)
 config = build(Config, {
     "collect_interval": "1h", "source_timeout": "600s",
     "advisor": {"enabled": False},
@@ -136,6 +151,7 @@ async def main():
         lambda: len(answers))
     for _ in range(reads):
         answers.clear()
+        requests.clear()
         queries_before = queries_of() if hasattr(source, "queries_made") else 0
         ours, theirs = cpu(), cpu(vm_pid)
         started = time.perf_counter()
@@ -158,7 +174,9 @@ async def main():
                      "cluster_index": cluster_index(rendered.text),
                      "metrics_series": rendered.series, "metrics_bytes": rendered.text_bytes,
                      "render_s": rendered.render_seconds,
-                     "summarised_reads": getattr(source, "summarised_reads", None)})
+                     "summarised_reads": getattr(source, "summarised_reads", None),
+                     "identity_reads": getattr(source, "identity_reads", None),
+                     "requests": list(requests)})
     await collector.close()
     print(json.dumps({"runs": runs, "vm_hwm_mb": status("VmHWM"), "vm_rss_mb": status("VmRSS")}))
 
@@ -242,8 +260,18 @@ def main() -> int:
                         "summaries, identity by query and by export) alone N times and print "
                         "VictoriaMetrics' CPU, the series and bytes of each: where a read's "
                         "cost goes")
+    parser.add_argument("--identity-refresh", default="",
+                        help="sources.prometheus.identity_refresh of every reader (1ms: identity "
+                        "read at every read); the mode's own when not given")
+    parser.add_argument("--priority", type=int, default=None, metavar="NICE",
+                        help="run at this nice (-20 to 19) in a session of its own (root for "
+                        "a negative one)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
+    if args.priority is not None:
+        if not -20 <= args.priority <= 19:
+            parser.error(f"--priority must be -20 to 19, got {args.priority}")
+        prioritise(args.priority)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so that `finally` stops the servers
     binaries = {name: shutil.which(name) for name in ("victoria-metrics", "vmagent")}
     if None in binaries.values():
@@ -260,6 +288,28 @@ def main() -> int:
     if len(points) > 1:
         curve(points)
     return 0
+
+
+def prioritise(nice: int) -> None:
+    """This process and what it starts from now on at ``nice``, in a session of its own: with
+    autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) the kernel shares the
+    CPU between sessions first and weighs a nice only within its session, so a session's own
+    nice (``/proc/self/autogroup``) is what gives the bench a share against other sessions'."""
+    if os.getsid(0) != os.getpid():
+        try:
+            os.setsid()
+        except PermissionError:
+            sys.exit("--priority: this process leads its process group and cannot start a "
+                     "session; run it under `setsid`")
+    autogroup = Path("/proc/self/autogroup")
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if autogroup.exists():
+            autogroup.write_text(f"{nice}\n")
+    except OSError as error:
+        sys.exit(f"--priority {nice}: {error.strerror} (a negative nice needs root)")
+    group = autogroup.read_text().strip() if autogroup.exists() else "no autogroup"
+    print(f"priority: nice {nice}, session {os.getsid(0)}, {group}", flush=True)
 
 
 def curve(points: list[dict]) -> None:
@@ -403,7 +453,8 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
             tree = args.before if mode == "before" else REPO
             reader = subprocess.run(
                 [sys.executable, "-c", READER, vm, f'job="{JOB}"', str(args.reads),
-                 args.query_timeout, str(procs["victoria-metrics"].pid), mode],
+                 args.query_timeout, str(procs["victoria-metrics"].pid), mode,
+                 args.identity_refresh],
                 cwd=work, env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
                 timeout=3600)
             if reader.returncode != 0:

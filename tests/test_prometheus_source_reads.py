@@ -195,7 +195,7 @@ def test_identity_through_the_export_api_the_query_when_it_names_other_gpus():
     assert len(backend.exports) == 2
     form = backend.exports[0]
     assert form["match[]"] == "gpufleet_gpu_info{}"
-    # the scrape target's labels too: a node's summary is believed only from its identity's
+    # the scrape target's labels too: a node's series are believed only from its identity's
     assert form["format"] == "__timestamp__:unix_ms,__value__,node,gpu,uuid,model,pool,instance,job"
     assert float(form["end"]) - float(form["start"]) == pytest.approx(120.0)
 
@@ -284,6 +284,7 @@ def test_identity_through_a_real_victoriametrics_export_equals_the_query(tmp_pat
                              f'pool="p,q",job="nodes",instance="{node}:9874"')
                     lines += [f"gpufleet_gpu_info{{{ident}}} 1 {ts}",
                               f"gpufleet_gpu_up{{{ident}}} 1 {ts}",
+                              f"gpufleet_gpu_memory_total_bytes{{{ident}}} 8{gpu}e9 {ts}",
                               f"gpufleet_gpu_utilization_ratio{{{ident}}} 0.{gpu}5 {ts}"]
             lines.append(f'gpufleet_node_info{{node="gpu-001",pool="p,q",model="H100",'
                          f'gpus="2",job="nodes"}} 1 {ts}')
@@ -319,9 +320,12 @@ def test_identity_through_a_real_victoriametrics_export_equals_the_query(tmp_pat
         assert "query:identity" not in exported_posts
         assert "export/csv:identity" not in queried_posts
         assert exported.gpus == queried.gpus
-        assert [(g.node, g.index, g.uuid, g.pool, g.utilization_ratio) for g in exported.gpus] == [
-            ("gpu-001", 0, "GPU-gpu-001-0", "p,q", 0.05), ("gpu-001", 1, "GPU-gpu-001-1", "p,q", 0.15),
-            ("gpu-002", 0, "GPU-gpu-002-0", "p,q", 0.05), ("gpu-002", 1, "GPU-gpu-002-1", "p,q", 0.15)]
+        assert [(g.node, g.index, g.uuid, g.pool, g.utilization_ratio, g.memory_total_bytes)
+                for g in exported.gpus] == [
+            ("gpu-001", 0, "GPU-gpu-001-0", "p,q", 0.05, 80e9),
+            ("gpu-001", 1, "GPU-gpu-001-1", "p,q", 0.15, 81e9),
+            ("gpu-002", 0, "GPU-gpu-002-0", "p,q", 0.05, 80e9),
+            ("gpu-002", 1, "GPU-gpu-002-1", "p,q", 0.15, 81e9)]
     finally:
         stop(proc)
 
@@ -377,6 +381,9 @@ def test_memory_total_is_read_with_identity_and_held_between():
                                     for r in (1, 2, 3, 4)]
     total = "max by (node, gpu, instance, job) (gpufleet_gpu_memory_total_bytes{"
     assert backend.count(total) == 2 and backend.count("gpufleet_gpu_info") == 2
+    # the second time for c alone: a and b's identity did not change, their total is held
+    assert [q for q in backend.queries if q.startswith(total)] == [total + "})",
+                                                                   total + 'node=~"c"})']
     assert backend.count("max by (node, gpu, instance, job) (gpufleet_gpu_memory_used_bytes{") == 4
     # 12 queries with identity and memory total, 10 without
     assert len(backend.queries) == 12 + 10 + 12 + 10
@@ -386,3 +393,34 @@ def test_memory_total_is_read_with_identity_and_held_between():
     (snapshot,) = asyncio.run(backend.run({"node_summaries": False}, reads=1))
     assert [(g.memory_total_bytes, g.memory_used_bytes) for g in snapshot.gpus] == [
         (None, 1_000_000_000)]
+
+
+def test_identity_read_again_reads_memory_total_only_where_identity_changed():
+    """Identity read again every read (identity_refresh 1 ms): memory total is read at the
+    first read, then only for a node whose GPU's identity changed (b's GPU replaced at read 3:
+    another UUID), never for a node whose identity stands."""
+    values = {"gpufleet_gpu_memory_total_bytes": 80e9, "gpufleet_gpu_memory_used_bytes": 1e9}
+    answer = _fleet(lambda r: ["a", "b"], lambda r: ["a", "b"], values.get)
+
+    identity_reads = []
+
+    def replaced(expr: str, read: int) -> list[dict]:
+        series = answer(expr, read)
+        if expr.startswith("gpufleet_gpu_info"):
+            identity_reads.append(read)
+        if len(identity_reads) >= 3 and expr.startswith("gpufleet_gpu_info"):
+            for sample in series:
+                if sample["metric"]["node"] == "b":
+                    sample["metric"]["uuid"] = "GPU-b-new"
+        return series
+
+    backend = FakeBackend(replaced)
+    snapshots = asyncio.run(backend.run({"node_summaries": False, "identity_refresh": 0.001},
+                                        reads=4))
+    assert [[(g.node, g.uuid, g.memory_total_bytes) for g in s.gpus] for s in snapshots] == [
+        [("a", "GPU-a", 80_000_000_000), ("b", "GPU-b", 80_000_000_000)]] * 2 + [
+        [("a", "GPU-a", 80_000_000_000), ("b", "GPU-b-new", 80_000_000_000)]] * 2
+    total = "max by (node, gpu, instance, job) (gpufleet_gpu_memory_total_bytes{"
+    assert backend.count("gpufleet_gpu_info") == 4
+    assert [q for q in backend.queries if q.startswith(total)] == [total + "})",
+                                                                   total + 'node=~"b"})']

@@ -11,7 +11,9 @@ value families the cycle uses are read (``USED_VALUES``); the TSDB already holds
 Identity (``gpufleet_gpu_info``, the heaviest answer) is read at the first read, every
 ``identity_refresh`` and whenever ``gpufleet_gpu_up`` answers for other GPUs than it lists,
 through VictoriaMetrics' ``/api/v1/export/csv`` where the backend has it (the query API
-otherwise, or when the export's window lists other GPUs than up), and held as rows. All
+otherwise, or when the export's window lists other GPUs than up), and held as rows; a GPU
+that appears is read with the read that first sees its up (or its node's summary count) change,
+one whose identity changes in place (another UUID) within ``identity_refresh``. All
 queries are evaluated at the same ``time``, so the snapshot is one instant, and each answer
 is decoded in a worker thread as soon as it arrives (value families by msgspec, into rows).
 
@@ -140,9 +142,10 @@ USED_VALUES = frozenset({
     metrics.GPU_POWER_WATTS.name,
 })
 assert GPU_VALUES.keys() >= USED_VALUES
-# Of those, what does not change while a GPU's identity does not: read with identity (at the
-# first read, every identity_refresh, and whenever identity is read again) and held between,
-# not every read: a backend's cost is per series selected (108,800 a family at 108,800 GPUs)
+# Of those, what does not change while a GPU's identity does not: read with identity at the
+# first read, then again only for the nodes whose GPUs' identity changed when identity is read
+# again, and held between: a backend's cost is per series selected (108,800 a family at
+# 108,800 GPUs), and an identity read that also read these took 11 s at 108,800 GPUs
 STATIC_VALUES = frozenset({metrics.GPU_MEMORY_TOTAL_BYTES.name})
 ALLOCATION_FAMILIES = (
     metrics.GPU_ALLOCATION_INFO.name,
@@ -474,6 +477,29 @@ def summarised(summary: _Result | None, old: _Result | None,
                         owner=owner_targets(identity))
 
 
+def changed_nodes(held: Sequence[Any], read: Sequence[Any],
+                  static: Sequence[_Result | None]) -> set[str] | None:
+    """The nodes whose static families (memory total) must be read again after identity was
+    read: those with a GPU whose identity row is new or changed (another UUID, model, pool or
+    target), or with no static row held; None for every node (no static family held, a
+    malformed row, or more than ``MAX_NODES_NAMED`` such nodes, which a selector would cost
+    more to name than to read)."""
+    if any(s is None or s.series is None for s in static):
+        return None
+    rows = set()
+    for row in held:
+        if type(row) is tuple:
+            rows.add(row)
+    have = [{(r[0], r[1]) for r in s.series or () if type(r) is tuple} for s in static if s]
+    nodes: set[str] = set()
+    for row in read:
+        if type(row) is not tuple:
+            return None
+        if row not in rows or any((row[0], row[1]) not in keys for keys in have):
+            nodes.add(row[0])
+    return None if len(nodes) > MAX_NODES_NAMED else nodes
+
+
 def nodes_matcher(nodes: Sequence[str]) -> str:
     """A PromQL matcher for exactly these node names: RE2's special characters escaped, then
     the string's own backslashes and quotes."""
@@ -556,7 +582,9 @@ def compact(series: list[Any]) -> list[Any]:
 IdentityRow = tuple[str, str, str, str, str, str, str]
 IDENTITY_LABELS = ("node", "gpu", "uuid", "model", "pool", *TARGET_LABELS)
 # VictoriaMetrics' /api/v1/export/csv columns for identity: 5x fewer bytes than the query's
-# answer (no job, instance, architecture, JSON), and no label dict per GPU to decode
+# answer (no architecture, no JSON), and no label dict per GPU to decode. Memory total is not
+# exported with it: its rows in the export (two a GPU in the window) cost us more to receive
+# and decode than its query, and as much of VictoriaMetrics (docs/performance.md)
 EXPORT_FORMAT = ",".join(("__timestamp__:unix_ms", "__value__", *IDENTITY_LABELS))
 # what a backend without the export API answers it (Prometheus, Thanos, Mimir: 404)
 NO_EXPORT = (400, 404, 405, 501)
@@ -1104,6 +1132,9 @@ class PrometheusFleetSource:
     summaries_ignored: int = 0  # summary series not believed: from a target not the node's
     # the static families (STATIC_VALUES) as last answered, read with identity
     _static: dict[str, _Result] = field(default_factory=dict)
+    # the nodes whose static families are to be read again, as of the last identity read: those
+    # whose GPUs' identity changed; None for every node
+    _changed: set[str] | None = None
     _static_names: tuple[str, ...] = ()
     # the summaries not believed at the last read, (node, target) -> why, as last logged
     _ignored: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -1297,6 +1328,8 @@ class PrometheusFleetSource:
             raise PrometheusAnswerOverCap(identity.error)
         if identity.series is not None:
             self.identity_reads += 1
+            self._changed = changed_nodes(self._identity or [], identity.series,
+                                          [self._static.get(n) for n in self._static_names])
             self._identity, self._identity_at = identity.series, at
             self._identity_keys = _keys(identity.series)
         return identity
@@ -1341,12 +1374,13 @@ class PrometheusFleetSource:
         identity = "identity" in self._queries
         # the nodes' summaries first: each GPU's up and stale only where they fall short
         deferred = SUMMARISED if "summary" in self._queries else ()
-        # identity changes rarely: read with the rest when due, else only if up says so;
-        # the static families with it
+        # identity changes rarely: read with the rest when due, else only if up says so; the
+        # static families with it at the first read, later only for the GPUs whose identity
+        # changed (_static_values)
         due = self._identity_due(at)
+        static = () if due and not self._identity else self._static_names
         names = [n for n in self._queries
-                 if (due or (n != "identity" and n not in self._static_names))
-                 and n not in deferred]
+                 if (due or n != "identity") and n not in static and n not in deferred]
         answers = await self._fetch_all(at, headers, in_flight, budget, names)
         results = {r.name: r for r in answers}
         if deferred:
@@ -1417,14 +1451,33 @@ class PrometheusFleetSource:
     async def _static_values(self, identity_read: bool, results: Mapping[str, _Result],
                              at: float, headers: dict[str, str], in_flight: asyncio.Semaphore,
                              budget: _SeriesBudget) -> dict[str, _Result]:
-        """The static families' answers for this read: read now with identity (now if
-        identity was read again after the rest), else those held from the last time they
-        answered (a failed one leaves its fields absent until it answers again)."""
+        """The static families' answers for this read: read with identity at the first read;
+        when identity was read again, read now for the nodes whose GPUs' identity changed
+        (every GPU's past ``MAX_NODES_NAMED`` such nodes, or with none held); else those held
+        from the last time they answered (a failed one leaves its fields absent until it
+        answers again)."""
         now = {n: results[n] for n in self._static_names if n in results}
         missing = [n for n in self._static_names if n not in now]
-        if identity_read and missing:
+        if identity_read and missing and self._changed is None:  # every GPU's
             now.update((r.name, r) for r in await self._fetch_all(at, headers, in_flight,
                                                                   budget, missing))
+        elif identity_read and missing and self._changed:
+            # only the nodes whose GPUs' identity changed (or have none held): theirs replace
+            # what was held of those nodes, the rest stand
+            selector = ", ".join(s for s in (self.config.selector,
+                                             nodes_matcher(sorted(self._changed))) if s)
+            queries = build_queries(dataclasses.replace(self.config, selector=selector))
+            tasks = [self._fetch(name, queries[name], at, headers, in_flight, budget)
+                     for name in missing]
+            for answer in await asyncio.gather(*tasks):
+                if answer.over_cap:
+                    raise PrometheusAnswerOverCap(answer.error)
+                held = self._static.get(answer.name)
+                if answer.series is not None and held is not None and held.series is not None:
+                    kept = [r for r in held.series
+                            if not (type(r) is tuple and r[0] in self._changed)]
+                    answer = _Result(answer.name, kept + answer.series)
+                now[answer.name] = answer
         for answer in now.values():
             if answer.series is not None:
                 self._static[answer.name] = answer
