@@ -424,3 +424,43 @@ def test_identity_read_again_reads_memory_total_only_where_identity_changed():
     assert backend.count("gpufleet_gpu_info") == 4
     assert [q for q in backend.queries if q.startswith(total)] == [total + "})",
                                                                    total + 'node=~"b"})']
+
+
+def _export_rows(now: float, ages: dict[str, float]):
+    """An export API over each node's GPU 0, its newest sample ``ages[node]`` seconds old:
+    the rows inside the window asked for, as VictoriaMetrics answers."""
+    def export(form: dict) -> bytes:
+        start = float(form["start"])
+        return "".join(f"{int((now - age) * 1000)},1,{node},0,GPU-{node},H100,p,10.0.0.1:9874,"
+                       "nodes\n" for node, age in ages.items() if now - age >= start).encode()
+    return export
+
+
+def test_identity_read_again_over_half_the_window_keeps_the_rows_of_gpus_it_misses():
+    """Identity held, the export reads half of max_sample_age (a row a GPU, not two): b's
+    newest sample (90 s old) is outside it, so b keeps its row while up answers for it, and the
+    next export reads the whole window (more than 1% missed), never the query."""
+    backend = FakeBackend(_fleet(lambda r: ["a", "b"], lambda r: ["a", "b"]),
+                          export=_export_rows(time.time(), {"a": 30, "b": 90}))
+    snapshots = asyncio.run(backend.run({"identity_refresh": 0.001, "node_summaries": False},
+                                        reads=4))
+    assert all([(g.node, g.uuid, g.stale) for g in s.gpus] == [
+        ("a", "GPU-a", False), ("b", "GPU-b", False)] for s in snapshots)
+    windows = [round(float(f["end"]) - float(f["start"])) for f in backend.exports]
+    assert windows == [120, 60, 120, 60]
+    assert backend.count("gpufleet_gpu_info") == 0
+
+
+def test_a_gpu_gone_is_not_kept_by_the_narrow_export():
+    """b is gone at read 2 (up no longer answers for it; its newest sample 90 s old, in the
+    whole window but not in its half): its row is not kept, identity equals up, and it is not
+    read by query (over the whole window it would be: the window still lists b)."""
+    backend = FakeBackend(_fleet(lambda r: ["a", "b"], lambda r: ["a", "b"] if r < 2 else ["a"]),
+                          export=_export_rows(time.time(), {"a": 30, "b": 90}))
+    snapshots = asyncio.run(backend.run({"identity_refresh": 0.001, "node_summaries": False},
+                                        reads=2))
+    # b's last good reading is served stale (lost_after), as for any node that stops answering
+    assert [[(g.node, g.stale) for g in s.gpus] for s in snapshots] == [
+        [("a", False), ("b", False)], [("a", False), ("b", True)]]
+    assert backend.count("gpufleet_gpu_info") == 0
+    assert backend.source._identity_keys == {("a", "0")}

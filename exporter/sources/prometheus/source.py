@@ -680,6 +680,7 @@ class _Result:
     error: str = ""
     over_cap: bool = False  # failed for a cap: the whole read fails
     exported: bool = False  # identity read through the export API, not the query
+    held: frozenset[Any] = frozenset()  # identity rows kept from before: not in the export
 
 
 async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
@@ -1127,6 +1128,7 @@ class PrometheusFleetSource:
     _identity_keys: set[tuple[str, str]] = field(default_factory=set)
     _identity_at: float = 0.0
     _export: bool = True  # False once the backend has shown it has no export API
+    _wide_next: bool = False  # the next export of identity over the whole window
     identity_reads: int = 0  # for tests and benches: how often identity was read
     summarised_reads: int = 0  # reads whose up and stale came from the nodes' summaries
     summaries_ignored: int = 0  # summary series not believed: from a target not the node's
@@ -1259,12 +1261,18 @@ class PrometheusFleetSource:
         # overlapping the queries Prometheus is still answering
         return await loop.run_in_executor(None, self._decode, name, body, budget)
 
+    def _narrow(self) -> bool:
+        """Whether identity's export reads the narrow window: with identity held (a GPU it
+        misses keeps its row), and the last one missed no more than 1% of the GPUs held."""
+        return bool(self._identity) and not self._wide_next
+
     async def _export_body(self, at: float, headers: dict[str, str]) -> bytes | None:
         """Identity through the export API (VictoriaMetrics), the samples of the last
-        ``max_sample_age``; None where the backend has none or it failed: the query then
-        reads it. The caller checks it against ``gpufleet_gpu_up`` (the window may still
-        hold a GPU that is gone)."""
-        window = float(self.config.max_sample_age)
+        ``max_sample_age``, or of its half when identity is held (:meth:`_narrow`: a row a
+        GPU, not two, at a scrape interval of half of it); None where the backend has none or
+        it failed: the query then reads it. The caller checks it against ``gpufleet_gpu_up``
+        (the window may still hold a GPU that is gone)."""
+        window = float(self.config.max_sample_age) / (2 if self._narrow() else 1)
         form = {"match[]": self._queries["identity"], "format": EXPORT_FORMAT,
                 "start": f"{at - window:.3f}", "end": f"{at:.3f}"}
         try:
@@ -1296,7 +1304,21 @@ class PrometheusFleetSource:
             return None
         if len(rows) > self.config.max_gpus:
             return None
-        return _Result("identity", list(rows), exported=True)
+        held: frozenset[Any] = frozenset()
+        if self._narrow():
+            # a GPU with no sample in the narrow window keeps the row held (_read_identity
+            # drops it where up no longer answers for the GPU); past 1% of them, the next
+            # export reads the whole window, so that every GPU is read again within two
+            # identity_refresh whatever the scrape interval
+            got = {(r[0], r[1], r[5], r[6]) for r in rows}
+            held = frozenset(r for r in self._identity or () if type(r) is tuple
+                             and len(r) == len(IDENTITY_LABELS)
+                             and (r[0], r[1], r[5], r[6]) not in got)
+            self._wide_next = len(held) > len(self._identity or ()) // 100
+            rows = [*rows, *held]
+        else:
+            self._wide_next = False
+        return _Result("identity", list(rows), exported=True, held=held)
 
     async def _read_identity(self, at: float, headers: dict[str, str],
                              in_flight: asyncio.Semaphore, budget: _SeriesBudget,
@@ -1317,6 +1339,9 @@ class PrometheusFleetSource:
                 return _Result("identity", self._identity)
             identity = await self._fetch("identity", self._queries["identity"], at, headers,
                                          in_flight, budget)
+        if identity.held and up_keys is not None:  # kept only for GPUs up still answers for
+            identity = dataclasses.replace(identity, series=[
+                r for r in identity.series or () if r not in identity.held or r[:2] in up_keys])
         if identity.exported and up_keys is not None and _keys(identity.series or []) != up_keys:
             identity = await self._fetch("identity", self._queries["identity"], at, headers,
                                          in_flight, budget, export=False)
