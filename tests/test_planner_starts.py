@@ -91,3 +91,22 @@ def test_a_plan_that_starts_fewer_jobs_than_the_small_ones_it_crowds_out_is_refu
     # a displaced job counts against the starts too
     assert starts_gate(dataclasses.replace(plan, starts_lost=1.5, displaced=("x",))) is not None
     assert starts_gate(dataclasses.replace(plan, starts_lost=1.0, displaced=("x",))) is None
+
+
+def test_simulate_runs_the_starts_rule_with_the_advisors_interval_as_its_horizon():
+    import argparse
+
+    from exporter.cli import simulate as cli
+    from exporter.outcome_sim.run import make_strategy
+    from exporter.outcome_sim.sim import RunSettings
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert parser.parse_args(["--out", "x", "--advisor-rule", "starts"]).advisor_rule == "starts"
+    strategy = make_strategy("steer-pod+advisor-freedoms",
+                             RunSettings(advisor_rule="starts", advisor_interval=600.0))
+    advisor = strategy.advisor  # type: ignore[attr-defined]
+    advisor._setup()
+    settings = advisor._stages[1].planner.settings
+    assert settings.rule == "starts" and settings.starts_horizon_seconds == 600.0
+    assert settings.max_migrations == 64  # the freedoms still apply
