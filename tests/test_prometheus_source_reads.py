@@ -464,3 +464,18 @@ def test_a_gpu_gone_is_not_kept_by_the_narrow_export():
         [("a", False), ("b", False)], [("a", False), ("b", True)]]
     assert backend.count("gpufleet_gpu_info") == 0
     assert backend.source._identity_keys == {("a", "0")}
+
+
+def test_a_gpu_missed_twice_by_the_narrow_export_brings_the_whole_window():
+    """One GPU in 151 (under 1%) is scraped too rarely for half the window: kept once, missed
+    twice running, the next export reads the whole window: read again within three refreshes."""
+    nodes = [f"n{i}" for i in range(150)] + ["b"]
+    ages = {node: 90 if node == "b" else 30 for node in nodes}
+    backend = FakeBackend(_fleet(lambda r: nodes, lambda r: nodes),
+                          export=_export_rows(time.time(), ages))
+    snapshots = asyncio.run(backend.run({"identity_refresh": 0.001, "node_summaries": False},
+                                        reads=5))
+    assert all(len(s.gpus) == 151 and not any(g.stale for g in s.gpus) for s in snapshots)
+    windows = [round(float(f["end"]) - float(f["start"])) for f in backend.exports]
+    assert windows == [120, 60, 60, 120, 60]
+    assert backend.count("gpufleet_gpu_info") == 0

@@ -1129,6 +1129,7 @@ class PrometheusFleetSource:
     _identity_at: float = 0.0
     _export: bool = True  # False once the backend has shown it has no export API
     _wide_next: bool = False  # the next export of identity over the whole window
+    _missed: frozenset[Any] = frozenset()  # the rows the last narrow export missed
     identity_reads: int = 0  # for tests and benches: how often identity was read
     summarised_reads: int = 0  # reads whose up and stale came from the nodes' summaries
     summaries_ignored: int = 0  # summary series not believed: from a target not the node's
@@ -1307,17 +1308,19 @@ class PrometheusFleetSource:
         held: frozenset[Any] = frozenset()
         if self._narrow():
             # a GPU with no sample in the narrow window keeps the row held (_read_identity
-            # drops it where up no longer answers for the GPU); past 1% of them, the next
-            # export reads the whole window, so that every GPU is read again within two
-            # identity_refresh whatever the scrape interval
+            # drops it where up no longer answers for the GPU); past 1% of them, or a GPU
+            # missed twice running, the next export reads the whole window, so that every GPU
+            # is read again within three identity_refresh whatever its scrape interval
             got = {(r[0], r[1], r[5], r[6]) for r in rows}
             held = frozenset(r for r in self._identity or () if type(r) is tuple
                              and len(r) == len(IDENTITY_LABELS)
                              and (r[0], r[1], r[5], r[6]) not in got)
-            self._wide_next = len(held) > len(self._identity or ()) // 100
+            self._wide_next = (len(held) > len(self._identity or ()) // 100
+                               or not held.isdisjoint(self._missed))
+            self._missed = held
             rows = [*rows, *held]
         else:
-            self._wide_next = False
+            self._wide_next, self._missed = False, frozenset()
         return _Result("identity", list(rows), exported=True, held=held)
 
     async def _read_identity(self, at: float, headers: dict[str, str],
