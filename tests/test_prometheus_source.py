@@ -63,9 +63,11 @@ def test_build_snapshot_reads_renamed_job_and_instance_labels():
         gpufleet_gpu_up=[_series("gpufleet_gpu_up", 1, **GPU)],
         gpufleet_gpu_utilization_ratio=[_series("gpufleet_gpu_utilization_ratio", "NaN", **GPU)],
         gpufleet_gpu_memory_used_bytes=[_series("gpufleet_gpu_memory_used_bytes", 1e9, **GPU)],
+        # a node's record from its own target, the one serving its GPUs' identity
         nodes=[_series("gpufleet_node_info", 1, node="gpu-001", pool="p", model="H100",
-                       architecture="hopper", gpus="1"),
-               _series("gpufleet_node_cpu_cores", 128, node="gpu-001", pool="p", model="H100")],
+                       architecture="hopper", gpus="1", instance="10.0.0.1:9874", job="nodes"),
+               _series("gpufleet_node_cpu_cores", 128, node="gpu-001", pool="p", model="H100",
+                       instance="10.0.0.1:9874", job="nodes")],
         allocations=[
             # without honor_labels Prometheus moves the exporter's job label to exported_job
             _series("gpufleet_gpu_allocation_info", 1, **GPU, exported_job="j1",
@@ -768,7 +770,8 @@ def test_one_bad_series_is_dropped_and_counted_the_rest_stands():
         gpufleet_gpu_power_watts=[_series("gpufleet_gpu_power_watts", "watts", **good)],
         gpufleet_gpu_temperature_celsius=[{"metric": {"__name__": "x", **good}}],  # no value
         gpufleet_gpu_utilization_ratio=[_series("gpufleet_gpu_utilization_ratio", 0.5, **good)],
-        nodes=[_series("gpufleet_node_info", 1, node="good", pool="p", model="H100", gpus="1"),
+        nodes=[_series("gpufleet_node_info", 1, node="good", pool="p", model="H100", gpus="1",
+                       instance=GPU["instance"], job="nodes"),
                _series("gpufleet_node_info", 1, node="bad", pool="p", model="H100", gpus="-8"),
                _series("gpufleet_node_cpu_cores", -128, node="bad")],
         allocations=[_series("gpufleet_gpu_allocation_info", 1, **good, exported_job="j1"),
@@ -833,3 +836,30 @@ sources:
     firing = prom.wait_for('ALERTS{alertname="GpufleetSourceDown",alertstate="firing"}',
                            lambda r: bool(r), timeout=60)
     assert {r["metric"]["source"] for r in firing} == {"prometheus"}
+
+
+def test_a_target_speaks_for_no_other_nodes_gpus_mig_or_node_record():
+    """Each GPU's values, its MIG instances and its node's record (CPU cores, GPU count) count
+    only from the target that serves the node's identity; another's are refused and counted."""
+    other = {"instance": "10.0.0.9:9874", "job": "nodes"}
+    results = _results(
+        identity=[_series("gpufleet_gpu_info", 1, **GPU)],
+        old=[_series("", 400.0, **dict(GPU, **other))],  # would make the GPU stale
+        gpufleet_gpu_up=[_series("gpufleet_gpu_up", 1, **GPU),
+                         _series("gpufleet_gpu_up", 0, **dict(GPU, **other))],
+        gpufleet_gpu_power_watts=[_series("gpufleet_gpu_power_watts", 300, **GPU),
+                                  _series("gpufleet_gpu_power_watts", 999, **dict(GPU, **other))],
+        mig=[_series("gpufleet_gpu_mig_instance_info", 1, **dict(GPU, **other), gpu_instance="3",
+                     profile="7g.80gb")],
+        nodes=[_series("gpufleet_node_info", 1, node="gpu-001", pool="p", model="H100",
+                       architecture="hopper", gpus="1", instance=GPU["instance"], job="nodes"),
+               _series("gpufleet_node_cpu_cores", 128, node="gpu-001", instance=GPU["instance"],
+                       job="nodes"),
+               _series("gpufleet_node_cpu_cores", 4, node="gpu-001", **other)],
+        allocations=[],
+    )
+    snapshot, _, failed = build_snapshot(100.0, results)
+    (gpu,) = snapshot.gpus
+    assert (gpu.up, gpu.stale, gpu.power_watts, gpu.mig) == (True, False, 300.0, ())
+    assert snapshot.nodes[0].cpu_cores == 128.0
+    assert failed == 5  # old, up, power, mig, cpu cores: each refused and counted

@@ -146,10 +146,11 @@ scrape_configs:
     view, errors, refused = invented
     assert view == [(*HONEST_VIEW[0][:4], True, *HONEST_VIEW[0][5:]),
                     (*HONEST_VIEW[1][:4], True, *HONEST_VIEW[1][5:]), HONEST_VIEW[2]]
-    # refused this read: gpu-a's identity rows (2 from its own target, GPU 5's from the liar)
-    # and every series of its GPUs from either target: 6 families (memory total is read with
-    # identity, read every read here) of GPUs 0 and 1 from its own, the 4 lies and GPU 5's 6
-    assert refused - 4 == 3 + 2 * 6 + 4 + 6
+    # refused this read: gpu-a's identity rows (2 from its own target, GPU 5's from the liar),
+    # every series of its GPUs from either target (5 families read each read and memory total,
+    # read again for gpu-a, whose identity changed: of GPUs 0 and 1 from its own, the 4 lies
+    # and GPU 5's 6), and its node record (node_info, CPU cores)
+    assert refused - 4 == 3 + 2 * 6 + 4 + 6 + 2
     # with the summaries, both targets' summaries of gpu-a are ignored too
     assert errors - (4 + summaries) == refused - 4 + 2 * summaries
     # logged once per target and change: the liar, then both targets once gpu-a is contested
@@ -159,4 +160,4 @@ scrape_configs:
     assert logged[0] == (liar, "gpu-a", 4, f"the node's identity comes from {honest}")
     assert sorted(logged[1:]) == sorted([
         (liar, "gpu-a", 11, "several targets serve the node's identity"),
-        (honest, "gpu-a", 14, "several targets serve the node's identity")])
+        (honest, "gpu-a", 16, "several targets serve the node's identity")])

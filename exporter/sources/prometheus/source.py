@@ -782,7 +782,7 @@ def build_snapshot(
             fields["stale"] = True
 
     mig: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
-    for sample in series("mig"):
+    for sample in own(series("mig"), owner, refused, "mig"):  # a node's MIG: its own word
         try:
             labels = sample["metric"]
             key = (labels.get("node", ""), labels.get("gpu", "0"))
@@ -807,7 +807,7 @@ def build_snapshot(
 
     nodes_info: dict[str, tuple[dict[str, str], int]] = {}  # name -> labels, GPU count
     cpu_cores: dict[str, float] = {}
-    for sample in series("nodes"):
+    for sample in own(series("nodes"), owner, refused, "nodes"):  # its CPUs, GPUs: its own
         try:
             labels = sample["metric"]
             if labels.get("__name__") == metrics.NODE_INFO.name:
