@@ -111,3 +111,16 @@ def test_a_job_that_ends_within_the_exemption_is_lent_gpus_even_while_high_prior
     assert gate.release(cluster, scheduler, HOUR + 100) == [short] and gate.held == [long_]
     assert gate.lent == {12} and gate.name == "borrow-short"
     assert SpotGate(borrow=True).name == "borrow" and SpotGate().name == "advisor"
+
+
+def test_the_command_line_offers_every_spot_quota_the_simulator_has():
+    import argparse
+
+    from exporter.cli.simulate import add_arguments
+    from exporter.outcome_sim.preemption import SPOT_QUOTAS
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    action = next(a for a in parser._actions if a.dest == "spot_quota")
+    assert tuple(action.choices or ()) == SPOT_QUOTAS
+    assert parser.parse_args(["--out", "o", "--spot-quota", "borrow-short"]).spot_quota == "borrow-short"

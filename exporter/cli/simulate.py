@@ -92,9 +92,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preempt-exempt", type=float, default=1800.0, metavar="SECONDS",
                         help="seconds a spot job runs after a (re)start before it may be preempted, "
                         "0 to 86400 (default 1800)")
-    parser.add_argument("--spot-quota", choices=("none", "advisor"), default="none",
+    # the names of exporter.outcome_sim.preemption.SPOT_QUOTAS, spelled out so that --help
+    # need not import the simulator (a test holds the two equal)
+    parser.add_argument("--spot-quota", choices=("none", "advisor", "borrow", "borrow-short"),
+                        default="none",
                         help="advisor: spot jobs beyond the advisor's spot quota per GPU model (from "
-                        "its forecast of high-priority demand) wait to enter the queue (default none)")
+                        "its forecast of high-priority demand) wait to enter the queue; borrow: as "
+                        "advisor, but spot jobs beyond it are lent GPUs while no single-node "
+                        "high-priority job waits for the pool, and are the first victims; "
+                        "borrow-short: as borrow, and a spot job that ends within the exemption is "
+                        "lent GPUs even while high-priority jobs wait (default none)")
     parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
                         help="simulated seconds between the advisor's evaluations, 1 to 86400 "
                         "(default 60)")
