@@ -19,7 +19,7 @@ from exporter.outcome_sim.oracle import Oracle
 from exporter.outcome_sim.outcomes import Outcome, oracle_shares, write_csv
 from exporter.outcome_sim.run import RunSettings, Sim, seed_jobs, simulate, target_workload
 from exporter.outcome_sim.scheduler import Scheduler
-from exporter.outcome_sim.strategies import Consolidate
+from exporter.outcome_sim.strategies import Consolidate, HeadUnblocker
 from exporter.outcome_sim.timeline import HourlyArrivals, Job, TimelineSettings
 from exporter.snapshot import Gpu, JobRequest, Node
 
@@ -241,3 +241,26 @@ def test_the_engine_plans_for_a_head_only_when_a_repack_could_make_room_and_says
     planned = advise(Advisor(DecisionSettings(dwell_seconds=0.0), clock=lambda: NOW), snapshot,
                      report_of(snapshot), no_plan, plan_pending=Planner().for_pending)
     assert planned.decision == "compact" and planned.plan is not None
+
+
+def test_every_head_unblocks_a_partitions_head_behind_a_head_no_repack_can_start():
+    """Two models, every job pinned to one. The queue's first head wants 8 A100s while all
+    are held (capacity-blocked); the next wants 8 H100s, free in total but split 4 and 4 by
+    two 4-GPU jobs. The first-head oracle and consolidate look at the A100 head only and
+    move nothing; their every-head forms move one 4-GPU job and the H100 head starts."""
+    for strategy, moves in ((Oracle(), 0), (Oracle(every_head=True), 1),
+                            (Consolidate(), 0), (Consolidate(unblocker=HeadUnblocker(every_head=True)), 1)):
+        sim = sim_of(fleet_of(("A100", 8), ("H100", 8), ("H100", 8)))
+        run_on(sim, 0, job(10, 8, LONG, models=("A100",)))
+        run_on(sim, 1, job(11, 4, LONG, models=("H100",)))
+        run_on(sim, 2, job(12, 4, LONG, models=("H100",)))
+        first = job(1, 8, 100.0, models=("A100",))
+        second = job(2, 8, 100.0, models=("H100",))
+        sim.scheduler.submit(first)
+        sim.scheduler.submit(second)
+        assert sim.scheduler.run_pass(1.0) == []
+        assert sim.scheduler.blocked is first and sim.scheduler.heads == (first, second)
+        strategy.tick(sim, 600.0)
+        assert sim.cluster.migrations == moves
+        assert sim.scheduler.run_pass(600.0) == ([second] if moves else [])
+        assert not first.placements

@@ -261,7 +261,8 @@ def test_bad_input_is_one_line_naming_the_flag(tmp_path, capsys):
     assert main(["simulate", "--strategies", "none,bogus", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == (
         "gpufleet: --strategies: unknown bogus; choose from none, descheduler, consolidate, advisor, "
-        "advisor-current, oracle, consolidate-unrestricted, descheduler-unrestricted, steer, steer+advisor, "
+        "advisor-current, oracle, oracle-heads, consolidate-heads, consolidate-unrestricted, "
+        "descheduler-unrestricted, steer, steer+advisor, "
         "steer-pod, steer-pod-flat, steer-pod-fresh, steer-pod+advisor, steer-pod+advisor-freedoms, "
         "steer-pod+lookahead, "
         "steer-pod+lookahead+advisor, steer-pod+reserve")

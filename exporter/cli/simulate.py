@@ -31,7 +31,8 @@ MAX_DAYS = 366.0  # measured days, and warm-up days: a year of the trace's rhyth
 DAY_SECONDS = 86400.0
 DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 STRATEGY_NAMES = ("none", "descheduler", "consolidate", "advisor", "advisor-current", "oracle",
-                  "consolidate-unrestricted", "descheduler-unrestricted", "steer",
+                  "oracle-heads", "consolidate-heads", "consolidate-unrestricted",
+                  "descheduler-unrestricted", "steer",
                   "steer+advisor", "steer-pod", "steer-pod-flat",
                   "steer-pod-fresh", "steer-pod+advisor", "steer-pod+advisor-freedoms",
                   "steer-pod+lookahead",

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.outcome_sim.strategies import any_single_node, unblock
+from exporter.outcome_sim.strategies import any_single_node, heads_to_try, tried, unblock
 
 if TYPE_CHECKING:
     from exporter.outcome_sim.sim import Sim
@@ -36,25 +36,25 @@ class Oracle:
     max_moves: int = 64  # moves for one head
     candidates: int = 64  # nodes tried per part, the cheapest-looking first
     heads_per_tick: int = 256  # heads unblocked one after the other at a tick, each then started
-    _tried: tuple[int, int] | None = field(default=None, repr=False)  # (head, releases) that found nothing
+    every_head: bool = False  # each partition's blocked head, not only the queue's first (oracle-heads)
+    # head -> the releases when no way was found for it
+    _tried: dict[int, int] = field(default_factory=dict, repr=False)
 
     def tick(self, sim: Sim, now: float) -> None:
-        """Unblock the queue's head, if moves can: the run starts it and ticks again."""
-        head = sim.scheduler.blocked
+        """Unblock the queue's head (or a partition's, ``every_head``), if moves can: the run
+        starts it and ticks again."""
         cluster = sim.cluster
-        if head is None or head.placements or self._tried == (head.id, cluster.releases):
+        for head in heads_to_try(sim, self.every_head, self._tried):
+            found = unblock(sim, head, self.max_moves, self.candidates, any_single_node, rule="no-slower",
+                            base=any_single_node)
+            if found is None:
+                tried(self._tried, head, cluster.releases, self.every_head)
+                continue
+            for job, destination in found:
+                cluster.relocate(job, destination, now)
+            sim.scheduler.disturbed()
+            sim.plans += 1
             return
-        if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
-            return  # too few idle GPUs in all, or it fits already (the queue's order holds it)
-        found = unblock(sim, head, self.max_moves, self.candidates, any_single_node, rule="no-slower",
-                        base=any_single_node)
-        if found is None:
-            self._tried = (head.id, cluster.releases)
-            return
-        for job, destination in found:
-            cluster.relocate(job, destination, now)
-        sim.scheduler.disturbed()
-        sim.plans += 1
 
 
 __all__ = ["Oracle", "any_single_node"]

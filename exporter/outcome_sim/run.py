@@ -50,11 +50,12 @@ def make_strategy(name: str, settings: RunSettings) -> Strategy:
         return Nothing()
     if name in ("descheduler", "descheduler-unrestricted"):
         return Descheduler(name=name, interval=settings.descheduler_interval, fair=name == "descheduler")
-    if name in ("consolidate", "consolidate-unrestricted"):
+    if name in ("consolidate", "consolidate-unrestricted", "consolidate-heads"):
         return Consolidate(name=name, interval=settings.consolidate_interval,
-                           unblocker=HeadUnblocker(fair=name == "consolidate"))
-    if name == "oracle":
-        return Oracle(interval=settings.consolidate_interval)
+                           unblocker=HeadUnblocker(fair=name != "consolidate-unrestricted",
+                                                   every_head=name == "consolidate-heads"))
+    if name in ("oracle", "oracle-heads"):
+        return Oracle(name=name, interval=settings.consolidate_interval, every_head=name == "oracle-heads")
     if name in ("advisor", "advisor-current"):
         strategy = AdvisorStrategy(name=name, evaluate_every=settings.advisor_interval,
                                    revised=name == "advisor", rule=settings.advisor_rule)

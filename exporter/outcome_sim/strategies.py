@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from exporter.outcome_sim.sim import Sim
 
 STRATEGIES = ("none", "descheduler", "consolidate", "advisor", "advisor-current", "oracle",
-              "consolidate-unrestricted", "descheduler-unrestricted", "steer", "steer+advisor",
+              "oracle-heads", "consolidate-heads", "consolidate-unrestricted", "descheduler-unrestricted",
+              "steer", "steer+advisor",
               "steer-pod", "steer-pod-flat", "steer-pod-fresh", "steer-pod+advisor",
               "steer-pod+advisor-freedoms", "steer-pod+lookahead", "steer-pod+lookahead+advisor",
               "steer-pod+reserve")
@@ -149,32 +150,54 @@ class Descheduler:
 @dataclass
 class HeadUnblocker:
     """Moves jobs so the blocked head of the queue can start: the fewest verified moves
-    (:func:`unblock`). Tries again for the same head only once capacity has come back."""
+    (:func:`unblock`). Tries again for the same head only once capacity has come back.
+    ``every_head``: each partition's blocked head in queue order, not only the first: where
+    every job is pinned to its model, the first head is often one no repack can start (its
+    model is full) while another model's head waits on fragments."""
 
     max_moves: int = 10  # the advisor's plan budget (advisor.max_migrations)
     candidates: int = 16  # nodes tried per part, the cheapest-looking first
     same_model: bool = False
     fair: bool = True  # each move only where the advisor's planner would move it (:func:`destinations`)
-    _tried: tuple[int, int] | None = field(default=None, repr=False)  # (head, releases) that found nothing
+    every_head: bool = False
+    # head -> the releases when no way was found for it
+    _tried: dict[int, int] = field(default_factory=dict, repr=False)
 
     def __call__(self, sim: Sim, now: float, may_move: Callable[[Job], bool] = movable) -> bool:
         """Whether it moved jobs."""
-        head = sim.scheduler.blocked
         cluster = sim.cluster
-        if head is None or head.placements or self._tried == (head.id, cluster.releases):
-            return False  # nothing blocked, or nothing changed since no way was found for it
-        if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
-            return False  # too few idle GPUs in all: moving jobs cannot make room
-        found = unblock(sim, head, self.max_moves, self.candidates, may_move, self.same_model,
-                        "fair" if self.fair else "unrestricted")
-        if found is None:
-            self._tried = (head.id, cluster.releases)
-            return False
-        for job, destination in found:
-            cluster.move(job, destination, now)
-        sim.scheduler.disturbed()
-        sim.plans += 1
-        return True
+        for head in heads_to_try(sim, self.every_head, self._tried):
+            found = unblock(sim, head, self.max_moves, self.candidates, may_move, self.same_model,
+                            "fair" if self.fair else "unrestricted")
+            if found is None:
+                tried(self._tried, head, cluster.releases, self.every_head)
+                continue
+            for job, destination in found:
+                cluster.move(job, destination, now)
+            sim.scheduler.disturbed()
+            sim.plans += 1
+            return True
+        return False
+
+
+def heads_to_try(sim: Sim, every_head: bool, tried_at: dict[int, int]) -> list[Job]:
+    """The blocked heads worth a search, in queue order: the first only, or each partition's
+    (``every_head``); none that found no way since the last release, none that fits already
+    (the queue's order holds it), none with more GPUs than are idle in all."""
+    scheduler, cluster = sim.scheduler, sim.cluster
+    heads = scheduler.heads if every_head else ((scheduler.blocked,) if scheduler.blocked else ())
+    idle = cluster.capacity - cluster.busy
+    return [h for h in heads
+            if not h.placements and tried_at.get(h.id) != cluster.releases
+            and idle >= h.demand - 1e-9 and cluster.find(h) is None]
+
+
+def tried(tried_at: dict[int, int], head: Job, releases: int, every_head: bool) -> None:
+    """Remember that no way was found for ``head``: the first-head search remembers only its
+    last head (as it always did); the every-head one each, until capacity comes back."""
+    if not every_head or any(r != releases for r in tried_at.values()):
+        tried_at.clear()
+    tried_at[head.id] = releases
 
 
 @dataclass
@@ -457,4 +480,4 @@ def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task, 
 
 
 __all__ = ["RULES", "STRATEGIES", "Consolidate", "Descheduler", "HeadUnblocker", "Nothing", "Strategy",
-           "any_single_node", "destinations", "movable", "unblock"]
+           "any_single_node", "destinations", "heads_to_try", "movable", "tried", "unblock"]
