@@ -52,6 +52,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.priority import prioritise  # noqa: E402
 from tests.helpers.servers import (  # noqa: E402
     Prometheus,
     free_port,
@@ -134,30 +135,6 @@ def main() -> int:
         finally:
             frozen.shutdown()
     return 0
-
-
-def prioritise(nice: int) -> None:
-    """This process and what it starts from now on at ``nice``, in a session of its own.
-
-    With autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``), the kernel
-    shares the CPU between sessions first and weighs a process's nice only within its
-    session: a ``nice -n -15`` engine still gets one session's share against every other
-    terminal's work. A session's own nice is its autogroup's (``/proc/self/autogroup``)."""
-    if os.getsid(0) != os.getpid():
-        try:
-            os.setsid()
-        except PermissionError:
-            sys.exit("--priority: this process leads its process group and cannot start a "
-                     "session; run it as `setsid .venv/bin/python bench/rule_eval_cost.py ...`")
-    autogroup = Path("/proc/self/autogroup")
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-        if autogroup.exists():
-            autogroup.write_text(f"{nice}\n")
-    except OSError as error:
-        sys.exit(f"--priority {nice}: {error.strerror} (a negative nice needs root)")
-    group = autogroup.read_text().strip() if autogroup.exists() else "no autogroup"
-    print(f"priority: nice {nice}, session {os.getsid(0)}, {group}", flush=True)
 
 
 def renamed_before(folder: Path, out: Path) -> list[Path]:

@@ -56,6 +56,9 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.priority import prioritise  # noqa: E402
+
 JOB = "gpufleet-nodes"
 VM_QUERY_DURATION, VM_QUEUE_DURATION = "300s", "120s"
 
@@ -288,28 +291,6 @@ def main() -> int:
     if len(points) > 1:
         curve(points)
     return 0
-
-
-def prioritise(nice: int) -> None:
-    """This process and what it starts from now on at ``nice``, in a session of its own: with
-    autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) the kernel shares the
-    CPU between sessions first and weighs a nice only within its session, so a session's own
-    nice (``/proc/self/autogroup``) is what gives the bench a share against other sessions'."""
-    if os.getsid(0) != os.getpid():
-        try:
-            os.setsid()
-        except PermissionError:
-            sys.exit("--priority: this process leads its process group and cannot start a "
-                     "session; run it under `setsid`")
-    autogroup = Path("/proc/self/autogroup")
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-        if autogroup.exists():
-            autogroup.write_text(f"{nice}\n")
-    except OSError as error:
-        sys.exit(f"--priority {nice}: {error.strerror} (a negative nice needs root)")
-    group = autogroup.read_text().strip() if autogroup.exists() else "no autogroup"
-    print(f"priority: nice {nice}, session {os.getsid(0)}, {group}", flush=True)
 
 
 def curve(points: list[dict]) -> None:
