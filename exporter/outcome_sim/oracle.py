@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.outcome_sim.strategies import any_single_node, heads_to_try, tried, unblock
+from exporter.outcome_sim.strategies import any_single_node, unblock, unblock_a_head
 
 if TYPE_CHECKING:
     from exporter.outcome_sim.sim import Sim
@@ -43,18 +43,10 @@ class Oracle:
     def tick(self, sim: Sim, now: float) -> None:
         """Unblock the queue's head (or a partition's, ``every_head``), if moves can: the run
         starts it and ticks again."""
-        cluster = sim.cluster
-        for head in heads_to_try(sim, self.every_head, self._tried):
-            found = unblock(sim, head, self.max_moves, self.candidates, any_single_node, rule="no-slower",
-                            base=any_single_node)
-            if found is None:
-                tried(self._tried, head, cluster.releases, self.every_head)
-                continue
-            for job, destination in found:
-                cluster.relocate(job, destination, now)
-            sim.scheduler.disturbed()
-            sim.plans += 1
-            return
+        unblock_a_head(sim, self.every_head, self._tried,
+                       lambda head: unblock(sim, head, self.max_moves, self.candidates, any_single_node,
+                                            rule="no-slower", base=any_single_node),
+                       lambda job, destination: sim.cluster.relocate(job, destination, now))
 
 
 __all__ = ["Oracle", "any_single_node"]

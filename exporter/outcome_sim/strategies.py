@@ -165,39 +165,41 @@ class HeadUnblocker:
 
     def __call__(self, sim: Sim, now: float, may_move: Callable[[Job], bool] = movable) -> bool:
         """Whether it moved jobs."""
-        cluster = sim.cluster
-        for head in heads_to_try(sim, self.every_head, self._tried):
-            found = unblock(sim, head, self.max_moves, self.candidates, may_move, self.same_model,
-                            "fair" if self.fair else "unrestricted")
-            if found is None:
-                tried(self._tried, head, cluster.releases, self.every_head)
-                continue
-            for job, destination in found:
-                cluster.move(job, destination, now)
-            sim.scheduler.disturbed()
-            sim.plans += 1
-            return True
-        return False
+        return unblock_a_head(
+            sim, self.every_head, self._tried,
+            lambda head: unblock(sim, head, self.max_moves, self.candidates, may_move, self.same_model,
+                                 "fair" if self.fair else "unrestricted"),
+            lambda job, destination: sim.cluster.move(job, destination, now))
 
 
-def heads_to_try(sim: Sim, every_head: bool, tried_at: dict[int, int]) -> list[Job]:
-    """The blocked heads worth a search, in queue order: the first only, or each partition's
-    (``every_head``); none that found no way since the last release, none that fits already
-    (the queue's order holds it), none with more GPUs than are idle in all."""
+def unblock_a_head(sim: Sim, every_head: bool, tried_at: dict[int, int],
+                   search: Callable[[Job], list[tuple[Job, list[Placement]]] | None],
+                   apply: Callable[[Job, list[Placement]], object]) -> bool:
+    """Make the moves ``search`` finds for the first blocked head they let start, and say
+    whether it made any. The heads, in queue order: the queue's first only, or each
+    partition's (``every_head``); skipped: one that found no way since the last release
+    (``tried_at``: head -> releases), one that fits already (the queue's order holds it), one
+    with more GPUs than are idle in all. The first-head search remembers only its last
+    failed head (as it always did); the every-head one each, until capacity comes back."""
     scheduler, cluster = sim.scheduler, sim.cluster
     heads = scheduler.heads if every_head else ((scheduler.blocked,) if scheduler.blocked else ())
-    idle = cluster.capacity - cluster.busy
-    return [h for h in heads
-            if not h.placements and tried_at.get(h.id) != cluster.releases
-            and idle >= h.demand - 1e-9 and cluster.find(h) is None]
-
-
-def tried(tried_at: dict[int, int], head: Job, releases: int, every_head: bool) -> None:
-    """Remember that no way was found for ``head``: the first-head search remembers only its
-    last head (as it always did); the every-head one each, until capacity comes back."""
-    if not every_head or any(r != releases for r in tried_at.values()):
-        tried_at.clear()
-    tried_at[head.id] = releases
+    for head in heads:
+        if head.placements or tried_at.get(head.id) == cluster.releases:
+            continue
+        if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
+            continue
+        found = search(head)
+        if found is None:
+            if not every_head or any(r != cluster.releases for r in tried_at.values()):
+                tried_at.clear()
+            tried_at[head.id] = cluster.releases
+            continue
+        for job, destination in found:
+            apply(job, destination)
+        scheduler.disturbed()
+        sim.plans += 1
+        return True
+    return False
 
 
 @dataclass
@@ -480,4 +482,4 @@ def _evacuate_for(sim: Sim, node: int, jobs: list[Job], limit: int, task: Task, 
 
 
 __all__ = ["RULES", "STRATEGIES", "Consolidate", "Descheduler", "HeadUnblocker", "Nothing", "Strategy",
-           "any_single_node", "destinations", "heads_to_try", "movable", "tried", "unblock"]
+           "any_single_node", "destinations", "movable", "unblock", "unblock_a_head"]
