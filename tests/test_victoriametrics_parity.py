@@ -152,7 +152,7 @@ def firing(url: str) -> set[Alert]:
         body = http_get(f"{url}/api/v1/alerts")
     except TimeoutError:
         # one engine's alerts API has held a read past 10 s at random on a quiet machine (2 of
-        # 4 runs of this test at 0.1-2 s otherwise, engine not identified): read it once more;
+        # 5 runs of this test, 0.1-2 s otherwise, engine not identified): read it once more;
         # a second silence fails the test
         print(f"{url}/api/v1/alerts: no answer in 10 s, read again", flush=True)
         body = http_get(f"{url}/api/v1/alerts")
