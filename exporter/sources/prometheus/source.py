@@ -1461,13 +1461,8 @@ class PrometheusFleetSource:
         results = cover.results()
         if not cover.uncovered:
             return results
-        selector = ", ".join(s for s in (self.config.selector, nodes_matcher(cover.uncovered)) if s)
-        queries = build_queries(dataclasses.replace(self.config, selector=selector))
-        tasks = [self._fetch(name, queries[name], at, headers, in_flight, budget)
-                 for name in SUMMARISED]
-        for answer in await asyncio.gather(*tasks):
-            if answer.over_cap:
-                raise PrometheusAnswerOverCap(answer.error)
+        for answer in await self._fetch_nodes(SUMMARISED, cover.uncovered, at, headers,
+                                               in_flight, budget):
             if answer.series is None:
                 results[answer.name] = answer  # failed: as when every GPU's query fails
             else:
@@ -1475,6 +1470,20 @@ class PrometheusFleetSource:
                 assert covered is not None  # cover.results() made it a list
                 covered.extend(answer.series)
         return results
+
+    async def _fetch_nodes(self, names: Sequence[str], nodes: Sequence[str], at: float,
+                           headers: dict[str, str], in_flight: asyncio.Semaphore,
+                           budget: _SeriesBudget) -> list[_Result]:
+        """The answers of the families ``names`` for ``nodes`` only (named in the selector), in
+        that order; an answer over its cap ends the read."""
+        selector = ", ".join(s for s in (self.config.selector, nodes_matcher(nodes)) if s)
+        queries = build_queries(dataclasses.replace(self.config, selector=selector))
+        answers = await asyncio.gather(*(self._fetch(name, queries[name], at, headers, in_flight, budget)
+                                         for name in names))
+        for answer in answers:
+            if answer.over_cap:
+                raise PrometheusAnswerOverCap(answer.error)
+        return list(answers)
 
     async def _static_values(self, identity_read: bool, results: Mapping[str, _Result],
                              at: float, headers: dict[str, str], in_flight: asyncio.Semaphore,
@@ -1492,14 +1501,8 @@ class PrometheusFleetSource:
         elif identity_read and missing and self._changed:
             # only the nodes whose GPUs' identity changed (or have none held): theirs replace
             # what was held of those nodes, the rest stand
-            selector = ", ".join(s for s in (self.config.selector,
-                                             nodes_matcher(sorted(self._changed))) if s)
-            queries = build_queries(dataclasses.replace(self.config, selector=selector))
-            tasks = [self._fetch(name, queries[name], at, headers, in_flight, budget)
-                     for name in missing]
-            for answer in await asyncio.gather(*tasks):
-                if answer.over_cap:
-                    raise PrometheusAnswerOverCap(answer.error)
+            for answer in await self._fetch_nodes(missing, sorted(self._changed), at, headers,
+                                                   in_flight, budget):
                 held = self._static.get(answer.name)
                 if answer.series is not None and held is not None and held.series is not None:
                     kept = [r for r in held.series
