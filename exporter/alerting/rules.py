@@ -319,38 +319,39 @@ _RANGE = re.compile(r"\[[0-9]")  # a range selector, [5m]: the rule reads every 
 _JOIN = re.compile(r"\bon \(")  # a join with another family, on the GPU's place
 
 
-def _group_of(row: AlertRow) -> str:
-    """The group of a row's rules: one per kind of object, and for GPUs one per row,
+def _group_of(row: AlertRow, rules: list[dict[str, Any]]) -> str:
+    """The group of a row's rules: one per kind of object; for GPUs, ``gpufleet-gpu`` holds
+    the comparisons of one family's latest sample, and each row that reads more of every GPU
+    (a window of samples, or a join with another per-GPU family) is a group of its own,
     ``gpufleet-gpu-<metric>``, which Prometheus evaluates beside the others. At 10,880 GPUs
-    a row that reads a window or joins another per-GPU family costs 0.2-1.0 s of one core
-    (issue 45: a window over 21,760 NVLink error series alone reads 457,000 samples), and
-    even the comparisons of one family's latest sample cost 0.05-0.2 s each: seven of them
-    in one group took 0.6 CPU s, two or three windowed rows in one group 2 s, against the
-    goal of 1 s per group."""
+    each such row costs 0.3-0.9 s of one core (issue 45: a window over 21,760 NVLink error
+    series alone reads 457,000 samples), so two or three in one group took 2 s against the
+    goal of 1 s per group; one row never is more than its own cost. Which a row is follows
+    from its generated expression."""
     name = _GROUP_OF_SUBJECT[row.metric.subject]
-    if name != "gpufleet-gpu":
+    if name != "gpufleet-gpu" or not any(_RANGE.search(rule["expr"]) or _JOIN.search(rule["expr"])
+                                         for rule in rules):
         return name
     return f"gpufleet-gpu-{row.metric.key.removeprefix('gpu_').replace('_', '-')}"
 
 
 def _row_groups(thresholds: Thresholds, row: AlertRow,
                 for_scale: float) -> list[tuple[str, list[dict[str, Any]]]]:
-    """A row's rules with their groups (:func:`_group_of`). A per-GPU row is cut further,
-    since one rule that reads a window or joins costs up to 0.5 s alone at 10,880 GPUs: one
-    group per value of the metric's ``each`` label (``-crc-flit``, ``-crc-data``: an exact
-    matcher each, half the series each), and, for such rules, one per severity where the
-    row has two (``-warning``, ``-critical``)."""
+    """A row's rules with their groups (:func:`_group_of`). A per-GPU group of its own is cut
+    further, since one such rule alone costs up to 0.5 s at 10,880 GPUs: one group per value
+    of the metric's ``each`` label (``-crc-flit``, ``-crc-data``: an exact matcher each, half
+    the series each), and one per severity where the row has two (``-warning``,
+    ``-critical``)."""
     ones: tuple[str | None, ...] = (None,) if row.metric.each is None else row.metric.each[1]
     parts = [(one, _row_rules(thresholds, row, for_scale, one)) for one in ones]
-    name = _group_of(row)
+    name = _group_of(row, [rule for _, rules in parts for rule in rules])
     if not name.startswith("gpufleet-gpu-"):
         return [(name, [rule for _, rules in parts for rule in rules])]
     out = []
     for one, rules in parts:
         named = name if one is None else f"{name}-{one.replace('_', '-')}"
-        if len(rules) == 1 or not any(_RANGE.search(rule["expr"]) or _JOIN.search(rule["expr"])
-                                      for rule in rules):
-            out.append((named, rules))  # a comparison of the latest sample: both severities
+        if len(rules) == 1:
+            out.append((named, rules))
             continue
         out.extend((f"{named}-{rule['labels']['severity']}", [rule]) for rule in rules)
     return out
