@@ -112,21 +112,14 @@ RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
             f"(1 - {recorded.JOB_GPU_UTILIZATION})",
         ),
     )),
-    # The pool series the load statistics read stay in one group with them (pool_load_rules);
-    # the others, each an aggregation over every GPU (the memory ratio 0.42 CPU s at 10,880
-    # GPUs, two sums), are groups of their own, so the pool group keeps under 1 s.
     ("gpufleet-pool-recording", (
         Recording(recorded.POOL_UTILIZATION, f"avg by (cluster, pool, model) ({_UTILIZATION})"),
-        Recording(recorded.POOL_ALLOCATED, f"sum by (cluster, pool, model) ({_ALLOCATED})"),
-    )),
-    ("gpufleet-pool-memory-recording", (
         Recording(
             recorded.POOL_MEMORY_USED,
             f"sum by (cluster, pool, model) ({_MEMORY_USED})\n"
             f"/ sum by (cluster, pool, model) ({_MEMORY_TOTAL})",
         ),
-    )),
-    ("gpufleet-pool-idle-recording", (
+        Recording(recorded.POOL_ALLOCATED, f"sum by (cluster, pool, model) ({_ALLOCATED})"),
         Recording(
             recorded.POOL_IDLE,
             # `== bool` keeps a 0 for pools with no idle GPU, where count() would drop them;
