@@ -35,7 +35,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 import yaml
@@ -231,23 +230,8 @@ def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
     }
 
 
-def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float,
-               one: str | None = None) -> list[dict[str, Any]]:
-    """The row's rules, one per level; with ``one``, those of one value of the metric's
-    ``each`` label, which each rule also carries as a label (the value its series have
-    already): two rules of one name and the same labels are one rule twice to promtool."""
-    rules = _level_rules(thresholds, row, for_scale, one)
-    if one is not None and row.metric.each is not None:
-        for rule in rules:
-            rule["labels"][row.metric.each[0]] = one
-    return rules
-
-
-def _level_rules(thresholds: Thresholds, row: AlertRow, for_scale: float,
-                 one: str | None) -> list[dict[str, Any]]:
+def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float) -> list[dict[str, Any]]:
     value = thresholds.value(row.metric)
-    if one is not None:
-        value = row.metric.one_value(value, one)
     unit = row.metric.unit
     rules = []
     for level in row.levels:
@@ -283,13 +267,13 @@ def _power_comparison(row: AlertRow, level: Level, value: str, limit: str) -> st
     if level.threshold == 1:
         parts.append(f"{selector} {row.op} {GPU_MATCH} group_left () {limit}")
     else:
-        # The draw against the level in watts, one join: the comparison keeps the draw (the
-        # left side) and its labels. The level as an exact fraction, `limit * 93 / 100`, not
-        # `0.93 * limit`: 0.93 * 700 is 651.0000000000001 in floating point, which 651 W
-        # never reaches, while 700 * 93 is exact and 65100 / 100 rounds to exactly 651.
-        fraction = Fraction(promql_number(level.threshold))
-        parts.append(f"{selector} {row.op} {GPU_MATCH} group_left ()\n  "
-                     f"({limit} * {fraction.numerator} / {fraction.denominator})")
+        # as a ratio, not `>= 0.93 * limit`: 0.93 * 700 is 651.0000000000001 in floating
+        # point, which 651 W never reaches; 651 / 700 rounds to exactly 0.93. The ratio
+        # alone: the comparison keeps the left side's labels and its value is the ratio,
+        # so the draw in watts is kept with `and` on the GPU's place.
+        ratio = f"{selector} / {GPU_MATCH} group_left () {limit}"
+        parts.append(f"{selector}\nand {GPU_MATCH}\n  {ratio} {row.op} "
+                     f"{promql_number(level.threshold)}")
     return "\nor\n".join(parts)
 
 
@@ -328,34 +312,12 @@ def _group_of(row: AlertRow, rules: list[dict[str, Any]]) -> str:
     return f"gpufleet-gpu-{row.metric.key.removeprefix('gpu_').replace('_', '-')}"
 
 
-def _row_groups(thresholds: Thresholds, row: AlertRow,
-                for_scale: float) -> list[tuple[str, list[dict[str, Any]]]]:
-    """A row's rules with their groups (:func:`_group_of`). A per-GPU group of its own is cut
-    further, since one such rule alone costs up to 0.5 s at 10,880 GPUs: one group per value
-    of the metric's ``each`` label (``-crc-flit``, ``-crc-data``: an exact matcher each, half
-    the series each), and one per severity where the row has two (``-warning``,
-    ``-critical``)."""
-    ones: tuple[str | None, ...] = (None,) if row.metric.each is None else row.metric.each[1]
-    parts = [(one, _row_rules(thresholds, row, for_scale, one)) for one in ones]
-    name = _group_of(row, [rule for _, rules in parts for rule in rules])
-    if not name.startswith("gpufleet-gpu-"):
-        return [(name, [rule for _, rules in parts for rule in rules])]
-    out = []
-    for one, rules in parts:
-        named = name if one is None else f"{name}-{one.replace('_', '-')}"
-        if len(rules) == 1:
-            out.append((named, rules))
-            continue
-        out.extend((f"{named}-{rule['labels']['severity']}", [rule]) for rule in rules)
-    return out
-
-
 def alert_groups(thresholds: Thresholds, for_scale: float = 1.0) -> list[dict[str, Any]]:
-    """Alerting rule groups (:func:`_row_groups`), in the table's order."""
+    """Alerting rule groups (:func:`_group_of`), in the table's order."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in thresholds.alerts:
-        for name, rules in _row_groups(thresholds, row, for_scale):
-            groups.setdefault(name, []).extend(rules)
+        rules = _row_rules(thresholds, row, for_scale)
+        groups.setdefault(_group_of(row, rules), []).extend(rules)
     return [{"name": name, "rules": rules} for name, rules in groups.items()]
 
 
