@@ -157,7 +157,10 @@ class AdvisorConfig:
                      "and then the next blocked jobs the moves left in the budget start, each where "
                      "the waiting it ends pays the work its moves cost, the plan refused when the "
                      "jobs it leaves no room for have waited more than it saves; head, the head "
-                     "alone (the rule before; docs/simulate.md).", choices=("queue", "head"))
+                     "alone (the rule before; docs/simulate.md); starts and horizon, as queue, refusing a "
+                     "plan that costs the small jobs more starts (before the next plan) or waiting "
+                     "(while its head runs) than it saves.",
+                     choices=("queue", "head", "starts", "horizon"))
     hold_recheck: Duration = _opt(Duration(60), help="After a hold (nothing worth moving), how "
                                   "long snapshots wait before planning again; alerts re-plan at once.",
                                   min=0)

@@ -330,7 +330,7 @@ def queue_gate(plan: QueuePlan, settings: DecisionSettings) -> str | None:
     net = plan.gpu_hours_waiting_saved - plan.displaced_gpu_hours
     work = plan.work_gpu_hours
     if net > 0 and net >= settings.min_saved_per_work * work:
-        return starts_gate(plan)
+        return starts_gate(plan) or horizon_gate(plan)
     displaced = (f", less {plan.displaced_gpu_hours:g} for the {len(plan.displaced)} pending "
                  f"job{'s' if len(plan.displaced) != 1 else ''} it would leave no room for"
                  if plan.displaced else "")
@@ -352,6 +352,23 @@ def starts_gate(plan: QueuePlan) -> str | None:
     return (f"plan starts {gained} more job{'s' if gained != 1 else ''} than waiting would, where "
             f"{plan.starts_lost:.3g} small jobs are expected to start in the room it takes before "
             "the next plan")
+
+
+def horizon_gate(plan: QueuePlan) -> str | None:
+    """None when a plan under the ``horizon`` rule ends more waiting than it causes the small
+    jobs: the waiting of the jobs it lets start, less that of those it leaves no room for,
+    exceeds the small jobs' waiting while the head holds the room it takes
+    (``small_wait_gpu_hours``, over ``horizon_seconds``). A plan that starts a long job in room
+    many small jobs would use is refused here."""
+    if plan.small_wait_gpu_hours is None:
+        return None
+    net = plan.gpu_hours_waiting_saved - plan.displaced_gpu_hours
+    if net > plan.small_wait_gpu_hours:
+        return None
+    hours = (plan.horizon_seconds or 0.0) / 3600
+    return (f"plan ends {net:.3g} GPU-hours of waiting, where the room it takes for the "
+            f"{hours:.3g} h its head is expected to run would cost the small jobs "
+            f"{plan.small_wait_gpu_hours:.3g} GPU-hours of waiting")
 
 
 def describe_start(plan: CompactionPlan) -> str:

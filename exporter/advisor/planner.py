@@ -88,9 +88,13 @@ class PlanSettings:
     # under "starts": seconds until the next plan, over which the room a plan takes would
     # otherwise see small jobs start (the advisor's evaluation interval)
     starts_horizon_seconds: float = 600.0
+    # under "horizon": the longest the room a plan takes is counted as held (the head's expected
+    # run time, :func:`expected_runtime`, beyond this is not believed: the small jobs' rate is
+    # read from the last hour, and the arrivals' daily rhythm makes it a poor guide for longer)
+    horizon_cap_seconds: float = 6 * 3600.0
 
 
-RULES = ("head", "queue", "starts")
+RULES = ("head", "queue", "starts", "horizon")
 SMALL_GPUS = 8  # a single-node job asking fewer GPUs than this is a small one (backfills fragments)
 STARTS_LOOKBACK = 3600.0  # seconds of past starts the small jobs' rate is read from
 QUEUE_JOBS = 8  # blocked jobs one plan is made for under the queue rule, the head included
@@ -665,7 +669,7 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
     account) the plan goes on past the head, and says what it costs.
     """
     with (KeptState() if kept_state is None else kept_state).borrow() as working:
-        if settings.rule in ("queue", "starts"):
+        if settings.rule in ("queue", "starts", "horizon"):
             return _plan_for_queue(working, snapshot, report, job, now, settings)
         return _plan_for_pending(working, snapshot, report, job, now, settings)
 
@@ -872,6 +876,10 @@ class QueuePlan(CompactionPlan):
     # under the "starts" rule (:func:`backfill_lost`): the small jobs expected to start in the
     # room the plan takes before the next plan, were it not made; None: not counted
     starts_lost: float | None = None
+    # under the "horizon" rule (:func:`small_wait_caused`): the small jobs' GPU-hours of waiting
+    # the room the plan takes causes while the head holds it (``horizon_seconds``); None: not counted
+    small_wait_gpu_hours: float | None = None
+    horizon_seconds: float | None = None
 
 
 def work_cost(moves: Iterable[tuple[Candidate, Placement]], settings: PlanSettings) -> float:
@@ -886,6 +894,20 @@ def work_cost(moves: Iterable[tuple[Candidate, Placement]], settings: PlanSettin
 
 def _small(gpus: float, nodes: int) -> bool:
     return nodes <= 1 and 0 < gpus < SMALL_GPUS
+
+
+def _small_started(snapshot: FleetSnapshot, now: float) -> float:
+    """GPUs of the small jobs started in the last :data:`STARTS_LOOKBACK` seconds."""
+    since = now - STARTS_LOOKBACK
+    flow = 0.0
+    for alloc in snapshot.allocations:
+        if alloc.start_time is None or alloc.start_time < since or alloc.start_time > now:
+            continue
+        share = min((p.gpu_share for p in alloc.placements), default=1.0)
+        size = alloc.gpu_count * share
+        if _small(size, len(alloc.placements)):
+            flow += size
+    return flow
 
 
 def backfill_lost(snapshot: FleetSnapshot, taken_gpus: float, started: Iterable[str], now: float,
@@ -910,19 +932,46 @@ def backfill_lost(snapshot: FleetSnapshot, taken_gpus: float, started: Iterable[
         if job.job not in skip and _small(size, max(1, job.node_count)):
             queued += size
             jobs += 1
-    since = now - STARTS_LOOKBACK
-    flow = 0.0
-    for alloc in snapshot.allocations:
-        if alloc.start_time is None or alloc.start_time < since or alloc.start_time > now:
-            continue
-        share = min((p.gpu_share for p in alloc.placements), default=1.0)
-        size = alloc.gpu_count * share
-        if _small(size, len(alloc.placements)):
-            flow += size
+    flow = _small_started(snapshot, now)
     if jobs == 0 or flow == 0:
         return 0.0
     room = min(taken_gpus, queued, flow * horizon / STARTS_LOOKBACK)
     return round(room / (queued / jobs), 3)
+
+
+def expected_runtime(snapshot: FleetSnapshot, job: JobRequest, now: float, cap: float) -> float:
+    """Seconds pending ``job`` is expected to run once started, at most ``cap``: the median
+    age of the running jobs of its kind (small, :data:`SMALL_GPUS`, or not), since a job
+    request states no run time. ``cap`` when none of its kind runs."""
+    small = _small(job.gpu_count * job.gpu_share, max(1, job.node_count))
+    ages = [now - a.start_time for a in snapshot.allocations
+            if a.start_time is not None and a.start_time <= now
+            and _small(a.gpu_count * min((p.gpu_share for p in a.placements), default=1.0),
+                       len(a.placements)) == small]
+    if not ages:
+        return cap
+    return min(cap, float(np.median(ages)))
+
+
+def small_wait_caused(snapshot: FleetSnapshot, taken_gpus: float, started: Iterable[str],
+                      now: float, horizon: float) -> float:
+    """GPU-hours of waiting a plan causes the small jobs (:data:`SMALL_GPUS`) by holding the
+    room it takes (``taken_gpus``) for ``horizon`` seconds, the time the head it starts runs.
+
+    Without the plan the scheduler backfills that room with small jobs: those queued now
+    (but ``started``, which start now with the plan or without it) and those the small jobs'
+    flow (the last :data:`STARTS_LOOKBACK` seconds' starts, as a rate) brings over the
+    horizon, no more than the room holds. With it, they wait for the head to end: the queued
+    ones the whole horizon, those arriving during it half of it on average. Counted once per
+    GPU of room, not per turn of the room, so it is the least the plan costs them."""
+    if taken_gpus <= 0 or horizon <= 0:
+        return 0.0
+    skip = set(started)
+    queued = sum(job.gpu_count * job.gpu_share for job in snapshot.pending[:PENDING_CHECKED]
+                 if job.job not in skip and _small(job.gpu_count * job.gpu_share, max(1, job.node_count)))
+    waiting_now = min(taken_gpus, queued)
+    arriving = min(taken_gpus - waiting_now, _small_started(snapshot, now) / STARTS_LOOKBACK * horizon)
+    return round((waiting_now * horizon + arriving * horizon / 2) / 3600, 3)
 
 
 def _queue_from(state: FleetState, pending: Sequence[JobRequest], head: JobRequest,
@@ -1059,6 +1108,11 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
         taken = gpus - sum(j.gpu_count * j.gpu_share for j in displaced)
         lost_starts = backfill_lost(snapshot, taken, started_with | started_without, now,
                                     settings.starts_horizon_seconds)
+    small_wait = horizon = None
+    if settings.rule == "horizon":
+        taken = gpus - sum(j.gpu_count * j.gpu_share for j in displaced)
+        horizon = expected_runtime(snapshot, job, now, settings.horizon_cap_seconds)
+        small_wait = small_wait_caused(snapshot, taken, started_with | started_without, now, horizon)
     waited = "" if job.submit_time is None else f", waiting {max(0.0, now - job.submit_time) / 60:.0f} min"
     parts = max(1, job.node_count)
     reasons = [f"lets pending job {job.job} start ({job.gpu_count * job.gpu_share:g} GPUs"
@@ -1073,7 +1127,8 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
         decision="compact", reasons=tuple(reasons), before=before, after=after, migrations=migrations,
         lets_start=tuple(j.job for j in lets), gpu_hours_waiting_saved=saved,
         work_gpu_hours=round(work, 3), displaced=tuple(j.job for j in displaced),
-        displaced_gpu_hours=lost, gpus_started=gpus, starts_lost=lost_starts)
+        displaced_gpu_hours=lost, gpus_started=gpus, starts_lost=lost_starts,
+        small_wait_gpu_hours=small_wait, horizon_seconds=horizon)
 
 
 def _plan_job(placer: Placer, target: _Pending, movable: dict[int, list[tuple[Allocation, _Where]]],

@@ -95,23 +95,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "0 to 86400 (default 1800)")
     # the names of exporter.outcome_sim.preemption.SPOT_QUOTAS, spelled out so that --help
     # need not import the simulator (a test holds the two equal)
-    parser.add_argument("--spot-quota", choices=("none", "advisor", "borrow", "borrow-short"),
+    parser.add_argument("--spot-quota", choices=("none", "advisor", "borrow", "borrow-short", "borrow-fit"),
                         default="none",
                         help="advisor: spot jobs beyond the advisor's spot quota per GPU model (from "
                         "its forecast of high-priority demand) wait to enter the queue; borrow: as "
                         "advisor, but spot jobs beyond it are lent GPUs while no single-node "
                         "high-priority job waits for the pool, and are the first victims; "
                         "borrow-short: as borrow, and a spot job that ends within the exemption is "
-                        "lent GPUs even while high-priority jobs wait (default none)")
+                        "lent GPUs even while high-priority jobs wait; borrow-fit: as borrow-short, but "
+                        "a pool lends unless a queued high-priority job could start there by "
+                        "preempting spot jobs (default none)")
     parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
                         help="simulated seconds between the advisor's evaluations, 1 to 86400 "
                         "(default 60)")
-    parser.add_argument("--advisor-rule", choices=("queue", "head", "starts"), default="queue",
+    parser.add_argument("--advisor-rule", choices=("queue", "head", "starts", "horizon"), default="queue",
                         help="which pending jobs the advisor plans for: queue, the head and the next "
                         "blocked jobs the same budget of moves starts, where it pays; head, the head "
                         "alone (the rule before); starts, as queue, refusing a plan that starts fewer "
                         "jobs than the small ones expected to start in the room it takes before the "
-                        "next evaluation (default queue)")
+                        "next evaluation; horizon, as queue, refusing a plan whose waiting ended is "
+                        "no more than the small jobs' waiting the room it takes causes while its head "
+                        "runs (default queue)")
     parser.add_argument("--advisor-pools-by-model", action="store_true",
                         help="the advisor's snapshot lists a pool per GPU model, as serve's simulated "
                         "fleet does, so its planner keeps each job on its model, as the fifo scheduler's "
