@@ -88,8 +88,9 @@ def test_a_run_with_the_borrowing_quota_admits_more_than_the_plain_quota():
                                preemption="advisor", spot_quota=quota)
         return simulate(fleet_of(TINY), SERIES, "none", 1, settings).row()
 
-    quota, borrow = row("advisor"), row("borrow")
+    quota, borrow, fit = row("advisor"), row("borrow"), row("borrow-fit")
     assert borrow["spot_quota"] == "borrow" and quota["spot_quota"] == "advisor"
+    assert fit["spot_quota"] == "borrow-fit" and fit["jobs_started"] > quota["jobs_started"]
     # the same quotas (the same forecast), but spot jobs wait less at the gate
     assert borrow["wait_p50_s_spot"] < quota["wait_p50_s_spot"]
     assert borrow["jobs_started"] > quota["jobs_started"]
@@ -124,3 +125,39 @@ def test_the_command_line_offers_every_spot_quota_the_simulator_has():
     action = next(a for a in parser._actions if a.dest == "spot_quota")
     assert tuple(action.choices or ()) == SPOT_QUOTAS
     assert parser.parse_args(["--out", "o", "--spot-quota", "borrow-short"]).spot_quota == "borrow-short"
+
+
+def pool_with_a_queued_high_priority_job(gpus: int, gate: SpotGate):  # type: ignore[no-untyped-def]
+    """Node 0 held by a high-priority job (quota 16 - 8 = 8); node 1 runs a 4-GPU high-priority
+    job and a 4-GPU spot job; a high-priority job of ``gpus`` GPUs is queued, and an 8-GPU spot
+    job beyond the quota (room 8 - 4 = 4) waits at the gate."""
+    cluster, scheduler = quota_of_8(gate)
+    run_on(cluster, scheduler, job(2, 4, True, submit=HOUR), 1, HOUR)
+    run_on(cluster, scheduler, job(3, 4, submit=HOUR), 1, HOUR)
+    scheduler.submit(job(20, gpus, True, submit=HOUR + 2))
+    big = job(30, 8, submit=HOUR + 2)
+    assert gate.hold(big)
+    return cluster, scheduler, big
+
+
+def test_a_pool_lends_when_its_queued_high_priority_job_could_not_start_even_by_preempting():
+    # 8 GPUs fit no node even with the spot job gone (node 0: 8 high-priority GPUs; node 1: 4)
+    gate = SpotGate(borrow=True, short=1800.0, fit=True)
+    cluster, scheduler, big = pool_with_a_queued_high_priority_job(8, gate)
+    assert gate.release(cluster, scheduler, HOUR + 100) == [big]
+    assert gate.held == [] and gate.lent == {30} and gate.name == "borrow-fit"
+    # the queue-only test refuses the same loan: a single-node high-priority job is queued
+    gate = SpotGate(borrow=True, short=1800.0)
+    cluster, scheduler, big = pool_with_a_queued_high_priority_job(8, gate)
+    assert gate.release(cluster, scheduler, HOUR + 100) == [] and gate.held == [big]
+
+
+def test_a_pool_does_not_lend_when_its_queued_high_priority_job_could_start_by_preempting():
+    # 4 GPUs fit node 1 once its 4-GPU spot job is preempted (it has none free)
+    gate = SpotGate(borrow=True, short=1800.0, fit=True)
+    cluster, scheduler, big = pool_with_a_queued_high_priority_job(4, gate)
+    assert gate.release(cluster, scheduler, HOUR + 100) == []
+    assert gate.held == [big] and gate.lent == set()
+    # and the preempter does start it so, taking the spot job (job 3, past its exemption)
+    started, victims = Preempter("kube").run(cluster, scheduler, HOUR + 31 * MINUTE)
+    assert [j.id for j in started] == [20] and [j.id for j in victims] == [3]

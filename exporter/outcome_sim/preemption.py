@@ -47,7 +47,7 @@ from exporter.outcome_sim.timeline import Job
 from exporter.preemption.quota import QuotaSettings, SpotQuota, spot_quota
 
 PREEMPTIONS = ("none", "slurm", "kube", "advisor")
-SPOT_QUOTAS = ("none", "advisor", "borrow", "borrow-short")
+SPOT_QUOTAS = ("none", "advisor", "borrow", "borrow-short", "borrow-fit")
 GATE_EVERY = 60.0  # simulated seconds between the quota gate's looks at the fleet
 SAMPLE_EVERY = 300.0  # ... and between its samples of the high-priority demand
 EXEMPT = 1800.0  # seconds of run since its last (re)start before a spot job may be preempted
@@ -334,11 +334,19 @@ class SpotGate:
     finishes before it may be preempted. Its run is read from the job (as from an exact time
     limit): what a site knows only from its users' limits, which run long.
 
+    With ``fit`` the lending asks more than whether a high-priority job is queued: a pool lends
+    unless one of its queued single-node high-priority jobs could start there by preempting,
+    i.e. fits one node of the pool in the GPUs and CPUs free plus those its spot jobs hold
+    (exempt or not: the exemption only delays). A job that fits no node even with every spot
+    job gone (it waits for other high-priority jobs to end) preempts no lent job, so the pool
+    lends as if nothing waited.
+
     The quotas are the same with and without lending (the same forecast of the same demand)."""
 
     settings: QuotaSettings = field(default_factory=QuotaSettings)
     borrow: bool = False
     short: float | None = None  # lend to spot jobs that run at most this long, queue or not
+    fit: bool = False  # lend unless a queued high-priority job could start by preempting
     lent: set[int] = field(default_factory=set)  # spot jobs admitted beyond the quota
     held: list[Job] = field(default_factory=list)  # spot jobs beyond the quota, in submit order
     quotas: dict[int, SpotQuota] = field(default_factory=dict)  # by model index
@@ -356,7 +364,9 @@ class SpotGate:
     @property
     def name(self) -> str:
         """The ``--spot-quota`` that makes this gate."""
-        return ("borrow" if self.short is None else "borrow-short") if self.borrow else "advisor"
+        if not self.borrow:
+            return "advisor"
+        return "borrow-fit" if self.fit else "borrow" if self.short is None else "borrow-short"
 
     def hold(self, job: Job) -> bool:
         """Whether ``job`` waits at the gate (a spot job, once quotas exist): it then waits here
@@ -387,14 +397,17 @@ class SpotGate:
             return []
         self._next_look = now + GATE_EVERY
         used = self._by_model(cluster, scheduler, high=False)
-        waiting = self._high_queued(cluster, scheduler) if self.borrow else None
+        waiting: np.ndarray | None = None  # per model: whether lending there may cost an eviction
         admitted: list[Job] = []
         kept: list[Job] = []
         for job in self.held:
             models = self._models(placer, job)
             room = sum(self.quota_of(m) - float(used[m]) for m in models)
+            if self.borrow and waiting is None and room < job.demand - EPS:
+                waiting = (self._could_preempt(cluster, scheduler) if self.fit
+                           else self._high_queued(cluster, scheduler) > EPS)
             lend = room < job.demand - EPS and (
-                (waiting is not None and not any(waiting[m] > EPS for m in models))
+                (waiting is not None and not any(waiting[m] for m in models))
                 or (self.short is not None and self._run(cluster, models, job) <= self.short))
             if room >= job.demand - EPS or lend:
                 for m, part in self._split(models, job.demand):
@@ -457,6 +470,35 @@ class SpotGate:
                 if job.high and job.parts == 1 and job.gpus > 0:
                     for m, part in self._split(self._models(placer, job), job.demand):
                         out[m] += part
+        return out
+
+    def _could_preempt(self, cluster: Cluster, scheduler: Scheduler) -> np.ndarray:
+        """Per model: whether a queued single-node high-priority job could start on one of its
+        nodes by preempting spot jobs (it fits the node's free GPUs and CPUs plus those its spot
+        jobs hold). Queued jobs are counted by shape: jobs asking the same fail alike."""
+        placer = cluster.placer
+        out = np.zeros(len(placer.model_names), dtype=bool)
+        heads: list[Job] = []
+        for group in scheduler.queue.groups.values():
+            head = next((job for _, job in group if job.high), None)
+            if head is not None and head.parts == 1 and head.gpus > 0:
+                heads.append(head)
+        if not heads:
+            return out
+        free = placer.gpu_free.copy()
+        cpu = np.asarray(placer.cpu_free, dtype=float).copy()
+        for job in cluster.running.values():
+            if not job.high:
+                for p in job.placements:
+                    free[p.node, list(p.slots)] += p.gpu_share
+                    cpu[p.node] += p.cpus
+        for head in heads:
+            need = 1.0 if head.share >= 1.0 - EPS else head.share
+            able = (cpu >= head.cpus - EPS) & (np.count_nonzero(free >= need - EPS, axis=1) >= head.gpus)
+            hit = np.zeros(len(out), dtype=bool)
+            hit[placer.model[able]] = True
+            for m in self._models(placer, head):
+                out[m] |= hit[m]
         return out
 
     def _by_model(self, cluster: Cluster, scheduler: Scheduler, high: bool) -> np.ndarray:
