@@ -128,7 +128,8 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
     gate = None
     if settings.spot_quota != "none":
         gate = SpotGate(borrow=settings.spot_quota.startswith("borrow"),
-                        short=settings.preempt_exempt if settings.spot_quota == "borrow-short" else None)
+                        short=settings.preempt_exempt if settings.spot_quota in ("borrow-short", "borrow-fit")
+                        else None, fit=settings.spot_quota == "borrow-fit")
     if gate is not None:
         preempter.borrowed = gate.lent  # the jobs lent GPUs beyond the quota go first
     since, horizon = tl.measured_from, tl.horizon
