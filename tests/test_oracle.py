@@ -16,7 +16,7 @@ from exporter.outcome_sim.cluster import Cluster, MoveCost
 from exporter.outcome_sim.fleets import SimFleet
 from exporter.outcome_sim.matrix import jittered
 from exporter.outcome_sim.oracle import Oracle
-from exporter.outcome_sim.outcomes import Outcome, oracle_shares, write_csv
+from exporter.outcome_sim.outcomes import ORACLE, Outcome, oracle_shares, write_csv
 from exporter.outcome_sim.run import RunSettings, Sim, seed_jobs, simulate, target_workload
 from exporter.outcome_sim.scheduler import Scheduler
 from exporter.outcome_sim.strategies import Consolidate, HeadUnblocker
@@ -130,7 +130,7 @@ def test_the_oracles_whole_node_waiting_is_never_above_nones_beyond_the_noise_ba
         none = simulate(fleet, SERIES, "none", seed, settings)
         again = simulate(fleet, SERIES, "none", seed, settings,
                          jobs=jittered(seed_jobs(fleet, SERIES, settings, seed), seed))
-        oracle = simulate(fleet, SERIES, "oracle", seed, settings)
+        oracle = simulate(fleet, SERIES, ORACLE, seed, settings)  # the matrix's, every head searched
         base = none.gpu_hours_waited_whole_node
         assert base > 0 and oracle.jobs == none.jobs
         rises.append(oracle.gpu_hours_waited_whole_node / base - 1)
@@ -151,9 +151,9 @@ def outcome(strategy: str, seed: int, whole: float, load: float = 1.1) -> Outcom
 
 
 def test_each_rows_saving_is_a_share_of_the_oracles_per_seed_and_load(tmp_path):
-    rows = [outcome("none", 1, 100.0), outcome("oracle", 1, 40.0), outcome("consolidate", 1, 70.0),
+    rows = [outcome("none", 1, 100.0), outcome("oracle-heads", 1, 40.0), outcome("consolidate", 1, 70.0),
             outcome("advisor", 1, 110.0),
-            outcome("none", 2, 50.0), outcome("oracle", 2, 50.0), outcome("consolidate", 2, 45.0),
+            outcome("none", 2, 50.0), outcome("oracle-heads", 2, 50.0), outcome("consolidate", 2, 45.0),
             outcome("none", 1, 10.0, load=0.8), outcome("consolidate", 1, 5.0, load=0.8)]
     oracle_shares(rows)
     shares = [o.share_of_oracle_saving for o in rows]
@@ -164,6 +164,25 @@ def test_each_rows_saving_is_a_share_of_the_oracles_per_seed_and_load(tmp_path):
     with open(tmp_path / "o.csv") as f:
         cells = [r["share_of_oracle_saving"] for r in csv.DictReader(f)]
     assert cells[:4] == ["0.0000", "1.0000", "0.5000", "-0.1667"] and cells[4:] == [""] * 5
+
+
+def test_the_share_is_against_the_oracle_that_searches_every_head(tmp_path):
+    """Where the first-head oracle saved nothing (its head of a full model) and the every-head
+    one saved 40, each row's share is of the 40; the first-head oracle gets its share (0) like
+    any strategy. Without the every-head row, no share: the first-head one is no bound."""
+    assert ORACLE == "oracle-heads"
+    rows = [outcome("none", 1, 100.0), outcome("oracle", 1, 100.0), outcome("oracle-heads", 1, 60.0),
+            outcome("consolidate", 1, 90.0),
+            outcome("none", 2, 100.0), outcome("oracle", 2, 80.0), outcome("consolidate", 2, 90.0)]
+    oracle_shares(rows)
+    shares = [o.share_of_oracle_saving for o in rows]
+    assert shares[:4] == [0.0, 0.0, 1.0, pytest.approx(0.25)]
+    assert shares[4:] == [None, None, None]
+    write_csv(rows, tmp_path / "o.csv")
+    with open(tmp_path / "o.csv") as f:
+        cells = [(r["strategy"], r["share_of_oracle_saving"]) for r in csv.DictReader(f)]
+    assert cells[:4] == [("none", "0.0000"), ("oracle", "0.0000"), ("oracle-heads", "1.0000"),
+                         ("consolidate", "0.2500")]
 
 
 # -- what a repack can produce: the engine's "fragments, not capacity" ---------------

@@ -13,6 +13,8 @@ from exporter.outcome_sim.fleets import SimFleet
 from exporter.outcome_sim.matrix import (
     JITTER_SECONDS,
     MATRIX,
+    MATRIX_STRATEGIES,
+    ORACLE,
     PERTURBED,
     Matrix,
     Run,
@@ -66,7 +68,7 @@ def test_the_matrix_flags_default_to_the_stated_matrix_and_each_overrides_it():
     args = parser.parse_args(["--matrix", "--out", "x"])
     with_defaults(args)
     assert (args.seeds, args.load, args.days, args.warmup_days) == ("101-110", "0.8,1,1.2", 7.0, 1.0)
-    assert args.strategies == "none,descheduler,consolidate,oracle,advisor"
+    assert args.strategies == "none,descheduler,consolidate,oracle-heads,advisor"
     args = parser.parse_args(["--matrix", "--seeds", "5", "--days", "0.5", "--strategies", "advisor",
                               "--out", "x"])
     with_defaults(args)
@@ -97,11 +99,11 @@ def test_jitter_moves_each_submit_a_few_seconds_and_keeps_the_jobs():
 
 def test_the_summary_is_per_seed_against_none_with_the_band_and_the_oracle_share():
     outcomes = [
-        outcome("none", 1, 100.0), outcome("advisor", 1, 80.0), outcome("oracle", 1, 60.0),
+        outcome("none", 1, 100.0), outcome("advisor", 1, 80.0), outcome("oracle-heads", 1, 60.0),
         outcome("descheduler", 1, 94.0), outcome(PERTURBED, 1, 95.0),
-        outcome("none", 2, 200.0), outcome("advisor", 2, 210.0), outcome("oracle", 2, 100.0),
+        outcome("none", 2, 200.0), outcome("advisor", 2, 210.0), outcome("oracle-heads", 2, 100.0),
         outcome("descheduler", 2, 180.0), outcome(PERTURBED, 2, 216.0),
-        outcome("none", 3, 50.0), outcome("advisor", 3, 40.0), outcome("oracle", 3, 40.0),
+        outcome("none", 3, 50.0), outcome("advisor", 3, 40.0), outcome("oracle-heads", 3, 40.0),
         outcome("descheduler", 3, 50.0), outcome(PERTURBED, 3, 50.0),
     ]
     rows = {r.strategy: r for r in summarise(outcomes)}
@@ -117,14 +119,29 @@ def test_the_summary_is_per_seed_against_none_with_the_band_and_the_oracle_share
     assert advisor.seeds_beyond_noise == 2
     # read both ways: -6% is inside the band's +8%, -10% beyond it
     assert rows["descheduler"].seeds_beyond_noise == 1
-    assert rows["oracle"].seeds_beyond_noise == 3
+    assert rows["oracle-heads"].seeds_beyond_noise == 3
     # shares of the oracle's saving: 20/40, -10/100, 10/10
     assert advisor.oracle_share_median_pct == pytest.approx(50.0)
     assert advisor.oracle_share_worst_pct == pytest.approx(-10.0)
-    assert rows["oracle"].oracle_share_median_pct == pytest.approx(100.0)
+    assert rows["oracle-heads"].oracle_share_median_pct == pytest.approx(100.0)
     assert rows["none"].cut_worst_pct == 0.0
     assert math.isnan(rows[PERTURBED].oracle_share_median_pct)
     assert rows[PERTURBED].cut_median_pct == pytest.approx(0.0)
+
+
+def test_the_matrix_runs_the_every_head_oracle_and_its_shares_are_against_it():
+    """The first-head ``oracle`` is a strategy like any other: its saving is a share of the
+    every-head oracle's, and a matrix with the first-head one alone has no share."""
+    assert ORACLE == "oracle-heads" and ORACLE in MATRIX_STRATEGIES and "oracle" not in MATRIX_STRATEGIES
+    both = [outcome("none", 1, 100.0), outcome("oracle", 1, 100.0), outcome("oracle-heads", 1, 60.0),
+            outcome("advisor", 1, 90.0)]
+    rows = {r.strategy: r for r in summarise(both)}
+    assert rows["advisor"].oracle_share_median_pct == pytest.approx(25.0)  # 10 of 40, not 10 of 0
+    assert rows["oracle"].oracle_share_median_pct == pytest.approx(0.0)
+    first_only = [o for o in both if o.strategy != "oracle-heads"]
+    first_only[1].gpu_hours_waited_whole_node = 50.0
+    rows = {r.strategy: r for r in summarise(first_only)}
+    assert math.isnan(rows["advisor"].oracle_share_median_pct)
 
 
 def test_a_seed_where_none_waited_nothing_has_no_cut_and_no_oracle_no_share():

@@ -16,6 +16,11 @@ the run then starts it, and the oracle goes on with the next head
 (:attr:`heads_per_tick`), until a head no repack lets start. It is a greedy bound,
 not an optimum: the fewest moves for each head in turn, never a plan for several
 heads together, and no move made for a job still to come.
+
+Which heads: ``oracle-heads`` (:attr:`Oracle.every_head`) tries each partition's blocked
+head in queue order, the bound the matrix and ``share_of_oracle_saving`` are against
+(:data:`~exporter.outcome_sim.outcomes.ORACLE`); ``oracle`` tries the queue's first only,
+which on a fleet of model-pinned jobs is often a head of a full model no move can start.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class Outcome:
     gpu_hours_waited_whole_node_fragmentation: float = 0.0
     gpu_hours_waited_whole_node_capacity: float = 0.0
     # the whole-node GPU-hours waited this row saves against ``none``'s of its seed and load, over
-    # what the oracle's saves (:func:`oracle_shares`); None without both rows, or no oracle saving
+    # what the every-head oracle's saves (:func:`oracle_shares`); None without both rows, or no oracle saving
     share_of_oracle_saving: float | None = None
     wait_p95_s_high: float = 0.0
     gpu_hours_waited_high: float = 0.0
@@ -160,19 +160,26 @@ def job_outcomes(out: Outcome, jobs: Iterable[Job], rejected: Iterable[Job], sin
 
 
 MIN_ORACLE_SAVING = 1e-6  # GPU-hours: an oracle saving below this is none, and no share is given
+# the bound the shares are against: the oracle that searches every partition's blocked head.
+# ``oracle`` searches the queue's first only, and where each job is pinned to its model (the
+# GFS fleet) that head is often of a full model no repack helps: it planned nothing there, so
+# a share against it was undefined; where every job may use every model there is one
+# partition and the two plan alike
+ORACLE = "oracle-heads"
 
 
 def oracle_shares(outcomes: Sequence[Outcome]) -> None:
     """Set each row's :attr:`Outcome.share_of_oracle_saving`: its whole-node GPU-hours waited
-    saved against ``none`` of the same seed and load, over the oracle's saving there (``none``
-    0, ``oracle`` 1). None where the seed and load lack either row or the oracle saved nothing:
-    no compaction could have helped there, so no share means anything."""
+    saved against ``none`` of the same seed and load, over the :data:`ORACLE`'s saving there
+    (``none`` 0, the oracle 1; the first-head ``oracle`` gets its share of it too). None where
+    the seed and load lack either row or the oracle saved nothing: no compaction could have
+    helped there, so no share means anything."""
     by_run: dict[tuple[int, float], dict[str, Outcome]] = {}
     for o in outcomes:
         by_run.setdefault((o.seed, o.load), {}).setdefault(o.strategy, o)
     for o in outcomes:
         run = by_run[(o.seed, o.load)]
-        none, oracle = run.get("none"), run.get("oracle")
+        none, oracle = run.get("none"), run.get(ORACLE)
         o.share_of_oracle_saving = None
         if none is None or oracle is None:
             continue
@@ -236,4 +243,5 @@ def plot(outcomes: Sequence[Outcome], path: str | os.PathLike[str], title: str) 
     plt.close(fig)
 
 
-__all__ = ["CLASSES", "COLUMNS", "Outcome", "Sample", "job_outcomes", "oracle_shares", "plot", "write_csv"]
+__all__ = ["CLASSES", "COLUMNS", "ORACLE", "Outcome", "Sample", "job_outcomes", "oracle_shares", "plot",
+           "write_csv"]
