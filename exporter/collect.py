@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 
 from exporter.compose import ALLOCATION, compose
-from exporter.snapshot import FleetSnapshot, SourceStatus, merge
+from exporter.snapshot import FleetSnapshot, SourceStatus, TargetCount, merge
 from exporter.sources import Clock, NoData, Source, SourceReading
 from exporter.sources.lastgood import LastGood
 
@@ -55,6 +55,7 @@ class Collector:
     _last_success: dict[str, float] = dataclasses.field(default_factory=dict)
     # last parse-error count per source, so the counter does not drop to 0 while a read fails
     _parse_errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    _series_refused: dict[str, tuple[TargetCount, ...]] = dataclasses.field(default_factory=dict)
     _last_unmatched: tuple[tuple[str, int], ...] = ()
     # per source: a read cancelled at its deadline that has not ended yet. The next round
     # does not start a second read beside it, and does not wait for it either
@@ -147,6 +148,7 @@ class Collector:
                 # last-success time stays where the last good read left it
                 self._last_success[source.name] = now
             self._parse_errors[source.name] = reading.parse_errors
+            self._series_refused[source.name] = reading.series_refused
             status = SourceStatus(
                 source.name,
                 up=not reading.error,
@@ -154,6 +156,7 @@ class Collector:
                 last_success_time=self._last_success.get(source.name),
                 error=reading.error,
                 parse_errors=reading.parse_errors,
+                series_refused=reading.series_refused,
             )
             return _part(now, reading, status), partial
         status = SourceStatus(
@@ -163,6 +166,7 @@ class Collector:
             last_success_time=self._last_success.get(source.name),
             error=error,
             parse_errors=self._parse_errors.get(source.name, 0),
+            series_refused=self._series_refused.get(source.name, ()),
         )
         last = self._last_good.recall(source.name, now)
         if last is None:

@@ -584,6 +584,15 @@ LAST_COLLECT_SUCCESS_TIMESTAMP_SECONDS = FamilySpec(
 SOURCE_PARSE_ERRORS_TOTAL = FamilySpec(
     "gpufleet_source_parse_errors_total", "counter",
     "Lines or fields the source could not parse and skipped.", ("source",), "self")
+SOURCE_SERIES_REFUSED_TOTAL = FamilySpec(
+    "gpufleet_source_series_refused_total", "counter",
+    "Series refused because the scrape target that sent them does not speak for their node.",
+    ("source", "target"), "self",
+    doc="Cluster mode's `prometheus` source (`metrics: gpufleet`) only: a node's series count "
+        "only from the target serving its identity (docs/sources.md). `target` is that scrape "
+        "target as `job/instance` (the job empty where the scrape honours an allocation "
+        "series' own `job`). Each refused series counts here and in "
+        "`gpufleet_source_parse_errors_total` too. Absent until a target has sent one.")
 
 # -- cluster sources: composition and allocations --------------------------------------------------
 COMPOSE_UNMATCHED_GPUS = FamilySpec(

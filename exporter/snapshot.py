@@ -241,6 +241,14 @@ class JobRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class TargetCount:
+    """A running total of one target of a source (the series refused from it)."""
+
+    target: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class SourceStatus:
     source: str
     up: bool
@@ -249,6 +257,8 @@ class SourceStatus:
     target: str = ""  # one endpoint of a multi-target source (dcgm), "" for the source itself
     error: str = ""
     parse_errors: int = 0
+    # by the target that sent them, the series refused for speaking for a node not its own
+    series_refused: tuple[TargetCount, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from exporter import metrics
 from exporter.exposition import render_text
 from exporter.fleet_sim.fleet import Simulation
 from exporter.metrics import CATALOGUE
-from exporter.snapshot import JobRequest, SourceStatus, UnmatchedGpus, XidCount
+from exporter.snapshot import JobRequest, SourceStatus, TargetCount, UnmatchedGpus, XidCount
 from exporter.sources.sim.options import SimSource
 from tests.helpers.golden_metrics import GOLDEN
 from tests.helpers.metrics_doc import DOC, generate
@@ -28,6 +28,8 @@ NO_SERIES_ON_THE_DEFAULT_FLEET = {
     "gpufleet_pending_jobs": "the default simulation queues no jobs",
     "gpufleet_pending_gpus": "the default simulation queues no jobs",
     "gpufleet_compose_unmatched_gpus": "only when an allocation and a telemetry source are composed",
+    "gpufleet_source_series_refused_total": "prometheus source only, once a target spoke for a "
+                                            "node not its own",
     "gpufleet_advisor_plan_nodes_freed": "no plan proposed after one collection",
     "gpufleet_advisor_webhook_deliveries_total": "no webhook receiver configured by default",
     "gpufleet_advisor_alertmanager_notifications_total": "no Alertmanager notification received",
@@ -136,14 +138,16 @@ def test_families_the_default_fleet_leaves_empty_carry_the_declared_labels_too()
         snapshot, gpus=gpus,
         pending=(JobRequest("queued", 2, pool="gpu-h100"),),
         unmatched=(UnmatchedGpus("telemetry", 3),),
-        sources=(SourceStatus("sim", True, 0.0, 1_760_000_000.0),
+        sources=(SourceStatus("sim", True, 0.0, 1_760_000_000.0,
+                              series_refused=(TargetCount("gpufleet-nodes/10.0.0.5:9874", 3),)),
                  SourceStatus("dcgm", True, 0.0, None, target="http://node:9400")))
     families = served(render_text(snapshot).decode())
     for name in ("gpufleet_gpu_dcgm_nvlink_bandwidth_raw", "gpufleet_pending_jobs",
                  "gpufleet_gpu_xid_errors_total", "gpufleet_gpu_last_xid",
                  "gpufleet_gpu_last_xid_timestamp_seconds", "gpufleet_gpu_retired_pages_total",
                  "gpufleet_gpu_retired_pages_pending", "gpufleet_gpu_fan_speed_ratio",
-                 "gpufleet_pending_gpus", "gpufleet_compose_unmatched_gpus"):
+                 "gpufleet_pending_gpus", "gpufleet_compose_unmatched_gpus",
+                 "gpufleet_source_series_refused_total"):
         assert families[name].label_sets, name
     assert frozenset({"source", "target"}) in families["gpufleet_source_up"].label_sets
     _check_labels(families)

@@ -159,8 +159,9 @@ def test_per_gpu_off_serves_no_family_read_from_the_nodes():
                  "gpufleet_pending_gpus"}
     fleet = {"gpufleet_source_up", "gpufleet_collect_duration_seconds",
              "gpufleet_last_collect_success_timestamp_seconds",
-             "gpufleet_source_parse_errors_total", "gpufleet_compose_unmatched_gpus",
-             "gpufleet_snapshot_timestamp_seconds", "gpufleet_build_info"}
+             "gpufleet_source_parse_errors_total", "gpufleet_source_series_refused_total",
+             "gpufleet_compose_unmatched_gpus", "gpufleet_snapshot_timestamp_seconds",
+             "gpufleet_build_info"}
     assert cluster == fleet
     # with a scheduler read here (Slurm), its joins are served too: this process makes them
     with_slurm = _served_families(render_text(

@@ -45,6 +45,7 @@ from exporter.snapshot import (
     OwnerUse,
     Placement,
     SourceStatus,
+    TargetCount,
     UnattributedProcesses,
     UnmatchedGpus,
     XidCount,
@@ -249,6 +250,8 @@ def _snapshot_fields() -> dict[type, dict[str, Check]]:
             "source": string(), "up": boolean, "duration_seconds": number(0, 1e9),
             "last_success_time": optional(_TIME), "target": string(), "error": string(MAX_TEXT),
             "parse_errors": integer(0, 2 ** 63 - 1),
+            "series_refused": array(record(TargetCount, {
+                "target": string(), "count": integer(0, 2 ** 63 - 1)}), 10_000),
         },
         UnmatchedGpus: {"side": string(), "count": integer(0, 2 ** 63 - 1)},
     }

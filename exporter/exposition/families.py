@@ -329,7 +329,7 @@ def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
             pending_gpus.get(request.pool, 0) + request.gpu_count * request.gpu_share
         )
 
-    up, duration, last_success, parse_errors = [], [], [], []
+    up, duration, last_success, parse_errors, refused = [], [], [], [], []
     for status in snapshot.sources:
         source_labels: tuple[tuple[str, str], ...] = (("source", status.source),)
         if status.target:
@@ -341,6 +341,8 @@ def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
         if status.last_success_time is not None:
             last_success.append((source_labels, status.last_success_time))
         parse_errors.append((source_labels, float(status.parse_errors)))
+        refused += [((*source_labels, ("target", t.target)), float(t.count))
+                    for t in status.series_refused]
 
     return [
         metrics.NODE_INFO.family(node_info),
@@ -354,6 +356,7 @@ def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
         metrics.COLLECT_DURATION_SECONDS.family(duration),
         metrics.LAST_COLLECT_SUCCESS_TIMESTAMP_SECONDS.family(last_success),
         metrics.SOURCE_PARSE_ERRORS_TOTAL.family(parse_errors),
+        metrics.SOURCE_SERIES_REFUSED_TOTAL.family(refused),
         metrics.COMPOSE_UNMATCHED_GPUS.family(
             [((("side", u.side),), float(u.count)) for u in snapshot.unmatched]),
         *allocation_families(snapshot),

@@ -72,7 +72,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node, TargetCount
 
 
 class NoData(Exception):
@@ -104,6 +104,9 @@ class SourceReading:
     pending: tuple[JobRequest, ...] = ()
     parse_errors: int = 0  # running total since start: gpufleet_source_parse_errors_total
     targets: tuple[TargetStatus, ...] = ()
+    # running totals since start by the target that sent them, of the series refused for
+    # speaking for a node not the target's own: gpufleet_source_series_refused_total
+    series_refused: tuple[TargetCount, ...] = ()
     error: str = ""  # why the source counts as down although it answered; "" when up
 
     @classmethod

@@ -22,6 +22,12 @@ class PrometheusSource:
     selector: str = opt(
         "", help='Label matchers added to every query, e.g. job="gpufleet-nodes".'
     )
+    allocation_selector: str = opt(
+        "", help="Label matchers naming the scheduler's exporter (cluster-mode gpufleet reading "
+        "Slurm or Kubernetes), e.g. job=\"gpufleet-cluster\", or instance=\"host:9874\" where "
+        "its scrape honours labels: its allocations count on any node (one more query). "
+        "Other allocations count only from the target serving their node's identity.",
+    )
     query_timeout: Duration = opt(
         Duration(5), help="Longest one query may take (sent to Prometheus too).", exclusive_min=0
     )

@@ -93,6 +93,7 @@ from exporter.snapshot import (
     MigInstance,
     Node,
     Placement,
+    TargetCount,
 )
 from exporter.sources import Clock, SourceReading, SourceStartupError, TargetStatus
 from exporter.sources.dcgm.fields import (
@@ -160,7 +161,7 @@ MIG_FAMILIES = (
 NODE_FAMILIES = (metrics.NODE_INFO.name, metrics.NODE_CPU_CORES.name)
 
 # Without these the snapshot would be wrong, not just thinner: fail the read.
-REQUIRED = ("identity", "nodes", "allocations")
+REQUIRED = ("identity", "nodes", "allocations", "scheduler_allocations")
 # The labels the scrape adds that name a target: a node's summary is believed only from the
 # target that serves the node's identity (see summarised)
 TARGET_LABELS = ("instance", "job")
@@ -268,6 +269,10 @@ def build_queries(config: PrometheusConfig) -> dict[str, str]:
                 f" > {config.max_sample_age:g}"),
         "nodes": regex(NODE_FAMILIES),
         "allocations": regex(ALLOCATION_FAMILIES),
+        # the scheduler's exporter (allocation_selector): its allocations count on any node
+        **({"scheduler_allocations": (f'{{__name__=~"{"|".join(ALLOCATION_FAMILIES)}", '
+                                      f'{config.allocation_selector}}}')}
+           if config.allocation_selector else {}),
         "mig": regex(MIG_FAMILIES),
         "targets": (
             f"up and on (job, instance) last_over_time({metrics.BUILD_INFO.name}{{{inner}}}[{window}])"
@@ -388,16 +393,61 @@ def own(samples: Sequence[Any], owner: Mapping[str, tuple[str, str] | None],
     return out
 
 
+def own_allocations(samples: Sequence[Any], owner: Mapping[str, tuple[str, str] | None],
+                    refused: _Refused, trusted: Sequence[Any] = ()) -> list[Any]:
+    """The allocation series of ``samples`` that their node's own target exported, as
+    :func:`own` for each GPU's series, plus ``trusted``: those of the scheduler's exporter
+    (``allocation_selector``), which speaks for every node's jobs. An allocation series'
+    ``job`` is the scheduler's job where the scrape honours labels (then there is no
+    ``exported_job``), so the scrape job is unknown and the tie is by ``instance`` alone; a
+    series that ``trusted`` holds too is the scheduler's, neither counted twice nor refused."""
+    out: list[Any] = list(trusted)
+    theirs = {_label_key(s) for s in trusted}
+    for sample in samples:
+        try:
+            labels = sample["metric"]
+            node = labels.get("node", "")
+            instance = labels.get("instance", "")
+            job = labels.get("job", "") if "exported_job" in labels else None
+        except _BAD_SERIES:
+            out.append(sample)  # malformed: dropped and counted where it is read
+            continue
+        if theirs and (key := _label_key(sample)) is not None and key in theirs:
+            continue
+        if node not in owner:
+            out.append(sample)
+            continue
+        mine = owner[node]
+        if mine is not None and mine[0] == instance and job in (None, mine[1]):
+            out.append(sample)
+            continue
+        refused.add("allocations", node, f"{job or ''}/{instance}", mine)
+    return out
+
+
+def _label_key(sample: Any) -> tuple[tuple[str, str], ...] | None:
+    """A series' labels, name included, as a key; None for a malformed one."""
+    try:
+        key = tuple(sorted(sample["metric"].items()))
+        hash(key)
+        return key
+    except _BAD_SERIES:
+        return None
+
+
 @dataclass
 class _Refused:
-    """The per-GPU series of one read left out because a target spoke for a node not its own
-    (:func:`own`): (node, target) -> (why, series), and the total."""
+    """The series of one read left out because a target spoke for a node not its own
+    (:func:`own`, :func:`own_allocations`): (node, target) -> (why, series), the total, and
+    the series by target (``job/instance``)."""
 
     series: int = 0
     claims: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+    by_target: dict[str, int] = field(default_factory=dict)
 
     def add(self, name: str, node: str, target: str, owner: tuple[str, str] | None) -> None:
         self.series += 1
+        self.by_target[target] = self.by_target.get(target, 0) + 1
         why = ("several targets serve the node's identity" if owner is None
                else f"the node's identity comes from {owner[1]}/{owner[0]}")
         _, count = self.claims.get((node, target), (why, 0))
@@ -827,7 +877,10 @@ def build_snapshot(
         for name, (labels, count) in sorted(nodes_info.items())
     )
 
-    allocations = _allocations(series("allocations"), dropped)
+    # a node's jobs: its own target's word, or the scheduler's exporter's
+    allocations = _allocations(
+        own_allocations(series("allocations"), owner, refused, series("scheduler_allocations")),
+        dropped)
     snapshot = FleetSnapshot(taken_at, nodes, gpus, allocations)
     targets = _targets(series("targets"), dropped)
     if dropped.count:
@@ -1142,6 +1195,9 @@ class PrometheusFleetSource:
     # the summaries not believed at the last read, (node, target) -> why, as last logged
     _ignored: dict[tuple[str, str], str] = field(default_factory=dict)
     series_refused: int = 0  # each GPU's series left out: from a target not their node's
+    # every series refused since start (those and the summaries ignored), by the target
+    # (job/instance) that sent it: gpufleet_source_series_refused_total
+    refused_by_target: dict[str, int] = field(default_factory=dict)
     # target -> the nodes it spoke for at the last read (their series refused) and why, as
     # last logged
     _claims: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
@@ -1446,7 +1502,9 @@ class PrometheusFleetSource:
         error = self._blind(bool(snapshot.gpus))
         snapshot = self._carry_over_lost_nodes(snapshot, at)
         return SourceReading.of(snapshot, parse_errors=self._parse_errors, targets=targets,
-                                error=error)
+                                error=error, series_refused=tuple(
+                                    TargetCount(target, count) for target, count
+                                    in sorted(self.refused_by_target.items())))
 
     async def _by_summary(self, cover: SummaryCover | None, at: float, headers: dict[str, str],
                           in_flight: asyncio.Semaphore, budget: _SeriesBudget
@@ -1520,6 +1578,8 @@ class PrometheusFleetSource:
         and logged once while it goes on, not every read."""
         self.summaries_ignored += len(ignored)
         self._parse_errors += len(ignored)
+        for _, target in ignored:
+            self.refused_by_target[target] = self.refused_by_target.get(target, 0) + 1
         for (node, target), why in sorted(ignored.items()):
             if self._ignored.get((node, target)) != why:
                 log.warning("node summary ignored: a node speaks only for itself; its GPUs are "
@@ -1533,6 +1593,8 @@ class PrometheusFleetSource:
         target while its claims go on, not every read: the nodes it spoke for, how many
         series, and why the first was refused."""
         self.series_refused += refused.series
+        for target, count in refused.by_target.items():
+            self.refused_by_target[target] = self.refused_by_target.get(target, 0) + count
         by_target: dict[str, list[tuple[str, str, int]]] = {}
         for (node, target), (why, count) in sorted(refused.claims.items()):
             by_target.setdefault(target, []).append((node, why, count))
