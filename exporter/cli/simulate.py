@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "summary.csv too")
     parser.add_argument("--strategies", default=None, metavar="LIST",
                         help="comma-separated (default none,descheduler,consolidate,advisor; the matrix's "
-                        "none,descheduler,consolidate,oracle,advisor)")
+                        "none,descheduler,consolidate,oracle-heads,advisor)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="folder for outcomes.csv and timeline.png")
     parser.add_argument("--jobs", type=int, default=1, metavar="N", help="runs at a time, one core each")
