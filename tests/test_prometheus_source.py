@@ -20,6 +20,7 @@ from exporter.sources import SourceReading, SourceStartupError, TargetStatus
 from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
 from exporter.sources.prometheus.source import (
     PrometheusQueryError,
+    _Refused,
     _Result,
     auth_headers,
     build,
@@ -41,6 +42,58 @@ def test_one_query_per_family_none_per_node():
     assert queries["gpufleet_gpu_power_watts"] == \
         'max by (node, gpu, instance, job) (gpufleet_gpu_power_watts{job="nodes"})'
     assert queries["old"].endswith("> 120")
+
+
+def test_the_scheduler_exporter_is_read_by_its_own_selector_when_named():
+    assert "scheduler_allocations" not in build_queries(PrometheusConfig())
+    queries = build_queries(PrometheusConfig(selector='job="nodes"',
+                                             allocation_selector='instance="slurm:9874"'))
+    assert queries["scheduler_allocations"] == (
+        '{__name__=~"gpufleet_gpu_allocation_info|gpufleet_allocation_cpu_cores|'
+        'gpufleet_allocation_gpu_share_ratio", instance="slurm:9874"}')
+    assert queries["allocations"].endswith(', job="nodes"}')
+
+
+def test_allocations_count_only_from_their_nodes_target_or_the_schedulers():
+    """A node's jobs: from the target serving its identity, tied by (instance, job) where the
+    scrape renamed the exporter's job (exported_job), by instance alone where it honours labels
+    (job is then the scheduler's); the scheduler's exporter (allocation_selector) for any node."""
+    own_target = {"instance": GPU["instance"], "job": "nodes"}
+    info = {k: v for k, v in GPU.items() if k not in own_target}
+
+    def alloc(name: str, **target: str) -> dict:
+        return _series("gpufleet_gpu_allocation_info", 1, **info, **target, job_gpus="1",
+                       **({"exported_job": name} if "job" in target else {"job": name}))
+
+    scheduler = [alloc("slurm-7", instance="slurm:9874"),
+                 _series("gpufleet_allocation_cpu_cores", 16, node="gpu-001", job="slurm-7",
+                         instance="slurm:9874")]
+    results = _results(
+        identity=[_series("gpufleet_gpu_info", 1, **GPU)], old=[], nodes=[],
+        allocations=[
+            alloc("own", **own_target),                              # renamed: both agree
+            alloc("honoured", instance=GPU["instance"]),             # honour_labels: instance
+            alloc("other-job", instance=GPU["instance"], job="x"),   # another scrape job
+            alloc("other-host", instance="10.0.0.9:9874", job="nodes"),
+            alloc("honoured-other-host", instance="10.0.0.9:9874"),
+            *scheduler,  # the plain selector matches the scheduler's too: read once, not refused
+        ],
+        scheduler_allocations=scheduler)
+    refused = _Refused()
+    snapshot, _, failed = build_snapshot(100.0, results, refused)
+    assert [(a.job, a.placements[0].cpus) for a in snapshot.allocations] == [
+        ("honoured", 0.0), ("own", 0.0), ("slurm-7", 16.0)]
+    assert failed == refused.series == 3
+    assert refused.by_target == {"x/10.0.0.1:9874": 1, "nodes/10.0.0.9:9874": 1,
+                                 "/10.0.0.9:9874": 1}
+    # the scheduler's query failing fails the read, as the allocations' does
+    with pytest.raises(PrometheusQueryError, match="scheduler_allocations"):
+        build_snapshot(100.0, {**results, **_results(scheduler_allocations=None)})
+    # without it, the scheduler's series are another target's word on gpu-001: refused
+    del results["scheduler_allocations"]
+    snapshot, _, failed = build_snapshot(100.0, results)
+    assert [a.job for a in snapshot.allocations] == ["honoured", "own"]
+    assert failed == 5
 
 
 def _series(name: str, value: float | str, **labels: str) -> dict:
@@ -778,7 +831,7 @@ def test_one_bad_series_is_dropped_and_counted_the_rest_stands():
                      _series("gpufleet_gpu_allocation_info", 1, **dict(good, gpu="x"),
                              exported_job="j2"),
                      _series("gpufleet_allocation_cpu_cores", "-Inf", node="good",
-                             exported_job="j1")],
+                             exported_job="j1", instance=GPU["instance"], job="nodes")],
         mig=[_series("gpufleet_gpu_mig_instance_info", 1, **good, profile="1g.10gb"),
              _series("gpufleet_gpu_mig_instance_info", 1, **good, gpu_instance="2",
                      profile="1g.10gb")],

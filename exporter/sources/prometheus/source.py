@@ -46,11 +46,15 @@ the whole read. Past one the read fails, so the collector serves the last good v
 stale with the source down. An answer with no GPU at all (a selector matching
 nothing, a backend not filled yet) is a down source too, never a fleet of none.
 
-A node speaks only for itself: a node's summary and each of its GPUs' series count only from
-the scrape target (``job``, ``instance``) that serves the node's identity; another target's are
-refused (counted in ``gpufleet_source_parse_errors_total``, logged once per target and change),
-and a node whose identity several targets serve is left out of the read, its last good reading
-served stale (docs/sources.md, "Prometheus").
+A node speaks only for itself: a node's summary, each of its GPUs' series, its MIG instances,
+node record and the jobs placed on it count only from the scrape target (``job``,
+``instance``) that serves the node's identity (an allocation's ``job`` is the scheduler's where
+the scrape honours labels: then by ``instance`` alone), the jobs also from the scheduler's
+exporter ``allocation_selector`` names; another target's are refused (counted in
+``gpufleet_source_parse_errors_total`` and by target in
+``gpufleet_source_series_refused_total``, logged once per target and change), and a node whose
+identity several targets serve is left out of the read, its last good reading served stale
+(docs/sources.md, "Prometheus").
 
 Labels: Prometheus renames an exporter's ``job`` and ``instance`` labels to
 ``exported_job``/``exported_instance`` unless the scrape sets ``honor_labels``;
