@@ -104,6 +104,17 @@ async def test_normal_gpus_export_base_units(sources):
     assert out.absent("gpufleet_gpu_mig_instance_info")
 
 
+async def test_a_gpu_without_nvlink_links_has_no_nvlink_capacity(sources):
+    """An SXM H100 alone in a VM (a real one, driver 580.159.04) reports no NVLink link: the
+    model's 900 GB/s is not its capacity, so the family has no series for it."""
+    fake = FakeNvml([h100(0), h100(1, nvlink_tx_kib=[], nvlink_rx_kib=[])])
+    out = await read(sources(fake))
+    assert out.value("gpufleet_gpu_nvlink_capacity_bytes_per_second", gpu="0") == 900e9
+    assert out.absent("gpufleet_gpu_nvlink_capacity_bytes_per_second", gpu="1")
+    assert out.absent("gpufleet_gpu_nvlink_transmit_bytes_total", gpu="1")
+    assert out.value("gpufleet_gpu_up", gpu="1") == 1
+
+
 async def test_old_driver_falls_back_to_v1_memory_and_plain_temperature(sources):
     fake = FakeNvml([h100(0, memory_used=10 * GIB, memory_reserved=GIB // 2)],
                     memory_v2=False, temperature_v=False)

@@ -501,8 +501,11 @@ class NvmlGpuSource:
         return found
 
     def _identity(self, device: _Device) -> Gpu:
+        # The model's NVLink bandwidth only where the GPU has links: an SXM H100 alone in a
+        # VM reports none (seen on a real one), and a capacity there would be made up.
+        capacity = device.info.nvlink_bandwidth_bytes_per_second if device.nvlink_links else None
         return Gpu(self.node, device.index, device.uuid, device.info.model, self.pool,
-                   nvlink_capacity_bytes_per_second=device.info.nvlink_bandwidth_bytes_per_second,
+                   nvlink_capacity_bytes_per_second=capacity,
                    pci_bus_id=device.pci_bus_id, driver_version=self.driver_version or None,
                    vbios_version=device.vbios_version, serial=device.serial)
 
