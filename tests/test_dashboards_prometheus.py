@@ -13,6 +13,7 @@ succeed and return data, except the panels a dashboard module lists in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from exporter.dashboards import DASHBOARDS
+from exporter.sources.sim.options import SimSource
 from tests.helpers import REPO, http_get
 from tests.helpers.servers import start_node_exporter, stop
 
@@ -31,18 +33,27 @@ from tests.helpers.servers import start_node_exporter, stop
 pytestmark = pytest.mark.alone
 
 DATA_SECONDS = 30
+# The simulator's pools (each model, and MIG on 2 of the 4 A100 nodes) with 4 nodes each, not its
+# 136: every panel has data at this size too, and the 1,088 GPUs' scrapes, recording rules and
+# queries were most of this test's CPU.
+POOLS = tuple(dataclasses.replace(pool, nodes=4) for pool in SimSource().pools)
+POOL_LINES = "\n".join(
+    f"      - {{name: {p.name}, model: {p.model}, nodes: {p.nodes}, "
+    f"gpus_per_node: {p.gpus_per_node}, cpu_cores: {p.cpu_cores}}}" for p in POOLS)
 # The XID fails GPU 0 of gpu-001: the advisor drains the node; with a 1 s clean window and
 # minimum drain it resumes it about two collections later (issue 31): the verdict,
 # remediation and reliability panels then show a real fault, drain and resume, the mean
 # times from fault to drain and from drain to resume included (no value without them).
-XID_CONFIG = """
+XID_CONFIG = f"""
 cluster: dashboards
 sources:
   sim:
+    pools:
+{POOL_LINES}
     scenarios:
-      - {kind: xid, node: gpu-001, gpu: 0, value: 79, start_after: 15s}
+      - {{kind: xid, node: gpu-001, gpu: 0, value: 79, start_after: 15s}}
 advisor:
-  health: {clean_window: 1s, min_drain: 1s}
+  health: {{clean_window: 1s, min_drain: 1s}}
 """
 DRAIN_TO_RESUME = "cluster:gpufleet_remediation_drain_to_resume_seconds:mean7d"
 RECORDING = REPO / "rules" / "gpufleet-recording.yaml"
