@@ -268,7 +268,7 @@ def compare(tmp_path: Path, cluster: str | None) -> None:
             return end["prometheus"] == end["vmalert"]
 
         with contextlib.suppress(AssertionError):  # the comparison below names the difference
-            wait_until("the same alerts firing on both engines", settled, timeout=30, interval=1)
+            wait_until("the same alerts firing on both engines", settled, timeout=60, interval=1)
         # fired at any time since the rules were loaded
         window = f"{int(time.monotonic() - started) + 10}s"
         ever = {engine: firing(store, f"max_over_time({FIRING}[{window}])")
