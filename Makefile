@@ -70,16 +70,14 @@ vm-deps:
 	fi
 
 # Three pytest workers (pytest-xdist), each test file on one of them (--dist loadfile: a module's
-# tests share its fixtures and run in order), and beside them the tests marked `alone` in one
-# process: their waits (Alertmanager's inhibition, a 3 s source deadline, every dashboard query,
-# two rule engines evaluating every second) were written for an otherwise idle machine, so
-# everything else runs at nice 19 and yields the cores to them whenever they want them (the
-# recipe runs in one session, so one autogroup, where nice orders the processes). The `alone`
-# part mostly waits on its servers; run after the rest it left a core idle for its 230 s.
-# TEST_WORKERS=0 runs the first part in one process too. Two more processes run beside:
-# mypy (15 s of one core from a clean clone), and the tests marked `serial` (schemathesis':
-# one process, not xdist, for their shared node ids; they make no timing wait and pass on a
-# loaded machine). Every part's report follows the first part's; any failing fails make test.
+# tests share its fixtures and run in order), then the tests marked `alone` in one process:
+# their waits (Alertmanager's inhibition, a 3 s source deadline, every dashboard query) were
+# written for an otherwise idle machine. TEST_WORKERS=0 runs the first part in one process too.
+# While the first part runs, whose real servers leave the cores idle much of the time, two
+# more processes use them: mypy (15 s of one core from a clean clone), and the tests marked
+# `serial` (schemathesis': one process, not xdist, for their shared node ids; they make no
+# timing wait and pass on a loaded machine). Their reports follow the first part's, and any
+# of the three failing fails make test before the `alone` part.
 # Three workers on two cores: with two, the part used about half the cores' time on a quiet
 # machine (530 s of CPU, with the `serial` part and mypy beside it, in 571 s), the rest
 # waiting on real servers and subprocesses.
@@ -98,20 +96,16 @@ test test-fast: export PYTHONDONTWRITEBYTECODE :=
 
 test: $(VENV)/.installed-test system-deps slurm-deps kube-deps stress-deps vm-deps
 	$(BIN)/ruff check exporter tests bench deploy
-	@$(BIN)/pytest -q -p no:cacheprovider -m alone $(PYTEST_ARGS) $(call MARKED,alone) \
-	  > $(VENV)/alone.log 2>&1 & \
-	alone=$$!; \
-	nice -n 19 $(BIN)/mypy > $(VENV)/mypy.log 2>&1 & typing=$$!; \
-	nice -n 19 $(BIN)/pytest -q -p no:cacheprovider -m serial $(PYTEST_ARGS) $(call MARKED,serial) \
+	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & typing=$$!; \
+	$(BIN)/pytest -q -p no:cacheprovider -m serial $(PYTEST_ARGS) $(call MARKED,serial) \
 	  > $(VENV)/serial.log 2>&1 & \
 	serial=$$!; \
-	nice -n 19 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone and not serial" $(PYTEST_ARGS); \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone and not serial" $(PYTEST_ARGS); \
 	tests=$$?; \
 	wait $$serial; serialized=$$?; echo "$(BIN)/pytest -q -m serial"; cat $(VENV)/serial.log; \
 	wait $$typing; typed=$$?; echo "$(BIN)/mypy"; cat $(VENV)/mypy.log; \
-	wait $$alone; alone=$$?; echo "$(BIN)/pytest -q -m alone"; cat $(VENV)/alone.log; \
-	[ $$tests -eq 0 ] && [ $$serialized -eq 0 -o $$serialized -eq 5 ] && [ $$typed -eq 0 ] \
-	  && [ $$alone -eq 0 -o $$alone -eq 5 ]
+	[ $$tests -eq 0 ] && [ $$serialized -eq 0 -o $$serialized -eq 5 ] && [ $$typed -eq 0 ]
+	$(BIN)/pytest -q -m alone $(PYTEST_ARGS) $(call MARKED,alone) || [ $$? -eq 5 ]
 
 # The inner loop: everything but the tests that start real servers (marked slow), under 60 s:
 # one pytest worker per core (pytest-xdist), since the fast tests are CPU-bound.
