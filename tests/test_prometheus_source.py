@@ -916,3 +916,14 @@ def test_a_target_speaks_for_no_other_nodes_gpus_mig_or_node_record():
     assert (gpu.up, gpu.stale, gpu.power_watts, gpu.mig) == (True, False, 300.0, ())
     assert snapshot.nodes[0].cpu_cores == 128.0
     assert failed == 5  # old, up, power, mig, cpu cores: each refused and counted
+
+
+def test_refused_series_counts_keep_at_most_the_cap_of_targets_apart():
+    """A node that names a new instance each scrape cannot grow the counter without end."""
+    from exporter.sources.prometheus.source import count_refused
+
+    counts: dict[str, int] = {}
+    for i in range(5):
+        count_refused(counts, f"/10.0.0.{i}:9874", 2, cap=3)
+    count_refused(counts, "/10.0.0.0:9874", 1, cap=3)
+    assert counts == {"/10.0.0.0:9874": 3, "/10.0.0.1:9874": 2, "/10.0.0.2:9874": 2, "other": 4}

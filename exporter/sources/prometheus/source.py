@@ -429,6 +429,22 @@ def own_allocations(samples: Sequence[Any], owner: Mapping[str, tuple[str, str] 
     return out
 
 
+# Distinct targets gpufleet_source_series_refused_total keeps apart: where a scrape honours
+# labels a node names its own ``instance``, so a liar could otherwise grow the counter's
+# series (and this process's memory) without end by changing it each scrape.
+MAX_REFUSED_TARGETS = 256
+OTHER_TARGETS = "other"
+
+
+def count_refused(counts: dict[str, int], target: str, n: int,
+                  cap: int = MAX_REFUSED_TARGETS) -> None:
+    """Add ``n`` refused series to ``target``'s count; past ``cap`` targets, new ones count
+    together under ``other``."""
+    if target not in counts and len(counts) >= cap:
+        target = OTHER_TARGETS
+    counts[target] = counts.get(target, 0) + n
+
+
 def _label_key(sample: Any) -> tuple[tuple[str, str], ...] | None:
     """A series' labels, name included, as a key; None for a malformed one."""
     try:
@@ -1583,7 +1599,7 @@ class PrometheusFleetSource:
         self.summaries_ignored += len(ignored)
         self._parse_errors += len(ignored)
         for _, target in ignored:
-            self.refused_by_target[target] = self.refused_by_target.get(target, 0) + 1
+            count_refused(self.refused_by_target, target, 1)
         for (node, target), why in sorted(ignored.items()):
             if self._ignored.get((node, target)) != why:
                 log.warning("node summary ignored: a node speaks only for itself; its GPUs are "
@@ -1598,7 +1614,7 @@ class PrometheusFleetSource:
         series, and why the first was refused."""
         self.series_refused += refused.series
         for target, count in refused.by_target.items():
-            self.refused_by_target[target] = self.refused_by_target.get(target, 0) + count
+            count_refused(self.refused_by_target, target, count)
         by_target: dict[str, list[tuple[str, str, int]]] = {}
         for (node, target), (why, count) in sorted(refused.claims.items()):
             by_target.setdefault(target, []).append((node, why, count))
