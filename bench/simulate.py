@@ -14,8 +14,14 @@ their outcomes are the same (every column but ``wall_seconds``); it ends with on
 a row per strategy, before (the other checkout) and after (this one), as docs/performance.md
 keeps it.
 
+The default strategies include both oracles: ``oracle`` unblocks the first head only,
+``oracle-heads`` every partition's head, and is the one ``simulate --matrix`` runs.
+
+``--priority 19`` runs the bench and every run it starts at that nice, in a session of its
+own (bench/priority.py), so that a bench on a shared machine yields to the rest.
+
 Usage: ``.venv/bin/python bench/simulate.py [--fleet default] [--days 14] [--load 1.1]
-[--strategies none,advisor] [--against /tmp/base] [--repeat 2]``
+[--strategies none,advisor] [--against /tmp/base] [--repeat 2] [--priority 19]``
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.priority import prioritise  # noqa: E402
+
 GOALS = {"default": 60.0, "openb": 600.0, "gfs": 600.0}  # CPU s per strategy per 14 days, one core
 
 # one run in a fresh interpreter of the checkout at argv[1]: CPU seconds and the outcome's columns
@@ -71,10 +81,17 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=1.1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--advisor-interval", type=float, default=60.0)
-    parser.add_argument("--strategies", default="none,descheduler,consolidate,oracle,advisor")
+    parser.add_argument("--strategies", default="none,descheduler,consolidate,oracle,oracle-heads,advisor",
+                        help="comma-separated; oracle-heads is the matrix's oracle")
     parser.add_argument("--against", type=Path, help="another checkout to run alternately (the baseline)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per strategy and checkout")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="nice for the bench and its runs, in a session of its own (-20 to 19)")
     args = parser.parse_args()
+    if args.priority is not None:
+        if not -20 <= args.priority <= 19:
+            parser.error(f"--priority must be -20 to 19, got {args.priority}")
+        prioritise(args.priority)
     goal = GOALS[args.fleet]
     scale = 14 / (args.days + args.warmup_days)
     trees = [("this", REPO)] + ([("against", args.against.resolve())] if args.against else [])
