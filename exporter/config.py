@@ -160,7 +160,7 @@ class AdvisorConfig:
                      "alone (the rule before; docs/simulate.md); starts and horizon, as queue, refusing a "
                      "plan that costs the small jobs more starts (before the next plan) or waiting "
                      "(while its head runs) than it saves.",
-                     choices=("queue", "head", "starts", "horizon"))
+                     choices=("queue", "head", "starts", "horizon", "horizon-room"))
     hold_recheck: Duration = _opt(Duration(60), help="After a hold (nothing worth moving), how "
                                   "long snapshots wait before planning again; alerts re-plan at once.",
                                   min=0)

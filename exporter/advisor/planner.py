@@ -94,7 +94,10 @@ class PlanSettings:
     horizon_cap_seconds: float = 6 * 3600.0
 
 
-RULES = ("head", "queue", "starts", "horizon")
+# "horizon-room" is "horizon" with the room the head's reservation holds anyway not counted
+# (:func:`reservation_held`)
+RULES = ("head", "queue", "starts", "horizon", "horizon-room")
+QUEUE_RULES = ("queue", "starts", "horizon", "horizon-room")  # the rules that plan past the head
 SMALL_GPUS = 8  # a single-node job asking fewer GPUs than this is a small one (backfills fragments)
 STARTS_LOOKBACK = 3600.0  # seconds of past starts the small jobs' rate is read from
 QUEUE_JOBS = 8  # blocked jobs one plan is made for under the queue rule, the head included
@@ -669,7 +672,7 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
     account) the plan goes on past the head, and says what it costs.
     """
     with (KeptState() if kept_state is None else kept_state).borrow() as working:
-        if settings.rule in ("queue", "starts", "horizon"):
+        if settings.rule in QUEUE_RULES:
             return _plan_for_queue(working, snapshot, report, job, now, settings)
         return _plan_for_pending(working, snapshot, report, job, now, settings)
 
@@ -880,6 +883,9 @@ class QueuePlan(CompactionPlan):
     # the room the plan takes causes while the head holds it (``horizon_seconds``); None: not counted
     small_wait_gpu_hours: float | None = None
     horizon_seconds: float | None = None
+    # under "horizon-room" (:func:`reservation_held`): the GPUs the head's reservation keeps from
+    # the small jobs already, not counted in the room the plan takes; None: not counted
+    reserved_gpus: float | None = None
 
 
 def work_cost(moves: Iterable[tuple[Candidate, Placement]], settings: PlanSettings) -> float:
@@ -972,6 +978,30 @@ def small_wait_caused(snapshot: FleetSnapshot, taken_gpus: float, started: Itera
     waiting_now = min(taken_gpus, queued)
     arriving = min(taken_gpus - waiting_now, _small_started(snapshot, now) / STARTS_LOOKBACK * horizon)
     return round((waiting_now * horizon + arriving * horizon / 2) / 3600, 3)
+
+
+def reservation_held(state: FleetState, head: _Pending) -> float:
+    """GPUs a blocked head's reservation keeps from the small jobs already, plan or no plan.
+
+    A FIFO scheduler with backfill (Slurm's, the simulator's) reserves for a blocked head the
+    nodes it could start on soonest, and backfills small jobs onto them only where they end by
+    then. A plan that starts the head takes its GPUs; the free ones on the reserved nodes were
+    out of the small jobs' reach while it waited (with the plan the head uses them, or they are
+    released when its reservation ends), so only the rest of the room is theirs to lose. A
+    snapshot states no job's end, so the reserved nodes are taken to be the ``parts`` allowed
+    nodes with the most free GPUs the head can use (each counted up to its part's GPUs): the
+    most a reservation can hold now, so the room left is the least a plan takes from them. The
+    small jobs that would end by the head's start, and so may still use the reserved nodes,
+    are not counted."""
+    task = head.task
+    if task.gpus <= 0:
+        return 0.0
+    need = 1.0 if task.gpu_share >= 1.0 - 1e-9 else task.gpu_share
+    allowed = np.ones(len(state.names), dtype=bool)
+    allowed[head.excluded] = False
+    usable = (state.gpu_free[allowed] >= need - 1e-9).sum(axis=1)
+    held = np.sort(np.minimum(usable, task.gpus))[::-1][:head.parts]
+    return round(float(held.sum()) * task.gpu_share, 6)
 
 
 def _queue_from(state: FleetState, pending: Sequence[JobRequest], head: JobRequest,
@@ -1108,9 +1138,12 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
         taken = gpus - sum(j.gpu_count * j.gpu_share for j in displaced)
         lost_starts = backfill_lost(snapshot, taken, started_with | started_without, now,
                                     settings.starts_horizon_seconds)
-    small_wait = horizon = None
-    if settings.rule == "horizon":
+    small_wait = horizon = reserved = None
+    if settings.rule in ("horizon", "horizon-room"):
         taken = gpus - sum(j.gpu_count * j.gpu_share for j in displaced)
+        if settings.rule == "horizon-room":
+            reserved = reservation_held(state, queue[0])
+            taken = max(0.0, taken - reserved)
         horizon = expected_runtime(snapshot, job, now, settings.horizon_cap_seconds)
         small_wait = small_wait_caused(snapshot, taken, started_with | started_without, now, horizon)
     waited = "" if job.submit_time is None else f", waiting {max(0.0, now - job.submit_time) / 60:.0f} min"
@@ -1128,7 +1161,7 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
         lets_start=tuple(j.job for j in lets), gpu_hours_waiting_saved=saved,
         work_gpu_hours=round(work, 3), displaced=tuple(j.job for j in displaced),
         displaced_gpu_hours=lost, gpus_started=gpus, starts_lost=lost_starts,
-        small_wait_gpu_hours=small_wait, horizon_seconds=horizon)
+        small_wait_gpu_hours=small_wait, horizon_seconds=horizon, reserved_gpus=reserved)
 
 
 def _plan_job(placer: Placer, target: _Pending, movable: dict[int, list[tuple[Allocation, _Where]]],

@@ -108,14 +108,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
                         help="simulated seconds between the advisor's evaluations, 1 to 86400 "
                         "(default 60)")
-    parser.add_argument("--advisor-rule", choices=("queue", "head", "starts", "horizon"), default="queue",
+    parser.add_argument("--advisor-rule", choices=("queue", "head", "starts", "horizon", "horizon-room"),
+                        default="queue",
                         help="which pending jobs the advisor plans for: queue, the head and the next "
                         "blocked jobs the same budget of moves starts, where it pays; head, the head "
                         "alone (the rule before); starts, as queue, refusing a plan that starts fewer "
                         "jobs than the small ones expected to start in the room it takes before the "
                         "next evaluation; horizon, as queue, refusing a plan whose waiting ended is "
                         "no more than the small jobs' waiting the room it takes causes while its head "
-                        "runs (default queue)")
+                        "runs; horizon-room, as horizon, the room the head's reservation holds "
+                        "anyway not counted (default queue)")
     parser.add_argument("--advisor-pools-by-model", action="store_true",
                         help="the advisor's snapshot lists a pool per GPU model, as serve's simulated "
                         "fleet does, so its planner keeps each job on its model, as the fifo scheduler's "
