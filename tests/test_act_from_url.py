@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import REPO, http_get
 
-XID_NODE = "gpu-098"
+XID_NODE = "gpu-010"  # an A100 node without MIG of the tests' small simulated fleet
 
 
 def _act(*args: str, cwd) -> subprocess.CompletedProcess[str]:

@@ -189,7 +189,7 @@ def test_a_wrong_selector_is_not_ready_with_the_reason_and_has_no_index(
         "scrape_configs": [{"job_name": "gpufleet-nodes", "scrape_interval": "1s",
                             "scrape_timeout": "1s",
                             "static_configs": [{"targets": [f"127.0.0.1:{node.port}"]}]}]}))
-    prom.wait_for("gpufleet_gpu_info", lambda r: len(r) == 1088, timeout=60)
+    prom.wait_for("gpufleet_gpu_info", lambda r: len(r) == 128, timeout=60)  # the small fleet
 
     def cluster(selector: str, ready: bool):
         return exporter_factory(ready=ready, config=f"""

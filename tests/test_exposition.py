@@ -31,6 +31,7 @@ from exporter.metrics import CATALOGUE, IDENTITY
 from exporter.snapshot import Gpu, GpuHealth, GpuPerformance, MigInstance, XidCount
 from exporter.sources.sim.options import Scenario, SimSource
 from tests.helpers import http_get, require_binary
+from tests.helpers.servers import SMALL_GPUS
 
 START = 1_760_000_000.0
 NODE_MODE = ExpositionOptions()  # the defaults: every family, no cluster label
@@ -334,7 +335,7 @@ def test_promtool_check_metrics_on_a_real_scrape(exporter_factory):
     promtool = require_binary("promtool")
     exporter = exporter_factory("--seed", "11")
     body = http_get(f"{exporter.url}/metrics")
-    assert body.count(b"\ngpufleet_gpu_utilization_ratio{") == 1088
+    assert body.count(b"\ngpufleet_gpu_utilization_ratio{") == SMALL_GPUS  # one per GPU
     result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr

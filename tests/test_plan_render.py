@@ -503,6 +503,8 @@ async def test_plan_command_reads_v1_advice(aiohttp_server: Any, tmp_path: Path)
 
 # --- a real exporter's plan ----------------------------------------------------------------
 
+# the fragmented H100 pool makes a plan at its reference size (64 nodes), not at 4
+REAL_FLEET = "reference"
 REAL_CONFIG = """
 collect_interval: 1s
 advisor:
@@ -525,7 +527,8 @@ def test_a_real_exporters_plan_renders_valid_objects(exporter_factory: Any, tmp_
     rendered by the command in every format, each object checked by its schema."""
     from tests.helpers.servers import http_get
 
-    exporter = exporter_factory(config=REAL_CONFIG, env={"GPUFLEET_ADVISOR_TOKEN": "t0ken"})
+    exporter = exporter_factory(config=REAL_CONFIG, env={"GPUFLEET_ADVISOR_TOKEN": "t0ken"},
+                                fleet=REAL_FLEET)
     snapshot = http_get(f"{exporter.url}/v1/snapshot")
     request = urllib.request.Request(f"{exporter.url}/v1/plan", data=snapshot, method="POST",
                                      headers={"Authorization": "Bearer t0ken"})
@@ -562,7 +565,8 @@ def test_a_real_exporters_advice_keeps_its_plan_through_the_cooldown(exporter_fa
     the plan (a snapshot a second, cooldown 30 min): the same plan, said not to be new."""
     from tests.helpers.servers import http_get
 
-    exporter = exporter_factory(config=REAL_CONFIG, env={"GPUFLEET_ADVISOR_TOKEN": "t0ken"})
+    exporter = exporter_factory(config=REAL_CONFIG, env={"GPUFLEET_ADVISOR_TOKEN": "t0ken"},
+                                fleet=REAL_FLEET)
     advice: dict[str, Any] = {}
     for _ in range(600):  # up to 60 s: the first plan, then an evaluation after it
         advice = json.loads(http_get(f"{exporter.url}/v1/advice"))

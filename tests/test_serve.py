@@ -32,7 +32,7 @@ def test_json_logs_are_one_object_per_line(exporter_factory):
     assert lines
     events = [json.loads(line) for line in lines]
     assert {"ts", "level", "logger", "msg"} <= set(events[0])
-    assert any(e["msg"] == "collected" and e["gpus"] == 1088 for e in events)
+    assert any(e["msg"] == "collected" and e["gpus"] == 128 for e in events)  # the small fleet
 
 
 def test_sim_source_config_file_and_seed_flag(exporter_factory):

@@ -331,10 +331,10 @@ def test_xid_scenario_on_metrics_of_gpufleet_serve(exporter_factory):
 sources:
   sim:
     scenarios:
-      - {kind: xid, node: gpu-098, gpu: 4, value: 79}
-""")
+      - {kind: xid, node: gpu-010, gpu: 4, value: 79}
+""")  # gpu-010: an A100 node without MIG of the tests' small fleet, as gpu-098 of the reference
     out = Exported(http_get(f"{exporter.url}/metrics").decode())
-    gpu = {"node": "gpu-098", "gpu": "4"}
+    gpu = {"node": "gpu-010", "gpu": "4"}
     assert out.value("gpufleet_gpu_xid_errors_total", xid="79", **gpu) == 1
     assert out.value("gpufleet_gpu_last_xid", **gpu) == 79
     assert out.value("gpufleet_gpu_last_xid_timestamp_seconds", **gpu) > 1.7e9
@@ -348,7 +348,7 @@ def test_xid_scenario_without_a_code_exits_2_naming_the_key(exporter_factory):
 sources:
   sim:
     scenarios:
-      - {kind: xid, node: gpu-098, gpu: 4}
+      - {kind: xid, node: gpu-010, gpu: 4}
 """)
     assert exporter.proc.wait(timeout=60) == 2
     log = exporter.log.read_text()

@@ -8,6 +8,7 @@ Prometheus, Alertmanager); ``Prometheus`` and ``Alertmanager`` (in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -22,8 +23,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
+from exporter.sources.sim.options import REFERENCE_POOLS
 from tests.helpers.data import REPO
+
+# The simulated fleet the tests' exporters serve unless a test asks for the reference one
+# (exporter_factory's default; start_exporter's is the reference fleet, which the benches that
+# call it measure): the reference pools at 4 nodes each, 128 GPUs, so every model and pool,
+# MIG on 2 of the 4 A100 nodes and 4-node training jobs are kept. A scrape of it is about an
+# eighth of the reference fleet's 10.2 MB, and each Prometheus a test starts ingests it and
+# evaluates every generated rule over it each second. Nodes gpu-001..gpu-016: H200 1-4,
+# H100 5-8, A100 9-12 (MIG 11-12), B200 13-16.
+SMALL_POOLS = tuple(dataclasses.replace(pool, nodes=4) for pool in REFERENCE_POOLS)
+SMALL_GPUS = sum(pool.nodes * pool.gpus_per_node for pool in SMALL_POOLS)
+FLEETS = ("small", "reference")
 
 
 def free_port() -> int:
@@ -88,13 +102,44 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
+def fleet_config(config: str | None, args: tuple[str, ...], fleet: str) -> str | None:
+    """``config`` with ``sources.sim.pools`` set to SMALL_POOLS when ``fleet`` is "small"
+    and the exporter will serve the simulated fleet with the default layout; otherwise (the
+    reference fleet asked for, sim not served, pools already set, a config file given in
+    ``args``, or a config that is not a YAML mapping, e.g. a test of a broken one) as given."""
+    if fleet not in FLEETS:
+        raise ValueError(f"fleet must be one of {FLEETS}, not {fleet!r}")
+    source = next((a.split("=", 1)[1] for a in args if a.startswith("--source=")), None)
+    if "--source" in args[:-1]:
+        source = args[args.index("--source") + 1]
+    if fleet == "reference" or "--config" in args or source not in (None, "sim"):
+        return config
+    try:
+        data = yaml.safe_load(config or "") or {}
+    except yaml.YAMLError:
+        return config
+    if not isinstance(data, dict):
+        return config
+    sources = data.setdefault("sources", {})
+    sim = sources.setdefault("sim", {}) if isinstance(sources, dict) else None
+    if not isinstance(sim, dict) or "pools" in sim or (sim.get("enabled") is False
+                                                       and source is None):
+        return config
+    sim["pools"] = [dataclasses.asdict(pool) for pool in SMALL_POOLS]
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 def start_exporter(tmp: Path, *args: str, config: str | None = None,
                    env: dict[str, str] | None = None, ready: bool = True, timeout: float = 30.0,
-                   drop_env: tuple[str, ...] = (), module: str = "exporter") -> Server:
+                   drop_env: tuple[str, ...] = (), module: str = "exporter",
+                   fleet: str = "reference") -> Server:
     """``python -m exporter serve`` from this checkout, on a free port; ``drop_env`` names
     variables of this process's environment the exporter must not inherit. ``module`` runs
     a test launcher that takes the same arguments instead (tests.helpers.fake_nvml_exporter:
-    the NVML source on the fake pynvml)."""
+    the NVML source on the fake pynvml). ``fleet``: "reference" serves the simulated fleet
+    as the config says (1,088 GPUs, gpu-001..gpu-136, by default); "small" SMALL_POOLS' 128
+    GPUs, unless the config sets its pools."""
+    config = fleet_config(config, args, fleet)
     port = free_port()
     cmd = [sys.executable, "-m", module, "serve", "--listen", f"127.0.0.1:{port}", *args]
     if config is not None:
