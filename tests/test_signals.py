@@ -67,7 +67,7 @@ def test_sighup_reloads_the_web_config_and_token_file_and_the_process_lives(
 
 
 def test_sigterm_lets_a_slow_scrape_finish_then_exits(exporter_factory):
-    exporter = exporter_factory("--seed", "3", config="web:\n  shutdown_grace: 30s\n")
+    exporter = exporter_factory("--seed", "3", config="web:\n  shutdown_grace: 30s\n", fleet="reference")
     expected = len(http_get(f"{exporter.url}/metrics", headers={"Accept-Encoding": "identity"}))
     assert expected > 4_000_000  # 1,088 simulated GPUs: seconds at 1 MB/s
 
