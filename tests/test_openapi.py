@@ -250,7 +250,7 @@ def test_every_operation_with_a_body_documents_the_body_deadline():
 
 @pytest.mark.slow
 def test_without_the_advisor_the_document_is_served_and_names_only_what_is(tmp_path):
-    served = start_exporter(tmp_path, config="advisor: {enabled: false}\n")
+    served = start_exporter(tmp_path, config="advisor: {enabled: false}\n", fleet="small")
     try:
         with urllib.request.urlopen(f"{served.url}/v1/openapi.json", timeout=10) as resp:
             doc = json.loads(resp.read())

@@ -48,9 +48,10 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 @pytest.fixture(scope="module")
 def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One live exporter for both runs: the simulated fleet, the advisor on, its token set."""
+    """One live exporter for both runs: the tests' small simulated fleet, the advisor on, its
+    token set."""
     server = start_exporter(tmp_path_factory.mktemp("schemathesis"), env={"GPUFLEET_ADVISOR_TOKEN": TOKEN},
-                            drop_env=("GPUFLEET_ADVISOR_TOKEN",))
+                            drop_env=("GPUFLEET_ADVISOR_TOKEN",), fleet="small")
     yield server
     stop(server.proc)
 

@@ -65,7 +65,7 @@ def _start(tmp_path: Path, pki: Pki, password: str = "secret") -> tuple[Server, 
     web = pki.folder / "web.yml"
     web.write_text(_web_yml(pki, password))
     exporter = start_exporter(tmp_path, "--web.config.file", str(web), config=CONFIG,
-                              env={"GPUFLEET_ADVISOR_TOKEN": TOKEN}, ready=False)
+                              env={"GPUFLEET_ADVISOR_TOKEN": TOKEN}, ready=False, fleet="small")
     base = f"https://127.0.0.1:{exporter.port}"
     context = _client_context(pki)
 
@@ -118,7 +118,7 @@ def test_prometheus_scrapes_over_tls_with_basic_auth(tmp_path, pki):
             wait_until("the exporter's GPUs in Prometheus", lambda: prometheus.query(
                 'count(gpufleet_gpu_utilization_ratio{job="gpufleet"})'))
             gpus = prometheus.query('count(gpufleet_gpu_utilization_ratio{job="gpufleet"})')
-            assert gpus[0]["value"][1] == "1088"
+            assert gpus[0]["value"][1] == "128"  # the tests' small simulated fleet
             wrong = prometheus.wait_for('up{job="wrong-password"}', lambda r: bool(r))
             assert wrong[0]["value"][1] == "0"
             targets = json.loads(urllib.request.urlopen(
@@ -234,7 +234,7 @@ def test_snapshot_needs_the_token_and_gzips_the_same_json(tmp_path, pki):
                                                                           "Accept-Encoding")
         assert gzip.decompress(zipped) == plain
         snapshot = json.loads(plain, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
-        assert len(snapshot["gpus"]) == 1088
+        assert len(snapshot["gpus"]) == 128
         assert len(zipped) * 5 < len(plain)
         # the openapi document stays public for the token (basic auth still applies)
         status, _, _ = _get(f"{base}/v1/openapi.json", context, _auth("secret"))
