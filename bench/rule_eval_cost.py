@@ -80,6 +80,10 @@ def main() -> int:
                              "the rules' 10 min windows, which a short run reads part of")
     parser.add_argument("--interval", default="30s")
     parser.add_argument("--no-vmalert", action="store_true")
+    parser.add_argument("--advancing", action="store_true",
+                        help="two scrapes one collection apart; every counter served grows "
+                             "each interval by what it grew between them (default: one "
+                             "scrape served as it is, every counter flat)")
     parser.add_argument("--cpu-repeats", type=int, default=5,
                         help="after the run, each rule's query this many times on the quiet "
                              "Prometheus, its CPU per evaluation (0: not measured)")
@@ -95,15 +99,19 @@ def main() -> int:
                                   f"sources:\n  sim:\n    scale: {args.scale}\n", timeout=300)
         try:
             body = http_get(f"{exporter.url}/metrics", timeout=120)
+            later = next_collection(exporter.url, body, seconds) if args.advancing else None
         finally:
             stop(exporter.proc)
         if args.priority is not None:
             prioritise(args.priority)
-        frozen = serve_bytes(body)
+        advancing = Advancing(body, later, seconds) if later is not None else None
+        frozen = serve_bytes(body, advancing)
         target = f"127.0.0.1:{frozen.server_address[1]}"
         lines = body.count(b"\n")
+        grows = (f", {advancing.growing:,} counter series growing each interval"
+                 if advancing is not None else ", every counter flat")
         print(f"## {args.scale * 1088:,} GPUs (scale {args.scale}): {len(body):,} bytes, "
-              f"{lines:,} lines; {args.interval} interval, {args.minutes:g} min "
+              f"{lines:,} lines{grows}; {args.interval} interval, {args.minutes:g} min "
               f"per run after {args.warmup:g} min of warm-up, goal {GOAL_SECONDS:g} s per group", flush=True)
         try:
             files = [REPO / "rules" / name for name in RULE_FILES]
@@ -298,16 +306,88 @@ def costliest(summed: dict[tuple[str, str], float], what: str = "median s") -> N
     sys.stdout.flush()
 
 
-def serve_bytes(body: bytes) -> ThreadingHTTPServer:
-    """``body`` as /metrics on a free local port, in a thread, until ``shutdown()``."""
+_SNAPSHOT_TIME = re.compile(rb"^gpufleet_snapshot_timestamp_seconds(?:\{[^}]*\})? (\S+)$", re.M)
+
+
+def next_collection(url: str, body: bytes, seconds: float) -> bytes:
+    """The exporter's next snapshot after ``body``'s (it collects every ``seconds``)."""
+    first = _SNAPSHOT_TIME.search(body)
+    deadline = time.monotonic() + 3 * seconds + 60
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        later = http_get(f"{url}/metrics", timeout=120)
+        now = _SNAPSHOT_TIME.search(later)
+        if first is None or now is None or now.group(1) != first.group(1):
+            return later
+    raise RuntimeError("the exporter made no new snapshot")
+
+
+class Advancing:
+    """``later``'s exposition with every counter series grown, each ``seconds`` since the
+    first scrape of it, by what it grew from ``earlier`` to ``later`` (a live fleet's pace:
+    rates and window growths as the simulator makes them, not 0 everywhere)."""
+
+    def __init__(self, earlier: bytes, later: bytes, seconds: float) -> None:
+        counters = set(re.findall(rb"^# TYPE (\S+) counter$", later, re.M))
+        before: dict[bytes, float] = {}
+        for line in earlier.splitlines():
+            key, _, value = line.rpartition(b" ")
+            if key and not line.startswith(b"#") and _name(key) in counters:
+                before[key] = float(value)
+        self.chunks: list[bytes] = []  # text between the growing values
+        self.slots: list[tuple[float, float]] = []  # (value in later, growth per interval)
+        pending: list[bytes] = []
+        for line in later.splitlines(keepends=True):
+            key, _, value = line.rstrip(b"\n").rpartition(b" ")
+            grown = (float(value) - before.get(key, float(value))
+                     if key and not line.startswith(b"#") and _name(key) in counters else 0.0)
+            if grown <= 0:
+                pending.append(line)
+                continue
+            pending.append(key + b" ")
+            self.chunks.append(b"".join(pending))
+            self.slots.append((float(value), grown))
+            pending = [b"\n"]
+        self.chunks.append(b"".join(pending))
+        self.seconds, self.started = seconds, time.monotonic()
+        self.cached: tuple[int, bytes] = (-1, b"")
+
+    @property
+    def growing(self) -> int:
+        return len(self.slots)
+
+    def body(self) -> bytes:
+        step = int((time.monotonic() - self.started) // self.seconds)
+        if self.cached[0] != step:
+            parts = [self.chunks[0]]
+            for (value, grown), chunk in zip(self.slots, self.chunks[1:], strict=True):
+                parts.append(repr(value + step * grown).encode())
+                parts.append(chunk)
+            self.cached = (step, b"".join(parts))
+        return self.cached[1]
+
+
+def _name(key: bytes) -> bytes:
+    return key.split(b"{", 1)[0]
+
+
+def serve_bytes(body: bytes, advancing: Advancing | None = None) -> ThreadingHTTPServer:
+    """``body`` (or ``advancing``'s current body) as /metrics on a free local port, in a
+    thread, until ``shutdown()``."""
+    lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if advancing is not None:
+                with lock:
+                    served = advancing.body()
+            else:
+                served = body
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(served)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(served)
 
         def log_message(self, *args: object) -> None:
             pass

@@ -21,7 +21,7 @@ import yaml
 from exporter.dashboards.levels import CRITICAL, OK, WARNING
 from exporter.durations import parse_duration
 from exporter.thresholds import METRICS, load_thresholds
-from exporter.thresholds.table_metrics import promql_number, with_matchers
+from exporter.thresholds.table_metrics import promql_number, regex_alternatives, with_matchers
 from tests.helpers import REPO
 
 TABLE = REPO / "rules" / "thresholds.yaml"
@@ -88,6 +88,12 @@ def alerts_compared() -> dict[str, tuple[str, str, dict[str, float]]]:
             found = re.search(rf"{comparison}(?=$|\nand |\nor\n|\n\)\nand )", rule["expr"])
             assert found, (rule["alert"], comparison)
             value = rule["expr"][:found.start()] + rule["expr"][found.end():]
+            each = METRICS[row["metric"]].each
+            if each is not None:  # one rule per value of a label, each with its exact matcher:
+                label, values = each  # together they compare what the alternation selects
+                one = f'{label}="{rule["labels"][label]}"'
+                assert one in value and rule["labels"][label] in values, (rule["alert"], one)
+                value = value.replace(one, f'{label}=~"{regex_alternatives(values)}"')
             before = out.setdefault(rule["alert"], (value, row["op"], {}))
             assert before[0] == value, f"{rule['alert']}: its severities compare different values"
             before[2][severity] = threshold

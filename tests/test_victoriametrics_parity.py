@@ -246,10 +246,16 @@ def compare(tmp_path: Path, cluster: str | None) -> None:
         (prom.workdir / "prometheus.yml").write_text(prometheus_config(target, rule_files))
         urllib.request.urlopen(urllib.request.Request(f"{prom.url}/-/reload", method="POST"),
                                timeout=30).close()
+        # vmalert every 2 s, not 1: each group sends its queries each interval, and
+        # VictoriaMetrics runs 4 at a time on 2 cores (-search.maxConcurrentRequests); once
+        # they queue, GpuJobUtilizationLow's query per alert (83, one after another) waits
+        # behind every group's each time, and its group took 50 s and more at load 15-18
+        # with 28 groups, so its ALERTS series went unwritten. The data stand still and are
+        # scraped every 5 s, so a 2 s evaluation sees what a 1 s one does.
         procs.append(_start_vm(tmp_path, "vmalert", alert_port, [
             *(f"-rule={path}" for path in rule_files), f"-datasource.url={vm}",
             f"-remoteWrite.url={vm}", "-remoteWrite.flushInterval=500ms",
-            "-evaluationInterval=1s", f"-notifier.url=http://127.0.0.1:{free_port()}",
+            "-evaluationInterval=2s", f"-notifier.url=http://127.0.0.1:{free_port()}",
             f"-httpListenAddr=127.0.0.1:{alert_port}"]))
 
         stores = {"prometheus": prom.url, "vmalert": vm}

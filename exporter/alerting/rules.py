@@ -35,6 +35,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import yaml
@@ -111,14 +112,21 @@ RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
             f"(1 - {recorded.JOB_GPU_UTILIZATION})",
         ),
     )),
+    # The pool series the load statistics read stay in one group with them (pool_load_rules);
+    # the others, each an aggregation over every GPU (the memory ratio 0.42 CPU s at 10,880
+    # GPUs, two sums), are groups of their own, so the pool group keeps under 1 s.
     ("gpufleet-pool-recording", (
         Recording(recorded.POOL_UTILIZATION, f"avg by (cluster, pool, model) ({_UTILIZATION})"),
+        Recording(recorded.POOL_ALLOCATED, f"sum by (cluster, pool, model) ({_ALLOCATED})"),
+    )),
+    ("gpufleet-pool-memory-recording", (
         Recording(
             recorded.POOL_MEMORY_USED,
             f"sum by (cluster, pool, model) ({_MEMORY_USED})\n"
             f"/ sum by (cluster, pool, model) ({_MEMORY_TOTAL})",
         ),
-        Recording(recorded.POOL_ALLOCATED, f"sum by (cluster, pool, model) ({_ALLOCATED})"),
+    )),
+    ("gpufleet-pool-idle-recording", (
         Recording(
             recorded.POOL_IDLE,
             # `== bool` keeps a 0 for pools with no idle GPU, where count() would drop them;
@@ -230,8 +238,23 @@ def _alert_rule(thresholds: Thresholds, row: AlertRow, level: Level, expr: str,
     }
 
 
-def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float) -> list[dict[str, Any]]:
+def _row_rules(thresholds: Thresholds, row: AlertRow, for_scale: float,
+               one: str | None = None) -> list[dict[str, Any]]:
+    """The row's rules, one per level; with ``one``, those of one value of the metric's
+    ``each`` label, which each rule also carries as a label (the value its series have
+    already): two rules of one name and the same labels are one rule twice to promtool."""
+    rules = _level_rules(thresholds, row, for_scale, one)
+    if one is not None and row.metric.each is not None:
+        for rule in rules:
+            rule["labels"][row.metric.each[0]] = one
+    return rules
+
+
+def _level_rules(thresholds: Thresholds, row: AlertRow, for_scale: float,
+                 one: str | None) -> list[dict[str, Any]]:
     value = thresholds.value(row.metric)
+    if one is not None:
+        value = row.metric.one_value(value, one)
     unit = row.metric.unit
     rules = []
     for level in row.levels:
@@ -267,13 +290,13 @@ def _power_comparison(row: AlertRow, level: Level, value: str, limit: str) -> st
     if level.threshold == 1:
         parts.append(f"{selector} {row.op} {GPU_MATCH} group_left () {limit}")
     else:
-        # as a ratio, not `>= 0.93 * limit`: 0.93 * 700 is 651.0000000000001 in floating
-        # point, which 651 W never reaches; 651 / 700 rounds to exactly 0.93. The ratio
-        # alone: the comparison keeps the left side's labels and its value is the ratio,
-        # so the draw in watts is kept with `and` on the GPU's place.
-        ratio = f"{selector} / {GPU_MATCH} group_left () {limit}"
-        parts.append(f"{selector}\nand {GPU_MATCH}\n  {ratio} {row.op} "
-                     f"{promql_number(level.threshold)}")
+        # The draw against the level in watts, one join: the comparison keeps the draw (the
+        # left side) and its labels. The level as an exact fraction, `limit * 93 / 100`, not
+        # `0.93 * limit`: 0.93 * 700 is 651.0000000000001 in floating point, which 651 W
+        # never reaches, while 700 * 93 is exact and 65100 / 100 rounds to exactly 651.
+        fraction = Fraction(promql_number(level.threshold))
+        parts.append(f"{selector} {row.op} {GPU_MATCH} group_left ()\n  "
+                     f"({limit} * {fraction.numerator} / {fraction.denominator})")
     return "\nor\n".join(parts)
 
 
@@ -296,28 +319,49 @@ _RANGE = re.compile(r"\[[0-9]")  # a range selector, [5m]: the rule reads every 
 _JOIN = re.compile(r"\bon \(")  # a join with another family, on the GPU's place
 
 
-def _group_of(row: AlertRow, rules: list[dict[str, Any]]) -> str:
-    """The group of a row's rules: one per kind of object; for GPUs, ``gpufleet-gpu`` holds
-    the comparisons of one family's latest sample, and each row that reads more of every GPU
-    (a window of samples, or a join with another per-GPU family) is a group of its own,
+def _group_of(row: AlertRow) -> str:
+    """The group of a row's rules: one per kind of object, and for GPUs one per row,
     ``gpufleet-gpu-<metric>``, which Prometheus evaluates beside the others. At 10,880 GPUs
-    each such row costs 0.3-0.9 s of one core (issue 45: a window over 21,760 NVLink error
-    series alone reads 457,000 samples), so two or three in one group took 2 s against the
-    goal of 1 s per group; one row never is more than its own cost. Which a row is follows
-    from its generated expression."""
+    a row that reads a window or joins another per-GPU family costs 0.2-1.0 s of one core
+    (issue 45: a window over 21,760 NVLink error series alone reads 457,000 samples), and
+    even the comparisons of one family's latest sample cost 0.05-0.2 s each: seven of them
+    in one group took 0.6 CPU s, two or three windowed rows in one group 2 s, against the
+    goal of 1 s per group."""
     name = _GROUP_OF_SUBJECT[row.metric.subject]
-    if name != "gpufleet-gpu" or not any(_RANGE.search(rule["expr"]) or _JOIN.search(rule["expr"])
-                                         for rule in rules):
+    if name != "gpufleet-gpu":
         return name
     return f"gpufleet-gpu-{row.metric.key.removeprefix('gpu_').replace('_', '-')}"
 
 
+def _row_groups(thresholds: Thresholds, row: AlertRow,
+                for_scale: float) -> list[tuple[str, list[dict[str, Any]]]]:
+    """A row's rules with their groups (:func:`_group_of`). A per-GPU row is cut further,
+    since one rule that reads a window or joins costs up to 0.5 s alone at 10,880 GPUs: one
+    group per value of the metric's ``each`` label (``-crc-flit``, ``-crc-data``: an exact
+    matcher each, half the series each), and, for such rules, one per severity where the
+    row has two (``-warning``, ``-critical``)."""
+    ones: tuple[str | None, ...] = (None,) if row.metric.each is None else row.metric.each[1]
+    parts = [(one, _row_rules(thresholds, row, for_scale, one)) for one in ones]
+    name = _group_of(row)
+    if not name.startswith("gpufleet-gpu-"):
+        return [(name, [rule for _, rules in parts for rule in rules])]
+    out = []
+    for one, rules in parts:
+        named = name if one is None else f"{name}-{one.replace('_', '-')}"
+        if len(rules) == 1 or not any(_RANGE.search(rule["expr"]) or _JOIN.search(rule["expr"])
+                                      for rule in rules):
+            out.append((named, rules))  # a comparison of the latest sample: both severities
+            continue
+        out.extend((f"{named}-{rule['labels']['severity']}", [rule]) for rule in rules)
+    return out
+
+
 def alert_groups(thresholds: Thresholds, for_scale: float = 1.0) -> list[dict[str, Any]]:
-    """Alerting rule groups (:func:`_group_of`), in the table's order."""
+    """Alerting rule groups (:func:`_row_groups`), in the table's order."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in thresholds.alerts:
-        rules = _row_rules(thresholds, row, for_scale)
-        groups.setdefault(_group_of(row, rules), []).extend(rules)
+        for name, rules in _row_groups(thresholds, row, for_scale):
+            groups.setdefault(name, []).extend(rules)
     return [{"name": name, "rules": rules} for name, rules in groups.items()]
 
 

@@ -60,6 +60,10 @@ class TableMetric:
     # per-GPU series the comparison must also find for the GPU (`and on` its place): the
     # evidence that the level reached is a fault, not a busy GPU doing its work
     evidence: str = ""
+    # a label whose values ``expr`` selects with one alternation (``type=~"a|b"``): the rules
+    # are one per value, each with an exact matcher (:meth:`one_value`), so that no rule reads
+    # every value's series; a panel still plots them all with the alternation
+    each: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def relative_to_tdp(self) -> bool:
@@ -72,6 +76,14 @@ class TableMetric:
                 .replace("{exporter_jobs}", regex_alternatives(exporter_jobs))
                 .replace("{critical_xids}", "|".join(str(code) for code in critical_xids))
                 .replace("{event_window_seconds}", promql_number(EVENT_WINDOW_SECONDS)))
+
+    def one_value(self, expr: str, value: str) -> str:
+        """``expr`` (this metric's, filled) selecting only ``value`` of the ``each`` label."""
+        assert self.each is not None and value in self.each[1], (self.key, value)
+        label, values = self.each
+        alternation = f'{label}=~"{regex_alternatives(values)}"'
+        assert alternation in expr, (self.key, alternation)
+        return expr.replace(alternation, f'{label}="{value}"')
 
 
 # Per-GPU series are joined on the GPU's place, not on every label: `and` needs no
@@ -360,12 +372,14 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
         "gpu_nvlink_link_errors", "count", "gpu", (">", ">="),
         _growth(f'{m.GPU_NVLINK_ERRORS_TOTAL.name}{{type=~"replay|recovery"}}'),
         f"{_GPU} counted <VALUE> NVLink {{{{ $labels.type }}}} error(s) in the last "
-        "10m (<RELATION> <THRESHOLD>, for <FOR>): a link retransmits or retrains."),
+        "10m (<RELATION> <THRESHOLD>, for <FOR>): a link retransmits or retrains.",
+        each=("type", ("replay", "recovery"))),
     TableMetric(
         "gpu_nvlink_crc_errors", "count", "gpu", (">", ">="),
         _growth(f'{m.GPU_NVLINK_ERRORS_TOTAL.name}{{type=~"crc_flit|crc_data"}}'),
         f"{_GPU} counted <VALUE> NVLink {{{{ $labels.type }}}} CRC errors in the last "
-        "10m, <RELATION> <THRESHOLD>, for <FOR>: a link is degrading."),
+        "10m, <RELATION> <THRESHOLD>, for <FOR>: a link is degrading.",
+        each=("type", ("crc_flit", "crc_data"))),
     # SM activity is GPM's (Hopper and later) or DCGM's profiling field; GPUs without it
     # have no series and never fire. Utilization counts time any kernel ran, so a job
     # spinning on a lock or waiting on a peer reads busy while its SMs idle.
