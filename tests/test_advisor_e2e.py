@@ -131,9 +131,9 @@ def advice(url: str) -> dict:
 def test_fragmented_pool_plan_reaches_a_scheduler_down_for_its_first_attempts(
         exporter_factory, tmp_path):
     port = free_port()  # nothing listens here yet: the scheduler is down
-    # a compaction plan needs the fragmented H100 pool at its reference size (64 nodes)
+    # a compaction plan needs the scattered H100 pool's index above 50: 32 nodes, not 4
     exporter = exporter_factory(config=config(tmp_path / "outbox.sqlite", port), env=ENV,
-                                fleet="reference")
+                                fleet="medium")
     compact = wait_until("a compaction plan", lambda: (a := advice(exporter.url))["decision"]
                          == "compact" and a)
     assert compact["scopes"]["pool:gpu-h100"]["index"] > 50
@@ -172,7 +172,7 @@ def test_fragmented_pool_plan_reaches_a_scheduler_down_for_its_first_attempts(
 def test_pending_delivery_survives_an_exporter_restart(exporter_factory, tmp_path):
     outbox = tmp_path / "outbox.sqlite"
     port = free_port()
-    first = exporter_factory(config=config(outbox, port), env=ENV, fleet="reference")  # a plan
+    first = exporter_factory(config=config(outbox, port), env=ENV, fleet="medium")  # a plan
     plan = wait_until("a compaction plan",
                       lambda: (a := advice(first.url))["decision"] == "compact" and a["plan"])
     wait_until("a queued delivery", lambda: metric(first.url, "gpufleet_advisor_outbox_pending") == 1)
@@ -183,7 +183,7 @@ def test_pending_delivery_survives_an_exporter_restart(exporter_factory, tmp_pat
     try:
         # the new process never plans (trigger 100): whatever arrives, the old one queued
         second = exporter_factory(config=config(outbox, port, plans=False), env=ENV,
-                                  fleet="reference")
+                                  fleet="medium")
         wait_until("the old plan delivered, as the new exporter records it",
                    lambda: metric(second.url, "gpufleet_advisor_outbox_pending") == 0)
         evaluated_again(second.url)

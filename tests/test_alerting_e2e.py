@@ -61,8 +61,8 @@ def test_overheat_pages_inhibits_its_warning_and_fragmentation_reaches_the_advis
     manager = None
     try:
         started = time.monotonic()
-        # GpuClusterFragmentationHigh needs the fragmented H100 pool at its reference size
-        exporter = exporter_factory(config=EXPORTER_CONFIG, fleet="reference")
+        # GpuClusterFragmentationHigh needs the scattered H100 pool's index above 50: 32 nodes
+        exporter = exporter_factory(config=EXPORTER_CONFIG, fleet="medium")
         manager = start_alertmanager(tmp_path / "alertmanager",
                                      routed_config(receiver.url, time_scale=float(FOR_SCALE)))
         prom = prometheus_factory(prometheus_config(

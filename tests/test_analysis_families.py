@@ -155,8 +155,8 @@ def test_metrics_carry_indices_that_change_as_jobs_come_and_go(exporter_factory)
 
 def test_exporter_with_fragmented_h100_pool(exporter_factory):
     config = ("sources:\n  sim:\n    scenarios:\n      - {kind: fragmented_pool, pool: gpu-h100}\n")
-    # the scattered pool's index passes 50 at its reference size (64 nodes; 30.7 at 4)
-    exporter = exporter_factory(config=config, fleet="reference")
+    # the scattered pool's index passes 50 at 32 nodes (62; 30.7 at 4)
+    exporter = exporter_factory(config=config, fleet="medium")
     text = http_get(f"{exporter.url}/metrics").decode()
     pools = pool_indices(text)
     assert pools["gpu-h100"] > 50, pools

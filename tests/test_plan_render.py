@@ -503,8 +503,8 @@ async def test_plan_command_reads_v1_advice(aiohttp_server: Any, tmp_path: Path)
 
 # --- a real exporter's plan ----------------------------------------------------------------
 
-# the fragmented H100 pool makes a plan at its reference size (64 nodes), not at 4
-REAL_FLEET = "reference"
+# the scattered H100 pool makes a plan at 32 nodes (its index 62), not at 4 (30.7)
+REAL_FLEET = "medium"
 REAL_CONFIG = """
 collect_interval: 1s
 advisor:

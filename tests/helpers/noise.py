@@ -41,7 +41,13 @@ from exporter.sources.sim.options import REFERENCE_POOLS, SimPool
 from exporter.thresholds import load_thresholds
 from tests.helpers.alerting import WebhookReceiver, routed_config, start_alertmanager
 from tests.helpers.data import REPO
-from tests.helpers.servers import discard, start_exporter, start_prometheus, stop
+from tests.helpers.servers import (
+    MEDIUM_POOLS,
+    discard,
+    start_exporter,
+    start_prometheus,
+    stop,
+)
 
 NODE_JOB = "gpufleet-nodes"
 HUMAN = ("pager", "tickets")
@@ -71,12 +77,10 @@ FAULTS: tuple[Fault, ...] = (
 )
 
 
-# A third of the reference fleet for the suite's quick replay (tests/test_alert_noise.py): every
+# The suite's quick replay (tests/test_alert_noise.py) runs on the tests' medium fleet: every
 # pool and model, MIG on 2 A100 nodes, and the H100 pool at 32 nodes, where the scattered pool's
-# index holds above the compaction alert's 50 (62 at seed 42; 31 at 4 nodes, 70 at 64). Nodes
-# gpu-001..004 H200, gpu-005..036 H100, gpu-037..040 A100-80GB (MIG 039-040), gpu-041..042 B200.
-QUICK_POOLS: tuple[SimPool, ...] = tuple(dataclasses.replace(pool, nodes=nodes) for pool, nodes
-                                         in zip(REFERENCE_POOLS, (4, 32, 4, 2), strict=True))
+# index holds above the compaction alert's 50 (tests/helpers/servers.py).
+QUICK_POOLS = MEDIUM_POOLS
 # FAULTS' nodes there: each on a node of the same pool, the XID on an A100 node without MIG,
 # the idle job's on the 8th H100 node, the straggler on a GPU of a 16-GPU training job
 # (gpu-003 and gpu-004 hold one from the start at seed 42).
