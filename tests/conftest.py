@@ -57,21 +57,15 @@ def _no_log_writer_left() -> Iterator[None]:
     yield
     logs._stop_writer()
 
-# Test files whose exporters serve the reference simulated fleet unless a call names one:
-# test_signals' slow scrape needs a body over 4 MB, and that file is not this change's to edit;
-# once its call says fleet="reference" itself, the entry can go.
-REFERENCE_FLEET_MODULES = frozenset({"tests.test_signals"})
-
 
 @pytest.fixture
-def exporter_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator:
+def exporter_factory(tmp_path: Path) -> Iterator:
     """start_exporter in the test's folder, stopped when the test ends; the small simulated
-    fleet unless the call (or REFERENCE_FLEET_MODULES) asks for the reference one."""
+    fleet unless the call asks for another (fleet="medium" or "reference")."""
     started: list[Server] = []
-    fleet = "reference" if request.module.__name__ in REFERENCE_FLEET_MODULES else "small"
 
     def factory(*args: str, **kwargs) -> Server:
-        kwargs.setdefault("fleet", fleet)
+        kwargs.setdefault("fleet", "small")
         exporter = start_exporter(tmp_path, *args, **kwargs)
         started.append(exporter)
         return exporter
