@@ -20,7 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 import pytest
 
-from tests.helpers.noise import QUICK_POOLS, NoiseRun, known_faults, replay
+from tests.helpers.noise import NoiseRun, known_faults, replay
 
 EVERY_SCENARIO = "test_every_scenario_together_pages_once_per_page_worthy_fault_and_groups_tickets"
 NODE_MODE_ALONE = "test_a_node_mode_only_deployment_pages_nothing_on_a_healthy_fleet_for_30_minutes"
@@ -32,14 +32,14 @@ def _replays() -> dict[str, tuple[str, tuple, dict]]:
     # (XIDs stay): with them, /metrics is 8.9 MB and 150k series, which a loaded 2-core
     # machine cannot scrape and evaluate every interval (failed scrapes reset the alerts'
     # `for`, and the pages never came in one CI run). The bench keeps them.
-    # A third of the reference fleet (QUICK_POOLS, 336 GPUs); the bench keeps the reference.
+    # A third of the reference fleet (the medium one, 336 GPUs); the bench keeps the reference.
     return {
-        EVERY_SCENARIO: ("every scenario together", known_faults(QUICK_POOLS),
+        EVERY_SCENARIO: ("every scenario together", known_faults("medium"),
                          {"speed": 60, "sim_hours": 0.75, "start_after": 300, "interval": 2.0,
-                          "health": False, "pools": QUICK_POOLS}),
+                          "health": False, "fleet": "medium"}),
         NODE_MODE_ALONE: ("node mode alone, healthy fleet", (),
                           {"speed": 60, "sim_hours": 0.5, "interval": 2.0, "health": False,
-                           "pools": QUICK_POOLS}),
+                           "fleet": "medium"}),
     }
 
 
@@ -61,7 +61,7 @@ def _run(runs: dict[str, Future], name: str) -> NoiseRun:
 
 @pytest.mark.slow
 def test_every_scenario_together_pages_once_per_page_worthy_fault_and_groups_tickets(runs):
-    faults = known_faults(QUICK_POOLS)
+    faults = known_faults("medium")
     run = _run(runs, EVERY_SCENARIO)
     expected = {f.pages for f in faults if f.pages}
     assert expected >= {"GpuTemperatureHigh", "GpuLost"}

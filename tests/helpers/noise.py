@@ -37,17 +37,10 @@ from pathlib import Path
 import yaml
 
 from exporter.cli import main as gpufleet
-from exporter.sources.sim.options import REFERENCE_POOLS, SimPool
 from exporter.thresholds import load_thresholds
 from tests.helpers.alerting import WebhookReceiver, routed_config, start_alertmanager
 from tests.helpers.data import REPO
-from tests.helpers.servers import (
-    MEDIUM_POOLS,
-    discard,
-    start_exporter,
-    start_prometheus,
-    stop,
-)
+from tests.helpers.servers import discard, start_exporter, start_prometheus, stop
 
 NODE_JOB = "gpufleet-nodes"
 HUMAN = ("pager", "tickets")
@@ -77,10 +70,9 @@ FAULTS: tuple[Fault, ...] = (
 )
 
 
-# The suite's quick replay (tests/test_alert_noise.py) runs on the tests' medium fleet: every
-# pool and model, MIG on 2 A100 nodes, and the H100 pool at 32 nodes, where the scattered pool's
-# index holds above the compaction alert's 50 (tests/helpers/servers.py).
-QUICK_POOLS = MEDIUM_POOLS
+# The suite's quick replay (tests/test_alert_noise.py) runs on the tests' medium fleet
+# (tests/helpers/servers.py MEDIUM_POOLS): every pool and model, MIG on 2 A100 nodes, and the
+# H100 pool at 32 nodes, where the scattered pool's index holds above the compaction alert's 50.
 # FAULTS' nodes there: each on a node of the same pool, the XID on an A100 node without MIG,
 # the idle job's on the 8th H100 node, the straggler on a GPU of a 16-GPU training job
 # (gpu-003 and gpu-004 hold one from the start at seed 42).
@@ -88,9 +80,9 @@ QUICK_NODES = {"gpu-001": "gpu-001", "gpu-005": "gpu-004", "gpu-002": "gpu-002",
                "gpu-040": "gpu-012", "gpu-098": "gpu-038", "gpu-031": "gpu-003"}
 
 
-def known_faults(pools: tuple[SimPool, ...] = REFERENCE_POOLS) -> tuple[Fault, ...]:
+def known_faults(fleet: str = "reference") -> tuple[Fault, ...]:
     """FAULTS plus the ones whose scenario the simulator has (``xid``, issue 16; ``straggler``,
-    issue 31), on the nodes of the reference fleet or of QUICK_POOLS."""
+    issue 31), on the nodes of the reference or the medium fleet (start_exporter's ``fleet``)."""
     from exporter.sources.sim.options import SCENARIO_KINDS
 
     extra = []
@@ -99,9 +91,9 @@ def known_faults(pools: tuple[SimPool, ...] = REFERENCE_POOLS) -> tuple[Fault, .
     if "straggler" in SCENARIO_KINDS:  # issue 31: one GPU of a 16-GPU job at half pace pages no one
         extra.append(Fault("straggler", "{kind: straggler, node: gpu-031, gpu: 5}", None))
     faults = FAULTS + tuple(extra)
-    if pools == REFERENCE_POOLS:
+    if fleet == "reference":
         return faults
-    assert pools == QUICK_POOLS, "the faults' nodes are named for two layouts"
+    assert fleet == "medium", "the faults' nodes are named for two layouts"
     renamed = []
     for fault in faults:
         scenario = fault.scenario
@@ -174,8 +166,7 @@ def _prometheus_config(exporter_port: int, manager_port: int, rules: list[str],
 
 
 def exporter_config(faults: tuple[Fault, ...], speed: float, start_after: float,
-                    interval: float, seed: int, health: bool = True,
-                    pools: tuple[SimPool, ...] = REFERENCE_POOLS) -> str:
+                    interval: float, seed: int, health: bool = True) -> str:
     # the fleet is collected 4 times per evaluation, so a fault reaches Prometheus within
     # a quarter of an evaluation interval, as with the defaults (5s collections, 15s scrapes)
     scenarios = "".join(
@@ -186,18 +177,14 @@ def exporter_config(faults: tuple[Fault, ...], speed: float, start_after: float,
             f"    speed: {speed:g}\n"
             f"    seed: {seed}\n"
             f"    health: {'true' if health else 'false'}\n"
-            + ("" if pools == REFERENCE_POOLS else "    pools:\n" + "".join(
-                f"      - {{name: {p.name}, model: {p.model}, nodes: {p.nodes}, "
-                f"gpus_per_node: {p.gpus_per_node}, cpu_cores: {p.cpu_cores}}}\n" for p in pools))
             + (f"    scenarios:\n{scenarios}" if faults else ""))
 
 
 def replay(workdir: Path, label: str, faults: tuple[Fault, ...], speed: float = 60.0,
            sim_hours: float = 2.0, start_after: float = 600.0, interval: float = 1.0,
-           seed: int = 42, health: bool = True,
-           pools: tuple[SimPool, ...] = REFERENCE_POOLS) -> NoiseRun:
-    """Run the stack for ``sim_hours`` of simulated time and count what reached whom, on the
-    fleet of ``pools`` (the faults must name its nodes: ``known_faults(pools)``).
+           seed: int = 42, health: bool = True, fleet: str = "reference") -> NoiseRun:
+    """Run the stack for ``sim_hours`` of simulated time and count what reached whom, on
+    start_exporter's ``fleet`` (the faults must name its nodes: ``known_faults(fleet)``).
 
     Scenarios start ``start_after`` simulated seconds in, so a page's latency is measured
     from a known moment. ``health: False`` drops the simulator's health and performance
@@ -214,7 +201,7 @@ def replay(workdir: Path, label: str, faults: tuple[Fault, ...], speed: float = 
                                      routed_config(receiver.url, time_scale=1 / speed))
         procs.append(manager.proc)
         exporter = start_exporter(workdir, config=exporter_config(
-            faults, speed, start_after, interval, seed, health, pools), timeout=120)
+            faults, speed, start_after, interval, seed, health), fleet=fleet, timeout=120)
         started = time.monotonic()  # the fleet's clock started just before it was ready
         procs.append(exporter.proc)
         # Prometheus learns its targets up to 5 s after start (discovery's update throttle),
