@@ -617,6 +617,22 @@ SNAPSHOT_TIMESTAMP_SECONDS = FamilySpec(
 BUILD_INFO = FamilySpec(
     "gpufleet_build_info", "gauge", "gpufleet version; always 1.", ("version",), "self")
 
+# -- per GPU, over successive collections (exporter/cycle/nvlink.py) ---------------------------------
+# A rate needs two readings, which no one snapshot holds: the cycle's NVLink stage keeps each GPU's
+# last 5 min of counter readings and hands its samples to family(), so it is served after the
+# snapshot's families, here in the catalogue's order.
+GPU_NVLINK_UTILIZATION_RATIO = FamilySpec(
+    "gpufleet_gpu_nvlink_utilization_ratio", "gauge",
+    "Share of the GPU's NVLink bandwidth in use over the last 5 min of collections, both "
+    "directions together (0-1).", IDENTITY, "gpu", "ratio",
+    doc="Bytes sent plus received since the oldest collection kept of the last 5 min (kept "
+        "30 s apart: 4.5-5 min back once the exporter has run that long), per second, over "
+        "gpufleet_gpu_nvlink_capacity_bytes_per_second: what `rate(...[5m])` of the two byte "
+        "counters over the capacity computes, without a recording rule over every GPU. Absent "
+        "at a GPU's first collection, after a counter reset (until the next collection), while "
+        "the GPU is lost or stale, and without NVLink.",
+    origin="node", kind="fleet")
+
 # -- fragmentation (the analyzer) ------------------------------------------------------------------
 CLUSTER_FRAGMENTATION_INDEX = FamilySpec(
     "gpufleet_cluster_fragmentation_index", "gauge",

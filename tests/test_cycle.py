@@ -87,7 +87,7 @@ def test_serve_and_simulate_run_the_same_cycle_function(tmp_path):
 def test_the_exposition_follows_the_render_order_not_the_stage_order():
     frame = with_exposition(Frame(snap(T0)), [("table", ["t"]), ("health", ["h"]), ("analysis", ["a"]),
                                                ("advisor", ["v"]), ("logs", ["l"]), ("load", ["o"]),
-                                               ("preemption", ["p"])])
+                                               ("preemption", ["p"]), ("nvlink", ["n"])])
     assert [name for name, _ in frame.families] == list(RENDER_ORDER)
     with pytest.raises(ValueError, match="not in RENDER_ORDER"):
         with_exposition(frame, [("bogus", [])])
@@ -107,12 +107,12 @@ async def test_health_is_judged_and_delivered_with_the_advisor_off(aiohttp_serve
     assert advisor is None
     cycle = state.cycle
     assert isinstance(cycle, ServingCycle) and cycle.deliverer is not None
-    assert [s.name for s in cycle.stages] == ["table", "analysis", "load", "health", "preemption"]
+    assert [s.name for s in cycle.stages] == ["table", "nvlink", "analysis", "load", "health", "preemption"]
     nodes = [f"a-{n}" for n in range(4)]
     first = await cycle.run(snap(T0, *(gpu(n, 0, "a") for n in nodes)))
     # the frame serve renders holds its families already: rendering reads nothing else
-    assert [name for name, _ in first.families] == ["analysis", "load", "health", "preemption",
-                                                    "logs", "table"]
+    assert [name for name, _ in first.families] == ["nvlink", "analysis", "load", "health",
+                                                    "preemption", "logs", "table"]
     frame = await cycle.run(snap(T0 + 30, *(xid_gpu(n, 0, T0 + 30, pool="a") if n == "a-3"
                                             else gpu(n, 0, "a") for n in nodes)))
     assert frame.health is not None and [e.node for e in frame.health.events][:1] == ["a-3"]

@@ -26,6 +26,7 @@ from tests.helpers.metrics_doc import DOC, generate
 NO_SERIES_ON_THE_DEFAULT_FLEET = {
     "gpufleet_gpu_dcgm_nvlink_bandwidth_raw": "dcgm source only; the default fleet is simulated",
     "gpufleet_pending_jobs": "the default simulation queues no jobs",
+    "gpufleet_gpu_nvlink_utilization_ratio": "one collection: a rate needs two readings",
     "gpufleet_pending_gpus": "the default simulation queues no jobs",
     "gpufleet_compose_unmatched_gpus": "only when an allocation and a telemetry source are composed",
     "gpufleet_source_series_refused_total": "prometheus source only, once a target spoke for a "

@@ -326,6 +326,10 @@ def assemble(config: Config, names: list[str], clock: Clock = time.time,
     state = ServingState(exposition=exposition_options(config, names, sources))
     # first: every later stage judges the snapshot by the table on disk then
     stages: list[Stage] = [TableStage(table)]
+    if state.exposition.per_gpu:  # the NVLink gauge is per-GPU telemetry: served with it only
+        from exporter.cycle.nvlink import NvlinkStage
+
+        stages.append(NvlinkStage())
     advisor = None
     analyzer = None
     load = None

@@ -18,13 +18,13 @@ if TYPE_CHECKING:  # annotations only: the frame module loads no stage's package
 
 # The order /metrics lists the stages' families in (the golden exposition's): a stage's place
 # in the cycle is when it runs, its place here where its families are read.
-RENDER_ORDER = ("analysis", "load", "advisor", "health", "preemption", "logs", "table")
+RENDER_ORDER = ("nvlink", "analysis", "load", "advisor", "health", "preemption", "logs", "table")
 
 # The stages that still run on a blind frame (a source read no GPU, or part of its fleet:
 # exporter/collect.py): what they add does not need the whole fleet, the table in force and
-# each GPU's verdict on its own reading. The others would derive a fleet of 0, or of a
-# fraction, and present it as the fleet: they are left out, and so are their families.
-BLIND_SAFE = ("table", "health")
+# each GPU's verdict and NVLink rate on its own readings. The others would derive a fleet of
+# 0, or of a fraction, and present it as the fleet: they are left out, and so are their families.
+BLIND_SAFE = ("table", "nvlink", "health")
 
 
 @dataclass(frozen=True, slots=True)
