@@ -16,6 +16,13 @@ from exporter.cli import main
 from exporter.durations import parse_duration
 from exporter.thresholds import SEVERITIES, load_thresholds
 from tests.helpers import REPO, require_binary
+from tests.helpers.promtool import (
+    RULE_FILES,
+    Group,
+    groups_seen,
+    rule_groups,
+    unit_tests_on_groups_seen,
+)
 from tests.test_imports import string_literals
 
 RULES = REPO / "rules"
@@ -198,12 +205,65 @@ def test_promtool_check_rules_passes_on_every_generated_file(tmp_path):
 
 
 @pytest.mark.slow  # Prometheus' own rule engine (promtool test rules) over every rule file
-def test_promtool_unit_tests_pass():
-    tests = sorted(str(p) for p in (RULES / "tests").glob("*.yaml"))
+def test_promtool_unit_tests_pass(tmp_path):
+    tests = sorted((RULES / "tests").glob("*.yaml"))
     assert len(tests) >= 9
-    result = _promtool("test", "rules", *tests)
+    for path in tests:
+        doc = yaml.safe_load(path.read_text())
+        assert doc["rule_files"] == [f"../{name}" for name in RULE_FILES], path.name
+        assert "group_eval_order" not in doc, path.name  # the groups' order is promtool's
+    # each file over the groups it can see (tests/helpers/promtool.py): 4 CPU s, not 30
+    copies = unit_tests_on_groups_seen(RULES, tests, tmp_path)
+    result = _promtool("test", "rules", *map(str, copies))
     assert result.returncode == 0, result.stdout
     assert result.stdout.count("SUCCESS") == len(tests)
+    assert sorted(re.findall(r"Unit Testing:\s+\S+/(\S+)", result.stdout)) == [
+        path.name for path in tests]
+
+
+def test_each_unit_test_file_sees_the_groups_that_write_what_it_reads():
+    groups = rule_groups(RULES)
+    by_name = {g.name: g for g in groups}
+    for path in sorted((RULES / "tests").glob("*.yaml")):
+        seen = groups_seen(path.read_text(), groups)
+        names = {g.name for g in seen}
+        written = set().union(*(g.writes for g in seen))
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                assert case["alertname"] in written, (path.name, case["alertname"])
+        # closed: what a kept group reads from another group, that group is kept too
+        for group in seen:
+            for other in groups:
+                if other.name not in names:
+                    assert not any(re.search(rf"(?<![\w:]){re.escape(w)}(?![\w:])", group.text)
+                                   for w in other.writes), (path.name, group.name, other.name)
+    # the alert on a job's utilisation reads the job recording; the 24-hour load statistics
+    # are evaluated only for the file about them
+    job = groups_seen((RULES / "tests" / "gpu_job_utilization_low.yaml").read_text(), groups)
+    assert {g.name for g in job} == {"gpufleet-job", "gpufleet-job-recording"}
+    assert "gpufleet-pool-recording" in by_name
+    assert [path.name for path in sorted((RULES / "tests").glob("*.yaml"))
+            if "gpufleet-pool-recording" in {g.name for g in groups_seen(path.read_text(), groups)}
+            ] == ["load_statistics.yaml"]
+
+
+def test_a_file_that_reads_alerts_sees_every_group_and_a_read_recording_is_kept():
+    groups = [
+        Group("gpufleet-recording.yaml", "a-rec", frozenset({"job:x:sum"}), "expr: sum(x)", {}),
+        Group("gpufleet-recording.yaml", "b-rec", frozenset({"job:y:sum"}), "expr: sum(y)", {}),
+        Group("gpufleet-alerts.yaml", "a", frozenset({"XHigh"}), "expr: job:x:sum > 1", {}),
+        Group("gpufleet-alerts.yaml", "b", frozenset({"YHigh"}), "expr: job:y:sum_mean1h > 1", {}),
+    ]
+    assert [g.name for g in groups_seen("alertname: XHigh", groups)] == ["a-rec", "a"]
+    # job:y:sum_mean1h is another name than job:y:sum
+    assert [g.name for g in groups_seen("alertname: YHigh", groups)] == ["b"]
+    assert [g.name for g in groups_seen("expr: job:y:sum", groups)] == ["b-rec"]
+    assert groups_seen("expr: count(ALERTS)", groups) == groups
+    assert groups_seen("expr: ALERTS_FOR_STATE", groups) == groups
+    assert groups_seen("alertname: XHighish", groups) == []
+    reads_alerts = [*groups[:3], Group("gpufleet-alerts.yaml", "c", frozenset({"Z"}),
+                                       "expr: ALERTS{alertname='XHigh'}", {})]
+    assert groups_seen("alertname: Z", reads_alerts) == reads_alerts
 
 
 def _changed_rules(before: Path, after: Path) -> set[str]:
@@ -247,7 +307,9 @@ def test_promtool_unit_tests_fail_when_a_threshold_or_for_drifts(tmp_path):
     naming = [str(path) for path, text in texts.items()
               if path.parent.name == "tests" and any(name in text for name in changed)]
     assert len(naming) >= 3
-    result = _promtool("test", "rules", *naming)
+    # each over the drifted groups it sees, as the pass case runs them: the cut keeps the drift
+    copies = unit_tests_on_groups_seen(tmp_path, [Path(path) for path in naming], tmp_path / "seen")
+    result = _promtool("test", "rules", *map(str, copies))
     assert result.returncode != 0
     failed = re.findall(r"Unit Testing:\s+\S+/(\S+)\s+FAILED", result.stdout)
     assert sorted(failed) == ["gpu_power_high.yaml", "gpu_temperature_high.yaml"], result.stdout
