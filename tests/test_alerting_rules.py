@@ -223,7 +223,6 @@ def test_promtool_unit_tests_pass(tmp_path):
 
 def test_each_unit_test_file_sees_the_groups_that_write_what_it_reads():
     groups = rule_groups(RULES)
-    by_name = {g.name: g for g in groups}
     for path in sorted((RULES / "tests").glob("*.yaml")):
         seen = groups_seen(path.read_text(), groups)
         names = {g.name for g in seen}
@@ -240,10 +239,12 @@ def test_each_unit_test_file_sees_the_groups_that_write_what_it_reads():
     # the alert on a job's utilisation reads the job recording; the 24-hour load statistics
     # are evaluated only for the file about them
     job = groups_seen((RULES / "tests" / "gpu_job_utilization_low.yaml").read_text(), groups)
-    assert {g.name for g in job} == {"gpufleet-job", "gpufleet-job-recording"}
-    assert "gpufleet-pool-recording" in by_name
+    assert {"GpuJobUtilizationLow", "job:gpufleet_gpu_utilization:avg"} <= set().union(
+        *(g.writes for g in job))
+    assert "GpuTemperatureHigh" not in set().union(*(g.writes for g in job))
+    daily = [g.name for g in groups if "pool:gpufleet_demand:ratio_p95_24h" in g.writes]
     assert [path.name for path in sorted((RULES / "tests").glob("*.yaml"))
-            if "gpufleet-pool-recording" in {g.name for g in groups_seen(path.read_text(), groups)}
+            if daily[0] in {g.name for g in groups_seen(path.read_text(), groups)}
             ] == ["load_statistics.yaml"]
 
 
