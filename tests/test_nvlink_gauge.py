@@ -51,9 +51,9 @@ def test_the_window_is_the_rules_5_min_and_holds_a_reading_every_30_s():
     for t in range(0, 601, 5):
         values = _values(windows, T0 + t, _gpu(rate * t, rate * t))
     assert values == {"3": pytest.approx(0.5, rel=1e-12)}
-    kept = windows.windows[("gpu-001", 3)].kept
+    kept = windows.windows[("gpu-001", 3)].readings()
     # ten readings at most, 30 s apart, none older than 5 min
-    assert [r.at - T0 for r in kept] == [330.0, 360.0, 390.0, 420.0, 450.0, 480.0, 510.0, 540.0,
+    assert [at - T0 for at, _, _ in kept] == [330.0, 360.0, 390.0, 420.0, 450.0, 480.0, 510.0, 540.0,
                                          570.0, 600.0]
     # traffic that stopped 4 min ago is still in the window: a 5 min rate, not the last 5 s
     windows = NvlinkWindows()
