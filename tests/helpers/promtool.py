@@ -7,9 +7,10 @@ groups it can see. A test sees a group's results only through the names that gro
 (its alerts' and recording rules' names), or through ALERTS / ALERTS_FOR_STATE, which hold
 every alert: so a file keeps each group whose written name it spells, then each group whose
 written name a kept group spells (a recording rule an alert reads), and it keeps every group
-when it, or a kept group, spells ALERTS. Spelling is read from the text, comments included,
-so a doubt keeps a group. promtool orders the groups of a test as it likes (without
-group_eval_order, which no test file here sets), so the groups left out changed nothing.
+when it, or a kept group, spells ALERTS or __name__ (a name picked by pattern). Spelling is
+read from the text, comments included, so a doubt keeps a group. promtool orders the groups
+of a test as it likes (without group_eval_order, which no test file here sets), so the groups
+left out changed nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 import yaml
 
 RULE_FILES = ("gpufleet-recording.yaml", "gpufleet-alerts.yaml")
-_EVERY_ALERT = re.compile(r"(?<![\w:])ALERTS(?:_FOR_STATE)?(?![\w:])")
+# every alert, or series picked by name pattern ({__name__=~"job:.*"}): any group may be read
+_READS_ANY = re.compile(r"(?<![\w:])(?:ALERTS|ALERTS_FOR_STATE|__name__)(?![\w:])")
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,10 @@ def rule_groups(rules_dir: Path) -> list[Group]:
     return out
 
 
-def _spelled(text: str, names: set[str]) -> set[str]:
-    return {name for name in names
-            if re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", text)}
+def spelled(text: str) -> set[str]:
+    """Every word of TEXT a series or alert name could be: the runs of letters, digits, _
+    and : (so job:y:sum is not spelled by job:y:sum_mean1h)."""
+    return set(re.findall(r"[\w:]+", text))
 
 
 def groups_seen(test_text: str, groups: list[Group]) -> list[Group]:
@@ -53,11 +56,11 @@ def groups_seen(test_text: str, groups: list[Group]) -> list[Group]:
     kept: set[int] = set()
     texts = [test_text]
     while texts:
-        read = set().union(*(_spelled(text, written) for text in texts))
+        read = written & set().union(*(spelled(text) for text in texts))
         new = [i for i, g in enumerate(groups) if i not in kept and g.writes & read]
         kept.update(new)
         texts = [groups[i].text for i in new]
-    if _EVERY_ALERT.search(test_text) or any(_EVERY_ALERT.search(groups[i].text) for i in kept):
+    if _READS_ANY.search(test_text) or any(_READS_ANY.search(groups[i].text) for i in kept):
         return list(groups)
     return [g for i, g in enumerate(groups) if i in kept]
 
