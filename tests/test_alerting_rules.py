@@ -437,9 +437,9 @@ def test_rules_that_need_care_are_written_with_it():
     for name in ("GpuEccUncorrectable", "GpuNvlinkErrors", "GpuNvlinkCrcErrors"):
         expr = next(e for (alert, _, _), e in rules.items() if alert == name)
         assert "increase(" not in expr and "min_over_time(" in expr, name
-    # NVLink only on busy GPUs of multi-GPU jobs, from the recorded rate
+    # NVLink only on busy GPUs of multi-GPU jobs, from the exporter's gauge (issue 45)
     nvlink = rules[("GpuNvlinkBandwidthLow", "warning", None)]
-    assert nvlink.startswith("gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m < 0.5\n")
+    assert nvlink.startswith("gpufleet_gpu_nvlink_utilization_ratio < 0.5\n")
     assert "gpufleet_gpu_utilization_ratio > 0.5" in nvlink
     # memory from the exporter's own ratio gauge, no recording over every GPU (issue 45)
     assert rules[("GpuMemoryHigh", "critical", None)] == "gpufleet_gpu_memory_used_ratio > 0.95"
@@ -501,7 +501,7 @@ def test_recording_rules_follow_level_metric_operations():
         assert metric.startswith("gpufleet_")
         assert operations
     assert set(recorded) >= {
-        "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m", "pool:gpufleet_gpu_utilization:avg",
+        "pool:gpufleet_gpu_utilization:avg",
         "pool:gpufleet_gpu_memory_used:ratio", "pool:gpufleet_gpu_allocated:sum",
         "pool:gpufleet_gpu_idle:count"}
 
@@ -608,17 +608,14 @@ def test_no_rule_recomputes_what_the_exporter_serves_or_matches_a_regex_for_one_
     from exporter import metrics
     groups = recording_groups(load_thresholds(TABLE))
     exprs = {r["record"]: r["expr"] for g in groups for r in g["rules"]}
-    assert not {"gpu:gpufleet_gpu_memory_used:ratio", "gpu:gpufleet_gpu_power_limit:watts"} & set(exprs)
-    gpu = {r["record"] for g in groups if g["name"] == "gpufleet-gpu-recording" for r in g["rules"]}
-    assert gpu == {"gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m"}
-    nvlink = exprs["gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m"]
-    assert nvlink.count("on (cluster, node, gpu) group_left ()") == 2
+    # nothing recorded per GPU: the NVLink utilisation is the exporter's gauge too
+    assert not [record for record in exprs if record.startswith("gpu:")]
     alerts = [r["expr"] for g in yaml.safe_load((RULES / "gpufleet-alerts.yaml").read_text())["groups"]
               for r in g["rules"]]
     every = [*alerts, *exprs.values()]
-    # the rules over every GPU: the per-GPU alert groups and the GPU recording group
+    # the rules over every GPU: the per-GPU alert groups
     per_gpu = [r["expr"] for g in yaml.safe_load((RULES / "gpufleet-alerts.yaml").read_text())["groups"]
-               if g["name"].startswith("gpufleet-gpu") for r in g["rules"]] + [nvlink]
+               if g["name"].startswith("gpufleet-gpu") for r in g["rules"]]
     per_gpu_ratio = f"{metrics.GPU_MEMORY_USED_BYTES.name} / {metrics.GPU_MEMORY_TOTAL_BYTES.name}"
     assert not [e for e in every if per_gpu_ratio in e]
     for expr in per_gpu:
@@ -686,7 +683,7 @@ def test_time_scale_scales_for_windows_offsets_and_the_xid_window_together(tmp_p
     # the description's query template reads the same scaled window
     assert "[3m]" in fast[("GpuJobUtilizationLow", "warning")]["annotations"]["description"]
     recording = (tmp_path / "gpufleet-recording.yaml").read_text()
-    assert "[15s]" in recording and "[5m]" not in recording  # the NVLink rate
+    assert "[5m]" not in recording  # (the NVLink rate is the exporter's gauge, in its own time)
     assert "[1h12m]" in recording  # the 24h load statistics
     rule_files = [str(tmp_path / "gpufleet-alerts.yaml"), str(tmp_path / "gpufleet-recording.yaml")]
     result = _promtool("check", "rules", *rule_files)

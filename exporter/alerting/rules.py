@@ -74,21 +74,12 @@ _MEMORY_TOTAL = metrics.GPU_MEMORY_TOTAL_BYTES.name
 # level:metric:operations (https://prometheus.io/docs/practices/rules/); the names are
 # exporter/thresholds/recorded.py's
 RECORDING_GROUPS: tuple[tuple[str, tuple[Recording, ...]], ...] = (
-    # The memory-used ratio and the power limit a GPU is held to are the exporter's own gauges
-    # (gpufleet_gpu_memory_used_ratio, gpufleet_gpu_power_limit_effective_watts): recording them
-    # divided 10,880 series by 10,880 more every interval (0.79 s) and ran ten model regexes
-    # (0.58 s) at 10,880 GPUs. NVLink needs a rate over two scrapes, which a gauge of one
-    # collection cannot give: recorded, joined on the GPU's place rather than every label
-    # (`group_left ()`: a one-to-one match `on` would keep only those labels).
-    ("gpufleet-gpu-recording", (
-        Recording(
-            recorded.GPU_NVLINK_UTILIZATION,
-            f"(\n  rate({metrics.GPU_NVLINK_TRANSMIT_BYTES_TOTAL.name}[5m])\n"
-            f"  + on (cluster, node, gpu) group_left ()\n"
-            f"  rate({metrics.GPU_NVLINK_RECEIVE_BYTES_TOTAL.name}[5m])\n)\n"
-            f"/ on (cluster, node, gpu) group_left ()\n  {metrics.GPU_NVLINK_CAPACITY_BYTES_PER_SECOND.name}",
-        ),
-    )),
+    # No recording per GPU: the memory-used ratio, the power limit a GPU is held to and its
+    # NVLink utilisation are the exporter's own gauges (gpufleet_gpu_memory_used_ratio,
+    # gpufleet_gpu_power_limit_effective_watts, gpufleet_gpu_nvlink_utilization_ratio): at
+    # 10,880 GPUs recording them divided 10,880 series by 10,880 more every interval (0.79 s),
+    # ran ten model regexes (0.58 s) and two rates over the NVLink byte counters with two
+    # joins (0.15-1.5 s). The exporter keeps the counters' last 5 min for the NVLink rate.
     ("gpufleet-job-recording", (
         # Each GPU a job holds, with the job's labels: allocation_info is one series per
         # (job, GPU), utilization one per GPU, so group_left copies the GPU's value to

@@ -52,8 +52,9 @@ def allocations(sel: str) -> str:
 
 
 def nvlink_utilization(sel: str) -> str:
-    """Share of the GPU's NVLink bandwidth in use over 5 min, both directions together (0-1)."""
-    return f"{recorded.GPU_NVLINK_UTILIZATION}{sel}"
+    """Share of the GPU's NVLink bandwidth in use over 5 min, both directions together (0-1):
+    the exporter's gauge."""
+    return m.GPU_NVLINK_UTILIZATION_RATIO.selector() + sel
 
 
 def gpus_in_state(state: str, sel: str, by: str = "") -> str:

@@ -12,10 +12,9 @@ Names follow ``level:metric:operations`` (https://prometheus.io/docs/practices/r
 
 from __future__ import annotations
 
-# per GPU
-GPU_NVLINK_UTILIZATION = "gpu:gpufleet_gpu_nvlink_utilization:ratio_rate5m"
-# (the memory-used ratio and the power limit a GPU is held to are the exporter's own gauges,
-# gpufleet_gpu_memory_used_ratio and gpufleet_gpu_power_limit_effective_watts: issue 45)
+# (none per GPU: the memory-used ratio, the power limit a GPU is held to and the NVLink
+# utilisation are the exporter's own gauges, gpufleet_gpu_memory_used_ratio,
+# gpufleet_gpu_power_limit_effective_watts and gpufleet_gpu_nvlink_utilization_ratio: issue 45)
 # per job, and per GPU a job holds
 JOB_GPU_UTILIZATION = "job_gpu:gpufleet_gpu_utilization:ratio"
 JOB_UTILIZATION = "job:gpufleet_gpu_utilization:avg"

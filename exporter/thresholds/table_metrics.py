@@ -265,9 +265,12 @@ METRICS: dict[str, TableMetric] = {metric.key: metric for metric in (
         f"{_GPU} is busy but had its clocks held down by the software power cap <VALUE> "
         "of the last 5m (<RELATION> <THRESHOLD>, for <FOR>): the job runs slower than "
         "the GPU could."),
+    # The exporter's gauge (the rate of its byte counters over its last 5 min of collections,
+    # over the capacity): where a GPU has no value yet (a first reading, a counter reset) the
+    # alert sees no series and stays quiet, as the rate over one sample gave none.
     TableMetric(
         "gpu_nvlink_utilization", "ratio", "gpu", ("<",),
-        recorded.GPU_NVLINK_UTILIZATION,
+        m.GPU_NVLINK_UTILIZATION_RATIO.name,
         f"{_GPU} runs a multi-GPU job but uses <VALUE> of its NVLink bandwidth, "
         "<RELATION> <THRESHOLD> for <FOR>."),
     # Less the pool's tier-inversion penalty, as the cluster's below (the reasons there).
