@@ -19,6 +19,7 @@ import pytest
 from exporter.outcome_sim.cluster import Cluster
 from exporter.outcome_sim.demand import (
     build_jobs,
+    capped_hours,
     draw,
     gfs_demand,
     gfs_hourly_jobs,
@@ -28,6 +29,7 @@ from exporter.outcome_sim.demand import (
     rake,
     read_gfs_nodes,
     read_hourly_models,
+    trace_pools,
     work_per_job,
 )
 from exporter.outcome_sim.fleets import catalogue_name, gfs_fleet
@@ -341,6 +343,104 @@ def test_the_command_runs_gfs_hourly(tmp_path):  # type: ignore[no-untyped-def]
 
     argv = ["simulate", "--fleet", "gfs", "--demand", "gfs-hourly", "--days", "0.02", "--warmup-days", "0",
             "--load", "1.0", "--seeds", "1", "--strategies", "none", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = list(csv.DictReader((tmp_path / "outcomes.csv").open()))
+    assert len(rows) == 1 and int(rows[0]["jobs"]) > 0
+
+
+# -- gfs-hourly-capped: no pool asked for more than its GPUs in an hour ------------------------
+
+
+def _active_gpus(demand, jobs, model: int, since: float, until: float) -> float:  # type: ignore[no-untyped-def]
+    """Mean GPUs asked by ``model``'s jobs between their submit and submit + duration, over
+    [since, until): what the trace's hourly table counts."""
+    held = 0.0
+    for j in jobs:
+        if _model_of(demand, j) != model:
+            continue
+        end = j.submit + j.work / demand.speeds[model]
+        held += j.gpus * j.share * j.parts * max(0.0, min(end, until) - max(j.submit, since))
+    return held / (until - since)
+
+
+def test_the_traces_a10_pool_is_asked_for_more_than_its_gpus_in_most_hours(fleet):  # type: ignore[no-untyped-def]
+    demand = fleet.gfs_demand
+    pools = trace_pools(demand.trace_models)
+    assert dict(zip(demand.trace_models, pools.tolist(), strict=True)) == {
+        "A10": 2494.0, "A100-SXM4-80GB": 3456.0, "GPU-series-2": 976.0, "GPU-series-1": 1558.0,
+        "H800": 1752.0, "A800-SXM4-80GB": 176.0}
+    table = read_hourly_models(demand.trace_models)
+    a10 = demand.trace_models.index("A10")
+    # 1.35 times its GPUs on average, above them in 94% of the hours: more than 2,494 GPUs of
+    # one each can run, so part of it is waiting or GPUs the node list does not hold
+    assert table[:, a10].mean() / pools[a10] == pytest.approx(1.35, abs=0.005)
+    assert (table[:, a10] > pools[a10]).mean() == pytest.approx(0.943, abs=0.001)
+    others = [m for m in range(6) if m != a10]
+    assert (table[:, others].mean(axis=0) / pools[others]).max() < 0.8
+
+
+def test_capped_hours_keep_each_model_within_its_pool_and_say_what_is_left(fleet):  # type: ignore[no-untyped-def]
+    table = np.array([[5000.0, 1000.0], [1000.0, 3000.0], [0.0, 0.0]])
+    pools = np.array([2500.0, 2000.0])
+    capped, kept = capped_hours(table, pools, np.array([1.0, 0.5]))
+    assert capped.tolist() == [[2500.0, 1000.0], [1000.0, 2000.0], [0.0, 0.0]]
+    assert kept.tolist() == [(2500 + 500) / (5000 + 500), (1000 + 1000) / (1000 + 1500), 1.0]
+
+
+def test_gfs_hourly_capped_offers_a10_its_pool_and_the_other_models_what_gfs_hourly_does(fleet):  # type: ignore[no-untyped-def]
+    demand = fleet.gfs_demand
+    pools = trace_pools(demand.trace_models)
+    per_job = work_per_job(demand)
+    table = read_hourly_models(demand.trace_models)
+    a10 = demand.trace_models.index("A10")
+    capped, kept = capped_hours(table, pools, demand.speeds)
+
+    def gpu_seconds(row: np.ndarray, work: float) -> np.ndarray:
+        """Each model's GPU-seconds expected of an hour that owes ``work`` with the mix of ``row``."""
+        mix = hour_joint(demand, row, per_job).sum(axis=1) * per_job
+        mix /= mix.sum()
+        return work * mix / (mix @ demand.speeds)
+
+    # A10 at 1.42, 1.67 and 1.05 of its GPUs; in hour 4000 A100 and GPU-series-2 above theirs too
+    for hour in (100, 2300, 4000):
+        assert table[hour, a10] > pools[a10]
+        plain, less = gpu_seconds(table[hour], 1.0), gpu_seconds(capped[hour], kept[hour])
+        # a model under its pool is offered what gfs-hourly offers it; one over it, its pool's share
+        assert less == pytest.approx(plain * np.minimum(1.0, pools / table[hour]), rel=1e-9)
+    assert (table[4000] > pools).sum() == 3 and (table[2300] > pools).sum() == 1
+    assert kept[0] == 1.0  # hour 0: every model under its pool
+
+
+def test_gfs_hourly_capped_asks_a10_for_its_gpus_where_gfs_hourly_asks_half_as_many_again(fleet):  # type: ignore[no-untyped-def]
+    demand = fleet.gfs_demand
+    series = read_arrivals(arrivals_path())
+    settings = TimelineSettings(days=7.0, warmup_days=1.0, load=1.0)
+    a10 = demand.trace_models.index("A10")
+    table = read_hourly_models(demand.trace_models)
+    idx = window_hours(series, settings.hours, np.random.default_rng([101, 43]))
+    since, until = settings.measured_from, settings.horizon
+    # seed 101's week is trace hours 2234-2401, where the table asks A10 for 1.55 times its GPUs
+    assert table[idx[24:], a10].mean() / 2494 == pytest.approx(1.55, abs=0.01)
+    plain = build_jobs("gfs-hourly", fleet, series, 8684.0, settings, 101)
+    capped = build_jobs("gfs-hourly-capped", fleet, series, 8684.0, settings, 101)
+    assert _active_gpus(demand, plain, a10, since, until) / 2494 == pytest.approx(1.52, abs=0.03)
+    assert _active_gpus(demand, capped, a10, since, until) / 2494 == pytest.approx(1.0, abs=0.03)
+
+
+def test_the_cli_offers_every_demand(tmp_path):  # type: ignore[no-untyped-def]
+    import argparse
+
+    from exporter.cli import main
+    from exporter.cli.simulate import add_arguments
+    from exporter.outcome_sim.demand import DEMANDS
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    choices = next(a.choices for a in parser._actions if a.dest == "demand")
+    assert tuple(choices) == DEMANDS
+    argv = ["simulate", "--fleet", "gfs", "--demand", "gfs-hourly-capped", "--days", "0.02",
+            "--warmup-days", "0", "--load", "1.0", "--seeds", "1", "--strategies", "none",
+            "--out", str(tmp_path)]
     assert main(argv) == 0
     rows = list(csv.DictReader((tmp_path / "outcomes.csv").open()))
     assert len(rows) == 1 and int(rows[0]["jobs"]) > 0

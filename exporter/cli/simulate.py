@@ -49,10 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fleet", choices=("default", "openb", "gfs"), default="default",
                         help="default: the simulated reference fleet (1,088 GPUs); openb: the trace's "
                         "1,213 nodes; gfs: the Alibaba spot-GPU trace's 4,278 nodes (10,412 GPUs)")
-    parser.add_argument("--demand", choices=("openb", "gfs", "gfs-hourly"), default="",
+    # the names of exporter.outcome_sim.demand.DEMANDS, spelled out so that --help need not
+    # import the simulator (a test holds the two equal)
+    parser.add_argument("--demand", choices=("openb", "gfs", "gfs-hourly", "gfs-hourly-capped"), default="",
                         help="openb: jobs shaped as the openb trace's pods; gfs: jobs drawn from the "
                         "spot-GPU trace's job mix (its sizes, gangs, models, durations, priorities); "
-                        "gfs-hourly: the same, each hour's models in the trace's mix of that hour "
+                        "gfs-hourly: the same, each hour's models in the trace's mix of that hour; "
+                        "gfs-hourly-capped: as gfs-hourly, each model's hourly demand at most its "
+                        "pool's GPUs in the trace's node list, the rest not offered "
                         "(default: gfs on the gfs fleet, openb elsewhere)")
     parser.add_argument("--days", type=float, default=None,
                         help="measured days, at most 366 (default 14; the matrix's 7)")
@@ -108,7 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--advisor-interval", type=float, default=60.0, metavar="SECONDS",
                         help="simulated seconds between the advisor's evaluations, 1 to 86400 "
                         "(default 60)")
-    parser.add_argument("--advisor-rule", choices=("queue", "head", "starts", "horizon", "horizon-room"),
+    parser.add_argument("--advisor-rule",
+                        choices=("queue", "head", "starts", "horizon", "horizon-room", "horizon-surge"),
                         default="queue",
                         help="which pending jobs the advisor plans for: queue, the head and the next "
                         "blocked jobs the same budget of moves starts, where it pays; head, the head "
@@ -117,7 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "next evaluation; horizon, as queue, refusing a plan whose waiting ended is "
                         "no more than the small jobs' waiting the room it takes causes while its head "
                         "runs; horizon-room, as horizon, the room the head's reservation holds "
-                        "anyway not counted (default queue)")
+                        "anyway not counted; horizon-surge, as horizon-room, refusing a plan that "
+                        "starts a whole-node job where the free GPUs it leaves hold less than the "
+                        "small jobs' demand is forecast to rise over its head's run (default queue)")
     parser.add_argument("--advisor-pools-by-model", action="store_true",
                         help="the advisor's snapshot lists a pool per GPU model, as serve's simulated "
                         "fleet does, so its planner keeps each job on its model, as the fifo scheduler's "

@@ -28,6 +28,16 @@ offered in an hour is its share of the trace's demand in that hour, and the trac
 at time 0 are each model's demand in the window's first hour. ``gfs`` keeps each model's
 share steady, its share over the whole trace.
 
+``gfs-hourly-capped``: as ``gfs-hourly``, but in each hour a model's GPUs in the table count
+at most its pool's GPUs in the trace's node list, and the work above them is not offered
+(the hour owes what ``gfs-hourly`` owes less that part, so every model under its pool gets
+the same jobs in expectation). The table counts a job's GPUs from its submit for its
+duration; a pool of exclusive GPUs cannot run more than it has, and the trace's A10 pool
+(2,494 GPUs of one each) is asked for 1.35 times them on average over 184 days, in 94% of
+its hours: what the listed GPUs could not have run is waiting counted inside the
+durations, or GPUs the node list does not hold (shared, or nodes gone by the list's
+date). ``gfs-hourly`` replays all of it as run time on the listed pool.
+
 Arrivals follow the hourly series as ``openb``'s do (:func:`timeline.window`, the
 load factor scaling offered GPU-seconds to the fleet). Because a few jobs run for
 months, a run starts in the offered load's steady state: the jobs running at time 0
@@ -75,7 +85,7 @@ class JobSource(Protocol):
     @property
     def gfs_demand(self) -> GfsDemand: ...
 
-DEMANDS = ("openb", "gfs", "gfs-hourly")
+DEMANDS = ("openb", "gfs", "gfs-hourly", "gfs-hourly-capped")
 MARGINALS = Path("alibaba-spot-gpu-v2026") / "job-marginals"
 NODE_LIST = Path("alibaba-spot-gpu-v2026") / "node_info_df.csv"
 HOURLY_MODELS = Path("alibaba-spot-gpu-v2026") / "hourly_concurrency_top_models.csv"
@@ -556,15 +566,38 @@ def hour_joint(demand: GfsDemand, gpus: np.ndarray, per_job: np.ndarray) -> np.n
     return joint / joint.sum()
 
 
+def trace_pools(models: Sequence[str],
+                nodes: Sequence[tuple[str, str, int, float]] | None = None) -> np.ndarray:
+    """GPUs of each of ``models`` (the trace's names) in the trace's node list."""
+    listed = read_gfs_nodes() if nodes is None else nodes
+    return np.array([float(sum(gpus for _, model, gpus, _ in listed if model == name)) for name in models])
+
+
+def capped_hours(table: np.ndarray, pools: np.ndarray, speeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the table with each model at most its pool's GPUs, each hour's work left over its work):
+    the part of an hour's demand that its pools could run at once."""
+    capped = np.minimum(table, pools[None, :])
+    raw = table @ speeds
+    kept = np.divide(capped @ speeds, raw, out=np.ones(len(table)), where=raw > 0)
+    return capped, kept
+
+
 def gfs_hourly_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, settings: TimelineSettings,
-                    seed: int, hourly: np.ndarray | None = None) -> list[Job]:
+                    seed: int, hourly: np.ndarray | None = None,
+                    pools: np.ndarray | None = None) -> list[Job]:
     """As :func:`gfs_jobs`, each hour's models in the mix of the trace's same hour (``hourly``:
-    :func:`read_hourly_models`, the default the checkout's table)."""
+    :func:`read_hourly_models`, the default the checkout's table). With ``pools`` (GPUs per
+    trace model), each hour's demand above a model's pool is not offered: the rest of the
+    hour's models get what they get without it (``gfs-hourly-capped``)."""
     if capacity <= 0:
         raise ValueError("the fleet has no GPUs")
     if not demand.trace_models:
         raise ValueError("gfs-hourly needs the trace's model names in the demand tables")
     table = read_hourly_models(demand.trace_models) if hourly is None else hourly
+    raw_table = table
+    kept = np.ones(len(table))
+    if pools is not None:
+        table, kept = capped_hours(table, pools, demand.speeds)
     rng = np.random.default_rng([seed, 43])
     idx = window_hours(series, settings.hours, rng)
     if int(idx.max()) >= len(table):
@@ -572,7 +605,7 @@ def gfs_hourly_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, 
                          f"({int(idx.max()) + 1} against {len(table)}); use the trace's own series")
     seconds = series.gpu_seconds[idx]
     weights = seconds / seconds.mean() if seconds.mean() > 0 else np.ones(len(seconds))
-    owed = np.cumsum(settings.load * capacity * HOUR * weights)
+    owed = np.cumsum(settings.load * capacity * HOUR * weights * kept[idx])
     per_job = work_per_job(demand)
     batch = max(256, int(owed[-1] / demand.mean_gpu_seconds / max(settings.hours, 1) * 1.2))
     arrivals: list[Drawn] = []
@@ -593,8 +626,8 @@ def gfs_hourly_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, 
     order = np.argsort(submit, kind="stable")
     drawn_all, submit = drawn_all.select(order), submit[order]
     # the steady state at 0: each model's running jobs hold its share of the first hour's demand
-    first = table[idx[0]]
-    rate_share = first * demand.speeds / max(float((first * demand.speeds).sum()), 1e-300)
+    first, raw_first = table[idx[0]], raw_table[idx[0]]
+    rate_share = first * demand.speeds / max(float((raw_first * demand.speeds).sum()), 1e-300)
     if first.sum() <= 0:
         rate_share = np.full(len(first), 1.0 / len(first))
     picked: list[Drawn] = []
@@ -632,6 +665,10 @@ def build_jobs(demand_name: str, fleet: JobSource, series: HourlyArrivals, capac
         return gfs_jobs(fleet.gfs_demand, series, capacity, settings, seed)
     if demand_name == "gfs-hourly":
         return gfs_hourly_jobs(fleet.gfs_demand, series, capacity, settings, seed)
+    if demand_name == "gfs-hourly-capped":
+        demand = fleet.gfs_demand
+        pools = trace_pools(demand.trace_models)
+        return gfs_hourly_jobs(demand, series, capacity, settings, seed, pools=pools)
     raise ValueError(f"unknown demand {demand_name!r}; one of {', '.join(DEMANDS)}")
 
 
@@ -647,6 +684,7 @@ def typical_shapes(demand: GfsDemand, jobs: int = 4000) -> tuple[Shape, ...]:
     return tuple(shapes)
 
 
-__all__ = ["DEMANDS", "Drawn", "GfsDemand", "JobSource", "Marginals", "build_jobs", "data_path",
-           "default_demand", "draw", "gfs_demand", "gfs_hourly_jobs", "gfs_jobs", "hour_joint",
-           "load_marginals", "rake", "read_gfs_nodes", "read_hourly_models", "typical_shapes", "work_per_job"]
+__all__ = ["DEMANDS", "Drawn", "GfsDemand", "JobSource", "Marginals", "build_jobs", "capped_hours",
+           "data_path", "default_demand", "draw", "gfs_demand", "gfs_hourly_jobs", "gfs_jobs", "hour_joint",
+           "load_marginals", "rake", "read_gfs_nodes", "read_hourly_models", "trace_pools",
+           "typical_shapes", "work_per_job"]
