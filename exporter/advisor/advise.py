@@ -26,6 +26,7 @@ from exporter.advisor.engine import Advisor, DecisionSettings, idle_rule
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import KeptState, PlanSettings, plan_compaction, plan_for_pending
 from exporter.advisor.realised import Ledger, oracle_waiting_saved, with_oracle
+from exporter.advisor.surge import SmallDemand
 from exporter.analysis.index import Report
 from exporter.errors import ConfigError
 from exporter.health.settings import health_settings as health_settings  # moved there
@@ -77,6 +78,9 @@ def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
     advisor :meth:`~Advisor.durable` or :meth:`~Advisor.not_durable`).
     """
     asked = advisor.assess(snapshot, report, trigger)
+    observe = getattr(plan, "observe", None)
+    if observe is not None:  # a planner that forecasts from every evaluation, not only those it plans in
+        observe(snapshot, asked.now)
     pending_plan = None
     if asked.pending_job is not None:
         if plan_pending is None:
@@ -237,19 +241,30 @@ class Planner:
     kept: KeptState = field(default_factory=KeptState, compare=False, repr=False)
     # the delivered plans and what came of them (advise updates it; /v1/advice's saving)
     ledger: Ledger = field(default_factory=Ledger, compare=False, repr=False)
+    # the small jobs' hourly demand (advise has it observe every evaluation), which the
+    # horizon-surge rule forecasts from; kept only under that rule
+    demand: SmallDemand = field(default_factory=SmallDemand, compare=False, repr=False)
 
     def __call__(self, snapshot: FleetSnapshot, report: Report, scope: str, now: float) -> CompactionPlan:
         return plan_compaction(snapshot, report, scope, now, self.settings, self.kept)
 
     def for_pending(self, snapshot: FleetSnapshot, report: Report, job: JobRequest,
                     now: float) -> CompactionPlan | None:
-        return plan_for_pending(snapshot, report, job, now, self.settings, self.kept)
+        return plan_for_pending(snapshot, report, job, now, self.settings, self.kept, self.demand)
+
+    def observe(self, snapshot: FleetSnapshot, now: float) -> None:
+        """Record the small jobs' demand in ``snapshot``, under the rule that reads it."""
+        if self.settings.rule == "horizon-surge":
+            self.demand.observe(snapshot, now)
 
     def keeping(self, previous: object) -> Planner:
-        """This planner with ``previous``'s ledger, when ``previous`` is a planner: a reloaded
-        table changes the settings, not what the plans delivered so far came to."""
+        """This planner with ``previous``'s ledger and small jobs' demand, when ``previous`` is
+        a planner: a reloaded table changes the settings, not what the plans delivered so far
+        came to, nor the demand seen."""
         ledger = getattr(previous, "ledger", None)
-        return dataclasses.replace(self, ledger=ledger) if isinstance(ledger, Ledger) else self
+        demand = getattr(previous, "demand", None)
+        kept = self if not isinstance(ledger, Ledger) else dataclasses.replace(self, ledger=ledger)
+        return kept if not isinstance(demand, SmallDemand) else dataclasses.replace(kept, demand=demand)
 
 
 def planner_for(config: AdvisorConfig, table: Thresholds | None = None,

@@ -330,7 +330,7 @@ def queue_gate(plan: QueuePlan, settings: DecisionSettings) -> str | None:
     net = plan.gpu_hours_waiting_saved - plan.displaced_gpu_hours
     work = plan.work_gpu_hours
     if net > 0 and net >= settings.min_saved_per_work * work:
-        return starts_gate(plan) or horizon_gate(plan)
+        return starts_gate(plan) or horizon_gate(plan) or surge_gate(plan)
     displaced = (f", less {plan.displaced_gpu_hours:g} for the {len(plan.displaced)} pending "
                  f"job{'s' if len(plan.displaced) != 1 else ''} it would leave no room for"
                  if plan.displaced else "")
@@ -369,6 +369,19 @@ def horizon_gate(plan: QueuePlan) -> str | None:
     return (f"plan ends {net:.3g} GPU-hours of waiting, where the room it takes for the "
             f"{hours:.3g} h its head is expected to run would cost the small jobs "
             f"{plan.small_wait_gpu_hours:.3g} GPU-hours of waiting")
+
+
+def surge_gate(plan: QueuePlan) -> str | None:
+    """None unless a plan under the ``horizon-surge`` rule starts a whole-node job into room
+    the small jobs' forecast daily rise needs: the free GPUs it leaves hold less than the rise
+    over its head's horizon (``surge_gpus`` above 0, :mod:`exporter.advisor.surge`). The head
+    waits for a later evaluation, when the rise has come and gone or the room is there."""
+    if not plan.surge_gpus:
+        return None
+    hours = (plan.horizon_seconds or 0.0) / 3600
+    return (f"plan starts a whole-node job for the {hours:.3g} h its head is expected to run, "
+            f"where the small jobs' demand is forecast to rise by {plan.surge_rise_gpus or 0.0:.3g} GPUs: "
+            f"the free GPUs it leaves would hold {plan.surge_gpus:.3g} fewer than that")
 
 
 def describe_start(plan: CompactionPlan) -> str:

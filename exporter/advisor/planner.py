@@ -47,6 +47,7 @@ import numpy as np
 
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
 from exporter.advisor.right_sizing import misplacements
+from exporter.advisor.surge import SmallDemand, free_gpus, shortfall
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.index import Report, scorer, totals
 from exporter.analysis.state import FleetState
@@ -95,9 +96,11 @@ class PlanSettings:
 
 
 # "horizon-room" is "horizon" with the room the head's reservation holds anyway not counted
-# (:func:`reservation_held`)
-RULES = ("head", "queue", "starts", "horizon", "horizon-room")
-QUEUE_RULES = ("queue", "starts", "horizon", "horizon-room")  # the rules that plan past the head
+# (:func:`reservation_held`); "horizon-surge" is "horizon-room" that also refuses a plan starting
+# a whole-node job into room the small jobs' forecast daily rise needs (exporter.advisor.surge)
+RULES = ("head", "queue", "starts", "horizon", "horizon-room", "horizon-surge")
+QUEUE_RULES = ("queue", "starts", "horizon", "horizon-room", "horizon-surge")  # they plan past the head
+ROOM_RULES = ("horizon-room", "horizon-surge")  # the reservation's room not counted
 SMALL_GPUS = 8  # a single-node job asking fewer GPUs than this is a small one (backfills fragments)
 STARTS_LOOKBACK = 3600.0  # seconds of past starts the small jobs' rate is read from
 QUEUE_JOBS = 8  # blocked jobs one plan is made for under the queue rule, the head included
@@ -652,8 +655,8 @@ def waiting_saved(started: Sequence[JobRequest], now: float) -> float:
 
 
 def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, now: float,
-                     settings: PlanSettings = PlanSettings(), kept_state: KeptState | None = None
-                     ) -> CompactionPlan | None:
+                     settings: PlanSettings = PlanSettings(), kept_state: KeptState | None = None,
+                     demand: SmallDemand | None = None) -> CompactionPlan | None:
     """The fewest moves, each to a verified destination, after which pending ``job`` starts;
     None when it fits already, or no such moves exist within ``max_migrations``.
 
@@ -669,11 +672,12 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
     (:class:`KeptState`); without one, a fresh one.
 
     That is the ``head`` rule (``settings.rule``); under ``queue`` (:func:`plan_for_queue`'s
-    account) the plan goes on past the head, and says what it costs.
+    account) the plan goes on past the head, and says what it costs (``demand``: the small
+    jobs' hourly demand, for ``horizon-surge``).
     """
     with (KeptState() if kept_state is None else kept_state).borrow() as working:
         if settings.rule in QUEUE_RULES:
-            return _plan_for_queue(working, snapshot, report, job, now, settings)
+            return _plan_for_queue(working, snapshot, report, job, now, settings, demand)
         return _plan_for_pending(working, snapshot, report, job, now, settings)
 
 
@@ -886,6 +890,11 @@ class QueuePlan(CompactionPlan):
     # under "horizon-room" (:func:`reservation_held`): the GPUs the head's reservation keeps from
     # the small jobs already, not counted in the room the plan takes; None: not counted
     reserved_gpus: float | None = None
+    # under "horizon-surge" (:func:`exporter.advisor.surge.shortfall`), for a plan that starts a
+    # whole-node job: GPUs of the small jobs' forecast rise over the head's horizon that the free
+    # GPUs it leaves cannot hold (0: they can), and that rise; None: not counted, or no forecast yet
+    surge_gpus: float | None = None
+    surge_rise_gpus: float | None = None
 
 
 def work_cost(moves: Iterable[tuple[Candidate, Placement]], settings: PlanSettings) -> float:
@@ -1039,8 +1048,8 @@ def _fitting(placer: Placer, queue: Sequence[_Pending], skip: set[str],
 
 
 def plan_for_queue(snapshot: FleetSnapshot, report: Report, job: JobRequest, now: float,
-                   settings: PlanSettings = PlanSettings(), kept_state: KeptState | None = None
-                   ) -> QueuePlan | None:
+                   settings: PlanSettings = PlanSettings(), kept_state: KeptState | None = None,
+                   demand: SmallDemand | None = None) -> QueuePlan | None:
     """The queue rule: :func:`plan_for_pending`'s plan for the head ``job``, then, in the
     queue's order, for the next blocked jobs (up to :data:`QUEUE_JOBS` in all), within the
     same budget of moves, on the working copy the earlier moves and jobs left.
@@ -1053,14 +1062,16 @@ def plan_for_queue(snapshot: FleetSnapshot, report: Report, job: JobRequest, now
     starts jobs). The plan's account (:class:`QueuePlan`) compares the walk with the same
     walk on the fleet as it is: the jobs that start only with the plan are ``lets_start``,
     those that start only without it ``displaced``. None when the head fits already or no
-    moves let it start.
+    moves let it start. ``demand``: the small jobs' hourly demand, which the
+    ``horizon-surge`` rule forecasts from (without it, that rule counts no shortfall).
     """
     with (KeptState() if kept_state is None else kept_state).borrow() as working:
-        return _plan_for_queue(working, snapshot, report, job, now, settings)
+        return _plan_for_queue(working, snapshot, report, job, now, settings, demand)
 
 
 def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report, job: JobRequest,
-                    now: float, settings: PlanSettings) -> QueuePlan | None:
+                    now: float, settings: PlanSettings, demand: SmallDemand | None = None
+                    ) -> QueuePlan | None:
     state, cw = report.state, report.workload
     placer = working.placer_for(state, cw)
     mig = mig_nodes(snapshot)
@@ -1138,14 +1149,20 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
         taken = gpus - sum(j.gpu_count * j.gpu_share for j in displaced)
         lost_starts = backfill_lost(snapshot, taken, started_with | started_without, now,
                                     settings.starts_horizon_seconds)
-    small_wait = horizon = reserved = None
-    if settings.rule in ("horizon", "horizon-room"):
-        taken = gpus - sum(j.gpu_count * j.gpu_share for j in displaced)
-        if settings.rule == "horizon-room":
+    small_wait = horizon = reserved = surge = rise = None
+    if settings.rule in ("horizon", *ROOM_RULES):
+        taken = gross = gpus - sum(j.gpu_count * j.gpu_share for j in displaced)
+        if settings.rule in ROOM_RULES:
             reserved = reservation_held(state, queue[0])
             taken = max(0.0, taken - reserved)
         horizon = expected_runtime(snapshot, job, now, settings.horizon_cap_seconds)
         small_wait = small_wait_caused(snapshot, taken, started_with | started_without, now, horizon)
+        if settings.rule == "horizon-surge" and demand is not None and any(
+                not _small(j.gpu_count * j.gpu_share, max(1, j.node_count)) for j in lets):
+            # the whole room it takes, the reservation's included: the surge needs free GPUs
+            # anywhere, and a reservation ends when its head starts
+            rise = demand.rise(horizon)
+            surge = shortfall(rise, free_gpus(state.gpu_free), gross)
     waited = "" if job.submit_time is None else f", waiting {max(0.0, now - job.submit_time) / 60:.0f} min"
     parts = max(1, job.node_count)
     reasons = [f"lets pending job {job.job} start ({job.gpu_count * job.gpu_share:g} GPUs"
@@ -1161,7 +1178,8 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
         lets_start=tuple(j.job for j in lets), gpu_hours_waiting_saved=saved,
         work_gpu_hours=round(work, 3), displaced=tuple(j.job for j in displaced),
         displaced_gpu_hours=lost, gpus_started=gpus, starts_lost=lost_starts,
-        small_wait_gpu_hours=small_wait, horizon_seconds=horizon, reserved_gpus=reserved)
+        small_wait_gpu_hours=small_wait, horizon_seconds=horizon, reserved_gpus=reserved,
+        surge_gpus=surge, surge_rise_gpus=None if rise is None else round(rise, 3))
 
 
 def _plan_job(placer: Placer, target: _Pending, movable: dict[int, list[tuple[Allocation, _Where]]],
