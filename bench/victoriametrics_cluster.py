@@ -35,7 +35,7 @@ session's): on a machine shared with other sessions, the figures are then less t
 
 Usage: ``.venv/bin/python bench/victoriametrics_cluster.py [--scale 100] [--reads 3]
 [--scales 10,25,50,100] [--before DIR] [--summaries [--summaries-first]] [--per-query N]
-[--identity-refresh 1ms] [--priority -15]``
+[--identity-refresh 1ms] [--warm-first] [--pause-scrapes] [--priority -15]``
 """
 
 from __future__ import annotations
@@ -74,6 +74,11 @@ from exporter.web.server import collect_and_render
 url, selector, reads, query_timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 vm_pid = int(sys.argv[5])
 identity_refresh = sys.argv[7]  # "" for the mode's own
+# the scrape pipeline (the fleet's node-mode exporter, vmagent) stopped while a read runs:
+# on this machine it shares the cores with the reader and VictoriaMetrics, in a fleet it
+# runs on the nodes and on a host of its own (--pause-scrapes)
+import os, signal
+paused = [int(p) for p in sys.argv[8].split(",") if p] if len(sys.argv) > 8 else []
 
 def cpu(pid=None):
     import os, resource
@@ -156,10 +161,16 @@ async def main():
         answers.clear()
         requests.clear()
         queries_before = queries_of() if hasattr(source, "queries_made") else 0
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
         ours, theirs = cpu(), cpu(vm_pid)
         started = time.perf_counter()
-        rendered = await collect_and_render(collector, state, labels, 1)
-        total = time.perf_counter() - started
+        try:
+            rendered = await collect_and_render(collector, state, labels, 1)
+        finally:
+            total = time.perf_counter() - started
+            for pid in paused:
+                os.kill(pid, signal.SIGCONT)
         ours, theirs = cpu() - ours, cpu(vm_pid) - theirs
         snapshot = rendered.snapshot
         prom = [s for s in snapshot.sources if s.source == "prometheus"][0]
@@ -248,6 +259,18 @@ def main() -> int:
     parser.add_argument("--summaries-first", action="store_true",
                         help="with --summaries: read with the summaries before each GPU's (the "
                         "order reversed, to see what the order gives the later reads)")
+    parser.add_argument("--warm-first", action="store_true",
+                        help="before the measured readers, one read by a reader of its own (each "
+                        "GPU's path, every query a read sends, identity exported) whose figures "
+                        "are printed apart: the measured first reads then meet a VictoriaMetrics "
+                        "that has answered these queries before, as one serving vmalert and "
+                        "Grafana has, not one queried for the first time since it started")
+    parser.add_argument("--pause-scrapes", action="store_true",
+                        help="stop the fleet's node-mode exporter and vmagent (SIGSTOP) while "
+                        "each read runs, and let them go on after: on this machine their "
+                        "scrapes (1.8 M samples a minute at scale 100) share the cores with "
+                        "the read; in a fleet they run on the nodes and a host of their own. "
+                        "VictoriaMetrics keeps running")
     parser.add_argument("--reads", type=int, default=3, help="collections by cluster mode")
     parser.add_argument("--scrape-interval", default="60s", help="vmagent's scrape interval")
     parser.add_argument("--health", action="store_true",
@@ -430,12 +453,17 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
                  + (["summaries"] if args.summaries else []))
         if args.summaries and args.summaries_first:
             modes = ["summaries", *modes[:-1]]
+        if args.warm_first:
+            modes = ["warm", *modes]
         for mode in modes:
             tree = args.before if mode == "before" else REPO
             reader = subprocess.run(
-                [sys.executable, "-c", READER, vm, f'job="{JOB}"', str(args.reads),
-                 args.query_timeout, str(procs["victoria-metrics"].pid), mode,
-                 args.identity_refresh],
+                [sys.executable, "-c", READER, vm, f'job="{JOB}"',
+                 "1" if mode == "warm" else str(args.reads), args.query_timeout,
+                 str(procs["victoria-metrics"].pid), "new" if mode == "warm" else mode,
+                 args.identity_refresh,
+                 ",".join(str(procs[name].pid) for name in ("exporter", "vmagent"))
+                 if args.pause_scrapes else ""],
                 cwd=work, env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
                 timeout=3600)
             if reader.returncode != 0:
@@ -456,6 +484,7 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
             "node_mode_cluster_index": node_index, "reader": result,
             "reader_old_way": results.get("old"), "reader_before": results.get("before"),
             "reader_summaries": results.get("summaries"),
+            "reader_warming_vm": results.get("warm"),
             "rss_mb_other_processes (VmRSS, VmHWM)": others,
             "load_average_before_after": [round(load_before[0], 1), round(load_after[0], 1)],
             "cpus": os.cpu_count()}, indent=1))

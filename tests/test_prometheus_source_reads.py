@@ -197,7 +197,8 @@ def test_identity_through_the_export_api_the_query_when_it_names_other_gpus():
     assert form["match[]"] == "gpufleet_gpu_info{}"
     # the scrape target's labels too: a node's series are believed only from its identity's
     assert form["format"] == "__timestamp__:unix_ms,__value__,node,gpu,uuid,model,pool,instance,job"
-    assert float(form["end"]) - float(form["start"]) == pytest.approx(120.0)
+    # half of max_sample_age (120 s), the first read too: every GPU has a row in it here
+    assert float(form["end"]) - float(form["start"]) == pytest.approx(60.0)
 
 
 def test_an_export_answer_that_is_not_the_csv_asked_for_is_not_asked_again():
@@ -437,9 +438,10 @@ def _export_rows(now: float, ages: dict[str, float]):
 
 
 def test_identity_read_again_over_half_the_window_keeps_the_rows_of_gpus_it_misses():
-    """Identity held, the export reads half of max_sample_age (a row a GPU, not two): b's
-    newest sample (90 s old) is outside it, so b keeps its row while up answers for it, and the
-    next export reads the whole window (more than 1% missed), never the query."""
+    """The export reads half of max_sample_age (a row a GPU, not two): b's newest sample (90 s
+    old) is outside it. At the first read nothing is held for b, so the whole window is read at
+    once; later b keeps its row while up answers for it, and the next export reads the whole
+    window (more than 1% missed), never the query."""
     backend = FakeBackend(_fleet(lambda r: ["a", "b"], lambda r: ["a", "b"]),
                           export=_export_rows(time.time(), {"a": 30, "b": 90}))
     snapshots = asyncio.run(backend.run({"identity_refresh": 0.001, "node_summaries": False},
@@ -447,7 +449,7 @@ def test_identity_read_again_over_half_the_window_keeps_the_rows_of_gpus_it_miss
     assert all([(g.node, g.uuid, g.stale) for g in s.gpus] == [
         ("a", "GPU-a", False), ("b", "GPU-b", False)] for s in snapshots)
     windows = [round(float(f["end"]) - float(f["start"])) for f in backend.exports]
-    assert windows == [120, 60, 120, 60]
+    assert windows == [60, 120, 60, 120, 60]
     assert backend.count("gpufleet_gpu_info") == 0
 
 
@@ -477,5 +479,41 @@ def test_a_gpu_missed_twice_by_the_narrow_export_brings_the_whole_window():
                                         reads=5))
     assert all(len(s.gpus) == 151 and not any(g.stale for g in s.gpus) for s in snapshots)
     windows = [round(float(f["end"]) - float(f["start"])) for f in backend.exports]
-    assert windows == [120, 60, 60, 120, 60]
+    # the first read: b missed by the half window, nothing held: the whole window at once
+    assert windows == [60, 120, 60, 60, 120, 60]
     assert backend.count("gpufleet_gpu_info") == 0
+
+
+def test_the_first_read_exports_half_the_window_when_every_gpu_is_in_it():
+    """At the first read nothing is held: the export over half of max_sample_age suffices when
+    up answers for no GPU it misses (one row a GPU, not two), and neither the whole window nor
+    the query is read. With summaries (the default) as without."""
+    nodes = ["a", "b", "c"]
+    for summaries in (False, True):
+        backend = FakeBackend(_fleet(lambda r: nodes, lambda r: nodes),
+                              export=_export_rows(time.time(), {n: 30 for n in nodes}))
+        (snapshot,) = asyncio.run(backend.run({"node_summaries": summaries}, reads=1))
+        assert [(g.node, g.uuid, g.stale) for g in snapshot.gpus] == [
+            (n, f"GPU-{n}", False) for n in nodes]
+        assert [round(float(f["end"]) - float(f["start"])) for f in backend.exports] == [60]
+        assert backend.count("gpufleet_gpu_info") == 0
+        assert backend.source.identity_reads == 1
+
+
+def test_the_first_read_with_up_unknown_exports_the_whole_window():
+    """Up failed at the first read, so nothing says whether the half window missed a GPU
+    scraped less often than it (b, 90 s old): the whole window is read too, and b is in the
+    snapshot."""
+    nodes = ["a", "b"]
+    answer = _fleet(lambda r: nodes, lambda r: nodes)
+
+    def up_fails(expr: str, read: int) -> list[dict]:
+        if expr.startswith(UP_QUERY):
+            raise ValueError("up fails")
+        return answer(expr, read)
+
+    backend = FakeBackend(answer, export=_export_rows(time.time(), {"a": 30, "b": 90}))
+    backend.query = up_fails
+    (snapshot,) = asyncio.run(backend.run({"node_summaries": False}, reads=1))
+    assert [round(float(f["end"]) - float(f["start"])) for f in backend.exports] == [60, 120]
+    assert [g.node for g in snapshot.gpus] == ["a", "b"]

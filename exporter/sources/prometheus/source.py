@@ -10,8 +10,10 @@ Cost is per metric family, never per node: 11 instant queries read a fleet of an
 value families the cycle uses are read (``USED_VALUES``); the TSDB already holds the rest.
 Identity (``gpufleet_gpu_info``, the heaviest answer) is read at the first read, every
 ``identity_refresh`` and whenever ``gpufleet_gpu_up`` answers for other GPUs than it lists,
-through VictoriaMetrics' ``/api/v1/export/csv`` where the backend has it (the query API
-otherwise, or when the export's window lists other GPUs than up), and held as rows; a GPU
+through VictoriaMetrics' ``/api/v1/export/csv`` where the backend has it, over half of
+``max_sample_age`` (the whole of it where up answers for a GPU the half missed and no row is
+held for it; the query API otherwise, or when the export's window lists other GPUs than up),
+and held as rows; a GPU
 that appears is read with the read that first sees its up (or its node's summary count) change,
 one whose identity changes in place (another UUID) within ``identity_refresh``. All
 queries are evaluated at the same ``time``, so the snapshot is one instant, and each answer
@@ -751,6 +753,7 @@ class _Result:
     over_cap: bool = False  # failed for a cap: the whole read fails
     exported: bool = False  # identity read through the export API, not the query
     held: frozenset[Any] = frozenset()  # identity rows kept from before: not in the export
+    narrow: bool = False  # identity exported over half the window (Source._narrow)
 
 
 async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
@@ -1339,14 +1342,16 @@ class PrometheusFleetSource:
         return await loop.run_in_executor(None, self._decode, name, body, budget)
 
     def _narrow(self) -> bool:
-        """Whether identity's export reads the narrow window: with identity held (a GPU it
-        misses keeps its row), and the last one missed no more than 1% of the GPUs held."""
-        return bool(self._identity) and not self._wide_next
+        """Whether identity's export reads the narrow window: unless the last one missed more
+        than 1% of the GPUs held, or a GPU twice running. With identity held a GPU it misses
+        keeps its row; with none held (the first read) one it misses that up answers for
+        brings the whole window at once (:meth:`_read_identity`)."""
+        return not self._wide_next
 
     async def _export_body(self, at: float, headers: dict[str, str]) -> bytes | None:
         """Identity through the export API (VictoriaMetrics), the samples of the last
-        ``max_sample_age``, or of its half when identity is held (:meth:`_narrow`: a row a
-        GPU, not two, at a scrape interval of half of it); None where the backend has none or
+        ``max_sample_age``, or of its half (:meth:`_narrow`: a row a GPU, not two, at a
+        scrape interval of half of it); None where the backend has none or
         it failed: the query then reads it. The caller checks it against ``gpufleet_gpu_up``
         (the window may still hold a GPU that is gone)."""
         window = float(self.config.max_sample_age) / (2 if self._narrow() else 1)
@@ -1382,7 +1387,8 @@ class PrometheusFleetSource:
         if len(rows) > self.config.max_gpus:
             return None
         held: frozenset[Any] = frozenset()
-        if self._narrow():
+        narrow = self._narrow()
+        if narrow:
             # a GPU with no sample in the narrow window keeps the row held (_read_identity
             # drops it where up no longer answers for the GPU); past 1% of them, or a GPU
             # missed twice running, the next export reads the whole window, so that every GPU
@@ -1397,7 +1403,7 @@ class PrometheusFleetSource:
             rows = [*rows, *held]
         else:
             self._wide_next, self._missed = False, frozenset()
-        return _Result("identity", list(rows), exported=True, held=held)
+        return _Result("identity", list(rows), exported=True, held=held, narrow=narrow)
 
     async def _read_identity(self, at: float, headers: dict[str, str],
                              in_flight: asyncio.Semaphore, budget: _SeriesBudget,
@@ -1421,6 +1427,15 @@ class PrometheusFleetSource:
         if identity.held and up_keys is not None:  # kept only for GPUs up still answers for
             identity = dataclasses.replace(identity, series=[
                 r for r in identity.series or () if r not in identity.held or r[:2] in up_keys])
+        if identity.narrow and (not up_keys <= _keys(identity.series or []) if up_keys is not None
+                                else not self._identity):
+            # up answers for a GPU the half window missed and no row is held for (the first
+            # read; a node new since): the whole window before the query, which costs 40x more.
+            # With up unknown and nothing held, the whole window too: the half would leave out
+            # every GPU scraped less often than it
+            self._wide_next = True
+            identity = await self._fetch("identity", self._queries["identity"], at, headers,
+                                         in_flight, budget)
         if identity.exported and up_keys is not None and _keys(identity.series or []) != up_keys:
             identity = await self._fetch("identity", self._queries["identity"], at, headers,
                                          in_flight, budget, export=False)
