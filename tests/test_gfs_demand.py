@@ -26,6 +26,7 @@ from exporter.outcome_sim.demand import (
     gfs_jobs,
     hour_joint,
     load_marginals,
+    offered_gpus,
     rake,
     read_gfs_nodes,
     read_hourly_models,
@@ -379,36 +380,41 @@ def test_the_traces_a10_pool_is_asked_for_more_than_its_gpus_in_most_hours(fleet
     assert (table[:, others].mean(axis=0) / pools[others]).max() < 0.8
 
 
-def test_capped_hours_keep_each_model_within_its_pool_and_say_what_is_left(fleet):  # type: ignore[no-untyped-def]
-    table = np.array([[5000.0, 1000.0], [1000.0, 3000.0], [0.0, 0.0]])
-    pools = np.array([2500.0, 2000.0])
-    capped, kept = capped_hours(table, pools, np.array([1.0, 0.5]))
+def test_capped_hours_keep_each_model_within_its_ceiling_and_offer_only_that(fleet):  # type: ignore[no-untyped-def]
+    rows = np.array([[5000.0, 1000.0], [1000.0, 3000.0], [0.0, 0.0]])
+    speeds = np.array([1.0, 0.5])
+    rate = np.array([5500.0, 2500.0, 7.0])  # work per second: each hour's rows as they are
+    assert offered_gpus(rows, rate, speeds).tolist() == rows.tolist()
+    capped, left = capped_hours(rows, rate, np.array([2500.0, 2000.0]), speeds)
     assert capped.tolist() == [[2500.0, 1000.0], [1000.0, 2000.0], [0.0, 0.0]]
-    assert kept.tolist() == [(2500 + 500) / (5000 + 500), (1000 + 1000) / (1000 + 1500), 1.0]
+    assert left.tolist() == [2500 + 500, 1000 + 1000, 7.0]  # an empty hour keeps its rate
+    # twice the rate: each model offered twice its rows, then held to the ceiling
+    capped, left = capped_hours(rows, 2 * rate, np.array([2500.0, 2000.0]), speeds)
+    assert capped[:2].tolist() == [[2500.0, 2000.0], [2000.0, 2000.0]]
 
 
 def test_gfs_hourly_capped_offers_a10_its_pool_and_the_other_models_what_gfs_hourly_does(fleet):  # type: ignore[no-untyped-def]
     demand = fleet.gfs_demand
     pools = trace_pools(demand.trace_models)
-    per_job = work_per_job(demand)
     table = read_hourly_models(demand.trace_models)
     a10 = demand.trace_models.index("A10")
-    capped, kept = capped_hours(table, pools, demand.speeds)
-
-    def gpu_seconds(row: np.ndarray, work: float) -> np.ndarray:
-        """Each model's GPU-seconds expected of an hour that owes ``work`` with the mix of ``row``."""
-        mix = hour_joint(demand, row, per_job).sum(axis=1) * per_job
-        mix /= mix.sum()
-        return work * mix / (mix @ demand.speeds)
-
-    # A10 at 1.42, 1.67 and 1.05 of its GPUs; in hour 4000 A100 and GPU-series-2 above theirs too
-    for hour in (100, 2300, 4000):
-        assert table[hour, a10] > pools[a10]
-        plain, less = gpu_seconds(table[hour], 1.0), gpu_seconds(capped[hour], kept[hour])
-        # a model under its pool is offered what gfs-hourly offers it; one over it, its pool's share
-        assert less == pytest.approx(plain * np.minimum(1.0, pools / table[hour]), rel=1e-9)
-    assert (table[4000] > pools).sum() == 3 and (table[2300] > pools).sum() == 1
-    assert kept[0] == 1.0  # hour 0: every model under its pool
+    # what gfs-hourly offers in each of the trace's hours at a load that offers the fleet's
+    # 8,684 GPUs of work per second in every hour, and what gfs-hourly-capped offers
+    rate = np.full(len(table), 8684.0)
+    plain = offered_gpus(table, rate, demand.speeds)
+    capped, left = capped_hours(table, rate, pools, demand.speeds)
+    asked = table.sum(axis=1) > 0
+    assert (plain[asked, a10] > pools[a10]).mean() > 0.9  # A10 above its pool in most hours
+    assert (capped[asked] <= pools + 1e-9).all()
+    under = plain[asked] <= pools
+    assert capped[asked][under] == pytest.approx(plain[asked][under], rel=1e-12)
+    assert left[asked] == pytest.approx(capped[asked] @ demand.speeds, rel=1e-12)
+    # the mix the draw uses: a model under its pool keeps its GPU-seconds, A10 gets its pool's
+    per_job = work_per_job(demand)
+    for hour in (100, 2300):
+        mix = hour_joint(demand, capped[hour], per_job).sum(axis=1) * per_job
+        gpus = left[hour] * mix / (mix @ demand.speeds)  # GPU-seconds per second
+        assert gpus == pytest.approx(np.minimum(plain[hour], pools), rel=1e-9)
 
 
 def test_gfs_hourly_capped_asks_a10_for_its_gpus_where_gfs_hourly_asks_half_as_many_again(fleet):  # type: ignore[no-untyped-def]

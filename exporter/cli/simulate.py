@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="openb: jobs shaped as the openb trace's pods; gfs: jobs drawn from the "
                         "spot-GPU trace's job mix (its sizes, gangs, models, durations, priorities); "
                         "gfs-hourly: the same, each hour's models in the trace's mix of that hour; "
-                        "gfs-hourly-capped: as gfs-hourly, each model's hourly demand at most its "
-                        "pool's GPUs in the trace's node list, the rest not offered "
+                        "gfs-hourly-capped: as gfs-hourly, no model offered more than the load "
+                        "times its pool's GPUs in any hour, the rest not offered "
                         "(default: gfs on the gfs fleet, openb elsewhere)")
     parser.add_argument("--days", type=float, default=None,
                         help="measured days, at most 366 (default 14; the matrix's 7)")

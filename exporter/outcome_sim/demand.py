@@ -28,15 +28,15 @@ offered in an hour is its share of the trace's demand in that hour, and the trac
 at time 0 are each model's demand in the window's first hour. ``gfs`` keeps each model's
 share steady, its share over the whole trace.
 
-``gfs-hourly-capped``: as ``gfs-hourly``, but in each hour a model's GPUs in the table count
-at most its pool's GPUs in the trace's node list, and the work above them is not offered
-(the hour owes what ``gfs-hourly`` owes less that part, so every model under its pool gets
-the same jobs in expectation). The table counts a job's GPUs from its submit for its
-duration; a pool of exclusive GPUs cannot run more than it has, and the trace's A10 pool
-(2,494 GPUs of one each) is asked for 1.35 times them on average over 184 days, in 94% of
-its hours: what the listed GPUs could not have run is waiting counted inside the
-durations, or GPUs the node list does not hold (shared, or nodes gone by the list's
-date). ``gfs-hourly`` replays all of it as run time on the listed pool.
+``gfs-hourly-capped``: as ``gfs-hourly``, but no model is offered more than the load times its
+pool's GPUs (in the trace's node list) in any hour; what an hour would offer a pool above that
+is not offered, and every model under it gets what ``gfs-hourly`` gives it. The table counts a
+job's GPUs from its submit for its duration; a pool of exclusive GPUs cannot run more than it
+has, and the trace's A10 pool (2,494 GPUs of one each) is asked for 1.35 times them on average
+over 184 days, in 94% of its hours: what the listed GPUs could not have run is waiting counted
+inside the durations, or GPUs the node list does not hold. ``gfs-hourly`` replays all of it as
+run time on the listed pool, and scales each window's demand to the load, so at ``--load 1.0``
+A10 is offered 1.1 to 2.0 times its GPUs, depending on the window.
 
 Arrivals follow the hourly series as ``openb``'s do (:func:`timeline.window`, the
 load factor scaling offered GPU-seconds to the fleet). Because a few jobs run for
@@ -573,13 +573,22 @@ def trace_pools(models: Sequence[str],
     return np.array([float(sum(gpus for _, model, gpus, _ in listed if model == name)) for name in models])
 
 
-def capped_hours(table: np.ndarray, pools: np.ndarray, speeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the table with each model at most its pool's GPUs, each hour's work left over its work):
-    the part of an hour's demand that its pools could run at once."""
-    capped = np.minimum(table, pools[None, :])
-    raw = table @ speeds
-    kept = np.divide(capped @ speeds, raw, out=np.ones(len(table)), where=raw > 0)
-    return capped, kept
+def offered_gpus(rows: np.ndarray, rate: np.ndarray, speeds: np.ndarray) -> np.ndarray:
+    """``out[hour, model]``: the GPUs each model is offered on average in each hour, when the
+    hour offers ``rate`` work per second in the mix of ``rows`` (GPUs asked per model)."""
+    work = rows @ speeds
+    scale = np.divide(rate, work, out=np.zeros(len(rows)), where=work > 0)
+    return rows * scale[:, None]
+
+
+def capped_hours(rows: np.ndarray, rate: np.ndarray, ceiling: np.ndarray,
+                 speeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each hour's GPUs offered per model, at most ``ceiling``; the work per second they offer):
+    what ``rate`` in the mix of ``rows`` offers, less what it asks of a pool above the ceiling.
+    An hour that asks for nothing keeps its rate (the overall mix)."""
+    gpus = np.minimum(offered_gpus(rows, rate, speeds), ceiling[None, :])
+    asked = rows.sum(axis=1) > 0
+    return np.where(asked[:, None], gpus, rows), np.where(asked, gpus @ speeds, rate)
 
 
 def gfs_hourly_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, settings: TimelineSettings,
@@ -587,17 +596,14 @@ def gfs_hourly_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, 
                     pools: np.ndarray | None = None) -> list[Job]:
     """As :func:`gfs_jobs`, each hour's models in the mix of the trace's same hour (``hourly``:
     :func:`read_hourly_models`, the default the checkout's table). With ``pools`` (GPUs per
-    trace model), each hour's demand above a model's pool is not offered: the rest of the
-    hour's models get what they get without it (``gfs-hourly-capped``)."""
+    trace model), no model is offered more than the load times its pool's GPUs in any hour,
+    what the hour asks above that not offered; the other models get what they get without it
+    (``gfs-hourly-capped``)."""
     if capacity <= 0:
         raise ValueError("the fleet has no GPUs")
     if not demand.trace_models:
         raise ValueError("gfs-hourly needs the trace's model names in the demand tables")
     table = read_hourly_models(demand.trace_models) if hourly is None else hourly
-    raw_table = table
-    kept = np.ones(len(table))
-    if pools is not None:
-        table, kept = capped_hours(table, pools, demand.speeds)
     rng = np.random.default_rng([seed, 43])
     idx = window_hours(series, settings.hours, rng)
     if int(idx.max()) >= len(table):
@@ -605,14 +611,23 @@ def gfs_hourly_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, 
                          f"({int(idx.max()) + 1} against {len(table)}); use the trace's own series")
     seconds = series.gpu_seconds[idx]
     weights = seconds / seconds.mean() if seconds.mean() > 0 else np.ones(len(seconds))
-    owed = np.cumsum(settings.load * capacity * HOUR * weights * kept[idx])
+    rows = table[idx]
+    # the jobs running at 0 hold the load's work in the first hour's mix
+    start_rows, start_rate = rows[:1], np.array([settings.load * capacity])
+    if pools is None:
+        owed = np.cumsum(settings.load * capacity * HOUR * weights)
+    else:
+        ceiling = settings.load * pools
+        rows, rate = capped_hours(rows, settings.load * capacity * weights, ceiling, demand.speeds)
+        owed = np.cumsum(rate * HOUR)
+        start_rows, start_rate = capped_hours(start_rows, start_rate, ceiling, demand.speeds)
     per_job = work_per_job(demand)
     batch = max(256, int(owed[-1] / demand.mean_gpu_seconds / max(settings.hours, 1) * 1.2))
     arrivals: list[Drawn] = []
     submits: list[np.ndarray] = []
     offered = 0.0
     for h in range(settings.hours):
-        joint = hour_joint(demand, table[idx[h]], per_job)
+        joint = hour_joint(demand, rows[h], per_job)
         while offered < owed[h]:
             drawn = draw(demand, batch, rng, joint)
             work = drawn.gpu_seconds * demand.speeds[drawn.model]
@@ -626,13 +641,13 @@ def gfs_hourly_jobs(demand: GfsDemand, series: HourlyArrivals, capacity: float, 
     order = np.argsort(submit, kind="stable")
     drawn_all, submit = drawn_all.select(order), submit[order]
     # the steady state at 0: each model's running jobs hold its share of the first hour's demand
-    first, raw_first = table[idx[0]], raw_table[idx[0]]
-    rate_share = first * demand.speeds / max(float((raw_first * demand.speeds).sum()), 1e-300)
+    first = start_rows[0]
+    rate_share = first * demand.speeds / max(float((first * demand.speeds).sum()), 1e-300)
     if first.sum() <= 0:
         rate_share = np.full(len(first), 1.0 / len(first))
     picked: list[Drawn] = []
     for m in range(len(first)):
-        target = settings.load * capacity * float(rate_share[m])
+        target = float(start_rate[0]) * float(rate_share[m])
         if target <= 0 or demand.joint[m].sum() <= 0:
             continue
         only = np.zeros_like(demand.joint)
@@ -686,5 +701,5 @@ def typical_shapes(demand: GfsDemand, jobs: int = 4000) -> tuple[Shape, ...]:
 
 __all__ = ["DEMANDS", "Drawn", "GfsDemand", "JobSource", "Marginals", "build_jobs", "capped_hours",
            "data_path", "default_demand", "draw", "gfs_demand", "gfs_hourly_jobs", "gfs_jobs", "hour_joint",
-           "load_marginals", "rake", "read_gfs_nodes", "read_hourly_models", "trace_pools",
+           "load_marginals", "offered_gpus", "rake", "read_gfs_nodes", "read_hourly_models", "trace_pools",
            "typical_shapes", "work_per_job"]
