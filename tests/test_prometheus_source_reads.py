@@ -500,6 +500,29 @@ def test_the_first_read_exports_half_the_window_when_every_gpu_is_in_it():
         assert backend.source.identity_reads == 1
 
 
+def test_the_first_read_whose_half_window_misses_gpus_the_summaries_count_reads_the_whole():
+    """With the nodes' summaries (the default): b's newest identity sample is 90 s old, outside
+    the half window, and b's summary counts one GPU up: the whole window is exported at once,
+    before the cover, so no GPU's up or stale is read one by one and b is in the snapshot.
+    A node whose summary counts only what the half window lists brings no second export."""
+    def summaries(nodes: list[str]):
+        def answer(expr: str, read: int) -> list[dict]:
+            if expr.startswith("sum by (node, state, instance, job) (gpufleet_node_gpus{"):
+                return [_series("gpufleet_node_gpus", 1, node=n, state="up",
+                                instance=GPU["instance"], job=GPU["job"]) for n in nodes]
+            return []
+        return answer
+
+    for ages, windows in (({"a": 30, "b": 90}, [60, 120]), ({"a": 30, "b": 30}, [60])):
+        backend = FakeBackend(summaries(["a", "b"]), export=_export_rows(time.time(), ages))
+        (snapshot,) = asyncio.run(backend.run({}, reads=1))
+        assert [round(float(f["end"]) - float(f["start"])) for f in backend.exports] == windows
+        assert [(g.node, g.uuid, g.stale) for g in snapshot.gpus] == [
+            ("a", "GPU-a", False), ("b", "GPU-b", False)]
+        assert backend.count(UP_QUERY) == 0 and backend.count("gpufleet_gpu_info") == 0
+        assert backend.source.summarised_reads == 1
+
+
 def test_the_first_read_with_up_unknown_exports_the_whole_window():
     """Up failed at the first read, so nothing says whether the half window missed a GPU
     scraped less often than it (b, 90 s old): the whole window is read too, and b is in the

@@ -549,6 +549,27 @@ def summarised(summary: _Result | None, old: _Result | None,
                         owner=owner_targets(identity))
 
 
+def undercounted(summary: _Result | None, identity: Sequence[Any]) -> bool:
+    """Whether a node's summary counts more GPUs than ``identity`` lists on it (a half window
+    that missed them). Any target's summary counts here: a lie costs one export of the whole
+    window at the first read, never a GPU in the snapshot."""
+    if summary is None or summary.series is None:
+        return False
+    listed: dict[str, int] = {}
+    for row in identity:
+        if type(row) is tuple:
+            listed[row[0]] = listed.get(row[0], 0) + 1
+    counted: dict[str, float] = {}
+    for sample in summary.series:
+        try:
+            node, value = sample["metric"].get("node", ""), _value(sample)
+        except _BAD_SERIES:
+            continue
+        if value is not None:
+            counted[node] = counted.get(node, 0.0) + value
+    return any(n > listed.get(node, 0) for node, n in counted.items())
+
+
 def changed_nodes(held: Sequence[Any], read: Sequence[Any],
                   static: Sequence[_Result | None]) -> set[str] | None:
     """The nodes whose static families (memory total) must be read again after identity was
@@ -1504,6 +1525,14 @@ class PrometheusFleetSource:
         results = {r.name: r for r in answers}
         if deferred:
             read = results.get("identity")
+            if (read is not None and read.narrow and not self._identity
+                    and read.series is not None and undercounted(results.get("summary"),
+                                                                 read.series)):
+                # the first read's half window missed GPUs the nodes' summaries count: the
+                # whole window now, before the cover, or those nodes are read per GPU
+                self._wide_next = True
+                read = results["identity"] = await self._fetch(
+                    "identity", self._queries["identity"], at, headers, in_flight, budget)
             held = read.series if read is not None else self._identity
             results.update(await self._by_summary(
                 summarised(results.get("summary"), results.get("summary_old"), held),
