@@ -35,7 +35,7 @@ session's): on a machine shared with other sessions, the figures are then less t
 
 Usage: ``.venv/bin/python bench/victoriametrics_cluster.py [--scale 100] [--reads 3]
 [--scales 10,25,50,100] [--before DIR] [--summaries [--summaries-first]] [--per-query N]
-[--identity-refresh 1ms] [--warm-first] [--pause-scrapes] [--priority -15]``
+[--identity-refresh 1ms] [--warm-first] [--pause-scrapes | --between-scrapes] [--priority -15]``
 """
 
 from __future__ import annotations
@@ -74,11 +74,25 @@ from exporter.web.server import collect_and_render
 url, selector, reads, query_timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 vm_pid = int(sys.argv[5])
 identity_refresh = sys.argv[7]  # "" for the mode's own
-# the scrape pipeline (the fleet's node-mode exporter, vmagent) stopped while a read runs:
-# on this machine it shares the cores with the reader and VictoriaMetrics, in a fleet it
-# runs on the nodes and on a host of its own (--pause-scrapes)
+# the scrape pipeline (the fleet's node-mode exporter, vmagent): on this machine it shares
+# the cores with the reader and VictoriaMetrics, in a fleet it runs on the nodes and on a host
+# of its own. --between-scrapes starts each read once it and VictoriaMetrics are idle (a
+# scrape ingested); --pause-scrapes stops it while a read runs; both: a scrape is never cut
 import os, signal
-paused = [int(p) for p in sys.argv[8].split(",") if p] if len(sys.argv) > 8 else []
+pipeline = [int(p) for p in sys.argv[8].split(",") if p] if len(sys.argv) > 8 else []
+between = len(sys.argv) > 9 and "between" in sys.argv[9]
+paused = pipeline if len(sys.argv) > 9 and "pause" in sys.argv[9] else []
+
+def wait_idle(pids, quiet=0.05, every=1.0, limit=180.0):  # seconds until the pids are idle
+    started = time.perf_counter()
+    last = sum(cpu(p) for p in pids)
+    while time.perf_counter() - started < limit:
+        time.sleep(every)
+        now = sum(cpu(p) for p in pids)
+        if now - last < quiet:
+            break
+        last = now
+    return time.perf_counter() - started
 
 def cpu(pid=None):
     import os, resource
@@ -161,6 +175,7 @@ async def main():
         answers.clear()
         requests.clear()
         queries_before = queries_of() if hasattr(source, "queries_made") else 0
+        waited = wait_idle([*pipeline, vm_pid]) if between else 0.0
         for pid in paused:
             os.kill(pid, signal.SIGSTOP)
         ours, theirs = cpu(), cpu(vm_pid)
@@ -175,6 +190,7 @@ async def main():
         snapshot = rendered.snapshot
         prom = [s for s in snapshot.sources if s.source == "prometheus"][0]
         runs.append({"read_s": prom.duration_seconds, "collect_analyse_render_s": total,
+                     "waited_for_idle_pipeline_s": round(waited, 1),
                      "cpu_s_ours": ours, "cpu_s_ours_read": read_cpu[-1] if read_cpu else None,
                      "cpu_s_victoria_metrics": theirs,
                      "queries": queries_of() - queries_before,
@@ -271,6 +287,11 @@ def main() -> int:
                         "scrapes (1.8 M samples a minute at scale 100) share the cores with "
                         "the read; in a fleet they run on the nodes and a host of their own. "
                         "VictoriaMetrics keeps running")
+    parser.add_argument("--between-scrapes", action="store_true",
+                        help="start each read once the fleet's node-mode exporter, vmagent and "
+                        "VictoriaMetrics are idle (under 0.05 CPU s in a second together: a "
+                        "scrape scraped and ingested); with --pause-scrapes the pause then never "
+                        "cuts a scrape (alone it held them back past max_sample_age)")
     parser.add_argument("--reads", type=int, default=3, help="collections by cluster mode")
     parser.add_argument("--scrape-interval", default="60s", help="vmagent's scrape interval")
     parser.add_argument("--health", action="store_true",
@@ -463,7 +484,9 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
                  str(procs["victoria-metrics"].pid), "new" if mode == "warm" else mode,
                  args.identity_refresh,
                  ",".join(str(procs[name].pid) for name in ("exporter", "vmagent"))
-                 if args.pause_scrapes else ""],
+                 if args.pause_scrapes or args.between_scrapes else "",
+                 ",".join(w for w, on in (("between", args.between_scrapes),
+                                          ("pause", args.pause_scrapes)) if on)],
                 cwd=work, env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
                 timeout=3600)
             if reader.returncode != 0:
