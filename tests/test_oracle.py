@@ -15,7 +15,7 @@ from exporter.outcome_sim.advisor_loop import snapshot_of
 from exporter.outcome_sim.cluster import Cluster, MoveCost
 from exporter.outcome_sim.fleets import SimFleet
 from exporter.outcome_sim.matrix import jittered
-from exporter.outcome_sim.oracle import Oracle
+from exporter.outcome_sim.oracle import Oracle, any_single_node
 from exporter.outcome_sim.outcomes import ORACLE, Outcome, oracle_shares, write_csv
 from exporter.outcome_sim.run import RunSettings, Sim, seed_jobs, simulate, target_workload
 from exporter.outcome_sim.scheduler import Scheduler
@@ -283,3 +283,86 @@ def test_every_head_unblocks_a_partitions_head_behind_a_head_no_repack_can_start
         assert sim.cluster.migrations == moves
         assert sim.scheduler.run_pass(600.0) == ([second] if moves else [])
         assert not first.placements
+
+
+# -- what the oracle costs: a search answered again without searching, the same run ------------
+
+
+def pinned_jobs(seed: int, count: int, models: tuple[tuple[str, ...], ...], seconds: float) -> list[Job]:
+    """``count`` jobs over ``seconds``, each allowed one of ``models``: 1-8 GPUs (a few of them
+    half a GPU, a few gangs of two 8-GPU parts), half of them high-priority."""
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for i in range(count):
+        gpus = int(rng.choice([1, 1, 2, 4, 8]))
+        share = 0.5 if gpus == 1 and rng.random() < 0.3 else 1.0
+        parts = 2 if gpus == 8 and rng.random() < 0.3 else 1
+        jobs.append(Job(i, float(rng.uniform(0.0, seconds)), float(rng.exponential(3 * 3600.0)), 4.0, gpus,
+                        share, parts, models[int(rng.integers(len(models)))], bool(rng.random() < 0.5)))
+    return sorted(jobs, key=lambda j: (j.submit, j.id))
+
+
+@pytest.mark.parametrize("models", [(("H100",), ("H200",)), (("H100",), ("H200",), ("H100", "H200"))],
+                         ids=["pinned", "some-either"])
+def test_a_search_whose_reach_did_not_change_is_answered_unsearched_the_run_the_same(monkeypatch, models):
+    """Jobs pinned to one of two models: a head's search reads its own model's nodes only, so
+    while none of them changed since its search found no way, the answer is that again. Where
+    some jobs may use either, an H100 head's search reads the H200s too (its H100s' jobs may
+    move there: as much memory, as fast). The run that remembers is the one that searches
+    every time, in every column but the wall time (and every sample), and it answered some
+    searches so."""
+    import dataclasses
+
+    import exporter.outcome_sim.run as run_module
+
+    fleet = fleet_of(*[("H100", 8)] * 5, *[("H200", 8)] * 3)
+    settings = RunSettings(timeline=TimelineSettings(days=0.5, warmup_days=0.1), consolidate_interval=60.0)
+    made: list[Oracle] = []
+    rows = []
+    for remember in (False, True):
+        def make(name: str, settings: RunSettings, remember: bool = remember) -> Oracle:
+            made.append(Oracle(name=name, interval=settings.consolidate_interval, every_head=True,
+                               remember=remember))
+            return made[-1]
+
+        monkeypatch.setattr(run_module, "make_strategy", make)
+        jobs = pinned_jobs(8, 150, models, 0.6 * 86400)
+        out = simulate(fleet, SERIES, "oracle-heads", 1, settings, jobs=jobs)
+        assert out.migrations > 0 and out.plans > 0
+        rows.append({k: v for k, v in dataclasses.asdict(out).items() if k != "wall_seconds"})
+    assert made[0]._unchanged.answered == 0 and made[1]._unchanged.answered > 0
+    assert rows[0] == rows[1]
+
+
+def test_a_gang_counted_short_of_nodes_is_answered_as_the_whole_search_would(monkeypatch):
+    """Random fleets of two models, random jobs started on them, gangs of 2-4 parts as heads.
+    Where no model has as many nodes with room for a part as the gang has parts, it fits
+    nowhere (what ``Cluster.find`` says, placing part after part); where none has as many that
+    moves could clear, no plan exists (what the search says, part after part). Each answer is
+    the one the full work gives, and both shortcuts are taken on some of these fleets."""
+    import exporter.outcome_sim.strategies as strategies
+
+    rng = np.random.default_rng(3)
+    counted = {"fits": 0, "plans": 0}
+    for trial in range(40):
+        sim = sim_of(fleet_of(*[("H100", 8)] * 4, *[("H200", 8)] * 3))
+        for i in range(int(rng.integers(3, 14))):
+            j = job(100 + i, int(rng.choice([1, 2, 4, 8])), LONG, high=bool(rng.random() < 0.5),
+                    models=(str(rng.choice(["H100", "H200"])),))
+            placed = sim.cluster.find(j)
+            if placed is not None:
+                sim.cluster.start(j, placed, 0.0)
+        head = Job(1, 0.0, 100.0, 1.0, int(rng.choice([4, 8])), 1.0, int(rng.integers(2, 5)),
+                   (str(rng.choice(["H100", "H200"])),), False)
+        fits = strategies._fits_now(sim.cluster, head)
+        assert fits == (sim.cluster.find(head) is not None)
+        args = (sim, head, 64, 64, any_single_node)
+        found = strategies.unblock(*args, rule="no-slower", base=any_single_node)
+        enough = strategies._nodes_enough(sim.cluster, head, any_single_node)
+        with monkeypatch.context() as m:
+            m.setattr(strategies, "_nodes_enough", lambda *args: True)
+            whole = strategies.unblock(*args, rule="no-slower", base=any_single_node)
+        assert found == whole, trial
+        counted["plans"] += not enough
+        counted["fits"] += not fits
+    assert counted["plans"] > 0 and counted["fits"] > 0, counted

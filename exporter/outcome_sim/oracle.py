@@ -28,10 +28,79 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.outcome_sim.strategies import any_single_node, unblock, unblock_a_head
+import numpy as np
+
+from exporter.outcome_sim.strategies import Moves, _models, any_single_node, unblock, unblock_a_head
 
 if TYPE_CHECKING:
+    from exporter.outcome_sim.cluster import Cluster
     from exporter.outcome_sim.sim import Sim
+    from exporter.outcome_sim.timeline import Job
+
+RULE = "no-slower"  # where the oracle's moves may send a job (strategies.RULES)
+
+
+@dataclass
+class Unchanged:
+    """The job shapes whose search found no way, each with the placer's clock after it.
+
+    A search for a head (:func:`~exporter.outcome_sim.strategies.unblock`) reads only the nodes
+    of the models it may use, their jobs, and the nodes of the models those jobs may move to
+    (:func:`~exporter.outcome_sim.strategies._models`), and so on: its *reach*. Every change of
+    a node (a job started, ended or moved there, a search's trial and its undoing) stamps the
+    node with the placer's clock (``Placer.version``). So while no node of its reach has a stamp
+    later than the failed search, the same search finds no way again: on the GFS fleet, where
+    each job may use one model, the reach of a head is its model's nodes, and another model's
+    ends (most of them: A10's) leave it as it was. The reach is walked from the head's models
+    outwards, each step's nodes checked unchanged before their jobs are read (unchanged nodes
+    hold the jobs they held, so the walk is the one the failed search had)."""
+
+    answered: int = 0  # searches answered so, unsearched
+    _failed: dict[tuple, int] = field(default_factory=dict)  # shape -> placer clock after the search
+    # (a job's models, the model it runs on, its speed) -> the models it may move to, as indices
+    _to: dict[tuple, frozenset[int]] = field(default_factory=dict)
+
+    def searched(self, cluster: Cluster, head: Job, none: bool) -> None:
+        if none:
+            self._failed[head.shape_key] = cluster.placer.changes
+        else:
+            self._failed.pop(head.shape_key, None)
+
+    def holds(self, cluster: Cluster, head: Job) -> bool:
+        """Whether a search for ``head`` surely finds no way again: one for its shape did, and
+        no node of its reach changed since."""
+        at = self._failed.get(head.shape_key)
+        if at is None:
+            return False
+        placer = cluster.placer
+        names = placer.model_names
+        reach = {i for i, m in enumerate(names) if not head.models or m in head.models}
+        walked: set[int] = set()
+        while reach - walked:
+            step = np.zeros(len(names), dtype=bool)
+            step[sorted(reach - walked)] = True
+            nodes = step[placer.model]
+            if int(placer.version[nodes].max(initial=0)) > at:
+                return False
+            walked |= reach
+            index = cluster.single
+            for node in np.flatnonzero(nodes & (index.count > 0)).tolist():
+                for job in index.on(node):
+                    reach |= self._destinations(cluster, job, int(placer.model[node]))
+        self.answered += 1
+        return True
+
+    def _destinations(self, cluster: Cluster, job: Job, model: int) -> frozenset[int]:
+        names = cluster.placer.model_names
+        if not job.gpus:  # a task of no GPU goes to any node, whatever its models
+            return frozenset(range(len(names)))
+        key = (job.models, model, job.speed)
+        found = self._to.get(key)
+        if found is None:
+            allowed = _models(cluster, job, RULE)
+            found = frozenset(i for i, m in enumerate(names) if allowed is None or m in allowed)
+            self._to[key] = found
+        return found
 
 
 @dataclass
@@ -45,13 +114,24 @@ class Oracle:
     # head -> the releases when no way was found for it
     _tried: dict[int, int] = field(default_factory=dict, repr=False)
 
+    remember: bool = True  # answer a search again unsearched while what it reads is unchanged
+    _unchanged: Unchanged = field(default_factory=Unchanged, repr=False)
+
     def tick(self, sim: Sim, now: float) -> None:
         """Unblock the queue's head (or a partition's, ``every_head``), if moves can: the run
         starts it and ticks again."""
-        unblock_a_head(sim, self.every_head, self._tried,
-                       lambda head: unblock(sim, head, self.max_moves, self.candidates, any_single_node,
-                                            rule="no-slower", base=any_single_node),
+        unblock_a_head(sim, self.every_head, self._tried, lambda head: self._search(sim, head),
                        lambda job, destination: sim.cluster.relocate(job, destination, now))
 
+    def _search(self, sim: Sim, head: Job) -> Moves | None:
+        cluster = sim.cluster
+        if self.remember and self._unchanged.holds(cluster, head):
+            return None
+        found = unblock(sim, head, self.max_moves, self.candidates, any_single_node, rule=RULE,
+                        base=any_single_node)
+        if self.remember:
+            self._unchanged.searched(cluster, head, found is None)
+        return found
 
-__all__ = ["Oracle", "any_single_node"]
+
+__all__ = ["Oracle", "Unchanged", "any_single_node"]

@@ -41,7 +41,7 @@ from exporter.advisor.planner import _destinations
 from exporter.analysis.state import EPS
 from exporter.outcome_sim.cluster import Cluster, undo
 from exporter.outcome_sim.timeline import Job
-from exporter.placement.engine import Placement, room_after_moves
+from exporter.placement.engine import Placement, Placer, room_after_moves
 from exporter.placement.task import Ask, Task
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ def unblock_a_head(sim: Sim, every_head: bool, tried_at: dict[int, int],
     for head in heads:
         if head.placements or tried_at.get(head.id) == cluster.releases:
             continue
-        if cluster.capacity - cluster.busy < head.demand - 1e-9 or cluster.find(head) is not None:
+        if cluster.capacity - cluster.busy < head.demand - 1e-9 or _fits_now(cluster, head):
             continue
         found = search(head)
         if found is None:
@@ -200,6 +200,19 @@ def unblock_a_head(sim: Sim, every_head: bool, tried_at: dict[int, int],
         sim.plans += 1
         return True
     return False
+
+
+def _fits_now(cluster: Cluster, head: Job) -> bool:
+    """Whether ``head`` fits the fleet as it is (:meth:`Cluster.find`). A gang is counted first:
+    where no GPU model has as many nodes with room for a part (:meth:`Placer.room`, which no
+    placement goes past) as the gang has parts, it fits nowhere, and the placer is not asked
+    to place it part by part only to give each part back (on the GFS fleet, up to 170)."""
+    if head.parts > 1 and cluster.policy != "random":  # random draws as it places: asked as before
+        placer = cluster.placer
+        room = placer.room(cluster.task(head), cluster.policy)
+        if np.bincount(placer.model[room], minlength=len(placer.model_names)).max(initial=0) < head.parts:
+            return False
+    return cluster.find(head) is not None
 
 
 @dataclass
@@ -233,8 +246,10 @@ def unblock(sim: Sim, head: Job, max_moves: int, candidates: int,
     moves: list[tuple[Job, list[Placement]]] = []
     taken: list[int] = []
 
+    both = _both(base, may_move)
+    if head.parts > 1 and not _nodes_enough(cluster, head, both):
+        return None
     try:
-        both = _both(base, may_move)
         for _ in range(head.parts):
             moved = {job.id for job, _ in moves}
             best = _cheapest_node(sim, head, taken, max_moves - len(moves), candidates, both,
@@ -268,6 +283,27 @@ def _both(base: Callable[[Job], bool], may_move: Callable[[Job], bool]) -> Calla
     if base in _INDEXED and may_move in _INDEXED:
         return movable if movable in (base, may_move) else any_single_node
     return lambda j: base(j) and may_move(j)
+
+
+def _model_mask(placer: Placer, models: tuple[str, ...]) -> np.ndarray:
+    """Per node, whether its GPU model is one of ``models`` (every node when empty)."""
+    if not models:
+        return np.ones(len(placer.names), dtype=bool)
+    return np.array([m in models for m in placer.model_names], dtype=bool)[placer.model]
+
+
+def _nodes_enough(cluster: Cluster, head: Job, may_move: Callable[[Job], bool]) -> bool:
+    """False only where :func:`unblock` surely finds no way for the gang ``head``: no GPU model
+    has as many nodes where a part could fit once the jobs ``may_move`` lets move left (the
+    test :func:`_cheapest_node` makes of each node, with a margin for rounding) as it has
+    parts. A plan's moves only take such nodes away: a job leaving a node takes its GPUs out
+    of the node's movable ones, and one arriving takes free GPUs; each part takes a node."""
+    placer = cluster.placer
+    movable_share, count, _ = _movable_by_node(cluster, may_move)
+    free = placer.gpu_free.sum(axis=1)
+    ok = (_model_mask(placer, head.models) & (placer.gpu_count >= head.gpus)
+          & (free + movable_share >= head.gpus * head.share - 1e-6) & (count > 0))
+    return bool(np.bincount(placer.model[ok], minlength=len(placer.model_names)).max(initial=0) >= head.parts)
 
 
 def _movable_by_node(cluster: Cluster, may_move: Callable[[Job], bool], moved: Set[int] = frozenset()
@@ -318,9 +354,7 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
     lets move (less ``moved``, the plan's so far), with those moves; None if none does."""
     cluster = sim.cluster
     placer = cluster.placer
-    model_ok = np.ones(len(placer.names), dtype=bool)
-    if head.models:
-        model_ok = np.isin(np.array(placer.model_names)[placer.model], head.models)
+    model_ok = _model_mask(placer, head.models)
     if taken and head.parts > 1:  # a gang's parts share a model
         model_ok &= placer.model == placer.model[taken[0]]
     movable_share, count, on_node = _movable_by_node(cluster, may_move, moved)
@@ -328,8 +362,9 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
     need = head.gpus * head.share
     ok = model_ok & (placer.gpu_count >= head.gpus) & (free + movable_share >= need - 1e-9) & (count > 0)
     ok[taken] = False
-    nodes = [int(n) for n in np.flatnonzero(ok)]
-    nodes.sort(key=lambda n: (max(0.0, need - free[n]), n))
+    eligible = np.flatnonzero(ok)
+    # fewest movable GPUs needed first, then by node: the order of (max(0, need - free), node)
+    nodes = eligible[np.lexsort((eligible, np.maximum(0.0, need - free[eligible])))][:candidates].tolist()
     best: tuple[int, Moves, Placement] | None = None
     part_task = cluster.task(head)
     room = _Room(cluster, rule)
