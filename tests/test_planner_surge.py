@@ -18,6 +18,7 @@ from exporter.advisor.advise import Planner, advise
 from exporter.advisor.engine import Advisor, DecisionSettings, horizon_gate, queue_gate, surge_gate
 from exporter.advisor.planner import PlanSettings, QueuePlan, plan_for_pending
 from exporter.advisor.surge import SmallDemand, free_gpus, shortfall, small_demand
+from exporter.snapshot import JobRequest
 from tests.test_planner_horizon import BIG, blocked_whole_node
 from tests.test_planner_queue import BLOCKED_TWICE, FIRST, HOUR, NOW, SECOND, fleet, report_of
 from tests.test_planner_starts import SMALL
@@ -147,3 +148,46 @@ def test_simulate_accepts_the_horizon_surge_rule():
     planner = advisor._stages[1].planner
     assert planner.settings.rule == "horizon-surge" and planner.settings.max_migrations == 64
     assert isinstance(planner.demand, SmallDemand)
+
+
+LULL = PlanSettings(rule="horizon-lull")
+
+
+def test_the_lull_rule_counts_the_surge_only_while_no_small_job_is_queued():
+    # the four small jobs queue: the room is contested now, horizon-room's account decides
+    queued = fleet(blocked_whole_node(10 * HOUR), (BIG, *SMALL))
+    plan = plan_for_pending(queued, report_of(queued), BIG, NOW, LULL, demand=surging())
+    assert isinstance(plan, QueuePlan) and plan.lets_start == ("big",)
+    assert plan.surge_gpus is None and surge_gate(plan) is None
+    assert plan.small_wait_gpu_hours == 6.0 and queue_gate(plan, DecisionSettings()) is None
+    # none queued (a lull before the rise): refused, as under horizon-surge
+    lull = fleet(blocked_whole_node(10 * HOUR), (BIG,))
+    report = report_of(lull)
+    plan = plan_for_pending(lull, report, BIG, NOW, LULL, demand=surging())
+    surge = plan_for_pending(lull, report, BIG, NOW, SURGE, demand=surging())
+    assert isinstance(plan, QueuePlan) and isinstance(surge, QueuePlan)
+    # 1 GPU of room off the reservation, filled by the flow (8 an hour) half the 6 h
+    assert plan.small_wait_gpu_hours == surge.small_wait_gpu_hours == 3.0
+    assert plan.surge_gpus == surge.surge_gpus == pytest.approx(28.0)
+    assert surge_gate(plan) is not None and queue_gate(plan, DecisionSettings()) == surge_gate(plan)
+    # a small job queued that would start now without the plan is no contest for later room:
+    # the plan displaces it (the stray's move takes h3's free GPU), and takes 8 - 1 GPUs of the
+    # 8 free, leaving 1 for the rise of 28
+    one = JobRequest("small-fits", 1, 1.0, 4.0, 1, (), "gpu-h100", 0, NOW - HOUR)
+    fits = fleet(blocked_whole_node(10 * HOUR), (BIG, one))
+    plan = plan_for_pending(fits, report_of(fits), BIG, NOW, LULL, demand=surging())
+    assert isinstance(plan, QueuePlan) and plan.lets_start == ("big",)
+    assert plan.displaced == ("small-fits",) and plan.surge_gpus == pytest.approx(27.0)
+
+
+def test_simulate_accepts_the_horizon_lull_rule_and_its_planner_observes():
+    from exporter.cli import simulate as cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert parser.parse_args(["--out", "x", "--advisor-rule", "horizon-lull"]).advisor_rule == "horizon-lull"
+    snapshot = fleet(blocked_whole_node(10 * HOUR), (BIG, *SMALL))
+    planner = Planner(LULL)
+    engine = Advisor(DecisionSettings(dwell_seconds=0.0), clock=lambda: NOW)
+    advise(engine, snapshot, report_of(snapshot), planner)
+    assert planner.demand.history._count == 1 and planner.demand.history._sum == 12.0

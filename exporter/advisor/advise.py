@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from exporter.advisor.advice import Advice, Steering, SteeringLevel, WhatIf
 from exporter.advisor.engine import Advisor, DecisionSettings, idle_rule
 from exporter.advisor.plan import CompactionPlan
-from exporter.advisor.planner import KeptState, PlanSettings, plan_compaction, plan_for_pending
+from exporter.advisor.planner import SURGE_RULES, KeptState, PlanSettings, plan_compaction, plan_for_pending
 from exporter.advisor.realised import Ledger, oracle_waiting_saved, with_oracle
 from exporter.advisor.surge import SmallDemand
 from exporter.analysis.index import Report
@@ -242,7 +242,7 @@ class Planner:
     # the delivered plans and what came of them (advise updates it; /v1/advice's saving)
     ledger: Ledger = field(default_factory=Ledger, compare=False, repr=False)
     # the small jobs' hourly demand (advise has it observe every evaluation), which the
-    # horizon-surge rule forecasts from; kept only under that rule
+    # horizon-surge and horizon-lull rules forecast from; kept only under those
     demand: SmallDemand = field(default_factory=SmallDemand, compare=False, repr=False)
 
     def __call__(self, snapshot: FleetSnapshot, report: Report, scope: str, now: float) -> CompactionPlan:
@@ -254,7 +254,7 @@ class Planner:
 
     def observe(self, snapshot: FleetSnapshot, now: float) -> None:
         """Record the small jobs' demand in ``snapshot``, under the rule that reads it."""
-        if self.settings.rule == "horizon-surge":
+        if self.settings.rule in SURGE_RULES:
             self.demand.observe(snapshot, now)
 
     def keeping(self, previous: object) -> Planner:

@@ -372,10 +372,10 @@ def horizon_gate(plan: QueuePlan) -> str | None:
 
 
 def surge_gate(plan: QueuePlan) -> str | None:
-    """None unless a plan under the ``horizon-surge`` rule starts a whole-node job into room
-    the small jobs' forecast daily rise needs: the free GPUs it leaves hold less than the rise
-    over its head's horizon (``surge_gpus`` above 0, :mod:`exporter.advisor.surge`). The head
-    waits for a later evaluation, when the rise has come and gone or the room is there."""
+    """None unless a plan under ``horizon-surge`` or ``horizon-lull`` starts a whole-node job
+    into room the small jobs' forecast daily rise needs: the free GPUs it leaves hold less than
+    the rise over its head's horizon (``surge_gpus`` above 0, :mod:`exporter.advisor.surge`).
+    The head waits for a later evaluation, when the rise has passed or the room is there."""
     if not plan.surge_gpus:
         return None
     hours = (plan.horizon_seconds or 0.0) / 3600

@@ -97,10 +97,13 @@ class PlanSettings:
 
 # "horizon-room" is "horizon" with the room the head's reservation holds anyway not counted
 # (:func:`reservation_held`); "horizon-surge" is "horizon-room" that also refuses a plan starting
-# a whole-node job into room the small jobs' forecast daily rise needs (exporter.advisor.surge)
-RULES = ("head", "queue", "starts", "horizon", "horizon-room", "horizon-surge")
-QUEUE_RULES = ("queue", "starts", "horizon", "horizon-room", "horizon-surge")  # they plan past the head
-ROOM_RULES = ("horizon-room", "horizon-surge")  # the reservation's room not counted
+# a whole-node job into room the small jobs' forecast daily rise needs (exporter.advisor.surge);
+# "horizon-lull" refuses it so only while no small job is queued (the room is theirs to lose
+# only then: once they queue, the head's reservation holds it from them anyway)
+RULES = ("head", "queue", "starts", "horizon", "horizon-room", "horizon-surge", "horizon-lull")
+QUEUE_RULES = ("queue", "starts", "horizon", *RULES[4:])  # they plan past the head
+ROOM_RULES = ("horizon-room", "horizon-surge", "horizon-lull")  # the reservation's room not counted
+SURGE_RULES = ("horizon-surge", "horizon-lull")  # the small jobs' forecast rise counted
 SMALL_GPUS = 8  # a single-node job asking fewer GPUs than this is a small one (backfills fragments)
 STARTS_LOOKBACK = 3600.0  # seconds of past starts the small jobs' rate is read from
 QUEUE_JOBS = 8  # blocked jobs one plan is made for under the queue rule, the head included
@@ -954,6 +957,14 @@ def backfill_lost(snapshot: FleetSnapshot, taken_gpus: float, started: Iterable[
     return round(room / (queued / jobs), 3)
 
 
+def _small_queued(snapshot: FleetSnapshot, started: Iterable[str]) -> bool:
+    """Whether a small job (:data:`SMALL_GPUS`) of the first :data:`PENDING_CHECKED` pending,
+    but ``started``, waits."""
+    skip = set(started)
+    return any(job.job not in skip and _small(job.gpu_count * job.gpu_share, max(1, job.node_count))
+               for job in snapshot.pending[:PENDING_CHECKED])
+
+
 def expected_runtime(snapshot: FleetSnapshot, job: JobRequest, now: float, cap: float) -> float:
     """Seconds pending ``job`` is expected to run once started, at most ``cap``: the median
     age of the running jobs of its kind (small, :data:`SMALL_GPUS`, or not), since a job
@@ -1157,8 +1168,10 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
             taken = max(0.0, taken - reserved)
         horizon = expected_runtime(snapshot, job, now, settings.horizon_cap_seconds)
         small_wait = small_wait_caused(snapshot, taken, started_with | started_without, now, horizon)
-        if settings.rule == "horizon-surge" and demand is not None and any(
-                not _small(j.gpu_count * j.gpu_share, max(1, j.node_count)) for j in lets):
+        if settings.rule in SURGE_RULES and demand is not None and any(
+                not _small(j.gpu_count * j.gpu_share, max(1, j.node_count)) for j in lets) and (
+                settings.rule == "horizon-surge"
+                or not _small_queued(snapshot, started_with | started_without)):
             # the whole room it takes, the reservation's included: the surge needs free GPUs
             # anywhere, and a reservation ends when its head starts
             rise = demand.rise(horizon)

@@ -18,6 +18,12 @@ how far that forecast rise over its head's horizon exceeds the free GPUs the pla
 and a plan that starts a whole-node job with a shortfall is refused (``engine.surge_gate``):
 the head waits for the next evaluation, when the surge has come and gone or the room is
 there. Plans that start only small jobs are never refused here: they are what the room is for.
+
+``horizon-lull`` counts the shortfall only while no small job is queued. Once small jobs queue,
+a blocked whole-node head's reservation keeps them off its nodes whether or not a plan starts
+it (the ``horizon-room`` account), and refusing the plan only keeps the head, and its
+reservation, in front of them: on seed 103 at load 1.0, whose last day asks more than the
+fleet holds, ``horizon-surge`` refused plans there and started fewer jobs than ``horizon-room``.
 """
 
 from __future__ import annotations

@@ -113,7 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="simulated seconds between the advisor's evaluations, 1 to 86400 "
                         "(default 60)")
     parser.add_argument("--advisor-rule",
-                        choices=("queue", "head", "starts", "horizon", "horizon-room", "horizon-surge"),
+                        choices=("queue", "head", "starts", "horizon", "horizon-room", "horizon-surge",
+                                 "horizon-lull"),
                         default="queue",
                         help="which pending jobs the advisor plans for: queue, the head and the next "
                         "blocked jobs the same budget of moves starts, where it pays; head, the head "
@@ -124,7 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "runs; horizon-room, as horizon, the room the head's reservation holds "
                         "anyway not counted; horizon-surge, as horizon-room, refusing a plan that "
                         "starts a whole-node job where the free GPUs it leaves hold less than the "
-                        "small jobs' demand is forecast to rise over its head's run (default queue)")
+                        "small jobs' demand is forecast to rise over its head's run; horizon-lull, as "
+                        "horizon-surge, only while no small job is queued (default queue)")
     parser.add_argument("--advisor-pools-by-model", action="store_true",
                         help="the advisor's snapshot lists a pool per GPU model, as serve's simulated "
                         "fleet does, so its planner keeps each job on its model, as the fifo scheduler's "
