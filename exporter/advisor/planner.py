@@ -47,7 +47,9 @@ import numpy as np
 
 from exporter.advisor.plan import CompactionPlan, Endpoint, Migration, Prediction
 from exporter.advisor.right_sizing import misplacements
+from exporter.advisor.surge import SMALL_GPUS as SMALL_GPUS  # the planner's docs name it
 from exporter.advisor.surge import SmallDemand, free_gpus, shortfall
+from exporter.advisor.surge import small as _small
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.index import Report, scorer, totals
 from exporter.analysis.state import FleetState
@@ -104,7 +106,6 @@ RULES = ("head", "queue", "starts", "horizon", "horizon-room", "horizon-surge", 
 QUEUE_RULES = ("queue", "starts", "horizon", *RULES[4:])  # they plan past the head
 ROOM_RULES = ("horizon-room", "horizon-surge", "horizon-lull")  # the reservation's room not counted
 SURGE_RULES = ("horizon-surge", "horizon-lull")  # the small jobs' forecast rise counted
-SMALL_GPUS = 8  # a single-node job asking fewer GPUs than this is a small one (backfills fragments)
 STARTS_LOOKBACK = 3600.0  # seconds of past starts the small jobs' rate is read from
 QUEUE_JOBS = 8  # blocked jobs one plan is made for under the queue rule, the head included
 
@@ -908,10 +909,6 @@ def work_cost(moves: Iterable[tuple[Candidate, Placement]], settings: PlanSettin
         gpus = len(c.current.gpus) * c.current.gpu_share
         seconds += c.cost + gpus * settings.restore_seconds
     return seconds / 3600
-
-
-def _small(gpus: float, nodes: int) -> bool:
-    return nodes <= 1 and 0 < gpus < SMALL_GPUS
 
 
 def _small_started(snapshot: FleetSnapshot, now: float) -> float:

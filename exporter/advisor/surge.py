@@ -36,9 +36,14 @@ import numpy as np
 from exporter.pool_load.forecast import HourlyHistory
 from exporter.snapshot import FleetSnapshot
 
-SMALL_GPUS = 8  # a single-node job asking fewer GPUs is a small one (planner.SMALL_GPUS)
+SMALL_GPUS = 8  # a single-node job asking fewer GPUs than this is a small one (backfills fragments)
 SURGE_DAYS = 7  # days of hourly means the daily profile is read from
 TREND_WEIGHT = 0.5
+
+
+def small(gpus: float, nodes: int) -> bool:
+    """Whether a job of ``gpus`` GPU shares over ``nodes`` nodes is a small one."""
+    return nodes <= 1 and 0 < gpus < SMALL_GPUS
 
 
 def small_demand(snapshot: FleetSnapshot) -> float:
@@ -48,12 +53,12 @@ def small_demand(snapshot: FleetSnapshot) -> float:
     for alloc in snapshot.allocations:
         share = min((p.gpu_share for p in alloc.placements), default=1.0)
         size = alloc.gpu_count * share
-        if len(alloc.placements) <= 1 and 0 < size < SMALL_GPUS:
+        if small(size, len(alloc.placements)):
             held += size
     queued = 0.0
     for job in snapshot.pending:
         size = job.gpu_count * job.gpu_share
-        if max(1, job.node_count) <= 1 and 0 < size < SMALL_GPUS:
+        if small(size, max(1, job.node_count)):
             queued += size
     return held + queued
 
@@ -92,4 +97,5 @@ def free_gpus(gpu_free: np.ndarray) -> float:
     return float(np.clip(gpu_free, 0.0, 1.0).sum())
 
 
-__all__ = ["SMALL_GPUS", "SURGE_DAYS", "SmallDemand", "free_gpus", "shortfall", "small_demand"]
+__all__ = ["SMALL_GPUS", "SURGE_DAYS", "SmallDemand", "free_gpus", "shortfall", "small",
+           "small_demand"]
