@@ -300,10 +300,18 @@ def _nodes_enough(cluster: Cluster, head: Job, may_move: Callable[[Job], bool]) 
     of the node's movable ones, and one arriving takes free GPUs; each part takes a node."""
     placer = cluster.placer
     movable_share, count, _ = _movable_by_node(cluster, may_move)
-    free = placer.gpu_free.sum(axis=1)
-    ok = (_model_mask(placer, head.models) & (placer.gpu_count >= head.gpus)
-          & (free + movable_share >= head.gpus * head.share - 1e-6) & (count > 0))
+    ok = _part_nodes(placer, _model_mask(placer, head.models), head, placer.gpu_free.sum(axis=1),
+                     movable_share, count, margin=1e-6)
     return bool(np.bincount(placer.model[ok], minlength=len(placer.model_names)).max(initial=0) >= head.parts)
+
+
+def _part_nodes(placer: Placer, model_ok: np.ndarray, head: Job, free: np.ndarray,
+                movable_share: np.ndarray, count: np.ndarray, margin: float) -> np.ndarray:
+    """Per node, whether a part of ``head`` could fit there once its movable jobs left: a model
+    ``model_ok`` allows, GPUs enough, free plus movable GPUs enough (less ``margin``), and a
+    job to move."""
+    need = head.gpus * head.share
+    return model_ok & (placer.gpu_count >= head.gpus) & (free + movable_share >= need - margin) & (count > 0)
 
 
 def _movable_by_node(cluster: Cluster, may_move: Callable[[Job], bool], moved: Set[int] = frozenset()
@@ -360,7 +368,7 @@ def _cheapest_node(sim: Sim, head: Job, taken: list[int], budget: int, candidate
     movable_share, count, on_node = _movable_by_node(cluster, may_move, moved)
     free = placer.gpu_free.sum(axis=1)
     need = head.gpus * head.share
-    ok = model_ok & (placer.gpu_count >= head.gpus) & (free + movable_share >= need - 1e-9) & (count > 0)
+    ok = _part_nodes(placer, model_ok, head, free, movable_share, count, margin=1e-9)
     ok[taken] = False
     eligible = np.flatnonzero(ok)
     # fewest movable GPUs needed first, then by node: the order of (max(0, need - free), node)
