@@ -1454,9 +1454,7 @@ class PrometheusFleetSource:
             # read; a node new since): the whole window before the query, which costs 40x more.
             # With up unknown and nothing held, the whole window too: the half would leave out
             # every GPU scraped less often than it
-            self._wide_next = True
-            identity = await self._fetch("identity", self._queries["identity"], at, headers,
-                                         in_flight, budget)
+            identity = await self._whole_window(at, headers, in_flight, budget)
         if identity.exported and up_keys is not None and _keys(identity.series or []) != up_keys:
             identity = await self._fetch("identity", self._queries["identity"], at, headers,
                                          in_flight, budget, export=False)
@@ -1473,6 +1471,14 @@ class PrometheusFleetSource:
             self._identity, self._identity_at = identity.series, at
             self._identity_keys = _keys(identity.series)
         return identity
+
+    async def _whole_window(self, at: float, headers: dict[str, str],
+                            in_flight: asyncio.Semaphore, budget: _SeriesBudget) -> _Result:
+        """Identity again, exported over the whole of ``max_sample_age`` (the query where the
+        backend has no export): after a half window that missed GPUs nothing is held for."""
+        self._wide_next = True
+        return await self._fetch("identity", self._queries["identity"], at, headers, in_flight,
+                                 budget)
 
     def _identity_due(self, at: float) -> bool:
         return not self._identity or not 0 <= at - self._identity_at < self.config.identity_refresh
@@ -1530,9 +1536,8 @@ class PrometheusFleetSource:
                                                                  read.series)):
                 # the first read's half window missed GPUs the nodes' summaries count: the
                 # whole window now, before the cover, or those nodes are read per GPU
-                self._wide_next = True
-                read = results["identity"] = await self._fetch(
-                    "identity", self._queries["identity"], at, headers, in_flight, budget)
+                read = results["identity"] = await self._whole_window(at, headers, in_flight,
+                                                                      budget)
             held = read.series if read is not None else self._identity
             results.update(await self._by_summary(
                 summarised(results.get("summary"), results.get("summary_old"), held),
