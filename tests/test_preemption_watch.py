@@ -113,9 +113,12 @@ def test_a_start_slurm_rewrites_while_the_requeued_job_completes_is_not_a_new_ru
     # COMPLETING with Restarts 1 and StartTime the requeue, then PENDING with SubmitTime it
     watch = PreemptionWatch(WatchSettings(checkpoint_interval=None))
     watch.observe(snap(T0, [running(start=T0 - 2400, checkpoint=None)]))
-    watch.observe(snap(T0 + 30, [running(start=T0 + 20, checkpoint=None)]))  # completing
+    # completing, listed without its GPUs (gres_detail empty) as squeue --json lists it
+    watch.observe(snap(T0 + 30, [running(start=T0 + 20, checkpoint=None, gpus=0)]))
     view = watch.observe(snap(T0 + 60, pending=[requeued(at=T0 + 20, checkpoint=None)]))
-    assert [s.lost_seconds for s in view.stops] == [2420.0]  # the whole run, not 0
+    assert [(s.lost_seconds, s.gpus) for s in view.stops] == [(2420.0, 8.0)]  # not 0, not 0 GPUs
+    assert sample(watch, metrics.PREEMPTION_LOST_GPU_SECONDS_TOTAL.name,
+                  pool="gpu-h100", cause="requeue") == 2420.0 * 8
 
 
 def test_a_job_requeued_before_the_watch_saw_it_counts_its_stated_checkpoint_only():

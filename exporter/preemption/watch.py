@@ -153,7 +153,10 @@ class PreemptionWatch:
                 # one run has one start: Slurm 22.05 rewrites a requeued job's StartTime to the
                 # requeue while it completes (COMPLETING, its Restarts already grown)
                 start = before.start
-            run = _Run(pool, gpus, start, alloc.last_checkpoint_time)
+            # and lists it without its GPUs (squeue --json's gres_detail empty): its stop lost
+            # the work of the GPUs it was seen running on
+            run = _Run(pool, gpus if gpus or before is None else before.gpus, start,
+                       alloc.last_checkpoint_time)
             if alloc.interrupted is None:
                 runs[alloc.job] = run
                 held[pool] = held.get(pool, 0.0) + gpus
