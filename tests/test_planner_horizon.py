@@ -21,6 +21,7 @@ from exporter.advisor.planner import (
     small_wait_caused,
 )
 from exporter.snapshot import JobRequest
+from tests.helpers.advisor_rules import simulated_planner
 from tests.test_planner_queue import HOUR, NOW, alloc, fleet, job, report_of
 from tests.test_planner_starts import SMALL
 
@@ -123,21 +124,10 @@ def test_a_short_head_or_one_that_waited_long_is_proposed():
 
 
 def test_simulate_and_serve_accept_the_horizon_rule():
-    import argparse
-
-    from exporter.cli import simulate as cli
     from exporter.config import Config, build
     from exporter.errors import ConfigError
-    from exporter.outcome_sim.run import make_strategy
-    from exporter.outcome_sim.sim import RunSettings
 
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    assert parser.parse_args(["--out", "x", "--advisor-rule", "horizon"]).advisor_rule == "horizon"
-    strategy = make_strategy("steer-pod+advisor-freedoms", RunSettings(advisor_rule="horizon"))
-    advisor = strategy.advisor  # type: ignore[attr-defined]
-    advisor._setup()
-    settings = advisor._stages[1].planner.settings
+    settings = simulated_planner("horizon").settings
     assert settings.rule == "horizon" and settings.horizon_cap_seconds == 6 * HOUR
     assert settings.max_migrations == 64  # the freedoms still apply
     for rule in ("queue", "head", "starts", "horizon"):

@@ -24,6 +24,7 @@ from exporter.advisor.planner import (
     reservation_held,
 )
 from exporter.snapshot import JobRequest
+from tests.helpers.advisor_rules import simulated_planner
 from tests.test_planner_horizon import BIG, blocked_whole_node, started
 from tests.test_planner_queue import HOUR, NOW, alloc, fleet, report_of
 from tests.test_planner_starts import SMALL
@@ -110,20 +111,8 @@ def test_a_plan_that_takes_room_off_the_reservation_is_still_refused():
 
 
 def test_simulate_and_serve_accept_the_horizon_room_rule():
-    import argparse
-
-    from exporter.cli import simulate as cli
     from exporter.config import Config, build
-    from exporter.outcome_sim.run import make_strategy
-    from exporter.outcome_sim.sim import RunSettings
 
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    args = parser.parse_args(["--out", "x", "--advisor-rule", "horizon-room"])
-    assert args.advisor_rule == "horizon-room"
-    strategy = make_strategy("steer-pod+advisor-freedoms", RunSettings(advisor_rule="horizon-room"))
-    advisor = strategy.advisor  # type: ignore[attr-defined]
-    advisor._setup()
-    settings = advisor._stages[1].planner.settings
+    settings = simulated_planner("horizon-room").settings
     assert settings.rule == "horizon-room" and settings.max_migrations == 64
     assert build(Config, {"advisor": {"rule": "horizon-room"}}).advisor.rule == "horizon-room"

@@ -14,6 +14,7 @@ from exporter.advisor.advise import Planner, advise
 from exporter.advisor.engine import Advisor, DecisionSettings, starts_gate
 from exporter.advisor.planner import PlanSettings, QueuePlan, backfill_lost, plan_for_pending
 from exporter.snapshot import JobRequest
+from tests.helpers.advisor_rules import simulated_planner
 from tests.test_planner_queue import BLOCKED_TWICE, FIRST, HOUR, NOW, SECOND, alloc, fleet, report_of
 
 
@@ -94,19 +95,6 @@ def test_a_plan_that_starts_fewer_jobs_than_the_small_ones_it_crowds_out_is_refu
 
 
 def test_simulate_runs_the_starts_rule_with_the_advisors_interval_as_its_horizon():
-    import argparse
-
-    from exporter.cli import simulate as cli
-    from exporter.outcome_sim.run import make_strategy
-    from exporter.outcome_sim.sim import RunSettings
-
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    assert parser.parse_args(["--out", "x", "--advisor-rule", "starts"]).advisor_rule == "starts"
-    strategy = make_strategy("steer-pod+advisor-freedoms",
-                             RunSettings(advisor_rule="starts", advisor_interval=600.0))
-    advisor = strategy.advisor  # type: ignore[attr-defined]
-    advisor._setup()
-    settings = advisor._stages[1].planner.settings
+    settings = simulated_planner("starts", advisor_interval=600.0).settings
     assert settings.rule == "starts" and settings.starts_horizon_seconds == 600.0
     assert settings.max_migrations == 64  # the freedoms still apply

@@ -10,8 +10,6 @@ that is above 0.
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from exporter.advisor.advise import Planner, advise
@@ -19,6 +17,7 @@ from exporter.advisor.engine import Advisor, DecisionSettings, horizon_gate, que
 from exporter.advisor.planner import PlanSettings, QueuePlan, plan_for_pending
 from exporter.advisor.surge import SmallDemand, free_gpus, shortfall, small_demand
 from exporter.snapshot import JobRequest
+from tests.helpers.advisor_rules import simulated_planner
 from tests.test_planner_horizon import BIG, blocked_whole_node
 from tests.test_planner_queue import BLOCKED_TWICE, FIRST, HOUR, NOW, SECOND, fleet, report_of
 from tests.test_planner_starts import SMALL
@@ -134,18 +133,7 @@ def test_the_planner_observes_every_evaluation_under_the_rule_and_the_engine_ref
 
 
 def test_simulate_accepts_the_horizon_surge_rule():
-    from exporter.cli import simulate as cli
-    from exporter.outcome_sim.run import make_strategy
-    from exporter.outcome_sim.sim import RunSettings
-
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    args = parser.parse_args(["--out", "x", "--advisor-rule", "horizon-surge"])
-    assert args.advisor_rule == "horizon-surge"
-    strategy = make_strategy("steer-pod+advisor-freedoms", RunSettings(advisor_rule="horizon-surge"))
-    advisor = strategy.advisor  # type: ignore[attr-defined]
-    advisor._setup()
-    planner = advisor._stages[1].planner
+    planner = simulated_planner("horizon-surge")
     assert planner.settings.rule == "horizon-surge" and planner.settings.max_migrations == 64
     assert isinstance(planner.demand, SmallDemand)
 
@@ -181,11 +169,7 @@ def test_the_lull_rule_counts_the_surge_only_while_no_small_job_is_queued():
 
 
 def test_simulate_accepts_the_horizon_lull_rule_and_its_planner_observes():
-    from exporter.cli import simulate as cli
-
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    assert parser.parse_args(["--out", "x", "--advisor-rule", "horizon-lull"]).advisor_rule == "horizon-lull"
+    assert simulated_planner("horizon-lull").settings.rule == "horizon-lull"
     snapshot = fleet(blocked_whole_node(10 * HOUR), (BIG, *SMALL))
     planner = Planner(LULL)
     engine = Advisor(DecisionSettings(dwell_seconds=0.0), clock=lambda: NOW)
