@@ -14,6 +14,7 @@ import contextlib
 import gc
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.sources.slurm import children
 from exporter.sources.slurm.options import SlurmSource as SlurmConfig
 from exporter.sources.slurm.source import SlurmAllocationSource, SlurmCommandError, run_command
 from tests.helpers.stall import LoopWitness
@@ -296,6 +298,36 @@ def test_a_cancelled_read_is_not_held_by_a_child_that_escaped_its_group(tmp_path
         assert caught == []
     finally:
         _kill(escaped)
+
+
+def test_no_process_of_a_tree_runs_on_while_it_is_killed_child_first(tmp_path, monkeypatch):
+    """What the cancel kills in one pass is stopped first: a shell whose ``sleep`` is killed
+    before it would otherwise wake and run its next command before its own SIGKILL lands (the
+    order of a set of PIDs is any). Here every SIGKILL is followed by 0.3 s, the sleep's
+    first: killed one by one, the shell writes its mark in between."""
+    shell = subprocess.Popen(
+        ["sh", "-c", f"sleep 20 >/dev/null 2>&1 & echo $! > {tmp_path}/child; wait; "
+                     f"echo ran > {tmp_path}/ran"], start_new_session=True)
+    (child,) = _pids(tmp_path / "child")
+    signalled = os.kill
+
+    def slowly(pid: int, number: int) -> None:
+        signalled(pid, number)
+        if number == signal.SIGKILL:
+            time.sleep(0.3)
+
+    monkeypatch.setattr(os, "kill", slowly)
+    try:
+        children.kill([child, shell.pid])
+        monkeypatch.undo()
+        assert shell.wait(timeout=10) == -signal.SIGKILL
+        assert _wait_dead([child]) == []
+        assert not _ran_to_its_end(tmp_path), "the shell ran on after its sleep was killed"
+    finally:
+        monkeypatch.undo()
+        _kill([child, shell.pid])
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            shell.wait(timeout=5)
 
 
 def test_a_command_that_answered_and_exited_is_not_slow_for_the_child_it_left(tmp_path):

@@ -84,10 +84,19 @@ def pipe_holders(inodes: Iterable[int]) -> set[int]:
     return holders
 
 
-def kill(pids: Iterable[int]) -> None:
+def _signal(pids: Iterable[int], number: signal.Signals) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, number)
+
+
+def kill(pids: Iterable[int]) -> None:
+    """SIGKILL each of ``pids``, every one stopped (SIGSTOP) first: killed one by one, a
+    parent would wake to a child's end and run on before its own SIGKILL lands (a shell's
+    next command after ``sleep``), whichever order the PIDs come in."""
+    pids = tuple(pids)
+    _signal(pids, signal.SIGSTOP)
+    _signal(pids, signal.SIGKILL)
 
 
 def kill_all(root: int, inodes: Iterable[int], root_alive: bool) -> list[int]:
@@ -99,6 +108,7 @@ def kill_all(root: int, inodes: Iterable[int], root_alive: bool) -> list[int]:
     """
     inodes = tuple(inodes)
     escaped = (related(root) if root_alive else set()) | pipe_holders(inodes)
+    _signal(escaped, signal.SIGSTOP)  # none of them runs on while the group dies
     if root_alive:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(root, signal.SIGKILL)
