@@ -110,8 +110,9 @@ def kill_all(root: int, inodes: Iterable[int], root_alive: bool) -> list[int]:
     escaped = (related(root) if root_alive else set()) | pipe_holders(inodes)
     _signal(escaped, signal.SIGSTOP)  # none of them runs on while the group dies
     if root_alive:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(root, signal.SIGKILL)
+        for number in (signal.SIGSTOP, signal.SIGKILL):  # the group too, as kill() says
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(root, number)
     kill(escaped)
     late = pipe_holders(inodes) - escaped  # forked between the listing and the kill
     kill(late)
