@@ -156,6 +156,44 @@ def test_a_blocked_pending_job_gets_its_plan_whatever_the_index_and_the_dwell():
     assert advise(current, snapshot, report_of(snapshot), Planner()).decision == "none"
 
 
+def test_each_partitions_head_is_planned_for_not_only_the_queues_first():
+    """Slurm's main scheduler skips a partition once its first job cannot start, and the
+    others go on: a job first in the queue that waits for capacity in its own partition (every
+    A100 held by a job that stays) leaves the H100 partition's head, blocked by fragments, its
+    plan. With the two in one partition, the first blocks the second, and nothing is planned."""
+    base = fragmented()
+    a100 = Node("a1", "A100-80GB", 128, "gpu-a100", "ampere", 8)
+    held = Allocation("hp-a100", (Placement("a1", tuple(range(8)), 1.0, 32.0),), namespace="team",
+                      pod="hp-a100-0", priority=1000, start_time=NOW - 7200,
+                      last_checkpoint_time=NOW - 300)
+    waiting = JobRequest("a100-wait", 8, 1.0, 32.0, 1, ("A100-80GB",), "gpu-a100", 0, NOW - 3 * 3600)
+
+    def with_queue(*pending: JobRequest) -> FleetSnapshot:
+        return dataclasses.replace(
+            base, nodes=(*base.nodes, a100),
+            gpus=(*base.gpus, *(Gpu("a1", i, f"GPU-a1-{i}", "A100-80GB", "gpu-a100") for i in range(8))),
+            allocations=(*base.allocations, held), pending=pending)
+
+    snapshot = with_queue(waiting, WHOLE)
+    engine = Advisor(DecisionSettings(dwell_seconds=0.0), clock=lambda: NOW)
+    advice = advise(engine, snapshot, report_of(snapshot), Planner())
+    assert advice.decision == "compact"
+    assert advice.plan is not None and advice.plan.lets_start == ("train-1",)
+    assert advice.reasons[0].startswith("pending job train-1 waits for 8 GPUs")
+
+    one = with_queue(dataclasses.replace(waiting, pool=""), dataclasses.replace(WHOLE, pool=""))
+    engine = Advisor(DecisionSettings(dwell_seconds=0.0), clock=lambda: NOW)
+    advice = advise(engine, one, report_of(one), Planner())
+    assert advice.decision != "compact" and advice.plan is None
+    assert "pending job a100-wait (8 GPUs) waits: no plan of allowed moves lets it start" in \
+        advice.reasons
+    # the next evaluation, the same free GPUs within the dwell: the head is not asked again,
+    # and the job behind it in its partition is no head
+    engine.settings = dataclasses.replace(engine.settings, dwell_seconds=3600.0)
+    again = advise(engine, one, report_of(one), Planner())
+    assert again.decision != "compact" and again.plan is None
+
+
 # -- tier inversion: an alert on it starts no plan, and the advice names the remedy ----------
 
 

@@ -350,6 +350,16 @@ def test_the_advisor_strategies_are_the_engines_two_rules_and_the_knob_reaches_t
     assert {n.pool for n in one.nodes} == {g.pool for g in one.gpus} == {"simulated"}
     assert {n.pool for n in pools.nodes} == {"pool-H100", "pool-A100"}
     assert one.allocations[0].gpu_memory_need_bytes is None  # openb states none
+    # a queued job that may use one model waits in that model's partition (the scheduler's
+    # heads), listed as its pool where the snapshot lists a pool per model; one that may use
+    # either is in no one pool
+    pinned = dataclasses.replace(job(2, 8, 5000), models=("A100",))
+    either = job(3, 8, 5000)
+    for queued in (pinned, either):
+        sim.scheduler.submit(queued)
+    listed = {r.job: r.pool for r in snapshot_of(sim, 100.0, one_partition=False).pending}
+    assert listed == {"2": "pool-A100", "3": ""}
+    assert {r.pool for r in snapshot_of(sim, 100.0).pending} == {""}
     assert [s.source for s in one.sources] == ["simulate"]  # the queue is listed: empty means none
     assert make_strategy("advisor", RunSettings(advisor_interval=600.0)).interval == 60.0  # the tick
     with pytest.raises(ValueError, match="unknown strategy 'bogus'"):

@@ -506,9 +506,9 @@ class Advisor:
     # the plan later advice carries until it expires, and when it was proposed
     carried: CompactionPlan | None = None
     carried_at: float | None = None
-    # (job, free GPUs key, when): no plan let that job start; not asked again while the fleet's
+    # job -> (free GPUs key, when): no plan let that job start; not asked again while the fleet's
     # free GPUs are the same, for the dwell (the jobs' ages, hence what may move, change slowly)
-    pending_miss: tuple[str, int, float] | None = None
+    pending_misses: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def alert_firing(self, alerts: list[dict[str, Any]]) -> list[str]:
         """Alertmanager says these alerts fire: the compaction alert's scopes have served dwell.
@@ -610,26 +610,37 @@ class Advisor:
 
     def _pending_head(self, snapshot: FleetSnapshot, report: Report, now: float
                       ) -> tuple[JobRequest | None, int, JobRequest | None]:
-        """The pending job to plan for, and the free GPUs' key: the first one asking GPUs, in
-        the source's order (the scheduler's queue), when a repack could make room for it
-        (:func:`repack_could_fit`; else only capacity lets it start, no move), no plan in force
-        already lets it start, and no plan was missed for it on the same free GPUs within the
-        dwell. Third, that head when it waits for capacity though the idle GPUs in all would
-        hold it (:attr:`Assessment.capacity_head`)."""
-        job = next((j for j in snapshot.pending if j.gpu_count > 0), None)
-        if job is None:
-            return None, 0, None
-        if not repack_could_fit(snapshot, report.state, job):
-            idle = job.gpu_count * job.gpu_share <= report.cluster.idle_gpus + 1e-9
-            return None, 0, job if idle else None
+        """The pending job to plan for, and the free GPUs' key. The scheduler keeps a head per
+        partition (Slurm's main scheduler skips a partition once its first job cannot start,
+        and the others go on), so the heads are the first job asking GPUs of each partition
+        (``pool``), in the source's order (the scheduler's queue). The one planned for is the
+        first head a repack could make room for (:func:`repack_could_fit`; else only capacity
+        lets it start, no move) that no plan was missed for on the same free GPUs within the
+        dwell; none while a plan in force already lets it start. Third, the first head that
+        waits for capacity though the idle GPUs in all would hold it
+        (:attr:`Assessment.capacity_head`). With one partition, the queue's first job."""
+        heads: dict[str, JobRequest] = {}
+        for request in snapshot.pending:
+            if request.gpu_count > 0:
+                heads.setdefault(request.pool, request)
+        capacity: JobRequest | None = None
+        key = hash(report.state.gpu_free.tobytes()) if heads else 0
+        misses = self.pending_misses = {
+            job: miss for job, miss in self.pending_misses.items()
+            if miss[0] == key and now - miss[1] < self.settings.dwell_seconds}
         carried = self.carried
-        if carried is not None and carried.expires_at > now and job.job in carried.lets_start:
-            return None, 0, None
-        key = hash(report.state.gpu_free.tobytes())
-        miss = self.pending_miss
-        if miss is not None and miss[:2] == (job.job, key) and now - miss[2] < self.settings.dwell_seconds:
-            return None, 0, None
-        return job, key, None
+        for job in heads.values():
+            if not repack_could_fit(snapshot, report.state, job):
+                if capacity is None and (job.gpu_count * job.gpu_share
+                                         <= report.cluster.idle_gpus + 1e-9):
+                    capacity = job
+                continue
+            if carried is not None and carried.expires_at > now and job.job in carried.lets_start:
+                return None, 0, None
+            if job.job in misses:
+                continue
+            return job, key, None
+        return None, 0, capacity
 
     def decide(self, assessment: Assessment, plan: CompactionPlan | None = None,
                scaling: tuple[PoolAdvice, ...] | None = None,
@@ -650,7 +661,8 @@ class Advisor:
             job = a.pending_job
             if (pending_plan is not None and pending_plan.migrations
                     and pending_gate(pending_plan, job, s) is None):
-                self.last_hold = self.pending_miss = None
+                self.last_hold = None
+                self.pending_misses = {}
                 self._cooldown_before, self.last_plan_at = self.last_plan_at, a.now
                 idle = a.report.cluster.idle_gpus
                 decision, reasons = "compact", (
@@ -662,7 +674,7 @@ class Advisor:
                 self.carried_at = a.now
                 in_force, proposed_at, reasons = self._plan_in_force(proposed, reasons, a.now)
                 return self._advise(a, "compact", "cluster", reasons, in_force, proposed_at, scaling)
-            self.pending_miss = (job.job, a.free_key, a.now)
+            self.pending_misses[job.job] = (a.free_key, a.now)
             refused = pending_gate(pending_plan, job, s) if pending_plan is not None else None
             note = (refused or f"pending job {job.job} ({job.gpu_count * job.gpu_share:g} GPUs) waits: "
                     "no plan of allowed moves lets it start",)

@@ -267,6 +267,15 @@ def _partitioned(fleet: SimFleet) -> tuple[tuple[Node, ...], tuple[Gpu, ...]]:
             tuple(dataclasses.replace(g, pool=PARTITION) for g in fleet.gpus))
 
 
+@functools.lru_cache(maxsize=4)
+def _model_pools(fleet: SimFleet) -> dict[str, str]:
+    """Each GPU model's pool, where all its nodes are in one."""
+    pools: dict[str, set[str]] = {}
+    for node in fleet.nodes:
+        pools.setdefault(node.model, set()).add(node.pool)
+    return {model: next(iter(names)) for model, names in pools.items() if len(names) == 1}
+
+
 def snapshot_of(sim: Sim, now: float,
                 cache: dict[int, tuple[int, float, Allocation, tuple[int, ...] | None]] | None = None,
                 one_partition: bool = True,
@@ -329,12 +338,16 @@ def snapshot_of(sim: Sim, now: float,
         for gone in cache.keys() - running.keys():
             del cache[gone]
     listed = {}
+    # a pool per model: a job that may use one model waits in that model's partition, as the
+    # scheduler's heads do and Slurm lists its partition; in one partition, every job in it
+    pool_of = {} if one_partition else _model_pools(fleet)
     for j in itertools.islice(sim.scheduler.queue.ordered(), PENDING_LISTED):
         # a queued job's request never changes (its fields are set once): built once
         request = requests.get(j.id) if requests is not None else None
         if request is None:
             request = JobRequest(str(j.id), j.gpus * j.parts, j.share if j.gpus else 1.0, j.cpus * j.parts,
-                                 j.parts, j.models, priority=1000 if j.high else 0, submit_time=j.submit)
+                                 j.parts, j.models, priority=1000 if j.high else 0, submit_time=j.submit,
+                                 pool=pool_of.get(j.models[0], "") if len(j.models) == 1 else "")
         listed[j.id] = request
     if requests is not None:
         requests.clear()
