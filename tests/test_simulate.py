@@ -331,7 +331,7 @@ def test_the_command_writes_outcomes_and_the_timeline(tmp_path, capsys):
 
 
 def test_the_advisor_strategies_are_the_engines_two_rules_and_the_knob_reaches_the_snapshot():
-    from exporter.outcome_sim.advisor_loop import snapshot_of
+    from exporter.outcome_sim.advisor_loop import PENDING_LISTED, snapshot_of
     from exporter.outcome_sim.run import make_strategy
 
     revised = make_strategy("advisor", RunSettings())
@@ -360,6 +360,15 @@ def test_the_advisor_strategies_are_the_engines_two_rules_and_the_knob_reaches_t
     listed = {r.job: r.pool for r in snapshot_of(sim, 100.0, one_partition=False).pending}
     assert listed == {"2": "pool-A100", "3": ""}
     assert {r.pool for r in snapshot_of(sim, 100.0).pending} == {""}
+    # past the listed window, each pool's first queued job is listed too: its partition's head
+    for n in range(PENDING_LISTED):
+        sim.scheduler.submit(dataclasses.replace(job(100 + n, 8, 5000), models=("A100",)))
+    h100 = dataclasses.replace(job(999, 8, 5000), models=("H100",))
+    sim.scheduler.submit(h100)
+    pools = snapshot_of(sim, 100.0, one_partition=False).pending
+    assert len(pools) == PENDING_LISTED + 1 and pools[-1].job == "999"
+    assert pools[-1].pool == "pool-H100"
+    assert len(snapshot_of(sim, 100.0).pending) == PENDING_LISTED  # one partition: the window
     assert [s.source for s in one.sources] == ["simulate"]  # the queue is listed: empty means none
     assert make_strategy("advisor", RunSettings(advisor_interval=600.0)).interval == 60.0  # the tick
     with pytest.raises(ValueError, match="unknown strategy 'bogus'"):

@@ -337,17 +337,28 @@ def snapshot_of(sim: Sim, now: float,
     if len(cache) > len(running):
         for gone in cache.keys() - running.keys():
             del cache[gone]
-    listed = {}
+    listed: dict[int, JobRequest] = {}
     # a pool per model: a job that may use one model waits in that model's partition, as the
-    # scheduler's heads do and Slurm lists its partition; in one partition, every job in it
+    # scheduler's heads do and Slurm lists its partition; in one partition, every job in it.
+    # The first PENDING_LISTED jobs are listed, and past them each pool's first: a source lists
+    # every pending job, and a pool whose jobs queue behind another's would have no head here
     pool_of = {} if one_partition else _model_pools(fleet)
-    for j in itertools.islice(sim.scheduler.queue.ordered(), PENDING_LISTED):
+    unseen = set() if one_partition else {"", *pool_of.values()}
+    queued = sim.scheduler.queue.ordered()
+    for j in queued if unseen else itertools.islice(queued, PENDING_LISTED):
+        pool = pool_of.get(j.models[0], "") if len(j.models) == 1 else ""
+        if len(listed) >= PENDING_LISTED:
+            if not unseen:
+                break
+            if pool not in unseen:
+                continue
+        unseen.discard(pool)
         # a queued job's request never changes (its fields are set once): built once
         request = requests.get(j.id) if requests is not None else None
         if request is None:
             request = JobRequest(str(j.id), j.gpus * j.parts, j.share if j.gpus else 1.0, j.cpus * j.parts,
                                  j.parts, j.models, priority=1000 if j.high else 0, submit_time=j.submit,
-                                 pool=pool_of.get(j.models[0], "") if len(j.models) == 1 else "")
+                                 pool=pool)
         listed[j.id] = request
     if requests is not None:
         requests.clear()
