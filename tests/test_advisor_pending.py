@@ -194,6 +194,30 @@ def test_each_partitions_head_is_planned_for_not_only_the_queues_first():
     assert again.decision != "compact" and again.plan is None
 
 
+def test_a_head_no_allowed_move_starts_leaves_the_next_partitions_head_its_plan_at_once():
+    """The A100 partition's head could fit after a repack (8 GPUs free, 4 on each of two
+    nodes) but only by moving high-priority jobs, which stay: no plan starts it. The H100
+    partition's head is planned for in the same evaluation."""
+    base = fragmented()
+    a100 = tuple(Node(n, "A100-80GB", 128, "gpu-a100", "ampere", 8) for n in ("a1", "a2"))
+    held = tuple(Allocation(f"hp-{n}", (Placement(n, (0, 1, 2, 3), 1.0, 16.0),), namespace="team",
+                            pod=f"hp-{n}-0", priority=1000, start_time=NOW - 7200,
+                            last_checkpoint_time=NOW - 300) for n in ("a1", "a2"))
+    waiting = JobRequest("a100-wait", 8, 1.0, 32.0, 1, ("A100-80GB",), "gpu-a100", 0, NOW - 3 * 3600)
+    snapshot = dataclasses.replace(
+        base, nodes=(*base.nodes, *a100),
+        gpus=(*base.gpus, *(Gpu(n.name, i, f"GPU-{n.name}-{i}", "A100-80GB", "gpu-a100")
+                            for n in a100 for i in range(8))),
+        allocations=(*base.allocations, *held), pending=(waiting, WHOLE))
+    engine = Advisor(DecisionSettings(dwell_seconds=0.0), clock=lambda: NOW)
+    assert [j.job for j in engine.assess(snapshot, report_of(snapshot)).other_heads] == ["train-1"]
+    engine = Advisor(DecisionSettings(dwell_seconds=0.0), clock=lambda: NOW)
+    advice = advise(engine, snapshot, report_of(snapshot), Planner())
+    assert advice.decision == "compact"
+    assert advice.plan is not None and advice.plan.lets_start == ("train-1",)
+    assert all(m.job.startswith("small-") for m in advice.plan.migrations)
+
+
 # -- tier inversion: an alert on it starts no plan, and the advice names the remedy ----------
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from exporter.advisor.advice import Advice, Steering, SteeringLevel, WhatIf
-from exporter.advisor.engine import Advisor, DecisionSettings, idle_rule
+from exporter.advisor.engine import Advisor, DecisionSettings, idle_rule, pending_gate
 from exporter.advisor.plan import CompactionPlan
 from exporter.advisor.planner import SURGE_RULES, KeptState, PlanSettings, plan_compaction, plan_for_pending
 from exporter.advisor.realised import Ledger, oracle_waiting_saved, with_oracle
@@ -86,6 +86,17 @@ def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
         if plan_pending is None:
             plan_pending = getattr(plan, "for_pending", plan_for_pending)
         pending_plan = plan_pending(asked.measured, report, asked.pending_job, asked.now)
+        # the other partitions' heads in turn, until one's plan would be proposed; none: the
+        # first head's stands, and its miss is remembered
+        for job in asked.other_heads:
+            if pending_plan is not None and pending_plan.migrations and pending_gate(
+                    pending_plan, asked.pending_job, advisor.settings) is None:
+                break
+            other = plan_pending(asked.measured, report, job, asked.now)
+            if other is not None and other.migrations and pending_gate(
+                    other, job, advisor.settings) is None:
+                asked, pending_plan = dataclasses.replace(asked, pending_job=job), other
+                break
     compaction = None if asked.plan_scope is None else plan(asked.measured, report, asked.plan_scope,
                                                             asked.now)
     if compaction is not None or pending_plan is not None:

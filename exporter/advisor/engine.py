@@ -430,6 +430,9 @@ class Assessment:
     # the head when idle GPUs in all would hold it but no repack can make room for it: capacity,
     # said in a note (the test before called it fragments)
     capacity_head: JobRequest | None = None
+    # the other partitions' heads a repack could start, in the queue's order: planned for in
+    # turn when ``pending_job``'s plan is none or refused (advise)
+    other_heads: tuple[JobRequest, ...] = ()
 
 
 
@@ -559,13 +562,15 @@ class Advisor:
         scopes = {k: ScopeStatus(round(st.index, 2), st.recommended, st.above_since)
                   for k, st in sorted(self.scopes.items())}
 
-        pending_job, free_key, capacity_head = (self._pending_head(measured, report, now)
-                                                if s.require_pending else (None, 0, None))
+        heads, free_key, capacity_head = (self._pending_heads(measured, report, now)
+                                          if s.require_pending else ((), 0, None))
+        pending_job = heads[0] if heads else None
 
         def settled(decision: Decision, scope: str | None, reasons: list[str],
                     plan_scope: str | None = None) -> Assessment:
             return Assessment(snapshot, measured, report, now, trigger, scopes, decision, scope,
-                              tuple(reasons), plan_scope, pending_job, free_key, capacity_head)
+                              tuple(reasons), plan_scope, pending_job, free_key, capacity_head,
+                              heads[1:])
 
         due = [k for k, st in self.scopes.items() if st.recommended]
         if not due:
@@ -597,7 +602,7 @@ class Advisor:
                 and now - self.last_hold[0] < s.hold_recheck_seconds):
             return settled("hold", scope, [why_due, *self.last_hold[2][1:]])
         if s.require_pending and queue_known(snapshot):
-            # the queue is known: moves are planned for the job at its head (_pending_head) as it
+            # the queue is known: moves are planned for the job at its head (_pending_heads) as it
             # waits, never for the index. Index-driven plans that also let some pending job start
             # were tried and cost whole-node jobs 2.9x the waiting of plans for the head alone
             # (docs/simulate.md, "Index plans beside the queue's")
@@ -608,16 +613,16 @@ class Advisor:
                                            "moves are planned for the job at its head, as it waits"])
         return settled("compact", scope, [why_due], plan_scope=scope)
 
-    def _pending_head(self, snapshot: FleetSnapshot, report: Report, now: float
-                      ) -> tuple[JobRequest | None, int, JobRequest | None]:
-        """The pending job to plan for, and the free GPUs' key. The scheduler keeps a head per
-        partition (Slurm's main scheduler skips a partition once its first job cannot start,
-        and the others go on), so the heads are the first job asking GPUs of each partition
-        (``pool``), in the source's order (the scheduler's queue). The one planned for is the
-        first head a repack could make room for (:func:`repack_could_fit`; else only capacity
-        lets it start, no move) that no plan was missed for on the same free GPUs within the
-        dwell; none while a plan in force already lets it start. Third, the first head that
-        waits for capacity though the idle GPUs in all would hold it
+    def _pending_heads(self, snapshot: FleetSnapshot, report: Report, now: float
+                       ) -> tuple[tuple[JobRequest, ...], int, JobRequest | None]:
+        """The pending jobs to plan for, in turn, and the free GPUs' key. The scheduler keeps a
+        head per partition (Slurm's main scheduler skips a partition once its first job cannot
+        start, and the others go on), so the heads are the first job asking GPUs of each
+        partition (``pool``), in the source's order (the scheduler's queue). Those planned for
+        are the heads a repack could make room for (:func:`repack_could_fit`; else only
+        capacity lets it start, no move) that no plan was missed for on the same free GPUs
+        within the dwell; none while a plan in force already lets one start. Third, the first
+        head that waits for capacity though the idle GPUs in all would hold it
         (:attr:`Assessment.capacity_head`). With one partition, the queue's first job."""
         heads: dict[str, JobRequest] = {}
         for request in snapshot.pending:
@@ -629,18 +634,18 @@ class Advisor:
             job: miss for job, miss in self.pending_misses.items()
             if miss[0] == key and now - miss[1] < self.settings.dwell_seconds}
         carried = self.carried
+        wanted: list[JobRequest] = []
         for job in heads.values():
             if not repack_could_fit(snapshot, report.state, job):
-                if capacity is None and (job.gpu_count * job.gpu_share
-                                         <= report.cluster.idle_gpus + 1e-9):
+                if capacity is None and not wanted and (job.gpu_count * job.gpu_share
+                                                        <= report.cluster.idle_gpus + 1e-9):
                     capacity = job
                 continue
             if carried is not None and carried.expires_at > now and job.job in carried.lets_start:
-                return None, 0, None
-            if job.job in misses:
-                continue
-            return job, key, None
-        return None, 0, capacity
+                return (), 0, None
+            if job.job not in misses:
+                wanted.append(job)
+        return tuple(wanted), key if wanted else 0, None if wanted else capacity
 
     def decide(self, assessment: Assessment, plan: CompactionPlan | None = None,
                scaling: tuple[PoolAdvice, ...] | None = None,
