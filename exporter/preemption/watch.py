@@ -12,8 +12,10 @@ states none, the time since the last whole ``checkpoint_interval`` of its run
 (``advisor.assume_checkpointing``, as the advisor prices a move), or its whole run where the
 site assumes no checkpointing. A checkpoint older than the run it was stopped in (the run
 restored from it) counts from the run's start: the earlier work was saved. Slurm clears what
-it knew of the run it requeued (22.05: StartTime is the next one's, PreemptTime 0), so the
-run's start and GPUs are those this watch saw it running with; a job requeued before the
+it knew of the run it requeued (22.05: StartTime is the next one's, PreemptTime 0; while the
+job completes it lists no GRES of its own, and the node's GresUsed no longer counts them, as
+after a cancel: recorded on the test cluster), so the run's start and GPUs are those this
+watch saw it running with; a job requeued before the
 exporter first saw it is counted, and its lost work only where it states a checkpoint.
 
 What it keeps is bounded by the snapshot: the jobs of the last snapshot (forgotten when they
