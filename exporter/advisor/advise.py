@@ -86,17 +86,19 @@ def advise(advisor: Advisor, snapshot: FleetSnapshot, report: Report,
         if plan_pending is None:
             plan_pending = getattr(plan, "for_pending", plan_for_pending)
         pending_plan = plan_pending(asked.measured, report, asked.pending_job, asked.now)
+
+        def proposable(candidate: CompactionPlan | None, job: JobRequest) -> bool:
+            return candidate is not None and bool(candidate.migrations) and pending_gate(
+                candidate, job, advisor.settings) is None
+
         # the other partitions' heads in turn, until one's plan would be proposed; none: the
         # first head's stands, and its miss is remembered
-        for job in asked.other_heads:
-            if pending_plan is not None and pending_plan.migrations and pending_gate(
-                    pending_plan, asked.pending_job, advisor.settings) is None:
-                break
-            other = plan_pending(asked.measured, report, job, asked.now)
-            if other is not None and other.migrations and pending_gate(
-                    other, job, advisor.settings) is None:
-                asked, pending_plan = dataclasses.replace(asked, pending_job=job), other
-                break
+        if not proposable(pending_plan, asked.pending_job):
+            for job in asked.other_heads:
+                other = plan_pending(asked.measured, report, job, asked.now)
+                if proposable(other, job):
+                    asked, pending_plan = dataclasses.replace(asked, pending_job=job), other
+                    break
     compaction = None if asked.plan_scope is None else plan(asked.measured, report, asked.plan_scope,
                                                             asked.now)
     if compaction is not None or pending_plan is not None:

@@ -113,7 +113,7 @@ def kill_all(root: int, inodes: Iterable[int], root_alive: bool) -> list[int]:
         for number in (signal.SIGSTOP, signal.SIGKILL):  # the group too, as kill() says
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(root, number)
-    kill(escaped)
+    _signal(escaped, signal.SIGKILL)  # stopped above
     late = pipe_holders(inodes) - escaped  # forked between the listing and the kill
     kill(late)
     return sorted(escaped | late)
