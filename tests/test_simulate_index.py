@@ -84,6 +84,13 @@ def assert_in_step(cluster: Cluster, rng: np.random.Generator) -> None:
                 assert [j.id for j in got_on(node)] == largest
     index = cluster.single
     assert sorted(index.order) == sorted(j.id for j in running)
+    # every running job (gangs too) by the nodes of its parts, and in ``running``'s order
+    parts_on: dict[int, set[int]] = {}
+    for job in cluster.running.values():
+        for p in job.placements:
+            parts_on.setdefault(p.node, set()).add(job.id)
+    assert {node: set(jobs) for node, jobs in cluster.parts_on.items()} == parts_on
+    assert sorted(cluster.entered, key=cluster.entered.__getitem__) == list(cluster.running)
     assert sum(len(jobs) for jobs in index.jobs.values()) == len(running)
 
 

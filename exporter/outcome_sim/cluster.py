@@ -138,6 +138,12 @@ class Cluster:
         catalogue = default_catalogue()
         self.speeds = tuple(speed(catalogue.get(name)) for name in self.placer.model_names)
         self.single = NodeJobs(len(self.placer.names))
+        # every running job (gangs too) by the nodes its parts are on, and its place in
+        # ``running``'s order: the scheduler's reservation reads the jobs of the nodes it waits
+        # for there, in the order a scan of ``running`` meets them, instead of scanning them all
+        self.parts_on: dict[int, dict[int, Job]] = {}
+        self.entered: dict[int, int] = {}
+        self._entries = 0
 
     # -- placing ----------------------------------------------------------------
 
@@ -233,6 +239,9 @@ class Cluster:
         job.placed = now
         job.version += 1
         self.running[job.id] = job
+        self._entries += 1
+        self.entered[job.id] = self._entries
+        self._on_nodes(job)
         if job.parts == 1:
             self.single.add(job)
         self.busy += job.demand
@@ -244,6 +253,8 @@ class Cluster:
             self.placer.release(p)
         if job.parts == 1:
             self.single.remove(job, job.placements[0].node)
+        self._off_nodes(job)
+        del self.entered[job.id]
         job.placements = []
         job.version += 1
         del self.running[job.id]
@@ -280,7 +291,9 @@ class Cluster:
         for p in destination:
             self.placer.apply(p)
         old = job.placements[0].node
+        self._off_nodes(job)
         job.placements = destination
+        self._on_nodes(job)
         if job.parts == 1:
             self.single.moved(job, old)
         job.speed = self.speed_on(destination)
@@ -290,6 +303,17 @@ class Cluster:
         self.migrations += 1
         self.releases += 1  # room moved: what failed to fit before may fit now
         heapq.heappush(self.finishes, (job.end(), job.id, job.version))
+
+    def _on_nodes(self, job: Job) -> None:
+        for p in job.placements:
+            self.parts_on.setdefault(p.node, {})[job.id] = job
+
+    def _off_nodes(self, job: Job) -> None:
+        for p in job.placements:
+            on = self.parts_on[p.node]
+            on.pop(job.id, None)  # a second part on the same node was taken off with the first
+            if not on:
+                del self.parts_on[p.node]
 
     def due(self, until: float) -> list[Job]:
         """Jobs whose run ends by ``until``, earliest first, skipping stale entries."""

@@ -47,6 +47,9 @@ from exporter.outcome_sim.cluster import Cluster
 from exporter.outcome_sim.timeline import Job
 
 MODES = ("fifo", "fifo-one-head", "kube")
+NO_ROOM_KEPT = 4096  # queries Scheduler._no_room keeps before it starts over
+FIT_ASKS_KEPT = 256  # part shapes FitTimes keeps per node before it starts over
+RECHECKED = 16  # changes since a query found no room that are read one by one; more: asked afresh
 
 
 def order_key(job: Job) -> tuple[int, float, int]:
@@ -139,6 +142,11 @@ class Scheduler:
     # nothing came back, it still cannot (time only makes it later against their shadows)
     _no_backfill: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     _exclusions: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)  # nodes as an index
+    # (shape, excluded nodes, partitions) -> the placer's clock when :meth:`_find` last saw no room
+    # for it: a node's room is its own row's, so while no node changed since has room for a part,
+    # there is none again (:meth:`_still_no_room`); most backfill tries after a release are so
+    _no_room: dict[tuple, int] = field(default_factory=dict)
+    _fit_times: FitTimes = field(default_factory=lambda: FitTimes())
     _disturbed: int = 0  # moves and evictions so far: a reservation from before may be stale
     _reservations: int = 0  # reservations made so far: one in force is told by its number
     # head id -> (reservation, its number, _disturbed when made, the partitions it was made for)
@@ -362,15 +370,64 @@ class Scheduler:
         over the whole fleet, and fail (on the GFS fleet a many-worker gang was tried so at every
         pass)."""
         placer = self.cluster.placer
+        query = (job.shape_key, exclude, models)
+        seen = self._no_room.get(query)
+        if seen is not None and self._still_no_room(job, seen):
+            self._no_room[query] = placer._clock
+            return None
+        room = self._room(job, exclude, models)
+        if room is None:
+            if len(self._no_room) >= NO_ROOM_KEPT:
+                self._no_room.clear()
+            self._no_room[query] = placer._clock
+            return None
+        names: tuple[str, ...] | None = None
+        if models and job.gpus:
+            names = tuple(placer.model_names[m] for m in models)
+        rank = self.steer(job) if self.steer is not None else None
+        if rank is None:
+            return self.cluster.find(job, exclude=exclude, models=names)
+        before, placer.preference = placer.preference, rank
+        try:
+            return self.cluster.find(job, exclude=exclude, models=names)
+        finally:
+            placer.preference = before
+
+    def _still_no_room(self, job: Job, seen: int) -> bool:
+        """Whether no node that changed since the placer's clock ``seen`` has room for a part of
+        ``job`` (free cores and GPUs, whatever its model): then the nodes with room now are
+        among those that had it at ``seen``, unchanged, and :meth:`_room` finds no room again."""
+        placer = self.cluster.placer
+        changed = placer.changed_since(seen)
+        if changed is None or len(changed) > RECHECKED:
+            return False
+        if not changed:
+            return True
+        cpus = job.cpus - EPS
+        counts = self._free_counts(job.share) if job.gpus else None
+        for node in changed:
+            if placer.cpu_free[node] >= cpus and (counts is None or counts[node] >= job.gpus):
+                return False
+        return True
+
+    def _free_counts(self, share: float) -> np.ndarray:
+        """Per node, its GPUs with ``share`` free (a whole one for a whole-GPU job), now."""
+        placer = self.cluster.placer
+        need = 1.0 if share >= 1.0 - EPS else share
+        if self._counted[0] != placer._clock:  # the fleet changed since they were counted
+            self._counted = (placer._clock, {})
+        counts = self._counted[1].get(need)
+        if counts is None:
+            counts = self._counted[1][need] = np.count_nonzero(placer.gpu_free >= need - EPS, axis=1)
+        return counts
+
+    def _room(self, job: Job, exclude: tuple[int, ...], models: tuple[int, ...]) -> np.ndarray | None:
+        """Per node, whether a part of ``job`` has room there (of ``models``, off ``exclude``);
+        None when too few do for all its parts on one model."""
+        placer = self.cluster.placer
         room = placer.cpu_free >= job.cpus - EPS
         if job.gpus:
-            need = 1.0 if job.share >= 1.0 - EPS else job.share
-            if self._counted[0] != placer._clock:  # the fleet changed since they were counted
-                self._counted = (placer._clock, {})
-            counts = self._counted[1].get(need)
-            if counts is None:
-                counts = self._counted[1][need] = np.count_nonzero(placer.gpu_free >= need - EPS, axis=1)
-            room &= counts >= job.gpus
+            room &= self._free_counts(job.share) >= job.gpus
         names: tuple[str, ...] | None = None
         if models and job.gpus:
             names = tuple(placer.model_names[m] for m in models)
@@ -393,14 +450,7 @@ class Scheduler:
                 return None
         elif np.bincount(placer.model[room], minlength=len(placer.model_names)).max(initial=0) < job.parts:
             return None
-        rank = self.steer(job) if self.steer is not None else None
-        if rank is None:
-            return self.cluster.find(job, exclude=exclude, models=names)
-        before, placer.preference = placer.preference, rank
-        try:
-            return self.cluster.find(job, exclude=exclude, models=names)
-        finally:
-            placer.preference = before
+        return room
 
     def _reserve(self, head: Job, blocks: tuple[int, tuple[int, ...]],
                  made: dict[int, tuple[Reservation, int]], now: float) -> tuple[Reservation, int]:
@@ -418,7 +468,7 @@ class Scheduler:
         if partitions != self.partitions(head):
             names = self.cluster.placer.model_names
             models = tuple(names[p] for p in partitions)
-        reservation = reserve(self.cluster, head, now, models)
+        reservation = reserve(self.cluster, head, now, models, self._fit_times)
         # by number, not id(): a freed reservation's address is reused by a later one, which
         # then passed for it and kept jobs off nodes it no longer reserved
         self._reservations += 1
@@ -427,19 +477,71 @@ class Scheduler:
         return got
 
 
-def reserve(cluster: Cluster, head: Job, now: float, models: tuple[str, ...] | None = None) -> Reservation:
+@dataclass
+class FitTimes:
+    """Per part a head asks for (cores, GPUs, the share each must have free) and per node, the
+    end of a running job at which the part fits there as its jobs end (:func:`fit_end`), kept
+    while the node is unchanged: a job's end changes only where it starts, moves or stops, and
+    each of those changes the rows of its nodes (``Placer.version``). A reservation reads the
+    few nodes that changed since the last one instead of every running job."""
+
+    _by_ask: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def ends(self, cluster: Cluster, cpus: float, gpus: int, need: float, nodes: np.ndarray) -> np.ndarray:
+        placer = cluster.placer
+        key = (cpus, gpus, need)
+        kept = self._by_ask.get(key)
+        if kept is None:
+            if len(self._by_ask) >= FIT_ASKS_KEPT:
+                self._by_ask.clear()
+            size = len(placer.names)
+            kept = self._by_ask[key] = (np.full(size, -1, dtype=np.int64), np.zeros(size))
+        seen, ends = kept
+        stale = nodes[seen[nodes] != placer.version[nodes]]
+        for node in stale.tolist():
+            ends[node] = fit_end(cluster, node, cpus, gpus, need)
+        seen[stale] = placer.version[stale]
+        return ends[nodes]
+
+
+def fit_end(cluster: Cluster, node: int, cpus: float, gpus: int, need: float) -> float:
+    """The end of a running job on ``node`` after which a part of ``cpus`` cores and ``gpus``
+    GPUs with ``need`` free fits there, its jobs ending in time order: -inf if it fits now, inf
+    if it never does. Ties in time are taken in ``running``'s order, as a scan of it meets the
+    parts: the free shares add up in that order, to the bit."""
+    placer = cluster.placer
+    free = placer.gpu_free[node].tolist()
+    cpu = float(placer.cpu_free[node])
+
+    def fits() -> bool:
+        return cpu >= cpus - EPS and (gpus == 0 or sum(1 for x in free if x >= need - EPS) >= gpus)
+
+    if fits():
+        return -math.inf
+    order = cluster.entered
+    ends = sorted(((job.end(), order[job.id], k, p) for job in cluster.parts_on.get(node, {}).values()
+                   for k, p in enumerate(job.placements) if p.node == node), key=itemgetter(0, 1, 2))
+    for end, _, _, p in ends:
+        cpu += p.cpus
+        for s in p.slots:
+            free[s] += p.gpu_share
+        if fits():
+            return end
+    return math.inf
+
+
+def reserve(cluster: Cluster, head: Job, now: float, models: tuple[str, ...] | None = None,
+            fit_times: FitTimes | None = None) -> Reservation:
     """The nodes ``head`` could start on soonest, and when, if the running jobs end as planned
     (each at its GPU model's speed: :meth:`Job.end`). ``models``: the GPU models it may start
     on here (the partitions it heads); None: all it may use.
 
     Per node: its free GPUs and cores, plus what its jobs give back as they end,
-    earliest first, until the head's part fits. A gang needs ``parts`` such nodes of
-    one model: the latest of the model's ``parts`` soonest nodes, the best model (on a
-    tie, the model of the lowest-numbered node that could take a part).
-
-    One sweep over the fleet's job ends in time order, not one per node: it stops once
-    a model has ``parts`` nodes where the head fits (what :func:`reserve_per_node` finds,
-    node by node; a test holds the two equal).
+    earliest first, until the head's part fits (:func:`fit_end`; ``fit_times`` keeps them
+    per node while the node is unchanged). A gang needs ``parts`` such nodes of one model:
+    the latest of the model's ``parts`` soonest nodes, the best model (on a tie, the model of
+    the lowest-numbered node that could take a part); within a model, the soonest nodes, by
+    number on a tie. What :func:`reserve_per_node` finds (a test holds the two equal).
     """
     placer = cluster.placer
     need = 1.0 if head.share >= 1.0 - EPS else head.share
@@ -449,59 +551,27 @@ def reserve(cluster: Cluster, head: Job, now: float, models: tuple[str, ...] | N
     if models:
         allowed = [i for i, m in enumerate(placer.model_names) if m in models]
         eligible &= np.isin(placer.model, allowed)
-    fits = eligible & (placer.cpu_free >= head.cpus - EPS)
-    if head.gpus:
-        fits &= (placer.gpu_free >= need - EPS).sum(axis=1) >= head.gpus
-    when = dict.fromkeys(np.flatnonzero(fits).tolist(), now)
-    counts = np.bincount(placer.model[fits], minlength=len(placer.model_names))
-    # it fits now on enough nodes: only jobs ending by now can still tie
-    shadow = now if counts.max(initial=0) >= head.parts else math.inf
-    pending = (eligible & ~fits).tolist()  # a list: indexing a numpy array per part costs more
-    ends = []
-    for job in cluster.running.values():
-        end = None
-        for p in job.placements:
-            if pending[p.node]:
-                end = job.end() if end is None else end
-                if end <= shadow:
-                    ends.append((end, p.node, p.cpus, p.slots, p.gpu_share))
-    ends.sort(key=itemgetter(0))
-    rows: dict[int, tuple[list[float], list[float]]] = {}  # node -> (free shares, [free cores])
-    for end, node, cpus, slots, share in ends:
-        at = max(end, now)
-        if at > shadow:
-            break
-        if node in when:
-            continue
-        row = rows.get(node)
-        if row is None:
-            row = rows[node] = (placer.gpu_free[node].tolist(), [float(placer.cpu_free[node])])
-        free, cpu = row
-        cpu[0] += cpus
-        for s in slots:
-            free[s] += share
-        if cpu[0] >= head.cpus - EPS and (
-                head.gpus == 0 or sum(1 for x in free if x >= need - EPS) >= head.gpus):
-            when[node] = at
-            model = int(placer.model[node])
-            counts[model] += 1
-            if counts[model] >= head.parts:
-                shadow = at  # ends at this same instant are still taken: they tie
+    nodes = np.flatnonzero(eligible)
     best = Reservation(head.id, math.inf, ())
-    if math.isinf(shadow):
+    if not len(nodes):
         return best
-    by_model: dict[int, list[tuple[float, int]]] = {}
-    for node in np.flatnonzero(eligible).tolist():  # models in the order of their first node
-        by_model.setdefault(int(placer.model[node]), [])
-    for node, at in when.items():
-        by_model[int(placer.model[node])].append((at, node))
-    for times in by_model.values():
-        if len(times) < head.parts:
+    if fit_times is None:
+        ends = np.array([fit_end(cluster, n, head.cpus, head.gpus, need) for n in nodes.tolist()])
+    else:
+        ends = fit_times.ends(cluster, head.cpus, head.gpus, need, nodes)
+    at = np.maximum(ends, now)  # when each node could take a part; inf: never
+    soon = np.isfinite(at)
+    node_model = placer.model[nodes]
+    firsts = np.unique(node_model, return_index=True)[1]
+    for model in node_model[np.sort(firsts)].tolist():  # models in the order of their first node
+        mine = soon & (node_model == model)
+        if np.count_nonzero(mine) < head.parts:
             continue
-        times.sort()
-        chosen = times[: head.parts]
-        if chosen[-1][0] < best.shadow:
-            best = Reservation(head.id, chosen[-1][0], tuple(n for _, n in chosen))
+        times, where = at[mine], nodes[mine]
+        chosen = np.lexsort((where, times))[: head.parts]
+        shadow = float(times[chosen[-1]])
+        if shadow < best.shadow:
+            best = Reservation(head.id, shadow, tuple(int(n) for n in where[chosen]))
     return best
 
 
@@ -561,4 +631,5 @@ def _fits_at(row: np.ndarray, cpu: float, head: Job, ends: list, now: float) -> 
     return math.inf
 
 
-__all__ = ["MODES", "Queue", "Reservation", "Scheduler", "order_key", "reserve", "reserve_per_node"]
+__all__ = ["MODES", "FitTimes", "Queue", "Reservation", "Scheduler", "fit_end", "order_key", "reserve",
+           "reserve_per_node"]

@@ -22,6 +22,7 @@ otherwise (``fgd`` tries each; ``random`` picks one at random).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from exporter.policy_names import POLICIES
 
 TOL = 1e-9  # scores this close are ties (F_n sums carry 1e-16 noise)
 CACHE_LIMIT = 2048  # task shapes remembered before the cache starts over
+LOG_KEPT = 4096  # changes the placer's log keeps at least (Placer.changed_since)
 # lookahead's candidates per task: fgd's best few (4 took 95.70% on the default trace at 130%, seeds 42-45,
 # against fgd's 95.31%; docs/replay.md)
 LOOKAHEAD_CANDIDATES = 4
@@ -118,6 +120,11 @@ class Placer:
         # them valid. None: the policy alone
         self.preference: np.ndarray | None = None
         self._clock = 0
+        # each change, oldest first: the clock after it and its node, the last LOG_KEPT to
+        # LOG_KEPT * 2 of them (:meth:`changed_since`); _log_cut: the latest clock dropped
+        self._log_clock: list[int] = []
+        self._log_node: list[int] = []
+        self._log_cut = 0
         self._cache: dict[tuple, _Entry] = {}
         self._subsets: dict[tuple, tuple[np.ndarray, tuple[str, ...]]] = {}
         self._sorted = np.zeros((0, 0))
@@ -231,6 +238,14 @@ class Placer:
     def changes(self) -> int:
         """How many changes the arrays have had: equal numbers, the same free room."""
         return self._clock
+
+    def changed_since(self, clock: int) -> list[int] | None:
+        """The nodes changed after the clock was ``clock`` (:attr:`changes`), a node once per
+        change; None when the log no longer reaches back that far. A caller that found no
+        room at ``clock`` reads only these nodes again: the others' rows are as they were."""
+        if clock < self._log_cut:
+            return None
+        return self._log_node[bisect.bisect_right(self._log_clock, clock):]
 
     def room(self, task: Task, policy: str) -> np.ndarray:
         """Per node, whether ``task`` fits there now: a model it may use, its memory, and
@@ -438,6 +453,8 @@ class Placer:
         self.gpu_free[changed] = state.gpu_free[changed]
         self._clock += 1
         self.version[changed] = self._clock
+        for node in changed.tolist():
+            self._log(node)
         if self.workload is not None:
             assert self.node_fragmented is not None
             self.node_fragmented[changed] = rows_fragmentation(
@@ -446,10 +463,18 @@ class Placer:
     def _changed(self, node: int) -> None:
         self._clock += 1
         self.version[node] = self._clock
+        self._log(node)
         if self.workload is not None:
             assert self.node_fragmented is not None
             self.node_fragmented[node] = one_node_fragmentation(
                 float(self.cpu_free[node]), self.gpu_free[node], int(self.model[node]), self.workload)
+
+    def _log(self, node: int) -> None:
+        self._log_clock.append(self._clock)
+        self._log_node.append(node)
+        if len(self._log_clock) >= 2 * LOG_KEPT:  # the oldest half goes
+            self._log_cut = self._log_clock[LOG_KEPT - 1]
+            del self._log_clock[:LOG_KEPT], self._log_node[:LOG_KEPT]
 
     def _nodes_for(self, task: Task, policy: str) -> tuple[np.ndarray, tuple[str, ...]]:
         """The nodes whose model the task may use (``tiered``: by its memory need), and those models."""
