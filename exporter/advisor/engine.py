@@ -449,7 +449,7 @@ def repack_could_fit(snapshot: FleetSnapshot, state: FleetState, job: JobRequest
     shares on nodes too small for a part, on models it may not use or its jobs may not
     move to, in other pools, or fractions of GPUs a whole-GPU job cannot use.
     """
-    from exporter.advisor.planner import destination_models
+    from exporter.advisor.planner import _destinations
 
     free = state.gpu_free.sum(axis=1)
     nodes = np.ones(len(state.names), dtype=bool)
@@ -464,13 +464,20 @@ def repack_could_fit(snapshot: FleetSnapshot, state: FleetState, job: JobRequest
     if not wanted:
         return False
     index = {name: i for i, name in enumerate(state.names)}
-    reach: dict[int, set[str]] = {m: set() for m in wanted}
+    model_of, is_big = state.model.tolist(), big.tolist()  # read per job: lists, not numpy scalars
+    # per wanted model, what decides where its jobs may move (destination_models reads only
+    # these): a fleet's thousand jobs have a few dozen
+    asks: dict[int, set[tuple[int | None, tuple[str, ...]]]] = {m: set() for m in wanted}
     for alloc in snapshot.allocations:
         if len(alloc.placements) != 1 or (node := index.get(alloc.placements[0].node)) is None:
             continue
-        m = int(state.model[node])
-        if m in reach and big[node]:
-            reach[m].update(destination_models(alloc, state.model_names[m], state.model_names))
+        m = model_of[node]
+        if m in asks and is_big[node]:
+            asks[m].add((alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models)))
+    reach: dict[int, set[str]] = {m: set() for m in wanted}
+    for m, distinct in asks.items():
+        for memory, allowed in distinct:
+            reach[m].update(_destinations(memory, allowed, state.model_names[m], tuple(state.model_names)))
     for m in wanted:
         on = big & (state.model == m)
         own = float(free[on].sum())

@@ -135,7 +135,9 @@ class WaitSplit:
     _hosts: dict[int, tuple[tuple[int, ...], ...]] = field(init=False, repr=False, default_factory=dict)
     _hosts_version: int = field(init=False, repr=False, default=-1)
     # share a GPU must have free -> [model][g]: the model's nodes with g GPUs that free, or more
-    _now: dict[float, np.ndarray] = field(init=False, repr=False, default_factory=dict)
+    _now: dict[float, list[list[int]]] = field(init=False, repr=False, default_factory=dict)
+    _model_indices: dict[tuple[str, ...], tuple[int, ...]] = field(
+        init=False, repr=False, default_factory=dict)  # allowed models -> their indices
     # (the placer's clock, the scheduler's heads by partition) when _why was told, and per shape
     # whether its jobs are capacity-blocked: the same while neither changes
     _why_state: tuple = field(init=False, repr=False, default=())
@@ -228,13 +230,20 @@ class WaitSplit:
             free = np.count_nonzero(placer.gpu_free >= need - EPS, axis=1)
             cells = len(placer.model_names) * (top + 1)
             counts = np.bincount(placer.model * (top + 1) + free, minlength=cells)
-            table = self._now[need] = counts.reshape(-1, top + 1)[:, ::-1].cumsum(axis=1)[:, ::-1]
-        if gpus >= table.shape[1]:
+            # as lists: read a cell at a time, which numpy's scalars make slow
+            table = self._now[need] = counts.reshape(-1, top + 1)[:, ::-1].cumsum(axis=1)[:, ::-1].tolist()
+        if gpus >= len(table[0]):
             return False
-        for m, name in enumerate(placer.model_names):
-            if (not models or name in models) and table[m, gpus] >= parts:
-                return True
-        return False
+        return any(table[m][gpus] >= parts for m in self._models_of(models))
+
+    def _models_of(self, models: tuple[str, ...]) -> tuple[int, ...]:
+        """The placer's indices of ``models`` (every model when empty), in the placer's order."""
+        found = self._model_indices.get(models)
+        if found is None:
+            names = self.placer.model_names
+            found = self._model_indices[models] = tuple(
+                m for m, name in enumerate(names) if not models or name in models)
+        return found
 
     def accrue(self, span: float) -> None:
         """Count ``span`` seconds of the waiting jobs, against the fleet as it is now."""

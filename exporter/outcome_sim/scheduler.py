@@ -265,7 +265,11 @@ class Scheduler:
             parts = known.get(key) if known is not None else None
             if parts is None:
                 parts = self.partitions(job)
-            free = tuple(p for p in parts if p not in heads)
+            free: tuple[int, ...]
+            if len(parts) == 1:  # most jobs: one partition, no tuple built
+                free = () if parts[0] in heads else parts
+            else:
+                free = tuple(p for p in parts if p not in heads)
             skip = False
             placed = None
             if free or not parts:  # the main scheduler: tried in the partitions not blocked yet
