@@ -30,6 +30,7 @@ any model it may use, an H200 job to an 80 GB GPU), as they ran before.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Set
 from dataclasses import dataclass, field
@@ -95,10 +96,20 @@ def _models(cluster: Cluster, job: Job, rule: str) -> tuple[str, ...] | None:
     speed); ``unrestricted`` None, its own allowed models."""
     if rule == "unrestricted":
         return None
-    models = destinations(cluster, job)
+    placer = cluster.placer
+    return _models_by_value(rule, job.models, placer.model_names[placer.model[job.placements[0].node]],
+                            job.speed, placer.model_names, cluster.speeds)
+
+
+@functools.lru_cache(maxsize=4096)
+def _models_by_value(rule: str, allowed: tuple[str, ...], current: str, speed: float,
+                     model_names: tuple[str, ...], speeds: tuple[float, ...]) -> tuple[str, ...]:
+    """:func:`_models` by value, kept: the oracle asks it for each job of each node it tries,
+    and a fleet's jobs have a few dozen keys."""
+    models = _destinations(None, allowed, current, model_names)
     if rule == "no-slower":
-        index = {name: i for i, name in enumerate(cluster.placer.model_names)}
-        models = tuple(m for m in models if cluster.speeds[index[m]] >= job.speed - 1e-9)
+        index = {name: i for i, name in enumerate(model_names)}
+        models = tuple(m for m in models if speeds[index[m]] >= speed - 1e-9)
     return models
 
 
@@ -349,7 +360,10 @@ def _movable_by_node(cluster: Cluster, may_move: Callable[[Job], bool], moved: S
                         count[node] += 1
 
     def on_node(node: int) -> list[Job]:
-        """The node's jobs that may move, largest first (the order a node is emptied in)."""
+        """The node's jobs that may move, largest first (the order a node is emptied in); the
+        index's own list where every job passes (not to be changed)."""
+        if spot_only is False and not moved:
+            return index.largest_first(node)
         return [job for job in index.largest_first(node) if passes(job)]
 
     return share, count, on_node

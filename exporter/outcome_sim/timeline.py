@@ -86,14 +86,13 @@ class Job:
     paused: bool = False  # preempted and queued to resume: ahead of new spot jobs (order_key)
     # what decides where the job fits: jobs with the same key fit the same places
     shape_key: tuple = field(init=False)
+    # GPUs held while it runs, shares summed over its parts: kept, as its shape is (read for
+    # every job of a node each time the strategies look for moves)
+    demand: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.shape_key = (self.cpus, self.gpus, self.share, self.parts, self.models)
-
-    @property
-    def demand(self) -> float:
-        """GPUs held while it runs, shares summed over its parts."""
-        return self.gpus * self.share * self.parts
+        self.demand = self.gpus * self.share * self.parts
 
     @property
     def total_gpus(self) -> int:
