@@ -185,3 +185,52 @@ def test_the_placer_log_names_each_node_changed_since_a_clock_and_says_when_it_c
         assert got == [node for clock, node in changes if clock > since]
     assert answered >= 8
     assert placer.changed_since(0) is None  # the oldest were dropped
+
+
+def where_moves_may_go(cluster: Cluster, job: Job, rule: str) -> tuple[str, ...] | None:
+    """strategies._models as it was computed at every call, before it was kept by value."""
+    from exporter.outcome_sim.strategies import destinations
+
+    if rule == "unrestricted":
+        return None
+    models = destinations(cluster, job)
+    if rule == "no-slower":
+        index = {name: i for i, name in enumerate(cluster.placer.model_names)}
+        models = tuple(m for m in models if cluster.speeds[index[m]] >= job.speed - 1e-9)
+    return models
+
+
+def models_differ(monkeypatch: pytest.MonkeyPatch, broken: bool) -> int:
+    """Over running jobs of every kind, at speeds of every model (a relocated job runs at its
+    new model's), how often the kept answer differs from the computation; ``broken``: a
+    memory keyed without the job's speed."""
+    import functools
+
+    from exporter.outcome_sim import strategies
+    from tests.test_simulate_index import cluster_of, filled
+
+    if broken:
+        plain = strategies._models_by_value.__wrapped__
+        first = functools.lru_cache(maxsize=None)(
+            lambda rule, allowed, current, names, speeds: plain(rule, allowed, current, 1.0, names, speeds))
+        monkeypatch.setattr(strategies, "_models_by_value",
+                            lambda rule, allowed, current, speed, names, speeds:
+                            first(rule, allowed, current, names, speeds))
+    rng = np.random.default_rng(3)
+    cluster = cluster_of()
+    filled(cluster, rng, 40)
+    differ = 0
+    for job in cluster.running.values():
+        for speed in sorted(set(cluster.speeds)):
+            job.speed = speed
+            for rule in strategies.RULES:
+                differ += strategies._models(cluster, job, rule) != where_moves_may_go(cluster, job, rule)
+    return differ
+
+
+def test_where_a_job_may_move_kept_by_value_is_what_it_was_computed_to_be(monkeypatch):
+    assert models_differ(monkeypatch, broken=False) == 0
+
+
+def test_where_a_job_may_move_kept_without_its_speed_is_caught(monkeypatch):
+    assert models_differ(monkeypatch, broken=True) > 0
