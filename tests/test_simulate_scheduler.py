@@ -118,6 +118,19 @@ def test_a_gang_that_no_model_can_hold_is_not_tried_part_by_part():
     assert scheduler.blocked is gang
 
 
+def busy_jobs(rng: np.random.Generator) -> list[Job]:
+    """120 random jobs, gangs among them, submitted over 20 minutes: more than a small fleet serves."""
+    jobs = []
+    for i in range(120):
+        j = random_job(rng, i, gang=True)
+        j.submit = float(rng.integers(0, 40)) * 30.0
+        j.work = float(rng.integers(1, 30)) * 60.0
+        j.high = bool(rng.random() < 0.3)
+        jobs.append(j)
+    jobs.sort(key=lambda j: (j.submit, j.id))
+    return jobs
+
+
 def busy_run(case: int, strategy: str, remember: bool) -> tuple[dict, list[tuple[int, float | None]]]:
     """A random fleet under a random stream of jobs, longer than it can serve: the outcome's
     columns and each job's first start. ``remember`` False: the scheduler forgets every failed
@@ -130,14 +143,7 @@ def busy_run(case: int, strategy: str, remember: bool) -> tuple[dict, list[tuple
 
     rng = np.random.default_rng([case, 4141])
     sim_fleet = fleet(rng)
-    jobs = []
-    for i in range(120):
-        j = random_job(rng, i, gang=True)
-        j.submit = float(rng.integers(0, 40)) * 30.0
-        j.work = float(rng.integers(1, 30)) * 60.0
-        j.high = bool(rng.random() < 0.3)
-        jobs.append(j)
-    jobs.sort(key=lambda j: (j.submit, j.id))
+    jobs = busy_jobs(rng)
     series = HourlyArrivals(np.array([3600.0] * 48), np.array([1.0] * 48))
     settings = RunSettings(timeline=TimelineSettings(days=0.5, warmup_days=0.0))
     backfill, accrue = Scheduler._backfill, WaitSplit.accrue

@@ -21,21 +21,9 @@ from exporter.outcome_sim.run import RunSettings, simulate
 from exporter.outcome_sim.scheduler import FitTimes, Scheduler, fit_end, reserve, reserve_per_node
 from exporter.outcome_sim.timeline import HourlyArrivals, Job, TimelineSettings
 from exporter.placement import engine
-from tests.test_simulate_scheduler import fleet, random_job
+from tests.test_simulate_scheduler import busy_jobs, fleet, random_job
 
 STRATEGIES = ("none", "oracle", "consolidate", "descheduler")
-
-
-def busy_jobs(rng: np.random.Generator) -> list[Job]:
-    jobs = []
-    for i in range(120):
-        j = random_job(rng, i, gang=True)
-        j.submit = float(rng.integers(0, 40)) * 30.0
-        j.work = float(rng.integers(1, 30)) * 60.0
-        j.high = bool(rng.random() < 0.3)
-        jobs.append(j)
-    jobs.sort(key=lambda j: (j.submit, j.id))
-    return jobs
 
 
 def busy_run(case: int, strategy: str) -> tuple[dict, list[tuple[int, float | None]]]:
