@@ -58,7 +58,7 @@ class Checked:
             seen = self._no_room.get(query)
             if seen is not None and self._still_no_room(job, seen):
                 checked.spared += 1
-                if self._room(job, exclude, models) is not None:  # there is room after all
+                if self._has_room(job, exclude, self._model_names(job, models)):  # room after all
                     checked.differ += 1
             return find(self, job, exclude, models)
 

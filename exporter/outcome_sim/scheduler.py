@@ -377,17 +377,14 @@ class Scheduler:
         query = (job.shape_key, exclude, models)
         seen = self._no_room.get(query)
         if seen is not None and self._still_no_room(job, seen):
-            self._no_room[query] = placer._clock
+            self._no_room[query] = placer.changes
             return None
-        room = self._room(job, exclude, models)
-        if room is None:
+        names = self._model_names(job, models)
+        if not self._has_room(job, exclude, names):
             if len(self._no_room) >= NO_ROOM_KEPT:
                 self._no_room.clear()
-            self._no_room[query] = placer._clock
+            self._no_room[query] = placer.changes
             return None
-        names: tuple[str, ...] | None = None
-        if models and job.gpus:
-            names = tuple(placer.model_names[m] for m in models)
         rank = self.steer(job) if self.steer is not None else None
         if rank is None:
             return self.cluster.find(job, exclude=exclude, models=names)
@@ -397,10 +394,17 @@ class Scheduler:
         finally:
             placer.preference = before
 
+    def _model_names(self, job: Job, models: tuple[int, ...]) -> tuple[str, ...] | None:
+        """The names of ``models`` (the placer's indices) for a job that asks GPUs; None: the
+        job's own models (a CPU-only job is kept to no model)."""
+        if models and job.gpus:
+            return tuple(self.cluster.placer.model_names[m] for m in models)
+        return None
+
     def _still_no_room(self, job: Job, seen: int) -> bool:
         """Whether no node that changed since the placer's clock ``seen`` has room for a part of
         ``job`` (free cores and GPUs, whatever its model): then the nodes with room now are
-        among those that had it at ``seen``, unchanged, and :meth:`_room` finds no room again."""
+        among those that had it at ``seen``, unchanged, and :meth:`_has_room` finds none again."""
         placer = self.cluster.placer
         changed = placer.changed_since(seen)
         if changed is None or len(changed) > RECHECKED:
@@ -418,23 +422,20 @@ class Scheduler:
         """Per node, its GPUs with ``share`` free (a whole one for a whole-GPU job), now."""
         placer = self.cluster.placer
         need = 1.0 if share >= 1.0 - EPS else share
-        if self._counted[0] != placer._clock:  # the fleet changed since they were counted
-            self._counted = (placer._clock, {})
+        if self._counted[0] != placer.changes:  # the fleet changed since they were counted
+            self._counted = (placer.changes, {})
         counts = self._counted[1].get(need)
         if counts is None:
             counts = self._counted[1][need] = np.count_nonzero(placer.gpu_free >= need - EPS, axis=1)
         return counts
 
-    def _room(self, job: Job, exclude: tuple[int, ...], models: tuple[int, ...]) -> np.ndarray | None:
-        """Per node, whether a part of ``job`` has room there (of ``models``, off ``exclude``);
-        None when too few do for all its parts on one model."""
+    def _has_room(self, job: Job, exclude: tuple[int, ...], names: tuple[str, ...] | None) -> bool:
+        """Whether enough nodes of one model (of ``names``, if given, else the job's own) have,
+        off ``exclude``, room for a part of ``job`` for all its parts."""
         placer = self.cluster.placer
         room = placer.cpu_free >= job.cpus - EPS
         if job.gpus:
             room &= self._free_counts(job.share) >= job.gpus
-        names: tuple[str, ...] | None = None
-        if models and job.gpus:
-            names = tuple(placer.model_names[m] for m in models)
         if (names or job.models) and job.gpus:  # the placer keeps a CPU-only job to no model
             mask_key = names if names else job.models
             allowed = self._model_masks.get(mask_key)
@@ -450,11 +451,9 @@ class Scheduler:
                 index = self._exclusions[exclude] = np.array(exclude, dtype=np.intp)
             room[index] = False
         if job.parts == 1:
-            if not room.any():
-                return None
-        elif np.bincount(placer.model[room], minlength=len(placer.model_names)).max(initial=0) < job.parts:
-            return None
-        return room
+            return bool(room.any())
+        return bool(np.bincount(placer.model[room], minlength=len(placer.model_names)).max(initial=0)
+                    >= job.parts)
 
     def _reserve(self, head: Job, blocks: tuple[int, tuple[int, ...]],
                  made: dict[int, tuple[Reservation, int]], now: float) -> tuple[Reservation, int]:
