@@ -449,7 +449,7 @@ def repack_could_fit(snapshot: FleetSnapshot, state: FleetState, job: JobRequest
     shares on nodes too small for a part, on models it may not use or its jobs may not
     move to, in other pools, or fractions of GPUs a whole-GPU job cannot use.
     """
-    from exporter.advisor.planner import _destinations
+    from exporter.advisor.planner import destinations_by_value
 
     free = state.gpu_free.sum(axis=1)
     nodes = np.ones(len(state.names), dtype=bool)
@@ -475,9 +475,10 @@ def repack_could_fit(snapshot: FleetSnapshot, state: FleetState, job: JobRequest
         if m in asks and is_big[node]:
             asks[m].add((alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models)))
     reach: dict[int, set[str]] = {m: set() for m in wanted}
+    fleet_models = tuple(state.model_names)
     for m, distinct in asks.items():
         for memory, allowed in distinct:
-            reach[m].update(_destinations(memory, allowed, state.model_names[m], tuple(state.model_names)))
+            reach[m].update(destinations_by_value(memory, allowed, state.model_names[m], fleet_models))
     for m in wanted:
         on = big & (state.model == m)
         own = float(free[on].sum())

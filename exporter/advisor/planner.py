@@ -154,12 +154,12 @@ def destination_models(alloc: Allocation, current_model: str, fleet_models: Sequ
     model is one the scheduler itself could have started on any of them. A model whose
     memory the catalogue does not know is taken as no larger than any: the job stays.
     """
-    return _destinations(alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models), current_model,
+    return destinations_by_value(alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models), current_model,
                          tuple(fleet_models))
 
 
 @functools.lru_cache(maxsize=4096)
-def _destinations(need: int | None, allowed_models: tuple[str, ...], current_model: str,
+def destinations_by_value(need: int | None, allowed_models: tuple[str, ...], current_model: str,
                   fleet_models: tuple[str, ...]) -> tuple[str, ...]:
     """:func:`destination_models` by value, kept: a fleet's thousand jobs have a few dozen keys."""
     if need:
@@ -336,7 +336,7 @@ def _where(alloc: Allocation, state: FleetState, index: dict[str, int], mig: set
         # capacity, could not put it back after trying a move ("no longer fits")
         return None
     current_model = state.model_names[int(state.model[node])]
-    models = _destinations(alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models), current_model,
+    models = destinations_by_value(alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models), current_model,
                            state.model_names)
     if not models:
         return None

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from exporter.advisor.planner import _destinations
+from exporter.advisor.planner import destinations_by_value
 from exporter.analysis.state import EPS
 from exporter.outcome_sim.cluster import Cluster, undo
 from exporter.outcome_sim.timeline import Job
@@ -84,7 +84,7 @@ def destinations(cluster: Cluster, job: Job) -> tuple[str, ...]:
     :func:`exporter.advisor.planner.destination_models`, the same function)."""
     placer = cluster.placer
     current = placer.model_names[placer.model[job.placements[0].node]]
-    return _destinations(None, job.models, current, placer.model_names)
+    return destinations_by_value(None, job.models, current, placer.model_names)
 
 
 RULES = ("fair", "unrestricted", "no-slower")  # where moves may send a job: see _models
@@ -106,7 +106,7 @@ def _models_by_value(rule: str, allowed: tuple[str, ...], current: str, speed: f
                      model_names: tuple[str, ...], speeds: tuple[float, ...]) -> tuple[str, ...]:
     """:func:`_models` by value, kept: the oracle asks it for each job of each node it tries,
     and a fleet's jobs have a few dozen keys."""
-    models = _destinations(None, allowed, current, model_names)
+    models = destinations_by_value(None, allowed, current, model_names)
     if rule == "no-slower":
         index = {name: i for i, name in enumerate(model_names)}
         models = tuple(m for m in models if speeds[index[m]] >= speed - 1e-9)
