@@ -372,9 +372,9 @@ def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSett
             if index is None:
                 index = {name: i for i, name in enumerate(state.names)}
             where = _where(alloc, state, index, mig, settings, rows)
-        now_kept[alloc.job] = (alloc, where)
+        pair = now_kept[alloc.job] = (alloc, where)
         if where is not None:
-            out.append((alloc, where))
+            out.append(pair)
     layout.kept = now_kept
     return out
 
@@ -561,17 +561,27 @@ def pending_task(job: JobRequest) -> tuple[Task, int] | None:
     return Task(max(0.0, job.cpus) / parts, gpus, job.gpu_share, tuple(job.models)), parts
 
 
-def _pending(state: FleetState, job: JobRequest, is_mig: np.ndarray) -> _Pending | None:
+def _pending(state: FleetState, job: JobRequest, is_mig: np.ndarray,
+             barred: dict[tuple, list[int]] | None = None) -> _Pending | None:
+    """``job`` as the placer sees it. ``barred``: the excluded nodes by (GPUs a part, models,
+    pool), which alone decide them on one ``state`` and ``is_mig``, to share between the jobs
+    of one call (a queue of 200 has a few dozen such keys; the lists are never changed)."""
     made = pending_task(job)
     if made is None:
         return None
     task, parts = made
-    allowed = ~is_mig & (state.gpu_count >= task.gpus)
-    if task.models:
-        allowed &= np.isin(np.array(state.model_names, dtype=object)[state.model], task.models)
-    if job.pool and job.pool in state.pool_names:
-        allowed &= state.pool == state.pool_names.index(job.pool)
-    return _Pending(job, task, parts, np.flatnonzero(~allowed).tolist())
+    key = (task.gpus, task.models, job.pool)
+    excluded = None if barred is None else barred.get(key)
+    if excluded is None:
+        allowed = ~is_mig & (state.gpu_count >= task.gpus)
+        if task.models:
+            allowed &= np.isin(np.array(state.model_names, dtype=object)[state.model], task.models)
+        if job.pool and job.pool in state.pool_names:
+            allowed &= state.pool == state.pool_names.index(job.pool)
+        excluded = np.flatnonzero(~allowed).tolist()
+        if barred is not None:
+            barred[key] = excluded
+    return _Pending(job, task, parts, excluded)
 
 
 def _undo(placer: Placer, log: list[tuple[bool, Placement]]) -> None:
@@ -614,6 +624,7 @@ def blocked_pending(placer: Placer, state: FleetState, pending: Iterable[JobRequ
     """The first :data:`PENDING_CHECKED` pending jobs (each shape once) that fit nowhere now."""
     out: list[_Pending] = []
     seen: set[tuple] = set()
+    barred: dict[tuple, list[int]] = {}
     log: list[tuple[bool, Placement]] = []
     for count, job in enumerate(pending):
         if count >= PENDING_CHECKED:
@@ -622,7 +633,7 @@ def blocked_pending(placer: Placer, state: FleetState, pending: Iterable[JobRequ
         if key in seen:
             continue
         seen.add(key)
-        p = _pending(state, job, is_mig)
+        p = _pending(state, job, is_mig, barred)
         if p is None:
             continue
         if _place_parts(placer, p, log):
@@ -693,11 +704,17 @@ def _movable(working: KeptState, snapshot: FleetSnapshot, state: FleetState, is_
     node the nodes its jobs may not go to: another pool's, or a MIG node."""
     barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist() for p in np.unique(state.pool)}
     movable: dict[int, list[tuple[Allocation, _Where]]] = {}
-    for alloc, where in _movable_jobs(snapshot, state, settings, working.layout):
-        began = alloc.start_time if alloc.start_time is not None else now
-        if max(0.0, now - began) >= settings.min_runtime_seconds:
-            movable.setdefault(where.node, []).append((alloc, where))
-    return movable, {n: barred[int(state.pool[n])] for n in movable}
+    least = settings.min_runtime_seconds
+    for pair in _movable_jobs(snapshot, state, settings, working.layout):
+        began = pair[0].start_time
+        if max(0.0, now - (now if began is None else began)) >= least:
+            found = movable.get(pair[1].node)
+            if found is None:
+                movable[pair[1].node] = [pair]
+            else:
+                found.append(pair)
+    pool = state.pool.tolist()  # read per node: a list, not numpy scalars
+    return movable, {n: barred[pool[n]] for n in movable}
 
 
 def _plan_for_pending(working: KeptState, snapshot: FleetSnapshot, report: Report, job: JobRequest,
@@ -1026,13 +1043,14 @@ def _queue_from(state: FleetState, pending: Sequence[JobRequest], head: JobReque
     """``head``, then the pending jobs asking GPUs behind it, in the source's order, of the
     first :data:`PENDING_CHECKED`, as the placer sees them (``head`` alone when the source
     does not list it)."""
-    first = _pending(state, head, is_mig)
+    barred: dict[tuple, list[int]] = {}
+    first = _pending(state, head, is_mig, barred)
     if first is None:
         return []
     listed = pending[:PENDING_CHECKED]
     at = next((i for i, job in enumerate(listed) if job is head or job.job == head.job), None)
     behind = () if at is None else listed[at + 1:]
-    return [first, *(p for job in behind if (p := _pending(state, job, is_mig)) is not None)]
+    return [first, *(p for job in behind if (p := _pending(state, job, is_mig, barred)) is not None)]
 
 
 def _fitting(placer: Placer, queue: Sequence[_Pending], skip: set[str],
