@@ -552,6 +552,16 @@ NODE_GPUS = FamilySpec(
         "and state, only the states some GPU is in. Cluster mode's prometheus source reads it "
         "instead of each GPU's up and stale (1 series a node, not 2 a GPU) where every node it "
         "lists has all its GPUs up, and each GPU's series otherwise.")
+NODE_GPU_MEMORY_TOTAL_BYTES = FamilySpec(
+    "gpufleet_node_gpu_memory_total_bytes", "gauge",
+    "Memory in total of each GPU of the node, in bytes, where all its GPUs report the same.",
+    ("node", "pool", "model"), "node", "bytes", origin="node",
+    doc="A per-node summary of `gpufleet_gpu_memory_total_bytes`: one series per node, only "
+        "where every GPU of the node reports a memory total, all the same one, and the GPUs "
+        "share one pool and model; absent for a node whose GPUs differ or one of which reports "
+        "none. Cluster mode's prometheus source reads it instead of each GPU's memory total "
+        "(1 series a node, not 1 a GPU) when it reads memory total for every GPU (its first "
+        "read), and each GPU's series for the nodes it does not cover.")
 NODE_CPU_ALLOCATED_CORES = FamilySpec(
     "gpufleet_node_cpu_allocated_cores", "gauge", "CPU cores of the node held by jobs.",
     ("node", "pool", "model"), "node", origin="scheduler")

@@ -320,6 +320,7 @@ def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
         state = "stale" if gpu.stale else "up" if gpu.up else "down"
         key = (("node", gpu.node), ("pool", gpu.pool), ("model", gpu.model), ("state", state))
         gpu_states[key] = gpu_states.get(key, 0.0) + 1.0
+    memory_total = node_memory_totals(snapshot.gpus)
 
     pending_jobs: dict[str, float] = {}
     pending_gpus: dict[str, float] = {}
@@ -348,6 +349,7 @@ def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
         metrics.NODE_INFO.family(node_info),
         metrics.NODE_CPU_CORES.family(node_cpus),
         metrics.NODE_GPUS.family(sorted(gpu_states.items())),
+        metrics.NODE_GPU_MEMORY_TOTAL_BYTES.family(memory_total),
         metrics.NODE_CPU_ALLOCATED_CORES.family(node_cpus_alloc),
         metrics.NODE_DRAINED.family(drained),
         metrics.PENDING_JOBS.family([((("pool", p),), v) for p, v in sorted(pending_jobs.items())]),
@@ -363,6 +365,23 @@ def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
         metrics.SNAPSHOT_TIMESTAMP_SECONDS.family([((), snapshot.taken_at)]),
         metrics.BUILD_INFO.family([((("version", __version__),), 1.0)]),
     ]
+
+
+def node_memory_totals(gpus: Sequence[Gpu]) -> list[tuple[Labels, float]]:
+    """The per-node summary cluster mode reads instead of each GPU's memory total: a node's
+    one value where every GPU of it reports a memory total, all the same, in one pool and
+    model; none for a node whose GPUs differ or one of which reports none (a lost GPU), so
+    that what cluster mode fills in for each GPU is what each GPU's own series says."""
+    seen: dict[str, tuple[str, str, int | None]] = {}
+    mixed: set[str] = set()
+    for gpu in gpus:
+        total = gpu.memory_total_bytes
+        this = (gpu.pool, gpu.model, total)
+        if total is None or seen.setdefault(gpu.node, this) != this:
+            mixed.add(gpu.node)
+    return [((("node", node), ("pool", pool), ("model", model)), float(total))
+            for node, (pool, model, total) in sorted(seen.items())
+            if node not in mixed and total is not None]
 
 
 def allocation_families(snapshot: FleetSnapshot) -> list[Family]:
