@@ -362,8 +362,9 @@ def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSett
     index: dict[str, int] | None = None
     mig = mig_nodes(snapshot)
     layout.start(state, mig, settings)
-    kept, now_kept = layout.kept, {}
-    out = []
+    kept = layout.kept
+    now_kept: dict[str, tuple[Allocation, _Where | None]] = {}
+    out: list[tuple[Allocation, _Where]] = []
     for alloc in snapshot.allocations:
         found = kept.get(alloc.job)
         if found is not None and (found[0] is alloc or _same_layout(found[0], alloc)):
@@ -372,8 +373,11 @@ def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSett
             if index is None:
                 index = {name: i for i, name in enumerate(state.names)}
             where = _where(alloc, state, index, mig, settings, rows)
-        pair = now_kept[alloc.job] = (alloc, where)
-        if where is not None:
+        if where is None:
+            now_kept[alloc.job] = (alloc, None)
+        else:
+            pair = (alloc, where)
+            now_kept[alloc.job] = pair
             out.append(pair)
     layout.kept = now_kept
     return out
