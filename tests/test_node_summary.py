@@ -192,8 +192,10 @@ def test_cluster_mode_reads_the_summaries_and_each_gpu_only_of_the_nodes_they_do
     assert backend.count(UP_QUERY + "})") == 0
     assert backend.count("gpufleet_gpu_info") == 1
     # 11 queries a read with identity, 9 without (memory total is read with identity; 12 and
-    # 10 without summaries); 3 more where a node is not covered
-    assert len(backend.queries) == 11 + 12 + 12 + 12 + 9
+    # 10 without summaries); 3 more where a node is not covered. The first read asks for the
+    # nodes' memory totals in place of each GPU's, which this backend does not serve: every
+    # GPU's after them, one more (tests/test_node_memory_summary.py: 11 where they are served)
+    assert len(backend.queries) == 12 + 12 + 12 + 12 + 9
     assert (backend.source.summarised_reads, backend.source.summaries_ignored) == (5, 0)
 
 

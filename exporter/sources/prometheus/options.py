@@ -49,9 +49,11 @@ class PrometheusSource:
         True, help=f"Read the nodes' {catalogue.NODE_GPUS.name} (GPUs by state, one series a node, "
         f"which node mode serves) instead of each GPU's {catalogue.GPU_UP.name} and "
         f"{catalogue.GPU_STALE.name}; each GPU's are read as well when a summary is missing or old "
-        "or a node has a GPU not up: the same snapshot from fewer series. A summary counts only "
-        "from the scrape target (job, instance) that serves the node's identity; another's is "
-        "ignored and counted as a parse error.",
+        "or a node has a GPU not up: the same snapshot from fewer series. Where memory total is "
+        f"read for every GPU (the first read), the nodes' {catalogue.NODE_GPU_MEMORY_TOTAL_BYTES.name} "
+        f"stands in for each GPU's {catalogue.GPU_MEMORY_TOTAL_BYTES.name} in the same way. A "
+        "summary counts only from the scrape target (job, instance) that serves the node's "
+        "identity; another's is ignored and counted as a parse error.",
     )
     identity_refresh: Duration = opt(
         Duration(300), help=f"GPU identity ({catalogue.GPU_INFO.name}) is read again after this long, "

@@ -15,7 +15,10 @@ through VictoriaMetrics' ``/api/v1/export/csv`` where the backend has it, over h
 held for it; the query API otherwise, or when the export's window lists other GPUs than up),
 and held as rows; a GPU
 that appears is read with the read that first sees its up (or its node's summary count) change,
-one whose identity changes in place (another UUID) within ``identity_refresh``. All
+one whose identity changes in place (another UUID) within ``identity_refresh``. Memory total
+does not change while identity does not: read at the first read (with ``node_summaries``, from
+each node's ``gpufleet_node_gpu_memory_total_bytes``, 1 series a node, and each GPU's only for
+the nodes it does not cover), then only for the nodes whose identity changed. All
 queries are evaluated at the same ``time``, so the snapshot is one instant, and each answer
 is decoded in a worker thread as soon as it arrives (value families by msgspec, into rows).
 
@@ -294,9 +297,17 @@ def build_queries(config: PrometheusConfig) -> dict[str, str]:
         queries["summary"] = f"sum by ({SUMMARY_BY}) ({summary})"
         queries["summary_old"] = (f"max by (node, {TARGET}) (time() - timestamp({summary}))"
                                   f" > {config.max_sample_age:g}")
+        # each node's memory total, by its target as the summary: sent only where memory
+        # total is read for every GPU (the first read), in place of each GPU's
+        queries[NODE_MEMORY] = (f"max by (node, {TARGET}) "
+                                f"({metrics.NODE_GPU_MEMORY_TOTAL_BYTES.name}{{{inner}}})")
     return queries
 
 
+# What stands in for each GPU's memory total where it is read for every GPU: its node's
+# (gpufleet_node_gpu_memory_total_bytes, one series a node, not one a GPU), from the target that
+# serves the node's identity; each GPU's is read only for the nodes it does not cover
+NODE_MEMORY = "node_memory_total"
 # What a node's summary (gpufleet_node_gpus) stands in for: each GPU's up and stale, and the
 # GPUs whose up sample is old; read per GPU only for the nodes a summary does not cover
 SUMMARISED = (metrics.GPU_UP.name, metrics.GPU_STALE.name, "old")
@@ -568,6 +579,72 @@ def undercounted(summary: _Result | None, identity: Sequence[Any]) -> bool:
         if value is not None:
             counted[node] = counted.get(node, 0.0) + value
     return any(n > listed.get(node, 0) for node, n in counted.items())
+
+
+@dataclass(frozen=True)
+class MemoryCover:
+    """What the nodes' memory totals give: each GPU's memory total on the nodes they cover, as
+    :func:`compact`'s rows from the target that serves the node; the nodes whose GPUs must be
+    read one by one; the totals not believed, (node, target) -> why, each a series ignored;
+    and ``every_gpu`` where every GPU's is to be read instead (too many nodes uncovered to
+    name, or none covered)."""
+
+    rows: list[Compact]
+    uncovered: list[str]
+    ignored: dict[tuple[str, str], str] = field(default_factory=dict)
+    every_gpu: bool = False
+
+
+def memory_summarised(answer: _Result | None, identity: Sequence[Any] | None
+                      ) -> MemoryCover | None:
+    """Each GPU's memory total from its node's (``gpufleet_node_gpu_memory_total_bytes``, as
+    :func:`compact`'s rows: node, gpu, value, instance, job); None where every GPU's is to be
+    read (the node query failed, a malformed series, no identity). A node exports the family
+    only where all its GPUs report one and the same total, so its GPUs' rows are what each
+    GPU's own series would have said.
+
+    A node speaks only for itself: a node's total counts only from the scrape target that
+    serves its identity. One from another target, or for a node whose identity several
+    targets serve or that no identity lists, is ignored (in ``ignored``), and the node's GPUs
+    are read one by one, as are those of a node with no total or one that is no legal byte
+    count (the read per GPU drops and counts it)."""
+    if answer is None or answer.series is None or not identity:
+        return None
+    owner = owner_targets(identity)
+    gpus: dict[str, list[str]] = {}
+    for node, gpu in sorted(_keys(identity)):
+        gpus.setdefault(node, []).append(gpu)
+    totals: dict[str, str] = {}
+    lied: set[str] = set()
+    ignored: dict[tuple[str, str], str] = {}
+    for sample in answer.series:
+        if type(sample) is not tuple:  # decoded by compact(): one that is not has no node
+            return None
+        node, text, target = sample[0], sample[2], (sample[3], sample[4])
+        mine = owner.get(node)
+        if mine != target:
+            why = ("no identity lists the node" if node not in owner
+                   else "several targets serve the node's identity" if mine is None
+                   else f"the node's identity comes from {mine[1]}/{mine[0]}")
+            ignored[(node, f"{target[1]}/{target[0]}")] = why
+            lied.add(node)
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if math.isfinite(value) and 0 <= value <= metrics.BYTES.high:  # NaN is not
+            totals[node] = text
+    covered = sorted(n for n in totals if n not in lied and n in gpus)
+    uncovered = sorted(gpus.keys() - set(covered))
+    if not covered or len(uncovered) > MAX_NODES_NAMED:
+        return MemoryCover([], [], ignored, every_gpu=True)
+    rows: list[Compact] = []
+    for node in covered:
+        served = owner[node]
+        assert served is not None  # a node several targets serve has none believed
+        rows += [(node, gpu, totals[node], *served) for gpu in gpus[node]]
+    return MemoryCover(rows, uncovered, ignored)
 
 
 def changed_nodes(held: Sequence[Any], read: Sequence[Any],
@@ -1230,14 +1307,16 @@ class PrometheusFleetSource:
     identity_reads: int = 0  # for tests and benches: how often identity was read
     summarised_reads: int = 0  # reads whose up and stale came from the nodes' summaries
     summaries_ignored: int = 0  # summary series not believed: from a target not the node's
+    node_memory_reads: int = 0  # reads whose memory total came from the nodes' own totals
     # the static families (STATIC_VALUES) as last answered, read with identity
     _static: dict[str, _Result] = field(default_factory=dict)
     # the nodes whose static families are to be read again, as of the last identity read: those
     # whose GPUs' identity changed; None for every node
     _changed: set[str] | None = None
     _static_names: tuple[str, ...] = ()
-    # the summaries not believed at the last read, (node, target) -> why, as last logged
-    _ignored: dict[tuple[str, str], str] = field(default_factory=dict)
+    # the summaries (and memory totals) not believed at the last read they were read,
+    # (node, target) -> why, as last logged, by what they summarise
+    _ignored: dict[str, dict[tuple[str, str], str]] = field(default_factory=dict)
     series_refused: int = 0  # each GPU's series left out: from a target not their node's
     # every series refused since start (those and the summaries ignored), by the target
     # (job/instance) that sent it: gpufleet_source_series_refused_total
@@ -1312,7 +1391,8 @@ class PrometheusFleetSource:
         if not budget.take(series):
             return _Result(name, None, f"{where}: {series:,} series, and the read over "
                            f"max_series {self.config.max_series:,}", over_cap=True)
-        if name in GPU_VALUES and self._resolve_model is None:
+        compacted = name in GPU_VALUES or name == NODE_MEMORY
+        if compacted and self._resolve_model is None:
             with _no_cycle_collection():
                 fast = compact_answer(body)
             if fast is not None:
@@ -1326,7 +1406,7 @@ class PrometheusFleetSource:
                 raise ValueError(f"result type {data['resultType']}, expected vector")
         except (ValueError, KeyError, TypeError) as exc:
             return _Result(name, None, f"query {name}: unexpected answer: {exc}")
-        if name in GPU_VALUES and self._resolve_model is None:
+        if compacted and self._resolve_model is None:
             data["result"] = compact(data["result"])
         elif name == "identity":
             data["result"] = identity_rows(data["result"])
@@ -1524,9 +1604,13 @@ class PrometheusFleetSource:
         # static families with it at the first read, later only for the GPUs whose identity
         # changed (_static_values)
         due = self._identity_due(at)
-        static = () if due and not self._identity else self._static_names
+        first = due and not self._identity
+        # with the nodes' memory totals, theirs at the first read, each GPU's only where they
+        # fall short (_every_static)
+        static = () if first and NODE_MEMORY not in self._queries else self._static_names
         names = [n for n in self._queries
-                 if (due or n != "identity") and n not in static and n not in deferred]
+                 if (due or n != "identity") and n not in static and n not in deferred
+                 and (first or n != NODE_MEMORY)]
         answers = await self._fetch_all(at, headers, in_flight, budget, names)
         results = {r.name: r for r in answers}
         if deferred:
@@ -1550,7 +1634,8 @@ class PrometheusFleetSource:
                                                             results)
             results.update(await self._static_values(
                 self.identity_reads > reads, results, at, headers, in_flight, budget))
-            results = {n: results[n] for n in self._queries if n in results}  # query order
+            results = {n: results[n] for n in self._queries  # query order
+                       if n in results and n != NODE_MEMORY}
             answers = list(results.values())
         for result in answers:
             if result.series is None and result.name not in REQUIRED:
@@ -1580,7 +1665,7 @@ class PrometheusFleetSource:
                           ) -> dict[str, _Result]:
         """Each GPU's up, stale and old: from the summaries where they cover, read per GPU for
         the other nodes (named in the selector), or for every GPU without a cover."""
-        self._log_ignored(cover.ignored if cover is not None else {})
+        self._log_ignored(cover.ignored if cover is not None else {}, "node summary")
         if cover is None or cover.every_gpu:
             return {r.name: r for r in await self._fetch_all(at, headers, in_flight, budget,
                                                              SUMMARISED)}
@@ -1623,8 +1708,8 @@ class PrometheusFleetSource:
         now = {n: results[n] for n in self._static_names if n in results}
         missing = [n for n in self._static_names if n not in now]
         if identity_read and missing and self._changed is None:  # every GPU's
-            now.update((r.name, r) for r in await self._fetch_all(at, headers, in_flight,
-                                                                  budget, missing))
+            now.update(await self._every_static(missing, results, at, headers, in_flight,
+                                                budget))
         elif identity_read and missing and self._changed:
             # only the nodes whose GPUs' identity changed (or have none held): theirs replace
             # what was held of those nodes, the rest stand
@@ -1642,19 +1727,53 @@ class PrometheusFleetSource:
         return {n: now.get(n) or self._static.get(n) or _Result(n, None, f"query {n}: not read yet")
                 for n in self._static_names}
 
-    def _log_ignored(self, ignored: Mapping[tuple[str, str], str]) -> None:
-        """Summaries not believed: each a series skipped (``gpufleet_source_parse_errors_total``),
-        and logged once while it goes on, not every read."""
+    async def _every_static(self, names: Sequence[str], results: Mapping[str, _Result],
+                            at: float, headers: dict[str, str], in_flight: asyncio.Semaphore,
+                            budget: _SeriesBudget) -> dict[str, _Result]:
+        """The static families ``names`` for every GPU. Memory total, with the nodes' totals
+        (``node_summaries``): from them where they cover (:func:`memory_summarised`; read
+        with the first read's other queries, else now), each GPU's for the nodes they do not
+        cover (named in the selector), and every GPU's past ``MAX_NODES_NAMED`` such nodes,
+        with none covered, or when the node query failed."""
+        out: dict[str, _Result] = {}
+        memory = metrics.GPU_MEMORY_TOTAL_BYTES.name
+        if NODE_MEMORY in self._queries and memory in names:
+            nodes = results.get(NODE_MEMORY)
+            if nodes is None:
+                (nodes,) = await self._fetch_all(at, headers, in_flight, budget, [NODE_MEMORY])
+            identity = results.get("identity")
+            cover = memory_summarised(nodes, identity.series if identity is not None else None)
+            self._log_ignored(cover.ignored if cover is not None else {}, "node memory total")
+            if cover is not None and not cover.every_gpu:
+                self.node_memory_reads += 1
+                out[memory] = _Result(memory, cover.rows)
+                if cover.uncovered:
+                    (answer,) = await self._fetch_nodes([memory], cover.uncovered, at, headers,
+                                                        in_flight, budget)
+                    # failed: as when every GPU's query fails
+                    out[memory] = answer if answer.series is None else _Result(
+                        memory, cover.rows + answer.series)
+        rest = [n for n in names if n not in out]
+        if rest:
+            out.update((r.name, r) for r in await self._fetch_all(at, headers, in_flight,
+                                                                  budget, rest))
+        return out
+
+    def _log_ignored(self, ignored: Mapping[tuple[str, str], str], what: str) -> None:
+        """Summaries (``what``) not believed: each a series skipped
+        (``gpufleet_source_parse_errors_total``), and logged once while it goes on, not every
+        read."""
         self.summaries_ignored += len(ignored)
         self._parse_errors += len(ignored)
         for _, target in ignored:
             count_refused(self.refused_by_target, target, 1)
+        last = self._ignored.get(what, {})
         for (node, target), why in sorted(ignored.items()):
-            if self._ignored.get((node, target)) != why:
-                log.warning("node summary ignored: a node speaks only for itself; its GPUs are "
+            if last.get((node, target)) != why:
+                log.warning(f"{what} ignored: a node speaks only for itself; its GPUs are "
                             "read one by one", extra={"source": self.name, "node": node,
                                                       "target": target, "err": why})
-        self._ignored = dict(ignored)
+        self._ignored[what] = dict(ignored)
 
     def _log_claims(self, refused: _Refused) -> None:
         """Each GPU's series refused for coming from a target not their node's: counted in
