@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from exporter.analysis.state import EPS
+from exporter.outcome_sim.free_counts import FreeCounts, share_needed
 from exporter.outcome_sim.timeline import Job
 from exporter.placement.engine import Placer
 
@@ -126,7 +127,6 @@ class WaitSplit:
     _room: RepackRoom | None = field(init=False, repr=False, default=None)
     _blocked: dict[tuple, bool] = field(init=False, repr=False, default_factory=dict)  # in _room
     _blocked_version: int = field(init=False, repr=False, default=-1)  # _fixed_version for _blocked
-    _clock: int = field(init=False, repr=False, default=-1)  # the placer's, when _now was counted
     # running gangs: id -> (the job, its version when counted, (node, GPUs held) per part)
     _gangs: dict[int, tuple[Job, int, tuple[tuple[int, float], ...]]] = field(
         init=False, repr=False, default_factory=dict)
@@ -134,8 +134,8 @@ class WaitSplit:
     _fixed_version: int = field(init=False, repr=False, default=0)  # bumped as _fixed changes
     _hosts: dict[int, tuple[tuple[int, ...], ...]] = field(init=False, repr=False, default_factory=dict)
     _hosts_version: int = field(init=False, repr=False, default=-1)
-    # share a GPU must have free -> [model][g]: the model's nodes with g GPUs that free, or more
-    _now: dict[float, list[list[int]]] = field(init=False, repr=False, default_factory=dict)
+    # per model and g, the nodes with g GPUs or more with a part's share free, now
+    _free: FreeCounts = field(init=False, repr=False)
     _model_indices: dict[tuple[str, ...], tuple[int, ...]] = field(
         init=False, repr=False, default_factory=dict)  # allowed models -> their indices
     # (the placer's clock, the scheduler's heads by partition) when _why was told, and per shape
@@ -148,6 +148,7 @@ class WaitSplit:
         self._sizes = tuple(int(s) for s in np.unique(counts))
         self._cell = self.placer.model * len(self._sizes) + np.searchsorted(np.array(self._sizes), counts)
         self._fixed = np.zeros(len(counts))
+        self._free = FreeCounts(self.placer)
 
     def joined(self, job: Job) -> None:
         """``job`` was queued. Counted when the outcomes count its wait: submitted in the window,
@@ -220,18 +221,7 @@ class WaitSplit:
         free each (CPUs not counted)."""
         if gpus == 0:
             return True
-        placer = self.placer
-        if self._clock != placer._clock:  # the fleet changed since the counts
-            self._clock, self._now = placer._clock, {}
-        need = 1.0 if share >= 1.0 - EPS else share
-        table = self._now.get(need)
-        if table is None:
-            top = max(self._sizes)
-            free = np.count_nonzero(placer.gpu_free >= need - EPS, axis=1)
-            cells = len(placer.model_names) * (top + 1)
-            counts = np.bincount(placer.model * (top + 1) + free, minlength=cells)
-            # as lists: read a cell at a time, which numpy's scalars make slow
-            table = self._now[need] = counts.reshape(-1, top + 1)[:, ::-1].cumsum(axis=1)[:, ::-1].tolist()
+        table = self._free.at_least(share_needed(share))
         if gpus >= len(table[0]):
             return False
         return any(table[m][gpus] >= parts for m in self._models_of(models))
