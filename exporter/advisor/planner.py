@@ -155,12 +155,12 @@ def destination_models(alloc: Allocation, current_model: str, fleet_models: Sequ
     memory the catalogue does not know is taken as no larger than any: the job stays.
     """
     return destinations_by_value(alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models), current_model,
-                         tuple(fleet_models))
+                                 tuple(fleet_models))
 
 
 @functools.lru_cache(maxsize=4096)
 def destinations_by_value(need: int | None, allowed_models: tuple[str, ...], current_model: str,
-                  fleet_models: tuple[str, ...]) -> tuple[str, ...]:
+                          fleet_models: tuple[str, ...]) -> tuple[str, ...]:
     """:func:`destination_models` by value, kept: a fleet's thousand jobs have a few dozen keys."""
     if need:
         return tier_models(need, fleet_models, allowed_models)
@@ -337,7 +337,7 @@ def _where(alloc: Allocation, state: FleetState, index: dict[str, int], mig: set
         return None
     current_model = state.model_names[int(state.model[node])]
     models = destinations_by_value(alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models), current_model,
-                           state.model_names)
+                                   state.model_names)
     if not models:
         return None
     current = Placement(node, part.node, slots, tuple(part.gpus), share if part.gpus else 0.0, part.cpus)

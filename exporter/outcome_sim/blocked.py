@@ -118,6 +118,9 @@ class WaitSplit:
     placer: Placer
     since: float  # the measured window's start: only jobs submitted from then count
     scheduler: Scheduler | None = None
+    # per node, its GPUs with a part's share free, and per model the nodes with g such GPUs or
+    # more: the cluster's, which the scheduler keeps too (None: one of its own for ``placer``)
+    free: FreeCounts | None = None
     # (whole_node, capacity) -> GPU-seconds waited
     seconds: dict[tuple[bool, bool], float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
     _waiting: dict[tuple, _Waiting] = field(init=False, repr=False, default_factory=dict)  # by shape
@@ -134,8 +137,6 @@ class WaitSplit:
     _fixed_version: int = field(init=False, repr=False, default=0)  # bumped as _fixed changes
     _hosts: dict[int, tuple[tuple[int, ...], ...]] = field(init=False, repr=False, default_factory=dict)
     _hosts_version: int = field(init=False, repr=False, default=-1)
-    # per model and g, the nodes with g GPUs or more with a part's share free, now
-    _free: FreeCounts = field(init=False, repr=False)
     _model_indices: dict[tuple[str, ...], tuple[int, ...]] = field(
         init=False, repr=False, default_factory=dict)  # allowed models -> their indices
     # (the placer's clock, the scheduler's heads by partition) when _why was told, and per shape
@@ -148,7 +149,8 @@ class WaitSplit:
         self._sizes = tuple(int(s) for s in np.unique(counts))
         self._cell = self.placer.model * len(self._sizes) + np.searchsorted(np.array(self._sizes), counts)
         self._fixed = np.zeros(len(counts))
-        self._free = FreeCounts(self.placer)
+        if self.free is None:
+            self.free = FreeCounts(self.placer)
 
     def joined(self, job: Job) -> None:
         """``job`` was queued. Counted when the outcomes count its wait: submitted in the window,
@@ -221,7 +223,8 @@ class WaitSplit:
         free each (CPUs not counted)."""
         if gpus == 0:
             return True
-        table = self._free.at_least(share_needed(share))
+        assert self.free is not None  # set in __post_init__
+        table = self.free.at_least(share_needed(share))
         if gpus >= len(table[0]):
             return False
         return any(table[m][gpus] >= parts for m in self._models_of(models))

@@ -31,6 +31,7 @@ import numpy as np
 from exporter.analysis.fgd import CompiledWorkload
 from exporter.analysis.state import FleetState
 from exporter.gpu_catalogue import default_catalogue, speed
+from exporter.outcome_sim.free_counts import FreeCounts
 from exporter.outcome_sim.timeline import Job
 from exporter.placement.engine import Placement, Placer
 from exporter.placement.task import Task
@@ -134,6 +135,8 @@ class Cluster:
     def __post_init__(self) -> None:
         # the engine keeps F(M) current only when a policy needs it (fgd): it costs every change
         self.placer = Placer(self.state, self.workload if self.policy in FGD_POLICIES else None)
+        # per node, its GPUs with a share free: the scheduler's and the wait split's, one copy
+        self.free = FreeCounts(self.placer)
         self.capacity = float(self.state.gpu_count.sum())
         catalogue = default_catalogue()
         self.speeds = tuple(speed(catalogue.get(name)) for name in self.placer.model_names)

@@ -137,7 +137,7 @@ def simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed: 
     index_settings = IndexSettings()
     delivered = 0.0
     queued_gpu_seconds = 0.0
-    split = WaitSplit(cluster.placer, since, scheduler)
+    split = WaitSplit(cluster.placer, since, scheduler, free=cluster.free)
     lost_before = 0.0
     migrations_before = plans_before = dropped_before = 0
     indices: list[float] = []

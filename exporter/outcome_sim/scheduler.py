@@ -44,7 +44,7 @@ import numpy as np
 
 from exporter.analysis.state import EPS
 from exporter.outcome_sim.cluster import Cluster
-from exporter.outcome_sim.free_counts import FreeCounts, share_needed
+from exporter.outcome_sim.free_counts import share_needed
 from exporter.outcome_sim.timeline import Job
 
 MODES = ("fifo", "fifo-one-head", "kube")
@@ -154,9 +154,6 @@ class Scheduler:
     _held: dict[int, tuple[Reservation, int, int, tuple[int, ...]]] = field(default_factory=dict)
     _model_masks: dict[tuple, np.ndarray] = field(default_factory=dict)  # nodes of these models
     _last_pass: tuple[int, int, int] | None = None
-    # per node, its GPUs with the share a part needs free: most tries in a pass fail, and fail
-    # while nothing changed (made with the cluster's placer on first use)
-    _free: FreeCounts | None = None
     # per job, a per-node rank the placer puts before its policy (steering's per-pod preferred
     # nodes: steering.SteerPod), in force for that job's placement only; None: the placer's own
     steer: Callable[[Job], np.ndarray | None] | None = None
@@ -421,9 +418,7 @@ class Scheduler:
 
     def _free_counts(self, share: float) -> np.ndarray:
         """Per node, its GPUs with ``share`` free (a whole one for a whole-GPU job), now."""
-        if self._free is None or self._free.placer is not self.cluster.placer:
-            self._free = FreeCounts(self.cluster.placer)
-        return self._free.counts(share_needed(share))
+        return self.cluster.free.counts(share_needed(share))  # kept while nothing changed
 
     def _has_room(self, job: Job, exclude: tuple[int, ...], names: tuple[str, ...] | None) -> bool:
         """Whether enough nodes of one model (of ``names``, if given, else the job's own) have,
