@@ -54,9 +54,19 @@ class FakeBackend:
                  export: Callable[[dict], bytes] | None = None) -> None:
         self.query, self.export = query, export
         self.queries: list[str] = []
-        self.exports: list[dict] = []
+        self.exports: list[dict] = []  # identity's
+        self.value_exports: list[dict] = []  # the value families'
         self.reads = 0
         self.source: Any = None  # the source of the last run, for its counters
+
+    def values_csv(self, form: dict) -> bytes:
+        """A value family's export as VictoriaMetrics answers it: what its query answers now,
+        a row a GPU a second before the window's end."""
+        at = int(float(form["end"]) * 1000) - 1000
+        series = self.query(f"max by (node, gpu, instance, job) ({form['match[]']})", self.reads)
+        return "".join(f"{at},{s['value'][1]},{s['metric'].get('node', '')},"
+                       f"{s['metric'].get('gpu', '')},{s['metric'].get('instance', '')},"
+                       f"{s['metric'].get('job', '')}\n" for s in series).encode()
 
     def count(self, prefix: str) -> int:
         return sum(q.startswith(prefix) for q in self.queries)
@@ -76,10 +86,12 @@ class FakeBackend:
 
         async def on_export(request: web.Request) -> web.Response:
             form = dict(await request.post())
-            self.exports.append(form)
+            identity = form["match[]"].startswith("gpufleet_gpu_info")
+            (self.exports if identity else self.value_exports).append(form)
             if self.export is None:
                 return web.Response(status=404, text="404 page not found")
-            return web.Response(body=self.export(form), content_type="text/csv")
+            body = self.export(form) if identity else self.values_csv(form)
+            return web.Response(body=body, content_type="text/csv")
 
         app = web.Application()
         app.router.add_post("/api/v1/query", on_query)
@@ -265,9 +277,10 @@ def test_identity_is_held_as_rows_not_label_dicts():
 
 
 @pytest.mark.slow
-def test_identity_through_a_real_victoriametrics_export_equals_the_query(tmp_path):
-    """Debian's victoria-metrics: the same samples read with identity through its export API
-    and through the query give the same snapshot (a label with a comma among them)."""
+def test_identity_and_values_through_a_real_victoriametrics_export_equal_the_query(tmp_path):
+    """Debian's victoria-metrics: the same samples read with identity and the value families
+    through its export API and through the query give the same snapshot (a label with a comma
+    among them; three samples a series, of which the newest counts)."""
     port = free_port()
     proc = start_server("victoria-metrics", tmp_path, port, [
         require_binary("victoria-metrics"), f"-storageDataPath={tmp_path / 'vm'}",
@@ -286,7 +299,9 @@ def test_identity_through_a_real_victoriametrics_export_equals_the_query(tmp_pat
                     lines += [f"gpufleet_gpu_info{{{ident}}} 1 {ts}",
                               f"gpufleet_gpu_up{{{ident}}} 1 {ts}",
                               f"gpufleet_gpu_memory_total_bytes{{{ident}}} 8{gpu}e9 {ts}",
-                              f"gpufleet_gpu_utilization_ratio{{{ident}}} 0.{gpu}5 {ts}"]
+                              # the newest sample counts: the older ones say otherwise
+                              f"gpufleet_gpu_utilization_ratio{{{ident}}} "
+                              f"{f'0.{gpu}5' if ago == 30 else '0.99'} {ts}"]
             lines.append(f'gpufleet_node_info{{node="gpu-001",pool="p,q",model="H100",'
                          f'gpus="2",job="nodes"}} 1 {ts}')
         request = urllib.request.Request(f"{url}/api/v1/import/prometheus",
@@ -320,6 +335,10 @@ def test_identity_through_a_real_victoriametrics_export_equals_the_query(tmp_pat
         assert exported_posts.count("export/csv:identity") >= 1
         assert "query:identity" not in exported_posts
         assert "export/csv:identity" not in queried_posts
+        utilisation = "gpufleet_gpu_utilization_ratio"
+        assert f"export/csv:{utilisation}" in exported_posts
+        assert f"query:{utilisation}" not in exported_posts
+        assert f"query:{utilisation}" in queried_posts
         assert exported.gpus == queried.gpus
         assert [(g.node, g.index, g.uuid, g.pool, g.utilization_ratio, g.memory_total_bytes)
                 for g in exported.gpus] == [
@@ -540,3 +559,83 @@ def test_the_first_read_with_up_unknown_exports_the_whole_window():
     (snapshot,) = asyncio.run(backend.run({"node_summaries": False}, reads=1))
     assert [round(float(f["end"]) - float(f["start"])) for f in backend.exports] == [60, 120]
     assert [g.node for g in snapshot.gpus] == ["a", "b"]
+
+
+def test_values_from_csv_keeps_each_series_newest_row_and_the_window_follows_the_oldest():
+    from exporter.sources.prometheus.export import ValueRows, next_window, values_from_csv
+
+    body = (b"2000,0.5,a,0,a:1,n\n1000,0.25,a,0,a:1,n\n"
+            b"1000,0.75,b,1,b:1,n\n3000,NaN,b,1,b:1,n\n"  # b: its series ended
+            b"1000,1,c,,c:1,n\n1500,2,c,,d:1,n\n")  # c: two targets, no gpu label (GPU 0)
+    got = values_from_csv(body)
+    assert sorted(got.rows) == [("a", "0", "0.5", "a:1", "n"), ("c", "0", "1", "c:1", "n"),
+                                ("c", "0", "2", "d:1", "n")]
+    assert got.oldest_ms == 1000
+    assert values_from_csv(b'1000,0.5,"n,1",0,n:1,n\n').rows == [("n,1", "0", "0.5", "n:1", "n")]
+    assert values_from_csv(b"") == ValueRows([], None)
+    for bad in (b"1000,0.5,a,0,a:1\n", b"x,0.5,a,0,a:1,n\n", b"1000,half,a,0,a:1,n\n",
+                b"<html>a proxy's login page</html>\n"):
+        with pytest.raises(ValueError):
+            values_from_csv(bad)
+    # the next window: the oldest newest row's age and a quarter more, at most the whole
+    assert next_window([], 120.0) == 120.0
+    assert next_window([59.0, 12.0], 120.0) == pytest.approx(74.75)
+    assert next_window([110.0], 120.0) == 120.0
+
+
+VALUE_QUERY = "max by (node, gpu, instance, job) (gpufleet_gpu_utilization_ratio{"
+
+
+def _windows(forms: list[dict], family: str = "gpufleet_gpu_utilization_ratio") -> list[float]:
+    return [round(float(f["end"]) - float(f["start"]), 2) for f in forms
+            if f["match[]"].startswith(family + "{")]
+
+
+def test_value_families_through_the_export_api_over_the_window_the_last_read_needed():
+    """VictoriaMetrics: utilisation, memory used and power are exported, not queried, and give
+    the query's values; the first export reads the whole max_sample_age, each later one what
+    the last needed (rows a second old here: 1.25 x 1 s + 1 s). A GPU gone (b: up no longer
+    answers for it) is no miss."""
+    ups = {3: ["a"]}
+    values = {"gpufleet_gpu_utilization_ratio": 0.5, "gpufleet_gpu_memory_used_bytes": 7e9,
+              "gpufleet_gpu_power_watts": 300.0}
+    backend = FakeBackend(_fleet(lambda r: ["a", "b"], lambda r: ups.get(r, ["a", "b"]),
+                                 value=values.get),
+                          export=_export_rows(time.time(), {"a": 30, "b": 30}))
+    snapshots = asyncio.run(backend.run({"node_summaries": False}, reads=3))
+    assert [[(g.node, g.utilization_ratio, g.memory_used_bytes, g.power_watts, g.stale)
+             for g in s.gpus] for s in snapshots] == [
+        [("a", 0.5, 7e9, 300.0, False), ("b", 0.5, 7e9, 300.0, False)],
+        [("a", 0.5, 7e9, 300.0, False), ("b", 0.5, 7e9, 300.0, False)],
+        # b gone: stale, no value, as the query answers
+        [("a", 0.5, 7e9, 300.0, False), ("b", None, None, None, True)]]
+    for family in ("gpufleet_gpu_utilization_ratio", "gpufleet_gpu_memory_used_bytes",
+                   "gpufleet_gpu_power_watts"):
+        assert backend.count(f"max by (node, gpu, instance, job) ({family}{{") == 0
+        assert _windows(backend.value_exports, family) == [120.0, 2.25, 2.25]
+    form = backend.value_exports[0]
+    assert form["format"] == "__timestamp__:unix_ms,__value__,node,gpu,instance,job"
+    assert backend.count(UP_QUERY) == 3  # up and stale stay queries
+
+
+def test_a_fresh_gpu_the_exports_window_misses_is_read_by_query_and_the_next_window_is_whole():
+    """b is up and fresh, but its utilisation's newest row is older than the window the last
+    read needed (a scrape late): b's node is read by query (named, not every GPU), b keeps its
+    value, and the next export reads the whole max_sample_age."""
+    backend = FakeBackend(_fleet(lambda r: ["a", "b"], lambda r: ["a", "b"],
+                                 value=lambda family: 0.5),
+                          export=_export_rows(time.time(), {"a": 30, "b": 30}))
+    whole = backend.values_csv
+
+    def late_b(form: dict) -> bytes:  # from the second read on, b's rows fall before the window
+        rows = whole(form)
+        return rows if backend.reads < 2 else b"".join(
+            line + b"\n" for line in rows.splitlines() if b",b," not in line)
+
+    backend.values_csv = late_b  # type: ignore[method-assign]
+    snapshots = asyncio.run(backend.run({"node_summaries": False}, reads=3))
+    assert all([(g.node, g.utilization_ratio) for g in s.gpus] == [("a", 0.5), ("b", 0.5)]
+               for s in snapshots)
+    queried = [q for q in backend.queries if q.startswith(VALUE_QUERY)]
+    assert queried == [VALUE_QUERY + 'node=~"b"})'] * 2
+    assert _windows(backend.value_exports) == [120.0, 2.25, 120.0]

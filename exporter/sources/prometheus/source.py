@@ -125,6 +125,7 @@ from exporter.sources.dcgm.identity import (
 )
 from exporter.sources.gpu_models import ModelResolver, catalogue_resolver
 from exporter.sources.lastgood import LastGood
+from exporter.sources.prometheus.export import VALUE_FORMAT, next_window, values_from_csv
 from exporter.sources.prometheus.options import PrometheusSource as PrometheusConfig
 
 log = logging.getLogger(__name__)
@@ -311,6 +312,10 @@ NODE_MEMORY = "node_memory_total"
 # What a node's summary (gpufleet_node_gpus) stands in for: each GPU's up and stale, and the
 # GPUs whose up sample is old; read per GPU only for the nodes a summary does not cover
 SUMMARISED = (metrics.GPU_UP.name, metrics.GPU_STALE.name, "old")
+# The value families read through the export API where the backend has one (VictoriaMetrics):
+# half its CPU a series selected and half the bytes of the query. Up and stale stay queries:
+# they decide which GPUs are there and fresh, which the export's window is checked against
+EXPORTED_VALUES = frozenset(GPU_VALUES) - set(SUMMARISED) - STATIC_VALUES
 # past this many nodes to read per GPU, every GPU is read: a selector naming thousands of
 # nodes costs the backend a regex over every node name, more than the plain selector
 MAX_NODES_NAMED = 500
@@ -852,6 +857,8 @@ class _Result:
     exported: bool = False  # identity read through the export API, not the query
     held: frozenset[Any] = frozenset()  # identity rows kept from before: not in the export
     narrow: bool = False  # identity exported over half the window (Source._narrow)
+    # a value family exported: how old its oldest newest row was (s), the window it needed
+    age: float | None = None
 
 
 async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
@@ -1009,6 +1016,16 @@ def build_snapshot(
                     extra={"source": "prometheus", "dropped": dropped.count,
                            "err": dropped.first})
     return snapshot, targets, len(failed) + dropped.count + refused.series
+
+
+def fresh_keys(results: Mapping[str, _Result]) -> set[tuple[str, str]] | None:
+    """The GPUs up and fresh in this read: up 1, their newest sample not too old (``old``);
+    None where up is unknown (its query failed)."""
+    up, old = results.get(metrics.GPU_UP.name), results.get("old")
+    if up is None or up.series is None:
+        return None
+    return ({(s[0], s[1]) for s in up.series if type(s) is tuple and s[2] == "1"}
+            - _keys(old.series or [] if old is not None else []))
 
 
 def _keys(samples: Sequence[Any]) -> set[tuple[str, str]]:
@@ -1304,6 +1321,11 @@ class PrometheusFleetSource:
     _export: bool = True  # False once the backend has shown it has no export API
     _wide_next: bool = False  # the next export of identity over the whole window
     _missed: frozenset[Any] = frozenset()  # the rows the last narrow export missed
+    # the window of the value families' export (s; 0: the whole max_sample_age), and per
+    # family the GPUs it answered for at the last read: a fresh GPU among them that the window
+    # misses is read by query
+    _value_window: float = 0.0
+    _value_keys: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
     identity_reads: int = 0  # for tests and benches: how often identity was read
     summarised_reads: int = 0  # reads whose up and stale came from the nodes' summaries
     summaries_ignored: int = 0  # summary series not believed: from a target not the node's
@@ -1335,6 +1357,7 @@ class PrometheusFleetSource:
         self._export_endpoint = base + "/api/v1/export/csv"
         self._per_gpu = set() if dcgm else {"identity", "old", *GPU_VALUES}
         self._static_names = tuple(n for n in self._queries if n in STATIC_VALUES and not dcgm)
+        self._exported = frozenset() if dcgm else EXPORTED_VALUES & self._queries.keys()
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -1424,9 +1447,11 @@ class PrometheusFleetSource:
                      export: bool = True) -> _Result:
         exported: bytes | None = None
         try:
-            async with in_flight:  # identity's export and its query fallback: one slot
+            async with in_flight:  # an export and its query fallback: one slot
                 if name == "identity" and export and self._export:
                     exported = await self._export_body(at, headers)
+                elif name in self._exported and export and self._export:
+                    exported = await self._export_values(name, at, headers)
                 if exported is None:
                     body = await self._query(name, expr, at, headers)
         except PrometheusQueryError as exc:
@@ -1434,7 +1459,9 @@ class PrometheusFleetSource:
                            over_cap=isinstance(exc, PrometheusAnswerOverCap))
         loop = asyncio.get_running_loop()
         if exported is not None:
-            result = await loop.run_in_executor(None, self._decode_export, exported)
+            result = await loop.run_in_executor(
+                None, *((self._decode_export, exported) if name == "identity" else
+                        (self._decode_values, name, exported, at, budget)))
             if result is not None:
                 return result
             return await self._fetch(name, expr, at, headers, in_flight, budget, export=False)
@@ -1456,10 +1483,24 @@ class PrometheusFleetSource:
         it failed: the query then reads it. The caller checks it against ``gpufleet_gpu_up``
         (the window may still hold a GPU that is gone)."""
         window = float(self.config.max_sample_age) / (2 if self._narrow() else 1)
-        form = {"match[]": self._queries["identity"], "format": EXPORT_FORMAT,
+        return await self._export_window("identity", self._queries["identity"], EXPORT_FORMAT,
+                                         window, at, headers)
+
+    async def _export_values(self, name: str, at: float, headers: dict[str, str]
+                             ) -> bytes | None:
+        """A value family through the export API, over the window the last read's exports
+        needed (:func:`next_window`), the whole ``max_sample_age`` at first; None where the
+        backend has none or it failed: the query then reads it."""
+        window = self._value_window or float(self.config.max_sample_age)
+        return await self._export_window(name, f"{name}{{{self.config.selector}}}", VALUE_FORMAT,
+                                         window, at, headers)
+
+    async def _export_window(self, name: str, match: str, columns: str, window: float,
+                             at: float, headers: dict[str, str]) -> bytes | None:
+        form = {"match[]": match, "format": columns,
                 "start": f"{at - window:.3f}", "end": f"{at:.3f}"}
         try:
-            return await self._post("identity", self._export_endpoint, form, headers)
+            return await self._post(name, self._export_endpoint, form, headers)
         except _HttpStatus as exc:
             if exc.status in NO_EXPORT:
                 self._export = False  # Prometheus, Thanos, Mimir: the query from now on
@@ -1467,9 +1508,34 @@ class PrometheusFleetSource:
             why = str(exc)
         except PrometheusQueryError as exc:  # a cap, a redirect, a timeout: the query decides
             why = str(exc)
-        log.info("identity export failed; identity read by query",
-                 extra={"source": self.name, "err": why})
+        log.info("export failed; read by query", extra={"source": self.name, "query": name,
+                                                        "err": why})
         return None
+
+    def _decode_values(self, name: str, body: bytes, at: float, budget: _SeriesBudget
+                       ) -> _Result | None:
+        """A value family's exported rows, as its query's; None when they are not the CSV
+        asked for (the query from now on, as for identity) or more GPUs than ``max_gpus``
+        (the window's: the query decides the cap)."""
+        if b"\\" in body:  # quoted with Go's escapes, which CSV readers do not undo: the query
+            return None
+        try:
+            with _no_cycle_collection():
+                got = values_from_csv(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._export = False
+            log.info("value export unreadable; read by query from now on",
+                     extra={"source": self.name, "query": name,
+                            "err": f"{type(exc).__name__}: {exc}"[:300]})
+            return None
+        if len(got.rows) > self.config.max_gpus:
+            return None
+        if not budget.take(len(got.rows)):
+            return _Result(name, None, f"{_where(self.config.url)}: query {name}: "
+                           f"{len(got.rows):,} series, and the read over max_series "
+                           f"{self.config.max_series:,}", over_cap=True)
+        age = None if got.oldest_ms is None else max(0.0, at - got.oldest_ms / 1000)
+        return _Result(name, got.rows, exported=True, age=age)
 
     def _decode_export(self, body: bytes) -> _Result | None:
         """The export's identity rows; None when they are not the CSV asked for (the query
@@ -1628,6 +1694,9 @@ class PrometheusFleetSource:
                 at, headers, in_flight, budget))
             results = {n: results[n] for n in self._queries if n in results}  # query order
             answers = list(results.values())
+        if self._exported:
+            results.update(await self._values_missed(results, at, headers, in_flight, budget))
+            answers = list(results.values())
         if identity:
             reads = self.identity_reads
             results["identity"] = await self._read_identity(at, headers, in_flight, budget,
@@ -1683,6 +1752,50 @@ class PrometheusFleetSource:
                 covered.extend(answer.series)
         return results
 
+    async def _values_missed(self, results: Mapping[str, _Result], at: float,
+                             headers: dict[str, str], in_flight: asyncio.Semaphore,
+                             budget: _SeriesBudget) -> dict[str, _Result]:
+        """The exported value families with what their window missed read by query: a GPU up
+        and fresh now that the family answered for at the last read but the window did not
+        hold (a scrape later than the window allowed for), its node's series by query (every
+        GPU's past ``MAX_NODES_NAMED`` nodes). Sets the next read's window (:func:`next_window`),
+        the whole ``max_sample_age`` after a miss."""
+        fresh = fresh_keys(results)
+        out: dict[str, _Result] = {}
+        missed = False
+        for name in self._exported:
+            result = results.get(name)
+            if result is None or not result.exported or result.series is None:
+                continue
+            expected = self._value_keys.get(name, set()) & (fresh or set())
+            nodes = sorted({node for node, _ in expected - _keys(result.series)})
+            if not nodes:
+                continue
+            missed = True
+            if len(nodes) > MAX_NODES_NAMED:
+                answer = await self._fetch(name, self._queries[name], at, headers, in_flight,
+                                           budget, export=False)
+            else:
+                (answer,) = await self._fetch_nodes([name], nodes, at, headers, in_flight,
+                                                    budget)
+                if answer.series is not None:
+                    named = set(nodes)
+                    answer = _Result(name, [r for r in result.series if r[0] not in named]
+                                     + answer.series)
+            if answer.over_cap:
+                raise PrometheusAnswerOverCap(answer.error)
+            # failed: the window's rows stand (the GPUs it missed have no value this read)
+            out[name] = answer if answer.series is not None else result
+        ages = [r.age for n in self._exported if (r := results.get(n)) is not None
+                and r.exported and r.age is not None]
+        whole = float(self.config.max_sample_age)
+        self._value_window = whole if missed or fresh is None else next_window(ages, whole)
+        for name in self._exported:
+            result = out.get(name) or results.get(name)
+            if result is not None and result.series is not None:
+                self._value_keys[name] = _keys(result.series)
+        return out
+
     async def _fetch_nodes(self, names: Sequence[str], nodes: Sequence[str], at: float,
                            headers: dict[str, str], in_flight: asyncio.Semaphore,
                            budget: _SeriesBudget) -> list[_Result]:
@@ -1690,7 +1803,8 @@ class PrometheusFleetSource:
         that order; an answer over its cap ends the read."""
         selector = ", ".join(s for s in (self.config.selector, nodes_matcher(nodes)) if s)
         queries = build_queries(dataclasses.replace(self.config, selector=selector))
-        answers = await asyncio.gather(*(self._fetch(name, queries[name], at, headers, in_flight, budget)
+        answers = await asyncio.gather(*(self._fetch(name, queries[name], at, headers, in_flight,
+                                                     budget, export=False)
                                          for name in names))
         for answer in answers:
             if answer.over_cap:
