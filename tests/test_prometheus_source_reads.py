@@ -61,12 +61,13 @@ class FakeBackend:
 
     def values_csv(self, form: dict) -> bytes:
         """A value family's export as VictoriaMetrics answers it: what its query answers now,
-        a row a GPU a second before the window's end."""
-        at = int(float(form["end"]) * 1000) - 1000
+        scraped every 10 s, the newest 1 s before the window's end: the rows in the window."""
+        end, start = float(form["end"]), float(form["start"])
         series = self.query(f"max by (node, gpu, instance, job) ({form['match[]']})", self.reads)
-        return "".join(f"{at},{s['value'][1]},{s['metric'].get('node', '')},"
+        return "".join(f"{int((end - ago) * 1000)},{s['value'][1]},{s['metric'].get('node', '')},"
                        f"{s['metric'].get('gpu', '')},{s['metric'].get('instance', '')},"
-                       f"{s['metric'].get('job', '')}\n" for s in series).encode()
+                       f"{s['metric'].get('job', '')}\n"
+                       for s in series for ago in (11, 1) if end - ago >= start).encode()
 
     def count(self, prefix: str) -> int:
         return sum(q.startswith(prefix) for q in self.queries)
@@ -571,16 +572,23 @@ def test_values_from_csv_keeps_each_series_newest_row_and_the_window_follows_the
     assert sorted(got.rows) == [("a", "0", "0.5", "a:1", "n"), ("c", "0", "1", "c:1", "n"),
                                 ("c", "0", "2", "d:1", "n")]
     assert got.oldest_ms == 1000
+    assert got.spacing_ms == 2000  # b's: its marker 2 s after its last sample; a's 1 s
     assert values_from_csv(b'1000,0.5,"n,1",0,n:1,n\n').rows == [("n,1", "0", "0.5", "n:1", "n")]
-    assert values_from_csv(b"") == ValueRows([], None)
-    for bad in (b"1000,0.5,a,0,a:1\n", b"x,0.5,a,0,a:1,n\n", b"1000,half,a,0,a:1,n\n",
+    assert values_from_csv(b"") == ValueRows([], None, None)
+    assert values_from_csv(b"1000,1,a,0,a:1,n\n").spacing_ms is None  # one row: no interval
+    # a value that is no number is checked where the query's are (dropped and counted)
+    assert values_from_csv(b"1000,half,a,0,a:1,n\n").rows == [("a", "0", "half", "a:1", "n")]
+    for bad in (b"1000,0.5,a,0,a:1\n", b"x,0.5,a,0,a:1,n\n", b"1000,0.5,a,0,a:1,n,m\n",
                 b"<html>a proxy's login page</html>\n"):
         with pytest.raises(ValueError):
             values_from_csv(bad)
-    # the next window: the oldest newest row's age and a quarter more, at most the whole
+    # the next window: the interval (or the oldest age) and a quarter more, at most the whole;
+    # the whole where a family showed no interval
     assert next_window([], 120.0) == 120.0
-    assert next_window([59.0, 12.0], 120.0) == pytest.approx(74.75)
-    assert next_window([110.0], 120.0) == 120.0
+    assert next_window([(5.0, 59.0), (12.0, 30.0)], 120.0) == pytest.approx(74.75)
+    assert next_window([(70.0, 59.0)], 120.0) == pytest.approx(88.5)
+    assert next_window([(5.0, 110.0)], 120.0) == 120.0
+    assert next_window([(5.0, 10.0), (5.0, None)], 120.0) == 120.0
 
 
 VALUE_QUERY = "max by (node, gpu, instance, job) (gpufleet_gpu_utilization_ratio{"
@@ -593,8 +601,8 @@ def _windows(forms: list[dict], family: str = "gpufleet_gpu_utilization_ratio") 
 
 def test_value_families_through_the_export_api_over_the_window_the_last_read_needed():
     """VictoriaMetrics: utilisation, memory used and power are exported, not queried, and give
-    the query's values; the first export reads the whole max_sample_age, each later one what
-    the last needed (rows a second old here: 1.25 x 1 s + 1 s). A GPU gone (b: up no longer
+    the query's values; the first export reads the whole max_sample_age, each later one the
+    scrape interval the last one showed, and a quarter more. A GPU gone (b: up no longer
     answers for it) is no miss."""
     ups = {3: ["a"]}
     values = {"gpufleet_gpu_utilization_ratio": 0.5, "gpufleet_gpu_memory_used_bytes": 7e9,
@@ -612,7 +620,8 @@ def test_value_families_through_the_export_api_over_the_window_the_last_read_nee
     for family in ("gpufleet_gpu_utilization_ratio", "gpufleet_gpu_memory_used_bytes",
                    "gpufleet_gpu_power_watts"):
         assert backend.count(f"max by (node, gpu, instance, job) ({family}{{") == 0
-        assert _windows(backend.value_exports, family) == [120.0, 2.25, 2.25]
+        # scraped every 10 s: 1.25 x 10 s + 1 s
+        assert _windows(backend.value_exports, family) == [120.0, 13.5, 13.5]
     form = backend.value_exports[0]
     assert form["format"] == "__timestamp__:unix_ms,__value__,node,gpu,instance,job"
     assert backend.count(UP_QUERY) == 3  # up and stale stay queries
@@ -638,4 +647,4 @@ def test_a_fresh_gpu_the_exports_window_misses_is_read_by_query_and_the_next_win
                for s in snapshots)
     queried = [q for q in backend.queries if q.startswith(VALUE_QUERY)]
     assert queried == [VALUE_QUERY + 'node=~"b"})'] * 2
-    assert _windows(backend.value_exports) == [120.0, 2.25, 120.0]
+    assert _windows(backend.value_exports) == [120.0, 13.5, 120.0]

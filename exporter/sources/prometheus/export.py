@@ -15,6 +15,7 @@ import csv
 import io
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 # the columns asked for: the rows decode to the query path's (node, gpu, value text, instance,
 # job) tuples
@@ -24,53 +25,73 @@ _FIELDS = 6
 
 @dataclass(frozen=True, slots=True)
 class ValueRows:
-    """The newest row of each GPU's series, as (node, gpu, value text, instance, job), and
-    the oldest of those rows' timestamps (ms; None without rows): how far back the window had
-    to reach for every GPU it holds."""
+    """The newest row of each GPU's series, as (node, gpu, value text, instance, job); the
+    oldest of those rows' timestamps (ms; None without rows); and the widest gap between a
+    series' newest row and the one before it (ms; None where no series has two rows in the
+    window): the scrape interval, as far as the window shows it."""
 
     rows: list[tuple[str, str, str, str, str]]
     oldest_ms: int | None
+    spacing_ms: int | None = None
 
 
 def values_from_csv(body: bytes) -> ValueRows:
     """The rows of an export answer in :data:`VALUE_FORMAT`. ValueError when it is not that
     CSV (a proxy's page, another format)."""
     text = body.decode()
-    lines: object
-    if '"' in text:  # a label quoted (a comma in it): the CSV reader; else a plain split
-        lines = csv.reader(io.StringIO(text))
+    # each series' labels as the key of its newest row (its time, value, and the time of the
+    # row before it): the line's text after the value where no label is quoted (split once, a
+    # row or two a GPU at 108,800 GPUs), the CSV reader's fields where one is (a comma in it)
+    newest: dict[Any, tuple[int, str, int | None]] = {}
+    if '"' in text:
+        for fields in csv.reader(io.StringIO(text)):
+            if len(fields) != _FIELDS:
+                raise ValueError(f"a row of {len(fields)} fields, expected {_FIELDS}")
+            _keep(newest, tuple(fields[2:]), int(fields[0]), fields[1])
     else:
-        lines = (line.split(",") for line in text.split("\n") if line)
-    newest: dict[tuple[str, str, str, str], tuple[int, str]] = {}
-    intern = sys.intern
-    for fields in lines:  # type: ignore[attr-defined]
-        if len(fields) != _FIELDS:
-            raise ValueError(f"a row of {len(fields)} fields, expected {_FIELDS}")
-        at, value = int(fields[0]), fields[1]
-        float(value)  # a number, or no such answer
-        key = (intern(fields[2]), intern(fields[3] or "0"), intern(fields[4]),
-               intern(fields[5]))
-        held = newest.get(key)
-        if held is None or at >= held[0]:
-            newest[key] = (at, value)
+        for line in text.split("\n"):
+            if line:
+                stamp, value, labels = line.split(",", 2)
+                _keep(newest, labels, int(stamp), value)
     rows = []
-    oldest = None
-    for (node, gpu, instance, job), (at, value) in newest.items():
-        if value[-1:] in ("N", "n"):  # NaN, the only number whose text ends so
+    oldest = spacing = None
+    intern = sys.intern
+    for labels, (at, value, before) in newest.items():
+        fields = labels.split(",") if type(labels) is str else labels
+        if len(fields) != _FIELDS - 2:
+            raise ValueError(f"a row of {len(fields) + 2} fields, expected {_FIELDS}")
+        if before is not None and (spacing is None or at - before > spacing):
+            spacing = at - before
+        if value == "NaN":  # a staleness marker (as Go writes it): the series ended
             continue
-        rows.append((node, gpu, value, instance, job))
+        node, gpu, instance, job = fields
+        rows.append((intern(node), intern(gpu or "0"), value, intern(instance), intern(job)))
         oldest = at if oldest is None or at < oldest else oldest
-    return ValueRows(rows, oldest)
+    return ValueRows(rows, oldest, spacing)
 
 
-def next_window(ages: list[float], whole: float) -> float:
-    """The window of the next export of the value families: the oldest newest row's age of this
-    read's exports (``ages``, s) and a quarter more, so that a scrape a little late still has a
-    row in it (a row or two a GPU, whatever the scrape interval), at most ``whole``
-    (``max_sample_age``, past which a GPU is stale anyway); ``whole`` without an age."""
-    if not ages:
+def _keep(newest: dict[Any, tuple[int, str, int | None]], labels: Any, at: int,
+          value: str) -> None:
+    held = newest.get(labels)
+    if held is None:
+        newest[labels] = (at, value, None)
+    elif at >= held[0]:
+        newest[labels] = (at, value, held[0])
+    elif held[2] is None or at > held[2]:
+        newest[labels] = (held[0], held[1], at)
+
+
+def next_window(reaches: list[tuple[float, float | None]], whole: float) -> float:
+    """The window of the next export of the value families, from this read's exports' reach
+    (per family: the age of its oldest newest row and its spacing, s): the scrape interval (or
+    the oldest age, where larger) and a quarter more, so that every series has a row in it, one
+    or two, whatever the interval; at most ``whole`` (``max_sample_age``, past which a GPU is
+    stale anyway). ``whole`` where a family showed no interval (no series with two rows: the
+    window was narrower than it) or there was no export."""
+    if not reaches or any(spacing is None for _, spacing in reaches):
         return whole
-    return min(whole, 1.25 * max(ages) + 1.0)
+    need = max(max(age, spacing) for age, spacing in reaches if spacing is not None)
+    return min(whole, 1.25 * need + 1.0)
 
 
 __all__ = ["VALUE_FORMAT", "ValueRows", "next_window", "values_from_csv"]

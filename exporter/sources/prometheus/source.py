@@ -21,6 +21,11 @@ each node's ``gpufleet_node_gpu_memory_total_bytes``, 1 series a node, and each 
 the nodes it does not cover), then only for the nodes whose identity changed. All
 queries are evaluated at the same ``time``, so the snapshot is one instant, and each answer
 is decoded in a worker thread as soon as it arrives (value families by msgspec, into rows).
+Where the backend has the export API (VictoriaMetrics), the value families other than up and
+stale are exported instead (:mod:`.export`: about half the backend's CPU a series and half the
+bytes), each GPU's newest row over the window the last read needed (the whole
+``max_sample_age`` at first and after a miss); a GPU up and fresh that the window missed is read
+by query for its node.
 
 What it reads (``metrics: gpufleet``): the families per-node gpufleet exporters
 serve. When a node's series vanish (its exporter stopped answering and
@@ -857,8 +862,9 @@ class _Result:
     exported: bool = False  # identity read through the export API, not the query
     held: frozenset[Any] = frozenset()  # identity rows kept from before: not in the export
     narrow: bool = False  # identity exported over half the window (Source._narrow)
-    # a value family exported: how old its oldest newest row was (s), the window it needed
-    age: float | None = None
+    # a value family exported: how old its oldest newest row was and its series' spacing (s),
+    # the window it needed (next_window)
+    reach: tuple[float, float | None] | None = None
 
 
 async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
@@ -1534,8 +1540,10 @@ class PrometheusFleetSource:
             return _Result(name, None, f"{_where(self.config.url)}: query {name}: "
                            f"{len(got.rows):,} series, and the read over max_series "
                            f"{self.config.max_series:,}", over_cap=True)
-        age = None if got.oldest_ms is None else max(0.0, at - got.oldest_ms / 1000)
-        return _Result(name, got.rows, exported=True, age=age)
+        reach = None if got.oldest_ms is None else (
+            max(0.0, at - got.oldest_ms / 1000),
+            None if got.spacing_ms is None else got.spacing_ms / 1000)
+        return _Result(name, got.rows, exported=True, reach=reach)
 
     def _decode_export(self, body: bytes) -> _Result | None:
         """The export's identity rows; None when they are not the CSV asked for (the query
@@ -1786,10 +1794,10 @@ class PrometheusFleetSource:
                 raise PrometheusAnswerOverCap(answer.error)
             # failed: the window's rows stand (the GPUs it missed have no value this read)
             out[name] = answer if answer.series is not None else result
-        ages = [r.age for n in self._exported if (r := results.get(n)) is not None
-                and r.exported and r.age is not None]
+        reaches = [r.reach for n in self._exported if (r := results.get(n)) is not None
+                   and r.exported and r.reach is not None]
         whole = float(self.config.max_sample_age)
-        self._value_window = whole if missed or fresh is None else next_window(ages, whole)
+        self._value_window = whole if missed or fresh is None else next_window(reaches, whole)
         for name in self._exported:
             result = out.get(name) or results.get(name)
             if result is not None and result.series is not None:
