@@ -583,12 +583,13 @@ def test_values_from_csv_keeps_each_series_newest_row_and_the_window_follows_the
         with pytest.raises(ValueError):
             values_from_csv(bad)
     # the next window: the interval (or the oldest age) and a quarter more, at most the whole;
-    # the whole where a family showed no interval
-    assert next_window([], 120.0) == 120.0
-    assert next_window([(5.0, 59.0), (12.0, 30.0)], 120.0) == pytest.approx(74.75)
-    assert next_window([(70.0, 59.0)], 120.0) == pytest.approx(88.5)
-    assert next_window([(5.0, 110.0)], 120.0) == 120.0
-    assert next_window([(5.0, 10.0), (5.0, None)], 120.0) == 120.0
+    # the one that served where no family showed an interval
+    assert next_window([], 120.0, 120.0) == 120.0
+    assert next_window([(5.0, 59.0), (12.0, 30.0)], 120.0, 120.0) == pytest.approx(74.75)
+    assert next_window([(70.0, 59.0)], 74.75, 120.0) == pytest.approx(88.5)
+    assert next_window([(5.0, 110.0)], 120.0, 120.0) == 120.0
+    assert next_window([(5.0, 10.0), (30.0, None)], 120.0, 120.0) == pytest.approx(38.5)
+    assert next_window([(50.0, None), (40.0, None)], 74.75, 120.0) == 74.75
 
 
 VALUE_QUERY = "max by (node, gpu, instance, job) (gpufleet_gpu_utilization_ratio{"

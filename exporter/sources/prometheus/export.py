@@ -81,16 +81,18 @@ def _keep(newest: dict[Any, tuple[int, str, int | None]], labels: Any, at: int,
         newest[labels] = (held[0], held[1], at)
 
 
-def next_window(reaches: list[tuple[float, float | None]], whole: float) -> float:
-    """The window of the next export of the value families, from this read's exports' reach
-    (per family: the age of its oldest newest row and its spacing, s): the scrape interval (or
-    the oldest age, where larger) and a quarter more, so that every series has a row in it, one
-    or two, whatever the interval; at most ``whole`` (``max_sample_age``, past which a GPU is
-    stale anyway). ``whole`` where a family showed no interval (no series with two rows: the
-    window was narrower than it) or there was no export."""
-    if not reaches or any(spacing is None for _, spacing in reaches):
-        return whole
-    need = max(max(age, spacing) for age, spacing in reaches if spacing is not None)
+def next_window(reaches: list[tuple[float, float | None]], current: float, whole: float
+                ) -> float:
+    """The window of the next export of the value families, after a read whose exports held
+    every GPU expected in ``current``, from their reach (per family: the age of its oldest
+    newest row and its spacing, s): the scrape interval (or the oldest age, where larger) and a
+    quarter more, so that every series has a row in it, one or two, whatever the interval; at
+    most ``whole`` (``max_sample_age``, past which a GPU is stale anyway). ``current`` where no
+    family showed an interval (no series with two rows: one target's series are all scraped at
+    once, so a window a little wider than the interval holds two rows of each or of none)."""
+    if not any(spacing is not None for _, spacing in reaches):
+        return current
+    need = max(max(age, spacing or 0.0) for age, spacing in reaches)
     return min(whole, 1.25 * need + 1.0)
 
 

@@ -1797,7 +1797,8 @@ class PrometheusFleetSource:
         reaches = [r.reach for n in self._exported if (r := results.get(n)) is not None
                    and r.exported and r.reach is not None]
         whole = float(self.config.max_sample_age)
-        self._value_window = whole if missed or fresh is None else next_window(reaches, whole)
+        self._value_window = whole if missed or fresh is None else next_window(
+            reaches, self._value_window or whole, whole)
         for name in self._exported:
             result = out.get(name) or results.get(name)
             if result is not None and result.series is not None:
