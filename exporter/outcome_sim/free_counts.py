@@ -39,17 +39,23 @@ class FreeCounts:
 
     placer: Placer
     _clock: int = -1  # the placer's clock when last brought up to date
-    _counts: dict[float, np.ndarray] = field(default_factory=dict)
+    # each need asked since the last count of every node: its row of ``_counts``
+    _rows: dict[float, int] = field(default_factory=dict)
+    _cuts: np.ndarray = field(default_factory=lambda: np.empty(0))  # per row, its need less EPS
+    _counts: np.ndarray = field(default_factory=lambda: np.empty((0, 0), dtype=np.intp))  # [row][node]
     # need -> [model][g]: the model's nodes with g GPUs or more with ``need`` free
     _tables: dict[float, list[list[int]]] = field(default_factory=dict)
 
     def counts(self, need: float) -> np.ndarray:
         """Per node, its GPUs with ``need`` free now (of a GPU's one, ``share_needed``)."""
         self._sync()
-        found = self._counts.get(need)
-        if found is None:
-            found = self._counts[need] = np.count_nonzero(self.placer.gpu_free >= need - EPS, axis=1)
-        return found
+        row = self._rows.get(need)
+        if row is None:
+            row = self._rows[need] = len(self._rows)
+            self._cuts = np.append(self._cuts, need - EPS)
+            fresh = np.count_nonzero(self.placer.gpu_free >= need - EPS, axis=1)
+            self._counts = np.vstack([self._counts.reshape(row, len(fresh)), fresh])
+        return self._counts[row]
 
     def at_least(self, need: float) -> list[list[int]]:
         """Per model (the placer's index), per ``g`` from 0 to the widest node's GPUs, how many of
@@ -65,31 +71,47 @@ class FreeCounts:
             table = self._tables[need] = cells.reshape(-1, top + 1)[:, ::-1].cumsum(axis=1)[:, ::-1].tolist()
         return table
 
+    def forget(self) -> None:
+        """Drop every count: each need asked again is counted over every node."""
+        self._rows.clear()
+        self._tables.clear()
+        self._cuts = np.empty(0)
+        self._counts = np.empty((0, 0), dtype=np.intp)
+
     def _sync(self) -> None:
         placer = self.placer
         if self._clock == placer.changes:
             return
-        changed = placer.changed_since(self._clock) if self._counts else None
+        changed = placer.changed_since(self._clock) if self._rows else None
         if changed is None or len(changed) > MAX_CHANGED:
-            self._counts.clear()
-            self._tables.clear()
+            self.forget()
         elif changed:
             nodes = sorted(set(changed))
-            rows = placer.gpu_free[nodes]
-            models = placer.model[nodes].tolist()
-            for need, counts in self._counts.items():
-                now = np.count_nonzero(rows >= need - EPS, axis=1)
-                table = self._tables.get(need)
-                if table is not None:
-                    was = counts[nodes].tolist()
-                    for before, after, model in zip(was, now.tolist(), models, strict=True):
-                        row = table[model]
-                        for g in range(after + 1, before + 1):  # fewer now: off the counts above
-                            row[g] -= 1
-                        for g in range(before + 1, after + 1):  # more now
-                            row[g] += 1
-                counts[nodes] = now
+            # every need's count of the changed nodes in one call: [row][changed node]
+            now = np.count_nonzero(placer.gpu_free[nodes][None, :, :] >= self._cuts[:, None, None], axis=2)
+            was = self._counts[:, nodes]
+            self._counts[:, nodes] = now
+            if self._tables:
+                self._move_tables(nodes, was, now)
         self._clock = placer.changes
+
+    def _move_tables(self, nodes: list[int], was: np.ndarray, now: np.ndarray) -> None:
+        """Move each kept table by the changed nodes' counts, ``was`` to ``now`` ([row][node])."""
+        rows, columns = np.nonzero(was != now)
+        if not len(rows):
+            return
+        needs = list(self._rows)  # in row order: rows are numbered as needs are first asked
+        models = self.placer.model[nodes].tolist()
+        for row, column, before, after in zip(rows.tolist(), columns.tolist(), was[rows, columns].tolist(),
+                                              now[rows, columns].tolist(), strict=True):
+            table = self._tables.get(needs[row])
+            if table is None:
+                continue
+            counts = table[models[column]]
+            for g in range(after + 1, before + 1):  # fewer now: off the counts above
+                counts[g] -= 1
+            for g in range(before + 1, after + 1):  # more now
+                counts[g] += 1
 
 
 __all__ = ["FreeCounts", "share_needed"]
