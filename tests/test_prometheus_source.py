@@ -451,6 +451,9 @@ def test_lost_nodes_keep_their_last_reading_stale_until_lost_after():
         assert [(g.node, g.stale) for g in kept.gpus] == [("a", False), ("b", True), ("c", True)]
         assert [p.node for p in kept.allocations[0].placements] == ["a", "b", "c"]
         assert [n.name for n in kept.nodes] == ["a", "b", "c"]
+    # lost_after counts from the last read they answered in (100), not from the first without
+    assert [g.node for g in src._carry_over_lost_nodes(one, 159.0).gpus] == ["a", "b", "c"]
+    assert [g.node for g in src._carry_over_lost_nodes(one, 161.0).gpus] == ["a"]
 
 
 @pytest.mark.slow
