@@ -602,7 +602,7 @@ def _windows(forms: list[dict], family: str = "gpufleet_gpu_utilization_ratio") 
 
 def test_value_families_through_the_export_api_over_the_window_the_last_read_needed():
     """VictoriaMetrics: utilisation, memory used and power are exported, not queried, and give
-    the query's values; the first export reads the whole max_sample_age, each later one the
+    the query's values; the first export reads half of max_sample_age, each later one the
     scrape interval the last one showed, and a quarter more. A GPU gone (b: up no longer
     answers for it) is no miss."""
     ups = {3: ["a"]}
@@ -622,7 +622,7 @@ def test_value_families_through_the_export_api_over_the_window_the_last_read_nee
                    "gpufleet_gpu_power_watts"):
         assert backend.count(f"max by (node, gpu, instance, job) ({family}{{") == 0
         # scraped every 10 s: 1.25 x 10 s + 1 s
-        assert _windows(backend.value_exports, family) == [120.0, 13.5, 13.5]
+        assert _windows(backend.value_exports, family) == [60.0, 13.5, 13.5]
     form = backend.value_exports[0]
     assert form["format"] == "__timestamp__:unix_ms,__value__,node,gpu,instance,job"
     assert backend.count(UP_QUERY) == 3  # up and stale stay queries
@@ -648,4 +648,29 @@ def test_a_fresh_gpu_the_exports_window_misses_is_read_by_query_and_the_next_win
                for s in snapshots)
     queried = [q for q in backend.queries if q.startswith(VALUE_QUERY)]
     assert queried == [VALUE_QUERY + 'node=~"b"})'] * 2
-    assert _windows(backend.value_exports) == [120.0, 13.5, 120.0]
+    assert _windows(backend.value_exports) == [60.0, 13.5, 120.0]
+
+
+def test_a_gpu_scraped_less_often_than_the_first_exports_window_is_read_by_query():
+    """At the first read no family has answered yet: every GPU up and fresh is expected. b is
+    scraped every 90 s (its newest row 80 s old, outside the first export's 60 s): its node is
+    read by query, and the next export reads the whole max_sample_age, then what b needs."""
+    backend = FakeBackend(_fleet(lambda r: ["a", "b"], lambda r: ["a", "b"],
+                                 value=lambda family: 0.5),
+                          export=_export_rows(time.time(), {"a": 30, "b": 30}))
+    every = backend.values_csv
+
+    def b_every_90_s(form: dict) -> bytes:
+        end, start = float(form["end"]), float(form["start"])
+        b = f"{int((end - 80) * 1000)},0.5,b,0,10.0.0.1:9874,nodes\n".encode()
+        return b"".join(line + b"\n" for line in every(form).splitlines()
+                        if b",b," not in line) + (b if end - 80 >= start else b"")
+
+    backend.values_csv = b_every_90_s  # type: ignore[method-assign]
+    snapshots = asyncio.run(backend.run({"node_summaries": False}, reads=3))
+    assert all([(g.node, g.utilization_ratio) for g in s.gpus] == [("a", 0.5), ("b", 0.5)]
+               for s in snapshots)
+    assert [q for q in backend.queries if q.startswith(VALUE_QUERY)] == [
+        VALUE_QUERY + 'node=~"b"})']
+    # a's rows show the interval (10 s), b's the age its window needs: 1.25 x 80 s + 1 s
+    assert _windows(backend.value_exports) == [60.0, 120.0, 101.0]

@@ -1535,9 +1535,10 @@ class PrometheusFleetSource:
     async def _export_values(self, name: str, at: float, headers: dict[str, str]
                              ) -> bytes | None:
         """A value family through the export API, over the window the last read's exports
-        needed (:func:`next_window`), the whole ``max_sample_age`` at first; None where the
+        needed (:func:`next_window`), half of ``max_sample_age`` at first (a row a GPU at a
+        scrape interval of half of it, not two; four at a quarter of it); None where the
         backend has none or it failed: the query then reads it."""
-        window = self._value_window or float(self.config.max_sample_age)
+        window = self._value_window or float(self.config.max_sample_age) / 2
         return await self._export_window(name, f"{name}{{{self.config.selector}}}", VALUE_FORMAT,
                                          window, at, headers)
 
@@ -1804,18 +1805,19 @@ class PrometheusFleetSource:
                              headers: dict[str, str], in_flight: asyncio.Semaphore,
                              budget: _SeriesBudget) -> dict[str, _Result]:
         """The exported value families with what their window missed read by query: a GPU up
-        and fresh now that the family answered for at the last read but the window did not
-        hold (a scrape later than the window allowed for), its node's series by query (every
-        GPU's past ``MAX_NODES_NAMED`` nodes). Sets the next read's window (:func:`next_window`),
-        the whole ``max_sample_age`` after a miss."""
-        fresh = fresh_keys(results)
+        and fresh now that the family answered for at the last read (at the first, any GPU up
+        and fresh) but the window did not hold (a scrape later than the window allowed for),
+        its node's series by query (every GPU's past ``MAX_NODES_NAMED`` nodes). Sets the next
+        read's window (:func:`next_window`), the whole ``max_sample_age`` after a miss."""
+        fresh = fresh_keys(results) or set()
         out: dict[str, _Result] = {}
         missed = False
         for name in self._exported:
             result = results.get(name)
             if result is None or not result.exported or result.series is None:
                 continue
-            expected = self._value_keys.get(name, set()) & (fresh or set())
+            known = self._value_keys.get(name)
+            expected = fresh if known is None else known & fresh
             nodes = sorted({node for node, _ in expected - _keys(result.series)})
             if not nodes:
                 continue
@@ -1837,8 +1839,8 @@ class PrometheusFleetSource:
         reaches = [r.reach for n in self._exported if (r := results.get(n)) is not None
                    and r.exported and r.reach is not None]
         whole = float(self.config.max_sample_age)
-        self._value_window = whole if missed or fresh is None else next_window(
-            reaches, self._value_window or whole, whole)
+        self._value_window = whole if missed or not fresh else next_window(
+            reaches, self._value_window or whole / 2, whole)
         for name in self._exported:
             result = out.get(name) or results.get(name)
             if result is not None and result.series is not None:
