@@ -23,7 +23,8 @@ checkout's code on the same stack (``git archive COMMIT | tar -x -C DIR``).
 nodes' ``gpufleet_node_gpus`` instead of each GPU's up and stale) and prints the medians' ratios.
 
 ``--per-query N`` then sends each query of a read alone, N times, and prints what each costs
-VictoriaMetrics (CPU, less its ingestion), with its series and bytes.
+VictoriaMetrics (CPU, less its ingestion), with its series and bytes; the exports of identity
+and of the value families the source exports too (over 60 and 120 s).
 
 ``--identity-refresh 1ms`` reads identity at every read (``sources.prometheus.identity_refresh``,
 in every mode, ``--before``'s too): the read that also reads identity, measured warm as well as
@@ -371,13 +372,25 @@ def per_query(vm: str, vm_pid: int, times: int, ingest_per_s: float) -> None:
     before), its wall time, and the answer's series and bytes. What it costs per series
     selected is what decides which family to read less often."""
     sys.path.insert(0, str(REPO))
+    from exporter.sources.prometheus.export import VALUE_FORMAT
     from exporter.sources.prometheus.options import PrometheusSource
-    from exporter.sources.prometheus.source import EXPORT_FORMAT, build_queries
+    from exporter.sources.prometheus.source import (
+        EXPORT_FORMAT,
+        EXPORTED_VALUES,
+        USED_VALUES,
+        build_queries,
+    )
 
     config = PrometheusSource(selector=f'job="{JOB}"', node_summaries=True, gpu_telemetry=True)
     requests = [(name, "query", {"query": expr}) for name, expr in build_queries(config).items()]
     requests.append(("identity (export)", "export/csv", {
         "match[]": build_queries(config)["identity"], "format": EXPORT_FORMAT}))
+    # what the source exports of each value family (USED_VALUES but up and stale), over the
+    # first read's window (60 s: half of max_sample_age) and the whole one (120 s)
+    for family in sorted(EXPORTED_VALUES & USED_VALUES):
+        for window in (60, 120):
+            requests.append((f"{family} (export, {window} s)", f"export/csv#{window}", {
+                "match[]": f'{family}{{job="{JOB}"}}', "format": VALUE_FORMAT}))
     print(f"\nper query, alone (median of {times}): VictoriaMetrics CPU s less ingestion | "
           "wall s | series | MB")
     rows = []
@@ -385,11 +398,12 @@ def per_query(vm: str, vm_pid: int, times: int, ingest_per_s: float) -> None:
         runs = []
         for _ in range(times):
             at = time.time()
+            path, _, window = endpoint.partition("#")  # an export's window, s (120 unless said)
             body = dict(form, time=f"{at:.3f}") if endpoint == "query" else dict(
-                form, start=f"{at - 120:.3f}", end=f"{at:.3f}")
+                form, start=f"{at - float(window or 120):.3f}", end=f"{at:.3f}")
             data = urllib.parse.urlencode(body).encode()
             cpu0, wall0 = cpu_seconds(vm_pid), time.perf_counter()
-            with urllib.request.urlopen(f"{vm}/api/v1/{endpoint}", data=data, timeout=600) as r:
+            with urllib.request.urlopen(f"{vm}/api/v1/{path}", data=data, timeout=600) as r:
                 answer = r.read()
             wall = time.perf_counter() - wall0
             cpu = cpu_seconds(vm_pid) - cpu0 - ingest_per_s * wall
