@@ -41,6 +41,10 @@ def test_node_mode_serves_its_gpus_by_state_and_cluster_mode_does_not():
                for labels, _ in family.samples)
     assert ExpositionOptions(per_gpu=True).serves(metrics.NODE_GPUS)  # node mode
     assert not ExpositionOptions(per_gpu=False).serves(metrics.NODE_GPUS)  # cluster mode
+    # where they are not served, the summaries over every GPU are not worked out either
+    cluster = fleet_families(snapshot, ExpositionOptions(per_gpu=False).serves_name)
+    assert [f.samples for f in cluster if f.name in (
+        metrics.NODE_GPUS.name, metrics.NODE_GPU_MEMORY_TOTAL_BYTES.name)] == [[], []]
 
 
 # the scrape target of each node's identity in these tests: (instance, job)

@@ -408,7 +408,7 @@ def render_blocks(snapshot: FleetSnapshot, cache: LabelCache, extra: Iterable[Fa
         (by_value if family.part is None else by_part).add(body, family, chunks)
     by_inputs = JoinedBlocks(snapshot, cache, chunks, bool(joined))
     by_inputs.add(body, joined, const)
-    FleetBlocks().add(body, [*fleet_families(snapshot), *extra], options)
+    FleetBlocks().add(body, [*fleet_families(snapshot, options.serves_name), *extra], options)
     cache.blocks = body.kept
     by_part.keep(cache)
     by_inputs.keep(cache)

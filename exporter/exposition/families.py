@@ -301,8 +301,11 @@ def gpu_joined_samples(
             allocation_info, mig_info, mig_total, mig_used)
 
 
-def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
-    """:func:`snapshot_families` after the per-GPU ones: nodes, pending, sources, build."""
+def fleet_families(snapshot: FleetSnapshot, serves: Callable[[str], bool] = lambda name: True
+                   ) -> list[Family]:
+    """:func:`snapshot_families` after the per-GPU ones: nodes, pending, sources, build. The
+    per-node summaries over every GPU are worked out only where ``serves`` their name (not in
+    cluster mode, which reads them: a walk over 108,800 GPUs each render for nothing)."""
     _, cpu_used = snapshot.held()
     node_info, node_cpus, node_cpus_alloc, drained = [], [], [], []
     for node in snapshot.nodes:
@@ -316,11 +319,12 @@ def fleet_families(snapshot: FleetSnapshot) -> list[Family]:
 
     # the per-node summary cluster mode reads instead of each GPU's up and stale
     gpu_states: dict[tuple[tuple[str, str], ...], float] = {}
-    for gpu in snapshot.gpus:
+    for gpu in snapshot.gpus if serves(metrics.NODE_GPUS.name) else ():
         state = "stale" if gpu.stale else "up" if gpu.up else "down"
         key = (("node", gpu.node), ("pool", gpu.pool), ("model", gpu.model), ("state", state))
         gpu_states[key] = gpu_states.get(key, 0.0) + 1.0
-    memory_total = node_memory_totals(snapshot.gpus)
+    memory_total = (node_memory_totals(snapshot.gpus)
+                    if serves(metrics.NODE_GPU_MEMORY_TOTAL_BYTES.name) else [])
 
     pending_jobs: dict[str, float] = {}
     pending_gpus: dict[str, float] = {}
