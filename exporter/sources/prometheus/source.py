@@ -91,10 +91,10 @@ import operator
 import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -730,6 +730,8 @@ def _value(sample: Mapping[str, Any]) -> float | None:
     value = float(sample["value"][1])
     return None if value != value else value  # NaN is absence, never a value
 
+
+_Csv = TypeVar("_Csv")  # what an export's CSV decodes to (identity's rows, a family's)
 
 # a value family's series once decoded: (node, gpu, the value's text, instance, job), the
 # last two the scrape target that exported it
@@ -1559,23 +1561,29 @@ class PrometheusFleetSource:
                                                         "err": why})
         return None
 
+    def _read_csv(self, name: str, body: bytes, decode: Callable[[bytes], _Csv]) -> _Csv | None:
+        """``decode(body)``; None where the export is not the CSV asked for: quoted with Go's
+        escapes, which CSV readers do not undo (the query this time), or unreadable (the query
+        from now on: this backend's export is another)."""
+        if b"\\" in body:
+            return None
+        try:
+            with _no_cycle_collection():
+                return decode(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._export = False
+            log.info("export unreadable; read by query from now on",
+                     extra={"source": self.name, "query": name,
+                            "err": f"{type(exc).__name__}: {exc}"[:300]})
+            return None
+
     def _decode_values(self, name: str, body: bytes, at: float, budget: _SeriesBudget
                        ) -> _Result | None:
         """A value family's exported rows, as its query's; None when they are not the CSV
         asked for (the query from now on, as for identity) or more GPUs than ``max_gpus``
         (the window's: the query decides the cap)."""
-        if b"\\" in body:  # quoted with Go's escapes, which CSV readers do not undo: the query
-            return None
-        try:
-            with _no_cycle_collection():
-                got = values_from_csv(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            self._export = False
-            log.info("value export unreadable; read by query from now on",
-                     extra={"source": self.name, "query": name,
-                            "err": f"{type(exc).__name__}: {exc}"[:300]})
-            return None
-        if len(got.rows) > self.config.max_gpus:
+        got = self._read_csv(name, body, values_from_csv)
+        if got is None or len(got.rows) > self.config.max_gpus:
             return None
         if not budget.take(len(got.rows)):
             return _Result(name, None, f"{_where(self.config.url)}: query {name}: "
@@ -1590,15 +1598,8 @@ class PrometheusFleetSource:
         """The export's identity rows; None when they are not the CSV asked for (the query
         from now on: this backend's export is another) or more GPUs than ``max_gpus`` (the
         window's, not the instant's: the query decides the cap)."""
-        if b"\\" in body:  # quoted with Go's escapes, which CSV readers do not undo: the query
-            return None
-        try:
-            with _no_cycle_collection():
-                rows = identity_from_csv(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            self._export = False
-            log.info("identity export unreadable; identity read by query from now on",
-                     extra={"source": self.name, "err": f"{type(exc).__name__}: {exc}"[:300]})
+        rows = self._read_csv("identity", body, identity_from_csv)
+        if rows is None:
             return None
         if len(rows) > self.config.max_gpus:
             return None
