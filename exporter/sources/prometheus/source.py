@@ -23,9 +23,9 @@ queries are evaluated at the same ``time``, so the snapshot is one instant, and 
 is decoded in a worker thread as soon as it arrives (value families by msgspec, into rows).
 Where the backend has the export API (VictoriaMetrics), the value families other than up and
 stale are exported instead (:mod:`.export`: about half the backend's CPU a series and half the
-bytes), each GPU's newest row over the window the last read needed (the whole
-``max_sample_age`` at first and after a miss); a GPU up and fresh that the window missed is read
-by query for its node.
+bytes), each GPU's newest row over about one scrape interval, as the last read's rows showed it
+(half of ``max_sample_age`` at first, the whole after a miss); a GPU up and fresh that the
+window missed is read by query for its node.
 
 What it reads (``metrics: gpufleet``): the families per-node gpufleet exporters
 serve. When a node's series vanish (its exporter stopped answering and
