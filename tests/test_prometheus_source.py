@@ -405,11 +405,15 @@ sources:
     lost_nodes = {n.name for n in union.nodes if n.pool == "gpu-b200"}
 
     def lost_is_stale():
+        # its GPUs stale and its target down, in one read: a read under load has shown the
+        # first without the second (once in CI: the GPUs stale, the target still up), the two
+        # coming from different series of Prometheus' that a read can find a scrape apart
         s = _snapshot(cluster.url)
         mine = [g for g in s.gpus if g.node in lost_nodes]
-        return len(mine) == 16 and all(g.stale for g in mine) and s
+        down = {t.target: t.up for t in s.sources if t.target}.get(f"127.0.0.1:{lost.port}")
+        return len(mine) == 16 and all(g.stale for g in mine) and down is False and s
 
-    after = _wait(lost_is_stale, what="the lost exporter's GPUs to turn stale")
+    after = _wait(lost_is_stale, what="the lost exporter's GPUs to turn stale, its target down")
     assert not any(g.stale for g in after.gpus if g.node not in lost_nodes)
     gpus, nodes, allocations = _comparable(after)
     assert [dataclasses.replace(g, stale=False) for g in gpus] == _comparable(union)[0]
