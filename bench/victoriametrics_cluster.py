@@ -13,7 +13,8 @@ exporter computed itself (its ``gpufleet_cluster_fragmentation_index``, read bac
 VictoriaMetrics).
 
 Goals: collection <= 10 s with <= 20 queries; RSS <= 1 GB; the cluster index within
-0.5 of node mode's own.
+0.5 of node mode's own; judged on the default read (the summaries reader, with
+``--summaries``; else the reader of each GPU's up and stale), which the curve fits too.
 
 Issue 45: ``--scales 10,25,50,100`` measures a curve, each point on a fresh stack, and fits a
 line to the worst read's wall time and CPU seconds; ``--before DIR`` reads with another
@@ -525,16 +526,21 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
             "rss_mb_other_processes (VmRSS, VmHWM)": others,
             "load_average_before_after": [round(load_before[0], 1), round(load_after[0], 1)],
             "cpus": os.cpu_count()}, indent=1))
-        runs = result["runs"]
+        # the goals are the default read's: the summaries reader where it read (node_summaries
+        # is on by default), else the "new" one (each GPU's up and stale)
+        judged_name = "summaries" if "summaries" in results else "new"
+        judged = results[judged_name]
+        runs = judged["runs"]
         worst_read = max(r["read_s"] for r in runs)
         worst_queries = max(r["queries"] for r in runs)
         good = [r for r in runs if r["up"] and r["gpus"] == gpus_expected]
         index_gap = max((abs(r["cluster_index"] - node_index) for r in good), default=float("nan"))
         complete = all(r["gpus"] == gpus_expected and r["up"] for r in runs)
-        print(f"collection: worst {worst_read:.2f} s, {worst_queries} queries "
+        print(f"the {judged_name} reader's collection: worst {worst_read:.2f} s, "
+              f"{worst_queries} queries "
               f"(goal <= 10 s, <= 20): {'met' if worst_read <= 10 and worst_queries <= 20 else 'NOT met'}")
-        print(f"RSS: peak {result['vm_hwm_mb']:.0f} MiB (goal <= 1 GB): "
-              f"{'met' if result['vm_hwm_mb'] <= 1024 else 'NOT met'}")
+        print(f"RSS: peak {judged['vm_hwm_mb']:.0f} MiB (goal <= 1 GB): "
+              f"{'met' if judged['vm_hwm_mb'] <= 1024 else 'NOT met'}")
         print(f"cluster index: {index_gap:.3f} from node mode's {node_index:.3f} over {len(good)} "
               "complete reads (goal <= 0.5): "
               f"{'met' if index_gap <= 0.5 else 'NOT met'}")
@@ -550,7 +556,7 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
                   f"{max(r['queries'] for r in old)} queries, peak RSS "
                   f"{results['before']['vm_hwm_mb']:.0f} MiB")
         if "summaries" in results:
-            per_gpu, summary = runs, results["summaries"]["runs"]
+            per_gpu, summary = result["runs"], results["summaries"]["runs"]
             for what in ("cpu_s_victoria_metrics", "cpu_s_ours_read", "answer_bytes", "read_s"):
                 a = sorted(r[what] for r in per_gpu)[len(per_gpu) // 2]
                 b = sorted(r[what] for r in summary)[len(summary) // 2]
@@ -564,7 +570,7 @@ def run_point(args: argparse.Namespace, scale: int, binaries: dict) -> dict | No
         return {"gpus": gpus_expected, "worst": worst_read, "first": runs[0]["read_s"],
                 "later": max((r["read_s"] for r in runs[1:]), default=float("nan")),
                 "queries": worst_queries, "cpu_ours": worst["cpu_s_ours"],
-                "cpu_vm": worst["cpu_s_victoria_metrics"], "hwm": result["vm_hwm_mb"],
+                "cpu_vm": worst["cpu_s_victoria_metrics"], "hwm": judged["vm_hwm_mb"],
                 "complete": complete}
     finally:
         for proc in procs.values():
