@@ -1813,13 +1813,19 @@ class PrometheusFleetSource:
         fresh = fresh_keys(results) or set()
         out: dict[str, _Result] = {}
         missed = False
+        # each family's GPUs as answered, once (108,800 a family at 108,800 GPUs): what the
+        # next read expects
+        answered: dict[str, set[tuple[str, str]]] = {}
         for name in self._exported:
             result = results.get(name)
-            if result is None or not result.exported or result.series is None:
+            if result is None or result.series is None:
+                continue
+            got = answered[name] = _keys(result.series)
+            if not result.exported:
                 continue
             known = self._value_keys.get(name)
             expected = fresh if known is None else known & fresh
-            nodes = sorted({node for node, _ in expected - _keys(result.series)})
+            nodes = sorted({node for node, _ in expected - got})
             if not nodes:
                 continue
             missed = True
@@ -1836,16 +1842,15 @@ class PrometheusFleetSource:
             if answer.over_cap:
                 raise PrometheusAnswerOverCap(answer.error)
             # failed: the window's rows stand (the GPUs it missed have no value this read)
-            out[name] = answer if answer.series is not None else result
+            if answer.series is not None:
+                out[name] = answer
+                answered[name] = _keys(answer.series)
         reaches = [r.reach for n in self._exported if (r := results.get(n)) is not None
                    and r.exported and r.reach is not None]
         whole = float(self.config.max_sample_age)
         self._value_window = whole if missed or not fresh else next_window(
             reaches, self._value_window or whole / 2, whole)
-        for name in self._exported:
-            result = out.get(name) or results.get(name)
-            if result is not None and result.series is not None:
-                self._value_keys[name] = _keys(result.series)
+        self._value_keys.update(answered)
         return out
 
     async def _fetch_nodes(self, names: Sequence[str], nodes: Sequence[str], at: float,
