@@ -463,25 +463,39 @@ def repack_could_fit(snapshot: FleetSnapshot, state: FleetState, job: JobRequest
               if (not job.models or name in job.models) and bool((big & (state.model == m)).any())]
     if not wanted:
         return False
+    # Bounds first: what a model's own big nodes hold free is room whatever its jobs may move
+    # to, and all idle GPUs elsewhere in the pool is the most they could move to. Only a model
+    # between the two needs the walk over every job below (a thousand on a small fleet, at
+    # every evaluation); the answer is the walk's.
+    outside: dict[int, float] = {}
+    for m in wanted:
+        on = big & (state.model == m)
+        own = float(free[on].sum())
+        if (math.floor(own + 1e-9) if whole else own) >= need - 1e-9:
+            return True
+        room = own + min(float(state.gpu_count[on].sum()) - own, float(free[nodes & ~on].sum()))
+        if (math.floor(room + 1e-9) if whole else room) >= need - 1e-9:
+            outside[m] = own
+    if not outside:
+        return False
     index = {name: i for i, name in enumerate(state.names)}
     model_of, is_big = state.model.tolist(), big.tolist()  # read per job: lists, not numpy scalars
-    # per wanted model, what decides where its jobs may move (destination_models reads only
+    # per undecided model, what decides where its jobs may move (destination_models reads only
     # these): a fleet's thousand jobs have a few dozen
-    asks: dict[int, set[tuple[int | None, tuple[str, ...]]]] = {m: set() for m in wanted}
+    asks: dict[int, set[tuple[int | None, tuple[str, ...]]]] = {m: set() for m in outside}
     for alloc in snapshot.allocations:
         if len(alloc.placements) != 1 or (node := index.get(alloc.placements[0].node)) is None:
             continue
         m = model_of[node]
         if m in asks and is_big[node]:
             asks[m].add((alloc.gpu_memory_need_bytes, tuple(alloc.allowed_models)))
-    reach: dict[int, set[str]] = {m: set() for m in wanted}
+    reach: dict[int, set[str]] = {m: set() for m in outside}
     fleet_models = tuple(state.model_names)
     for m, distinct in asks.items():
         for memory, allowed in distinct:
             reach[m].update(destinations_by_value(memory, allowed, state.model_names[m], fleet_models))
-    for m in wanted:
+    for m, own in outside.items():
         on = big & (state.model == m)
-        own = float(free[on].sum())
         held = float(state.gpu_count[on].sum()) - own
         to = nodes & ~on & np.isin(np.array(state.model_names)[state.model], sorted(reach[m]))
         room = own + min(held, float(free[to].sum()))
