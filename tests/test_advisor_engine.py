@@ -319,6 +319,18 @@ def test_memory_peaks_are_per_job_kept_over_snapshots_and_forgotten_when_the_job
     assert memory_peaks(lower, peaks) == {"whole": 50 * 2**30}  # a peak, not the latest value
     ended = dataclasses.replace(lower, allocations=(shared, blind))
     assert memory_peaks(ended, {**peaks, "gone": 1.0}) == {}  # bounded by the running jobs
+    # an advisor keeps its GPU reads while snapshots share one tuple of GPUs, and reads again
+    # for another tuple: the peak follows the new readings, not the kept ones
+    engine = Advisor(DecisionSettings(require_pending=False), clock=lambda: 0.0)
+    engine.assess(snap, report(10.0))
+    kept = engine._reads
+    assert kept is not None and kept.gpus is gpus and engine.memory_peak == {"whole": 50 * 2**30}
+    engine.assess(dataclasses.replace(snap, allocations=(whole,)), report(10.0))
+    assert engine._reads is kept
+    higher = dataclasses.replace(snap, gpus=tuple(dataclasses.replace(g, memory_used_bytes=90 * 2**30)
+                                                  for g in gpus[:3]) + gpus[3:])
+    engine.assess(higher, report(10.0))
+    assert engine._reads is not kept and engine.memory_peak == {"whole": 90 * 2**30}
     # the peak raises a declared need, never creates one, never lowers one
     raised = with_measured_needs(snap, {"whole": 60 * 2**30, "blind": 70 * 2**30,
                                         "shared": 2**30})

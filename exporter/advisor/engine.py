@@ -85,7 +85,7 @@ from exporter.analysis.state import FleetState
 from exporter.attribution.jobs import GpuJobUse, job_use
 from exporter.gpu_catalogue import default_catalogue
 from exporter.pool_load.tracker import PoolAdvice
-from exporter.snapshot import Allocation, FleetSnapshot, JobRequest
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest
 from exporter.thresholds import Thresholds, load_thresholds
 
 IDLE_ROW = "GpuJobUtilizationLow"  # the threshold table's row that says "consider reclaiming"
@@ -163,9 +163,8 @@ def nvlink_generations(snapshot: FleetSnapshot) -> list[tuple[Allocation, list[i
     catalogue = default_catalogue()
     models = {n.name: n.model for n in snapshot.nodes}
     out = []
-    for alloc in snapshot.allocations:
-        if len(alloc.placements) < 2:
-            continue
+    # most jobs are on one node: filtered in one comprehension, not a loop step each
+    for alloc in [a for a in snapshot.allocations if len(a.placements) > 1]:
         generations = set()
         for part in alloc.placements:
             spec = catalogue.find(models.get(part.node, ""))
@@ -187,17 +186,39 @@ def nvlink_mixed(snapshot: FleetSnapshot) -> tuple[NvlinkMixed, ...]:
     return tuple(sorted(out, key=lambda r: r.job))
 
 
-def memory_peaks(snapshot: FleetSnapshot, previous: dict[str, float]) -> dict[str, float]:
+@dataclass(frozen=True, slots=True)
+class GpuReads:
+    """What an evaluation reads of a snapshot's GPUs: memory used on whole GPUs, utilisation,
+    each shared GPU's tenants. A function of ``gpus`` alone, so an advisor keeps it while
+    the snapshots it gets share one tuple of GPUs (the simulator's fleet does)."""
+
+    gpus: tuple[Gpu, ...]
+    memory_used: dict[tuple[str, int], int]
+    utilization: dict[tuple[str, int], float]
+    own: GpuJobUse
+
+
+def gpu_reads(gpus: tuple[Gpu, ...]) -> GpuReads:
+    return GpuReads(
+        gpus,
+        {g.key: g.memory_used_bytes for g in gpus if g.up and not g.mig and g.memory_used_bytes is not None},
+        {g.key: g.utilization_ratio for g in gpus if g.up and g.utilization_ratio is not None},
+        job_use(gpus))
+
+
+def memory_peaks(snapshot: FleetSnapshot, previous: dict[str, float],
+                 reads: GpuReads | None = None) -> dict[str, float]:
     """Each running job's peak GPU memory use per GPU so far: this snapshot's and the one before.
 
     Whole, non-MIG GPUs count (``gpu_share`` 1): a shared GPU's memory is several jobs'.
     On a shared GPU whose processes the NVML source read, the job's own processes' memory
     counts. Rebuilt from the snapshot's jobs, so a job that ends is forgotten at once and
-    the state never holds more than the fleet's running jobs.
+    the state never holds more than the fleet's running jobs. ``reads``: the snapshot's
+    GPUs' (:func:`gpu_reads`), when the caller holds them.
     """
-    used = {g.key: g.memory_used_bytes for g in snapshot.gpus
-            if g.up and not g.mig and g.memory_used_bytes is not None}
-    own = job_use(snapshot.gpus)
+    if reads is None or reads.gpus is not snapshot.gpus:
+        reads = gpu_reads(snapshot.gpus)
+    used, own = reads.memory_used, reads.own
     out: dict[str, float] = {}
     if not used and not previous and not own.jobs:
         return out  # nothing measured, now or before (a scheduler's view alone)
@@ -534,6 +555,7 @@ class Advisor:
     # job -> (free GPUs key, when): no plan let that job start; not asked again while the fleet's
     # free GPUs are the same, for the dwell (the jobs' ages, hence what may move, change slowly)
     pending_misses: dict[str, tuple[int, float]] = field(default_factory=dict)
+    _reads: GpuReads | None = field(default=None, repr=False, compare=False)  # gpu_reads, kept
 
     def alert_firing(self, alerts: list[dict[str, Any]]) -> list[str]:
         """Alertmanager says these alerts fire: the compaction alert's scopes have served dwell.
@@ -579,7 +601,7 @@ class Advisor:
                 state.above_since = None
                 state.recommended = False
                 self.alert_served.pop(scope, None)
-        self.memory_peak = memory_peaks(snapshot, self.memory_peak)
+        self.memory_peak = memory_peaks(snapshot, self.memory_peak, self._gpu_reads(snapshot))
         measured = with_measured_needs(snapshot, self.memory_peak)
         scopes = {k: ScopeStatus(round(st.index, 2), st.recommended, st.above_since)
                   for k, st in sorted(self.scopes.items())}
@@ -787,8 +809,8 @@ class Advisor:
         starts the clock again: the GPU-hours are a lower bound. Never acted on.
         """
         below, duration = self.settings.idle or idle_rule()
-        utilization = {g.key: g.utilization_ratio for g in snapshot.gpus
-                       if g.up and g.utilization_ratio is not None}
+        reads = self._gpu_reads(snapshot)
+        utilization = reads.utilization
         if not utilization:  # no telemetry: no job is seen idle, and every idle clock stops
             self.idle_since = {}
             return ()
@@ -796,7 +818,7 @@ class Advisor:
         catalogue = default_catalogue()
         idle: dict[str, float] = {}
         out: list[tuple[int, float, str, Reclaim]] = []
-        own = job_use(snapshot.gpus)  # a shared GPU's tenants, each by its own processes
+        own = reads.own  # a shared GPU's tenants, each by its own processes
         for alloc in snapshot.allocations:
             used = _job_utilization(alloc, utilization, own)
             if used is None or used >= below:
@@ -820,6 +842,13 @@ class Advisor:
             )))
         self.idle_since = idle
         return tuple(entry for *_, entry in sorted(out, key=lambda r: r[:3]))
+
+    def _gpu_reads(self, snapshot: FleetSnapshot) -> GpuReads:
+        """The snapshot's :func:`gpu_reads`, kept while the snapshots share their GPUs' tuple."""
+        reads = self._reads
+        if reads is None or reads.gpus is not snapshot.gpus:
+            reads = self._reads = gpu_reads(snapshot.gpus)
+        return reads
 
     def durable_state(self) -> AdvisorState:
         """What a restart must not lose: the cooldown, the plan in force, the dwell clocks."""
