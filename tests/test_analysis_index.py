@@ -98,3 +98,38 @@ def test_compaction_is_due_above_the_threshold():
     assert evaluate(state, compiled).cluster.index == pytest.approx(100 * 16 / 24)
     assert evaluate(state, compiled).compaction_due
     assert not evaluate(state, compiled, IndexSettings(compaction_threshold=70)).compaction_due
+
+
+def test_a_kept_scorer_is_the_layout_s_own_and_rebuilt_when_the_layout_changes():
+    """The analyzer and a simulation keep the scorer of the fleet's layout; a report with it is
+    the one without it, and a layout changed in place (GPUs per node, pools, models, the
+    settings) gets a new scorer, not the kept one."""
+    import dataclasses
+
+    import numpy as np
+
+    from exporter.analysis.index import KeptScorer, scorer
+
+    def same(x, y):
+        def equal(a, b):
+            return np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+        return all(equal(getattr(x, f.name), getattr(y, f.name)) for f in dataclasses.fields(x))
+
+    state = fleet({"a": ("H200", [[1.0] * 8, [0.0] * 8]), "b": ("A100-80GB", [[0.5] * 8])})
+    cw = compile_workload(WHOLE, state.model_names)
+    kept = KeptScorer()
+    plain = evaluate(state, cw)
+    with_kept = evaluate(state, cw, kept=kept)
+    assert (with_kept.cluster, with_kept.pools, with_kept.inversions) == (
+        plain.cluster, plain.pools, plain.inversions)
+    first = kept.last
+    assert first is not None and same(first[1], scorer(state, IndexSettings()))
+    evaluate(state, cw, kept=kept)
+    assert kept.last is first  # the same layout: kept
+    state.gpu_count[2] = 4  # a node's GPUs changed in place: another layout
+    assert same(kept(state, IndexSettings()), scorer(state, IndexSettings())) and kept.last is not first
+    second = kept.last
+    moved = dataclasses.replace(state, pool=np.zeros_like(state.pool))
+    assert same(kept(moved, IndexSettings()), scorer(moved, IndexSettings())) and kept.last is not second
+    slack = IndexSettings(slack_nodes=2.0)
+    assert same(kept(moved, slack), scorer(moved, slack))

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from exporter import metrics
 from exporter.analysis import configure
 from exporter.analysis.fgd import FRAGMENT_REASONS, CompiledWorkload, compile_workload
-from exporter.analysis.index import IndexSettings, Report, evaluate
+from exporter.analysis.index import IndexSettings, KeptScorer, Report, evaluate
 from exporter.analysis.options import AnalysisConfig
 from exporter.analysis.state import FleetState, from_snapshot
 from exporter.analysis.workload import Shape, ShapeWindow, Workload
@@ -86,6 +86,7 @@ class LiveAnalyzer:
     window: ShapeWindow | None = None  # the live workload; None when it is fixed
     fixed: Workload | None = None
     _compiled: CompiledWorkload | None = None
+    _scorer: KeptScorer = field(default_factory=KeptScorer, repr=False)
 
     @classmethod
     def from_config(cls, config: AnalysisConfig, table: Thresholds | None = None) -> LiveAnalyzer:
@@ -112,7 +113,7 @@ class LiveAnalyzer:
         if compiled is None or compiled.workload != workload or compiled.model_names != state.model_names:
             compiled = compile_workload(workload, state.model_names)
             self._compiled = compiled
-        return evaluate(state, compiled, self.settings)
+        return evaluate(state, compiled, self.settings, kept=self._scorer)
 
     def current_workload(self) -> Workload:
         """The workload the last snapshot was measured against (what-if analyses reuse it)."""

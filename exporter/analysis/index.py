@@ -138,6 +138,27 @@ def scorer(state: FleetState, settings: IndexSettings = IndexSettings(),
     )
 
 
+@dataclass
+class KeptScorer:
+    """:func:`scorer` of the last layout it was asked for: a fleet's layout (pools, models,
+    GPUs per node) stays the same between evaluations, and its scorer is rebuilt only when
+    it changes. One per caller that evaluates again and again (an analyzer, a simulation)."""
+
+    # (everything scorer() reads, by value, and its scorer): one attribute, so a reader on
+    # another thread never pairs one layout's key with another's scorer
+    last: tuple[tuple[object, ...], Scorer] | None = None
+
+    def __call__(self, state: FleetState, settings: IndexSettings,
+                 catalogue: Catalogue | None = None) -> Scorer:
+        # the arrays by their bytes: a state's arrays are shared and may change in place
+        key = (state.pool_names, state.model_names, state.pool.tobytes(), state.model.tobytes(),
+               state.gpu_count.tobytes(), settings, catalogue)
+        last = self.last
+        if last is None or last[0] != key:
+            last = self.last = (key, scorer(state, settings, catalogue))
+        return last[1]
+
+
 @dataclass(frozen=True, slots=True)
 class Scope:
     """Fragmentation of a set of nodes: a pool or the cluster."""
@@ -193,11 +214,12 @@ class Report:
 
 
 def evaluate(state: FleetState, cw: CompiledWorkload, settings: IndexSettings = IndexSettings(),
-             catalogue: Catalogue | None = None) -> Report:
-    """Node, pool and cluster fragmentation with its breakdown, tier inversions and indices."""
+             catalogue: Catalogue | None = None, kept: KeptScorer | None = None) -> Report:
+    """Node, pool and cluster fragmentation with its breakdown, tier inversions and indices.
+    ``kept``: the caller's scorer of the fleet's layout, rebuilt only when the layout changes."""
     reasons = fgd.breakdown(state, cw)
     tot = totals(state, cw, node_fragmented=reasons[:, 1:].sum(axis=1))
-    score = scorer(state, settings, catalogue)
+    score = scorer(state, settings, catalogue) if kept is None else kept(state, settings, catalogue)
     cluster_index, pool_index, inverted = score.scores(tot)
     allocated = score.allocated(tot)
 
@@ -226,5 +248,5 @@ def evaluate(state: FleetState, cw: CompiledWorkload, settings: IndexSettings = 
     return Report(cluster, pools, inversions, tot, state, cw, settings)
 
 
-__all__ = ["FRAGMENT_REASONS", "REASONS", "IndexSettings", "Report", "Scope", "Scorer", "Totals",
-           "evaluate", "fragmentation_index", "scorer", "totals"]
+__all__ = ["FRAGMENT_REASONS", "REASONS", "IndexSettings", "KeptScorer", "Report", "Scope", "Scorer",
+           "Totals", "evaluate", "fragmentation_index", "scorer", "totals"]

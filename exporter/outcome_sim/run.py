@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from exporter.analysis.fgd import CompiledWorkload, compile_workload
-from exporter.analysis.index import IndexSettings, evaluate
+from exporter.analysis.index import IndexSettings, KeptScorer, evaluate
 from exporter.analysis.workload import from_tasks
 from exporter.gpu_catalogue import default_catalogue, speed
 from exporter.outcome_sim.advisor_loop import AdvisorStrategy
@@ -166,6 +166,7 @@ def _simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed:
     since, horizon = tl.measured_from, tl.horizon
     out = Outcome(strategy_name, seed, tl.load)
     index_settings = IndexSettings()
+    kept_scorer = KeptScorer()  # the fleet's layout does not change in a run
     delivered = 0.0
     queued_gpu_seconds = 0.0
     split = WaitSplit(cluster.placer, since, scheduler, free=cluster.free)
@@ -225,7 +226,7 @@ def _simulate(fleet: SimFleet, series: HourlyArrivals, strategy_name: str, seed:
                 split.left(resumed(scheduler.run_pass(now)))
             next_tick = now + strategy.interval
         if now >= next_sample:
-            report = evaluate(cluster.placer.state, workload, index_settings)
+            report = evaluate(cluster.placer.state, workload, index_settings, kept=kept_scorer)
             indices.append(report.cluster.index)
             out.samples.append(Sample(now - since, scheduler.queue.size, scheduler.queue.demand,
                                       100.0 * cluster.busy / cluster.capacity, report.cluster.index,
