@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import itertools
 import math
 from collections import Counter
@@ -52,7 +53,9 @@ from exporter.snapshot import Placement as Part
 
 if TYPE_CHECKING:
     from exporter.analysis.analyzer import FleetView
+    from exporter.outcome_sim.cluster import Cluster
     from exporter.outcome_sim.sim import Sim
+    from exporter.outcome_sim.timeline import Job
 
 PENDING_LISTED = 200  # queued jobs put in a snapshot's pending list (a scheduler's pending view)
 NAMESPACES = 20  # jobs spread over this many namespaces (the planner budgets moves per namespace)
@@ -104,15 +107,14 @@ class AdvisorStrategy:
     _now: float = 0.0
     decisions: Counter[str] = field(default_factory=Counter)  # what each evaluation decided
     evaluations: int = 0
-    # job -> (its version, its last checkpoint, its allocation, its parts' ids in _parts):
-    # rebuilt only when the version or the checkpoint changed (the ids only with the version)
-    _allocations: dict[int, tuple[int, float, Allocation, tuple[int, ...] | None]] = field(
-        default_factory=dict, repr=False)
     _parts: PartCounts = field(default_factory=lambda: PartCounts(), repr=False)
+    # the running jobs' allocations, followed from one evaluation to the next by what changed
+    _kept: KeptAllocations = field(init=False, repr=False)
     _requests: dict[int, JobRequest] = field(default_factory=dict, repr=False)  # queued job -> request
 
     def __post_init__(self) -> None:
         self.interval = min(TICK, self.evaluate_every)
+        self._kept = KeptAllocations(self._parts)
 
     def pools(self, one_partition: bool) -> None:
         """Whether the snapshot lists one partition (the default) or a pool per model
@@ -150,7 +152,7 @@ class AdvisorStrategy:
         self.evaluations += 1
         from exporter.cycle import run_cycle
 
-        snapshot = snapshot_of(sim, now, self._allocations, self.one_partition, self._requests, self._parts)
+        snapshot = snapshot_of(sim, now, self._kept, self.one_partition, self._requests)
         self._sim = sim
         advice = run_cycle(self._stages, snapshot).advice
         assert advice is not None
@@ -222,34 +224,232 @@ class AdvisorStrategy:
 
 
 class PartCounts:
-    """The parts of a snapshot's allocations, to count its shapes without a pass over them.
+    """The shapes of a snapshot's allocations, counted as allocations come and go instead of
+    by a pass over them all.
 
-    Each distinct part key (:func:`~exporter.analysis.workload.part_keys`) is numbered once;
-    :func:`snapshot_of` keeps each job's numbers with its allocation and lists them here in
-    the allocations' order. Counting small ints instead of hashing each job's key tuple
-    again, then naming them back in the order first counted, gives ``snapshot_shapes``' own
-    counts in its own order (``typical`` breaks ties by it)."""
+    Each distinct part key (:func:`~exporter.analysis.workload.part_keys`) is numbered by its
+    canonical shape once; an allocation enters with its place in the snapshot's order (any
+    number that grows along it: its index, or :attr:`Cluster.entered <exporter.outcome_sim.
+    cluster.Cluster.entered>`) and its parts' numbers. ``snapshot_shapes`` counts shapes in
+    the order first met along the allocations (``typical`` breaks ties by it): a shape's
+    first is the lowest place among the allocations holding it, then its first index among
+    that allocation's parts, so each shape keeps its holders by place and its order is read
+    off the first of each. The counts by shape are kept in that order, and sorted again only
+    when a shape's first holder changed (a few evaluations in a hundred)."""
 
     def __init__(self) -> None:
-        self.index: dict[PartKey, int] = {}
-        self.keys: list[PartKey] = []
-        self.listed: list[tuple[int, ...]] = []  # the last snapshot's, one per allocation
+        self.index: dict[PartKey, int] = {}  # part key -> its shape's number
+        self.numbers: dict[Shape, int] = {}
+        self.shapes_seen: list[Shape] = []  # number -> shape
+        self.counts: dict[int, int] = {}  # shape number -> parts of that shape listed
+        self.holders: dict[int, dict[int, int]] = {}  # shape -> {place: first index}, by place
+        self.top = -1  # the highest place entered since the last clear
+        self.stamp = 0  # bumped by each clear: a reader whose counts were cleared rebuilds them
+        self.counted: Counter[Shape] | None = None  # the counts by shape in order; None: to sort
 
     def ids(self, alloc: Allocation) -> tuple[int, ...]:
+        """The shape numbers of ``alloc``'s parts, in its parts' order."""
         out = []
         for key in part_keys(alloc):
             number = self.index.get(key)
             if number is None:
-                number = self.index[key] = len(self.keys)
-                self.keys.append(key)
+                shape = next(iter(shapes_of(Counter({key: 1}))))
+                number = self.numbers.get(shape)
+                if number is None:
+                    number = self.numbers[shape] = len(self.shapes_seen)
+                    self.shapes_seen.append(shape)
+                self.index[key] = number
             out.append(number)
         return tuple(out)
 
+    def clear(self) -> None:
+        self.counts.clear()
+        self.holders.clear()
+        self.top = -1
+        self.stamp += 1
+        self.counted = None
+
+    def add(self, place: int, ids: tuple[int, ...]) -> None:
+        counts, holders = self.counts, self.holders
+        late = place < self.top  # a job moved in its place: it may come before a shape's holders
+        self.top = max(self.top, place)
+        for i, number in enumerate(ids):
+            counts[number] = counts.get(number, 0) + 1
+            held = holders.get(number)
+            if held is None:
+                holders[number] = {place: i}
+                self.counted = None  # a shape first met
+                continue
+            if place not in held:
+                held[place] = i
+                if late:
+                    holders[number] = dict(sorted(held.items()))
+                    self.counted = None
+            if self.counted is not None:
+                self.counted[self.shapes_seen[number]] += 1
+
+    def remove(self, place: int, ids: tuple[int, ...]) -> None:
+        counts, holders = self.counts, self.holders
+        for number in ids:
+            left = counts[number] - 1
+            if left:
+                counts[number] = left
+            else:
+                del counts[number]
+            held = holders.get(number)
+            if held is not None and place in held:  # else a shape twice in one job: gone with the first
+                if next(iter(held)) == place:
+                    self.counted = None  # its first holder leaves (the last, when none is left)
+                del held[place]
+                if not held:
+                    del holders[number]
+            if self.counted is not None:
+                self.counted[self.shapes_seen[number]] -= 1
+
     def shapes(self) -> Counter[Shape]:
-        """The listed allocations' :func:`~exporter.analysis.workload.snapshot_shapes`."""
-        keys = self.keys
-        counted = Counter(itertools.chain.from_iterable(self.listed))
-        return shapes_of(Counter({keys[number]: n for number, n in counted.items()}))
+        """The entered allocations' :func:`~exporter.analysis.workload.snapshot_shapes`."""
+        counted = self.counted
+        if counted is None:
+            holders, counts, seen = self.holders, self.counts, self.shapes_seen
+            order = sorted(counts, key=lambda number: next(iter(holders[number].items())))
+            counted = self.counted = Counter({seen[number]: counts[number] for number in order})
+        return Counter(counted)  # a copy: the analysis keeps it
+
+
+class KeptAllocations:
+    """The running jobs' allocations, in :attr:`Cluster.running`'s order, brought up to date
+    at each snapshot from what changed since the last, not by a pass over every job.
+
+    A job's allocation is kept, the same object (the planner's caches know it by identity),
+    until the cluster says the job started, stopped or was relocated (its ``watchers``), or
+    its next checkpoint is due (a heap by that time). ``running`` lists jobs in the order
+    they entered it (:attr:`Cluster.entered`): a started one comes last, a moved one (stopped
+    and started) leaves its place for the end, a relocated one keeps its place; so do these.
+    The shapes of the allocations are counted in :attr:`parts` as they come and go."""
+
+    def __init__(self, parts: PartCounts) -> None:
+        self.parts = parts
+        self.allocations: dict[int, Allocation] = {}  # job id -> allocation, in running's order
+        # job id -> (its entry in running, its version, its last checkpoint, its parts' numbers)
+        self.held: dict[int, tuple[int, int, float, tuple[int, ...]]] = {}
+        self.due: list[tuple[float, int, int]] = []  # (next checkpoint, job id, version): a heap
+        self.changed: set[int] = set()  # the cluster's watcher: jobs that changed since the last
+        self.cluster: Cluster | None = None
+        self.stamp = -1  # the parts' stamp when they were last built here
+        self.now = -math.inf
+
+    def update(self, sim: Sim, now: float) -> tuple[Allocation, ...]:
+        """The allocations of every job running at ``now``, as :func:`snapshot_of` lists them."""
+        cluster = sim.cluster
+        interval = cluster.cost.checkpoint
+        within = _within(interval)
+        if cluster is not self.cluster or now < self.now or self.parts.stamp != self.stamp:
+            self._rebuild(cluster, now, interval, within)
+        else:
+            self._follow(cluster, now, interval, within)
+        self.now = now
+        return tuple(self.allocations.values())
+
+    def _rebuild(self, cluster: Cluster, now: float, interval: float, within: float) -> None:
+        if cluster is not self.cluster:
+            if self.cluster is not None:
+                self.cluster.watchers[:] = [w for w in self.cluster.watchers if w is not self.changed]
+            self.changed = set()
+            cluster.watchers.append(self.changed)
+            self.cluster = cluster
+        self.changed.clear()
+        self.allocations.clear()
+        self.held.clear()
+        self.due.clear()
+        self.parts.clear()
+        self.stamp = self.parts.stamp
+        for job in cluster.running.values():
+            self._enter(job, cluster.entered[job.id], now, interval, within)
+
+    def _follow(self, cluster: Cluster, now: float, interval: float, within: float) -> None:
+        running, entered, held = cluster.running, cluster.entered, self.held
+        started = []
+        for job_id in self.changed:
+            job = running.get(job_id)
+            was = held.get(job_id)
+            if was is not None:
+                if job is not None and entered[job_id] == was[0]:
+                    if job.version != was[1]:  # relocated: rebuilt in its place
+                        self.parts.remove(was[0], was[3])
+                        self._enter(job, was[0], now, interval, within)
+                    continue
+                self._leave(job_id, was)
+            if job is not None:
+                started.append(job)
+        self.changed.clear()
+        # every job still kept entered running before these did: they come last, as they entered
+        started.sort(key=lambda j: entered[j.id])
+        for job in started:
+            self._enter(job, entered[job.id], now, interval, within)
+        due, allocations, again = self.due, self.allocations, []
+        while due and due[0][0] <= now:  # snapshot_of's ``now < checkpoint + within`` no longer holds
+            _, job_id, version = due[0]
+            was = held.get(job_id)
+            if was is None or was[1] != version:
+                heapq.heappop(due)  # the job changed since: its entry now is another
+                continue
+            checkpoint = _checkpoint(running[job_id], now, interval)
+            if checkpoint == was[2]:
+                again.append(heapq.heappop(due))  # float rounding at the boundary: looked at next time
+                continue
+            # the same run, checkpointed since: only the time differs
+            allocations[job_id] = _checkpointed(allocations[job_id], checkpoint)
+            held[job_id] = (was[0], version, checkpoint, was[3])
+            heapq.heapreplace(due, (checkpoint + within, job_id, version))
+        for entry in again:
+            heapq.heappush(due, entry)
+
+    def _enter(self, job: Job, place: int, now: float, interval: float, within: float) -> None:
+        checkpoint = _checkpoint(job, now, interval)
+        alloc = _allocation(job, checkpoint)
+        ids = self.parts.ids(alloc)
+        self.parts.add(place, ids)
+        self.allocations[job.id] = alloc
+        self.held[job.id] = (place, job.version, checkpoint, ids)
+        if within < math.inf:
+            heapq.heappush(self.due, (checkpoint + within, job.id, job.version))
+
+    def _leave(self, job_id: int, was: tuple[int, int, float, tuple[int, ...]]) -> None:
+        del self.allocations[job_id], self.held[job_id]
+        self.parts.remove(was[0], was[3])
+
+
+def _within(interval: float) -> float:
+    """How long after a job's checkpoint the next may be due: ``checkpoint + interval``, less a
+    millisecond, so float rounding near the boundary never keeps a stale one (time only moves
+    forward, and a restart bumps the version)."""
+    return interval - 1e-3 if interval > 0 else math.inf
+
+
+def _checkpoint(job: Job, now: float, interval: float) -> float:
+    """``job.last_checkpoint(now, interval)``, with the same arithmetic."""
+    ran = now - job.resumed
+    saved = math.floor(ran / interval) * interval if interval > 0 and ran > 0 else 0.0
+    return job.resumed + saved
+
+
+def _allocation(job: Job, checkpoint: float) -> Allocation:
+    return Allocation(
+        job=str(job.id),
+        placements=tuple(Part(p.node_name, p.gpus, p.gpu_share if p.gpus else 1.0, p.cpus)
+                         for p in job.placements),
+        namespace=f"team-{job.id % NAMESPACES}", pod=f"job-{job.id}",
+        priority=1000 if job.high else 0, start_time=job.placed,
+        last_checkpoint_time=checkpoint, allowed_models=job.models)
+
+
+def _checkpointed(last: Allocation, checkpoint: float) -> Allocation:
+    """``last`` checkpointed at ``checkpoint`` (built as :func:`_allocation` builds it: every
+    field not named here is its default)."""
+    return Allocation(
+        job=last.job, placements=last.placements, namespace=last.namespace, pod=last.pod,
+        priority=last.priority, start_time=last.start_time, last_checkpoint_time=checkpoint,
+        allowed_models=last.allowed_models)
 
 
 SOURCE = (SourceStatus("simulate", True, 0.0, None),)  # the queue is listed: none pending is none
@@ -277,66 +477,28 @@ def _model_pools(fleet: SimFleet) -> dict[str, str]:
 
 
 def snapshot_of(sim: Sim, now: float,
-                cache: dict[int, tuple[int, float, Allocation, tuple[int, ...] | None]] | None = None,
+                cache: KeptAllocations | dict[int, tuple[int, float, Allocation, tuple[int, ...] | None]]
+                | None = None,
                 one_partition: bool = True,
                 requests: dict[int, JobRequest] | None = None,
                 parts: PartCounts | None = None) -> FleetSnapshot:
     """The simulated fleet as a source would report it: allocations and the pending queue
     (each job's GPUs and CPUs in all, as Slurm states them).
 
-    ``cache`` keeps each job's allocation while the job neither moved nor checkpointed, so a
-    snapshot of a thousand jobs costs a few allocations, not a thousand; ``requests`` keeps
-    the listed queued jobs' requests the same way. ``parts`` is given each listed
-    allocation's parts, in order (their ids kept in ``cache`` with the allocation), to count
-    the snapshot's shapes from. ``one_partition``: see :attr:`AdvisorStrategy.one_partition`.
+    ``cache``: a :class:`KeptAllocations` (the loop's) follows the running jobs by what
+    changed since its last snapshot, its shapes counted in its ``parts``; a dict keeps each
+    job's allocation while the job neither moved nor checkpointed, but looks at every job;
+    None builds every allocation (what the kept ones are checked against). ``requests``
+    keeps the listed queued jobs' requests the same way. ``parts`` (not with a
+    :class:`KeptAllocations`) is given the listed allocations' parts, to count the
+    snapshot's shapes from. ``one_partition``: see :attr:`AdvisorStrategy.one_partition`.
     """
     fleet = sim.fleet
-    interval = sim.cluster.cost.checkpoint
-    cache = {} if cache is None else cache
-    running = sim.cluster.running
-    allocations = []
-    if parts is not None:
-        parts.listed.clear()
-    # a job's checkpoint is the same until the next is due: ``checkpoint + interval``, less a
-    # millisecond, so float rounding near the boundary never keeps a stale one (time only
-    # moves forward, and a restart bumps the version)
-    within = interval - 1e-3 if interval > 0 else math.inf
-    for job in running.values():
-        held = cache.get(job.id)
-        if held is not None and held[0] == job.version and now < held[1] + within:
-            allocations.append(held[2])
-            if parts is not None:
-                parts.listed.append(held[3] if held[3] is not None else parts.ids(held[2]))
-            continue
-        # job.last_checkpoint(now, interval), inlined with the same arithmetic: this loop runs
-        # over every running job at every evaluation (5,000 of them on openb)
-        ran = now - job.resumed
-        saved = math.floor(ran / interval) * interval if interval > 0 and ran > 0 else 0.0
-        checkpoint = job.resumed + saved
-        if held is not None and held[0] == job.version and held[1] != checkpoint:
-            # the same run, checkpointed since: only the time differs (a restart bumps the version)
-            last = held[2]  # built below: every field not named here is its default
-            held = (job.version, checkpoint, Allocation(
-                job=last.job, placements=last.placements, namespace=last.namespace, pod=last.pod,
-                priority=last.priority, start_time=last.start_time, last_checkpoint_time=checkpoint,
-                allowed_models=last.allowed_models), held[3])
-            cache[job.id] = held
-        elif held is None or held[0] != job.version:
-            alloc = Allocation(
-                job=str(job.id),
-                placements=tuple(Part(p.node_name, p.gpus, p.gpu_share if p.gpus else 1.0, p.cpus)
-                                 for p in job.placements),
-                namespace=f"team-{job.id % NAMESPACES}", pod=f"job-{job.id}",
-                priority=1000 if job.high else 0, start_time=job.placed,
-                last_checkpoint_time=checkpoint, allowed_models=job.models)
-            held = (job.version, checkpoint, alloc, None if parts is None else parts.ids(alloc))
-            cache[job.id] = held
-        allocations.append(held[2])
-        if parts is not None:
-            parts.listed.append(held[3] if held[3] is not None else parts.ids(held[2]))
-    if len(cache) > len(running):
-        for gone in cache.keys() - running.keys():
-            del cache[gone]
+    if isinstance(cache, KeptAllocations):
+        assert parts is None or parts is cache.parts
+        allocations = cache.update(sim, now)
+    else:
+        allocations = _walk(sim, now, {} if cache is None else cache, parts)
     listed: dict[int, JobRequest] = {}
     # a pool per model: a job that may use one model waits in that model's partition, as the
     # scheduler's heads do and Slurm lists its partition; in one partition, every job in it.
@@ -365,7 +527,39 @@ def snapshot_of(sim: Sim, now: float,
         requests.update(listed)
     pending = tuple(listed.values())
     nodes, gpus = _partitioned(fleet) if one_partition else (fleet.nodes, fleet.gpus)
-    return FleetSnapshot(now, nodes, gpus, tuple(allocations), pending, SOURCE)
+    return FleetSnapshot(now, nodes, gpus, allocations, pending, SOURCE)
 
 
-__all__ = ["AdvisorStrategy", "PartCounts", "snapshot_of"]
+def _walk(sim: Sim, now: float, cache: dict[int, tuple[int, float, Allocation, tuple[int, ...] | None]],
+          parts: PartCounts | None) -> tuple[Allocation, ...]:
+    """Every running job's allocation, each looked at: kept in ``cache`` while the job's
+    version and checkpoint are (its parts' numbers only with the version)."""
+    interval = sim.cluster.cost.checkpoint
+    running = sim.cluster.running
+    allocations: list[Allocation] = []
+    if parts is not None:
+        parts.clear()
+    within = _within(interval)
+    for job in running.values():
+        held = cache.get(job.id)
+        if held is None or held[0] != job.version or not now < held[1] + within:
+            checkpoint = _checkpoint(job, now, interval)
+            if held is not None and held[0] == job.version:
+                if held[1] != checkpoint:  # the same run, checkpointed since: only the time differs
+                    held = (job.version, checkpoint, _checkpointed(held[2], checkpoint), held[3])
+            else:
+                held = (job.version, checkpoint, _allocation(job, checkpoint), None)
+        if parts is not None and held[3] is None:
+            held = (*held[:3], parts.ids(held[2]))
+        cache[job.id] = held
+        if parts is not None:
+            assert held[3] is not None
+            parts.add(len(allocations), held[3])
+        allocations.append(held[2])
+    if len(cache) > len(running):
+        for gone in cache.keys() - running.keys():
+            del cache[gone]
+    return tuple(allocations)
+
+
+__all__ = ["AdvisorStrategy", "KeptAllocations", "PartCounts", "snapshot_of"]

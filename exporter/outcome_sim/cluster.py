@@ -147,6 +147,9 @@ class Cluster:
         self.parts_on: dict[int, dict[int, Job]] = {}
         self.entered: dict[int, int] = {}
         self._entries = 0
+        # each reader's set of the ids of jobs started, stopped or relocated since it last
+        # looked: the advisor's snapshot follows the fleet by them, not by a pass over it
+        self.watchers: list[set[int]] = []
 
     # -- placing ----------------------------------------------------------------
 
@@ -249,6 +252,8 @@ class Cluster:
             self.single.add(job)
         self.busy += job.demand
         heapq.heappush(self.finishes, (job.end(), job.id, job.version))
+        for seen in self.watchers:
+            seen.add(job.id)
 
     def stop(self, job: Job) -> None:
         """Give the job's GPUs back (it finished, or moves, or is evicted)."""
@@ -263,6 +268,8 @@ class Cluster:
         del self.running[job.id]
         self.busy -= job.demand
         self.releases += 1
+        for seen in self.watchers:
+            seen.add(job.id)
 
     def interrupt(self, job: Job, now: float) -> float:
         """Stop the job for a move or an eviction: keep what its checkpoints saved, count the rest
@@ -306,6 +313,8 @@ class Cluster:
         self.migrations += 1
         self.releases += 1  # room moved: what failed to fit before may fit now
         heapq.heappush(self.finishes, (job.end(), job.id, job.version))
+        for seen in self.watchers:
+            seen.add(job.id)
 
     def _on_nodes(self, job: Job) -> None:
         for p in job.placements:
