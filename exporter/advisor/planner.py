@@ -37,15 +37,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import heapq
-import itertools
 import math
-import operator
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -253,27 +249,21 @@ class _Where:
 
 
 class _Layout:
-    """Each job's :class:`_Where` (or None: never movable) over calls on one fleet layout, and
-    the movable jobs that have run ``min_runtime`` (:class:`_Ripe`).
+    """Each job's :class:`_Where` (or None: never movable) over calls on one fleet layout.
 
     The simulated fleet asks for candidates every evaluation while most of its jobs stay
-    put, their allocations the same objects; this keeps, per job, the part of
-    :func:`_candidates`' work that only the job and the layout decide, and works out again
-    only the jobs whose allocation is a new object: a job's answer is kept while its
-    allocation has the same placements, priority, allowed models and memory need (what
-    :func:`_where` reads; a source that reports a new checkpoint time builds a new
-    allocation for a job that has not moved). A new layout (another node list, GPU slots,
-    CPUs, models, MIG nodes or priority rule) starts it over. Each call replaces the kept
-    dicts whole, so one that fails partway leaves the last call's as they were.
+    put; this keeps, per job, the part of :func:`_candidates`' work that only the job and
+    the layout decide, and drops the jobs gone. It is kept while the job's allocation is
+    the same object, or one with the same placements, priority, allowed models and memory
+    need (what :func:`_where` reads): a source that reports a new checkpoint time builds a
+    new allocation for a job that has not moved. A new layout (another node list, GPU
+    slots, CPUs, models, MIG nodes or priority rule) starts it over.
     """
 
     def __init__(self) -> None:
         self.key: tuple[object, ...] = ()
         self.arrays: tuple[np.ndarray, ...] = ()
-        self.kept: dict[str, _Where | None] = {}  # by job
-        self.allocs: dict[str, Allocation] = {}  # the allocation each answer is for, by job
-        self.names: list[str] = []  # the last call's jobs, in the snapshot's order
-        self.ripe: _Ripe | None = None
+        self.kept: dict[str, tuple[Allocation, _Where | None]] = {}
 
     def start(self, state: FleetState, mig: set[str], settings: PlanSettings) -> None:
         key = (state.names, state.model_names, frozenset(mig), settings.high_priority,
@@ -282,197 +272,7 @@ class _Layout:
                   state.gpu_index if state.gpu_index is not None else np.empty(0))
         if key != self.key or not all(a.shape == b.shape and np.array_equal(a, b)
                                       for a, b in zip(arrays, self.arrays, strict=True)):
-            self.key, self.arrays = key, tuple(a.copy() for a in arrays)
-            self.forget()
-
-    def forget(self) -> None:
-        self.kept, self.allocs, self.names, self.ripe = {}, {}, [], None
-
-    def update(self, snapshot: FleetSnapshot, state: FleetState, mig: set[str], settings: PlanSettings,
-               now: float) -> _Movable:
-        """Bring the kept answers to ``snapshot``, and say what may move at ``now``."""
-        allocations = snapshot.allocations
-        names = list(map(operator.attrgetter("job"), allocations))
-        count = len(names)
-        last, kept_before = self.allocs, self.kept
-        # the positions of the allocations that are not the kept ones of their jobs
-        changed = list(itertools.compress(range(count),
-                                          map(operator.is_not, map(last.get, names), allocations)))
-        gone: list[str] = []
-        reordered = False
-        if names != self.names:
-            current = set(names)
-            if len(current) != count:  # a job listed twice: nothing kept by job
-                self.forget()
-                return _Movable.walk(allocations, state, mig, settings, now)
-            gone = list(last.keys() - current)
-            before = list(filter(current.__contains__, self.names)) if gone else self.names
-            after = list(filter(last.__contains__, names)) if count > len(last) - len(gone) else names
-            # each node's jobs are kept in the snapshot's order: those kept must be in theirs
-            reordered = before != after
-        allocs, kept = dict(last), dict(kept_before)
-        rows: dict[int, dict[int, int]] = {}
-        index: dict[str, int] | None = None
-        left: list[tuple[str, _Where | None]] = [(name, kept.pop(name)) for name in gone]
-        came: list[str] = []
-        for name in gone:
-            del allocs[name]
-        for at in changed:
-            alloc, name = allocations[at], names[at]
-            was = last.get(name)
-            if was is not None and _same_layout(was, alloc):
-                where = kept_before[name]
-            else:
-                if index is None:
-                    index = {node: i for i, node in enumerate(state.names)}
-                where = _where(alloc, state, index, mig, settings, rows)
-            allocs[name], kept[name] = alloc, where
-            if was is None:
-                came.append(name)
-            elif where is not kept_before[name] or was.start_time != alloc.start_time:
-                left.append((name, kept_before[name]))  # it leaves as it was and comes as it is
-                came.append(name)
-        least = settings.min_runtime_seconds
-        ripe = self.ripe
-        if (reordered or ripe is None or ripe.least != least or not math.isfinite(now) or now < ripe.now
-                or len(left) + len(came) > count // 2):
-            ripe = _Ripe.build(names, allocs, kept, now, least)
-        elif left or came or (ripe.young and _is_ripe(ripe.young[0][0], now, least)):
-            ripe = ripe.after(names, allocs, kept, left, came, now)
-        elif now != ripe.now:
-            ripe = dataclasses.replace(ripe, now=now)
-        self.kept, self.allocs, self.names, self.ripe = kept, allocs, names, ripe
-        return _Movable(ripe.by_node, ripe.demand, allocs)
-
-
-def _is_ripe(start: float | None, now: float, least: float) -> bool:
-    """Whether a job started at ``start`` has run ``least`` seconds at ``now`` (None: not
-    started; a job without a start is taken to start now)."""
-    return max(0.0, now - (now if start is None else start)) >= least
-
-
-def _demand(jobs: Iterable[tuple[Any, _Where]]) -> float:
-    """The GPUs ``jobs`` hold, summed in their order (the planner compares the sum as it was
-    summed when the jobs were gathered afresh)."""
-    return sum(where.demand for _, where in jobs)
-
-
-@dataclass(frozen=True, slots=True)
-class _Movable:
-    """What the pending planner may move at one call: per node, its movable jobs that have
-    run ``min_runtime`` as (key, :class:`_Where`) in the snapshot's order, the GPUs they hold
-    (:func:`_demand`), and each key's allocation. Read, never changed."""
-
-    by_node: Mapping[int, Sequence[tuple[Any, _Where]]]
-    demand: Mapping[int, float]
-    allocs: Mapping[Any, Allocation]
-
-    @classmethod
-    def walk(cls, allocations: Sequence[Allocation], state: FleetState, mig: set[str],
-             settings: PlanSettings, now: float) -> _Movable:
-        """Gathered afresh from every allocation, each its own key (by position)."""
-        rows: dict[int, dict[int, int]] = {}
-        index = {node: i for i, node in enumerate(state.names)}
-        by_node: dict[int, list[tuple[int, _Where]]] = {}
-        for at, alloc in enumerate(allocations):
-            where = _where(alloc, state, index, mig, settings, rows)
-            if where is not None and _is_ripe(alloc.start_time, now, settings.min_runtime_seconds):
-                by_node.setdefault(where.node, []).append((at, where))
-        demand = {node: _demand(jobs) for node, jobs in by_node.items()}
-        return cls(by_node, demand, dict(enumerate(allocations)))
-
-
-@dataclass(frozen=True, slots=True)
-class _Ripe:
-    """The movable jobs that have run ``least`` seconds at ``now``, per node in the snapshot's
-    order (as a walk of the snapshot gathers them) with the GPUs they hold, and the others
-    still to get there. How long a job has run only grows while ``now`` does: a job once
-    ripe stays so, and the young ones ripen oldest first, so a call moves the young ones
-    whose time came and the jobs that came, left or changed; an earlier ``now`` starts over."""
-
-    least: float
-    now: float
-    by_node: dict[int, list[tuple[str, _Where]]]  # keyed by job
-    demand: dict[int, float]
-    young: list[tuple[float, str]]  # a heap of (start, job): the waiting jobs', and some left since
-    waiting: dict[str, tuple[float, _Where]]  # the young jobs: (start, where) by job
-
-    @classmethod
-    def build(cls, names: list[str], allocs: dict[str, Allocation], kept: dict[str, _Where | None],
-              now: float, least: float) -> _Ripe:
-        by_node: dict[int, list[tuple[str, _Where]]] = {}
-        young: list[tuple[float, str]] = []
-        waiting: dict[str, tuple[float, _Where]] = {}
-        for name in names:
-            where = kept[name]
-            if where is None:
-                continue
-            start = allocs[name].start_time
-            if _is_ripe(start, now, least):
-                by_node.setdefault(where.node, []).append((name, where))
-            elif start is not None and start == start:  # None or NaN: never ripe
-                young.append((start, name))
-                waiting[name] = (start, where)
-        heapq.heapify(young)
-        demand = {node: _demand(jobs) for node, jobs in by_node.items()}
-        return cls(least, now, by_node, demand, young, waiting)
-
-    def after(self, names: list[str], allocs: dict[str, Allocation], kept: dict[str, _Where | None],
-              left: list[tuple[str, _Where | None]], came: list[str], now: float) -> _Ripe:
-        """This at a ``now`` no earlier, ``left`` gone (as they were) and ``came`` come (as
-        ``allocs`` and ``kept`` have them); a new one: this one is left as it was."""
-        least = self.least
-        young, waiting = list(self.young), dict(self.waiting)
-        lists: dict[int, list[tuple[str, _Where]]] = {}  # the nodes' lists changed, copied
-        grown: set[int] = set()
-
-        def node_list(node: int) -> list[tuple[str, _Where]]:
-            found = lists.get(node)
-            if found is None:
-                found = lists[node] = list(self.by_node.get(node, ()))
-            return found
-
-        for name, where in left:
-            if where is None or waiting.pop(name, None) is not None:
-                continue
-            jobs = node_list(where.node)
-            at = next((k for k, (key, _) in enumerate(jobs) if key == name), None)
-            if at is not None:
-                del jobs[at]
-        for name in came:
-            where = kept[name]
-            if where is None:
-                continue
-            start = allocs[name].start_time
-            if _is_ripe(start, now, least):
-                node_list(where.node).append((name, where))
-                grown.add(where.node)
-            elif start is not None and start == start:
-                heapq.heappush(young, (start, name))
-                waiting[name] = (start, where)
-        while young and _is_ripe(young[0][0], now, least):
-            start, name = heapq.heappop(young)
-            entry = waiting.get(name)
-            if entry is None or entry[0] != start:
-                continue  # a job that left (one of its name may wait since, with its own entry)
-            del waiting[name]
-            node_list(entry[1].node).append((name, entry[1]))
-            grown.add(entry[1].node)
-        if grown:
-            position = dict(zip(names, range(len(names)), strict=True))
-            for node in grown:
-                lists[node].sort(key=lambda job: position[job[0]])
-        if len(young) > 2 * len(waiting) + 64:  # mostly left jobs' entries: the waiting ones only
-            young = [(start, name) for name, (start, _) in waiting.items()]
-            heapq.heapify(young)
-        by_node, demand = dict(self.by_node), dict(self.demand)
-        for node, jobs in lists.items():
-            if jobs:
-                by_node[node], demand[node] = jobs, _demand(jobs)
-            else:
-                by_node.pop(node, None)
-                demand.pop(node, None)
-        return _Ripe(least, now, by_node, demand, young, waiting)
+            self.key, self.arrays, self.kept = key, tuple(a.copy() for a in arrays), {}
 
 
 class KeptState:
@@ -554,21 +354,33 @@ def _same_layout(kept: Allocation, alloc: Allocation) -> bool:
             and kept.gpu_memory_need_bytes == alloc.gpu_memory_need_bytes)
 
 
-def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSettings, layout: _Layout,
-                  now: float) -> list[tuple[Allocation, _Where]]:
+def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSettings, layout: _Layout
+                  ) -> list[tuple[Allocation, _Where]]:
     """Every job the planner may move, with its :class:`_Where`, in the snapshot's order;
     ``layout`` keeps each job's answer for the next call."""
+    rows: dict[int, dict[int, int]] = {}
+    index: dict[str, int] | None = None
     mig = mig_nodes(snapshot)
     layout.start(state, mig, settings)
-    layout.update(snapshot, state, mig, settings, now)
-    if not layout.names and snapshot.allocations:  # a job listed twice: each looked at
-        index = {name: i for i, name in enumerate(state.names)}
-        rows: dict[int, dict[int, int]] = {}
-        return [(alloc, where) for alloc in snapshot.allocations
-                if (where := _where(alloc, state, index, mig, settings, rows)) is not None]
-    wheres = map(layout.kept.__getitem__, layout.names)
-    return [(alloc, where) for alloc, where in zip(snapshot.allocations, wheres, strict=True)
-            if where is not None]
+    kept = layout.kept
+    now_kept: dict[str, tuple[Allocation, _Where | None]] = {}
+    out: list[tuple[Allocation, _Where]] = []
+    for alloc in snapshot.allocations:
+        found = kept.get(alloc.job)
+        if found is not None and (found[0] is alloc or _same_layout(found[0], alloc)):
+            where = found[1]
+        else:
+            if index is None:
+                index = {name: i for i, name in enumerate(state.names)}
+            where = _where(alloc, state, index, mig, settings, rows)
+        if where is None:
+            now_kept[alloc.job] = (alloc, None)
+        else:
+            pair = (alloc, where)
+            now_kept[alloc.job] = pair
+            out.append(pair)
+    layout.kept = now_kept
+    return out
 
 
 def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float, settings: PlanSettings,
@@ -578,7 +390,7 @@ def _candidates(snapshot: FleetSnapshot, state: FleetState, now: float, settings
     by_node: dict[int, list[Candidate]] = {}
     expires = now + settings.ttl_seconds
     with (KeptState() if kept_state is None else kept_state).borrow() as working:
-        movable = _movable_jobs(snapshot, state, settings, working.layout, now)
+        movable = _movable_jobs(snapshot, state, settings, working.layout)
     for alloc, where in movable:
         started = alloc.start_time if alloc.start_time is not None else now
         if max(0.0, now - started) < settings.min_runtime_seconds \
@@ -888,16 +700,25 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
         return _plan_for_pending(working, snapshot, report, job, now, settings)
 
 
-def _movable(working: KeptState, snapshot: FleetSnapshot, state: FleetState, mig: set[str],
-             is_mig: np.ndarray, now: float, settings: PlanSettings) -> tuple[_Movable, dict[int, list[int]]]:
+def _movable(working: KeptState, snapshot: FleetSnapshot, state: FleetState, is_mig: np.ndarray,
+             now: float, settings: PlanSettings
+             ) -> tuple[dict[int, list[tuple[Allocation, _Where]]], dict[int, list[int]]]:
     """candidates()'s and cpu_only_candidates()' jobs past min_runtime, per node (each becomes
     a Candidate, its cost at ``now``, only on a node tried: most nodes are not), and per such
     node the nodes its jobs may not go to: another pool's, or a MIG node."""
     barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist() for p in np.unique(state.pool)}
-    working.layout.start(state, mig, settings)
-    movable = working.layout.update(snapshot, state, mig, settings, now)
+    movable: dict[int, list[tuple[Allocation, _Where]]] = {}
+    least = settings.min_runtime_seconds
+    for pair in _movable_jobs(snapshot, state, settings, working.layout):
+        began = pair[0].start_time
+        if max(0.0, now - (now if began is None else began)) >= least:
+            found = movable.get(pair[1].node)
+            if found is None:
+                movable[pair[1].node] = [pair]
+            else:
+                found.append(pair)
     pool = state.pool.tolist()  # read per node: a list, not numpy scalars
-    return movable, {n: barred[pool[n]] for n in movable.by_node}
+    return movable, {n: barred[pool[n]] for n in movable}
 
 
 def _plan_for_pending(working: KeptState, snapshot: FleetSnapshot, report: Report, job: JobRequest,
@@ -913,12 +734,13 @@ def _plan_for_pending(working: KeptState, snapshot: FleetSnapshot, report: Repor
     if _place_parts(placer, target, log):
         _undo(placer, log)
         return None  # it fits now: the scheduler will start it
-    movable, barred_of = _movable(working, snapshot, state, mig, is_mig, now, settings)
+    movable, barred_of = _movable(working, snapshot, state, is_mig, now, settings)
     kept: list[tuple[Candidate, Placement]] = []
     per_namespace: Counter[str] = Counter()
     try:
         if not (_parts_could_fit(placer, target, movable, settings)
-                and _plan_job(placer, target, movable, now, settings, kept, per_namespace, barred_of, log)):
+                and _plan_job(placer, target, movable, now, settings, kept, per_namespace, barred_of, log,
+                              _Rooms(placer))):
             return None
     finally:
         _undo(placer, log)
@@ -949,9 +771,9 @@ def _plan_for_pending(working: KeptState, snapshot: FleetSnapshot, report: Repor
 
 
 def _cheapest_node(placer: Placer, target: _Pending, excluded: list[int],
-                   movable: _Movable, now: float,
+                   movable: dict[int, list[tuple[Allocation, _Where]]], now: float,
                    settings: PlanSettings, kept: list[tuple[Candidate, Placement]],
-                   per_namespace: Counter[str], barred: dict[int, list[int]]
+                   per_namespace: Counter[str], barred: dict[int, list[int]], rooms: _Rooms
                    ) -> tuple[int, list[tuple[Candidate, Placement]], Placement] | None:
     """The node of the part that needs the fewest moves; ``barred`` the nodes each node's jobs
     may not move to (other pools, MIG)."""
@@ -961,18 +783,12 @@ def _cheapest_node(placer: Placer, target: _Pending, excluded: list[int],
     free = placer.gpu_free.sum(axis=1)
     ok = np.ones(len(placer.names), dtype=bool)
     ok[excluded] = False
-    allocs = movable.allocs
     nodes = []
-    for n, entries in movable.by_node.items():
+    for n, pairs in movable.items():
         if not ok[n]:
             continue
-        jobs: Sequence[tuple[Any, _Where]] = entries
-        if moved:
-            jobs = [(key, where) for key, where in entries if allocs[key].job not in moved]
-            demand = _demand(jobs)
-        else:
-            demand = movable.demand[n]
-        if jobs and free[n] + demand >= need - 1e-9:
+        jobs = [(alloc, where) for alloc, where in pairs if alloc.job not in moved]
+        if jobs and free[n] + sum(where.demand for _, where in jobs) >= need - 1e-9:
             nodes.append((max(0.0, need - free[n]), n, jobs))
     nodes.sort(key=lambda t: (t[0], t[1]))
     best: tuple[int, list[tuple[Candidate, Placement]], Placement] | None = None
@@ -984,15 +800,16 @@ def _cheapest_node(placer: Placer, target: _Pending, excluded: list[int],
         # simulated fleet 2 of 5 evacuations, half their time)
         if not room_after_moves(free[node], (where.demand for _, where in jobs), limit, target.task):
             continue
-        movers = [where.candidate(allocs[key], now, settings) for key, where in jobs]
-        found = _evacuate_for(placer, node, movers, limit, target.task, settings, per_namespace, barred[node])
+        movers = [where.candidate(alloc, now, settings) for alloc, where in jobs]
+        found = _evacuate_for(placer, node, movers, limit, target.task, settings, per_namespace, barred[node],
+                              rooms)
         if found is not None and (best is None or len(found[0]) < len(best[1])):
             best = (node, found[0], found[1])
     return best
 
 
 def _evacuate_for(placer: Placer, node: int, jobs: list[Candidate], limit: int, task: Task,
-                  settings: PlanSettings, per_namespace: Counter[str], barred: list[int]
+                  settings: PlanSettings, per_namespace: Counter[str], barred: list[int], rooms: _Rooms
                   ) -> tuple[list[tuple[Candidate, Placement]], Placement] | None:
     """Move ``node``'s jobs off it, largest first, until ``task`` fits there; taken back after.
 
@@ -1016,7 +833,7 @@ def _evacuate_for(placer: Placer, node: int, jobs: list[Candidate], limit: int, 
                 continue
             placer.release(c.current)
             log.append((False, c.current))
-            if not _room_elsewhere(placer, c.task, barred, node):
+            if not _room_elsewhere(rooms, c.task, barred, node):
                 return None  # place() would find no node: the same None without scoring the fleet
             destination = placer.place(c.task, "fgd", exclude=[*barred, node])
             if destination is None:
@@ -1031,15 +848,42 @@ def _evacuate_for(placer: Placer, node: int, jobs: list[Candidate], limit: int, 
         _undo(placer, log)
 
 
-def _room_elsewhere(placer: Placer, task: Task, barred: list[int], node: int) -> bool:
+class _Rooms:
+    """:meth:`Placer.room`'s answers on one placer, per task, for :func:`_room_elsewhere`: each
+    kept with the free CPUs, GPUs and memory it was read from."""
+
+    def __init__(self, placer: Placer) -> None:
+        self.placer = placer
+        self.kept: dict[Task, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = {}
+
+
+def _room_elsewhere(rooms: _Rooms, task: Task, barred: list[int], node: int) -> bool:
     """Whether ``task`` has room on a node but ``node`` and ``barred``: where it has none,
     :meth:`Placer.place` finds nothing whatever the policy. Most evacuations for a head that
     cannot start end at their first move, its largest job having nowhere to go, and this
-    answers that without ``fgd`` scoring every node the job's shape may use."""
-    fits = placer.room(task, "fgd")
-    fits[barred] = False
-    fits[node] = False
-    return bool(fits.any())
+    answers that without ``fgd`` scoring every node the job's shape may use. The answer read
+    for the task before stands while every other node's free room is as it was then, to the
+    bit (an evacuation taken back leaves it so): the nodes tried for one part ask it again
+    for the jobs of one shape."""
+    placer = rooms.placer
+    found = rooms.kept.get(task)
+    if found is not None:
+        fits, cpu, gpu, memory = found
+        changed = (placer.cpu_free != cpu) | (placer.gpu_free != gpu).any(axis=1)
+        if memory is not None and placer.memory_free is not None:
+            changed |= placer.memory_free != memory
+        changed[barred] = False
+        changed[node] = False
+        if changed.any():
+            found = None
+    if found is None:
+        fits = placer.room(task, "fgd")
+        memory = None if placer.memory_free is None else placer.memory_free.copy()
+        rooms.kept[task] = (fits, placer.cpu_free.copy(), placer.gpu_free.copy(), memory)
+    elsewhere = fits.copy()
+    elsewhere[barred] = False
+    elsewhere[node] = False
+    return bool(elsewhere.any())
 
 
 def _prediction(report: Report, scope: str, state: FleetState, cw: CompiledWorkload) -> Prediction:
@@ -1309,12 +1153,13 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
     if _place_parts(placer, head, log):
         _undo(placer, log)
         return None  # it fits now: the scheduler will start it
-    movable, barred_of = _movable(working, snapshot, state, mig, is_mig, now, settings)
+    movable, barred_of = _movable(working, snapshot, state, is_mig, now, settings)
     kept: list[tuple[Candidate, Placement]] = []
     per_namespace: Counter[str] = Counter()
     planned: list[JobRequest] = []
     with_plan: list[JobRequest] = []  # the jobs that start, in order, with the plan
     queue = [head]
+    rooms = _Rooms(placer)
 
     def walk() -> Iterator[_Pending]:
         """The queue from the head; the jobs behind it worked out only once the head has
@@ -1338,8 +1183,8 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
                 continue
             mark, moved_before = len(log), len(kept)
             # the head's search ends the call where it fails: a necessary test first
-            if (planned or _parts_could_fit(placer, p, movable, settings)) \
-                    and _plan_job(placer, p, movable, now, settings, kept, per_namespace, barred_of, log):
+            if (planned or _parts_could_fit(placer, p, movable, settings)) and _plan_job(
+                    placer, p, movable, now, settings, kept, per_namespace, barred_of, log, rooms):
                 moves = kept[moved_before:]
                 saved = waiting_saved((p.job,), now)
                 if not planned or saved >= settings.min_saved_per_work * work_cost(moves, settings):
@@ -1423,7 +1268,8 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
         surge_gpus=surge, surge_rise_gpus=None if rise is None else round(rise, 3))
 
 
-def _parts_could_fit(placer: Placer, target: _Pending, movable: _Movable, settings: PlanSettings) -> bool:
+def _parts_could_fit(placer: Placer, target: _Pending, movable: dict[int, list[tuple[Allocation, _Where]]],
+                     settings: PlanSettings) -> bool:
     """False where no moves can let a gang's parts start, before any is searched for; True
     otherwise, and for a job of one part (its search tests the same). For a plan to start
     nothing yet moved for.
@@ -1446,8 +1292,8 @@ def _parts_could_fit(placer: Placer, target: _Pending, movable: _Movable, settin
     ok = np.ones(len(placer.names), dtype=bool)
     ok[target.excluded] = False
     fewest: dict[int, list[int]] = {}  # per model, the fewest moves each node could need
-    for n, jobs in movable.by_node.items():
-        if not ok[n] or not jobs or not free[n] + movable.demand[n] >= need - 1e-9:
+    for n, jobs in movable.items():
+        if not ok[n] or not jobs or not free[n] + sum(where.demand for _, where in jobs) >= need - 1e-9:
             continue
         demands = [where.demand for _, where in jobs]
         moves = next((k for k in range(budget + 1)
@@ -1457,17 +1303,18 @@ def _parts_could_fit(placer: Placer, target: _Pending, movable: _Movable, settin
     return any(len(m) >= target.parts and sum(sorted(m)[:target.parts]) <= budget for m in fewest.values())
 
 
-def _plan_job(placer: Placer, target: _Pending, movable: _Movable,
+def _plan_job(placer: Placer, target: _Pending, movable: dict[int, list[tuple[Allocation, _Where]]],
               now: float, settings: PlanSettings, kept: list[tuple[Candidate, Placement]],
               per_namespace: Counter[str], barred: dict[int, list[int]],
-              log: list[tuple[bool, Placement]]) -> bool:
+              log: list[tuple[bool, Placement]], rooms: _Rooms) -> bool:
     """The fewest moves after which ``target`` fits, each part as :func:`plan_for_pending`
     finds it, applied with the job's parts (logged) and added to ``kept``; False, with
     nothing applied, when none exist within the budget left."""
     mark, moved_before = len(log), len(kept)
     excluded = list(target.excluded)
     for _ in range(target.parts):
-        best = _cheapest_node(placer, target, excluded, movable, now, settings, kept, per_namespace, barred)
+        best = _cheapest_node(placer, target, excluded, movable, now, settings, kept, per_namespace, barred,
+                              rooms)
         if best is None:
             for c, _ in kept[moved_before:]:
                 per_namespace[c.alloc.namespace] -= 1
