@@ -709,14 +709,18 @@ def _movable(working: KeptState, snapshot: FleetSnapshot, state: FleetState, is_
     barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist() for p in np.unique(state.pool)}
     movable: dict[int, list[tuple[Allocation, _Where]]] = {}
     least = settings.min_runtime_seconds
-    for pair in _movable_jobs(snapshot, state, settings, working.layout):
-        began = pair[0].start_time
-        if max(0.0, now - (now if began is None else began)) >= least:
-            found = movable.get(pair[1].node)
-            if found is None:
-                movable[pair[1].node] = [pair]
-            else:
-                found.append(pair)
+    pairs = _movable_jobs(snapshot, state, settings, working.layout)
+    if least > 0:
+        # a job's age, max(0, now - began), reaches a positive least only where now - began
+        # does, and a job that states no start is of age 0: the same test, in one comprehension
+        # (at least 0, every job passes it)
+        pairs = [p for p in pairs if (began := p[0].start_time) is not None and now - began >= least]
+    for pair in pairs:
+        found = movable.get(pair[1].node)
+        if found is None:
+            movable[pair[1].node] = [pair]
+        else:
+            found.append(pair)
     pool = state.pool.tolist()  # read per node: a list, not numpy scalars
     return movable, {n: barred[pool[n]] for n in movable}
 
