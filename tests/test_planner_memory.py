@@ -21,12 +21,10 @@ import pytest
 
 from exporter.advisor import planner
 from exporter.analysis.state import from_snapshot
-from exporter.outcome_sim.run import RunSettings, simulate
-from exporter.outcome_sim.timeline import HourlyArrivals, TimelineSettings
 from exporter.placement.engine import Placer
 from exporter.placement.task import Task
 from exporter.snapshot import Allocation, FleetSnapshot, Gpu, Node, Placement
-from tests.test_simulate_scheduler import fleet, random_job
+from tests.test_simulate_scheduler import busy_jobs, run_row
 
 NOW = 1_760_000_000.0
 MODELS = ("H100", "A100-SXM4-80GB")
@@ -160,33 +158,17 @@ def planner_steps(case: int) -> tuple[int, int]:
 # -- busy runs of the simulated advisor -----------------------------------------------
 
 
-def busy_jobs(rng: np.random.Generator) -> list:
+def long_jobs(rng: np.random.Generator) -> list:
     """300 random jobs, gangs among them, submitted over ten hours, each running half an hour to
     three: more than a small fleet serves at times, and movable once they have run
     ``min_runtime``."""
-    jobs = []
-    for i in range(300):
-        j = random_job(rng, i, gang=True)
-        j.submit = float(rng.integers(0, 1200)) * 30.0
-        j.work = float(rng.integers(30, 180)) * 60.0
-        j.high = bool(rng.random() < 0.1)
-        jobs.append(j)
-    jobs.sort(key=lambda j: (j.submit, j.id))
-    return jobs
+    return busy_jobs(rng, count=300, slots=1200, minutes=(30, 180), high=0.1)
 
 
 def busy_run(case: int) -> tuple[dict, list[tuple[int, float | None]]]:
     """A random fleet under a stream of jobs longer than it can serve, the advisor evaluated
     every minute: the outcome's columns (but the wall time) and each job's first start."""
-    rng = np.random.default_rng([case, 1818])
-    sim_fleet = fleet(rng)
-    jobs = busy_jobs(rng)
-    series = HourlyArrivals(np.array([3600.0] * 48), np.array([1.0] * 48))
-    settings = RunSettings(timeline=TimelineSettings(days=0.5, warmup_days=0.0), advisor_interval=60.0)
-    out = simulate(sim_fleet, series, "advisor", 1, settings, jobs=jobs)
-    row = out.row()
-    row.pop("wall_seconds")
-    return row, [(j.id, j.start) for j in jobs]
+    return run_row(case, 1818, "advisor", advisor_interval=60.0, jobs_of=long_jobs)
 
 
 class Checked:

@@ -4,6 +4,8 @@ model constraints and ties in end times."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -118,17 +120,40 @@ def test_a_gang_that_no_model_can_hold_is_not_tried_part_by_part():
     assert scheduler.blocked is gang
 
 
-def busy_jobs(rng: np.random.Generator) -> list[Job]:
-    """120 random jobs, gangs among them, submitted over 20 minutes: more than a small fleet serves."""
+def busy_jobs(rng: np.random.Generator, count: int = 120, slots: int = 40, minutes: tuple[int, int] = (1, 30),
+              high: float = 0.3) -> list[Job]:
+    """``count`` random jobs, gangs among them, submitted over ``slots`` half minutes (by default
+    120 over 20 minutes: more than a small fleet serves), each running ``minutes`` (from, to),
+    ``high`` of them high-priority."""
     jobs = []
-    for i in range(120):
+    for i in range(count):
         j = random_job(rng, i, gang=True)
-        j.submit = float(rng.integers(0, 40)) * 30.0
-        j.work = float(rng.integers(1, 30)) * 60.0
-        j.high = bool(rng.random() < 0.3)
+        j.submit = float(rng.integers(0, slots)) * 30.0
+        j.work = float(rng.integers(*minutes)) * 60.0
+        j.high = bool(rng.random() < high)
         jobs.append(j)
     jobs.sort(key=lambda j: (j.submit, j.id))
     return jobs
+
+
+def run_row(case: int, salt: int, strategy: str, days: float = 0.5, advisor_interval: float | None = None,
+            jobs_of: Callable[[np.random.Generator], list[Job]] = busy_jobs
+            ) -> tuple[dict, list[tuple[int, float | None]]]:
+    """A random fleet (seeded by ``case`` and ``salt``) under ``jobs_of``'s stream of jobs, for
+    ``days``: the outcome's columns (but the wall time) and each job's first start."""
+    from exporter.outcome_sim.run import RunSettings, simulate
+    from exporter.outcome_sim.timeline import HourlyArrivals, TimelineSettings
+
+    rng = np.random.default_rng([case, salt])
+    sim_fleet = fleet(rng)
+    jobs = jobs_of(rng)
+    series = HourlyArrivals(np.array([3600.0] * 48), np.array([1.0] * 48))
+    extra = {} if advisor_interval is None else {"advisor_interval": advisor_interval}
+    settings = RunSettings(timeline=TimelineSettings(days=days, warmup_days=0.0), **extra)
+    out = simulate(sim_fleet, series, strategy, 1, settings, jobs=jobs)
+    row = out.row()
+    row.pop("wall_seconds")
+    return row, [(j.id, j.start) for j in jobs]
 
 
 def busy_run(case: int, strategy: str, remember: bool) -> tuple[dict, list[tuple[int, float | None]]]:

@@ -22,12 +22,10 @@ import pytest
 from exporter.analysis.workload import snapshot_shapes
 from exporter.outcome_sim.advisor_loop import KeptAllocations, PartCounts, snapshot_of
 from exporter.outcome_sim.cluster import MoveCost
-from exporter.outcome_sim.run import RunSettings, simulate
 from exporter.outcome_sim.sim import Sim
-from exporter.outcome_sim.timeline import HourlyArrivals, TimelineSettings
 from exporter.snapshot import Allocation
 from tests.test_simulate import sim_of
-from tests.test_simulate_scheduler import busy_jobs, fleet, random_job
+from tests.test_simulate_scheduler import fleet, random_job, run_row
 
 BROKEN = ("dropped", "checkpoints", "rebuilt", "unordered")
 
@@ -185,15 +183,7 @@ def test_a_kept_memory_follows_another_cluster_and_a_clock_set_back():
 def busy_run(case: int, strategy: str) -> tuple[dict, list[tuple[int, float | None]]]:
     """A random fleet under a stream of jobs longer than it can serve, the advisor evaluated
     every minute: the outcome's columns (but the wall time) and each job's first start."""
-    rng = np.random.default_rng([case, 1771])
-    sim_fleet = fleet(rng)
-    jobs = busy_jobs(rng)
-    series = HourlyArrivals(np.array([3600.0] * 48), np.array([1.0] * 48))
-    settings = RunSettings(timeline=TimelineSettings(days=0.25, warmup_days=0.0), advisor_interval=60.0)
-    out = simulate(sim_fleet, series, strategy, 1, settings, jobs=jobs)
-    row = out.row()
-    row.pop("wall_seconds")
-    return row, [(j.id, j.start) for j in jobs]
+    return run_row(case, 1771, strategy, days=0.25, advisor_interval=60.0)
 
 
 def checked_updates(monkeypatch: pytest.MonkeyPatch, check: Check, broken: str = "") -> None:

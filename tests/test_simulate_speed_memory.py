@@ -17,11 +17,10 @@ import pytest
 
 from exporter.outcome_sim import scheduler as scheduling
 from exporter.outcome_sim.cluster import Cluster
-from exporter.outcome_sim.run import RunSettings, simulate
 from exporter.outcome_sim.scheduler import FitTimes, Scheduler, fit_end, reserve, reserve_per_node
-from exporter.outcome_sim.timeline import HourlyArrivals, Job, TimelineSettings
+from exporter.outcome_sim.timeline import Job
 from exporter.placement import engine
-from tests.test_simulate_scheduler import busy_jobs, fleet, random_job
+from tests.test_simulate_scheduler import fleet, random_job, run_row
 
 STRATEGIES = ("none", "oracle", "consolidate", "descheduler")
 
@@ -29,15 +28,7 @@ STRATEGIES = ("none", "oracle", "consolidate", "descheduler")
 def busy_run(case: int, strategy: str) -> tuple[dict, list[tuple[int, float | None]]]:
     """A random fleet under a stream of jobs longer than it can serve: the outcome's columns
     (but the wall time) and each job's first start."""
-    rng = np.random.default_rng([case, 4242])
-    sim_fleet = fleet(rng)
-    jobs = busy_jobs(rng)
-    series = HourlyArrivals(np.array([3600.0] * 48), np.array([1.0] * 48))
-    settings = RunSettings(timeline=TimelineSettings(days=0.5, warmup_days=0.0))
-    out = simulate(sim_fleet, series, strategy, 1, settings, jobs=jobs)
-    row = out.row()
-    row.pop("wall_seconds")
-    return row, [(j.id, j.start) for j in jobs]
+    return run_row(case, 4242, strategy)
 
 
 class Checked:
