@@ -331,6 +331,14 @@ def test_memory_peaks_are_per_job_kept_over_snapshots_and_forgotten_when_the_job
                                                   for g in gpus[:3]) + gpus[3:])
     engine.assess(higher, report(10.0))
     assert engine._reads is not kept and engine.memory_peak == {"whole": 90 * 2**30}
+    # past a whole evaluation the reads are kept only once a snapshot repeated its GPUs (serve's
+    # snapshots never do: nothing is held between its cycles)
+    # the same tuples of GPUs as snap's and higher's, and no job that declares a memory need
+    first, second = (dataclasses.replace(s, allocations=(blind,)) for s in (snap, higher))
+    for snapshot, kept_after in ((first, False), (second, False), (second, True), (second, True),
+                                 (first, False)):
+        engine.decide(engine.assess(snapshot, report(10.0)))
+        assert (engine._reads is not None) == kept_after
     # the peak raises a declared need, never creates one, never lowers one
     raised = with_measured_needs(snap, {"whole": 60 * 2**30, "blind": 70 * 2**30,
                                         "shared": 2**30})

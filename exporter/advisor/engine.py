@@ -556,6 +556,10 @@ class Advisor:
     # free GPUs are the same, for the dwell (the jobs' ages, hence what may move, change slowly)
     pending_misses: dict[str, tuple[int, float]] = field(default_factory=dict)
     _reads: GpuReads | None = field(default=None, repr=False, compare=False)  # gpu_reads, kept
+    # the last evaluation's GPUs: their reads outlive the evaluation only while snapshots
+    # repeat them (the simulator's do; serve's are new every cycle, and at 100,000 GPUs the
+    # reads are tens of MB not worth keeping for nothing)
+    _gpus_before: tuple[Gpu, ...] | None = field(default=None, repr=False, compare=False)
 
     def alert_firing(self, alerts: list[dict[str, Any]]) -> list[str]:
         """Alertmanager says these alerts fire: the compaction alert's scopes have served dwell.
@@ -770,6 +774,10 @@ class Advisor:
             reclaim=self._reclaim(a.snapshot, a.now),
             right_sizing=right_sizing(a.snapshot, a.report, self.memory_peak, a.now),
             nvlink_mixed=nvlink_mixed(a.snapshot), scaling=scaling)
+        gpus = a.snapshot.gpus
+        if gpus is not self._gpus_before:
+            self._reads = None
+        self._gpus_before = gpus
         return self.advice
 
     def _plan_in_force(self, proposed: CompactionPlan | None, reasons: tuple[str, ...],
