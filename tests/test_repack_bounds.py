@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 
 from exporter.advisor import engine
-from exporter.advisor.engine import repack_could_fit
+from exporter.advisor.engine import repack_could_fit, repack_scope
 from exporter.advisor.planner import destinations_by_value
 from exporter.analysis.state import FleetState
 from exporter.outcome_sim.advisor_loop import snapshot_of
@@ -25,16 +25,7 @@ GIB = 1024 ** 3
 
 def walked(snapshot: FleetSnapshot, state: FleetState, job: JobRequest) -> bool:
     """The test as it was written first: every wanted model's room from the walk over every job."""
-    free = state.gpu_free.sum(axis=1)
-    nodes = np.ones(len(state.names), dtype=bool)
-    if job.pool and job.pool in state.pool_names:
-        nodes = state.pool == state.pool_names.index(job.pool)
-    parts = max(1, job.node_count)
-    big = nodes & (state.gpu_count >= -(-job.gpu_count // parts))
-    whole = job.gpu_share >= 1.0 - 1e-9
-    need = job.gpu_count if whole else job.gpu_count * job.gpu_share
-    wanted = [m for m, name in enumerate(state.model_names)
-              if (not job.models or name in job.models) and bool((big & (state.model == m)).any())]
+    free, nodes, big, whole, need, wanted = repack_scope(state, job)
     index = {name: i for i, name in enumerate(state.names)}
     for m in wanted:
         reach: set[str] = set()

@@ -63,7 +63,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -457,6 +457,31 @@ class Assessment:
 
 
 
+class RepackScope(NamedTuple):
+    """What :func:`repack_could_fit` weighs for a pending job."""
+
+    free: np.ndarray  # [N] free GPUs per node
+    nodes: np.ndarray  # [N] bool: its pool's nodes (every node where the fleet has no such pool)
+    big: np.ndarray  # [N] bool: those with GPUs enough for one of its parts
+    whole: bool  # it asks whole GPUs
+    need: float  # the GPUs it asks in all
+    wanted: list[int]  # the models it may use that have such nodes
+
+
+def repack_scope(state: FleetState, job: JobRequest) -> RepackScope:
+    free = state.gpu_free.sum(axis=1)
+    nodes = np.ones(len(state.names), dtype=bool)
+    if job.pool and job.pool in state.pool_names:
+        nodes = state.pool == state.pool_names.index(job.pool)
+    parts = max(1, job.node_count)
+    big = nodes & (state.gpu_count >= -(-job.gpu_count // parts))
+    whole = job.gpu_share >= 1.0 - 1e-9
+    need = job.gpu_count if whole else job.gpu_count * job.gpu_share
+    wanted = [m for m, name in enumerate(state.model_names)
+              if (not job.models or name in job.models) and bool((big & (state.model == m)).any())]
+    return RepackScope(free, nodes, big, whole, need, wanted)
+
+
 def repack_could_fit(snapshot: FleetSnapshot, state: FleetState, job: JobRequest) -> bool:
     """Whether moving jobs could make room for ``job``: fragments, not capacity.
 
@@ -472,16 +497,7 @@ def repack_could_fit(snapshot: FleetSnapshot, state: FleetState, job: JobRequest
     """
     from exporter.advisor.planner import destinations_by_value
 
-    free = state.gpu_free.sum(axis=1)
-    nodes = np.ones(len(state.names), dtype=bool)
-    if job.pool and job.pool in state.pool_names:
-        nodes = state.pool == state.pool_names.index(job.pool)
-    parts = max(1, job.node_count)
-    big = nodes & (state.gpu_count >= -(-job.gpu_count // parts))
-    whole = job.gpu_share >= 1.0 - 1e-9
-    need = job.gpu_count if whole else job.gpu_count * job.gpu_share
-    wanted = [m for m, name in enumerate(state.model_names)
-              if (not job.models or name in job.models) and bool((big & (state.model == m)).any())]
+    free, nodes, big, whole, need, wanted = repack_scope(state, job)
     if not wanted:
         return False
     # Bounds first: what a model's own big nodes hold free is room whatever its jobs may move
