@@ -25,7 +25,9 @@ GIB = 1024 ** 3
 
 def walked(snapshot: FleetSnapshot, state: FleetState, job: JobRequest) -> bool:
     """The test as it was written first: every wanted model's room from the walk over every job."""
-    free, nodes, big, whole, need, wanted = repack_scope(state, job)
+    scope = repack_scope(state, job)
+    free, nodes, big, whole, need, wanted = (scope.free, scope.nodes, scope.big, scope.whole, scope.need,
+                                             scope.wanted)
     index = {name: i for i, name in enumerate(state.names)}
     for m in wanted:
         reach: set[str] = set()

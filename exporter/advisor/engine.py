@@ -63,7 +63,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -457,7 +457,8 @@ class Assessment:
 
 
 
-class RepackScope(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class RepackScope:
     """What :func:`repack_could_fit` weighs for a pending job."""
 
     free: np.ndarray  # [N] free GPUs per node
@@ -497,7 +498,9 @@ def repack_could_fit(snapshot: FleetSnapshot, state: FleetState, job: JobRequest
     """
     from exporter.advisor.planner import destinations_by_value
 
-    free, nodes, big, whole, need, wanted = repack_scope(state, job)
+    scope = repack_scope(state, job)
+    free, nodes, big, whole, need, wanted = (scope.free, scope.nodes, scope.big, scope.whole, scope.need,
+                                             scope.wanted)
     if not wanted:
         return False
     # Bounds first: what a model's own big nodes hold free is room whatever its jobs may move
