@@ -76,7 +76,7 @@ vm-deps:
 	  $(APT) update -q && $(APT) install -y -q --no-install-recommends victoria-metrics; \
 	fi
 
-# Four pytest workers (pytest-xdist), each test file on one of them (--dist loadfile: a module's
+# Three pytest workers (pytest-xdist), each test file on one of them (--dist loadfile: a module's
 # tests share its fixtures and run in order), and beside them the tests marked `alone` in one
 # process: their waits (Alertmanager's inhibition, a 3 s source deadline, every dashboard query,
 # two rule engines evaluating every second) were written for an otherwise idle machine, so
@@ -90,10 +90,7 @@ vm-deps:
 # mypy (15 s of one core from a clean clone), and the tests marked `serial` (schemathesis':
 # one process, not xdist, for their shared node ids; they make no timing wait and pass on a
 # loaded machine). Every part's report follows the first part's; any failing fails make test.
-# Four workers on two cores, not three: the first part waits on the servers and subprocesses
-# its tests start (712 CPU s in 449 s of wall alone, 1.6 cores busy), and a fourth worker fills
-# those waits: `make test` 478 s against 523 s with three, same machine, quiet, every test passed.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 # The files holding the `serial` and `alone` tests, which their parts collect instead of all
 # 2,700 tests (19 s of CPU each time); unless PYTEST_ARGS names tests. tests/conftest.py fails
 # any run that collects a test carrying either mark in a file whose text does not name it.

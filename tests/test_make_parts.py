@@ -43,11 +43,11 @@ def test_the_makefile_lists_the_files_the_way_the_check_reads_them():
         assert listed, mark  # the files make test passes to that part
 
 
-def test_make_test_writes_bytecode_and_runs_four_workers():
+def test_make_test_writes_bytecode_and_runs_three_workers():
     """Every pytest process of make test reads the suite's compiled (and assertion-rewritten)
     modules from __pycache__ instead of compiling them again: the environment's
-    PYTHONDONTWRITEBYTECODE is emptied for the recipe. The first part runs on four workers."""
+    PYTHONDONTWRITEBYTECODE is emptied for the recipe. The first part runs on three workers."""
     makefile = (REPO / "Makefile").read_text()
     assert "\ntest test-fast: export PYTHONDONTWRITEBYTECODE :=\n" in makefile
-    assert "\nTEST_WORKERS ?= 4\n" in makefile
+    assert "\nTEST_WORKERS ?= 3\n" in makefile
     assert '-n $(TEST_WORKERS) --dist loadfile -m "not alone and not serial"' in makefile
