@@ -504,8 +504,11 @@ advisor:
         except AssertionError:
             raise AssertionError(f"liars not refused; delivered: {scheduler.accepted}") from None
         publish(root, "gpu-006", dcgm_body("gpu-006", xid_on_gpu=3))
-        wait_until("gpu-006's drain delivered",
-                   lambda: any(b["type"] == "drain" for b in scheduler.accepted), timeout=60)
+        # the drain and the GPU reset are two deliveries, the reset after the drain: on a
+        # loaded machine the second came more than two collections after the first
+        wait_until("gpu-006's drain and reset delivered", lambda: {b["type"] for b in scheduler.accepted
+                                                                   if b.get("node") == "gpu-006"}
+                   >= {"drain", "reset_gpu"}, timeout=60)
         # a few more collections: whatever the liars caused would have been decided by now
         seen = metric(exporter.url, "gpufleet_snapshot_timestamp_seconds")
         wait_until("two more collections",
