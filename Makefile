@@ -86,6 +86,9 @@ vm-deps:
 # that long. At nice 19 a Prometheus started by an xdist test starved while the `alone` part's
 # servers ran (samples aged past a source's max_sample_age): a nice-19 process weighs 1/68 of a
 # nice-0 one, a nice-10 one about 1/9.
+# Whole files go to the workers longest first (tests/helpers/make_parts.py's LONGEST_FIRST,
+# with --no-loadscope-reorder: xdist's own order, most tests first, left the long files of few
+# tests for last, and the run ended with one worker on one of them).
 # TEST_WORKERS=0 runs the first part in one process too. Two more processes run beside:
 # mypy (15 s of one core from a clean clone), and the tests marked `serial` (schemathesis':
 # one process, not xdist, for their shared node ids; they make no timing wait and pass on a
@@ -112,7 +115,8 @@ test: $(VENV)/.installed-test system-deps slurm-deps kube-deps stress-deps vm-de
 	nice -n 10 $(BIN)/pytest -q -p no:cacheprovider -m serial $(PYTEST_ARGS) $(call MARKED,serial) \
 	  > $(VENV)/serial.log 2>&1 & \
 	serial=$$!; \
-	nice -n 10 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone and not serial" $(PYTEST_ARGS); \
+	nice -n 10 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  -m "not alone and not serial" $(PYTEST_ARGS); \
 	tests=$$?; \
 	wait $$serial; serialized=$$?; echo "$(BIN)/pytest -q -m serial"; cat $(VENV)/serial.log; \
 	wait $$typing; typed=$$?; echo "$(BIN)/mypy"; cat $(VENV)/mypy.log; \

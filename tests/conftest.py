@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from exporter import logs
-from tests.helpers.make_parts import unlisted
+from tests.helpers.make_parts import longest_first, unlisted
 from tests.helpers.servers import (
     Prometheus,
     Server,
@@ -39,11 +39,12 @@ settings.load_profile(os.environ.get("GPUFLEET_HYPOTHESIS", "repeatable"))
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """make test's `serial` and `alone` parts collect only the files that name their mark
     (tests/helpers/make_parts.py): a marked test elsewhere fails the run instead of never
-    running."""
+    running. The longest files come first (make_parts.LONGEST_FIRST)."""
     missed = unlisted(items)
     if missed:
         raise pytest.UsageError("marked serial or alone in a file that does not name the mark "
                                 "(the Makefile would not run them): " + ", ".join(missed))
+    longest_first(items)
 
 
 

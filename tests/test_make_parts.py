@@ -50,4 +50,27 @@ def test_make_test_writes_bytecode_and_runs_three_workers():
     makefile = (REPO / "Makefile").read_text()
     assert "\ntest test-fast: export PYTHONDONTWRITEBYTECODE :=\n" in makefile
     assert "\nTEST_WORKERS ?= 3\n" in makefile
-    assert '-n $(TEST_WORKERS) --dist loadfile -m "not alone and not serial"' in makefile
+    assert ('-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \\\n'
+            '\t  -m "not alone and not serial"') in makefile
+
+
+def test_the_longest_files_come_first_each_in_its_own_order():
+    """The first part's workers get the longest files first (make_parts.LONGEST_FIRST, each a
+    file of the suite); every file's tests and every other file keep collection order."""
+    from tests.helpers.make_parts import LONGEST_FIRST, longest_first
+
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
+    assert all((REPO / "tests" / name).is_file() for name in LONGEST_FIRST)
+
+    class Item:
+        def __init__(self, name: str, test: int) -> None:
+            self.path = REPO / "tests" / name
+            self.nodeid = f"tests/{name}::test_{test}"
+
+    names = ["test_a.py", LONGEST_FIRST[2], "test_b.py", LONGEST_FIRST[0]]
+    items = [Item(name, t) for t in range(3) for name in names]
+    longest_first(items)  # type: ignore[arg-type]
+    assert [i.nodeid for i in items] == [
+        *(f"tests/{LONGEST_FIRST[0]}::test_{t}" for t in range(3)),
+        *(f"tests/{LONGEST_FIRST[2]}::test_{t}" for t in range(3)),
+        *(f"tests/{n}::test_{t}" for t in range(3) for n in ("test_a.py", "test_b.py"))]
