@@ -182,8 +182,8 @@ class Checked:
         movable, room, parts = planner._movable, planner._room_elsewhere, planner._parts_could_fit
         plan_job = planner._plan_job
 
-        def kept_movable(working, snapshot, state, is_mig, now, settings):  # type: ignore[no-untyped-def]
-            found, barred = movable(working, snapshot, state, is_mig, now, settings)
+        def kept_movable(working, snapshot, state, mig, is_mig, now, settings):  # type: ignore[no-untyped-def]
+            found, barred = movable(working, snapshot, state, mig, is_mig, now, settings)
             checked.looks += 1
             checked.last = (found, barred, now)
             return found, barred

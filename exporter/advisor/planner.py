@@ -354,30 +354,38 @@ def _same_layout(kept: Allocation, alloc: Allocation) -> bool:
             and kept.gpu_memory_need_bytes == alloc.gpu_memory_need_bytes)
 
 
-def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSettings, layout: _Layout
-                  ) -> list[tuple[Allocation, _Where]]:
+def _movable_jobs(snapshot: FleetSnapshot, state: FleetState, settings: PlanSettings, layout: _Layout,
+                  mig: set[str] | None = None) -> list[tuple[Allocation, _Where]]:
     """Every job the planner may move, with its :class:`_Where`, in the snapshot's order;
-    ``layout`` keeps each job's answer for the next call."""
+    ``layout`` keeps each job's answer for the next call. ``mig``: the snapshot's
+    :func:`mig_nodes`, when the caller has them."""
     rows: dict[int, dict[int, int]] = {}
     index: dict[str, int] | None = None
-    mig = mig_nodes(snapshot)
+    if mig is None:
+        mig = mig_nodes(snapshot)
     layout.start(state, mig, settings)
     kept = layout.kept
     now_kept: dict[str, tuple[Allocation, _Where | None]] = {}
     out: list[tuple[Allocation, _Where]] = []
     for alloc in snapshot.allocations:
-        found = kept.get(alloc.job)
-        if found is not None and (found[0] is alloc or _same_layout(found[0], alloc)):
+        job = alloc.job
+        found = kept.get(job)
+        if found is not None and found[0] is alloc:  # most jobs: the pair kept is this one's
+            now_kept[job] = found
+            if found[1] is not None:
+                out.append(found)  # type: ignore[arg-type]  # its where is not None: a pair of out's
+            continue
+        if found is not None and _same_layout(found[0], alloc):
             where = found[1]
         else:
             if index is None:
                 index = {name: i for i, name in enumerate(state.names)}
             where = _where(alloc, state, index, mig, settings, rows)
         if where is None:
-            now_kept[alloc.job] = (alloc, None)
+            now_kept[job] = (alloc, None)
         else:
             pair = (alloc, where)
-            now_kept[alloc.job] = pair
+            now_kept[job] = pair
             out.append(pair)
     layout.kept = now_kept
     return out
@@ -700,16 +708,17 @@ def plan_for_pending(snapshot: FleetSnapshot, report: Report, job: JobRequest, n
         return _plan_for_pending(working, snapshot, report, job, now, settings)
 
 
-def _movable(working: KeptState, snapshot: FleetSnapshot, state: FleetState, is_mig: np.ndarray,
-             now: float, settings: PlanSettings
+def _movable(working: KeptState, snapshot: FleetSnapshot, state: FleetState, mig: set[str],
+             is_mig: np.ndarray, now: float, settings: PlanSettings
              ) -> tuple[dict[int, list[tuple[Allocation, _Where]]], dict[int, list[int]]]:
     """candidates()'s and cpu_only_candidates()' jobs past min_runtime, per node (each becomes
     a Candidate, its cost at ``now``, only on a node tried: most nodes are not), and per such
-    node the nodes its jobs may not go to: another pool's, or a MIG node."""
+    node the nodes its jobs may not go to: another pool's, or a MIG node (``mig``: the
+    snapshot's :func:`mig_nodes`, ``is_mig`` per node)."""
     barred = {int(p): np.flatnonzero((state.pool != p) | is_mig).tolist() for p in np.unique(state.pool)}
     movable: dict[int, list[tuple[Allocation, _Where]]] = {}
     least = settings.min_runtime_seconds
-    pairs = _movable_jobs(snapshot, state, settings, working.layout)
+    pairs = _movable_jobs(snapshot, state, settings, working.layout, mig)
     if least > 0:
         # a job's age, max(0, now - began), reaches a positive least only where now - began
         # does, and a job that states no start is of age 0: the same test, in one comprehension
@@ -738,7 +747,7 @@ def _plan_for_pending(working: KeptState, snapshot: FleetSnapshot, report: Repor
     if _place_parts(placer, target, log):
         _undo(placer, log)
         return None  # it fits now: the scheduler will start it
-    movable, barred_of = _movable(working, snapshot, state, is_mig, now, settings)
+    movable, barred_of = _movable(working, snapshot, state, mig, is_mig, now, settings)
     kept: list[tuple[Candidate, Placement]] = []
     per_namespace: Counter[str] = Counter()
     try:
@@ -1157,7 +1166,7 @@ def _plan_for_queue(working: KeptState, snapshot: FleetSnapshot, report: Report,
     if _place_parts(placer, head, log):
         _undo(placer, log)
         return None  # it fits now: the scheduler will start it
-    movable, barred_of = _movable(working, snapshot, state, is_mig, now, settings)
+    movable, barred_of = _movable(working, snapshot, state, mig, is_mig, now, settings)
     kept: list[tuple[Candidate, Placement]] = []
     per_namespace: Counter[str] = Counter()
     planned: list[JobRequest] = []
