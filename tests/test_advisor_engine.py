@@ -278,6 +278,13 @@ def test_multi_node_jobs_over_nvlink_generations_are_flagged():
         "job": "mixed", "namespace": "", "nodes": ["b1", "h1"], "nvlink_generations": [4, 5],
         "reason": "one job over NVLink generations [4, 5]: they do not interconnect, so its "
                   "traffic falls back to the network"}]
+    # the nodes' generations are kept while snapshots share their nodes' tuple, and looked up
+    # again when it changes: h1 an A100 (NVLink 3) now, so the hopper job spans two as well
+    assert advisor.observe(FleetSnapshot(60, nodes, (), jobs), report(30))["nvlink_mixed"] == result[
+        "nvlink_mixed"]
+    a100 = (nodes[0], Node("h1", "A100-80GB", 64.0, "p", "ampere", 8), nodes[2])
+    mixed = advisor.observe(FleetSnapshot(120, a100, (), jobs), report(30))["nvlink_mixed"]
+    assert [(r["job"], r["nvlink_generations"]) for r in mixed] == [("hopper", [3, 4]), ("mixed", [3, 5])]
 
 
 async def test_post_alerts_tells_the_advisor_before_it_evaluates(aiohttp_client, tmp_path):

@@ -85,7 +85,7 @@ from exporter.analysis.state import FleetState
 from exporter.attribution.jobs import GpuJobUse, job_use
 from exporter.gpu_catalogue import default_catalogue
 from exporter.pool_load.tracker import PoolAdvice
-from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest
+from exporter.snapshot import Allocation, FleetSnapshot, Gpu, JobRequest, Node
 from exporter.thresholds import Thresholds, load_thresholds
 
 IDLE_ROW = "GpuJobUtilizationLow"  # the threshold table's row that says "consider reclaiming"
@@ -157,27 +157,33 @@ def _job_utilization(alloc: Allocation, utilization: dict[tuple[str, int], float
     return sum(values) / len(values) if values else None
 
 
-def nvlink_generations(snapshot: FleetSnapshot) -> list[tuple[Allocation, list[int]]]:
-    """Each multi-node job with the NVLink generations of its nodes' GPUs (catalogue
-    ``nvlink_generation``; a model without NVLink or unknown to the catalogue adds none)."""
+def node_generations(nodes: tuple[Node, ...]) -> dict[str, int]:
+    """The NVLink generation of each node whose model has one (catalogue ``nvlink_generation``;
+    a model without NVLink or unknown to the catalogue has none), each model looked up once."""
     catalogue = default_catalogue()
-    models = {n.name: n.model for n in snapshot.nodes}
-    out = []
+    models = {n.name: n.model for n in nodes}
+    generation = {model: spec.nvlink_generation if (spec := catalogue.find(model)) is not None else None
+                  for model in set(models.values())}
+    return {name: g for name, model in models.items() if (g := generation[model]) is not None}
+
+
+def nvlink_generations(snapshot: FleetSnapshot, generations: dict[str, int] | None = None
+                       ) -> list[tuple[Allocation, list[int]]]:
+    """Each multi-node job with the NVLink generations of its nodes' GPUs (a node not in the
+    snapshot adds none). ``generations``: the snapshot's :func:`node_generations`, when the
+    caller keeps them."""
+    of = node_generations(snapshot.nodes) if generations is None else generations
     # most jobs are on one node: filtered in one comprehension, not a loop step each
-    for alloc in [a for a in snapshot.allocations if len(a.placements) > 1]:
-        generations = set()
-        for part in alloc.placements:
-            spec = catalogue.find(models.get(part.node, ""))
-            if spec is not None and spec.nvlink_generation is not None:
-                generations.add(spec.nvlink_generation)
-        out.append((alloc, sorted(generations)))
-    return out
+    return [(alloc, sorted({g for part in alloc.placements if (g := of.get(part.node)) is not None}))
+            for alloc in [a for a in snapshot.allocations if len(a.placements) > 1]]
 
 
-def nvlink_mixed(snapshot: FleetSnapshot) -> tuple[NvlinkMixed, ...]:
-    """Multi-node jobs whose nodes have GPUs of more than one NVLink generation."""
+def nvlink_mixed(snapshot: FleetSnapshot, of_nodes: dict[str, int] | None = None
+                 ) -> tuple[NvlinkMixed, ...]:
+    """Multi-node jobs whose nodes have GPUs of more than one NVLink generation (``of_nodes``:
+    the snapshot's :func:`node_generations`, when the caller keeps them)."""
     out = []
-    for alloc, generations in nvlink_generations(snapshot):
+    for alloc, generations in nvlink_generations(snapshot, of_nodes):
         if len(generations) > 1:
             out.append(NvlinkMixed(
                 alloc.job, alloc.namespace, tuple(alloc.nodes), tuple(generations),
@@ -579,6 +585,9 @@ class Advisor:
     # repeat them (the simulator's do; serve's are new every cycle, and at 100,000 GPUs the
     # reads are tens of MB not worth keeping for nothing)
     _gpus_before: tuple[Gpu, ...] | None = field(default=None, repr=False, compare=False)
+    # the last nodes' tuple and its node_generations (a dict of the fleet's nodes at most)
+    _generations: tuple[tuple[Node, ...], dict[str, int]] | None = field(
+        default=None, repr=False, compare=False)
 
     def alert_firing(self, alerts: list[dict[str, Any]]) -> list[str]:
         """Alertmanager says these alerts fire: the compaction alert's scopes have served dwell.
@@ -792,7 +801,7 @@ class Advisor:
             plan=in_force, plan_proposed_at=proposed_at,
             reclaim=self._reclaim(a.snapshot, a.now),
             right_sizing=right_sizing(a.snapshot, a.report, self.memory_peak, a.now),
-            nvlink_mixed=nvlink_mixed(a.snapshot), scaling=scaling)
+            nvlink_mixed=nvlink_mixed(a.snapshot, self._node_generations(a.snapshot)), scaling=scaling)
         gpus = a.snapshot.gpus
         if gpus is not self._gpus_before:
             self._reads = None
@@ -869,6 +878,14 @@ class Advisor:
             )))
         self.idle_since = idle
         return tuple(entry for *_, entry in sorted(out, key=lambda r: r[:3]))
+
+    def _node_generations(self, snapshot: FleetSnapshot) -> dict[str, int]:
+        """The snapshot's :func:`node_generations`, kept while the snapshots share their nodes'
+        tuple (the simulator's do)."""
+        kept = self._generations
+        if kept is None or kept[0] is not snapshot.nodes:
+            kept = self._generations = (snapshot.nodes, node_generations(snapshot.nodes))
+        return kept[1]
 
     def _gpu_reads(self, snapshot: FleetSnapshot) -> GpuReads:
         """The snapshot's :func:`gpu_reads`, kept while the snapshots share their GPUs' tuple."""
