@@ -222,3 +222,33 @@ def test_a_workload_compiled_for_another_fleet_is_refused():
 def test_shape_fragmentation_is_the_readable_definition():
     assert shape_fragmentation(1.0, [0.2, 1.0, 1.0, 0.5], "1080", Shape(6, 0.465, 1)) == pytest.approx(2.7)
     assert shape_fragmentation(1.0, [0.2, 1.0, 1.0, 0.5], "1080", Shape(0.1, 1.0, 2)) == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize("case", range(20))
+def test_reweighting_a_compiled_workload_is_compiling_it_again(case):
+    """The live analyzer's workload keeps its shapes between snapshots while their weights
+    move: reweight() reuses the shapes' arrays and must give compile_workload's every field
+    (the weights' order among CPU-only shapes included); other shapes are refused."""
+    from exporter.analysis.fgd import reweight
+
+    rng = np.random.default_rng([case, 7])
+    models = ("A100", "H100", "H200")
+    def allowed() -> tuple[str, ...]:
+        return tuple(rng.choice(models, size=int(rng.integers(0, 3)), replace=False).tolist())
+
+    shapes = tuple(Shape(cpus=float(rng.choice([0, 1, 4])), gpus=int(g),
+                         gpu_share=float(rng.choice([0.5, 1.0])) if g else 0.0, models=allowed())
+                   for g in rng.choice([0, 1, 1, 2, 8], size=int(rng.integers(1, 12))))
+
+    def workload() -> Workload:
+        return Workload(shapes, tuple(float(w) for w in rng.random(len(shapes))))
+
+    before, after = workload(), workload()
+    again = reweight(compile_workload(before, models), after)
+    fresh = compile_workload(after, models)
+    for name in ("workload", "model_names", "total_weight", "cpu_only_weight"):
+        assert getattr(again, name) == getattr(fresh, name), name
+    for name in ("levels", "thresholds", "level", "cpus", "gpus", "weight", "access"):
+        assert np.array_equal(getattr(again, name), getattr(fresh, name)), name
+    with pytest.raises(ValueError):
+        reweight(fresh, Workload((*shapes, Shape(cpus=2.0, gpu_share=0.25, gpus=1)), (*after.weights, 1.0)))

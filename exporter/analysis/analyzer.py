@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from exporter import metrics
 from exporter.analysis import configure
-from exporter.analysis.fgd import FRAGMENT_REASONS, CompiledWorkload, compile_workload
+from exporter.analysis.fgd import FRAGMENT_REASONS, CompiledWorkload, compile_workload, reweight
 from exporter.analysis.index import IndexSettings, KeptScorer, Report, evaluate
 from exporter.analysis.options import AnalysisConfig
 from exporter.analysis.state import FleetState, from_snapshot
@@ -111,7 +111,11 @@ class LiveAnalyzer:
         state = from_snapshot(snapshot) if view is None else view.state
         compiled = self._compiled
         if compiled is None or compiled.workload != workload or compiled.model_names != state.model_names:
-            compiled = compile_workload(workload, state.model_names)
+            if (compiled is not None and compiled.model_names == state.model_names
+                    and compiled.workload.shapes == workload.shapes):
+                compiled = reweight(compiled, workload)  # a live window's weights moved: most snapshots
+            else:
+                compiled = compile_workload(workload, state.model_names)
             self._compiled = compiled
         return evaluate(state, compiled, self.settings, kept=self._scorer)
 

@@ -27,7 +27,7 @@ This avoids the nodes x GPUs x shapes broadcast entirely.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -85,6 +85,19 @@ def compile_workload(workload: Workload, model_names: Sequence[str]) -> Compiled
         weight=np.array([w for _, w in gpu_shapes], dtype=float),
         access=access,
     )
+
+
+def reweight(cw: CompiledWorkload, workload: Workload) -> CompiledWorkload:
+    """:func:`compile_workload` of ``workload``, whose shapes are ``cw``'s in the same order
+    (only the weights differ: a live window's workload from one snapshot to the next), with
+    ``cw``'s arrays of the shapes reused."""
+    if workload.shapes != cw.workload.shapes:
+        raise ValueError("reweight needs the same shapes in the same order")
+    return replace(
+        cw, workload=workload, total_weight=float(sum(workload.weights)),
+        cpu_only_weight=float(workload.cpu_only_share),
+        weight=np.array([w for s, w in zip(workload.shapes, workload.weights, strict=True)
+                         if not s.cpu_only], dtype=float))
 
 
 def _at_or_above(gpu_free: np.ndarray, thresholds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
