@@ -235,30 +235,3 @@ def test_the_kept_snapshot_changes_no_outcome(case, monkeypatch):
     assert kept[1] == fresh[1]
     assert kept[0] == fresh[0]
     assert sum(1 for _, start in kept[1] if start is not None) > 0
-
-
-@pytest.mark.parametrize("case", range(40))
-def test_the_queues_first_jobs_are_its_merges_first(case):
-    """The snapshot lists the queue's first jobs by :meth:`Queue.first` (its groups' heads
-    sorted together), not by the merge the scheduler walks: the same jobs in the same order,
-    for queues of a few shapes and many, with high, paused and tied submit times, as jobs
-    come and go."""
-    import dataclasses
-    import itertools
-
-    from exporter.outcome_sim.scheduler import Queue
-
-    rng = np.random.default_rng([case, 18])
-    queue = Queue()
-    queued = []
-    for i in range(int(rng.integers(0, 400))):
-        job = dataclasses.replace(random_job(rng, i, gang=bool(case % 2)),
-                                  submit=float(rng.integers(0, 30)) * 10.0, high=bool(rng.random() < 0.2))
-        job.paused = bool(rng.random() < 0.1)
-        queue.add(job)
-        queued.append(job)
-        if queued and rng.random() < 0.2:
-            queue.remove(queued.pop(int(rng.integers(0, len(queued)))))
-    for count in (0, 1, 7, 200, len(queued), len(queued) + 5):
-        assert queue.first(count) == list(itertools.islice(queue.ordered(), count)), count
-    assert queue.first(len(queued)) == queue.jobs()

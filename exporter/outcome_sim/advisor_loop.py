@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -505,8 +506,8 @@ def snapshot_of(sim: Sim, now: float,
     # every pending job, and a pool whose jobs queue behind another's would have no head here
     pool_of = {} if one_partition else _model_pools(fleet)
     unseen = set() if one_partition else {"", *pool_of.values()}
-    queue = sim.scheduler.queue
-    for j in queue.ordered() if unseen else queue.first(PENDING_LISTED):
+    queued = sim.scheduler.queue.ordered()
+    for j in queued if unseen else itertools.islice(queued, PENDING_LISTED):
         pool = pool_of.get(j.models[0], "") if len(j.models) == 1 else ""
         if len(listed) >= PENDING_LISTED:
             if not unseen:
