@@ -167,12 +167,12 @@ def node_generations(nodes: tuple[Node, ...]) -> dict[str, int]:
     return {name: g for name, model in models.items() if (g := generation[model]) is not None}
 
 
-def nvlink_generations(snapshot: FleetSnapshot, generations: dict[str, int] | None = None
+def nvlink_generations(snapshot: FleetSnapshot, of_nodes: dict[str, int] | None = None
                        ) -> list[tuple[Allocation, list[int]]]:
     """Each multi-node job with the NVLink generations of its nodes' GPUs (a node not in the
-    snapshot adds none). ``generations``: the snapshot's :func:`node_generations`, when the
+    snapshot adds none). ``of_nodes``: the snapshot's :func:`node_generations`, when the
     caller keeps them."""
-    of = node_generations(snapshot.nodes) if generations is None else generations
+    of = node_generations(snapshot.nodes) if of_nodes is None else of_nodes
     # most jobs are on one node: filtered in one comprehension, not a loop step each
     return [(alloc, sorted({g for part in alloc.placements if (g := of.get(part.node)) is not None}))
             for alloc in [a for a in snapshot.allocations if len(a.placements) > 1]]
