@@ -42,8 +42,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     running. The longest files come first (make_parts.LONGEST_FIRST)."""
     missed = unlisted(items)
     if missed:
-        raise pytest.UsageError("marked serial or alone in a file that does not name the mark "
-                                "(the Makefile would not run them): " + ", ".join(missed))
+        raise pytest.UsageError("tests the Makefile would not run (marked serial or alone in a "
+                                "file that does not name the mark, or unmarked in a file whose "
+                                "pytestmark names one): " + ", ".join(missed))
     longest_first(items)
 
 

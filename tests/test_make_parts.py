@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.helpers import REPO
-from tests.helpers.make_parts import MARKS, unlisted
+from tests.helpers.make_parts import MARKS, WHOLLY_MARKED, unlisted
 
 
 @dataclass
@@ -31,6 +31,20 @@ def test_a_marked_test_in_a_file_that_does_not_name_its_mark_is_found(tmp_path):
     assert unlisted(items) == ["test_hooked.py::c (alone)", "test_named.py::d (serial)"]
 
 
+def test_an_unmarked_test_in_a_file_whose_module_mark_names_one_is_found(tmp_path):
+    """make test's first part does not collect a file whose pytestmark names `alone` or
+    `serial`: a test there without either mark (its own pytestmark overridden, say) would never
+    run, so the parts that do collect the file fail."""
+    whole = tmp_path / "test_whole.py"
+    whole.write_text("pytestmark = [pytest.mark.slow, pytest.mark.serial]\n")
+    mixed = tmp_path / "test_mixed.py"  # marks on some tests only: the first part collects it
+    mixed.write_text("pytestmark = pytest.mark.slow\n\n@pytest.mark.alone\ndef test_a(): ...\n")
+    items = [_Item(whole, "test_whole.py::a", ("serial",)), _Item(whole, "test_whole.py::b"),
+             _Item(mixed, "test_mixed.py::a", ("alone",)), _Item(mixed, "test_mixed.py::b")]
+    assert unlisted(items) == [
+        "test_whole.py::b (unmarked, in a file whose pytestmark names a mark)"]
+
+
 def test_the_makefile_lists_the_files_the_way_the_check_reads_them():
     """The Makefile's grep and the check's pattern agree on this checkout's files."""
     makefile = (REPO / "Makefile").read_text()
@@ -41,6 +55,18 @@ def test_the_makefile_lists_the_files_the_way_the_check_reads_them():
             str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py"))],
             cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
         assert listed, mark  # the files make test passes to that part
+    # the first part leaves out the files whose module mark names one: the check's pattern
+    assert ("WHOLLY_MARKED = $(if $(filter tests/%,$(PYTEST_ARGS)),,$(shell grep -l "
+            "'^pytestmark = .*mark\\.\\(alone\\|serial\\)\\b' tests/test_*.py))") in makefile
+    assert '-m "not alone and not serial" $(addprefix --ignore=,$(WHOLLY_MARKED))' in makefile
+    files = sorted((REPO / "tests").glob("test_*.py"))
+    left_out = subprocess.run(
+        ["grep", "-l", r"^pytestmark = .*mark\.\(alone\|serial\)\b",
+         *(str(p.relative_to(REPO)) for p in files)],
+        cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    assert left_out == [str(p.relative_to(REPO)) for p in files
+                        if WHOLLY_MARKED.search(p.read_text(encoding="utf-8"))]
+    assert "tests/test_schemathesis.py" in left_out
 
 
 def test_make_test_writes_bytecode_and_runs_three_workers():

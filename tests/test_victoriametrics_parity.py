@@ -54,11 +54,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.alone]
 JOB = "gpufleet-nodes"
 SPEED = 60  # the fleet's clock while the exposition is made: 15 s are 15 simulated minutes
 TIME_SCALE = 0.05  # every window and offset: [10m] -> [30s], [1h] -> [3m]
-FOR_SCALE = 0.1  # and `for` once more: 2h -> 36 s, 5m -> 1.5 s
+FOR_SCALE = 0.05  # and `for` once more: 2h -> 18 s, 5m -> 0.75 s
 # the data stand still, so a scrape every 5 s reads the same as one a second, at a fifth of the
 # cost (four scrapers of 2.9 MB); the shortest window, 30 s, still holds six samples
 SCRAPE = "5s"
-SETTLE = 75.0  # seconds of evaluation: twice the longest `for`, and the XID window gone
+SETTLE = 40.0  # seconds of evaluation: twice the longest `for`, and the XID window gone
 # A smaller fleet of the reference's four models (336 GPUs, an exposition of 2.9 MB; the
 # fragmented pool keeps 32 nodes, where its index reads 63, above the alert's 50):
 # gpu-001..004 H200, gpu-005..036 H100, gpu-037..040 A100-80GB, gpu-041..042 B200
@@ -140,7 +140,7 @@ def rules(workdir: Path) -> list[Path]:
 
 def prometheus_config(target: str, rule_files: list[Path]) -> str:
     return yaml.safe_dump({
-        "global": {"scrape_interval": SCRAPE, "evaluation_interval": "1s", "scrape_timeout": SCRAPE},
+        "global": {"scrape_interval": SCRAPE, "evaluation_interval": "2s", "scrape_timeout": SCRAPE},
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": [target]}]}],
     })

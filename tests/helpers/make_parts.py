@@ -47,16 +47,26 @@ def longest_first(items: list[Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+# A file whose module mark names `alone` or `serial`: the Makefile's first part does not collect
+# it (its WHOLLY_MARKED, the same pattern for grep)
+WHOLLY_MARKED = re.compile(r"^pytestmark = .*mark\.(alone|serial)\b", re.MULTILINE)
+
+
 def unlisted(items: Iterable[Item]) -> list[str]:
-    """The node ids of marked tests the Makefile's file lists would miss, with the mark."""
+    """The node ids of tests the Makefile's file lists would miss, with why: marked in a file
+    whose text does not name the mark, or unmarked in a file the first part leaves out."""
     texts: dict[Path, str] = {}
+
+    def text(path: Path) -> str:
+        if path not in texts:
+            texts[path] = path.read_text(encoding="utf-8")
+        return texts[path]
+
     missed = []
     for item in items:
-        for mark in MARKS:
-            if item.get_closest_marker(mark) is None:
-                continue
-            if item.path not in texts:
-                texts[item.path] = item.path.read_text(encoding="utf-8")
-            if not re.search(rf"mark\.{mark}\b", texts[item.path]):
-                missed.append(f"{item.nodeid} ({mark})")
+        marked = [mark for mark in MARKS if item.get_closest_marker(mark) is not None]
+        missed.extend(f"{item.nodeid} ({mark})" for mark in marked
+                      if not re.search(rf"mark\.{mark}\b", text(item.path)))
+        if not marked and WHOLLY_MARKED.search(text(item.path)):
+            missed.append(f"{item.nodeid} (unmarked, in a file whose pytestmark names a mark)")
     return missed
