@@ -38,7 +38,6 @@ from exporter.aio import complete
 from exporter.bearer import current_token, token_problem
 from exporter.collect import Collector
 from exporter.config import Config, WebConfig
-from exporter.errors import quoted
 from exporter.exposition import CONTENT_TYPE, ExpositionOptions, Family, LabelCache, Rendered, render
 from exporter.snapshot import FleetSnapshot, to_json
 from exporter.web import landing
@@ -475,12 +474,3 @@ async def serve(app: web.Application, sock: socket.socket, limits: WebConfig) ->
             for signum in handled:
                 loop.remove_signal_handler(signum)
 
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    # ASCII and 5 digits before int(): "²" is a digit int() refuses, and 5,000 digits pass
-    # int()'s limit of 4,300 as a ValueError that names no key
-    if (not sep or not (port.isascii() and port.isdigit()) or len(port) > 5
-            or not 0 <= int(port) <= 65535):
-        raise ValueError(f"listen: must be HOST:PORT, got {quoted(listen)}")
-    return host.strip("[]") or "0.0.0.0", int(port)
