@@ -1,5 +1,5 @@
 """``listen``'s HOST:PORT, read before the server's modules are imported: a bad address is one
-line in a quarter of a second, not after aiohttp's import."""
+line before aiohttp's import (0.3 s to the error, not 0.76)."""
 
 from __future__ import annotations
 
