@@ -56,6 +56,7 @@ def unlisted(items: Iterable[Item]) -> list[str]:
     """The node ids of tests the Makefile's file lists would miss, with why: marked in a file
     whose text does not name the mark, or unmarked in a file the first part leaves out."""
     texts: dict[Path, str] = {}
+    wholly: dict[Path, bool] = {}  # read once a file: a collection holds 3,000 tests
 
     def text(path: Path) -> str:
         if path not in texts:
@@ -67,6 +68,8 @@ def unlisted(items: Iterable[Item]) -> list[str]:
         marked = [mark for mark in MARKS if item.get_closest_marker(mark) is not None]
         missed.extend(f"{item.nodeid} ({mark})" for mark in marked
                       if not re.search(rf"mark\.{mark}\b", text(item.path)))
-        if not marked and WHOLLY_MARKED.search(text(item.path)):
+        if item.path not in wholly:
+            wholly[item.path] = WHOLLY_MARKED.search(text(item.path)) is not None
+        if not marked and wholly[item.path]:
             missed.append(f"{item.nodeid} (unmarked, in a file whose pytestmark names a mark)")
     return missed
