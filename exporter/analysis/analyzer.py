@@ -110,13 +110,11 @@ class LiveAnalyzer:
             workload = self.fixed
         state = from_snapshot(snapshot) if view is None else view.state
         compiled = self._compiled
-        if compiled is None or compiled.workload != workload or compiled.model_names != state.model_names:
-            if (compiled is not None and compiled.model_names == state.model_names
-                    and compiled.workload.shapes == workload.shapes):
-                compiled = reweight(compiled, workload)  # a live window's weights moved: most snapshots
-            else:
-                compiled = compile_workload(workload, state.model_names)
-            self._compiled = compiled
+        if (compiled is None or compiled.model_names != state.model_names
+                or compiled.workload.shapes != workload.shapes):
+            compiled = self._compiled = compile_workload(workload, state.model_names)
+        elif compiled.workload != workload:  # a live window's weights moved: most snapshots
+            compiled = self._compiled = reweight(compiled, workload)
         return evaluate(state, compiled, self.settings, kept=self._scorer)
 
     def current_workload(self) -> Workload:
